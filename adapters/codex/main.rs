@@ -1,0 +1,55 @@
+//! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity.
+//! codex-acp >= 2.3 accepts `systemPrompt` itself, so the instruction layer passes it through; older or
+//! other builds get the first-prompt injection.
+
+use std::path::Path;
+use std::time::Duration;
+
+use coda_shim::adapter::{Adapter, Found, Setup, on_path, run_for_output};
+use coda_shim::child::AgentCommand;
+use coda_shim::identity::{Identity, Policy};
+use coda_shim::instruction::Instruction;
+
+const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
+
+fn default_command() -> Result<Found, String> {
+    on_path("codex-acp", &[], "codex-acp", INSTALL)
+}
+
+/// The Codex CLI version codex-acp runs: `$CODEX_PATH -V`, else the `@openai/codex` package installed
+/// beside codex-acp (read, not run).
+fn version(cmd: &AgentCommand) -> Option<String> {
+    if let Some(codex) = std::env::var_os("CODEX_PATH") {
+        let out = run_for_output(Path::new(&codex), &["-V"], Duration::from_secs(10))?;
+        return out.split_whitespace().last().map(str::to_owned);
+    }
+    let script = std::fs::canonicalize(&cmd.program).ok()?;
+    script
+        .ancestors()
+        .skip(1)
+        .find_map(|dir| codex_package_version(&dir.join("node_modules/@openai/codex")))
+}
+
+fn codex_package_version(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("package.json")).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    value.get("version")?.as_str().map(str::to_owned)
+}
+
+fn layers(setup: &mut Setup) {
+    let probed = version(setup.command);
+    setup.add(|_| Box::new(Identity::new("codex", Policy::Replace, probed)));
+    setup.add(|_| Box::new(Instruction::new(&[])));
+}
+
+fn main() {
+    coda_shim::main(Adapter {
+        agent: "codex",
+        cli_name: "codex-acp",
+        install_hint: INSTALL,
+        default_command,
+        version,
+        env_defaults: &[("INITIAL_AGENT_MODE", "read-only")],
+        layers,
+    })
+}

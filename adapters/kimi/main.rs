@@ -1,0 +1,30 @@
+//! coda-kimi: Kimi Code CLI (`kimi acp`) with Coda's session instruction.
+
+use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
+use coda_shim::instruction::Instruction;
+
+const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
+
+/// Kimi runs these locally whether or not the latest command list names them.
+const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
+
+fn default_command() -> Result<Found, String> {
+    on_path("kimi", &["acp"], "Kimi Code CLI", INSTALL)
+}
+
+fn layers(setup: &mut Setup) {
+    // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
+    setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+}
+
+fn main() {
+    coda_shim::main(Adapter {
+        agent: "kimi",
+        cli_name: "Kimi Code CLI",
+        install_hint: INSTALL,
+        default_command,
+        version: plain_version,
+        env_defaults: &[],
+        layers,
+    })
+}

@@ -1,0 +1,358 @@
+//! What one binary is: which CLI it wraps, how it finds it, and which layers it stacks on the relay.
+//! Also the command line shared by every binary.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::child::{self, AgentCommand};
+use crate::layer::{EventSender, Layer, Stack};
+use crate::lines::DEFAULT_MAX_LINE;
+use crate::relay;
+use crate::trace::Trace;
+
+pub struct Adapter {
+    /// Short name: `codex`, `kimi`, `grok`, `opencode`. The binary is `coda-<agent>`.
+    pub agent: &'static str,
+    /// The wrapped CLI as people know it ("Grok Build").
+    pub cli_name: &'static str,
+    /// How to install the CLI, for the not-found message.
+    pub install_hint: &'static str,
+    /// Finds the default command when no override is given.
+    pub default_command: fn() -> Result<Found, String>,
+    /// The wrapped CLI's version, for `--version` and agentInfo (runs off the critical path).
+    pub version: fn(&AgentCommand) -> Option<String>,
+    /// Environment set for the child unless the user's environment already sets it.
+    pub env_defaults: &'static [(&'static str, &'static str)],
+    /// Builds the layer stack, nearest the client first.
+    pub layers: fn(&mut Setup),
+}
+
+/// A command found on this machine, with its version where finding it already told us.
+pub struct Found {
+    pub command: AgentCommand,
+    pub version: Option<String>,
+}
+
+/// Handed to [`Adapter::layers`].
+pub struct Setup<'a> {
+    pub command: &'a AgentCommand,
+    /// The wrapped CLI's version, when it was learnt while finding the command.
+    pub version: Option<String>,
+    layers: Vec<Box<dyn Layer>>,
+    events: tokio::sync::mpsc::UnboundedSender<(usize, crate::layer::Event)>,
+}
+
+impl Setup<'_> {
+    /// Adds a layer below the ones added so far; it gets a sender for its own events.
+    pub fn add(&mut self, make: impl FnOnce(EventSender) -> Box<dyn Layer>) {
+        let sender = EventSender::new(self.layers.len(), self.events.clone());
+        self.layers.push(make(sender));
+    }
+}
+
+impl Adapter {
+    pub fn binary(&self) -> String {
+        format!("coda-{}", self.agent)
+    }
+
+    pub fn command_env(&self) -> String {
+        format!("CODA_{}_COMMAND", self.agent.to_ascii_uppercase())
+    }
+
+    /// The child command: `--agent-command`, else `CODA_<AGENT>_COMMAND`, else the adapter's default.
+    pub fn resolve(&self, flag: Option<String>) -> Result<Found, String> {
+        let env = self.command_env();
+        let given = flag.map(|c| (c, "--agent-command".to_owned())).or_else(|| {
+            std::env::var(&env)
+                .ok()
+                .filter(|c| !c.trim().is_empty())
+                .map(|c| (c, env.clone()))
+        });
+        let Some((line, source)) = given else {
+            return (self.default_command)();
+        };
+        let words = shell_words::split(&line)
+            .map_err(|e| format!("cannot parse {source} {line:?}: {e}"))?;
+        let Some((program, args)) = words.split_first() else {
+            return Err(format!("{source} is empty"));
+        };
+        let program = find_program(program).ok_or_else(|| {
+            format!(
+                "cannot find {program:?} (from {source}); check the path or install {}",
+                self.cli_name
+            )
+        })?;
+        Ok(Found {
+            command: AgentCommand {
+                program,
+                args: args.to_vec(),
+            },
+            version: None,
+        })
+    }
+}
+
+/// Looks a program up like a shell would, without running one: a path with a `/` as is, else on PATH.
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        let p = Path::new(program);
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    which::which(program).ok()
+}
+
+/// The usual default: `program args...` found on PATH.
+pub fn on_path(
+    program: &str,
+    args: &[&str],
+    cli_name: &str,
+    install_hint: &str,
+) -> Result<Found, String> {
+    match which::which(program) {
+        Ok(path) => Ok(Found {
+            command: AgentCommand {
+                program: path,
+                args: args.iter().map(|a| (*a).to_owned()).collect(),
+            },
+            version: None,
+        }),
+        Err(_) => Err(format!(
+            "cannot find `{program}` ({cli_name}) on PATH; install it with: {install_hint}"
+        )),
+    }
+}
+
+/// Runs `program args` with no stdin and returns its stdout, or `None` after `timeout` or on failure.
+pub fn run_for_output(program: &Path, args: &[&str], timeout: Duration) -> Option<String> {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let out = child.wait_with_output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `<program> --version`, taking the first line's last word ("1.18.33", "kimi, version 2.1.0").
+pub fn plain_version(cmd: &AgentCommand) -> Option<String> {
+    let out = run_for_output(&cmd.program, &["--version"], Duration::from_secs(10))?;
+    out.lines()
+        .next()?
+        .split_whitespace()
+        .last()
+        .map(str::to_owned)
+}
+
+struct Args {
+    agent_command: Option<String>,
+    trace_file: Option<PathBuf>,
+    max_line: usize,
+}
+
+enum Parsed {
+    Run(Args),
+    Help,
+    Version(Option<String>),
+}
+
+fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
+    use lexopt::prelude::*;
+    let mut args = Args {
+        agent_command: None,
+        trace_file: std::env::var_os("CODA_SHIM_TRACE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from),
+        max_line: match std::env::var("CODA_SHIM_MAX_FRAME_BYTES") {
+            Ok(v) => v.parse().map_err(|_| {
+                lexopt::Error::from(format!("CODA_SHIM_MAX_FRAME_BYTES={v:?} is not a number"))
+            })?,
+            Err(_) => DEFAULT_MAX_LINE,
+        },
+    };
+    let mut version = false;
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Short('h') | Long("help") => return Ok(Parsed::Help),
+            Short('V') | Long("version") => version = true,
+            Long("agent-command") => args.agent_command = Some(parser.value()?.string()?),
+            Long("trace-file") => args.trace_file = Some(parser.value()?.into()),
+            Long("max-frame-bytes") => args.max_line = parser.value()?.parse()?,
+            _ => return Err(arg.unexpected()),
+        }
+    }
+    let _ = adapter;
+    if version {
+        return Ok(Parsed::Version(args.agent_command));
+    }
+    Ok(Parsed::Run(args))
+}
+
+fn help(adapter: &Adapter) -> String {
+    let bin = adapter.binary();
+    let env = adapter.command_env();
+    format!(
+        "{bin} {version}: runs {cli} as an ACP agent that meets Coda's agent contract.
+
+Coda (or any ACP client) talks newline-delimited JSON-RPC to {bin} on stdin/stdout; {bin} runs the
+real CLI as a child and relays every frame, adding what {cli} lacks.
+
+Usage: {bin} [OPTIONS]
+
+Options:
+  --agent-command <CMD>    the child command and its arguments (split like a shell, never run by one)
+                           [env: {env}]
+  --trace-file <PATH>      append every frame, both ways, as JSONL [env: CODA_SHIM_TRACE]
+  --max-frame-bytes <N>    longest frame accepted, in bytes [default: 67108864]
+                           [env: CODA_SHIM_MAX_FRAME_BYTES]
+  -V, --version            print this version and the wrapped CLI's
+  -h, --help               print this help
+
+Environment:
+  CODA_SHIM_LOG            log filter for stderr (tracing EnvFilter syntax) [default: warn]
+
+Exit status: the child's exit status (128 + signal when it was killed); 2 for a usage error;
+127 when the CLI cannot be found.
+",
+        version = env!("CARGO_PKG_VERSION"),
+        cli = adapter.cli_name,
+    )
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("CODA_SHIM_LOG") {
+        Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            eprintln!(
+                "warning: CODA_SHIM_LOG={spec:?} is not a valid filter ({e}); using \"warn\""
+            );
+            EnvFilter::new("warn")
+        }),
+        Err(_) => EnvFilter::new("warn"),
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .without_time()
+        .init();
+}
+
+/// The whole program of one binary.
+pub fn main(adapter: Adapter) -> ! {
+    let bin = adapter.binary();
+    let args = match parse_args(&adapter) {
+        Ok(Parsed::Run(args)) => args,
+        Ok(Parsed::Help) => {
+            print!("{}", help(&adapter));
+            std::process::exit(0)
+        }
+        Ok(Parsed::Version(flag)) => {
+            println!("{bin} {}", env!("CARGO_PKG_VERSION"));
+            match adapter.resolve(flag) {
+                Ok(found) => {
+                    let version = found.version.or_else(|| (adapter.version)(&found.command));
+                    let version = version.unwrap_or_else(|| "version unknown".into());
+                    println!(
+                        "{} {version} ({})",
+                        adapter.cli_name,
+                        found.command.program.display()
+                    );
+                }
+                Err(why) => println!("{}: not found: {why}", adapter.cli_name),
+            }
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("{bin}: {e}\nTry `{bin} --help`.");
+            std::process::exit(2)
+        }
+    };
+    init_logging();
+    let found = match adapter.resolve(args.agent_command) {
+        Ok(found) => found,
+        Err(why) => {
+            eprintln!("{bin}: {why}");
+            std::process::exit(127)
+        }
+    };
+    let trace = match &args.trace_file {
+        None => None,
+        Some(path) => match Trace::open(path) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("{bin}: cannot open trace file {}: {e}", path.display());
+                std::process::exit(2)
+            }
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{bin}: cannot start the async runtime: {e}");
+            std::process::exit(1)
+        }
+    };
+    let code = runtime.block_on(async move {
+        let env: Vec<(OsString, OsString)> = adapter
+            .env_defaults
+            .iter()
+            .filter(|(k, _)| std::env::var_os(k).is_none())
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        let agent = match child::spawn(&found.command, &env) {
+            Ok(agent) => agent,
+            Err(e) => {
+                eprintln!("{bin}: cannot start {}: {e}", found.command.display());
+                return 127;
+            }
+        };
+        tracing::debug!(command = %found.command.display(), "started the agent");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut setup = Setup {
+            command: &found.command,
+            version: found.version.clone(),
+            layers: Vec::new(),
+            events: tx,
+        };
+        (adapter.layers)(&mut setup);
+        let stack = Stack::new(setup.layers);
+        relay::run(
+            stack,
+            agent,
+            rx,
+            relay::Options {
+                max_line: args.max_line,
+                trace,
+            },
+        )
+        .await
+    });
+    // The blocking stdin reader cannot be cancelled; leave without waiting for it.
+    runtime.shutdown_timeout(Duration::from_millis(50));
+    std::process::exit(code)
+}

@@ -1,0 +1,178 @@
+//! The wrapped CLI as a child process: spawned without a shell in its own process group, its stderr
+//! drained and its tail kept, and stopped with a ladder that leaves no process of the group behind.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// How many lines of the child's stderr are kept for error reports.
+const STDERR_TAIL: usize = 40;
+
+/// Grace after closing the child's stdin, and after SIGTERM.
+pub const STDIN_GRACE: Duration = Duration::from_secs(5);
+pub const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// A resolved command: program path and arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl AgentCommand {
+    pub fn display(&self) -> String {
+        let mut words = vec![self.program.display().to_string()];
+        words.extend(self.args.iter().cloned());
+        shell_words::join(words)
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct StderrTail(Arc<Mutex<VecDeque<String>>>);
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        let mut tail = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if tail.len() == STDERR_TAIL {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+pub struct Agent {
+    pub child: Child,
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+    pub stderr_tail: StderrTail,
+    pub stderr_done: tokio::task::JoinHandle<()>,
+    pgid: Option<Pid>,
+}
+
+/// Starts the child in its own process group with env and cwd inherited (plus `env`).
+pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Result<Agent> {
+    let mut command = Command::new(&cmd.program);
+    command
+        .args(&cmd.args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = command.spawn()?;
+    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(std::io::Error::other("child pipes were not set up"));
+    };
+    let stderr_tail = StderrTail::default();
+    let tail = stderr_tail.clone();
+    // Drained continuously: a child blocked on a full stderr pipe would stall the session.
+    let stderr_done = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr);
+        let mut line = Vec::new();
+        let mut err = tokio::io::stderr();
+        loop {
+            line.clear();
+            match lines.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let _ = err.write_all(&line).await;
+                    let text = String::from_utf8_lossy(&line);
+                    tail.push(text.trim_end_matches(['\n', '\r']).to_owned());
+                }
+            }
+        }
+        let _ = err.flush().await;
+    });
+    Ok(Agent {
+        child,
+        stdin,
+        stdout,
+        stderr_tail,
+        stderr_done,
+        pgid,
+    })
+}
+
+/// A handle to signal the child's process group after its pipes have moved elsewhere.
+#[derive(Clone, Copy, Debug)]
+pub struct Group(Option<Pid>);
+
+impl Agent {
+    pub fn group(&self) -> Group {
+        Group(self.pgid)
+    }
+}
+
+impl Group {
+    pub fn signal(&self, sig: Signal) {
+        if let Some(pgid) = self.0 {
+            // ESRCH: the group is already gone, which is what we want.
+            let _ = killpg(pgid, sig);
+        }
+    }
+}
+
+/// Waits for the child, escalating: the caller has already closed its stdin; after `STDIN_GRACE`
+/// SIGTERM the group, after `TERM_GRACE` SIGKILL it. Always SIGKILLs the group at the end so no
+/// grandchild outlives the shim.
+pub async fn stop(child: &mut Child, group: Group) -> std::io::Result<ExitStatus> {
+    let status = match tokio::time::timeout(STDIN_GRACE, child.wait()).await {
+        Ok(status) => status?,
+        Err(_) => {
+            tracing::info!(
+                "agent still running {STDIN_GRACE:?} after its stdin closed; sending SIGTERM"
+            );
+            group.signal(Signal::SIGTERM);
+            match tokio::time::timeout(TERM_GRACE, child.wait()).await {
+                Ok(status) => status?,
+                Err(_) => {
+                    tracing::warn!("agent ignored SIGTERM for {TERM_GRACE:?}; sending SIGKILL");
+                    group.signal(Signal::SIGKILL);
+                    child.wait().await?
+                }
+            }
+        }
+    };
+    group.signal(Signal::SIGKILL);
+    Ok(status)
+}
+
+/// The exit code the shim reports for the child's status (128 + signal when it was killed).
+pub fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
+}
+
+/// How a status reads in a message: "1", or "killed by signal 9".
+pub fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(sig)) => format!("{} (killed by signal {sig})", 128 + sig),
+        (None, None) => "unknown".to_owned(),
+    }
+}

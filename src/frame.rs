@@ -1,0 +1,430 @@
+//! One line of newline-delimited JSON-RPC 2.0, kept as the bytes it came in, plus a cheap view of its envelope.
+//!
+//! A frame that no layer edits is written out exactly as it was read. Only a layer that rewrites a frame
+//! parses it into a `serde_json::Value` and serialises that one frame again.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserialize, Deserializer, IgnoredAny};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// What kind of JSON-RPC message a frame is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Request {
+        id: Id,
+        method: String,
+    },
+    Notification {
+        method: String,
+    },
+    Response {
+        id: Id,
+    },
+    /// A JSON-RPC batch array, forwarded whole.
+    Batch,
+}
+
+/// A JSON-RPC id, kept as its JSON text: number, string or null, opaque to the shim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Id(Box<str>);
+
+impl Id {
+    pub fn from_json(text: &str) -> Id {
+        Id(text.trim().into())
+    }
+
+    /// A string id (used for the shim's own requests).
+    pub fn string(s: &str) -> Id {
+        Id(Value::from(s).to_string().into())
+    }
+
+    pub fn null() -> Id {
+        Id("null".into())
+    }
+
+    /// The id as JSON text, ready to be spliced into a frame.
+    pub fn as_json(&self) -> &str {
+        &self.0
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A line that could not be taken as a JSON-RPC frame, with the JSON-RPC error code that says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub code: i64,
+    pub message: String,
+    /// The id of the request, when it could still be read.
+    pub id: Option<Id>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame {
+    bytes: Vec<u8>,
+    kind: Kind,
+    /// Built or edited by the shim, rather than read from a peer.
+    shim: bool,
+}
+
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Frame")
+            .field("kind", &self.kind)
+            .field("len", &self.bytes.len())
+            .finish()
+    }
+}
+
+impl Frame {
+    /// Takes one line (without its newline) as a frame, checking that it is JSON-RPC 2.0.
+    pub fn parse(bytes: Vec<u8>) -> Result<Frame, Invalid> {
+        Frame::parse_line(bytes).map_err(|(_, e)| e)
+    }
+
+    /// Like [`Frame::parse`], but hands the line back on error (for the trace and the warning).
+    pub fn parse_line(bytes: Vec<u8>) -> Result<Frame, (Vec<u8>, Invalid)> {
+        match classify(&bytes) {
+            Ok(kind) => Ok(Frame {
+                bytes,
+                kind,
+                shim: false,
+            }),
+            Err(e) => Err((bytes, e)),
+        }
+    }
+
+    /// Serialises a value built by the shim (or edited by a layer) into a frame.
+    pub fn from_value(value: &Value) -> Frame {
+        let bytes = serde_json::to_vec(value).expect("a serde_json::Value always serialises");
+        match classify(&bytes) {
+            Ok(kind) => Frame {
+                bytes,
+                kind,
+                shim: true,
+            },
+            // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
+            // nothing is lost, and let the debug log say so.
+            Err(e) => {
+                tracing::error!(error = %e.message, "the shim built an invalid frame");
+                Frame {
+                    bytes,
+                    kind: Kind::Notification {
+                        method: String::new(),
+                    },
+                    shim: true,
+                }
+            }
+        }
+    }
+
+    /// Whether the shim built or edited this frame.
+    pub fn is_shim(&self) -> bool {
+        self.shim
+    }
+
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// The method of a request or notification.
+    pub fn method(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Request { method, .. } | Kind::Notification { method } => Some(method),
+            _ => None,
+        }
+    }
+
+    /// The id of a request or response.
+    pub fn id(&self) -> Option<&Id> {
+        match &self.kind {
+            Kind::Request { id, .. } | Kind::Response { id } => Some(id),
+            _ => None,
+        }
+    }
+
+    pub fn is_request(&self, m: &str) -> bool {
+        matches!(&self.kind, Kind::Request { method, .. } if method == m)
+    }
+
+    pub fn is_notification(&self, m: &str) -> bool {
+        matches!(&self.kind, Kind::Notification { method } if method == m)
+    }
+
+    /// Parses the whole frame. Only layers that look inside a frame pay for this.
+    pub fn value(&self) -> Option<Value> {
+        serde_json::from_slice(&self.bytes).ok()
+    }
+
+    /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing).
+    pub fn contains(&self, needle: &[u8]) -> bool {
+        memchr::memmem::find(&self.bytes, needle).is_some()
+    }
+}
+
+/// Builds a JSON-RPC error response.
+pub fn error_response(id: &Id, code: i64, message: &str, data: Option<Value>) -> Frame {
+    let mut error = serde_json::json!({ "code": code, "message": message });
+    if let Some(data) = data {
+        error["data"] = data;
+    }
+    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "id": id.to_value(), "error": error }))
+}
+
+/// Builds a JSON-RPC result response.
+pub fn result_response(id: &Id, result: Value) -> Frame {
+    Frame::from_value(
+        &serde_json::json!({ "jsonrpc": "2.0", "id": id.to_value(), "result": result }),
+    )
+}
+
+/// Builds a notification.
+pub fn notification(method: &str, params: Value) -> Frame {
+    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
+}
+
+/// A field that may be absent, distinct from one that is present and `null`.
+#[derive(Default)]
+struct Present<'a>(Option<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Present<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'a RawValue>::deserialize(d).map(|raw| Present(Some(raw)))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(default, borrow)]
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    id: Present<'a>,
+    #[serde(default, borrow)]
+    method: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    result: Present<'a>,
+    #[serde(default, borrow)]
+    error: Present<'a>,
+}
+
+fn first_non_space(bytes: &[u8]) -> Option<u8> {
+    bytes.iter().copied().find(|b| !b.is_ascii_whitespace())
+}
+
+fn classify(bytes: &[u8]) -> Result<Kind, Invalid> {
+    if first_non_space(bytes) == Some(b'[') {
+        let items: Vec<IgnoredAny> = serde_json::from_slice(bytes).map_err(parse_error)?;
+        if items.is_empty() {
+            return Err(invalid("an empty batch is not a JSON-RPC request", None));
+        }
+        return Ok(Kind::Batch);
+    }
+    let env: Envelope = match serde_json::from_slice(bytes) {
+        Ok(env) => env,
+        Err(e) if e.is_data() => {
+            return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
+        }
+        Err(e) => return Err(parse_error(e)),
+    };
+    let id = env.id.0.map(|raw| Id::from_json(raw.get()));
+    if env.jsonrpc.as_deref() != Some("2.0") {
+        return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
+    }
+    if let Some(raw) = env.id.0 {
+        let first = first_non_space(raw.get().as_bytes());
+        if matches!(first, Some(b'{') | Some(b'[') | Some(b't') | Some(b'f')) {
+            return Err(invalid("\"id\" must be a number, a string or null", None));
+        }
+    }
+    match (
+        env.method,
+        id,
+        env.result.0.is_some() || env.error.0.is_some(),
+    ) {
+        (Some(method), Some(id), false) => Ok(Kind::Request {
+            id,
+            method: method.into_owned(),
+        }),
+        (Some(method), None, false) => Ok(Kind::Notification {
+            method: method.into_owned(),
+        }),
+        (None, Some(id), true) => Ok(Kind::Response { id }),
+        (_, id, _) => Err(invalid(
+            "neither a request, a notification nor a response",
+            id,
+        )),
+    }
+}
+
+fn parse_error(e: serde_json::Error) -> Invalid {
+    Invalid {
+        code: -32700,
+        message: format!("parse error: {e}"),
+        id: None,
+    }
+}
+
+fn invalid(message: &str, id: Option<Id>) -> Invalid {
+    Invalid {
+        code: -32600,
+        message: format!("invalid request: {message}"),
+        id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(s: &str) -> Result<Kind, Invalid> {
+        Frame::parse(s.as_bytes().to_vec()).map(|f| f.kind)
+    }
+
+    #[test]
+    fn classifies_the_four_kinds() {
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","id":7,"method":"session/new","params":{}}"#).unwrap(),
+            Kind::Request {
+                id: Id::from_json("7"),
+                method: "session/new".into()
+            }
+        );
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","method":"session/update","params":{}}"#).unwrap(),
+            Kind::Notification {
+                method: "session/update".into()
+            }
+        );
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","id":"a","result":null}"#).unwrap(),
+            Kind::Response {
+                id: Id::from_json("\"a\"")
+            }
+        );
+        assert_eq!(
+            kind(r#"[{"jsonrpc":"2.0","method":"x"}]"#).unwrap(),
+            Kind::Batch
+        );
+    }
+
+    #[test]
+    fn null_id_is_a_request_not_a_notification() {
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#).unwrap(),
+            Kind::Request {
+                id: Id::null(),
+                method: "m".into()
+            }
+        );
+    }
+
+    #[test]
+    fn escaped_method_names_are_decoded() {
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","method":"session\/update"}"#).unwrap(),
+            Kind::Notification {
+                method: "session/update".into()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_what_is_not_json_rpc() {
+        assert_eq!(kind("hello").unwrap_err().code, -32700);
+        assert_eq!(kind(r#"{"jsonrpc":"2.0","id":1"#).unwrap_err().code, -32700);
+        assert_eq!(kind("[]").unwrap_err().code, -32600);
+        assert_eq!(kind("42").unwrap_err().code, -32600);
+        assert_eq!(
+            kind(r#"{"id":1,"method":"m"}"#).unwrap_err(),
+            Invalid {
+                code: -32600,
+                message: "invalid request: \"jsonrpc\" must be \"2.0\"".into(),
+                id: Some(Id::from_json("1"))
+            }
+        );
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#)
+                .unwrap_err()
+                .code,
+            -32600
+        );
+        assert_eq!(
+            kind(r#"{"jsonrpc":"2.0","id":3}"#).unwrap_err().id,
+            Some(Id::from_json("3"))
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_is_an_error_not_a_panic() {
+        let bytes = b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\"}".to_vec();
+        assert_eq!(Frame::parse(bytes).unwrap_err().code, -32700);
+    }
+
+    #[test]
+    fn keeps_bytes_untouched() {
+        let line = r#"{"jsonrpc":"2.0","id":1e3,"method":"x","params":{"b":1,"a":"\u00e9"}}"#;
+        let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+        assert_eq!(f.bytes(), line.as_bytes());
+        assert_eq!(f.id().unwrap().as_json(), "1e3");
+    }
+}
+
+/// Finds the id and whether there is a method in the first bytes of a frame too large to parse, so
+/// that its sender can still be answered. Best effort: looks at the first `"id"` key.
+pub fn sniff(head: &[u8]) -> (Option<Id>, bool) {
+    let has_method = memchr::memmem::find(head, br#""method""#).is_some();
+    let id = memchr::memmem::find_iter(head, br#""id""#).find_map(|at| {
+        let rest = &head[at + 4..];
+        let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
+        let rest = rest.strip_prefix(b":")?;
+        let value = serde_json::Deserializer::from_slice(rest)
+            .into_iter::<Value>()
+            .next()?
+            .ok()?;
+        matches!(value, Value::Number(_) | Value::String(_) | Value::Null)
+            .then(|| Id::from_json(&value.to_string()))
+    });
+    (id, has_method)
+}
+
+#[cfg(test)]
+mod sniff_tests {
+    use super::*;
+
+    #[test]
+    fn finds_id_and_method_in_a_truncated_frame() {
+        assert_eq!(
+            sniff(
+                br#"{"jsonrpc":"2.0","id":12,"method":"session/prompt","params":{"prompt":[{"te"#
+            ),
+            (Some(Id::from_json("12")), true)
+        );
+        assert_eq!(
+            sniff(br#"{"jsonrpc":"2.0","id" : "x","result":{"a"#),
+            (Some(Id::from_json("\"x\"")), false)
+        );
+        assert_eq!(
+            sniff(br#"{"jsonrpc":"2.0","method":"session/update","params":{"#),
+            (None, true)
+        );
+    }
+}

@@ -1,0 +1,470 @@
+//! The session instruction (Coda's `systemPrompt`, section 会话指令) for a child that has no entry for it:
+//! declared in `initialize`, validated on session setup, and delivered once, as a delimited text block in
+//! front of the user's first real prompt. A child that declares `systemPrompt` itself gets everything
+//! untouched.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{Value, json};
+
+use crate::frame::{self, Frame, Id, Kind};
+use crate::layer::{Cx, Layer};
+
+/// Opening and closing marker lines around the injected block.
+pub const OPEN: &str = "<coda-session-instruction>";
+pub const CLOSE: &str = "</coda-session-instruction>";
+/// A part of the marker that no JSON encoder escapes, for a cheap byte search.
+const TOKEN: &[u8] = b"coda-session-instruction";
+/// Most text one instruction may carry.
+pub const MAX_BYTES: usize = 256 * 1024;
+
+/// The text block placed before the user's first prompt.
+pub fn wrap(text: &str) -> String {
+    format!("{OPEN}\n{text}\n{CLOSE}\n\n")
+}
+
+/// Removes every injected block from `s`. `None` when there was none.
+pub fn strip(s: &str) -> Option<String> {
+    let open = format!("{OPEN}\n");
+    let close = format!("\n{CLOSE}");
+    let mut out = String::new();
+    let mut rest = s;
+    let mut changed = false;
+    while let Some(start) = rest.find(&open) {
+        let after = &rest[start + open.len()..];
+        let Some(end) = after.find(&close) else { break };
+        let mut tail = &after[end + close.len()..];
+        // The block ends with its closing line and one blank line.
+        for _ in 0..2 {
+            tail = tail.strip_prefix('\n').unwrap_or(tail);
+        }
+        out.push_str(&rest[..start]);
+        rest = tail;
+        changed = true;
+    }
+    changed.then(|| out + rest)
+}
+
+/// Checks a `systemPrompt` value and returns the instruction text. `Err` says what is wrong.
+pub fn validate(sp: &Value) -> Result<String, String> {
+    let Some(obj) = sp.as_object() else {
+        return Err("systemPrompt must be an object with \"mode\" and \"content\"".into());
+    };
+    match obj.get("mode") {
+        Some(Value::String(m)) if m == "append" => {}
+        Some(Value::String(m)) if m == "override" => {
+            return Err(
+                "systemPrompt mode \"override\" is not supported; only \"append\" is".into(),
+            );
+        }
+        Some(Value::String(m)) => {
+            return Err(format!(
+                "systemPrompt mode {m:?} is unknown; only \"append\" is supported"
+            ));
+        }
+        Some(_) => return Err("systemPrompt.mode must be the string \"append\"".into()),
+        None => return Err("systemPrompt.mode is required (\"append\")".into()),
+    }
+    let Some(blocks) = obj
+        .get("content")
+        .and_then(Value::as_array)
+        .filter(|b| !b.is_empty())
+    else {
+        return Err("systemPrompt.content must be a non-empty array of text blocks".into());
+    };
+    let mut texts = Vec::with_capacity(blocks.len());
+    let mut total = 0;
+    for (i, block) in blocks.iter().enumerate() {
+        match (
+            block.get("type").and_then(Value::as_str),
+            block.get("text").and_then(Value::as_str),
+        ) {
+            (Some("text"), Some(text)) => {
+                total += text.len();
+                texts.push(text);
+            }
+            (Some("text"), None) => {
+                return Err(format!(
+                    "systemPrompt.content[{i}] is a text block without a string \"text\""
+                ));
+            }
+            (Some(other), _) => {
+                return Err(format!(
+                    "systemPrompt.content[{i}] has type {other:?}; only text blocks are supported"
+                ));
+            }
+            (None, _) => return Err(format!("systemPrompt.content[{i}] is not a content block")),
+        }
+    }
+    if total > MAX_BYTES {
+        return Err(format!(
+            "systemPrompt has {total} bytes of text, over the limit of {MAX_BYTES}"
+        ));
+    }
+    if texts.iter().all(|t| t.trim().is_empty()) {
+        return Err("systemPrompt has no text".into());
+    }
+    Ok(texts.join("\n\n"))
+}
+
+#[derive(Default)]
+struct Session {
+    /// The instruction still to deliver.
+    pending: Option<String>,
+    /// A prompt carrying it is with the agent.
+    in_flight: bool,
+    /// Names from the latest `available_commands_update`.
+    commands: Option<HashSet<String>>,
+}
+
+pub struct Instruction {
+    /// Commands the agent runs without advertising them.
+    builtins: &'static [&'static str],
+    /// The child accepts `systemPrompt` itself.
+    native: bool,
+    initialize: HashSet<Id>,
+    /// `session/new` requests carrying an instruction, by id.
+    creating: HashMap<Id, String>,
+    /// Prompts that carry the instruction: id -> session.
+    carrying: HashMap<Id, String>,
+    sessions: HashMap<String, Session>,
+    /// Commands named in the initialize answer (Grok's `_meta.availableCommands`), for every session.
+    initial_commands: HashSet<String>,
+}
+
+impl Instruction {
+    pub fn new(builtins: &'static [&'static str]) -> Instruction {
+        Instruction {
+            builtins,
+            native: false,
+            initialize: HashSet::new(),
+            creating: HashMap::new(),
+            carrying: HashMap::new(),
+            sessions: HashMap::new(),
+            initial_commands: HashSet::new(),
+        }
+    }
+
+    fn is_command(&self, session: &Session, name: &str) -> bool {
+        self.builtins.contains(&name)
+            || self.initial_commands.contains(name)
+            || session.commands.as_ref().is_some_and(|c| c.contains(name))
+    }
+
+    fn session_setup(&mut self, frame: Frame, cx: &mut Cx) {
+        let (Some(id), Some(method)) = (frame.id().cloned(), frame.method()) else {
+            return cx.to_agent(frame);
+        };
+        let Some(mut value) = frame.value() else {
+            return cx.to_agent(frame);
+        };
+        let params = value.get_mut("params").and_then(Value::as_object_mut);
+        let Some(params) = params else {
+            return cx.to_agent(frame);
+        };
+        let is_new = method == "session/new";
+        if !is_new && let Some(sid) = params.get("sessionId").and_then(Value::as_str) {
+            // A restored session has had its instruction already.
+            self.sessions.remove(sid);
+        }
+        match params.get("systemPrompt") {
+            None => cx.to_agent(frame),
+            Some(Value::Null) => {
+                params.remove("systemPrompt");
+                cx.to_agent(Frame::from_value(&value));
+            }
+            Some(sp) => match validate(sp) {
+                Err(why) => {
+                    tracing::info!(%method, "rejected systemPrompt: {why}");
+                    cx.to_client(frame::error_response(
+                        &id,
+                        -32602,
+                        &format!("Invalid params: {why}"),
+                        None,
+                    ));
+                }
+                Ok(text) => {
+                    params.remove("systemPrompt");
+                    if is_new {
+                        self.creating.insert(id, text);
+                    }
+                    cx.to_agent(Frame::from_value(&value));
+                }
+            },
+        }
+    }
+
+    fn prompt(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(id) = frame.id().cloned() else {
+            return cx.to_agent(frame);
+        };
+        let Some(mut value) = frame.value() else {
+            return cx.to_agent(frame);
+        };
+        let Some(sid) = value
+            .pointer("/params/sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            return cx.to_agent(frame);
+        };
+        let Some(session) = self.sessions.get(&sid) else {
+            return cx.to_agent(frame);
+        };
+        let (Some(text), false) = (&session.pending, session.in_flight) else {
+            return cx.to_agent(frame);
+        };
+        let Some(prompt) = value
+            .pointer_mut("/params/prompt")
+            .and_then(Value::as_array_mut)
+        else {
+            return cx.to_agent(frame);
+        };
+        let first_text = prompt
+            .iter()
+            .find(|b| b.get("type").and_then(Value::as_str) == Some("text"));
+        if let Some(command) = first_text
+            .and_then(|b| b.get("text"))
+            .and_then(Value::as_str)
+            .and_then(slash_name)
+            && self.is_command(session, command)
+        {
+            // Prepending would stop the agent from recognising the command; deliver with the next prompt.
+            return cx.to_agent(frame);
+        }
+        prompt.insert(0, json!({ "type": "text", "text": wrap(text) }));
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            s.in_flight = true;
+        }
+        self.carrying.insert(id, sid);
+        cx.to_agent(Frame::from_value(&value));
+    }
+
+    fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(mut value) = frame.value() else {
+            return cx.to_client(frame);
+        };
+        let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
+            return cx.to_client(frame);
+        };
+        if let Some(commands) = result.get("_meta").and_then(|m| m.get("availableCommands")) {
+            self.initial_commands = command_names(commands);
+        }
+        let path: &[&str] = match result.get("protocolVersion").and_then(Value::as_u64) {
+            Some(1) => &["agentCapabilities", "sessionCapabilities"],
+            Some(2) => &["capabilities", "session"],
+            _ => {
+                tracing::warn!(
+                    "unknown ACP protocol version in the agent's initialize answer; not declaring systemPrompt"
+                );
+                return cx.to_client(frame);
+            }
+        };
+        let mut caps = &mut *result;
+        for key in path {
+            let entry = caps.entry(*key).or_insert_with(|| json!({}));
+            if !entry.is_object() {
+                *entry = json!({});
+            }
+            caps = entry.as_object_mut().expect("made an object above");
+        }
+        if caps.get("systemPrompt").is_some_and(|sp| !sp.is_null()) {
+            self.native = true;
+            tracing::debug!("the agent accepts systemPrompt itself; passing it through");
+            return cx.to_client(frame);
+        }
+        caps.insert("systemPrompt".into(), json!({}));
+        cx.to_client(Frame::from_value(&value));
+    }
+
+    fn commands_update(&mut self, frame: &Frame) {
+        let Some(value) = frame.value() else { return };
+        let Some(update) = value.pointer("/params/update") else {
+            return;
+        };
+        if update.get("sessionUpdate").and_then(Value::as_str) != Some("available_commands_update")
+        {
+            return;
+        }
+        let (Some(sid), Some(commands)) = (
+            value.pointer("/params/sessionId").and_then(Value::as_str),
+            update.get("availableCommands"),
+        ) else {
+            return;
+        };
+        self.sessions.entry(sid.to_owned()).or_default().commands = Some(command_names(commands));
+    }
+}
+
+/// The command name of a prompt text such as "  /init focus on tests".
+fn slash_name(text: &str) -> Option<&str> {
+    let rest = text.trim_start().strip_prefix('/')?;
+    let name = rest.split(char::is_whitespace).next()?;
+    (!name.is_empty()).then_some(name)
+}
+
+fn command_names(commands: &Value) -> HashSet<String> {
+    commands
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("name").and_then(Value::as_str))
+        .map(|n| n.trim_start_matches('/').to_owned())
+        .collect()
+}
+
+/// Removes injected blocks from every string in `v`; true if anything changed.
+fn strip_value(v: &mut Value) -> bool {
+    match v {
+        Value::String(s) => match strip(s) {
+            Some(clean) => {
+                *s = clean;
+                true
+            }
+            None => false,
+        },
+        Value::Array(items) => items.iter_mut().fold(false, |acc, i| strip_value(i) | acc),
+        Value::Object(map) => map.values_mut().fold(false, |acc, i| strip_value(i) | acc),
+        _ => false,
+    }
+}
+
+impl Layer for Instruction {
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        let Kind::Request { id, method } = frame.kind() else {
+            return cx.to_agent(frame);
+        };
+        match method.as_str() {
+            "initialize" => {
+                self.initialize.insert(id.clone());
+                cx.to_agent(frame)
+            }
+            _ if self.native => cx.to_agent(frame),
+            "session/new" | "session/load" | "session/resume" | "session/fork" => {
+                self.session_setup(frame, cx)
+            }
+            "session/prompt" if self.sessions.values().any(|s| s.pending.is_some()) => {
+                self.prompt(frame, cx)
+            }
+            _ => cx.to_agent(frame),
+        }
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        match frame.kind() {
+            Kind::Response { id } => {
+                let id = id.clone();
+                if self.initialize.remove(&id) {
+                    return self.initialized(frame, cx);
+                }
+                if let Some(text) = self.creating.remove(&id)
+                    && let Some(sid) = frame
+                        .value()
+                        .and_then(|v| v.pointer("/result/sessionId").cloned())
+                    && let Some(sid) = sid.as_str()
+                {
+                    self.sessions.entry(sid.to_owned()).or_default().pending = Some(text);
+                }
+                if let Some(sid) = self.carrying.remove(&id)
+                    && let Some(s) = self.sessions.get_mut(&sid)
+                {
+                    s.in_flight = false;
+                    // Delivered only when the agent took the prompt; after an error it goes with the next one.
+                    if frame.value().is_some_and(|v| v.get("result").is_some()) {
+                        s.pending = None;
+                    }
+                }
+            }
+            Kind::Notification { method }
+                if method == "session/update" && frame.contains(b"available_commands_update") =>
+            {
+                self.commands_update(&frame);
+            }
+            _ => {}
+        }
+        if frame.contains(TOKEN)
+            && let Some(mut value) = frame.value()
+            && strip_value(&mut value)
+        {
+            // No client ever sees the wrapper as user text; a chunk that was only the wrapper goes entirely.
+            let update = value.pointer("/params/update");
+            let empty_chunk = update
+                .and_then(|u| u.get("sessionUpdate"))
+                .and_then(Value::as_str)
+                == Some("user_message_chunk")
+                && update
+                    .and_then(|u| u.pointer("/content/text"))
+                    .and_then(Value::as_str)
+                    == Some("");
+            if !empty_chunk {
+                cx.to_client(Frame::from_value(&value));
+            }
+            return;
+        }
+        cx.to_client(frame)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_accepts_coda_shape_and_rejects_the_rest() {
+        let ok = json!({"mode":"append","content":[{"type":"text","text":"be brief"}]});
+        assert_eq!(validate(&ok).unwrap(), "be brief");
+        let cases = [
+            (json!("x"), "must be an object"),
+            (
+                json!({"mode":"override","content":[{"type":"text","text":"a"}]}),
+                "\"override\" is not supported",
+            ),
+            (
+                json!({"mode":"replace","content":[{"type":"text","text":"a"}]}),
+                "is unknown",
+            ),
+            (
+                json!({"content":[{"type":"text","text":"a"}]}),
+                "mode is required",
+            ),
+            (json!({"mode":"append","content":[]}), "non-empty array"),
+            (json!({"mode":"append"}), "non-empty array"),
+            (
+                json!({"mode":"append","content":[{"type":"image","data":"","mimeType":"image/png"}]}),
+                "only text blocks",
+            ),
+            (
+                json!({"mode":"append","content":[{"type":"text","text":""}]}),
+                "no text",
+            ),
+            (
+                json!({"mode":"append","content":[{"type":"text","text":"x".repeat(MAX_BYTES + 1)}]}),
+                "over the limit",
+            ),
+        ];
+        for (value, want) in cases {
+            let err = validate(&value).unwrap_err();
+            assert!(err.contains(want), "{err} should contain {want}");
+        }
+    }
+
+    #[test]
+    fn strip_removes_exactly_the_wrapper() {
+        let wrapped = wrap("line one\nline two");
+        assert_eq!(
+            strip(&(wrapped.clone() + "hello")).as_deref(),
+            Some("hello")
+        );
+        assert_eq!(strip(&wrapped).as_deref(), Some(""));
+        assert_eq!(strip("hello"), None);
+        assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);
+    }
+
+    #[test]
+    fn slash_names() {
+        assert_eq!(slash_name("  /init focus"), Some("init"));
+        assert_eq!(slash_name("/compact"), Some("compact"));
+        assert_eq!(slash_name("/ x"), None);
+        assert_eq!(slash_name("hi /init"), None);
+    }
+}

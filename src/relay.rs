@@ -1,0 +1,398 @@
+//! The relay loop: one task owns the layer stack and handles frames and events strictly in arrival
+//! order. Small reader and writer tasks do the I/O, joined by bounded channels, so a slow peer applies
+//! backpressure instead of growing memory, and the two directions never wait on each other.
+
+use std::collections::{HashSet, VecDeque};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::json;
+use tokio::io::{AsyncRead, BufReader};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::child::{self, Agent};
+use crate::frame::{self, Frame, Id, Invalid, Kind};
+use crate::layer::{Event, Exits, Stack};
+use crate::lines::{self, Line};
+use crate::trace::{Dir, Trace};
+
+/// Frames buffered per direction before the loop stops reading that direction's source.
+const HIGH_WATER: usize = 64;
+/// How long to wait for the child's last output once it has exited.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// One item read from a peer.
+enum Input {
+    Frame(Frame),
+    Invalid { line: Vec<u8>, err: Invalid },
+    TooLong { head: Vec<u8>, len: usize },
+}
+
+pub struct Options {
+    pub max_line: usize,
+    pub trace: Option<Trace>,
+}
+
+fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
+    r: R,
+    max: usize,
+) -> mpsc::Receiver<std::io::Result<Input>> {
+    let (tx, rx) = mpsc::channel(HIGH_WATER);
+    tokio::spawn(async move {
+        let mut r = BufReader::with_capacity(64 * 1024, r);
+        loop {
+            let item = match lines::read_line(&mut r, max).await {
+                Ok(None) => break,
+                Ok(Some(Line::Text(bytes))) => Ok(match Frame::parse_line(bytes) {
+                    Ok(frame) => Input::Frame(frame),
+                    Err((line, err)) => Input::Invalid { line, err },
+                }),
+                Ok(Some(Line::TooLong { head, len })) => Ok(Input::TooLong { head, len }),
+                Err(e) => Err(e),
+            };
+            let stop = item.is_err();
+            if tx.send(item).await.is_err() || stop {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The state of stopping the child after the client went away (or a signal came).
+enum Ladder {
+    Running,
+    /// Stdin closed (or about to be); SIGTERM at the deadline.
+    StdinClosed(Instant),
+    /// SIGTERM sent; SIGKILL at the deadline.
+    Termed(Instant),
+    Killed,
+}
+
+struct Loop {
+    stack: Stack,
+    trace: Option<Trace>,
+    to_client: VecDeque<Frame>,
+    to_agent: VecDeque<Frame>,
+    /// Client requests the agent has not answered yet.
+    in_flight: HashSet<Id>,
+    /// A copy of each in-flight request's id in arrival order, for answering them in order on exit.
+    in_flight_order: Vec<Id>,
+}
+
+impl Loop {
+    fn route(&mut self, exits: Exits) {
+        for f in exits.to_agent {
+            if let Kind::Request { id, .. } = f.kind()
+                && !self.stack.is_own(id)
+                && self.in_flight.insert(id.clone())
+            {
+                self.in_flight_order.push(id.clone());
+            }
+            if let Some(t) = &mut self.trace {
+                t.frame(Dir::ShimToAgent, f.bytes(), f.is_shim());
+            }
+            self.to_agent.push_back(f);
+        }
+        for f in exits.to_client {
+            self.send_client(f);
+        }
+    }
+
+    fn send_client(&mut self, f: Frame) {
+        if let Some(t) = &mut self.trace {
+            t.frame(Dir::ShimToClient, f.bytes(), f.is_shim());
+        }
+        self.to_client.push_back(f);
+    }
+
+    fn from_client(&mut self, input: Input) {
+        let mut exits = Exits::default();
+        match input {
+            Input::Frame(f) => {
+                if let Some(t) = &mut self.trace {
+                    t.frame(Dir::ClientToShim, f.bytes(), false);
+                }
+                self.stack.from_client(f, &mut exits);
+            }
+            Input::Invalid { line, err } => {
+                if let Some(t) = &mut self.trace {
+                    t.line(Dir::ClientToShim, &line);
+                }
+                tracing::warn!("client sent an invalid frame: {}", err.message);
+                let id = err.id.clone().unwrap_or_else(Id::null);
+                self.send_client(frame::error_response(&id, err.code, &err.message, None));
+            }
+            Input::TooLong { head, len } => {
+                let (id, is_request) = frame::sniff(&head);
+                tracing::warn!("client sent a frame of {len} bytes, over the limit; dropped");
+                if let (Some(id), true) = (id, is_request) {
+                    let msg = format!("message of {len} bytes is over the size limit");
+                    self.send_client(frame::error_response(&id, -32600, &msg, None));
+                }
+            }
+        }
+        self.route(exits);
+    }
+
+    fn from_agent(&mut self, input: Input) {
+        let mut exits = Exits::default();
+        match input {
+            Input::Frame(f) => {
+                if let Some(t) = &mut self.trace {
+                    t.frame(Dir::AgentToShim, f.bytes(), false);
+                }
+                if let Kind::Response { id } = f.kind()
+                    && self.in_flight.remove(id)
+                {
+                    self.in_flight_order.retain(|i| i != id);
+                }
+                self.stack.from_agent(f, &mut exits);
+            }
+            Input::Invalid { line, err } => {
+                if let Some(t) = &mut self.trace {
+                    t.line(Dir::AgentToShim, &line);
+                }
+                tracing::warn!(
+                    "agent wrote a line that is not JSON-RPC ({}); dropped: {}",
+                    err.message,
+                    excerpt(&line)
+                );
+            }
+            Input::TooLong { head, len } => {
+                let (id, is_request) = frame::sniff(&head);
+                let msg = format!("message of {len} bytes is over the size limit");
+                tracing::warn!("agent sent a frame of {len} bytes, over the limit; dropped");
+                match (id, is_request) {
+                    (Some(id), true) => {
+                        let f = frame::error_response(&id, -32600, &msg, None);
+                        if let Some(t) = &mut self.trace {
+                            t.frame(Dir::ShimToAgent, f.bytes(), true);
+                        }
+                        self.to_agent.push_back(f);
+                    }
+                    (Some(id), false) if self.in_flight.remove(&id) => {
+                        self.in_flight_order.retain(|i| i != &id);
+                        let msg = format!("the agent's answer was dropped: {msg}");
+                        self.stack
+                            .from_agent(frame::error_response(&id, -32603, &msg, None), &mut exits);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.route(exits);
+    }
+
+    fn event(&mut self, layer: usize, event: Event) {
+        let mut exits = Exits::default();
+        self.stack.event(layer, event, &mut exits);
+        self.route(exits);
+    }
+
+    /// The child is gone: every request it still owed gets an error carrying its stderr tail.
+    fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
+        let message = format!(
+            "agent process exited with status {}",
+            child::describe(status)
+        );
+        let data = json!({ "stderr": stderr_tail.join("\n") });
+        for id in std::mem::take(&mut self.in_flight_order) {
+            self.in_flight.remove(&id);
+            let mut exits = Exits::default();
+            self.stack.from_agent(
+                frame::error_response(&id, -32603, &message, Some(data.clone())),
+                &mut exits,
+            );
+            self.route(exits);
+        }
+    }
+}
+
+/// Runs the relay until the session ends; returns the exit code for the shim.
+pub async fn run(
+    stack: Stack,
+    mut agent: Agent,
+    events: mpsc::UnboundedReceiver<(usize, Event)>,
+    options: Options,
+) -> i32 {
+    let mut events = events;
+    let group = agent.group();
+    let mut client_in = spawn_reader(tokio::io::stdin(), options.max_line);
+    let mut agent_in = spawn_reader(agent.stdout, options.max_line);
+    let (client_tx, client_rx) = mpsc::channel::<Vec<u8>>(HIGH_WATER);
+    let client_writer = tokio::spawn(lines::write_frames(tokio::io::stdout(), client_rx));
+    let (agent_tx, agent_rx) = mpsc::channel::<Vec<u8>>(HIGH_WATER);
+    tokio::spawn(lines::write_frames(agent.stdin, agent_rx));
+    let mut agent_tx = Some(agent_tx);
+    let mut client_tx = Some(client_tx);
+
+    let (Ok(mut sigint), Ok(mut sigterm), Ok(mut sighup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        group.signal(Signal::SIGKILL);
+        return 1;
+    };
+
+    let mut st = Loop {
+        stack,
+        trace: options.trace,
+        to_client: VecDeque::new(),
+        to_agent: VecDeque::new(),
+        in_flight: HashSet::new(),
+        in_flight_order: Vec::new(),
+    };
+    let mut client_open = true;
+    let mut agent_open = true;
+    let mut ladder = Ladder::Running;
+    let mut exited: Option<ExitStatus> = None;
+    let mut drain_deadline: Option<Instant> = None;
+
+    loop {
+        // Once the client is gone and everything for the agent is handed to its writer, close its stdin.
+        if !client_open && st.to_agent.is_empty() && agent_tx.take().is_some() {
+            tracing::debug!("client closed its stdin; closing the agent's");
+        }
+        if agent_tx.is_none() && matches!(ladder, Ladder::Running) && exited.is_none() {
+            ladder = Ladder::StdinClosed(Instant::now() + child::STDIN_GRACE);
+        }
+        if exited.is_some() && !agent_open {
+            break;
+        }
+        let (mut client_gone, mut agent_gone) = (false, false);
+        let ladder_deadline = match ladder {
+            Ladder::StdinClosed(at) | Ladder::Termed(at) => Some(at),
+            _ => None,
+        };
+        tokio::select! {
+            biased;
+            permit = reserve(&client_tx), if !st.to_client.is_empty() => match permit {
+                Some(p) => p.send(st.to_client.pop_front().map(Frame::into_bytes).unwrap_or_default()),
+                None => {
+                    // Nobody reads our stdout any more: nothing we write can arrive. Treat as the client leaving.
+                    tracing::debug!("client stopped reading; shutting down");
+                    st.to_client.clear();
+                    client_gone = true;
+                    client_open = false;
+                }
+            },
+            permit = reserve(&agent_tx), if !st.to_agent.is_empty() => match permit {
+                Some(p) => p.send(st.to_agent.pop_front().map(Frame::into_bytes).unwrap_or_default()),
+                None => {
+                    st.to_agent.clear();
+                    agent_gone = true;
+                }
+            },
+            _ = sigint.recv() => shutdown_on_signal("SIGINT", &mut client_open),
+            _ = sigterm.recv() => shutdown_on_signal("SIGTERM", &mut client_open),
+            _ = sighup.recv() => shutdown_on_signal("SIGHUP", &mut client_open),
+            Some((layer, event)) = events.recv(), if st.to_client.len() < HIGH_WATER && st.to_agent.len() < HIGH_WATER => {
+                st.event(layer, event);
+            }
+            input = client_in.recv(), if client_open && st.to_agent.len() < HIGH_WATER && st.to_client.len() < HIGH_WATER => match input {
+                Some(Ok(input)) => st.from_client(input),
+                Some(Err(e)) => {
+                    tracing::warn!("cannot read stdin: {e}");
+                    client_open = false;
+                }
+                None => client_open = false,
+            },
+            input = agent_in.recv(), if agent_open && st.to_client.len() < HIGH_WATER => match input {
+                Some(Ok(input)) => st.from_agent(input),
+                Some(Err(e)) => {
+                    tracing::warn!("cannot read the agent's stdout: {e}");
+                    agent_open = false;
+                }
+                None => agent_open = false,
+            },
+            status = agent.child.wait(), if exited.is_none() => {
+                let status = match status {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!("cannot wait for the agent: {e}");
+                        std::os::unix::process::ExitStatusExt::from_raw(1 << 8)
+                    }
+                };
+                // Whatever the child left in its group (a grandchild holding the pipes) goes with it.
+                group.signal(Signal::SIGKILL);
+                exited = Some(status);
+                drain_deadline = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                ladder = Ladder::Killed;
+            }
+            _ = sleep_until(drain_deadline), if exited.is_some() && agent_open => {
+                tracing::warn!("the agent's stdout stayed open after it exited; giving up on its last output");
+                agent_open = false;
+            }
+            _ = sleep_until(ladder_deadline), if ladder_deadline.is_some() => {
+                ladder = match ladder {
+                    Ladder::StdinClosed(_) => {
+                        tracing::info!("agent still running {:?} after its stdin closed; sending SIGTERM", child::STDIN_GRACE);
+                        group.signal(Signal::SIGTERM);
+                        Ladder::Termed(Instant::now() + child::TERM_GRACE)
+                    }
+                    _ => {
+                        tracing::warn!("agent ignored SIGTERM for {:?}; sending SIGKILL", child::TERM_GRACE);
+                        group.signal(Signal::SIGKILL);
+                        Ladder::Killed
+                    }
+                };
+            }
+        }
+        if client_gone {
+            client_tx = None;
+        }
+        if agent_gone {
+            agent_tx = None;
+        }
+    }
+
+    let status = exited.unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(1 << 8));
+    let _ = tokio::time::timeout(Duration::from_millis(500), agent.stderr_done).await;
+    if !st.in_flight_order.is_empty() {
+        st.fail_in_flight(status, agent.stderr_tail.lines());
+    }
+    tracing::info!("agent exited with status {}", child::describe(status));
+    // Hand everything left to the client's writer and let it flush.
+    if let Some(tx) = client_tx.take() {
+        while let Some(f) = st.to_client.pop_front() {
+            if tx.send(f.into_bytes()).await.is_err() {
+                break;
+            }
+        }
+    }
+    // A client that stopped reading must not keep the shim alive.
+    let _ = tokio::time::timeout(Duration::from_secs(5), client_writer).await;
+    child::exit_code(status)
+}
+
+fn shutdown_on_signal(name: &str, client_open: &mut bool) {
+    tracing::info!("{name} received; stopping the agent");
+    *client_open = false;
+}
+
+async fn reserve(tx: &Option<mpsc::Sender<Vec<u8>>>) -> Option<mpsc::Permit<'_, Vec<u8>>> {
+    tx.as_ref()?.reserve().await.ok()
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The start of a line, for a warning.
+fn excerpt(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&line[..line.len().min(120)]);
+    if line.len() > 120 {
+        format!("{text:?}...")
+    } else {
+        format!("{text:?}")
+    }
+}

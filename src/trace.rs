@@ -1,0 +1,88 @@
+//! `--trace-file`: every frame both ways as JSONL, the way recordings are made.
+//!
+//! One record per frame and edge:
+//! `{"ts":"<RFC 3339>","dir":"client->shim"|"shim->agent"|"agent->shim"|"shim->client","frame":<the frame>}`,
+//! with `"shim":true` on frames the shim created or edited, and `"line":"<text>"` instead of `frame` for a
+//! line that was not JSON-RPC. Frames are embedded as their exact bytes.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::time::SystemTime;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    ClientToShim,
+    ShimToAgent,
+    AgentToShim,
+    ShimToClient,
+}
+
+impl Dir {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dir::ClientToShim => "client->shim",
+            Dir::ShimToAgent => "shim->agent",
+            Dir::AgentToShim => "agent->shim",
+            Dir::ShimToClient => "shim->client",
+        }
+    }
+}
+
+pub struct Trace {
+    file: File,
+    failed: bool,
+}
+
+impl Trace {
+    pub fn open(path: &Path) -> std::io::Result<Trace> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Trace {
+            file,
+            failed: false,
+        })
+    }
+
+    /// Records a frame (`bytes` is a complete JSON value).
+    pub fn frame(&mut self, dir: Dir, bytes: &[u8], shim: bool) {
+        let mut rec = self.head(dir);
+        if shim {
+            rec.extend_from_slice(br#","shim":true"#);
+        }
+        rec.extend_from_slice(br#","frame":"#);
+        rec.extend_from_slice(bytes);
+        rec.extend_from_slice(b"}\n");
+        self.write(&rec);
+    }
+
+    /// Records a line that was not a JSON-RPC frame.
+    pub fn line(&mut self, dir: Dir, bytes: &[u8]) {
+        let mut rec = self.head(dir);
+        rec.extend_from_slice(br#","line":"#);
+        rec.extend_from_slice(
+            serde_json::Value::from(String::from_utf8_lossy(bytes))
+                .to_string()
+                .as_bytes(),
+        );
+        rec.extend_from_slice(b"}\n");
+        self.write(&rec);
+    }
+
+    fn head(&self, dir: Dir) -> Vec<u8> {
+        let ts = humantime::format_rfc3339_millis(SystemTime::now());
+        format!(r#"{{"ts":"{ts}","dir":"{}""#, dir.as_str()).into_bytes()
+    }
+
+    fn write(&mut self, rec: &[u8]) {
+        // One write per record, so a killed shim leaves whole lines behind.
+        if let Err(e) = self.file.write_all(rec)
+            && !self.failed
+        {
+            self.failed = true;
+            tracing::warn!("cannot write the trace file: {e}");
+        }
+    }
+}
