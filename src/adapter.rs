@@ -64,33 +64,20 @@ impl Adapter {
     /// The child command: `--agent-command`, else `CODA_<AGENT>_COMMAND`, else the adapter's default.
     pub fn resolve(&self, flag: Option<String>) -> Result<Found, String> {
         let env = self.command_env();
-        let given = flag.map(|c| (c, "--agent-command".to_owned())).or_else(|| {
-            std::env::var(&env)
-                .ok()
-                .filter(|c| !c.trim().is_empty())
-                .map(|c| (c, env.clone()))
-        });
+        let given = flag
+            .map(|c| (c, "--agent-command".to_owned()))
+            .or_else(|| std::env::var(&env).ok().filter(|c| !c.trim().is_empty()).map(|c| (c, env.clone())));
         let Some((line, source)) = given else {
             return (self.default_command)();
         };
-        let words = shell_words::split(&line)
-            .map_err(|e| format!("cannot parse {source} {line:?}: {e}"))?;
+        let words = shell_words::split(&line).map_err(|e| format!("cannot parse {source} {line:?}: {e}"))?;
         let Some((program, args)) = words.split_first() else {
             return Err(format!("{source} is empty"));
         };
         let program = find_program(program).ok_or_else(|| {
-            format!(
-                "cannot find {program:?} (from {source}); check the path or install {}",
-                self.cli_name
-            )
+            format!("cannot find {program:?} (from {source}); check the path or install {}", self.cli_name)
         })?;
-        Ok(Found {
-            command: AgentCommand {
-                program,
-                args: args.to_vec(),
-            },
-            version: None,
-        })
+        Ok(Found { command: AgentCommand { program, args: args.to_vec() }, version: None })
     }
 }
 
@@ -104,23 +91,13 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
 }
 
 /// The usual default: `program args...` found on PATH.
-pub fn on_path(
-    program: &str,
-    args: &[&str],
-    cli_name: &str,
-    install_hint: &str,
-) -> Result<Found, String> {
+pub fn on_path(program: &str, args: &[&str], cli_name: &str, install_hint: &str) -> Result<Found, String> {
     match which::which(program) {
         Ok(path) => Ok(Found {
-            command: AgentCommand {
-                program: path,
-                args: args.iter().map(|a| (*a).to_owned()).collect(),
-            },
+            command: AgentCommand { program: path, args: args.iter().map(|a| (*a).to_owned()).collect() },
             version: None,
         }),
-        Err(_) => Err(format!(
-            "cannot find `{program}` ({cli_name}) on PATH; install it with: {install_hint}"
-        )),
+        Err(_) => Err(format!("cannot find `{program}` ({cli_name}) on PATH; install it with: {install_hint}")),
     }
 }
 
@@ -137,9 +114,7 @@ pub fn run_for_output(program: &Path, args: &[&str], timeout: Duration) -> Optio
     loop {
         match child.try_wait() {
             Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -148,19 +123,13 @@ pub fn run_for_output(program: &Path, args: &[&str], timeout: Duration) -> Optio
         }
     }
     let out = child.wait_with_output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `<program> --version`, taking the first line's last word ("1.18.33", "kimi, version 2.1.0").
 pub fn plain_version(cmd: &AgentCommand) -> Option<String> {
     let out = run_for_output(&cmd.program, &["--version"], Duration::from_secs(10))?;
-    out.lines()
-        .next()?
-        .split_whitespace()
-        .last()
-        .map(str::to_owned)
+    out.lines().next()?.split_whitespace().last().map(str::to_owned)
 }
 
 struct Args {
@@ -179,13 +148,11 @@ fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
     use lexopt::prelude::*;
     let mut args = Args {
         agent_command: None,
-        trace_file: std::env::var_os("CODA_SHIM_TRACE")
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from),
+        trace_file: std::env::var_os("CODA_SHIM_TRACE").filter(|p| !p.is_empty()).map(PathBuf::from),
         max_line: match std::env::var("CODA_SHIM_MAX_FRAME_BYTES") {
-            Ok(v) => v.parse().map_err(|_| {
-                lexopt::Error::from(format!("CODA_SHIM_MAX_FRAME_BYTES={v:?} is not a number"))
-            })?,
+            Ok(v) => v
+                .parse()
+                .map_err(|_| lexopt::Error::from(format!("CODA_SHIM_MAX_FRAME_BYTES={v:?} is not a number")))?,
             Err(_) => DEFAULT_MAX_LINE,
         },
     };
@@ -243,9 +210,7 @@ fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = match std::env::var("CODA_SHIM_LOG") {
         Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
-            eprintln!(
-                "warning: CODA_SHIM_LOG={spec:?} is not a valid filter ({e}); using \"warn\""
-            );
+            eprintln!("warning: CODA_SHIM_LOG={spec:?} is not a valid filter ({e}); using \"warn\"");
             EnvFilter::new("warn")
         }),
         Err(_) => EnvFilter::new("warn"),
@@ -273,11 +238,7 @@ pub fn main(adapter: Adapter) -> ! {
                 Ok(found) => {
                     let version = found.version.or_else(|| (adapter.version)(&found.command));
                     let version = version.unwrap_or_else(|| "version unknown".into());
-                    println!(
-                        "{} {version} ({})",
-                        adapter.cli_name,
-                        found.command.program.display()
-                    );
+                    println!("{} {version} ({})", adapter.cli_name, found.command.program.display());
                 }
                 Err(why) => println!("{}: not found: {why}", adapter.cli_name),
             }
@@ -306,11 +267,7 @@ pub fn main(adapter: Adapter) -> ! {
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{bin}: cannot start the async runtime: {e}");
@@ -333,24 +290,11 @@ pub fn main(adapter: Adapter) -> ! {
         };
         tracing::debug!(command = %found.command.display(), "started the agent");
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut setup = Setup {
-            command: &found.command,
-            version: found.version.clone(),
-            layers: Vec::new(),
-            events: tx,
-        };
+        let mut setup =
+            Setup { command: &found.command, version: found.version.clone(), layers: Vec::new(), events: tx };
         (adapter.layers)(&mut setup);
         let stack = Stack::new(setup.layers);
-        relay::run(
-            stack,
-            agent,
-            rx,
-            relay::Options {
-                max_line: args.max_line,
-                trace,
-            },
-        )
-        .await
+        relay::run(stack, agent, rx, relay::Options { max_line: args.max_line, trace }).await
     });
     // The blocking stdin reader cannot be cancelled; leave without waiting for it.
     runtime.shutdown_timeout(Duration::from_millis(50));

@@ -48,12 +48,7 @@ impl StderrTail {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 }
 
@@ -78,8 +73,7 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         .process_group(0);
     let mut child = command.spawn()?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err(std::io::Error::other("child pipes were not set up"));
     };
@@ -103,14 +97,7 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         }
         let _ = err.flush().await;
     });
-    Ok(Agent {
-        child,
-        stdin,
-        stdout,
-        stderr_tail,
-        stderr_done,
-        pgid,
-    })
+    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid })
 }
 
 /// A handle to signal the child's process group after its pipes have moved elsewhere.
@@ -139,9 +126,7 @@ pub async fn stop(child: &mut Child, group: Group) -> std::io::Result<ExitStatus
     let status = match tokio::time::timeout(STDIN_GRACE, child.wait()).await {
         Ok(status) => status?,
         Err(_) => {
-            tracing::info!(
-                "agent still running {STDIN_GRACE:?} after its stdin closed; sending SIGTERM"
-            );
+            tracing::info!("agent still running {STDIN_GRACE:?} after its stdin closed; sending SIGTERM");
             group.signal(Signal::SIGTERM);
             match tokio::time::timeout(TERM_GRACE, child.wait()).await {
                 Ok(status) => status?,

@@ -80,10 +80,7 @@ pub struct Frame {
 
 impl fmt::Debug for Frame {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Frame")
-            .field("kind", &self.kind)
-            .field("len", &self.bytes.len())
-            .finish()
+        f.debug_struct("Frame").field("kind", &self.kind).field("len", &self.bytes.len()).finish()
     }
 }
 
@@ -96,11 +93,7 @@ impl Frame {
     /// Like [`Frame::parse`], but hands the line back on error (for the trace and the warning).
     pub fn parse_line(bytes: Vec<u8>) -> Result<Frame, (Vec<u8>, Invalid)> {
         match classify(&bytes) {
-            Ok(kind) => Ok(Frame {
-                bytes,
-                kind,
-                shim: false,
-            }),
+            Ok(kind) => Ok(Frame { bytes, kind, shim: false }),
             Err(e) => Err((bytes, e)),
         }
     }
@@ -109,22 +102,12 @@ impl Frame {
     pub fn from_value(value: &Value) -> Frame {
         let bytes = serde_json::to_vec(value).expect("a serde_json::Value always serialises");
         match classify(&bytes) {
-            Ok(kind) => Frame {
-                bytes,
-                kind,
-                shim: true,
-            },
+            Ok(kind) => Frame { bytes, kind, shim: true },
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                Frame {
-                    bytes,
-                    kind: Kind::Notification {
-                        method: String::new(),
-                    },
-                    shim: true,
-                }
+                Frame { bytes, kind: Kind::Notification { method: String::new() }, shim: true }
             }
         }
     }
@@ -192,9 +175,7 @@ pub fn error_response(id: &Id, code: i64, message: &str, data: Option<Value>) ->
 
 /// Builds a JSON-RPC result response.
 pub fn result_response(id: &Id, result: Value) -> Frame {
-    Frame::from_value(
-        &serde_json::json!({ "jsonrpc": "2.0", "id": id.to_value(), "result": result }),
-    )
+    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "id": id.to_value(), "result": result }))
 }
 
 /// Builds a notification.
@@ -255,40 +236,20 @@ fn classify(bytes: &[u8]) -> Result<Kind, Invalid> {
             return Err(invalid("\"id\" must be a number, a string or null", None));
         }
     }
-    match (
-        env.method,
-        id,
-        env.result.0.is_some() || env.error.0.is_some(),
-    ) {
-        (Some(method), Some(id), false) => Ok(Kind::Request {
-            id,
-            method: method.into_owned(),
-        }),
-        (Some(method), None, false) => Ok(Kind::Notification {
-            method: method.into_owned(),
-        }),
+    match (env.method, id, env.result.0.is_some() || env.error.0.is_some()) {
+        (Some(method), Some(id), false) => Ok(Kind::Request { id, method: method.into_owned() }),
+        (Some(method), None, false) => Ok(Kind::Notification { method: method.into_owned() }),
         (None, Some(id), true) => Ok(Kind::Response { id }),
-        (_, id, _) => Err(invalid(
-            "neither a request, a notification nor a response",
-            id,
-        )),
+        (_, id, _) => Err(invalid("neither a request, a notification nor a response", id)),
     }
 }
 
 fn parse_error(e: serde_json::Error) -> Invalid {
-    Invalid {
-        code: -32700,
-        message: format!("parse error: {e}"),
-        id: None,
-    }
+    Invalid { code: -32700, message: format!("parse error: {e}"), id: None }
 }
 
 fn invalid(message: &str, id: Option<Id>) -> Invalid {
-    Invalid {
-        code: -32600,
-        message: format!("invalid request: {message}"),
-        id,
-    }
+    Invalid { code: -32600, message: format!("invalid request: {message}"), id }
 }
 
 #[cfg(test)]
@@ -303,37 +264,24 @@ mod tests {
     fn classifies_the_four_kinds() {
         assert_eq!(
             kind(r#"{"jsonrpc":"2.0","id":7,"method":"session/new","params":{}}"#).unwrap(),
-            Kind::Request {
-                id: Id::from_json("7"),
-                method: "session/new".into()
-            }
+            Kind::Request { id: Id::from_json("7"), method: "session/new".into() }
         );
         assert_eq!(
             kind(r#"{"jsonrpc":"2.0","method":"session/update","params":{}}"#).unwrap(),
-            Kind::Notification {
-                method: "session/update".into()
-            }
+            Kind::Notification { method: "session/update".into() }
         );
         assert_eq!(
             kind(r#"{"jsonrpc":"2.0","id":"a","result":null}"#).unwrap(),
-            Kind::Response {
-                id: Id::from_json("\"a\"")
-            }
+            Kind::Response { id: Id::from_json("\"a\"") }
         );
-        assert_eq!(
-            kind(r#"[{"jsonrpc":"2.0","method":"x"}]"#).unwrap(),
-            Kind::Batch
-        );
+        assert_eq!(kind(r#"[{"jsonrpc":"2.0","method":"x"}]"#).unwrap(), Kind::Batch);
     }
 
     #[test]
     fn null_id_is_a_request_not_a_notification() {
         assert_eq!(
             kind(r#"{"jsonrpc":"2.0","id":null,"method":"m"}"#).unwrap(),
-            Kind::Request {
-                id: Id::null(),
-                method: "m".into()
-            }
+            Kind::Request { id: Id::null(), method: "m".into() }
         );
     }
 
@@ -341,9 +289,7 @@ mod tests {
     fn escaped_method_names_are_decoded() {
         assert_eq!(
             kind(r#"{"jsonrpc":"2.0","method":"session\/update"}"#).unwrap(),
-            Kind::Notification {
-                method: "session/update".into()
-            }
+            Kind::Notification { method: "session/update".into() }
         );
     }
 
@@ -361,16 +307,8 @@ mod tests {
                 id: Some(Id::from_json("1"))
             }
         );
-        assert_eq!(
-            kind(r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#)
-                .unwrap_err()
-                .code,
-            -32600
-        );
-        assert_eq!(
-            kind(r#"{"jsonrpc":"2.0","id":3}"#).unwrap_err().id,
-            Some(Id::from_json("3"))
-        );
+        assert_eq!(kind(r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#).unwrap_err().code, -32600);
+        assert_eq!(kind(r#"{"jsonrpc":"2.0","id":3}"#).unwrap_err().id, Some(Id::from_json("3")));
     }
 
     #[test]
@@ -396,12 +334,8 @@ pub fn sniff(head: &[u8]) -> (Option<Id>, bool) {
         let rest = &head[at + 4..];
         let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
         let rest = rest.strip_prefix(b":")?;
-        let value = serde_json::Deserializer::from_slice(rest)
-            .into_iter::<Value>()
-            .next()?
-            .ok()?;
-        matches!(value, Value::Number(_) | Value::String(_) | Value::Null)
-            .then(|| Id::from_json(&value.to_string()))
+        let value = serde_json::Deserializer::from_slice(rest).into_iter::<Value>().next()?.ok()?;
+        matches!(value, Value::Number(_) | Value::String(_) | Value::Null).then(|| Id::from_json(&value.to_string()))
     });
     (id, has_method)
 }
@@ -413,18 +347,10 @@ mod sniff_tests {
     #[test]
     fn finds_id_and_method_in_a_truncated_frame() {
         assert_eq!(
-            sniff(
-                br#"{"jsonrpc":"2.0","id":12,"method":"session/prompt","params":{"prompt":[{"te"#
-            ),
+            sniff(br#"{"jsonrpc":"2.0","id":12,"method":"session/prompt","params":{"prompt":[{"te"#),
             (Some(Id::from_json("12")), true)
         );
-        assert_eq!(
-            sniff(br#"{"jsonrpc":"2.0","id" : "x","result":{"a"#),
-            (Some(Id::from_json("\"x\"")), false)
-        );
-        assert_eq!(
-            sniff(br#"{"jsonrpc":"2.0","method":"session/update","params":{"#),
-            (None, true)
-        );
+        assert_eq!(sniff(br#"{"jsonrpc":"2.0","id" : "x","result":{"a"#), (Some(Id::from_json("\"x\"")), false));
+        assert_eq!(sniff(br#"{"jsonrpc":"2.0","method":"session/update","params":{"#), (None, true));
     }
 }

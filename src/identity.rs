@@ -25,12 +25,7 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(name: &'static str, policy: Policy, probed: Option<String>) -> Identity {
-        Identity {
-            name,
-            policy,
-            probed,
-            initialize: HashSet::new(),
-        }
+        Identity { name, policy, probed, initialize: HashSet::new() }
     }
 }
 
@@ -61,21 +56,12 @@ impl Layer for Identity {
         if has_own && matches!(self.policy, Policy::FillIn) {
             return cx.to_client(frame);
         }
-        let from_meta = result
-            .get("_meta")
-            .and_then(|m| m.get("agentVersion"))
-            .and_then(Value::as_str);
+        let from_meta = result.get("_meta").and_then(|m| m.get("agentVersion")).and_then(Value::as_str);
         let Some(version) = from_meta.map(str::to_owned).or_else(|| self.probed.clone()) else {
-            tracing::debug!(
-                "no version of {} known; leaving agentInfo as it is",
-                self.name
-            );
+            tracing::debug!("no version of {} known; leaving agentInfo as it is", self.name);
             return cx.to_client(frame);
         };
-        result.insert(
-            "agentInfo".into(),
-            json!({ "name": self.name, "version": version }),
-        );
+        result.insert("agentInfo".into(), json!({ "name": self.name, "version": version }));
         cx.to_client(Frame::from_value(&value))
     }
 }

@@ -53,53 +53,36 @@ pub fn validate(sp: &Value) -> Result<String, String> {
     match obj.get("mode") {
         Some(Value::String(m)) if m == "append" => {}
         Some(Value::String(m)) if m == "override" => {
-            return Err(
-                "systemPrompt mode \"override\" is not supported; only \"append\" is".into(),
-            );
+            return Err("systemPrompt mode \"override\" is not supported; only \"append\" is".into());
         }
         Some(Value::String(m)) => {
-            return Err(format!(
-                "systemPrompt mode {m:?} is unknown; only \"append\" is supported"
-            ));
+            return Err(format!("systemPrompt mode {m:?} is unknown; only \"append\" is supported"));
         }
         Some(_) => return Err("systemPrompt.mode must be the string \"append\"".into()),
         None => return Err("systemPrompt.mode is required (\"append\")".into()),
     }
-    let Some(blocks) = obj
-        .get("content")
-        .and_then(Value::as_array)
-        .filter(|b| !b.is_empty())
-    else {
+    let Some(blocks) = obj.get("content").and_then(Value::as_array).filter(|b| !b.is_empty()) else {
         return Err("systemPrompt.content must be a non-empty array of text blocks".into());
     };
     let mut texts = Vec::with_capacity(blocks.len());
     let mut total = 0;
     for (i, block) in blocks.iter().enumerate() {
-        match (
-            block.get("type").and_then(Value::as_str),
-            block.get("text").and_then(Value::as_str),
-        ) {
+        match (block.get("type").and_then(Value::as_str), block.get("text").and_then(Value::as_str)) {
             (Some("text"), Some(text)) => {
                 total += text.len();
                 texts.push(text);
             }
             (Some("text"), None) => {
-                return Err(format!(
-                    "systemPrompt.content[{i}] is a text block without a string \"text\""
-                ));
+                return Err(format!("systemPrompt.content[{i}] is a text block without a string \"text\""));
             }
             (Some(other), _) => {
-                return Err(format!(
-                    "systemPrompt.content[{i}] has type {other:?}; only text blocks are supported"
-                ));
+                return Err(format!("systemPrompt.content[{i}] has type {other:?}; only text blocks are supported"));
             }
             (None, _) => return Err(format!("systemPrompt.content[{i}] is not a content block")),
         }
     }
     if total > MAX_BYTES {
-        return Err(format!(
-            "systemPrompt has {total} bytes of text, over the limit of {MAX_BYTES}"
-        ));
+        return Err(format!("systemPrompt has {total} bytes of text, over the limit of {MAX_BYTES}"));
     }
     if texts.iter().all(|t| t.trim().is_empty()) {
         return Err("systemPrompt has no text".into());
@@ -176,12 +159,7 @@ impl Instruction {
             Some(sp) => match validate(sp) {
                 Err(why) => {
                     tracing::info!(%method, "rejected systemPrompt: {why}");
-                    cx.to_client(frame::error_response(
-                        &id,
-                        -32602,
-                        &format!("Invalid params: {why}"),
-                        None,
-                    ));
+                    cx.to_client(frame::error_response(&id, -32602, &format!("Invalid params: {why}"), None));
                 }
                 Ok(text) => {
                     params.remove("systemPrompt");
@@ -201,11 +179,7 @@ impl Instruction {
         let Some(mut value) = frame.value() else {
             return cx.to_agent(frame);
         };
-        let Some(sid) = value
-            .pointer("/params/sessionId")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-        else {
+        let Some(sid) = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned) else {
             return cx.to_agent(frame);
         };
         let Some(session) = self.sessions.get(&sid) else {
@@ -214,19 +188,11 @@ impl Instruction {
         let (Some(text), false) = (&session.pending, session.in_flight) else {
             return cx.to_agent(frame);
         };
-        let Some(prompt) = value
-            .pointer_mut("/params/prompt")
-            .and_then(Value::as_array_mut)
-        else {
+        let Some(prompt) = value.pointer_mut("/params/prompt").and_then(Value::as_array_mut) else {
             return cx.to_agent(frame);
         };
-        let first_text = prompt
-            .iter()
-            .find(|b| b.get("type").and_then(Value::as_str) == Some("text"));
-        if let Some(command) = first_text
-            .and_then(|b| b.get("text"))
-            .and_then(Value::as_str)
-            .and_then(slash_name)
+        let first_text = prompt.iter().find(|b| b.get("type").and_then(Value::as_str) == Some("text"));
+        if let Some(command) = first_text.and_then(|b| b.get("text")).and_then(Value::as_str).and_then(slash_name)
             && self.is_command(session, command)
         {
             // Prepending would stop the agent from recognising the command; deliver with the next prompt.
@@ -282,14 +248,12 @@ impl Instruction {
         let Some(update) = value.pointer("/params/update") else {
             return;
         };
-        if update.get("sessionUpdate").and_then(Value::as_str) != Some("available_commands_update")
-        {
+        if update.get("sessionUpdate").and_then(Value::as_str) != Some("available_commands_update") {
             return;
         }
-        let (Some(sid), Some(commands)) = (
-            value.pointer("/params/sessionId").and_then(Value::as_str),
-            update.get("availableCommands"),
-        ) else {
+        let (Some(sid), Some(commands)) =
+            (value.pointer("/params/sessionId").and_then(Value::as_str), update.get("availableCommands"))
+        else {
             return;
         };
         self.sessions.entry(sid.to_owned()).or_default().commands = Some(command_names(commands));
@@ -340,12 +304,8 @@ impl Layer for Instruction {
                 cx.to_agent(frame)
             }
             _ if self.native => cx.to_agent(frame),
-            "session/new" | "session/load" | "session/resume" | "session/fork" => {
-                self.session_setup(frame, cx)
-            }
-            "session/prompt" if self.sessions.values().any(|s| s.pending.is_some()) => {
-                self.prompt(frame, cx)
-            }
+            "session/new" | "session/load" | "session/resume" | "session/fork" => self.session_setup(frame, cx),
+            "session/prompt" if self.sessions.values().any(|s| s.pending.is_some()) => self.prompt(frame, cx),
             _ => cx.to_agent(frame),
         }
     }
@@ -358,9 +318,7 @@ impl Layer for Instruction {
                     return self.initialized(frame, cx);
                 }
                 if let Some(text) = self.creating.remove(&id)
-                    && let Some(sid) = frame
-                        .value()
-                        .and_then(|v| v.pointer("/result/sessionId").cloned())
+                    && let Some(sid) = frame.value().and_then(|v| v.pointer("/result/sessionId").cloned())
                     && let Some(sid) = sid.as_str()
                 {
                     self.sessions.entry(sid.to_owned()).or_default().pending = Some(text);
@@ -388,14 +346,9 @@ impl Layer for Instruction {
         {
             // No client ever sees the wrapper as user text; a chunk that was only the wrapper goes entirely.
             let update = value.pointer("/params/update");
-            let empty_chunk = update
-                .and_then(|u| u.get("sessionUpdate"))
-                .and_then(Value::as_str)
+            let empty_chunk = update.and_then(|u| u.get("sessionUpdate")).and_then(Value::as_str)
                 == Some("user_message_chunk")
-                && update
-                    .and_then(|u| u.pointer("/content/text"))
-                    .and_then(Value::as_str)
-                    == Some("");
+                && update.and_then(|u| u.pointer("/content/text")).and_then(Value::as_str) == Some("");
             if !empty_chunk {
                 cx.to_client(Frame::from_value(&value));
             }
@@ -415,32 +368,17 @@ mod tests {
         assert_eq!(validate(&ok).unwrap(), "be brief");
         let cases = [
             (json!("x"), "must be an object"),
-            (
-                json!({"mode":"override","content":[{"type":"text","text":"a"}]}),
-                "\"override\" is not supported",
-            ),
-            (
-                json!({"mode":"replace","content":[{"type":"text","text":"a"}]}),
-                "is unknown",
-            ),
-            (
-                json!({"content":[{"type":"text","text":"a"}]}),
-                "mode is required",
-            ),
+            (json!({"mode":"override","content":[{"type":"text","text":"a"}]}), "\"override\" is not supported"),
+            (json!({"mode":"replace","content":[{"type":"text","text":"a"}]}), "is unknown"),
+            (json!({"content":[{"type":"text","text":"a"}]}), "mode is required"),
             (json!({"mode":"append","content":[]}), "non-empty array"),
             (json!({"mode":"append"}), "non-empty array"),
             (
                 json!({"mode":"append","content":[{"type":"image","data":"","mimeType":"image/png"}]}),
                 "only text blocks",
             ),
-            (
-                json!({"mode":"append","content":[{"type":"text","text":""}]}),
-                "no text",
-            ),
-            (
-                json!({"mode":"append","content":[{"type":"text","text":"x".repeat(MAX_BYTES + 1)}]}),
-                "over the limit",
-            ),
+            (json!({"mode":"append","content":[{"type":"text","text":""}]}), "no text"),
+            (json!({"mode":"append","content":[{"type":"text","text":"x".repeat(MAX_BYTES + 1)}]}), "over the limit"),
         ];
         for (value, want) in cases {
             let err = validate(&value).unwrap_err();
@@ -451,10 +389,7 @@ mod tests {
     #[test]
     fn strip_removes_exactly_the_wrapper() {
         let wrapped = wrap("line one\nline two");
-        assert_eq!(
-            strip(&(wrapped.clone() + "hello")).as_deref(),
-            Some("hello")
-        );
+        assert_eq!(strip(&(wrapped.clone() + "hello")).as_deref(), Some("hello"));
         assert_eq!(strip(&wrapped).as_deref(), Some(""));
         assert_eq!(strip("hello"), None);
         assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);

@@ -42,11 +42,7 @@ pub struct Cx {
 enum Out {
     ToAgent(Frame),
     ToClient(Frame),
-    Request {
-        method: String,
-        params: Value,
-        tag: u64,
-    },
+    Request { method: String, params: Value, tag: u64 },
 }
 
 impl Cx {
@@ -63,11 +59,7 @@ impl Cx {
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's
     /// [`Layer::on_reply`] with `tag`, and is never forwarded to the client.
     pub fn request(&mut self, method: &str, params: Value, tag: u64) {
-        self.out.push(Out::Request {
-            method: method.to_owned(),
-            params,
-            tag,
-        });
+        self.out.push(Out::Request { method: method.to_owned(), params, tag });
     }
 }
 
@@ -89,12 +81,7 @@ pub struct Exits {
 
 impl Stack {
     pub fn new(layers: Vec<Box<dyn Layer>>) -> Stack {
-        Stack {
-            layers,
-            own: HashMap::new(),
-            own_prefix: format!("coda-shim-{}-", std::process::id()),
-            next_own: 0,
-        }
+        Stack { layers, own: HashMap::new(), own_prefix: format!("coda-shim-{}-", std::process::id()), next_own: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -135,9 +122,7 @@ impl Stack {
 
     /// Whether `id` names one of the shim's own requests.
     pub fn is_own(&self, id: &Id) -> bool {
-        id.as_json()
-            .strip_prefix('"')
-            .is_some_and(|s| s.starts_with(&self.own_prefix))
+        id.as_json().strip_prefix('"').is_some_and(|s| s.starts_with(&self.own_prefix))
     }
 
     /// Sends `frame` through layers `from..` towards the agent.
@@ -169,11 +154,7 @@ impl Stack {
             match out {
                 Out::ToAgent(frame) => self.down(at + 1, frame, exits),
                 Out::ToClient(frame) => self.up(at, frame, exits),
-                Out::Request {
-                    method,
-                    params,
-                    tag,
-                } => {
+                Out::Request { method, params, tag } => {
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
                     self.own.insert(Id::string(&id), (at, tag));
@@ -200,10 +181,7 @@ mod tests {
     impl Layer for Pinger {
         fn from_client(&mut self, f: Frame, cx: &mut Cx) {
             if f.is_request("ping") {
-                cx.to_client(crate::frame::result_response(
-                    f.id().unwrap(),
-                    "pong".into(),
-                ));
+                cx.to_client(crate::frame::result_response(f.id().unwrap(), "pong".into()));
             } else if f.is_notification("ask") {
                 cx.request("probe", serde_json::json!({}), 9);
             } else {
@@ -222,10 +200,7 @@ mod tests {
     fn frames_walk_the_stack_and_own_requests_come_back() {
         let mut stack = Stack::new(vec![Box::new(Pinger), Box::new(Pinger)]);
         let mut exits = Exits::default();
-        stack.from_client(
-            frame(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
-            &mut exits,
-        );
+        stack.from_client(frame(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#), &mut exits);
         assert_eq!(exits.to_client.len(), 1);
         assert!(exits.to_agent.is_empty());
 
@@ -239,9 +214,7 @@ mod tests {
         let id = probe.id().unwrap().clone();
         assert!(stack.is_own(&id));
 
-        let reply = Frame::from_value(
-            &serde_json::json!({"jsonrpc":"2.0","id": id.to_value(),"result":{}}),
-        );
+        let reply = Frame::from_value(&serde_json::json!({"jsonrpc":"2.0","id": id.to_value(),"result":{}}));
         let mut exits = Exits::default();
         stack.from_agent(reply, &mut exits);
         assert_eq!(exits.to_client.len(), 1);
@@ -258,10 +231,7 @@ pub struct EventSender {
 }
 
 impl EventSender {
-    pub(crate) fn new(
-        layer: usize,
-        tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
-    ) -> EventSender {
+    pub(crate) fn new(layer: usize, tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>) -> EventSender {
         EventSender { layer, tx }
     }
 

@@ -19,10 +19,7 @@ pub enum Line {
 const HEAD: usize = 4096;
 
 /// Reads the next non-empty line. `None` at end of stream; a last line without `\n` still counts.
-pub async fn read_line<R: AsyncBufRead + Unpin>(
-    r: &mut R,
-    max: usize,
-) -> std::io::Result<Option<Line>> {
+pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, max: usize) -> std::io::Result<Option<Line>> {
     let mut buf = Vec::new();
     let mut len = 0usize;
     let mut last = None;
@@ -81,10 +78,7 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
 
 /// Writes each frame followed by `\n`, flushing whenever no further frame is waiting. Ends when the
 /// channel closes (after flushing) or the peer stops reading (a write error).
-pub async fn write_frames<W: AsyncWrite + Unpin>(
-    mut w: W,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-) -> std::io::Result<()> {
+pub async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Vec<u8>>) -> std::io::Result<()> {
     let mut out = tokio::io::BufWriter::with_capacity(64 * 1024, &mut w);
     while let Some(mut frame) = rx.recv().await {
         loop {
@@ -122,10 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn splits_lines_and_tolerates_crlf_and_blank_lines() {
-        assert_eq!(
-            lines(b"ab\r\n\n\r\ncd\n  \nef", 100).await,
-            vec![text("ab"), text("cd"), text("ef")]
-        );
+        assert_eq!(lines(b"ab\r\n\n\r\ncd\n  \nef", 100).await, vec![text("ab"), text("cd"), text("ef")]);
         assert_eq!(lines(b"", 100).await, vec![]);
         assert_eq!(lines(b"\n\n", 100).await, vec![]);
     }
@@ -133,16 +124,7 @@ mod tests {
     #[tokio::test]
     async fn over_long_lines_are_reported_and_skipped() {
         let input = b"0123456789\nok\n";
-        assert_eq!(
-            lines(input, 5).await,
-            vec![
-                Line::TooLong {
-                    head: b"0123456789".to_vec(),
-                    len: 10
-                },
-                text("ok")
-            ]
-        );
+        assert_eq!(lines(input, 5).await, vec![Line::TooLong { head: b"0123456789".to_vec(), len: 10 }, text("ok")]);
         assert_eq!(lines(b"12345\n", 5).await, vec![text("12345")]);
         assert_eq!(lines(b"12345\r\n", 5).await, vec![text("12345")]);
     }

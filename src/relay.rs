@@ -36,10 +36,7 @@ pub struct Options {
     pub trace: Option<Trace>,
 }
 
-fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
-    r: R,
-    max: usize,
-) -> mpsc::Receiver<std::io::Result<Input>> {
+fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(r: R, max: usize) -> mpsc::Receiver<std::io::Result<Input>> {
     let (tx, rx) = mpsc::channel(HIGH_WATER);
     tokio::spawn(async move {
         let mut r = BufReader::with_capacity(64 * 1024, r);
@@ -177,8 +174,7 @@ impl Loop {
                     (Some(id), false) if self.in_flight.remove(&id) => {
                         self.in_flight_order.retain(|i| i != &id);
                         let msg = format!("the agent's answer was dropped: {msg}");
-                        self.stack
-                            .from_agent(frame::error_response(&id, -32603, &msg, None), &mut exits);
+                        self.stack.from_agent(frame::error_response(&id, -32603, &msg, None), &mut exits);
                     }
                     _ => {}
                 }
@@ -195,18 +191,12 @@ impl Loop {
 
     /// The child is gone: every request it still owed gets an error carrying its stderr tail.
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
-        let message = format!(
-            "agent process exited with status {}",
-            child::describe(status)
-        );
+        let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
         for id in std::mem::take(&mut self.in_flight_order) {
             self.in_flight.remove(&id);
             let mut exits = Exits::default();
-            self.stack.from_agent(
-                frame::error_response(&id, -32603, &message, Some(data.clone())),
-                &mut exits,
-            );
+            self.stack.from_agent(frame::error_response(&id, -32603, &message, Some(data.clone())), &mut exits);
             self.route(exits);
         }
     }
@@ -230,11 +220,9 @@ pub async fn run(
     let mut agent_tx = Some(agent_tx);
     let mut client_tx = Some(client_tx);
 
-    let (Ok(mut sigint), Ok(mut sigterm), Ok(mut sighup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
+    let (Ok(mut sigint), Ok(mut sigterm), Ok(mut sighup)) =
+        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+    else {
         tracing::error!("cannot install signal handlers");
         group.signal(Signal::SIGKILL);
         return 1;
@@ -390,9 +378,5 @@ async fn sleep_until(at: Option<Instant>) {
 /// The start of a line, for a warning.
 fn excerpt(line: &[u8]) -> String {
     let text = String::from_utf8_lossy(&line[..line.len().min(120)]);
-    if line.len() > 120 {
-        format!("{text:?}...")
-    } else {
-        format!("{text:?}")
-    }
+    if line.len() > 120 { format!("{text:?}...") } else { format!("{text:?}") }
 }

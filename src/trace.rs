@@ -36,14 +36,8 @@ pub struct Trace {
 
 impl Trace {
     pub fn open(path: &Path) -> std::io::Result<Trace> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        Ok(Trace {
-            file,
-            failed: false,
-        })
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Trace { file, failed: false })
     }
 
     /// Records a frame (`bytes` is a complete JSON value).
@@ -62,11 +56,7 @@ impl Trace {
     pub fn line(&mut self, dir: Dir, bytes: &[u8]) {
         let mut rec = self.head(dir);
         rec.extend_from_slice(br#","line":"#);
-        rec.extend_from_slice(
-            serde_json::Value::from(String::from_utf8_lossy(bytes))
-                .to_string()
-                .as_bytes(),
-        );
+        rec.extend_from_slice(serde_json::Value::from(String::from_utf8_lossy(bytes)).to_string().as_bytes());
         rec.extend_from_slice(b"}\n");
         self.write(&rec);
     }

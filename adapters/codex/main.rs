@@ -24,10 +24,7 @@ fn version(cmd: &AgentCommand) -> Option<String> {
         return out.split_whitespace().last().map(str::to_owned);
     }
     let script = std::fs::canonicalize(&cmd.program).ok()?;
-    script
-        .ancestors()
-        .skip(1)
-        .find_map(|dir| codex_package_version(&dir.join("node_modules/@openai/codex")))
+    script.ancestors().skip(1).find_map(|dir| codex_package_version(&dir.join("node_modules/@openai/codex")))
 }
 
 fn codex_package_version(dir: &Path) -> Option<String> {

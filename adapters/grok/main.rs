@@ -12,17 +12,8 @@ const ARGS: [&str; 3] = ["agent", "--no-leader", "stdio"];
 const INSTALL: &str = "npm install -g @xai-official/grok";
 
 /// Grok's slash commands that it runs without advertising them (aliases included).
-const BUILTINS: &[&str] = &[
-    "loop",
-    "compact",
-    "always-approve",
-    "yolo",
-    "context",
-    "session-info",
-    "goal",
-    "workflow",
-    "mem",
-];
+const BUILTINS: &[&str] =
+    &["loop", "compact", "always-approve", "yolo", "context", "session-info", "goal", "workflow", "mem"];
 
 /// `grok <version> (<commit>)`, optionally followed by a channel label; anything else is not Grok Build.
 fn parse_version(out: &str) -> Option<String> {
@@ -32,11 +23,7 @@ fn parse_version(out: &str) -> Option<String> {
 }
 
 fn version(cmd: &AgentCommand) -> Option<String> {
-    parse_version(&run_for_output(
-        &cmd.program,
-        &["--version"],
-        Duration::from_secs(10),
-    )?)
+    parse_version(&run_for_output(&cmd.program, &["--version"], Duration::from_secs(10))?)
 }
 
 fn default_command() -> Result<Found, String> {
@@ -45,13 +32,7 @@ fn default_command() -> Result<Found, String> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".grok")));
     if let Some(installed) = home.map(|h| h.join("bin/grok")).filter(|p| p.is_file()) {
-        return Ok(Found {
-            command: AgentCommand {
-                program: installed,
-                args,
-            },
-            version: None,
-        });
+        return Ok(Found { command: AgentCommand { program: installed, args }, version: None });
     }
     let Some(program) = find_program("grok") else {
         return Err(format!(
@@ -61,10 +42,7 @@ fn default_command() -> Result<Found, String> {
     // Debian ships an unrelated `grok`; trust one on PATH only if it says it is Grok Build.
     let out = run_for_output(&program, &["--version"], Duration::from_secs(10)).unwrap_or_default();
     match parse_version(&out) {
-        Some(v) => Ok(Found {
-            command: AgentCommand { program, args },
-            version: Some(v),
-        }),
+        Some(v) => Ok(Found { command: AgentCommand { program, args }, version: Some(v) }),
         None => Err(format!(
             "{} is not Grok Build (`grok --version` printed {:?}); install Grok Build with: {INSTALL}",
             program.display(),
@@ -95,14 +73,8 @@ fn main() {
 mod tests {
     #[test]
     fn tells_grok_build_from_debians_grok() {
-        assert_eq!(
-            super::parse_version("grok 1.0.41 (4220f3b224a6)\n").as_deref(),
-            Some("1.0.41")
-        );
-        assert_eq!(
-            super::parse_version("grok 1.0.41 (4220f3b224a6) [stable]").as_deref(),
-            Some("1.0.41")
-        );
+        assert_eq!(super::parse_version("grok 1.0.41 (4220f3b224a6)\n").as_deref(), Some("1.0.41"));
+        assert_eq!(super::parse_version("grok 1.0.41 (4220f3b224a6) [stable]").as_deref(), Some("1.0.41"));
         assert_eq!(super::parse_version("Usage: grok [-d] -f configfile"), None);
         assert_eq!(super::parse_version(""), None);
     }
