@@ -1,0 +1,184 @@
+//! A scripted ACP agent for the shim's binary tests (run as the child through `--agent-command`).
+//!
+//! It keeps to ACP where the shim depends on it, and reports what it received so tests can assert it:
+//! - `initialize`: answers `TEST_AGENT_INIT` (a JSON result) or a plain v1 answer without `systemPrompt`.
+//! - `session/new`: `{"sessionId":"sess-N"}`, then an `available_commands_update` naming `TEST_AGENT_COMMANDS`
+//!   (comma-separated, default `init,review`).
+//! - `session/load`: replays every stored prompt block as `user_message_chunk`, then `{}`.
+//!   `session/resume`: `{}`; `session/fork`: a new session id.
+//! - `session/prompt`: one `agent_message_chunk` whose text is the prompt array it received (JSON), then
+//!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!exit N` (exit N without
+//!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
+//!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
+//!   process group and write its pid to PATH), `!flood N SIZE` (N updates of SIZE bytes first).
+//! - `_test/echo`: `{"line": <the exact line received>}`; `_test/emit`: writes `params.line` verbatim,
+//!   then `{}`; `_test/seen`: the methods received so far.
+//! - Other requests: -32601. `--version` prints `test-agent 9.9.9`.
+//! - Env `TEST_AGENT_IGNORE_EOF=1` keeps running after stdin closes; `TEST_AGENT_IGNORE_TERM=1` ignores SIGTERM.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+
+use serde_json::{Value, json};
+
+fn send(out: &mut impl Write, v: &Value) {
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--version") {
+        println!("test-agent 9.9.9");
+        return;
+    }
+    if std::env::var_os("TEST_AGENT_IGNORE_TERM").is_some() {
+        // SAFETY: installing SIG_IGN has no handler code to be unsafe about.
+        unsafe {
+            let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGTERM, nix::sys::signal::SigHandler::SigIgn);
+        }
+    }
+    let commands: Vec<Value> = std::env::var("TEST_AGENT_COMMANDS")
+        .unwrap_or_else(|_| "init,review".into())
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(|c| json!({"name": c, "description": format!("the {c} command")}))
+        .collect();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut sessions: HashMap<String, Vec<Value>> = HashMap::new();
+    let mut seen: Vec<String> = Vec::new();
+    let mut next = 0;
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            eprintln!("test-agent: not JSON: {line}");
+            continue;
+        };
+        if let Some(batch) = msg.as_array() {
+            seen.push(format!("batch of {}", batch.len()));
+            continue;
+        }
+        let method = msg.get("method").and_then(Value::as_str).unwrap_or("").to_owned();
+        let Some(id) = msg.get("id").cloned() else {
+            seen.push(method);
+            continue;
+        };
+        if method.is_empty() {
+            continue; // a response to something we never asked
+        }
+        seen.push(method.clone());
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let sid = params.get("sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
+        let result = match method.as_str() {
+            "initialize" => match std::env::var("TEST_AGENT_INIT") {
+                Ok(init) => serde_json::from_str(&init).unwrap_or(Value::Null),
+                Err(_) => json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
+            },
+            "session/new" | "session/fork" => {
+                next += 1;
+                let new = format!("sess-{next}");
+                sessions.insert(new.clone(), Vec::new());
+                send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "result": {"sessionId": new}}));
+                let update = json!({"sessionUpdate": "available_commands_update", "availableCommands": commands});
+                send(
+                    &mut out,
+                    &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": new, "update": update}}),
+                );
+                continue;
+            }
+            "session/load" => {
+                for block in sessions.get(&sid).into_iter().flatten() {
+                    let update = json!({"sessionUpdate": "user_message_chunk", "content": block});
+                    send(
+                        &mut out,
+                        &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}),
+                    );
+                }
+                json!({})
+            }
+            "session/resume" => json!({}),
+            "session/prompt" => {
+                let prompt = params.get("prompt").cloned().unwrap_or(Value::Null);
+                let text: String = prompt
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|b| b.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let words: Vec<&str> = text.split_whitespace().collect();
+                let arg = |w: &str| words.iter().position(|x| *x == w).and_then(|i| words.get(i + 1)).copied();
+                if let Some(code) = arg("!exit") {
+                    eprintln!("test-agent: exiting with {code} as asked");
+                    std::process::exit(code.parse().unwrap_or(1));
+                }
+                if words.contains(&"!kill") {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+                }
+                if let Some(path) = arg("!grandchild") {
+                    let child = std::process::Command::new("sleep").arg("300").spawn();
+                    if let Ok(child) = child {
+                        let _ = std::fs::write(path, child.id().to_string());
+                    }
+                }
+                if let Some(ms) = arg("!sleep") {
+                    std::thread::sleep(std::time::Duration::from_millis(ms.parse().unwrap_or(0)));
+                }
+                if words.contains(&"!stray") {
+                    let _ = writeln!(out, "npm WARN this is a stray log line");
+                }
+                if let (Some(n), Some(size)) =
+                    (arg("!flood"), words.iter().position(|x| *x == "!flood").and_then(|i| words.get(i + 2)))
+                {
+                    let chunk = "x".repeat(size.parse().unwrap_or(10));
+                    for _ in 0..n.parse::<usize>().unwrap_or(0) {
+                        let update =
+                            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": chunk}});
+                        send(
+                            &mut out,
+                            &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}),
+                        );
+                    }
+                }
+                if words.contains(&"!echo-queue") {
+                    send(
+                        &mut out,
+                        &json!({"jsonrpc": "2.0", "method": "_x.ai/queue/changed", "params": {"sessionId": sid, "queue": [{"prompt": prompt}]}}),
+                    );
+                }
+                if words.contains(&"!fail") {
+                    send(
+                        &mut out,
+                        &json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603, "message": "failed as asked"}}),
+                    );
+                    continue;
+                }
+                sessions.entry(sid.clone()).or_default().extend(prompt.as_array().cloned().unwrap_or_default());
+                let update = json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": prompt.to_string()}});
+                send(
+                    &mut out,
+                    &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}),
+                );
+                json!({"stopReason": "end_turn"})
+            }
+            "_test/echo" => json!({"line": line}),
+            "_test/emit" => {
+                let _ = writeln!(out, "{}", params.get("line").and_then(Value::as_str).unwrap_or(""));
+                json!({})
+            }
+            "_test/seen" => json!({"methods": seen}),
+            _ => {
+                let error = json!({"code": -32601, "message": format!("Method not found: {method}")});
+                send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
+                continue;
+            }
+        };
+        send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+    if std::env::var_os("TEST_AGENT_IGNORE_EOF").is_some() {
+        eprintln!("test-agent: stdin closed; staying up as asked");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The relay itself: lossless passthrough, agentInfo, errors, child exit and the shutdown ladder.
+
+#[path = "support/shim.rs"]
+mod shim;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shim::{command, prompt_params, with_test_agent};
+
+#[test]
+fn unchanged_frames_pass_byte_for_byte_both_ways() {
+    let mut s = with_test_agent("opencode").start();
+    // Odd number formats, key order, escapes and unicode, a null id: all kept.
+    let odd = r#"{"jsonrpc":"2.0","id":1.0e0,"method":"_test/echo","params":{"z":1.50,"a":[-0.0,1E+2,123456789012345678901234],"s":"\u00e9\ud83d\ude00\/","_meta":{"x.ai/k":[]}}}"#;
+    s.send(odd);
+    let answer: Value = serde_json::from_str(&s.recv()).unwrap();
+    assert_eq!(answer["result"]["line"], odd, "the agent got the exact bytes");
+
+    let weird = r#"{"method":"_x.ai/session_notification","params":{"b":2,"a":"\u0041","n":10.000},"jsonrpc":"2.0"}"#;
+    s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "_test/emit", "params": {"line": weird}}));
+    assert_eq!(s.recv(), weird, "the client got the exact bytes");
+    let _ = s.recv();
+
+    let null_id = r#"{"jsonrpc":"2.0","id":null,"method":"_test/echo"}"#;
+    s.send(null_id);
+    let answer: Value = serde_json::from_str(&s.recv()).unwrap();
+    assert_eq!(answer["id"], Value::Null);
+    assert_eq!(answer["result"]["line"], null_id);
+}
+
+#[test]
+fn batches_are_forwarded_whole() {
+    let mut s = with_test_agent("opencode").start();
+    let batch = r#"[{"jsonrpc":"2.0","method":"_x/one"},{"jsonrpc":"2.0","method":"_x/two"}]"#;
+    s.send(batch);
+    let (seen, _) = s.request(1, "_test/seen", json!({}));
+    assert_eq!(seen["result"]["methods"], json!(["batch of 2", "_test/seen"]), "the agent got the batch whole");
+    let emitted = r#"[{"jsonrpc":"2.0","method":"_x/a"}]"#;
+    s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "_test/emit", "params": {"line": emitted}}));
+    assert_eq!(s.recv(), emitted);
+}
+
+#[test]
+fn many_requests_in_flight_and_order_kept() {
+    let mut s = with_test_agent("opencode").start();
+    for id in 0..200 {
+        s.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": "_test/echo", "params": {"n": id}}));
+    }
+    for id in 0..200 {
+        assert_eq!(s.recv_json()["id"], id);
+    }
+}
+
+#[test]
+fn updates_are_never_overtaken_by_the_response() {
+    let mut s = with_test_agent("opencode").start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let (_, before) = s.request(2, "session/prompt", prompt_params(&sid, "!flood 500 3000"));
+    let chunks = before
+        .iter()
+        .filter(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("agent_message_chunk")))
+        .count();
+    assert_eq!(chunks, 501, "every update of the turn arrived before its response");
+}
+
+#[test]
+fn grok_agent_info_is_built_from_its_meta() {
+    let init = r#"{"protocolVersion":1,"agentCapabilities":{},"_meta":{"grokShell":true,"agentVersion":"1.0.41"}}"#;
+    let mut s = with_test_agent("grok").env("TEST_AGENT_INIT", init).start();
+    let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(answer["result"]["agentInfo"], json!({"name": "grok", "version": "1.0.41"}));
+    assert_eq!(answer["result"]["_meta"], json!({"grokShell": true, "agentVersion": "1.0.41"}));
+}
+
+#[test]
+fn opencode_and_kimi_keep_their_own_agent_info() {
+    for agent in ["opencode", "kimi"] {
+        let init =
+            r#"{"protocolVersion":1,"agentCapabilities":{},"agentInfo":{"name":"OpenCode","version":"1.18.33"}}"#;
+        let mut s = with_test_agent(agent).env("TEST_AGENT_INIT", init).start();
+        let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
+        assert_eq!(answer["result"]["agentInfo"], json!({"name": "OpenCode", "version": "1.18.33"}));
+    }
+}
+
+#[test]
+fn not_json_from_the_client_gets_a_parse_error_and_the_session_goes_on() {
+    let mut s = with_test_agent("opencode").start();
+    s.send("this is not json");
+    let e = s.recv_json();
+    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (Value::Null, json!(-32700)));
+    s.send(r#"{"id":7,"method":"x"}"#);
+    let e = s.recv_json();
+    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!(7), json!(-32600)));
+    s.send("\r");
+    s.send(r#"{"jsonrpc":"2.0","id":8,"method":"_test/seen"}"#);
+    assert_eq!(s.recv_json()["result"]["methods"], json!(["_test/seen"]), "invalid lines were not forwarded");
+}
+
+#[test]
+fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
+    let mut s = with_test_agent("opencode").start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let (answer, before) = s.request(2, "session/prompt", prompt_params(&sid, "!stray"));
+    assert_eq!(answer["result"]["stopReason"], "end_turn");
+    assert!(before.iter().all(|v| v["jsonrpc"] == "2.0"));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        s.drain_stderr().iter().any(|l| l.contains("not JSON-RPC") && l.contains("stray log line")),
+        "{:?}",
+        s.stderr_lines
+    );
+}
+
+#[test]
+fn child_exit_answers_every_request_in_flight_and_passes_its_status_on() {
+    let mut s = with_test_agent("opencode").start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    s.send_json(&json!({"jsonrpc": "2.0", "id": "slow", "method": "_never/answered", "params": {}}));
+    let _not_found = s.recv_json();
+    s.send_json(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt_params(&sid, "!sleep 200")}),
+    );
+    s.send_json(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": prompt_params(&sid, "!exit 3")}),
+    );
+    let mut rest: Vec<Value> = s.rest().iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let last = rest.pop().unwrap();
+    assert_eq!(last["id"], 3);
+    assert_eq!(last["error"]["code"], -32603);
+    assert_eq!(last["error"]["message"], "agent process exited with status 3");
+    assert!(last["error"]["data"]["stderr"].as_str().unwrap().contains("exiting with 3 as asked"), "{last}");
+    assert_eq!(s.wait(Duration::from_secs(5)).code(), Some(3));
+}
+
+#[test]
+fn child_killed_by_a_signal_is_reported_as_such() {
+    let mut s = with_test_agent("opencode").start();
+    s.send_json(&json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": prompt_params("x", "!kill")}));
+    let e = s.recv_json();
+    assert_eq!(e["error"]["message"], "agent process exited with status 137 (killed by signal 9)");
+    assert_eq!(s.wait(Duration::from_secs(5)).code(), Some(137));
+}
+
+#[test]
+fn child_exiting_before_initialize_answers_it_with_an_error() {
+    let mut s = command("opencode").arg("--agent-command").arg("sh -c 'echo no login >&2; exit 4'").start();
+    s.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}"#);
+    let lines = s.rest();
+    let status = s.wait(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(4));
+    // Either the request reached the child before it died (then it is answered), or it did not (then the
+    // shim never took it in); in both cases stdout holds only valid frames.
+    for l in &lines {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["error"]["code"], -32603);
+        assert!(v["error"]["data"]["stderr"].as_str().unwrap().contains("no login"));
+    }
+}
+
+/// Running (a zombie waiting for a reaper that is not us does not count).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn shutdown_ladder_leaves_no_process_of_the_group() {
+    let dir = std::env::temp_dir().join(format!("coda-shim-ladder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("grandchild.pid");
+    // A child that ignores both its stdin closing and SIGTERM, with a grandchild holding the pipes.
+    let mut s =
+        with_test_agent("opencode").env("TEST_AGENT_IGNORE_EOF", "1").env("TEST_AGENT_IGNORE_TERM", "1").start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let prompt = format!("!grandchild {}", pidfile.display());
+    s.request(2, "session/prompt", prompt_params(&sid, &prompt));
+    let grandchild: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(alive(grandchild));
+    let started = std::time::Instant::now();
+    s.close_stdin();
+    let status = s.wait(Duration::from_secs(15));
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(128 + 9), "the child was killed with SIGKILL after ignoring SIGTERM");
+    assert!(took >= Duration::from_secs(7), "5 s after stdin closed, then 2 s after SIGTERM: took {took:?}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!alive(grandchild), "the grandchild is gone");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sigterm_to_the_shim_stops_a_cooperative_child_quickly() {
+    let mut s = with_test_agent("opencode").start();
+    s.request(1, "_test/echo", json!({}));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    // The child exits on stdin EOF, so the ladder ends at its first step with the child's own status.
+    let status = s.wait(Duration::from_secs(4));
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn missing_command_exits_with_one_clear_line() {
+    let mut s = command("opencode").arg("--agent-command").arg("/nonexistent/opencode acp").start();
+    let status = s.wait(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(127));
+    std::thread::sleep(Duration::from_millis(50));
+    let err = s.drain_stderr();
+    assert_eq!(err.len(), 1, "{err:?}");
+    assert!(err[0].contains("/nonexistent/opencode") && err[0].contains("--agent-command"), "{err:?}");
+}
+
+#[test]
+fn a_grok_on_path_that_is_not_grok_build_is_refused() {
+    let dir = std::env::temp_dir().join(format!("coda-shim-fakegrok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("grok");
+    std::fs::write(&fake, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\n").unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&fake).unwrap().permissions(), 0o755);
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut s = command("grok")
+        .env("PATH", &dir.display().to_string())
+        .env("HOME", &dir.display().to_string())
+        .env("GROK_HOME", &dir.join("nothing").display().to_string())
+        .env_remove_command()
+        .start();
+    let status = s.wait(Duration::from_secs(5));
+    assert_ne!(status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(50));
+    let err = s.drain_stderr().join("\n");
+    assert!(err.contains("is not Grok Build") && err.contains("@xai-official/grok"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn version_names_the_shim_and_the_wrapped_cli() {
+    let mut s = with_test_agent("opencode").arg("--version").start();
+    let out = s.rest();
+    assert_eq!(out[0], format!("coda-opencode {}", env!("CARGO_PKG_VERSION")));
+    assert!(out[1].starts_with("OpenCode 9.9.9 ("), "{out:?}");
+}
+
+#[test]
+fn trace_file_records_every_frame_both_ways() {
+    let dir = std::env::temp_dir().join(format!("coda-shim-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.jsonl");
+    let mut s = with_test_agent("opencode").arg("--trace-file").arg(&path.display().to_string()).start();
+    s.request(0, "initialize", json!({"protocolVersion": 1}));
+    s.close_stdin();
+    s.wait(Duration::from_secs(10));
+    let records: Vec<Value> =
+        std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let dirs: Vec<&str> = records.iter().map(|r| r["dir"].as_str().unwrap()).collect();
+    assert_eq!(dirs, ["client->shim", "shim->agent", "agent->shim", "shim->client"]);
+    assert_eq!(records[3]["shim"], true, "the initialize answer was edited by the shim");
+    assert!(records[0].get("shim").is_none());
+    assert!(records[0]["ts"].as_str().unwrap().ends_with('Z'));
+    let _ = std::fs::remove_dir_all(dir);
+}

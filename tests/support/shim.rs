@@ -1,0 +1,212 @@
+//! Runs a shim binary as Coda would, over pipes, with the scripted test agent (or any command) as child.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The scripted ACP agent (`examples/test_agent.rs`), built by `cargo test` beside the binaries.
+pub fn test_agent() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_coda-grok"));
+    let agent = bin.parent().expect("target dir").join("examples/test_agent");
+    assert!(agent.is_file(), "{} is missing: run `cargo build --examples` (cargo test builds it)", agent.display());
+    agent
+}
+
+pub fn binary(agent: &str) -> PathBuf {
+    PathBuf::from(match agent {
+        "grok" => env!("CARGO_BIN_EXE_coda-grok"),
+        "opencode" => env!("CARGO_BIN_EXE_coda-opencode"),
+        "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
+        "codex" => env!("CARGO_BIN_EXE_coda-codex"),
+        other => panic!("no binary for {other}"),
+    })
+}
+
+pub struct Shim {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    stderr: Receiver<String>,
+    /// Every stderr line seen so far.
+    pub stderr_lines: Vec<String>,
+}
+
+pub struct Builder {
+    cmd: Command,
+}
+
+impl Builder {
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.cmd.env(k, v);
+        self
+    }
+
+    /// Drops a `CODA_<AGENT>_COMMAND` the developer's environment may set, so the default lookup runs.
+    pub fn env_remove_command(mut self) -> Self {
+        for agent in ["CODEX", "KIMI", "GROK", "OPENCODE"] {
+            self.cmd.env_remove(format!("CODA_{agent}_COMMAND"));
+        }
+        self
+    }
+
+    pub fn arg(mut self, a: &str) -> Self {
+        self.cmd.arg(a);
+        self
+    }
+
+    pub fn start(mut self) -> Shim {
+        let mut child = self
+            .cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the shim");
+        let stdout = child.stdout.take().expect("stdout");
+        let err_pipe = child.stderr.take().expect("stderr");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (etx, stderr) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err_pipe).lines() {
+                let Ok(line) = line else { break };
+                if etx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Shim { stdin: child.stdin.take(), child, lines, stderr, stderr_lines: Vec::new() }
+    }
+}
+
+/// `coda-<agent> --agent-command <test agent>`.
+pub fn with_test_agent(agent: &str) -> Builder {
+    let mut cmd = Command::new(binary(agent));
+    cmd.arg("--agent-command").arg(shell_words::quote(&test_agent().display().to_string()).into_owned());
+    cmd.env_remove("CODA_SHIM_TRACE").env("CODA_SHIM_LOG", "warn");
+    Builder { cmd }
+}
+
+pub fn command(agent: &str) -> Builder {
+    let mut cmd = Command::new(binary(agent));
+    cmd.env_remove("CODA_SHIM_TRACE");
+    Builder { cmd }
+}
+
+impl Shim {
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(line.as_bytes()).expect("write to shim");
+        stdin.write_all(b"\n").expect("write to shim");
+        stdin.flush().expect("flush");
+    }
+
+    pub fn send_json(&mut self, v: &Value) {
+        self.send(&v.to_string());
+    }
+
+    /// Sends a request and returns the response with that id, collecting what came before it.
+    pub fn request(&mut self, id: i64, method: &str, params: Value) -> (Value, Vec<Value>) {
+        self.send_json(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let mut before = Vec::new();
+        loop {
+            let v = self.recv_json();
+            if v.get("id") == Some(&Value::from(id)) && v.get("method").is_none() {
+                return (v, before);
+            }
+            before.push(v);
+        }
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    pub fn recv(&mut self) -> String {
+        self.try_recv(TIMEOUT)
+            .unwrap_or_else(|| panic!("no frame from the shim within {TIMEOUT:?}; stderr: {:?}", self.drain_stderr()))
+    }
+
+    pub fn try_recv(&mut self, wait: Duration) -> Option<String> {
+        match self.lines.recv_timeout(wait) {
+            Ok(line) => Some(line),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => None,
+        }
+    }
+
+    pub fn recv_json(&mut self) -> Value {
+        let line = self.recv();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("shim wrote a line that is not JSON ({e}): {line}"))
+    }
+
+    /// Everything the shim writes until its stdout closes.
+    pub fn rest(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(TIMEOUT) {
+            out.push(line);
+        }
+        out
+    }
+
+    pub fn drain_stderr(&mut self) -> Vec<String> {
+        while let Ok(line) = self.stderr.try_recv() {
+            self.stderr_lines.push(line);
+        }
+        self.stderr_lines.clone()
+    }
+
+    pub fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "shim still running after {within:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Shim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `session/new` with Coda's instruction.
+pub fn new_session_params(instruction: &str) -> Value {
+    serde_json::json!({
+        "cwd": "/tmp", "mcpServers": [],
+        "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": instruction}]}
+    })
+}
+
+pub fn prompt_params(session: &str, text: &str) -> Value {
+    serde_json::json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]})
+}
+
+/// The prompt array the test agent reports it received (its agent_message_chunk).
+pub fn received_prompt(before: &[Value]) -> Value {
+    let chunk = before
+        .iter()
+        .rev()
+        .find(|v| v.pointer("/params/update/sessionUpdate").and_then(Value::as_str) == Some("agent_message_chunk"))
+        .expect("the agent reported the prompt it received");
+    serde_json::from_str(chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text"))
+        .expect("json")
+}
