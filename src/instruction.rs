@@ -23,23 +23,18 @@ pub fn wrap(text: &str) -> String {
     format!("{OPEN}\n{text}\n{CLOSE}\n\n")
 }
 
-/// Removes every injected block from `s`. `None` when there was none.
+/// Removes every injected block from `s`, with the white space after it. `None` when there was none.
+/// Lenient about the white space inside, since agents echo the prompt reflowed (Kimi's session title
+/// joins the lines with spaces).
 pub fn strip(s: &str) -> Option<String> {
-    let open = format!("{OPEN}\n");
-    let close = format!("\n{CLOSE}");
     let mut out = String::new();
     let mut rest = s;
     let mut changed = false;
-    while let Some(start) = rest.find(&open) {
-        let after = &rest[start + open.len()..];
-        let Some(end) = after.find(&close) else { break };
-        let mut tail = &after[end + close.len()..];
-        // The block ends with its closing line and one blank line.
-        for _ in 0..2 {
-            tail = tail.strip_prefix('\n').unwrap_or(tail);
-        }
+    while let Some(start) = rest.find(OPEN) {
+        let after = &rest[start + OPEN.len()..];
+        let Some(end) = after.find(CLOSE) else { break };
         out.push_str(&rest[..start]);
-        rest = tail;
+        rest = after[end + CLOSE.len()..].trim_start();
         changed = true;
     }
     changed.then(|| out + rest)
@@ -393,6 +388,8 @@ mod tests {
         assert_eq!(strip(&wrapped).as_deref(), Some(""));
         assert_eq!(strip("hello"), None);
         assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);
+        // Reflowed into one line, as in Kimi's session title.
+        assert_eq!(strip(&format!("{OPEN} be brief {CLOSE} hello")).as_deref(), Some("hello"));
     }
 
     #[test]

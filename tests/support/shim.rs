@@ -43,6 +43,11 @@ pub struct Builder {
 }
 
 impl Builder {
+    /// Any prepared command (e.g. a shim with a live CLI as child).
+    pub fn from_command(cmd: Command) -> Builder {
+        Builder { cmd }
+    }
+
     pub fn env(mut self, k: &str, v: &str) -> Self {
         self.cmd.env(k, v);
         self
