@@ -1,13 +1,16 @@
-//! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity.
+//! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity,
+//! its AIR subagents and background commands as `_coda/wait`, and failed turns as Coda's failure kinds.
 //! codex-acp >= 2.3 accepts `systemPrompt` itself, so the instruction layer passes it through; older or
 //! other builds get the first-prompt injection.
+
+mod air;
+mod failure;
 
 use std::path::Path;
 use std::time::Duration;
 
 use coda_shim::adapter::{Adapter, Found, Setup, on_path, run_for_output};
 use coda_shim::child::AgentCommand;
-use coda_shim::identity::{Identity, Policy};
 use coda_shim::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
@@ -23,7 +26,11 @@ fn version(cmd: &AgentCommand) -> Option<String> {
         let out = run_for_output(Path::new(&codex), &["-V"], Duration::from_secs(10))?;
         return out.split_whitespace().last().map(str::to_owned);
     }
-    let script = std::fs::canonicalize(&cmd.program).ok()?;
+    // `codex-acp`, or `node <codex-acp script>`: Codex is the `@openai/codex` that script resolves.
+    let script = std::iter::once(cmd.program.as_path())
+        .chain(cmd.args.first().map(Path::new))
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .find(|p| p.ancestors().any(|d| d.ends_with("node_modules")))?;
     script.ancestors().skip(1).find_map(|dir| codex_package_version(&dir.join("node_modules/@openai/codex")))
 }
 
@@ -34,8 +41,22 @@ fn codex_package_version(dir: &Path) -> Option<String> {
 }
 
 fn layers(setup: &mut Setup) {
-    let probed = version(setup.command);
-    setup.add(|_| Box::new(Identity::new("codex", Policy::Replace, probed)));
+    let command = setup.command.clone();
+    setup.add(move |events| {
+        // Found while codex-acp starts, so the initialize answer never waits for it.
+        let probe = std::thread::Builder::new().name("codex-version".into()).spawn({
+            let events = events.clone();
+            move || {
+                events.send(air::CodexVersion(version(&command)));
+            }
+        });
+        if let Err(e) = probe {
+            tracing::warn!("cannot look for the Codex CLI version: {e}");
+            events.send(air::CodexVersion(None));
+        }
+        Box::new(air::Air::new())
+    });
+    setup.add(|_| Box::new(failure::Failure::new()));
     setup.add(|_| Box::new(Instruction::new(&[])));
 }
 

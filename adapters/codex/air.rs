@@ -1,0 +1,838 @@
+//! codex-acp's JetBrains AIR extensions, turned into Coda's (section Agent 活动, and the Codex row of
+//! 内置 Agent 的入口进程).
+//!
+//! - `initialize`: declares AIR `nativeSubagentSessions`, `asyncTasks`, `sessionFailure` to codex-acp;
+//!   answers Coda with `agentInfo` = the Codex CLI and `agentCapabilities._meta.coda.waits`.
+//! - `async_task_*` and `subagent_*` updates become `_coda/wait` reports; the AIR updates are consumed.
+//! - A continued subagent `X:generation:N` is session `X` for Coda, both ways.
+//! - `_coda/wait/stop`: AIR's task stop on the root session, or `session/cancel` of a cancellable subagent.
+//! - `_session/steering` always asks for `promptRequired`, so codex-acp never opens a turn of its own.
+
+use std::collections::{HashMap, HashSet};
+
+use coda_shim::frame::{self, Frame, Id, Kind};
+use coda_shim::layer::{Cx, Event, Layer};
+use serde_json::{Map, Value, json};
+
+/// The AIR capabilities the shim declares to codex-acp.
+pub const AIR_CAPABILITIES: [&str; 3] = ["nativeSubagentSessions", "asyncTasks", "sessionFailure"];
+/// Where codex-acp puts a continued subagent's generation in its session id.
+const GENERATION: &str = ":generation:";
+/// Coda's limits on report fields (section `_coda/wait`), in characters.
+pub const MAX_WAIT_ID: usize = 200;
+pub const MAX_TITLE: usize = 500;
+pub const MAX_DETAIL: usize = 4000;
+/// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
+const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
+
+/// The Codex CLI version, found off the relay loop (see `main.rs`); `None` when it could not be found.
+pub struct CodexVersion(pub Option<String>);
+
+/// The part of a codex-acp session id before `:generation:`: the subagent as Coda knows it.
+pub fn stable(id: &str) -> &str {
+    id.find(GENERATION).map_or(id, |at| &id[..at])
+}
+
+/// At most `max` characters of `s`, cut on a character boundary.
+pub fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => s[..at].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum WaitKind {
+    Task,
+    Subagent,
+}
+
+#[derive(Debug)]
+struct Wait {
+    kind: WaitKind,
+    /// The session Coda files the wait under (a root session or a subagent's stable id).
+    session: String,
+    wait_id: String,
+    /// Task: the `asyncTaskId`; subagent: the generation's session id.
+    upstream: String,
+    stoppable: bool,
+    ended: bool,
+    /// The opening report, while it is held back during `session/load`.
+    held: Option<Value>,
+}
+
+#[derive(Debug)]
+struct Subagent {
+    /// The session id of the newest generation, where frames for `X` go.
+    current: String,
+    /// The session that spawned it, as Coda knows it.
+    parent: String,
+}
+
+#[derive(Default)]
+pub struct Air {
+    version: Option<String>,
+    version_known: bool,
+    initialize: HashSet<Id>,
+    /// Coda declared `clientCapabilities._meta.coda.waits`.
+    client_waits: bool,
+    /// `session/load` and `session/resume` requests in flight.
+    loading: HashSet<Id>,
+    subagents: HashMap<String, Subagent>,
+    /// Waits by `(upstream kind, upstream id)`: `asyncTaskId` or the generation's session id.
+    waits: HashMap<(WaitKind, String), Wait>,
+    /// `(session, waitId)` -> upstream key, for `_coda/wait/stop`.
+    by_wait: HashMap<(String, String), (WaitKind, String)>,
+    /// Opening reports held during `session/load`, in arrival order.
+    held: Vec<(WaitKind, String)>,
+    next_tag: u64,
+}
+
+impl Air {
+    pub fn new() -> Air {
+        Air::default()
+    }
+
+    /// The root session above `session` (itself when it is not a subagent).
+    fn root_of(&self, session: &str) -> String {
+        let mut at = session;
+        for _ in 0..64 {
+            match self.subagents.get(at) {
+                Some(s) if s.parent != at => at = &s.parent,
+                _ => break,
+            }
+        }
+        at.to_owned()
+    }
+
+    fn client_initialize(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
+        self.initialize.insert(id);
+        let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+        let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
+            return cx.to_agent(frame);
+        };
+        let caps = object_at(params, "clientCapabilities");
+        self.client_waits = caps.get("_meta").and_then(|m| m.get("coda")).and_then(|c| c.get("waits")).is_some();
+        let air = object_at(object_at(object_at(caps, "_meta"), "jetbrains"), "air");
+        let mut names: Vec<Value> = match air.get("capabilities") {
+            Some(Value::Array(have)) => have.clone(),
+            _ => Vec::new(),
+        };
+        for name in AIR_CAPABILITIES {
+            if !names.iter().any(|n| n.as_str() == Some(name)) {
+                names.push(json!(name));
+            }
+        }
+        if air.get("version").and_then(Value::as_u64).is_none_or(|v| v < 1) {
+            air.insert("version".into(), json!(1));
+        }
+        air.insert("capabilities".into(), Value::Array(names));
+        cx.to_agent(Frame::from_value(&value))
+    }
+
+    fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(mut value) = frame.value() else { return cx.to_client(frame) };
+        let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
+            return cx.to_client(frame);
+        };
+        let theirs = result.get("agentInfo").cloned();
+        let described = theirs
+            .as_ref()
+            .map(|i| {
+                let name = i.get("name").and_then(Value::as_str).unwrap_or("codex-acp");
+                let version = i.get("version").and_then(Value::as_str).unwrap_or("(version unknown)");
+                format!("{name} {version}")
+            })
+            .unwrap_or_else(|| "this codex-acp".into());
+        let air = result.get("_meta").and_then(|m| m.pointer("/jetbrains/air/capabilities")).and_then(Value::as_array);
+        let has = |name: &str| air.is_some_and(|caps| caps.iter().any(|c| c.as_str() == Some(name)));
+        let reports = has("nativeSubagentSessions") && has("asyncTasks");
+        if !reports {
+            tracing::warn!(
+                "{described} does not report subagents or background commands (JetBrains AIR); Coda will see no \
+                 activity. {AIR_BUILD} does"
+            );
+        }
+        match (&self.version, self.version_known) {
+            (Some(version), _) => {
+                result.insert("agentInfo".into(), json!({"name": "codex", "version": version}));
+            }
+            (None, known) => {
+                // Reporting the adapter's package as the agent would be wrong; reporting nothing is allowed.
+                if known {
+                    tracing::warn!("cannot find the Codex CLI version; leaving agentInfo out");
+                } else {
+                    tracing::warn!("the Codex CLI version was not known yet; leaving agentInfo out");
+                }
+                result.remove("agentInfo");
+            }
+        }
+        if reports {
+            let caps = object_at(result, "agentCapabilities");
+            object_at(object_at(caps, "_meta"), "coda").insert("waits".into(), json!({}));
+        }
+        cx.to_client(Frame::from_value(&value))
+    }
+
+    fn steering(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+        let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
+            return cx.to_agent(frame);
+        };
+        self.address(params);
+        let steering = object_at(object_at(params, "_meta"), "steering");
+        if !steering.contains_key("idleBehavior") {
+            steering.insert("idleBehavior".into(), json!("promptRequired"));
+        }
+        cx.to_agent(Frame::from_value(&value))
+    }
+
+    /// Points `params.sessionId` = `X` at the current generation of subagent `X`. True when changed.
+    fn address(&self, params: &mut Map<String, Value>) -> bool {
+        let Some(Value::String(sid)) = params.get_mut("sessionId") else { return false };
+        match self.subagents.get(sid.as_str()) {
+            Some(s) if s.current != *sid => {
+                *sid = s.current.clone();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn stop(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(id) = frame.id().cloned() else { return };
+        let params = frame.value().and_then(|v| v.get("params").cloned()).unwrap_or(Value::Null);
+        let (Some(session), Some(wait_id)) =
+            (params.get("sessionId").and_then(Value::as_str), params.get("waitId").and_then(Value::as_str))
+        else {
+            let msg = "Invalid params: _coda/wait/stop needs string sessionId and waitId";
+            return cx.to_client(frame::error_response(&id, -32602, msg, None));
+        };
+        let key = self.by_wait.get(&(session.to_owned(), wait_id.to_owned())).cloned();
+        let Some(wait) = key.as_ref().and_then(|k| self.waits.get(k)) else {
+            let msg = format!("Invalid params: no wait {wait_id:?} in session {session:?}");
+            return cx.to_client(frame::error_response(&id, -32602, &msg, None));
+        };
+        if !wait.stoppable {
+            let msg = format!("Invalid params: wait {wait_id:?} cannot be stopped");
+            return cx.to_client(frame::error_response(&id, -32602, &msg, None));
+        }
+        if wait.ended {
+            // Already over (its final report went out); nothing left to stop.
+            return cx.to_client(frame::result_response(&id, json!({})));
+        }
+        let (kind, upstream, root) = (wait.kind, wait.upstream.clone(), self.root_of(&wait.session));
+        match kind {
+            WaitKind::Task => {
+                // codex-acp looks tasks up among root sessions only (reference codex.md §1.5).
+                self.next_tag += 1;
+                let params = json!({"sessionId": root, "asyncTaskId": upstream});
+                cx.request("_session/async_task/stop", params, self.next_tag);
+            }
+            WaitKind::Subagent => {
+                cx.to_agent(frame::notification("session/cancel", json!({"sessionId": upstream})));
+            }
+        }
+        cx.to_client(frame::result_response(&id, json!({})))
+    }
+
+    fn emit_wait(&self, params: Value, cx: &mut Cx) {
+        if self.client_waits {
+            cx.to_client(frame::notification("_coda/wait", params));
+        }
+    }
+
+    /// Opens a wait; held back while a `session/load` replays history.
+    fn open(&mut self, wait: Wait, report: Value, cx: &mut Cx) {
+        let key = (wait.kind, wait.upstream.clone());
+        if let Some(old) = self.waits.get(&key)
+            && !old.ended
+            && old.held.is_none()
+        {
+            // The same run announced again: Coda has it already.
+            return;
+        }
+        self.by_wait.insert((wait.session.clone(), wait.wait_id.clone()), key.clone());
+        let mut wait = wait;
+        if self.loading.is_empty() {
+            self.emit_wait(report, cx);
+        } else {
+            wait.held = Some(report);
+            self.held.push(key.clone());
+        }
+        self.waits.insert(key, wait);
+    }
+
+    /// Ends a wait with `state`; a wait that was never reported is dropped silently.
+    fn end(&mut self, key: (WaitKind, String), state: &str, cx: &mut Cx) {
+        let Some(wait) = self.waits.get_mut(&key) else {
+            tracing::debug!(id = %key.1, "end of an activity that was never announced; dropped");
+            return;
+        };
+        if wait.ended {
+            return;
+        }
+        wait.ended = true;
+        if wait.held.take().is_some() {
+            // Began and ended inside a replay: history, not activity.
+            self.held.retain(|k| *k != key);
+            return;
+        }
+        let report = json!({"sessionId": wait.session, "waitId": wait.wait_id, "state": state});
+        self.emit_wait(report, cx);
+    }
+
+    fn flush_held(&mut self, cx: &mut Cx) {
+        for key in std::mem::take(&mut self.held) {
+            if let Some(report) = self.waits.get_mut(&key).and_then(|w| w.held.take()) {
+                self.emit_wait(report, cx);
+            }
+        }
+    }
+
+    /// Handles an AIR-only update; true when it was one (and is consumed).
+    fn air_update(&mut self, sid: &str, update: &Value, cx: &mut Cx) -> bool {
+        let kind = update.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
+        let session = stable(sid).to_owned();
+        let text = |k: &str| update.get(k).and_then(Value::as_str);
+        match kind {
+            "async_task_spawned" => {
+                let Some(task) = text("asyncTaskId").filter(|t| !t.is_empty()) else {
+                    tracing::warn!("async_task_spawned without asyncTaskId; dropped");
+                    return true;
+                };
+                let stoppable = update.get("canStop").and_then(Value::as_bool) == Some(true);
+                let wait_id = truncate(task, MAX_WAIT_ID);
+                let mut report = json!({"sessionId": session, "waitId": wait_id, "kind": "task", "state": "waiting"});
+                if let Some(name) = text("name") {
+                    report["title"] = json!(truncate(name, MAX_TITLE));
+                }
+                if let Some(call) = text("toolCallId") {
+                    report["toolCallId"] = json!(call);
+                }
+                report["stoppable"] = json!(stoppable);
+                let wait = Wait {
+                    kind: WaitKind::Task,
+                    session,
+                    wait_id,
+                    upstream: task.to_owned(),
+                    stoppable,
+                    ended: false,
+                    held: None,
+                };
+                self.open(wait, report, cx);
+            }
+            "async_task_state_update" => {
+                let Some(task) = text("asyncTaskId") else { return true };
+                let state = match text("state") {
+                    Some("completed") => "done",
+                    Some("failed") => "failed",
+                    Some("stopped") => "cancelled",
+                    // `running`, `stopping` and the like change nothing Coda sees.
+                    _ => return true,
+                };
+                self.end((WaitKind::Task, task.to_owned()), state, cx);
+            }
+            "async_task_progress" => {}
+            "subagent_spawned" => {
+                let Some(child) = text("subagentSessionId").filter(|c| !c.is_empty()) else {
+                    tracing::warn!("subagent_spawned without subagentSessionId; dropped");
+                    return true;
+                };
+                let x = stable(child).to_owned();
+                self.subagents.insert(x.clone(), Subagent { current: child.to_owned(), parent: session.clone() });
+                let stoppable = update.pointer("/capabilities/cancel").is_some_and(Value::is_object);
+                let wait_id = truncate(child, MAX_WAIT_ID);
+                let mut report =
+                    json!({"sessionId": session, "waitId": wait_id, "kind": "subagent", "state": "waiting"});
+                if let Some(name) = text("name") {
+                    report["title"] = json!(truncate(name, MAX_TITLE));
+                }
+                if let Some(task) = text("task") {
+                    report["detail"] = json!(truncate(task, MAX_DETAIL));
+                }
+                report["stoppable"] = json!(stoppable);
+                report["childSessionId"] = json!(x);
+                let wait = Wait {
+                    kind: WaitKind::Subagent,
+                    session,
+                    wait_id,
+                    upstream: child.to_owned(),
+                    stoppable,
+                    ended: false,
+                    held: None,
+                };
+                self.open(wait, report, cx);
+            }
+            "subagent_state_update" => {
+                let Some(child) = text("subagentSessionId") else { return true };
+                let state = match text("state") {
+                    Some("completed") => "done",
+                    Some("failed") | Some("disconnected") => "failed",
+                    Some("cancelled") => "cancelled",
+                    other => {
+                        tracing::debug!(?other, "subagent state that changes nothing for Coda");
+                        return true;
+                    }
+                };
+                self.end((WaitKind::Subagent, child.to_owned()), state, cx);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    fn agent_message(&mut self, frame: Frame, cx: &mut Cx) {
+        let air = frame.contains(b"\"subagent_") || frame.contains(b"\"async_task_");
+        if !air && !frame.contains(GENERATION.as_bytes()) {
+            return cx.to_client(frame);
+        }
+        let Some(mut value) = frame.value() else { return cx.to_client(frame) };
+        let sid = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        if air
+            && frame.is_notification("session/update")
+            && let (Some(sid), Some(update)) = (&sid, value.pointer("/params/update"))
+            && self.air_update(sid, &update.clone(), cx)
+        {
+            return;
+        }
+        match sid {
+            Some(sid) if stable(&sid) != sid => {
+                value["params"]["sessionId"] = json!(stable(&sid));
+                cx.to_client(Frame::from_value(&value))
+            }
+            _ => cx.to_client(frame),
+        }
+    }
+}
+
+/// `map[key]` as an object, replacing whatever non-object was there.
+fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    let entry = map.entry(key).or_insert_with(|| json!({}));
+    if !entry.is_object() {
+        *entry = json!({});
+    }
+    match entry {
+        Value::Object(m) => m,
+        _ => unreachable!("made an object above"),
+    }
+}
+
+impl Layer for Air {
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        let method = match frame.kind() {
+            Kind::Request { method, id } => {
+                if method == "session/load" || method == "session/resume" {
+                    self.loading.insert(id.clone());
+                }
+                method.as_str()
+            }
+            Kind::Notification { method } => method.as_str(),
+            _ => return cx.to_agent(frame),
+        };
+        match method {
+            "initialize" => self.client_initialize(frame, cx),
+            "_coda/wait/stop" => self.stop(frame, cx),
+            "_session/steering" => self.steering(frame, cx),
+            _ if self.subagents.values().any(|s| s.current.contains(GENERATION)) => {
+                let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+                let changed = value.get_mut("params").and_then(Value::as_object_mut).is_some_and(|p| self.address(p));
+                if changed { cx.to_agent(Frame::from_value(&value)) } else { cx.to_agent(frame) }
+            }
+            _ => cx.to_agent(frame),
+        }
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        match frame.kind() {
+            Kind::Response { id } => {
+                let id = id.clone();
+                if self.initialize.remove(&id) {
+                    return self.initialized(frame, cx);
+                }
+                if self.loading.remove(&id) && self.loading.is_empty() {
+                    self.flush_held(cx);
+                }
+                cx.to_client(frame)
+            }
+            Kind::Request { .. } | Kind::Notification { .. } => self.agent_message(frame, cx),
+            Kind::Batch => cx.to_client(frame),
+        }
+    }
+
+    fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
+        let value = reply.value();
+        match value.as_ref().and_then(|v| v.pointer("/result/stopped")).and_then(Value::as_bool) {
+            Some(true) => tracing::debug!("codex-acp is stopping the background command"),
+            _ => tracing::warn!(
+                "codex-acp did not stop the background command: {}",
+                value.map(|v| v.to_string()).unwrap_or_default()
+            ),
+        }
+    }
+
+    fn on_event(&mut self, event: Event, _cx: &mut Cx) {
+        if let Ok(version) = event.downcast::<CodexVersion>() {
+            self.version = version.0;
+            self.version_known = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coda_shim::layer::{Exits, Stack};
+
+    const ROOT: &str = "root-1";
+
+    fn parse(v: Value) -> Frame {
+        Frame::parse(v.to_string().into_bytes()).expect("a frame")
+    }
+
+    fn values(frames: &[Frame]) -> Vec<Value> {
+        frames.iter().map(|f| f.value().expect("json")).collect()
+    }
+
+    fn update(session: &str, update: Value) -> Frame {
+        parse(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}}))
+    }
+
+    /// A stack with the layer, after a Coda-style initialize.
+    fn started() -> Stack {
+        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut exits = Exits::default();
+        stack.event(0, Box::new(CodexVersion(Some("0.166.0".into()))), &mut exits);
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,
+            "clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}});
+        stack.from_client(parse(init), &mut exits);
+        stack.from_agent(parse(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,
+            "_meta":{"jetbrains":{"air":{"version":1,"capabilities":["sessionFailure","nativeSubagentSessions","asyncTasks"]}}}}})), &mut exits);
+        stack
+    }
+
+    fn from_agent(stack: &mut Stack, frame: Frame) -> Vec<Value> {
+        let mut exits = Exits::default();
+        stack.from_agent(frame, &mut exits);
+        values(&exits.to_client)
+    }
+
+    #[test]
+    fn initialize_declares_air_and_answers_with_codex_identity_and_waits() {
+        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut exits = Exits::default();
+        stack.event(0, Box::new(CodexVersion(Some("0.166.0".into()))), &mut exits);
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":
+            {"fs":{"readTextFile":true},"_meta":{"coda":{"waits":{}},"jetbrains":{"air":{"version":1,"capabilities":["diffPatch"]}}}}}});
+        stack.from_client(parse(init), &mut exits);
+        let sent = exits.to_agent[0].value().expect("json");
+        assert_eq!(
+            sent["params"]["clientCapabilities"],
+            json!({"fs":{"readTextFile":true},"_meta":{"coda":{"waits":{}},"jetbrains":{"air":{"version":1,
+                "capabilities":["diffPatch","nativeSubagentSessions","asyncTasks","sessionFailure"]}}}})
+        );
+        let answer = json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,
+            "agentInfo":{"name":"@agentclientprotocol/codex-acp","title":"Codex","version":"2.6.0"},
+            "agentCapabilities":{"loadSession":true,"sessionCapabilities":{"systemPrompt":{}},"_meta":{"authStatus":{}}},
+            "_meta":{"steering":{"supported":true},"jetbrains":{"air":{"version":1,"capabilities":["nativeSubagentSessions","asyncTasks"]}}}}});
+        let out = from_agent(&mut stack, parse(answer));
+        let result = &out[0]["result"];
+        assert_eq!(result["agentInfo"], json!({"name":"codex","version":"0.166.0"}));
+        assert_eq!(result["agentCapabilities"]["_meta"], json!({"authStatus":{},"coda":{"waits":{}}}));
+        assert_eq!(result["agentCapabilities"]["sessionCapabilities"], json!({"systemPrompt":{}}));
+        assert_eq!(result["_meta"]["steering"], json!({"supported":true}));
+    }
+
+    #[test]
+    fn a_build_without_air_gets_no_waits_declaration_and_unknown_version_drops_agent_info() {
+        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut exits = Exits::default();
+        stack.from_client(parse(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}})), &mut exits);
+        let answer = json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1,
+            "agentInfo":{"name":"codex-acp","title":"Codex","version":"0.16.0"},"agentCapabilities":{"loadSession":true}}});
+        let out = from_agent(&mut stack, parse(answer));
+        assert_eq!(out[0]["result"], json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true}}));
+    }
+
+    #[test]
+    fn background_command_becomes_a_task_wait_and_ends_after_the_turn() {
+        let mut stack = started();
+        let spawned = update(
+            ROOT,
+            json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"call_2","name":"sleep 4",
+            "taskType":"shell","showInTranscript":false,"canStop":true,"toolCallId":"call_2"}),
+        );
+        assert_eq!(
+            from_agent(&mut stack, spawned),
+            vec![
+                json!({"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":ROOT,"waitId":"call_2","kind":"task",
+                "state":"waiting","title":"sleep 4","toolCallId":"call_2","stoppable":true}})
+            ]
+        );
+        let prompt_done = parse(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(from_agent(&mut stack, prompt_done).len(), 1);
+        {
+            let (state, coda) = ("completed", "done");
+            let end = update(
+                ROOT,
+                json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"call_2","state":state,"toolCallId":"call_2"}),
+            );
+            assert_eq!(
+                from_agent(&mut stack, end),
+                vec![
+                    json!({"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":ROOT,"waitId":"call_2","state":coda}})
+                ]
+            );
+        }
+        // Terminal is final: a late duplicate says nothing.
+        let again =
+            update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"call_2","state":"failed"}));
+        assert!(from_agent(&mut stack, again).is_empty());
+    }
+
+    #[test]
+    fn task_states_map_failed_and_stopped() {
+        let mut stack = started();
+        for (id, state, coda) in [("a", "failed", "failed"), ("b", "stopped", "cancelled")] {
+            let spawned =
+                update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":id,"name":"x","canStop":true}));
+            from_agent(&mut stack, spawned);
+            let end = update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":id,"state":state}));
+            assert_eq!(from_agent(&mut stack, end)[0]["params"]["state"], coda);
+        }
+    }
+
+    #[test]
+    fn a_first_report_is_never_terminal() {
+        let mut stack = started();
+        let end =
+            update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"ghost","state":"completed"}));
+        assert!(from_agent(&mut stack, end).is_empty());
+        let end = update(
+            ROOT,
+            json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"ghost","state":"completed"}),
+        );
+        assert!(from_agent(&mut stack, end).is_empty());
+    }
+
+    #[test]
+    fn subagent_generations_are_one_child_session_with_a_wait_per_run() {
+        let mut stack = started();
+        let spawn = |id: &str| {
+            update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":"Worker bee",
+                "task":"say hi","capabilities":{}}),
+            )
+        };
+        let first = from_agent(&mut stack, spawn("X"));
+        assert_eq!(
+            first,
+            vec![
+                json!({"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":ROOT,"waitId":"X","kind":"subagent",
+                "state":"waiting","title":"Worker bee","detail":"say hi","stoppable":false,"childSessionId":"X"}})
+            ]
+        );
+        let end =
+            update(ROOT, json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X","state":"completed"}));
+        assert_eq!(from_agent(&mut stack, end)[0]["params"], json!({"sessionId":ROOT,"waitId":"X","state":"done"}));
+        let second = from_agent(&mut stack, spawn("X:generation:2"));
+        assert_eq!(second[0]["params"]["waitId"], "X:generation:2");
+        assert_eq!(second[0]["params"]["childSessionId"], "X");
+        // The child's own traffic is session X.
+        let chunk = update(
+            "X:generation:2",
+            json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}),
+        );
+        assert_eq!(from_agent(&mut stack, chunk)[0]["params"]["sessionId"], "X");
+        let ask = parse(json!({"jsonrpc":"2.0","id":"p1","method":"session/request_permission",
+            "params":{"sessionId":"X:generation:2","toolCall":{"toolCallId":"t"},"options":[]}}));
+        let out = from_agent(&mut stack, ask);
+        assert_eq!(out[0]["params"]["sessionId"], "X");
+        assert_eq!(out[0]["id"], "p1");
+        // Coda's frames for X go to the current generation.
+        let mut exits = Exits::default();
+        stack.from_client(
+            parse(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X"}})),
+            &mut exits,
+        );
+        assert_eq!(exits.to_agent[0].value().expect("json")["params"]["sessionId"], "X:generation:2");
+        {
+            let (state, coda) = ("disconnected", "failed");
+            let end = update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X:generation:2","state":state}),
+            );
+            assert_eq!(from_agent(&mut stack, end)[0]["params"]["state"], coda);
+        }
+    }
+
+    #[test]
+    fn a_later_generation_seen_first_is_a_valid_first_sighting() {
+        let mut stack = started();
+        let spawn = update(
+            ROOT,
+            json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"Y:generation:2","name":"W","capabilities":{}}),
+        );
+        let out = from_agent(&mut stack, spawn);
+        assert_eq!(out[0]["params"]["childSessionId"], "Y");
+        assert_eq!(out[0]["params"]["state"], "waiting");
+    }
+
+    #[test]
+    fn stopping_a_task_asks_codex_on_the_root_session_and_answers_at_once() {
+        let mut stack = started();
+        // A task of a subagent's thread is published on the child session.
+        from_agent(
+            &mut stack,
+            update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"X","name":"W","capabilities":{}}),
+            ),
+        );
+        let spawned = update(
+            "X",
+            json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"X:call_9","name":"sleep 30","canStop":true,"toolCallId":"call_9"}),
+        );
+        assert_eq!(from_agent(&mut stack, spawned)[0]["params"]["sessionId"], "X");
+        let mut exits = Exits::default();
+        stack.from_client(parse(json!({"jsonrpc":"2.0","id":8,"method":"_coda/wait/stop","params":{"sessionId":"X","waitId":"X:call_9"}})), &mut exits);
+        let asked = exits.to_agent[0].value().expect("json");
+        assert_eq!(asked["method"], "_session/async_task/stop");
+        assert_eq!(asked["params"], json!({"sessionId":ROOT,"asyncTaskId":"X:call_9"}));
+        assert_eq!(values(&exits.to_client), vec![json!({"jsonrpc":"2.0","id":8,"result":{}})]);
+        // Its reply is the shim's own, never forwarded.
+        let reply = json!({"jsonrpc":"2.0","id":asked["id"],"result":{"stopped":true}});
+        assert!(from_agent(&mut stack, parse(reply)).is_empty());
+    }
+
+    #[test]
+    fn stop_of_anything_else_is_invalid_params() {
+        let mut stack = started();
+        from_agent(
+            &mut stack,
+            update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"X","name":"W","capabilities":{}}),
+            ),
+        );
+        from_agent(
+            &mut stack,
+            update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"t","canStop":false})),
+        );
+        for params in [
+            json!({"sessionId":ROOT,"waitId":"X"}),
+            json!({"sessionId":ROOT,"waitId":"t"}),
+            json!({"sessionId":ROOT,"waitId":"nope"}),
+            json!({"sessionId":ROOT}),
+        ] {
+            let mut exits = Exits::default();
+            stack.from_client(
+                parse(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":params})),
+                &mut exits,
+            );
+            assert!(exits.to_agent.is_empty());
+            assert_eq!(values(&exits.to_client)[0]["error"]["code"], -32602);
+        }
+    }
+
+    #[test]
+    fn a_cancellable_subagent_is_stopped_with_session_cancel_of_its_generation() {
+        let mut stack = started();
+        from_agent(
+            &mut stack,
+            update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"X:generation:3","name":"W","capabilities":{"cancel":{}}}),
+            ),
+        );
+        let mut exits = Exits::default();
+        stack.from_client(parse(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":{"sessionId":ROOT,"waitId":"X:generation:3"}})), &mut exits);
+        assert_eq!(
+            values(&exits.to_agent),
+            vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X:generation:3"}})]
+        );
+        assert_eq!(values(&exits.to_client), vec![json!({"jsonrpc":"2.0","id":2,"result":{}})]);
+    }
+
+    #[test]
+    fn steering_always_asks_for_prompt_required() {
+        let mut stack = started();
+        let mut exits = Exits::default();
+        stack.from_client(
+            parse(json!({"jsonrpc":"2.0","id":3,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[]}})),
+            &mut exits,
+        );
+        assert_eq!(
+            exits.to_agent[0].value().expect("json")["params"]["_meta"],
+            json!({"steering":{"idleBehavior":"promptRequired"}})
+        );
+        let given = json!({"jsonrpc":"2.0","id":4,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[],"_meta":{"steering":{"idleBehavior":"promptRequired"}}}});
+        stack.from_client(parse(given.clone()), &mut exits);
+        assert_eq!(exits.to_agent[1].value().expect("json"), given);
+    }
+
+    #[test]
+    fn children_that_begin_and_end_inside_a_load_are_history_not_activity() {
+        let mut stack = started();
+        let mut exits = Exits::default();
+        stack.from_client(
+            parse(json!({"jsonrpc":"2.0","id":9,"method":"session/load","params":{"sessionId":ROOT}})),
+            &mut exits,
+        );
+        let spawn = |id: &str| {
+            update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":"W","capabilities":{}}),
+            )
+        };
+        assert!(from_agent(&mut stack, spawn("X")).is_empty());
+        assert!(
+            from_agent(
+                &mut stack,
+                update(
+                    ROOT,
+                    json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X","state":"completed"})
+                )
+            )
+            .is_empty()
+        );
+        assert!(from_agent(&mut stack, spawn("X:generation:2")).is_empty());
+        assert!(from_agent(&mut stack, update(ROOT, json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X:generation:2","state":"disconnected"}))).is_empty());
+        let history = update(
+            "X:generation:2",
+            json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}),
+        );
+        assert_eq!(from_agent(&mut stack, history)[0]["params"]["sessionId"], "X");
+        let out = from_agent(&mut stack, parse(json!({"jsonrpc":"2.0","id":9,"result":{}})));
+        assert_eq!(out, vec![json!({"jsonrpc":"2.0","id":9,"result":{}})]);
+    }
+
+    #[test]
+    fn no_waits_for_a_client_that_did_not_ask_but_air_updates_are_still_consumed() {
+        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut exits = Exits::default();
+        stack.from_client(
+            parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}})),
+            &mut exits,
+        );
+        let spawned = update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"a","canStop":true}));
+        assert!(from_agent(&mut stack, spawned).is_empty());
+    }
+
+    #[test]
+    fn long_fields_are_cut_on_character_boundaries() {
+        let mut stack = started();
+        let long: String = "é".repeat(5000);
+        let spawned = update(
+            ROOT,
+            json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"ü".repeat(300),"name":long,"task":long,"capabilities":{}}),
+        );
+        let out = from_agent(&mut stack, spawned);
+        let p = &out[0]["params"];
+        assert_eq!(p["waitId"].as_str().map(|s| s.chars().count()), Some(MAX_WAIT_ID));
+        assert_eq!(p["title"].as_str().map(|s| s.chars().count()), Some(MAX_TITLE));
+        assert_eq!(p["detail"].as_str().map(|s| s.chars().count()), Some(MAX_DETAIL));
+    }
+}

@@ -1,0 +1,238 @@
+//! Failed turns as Coda's failure kinds (section 执行失败).
+//!
+//! codex-acp ends a failed turn of an AIR `sessionFailure` client with `stopReason: end_turn` and
+//! `_meta.jetbrains.air.sessionFailure {category, severity, title, actions}`; without that declaration a usage
+//! limit is a `-32603` error with `data.codexErrorInfo: "usageLimitExceeded"`. Coda gets a JSON-RPC error
+//! with the upstream reason as `message` and, where the protocol allows one, `data._meta.coda.failure`.
+
+use std::collections::HashSet;
+
+use coda_shim::frame::{self, Frame, Id, Kind};
+use coda_shim::layer::{Cx, Layer};
+use serde_json::{Value, json};
+
+/// What a failed turn is for Coda.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// `kind: quota_exhausted`: codex-acp's `limit` with no action is Codex's `usageLimitExceeded`.
+    Quota,
+    /// `kind: service_unavailable, input: accepted`: the turn ran and ended on a temporary upstream failure.
+    Service,
+    /// Auth: stays ACP `auth_required` (-32000), never a quota.
+    Auth,
+    /// A plain error without a kind: policy refusals, bad requests, context or budget overruns, unknowns.
+    Plain,
+}
+
+/// Classifies a `sessionFailure` record by codex-acp's category and actions (its table `SESSION_FAILURE_POLICY`).
+pub fn classify(category: &str, actions: &[&str]) -> Verdict {
+    match category {
+        "limit" if actions.is_empty() => Verdict::Quota,
+        // Rate limiting (any HTTP 429 that is not a usage limit) asks for a retry.
+        "limit" if actions.contains(&"retry") => Verdict::Service,
+        "service" | "connection" => Verdict::Service,
+        "access" => Verdict::Auth,
+        _ => Verdict::Plain,
+    }
+}
+
+/// The error frame Coda gets for a failed turn.
+pub fn error_for(id: &Id, verdict: &Verdict, message: &str, upstream: Option<Value>) -> Frame {
+    let failure = match verdict {
+        Verdict::Quota => Some(json!({"kind": "quota_exhausted"})),
+        Verdict::Service => Some(json!({"kind": "service_unavailable", "input": "accepted"})),
+        Verdict::Auth => {
+            return frame::error_response(id, -32000, message, upstream);
+        }
+        Verdict::Plain => None,
+    };
+    let data = match (failure, upstream) {
+        (Some(failure), upstream) => {
+            let mut data = match upstream {
+                Some(Value::Object(map)) => map,
+                _ => serde_json::Map::new(),
+            };
+            let meta = data.entry("_meta").or_insert_with(|| json!({}));
+            if !meta.is_object() {
+                *meta = json!({});
+            }
+            meta["coda"] = json!({ "failure": failure });
+            Some(Value::Object(data))
+        }
+        (None, upstream) => upstream,
+    };
+    frame::error_response(id, -32603, message, data)
+}
+
+/// The answer Coda gets instead of `reply`, if `reply` ends a failed turn.
+pub fn translate(id: &Id, reply: &Value) -> Option<Frame> {
+    if let Some(failure) = reply.pointer("/result/_meta/jetbrains/air/sessionFailure") {
+        // A warning is a retry that was still under way; only an error ends the turn.
+        if failure.get("severity").and_then(Value::as_str) != Some("error") {
+            return None;
+        }
+        let category = failure.get("category").and_then(Value::as_str).unwrap_or("unknown");
+        let actions: Vec<&str> =
+            failure.get("actions").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        let verdict = classify(category, &actions);
+        let title = failure.get("title").and_then(Value::as_str).filter(|t| !t.trim().is_empty());
+        let details = failure.get("details").and_then(Value::as_str).filter(|t| !t.trim().is_empty());
+        let message = match (title, details) {
+            (Some(t), Some(d)) => format!("{t}\n{d}"),
+            (Some(t), None) => t.to_owned(),
+            (None, Some(d)) => d.to_owned(),
+            (None, None) => format!("Codex failed ({category})"),
+        };
+        let upstream = json!({"codex": {"category": category, "actions": actions}});
+        return Some(error_for(id, &verdict, &message, Some(upstream)));
+    }
+    let error = reply.get("error")?;
+    if error.get("code").and_then(Value::as_i64) != Some(-32603)
+        || error.pointer("/data/codexErrorInfo").and_then(Value::as_str) != Some("usageLimitExceeded")
+    {
+        return None;
+    }
+    let message = error
+        .pointer("/data/message")
+        .and_then(Value::as_str)
+        .filter(|m| !m.trim().is_empty())
+        .or_else(|| error.get("message").and_then(Value::as_str))
+        .unwrap_or("usage limit reached");
+    Some(error_for(id, &Verdict::Quota, message, error.get("data").cloned()))
+}
+
+/// Watches `session/prompt` answers and rewrites failed ones.
+#[derive(Default)]
+pub struct Failure {
+    prompts: HashSet<Id>,
+}
+
+impl Failure {
+    pub fn new() -> Failure {
+        Failure::default()
+    }
+}
+
+impl Layer for Failure {
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        if let Kind::Request { id, method } = frame.kind()
+            && method == "session/prompt"
+        {
+            self.prompts.insert(id.clone());
+        }
+        cx.to_agent(frame)
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        let Kind::Response { id } = frame.kind() else { return cx.to_client(frame) };
+        if !self.prompts.remove(id) {
+            return cx.to_client(frame);
+        }
+        if !frame.contains(b"sessionFailure") && !frame.contains(b"usageLimitExceeded") {
+            return cx.to_client(frame);
+        }
+        let id = id.clone();
+        match frame.value().and_then(|v| translate(&id, &v)) {
+            Some(error) => cx.to_client(error),
+            None => cx.to_client(frame),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(failure: Value) -> Value {
+        json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn","usage":null,
+            "_meta":{"jetbrains":{"air":{"version":1,"sessionFailure":failure}},"quota":{"model_usage":[],"token_count":null}}}})
+    }
+
+    fn error_of(frame: &Frame) -> Value {
+        frame.value().and_then(|v| v.get("error").cloned()).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn usage_limit_is_quota_exhausted() {
+        let r = reply(json!({"actions":[],"category":"limit","id":"t:error","revision":1,"severity":"error",
+            "title":"You’ve hit your usage limit. Try again later."}));
+        let out = translate(&Id::from_json("3"), &r).expect("a failure");
+        assert_eq!(
+            error_of(&out),
+            json!({"code":-32603,"message":"You’ve hit your usage limit. Try again later.",
+                "data":{"codex":{"category":"limit","actions":[]},"_meta":{"coda":{"failure":{"kind":"quota_exhausted"}}}}})
+        );
+    }
+
+    #[test]
+    fn rate_limit_server_error_and_overload_are_service_unavailable_input_accepted() {
+        for (category, actions) in
+            [("limit", json!(["retry"])), ("service", json!(["retry", "new_session"])), ("service", json!(["retry"]))]
+        {
+            let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":"busy"}));
+            let e = error_of(&translate(&Id::from_json("3"), &r).expect("a failure"));
+            assert_eq!(e["code"], -32603);
+            assert_eq!(e["message"], "busy");
+            assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
+        }
+    }
+
+    #[test]
+    fn policy_bad_request_and_context_overrun_are_plain_errors_without_a_kind() {
+        for (category, actions) in [("request", json!([])), ("limit", json!(["new_session"])), ("unknown", json!([]))] {
+            let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":"no"}));
+            let e = error_of(&translate(&Id::from_json("3"), &r).expect("a failure"));
+            assert_eq!(e["code"], -32603);
+            assert!(e.pointer("/data/_meta/coda").is_none(), "{e}");
+        }
+    }
+
+    #[test]
+    fn auth_is_never_a_quota() {
+        let r = reply(json!({"actions":["login"],"category":"access","severity":"error","title":"log in"}));
+        let e = error_of(&translate(&Id::from_json("3"), &r).expect("a failure"));
+        assert_eq!(e["code"], -32000);
+        assert!(e.pointer("/data/_meta/coda").is_none());
+        let plain = json!({"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"Authentication required"}});
+        assert!(translate(&Id::from_json("7"), &plain).is_none());
+    }
+
+    #[test]
+    fn a_warning_or_a_clean_turn_is_left_alone() {
+        let r = reply(json!({"actions":[],"category":"connection","severity":"warning","title":"Reconnecting... 1/5"}));
+        assert!(translate(&Id::from_json("3"), &r).is_none());
+        let ok = json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}});
+        assert!(translate(&Id::from_json("3"), &ok).is_none());
+    }
+
+    #[test]
+    fn usage_limit_error_without_session_failure_keeps_upstream_data() {
+        let r = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error",
+            "data":{"message":"You’ve hit your usage limit.","codexErrorInfo":"usageLimitExceeded"}}});
+        let e = error_of(&translate(&Id::from_json("4"), &r).expect("a failure"));
+        assert_eq!(
+            e,
+            json!({"code":-32603,"message":"You’ve hit your usage limit.","data":{"message":"You’ve hit your usage limit.",
+                "codexErrorInfo":"usageLimitExceeded","_meta":{"coda":{"failure":{"kind":"quota_exhausted"}}}}})
+        );
+        let other = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error",
+            "data":{"codexErrorInfo":"badRequest"}}});
+        assert!(translate(&Id::from_json("4"), &other).is_none());
+    }
+
+    #[test]
+    fn only_prompt_answers_are_rewritten() {
+        use coda_shim::layer::{Exits, Stack};
+        let mut stack = Stack::new(vec![Box::new(Failure::new())]);
+        let mut exits = Exits::default();
+        let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");
+        stack.from_client(parse(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#), &mut exits);
+        let failed = reply(json!({"actions":[],"category":"limit","severity":"error","title":"limit"})).to_string();
+        // Same shape under another id: not a prompt answer, untouched.
+        let other = failed.replace("\"id\":3", "\"id\":9");
+        stack.from_agent(parse(&other), &mut exits);
+        stack.from_agent(parse(&failed), &mut exits);
+        assert_eq!(exits.to_client[0].bytes(), other.as_bytes());
+        assert_eq!(error_of(&exits.to_client[1])["data"]["_meta"]["coda"]["failure"]["kind"], "quota_exhausted");
+    }
+}
