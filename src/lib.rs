@@ -16,5 +16,6 @@ pub mod layer;
 pub mod lines;
 pub mod relay;
 pub mod trace;
+pub mod wait;
 
 pub use adapter::{Adapter, main};

@@ -1,4 +1,10 @@
-//! coda-kimi: Kimi Code CLI (`kimi acp`) with Coda's session instruction.
+//! coda-kimi: Kimi Code CLI (`kimi acp`) with Coda's session instruction, and Kimi's background tasks
+//! and subagents (from its session files) as `_coda/wait`.
+
+mod activity;
+mod translate;
+mod watch;
+mod wire;
 
 use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
 use coda_shim::instruction::Instruction;
@@ -15,6 +21,7 @@ fn default_command() -> Result<Found, String> {
 fn layers(setup: &mut Setup) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    setup.add(|events| Box::new(activity::Activity::new(events)));
 }
 
 fn main() {

@@ -1,0 +1,193 @@
+//! The thin I/O shell: watches one Kimi session folder with inotify (through `notify`) and hands the
+//! bytes that changed to the activity layer as [`Scan`]s. No parsing, no polling: the thread blocks on
+//! the watcher's channel while nothing happens.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use coda_shim::layer::EventSender;
+use notify::{EventKind, RecursiveMode, Watcher};
+
+/// What happened to one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Bytes appended to a wire file.
+    Append,
+    /// A wire file was replaced (new inode) or truncated: its whole content.
+    Reopen,
+    /// A task file's content after an atomic replace.
+    Replace,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// Relative to the session folder, `/`-separated: `agents/main/wire.jsonl`.
+    pub file: String,
+    pub op: Op,
+    pub bytes: Vec<u8>,
+}
+
+/// Everything that changed since the last scan, for one session.
+#[derive(Debug)]
+pub struct Scan {
+    pub session: String,
+    pub chunks: Vec<Chunk>,
+}
+
+/// What the watch knew when it started.
+pub struct Start {
+    /// The first line of `agents/main/wire.jsonl` (the metadata record).
+    pub header: Vec<u8>,
+    /// Wall-clock ms at the start: records older than this are history.
+    pub cutoff_ms: u64,
+}
+
+/// Keeps the watch alive; dropping it stops the thread.
+pub struct Handle {
+    _watcher: notify::RecommendedWatcher,
+}
+
+/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`.
+pub fn data_root() -> Option<PathBuf> {
+    if let Some(home) = std::env::var_os("KIMI_CODE_HOME").filter(|h| !h.is_empty()) {
+        return Some(PathBuf::from(home));
+    }
+    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
+}
+
+/// `<root>/sessions/*/<session>`.
+pub fn find_session(root: &Path, session: &str) -> Option<PathBuf> {
+    if session.is_empty() || session.contains('/') || session.starts_with('.') {
+        return None;
+    }
+    std::fs::read_dir(root.join("sessions"))
+        .ok()?
+        .flatten()
+        .map(|d| d.path().join(session))
+        .find(|p| p.join("agents").is_dir())
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+struct Tracked {
+    offset: u64,
+    inode: u64,
+}
+
+struct Reader {
+    dir: PathBuf,
+    wires: HashMap<PathBuf, Tracked>,
+}
+
+impl Reader {
+    fn rel(&self, p: &Path) -> String {
+        p.strip_prefix(&self.dir).unwrap_or(p).to_string_lossy().replace('\\', "/")
+    }
+
+    /// All `agents/*/wire.jsonl` currently present.
+    fn wire_paths(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = std::fs::read_dir(self.dir.join("agents"))
+            .map(|rd| rd.flatten().map(|d| d.path().join("wire.jsonl")).filter(|p| p.is_file()).collect())
+            .unwrap_or_default();
+        out.sort();
+        out
+    }
+
+    /// Reads what is new in every wire; files that appear later are read from their start.
+    fn wires(&mut self, out: &mut Vec<Chunk>) {
+        for path in self.wire_paths() {
+            let Ok(mut f) = File::open(&path) else { continue };
+            let Ok(meta) = f.metadata() else { continue };
+            let tracked = self.wires.entry(path.clone()).or_insert(Tracked { offset: 0, inode: meta.ino() });
+            let mut op = Op::Append;
+            if tracked.inode != meta.ino() || meta.len() < tracked.offset {
+                *tracked = Tracked { offset: 0, inode: meta.ino() };
+                op = Op::Reopen;
+            }
+            if meta.len() == tracked.offset {
+                continue;
+            }
+            let mut bytes = Vec::new();
+            if f.seek(SeekFrom::Start(tracked.offset)).is_err() || f.read_to_end(&mut bytes).is_err() {
+                continue;
+            }
+            tracked.offset += bytes.len() as u64;
+            out.push(Chunk { file: self.rel(&path), op, bytes });
+        }
+    }
+}
+
+fn is_task_file(p: &Path) -> bool {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.ends_with(".json")
+        && !name.contains(".tmp.")
+        && p.parent().and_then(Path::file_name).is_some_and(|n| n == "tasks")
+}
+
+/// Starts watching `dir` (a session folder). History is skipped: existing wires are read from their
+/// current end.
+pub fn start(session: &str, dir: &Path, events: EventSender) -> Result<(Start, Handle), String> {
+    let main = dir.join("agents/main/wire.jsonl");
+    let header = File::open(&main)
+        .and_then(|f| {
+            let mut line = Vec::new();
+            BufReader::new(f).read_until(b'\n', &mut line)?;
+            Ok(line)
+        })
+        .map_err(|e| format!("cannot read {}: {e}", main.display()))?;
+    let (tx, rx) = mpsc::channel();
+    let mut watcher = notify::recommended_watcher(tx).map_err(|e| format!("cannot watch: {e}"))?;
+    watcher
+        .watch(&dir.join("agents"), RecursiveMode::Recursive)
+        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    let cutoff_ms = now_ms();
+    let mut reader = Reader { dir: dir.to_path_buf(), wires: HashMap::new() };
+    for path in reader.wire_paths() {
+        if let Ok(meta) = std::fs::metadata(&path) {
+            reader.wires.insert(path, Tracked { offset: meta.len(), inode: meta.ino() });
+        }
+    }
+    let session = session.to_owned();
+    let spawned = std::thread::Builder::new().name(format!("kimi-watch-{session}")).spawn(move || {
+        // Blocks until something changes; ends when the watcher is dropped.
+        while let Ok(first) = rx.recv() {
+            let mut tasks: Vec<PathBuf> = Vec::new();
+            let mut note = |ev: notify::Result<notify::Event>| {
+                if let Ok(ev) = ev
+                    && !matches!(ev.kind, EventKind::Access(_))
+                {
+                    tasks.extend(ev.paths.into_iter().filter(|p| is_task_file(p)));
+                }
+            };
+            note(first);
+            while let Ok(more) = rx.try_recv() {
+                note(more);
+            }
+            tasks.sort();
+            tasks.dedup();
+            let mut chunks = Vec::new();
+            // Task files first: they are written before the wire record that ends the task.
+            for path in tasks {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    chunks.push(Chunk { file: reader.rel(&path), op: Op::Replace, bytes });
+                }
+            }
+            reader.wires(&mut chunks);
+            if chunks.is_empty() {
+                continue;
+            }
+            if !events.send(Scan { session: session.clone(), chunks }) {
+                break;
+            }
+        }
+    });
+    spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
+    Ok((Start { header, cutoff_ms }, Handle { _watcher: watcher }))
+}

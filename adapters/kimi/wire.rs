@@ -1,0 +1,416 @@
+//! Kimi Code's session files, parsed: the records of `agents/<agentId>/wire.jsonl` that matter for
+//! activity, and the task records of `agents/<agentId>/tasks/<taskId>.json` (reference kimi.md §2.3-2.4).
+
+use serde_json::Value;
+
+/// The wire `protocol_version`s whose records we know how to read.
+pub const KNOWN_PROTOCOLS: &[&str] = &["1.5"];
+
+/// One record of a wire file, reduced to what the translation needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    Metadata {
+        protocol_version: String,
+    },
+    TurnPrompt {
+        turn_id: i64,
+        origin: Origin,
+    },
+    TurnEnded {
+        turn_id: i64,
+        reason: String,
+    },
+    /// A `content.part` of a step: text or thinking.
+    Text {
+        turn_id: Option<i64>,
+        text: String,
+        thought: bool,
+    },
+    ToolCall {
+        turn_id: Option<i64>,
+        call_id: String,
+        name: String,
+        args: Value,
+    },
+    ToolResult {
+        call_id: String,
+        output: String,
+        is_error: bool,
+    },
+    TaskStarted(TaskInfo),
+    TaskTerminated(TaskInfo),
+    /// `WaitFor` handed these tasks' results to the agent (their notifications are suppressed).
+    WaitDelivered {
+        task_ids: Vec<String>,
+    },
+    SubagentSpawned(Spawn),
+    SubagentEnded {
+        subagent_id: String,
+        outcome: Outcome,
+    },
+    /// Anything else (still carries its time for ordering).
+    Other,
+}
+
+/// What started a turn (`turn.prompt` `origin`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    pub kind: String,
+    /// For `kind: task`: the task whose end the turn handles.
+    pub task_id: Option<String>,
+    /// For `system_trigger`: e.g. `subagent`.
+    pub name: Option<String>,
+}
+
+impl Origin {
+    /// A client prompt (the turns Kimi reports over ACP itself).
+    pub fn is_user(&self) -> bool {
+        self.kind == "user"
+    }
+
+    /// A run of a subagent requested by its parent.
+    pub fn is_subagent_run(&self) -> bool {
+        self.kind == "system_trigger" && self.name.as_deref() == Some("subagent")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spawn {
+    pub subagent_id: String,
+    pub parent_agent_id: String,
+    pub description: String,
+    pub background: bool,
+    pub model: Option<String>,
+    pub task_id: Option<String>,
+}
+
+/// A task record, from the wire (`info`) or from its JSON file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskInfo {
+    pub task_id: String,
+    pub kind: String,
+    pub status: String,
+    pub description: String,
+    pub command: Option<String>,
+    /// For agent tasks: the subagent (`agent-N`).
+    pub agent_id: Option<String>,
+    /// Set by TaskStop (and shutdown): no notification reaches the agent.
+    pub suppressed: bool,
+}
+
+impl TaskInfo {
+    pub fn from_value(v: &Value) -> Option<TaskInfo> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        Some(TaskInfo {
+            task_id: s("taskId").filter(|t| !t.is_empty())?,
+            kind: s("kind").unwrap_or_default(),
+            status: s("status").unwrap_or_default(),
+            description: s("description").unwrap_or_default(),
+            command: s("command"),
+            agent_id: s("agentId"),
+            suppressed: v.get("terminalNotificationSuppressed").and_then(Value::as_bool).unwrap_or(false),
+        })
+    }
+
+    /// Parses a `tasks/<taskId>.json` file.
+    pub fn parse_file(bytes: &[u8]) -> Option<TaskInfo> {
+        TaskInfo::from_value(&serde_json::from_slice(bytes).ok()?)
+    }
+}
+
+/// One parsed line of a wire file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// `time` in ms (0 when absent, e.g. the metadata line uses `created_at`).
+    pub time: u64,
+    pub record: Record,
+}
+
+fn turn_number(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Parses one line. `Err` says why it is not a wire record.
+pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
+    let v: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(ty) = v.get("type").and_then(Value::as_str) else {
+        return Err("no \"type\"".into());
+    };
+    let time = v.get("time").or_else(|| v.get("created_at")).and_then(Value::as_u64).unwrap_or(0);
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    // Records with `kind: "event"` come from another layer with its own turn numbers (kimi.md §2.4).
+    if v.get("kind").and_then(Value::as_str) == Some("event") {
+        return Ok(Entry { time, record: Record::Other });
+    }
+    let record = match ty {
+        "metadata" => Record::Metadata { protocol_version: s(&v, "protocol_version").unwrap_or_default() },
+        "turn.prompt" => {
+            let o = v.get("origin").cloned().unwrap_or(Value::Null);
+            Record::TurnPrompt {
+                turn_id: turn_number(v.get("turnId")).ok_or("turn.prompt without turnId")?,
+                origin: Origin {
+                    kind: s(&o, "kind").unwrap_or_default(),
+                    task_id: s(&o, "taskId"),
+                    name: s(&o, "name"),
+                },
+            }
+        }
+        "turn.ended" => Record::TurnEnded {
+            turn_id: turn_number(v.get("turnId")).ok_or("turn.ended without turnId")?,
+            reason: s(&v, "reason").unwrap_or_default(),
+        },
+        "context.append_loop_event" => {
+            let e = v.get("event").cloned().unwrap_or(Value::Null);
+            let turn_id = turn_number(e.get("turnId"));
+            match e.get("type").and_then(Value::as_str) {
+                Some("content.part") => {
+                    let part = e.get("part").cloned().unwrap_or(Value::Null);
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            Record::Text { turn_id, text: s(&part, "text").unwrap_or_default(), thought: false }
+                        }
+                        Some("think") => {
+                            Record::Text { turn_id, text: s(&part, "think").unwrap_or_default(), thought: true }
+                        }
+                        _ => Record::Other,
+                    }
+                }
+                Some("tool.call") => Record::ToolCall {
+                    turn_id,
+                    call_id: s(&e, "toolCallId").ok_or("tool.call without toolCallId")?,
+                    name: s(&e, "name").unwrap_or_default(),
+                    args: e.get("args").cloned().unwrap_or(Value::Null),
+                },
+                Some("tool.result") => {
+                    let r = e.get("result").cloned().unwrap_or(Value::Null);
+                    let output = match r.get("output") {
+                        Some(Value::String(t)) => t.clone(),
+                        Some(other) => other.to_string(),
+                        None => String::new(),
+                    };
+                    Record::ToolResult {
+                        call_id: s(&e, "toolCallId").ok_or("tool.result without toolCallId")?,
+                        output,
+                        is_error: r.get("isError").and_then(Value::as_bool).unwrap_or(false),
+                    }
+                }
+                _ => Record::Other,
+            }
+        }
+        "task.started" | "task.terminated" => {
+            let info = v.get("info").and_then(TaskInfo::from_value).ok_or("task record without info.taskId")?;
+            if ty == "task.started" { Record::TaskStarted(info) } else { Record::TaskTerminated(info) }
+        }
+        "task.waitDelivered" => {
+            let keys = v.get("keys").and_then(Value::as_array).cloned().unwrap_or_default();
+            // Each key is "<taskId>\0<status>\0<notificationId>".
+            let task_ids = keys
+                .iter()
+                .filter_map(Value::as_str)
+                .filter_map(|k| k.split('\0').next())
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect();
+            Record::WaitDelivered { task_ids }
+        }
+        "subagent.spawned" => Record::SubagentSpawned(Spawn {
+            subagent_id: s(&v, "subagentId").ok_or("subagent.spawned without subagentId")?,
+            parent_agent_id: s(&v, "parentAgentId").unwrap_or_else(|| "main".into()),
+            description: s(&v, "description").unwrap_or_default(),
+            background: v.get("runInBackground").and_then(Value::as_bool).unwrap_or(false),
+            model: s(&v, "model"),
+            task_id: s(&v, "taskId"),
+        }),
+        "subagent.completed" | "subagent.failed" | "subagent.cancelled" => Record::SubagentEnded {
+            subagent_id: s(&v, "subagentId").ok_or("subagent record without subagentId")?,
+            outcome: match ty {
+                "subagent.completed" => Outcome::Completed,
+                "subagent.failed" => Outcome::Failed,
+                _ => Outcome::Cancelled,
+            },
+        },
+        _ => Record::Other,
+    };
+    Ok(Entry { time, record })
+}
+
+/// Splits appended bytes into whole lines, keeping a partial last line for the next append.
+#[derive(Default)]
+pub struct Lines {
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut rest = bytes;
+        while let Some(at) = memchr::memchr(b'\n', rest) {
+            let mut line = std::mem::take(&mut self.partial);
+            line.extend_from_slice(&rest[..at]);
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                out.push(line);
+            }
+            rest = &rest[at + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+        out
+    }
+
+    /// Forgets a partial line (the file was replaced).
+    pub fn reset(&mut self) {
+        self.partial.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_records_that_matter() {
+        let e = parse_line(br#"{"type":"turn.prompt","agentId":"main","turnId":1,"origin":{"kind":"task","taskId":"bash-l3uxg0a9","status":"failed"},"input":[],"time":5}"#).unwrap();
+        assert_eq!(e.time, 5);
+        let Record::TurnPrompt { turn_id: 1, origin } = e.record else { panic!("{e:?}") };
+        assert_eq!(origin.task_id.as_deref(), Some("bash-l3uxg0a9"));
+        assert!(!origin.is_user());
+
+        let e = parse_line(br#"{"type":"context.append_loop_event","agentId":"agent-0","event":{"type":"content.part","turnId":"0","part":{"type":"think","think":"hm"}},"time":7}"#).unwrap();
+        assert_eq!(e.record, Record::Text { turn_id: Some(0), text: "hm".into(), thought: true });
+
+        let e = parse_line(b"{\"type\":\"task.waitDelivered\",\"agentId\":\"main\",\"keys\":[\"bash-929tv3jx\\u0000completed\\u0000task:bash-929tv3jx:completed\"],\"time\":1}").unwrap();
+        assert_eq!(e.record, Record::WaitDelivered { task_ids: vec!["bash-929tv3jx".into()] });
+
+        let e = parse_line(br#"{"type":"task.terminated","agentId":"main","info":{"taskId":"bash-3wlkpb7l","kind":"process","status":"killed","terminalNotificationSuppressed":true},"time":1}"#).unwrap();
+        let Record::TaskTerminated(info) = e.record else { panic!() };
+        assert!(info.suppressed);
+        assert_eq!(info.status, "killed");
+    }
+
+    #[test]
+    fn event_records_and_malformed_lines() {
+        let e = parse_line(br#"{"turnId":4,"type":"agent.turn.ended","time":1,"kind":"event"}"#).unwrap();
+        assert_eq!(e.record, Record::Other);
+        assert!(parse_line(b"{not json").is_err());
+        assert!(parse_line(br#"{"type":"turn.ended","agentId":"main"}"#).is_err());
+    }
+
+    #[test]
+    fn lines_buffer_a_partial_last_line() {
+        let mut l = Lines::default();
+        assert_eq!(l.push(b"{\"a\":1}\n{\"b\""), vec![b"{\"a\":1}".to_vec()]);
+        assert_eq!(l.push(b":2}\n\n"), vec![b"{\"b\":2}".to_vec()]);
+        assert!(l.push(b"").is_empty());
+    }
+}
+
+/// One session's files as a stream of records: splits appended bytes into lines, parses them, skips
+/// history and what a replaced file repeats, and warns once per malformed line.
+pub struct Feed {
+    /// Records older than this (ms) are history, when a replaced file is read again from its start.
+    cutoff_ms: u64,
+    files: std::collections::HashMap<String, FileFeed>,
+}
+
+#[derive(Default)]
+struct FileFeed {
+    lines: Lines,
+    /// Hashes of the lines delivered, to drop repeats after the file was replaced.
+    seen: std::collections::HashSet<u64>,
+}
+
+/// What a chunk of a session file turned into.
+pub enum Fed {
+    Entries { agent: String, entries: Vec<Entry> },
+    Task { agent: String, info: TaskInfo },
+    Nothing,
+}
+
+fn line_hash(line: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    line.hash(&mut h);
+    h.finish()
+}
+
+/// `agents/<agent>/wire.jsonl` -> agent; `agents/<agent>/tasks/<id>.json` -> agent (task file).
+pub fn classify_path(file: &str) -> Option<(&str, bool)> {
+    let rest = file.strip_prefix("agents/")?;
+    let (agent, tail) = rest.split_once('/')?;
+    if agent.is_empty() {
+        return None;
+    }
+    if tail == "wire.jsonl" {
+        return Some((agent, false));
+    }
+    let name = tail.strip_prefix("tasks/")?;
+    (!name.contains('/') && name.ends_with(".json") && !name.contains(".tmp.")).then_some((agent, true))
+}
+
+impl Feed {
+    pub fn new(cutoff_ms: u64) -> Feed {
+        Feed { cutoff_ms, files: std::collections::HashMap::new() }
+    }
+
+    /// `reopen`: the file was replaced and `bytes` is its whole content.
+    pub fn chunk(&mut self, file: &str, reopen: bool, task_file: bool, bytes: &[u8]) -> Fed {
+        let Some((agent, is_task)) = classify_path(file) else { return Fed::Nothing };
+        if is_task || task_file {
+            return match TaskInfo::parse_file(bytes) {
+                Some(info) => Fed::Task { agent: agent.to_owned(), info },
+                None => {
+                    tracing::warn!("Kimi task file {file} is not a task record; skipped");
+                    Fed::Nothing
+                }
+            };
+        }
+        let state = self.files.entry(file.to_owned()).or_default();
+        if reopen {
+            state.lines.reset();
+        }
+        let mut entries = Vec::new();
+        for line in state.lines.push(bytes) {
+            let hash = line_hash(&line);
+            if !state.seen.insert(hash) && reopen {
+                continue;
+            }
+            match parse_line(&line) {
+                Ok(e) if reopen && e.time != 0 && e.time < self.cutoff_ms => {}
+                Ok(e) => entries.push(e),
+                Err(why) => {
+                    let text = String::from_utf8_lossy(&line);
+                    let excerpt: String = text.chars().take(120).collect();
+                    tracing::warn!("skipped a malformed line of Kimi's {file} ({why}): {excerpt}");
+                }
+            }
+        }
+        Fed::Entries { agent: agent.to_owned(), entries }
+    }
+}
+
+/// Merges per-file record lists by `time`, keeping each file's own order (ties: earlier list first).
+pub fn merge(mut lists: Vec<(String, std::collections::VecDeque<Entry>)>) -> Vec<(String, Entry)> {
+    let mut out = Vec::new();
+    loop {
+        let next = lists.iter().enumerate().filter_map(|(i, (_, l))| l.front().map(|e| (e.time, i))).min();
+        let Some((_, i)) = next else { break };
+        let (agent, list) = &mut lists[i];
+        if let Some(e) = list.pop_front() {
+            out.push((agent.clone(), e));
+        }
+    }
+    out
+}

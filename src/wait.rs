@@ -1,0 +1,237 @@
+//! Coda's activity reports (`_coda/wait`, section "Agent 活动"): capability negotiation, field limits,
+//! and a register that sends each report with only what changed and never reopens a finished wait.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::frame::{self, Frame};
+
+pub const METHOD: &str = "_coda/wait";
+pub const STOP_METHOD: &str = "_coda/wait/stop";
+/// Limits from the `_coda/wait` field table, in characters.
+pub const MAX_WAIT_ID: usize = 200;
+pub const MAX_TITLE: usize = 500;
+pub const MAX_DETAIL: usize = 4000;
+
+/// `state` of a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    Waiting,
+    Handling,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Waiting => "waiting",
+            State::Handling => "handling",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+        }
+    }
+
+    /// `done`, `failed` and `cancelled` are final.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Cancelled)
+    }
+}
+
+/// One report. `None` fields are "not said"; the register leaves out fields that did not change.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Wait {
+    pub session_id: String,
+    pub wait_id: String,
+    pub state: Option<State>,
+    pub kind: Option<String>,
+    pub title: Option<String>,
+    pub detail: Option<String>,
+    pub stoppable: Option<bool>,
+    pub child_session_id: Option<String>,
+    pub model: Option<String>,
+    pub output_file: Option<String>,
+    pub tool_call_id: Option<String>,
+}
+
+impl Wait {
+    pub fn new(session_id: &str, wait_id: &str, state: State) -> Wait {
+        Wait { session_id: session_id.into(), wait_id: wait_id.into(), state: Some(state), ..Wait::default() }
+    }
+
+    /// The optional fields as (name, value), after applying the limits.
+    fn fields(&self) -> Vec<(&'static str, Value)> {
+        let mut out = Vec::new();
+        let mut text = |name, v: &Option<String>, max: Option<usize>| {
+            if let Some(v) = v {
+                let v = match max {
+                    Some(max) => truncate_chars(v, max),
+                    None => v.as_str(),
+                };
+                out.push((name, Value::from(v)));
+            }
+        };
+        text("kind", &self.kind, None);
+        text("title", &self.title, Some(MAX_TITLE));
+        text("detail", &self.detail, Some(MAX_DETAIL));
+        text("childSessionId", &self.child_session_id, None);
+        text("model", &self.model, None);
+        text("outputFile", &self.output_file, None);
+        text("toolCallId", &self.tool_call_id, None);
+        if let Some(s) = self.stoppable {
+            out.push(("stoppable", Value::Bool(s)));
+        }
+        out
+    }
+}
+
+/// The longest prefix of `s` with at most `max` characters (never splits a character).
+pub fn truncate_chars(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => &s[..at],
+        None => s,
+    }
+}
+
+/// Whether `initialize` params declare `clientCapabilities._meta.coda.waits`.
+pub fn client_declares_waits(initialize_params: &Value) -> bool {
+    initialize_params.pointer("/clientCapabilities/_meta/coda/waits").is_some_and(|w| !w.is_null())
+}
+
+/// Adds `agentCapabilities._meta.coda.waits: {}` to an `initialize` result, keeping everything else.
+pub fn declare_waits(result: &mut Value) {
+    let Some(result) = result.as_object_mut() else { return };
+    let caps = result.entry("agentCapabilities").or_insert_with(|| json!({}));
+    let Some(caps) = caps.as_object_mut() else { return };
+    let meta = caps.entry("_meta").or_insert_with(|| json!({}));
+    let Some(meta) = meta.as_object_mut() else { return };
+    let coda = meta.entry("coda").or_insert_with(|| json!({}));
+    if let Some(coda) = coda.as_object_mut() {
+        coda.insert("waits".into(), json!({}));
+    }
+}
+
+#[derive(Default)]
+struct Known {
+    fields: HashMap<&'static str, Value>,
+    state: Option<State>,
+}
+
+/// What has been reported per (session, waitId).
+#[derive(Default)]
+pub struct Register {
+    known: HashMap<(String, String), Known>,
+}
+
+impl Register {
+    pub fn new() -> Register {
+        Register::default()
+    }
+
+    /// The `_coda/wait` frame for `wait`, or `None` when it says nothing Coda would take: a first
+    /// report that is terminal or has no state, anything after a terminal state, a repeat with no change,
+    /// or a waitId over the limit.
+    pub fn report(&mut self, wait: &Wait) -> Option<Frame> {
+        if wait.wait_id.is_empty() || wait.wait_id.chars().count() > MAX_WAIT_ID || wait.session_id.is_empty() {
+            tracing::warn!(wait_id = %wait.wait_id, "activity report dropped: waitId empty or too long");
+            return None;
+        }
+        let key = (wait.session_id.clone(), wait.wait_id.clone());
+        let known = self.known.get(&key);
+        match (known, wait.state) {
+            (Some(k), _) if k.state.is_some_and(State::is_terminal) => return None,
+            (None, None) => return None,
+            (None, Some(s)) if s.is_terminal() => return None,
+            _ => {}
+        }
+        let known = self.known.entry(key).or_default();
+        let mut params = Map::new();
+        params.insert("sessionId".into(), Value::from(wait.session_id.as_str()));
+        params.insert("waitId".into(), Value::from(wait.wait_id.as_str()));
+        let state = wait.state.or(known.state).unwrap_or(State::Waiting);
+        let mut changed = known.state != Some(state);
+        params.insert("state".into(), Value::from(state.as_str()));
+        for (name, value) in wait.fields() {
+            if known.fields.get(name) != Some(&value) {
+                changed = true;
+                known.fields.insert(name, value.clone());
+                params.insert(name.into(), value);
+            }
+        }
+        known.state = Some(state);
+        changed.then(|| frame::notification(METHOD, Value::Object(params)))
+    }
+
+    /// Whether `(session, wait_id)` was registered and has not ended.
+    pub fn is_open(&self, session: &str, wait_id: &str) -> bool {
+        self.known
+            .get(&(session.to_owned(), wait_id.to_owned()))
+            .is_some_and(|k| k.state.is_some_and(|s| !s.is_terminal()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: &Frame) -> Value {
+        f.value().unwrap()["params"].clone()
+    }
+
+    #[test]
+    fn never_open_with_a_terminal_state() {
+        let mut r = Register::new();
+        assert!(r.report(&Wait::new("s", "w", State::Done)).is_none());
+        // Still not registered, so a later waiting opens it.
+        assert!(r.report(&Wait::new("s", "w", State::Waiting)).is_some());
+    }
+
+    #[test]
+    fn later_reports_carry_only_what_changed_and_terminal_is_final() {
+        let mut r = Register::new();
+        let mut w = Wait::new("s", "w", State::Waiting);
+        w.kind = Some("task".into());
+        w.title = Some("build".into());
+        let first = r.report(&w).unwrap();
+        assert_eq!(
+            params(&first),
+            json!({"sessionId":"s","waitId":"w","state":"waiting","kind":"task","title":"build"})
+        );
+        assert!(r.report(&w).is_none(), "a repeat with no change is not sent");
+        w.state = Some(State::Handling);
+        assert_eq!(params(&r.report(&w).unwrap()), json!({"sessionId":"s","waitId":"w","state":"handling"}));
+        w.state = Some(State::Done);
+        assert!(r.report(&w).is_some());
+        w.state = Some(State::Waiting);
+        assert!(r.report(&w).is_none(), "nothing after a terminal state");
+        assert!(!r.is_open("s", "w"));
+    }
+
+    #[test]
+    fn limits_truncate_on_char_boundaries() {
+        let mut r = Register::new();
+        let mut w = Wait::new("s", "w", State::Waiting);
+        w.title = Some("é".repeat(600));
+        w.detail = Some("日".repeat(5000));
+        let p = params(&r.report(&w).unwrap());
+        assert_eq!(p["title"].as_str().unwrap().chars().count(), MAX_TITLE);
+        assert_eq!(p["detail"].as_str().unwrap().chars().count(), MAX_DETAIL);
+        assert!(r.report(&Wait::new("s", &"x".repeat(201), State::Waiting)).is_none());
+        assert!(r.report(&Wait::new("s", &"x".repeat(200), State::Waiting)).is_some());
+    }
+
+    #[test]
+    fn capability_negotiation() {
+        assert!(client_declares_waits(&json!({"clientCapabilities":{"_meta":{"coda":{"waits":{}}}}})));
+        assert!(!client_declares_waits(&json!({"clientCapabilities":{}})));
+        let mut result = json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,"_meta":{"x":1}}});
+        declare_waits(&mut result);
+        assert_eq!(
+            result,
+            json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,"_meta":{"x":1,"coda":{"waits":{}}}}})
+        );
+    }
+}
