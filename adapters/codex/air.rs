@@ -27,6 +27,8 @@ const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
 
 /// The Codex CLI version, found off the relay loop (see `main.rs`); `None` when it could not be found.
 pub struct CodexVersion(pub Option<String>);
+/// Sent a little after start-up: stop holding an initialize answer for a version probe that hangs.
+pub struct VersionDeadline;
 
 /// The part of a codex-acp session id before `:generation:`: the subagent as Coda knows it.
 pub fn stable(id: &str) -> &str {
@@ -86,6 +88,9 @@ pub struct Air {
     /// Opening reports held during `session/load`, in arrival order.
     held: Vec<(WaitKind, String)>,
     next_tag: u64,
+    /// Agent frames from the initialize answer on, kept in order while the version probe is still running
+    /// (it normally finishes long before codex-acp answers; see `VersionDeadline`).
+    waiting_for_version: Option<Vec<Frame>>,
 }
 
 impl Air {
@@ -158,13 +163,9 @@ impl Air {
             (Some(version), _) => {
                 result.insert("agentInfo".into(), json!({"name": "codex", "version": version}));
             }
-            (None, known) => {
+            (None, _) => {
                 // Reporting the adapter's package as the agent would be wrong; reporting nothing is allowed.
-                if known {
-                    tracing::warn!("cannot find the Codex CLI version; leaving agentInfo out");
-                } else {
-                    tracing::warn!("the Codex CLI version was not known yet; leaving agentInfo out");
-                }
+                tracing::warn!("cannot find the Codex CLI version; leaving agentInfo out");
                 result.remove("agentInfo");
             }
         }
@@ -445,9 +446,17 @@ impl Layer for Air {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        if let Some(queue) = &mut self.waiting_for_version {
+            queue.push(frame);
+            return;
+        }
         match frame.kind() {
             Kind::Response { id } => {
                 let id = id.clone();
+                if self.initialize.contains(&id) && !self.version_known {
+                    self.waiting_for_version = Some(vec![frame]);
+                    return;
+                }
                 if self.initialize.remove(&id) {
                     return self.initialized(frame, cx);
                 }
@@ -472,10 +481,22 @@ impl Layer for Air {
         }
     }
 
-    fn on_event(&mut self, event: Event, _cx: &mut Cx) {
-        if let Ok(version) = event.downcast::<CodexVersion>() {
-            self.version = version.0;
-            self.version_known = true;
+    fn on_event(&mut self, event: Event, cx: &mut Cx) {
+        match event.downcast::<CodexVersion>() {
+            Ok(version) => {
+                self.version = version.0;
+                self.version_known = true;
+            }
+            Err(other) if other.is::<VersionDeadline>() => {
+                if self.waiting_for_version.is_some() {
+                    tracing::warn!("the Codex CLI version probe is still running; answering initialize without it");
+                }
+                self.version_known = true;
+            }
+            Err(_) => return,
+        }
+        for frame in self.waiting_for_version.take().unwrap_or_default() {
+            self.from_agent(frame, cx);
         }
     }
 }
@@ -548,11 +569,37 @@ mod tests {
     fn a_build_without_air_gets_no_waits_declaration_and_unknown_version_drops_agent_info() {
         let mut stack = Stack::new(vec![Box::new(Air::new())]);
         let mut exits = Exits::default();
+        stack.event(0, Box::new(CodexVersion(None)), &mut exits);
         stack.from_client(parse(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}})), &mut exits);
         let answer = json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1,
             "agentInfo":{"name":"codex-acp","title":"Codex","version":"0.16.0"},"agentCapabilities":{"loadSession":true}}});
         let out = from_agent(&mut stack, parse(answer));
         assert_eq!(out[0]["result"], json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true}}));
+    }
+
+    #[test]
+    fn an_answer_faster_than_the_version_probe_waits_for_it_in_order() {
+        for release in [Some("0.166.0"), None] {
+            let mut stack = Stack::new(vec![Box::new(Air::new())]);
+            let mut exits = Exits::default();
+            stack.from_client(parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}})), &mut exits);
+            let answer = json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentInfo":{"name":"a","version":"2.6.0"}}});
+            assert!(from_agent(&mut stack, parse(answer)).is_empty());
+            let after = json!({"jsonrpc":"2.0","method":"_auth/status_update","params":{}});
+            assert!(from_agent(&mut stack, parse(after.clone())).is_empty());
+            let mut exits = Exits::default();
+            match release {
+                Some(v) => stack.event(0, Box::new(CodexVersion(Some(v.into()))), &mut exits),
+                None => stack.event(0, Box::new(VersionDeadline), &mut exits),
+            }
+            let out = values(&exits.to_client);
+            assert_eq!(out.len(), 2);
+            assert_eq!(
+                out[0]["result"].get("agentInfo"),
+                release.map(|v| json!({"name":"codex","version":v})).as_ref()
+            );
+            assert_eq!(out[1], after);
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@ use coda_shim::adapter::{Adapter, Found, Setup, on_path, run_for_output};
 use coda_shim::child::AgentCommand;
 use coda_shim::instruction::Instruction;
 
+/// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
+const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
 
 fn default_command() -> Result<Found, String> {
@@ -54,6 +56,11 @@ fn layers(setup: &mut Setup) {
             tracing::warn!("cannot look for the Codex CLI version: {e}");
             events.send(air::CodexVersion(None));
         }
+        let deadline = events.clone();
+        let _ = std::thread::Builder::new().name("codex-version-deadline".into()).spawn(move || {
+            std::thread::sleep(VERSION_DEADLINE);
+            deadline.send(air::VersionDeadline);
+        });
         Box::new(air::Air::new())
     });
     setup.add(|_| Box::new(failure::Failure::new()));
