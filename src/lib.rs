@@ -15,6 +15,7 @@ pub mod instruction;
 pub mod layer;
 pub mod lines;
 pub mod relay;
+pub mod replay;
 pub mod trace;
 pub mod wait;
 

@@ -1,0 +1,293 @@
+//! acp-replay: plays a recorded agent CLI, turns traces into fixtures, checks a shim against a fixture.
+//! The format is in `fixtures/README.md`.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use coda_shim::replay::{self, Bindings, CheckOptions, Normaliser, Script, Step};
+
+const HELP: &str = "acp-replay: stands in for an ACP agent CLI by replaying a recording (see fixtures/README.md).
+
+Usage:
+  acp-replay [play] <FIXTURE | TRACE.jsonl> [--speed X] [--file-settle MS]
+      Be the CLI: answer the frames of the shim with the recorded agent frames, re-create recorded
+      session-file writes. A frame the recording does not have here: message on stderr, exit 3.
+      --speed X          keep the recorded gaps between agent frames, divided by X (default: no gaps)
+      --file-settle MS   pause after file writes before the next frame [default: 100, env ACP_REPLAY_FILE_SETTLE_MS]
+      Placeholders come from ACP_REPLAY_BIND_<NAME>, the received frames, or HOME/KIMI_CODE_HOME/TMPDIR/cwd.
+
+  acp-replay record <TRACE.jsonl> <FIXTURE-DIR> --root DIR [--files FILE] [--subst PATH=NAME]... [--allow-paths]
+      Normalise a --trace-file recording into FIXTURE-DIR/trace.jsonl. --root is the live run's temp dir
+      (HOME = DIR/home, cwd = DIR/work, TMPDIR = DIR/tmp); --files merges a session-file log.
+
+  acp-replay check <FIXTURE> --shim <coda-BINARY> [--agent NAME] [--timeout SECS]
+      Run the shim with this player as its child, send the recorded client frames, compare what the
+      client receives with the recording (what `cargo test --test replay` does).
+";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match args.first().map(String::as_str) {
+        None | Some("-h") | Some("--help") => {
+            print!("{HELP}");
+            0
+        }
+        Some("-V") | Some("--version") => {
+            println!("acp-replay {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        Some("record") => run(record(&args[1..])),
+        Some("check") => run(check(&args[1..])),
+        Some("play") => play(&args[1..]),
+        Some(_) => play(&args),
+    };
+    std::process::exit(code)
+}
+
+fn run(r: Result<(), String>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("acp-replay: {e}");
+            1
+        }
+    }
+}
+
+fn usage(msg: String) -> i32 {
+    eprintln!("acp-replay: {msg}\nTry `acp-replay --help`.");
+    2
+}
+
+fn value(args: &[String], i: &mut usize, flag: &str) -> Result<String, String> {
+    *i += 1;
+    args.get(*i).cloned().ok_or_else(|| format!("{flag} needs a value"))
+}
+
+fn play(args: &[String]) -> i32 {
+    let mut fixture = None;
+    let mut speed: Option<f64> = None;
+    let mut settle = std::env::var("ACP_REPLAY_FILE_SETTLE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(100u64);
+    let mut i = 0;
+    while i < args.len() {
+        let parsed: Result<(), String> = match args[i].as_str() {
+            "--speed" => value(args, &mut i, "--speed").and_then(|v| {
+                let x: f64 = v.parse().map_err(|_| format!("--speed {v:?} is not a number"))?;
+                speed = (x > 0.0).then_some(x);
+                Ok(())
+            }),
+            "--file-settle" => value(args, &mut i, "--file-settle").and_then(|v| {
+                settle = v.parse().map_err(|_| format!("--file-settle {v:?} is not a number"))?;
+                Ok(())
+            }),
+            a if a.starts_with('-') => Err(format!("unknown option {a}")),
+            a if fixture.is_none() => {
+                fixture = Some(PathBuf::from(a));
+                Ok(())
+            }
+            a => Err(format!("unexpected argument {a}")),
+        };
+        if let Err(e) = parsed {
+            return usage(e);
+        }
+        i += 1;
+    }
+    let Some(fixture) = fixture else {
+        return usage("which recording? give a fixture folder or a trace file".into());
+    };
+    let records = match replay::load(&fixture) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("acp-replay: {e}");
+            return 2;
+        }
+    };
+    let mut script = Script::agent(records, Bindings::from_env());
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let started = Instant::now();
+    let mut wrote_files = false;
+    let name = fixture.display().to_string();
+    loop {
+        let step = script.next_step();
+        if wrote_files && !matches!(step, Step::File { .. }) {
+            // Let the shim's file watcher see the writes before the frames that followed them.
+            let _ = out.flush();
+            std::thread::sleep(Duration::from_millis(settle));
+            wrote_files = false;
+        }
+        match step {
+            Step::Send { line, t, lineno } => {
+                if let (Some(speed), Some(t)) = (speed, t) {
+                    let due = Duration::from_secs_f64(t as f64 / 1000.0 / speed);
+                    if let Some(wait) = due.checked_sub(started.elapsed()) {
+                        let _ = out.flush();
+                        std::thread::sleep(wait);
+                    }
+                }
+                if let Err(e) = out.write_all(line.as_bytes()).and_then(|_| out.write_all(b"\n")) {
+                    eprintln!("acp-replay: {name}: cannot write the frame of line {lineno}: {e}");
+                    return 4;
+                }
+            }
+            Step::File { op, lineno } => {
+                if let Err(e) = replay::apply_file_op(&op) {
+                    eprintln!("acp-replay: {name}: the file write of line {lineno} failed: {e}");
+                    return 5;
+                }
+                wrote_files = true;
+            }
+            Step::Expect | Step::Done => {
+                let _ = out.flush();
+                let done = step == Step::Done;
+                let line = match read_frame(&mut input) {
+                    Ok(Some(line)) => line,
+                    Ok(None) if done => break,
+                    Ok(None) => {
+                        let expected = script.expected_now();
+                        eprintln!(
+                            "acp-replay: {name}: the shim closed stdin while the recording expects {} more frame(s); next (line {}):\n  {}",
+                            expected.len(),
+                            expected.first().map(|r| r.lineno).unwrap_or(0),
+                            expected.first().map(|r| r.to_line()).unwrap_or_default()
+                        );
+                        return 4;
+                    }
+                    Err(e) => {
+                        eprintln!("acp-replay: {name}: cannot read stdin: {e}");
+                        return 4;
+                    }
+                };
+                if done {
+                    eprintln!("acp-replay: {name}: received a frame after the end of the recording:\n  got: {line}");
+                    return 3;
+                }
+                if let Err(m) = script.received(&line) {
+                    eprint!("acp-replay: {name}: the agent {m}");
+                    return 3;
+                }
+            }
+        }
+    }
+    if !script.unknown.is_empty() {
+        eprintln!(
+            "acp-replay: {name}: warning: placeholders without a value were sent as they are: {:?}",
+            script.unknown
+        );
+    }
+    0
+}
+
+/// The next non-empty line of stdin, without its newline; `None` at EOF.
+fn read_frame(input: &mut impl BufRead) -> std::io::Result<Option<String>> {
+    loop {
+        let mut buf = Vec::new();
+        if input.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(None);
+        }
+        let line = String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']).to_owned();
+        if !line.trim().is_empty() {
+            return Ok(Some(line));
+        }
+    }
+}
+
+fn record(args: &[String]) -> Result<(), String> {
+    let (mut trace, mut dir, mut root, mut files) = (None, None, None, None);
+    let mut substs = Vec::new();
+    let mut allow_paths = false;
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--root" => root = Some(PathBuf::from(value(args, &mut i, "--root")?)),
+            "--files" => files = Some(PathBuf::from(value(args, &mut i, "--files")?)),
+            "--subst" => {
+                let v = value(args, &mut i, "--subst")?;
+                let (path, name) = v.rsplit_once('=').ok_or_else(|| format!("--subst {v:?}: expected PATH=NAME"))?;
+                substs.push((path.to_owned(), name.to_owned()));
+            }
+            "--allow-paths" => allow_paths = true,
+            a if a.starts_with('-') => return Err(format!("unknown option {a}")),
+            a if trace.is_none() => trace = Some(PathBuf::from(a)),
+            a if dir.is_none() => dir = Some(PathBuf::from(a)),
+            a => return Err(format!("unexpected argument {a}")),
+        }
+        i += 1;
+    }
+    let (Some(trace), Some(dir)) = (trace, dir) else {
+        return Err("usage: acp-replay record <TRACE.jsonl> <FIXTURE-DIR> --root DIR".into());
+    };
+    let mut n = match &root {
+        Some(root) => Normaliser::for_live_root(root),
+        None => Normaliser::default(),
+    };
+    for (path, name) in &substs {
+        n.add(path, name);
+    }
+    let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+    let text = read(&trace)?;
+    let file_log = files.as_ref().map(read).transpose()?;
+    let records = replay::record(&text, file_log.as_deref(), &n)?;
+    let out = replay::render(&records);
+    let left = n.leftovers(&out);
+    if !left.is_empty() && !allow_paths {
+        let lines: Vec<usize> = out
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| left.iter().any(|p| l.contains(p.as_str())))
+            .map(|(i, _)| i + 1)
+            .take(10)
+            .collect();
+        return Err(format!(
+            "the recording still names paths of this machine ({left:?}) on lines {lines:?}; add --subst PATH=NAME (or --allow-paths)"
+        ));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let file = dir.join(replay::TRACE_FILE);
+    std::fs::write(&file, out).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    eprintln!("acp-replay: wrote {} records to {}", records.len(), file.display());
+    Ok(())
+}
+
+fn check(args: &[String]) -> Result<(), String> {
+    let (mut fixture, mut shim, mut agent) = (None, None, None);
+    let mut timeout = Duration::from_secs(20);
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--shim" => shim = Some(PathBuf::from(value(args, &mut i, "--shim")?)),
+            "--agent" => agent = Some(value(args, &mut i, "--agent")?),
+            "--timeout" => {
+                let v = value(args, &mut i, "--timeout")?;
+                timeout = Duration::from_secs_f64(v.parse().map_err(|_| format!("--timeout {v:?} is not a number"))?);
+            }
+            a if a.starts_with('-') => return Err(format!("unknown option {a}")),
+            a if fixture.is_none() => fixture = Some(PathBuf::from(a)),
+            a => return Err(format!("unexpected argument {a}")),
+        }
+        i += 1;
+    }
+    let (Some(fixture), Some(shim)) = (fixture, shim) else {
+        return Err("usage: acp-replay check <FIXTURE> --shim <coda-BINARY>".into());
+    };
+    // The agent from the binary's name (coda-grok) or the fixture's folder (fixtures/grok/<scenario>).
+    let agent = agent
+        .or_else(|| shim.file_name()?.to_str()?.strip_prefix("coda-").map(str::to_owned))
+        .or_else(|| std::fs::canonicalize(&fixture).ok()?.parent()?.file_name()?.to_str().map(str::to_owned))
+        .ok_or("cannot tell which agent this is; give --agent")?;
+    let player = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let fixture = std::fs::canonicalize(&fixture).map_err(|e| format!("{}: {e}", fixture.display()))?;
+    let opts = CheckOptions { shim, player, agent, timeout, env: Vec::new() };
+    let report = replay::check(&fixture, &opts)?;
+    eprintln!(
+        "acp-replay: {}: ok ({} client frames sent, {} received, {:?})",
+        fixture.display(),
+        report.sent,
+        report.received,
+        report.elapsed
+    );
+    Ok(())
+}

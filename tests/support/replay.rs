@@ -1,0 +1,79 @@
+//! Replays of recorded fixtures (`fixtures/<agent>/<scenario>/trace.jsonl`) against the shim binaries,
+//! with `acp-replay` standing in for the CLI (format and rules: `fixtures/README.md`).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use coda_shim::replay::{self, CheckOptions, CheckReport};
+
+/// Longest wait for one frame during a replay.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+pub fn fixtures_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// The committed fixtures of `agent`, sorted by scenario.
+pub fn fixtures(agent: &str) -> Vec<PathBuf> {
+    let dir = fixtures_root().join(agent);
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.join(replay::TRACE_FILE).is_file()).collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+pub fn shim_binary(agent: &str) -> PathBuf {
+    PathBuf::from(match agent {
+        "grok" => env!("CARGO_BIN_EXE_coda-grok"),
+        "opencode" => env!("CARGO_BIN_EXE_coda-opencode"),
+        "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
+        "codex" => env!("CARGO_BIN_EXE_coda-codex"),
+        other => panic!("no shim binary for {other}"),
+    })
+}
+
+pub fn player() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"))
+}
+
+/// Replays one fixture through `coda-<agent>`.
+pub fn check(agent: &str, fixture: &Path) -> Result<CheckReport, String> {
+    let opts = CheckOptions {
+        shim: shim_binary(agent),
+        player: player(),
+        agent: agent.to_owned(),
+        timeout: TIMEOUT,
+        env: Vec::new(),
+    };
+    replay::check(fixture, &opts)
+}
+
+/// Replays every fixture of `agent`; panics listing every failure. Returns how many replayed.
+pub fn check_all(agent: &str) -> usize {
+    let fixtures = fixtures(agent);
+    let mut failures = Vec::new();
+    for f in &fixtures {
+        match check(agent, f) {
+            Ok(report) => eprintln!(
+                "replayed {}: {} client frames, {} received, {:?}",
+                f.display(),
+                report.sent,
+                report.received,
+                report.elapsed
+            ),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} {agent} fixtures failed:\n\n{}",
+        failures.len(),
+        fixtures.len(),
+        failures.join("\n\n")
+    );
+    fixtures.len()
+}
