@@ -40,6 +40,14 @@ pub fn player() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"))
 }
 
+/// Environment a shim needs under the player: coda-codex reads Codex's version from `$CODEX_PATH -V`.
+fn agent_env(agent: &str) -> Vec<(String, String)> {
+    match agent {
+        "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
+        _ => Vec::new(),
+    }
+}
+
 /// Replays one fixture through `coda-<agent>`.
 pub fn check(agent: &str, fixture: &Path) -> Result<CheckReport, String> {
     let opts = CheckOptions {
@@ -47,7 +55,7 @@ pub fn check(agent: &str, fixture: &Path) -> Result<CheckReport, String> {
         player: player(),
         agent: agent.to_owned(),
         timeout: TIMEOUT,
-        env: Vec::new(),
+        env: agent_env(agent),
     };
     replay::check(fixture, &opts)
 }

@@ -1,0 +1,301 @@
+//! Replays of real codex-acp 2.6.0 recordings (`fixtures/codex/*`) through coda-codex's layers.
+//!
+//! Each fixture is a `--trace-file` recording of `coda-codex` driving the real codex-acp against the fake model
+//! server, normalised by `acp-replay record`. The replay feeds the recorded client and agent frames, in the
+//! recorded order, through the same layer stack as the binary and checks that (1) Coda receives exactly the
+//! recorded frames and codex-acp exactly the recorded ones, and (2) the frames each scenario is about are
+//! what Coda's protocol asks for (spelled out below, by hand).
+
+#[path = "../adapters/codex/air.rs"]
+#[allow(dead_code)]
+mod air;
+#[path = "../adapters/codex/failure.rs"]
+#[allow(dead_code)]
+mod failure;
+
+use std::path::Path;
+
+use coda_shim::frame::Frame;
+use coda_shim::instruction::Instruction;
+use coda_shim::layer::{Exits, Stack};
+use serde_json::{Value, json};
+
+/// The Codex CLI the recordings were made with (`@openai/codex` bundled by codex-acp 2.6.0).
+const CODEX_VERSION: &str = "0.166.0";
+
+struct Replay {
+    /// What Coda received, in order.
+    to_client: Vec<Value>,
+    /// What the recording says Coda received.
+    recorded: Vec<Value>,
+}
+
+impl Replay {
+    fn waits(&self) -> Vec<Value> {
+        self.to_client.iter().filter(|f| f["method"] == "_coda/wait").map(|f| f["params"].clone()).collect()
+    }
+
+    /// The answer Coda got to its request `id`.
+    fn answer(&self, id: u64) -> Value {
+        self.to_client.iter().find(|f| f["id"] == id && f.get("method").is_none()).cloned().unwrap_or(Value::Null)
+    }
+
+    /// The `sessionId` of the session Coda created.
+    fn session(&self) -> String {
+        let sid = self.to_client.iter().find_map(|f| f.pointer("/result/sessionId").and_then(Value::as_str));
+        sid.expect("a session/new answer").to_owned()
+    }
+
+    /// Coda never sees an AIR-only update, nor a `:generation:` session id.
+    fn assert_air_consumed(&self) {
+        for f in &self.to_client {
+            let text = f.to_string();
+            for air_only in
+                ["subagent_spawned", "subagent_state_update", "async_task_spawned", "async_task_state_update"]
+            {
+                assert!(!text.contains(&format!("\"sessionUpdate\":\"{air_only}\"")), "Coda got {air_only}: {text}");
+            }
+            if let Some(sid) = f.pointer("/params/sessionId").and_then(Value::as_str) {
+                assert!(!sid.contains(":generation:"), "Coda got a generation id: {text}");
+            }
+            assert_ne!(f["params"]["state"], "handling", "Codex has no autonomous turns: {text}");
+        }
+    }
+}
+
+fn frame(v: &Value) -> Frame {
+    Frame::parse(v.to_string().into_bytes()).expect("a recorded frame is JSON-RPC")
+}
+
+/// Replays `fixtures/codex/<name>/trace.jsonl`.
+fn replay(name: &str) -> Replay {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex").join(name).join("trace.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // The shim's own request ids carry its pid; the stack in this process uses this pid.
+    let text = text.replace("{{SHIM_PID}}", &std::process::id().to_string());
+    let mut stack =
+        Stack::new(vec![Box::new(air::Air::new()), Box::new(failure::Failure::new()), Box::new(Instruction::new(&[]))]);
+    let mut exits = Exits::default();
+    stack.event(0, Box::new(air::CodexVersion(Some(CODEX_VERSION.into()))), &mut exits);
+    let (mut recorded_client, mut recorded_agent) = (Vec::new(), Vec::new());
+    for (n, line) in text.lines().enumerate() {
+        let record: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{name} line {}: {e}", n + 1));
+        let Some(f) = record.get("frame") else { continue };
+        match record["dir"].as_str() {
+            Some("client->shim") => stack.from_client(frame(f), &mut exits),
+            Some("agent->shim") => stack.from_agent(frame(f), &mut exits),
+            Some("shim->client") => recorded_client.push(f.clone()),
+            Some("shim->agent") => recorded_agent.push(f.clone()),
+            other => panic!("{name} line {}: unexpected dir {other:?}", n + 1),
+        }
+    }
+    let values = |frames: &[Frame]| -> Vec<Value> { frames.iter().map(|f| f.value().expect("json")).collect() };
+    let to_agent = values(&exits.to_agent);
+    assert_eq!(to_agent.len(), recorded_agent.len(), "{name}: number of frames codex-acp got");
+    for (i, (got, want)) in to_agent.iter().zip(&recorded_agent).enumerate() {
+        assert_eq!(got, want, "{name}: frame {i} to codex-acp");
+    }
+    Replay { to_client: values(&exits.to_client), recorded: recorded_client }
+}
+
+fn check_exact(r: &Replay, name: &str) {
+    assert_eq!(r.to_client.len(), r.recorded.len(), "{name}: number of frames Coda got");
+    for (i, (got, want)) in r.to_client.iter().zip(&r.recorded).enumerate() {
+        assert_eq!(got, want, "{name}: frame {i} to Coda");
+    }
+    r.assert_air_consumed();
+}
+
+/// The initialize answer: Codex's identity, waits declared, codex-acp's systemPrompt and steering kept.
+fn check_initialize(r: &Replay, id: u64) {
+    let result = &r.answer(id)["result"];
+    assert_eq!(result["agentInfo"], json!({"name":"codex","version":CODEX_VERSION}));
+    assert_eq!(result["agentCapabilities"]["_meta"]["coda"], json!({"waits":{}}));
+    assert_eq!(result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"], json!({}));
+    assert_eq!(result["_meta"]["steering"], json!({"supported":true}));
+}
+
+#[test]
+fn background_command_stopped_through_coda_wait_stop() {
+    let r = replay("bg-stopped");
+    check_exact(&r, "bg-stopped");
+    check_initialize(&r, 1);
+    let sid = r.session();
+    let waits = r.waits();
+    let task = waits[0]["waitId"].clone();
+    assert_eq!(
+        waits,
+        vec![
+            json!({"sessionId":sid,"waitId":task,"kind":"task","state":"waiting","title":"sleep 30; echo finished",
+                "toolCallId":task,"stoppable":true}),
+            json!({"sessionId":sid,"waitId":task,"state":"cancelled"}),
+        ]
+    );
+    // `{}` to Coda right after the stop was sent, before the cancelled report.
+    let stop_answer = r.to_client.iter().position(|f| f["id"] == 4).expect("stop answered");
+    let cancelled = r.to_client.iter().position(|f| f["params"]["state"] == "cancelled").expect("cancelled");
+    assert_eq!(r.to_client[stop_answer], json!({"jsonrpc":"2.0","id":4,"result":{}}));
+    assert!(stop_answer < cancelled);
+}
+
+#[test]
+fn background_command_that_fails_after_the_turn() {
+    let r = replay("bg-fails");
+    check_exact(&r, "bg-fails");
+    let sid = r.session();
+    let waits = r.waits();
+    let task = waits[0]["waitId"].clone();
+    assert_eq!(waits[0]["title"], "sleep 2; exit 3");
+    assert_eq!(waits[1], json!({"sessionId":sid,"waitId":task,"state":"failed"}));
+    // The failure is reported after the turn ended.
+    let turn_end = r.to_client.iter().position(|f| f["id"] == 3).expect("prompt answered");
+    let failed = r.to_client.iter().position(|f| f["params"]["state"] == "failed").expect("failed");
+    assert!(turn_end < failed);
+}
+
+#[test]
+fn subagent_that_completes() {
+    let r = replay("subagent-completes");
+    check_exact(&r, "subagent-completes");
+    let sid = r.session();
+    let waits = r.waits();
+    let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
+    assert_eq!(
+        waits,
+        vec![
+            json!({"sessionId":sid,"waitId":child,"kind":"subagent","state":"waiting","title":"Worker bee",
+                "detail":"Delegated task for Worker bee","stoppable":false,"childSessionId":child}),
+            json!({"sessionId":sid,"waitId":child,"state":"done"}),
+        ]
+    );
+    // The child's own updates reach Coda as its session.
+    assert!(r.to_client.iter().any(|f| f["method"] == "session/update"
+        && f["params"]["sessionId"] == child.as_str()
+        && f["params"]["update"]["sessionUpdate"] == "agent_message_chunk"));
+}
+
+#[test]
+fn subagent_followed_up_is_the_same_child_session_with_a_new_wait() {
+    let r = replay("subagent-followup");
+    check_exact(&r, "subagent-followup");
+    let sid = r.session();
+    let waits = r.waits();
+    assert_eq!(waits.len(), 4, "{waits:#?}");
+    let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
+    let second = format!("{child}:generation:2");
+    assert_eq!(waits[1], json!({"sessionId":sid,"waitId":child,"state":"done"}));
+    assert_eq!(
+        waits[2],
+        json!({"sessionId":sid,"waitId":second,"kind":"subagent","state":"waiting","title":"Worker bee",
+            "detail":"Delegated task for Worker bee","stoppable":false,"childSessionId":child})
+    );
+    assert_eq!(waits[3], json!({"sessionId":sid,"waitId":second,"state":"done"}));
+    // Generation 2's updates (recorded under `X:generation:2`) reach Coda as X.
+    let raw = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex/subagent-followup/trace.jsonl"),
+    )
+    .expect("fixture");
+    assert!(raw.contains(&format!("\"sessionId\":\"{second}\"")), "the recording has generation-2 traffic");
+    assert!(r.to_client.iter().filter(|f| f["params"]["sessionId"] == child.as_str()).count() >= 2);
+}
+
+#[test]
+fn load_of_a_session_with_finished_children_reports_no_activity() {
+    let r = replay("subagent-load");
+    check_exact(&r, "subagent-load");
+    check_initialize(&r, 5);
+    assert!(r.waits().is_empty(), "{:#?}", r.waits());
+    assert!(r.answer(6).get("result").is_some());
+}
+
+#[test]
+fn steering_during_a_turn_is_injected_and_after_it_prompt_required() {
+    let r = replay("steering");
+    check_exact(&r, "steering");
+    assert_eq!(r.answer(4), json!({"jsonrpc":"2.0","id":4,"result":{"outcome":"injected"}}));
+    assert_eq!(
+        r.answer(5),
+        json!({"jsonrpc":"2.0","id":5,"result":{"outcome":"promptRequired","reason":"noRunningTurn"}})
+    );
+}
+
+#[test]
+fn upstream_errors_become_coda_failure_kinds() {
+    let r = replay("upstream-errors");
+    check_exact(&r, "upstream-errors");
+    let failure = |id: u64| r.answer(id)["error"]["data"]["_meta"]["coda"]["failure"].clone();
+    // 429 usage limit.
+    assert_eq!(r.answer(3)["error"]["code"], -32603);
+    assert!(r.answer(3)["error"]["message"].as_str().is_some_and(|m| m.contains("usage limit")));
+    assert_eq!(failure(3), json!({"kind":"quota_exhausted"}));
+    // 429 rate limit, 500, 503: the turn ran, the service failed.
+    for (id, text) in [(4, "429 Too Many Requests"), (5, "high demand"), (6, "at capacity")] {
+        assert_eq!(r.answer(id)["error"]["code"], -32603);
+        assert!(r.answer(id)["error"]["message"].as_str().is_some_and(|m| m.contains(text)), "{id}");
+        assert_eq!(failure(id), json!({"kind":"service_unavailable","input":"accepted"}), "{id}");
+    }
+    // 401 stays auth_required, never a quota.
+    assert_eq!(
+        r.answer(7),
+        json!({"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"Authentication required"}})
+    );
+}
+
+#[test]
+fn background_command_that_completes_after_the_turn() {
+    let r = replay("bg-completes-after-turn");
+    check_exact(&r, "bg-completes-after-turn");
+    check_initialize(&r, 1);
+    let sid = r.session();
+    let waits = r.waits();
+    let task = waits[0]["waitId"].clone();
+    assert_eq!(
+        waits,
+        vec![
+            json!({"sessionId":sid,"waitId":task,"kind":"task","state":"waiting","title":"sleep 4; echo finished",
+                "toolCallId":task,"stoppable":true}),
+            json!({"sessionId":sid,"waitId":task,"state":"done"}),
+        ]
+    );
+    let turn_end = r.to_client.iter().position(|f| f["id"] == 3).expect("prompt answered");
+    let done = r.to_client.iter().position(|f| f["params"]["state"] == "done").expect("done");
+    assert!(turn_end < done, "the command ends after the turn");
+}
+
+#[test]
+fn multi_agent_v1_child_first_seen_as_generation_2() {
+    let r = replay("subagent-v1-generation-2-first");
+    check_exact(&r, "subagent-v1-generation-2-first");
+    let sid = r.session();
+    let waits = r.waits();
+    assert_eq!(waits.len(), 2, "{waits:#?}");
+    let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
+    assert!(!child.contains(':'));
+    let wait = format!("{child}:generation:2");
+    assert_eq!(
+        waits[0],
+        json!({"sessionId":sid,"waitId":wait,"kind":"subagent","state":"waiting","title":format!("Agent {}", &child[child.len() - 8..]),
+            "detail":"say hi","stoppable":false,"childSessionId":child})
+    );
+    assert_eq!(waits[1], json!({"sessionId":sid,"waitId":wait,"state":"done"}));
+}
+
+#[test]
+fn child_session_updates_and_permission_request_reach_coda_as_the_child() {
+    let r = replay("subagent-child-permission");
+    check_exact(&r, "subagent-child-permission");
+    let waits = r.waits();
+    let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
+    let ask = r.to_client.iter().find(|f| f["method"] == "session/request_permission").expect("a permission request");
+    assert_eq!(ask["params"]["sessionId"], child.as_str());
+    // It comes after the child was announced, and the child ends after it was answered.
+    let announced = r.to_client.iter().position(|f| f["method"] == "_coda/wait").expect("announced");
+    let asked = r.to_client.iter().position(|f| f["method"] == "session/request_permission").expect("asked");
+    assert!(announced < asked);
+    assert_eq!(waits[1]["state"], "done");
+    assert!(
+        r.to_client.iter().any(
+            |f| f["params"]["sessionId"] == child.as_str() && f["params"]["update"]["sessionUpdate"] == "tool_call"
+        )
+    );
+}
