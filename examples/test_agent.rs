@@ -11,6 +11,13 @@
 //!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
 //!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
 //!   process group and write its pid to PATH), `!flood N SIZE` (N updates of SIZE bytes first).
+//!   For prompt mode: `!rich` (a thought, a tool call and its update, a plan, a usage update first),
+//!   `!stop REASON` (answer with that stopReason), `!permission` (send `session/request_permission` and report
+//!   the outcome it got as text), `!hang` (report "hanging until cancelled", then answer `cancelled` when
+//!   `session/cancel` comes; with `!deaf` never answer), `!wait MS` (a `_coda/wait` item `build` opened in the
+//!   turn, `handling` MS after it and `done` MS later), `!wait-open` (one that never ends), `!bad-wait` (reports
+//!   Coda drops: a first report that is terminal, one without waitId, an unknown state).
+//! - Env `TEST_AGENT_AUTH_REQUIRED=1`: `session/new` answers -32000 (ACP auth_required).
 //! - `_test/echo`: `{"line": <the exact line received>}`; `_test/emit`: writes `params.line` verbatim,
 //!   then `{}`; `_test/seen`: the methods received so far.
 //! - Other requests: -32601. `--version` prints `test-agent 9.9.9`.
@@ -44,11 +51,13 @@ fn main() {
         .map(|c| json!({"name": c, "description": format!("the {c} command")}))
         .collect();
     let stdin = std::io::stdin();
-    let mut out = std::io::stdout().lock();
+    // Not locked for good: `!wait` reports from a thread of its own (each frame is one locked write).
+    let mut out = std::io::stdout();
     let mut sessions: HashMap<String, Vec<Value>> = HashMap::new();
     let mut seen: Vec<String> = Vec::new();
     let mut next = 0;
-    for line in stdin.lock().lines() {
+    let mut lines = stdin.lock().lines();
+    while let Some(line) = lines.next() {
         let Ok(line) = line else { break };
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
             eprintln!("test-agent: not JSON: {line}");
@@ -74,6 +83,11 @@ fn main() {
                 Ok(init) => serde_json::from_str(&init).unwrap_or(Value::Null),
                 Err(_) => json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
             },
+            "session/new" if std::env::var_os("TEST_AGENT_AUTH_REQUIRED").is_some() => {
+                let error = json!({"code": -32000, "message": "Authentication required"});
+                send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
+                continue;
+            }
             "session/new" | "session/fork" => {
                 next += 1;
                 let new = format!("sess-{next}");
@@ -146,6 +160,98 @@ fn main() {
                         &json!({"jsonrpc": "2.0", "method": "_x.ai/queue/changed", "params": {"sessionId": sid, "queue": [{"prompt": prompt}]}}),
                     );
                 }
+                let update = |u: Value| json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": u}});
+                if words.contains(&"!rich") {
+                    for u in [
+                        json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "thinking about it"}}),
+                        json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Read README.md", "kind": "read", "status": "pending"}),
+                        json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"}),
+                        json!({"sessionUpdate": "plan", "entries": [
+                            {"content": "read", "priority": "high", "status": "completed"},
+                            {"content": "fix", "priority": "high", "status": "pending"}]}),
+                        json!({"sessionUpdate": "usage_update", "used": 1200, "size": 200000}),
+                    ] {
+                        send(&mut out, &update(u));
+                    }
+                }
+                let wait = |w: Value| json!({"jsonrpc": "2.0", "method": "_coda/wait", "params": w});
+                if words.contains(&"!bad-wait") {
+                    send(&mut out, &wait(json!({"sessionId": sid, "waitId": "late", "state": "done"})));
+                    send(&mut out, &wait(json!({"sessionId": sid, "state": "waiting"})));
+                    send(&mut out, &wait(json!({"sessionId": sid, "waitId": "odd", "state": "finished"})));
+                }
+                if words.contains(&"!wait-open") {
+                    send(
+                        &mut out,
+                        &wait(
+                            json!({"sessionId": sid, "waitId": "forever", "kind": "timer", "state": "waiting", "title": "never ends"}),
+                        ),
+                    );
+                }
+                if let Some(ms) = arg("!wait") {
+                    let ms = ms.parse().unwrap_or(100);
+                    send(
+                        &mut out,
+                        &wait(json!({"sessionId": sid, "waitId": "build", "kind": "task", "state": "waiting",
+                            "title": "build", "detail": "npm run build", "stoppable": true})),
+                    );
+                    let sid = sid.clone();
+                    std::thread::spawn(move || {
+                        let mut out = std::io::stdout();
+                        for state in ["handling", "done"] {
+                            std::thread::sleep(std::time::Duration::from_millis(ms));
+                            let w = json!({"jsonrpc": "2.0", "method": "_coda/wait", "params": {"sessionId": sid, "waitId": "build", "state": state}});
+                            send(&mut out, &w);
+                        }
+                    });
+                }
+                if words.contains(&"!permission") {
+                    let request = json!({"jsonrpc": "2.0", "id": "perm-1", "method": "session/request_permission", "params": {
+                        "sessionId": sid,
+                        "toolCall": {"toolCallId": "call-1", "title": "Delete build/", "kind": "delete", "status": "pending"},
+                        "options": [{"optionId": "allow", "name": "Allow once", "kind": "allow_once"},
+                                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}});
+                    send(&mut out, &request);
+                    let mut outcome = Value::Null;
+                    for line in lines.by_ref() {
+                        let Ok(line) = line else { break };
+                        let reply: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                        if reply.get("id") == Some(&json!("perm-1")) {
+                            outcome = reply.get("result").cloned().unwrap_or(reply);
+                            break;
+                        }
+                    }
+                    let text = format!("permission outcome: {outcome}");
+                    send(
+                        &mut out,
+                        &update(
+                            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}),
+                        ),
+                    );
+                }
+                if words.contains(&"!hang") {
+                    send(
+                        &mut out,
+                        &update(
+                            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hanging until cancelled\n"}}),
+                        ),
+                    );
+                    let deaf = words.contains(&"!deaf");
+                    let mut cancelled = false;
+                    for line in lines.by_ref() {
+                        let Ok(line) = line else { break };
+                        let msg: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                        if msg.get("method").and_then(Value::as_str) == Some("session/cancel") && !deaf {
+                            cancelled = true;
+                            break;
+                        }
+                    }
+                    if !cancelled {
+                        return; // stdin closed while hanging
+                    }
+                    send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "cancelled"}}));
+                    continue;
+                }
                 if words.contains(&"!fail") {
                     send(
                         &mut out,
@@ -159,7 +265,7 @@ fn main() {
                     &mut out,
                     &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}),
                 );
-                json!({"stopReason": "end_turn"})
+                json!({"stopReason": arg("!stop").unwrap_or("end_turn")})
             }
             "_test/echo" => json!({"line": line}),
             "_test/emit" => {

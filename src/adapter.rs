@@ -35,6 +35,29 @@ pub struct Found {
     pub version: Option<String>,
 }
 
+/// A started child with the adapter's layers, ready for [`crate::relay::run_with_client`].
+pub(crate) struct Started {
+    pub agent: child::Agent,
+    pub stack: Stack,
+    pub events: tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>,
+}
+
+/// Starts the child and stacks the adapter's layers over it, as [`main`] does, for an in-process client
+/// (prompt mode, doctor). Call inside a tokio runtime.
+pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started> {
+    let env: Vec<(OsString, OsString)> = adapter
+        .env_defaults
+        .iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none())
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .collect();
+    let agent = child::spawn(&found.command, &env)?;
+    let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+    let mut setup = Setup { command: &found.command, version: found.version.clone(), layers: Vec::new(), events: tx };
+    (adapter.layers)(&mut setup);
+    Ok(Started { agent, stack: Stack::new(setup.layers), events })
+}
+
 /// Handed to [`Adapter::layers`].
 pub struct Setup<'a> {
     pub command: &'a AgentCommand,
@@ -142,6 +165,10 @@ enum Parsed {
     Run(Args),
     Help,
     Version(Option<String>),
+    /// `--prompt`: play Coda and print a transcript (src/prompt_mode.rs).
+    Prompt(Args, crate::prompt_mode::Options),
+    /// `doctor` / `--doctor` (src/doctor.rs).
+    Doctor(Option<String>),
 }
 
 fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
@@ -157,6 +184,8 @@ fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
         },
     };
     let mut version = false;
+    let mut doctor = false;
+    let mut prompt = crate::prompt_mode::Args::default();
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -165,12 +194,24 @@ fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
             Long("agent-command") => args.agent_command = Some(parser.value()?.string()?),
             Long("trace-file") => args.trace_file = Some(parser.value()?.into()),
             Long("max-frame-bytes") => args.max_line = parser.value()?.parse()?,
+            Long("doctor") => doctor = true,
+            Value(v) if v == "doctor" => doctor = true,
+            Long(name) if crate::prompt_mode::Args::takes(name) => {
+                let name = name.to_owned();
+                prompt.set(&name, &mut parser)?;
+            }
             _ => return Err(arg.unexpected()),
         }
     }
     let _ = adapter;
     if version {
         return Ok(Parsed::Version(args.agent_command));
+    }
+    if doctor {
+        return Ok(Parsed::Doctor(args.agent_command));
+    }
+    if let Some(options) = prompt.finish()? {
+        return Ok(Parsed::Prompt(args, options));
     }
     Ok(Parsed::Run(args))
 }
@@ -185,6 +226,8 @@ Coda (or any ACP client) talks newline-delimited JSON-RPC to {bin} on stdin/stdo
 real CLI as a child and relays every frame, adding what {cli} lacks.
 
 Usage: {bin} [OPTIONS]
+       {bin} --prompt <TEXT> [PROMPT OPTIONS]   run one turn by hand, printing a transcript
+       {bin} doctor                              check the wrapped CLI and its set-up
 
 Options:
   --agent-command <CMD>    the child command and its arguments (split like a shell, never run by one)
@@ -194,7 +237,7 @@ Options:
                            [env: CODA_SHIM_MAX_FRAME_BYTES]
   -V, --version            print this version and the wrapped CLI's
   -h, --help               print this help
-
+{prompt_help}
 Environment:
   CODA_SHIM_LOG            log filter for stderr (tracing EnvFilter syntax) [default: warn]
 
@@ -203,6 +246,7 @@ Exit status: the child's exit status (128 + signal when it was killed); 2 for a 
 ",
         version = env!("CARGO_PKG_VERSION"),
         cli = adapter.cli_name,
+        prompt_help = crate::prompt_mode::HELP,
     )
 }
 
@@ -243,6 +287,20 @@ pub fn main(adapter: Adapter) -> ! {
                 Err(why) => println!("{}: not found: {why}", adapter.cli_name),
             }
             std::process::exit(0)
+        }
+        Ok(Parsed::Doctor(flag)) => {
+            init_logging();
+            std::process::exit(crate::doctor::run(&adapter, flag))
+        }
+        Ok(Parsed::Prompt(args, options)) => {
+            init_logging();
+            std::process::exit(crate::prompt_mode::main(
+                &adapter,
+                args.agent_command,
+                args.trace_file,
+                args.max_line,
+                options,
+            ))
         }
         Err(e) => {
             eprintln!("{bin}: {e}\nTry `{bin} --help`.");

@@ -9,12 +9,15 @@
 
 pub mod adapter;
 pub mod child;
+pub mod doctor;
 pub mod frame;
 pub mod identity;
 pub mod instruction;
 pub mod layer;
 pub mod lines;
+pub mod prompt_mode;
 pub mod relay;
+pub mod render;
 pub mod replay;
 pub mod trace;
 pub mod wait;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::json;
-use tokio::io::{AsyncRead, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -203,30 +203,63 @@ impl Loop {
 }
 
 /// Runs the relay until the session ends; returns the exit code for the shim.
-pub async fn run(
+pub async fn run(stack: Stack, agent: Agent, events: mpsc::UnboundedReceiver<(usize, Event)>, options: Options) -> i32 {
+    run_io(stack, agent, events, options, tokio::io::stdin(), tokio::io::stdout(), true).await
+}
+
+/// Like [`run`], with the client on the given byte streams instead of stdin/stdout: an in-process client
+/// such as prompt mode (`--prompt`). The client leaving is the reader reaching EOF. Signals are left to
+/// the caller, which stops the agent by closing its end of the streams (and signalling the agent's group).
+pub async fn run_with_client<R, W>(
+    stack: Stack,
+    agent: Agent,
+    events: mpsc::UnboundedReceiver<(usize, Event)>,
+    options: Options,
+    client_reader: R,
+    client_writer: W,
+) -> i32
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    run_io(stack, agent, events, options, client_reader, client_writer, false).await
+}
+
+async fn run_io<R, W>(
     stack: Stack,
     mut agent: Agent,
     events: mpsc::UnboundedReceiver<(usize, Event)>,
     options: Options,
-) -> i32 {
+    client_reader: R,
+    client_writer: W,
+    handle_signals: bool,
+) -> i32
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut events = events;
     let group = agent.group();
-    let mut client_in = spawn_reader(tokio::io::stdin(), options.max_line);
+    let mut client_in = spawn_reader(client_reader, options.max_line);
     let mut agent_in = spawn_reader(agent.stdout, options.max_line);
     let (client_tx, client_rx) = mpsc::channel::<Vec<u8>>(HIGH_WATER);
-    let client_writer = tokio::spawn(lines::write_frames(tokio::io::stdout(), client_rx));
+    let client_writer = tokio::spawn(lines::write_frames(client_writer, client_rx));
     let (agent_tx, agent_rx) = mpsc::channel::<Vec<u8>>(HIGH_WATER);
     tokio::spawn(lines::write_frames(agent.stdin, agent_rx));
     let mut agent_tx = Some(agent_tx);
     let mut client_tx = Some(client_tx);
 
-    let (Ok(mut sigint), Ok(mut sigterm), Ok(mut sighup)) =
-        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
-    else {
-        tracing::error!("cannot install signal handlers");
-        group.signal(Signal::SIGKILL);
-        return 1;
-    };
+    let (mut sigint, mut sigterm, mut sighup) = (None, None, None);
+    if handle_signals {
+        let (Ok(int), Ok(term), Ok(hup)) =
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            group.signal(Signal::SIGKILL);
+            return 1;
+        };
+        (sigint, sigterm, sighup) = (Some(int), Some(term), Some(hup));
+    }
 
     let mut st = Loop {
         stack,
@@ -277,9 +310,9 @@ pub async fn run(
                     agent_gone = true;
                 }
             },
-            _ = sigint.recv() => shutdown_on_signal("SIGINT", &mut client_open),
-            _ = sigterm.recv() => shutdown_on_signal("SIGTERM", &mut client_open),
-            _ = sighup.recv() => shutdown_on_signal("SIGHUP", &mut client_open),
+            _ = recv_signal(&mut sigint) => shutdown_on_signal("SIGINT", &mut client_open),
+            _ = recv_signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
+            _ = recv_signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
             Some((layer, event)) = events.recv(), if st.to_client.len() < HIGH_WATER && st.to_agent.len() < HIGH_WATER => {
                 st.event(layer, event);
             }
@@ -362,6 +395,16 @@ pub async fn run(
 fn shutdown_on_signal(name: &str, client_open: &mut bool) {
     tracing::info!("{name} received; stopping the agent");
     *client_open = false;
+}
+
+/// A signal's next delivery; never, when the relay does not handle signals.
+async fn recv_signal(sig: &mut Option<tokio::signal::unix::Signal>) {
+    match sig {
+        Some(sig) => {
+            sig.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 async fn reserve(tx: &Option<mpsc::Sender<Vec<u8>>>) -> Option<mpsc::Permit<'_, Vec<u8>>> {

@@ -1,0 +1,409 @@
+//! `coda-<agent> doctor`: checks what stands between Coda and the wrapped CLI, and says how to fix it.
+//!
+//! Finds the CLI the way the shim would (so a wrong program such as Debian's `grok` shows up), compares its
+//! version with the ones we tested, checks its data directory, and asks the CLI itself through the shim's own
+//! layers whether it needs a login: `initialize` and `session/new` in a temporary folder, where -32000 is
+//! ACP's `auth_required` (section ACP 部分, 未登录).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::adapter::{Adapter, Found};
+use crate::lines::DEFAULT_MAX_LINE;
+use crate::prompt_mode::{Client, RpcError, Stop, current_model};
+use crate::render::Renderer;
+
+/// How long the login check waits for each answer (Kimi and Codex take seconds to start).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The versions the shim was tested with, per agent: (what is compared, tested version, install command).
+pub fn tested(agent: &str) -> Option<(&'static str, &'static str, &'static str)> {
+    Some(match agent {
+        "grok" => ("Grok Build", "1.0.41", "npm install -g @xai-official/grok@1.0.41"),
+        "opencode" => ("OpenCode", "1.18.33", "npm install -g opencode-ai@1.18.33"),
+        "kimi" => ("Kimi Code CLI", "2.1.0", "npm install -g @moonshot-ai/kimi-code@2.1.0"),
+        "codex" => ("Codex CLI", "0.166.0", "npm install -g @agentclientprotocol/codex-acp@2.6.0"),
+        _ => return None,
+    })
+}
+
+/// codex-acp's own tested version (its Codex CLI is in [`tested`]).
+const CODEX_ACP_TESTED: &str = "2.6.0";
+
+/// Where each CLI keeps its data, and the variable that moves it.
+pub fn data_dir(agent: &str) -> Option<(String, PathBuf)> {
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("~"));
+    let from = |var: &str, default: PathBuf| {
+        let dir = std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or(default);
+        (var.to_owned(), dir)
+    };
+    Some(match agent {
+        "kimi" => from("KIMI_CODE_HOME", home.join(".kimi-code")),
+        "codex" => from("CODEX_HOME", home.join(".codex")),
+        "grok" => from("GROK_HOME", home.join(".grok")),
+        "opencode" => {
+            let data = std::env::var_os("XDG_DATA_HOME")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".local/share"));
+            ("XDG_DATA_HOME".to_owned(), data.join("opencode"))
+        }
+        _ => return None,
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    Warn,
+    Problem,
+}
+
+#[derive(Debug)]
+pub struct Row {
+    pub check: &'static str,
+    pub status: Status,
+    pub result: String,
+    pub fix: String,
+}
+
+fn row(check: &'static str, status: Status, result: impl Into<String>, fix: impl Into<String>) -> Row {
+    Row { check, status, result: result.into(), fix: fix.into() }
+}
+
+/// Runs every check, prints the table, and returns 0 when nothing is a problem, 1 otherwise.
+pub fn run(adapter: &Adapter, flag: Option<String>) -> i32 {
+    let rows = checks(adapter, flag);
+    let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    print!("{}", table(&adapter.binary(), &rows, color));
+    if rows.iter().any(|r| r.status == Status::Problem) { 1 } else { 0 }
+}
+
+pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let env = adapter.command_env();
+    let source = match (&flag, std::env::var(&env).ok().filter(|c| !c.trim().is_empty())) {
+        (Some(_), _) => "from --agent-command".to_owned(),
+        (None, Some(_)) => format!("from {env}"),
+        (None, None) => "default lookup".to_owned(),
+    };
+    let found = match adapter.resolve(flag) {
+        Ok(found) => {
+            rows.push(row("CLI", Status::Ok, format!("{} ({source})", found.command.display()), ""));
+            Some(found)
+        }
+        Err(why) if why.contains("is not ") => {
+            // The adapter refused a program of the same name that is something else (Debian's `grok`).
+            rows.push(row(
+                "CLI",
+                Status::Problem,
+                format!("wrong program: {why}"),
+                format!("install {}: {}; or point {env} at it", adapter.cli_name, adapter.install_hint),
+            ));
+            None
+        }
+        Err(why) => {
+            rows.push(row(
+                "CLI",
+                Status::Problem,
+                format!("not found: {why}"),
+                format!("{}; or set {env} to its command", adapter.install_hint),
+            ));
+            None
+        }
+    };
+    if let Some(found) = &found {
+        rows.extend(version_rows(adapter, found));
+    }
+    rows.push(data_dir_row(adapter.agent));
+    if let Some(found) = found {
+        rows.extend(login_rows(adapter, &found));
+    }
+    rows
+}
+
+fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let version = found.version.clone().or_else(|| (adapter.version)(&found.command));
+    let Some((what, tested, install)) = tested(adapter.agent) else {
+        return rows;
+    };
+    match version {
+        Some(v) if v == tested => rows.push(row("version", Status::Ok, format!("{what} {v} (tested)"), "")),
+        Some(v) => rows.push(row(
+            "version",
+            Status::Warn,
+            format!("{what} {v}; tested with {tested}"),
+            format!("works if its ACP did not change; to match the tests: {install}"),
+        )),
+        None => rows.push(row(
+            "version",
+            Status::Warn,
+            format!("cannot tell the version of {}", found.command.program.display()),
+            format!("check it is {what}; tested with {tested} ({install})"),
+        )),
+    }
+    if adapter.agent == "codex" {
+        match package_version_near(&found.command, "@agentclientprotocol/codex-acp") {
+            Some(v) if v == CODEX_ACP_TESTED => {
+                rows.push(row("version", Status::Ok, format!("codex-acp {v} (tested)"), ""));
+            }
+            Some(v) => rows.push(row(
+                "version",
+                Status::Warn,
+                format!("codex-acp {v}; tested with {CODEX_ACP_TESTED}"),
+                format!("to match the tests: {install}"),
+            )),
+            None => {}
+        }
+    }
+    rows
+}
+
+/// The version in the `package.json` of npm package `name` that the command's program or first argument
+/// (a script run by `node`) belongs to.
+fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<String> {
+    let paths = std::iter::once(cmd.program.clone()).chain(cmd.args.first().map(PathBuf::from));
+    for path in paths.filter_map(|p| std::fs::canonicalize(p).ok()) {
+        for dir in path.ancestors().skip(1) {
+            let Ok(text) = std::fs::read_to_string(dir.join("package.json")) else { continue };
+            let Ok(manifest) = serde_json::from_str::<Value>(&text) else { continue };
+            if manifest.get("name").and_then(Value::as_str) == Some(name) {
+                return manifest.get("version").and_then(Value::as_str).map(str::to_owned);
+            }
+        }
+    }
+    None
+}
+
+fn data_dir_row(agent: &str) -> Row {
+    let Some((var, dir)) = data_dir(agent) else {
+        return row("data dir", Status::Warn, "unknown for this agent", "");
+    };
+    let shown = dir.display();
+    match std::fs::metadata(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => row(
+            "data dir",
+            Status::Warn,
+            format!("{shown} does not exist yet"),
+            format!("the CLI creates it on its first run or login; set {var} to use another"),
+        ),
+        Err(e) => {
+            row("data dir", Status::Problem, format!("{shown}: {e}"), format!("fix its permissions or set {var}"))
+        }
+        Ok(meta) if !meta.is_dir() => row(
+            "data dir",
+            Status::Problem,
+            format!("{shown} is not a directory"),
+            format!("move it away or set {var} to a directory"),
+        ),
+        Ok(_) => match std::fs::read_dir(&dir) {
+            Ok(_) => row("data dir", Status::Ok, format!("{shown} is readable"), ""),
+            Err(e) => row(
+                "data dir",
+                Status::Problem,
+                format!("{shown} cannot be read: {e}"),
+                format!("give this user read and write access, or set {var}"),
+            ),
+        },
+    }
+}
+
+/// `initialize` and `session/new` in a temporary folder, through the shim's own layers.
+fn login_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
+    let folder = std::env::temp_dir().join(format!("coda-doctor-{}-{}", adapter.agent, std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&folder) {
+        return vec![row("login", Status::Warn, format!("cannot make a temporary folder: {e}"), "")];
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return vec![row("login", Status::Warn, format!("cannot start the async runtime: {e}"), "")],
+    };
+    let rows = runtime.block_on(probe(adapter, found, &folder));
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    let _ = std::fs::remove_dir_all(&folder);
+    rows
+}
+
+async fn probe(adapter: &Adapter, found: &Found, folder: &Path) -> Vec<Row> {
+    let renderer = Renderer::new(std::io::stdout(), false, false);
+    let mut client = match Client::start(adapter, found, DEFAULT_MAX_LINE, None, renderer).await {
+        Ok(client) => client,
+        Err(e) => {
+            return vec![row(
+                "login",
+                Status::Problem,
+                format!("cannot start {}: {e}", found.command.display()),
+                "check the program can run",
+            )];
+        }
+    };
+    let rows = probe_with(&mut client, adapter, folder).await;
+    client.shut_down(false).await;
+    rows
+}
+
+async fn probe_with(client: &mut Client, adapter: &Adapter, folder: &Path) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let init = match client.initialize(Some(Instant::now() + ANSWER_TIMEOUT)).await {
+        Ok(Ok(init)) => init,
+        Ok(Err(e)) => {
+            rows.push(login_error("initialize", &e, &Value::Null, adapter));
+            return rows;
+        }
+        Err(stop) => {
+            rows.push(stopped("initialize", stop));
+            return rows;
+        }
+    };
+    let agent_line = crate::prompt_mode::describe_agent(&init);
+    let declares_instruction = init.pointer("/agentCapabilities/sessionCapabilities/systemPrompt").is_some();
+    rows.push(row(
+        "handshake",
+        if declares_instruction { Status::Ok } else { Status::Warn },
+        agent_line.trim_start_matches("agent: ").to_owned(),
+        if declares_instruction { "" } else { "the agent does not declare systemPrompt: Coda's instruction is lost" },
+    ));
+    let params = serde_json::json!({"cwd": folder.to_string_lossy(), "mcpServers": []});
+    match client.call("session/new", params, Some(Instant::now() + ANSWER_TIMEOUT)).await {
+        Ok(Ok(answer)) => {
+            rows.push(row("login", Status::Ok, "session/new works (no login needed, or logged in)", ""));
+            match current_model(&answer) {
+                Some(model) => rows.push(row("model", Status::Ok, model, "")),
+                None => rows.push(row(
+                    "model",
+                    Status::Warn,
+                    "session/new reports no current model: Coda refuses the turn",
+                    "configure a default model in the CLI",
+                )),
+            }
+        }
+        Ok(Err(e)) => rows.push(login_error("session/new", &e, &init, adapter)),
+        Err(stop) => rows.push(stopped("session/new", stop)),
+    }
+    rows
+}
+
+fn stopped(method: &str, stop: Stop) -> Row {
+    let result = match stop {
+        Stop::Deadline => format!("no answer to {method} within {}s", ANSWER_TIMEOUT.as_secs()),
+        Stop::AgentGone => format!("the CLI exited before answering {method} (its stderr is above)"),
+        Stop::Interrupted => format!("interrupted during {method}"),
+    };
+    row("login", Status::Problem, result, "run it with CODA_SHIM_LOG=debug and read the CLI's stderr")
+}
+
+fn login_error(method: &str, e: &RpcError, init: &Value, adapter: &Adapter) -> Row {
+    if e.code == -32000 {
+        return row(
+            "login",
+            Status::Problem,
+            format!("needs a login ({method} answered -32000)"),
+            login_fix(init, adapter),
+        );
+    }
+    row(
+        "login",
+        Status::Problem,
+        format!("{method} failed: error {}: {}", e.code, e.message),
+        "run it with CODA_SHIM_LOG=debug and read the CLI's stderr",
+    )
+}
+
+/// How to log in: from the agent's own `authMethods` (a terminal command where it names one), else ours.
+fn login_fix(init: &Value, adapter: &Adapter) -> String {
+    let mut ways = Vec::new();
+    for method in init.get("authMethods").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(term) = method.pointer("/_meta/terminal-auth")
+            && let Some(command) = term.get("command").and_then(Value::as_str)
+        {
+            let program = Path::new(command).file_name().map_or(command.into(), |n| n.to_string_lossy());
+            let args: Vec<&str> =
+                term.get("args").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+            let args: String = args.iter().map(|a| format!(" {a}")).collect();
+            ways.push(format!("run `{program}{args}`"));
+        } else if let Some(text) = method.get("description").or_else(|| method.get("name")).and_then(Value::as_str) {
+            ways.push(text.to_owned());
+        }
+    }
+    if ways.is_empty() {
+        ways.push(
+            match adapter.agent {
+                "kimi" => "run `kimi login`",
+                "opencode" => "run `opencode auth login`",
+                "codex" => "run `codex-acp login`, or set OPENAI_API_KEY",
+                "grok" => "set XAI_API_KEY, or sign in with `grok`",
+                _ => "log in with the CLI",
+            }
+            .to_owned(),
+        );
+    }
+    ways.join("; or ")
+}
+
+/// The table: one line per check, with the fix under problems and warnings.
+pub fn table(binary: &str, rows: &[Row], color: bool) -> String {
+    let paint = |s: &str, code: &str| if color { format!("\x1b[{code}m{s}\x1b[0m") } else { s.to_owned() };
+    let width = rows.iter().map(|r| r.check.len()).max().unwrap_or(0);
+    let mut out = format!("{binary} doctor\n");
+    for r in rows {
+        let status = match r.status {
+            Status::Ok => paint("ok  ", "32"),
+            Status::Warn => paint("warn", "33"),
+            Status::Problem => paint("FAIL", "31"),
+        };
+        out += &format!("{status}  {:width$}  {}\n", r.check, crate::render::clean(&r.result));
+        if !r.fix.is_empty() {
+            out += &format!("      {:width$}  fix: {}\n", "", r.fix);
+        }
+    }
+    let problems = rows.iter().filter(|r| r.status == Status::Problem).count();
+    let warnings = rows.iter().filter(|r| r.status == Status::Warn).count();
+    out += &match (problems, warnings) {
+        (0, 0) => "all good\n".to_owned(),
+        (0, w) => format!("no problems, {w} warning(s)\n"),
+        (p, w) => format!("{p} problem(s), {w} warning(s)\n"),
+    };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_a_fix_under_each_problem() {
+        let rows = vec![
+            row("CLI", Status::Ok, "/usr/bin/opencode acp (default lookup)", ""),
+            row("login", Status::Problem, "needs a login", "run `opencode auth login`"),
+        ];
+        assert_eq!(
+            table("coda-opencode", &rows, false),
+            "coda-opencode doctor\nok    CLI    /usr/bin/opencode acp (default lookup)\nFAIL  login  needs a login\n             fix: run `opencode auth login`\n1 problem(s), 0 warning(s)\n"
+        );
+    }
+
+    #[test]
+    fn login_fix_prefers_the_agents_terminal_command() {
+        let init = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Kimi account",
+            "_meta": {"terminal-auth": {"command": "/opt/kimi/bin/kimi", "args": ["login"]}}}]});
+        let adapter = Adapter {
+            agent: "kimi",
+            cli_name: "Kimi Code CLI",
+            install_hint: "",
+            default_command: || Err(String::new()),
+            version: |_| None,
+            env_defaults: &[],
+            layers: |_| {},
+        };
+        assert_eq!(login_fix(&init, &adapter), "run `kimi login`");
+        let opencode = serde_json::json!({"authMethods": [{"id": "opencode-login", "name": "Login with opencode",
+            "description": "Run `opencode auth login` in the terminal"}]});
+        assert_eq!(login_fix(&opencode, &adapter), "Run `opencode auth login` in the terminal");
+        assert_eq!(login_fix(&Value::Null, &adapter), "run `kimi login`");
+    }
+}
