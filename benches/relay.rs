@@ -1,0 +1,339 @@
+//! Relay benchmarks: the same load through three paths in one run, reported as ratios.
+//!
+//! - direct: the load client talks to the load agent itself;
+//! - shim: through `coda-opencode` (relay + instruction layer);
+//! - node: through `benches/node_forwarder.js` (readline + write, the approach this project replaces).
+//!
+//! The load agent is this same executable (env `CODA_BENCH_AGENT=1`): it answers each prompt with N
+//! `session/update` frames of S bytes, each stamped with its send time (CLOCK_REALTIME, ns). Run with
+//! `cargo bench --bench relay` (add `-- --quick` for a shorter run). Nothing here asserts a time.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()
+}
+
+// ---------------------------------------------------------------- load agent
+
+fn agent() {
+    let stdin = std::io::stdin();
+    let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+    let mut line = String::new();
+    let mut input = stdin.lock();
+    loop {
+        line.clear();
+        if input.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let id = msg.get("id").cloned().unwrap_or_default();
+        match msg.get("method").and_then(|m| m.as_str()).unwrap_or("") {
+            "initialize" => {
+                let _ = writeln!(
+                    out,
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"protocolVersion":1,"agentCapabilities":{{"loadSession":true}},"agentInfo":{{"name":"load","version":"1"}},"_meta":{{"sentAt":{}}}}}}}"#,
+                    now_ns()
+                );
+            }
+            "session/new" => {
+                let _ = writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{{"sessionId":"load"}}}}"#);
+            }
+            "session/prompt" => {
+                let load = msg.pointer("/params/_meta/load").cloned().unwrap_or_default();
+                let count = load.get("count").and_then(|v| v.as_u64()).unwrap_or(0);
+                let size = load.get("size").and_then(|v| v.as_u64()).unwrap_or(100) as usize;
+                let pace = load.get("paceMicros").and_then(|v| v.as_u64()).unwrap_or(0);
+                let text = "x".repeat(size.saturating_sub(190));
+                for _ in 0..count {
+                    let _ = writeln!(
+                        out,
+                        r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"t":{}}},"sessionId":"load","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#,
+                        now_ns()
+                    );
+                    if pace > 0 {
+                        let _ = out.flush();
+                        std::thread::sleep(Duration::from_micros(pace));
+                    }
+                }
+                let _ = writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{{"stopReason":"end_turn"}}}}"#);
+            }
+            _ => {}
+        }
+        let _ = out.flush();
+    }
+}
+
+// ---------------------------------------------------------------- load client
+
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Direct,
+    Shim,
+    Node,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Direct => "direct",
+            Path::Shim => "coda-opencode",
+            Path::Node => "node forwarder",
+        }
+    }
+}
+
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+    next_id: u64,
+    line: Vec<u8>,
+}
+
+fn spawn(path: Path) -> Peer {
+    let me = std::env::current_exe().expect("current exe");
+    let mut cmd = match path {
+        Path::Direct => Command::new(&me),
+        Path::Shim => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_coda-opencode"));
+            c.arg("--agent-command").arg(shell_words::quote(&me.display().to_string()).into_owned());
+            c
+        }
+        Path::Node => {
+            let mut c = Command::new("node");
+            c.arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/node_forwarder.js")).arg(&me);
+            c
+        }
+    };
+    cmd.env("CODA_BENCH_AGENT", "1").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().expect("spawn");
+    let stdin = child.stdin.take().expect("stdin");
+    let out = BufReader::with_capacity(1 << 20, child.stdout.take().expect("stdout"));
+    Peer { child, stdin, out, next_id: 0, line: Vec::new() }
+}
+
+impl Peer {
+    fn send(&mut self, method: &str, params: serde_json::Value) -> u64 {
+        self.next_id += 1;
+        let frame = serde_json::json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        writeln!(self.stdin, "{frame}").expect("write");
+        self.stdin.flush().expect("flush");
+        self.next_id
+    }
+
+    /// Reads one line into `self.line`; false at end of stream.
+    fn read(&mut self) -> bool {
+        self.line.clear();
+        self.out.read_until(b'\n', &mut self.line).map(|n| n > 0).unwrap_or(false)
+    }
+
+    /// The send stamp of an update: `"t":<ns>` near the start of the frame.
+    fn stamp(&self) -> Option<u128> {
+        let head = &self.line[..self.line.len().min(160)];
+        let at = memchr::memmem::find(head, b"\"t\":")? + 4;
+        let digits = head[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&head[at..at + digits]).ok()?.parse().ok()
+    }
+
+    fn is_response(&self) -> bool {
+        memchr::memmem::find(&self.line, b"\"stopReason\"").is_some()
+    }
+
+    fn start_session(&mut self) -> u128 {
+        self.send(
+            "initialize",
+            serde_json::json!({"protocolVersion": 1, "clientCapabilities": {"_meta": {"coda": {"waits": {}}}}}),
+        );
+        assert!(self.read(), "initialize answer");
+        let got = now_ns();
+        let v: serde_json::Value = serde_json::from_slice(&self.line).expect("initialize answer is JSON");
+        let sent = v.pointer("/result/_meta/sentAt").and_then(|t| t.as_u64()).unwrap_or(0) as u128;
+        let sp = serde_json::json!({"mode": "append", "content": [{"type": "text", "text": "Benchmark session."}]});
+        self.send("session/new", serde_json::json!({"cwd": "/", "mcpServers": [], "systemPrompt": sp}));
+        assert!(self.read(), "session/new answer");
+        got.saturating_sub(sent)
+    }
+
+    /// One prompt answered with `count` frames of `size` bytes; returns (seconds, bytes, latencies ns).
+    fn turn(&mut self, count: u64, size: usize, pace_micros: u64) -> (f64, u64, Vec<u64>) {
+        let started = Instant::now();
+        self.send(
+            "session/prompt",
+            serde_json::json!({"sessionId": "load", "prompt": [{"type": "text", "text": "go"}],
+                "_meta": {"load": {"count": count, "size": size, "paceMicros": pace_micros}}}),
+        );
+        let mut bytes = 0u64;
+        let mut lat = Vec::with_capacity(count as usize);
+        while self.read() {
+            bytes += self.line.len() as u64;
+            if let Some(t) = self.stamp() {
+                lat.push(now_ns().saturating_sub(t) as u64);
+            } else if self.is_response() {
+                break;
+            }
+        }
+        (started.elapsed().as_secs_f64(), bytes, lat)
+    }
+
+    fn peak_rss_kib(&self, path: Path) -> Option<u64> {
+        // The shim and the Node forwarder: the process we started. Direct has no middle process.
+        if path == Path::Direct {
+            return None;
+        }
+        rss(self.child.id(), "VmHWM")
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
+}
+
+fn rss(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn percentile(v: &mut [u64], p: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn node_available() -> bool {
+    Command::new("node").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+fn main() {
+    if std::env::var_os("CODA_BENCH_AGENT").is_some() {
+        return agent();
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut paths = vec![Path::Direct, Path::Shim];
+    if node_available() {
+        paths.push(Path::Node);
+    } else {
+        println!("node not found: the Node forwarder baseline is skipped");
+    }
+    let scale = if quick { 4 } else { 1 };
+
+    println!("\n## Throughput (frames flooded as fast as the agent writes; best of 3 turns)\n");
+    println!("| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (size, count) in [(200usize, 200_000u64), (4 << 10, 40_000), (64 << 10, 4_000), (1 << 20, 300)] {
+        let count = count / scale;
+        let mut mbps = Vec::new();
+        for &path in &paths {
+            let mut peer = spawn(path);
+            peer.start_session();
+            peer.turn(count / 10, size, 0); // warm-up
+            let best = (0..3)
+                .map(|_| {
+                    let (secs, bytes, _) = peer.turn(count, size, 0);
+                    bytes as f64 / secs / 1e6
+                })
+                .fold(0f64, f64::max);
+            peer.finish();
+            mbps.push(best);
+        }
+        let node = mbps.get(2).copied();
+        println!(
+            "| {} | {count} | {:.0} | {:.0} | {:.2} | {} | {} |",
+            human(size),
+            mbps[0],
+            mbps[1],
+            mbps[1] / mbps[0],
+            node.map_or("-".into(), |n| format!("{n:.0}")),
+            node.map_or("-".into(), |n| format!("{:.2}", n / mbps[0])),
+        );
+    }
+
+    println!("\n## Latency per frame (paced: one frame every 200 us), microseconds\n");
+    println!("| frame size | path | p50 | p99 | added p50 | added p99 |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let mut added = Vec::new();
+    for size in [200usize, 4 << 10, 64 << 10] {
+        let count = 5_000 / scale as u64;
+        let mut base = (0, 0);
+        for &path in &paths {
+            let mut peer = spawn(path);
+            peer.start_session();
+            peer.turn(200, size, 200);
+            let (_, _, mut lat) = peer.turn(count, size, 200);
+            peer.finish();
+            let (p50, p99) = (percentile(&mut lat, 0.5) / 1000, percentile(&mut lat, 0.99) / 1000);
+            if path == Path::Direct {
+                base = (p50, p99);
+            }
+            let (a50, a99) = (p50 as i64 - base.0 as i64, p99 as i64 - base.1 as i64);
+            if path != Path::Direct {
+                added.push((size, path, a50, a99));
+            }
+            println!("| {} | {} | {p50} | {p99} | {a50} | {a99} |", human(size), path.name());
+        }
+    }
+    for size in [200usize, 4 << 10, 64 << 10] {
+        let shim = added.iter().find(|a| a.0 == size && a.1 == Path::Shim).map(|a| a.3);
+        let node = added.iter().find(|a| a.0 == size && a.1 == Path::Node).map(|a| a.3);
+        if let (Some(s), Some(n)) = (shim, node) {
+            println!("added p99 at {}: node/shim = {:.1}x", human(size), n as f64 / s.max(1) as f64);
+        }
+    }
+
+    println!("\n## initialize: child's answer -> client, microseconds (median of 20 starts)\n");
+    for &path in &paths {
+        let mut v: Vec<u64> = (0..20 / scale)
+            .map(|_| {
+                let mut peer = spawn(path);
+                let d = peer.start_session();
+                peer.finish();
+                (d / 1000) as u64
+            })
+            .collect();
+        println!("- {}: {} us", path.name(), percentile(&mut v, 0.5));
+    }
+
+    println!("\n## Memory: peak RSS of the process in the middle after the 64 KiB and 1 MiB floods, KiB\n");
+    let mut peaks = Vec::new();
+    for &path in &paths[1..] {
+        let mut peer = spawn(path);
+        peer.start_session();
+        peer.turn(2_000 / scale as u64, 64 << 10, 0);
+        peer.turn(200 / scale as u64, 1 << 20, 0);
+        let peak = peer.peak_rss_kib(path).unwrap_or(0);
+        peer.finish();
+        println!("- {}: {peak} KiB", path.name());
+        peaks.push(peak);
+    }
+    if peaks.len() == 2 {
+        println!("node/shim peak RSS = {:.1}x", peaks[1] as f64 / peaks[0].max(1) as f64);
+    }
+
+    let frames = if quick { 200_000 } else { 1_000_000 };
+    println!("\n## Soak: {frames} frames of 200 B through coda-opencode, RSS every 10%\n");
+    let mut peer = spawn(Path::Shim);
+    peer.start_session();
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        peer.turn(frames / 10, 200, 0);
+        samples.push(rss(peer.child.id(), "VmRSS").unwrap_or(0));
+    }
+    let peak = peer.peak_rss_kib(Path::Shim).unwrap_or(0);
+    peer.finish();
+    println!("RSS KiB: {samples:?}; peak {peak} KiB; growth first->last {} KiB", samples[9] as i64 - samples[0] as i64);
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
