@@ -14,9 +14,9 @@
 //! | `[[sh:CMD]]` | a foreground shell tool call running `CMD` |
 //! | `[[subagent:PROMPT]]`, `[[subagent:NAME\|PROMPT]]` | a subagent spawn (background where the CLI offers the choice) |
 //! | `[[subagent-fg:PROMPT]]` | a foreground subagent spawn |
-//! | `[[resume:ID\|PROMPT]]` | a follow-up message to subagent `ID` |
+//! | `[[resume:ID\|PROMPT]]` | a follow-up to subagent `ID` (`last`: the latest id a tool result named) |
 //! | `[[tool:NAME\|JSON]]` | a call of any tool the request offers, with these arguments |
-//! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `503`, `401` |
+//! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `503`, `401`; `KIND*N` fails only the first N attempts |
 //! | `[[delay:MS]]` | wait `MS` milliseconds before answering (combine with any other marker) |
 //!
 //! Several tool markers in one prompt become parallel tool calls. Markers may nest, so a subagent's
@@ -26,7 +26,7 @@
 //! saying so, never with a call of a tool the CLI does not have.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -122,6 +122,8 @@ struct Shared {
     options: Options,
     requests: Mutex<Vec<RecordedRequest>>,
     seq: AtomicU64,
+    /// Every prompt text seen, with how often it was answered with an error (`[[error:KIND*N]]`).
+    prompts: Mutex<HashMap<String, u32>>,
 }
 
 /// The running server. Dropping it stops the server.
@@ -146,7 +148,12 @@ impl FakeModel {
         if let Some(dir) = &options.dump_dir {
             let _ = std::fs::create_dir_all(dir);
         }
-        let shared = Arc::new(Shared { options, requests: Mutex::new(Vec::new()), seq: AtomicU64::new(0) });
+        let shared = Arc::new(Shared {
+            options,
+            requests: Mutex::new(Vec::new()),
+            seq: AtomicU64::new(0),
+            prompts: Mutex::new(HashMap::new()),
+        });
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let serving = Arc::clone(&shared);
         let thread = thread::Builder::new()
@@ -253,7 +260,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let body = parse_body(&bytes);
     let api = classify_api(&method, &path);
     let origin = classify_origin(api, &body);
-    let answer = answer(api, origin, &method, &body);
+    let answer = match shared.prompts.lock() {
+        Ok(mut served) => answer(api, origin, &method, &body, &mut served),
+        Err(_) => answer(api, origin, &method, &body, &mut HashMap::new()),
+    };
     let seq = shared.seq.fetch_add(1, Ordering::SeqCst) + 1;
     let record = RecordedRequest {
         seq,
@@ -330,7 +340,8 @@ enum Item {
     User(String),
     Assistant,
     ToolCall,
-    ToolResult,
+    /// The text the tool returned.
+    ToolResult(String),
 }
 
 /// Flattens a chat-completions `messages` array or a Responses API `input` into items.
@@ -350,7 +361,7 @@ fn conversation(api: Api, body: &Value) -> Vec<Item> {
                             items.push(Item::ToolCall);
                         }
                     }
-                    "tool" | "function" => items.push(Item::ToolResult),
+                    "tool" | "function" => items.push(Item::ToolResult(text)),
                     _ => {}
                 }
             }
@@ -374,7 +385,11 @@ fn conversation(api: Api, body: &Value) -> Vec<Item> {
                     },
                     // A message from another agent (Codex multi-agent v2): the child's task.
                     "agent_message" => items.push(Item::User(content_text(item.get("content")))),
-                    k if k.ends_with("_call_output") || k.ends_with("_output") => items.push(Item::ToolResult),
+                    k if k.ends_with("_output") => {
+                        let output = item.get("output");
+                        let text = output.and_then(Value::as_str).map_or_else(|| content_text(output), str::to_string);
+                        items.push(Item::ToolResult(text))
+                    }
                     k if k.ends_with("_call") => items.push(Item::ToolCall),
                     _ => {}
                 }
@@ -398,6 +413,20 @@ fn content_text(content: Option<&Value>) -> String {
             .join("\n"),
         _ => String::new(),
     }
+}
+
+/// Kimi joins the prompts of turns that got no answer (failed, cancelled) into one user message,
+/// separated by blank lines; drop the ones seen before so old markers do not fire again.
+fn latest_prompt(text: &str, prompts: &mut HashMap<String, u32>) -> String {
+    let mut rest = text;
+    while let Some(seen) = prompts.keys().find(|p| {
+        !p.is_empty() && rest.len() > p.len() && rest.starts_with(p.as_str()) && rest[p.len()..].starts_with("\n\n")
+    }) {
+        rest = rest[seen.len()..].trim_start_matches('\n');
+    }
+    let latest = rest.to_string();
+    prompts.entry(latest.clone()).or_insert(0);
+    latest
 }
 
 /// The user's prompt: the last user text after the last non-user item, skipping the context the
@@ -486,7 +515,7 @@ enum Marker {
     Subagent { name: Option<String>, prompt: String, background: bool },
     Resume { target: String, prompt: String },
     Tool { name: String, arguments: String },
-    Error(String),
+    Error { kind: String, times: Option<u32> },
     Delay(u64),
 }
 
@@ -554,7 +583,10 @@ fn marker_from(inner: &str) -> Option<Marker> {
             };
             Marker::Tool { name: name.trim().to_string(), arguments: arguments.trim().to_string() }
         }
-        "error" => Marker::Error(arg),
+        "error" => match arg.split_once('*') {
+            Some((kind, times)) => Marker::Error { kind: kind.trim().into(), times: times.trim().parse().ok() },
+            None => Marker::Error { kind: arg, times: None },
+        },
         "delay" => Marker::Delay(arg.parse().unwrap_or(0)),
         _ => return None,
     })
@@ -737,7 +769,7 @@ struct Answer {
     delay: Duration,
 }
 
-fn answer(api: Api, origin: Origin, method: &Method, body: &Value) -> Answer {
+fn answer(api: Api, origin: Origin, method: &Method, body: &Value, served: &mut HashMap<String, u32>) -> Answer {
     let no_delay = Duration::ZERO;
     match api {
         Api::Models => {
@@ -758,12 +790,20 @@ fn answer(api: Api, origin: Origin, method: &Method, body: &Value) -> Answer {
         }
         _ => {}
     }
-    let (reply, delay) = decide(api, origin, body);
+    let (reply, delay) = decide(api, origin, body, served);
     let summary = describe(&reply);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let model = body.get("model").and_then(Value::as_str).unwrap_or("fake-model");
     let response = match (&reply, api) {
-        (Reply::Error { status, body }, _) => json_response(*status, body),
+        (Reply::Error { status, body }, _) => {
+            let mut response = json_response(*status, body);
+            // Retryable errors ask for a quick retry, so CLIs that retry (Grok, OpenCode) give up fast.
+            if *status == 429 || *status >= 500 {
+                response.headers_mut().insert("retry-after-ms", HeaderValue::from_static("100"));
+                response.headers_mut().insert("retry-after", HeaderValue::from_static("0"));
+            }
+            response
+        }
         (_, Api::Responses) => sse_response(responses_events(&reply)),
         (_, _) if stream => sse_response(chat_events(&reply, model)),
         (_, _) => json_response(200, &chat_completion(&reply, model)),
@@ -771,13 +811,15 @@ fn answer(api: Api, origin: Origin, method: &Method, body: &Value) -> Answer {
     Answer { response, summary, delay }
 }
 
-/// Picks the reply for a model request.
-fn decide(api: Api, origin: Origin, body: &Value) -> (Reply, Duration) {
+/// Picks the reply for a model request. `prompts` holds every prompt seen so far, with the number
+/// of errors answered to it.
+fn decide(api: Api, origin: Origin, body: &Value, prompts: &mut HashMap<String, u32>) -> (Reply, Duration) {
     if origin == Origin::Side {
         return (side_reply(body), Duration::ZERO);
     }
     let items = conversation(api, body);
-    let markers = prompt_text(&items).map(|t| parse_markers(&t)).unwrap_or_default();
+    let prompt = latest_prompt(&prompt_text(&items).unwrap_or_default(), prompts);
+    let markers = parse_markers(&prompt);
     let delay = markers
         .iter()
         .find_map(|m| match m {
@@ -790,19 +832,24 @@ fn decide(api: Api, origin: Origin, body: &Value) -> (Reply, Duration) {
         _ => None,
     });
 
-    if matches!(items.last(), Some(Item::ToolResult)) {
+    if matches!(items.last(), Some(Item::ToolResult(_))) {
         return (Reply::Text(closing.unwrap_or_else(|| AFTER_TOOL_TEXT.into())), delay);
     }
-    if let Some(kind) = markers.iter().find_map(|m| match m {
-        Marker::Error(kind) => Some(kind.as_str()),
+    if let Some((kind, times)) = markers.iter().find_map(|m| match m {
+        Marker::Error { kind, times } => Some((kind.as_str(), *times)),
         _ => None,
     }) {
-        return (error_reply(api, kind), delay);
+        // `*N` fails only the first N attempts, so a CLI's retry then succeeds.
+        let count = prompts.entry(prompt.clone()).or_insert(0);
+        if times.is_none_or(|n| *count < n) {
+            *count += 1;
+            return (error_reply(api, kind), delay);
+        }
     }
     let tools = offered_tools(body);
     let mut calls = Vec::new();
     for marker in &markers {
-        match call_for(marker, &tools, calls.len()) {
+        match call_for(marker, &tools, &items, calls.len()) {
             Ok(Some(call)) => calls.push(call),
             Ok(None) => {}
             Err(why) => return (Reply::Text(format!("fake model: {why}")), delay),
@@ -815,7 +862,7 @@ fn decide(api: Api, origin: Origin, body: &Value) -> (Reply, Duration) {
 }
 
 /// The tool call a marker asks for, shaped for the tools this CLI offers.
-fn call_for(marker: &Marker, tools: &[Tool], index: usize) -> Result<Option<Call>, String> {
+fn call_for(marker: &Marker, tools: &[Tool], items: &[Item], index: usize) -> Result<Option<Call>, String> {
     let call =
         |tool: &Tool, arguments: Value| Call { namespace: tool.namespace.clone(), name: tool.name.clone(), arguments };
     let missing = |what: &str| format!("no {what} tool offered (tools: {})", tool_list(tools));
@@ -831,6 +878,8 @@ fn call_for(marker: &Marker, tools: &[Tool], index: usize) -> Result<Option<Call
             call(tool, spawn_arguments(tool, &name, prompt, *background))
         }
         Marker::Resume { target, prompt } => {
+            let last = (target == "last").then(|| last_subagent_id(items)).flatten();
+            let target = last.as_deref().unwrap_or(target);
             if let Some(tool) = find_tool(tools, FOLLOWUP_TOOLS) {
                 call(tool, followup_arguments(tool, target, prompt))
             } else {
@@ -850,8 +899,30 @@ fn call_for(marker: &Marker, tools: &[Tool], index: usize) -> Result<Option<Call
             };
             call(tool, arguments)
         }
-        Marker::Text(_) | Marker::Error(_) | Marker::Delay(_) => return Ok(None),
+        Marker::Text(_) | Marker::Error { .. } | Marker::Delay(_) => return Ok(None),
     }))
+}
+
+/// The id of the latest subagent named in a tool result, for `[[resume:last|…]]`:
+/// Grok `subagent_id: X`, Kimi `agent_id: agent-N`, OpenCode `<task id="ses_…"`, Codex `{"task_name":"/root/x"}`.
+fn last_subagent_id(items: &[Item]) -> Option<String> {
+    items.iter().rev().find_map(|item| {
+        let Item::ToolResult(text) = item else { return None };
+        let task_name = serde_json::from_str::<Value>(text)
+            .ok()
+            .and_then(|output| output.get("task_name").and_then(Value::as_str).map(str::to_string));
+        if task_name.is_some() {
+            return task_name;
+        }
+        text.lines().find_map(|line| {
+            let line = line.trim();
+            let value = line
+                .strip_prefix("subagent_id:")
+                .or_else(|| line.strip_prefix("agent_id:"))
+                .or_else(|| line.strip_prefix("<task id=\"").and_then(|rest| rest.split('"').next()));
+            value.map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+        })
+    })
 }
 
 fn tool_list(tools: &[Tool]) -> String {
@@ -1141,16 +1212,56 @@ mod tests {
             {"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"bash","arguments":"{}"}}]},
             {"role":"tool","tool_call_id":"c","content":"ok"}],
             "tools":[{"type":"function","function":{"name":"bash","parameters":{"properties":{"command":{}}}}}]});
-        let (reply, _) = decide(Api::ChatCompletions, Origin::Main, &body);
+        let (reply, _) = decide(Api::ChatCompletions, Origin::Main, &body, &mut HashMap::new());
         assert_eq!(reply, Reply::Text(AFTER_TOOL_TEXT.into()));
+    }
+
+    #[test]
+    fn counted_errors_stop_after_n_attempts() {
+        let body = json!({"messages":[{"role":"user","content":"go [[error:503*2]]"}],
+            "tools":[{"type":"function","function":{"name":"bash","parameters":{}}}]});
+        let mut prompts = HashMap::new();
+        let statuses: Vec<Option<u16>> = (0..3)
+            .map(|_| match decide(Api::ChatCompletions, Origin::Main, &body, &mut prompts).0 {
+                Reply::Error { status, .. } => Some(status),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(statuses, vec![Some(503), Some(503), None]);
+    }
+
+    #[test]
+    fn prompts_joined_after_failed_turns_use_the_latest_markers() {
+        let mut prompts = HashMap::new();
+        let ask = |text: &str, prompts: &mut HashMap<String, u32>| {
+            let body = json!({"messages":[{"role":"user","content":text}],
+                "tools":[{"type":"function","function":{"name":"bash","parameters":{}}}]});
+            decide(Api::ChatCompletions, Origin::Main, &body, prompts).0
+        };
+        assert!(matches!(ask("a [[error:500]]", &mut prompts), Reply::Error { status: 500, .. }));
+        assert!(matches!(ask("a [[error:500]]\n\nb [[error:503]]", &mut prompts), Reply::Error { status: 503, .. }));
+        assert_eq!(ask("a [[error:500]]\n\nb [[error:503]]\n\nc", &mut prompts), Reply::Text(DEFAULT_TEXT.into()));
+    }
+
+    #[test]
+    fn resume_last_finds_the_latest_subagent_id() {
+        let items = vec![
+            Item::ToolResult("task_id: agent-abcdefgh\nagent_id: agent-0".into()),
+            Item::ToolResult("Subagent started in background.\nsubagent_id: 01a2".into()),
+        ];
+        assert_eq!(last_subagent_id(&items).as_deref(), Some("01a2"));
+        let items = vec![Item::ToolResult(r#"<task id="ses_x" state="running">"#.into())];
+        assert_eq!(last_subagent_id(&items).as_deref(), Some("ses_x"));
+        let items = vec![Item::ToolResult(r#"{"task_name":"/root/worker_1"}"#.into())];
+        assert_eq!(last_subagent_id(&items).as_deref(), Some("/root/worker_1"));
     }
 
     #[test]
     fn odd_bodies_get_text() {
         for body in [Value::Null, json!([]), json!({"messages": 3}), json!({"input": {"x": 1}, "tools": "no"})] {
-            let (reply, _) = decide(Api::ChatCompletions, Origin::Main, &body);
+            let (reply, _) = decide(Api::ChatCompletions, Origin::Main, &body, &mut HashMap::new());
             assert_eq!(reply, Reply::Text(DEFAULT_TEXT.into()));
-            let (reply, _) = decide(Api::Responses, Origin::Main, &body);
+            let (reply, _) = decide(Api::Responses, Origin::Main, &body, &mut HashMap::new());
             assert_eq!(reply, Reply::Text(DEFAULT_TEXT.into()));
         }
     }

@@ -259,6 +259,11 @@ provider = "fakeprov"
 model = "{MODEL}"
 max_context_size = 131072
 capabilities = ["image_in"]
+
+# One attempt per step: an HTTP error from the fake model ends the turn at once instead of after
+# ten retries with backoff.
+[loop_control]
+max_attempts_per_step = 1
 "#
     )
 }
