@@ -342,6 +342,8 @@ pub(crate) struct Client {
     last_output: Instant,
     /// The exit status of the relay once it ended.
     relay_code: Option<i32>,
+    /// Notification methods already shown once.
+    seen_methods: HashSet<String>,
 }
 
 impl Client {
@@ -386,6 +388,7 @@ impl Client {
             answers: None,
             last_output: Instant::now(),
             relay_code: None,
+            seen_methods: HashSet::new(),
         })
     }
 
@@ -527,7 +530,11 @@ impl Client {
                 }
             }
             "_coda/wait" => self.wait(params),
-            other => self.r.row(Tone::Dim, &format!("notification {other}")),
+            // Coda ignores notifications it does not know; one row per method is enough to see them.
+            other if self.seen_methods.insert(other.to_owned()) => {
+                self.r.row(Tone::Dim, &format!("notification {other} (not Coda's; further ones not shown)"));
+            }
+            _ => {}
         }
     }
 
@@ -1008,8 +1015,9 @@ fn spawn_reader(r: ReadHalf<DuplexStream>, max: usize) -> mpsc::Receiver<Value> 
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut r = BufReader::new(r);
+        let mut split = lines::Splitter::new(max);
         loop {
-            match lines::read_line(&mut r, max).await {
+            match lines::read_line(&mut r, &mut split).await {
                 Ok(Some(Line::Text(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
                     Ok(v) => {
                         if tx.send(v).await.is_err() {

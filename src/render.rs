@@ -60,11 +60,25 @@ pub struct Renderer<W: Write> {
     spinner: Option<usize>,
     /// Tool call titles by id, for updates that carry only a status.
     tools: HashMap<String, String>,
+    /// The last status shown per tool call.
+    tool_status: HashMap<String, String>,
+    /// The last command list shown.
+    last_commands: Option<String>,
 }
 
 impl<W: Write> Renderer<W> {
     pub fn new(out: W, color: bool, enabled: bool) -> Renderer<W> {
-        Renderer { out, color, enabled, at_line_start: true, stream: None, spinner: None, tools: HashMap::new() }
+        Renderer {
+            out,
+            color,
+            enabled,
+            at_line_start: true,
+            stream: None,
+            spinner: None,
+            tools: HashMap::new(),
+            tool_status: HashMap::new(),
+            last_commands: None,
+        }
     }
 
     pub fn into_inner(self) -> W {
@@ -213,10 +227,11 @@ impl<W: Write> Renderer<W> {
                 let id = str_of(update, "toolCallId");
                 let title = str_of(update, "title");
                 let title = if title.is_empty() { id.clone() } else { title };
-                self.tools.insert(id, title.clone());
+                self.tools.insert(id.clone(), title.clone());
                 let tool_kind =
                     update.get("kind").and_then(Value::as_str).map(|k| format!(" ({k})")).unwrap_or_default();
                 let status = update.get("status").and_then(Value::as_str).unwrap_or("pending");
+                self.tool_status.insert(id, status.to_owned());
                 let review = review(update);
                 self.row(Tone::Cyan, &format!("{prefix}tool: {title}{tool_kind} {status}{review}"));
             }
@@ -225,7 +240,13 @@ impl<W: Write> Renderer<W> {
                 if let Some(title) = update.get("title").and_then(Value::as_str) {
                     self.tools.insert(id.clone(), title.to_owned());
                 }
-                let status = update.get("status").and_then(Value::as_str);
+                let mut status = update.get("status").and_then(Value::as_str);
+                if status.is_some() && self.tool_status.get(&id).map(String::as_str) == status {
+                    status = None; // the same status again, with new content
+                }
+                if let Some(s) = status {
+                    self.tool_status.insert(id.clone(), s.to_owned());
+                }
                 let review = review(update);
                 if status.is_none() && review.is_empty() {
                     return; // content or raw output only: not worth a row
@@ -264,7 +285,12 @@ impl<W: Write> Renderer<W> {
                     .filter_map(|c| c.get("name").and_then(Value::as_str))
                     .map(|n| format!("/{n}"))
                     .collect();
-                self.row(Tone::Dim, &format!("{prefix}commands: {}", names.join(" ")));
+                let row = format!("{prefix}commands: {}", names.join(" "));
+                // Agents re-send the same list often (Grok after every turn); show changes only.
+                if self.last_commands.as_deref() != Some(row.as_str()) {
+                    self.row(Tone::Dim, &row);
+                    self.last_commands = Some(row);
+                }
             }
             "current_mode_update" => {
                 self.row(Tone::Dim, &format!("{prefix}mode: {}", str_of(update, "currentModeId")));
@@ -373,6 +399,7 @@ mod tests {
             r.update("", &json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Read", "kind": "read"}));
             r.update("", &json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"}));
             r.update("", &json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "content": []}));
+            r.update("", &json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed"}));
         });
         assert_eq!(out, "thinking: hmm\nHello\nok\ntool: Read (read) pending\ntool: Read -> completed\n");
     }

@@ -1,0 +1,459 @@
+//! Prompt mode (`coda-<agent> --prompt`): the binaries run with the scripted test agent (and a replayed
+//! recording) as child, with stdin not a terminal, and the transcript, the exit status, the refusal of
+//! permission requests and Ctrl-C are checked. A live run on the real CLIs is opt-in (`CODA_LIVE=1`).
+
+#[path = "support/fake_model.rs"]
+mod fake_model;
+#[path = "support/live.rs"]
+mod live;
+#[path = "support/shim.rs"]
+mod shim;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A temporary working directory for one test.
+fn workdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("coda-prompt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make the work dir");
+    dir.canonicalize().expect("canonical work dir")
+}
+
+/// `coda-<agent> --agent-command <test agent> --cwd <dir> --prompt <text> [extra...]`, stdin not a terminal.
+fn prompt_command(agent: &str, dir: &Path, prompt: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(shim::binary(agent));
+    cmd.arg("--agent-command")
+        .arg(shell_words::quote(&shim::test_agent().display().to_string()).into_owned())
+        .arg("--cwd")
+        .arg(dir)
+        .arg("--prompt")
+        .arg(prompt)
+        .args(extra)
+        .env_remove("CODA_SHIM_TRACE")
+        .env_remove("NO_COLOR")
+        .env("CODA_SHIM_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(mut cmd: Command) -> Run {
+    let child = cmd.spawn().expect("start the shim");
+    let (status, stdout, stderr) = finish(child, Duration::from_secs(30));
+    Run { status, stdout, stderr }
+}
+
+/// Waits for the child (killing it after `within`) and returns what it wrote.
+fn finish(mut child: Child, within: Duration) -> (ExitStatus, String, String) {
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the shim did not finish within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
+}
+
+/// Removes colour sequences (prompt mode writes none without a terminal, but the check must not depend on it).
+fn strip_ansi(s: &str) -> String {
+    coda_shim::render::strip_ansi(s)
+}
+
+fn header(dir: &Path, prompt: &str) -> String {
+    format!(
+        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt\n\
+         session sess-1 (new) in {}; model not reported\n\
+         no current model reported: Coda would refuse the turn (适配器未报告实际模型)\n\
+         > {prompt}\n\
+         commands: /init /review\n",
+        dir.display()
+    )
+}
+
+#[test]
+fn transcript_shows_thinking_tools_plan_usage_and_the_stop_reason() {
+    let dir = workdir("rich");
+    let r = run(prompt_command("opencode", &dir, "hello !rich", &[]));
+    assert_eq!(r.status.code(), Some(0), "stderr: {}", r.stderr);
+    let expected = header(&dir, "hello !rich")
+        + "thinking: thinking about it\n\
+           tool: Read README.md (read) pending\n\
+           tool: Read README.md -> completed\n\
+           plan:\n  [x] read\n  [ ] fix\n\
+           usage: 1200 of 200000 tokens of context\n\
+           [{\"text\":\"hello !rich\",\"type\":\"text\"}]\n\
+           stop: end_turn\n";
+    assert_eq!(strip_ansi(&r.stdout), expected);
+    assert!(!r.stdout.contains('\x1b'), "no colours when stdout is not a terminal: {:?}", r.stdout);
+}
+
+#[test]
+fn exit_status_tells_the_stop_reasons_and_errors_apart() {
+    let dir = workdir("stops");
+    let cases = [
+        ("!stop end_turn", 0, "stop: end_turn"),
+        ("!stop max_tokens", 3, "stop: max_tokens"),
+        ("!stop max_turn_requests", 4, "stop: max_turn_requests"),
+        ("!stop refusal", 5, "stop: refusal"),
+        ("!stop cancelled", 6, "stop: cancelled"),
+        ("!stop sideways", 7, "stop: sideways"),
+        ("!fail", 1, "error -32603: failed as asked"),
+        ("!exit 3", 9, "error -32603: agent process exited with status 3"),
+    ];
+    for (prompt, code, row) in cases {
+        let r = run(prompt_command("grok", &dir, prompt, &[]));
+        let out = strip_ansi(&r.stdout);
+        assert_eq!(r.status.code(), Some(code), "{prompt}: {out}\nstderr: {}", r.stderr);
+        assert!(out.lines().any(|l| l == row), "{prompt}: no row {row:?} in\n{out}");
+    }
+}
+
+#[test]
+fn permission_requests_are_refused_when_stdin_is_not_a_terminal() {
+    let dir = workdir("permission");
+    let r = run(prompt_command("kimi", &dir, "go !permission", &[]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(0), "{out}\nstderr: {}", r.stderr);
+    assert!(
+        out.contains(
+            "permission: Delete build/; options: Allow once (allow_once), Reject (reject_once)\n  -> refused: stdin is not a terminal (outcome cancelled)\n"
+        ),
+        "{out}"
+    );
+    // What the agent got back: ACP's cancelled outcome, never a selected option.
+    assert!(out.contains(r#"permission outcome: {"outcome":{"outcome":"cancelled"}}"#), "{out}");
+}
+
+#[test]
+fn waits_are_rows_and_prompt_mode_stays_until_they_settle() {
+    let dir = workdir("waits");
+    let r = run(prompt_command("opencode", &dir, "build !wait 150", &[]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(0), "{out}\nstderr: {}", r.stderr);
+    let tail: Vec<&str> = out.lines().skip(5).collect();
+    assert_eq!(
+        tail,
+        [
+            "wait build started (task, waiting): build - npm run build [stoppable]",
+            r#"[{"text":"build !wait 150","type":"text"}]"#,
+            "stop: end_turn",
+            "1 wait(s) still open; watching them settle (up to 10m; Ctrl-C to stop)",
+            "wait build handling",
+            "wait build done",
+            "every wait settled",
+        ]
+    );
+}
+
+#[test]
+fn wait_timeout_gives_up_with_its_own_exit_status() {
+    let dir = workdir("wait-timeout");
+    let started = Instant::now();
+    let r = run(prompt_command("opencode", &dir, "!wait-open", &["--wait-timeout", "1s"]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(10), "{out}");
+    assert!(out.contains("wait forever started (timer, waiting): never ends\n"), "{out}");
+    assert!(out.contains("1 wait(s) still open after --wait-timeout; giving up\n"), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn waits_coda_would_drop_say_why() {
+    let dir = workdir("bad-waits");
+    let r = run(prompt_command("opencode", &dir, "!bad-wait", &[]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(0), "{out}");
+    for row in [
+        "wait late done: not registered (a first report must not be terminal)",
+        r#"wait dropped by Coda: sessionId, waitId and state are required: {"sessionId":"sess-1","state":"waiting"}"#,
+        r#"wait odd dropped by Coda: state "finished" is not one Coda knows"#,
+    ] {
+        assert!(out.lines().any(|l| l == row), "no row {row:?} in\n{out}");
+    }
+    assert!(!out.contains("still open"), "dropped reports open nothing: {out}");
+}
+
+#[test]
+fn needing_a_login_has_its_own_exit_status() {
+    let dir = workdir("login");
+    let mut cmd = prompt_command("grok", &dir, "hi", &[]);
+    cmd.env("TEST_AGENT_AUTH_REQUIRED", "1");
+    let r = run(cmd);
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(8), "{out}");
+    assert!(out.contains("session/new: the agent needs a login (error -32000: Authentication required)\n"), "{out}");
+}
+
+#[test]
+fn json_prints_the_frames_of_every_edge_with_codas_client_capabilities() {
+    let dir = workdir("json");
+    let file = dir.join("instruction.md");
+    std::fs::write(&file, "Reply in English.").expect("write the instruction");
+    let instruction = format!("@{}", file.display());
+    let r = run(prompt_command("opencode", &dir, "hello", &["--json", "--system-prompt", &instruction]));
+    assert_eq!(r.status.code(), Some(0), "stderr: {}", r.stderr);
+    let records: Vec<Value> =
+        r.stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    let dirs: std::collections::BTreeSet<&str> = records.iter().filter_map(|r| r["dir"].as_str()).collect();
+    assert_eq!(dirs.into_iter().collect::<Vec<_>>(), ["agent->shim", "client->shim", "shim->agent", "shim->client"]);
+    let init = &records[0];
+    assert_eq!(init["dir"], "client->shim");
+    assert_eq!(init["frame"]["method"], "initialize");
+    assert_eq!(
+        init["frame"]["params"]["clientCapabilities"],
+        json!({"elicitation": {"form": {}, "url": {}}, "session": {"compaction": {}, "configOptions": {"boolean": {}}},
+               "_meta": {"coda": {"waits": {}, "remote": {}}}})
+    );
+    let new = records
+        .iter()
+        .find(|r| r["dir"] == "client->shim" && r["frame"]["method"] == "session/new")
+        .expect("session/new sent");
+    assert_eq!(
+        new["frame"]["params"]["systemPrompt"],
+        json!({"mode": "append", "content": [{"type": "text", "text": "Reply in English."}]})
+    );
+    // The instruction layer did its work on the agent's side of the same run.
+    let prompt = records
+        .iter()
+        .find(|r| r["dir"] == "shim->agent" && r["frame"]["method"] == "session/prompt")
+        .expect("session/prompt forwarded");
+    assert_eq!(
+        prompt["frame"]["params"]["prompt"][0]["text"],
+        "<coda-session-instruction>\nReply in English.\n</coda-session-instruction>\n\n"
+    );
+}
+
+#[test]
+fn load_opens_the_given_session() {
+    let dir = workdir("load");
+    let r = run(prompt_command("grok", &dir, "again", &["--load", "sess-9"]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(0), "{out}");
+    assert!(out.contains(&format!("session sess-9 (loaded) in {}; model not reported\n", dir.display())), "{out}");
+    assert!(out.contains("stop: end_turn\n"), "{out}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_lists_the_exit_statuses() {
+    let r = run({
+        let mut cmd = Command::new(shim::binary("kimi"));
+        cmd.args(["--cwd", "/"]).stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        cmd
+    });
+    assert_eq!(r.status.code(), Some(2));
+    assert!(r.stderr.contains("--cwd needs --prompt"), "{}", r.stderr);
+    let dir = workdir("usage");
+    let r = run(prompt_command("kimi", &dir, "x", &["--system-prompt", "@/nonexistent/instruction"]));
+    assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
+    let help = run({
+        let mut cmd = Command::new(shim::binary("kimi"));
+        cmd.arg("--help").stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        cmd
+    });
+    for line in ["0 the turn ended with end_turn", "6 stop reason cancelled", "130 stopped by a second Ctrl-C"] {
+        assert!(help.stdout.contains(line), "--help lacks {line:?}:\n{}", help.stdout);
+    }
+}
+
+/// Starts prompt mode and waits until its transcript contains `mark`; returns the child and the transcript so far.
+fn start_until(cmd: &mut Command, mark: &str) -> (Child, Arc<Mutex<String>>) {
+    let mut child = cmd.spawn().expect("start the shim");
+    let mut out = child.stdout.take().expect("stdout");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !seen.lock().unwrap().contains(mark) {
+        assert!(Instant::now() < deadline, "no {mark:?} in {:?}", seen.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, seen)
+}
+
+fn sigint(child: &Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("send SIGINT");
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The pids of a process's children (Linux `/proc`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+    }
+    out
+}
+
+#[test]
+fn ctrl_c_sends_session_cancel_and_the_turn_ends_cancelled() {
+    let dir = workdir("ctrl-c");
+    let (mut child, seen) =
+        start_until(&mut prompt_command("grok", &dir, "wait !hang", &[]), "hanging until cancelled");
+    sigint(&child);
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    std::thread::sleep(Duration::from_millis(50));
+    let out = strip_ansi(&seen.lock().unwrap());
+    // The test agent answers `cancelled` only when session/cancel reached it.
+    assert_eq!(status.code(), Some(6), "{out}");
+    assert!(
+        out.ends_with(
+            "hanging until cancelled\n^C sent session/cancel; press Ctrl-C again to stop the agent\nstop: cancelled\n"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_second_ctrl_c_shuts_the_agent_down() {
+    let dir = workdir("ctrl-c-twice");
+    let (mut child, seen) =
+        start_until(&mut prompt_command("grok", &dir, "wait !hang !deaf", &[]), "hanging until cancelled");
+    let agents = children_of(child.id());
+    assert_eq!(agents.len(), 1, "one child: the agent");
+    sigint(&child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.lock().unwrap().contains("press Ctrl-C again") {
+        assert!(Instant::now() < deadline, "no cancel row: {:?}", seen.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sigint(&child);
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let out = strip_ansi(&seen.lock().unwrap());
+    assert_eq!(status.code(), Some(130), "{out}");
+    assert!(out.contains("^C stopping the agent\n"), "{out}");
+    assert!(!out.contains("stop: "), "the deaf agent never ended the turn: {out}");
+    assert!(!Path::new(&format!("/proc/{}", agents[0])).exists(), "the agent process {} is still there", agents[0]);
+}
+
+/// A real OpenCode turn with a shell tool call, recorded from prompt mode (`CODA_PROMPT_RECORD`, then
+/// `acp-replay record`) and replayed by `acp-replay play`, drives the same transcript offline. The player
+/// checks every frame the shim sends it, so the frames prompt mode sends are checked too (a new crate
+/// version changes `clientInfo.version`: record again).
+#[test]
+fn replayed_opencode_recording_gives_the_recorded_transcript() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/opencode/prompt-mode-tool");
+    let expected = std::fs::read_to_string(fixture.join("transcript.txt")).expect("the fixture's transcript.txt");
+    let dir = workdir("replay");
+    let player = PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"));
+    let mut cmd = Command::new(shim::binary("opencode"));
+    cmd.arg("--agent-command")
+        .arg(shell_words::join([player.display().to_string(), "play".into(), fixture.display().to_string()]))
+        .arg("--cwd")
+        .arg(&dir)
+        .args(["--prompt", "Run it: [[sh:echo hi]]", "--system-prompt", "Answer briefly."])
+        .env("CODA_SHIM_LOG", "warn")
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let r = run(cmd);
+    let got = strip_ansi(&r.stdout).replace(&dir.display().to_string(), "{{CWD}}");
+    assert_eq!(r.status.code(), Some(0), "stdout: {got}\nstderr: {}", r.stderr);
+    assert_eq!(got, expected);
+}
+
+/// Live (opt-in, `CODA_LIVE=1` after `scripts/install-clis`): prompt mode on each real CLI against the fake
+/// model. Prints the transcripts; `CODA_PROMPT_RECORD=DIR` also keeps each run's trace there.
+#[test]
+fn live_prompt_mode_on_the_real_clis() {
+    if std::env::var_os("CODA_LIVE").is_none() {
+        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis) to run prompt mode on the real CLIs");
+        return;
+    }
+    let model = fake_model::FakeModel::start();
+    for agent in live::AGENTS {
+        if let Err(why) = live::installed(agent) {
+            eprintln!("skipped live {agent}: {why}");
+            continue;
+        }
+        let temp = std::env::temp_dir().join(format!("coda-live-prompt-{agent}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&temp);
+        let lc = live::prepare(agent, &model.base_url(), &temp).expect("prepare the CLI");
+        let prompts = std::env::var("CODA_LIVE_PROMPTS").unwrap_or_else(|_| "Say hello.".into());
+        for (n, prompt) in prompts.split("||").enumerate() {
+            let mut cmd = lc.shim_command(&shim::binary(agent));
+            let trace = temp.join(format!("trace-{n}.jsonl"));
+            cmd.arg("--prompt")
+                .arg(prompt)
+                .arg("--cwd")
+                .arg(&lc.workdir)
+                .arg("--system-prompt")
+                .arg("Answer briefly.")
+                .arg("--wait-timeout")
+                .arg("60s")
+                .arg("--trace-file")
+                .arg(&trace)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = cmd.spawn().expect("start the shim");
+            let (status, out, err) = finish(child, Duration::from_secs(180));
+            let shown = strip_ansi(&out).replace(&lc.workdir.display().to_string(), "<work>");
+            println!("=== coda-{agent} --prompt {prompt:?} (exit {:?})\n{shown}", status.code());
+            if !status.success() {
+                println!("--- stderr\n{err}");
+            }
+            if let Some(dir) = std::env::var_os("CODA_PROMPT_RECORD") {
+                let keep = Path::new(&dir).join(format!("{agent}-{n}"));
+                let _ = std::fs::create_dir_all(&keep);
+                let _ = std::fs::copy(&trace, keep.join("trace.jsonl"));
+                let _ = std::fs::write(keep.join("root"), temp.display().to_string());
+                let _ = std::fs::write(keep.join("transcript.txt"), &out);
+            }
+            assert!(status.code().is_some(), "coda-{agent} was killed");
+        }
+    }
+}
