@@ -128,7 +128,18 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
 
 fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
     let mut rows = Vec::new();
-    let version = found.version.clone().or_else(|| (adapter.version)(&found.command));
+    // The npm package the command belongs to says it best: `node <script>` would answer `--version` with
+    // Node's own version.
+    let package = match adapter.agent {
+        "kimi" => Some("@moonshot-ai/kimi-code"),
+        "opencode" => Some("opencode-ai"),
+        "grok" => Some("@xai-official/grok"),
+        _ => None,
+    };
+    let version = package
+        .and_then(|p| package_version_near(&found.command, p))
+        .or_else(|| found.version.clone())
+        .or_else(|| (adapter.version)(&found.command));
     let Some((what, tested, install)) = tested(adapter.agent) else {
         return rows;
     };
@@ -322,6 +333,10 @@ fn login_fix(init: &Value, adapter: &Adapter) -> String {
             && let Some(command) = term.get("command").and_then(Value::as_str)
         {
             let program = Path::new(command).file_name().map_or(command.into(), |n| n.to_string_lossy());
+            // Started as `node <script>`, the CLI names its script, which is no command for a person.
+            if program.ends_with(".mjs") || program.ends_with(".js") || program.ends_with(".cjs") {
+                continue;
+            }
             let args: Vec<&str> =
                 term.get("args").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
             let args: String = args.iter().map(|a| format!(" {a}")).collect();
@@ -401,6 +416,9 @@ mod tests {
             layers: |_| {},
         };
         assert_eq!(login_fix(&init, &adapter), "run `kimi login`");
+        let via_node = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Kimi account",
+            "_meta": {"terminal-auth": {"command": "/opt/kimi/dist/main.mjs", "args": ["login"]}}}]});
+        assert_eq!(login_fix(&via_node, &adapter), "run `kimi login`");
         let opencode = serde_json::json!({"authMethods": [{"id": "opencode-login", "name": "Login with opencode",
             "description": "Run `opencode auth login` in the terminal"}]});
         assert_eq!(login_fix(&opencode, &adapter), "Run `opencode auth login` in the terminal");

@@ -422,6 +422,14 @@ fn live_prompt_mode_on_the_real_clis() {
         let temp = std::env::temp_dir().join(format!("coda-live-prompt-{agent}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&temp);
         let lc = live::prepare(agent, &model.base_url(), &temp).expect("prepare the CLI");
+        let mut doctor = lc.shim_command(&shim::binary(agent));
+        doctor.arg("doctor").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let (status, out, _) = finish(doctor.spawn().expect("start doctor"), Duration::from_secs(180));
+        println!(
+            "=== coda-{agent} doctor (exit {:?})\n{}",
+            status.code(),
+            out.replace(&temp.display().to_string(), "<tmp>")
+        );
         let prompts = std::env::var("CODA_LIVE_PROMPTS").unwrap_or_else(|_| "Say hello.".into());
         for (n, prompt) in prompts.split("||").enumerate() {
             let mut cmd = lc.shim_command(&shim::binary(agent));
