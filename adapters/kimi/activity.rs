@@ -16,6 +16,22 @@ use crate::translate::Translator;
 use crate::watch::{self, Chunk, Op, Scan};
 use crate::wire::{self, Fed, Feed, KNOWN_PROTOCOLS};
 
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// Starts watching a session folder; the real one uses inotify, tests hand events in themselves.
 pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(watch::Start, Option<watch::Handle>), String> + Send>;
 
@@ -24,6 +40,10 @@ struct Session {
     feed: Feed,
     /// Client prompts held while Kimi is busy with a turn of its own.
     held: VecDeque<Frame>,
+    /// Prompt answers held until the wire shows that turn's end, so that what Kimi recorded during
+    /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress).
+    answers: Vec<Frame>,
+    dir: String,
     _handle: Option<watch::Handle>,
 }
 
@@ -36,6 +56,8 @@ pub struct Activity {
     /// session/new|load|resume requests in flight: id -> sessionId asked for (None for new).
     setup: HashMap<Id, Option<String>>,
     sessions: HashMap<String, Session>,
+    /// Client prompts sent to Kimi: id -> session.
+    prompts: HashMap<Id, String>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     record: Option<std::fs::File>,
@@ -64,6 +86,7 @@ impl Activity {
             initialize: HashSet::new(),
             setup: HashMap::new(),
             sessions: HashMap::new(),
+            prompts: HashMap::new(),
             off: HashSet::new(),
             record: None,
         }
@@ -75,13 +98,6 @@ impl Activity {
             let mut line = value.to_string().into_bytes();
             line.push(b'\n');
             let _ = f.write_all(&line);
-        }
-    }
-
-    fn rec_frame(&mut self, dir: &str, f: &Frame) {
-        if self.record.is_some() {
-            let v = f.value().unwrap_or(Value::Null);
-            self.rec(json!({ "dir": dir, "frame": v }));
         }
     }
 
@@ -106,8 +122,6 @@ impl Activity {
         };
         match (self.start)(session, &dir) {
             Ok((start, handle)) => {
-                let header = String::from_utf8_lossy(&start.header).into_owned();
-                self.rec(json!({ "session": session, "start": { "header": header, "cutoffMs": start.cutoff_ms } }));
                 self.begin(session, &dir.to_string_lossy(), &start.header, start.cutoff_ms, handle);
             }
             Err(why) => {
@@ -136,7 +150,14 @@ impl Activity {
             }
         }
         let translator = Translator::new(session, dir, self.waits);
-        let s = Session { translator, feed: Feed::new(cutoff_ms), held: VecDeque::new(), _handle: handle };
+        let s = Session {
+            translator,
+            feed: Feed::new(cutoff_ms),
+            held: VecDeque::new(),
+            answers: Vec::new(),
+            dir: dir.to_owned(),
+            _handle: handle,
+        };
         self.sessions.insert(session.to_owned(), s);
     }
 
@@ -163,6 +184,11 @@ impl Activity {
         for f in out {
             cx.to_client(f);
         }
+        if !s.translator.user_turn_open() {
+            for a in std::mem::take(&mut s.answers) {
+                cx.to_client(a);
+            }
+        }
         self.release(session, cx);
     }
 
@@ -183,7 +209,6 @@ fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 
 impl Layer for Activity {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        self.rec_frame("client->shim", &frame);
         match frame.kind().clone() {
             Kind::Request { id, method } => match method.as_str() {
                 "initialize" => {
@@ -201,6 +226,9 @@ impl Layer for Activity {
                 }
                 "session/prompt" => {
                     let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
+                    if let Some(sid) = &sid {
+                        self.prompts.insert(id.clone(), sid.clone());
+                    }
                     if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
                         && (s.translator.main_busy() || !s.held.is_empty())
                     {
@@ -224,6 +252,7 @@ impl Layer for Activity {
                 {
                     for p in std::mem::take(&mut s.held) {
                         if let Some(id) = p.id() {
+                            self.prompts.remove(id);
                             cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
                         }
                     }
@@ -236,7 +265,6 @@ impl Layer for Activity {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        self.rec_frame("agent->shim", &frame);
         let Kind::Response { id } = frame.kind() else {
             return cx.to_client(frame);
         };
@@ -248,6 +276,13 @@ impl Layer for Activity {
                 return cx.to_client(Frame::from_value(&v));
             }
             return cx.to_client(frame);
+        }
+        if let Some(sid) = self.prompts.remove(id)
+            && let Some(s) = self.sessions.get_mut(&sid)
+            && s.translator.user_turn_open()
+        {
+            s.answers.push(frame);
+            return;
         }
         if let Some(asked) = self.setup.remove(id) {
             let v = frame.value();
@@ -265,20 +300,24 @@ impl Layer for Activity {
 
     fn on_event(&mut self, event: Event, cx: &mut Cx) {
         let Ok(scan) = event.downcast::<Scan>() else { return };
-        if self.record.is_some() {
-            let chunks: Vec<Value> = scan
-                .chunks
-                .iter()
-                .map(|c| {
-                    let op = match c.op {
-                        Op::Append => "append",
-                        Op::Reopen => "reopen",
-                        Op::Replace => "replace",
-                    };
-                    json!({ "file": c.file, "op": op, "text": String::from_utf8_lossy(&c.bytes) })
-                })
-                .collect();
-            self.rec(json!({ "session": scan.session, "scan": chunks }));
+        if self.record.is_some()
+            && let Some(dir) = self.sessions.get(&scan.session).map(|s| s.dir.clone())
+        {
+            // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
+            let ts = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+            for c in &scan.chunks {
+                let op = match c.op {
+                    Op::Append => "append",
+                    Op::Reopen => "write",
+                    Op::Replace => "replace",
+                };
+                let path = format!("{dir}/{}", c.file);
+                let rec = match std::str::from_utf8(&c.bytes) {
+                    Ok(text) => json!({ "ts": ts, "op": op, "path": path, "data": text }),
+                    Err(_) => json!({ "ts": ts, "op": op, "path": path, "base64": base64(&c.bytes) }),
+                };
+                self.rec(rec);
+            }
         }
         self.scan(&scan.session, &scan.chunks, cx);
     }

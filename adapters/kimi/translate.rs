@@ -147,6 +147,11 @@ impl Translator {
         self.main_turn.as_ref().is_some_and(|(_, o, _)| !o.is_user()) || !self.handling.is_empty()
     }
 
+    /// The wire shows a client turn of the main agent that has not ended yet.
+    pub fn user_turn_open(&self) -> bool {
+        self.main_turn.as_ref().is_some_and(|(_, o, _)| o.is_user())
+    }
+
     /// A task file was (re)written.
     pub fn task_file(&mut self, _agent: &str, info: &TaskInfo) {
         if info.suppressed {

@@ -159,16 +159,23 @@ pub fn start(session: &str, dir: &Path, events: EventSender) -> Result<(Start, H
         // Blocks until something changes; ends when the watcher is dropped.
         while let Ok(first) = rx.recv() {
             let mut tasks: Vec<PathBuf> = Vec::new();
+            let mut changed = false;
+            // Our own reads raise open/close (access) events: they must not wake a scan, or the
+            // watch would feed itself.
             let mut note = |ev: notify::Result<notify::Event>| {
                 if let Ok(ev) = ev
                     && !matches!(ev.kind, EventKind::Access(_))
                 {
+                    changed = true;
                     tasks.extend(ev.paths.into_iter().filter(|p| is_task_file(p)));
                 }
             };
             note(first);
             while let Ok(more) = rx.try_recv() {
                 note(more);
+            }
+            if !changed {
+                continue;
             }
             tasks.sort();
             tasks.dedup();
