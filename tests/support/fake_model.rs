@@ -21,9 +21,14 @@
 //!
 //! Several tool markers in one prompt become parallel tool calls. Markers may nest, so a subagent's
 //! prompt can carry its own markers: `[[subagent:[[bg:sleep 2]]]]`. When the request ends with a tool
-//! result the model answers plain text, so every turn ends. Title and summary side requests always get
-//! a short plain text. A marker whose tool the request does not offer is answered with a plain text
-//! saying so, never with a call of a tool the CLI does not have.
+//! result the model answers plain text, so every turn ends. Title and summary side requests get a
+//! short title (as the forced tool call or JSON object when the request asks for one). A marker whose
+//! tool the request does not offer is answered with a plain text saying so, never with a call of a
+//! tool the CLI does not have. Retryable errors carry `retry-after-ms: 100` so CLIs that honour it
+//! (OpenCode) give up quickly; Grok ignores it and retries 5xx fifteen times with backoff.
+//!
+//! Kimi joins the prompts of failed turns into one user message; prompts seen before are dropped from
+//! its start, so only the newest prompt's markers count.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -261,7 +266,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let api = classify_api(&method, &path);
     let origin = classify_origin(api, &body);
     let answer = match shared.prompts.lock() {
-        Ok(mut served) => answer(api, origin, &method, &body, &mut served),
+        Ok(mut prompts) => answer(api, origin, &method, &body, &mut prompts),
         Err(_) => answer(api, origin, &method, &body, &mut HashMap::new()),
     };
     let seq = shared.seq.fetch_add(1, Ordering::SeqCst) + 1;
@@ -633,7 +638,7 @@ fn classify_origin(api: Api, body: &Value) -> Origin {
     if is_side_request(body, &items) {
         return Origin::Side;
     }
-    if is_subagent_request(api, body, &items) {
+    if is_subagent_request(api, body) {
         return Origin::Subagent;
     }
     Origin::Main
@@ -714,7 +719,7 @@ fn sample(schema: &Value) -> Value {
     }
 }
 
-fn is_subagent_request(api: Api, body: &Value, items: &[Item]) -> bool {
+fn is_subagent_request(api: Api, body: &Value) -> bool {
     if api == Api::Responses {
         if let Some(agent) = turn_metadata(body, "agent_name") {
             return agent != "/root";
@@ -724,7 +729,6 @@ fn is_subagent_request(api: Api, body: &Value, items: &[Item]) -> bool {
             .and_then(Value::as_array)
             .is_some_and(|input| input.iter().any(|i| i.get("type").and_then(Value::as_str) == Some("agent_message")));
     }
-    let _ = items;
     // Chat CLIs give subagents a tool set without the spawn tool.
     let tools = offered_tools(body);
     let can_spawn = find_tool(&tools, SPAWN_TOOLS).is_some();
@@ -769,7 +773,7 @@ struct Answer {
     delay: Duration,
 }
 
-fn answer(api: Api, origin: Origin, method: &Method, body: &Value, served: &mut HashMap<String, u32>) -> Answer {
+fn answer(api: Api, origin: Origin, method: &Method, body: &Value, prompts: &mut HashMap<String, u32>) -> Answer {
     let no_delay = Duration::ZERO;
     match api {
         Api::Models => {
@@ -790,7 +794,7 @@ fn answer(api: Api, origin: Origin, method: &Method, body: &Value, served: &mut 
         }
         _ => {}
     }
-    let (reply, delay) = decide(api, origin, body, served);
+    let (reply, delay) = decide(api, origin, body, prompts);
     let summary = describe(&reply);
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let model = body.get("model").and_then(Value::as_str).unwrap_or("fake-model");
