@@ -1078,6 +1078,9 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
     for (name, value) in &bindings.0 {
         cmd.env(format!("ACP_REPLAY_BIND_{name}"), value);
     }
+    // The player's own account of a failure, whole even when the shim cuts its child's stderr short.
+    let report_file = root.join("player-report.txt");
+    cmd.env("ACP_REPLAY_REPORT", &report_file);
     for key in ["CODA_SHIM_LOG", "ACP_REPLAY_FILE_SETTLE_MS"] {
         if let Some(v) = std::env::var_os(key) {
             cmd.env(key, v);
@@ -1168,7 +1171,9 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
     };
     let extra: Vec<String> = rx.try_iter().filter_map(Result::ok).filter(|l| !l.trim().is_empty()).collect();
     let stderr = err_thread.join().unwrap_or_default();
-    let with_stderr = |msg: String| format!("{}: {msg}\n--- shim stderr ---\n{stderr}", fixture.display());
+    let report = std::fs::read_to_string(&report_file).unwrap_or_default();
+    let report = if report.is_empty() { String::new() } else { format!("\n--- player report ---\n{report}") };
+    let with_stderr = |msg: String| format!("{}: {msg}{report}\n--- shim stderr ---\n{stderr}", fixture.display());
     outcome.map_err(&with_stderr)?;
     if let Some(first) = extra.first() {
         return Err(with_stderr(format!(

@@ -129,14 +129,12 @@ fn play(args: &[String]) -> i32 {
                     }
                 }
                 if let Err(e) = out.write_all(line.as_bytes()).and_then(|_| out.write_all(b"\n")) {
-                    eprintln!("acp-replay: {name}: cannot write the frame of line {lineno}: {e}");
-                    return 4;
+                    return fail(4, format!("{name}: cannot write the frame of line {lineno}: {e}"));
                 }
             }
             Step::File { op, lineno } => {
                 if let Err(e) = replay::apply_file_op(&op) {
-                    eprintln!("acp-replay: {name}: the file write of line {lineno} failed: {e}");
-                    return 5;
+                    return fail(5, format!("{name}: the file write of line {lineno} failed: {e}"));
                 }
                 wrote_files = true;
             }
@@ -148,26 +146,25 @@ fn play(args: &[String]) -> i32 {
                     Ok(None) if done => break,
                     Ok(None) => {
                         let expected = script.expected_now();
-                        eprintln!(
-                            "acp-replay: {name}: the shim closed stdin while the recording expects {} more frame(s); next (line {}):\n  {}",
-                            expected.len(),
-                            expected.first().map(|r| r.lineno).unwrap_or(0),
-                            expected.first().map(|r| r.to_line()).unwrap_or_default()
+                        return fail(
+                            4,
+                            format!(
+                                "{name}: the shim closed stdin while the recording expects {} more frame(s); next (line {}):\n  {}",
+                                expected.len(),
+                                expected.first().map(|r| r.lineno).unwrap_or(0),
+                                expected.first().map(|r| r.to_line()).unwrap_or_default()
+                            ),
                         );
-                        return 4;
                     }
                     Err(e) => {
-                        eprintln!("acp-replay: {name}: cannot read stdin: {e}");
-                        return 4;
+                        return fail(4, format!("{name}: cannot read stdin: {e}"));
                     }
                 };
                 if done {
-                    eprintln!("acp-replay: {name}: received a frame after the end of the recording:\n  got: {line}");
-                    return 3;
+                    return fail(3, format!("{name}: received a frame after the end of the recording:\n  got: {line}"));
                 }
                 if let Err(m) = script.received(&line) {
-                    eprint!("acp-replay: {name}: the agent {m}");
-                    return 3;
+                    return fail(3, format!("{name}: the agent {m}"));
                 }
             }
         }
@@ -179,6 +176,19 @@ fn play(args: &[String]) -> i32 {
         );
     }
     0
+}
+
+/// Reports a failed replay on stderr and, when `ACP_REPLAY_REPORT` names a file, there too (the shim may
+/// cut its child's stderr short); returns the exit status.
+fn fail(code: i32, msg: String) -> i32 {
+    let msg = format!("acp-replay: {}\n", msg.trim_end());
+    eprint!("{msg}");
+    if let Some(path) = std::env::var_os("ACP_REPLAY_REPORT")
+        && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+    {
+        let _ = f.write_all(msg.as_bytes());
+    }
+    code
 }
 
 /// The next non-empty line of stdin, without its newline; `None` at EOF.

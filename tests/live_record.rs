@@ -1,0 +1,221 @@
+//! Live: records the base fixtures from the real CLIs and proves each recording replays.
+//!
+//! Opt-in: `CODA_LIVE=1 cargo test --test live_record` (after `scripts/install-clis`). Each scenario runs the
+//! shim with `--trace-file` against the pinned CLI (hermetic HOME, fake model), normalises the trace with
+//! `acp-replay`'s recorder and replays it through the same shim at once. With `CODA_RECORD=1` the fixture is
+//! also written to `fixtures/<agent>/<scenario>/` (review the diff before committing). `CODA_RECORD_ONLY=grok,…`
+//! limits the agents.
+
+#[path = "support/fake_model.rs"]
+mod fake_model;
+#[path = "support/live.rs"]
+mod live;
+#[path = "support/replay.rs"]
+mod replay_support;
+#[path = "support/shim.rs"]
+mod shim;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use coda_shim::replay::{self, Normaliser};
+use serde_json::{Value, json};
+
+const INSTRUCTION: &str = "Coda recording: answer briefly.";
+/// How long the client listens after a turn for frames that trail its answer.
+const TRAIL: Duration = Duration::from_millis(1500);
+
+fn enabled(agent: &str) -> bool {
+    if std::env::var_os("CODA_LIVE").is_none() {
+        eprintln!("skipped live recording of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
+        return false;
+    }
+    if let Ok(only) = std::env::var("CODA_RECORD_ONLY")
+        && !only.split(',').any(|a| a.trim() == agent)
+    {
+        eprintln!("skipped live recording of {agent}: not in CODA_RECORD_ONLY");
+        return false;
+    }
+    if let Err(why) = live::installed(agent) {
+        eprintln!("skipped live recording of {agent}: {why}");
+        return false;
+    }
+    true
+}
+
+/// The slash command each CLI runs for the command-first turn (one it has, that needs no set-up).
+fn command(agent: &str) -> &'static str {
+    match agent {
+        "grok" => "/context",
+        "opencode" => "/init focus on tests",
+        "kimi" => "/status",
+        _ => "/compact",
+    }
+}
+
+/// The pinned package (as in `scripts/install-clis`), for `meta.json`.
+fn pinned(agent: &str) -> &'static str {
+    match agent {
+        "codex" => "@agentclientprotocol/codex-acp@2.6.0",
+        "kimi" => "@moonshot-ai/kimi-code@2.1.0",
+        "grok" => "@xai-official/grok@1.0.41",
+        _ => "opencode-ai@1.18.33",
+    }
+}
+
+fn system_prompt() -> Value {
+    json!({"mode": "append", "content": [{"type": "text", "text": INSTRUCTION}]})
+}
+
+/// One shim process against the live CLI, tracing into `trace`.
+struct Run {
+    shim: shim::Shim,
+    next_id: i64,
+}
+
+impl Run {
+    fn start(lc: &live::LiveCommand, agent: &str, trace: &Path) -> Run {
+        let cmd = lc.shim_command(&replay_support::shim_binary(agent));
+        let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
+        Run { shim, next_id: 0 }
+    }
+
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let (answer, _) = self.shim.request(id, method, params);
+        assert!(answer.get("result").is_some(), "{method} failed: {answer}");
+        answer
+    }
+
+    /// Lets frames that follow an answer (command lists, titles, usage) arrive before the next step.
+    fn trail(&mut self) {
+        while self.shim.try_recv(TRAIL).is_some() {}
+    }
+
+    fn initialize(&mut self) -> Value {
+        let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+            "_meta": {"coda": {"waits": {}}}});
+        let answer = self.call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "coda", "version": "1.0.0"}}),
+        );
+        self.trail();
+        answer
+    }
+
+    fn prompt(&mut self, sid: &str, text: &str) -> Value {
+        let answer = self.call("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}));
+        self.trail();
+        answer
+    }
+
+    fn finish(mut self) {
+        self.shim.close_stdin();
+        let status = self.shim.wait(Duration::from_secs(20));
+        assert!(status.success(), "the shim exited with {status}; stderr: {:?}", self.shim.drain_stderr());
+    }
+}
+
+fn new_session(run: &mut Run, cwd: &str, instruction: bool) -> String {
+    let mut params = json!({"cwd": cwd, "mcpServers": []});
+    if instruction {
+        params["systemPrompt"] = system_prompt();
+    }
+    let answer = run.call("session/new", params);
+    run.trail();
+    answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
+}
+
+/// Normalises `trace`, replays it, and with `CODA_RECORD=1` writes it to `fixtures/<agent>/<scenario>/`.
+fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
+    let text = std::fs::read_to_string(trace).expect("the trace file");
+    let mut n = Normaliser::for_live_root(root);
+    n.add(&live::live_root().display().to_string(), "LIVE");
+    let records = replay::record(&text, None, &n).expect("normalise the trace");
+    let out = replay::render(&records);
+    let left = n.leftovers(&out);
+    assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
+    let scratch = root.join("fixture").join(scenario);
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(scratch.join(replay::TRACE_FILE), &out).unwrap();
+    let report = replay_support::check(agent, &scratch).unwrap_or_else(|e| panic!("{agent}/{scenario}: {e}"));
+    eprintln!("{agent}/{scenario}: {} records; replayed: {report:?}", records.len());
+    if std::env::var_os("CODA_RECORD").is_some() {
+        let dir: PathBuf = replay_support::fixtures_root().join(agent).join(scenario);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(replay::TRACE_FILE), &out).unwrap();
+        let meta = json!({"agent": agent, "scenario": scenario, "cli": pinned(agent),
+            "recorded_by": "tests/live_record.rs"});
+        std::fs::write(dir.join("meta.json"), format!("{:#}\n", meta)).unwrap();
+        eprintln!("wrote {}", dir.display());
+    }
+}
+
+fn record_all(agent: &str) {
+    if !enabled(agent) {
+        return;
+    }
+    let model = fake_model::FakeModel::start();
+    let root = std::env::temp_dir().join(format!("coda-record-{agent}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let lc = live::prepare(agent, &model.base_url(), &root).expect("prepare the CLI");
+    let cwd = lc.workdir.display().to_string();
+    let traces = root.join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+
+    // Start-up and a plain turn.
+    let trace = traces.join("startup-plain-turn.jsonl");
+    let mut run = Run::start(&lc, agent, &trace);
+    run.initialize();
+    let sid = new_session(&mut run, &cwd, false);
+    let answer = run.prompt(&sid, "hello [[text:Hello from the recording.]]");
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    run.finish();
+    keep(agent, "startup-plain-turn", &trace, &root);
+
+    // Session instruction, a slash command as the first turn, then a normal turn.
+    let trace = traces.join("instruction-command-first.jsonl");
+    let mut run = Run::start(&lc, agent, &trace);
+    run.initialize();
+    let sid = new_session(&mut run, &cwd, true);
+    run.prompt(&sid, command(agent));
+    let answer = run.prompt(&sid, "hello [[text:hi there]]");
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    run.finish();
+    keep(agent, "instruction-command-first", &trace, &root);
+
+    // session/load of that session in a fresh process, then one more turn.
+    let trace = traces.join("session-load.jsonl");
+    let mut run = Run::start(&lc, agent, &trace);
+    run.initialize();
+    run.call("session/load", json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": system_prompt()}));
+    run.trail();
+    let answer = run.prompt(&sid, "again [[text:ok]]");
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    run.finish();
+    keep(agent, "session-load", &trace, &root);
+
+    drop(model);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn record_grok() {
+    record_all("grok");
+}
+
+#[test]
+fn record_opencode() {
+    record_all("opencode");
+}
+
+#[test]
+fn record_kimi() {
+    record_all("kimi");
+}
+
+#[test]
+fn record_codex() {
+    record_all("codex");
+}
