@@ -465,3 +465,60 @@ fn live_prompt_mode_on_the_real_clis() {
         }
     }
 }
+
+/// On a terminal (a pty from util-linux `script`): the permission request is asked, `y` allows it once, and
+/// the transcript has colours.
+#[test]
+fn on_a_terminal_permissions_are_asked_y_n_and_rows_are_coloured() {
+    let Some(script) = ["/usr/bin/script", "/bin/script"].into_iter().map(Path::new).find(|p| p.is_file()) else {
+        eprintln!("skipped: no `script` (util-linux) to give prompt mode a terminal");
+        return;
+    };
+    let dir = workdir("tty");
+    let inner = shell_words::join([
+        shim::binary("grok").display().to_string(),
+        "--agent-command".into(),
+        shell_words::quote(&shim::test_agent().display().to_string()).into_owned(),
+        "--cwd".into(),
+        dir.display().to_string(),
+        "--prompt".into(),
+        "go !permission".into(),
+    ]);
+    let mut child = Command::new(script)
+        .args(["-qec", &inner, "/dev/null"])
+        .env("TERM", "xterm")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start script");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = child.stdout.take().expect("stdout");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let sink = seen.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !seen.lock().unwrap().contains("allow? [y/N]") {
+        assert!(Instant::now() < deadline, "no question in {:?}", seen.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::io::Write::write_all(&mut stdin, b"y\n").expect("answer");
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    drop(stdin);
+    let _ = reader.join();
+    let raw = seen.lock().unwrap().clone();
+    let out = strip_ansi(&raw).replace('\r', "");
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(raw.contains("\x1b[32mstop: end_turn\x1b[0m"), "coloured stop row: {raw:?}");
+    assert!(out.contains("  -> allowed: Allow once\n"), "{out}");
+    assert!(out.contains(r#"permission outcome: {"outcome":{"optionId":"allow","outcome":"selected"}}"#), "{out}");
+}
