@@ -6,7 +6,8 @@
 //!   (comma-separated, default `init,review`).
 //! - `session/load`: replays every stored prompt block as `user_message_chunk`, then `{}`.
 //!   `session/resume`: `{}`; `session/fork`: a new session id.
-//! - `session/prompt`: one `agent_message_chunk` whose text is the prompt array it received (JSON), then
+//! - `session/prompt`: one `agent_message_chunk` whose text is the prompt array it received (JSON, with
+//!   `<` written `&lt;`), then
 //!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!exit N` (exit N without
 //!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
 //!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
@@ -21,6 +22,7 @@
 //! - `_test/echo`: `{"line": <the exact line received>}`; `_test/emit`: writes `params.line` verbatim,
 //!   then `{}`; `_test/seen`: the methods received so far.
 //! - Other requests: -32601. `--version` prints `test-agent 9.9.9`.
+//! - Env `TEST_AGENT_NO_COMMANDS=1` sends no `available_commands_update`.
 //! - Env `TEST_AGENT_IGNORE_EOF=1` keeps running after stdin closes; `TEST_AGENT_IGNORE_TERM=1` ignores SIGTERM.
 
 use std::collections::HashMap;
@@ -93,11 +95,13 @@ fn main() {
                 let new = format!("sess-{next}");
                 sessions.insert(new.clone(), Vec::new());
                 send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "result": {"sessionId": new}}));
-                let update = json!({"sessionUpdate": "available_commands_update", "availableCommands": commands});
-                send(
-                    &mut out,
-                    &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": new, "update": update}}),
-                );
+                if std::env::var_os("TEST_AGENT_NO_COMMANDS").is_none() {
+                    let update = json!({"sessionUpdate": "available_commands_update", "availableCommands": commands});
+                    send(
+                        &mut out,
+                        &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": new, "update": update}}),
+                    );
+                }
                 continue;
             }
             "session/load" => {
@@ -260,7 +264,10 @@ fn main() {
                     continue;
                 }
                 sessions.entry(sid.clone()).or_default().extend(prompt.as_array().cloned().unwrap_or_default());
-                let update = json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": prompt.to_string()}});
+                // `<` written as `&lt;`: the report is the agent's own text, which the shim must not edit.
+                let report = prompt.to_string().replace('<', "&lt;");
+                let update =
+                    json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": report}});
                 send(
                     &mut out,
                     &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}),

@@ -123,10 +123,13 @@ impl Instruction {
         }
     }
 
+    /// Whether the agent would run `/name`. Before the session's first command list has arrived (the
+    /// agent sends it after answering `session/new`, so a quick first prompt can overtake it), any
+    /// name counts: deferring the instruction by one prompt is harmless, breaking a command is not.
     fn is_command(&self, session: &Session, name: &str) -> bool {
         self.builtins.contains(&name)
             || self.initial_commands.contains(name)
-            || session.commands.as_ref().is_some_and(|c| c.contains(name))
+            || session.commands.as_ref().is_none_or(|c| c.contains(name))
     }
 
     fn session_setup(&mut self, frame: Frame, cx: &mut Cx) {

@@ -19,7 +19,8 @@ use crate::layer::{Event, Exits, Stack};
 use crate::lines::{self, Line};
 use crate::trace::{Dir, Trace};
 
-/// Frames buffered per direction before the loop stops reading that direction's source.
+/// Frames queued per direction before the loop stops reading that direction's source. With the
+/// channels on either side this bounds what the shim holds: a slow peer applies backpressure.
 const HIGH_WATER: usize = 64;
 /// How long to wait for the child's last output once it has exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
@@ -36,27 +37,122 @@ pub struct Options {
     pub trace: Option<Trace>,
 }
 
-fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(r: R, max: usize) -> mpsc::Receiver<std::io::Result<Input>> {
-    let (tx, rx) = mpsc::channel(HIGH_WATER);
+fn to_input(line: Line) -> Input {
+    match line {
+        Line::Text(bytes) => match Frame::parse_line(bytes) {
+            Ok(frame) => Input::Frame(frame),
+            Err((line, err)) => Input::Invalid { line, err },
+        },
+        Line::TooLong { head, len } => Input::TooLong { head, len },
+    }
+}
+
+/// What a reader hands the relay loop: every frame it could read without waiting, or why it stopped.
+type Inputs = std::io::Result<Vec<Input>>;
+
+/// Most frames, and about the most bytes, in one batch.
+const BATCH: usize = 256;
+const BATCH_BYTES: usize = 1 << 20;
+/// Batches waiting in a channel between a reader or writer and the loop.
+const CHANNEL: usize = 4;
+
+/// Reads and parses frames on a task: parsing runs beside the relay loop, not in it. Frames already
+/// buffered go as one batch, so a burst costs one wake-up of the loop rather than one per frame.
+fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(r: R, max: usize) -> mpsc::Receiver<Inputs> {
+    let (tx, rx) = mpsc::channel(CHANNEL);
     tokio::spawn(async move {
         let mut r = BufReader::with_capacity(64 * 1024, r);
+        let mut split = lines::Splitter::new(max);
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
         loop {
-            let item = match lines::read_line(&mut r, max).await {
-                Ok(None) => break,
-                Ok(Some(Line::Text(bytes))) => Ok(match Frame::parse_line(bytes) {
-                    Ok(frame) => Input::Frame(frame),
-                    Err((line, err)) => Input::Invalid { line, err },
-                }),
-                Ok(Some(Line::TooLong { head, len })) => Ok(Input::TooLong { head, len }),
-                Err(e) => Err(e),
+            let (item, stop) = match lines::read_line(&mut r, &mut split).await {
+                Ok(Some(line)) => {
+                    batch_bytes += line.len();
+                    batch.push(to_input(line));
+                    if batch.len() < BATCH && batch_bytes < BATCH_BYTES && lines::has_line(r.buffer()) {
+                        continue;
+                    }
+                    batch_bytes = 0;
+                    (Ok(std::mem::take(&mut batch)), false)
+                }
+                Ok(None) => (Ok(std::mem::take(&mut batch)), true),
+                Err(e) => (Err(e), true),
             };
-            let stop = item.is_err();
-            if tx.send(item).await.is_err() || stop {
+            let empty = matches!(&item, Ok(b) if b.is_empty());
+            if (!empty && tx.send(item).await.is_err()) || stop {
                 break;
             }
         }
     });
     rx
+}
+
+/// The client's side of the relay: frames read from it, frames to write to it, and a signal once
+/// everything handed to the writer has been written (or the client stopped reading).
+struct ClientIo {
+    input: mpsc::Receiver<Inputs>,
+    output: mpsc::Sender<lines::Batch>,
+    written: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// The shim's own stdin and stdout, each on a thread of its own with blocking I/O: tokio's stdio
+/// hands every read and write to its blocking pool, which costs more than the relay itself.
+fn stdio(max: usize) -> std::io::Result<ClientIo> {
+    use std::os::fd::AsFd;
+    let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+    let (in_tx, input) = mpsc::channel(CHANNEL);
+    std::thread::Builder::new().name("stdin".into()).spawn(move || {
+        let mut r = std::io::BufReader::with_capacity(64 * 1024, stdin);
+        let mut split = lines::Splitter::new(max);
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
+        loop {
+            let (item, stop) = match lines::read_line_blocking(&mut r, &mut split) {
+                Ok(Some(line)) => {
+                    batch_bytes += line.len();
+                    batch.push(to_input(line));
+                    if batch.len() < BATCH && batch_bytes < BATCH_BYTES && lines::has_line(r.buffer()) {
+                        continue;
+                    }
+                    batch_bytes = 0;
+                    (Ok(std::mem::take(&mut batch)), false)
+                }
+                Ok(None) => (Ok(std::mem::take(&mut batch)), true),
+                Err(e) => (Err(e), true),
+            };
+            let empty = matches!(&item, Ok(b) if b.is_empty());
+            if (!empty && in_tx.blocking_send(item).is_err()) || stop {
+                break;
+            }
+        }
+    })?;
+    let (output, out_rx) = mpsc::channel(CHANNEL);
+    let (done, written) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("stdout".into()).spawn(move || {
+        if let Err(e) = lines::write_frames_blocking(stdout, out_rx) {
+            tracing::debug!("stdout closed: {e}");
+        }
+        let _ = done.send(());
+    })?;
+    Ok(ClientIo { input, output, written })
+}
+
+/// A client on any byte streams, with tasks doing the I/O.
+fn streams<R, W>(reader: R, writer: W, max: usize) -> ClientIo
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let input = spawn_reader(reader, max);
+    let (output, out_rx) = mpsc::channel(CHANNEL);
+    let (done, written) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = lines::write_frames(writer, out_rx).await;
+        let _ = done.send(());
+    });
+    ClientIo { input, output, written }
 }
 
 /// The state of stopping the child after the client went away (or a signal came).
@@ -204,7 +300,15 @@ impl Loop {
 
 /// Runs the relay until the session ends; returns the exit code for the shim.
 pub async fn run(stack: Stack, agent: Agent, events: mpsc::UnboundedReceiver<(usize, Event)>, options: Options) -> i32 {
-    run_io(stack, agent, events, options, tokio::io::stdin(), tokio::io::stdout(), true).await
+    let client = match stdio(options.max_line) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!("cannot set up stdin/stdout: {e}");
+            agent.group().signal(Signal::SIGKILL);
+            return 1;
+        }
+    };
+    run_io(stack, agent, events, options, client, true).await
 }
 
 /// Like [`run`], with the client on the given byte streams instead of stdin/stdout: an in-process client
@@ -222,29 +326,23 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    run_io(stack, agent, events, options, client_reader, client_writer, false).await
+    let client = streams(client_reader, client_writer, options.max_line);
+    run_io(stack, agent, events, options, client, false).await
 }
 
-async fn run_io<R, W>(
+async fn run_io(
     stack: Stack,
     mut agent: Agent,
     events: mpsc::UnboundedReceiver<(usize, Event)>,
     options: Options,
-    client_reader: R,
-    client_writer: W,
+    client: ClientIo,
     handle_signals: bool,
-) -> i32
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
+) -> i32 {
     let mut events = events;
     let group = agent.group();
-    let mut client_in = spawn_reader(client_reader, options.max_line);
+    let ClientIo { input: mut client_in, output: client_tx, written: client_written } = client;
     let mut agent_in = spawn_reader(agent.stdout, options.max_line);
-    let (client_tx, client_rx) = mpsc::channel::<Vec<u8>>(HIGH_WATER);
-    let client_writer = tokio::spawn(lines::write_frames(client_writer, client_rx));
-    let (agent_tx, agent_rx) = mpsc::channel::<Vec<u8>>(HIGH_WATER);
+    let (agent_tx, agent_rx) = mpsc::channel::<lines::Batch>(CHANNEL);
     tokio::spawn(lines::write_frames(agent.stdin, agent_rx));
     let mut agent_tx = Some(agent_tx);
     let mut client_tx = Some(client_tx);
@@ -294,7 +392,7 @@ where
         tokio::select! {
             biased;
             permit = reserve(&client_tx), if !st.to_client.is_empty() => match permit {
-                Some(p) => p.send(st.to_client.pop_front().map(Frame::into_bytes).unwrap_or_default()),
+                Some(p) => p.send(take_batch(&mut st.to_client)),
                 None => {
                     // Nobody reads our stdout any more: nothing we write can arrive. Treat as the client leaving.
                     tracing::debug!("client stopped reading; shutting down");
@@ -304,7 +402,7 @@ where
                 }
             },
             permit = reserve(&agent_tx), if !st.to_agent.is_empty() => match permit {
-                Some(p) => p.send(st.to_agent.pop_front().map(Frame::into_bytes).unwrap_or_default()),
+                Some(p) => p.send(take_batch(&mut st.to_agent)),
                 None => {
                     st.to_agent.clear();
                     agent_gone = true;
@@ -317,7 +415,7 @@ where
                 st.event(layer, event);
             }
             input = client_in.recv(), if client_open && st.to_agent.len() < HIGH_WATER && st.to_client.len() < HIGH_WATER => match input {
-                Some(Ok(input)) => st.from_client(input),
+                Some(Ok(batch)) => batch.into_iter().for_each(|input| st.from_client(input)),
                 Some(Err(e)) => {
                     tracing::warn!("cannot read stdin: {e}");
                     client_open = false;
@@ -325,7 +423,7 @@ where
                 None => client_open = false,
             },
             input = agent_in.recv(), if agent_open && st.to_client.len() < HIGH_WATER => match input {
-                Some(Ok(input)) => st.from_agent(input),
+                Some(Ok(batch)) => batch.into_iter().for_each(|input| st.from_agent(input)),
                 Some(Err(e)) => {
                     tracing::warn!("cannot read the agent's stdout: {e}");
                     agent_open = false;
@@ -381,14 +479,14 @@ where
     tracing::info!("agent exited with status {}", child::describe(status));
     // Hand everything left to the client's writer and let it flush.
     if let Some(tx) = client_tx.take() {
-        while let Some(f) = st.to_client.pop_front() {
-            if tx.send(f.into_bytes()).await.is_err() {
+        while !st.to_client.is_empty() {
+            if tx.send(take_batch(&mut st.to_client)).await.is_err() {
                 break;
             }
         }
     }
     // A client that stopped reading must not keep the shim alive.
-    let _ = tokio::time::timeout(Duration::from_secs(5), client_writer).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), client_written).await;
     child::exit_code(status)
 }
 
@@ -407,7 +505,21 @@ async fn recv_signal(sig: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-async fn reserve(tx: &Option<mpsc::Sender<Vec<u8>>>) -> Option<mpsc::Permit<'_, Vec<u8>>> {
+/// Up to [`BATCH`] frames from the front of a queue, for one writer hand-off.
+fn take_batch(queue: &mut VecDeque<Frame>) -> lines::Batch {
+    let mut bytes = 0;
+    let mut batch = Vec::new();
+    while let Some(f) = queue.pop_front() {
+        bytes += f.bytes().len();
+        batch.push(f.into_bytes());
+        if batch.len() == BATCH || bytes >= BATCH_BYTES {
+            break;
+        }
+    }
+    batch
+}
+
+async fn reserve(tx: &Option<mpsc::Sender<lines::Batch>>) -> Option<mpsc::Permit<'_, lines::Batch>> {
     tx.as_ref()?.reserve().await.ok()
 }
 

@@ -206,3 +206,15 @@ fn a_child_that_declares_system_prompt_gets_it_untouched() {
     let (_, before) = s.request(2, "session/prompt", prompt_params(&sid, "hi"));
     assert_eq!(received_prompt(&before), json!([{"type": "text", "text": "hi"}]));
 }
+
+#[test]
+fn slash_command_before_the_command_list_arrives_defers_too() {
+    let mut s = with_test_agent("opencode").env("TEST_AGENT_NO_COMMANDS", "1").start();
+    init(&mut s);
+    let (new, _) = s.request(1, "session/new", new_session_params(INSTRUCTION));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let (_, before) = s.request(2, "session/prompt", prompt_params(&sid, "/anything at all"));
+    assert_eq!(received_prompt(&before), json!([{"type": "text", "text": "/anything at all"}]));
+    let (_, before) = s.request(3, "session/prompt", prompt_params(&sid, "plain"));
+    assert_eq!(received_prompt(&before)[0]["text"], wrapped());
+}

@@ -212,6 +212,6 @@ pub fn received_prompt(before: &[Value]) -> Value {
         .rev()
         .find(|v| v.pointer("/params/update/sessionUpdate").and_then(Value::as_str) == Some("agent_message_chunk"))
         .expect("the agent reported the prompt it received");
-    serde_json::from_str(chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text"))
-        .expect("json")
+    let report = chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text");
+    serde_json::from_str(&report.replace("&lt;", "<")).expect("json")
 }
