@@ -188,10 +188,19 @@ pub fn parse_records(text: &str) -> Result<Vec<Record>, String> {
     Ok(out)
 }
 
-/// Loads a fixture folder (its `trace.jsonl`) or a trace/fixture file.
+/// The session-file log that may sit beside `trace.jsonl` (merged by time when the folder is loaded).
+pub const FILES_FILE: &str = "files.jsonl";
+
+/// Loads a fixture folder (its `trace.jsonl`, merged with a `files.jsonl` beside it) or a trace/fixture file.
 pub fn load(path: &Path) -> Result<Vec<Record>, String> {
     let file = if path.is_dir() { path.join(TRACE_FILE) } else { path.to_path_buf() };
     let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let files = file.with_file_name(FILES_FILE);
+    if path.is_dir() && files.is_file() {
+        let log = std::fs::read_to_string(&files).map_err(|e| format!("cannot read {}: {e}", files.display()))?;
+        // Merging needs the trace's absolute `ts`; the records are normalised already.
+        return record(&text, Some(&log), &Normaliser::default()).map_err(|e| format!("{}: {e}", path.display()));
+    }
     parse_records(&text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
@@ -905,6 +914,10 @@ fn shim_pid(text: &str) -> String {
 #[derive(Deserialize)]
 struct FileLogLine {
     ts: String,
+    /// `"open"`: state that existed before the agent frame whose handling read it (a session folder found
+    /// when its `session/new` answer arrived); goes before the last `agent->shim` record at or before `ts`.
+    #[serde(default)]
+    at: Option<String>,
     #[serde(flatten)]
     op: FileOp,
 }
@@ -923,7 +936,7 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
         })
         .collect();
     let trace_records = parse_records(trace)?;
-    let mut file_records: Vec<(SystemTime, Record)> = Vec::new();
+    let mut file_records: Vec<(SystemTime, bool, Record)> = Vec::new();
     for (i, line) in files.unwrap_or_default().lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -936,22 +949,37 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
             continue;
         }
         let r = Record { edge: Edge::AgentToFile, t: None, shim: false, body: Body::File(f.op), lineno: 0 };
-        file_records.push((ts, r));
+        file_records.push((ts, f.at.as_deref() == Some("open"), r));
+    }
+    if stamps.len() != trace_records.len() || (!file_records.is_empty() && stamps.iter().any(Option::is_none)) {
+        return Err("merging a file log needs the trace's \"ts\" on every record (a raw --trace-file)".into());
     }
     // Stable: writes of the same instant keep the log's order.
-    file_records.sort_by_key(|(ts, _)| *ts);
-    // Trace records keep their order; a file write goes after every trace record with the same or an earlier ts.
+    file_records.sort_by_key(|(ts, _, _)| *ts);
+    // Trace records keep their order; a file write goes after every trace record with the same or an earlier
+    // ts, an "open" one just before the last agent frame among those.
     let mut timed: Vec<(Option<SystemTime>, Record)> = Vec::new();
     let mut pending = file_records.into_iter().peekable();
+    let place = |timed: &mut Vec<(Option<SystemTime>, Record)>, fts: SystemTime, open: bool, f: Record| {
+        let at = open
+            .then(|| timed.iter().rposition(|(ts, r)| r.edge == Edge::AgentToShim && ts.is_some_and(|t| t <= fts)))
+            .flatten();
+        match at {
+            Some(i) => timed.insert(i, (Some(fts), f)),
+            None => timed.push((Some(fts), f)),
+        }
+    };
     for (r, ts) in trace_records.into_iter().zip(stamps) {
         if let Some(ts) = ts {
-            while let Some((fts, f)) = pending.next_if(|(fts, _)| *fts < ts) {
-                timed.push((Some(fts), f));
+            while let Some((fts, open, f)) = pending.next_if(|(fts, _, _)| *fts < ts) {
+                place(&mut timed, fts, open, f);
             }
         }
         timed.push((ts, r));
     }
-    timed.extend(pending.map(|(ts, f)| (Some(ts), f)));
+    for (fts, open, f) in pending {
+        place(&mut timed, fts, open, f);
+    }
     let start = timed.iter().filter_map(|x| x.0).min();
     let mut out: Vec<Record> = Vec::new();
     for (ts, mut r) in timed {
@@ -1377,6 +1405,26 @@ mod tests {
         // Rendered and parsed back, the records are the same.
         let again = parse_records(&render(&out)).unwrap();
         assert_eq!(again, out);
+    }
+
+    #[test]
+    fn state_read_when_a_session_opened_goes_before_the_frame_that_opened_it() {
+        let trace = concat!(
+            r#"{"ts":"2026-01-01T00:00:00.000Z","dir":"agent->shim","frame":{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}}"#,
+            "\n",
+            r#"{"ts":"2026-01-01T00:00:00.000Z","dir":"shim->client","frame":{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}}"#,
+            "\n",
+        );
+        let files = concat!(
+            r#"{"ts":"2026-01-01T00:00:00.000400Z","at":"open","op":"append","path":"{{KIMI_CODE_HOME}}/w","data":"h\n"}"#,
+            "\n",
+            r#"{"ts":"2026-01-01T00:00:00.000500Z","op":"append","path":"{{KIMI_CODE_HOME}}/w","data":"x\n"}"#,
+        );
+        let out = record(trace, Some(files), &Normaliser::default()).unwrap();
+        let edges: Vec<Edge> = out.iter().map(|r| r.edge).collect();
+        assert_eq!(edges, vec![Edge::AgentToFile, Edge::AgentToShim, Edge::ShimToClient, Edge::AgentToFile]);
+        let fixture = concat!(r#"{"t":0,"dir":"agent->shim","line":"x"}"#, "\n");
+        assert!(record(fixture, Some(files), &Normaliser::default()).unwrap_err().contains("needs the trace's"));
     }
 
     #[test]

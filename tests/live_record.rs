@@ -53,6 +53,11 @@ fn command(agent: &str) -> &'static str {
     }
 }
 
+/// The Codex CLI binary that codex-acp runs, from the pinned install.
+fn codex_binary() -> PathBuf {
+    live::live_root().join("codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
+}
+
 /// The pinned package (as in `scripts/install-clis`), for `meta.json`.
 fn pinned(agent: &str) -> &'static str {
     match agent {
@@ -75,7 +80,11 @@ struct Run {
 
 impl Run {
     fn start(lc: &live::LiveCommand, agent: &str, trace: &Path) -> Run {
-        let cmd = lc.shim_command(&replay_support::shim_binary(agent));
+        let mut cmd = lc.shim_command(&replay_support::shim_binary(agent));
+        if agent == "codex" {
+            // coda-codex learns Codex's version from `$CODEX_PATH -V` (the replays use fixtures/codex/codex-cli).
+            cmd.env("CODEX_PATH", codex_binary());
+        }
         let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
         Run { shim, next_id: 0 }
     }
