@@ -1091,8 +1091,12 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         bindings.set(name, path(dir));
     }
-    let player = shell_words::join([path(opts.player.clone()), "play".into(), path(fixture.to_path_buf())]);
-    let mut cmd = Command::new(&opts.shim);
+    let player = std::fs::canonicalize(&opts.player).map_err(|e| format!("{}: {e}", opts.player.display()))?;
+    let fixture_abs = std::fs::canonicalize(fixture).map_err(|e| format!("{}: {e}", fixture.display()))?;
+    let player = shell_words::join([path(player), "play".into(), path(fixture_abs)]);
+    // The shim runs in the temp work dir: a relative path would no longer name it.
+    let shim = std::fs::canonicalize(&opts.shim).map_err(|e| format!("{}: {e}", opts.shim.display()))?;
+    let mut cmd = Command::new(&shim);
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", bindings.get("HOME").unwrap_or_default())

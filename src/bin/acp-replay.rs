@@ -21,9 +21,11 @@ Usage:
       Normalise a --trace-file recording into FIXTURE-DIR/trace.jsonl. --root is the live run's temp dir
       (HOME = DIR/home, cwd = DIR/work, TMPDIR = DIR/tmp); --files merges a session-file log.
 
-  acp-replay check <FIXTURE> --shim <coda-BINARY> [--agent NAME] [--timeout SECS]
+  acp-replay check <FIXTURE> --shim <coda-BINARY> [--agent NAME] [--timeout SECS] [--env KEY=VALUE]...
       Run the shim with this player as its child, send the recorded client frames, compare what the
-      client receives with the recording (what `cargo test --test replay` does).
+      client receives with the recording (what `cargo test --test replay` does). The shim gets a clean
+      environment (PATH, HOME, TMPDIR, KIMI_CODE_HOME of a fresh temp dir) plus --env: coda-codex wants
+      --env CODEX_PATH=fixtures/codex/codex-cli for the recorded Codex version.
 ";
 
 fn main() {
@@ -264,12 +266,18 @@ fn record(args: &[String]) -> Result<(), String> {
 
 fn check(args: &[String]) -> Result<(), String> {
     let (mut fixture, mut shim, mut agent) = (None, None, None);
+    let mut env = Vec::new();
     let mut timeout = Duration::from_secs(20);
     let mut i = 0;
     while i < args.len() {
         match args[i].as_str() {
             "--shim" => shim = Some(PathBuf::from(value(args, &mut i, "--shim")?)),
             "--agent" => agent = Some(value(args, &mut i, "--agent")?),
+            "--env" => {
+                let v = value(args, &mut i, "--env")?;
+                let (k, val) = v.split_once('=').ok_or_else(|| format!("--env {v:?}: expected KEY=VALUE"))?;
+                env.push((k.to_owned(), val.to_owned()));
+            }
             "--timeout" => {
                 let v = value(args, &mut i, "--timeout")?;
                 timeout = Duration::from_secs_f64(v.parse().map_err(|_| format!("--timeout {v:?} is not a number"))?);
@@ -290,7 +298,7 @@ fn check(args: &[String]) -> Result<(), String> {
         .ok_or("cannot tell which agent this is; give --agent")?;
     let player = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let fixture = std::fs::canonicalize(&fixture).map_err(|e| format!("{}: {e}", fixture.display()))?;
-    let opts = CheckOptions { shim, player, agent, timeout, env: Vec::new() };
+    let opts = CheckOptions { shim, player, agent, timeout, env };
     let report = replay::check(&fixture, &opts)?;
     eprintln!(
         "acp-replay: {}: ok ({} client frames sent, {} received, {:?})",
