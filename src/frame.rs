@@ -6,19 +6,23 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use compact_str::CompactString;
 use serde::de::{Deserialize, Deserializer, IgnoredAny};
 use serde_json::Value;
 use serde_json::value::RawValue;
+
+/// A method name. Names are short, so they live inline: no allocation per frame.
+pub type Method = CompactString;
 
 /// What kind of JSON-RPC message a frame is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     Request {
         id: Id,
-        method: String,
+        method: Method,
     },
     Notification {
-        method: String,
+        method: Method,
     },
     Response {
         id: Id,
@@ -29,20 +33,20 @@ pub enum Kind {
 
 /// A JSON-RPC id, kept as its JSON text: number, string or null, opaque to the shim.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Id(Box<str>);
+pub struct Id(CompactString);
 
 impl Id {
     pub fn from_json(text: &str) -> Id {
-        Id(text.trim().into())
+        Id(CompactString::from(text.trim()))
     }
 
     /// A string id (used for the shim's own requests).
     pub fn string(s: &str) -> Id {
-        Id(Value::from(s).to_string().into())
+        Id(CompactString::from(Value::from(s).to_string()))
     }
 
     pub fn null() -> Id {
-        Id("null".into())
+        Id(CompactString::const_new("null"))
     }
 
     /// The id as JSON text, ready to be spliced into a frame.
@@ -107,7 +111,7 @@ impl Frame {
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                Frame { bytes, kind: Kind::Notification { method: String::new() }, shim: true }
+                Frame { bytes, kind: Kind::Notification { method: Method::default() }, shim: true }
             }
         }
     }
@@ -158,10 +162,33 @@ impl Frame {
         serde_json::from_slice(&self.bytes).ok()
     }
 
-    /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing).
+    /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing). On the per-frame
+    /// path prefer a [`Needle`], whose searcher is built once.
     pub fn contains(&self, needle: &[u8]) -> bool {
         memchr::memmem::find(&self.bytes, needle).is_some()
     }
+
+    /// Whether the raw bytes contain the needle.
+    pub fn has(&self, needle: &Needle) -> bool {
+        needle.0.find(&self.bytes).is_some()
+    }
+}
+
+/// A byte string searched for in every frame: its SIMD searcher is built once, not per search.
+pub struct Needle(std::sync::LazyLock<memchr::memmem::Finder<'static>>);
+
+impl Needle {
+    pub const fn new(build: fn() -> memchr::memmem::Finder<'static>) -> Needle {
+        Needle(std::sync::LazyLock::new(build))
+    }
+}
+
+/// `static N: Needle = needle!(b"...");`
+#[macro_export]
+macro_rules! needle {
+    ($bytes:expr) => {
+        $crate::frame::Needle::new(|| ::memchr::memmem::Finder::new($bytes))
+    };
 }
 
 /// Builds a JSON-RPC error response.
@@ -237,8 +264,8 @@ fn classify(bytes: &[u8]) -> Result<Kind, Invalid> {
         }
     }
     match (env.method, id, env.result.0.is_some() || env.error.0.is_some()) {
-        (Some(method), Some(id), false) => Ok(Kind::Request { id, method: method.into_owned() }),
-        (Some(method), None, false) => Ok(Kind::Notification { method: method.into_owned() }),
+        (Some(method), Some(id), false) => Ok(Kind::Request { id, method: Method::from(method) }),
+        (Some(method), None, false) => Ok(Kind::Notification { method: Method::from(method) }),
         (None, Some(id), true) => Ok(Kind::Response { id }),
         (_, id, _) => Err(invalid("neither a request, a notification nor a response", id)),
     }

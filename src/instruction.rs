@@ -7,14 +7,15 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
-use crate::frame::{self, Frame, Id, Kind};
+use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Layer};
 
 /// Opening and closing marker lines around the injected block.
 pub const OPEN: &str = "<coda-session-instruction>";
 pub const CLOSE: &str = "</coda-session-instruction>";
 /// A part of the marker that no JSON encoder escapes, for a cheap byte search.
-const TOKEN: &[u8] = b"coda-session-instruction";
+static TOKEN: Needle = crate::needle!(b"coda-session-instruction");
+static COMMANDS_UPDATE: Needle = crate::needle!(b"available_commands_update");
 /// Most text one instruction may carry.
 pub const MAX_BYTES: usize = 256 * 1024;
 
@@ -331,14 +332,12 @@ impl Layer for Instruction {
                     }
                 }
             }
-            Kind::Notification { method }
-                if method == "session/update" && frame.contains(b"available_commands_update") =>
-            {
+            Kind::Notification { method } if method == "session/update" && frame.has(&COMMANDS_UPDATE) => {
                 self.commands_update(&frame);
             }
             _ => {}
         }
-        if frame.contains(TOKEN)
+        if frame.has(&TOKEN)
             && let Some(mut value) = frame.value()
             && strip_value(&mut value)
         {

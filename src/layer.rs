@@ -70,6 +70,8 @@ pub struct Stack {
     own: HashMap<Id, (usize, u64)>,
     own_prefix: String,
     next_own: u64,
+    /// Emptied output buffers, reused.
+    spare: Vec<Vec<Out>>,
 }
 
 /// Where frames leave the stack.
@@ -81,7 +83,13 @@ pub struct Exits {
 
 impl Stack {
     pub fn new(layers: Vec<Box<dyn Layer>>) -> Stack {
-        Stack { layers, own: HashMap::new(), own_prefix: format!("coda-shim-{}-", std::process::id()), next_own: 0 }
+        Stack {
+            layers,
+            own: HashMap::new(),
+            own_prefix: format!("coda-shim-{}-", std::process::id()),
+            next_own: 0,
+            spare: Vec::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -102,7 +110,7 @@ impl Stack {
         if let Kind::Response { id } = frame.kind()
             && let Some((layer, tag)) = self.own.remove(id)
         {
-            let mut cx = Cx::default();
+            let mut cx = self.cx();
             self.layers[layer].on_reply(tag, frame, &mut cx);
             self.emit(layer, cx, exits);
             return;
@@ -112,11 +120,11 @@ impl Stack {
 
     /// An event for layer `layer`.
     pub fn event(&mut self, layer: usize, event: Event, exits: &mut Exits) {
-        let Some(l) = self.layers.get_mut(layer) else {
+        if layer >= self.layers.len() {
             return;
-        };
-        let mut cx = Cx::default();
-        l.on_event(event, &mut cx);
+        }
+        let mut cx = self.cx();
+        self.layers[layer].on_event(event, &mut cx);
         self.emit(layer, cx, exits);
     }
 
@@ -127,14 +135,12 @@ impl Stack {
 
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
-        match self.layers.get_mut(from) {
-            None => exits.to_agent.push(frame),
-            Some(layer) => {
-                let mut cx = Cx::default();
-                layer.from_client(frame, &mut cx);
-                self.emit(from, cx, exits);
-            }
+        if from == self.layers.len() {
+            return exits.to_agent.push(frame);
         }
+        let mut cx = self.cx();
+        self.layers[from].from_client(frame, &mut cx);
+        self.emit(from, cx, exits);
     }
 
     /// Sends `frame` through layers `..below` (nearest first) towards the client.
@@ -142,15 +148,21 @@ impl Stack {
         match below.checked_sub(1) {
             None => exits.to_client.push(frame),
             Some(at) => {
-                let mut cx = Cx::default();
+                let mut cx = self.cx();
                 self.layers[at].from_agent(frame, &mut cx);
                 self.emit(at, cx, exits);
             }
         }
     }
 
+    /// A context whose buffer comes from the pool: no allocation per frame and layer.
+    fn cx(&mut self) -> Cx {
+        Cx { out: self.spare.pop().unwrap_or_default() }
+    }
+
     fn emit(&mut self, at: usize, cx: Cx, exits: &mut Exits) {
-        for out in cx.out {
+        let mut outs = cx.out;
+        for out in outs.drain(..) {
             match out {
                 Out::ToAgent(frame) => self.down(at + 1, frame, exits),
                 Out::ToClient(frame) => self.up(at, frame, exits),
@@ -165,6 +177,7 @@ impl Stack {
                 }
             }
         }
+        self.spare.push(outs);
     }
 }
 

@@ -2,7 +2,7 @@
 //! order. Small reader and writer tasks do the I/O, joined by bounded channels, so a slow peer applies
 //! backpressure instead of growing memory, and the two directions never wait on each other.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -170,29 +170,31 @@ struct Loop {
     trace: Option<Trace>,
     to_client: VecDeque<Frame>,
     to_agent: VecDeque<Frame>,
-    /// Client requests the agent has not answered yet.
-    in_flight: HashSet<Id>,
-    /// A copy of each in-flight request's id in arrival order, for answering them in order on exit.
-    in_flight_order: Vec<Id>,
+    /// Client requests the agent has not answered yet, with their order of arrival.
+    in_flight: HashMap<Id, u64>,
+    next_seq: u64,
+    /// Reused between inputs, so routing a frame allocates nothing.
+    exits: Exits,
 }
 
 impl Loop {
-    fn route(&mut self, exits: Exits) {
-        for f in exits.to_agent {
+    fn route(&mut self, mut exits: Exits) {
+        for f in exits.to_agent.drain(..) {
             if let Kind::Request { id, .. } = f.kind()
                 && !self.stack.is_own(id)
-                && self.in_flight.insert(id.clone())
             {
-                self.in_flight_order.push(id.clone());
+                self.next_seq += 1;
+                self.in_flight.insert(id.clone(), self.next_seq);
             }
             if let Some(t) = &mut self.trace {
                 t.frame(Dir::ShimToAgent, f.bytes(), f.is_shim());
             }
             self.to_agent.push_back(f);
         }
-        for f in exits.to_client {
+        for f in exits.to_client.drain(..) {
             self.send_client(f);
         }
+        self.exits = exits;
     }
 
     fn send_client(&mut self, f: Frame) {
@@ -203,7 +205,7 @@ impl Loop {
     }
 
     fn from_client(&mut self, input: Input) {
-        let mut exits = Exits::default();
+        let mut exits = std::mem::take(&mut self.exits);
         match input {
             Input::Frame(f) => {
                 if let Some(t) = &mut self.trace {
@@ -232,16 +234,14 @@ impl Loop {
     }
 
     fn from_agent(&mut self, input: Input) {
-        let mut exits = Exits::default();
+        let mut exits = std::mem::take(&mut self.exits);
         match input {
             Input::Frame(f) => {
                 if let Some(t) = &mut self.trace {
                     t.frame(Dir::AgentToShim, f.bytes(), false);
                 }
-                if let Kind::Response { id } = f.kind()
-                    && self.in_flight.remove(id)
-                {
-                    self.in_flight_order.retain(|i| i != id);
+                if let Kind::Response { id } = f.kind() {
+                    self.in_flight.remove(id);
                 }
                 self.stack.from_agent(f, &mut exits);
             }
@@ -267,8 +267,7 @@ impl Loop {
                         }
                         self.to_agent.push_back(f);
                     }
-                    (Some(id), false) if self.in_flight.remove(&id) => {
-                        self.in_flight_order.retain(|i| i != &id);
+                    (Some(id), false) if self.in_flight.remove(&id).is_some() => {
                         let msg = format!("the agent's answer was dropped: {msg}");
                         self.stack.from_agent(frame::error_response(&id, -32603, &msg, None), &mut exits);
                     }
@@ -280,7 +279,7 @@ impl Loop {
     }
 
     fn event(&mut self, layer: usize, event: Event) {
-        let mut exits = Exits::default();
+        let mut exits = std::mem::take(&mut self.exits);
         self.stack.event(layer, event, &mut exits);
         self.route(exits);
     }
@@ -289,9 +288,10 @@ impl Loop {
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
-        for id in std::mem::take(&mut self.in_flight_order) {
-            self.in_flight.remove(&id);
-            let mut exits = Exits::default();
+        let mut owed: Vec<(Id, u64)> = self.in_flight.drain().collect();
+        owed.sort_by_key(|(_, seq)| *seq);
+        for (id, _) in owed {
+            let mut exits = std::mem::take(&mut self.exits);
             self.stack.from_agent(frame::error_response(&id, -32603, &message, Some(data.clone())), &mut exits);
             self.route(exits);
         }
@@ -364,8 +364,9 @@ async fn run_io(
         trace: options.trace,
         to_client: VecDeque::new(),
         to_agent: VecDeque::new(),
-        in_flight: HashSet::new(),
-        in_flight_order: Vec::new(),
+        in_flight: HashMap::new(),
+        next_seq: 0,
+        exits: Exits::default(),
     };
     let mut client_open = true;
     let mut agent_open = true;
@@ -473,7 +474,7 @@ async fn run_io(
 
     let status = exited.unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(1 << 8));
     let _ = tokio::time::timeout(Duration::from_millis(500), agent.stderr_done).await;
-    if !st.in_flight_order.is_empty() {
+    if !st.in_flight.is_empty() {
         st.fail_in_flight(status, agent.stderr_tail.lines());
     }
     tracing::info!("agent exited with status {}", child::describe(status));

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use coda_shim::frame::{self, Frame, Id, Kind};
+use coda_shim::frame::{self, Frame, Id, Kind, Needle};
 use coda_shim::layer::{Cx, Event, Layer};
 use serde_json::{Map, Value, json};
 
@@ -18,6 +18,9 @@ use serde_json::{Map, Value, json};
 pub const AIR_CAPABILITIES: [&str; 3] = ["nativeSubagentSessions", "asyncTasks", "sessionFailure"];
 /// Where codex-acp puts a continued subagent's generation in its session id.
 const GENERATION: &str = ":generation:";
+static GENERATION_ID: Needle = coda_shim::needle!(GENERATION.as_bytes());
+static SUBAGENT_UPDATE: Needle = coda_shim::needle!(b"\"subagent_");
+static ASYNC_TASK_UPDATE: Needle = coda_shim::needle!(b"\"async_task_");
 /// Coda's limits on report fields (section `_coda/wait`), in characters.
 pub const MAX_WAIT_ID: usize = 200;
 pub const MAX_TITLE: usize = 500;
@@ -385,8 +388,8 @@ impl Air {
     }
 
     fn agent_message(&mut self, frame: Frame, cx: &mut Cx) {
-        let air = frame.contains(b"\"subagent_") || frame.contains(b"\"async_task_");
-        if !air && !frame.contains(GENERATION.as_bytes()) {
+        let air = frame.has(&SUBAGENT_UPDATE) || frame.has(&ASYNC_TASK_UPDATE);
+        if !air && !frame.has(&GENERATION_ID) {
             return cx.to_client(frame);
         }
         let Some(mut value) = frame.value() else { return cx.to_client(frame) };
