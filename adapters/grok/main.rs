@@ -1,4 +1,12 @@
-//! coda-grok: Grok Build (`grok agent --no-leader stdio`) with Coda's session instruction and agentInfo.
+//! coda-grok: Grok Build (`grok agent --no-leader stdio`) with Coda's session instruction, agentInfo, and
+//! Grok's background commands and subagents as `_coda/wait` (see `activity.rs`).
+//!
+//! The instruction is injected into the first prompt, not passed as Grok's native `session/new`
+//! `_meta.rules`: live on 1.0.41 a session made with `_meta.rules` keeps them through one `session/load` or
+//! `session/resume` in a fresh process, but loses them on the second (Grok folds `rules` into the system
+//! prompt only at creation), while an injected block stays in the history.
+
+mod activity;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,6 +63,7 @@ fn layers(setup: &mut Setup) {
     let probed = setup.version.clone();
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    setup.add(|_| Box::new(activity::GrokActivity::new()));
 }
 
 fn main() {

@@ -1,0 +1,694 @@
+//! Grok Build's background commands and subagents, from its own `_x.ai/*` messages, as Coda's `_coda/wait`
+//! (section "Agent 活动"). Grok's messages pass through untouched; the reports are added after them.
+//!
+//! What Grok 1.0.41 sends (seen live, shapes in the crate's tests):
+//! - `_x.ai/task_backgrounded` `{sessionId, update:{task_id, tool_call_id, command, description, output_file}}`
+//!   when `run_terminal_command` goes to the background -> a `task` wait, `waiting`.
+//! - `_x.ai/session_notification` `subagent_spawned` `{subagent_id, child_session_id, parent_session_id,
+//!   description, model, resumed_from?}` -> a `subagent` wait with `childSessionId`; the child's own
+//!   `session/update`s already carry the child session id.
+//! - `_x.ai/task_completed` `{task_snapshot:{task_id, exit_code, explicitly_killed, …}, will_wake}` and
+//!   `subagent_finished` `{subagent_id, status, will_wake}` end them. With `will_wake` Grok then runs a turn
+//!   of its own on the result (prompt id `task-completed-<id>` / `subagent-completed-<id>`): the wait is
+//!   `handling` from the first sign of that turn until its `turn_completed`, then final.
+//! - Stop: `_x.ai/task/kill {sessionId, taskId}` and `_x.ai/subagent/cancel {subagentId}`.
+//! - A subagent continued with `resume_from` gets a new child session from Grok; Coda keeps the first one
+//!   (rule 5), so the new one's frames are renamed to it both ways.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use coda_shim::frame::{self, Frame, Id, Kind};
+use coda_shim::layer::{Cx, Layer};
+use coda_shim::wait::{self, Register, State, Wait};
+use serde_json::{Value, json};
+
+const TASK_WAKE: &str = "task-completed-";
+const SUBAGENT_WAKE: &str = "subagent-completed-";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Item {
+    Task,
+    Subagent,
+}
+
+#[derive(Debug)]
+struct Activity {
+    /// The session Coda files it under.
+    session: String,
+    /// Grok's session that owns it (where `_x.ai/task/kill` goes).
+    grok_session: String,
+    /// The final state once Grok said it ended, while its wake turn runs.
+    ended: Option<State>,
+    open: bool,
+}
+
+#[derive(Default)]
+pub struct GrokActivity {
+    /// The client declared `_meta.coda.waits`.
+    waits: bool,
+    initialize: HashSet<Id>,
+    register: Register,
+    /// By (kind, Grok's id = waitId).
+    items: HashMap<(Item, String), Activity>,
+    /// Grok child session -> the child session Coda knows (itself, or the first of a resumed chain).
+    alias: HashMap<String, String>,
+    /// The child session Coda knows -> Grok's newest session behind it.
+    current: HashMap<String, String>,
+    /// Subagent id -> the child session Coda knows, for `resume_from`.
+    child_of: HashMap<String, String>,
+    /// `spawn_subagent` calls not linked to a subagent yet, per Grok session, oldest first.
+    spawn_calls: HashMap<String, VecDeque<String>>,
+    /// Subagent id -> the call whose result named it.
+    named_by: HashMap<String, String>,
+    /// `session/load` / `session/resume` in flight: replayed history is not activity.
+    loading: HashMap<Id, String>,
+    next_tag: u64,
+}
+
+fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// The id in a `subagent_id: <id>` line of `spawn_subagent`'s text result.
+fn named_subagent(text: &str) -> Option<&str> {
+    let rest = &text[text.find("subagent_id: ")? + "subagent_id: ".len()..];
+    let id = rest.split(|c: char| c.is_whitespace() || c == ',').next()?;
+    (!id.is_empty()).then_some(id)
+}
+
+impl GrokActivity {
+    pub fn new() -> GrokActivity {
+        GrokActivity::default()
+    }
+
+    fn visible(&self, grok_session: &str) -> String {
+        self.alias.get(grok_session).cloned().unwrap_or_else(|| grok_session.to_owned())
+    }
+
+    fn is_loading(&self, session: &str) -> bool {
+        self.loading.values().any(|s| s == session)
+    }
+
+    fn report(&mut self, wait: &Wait, cx: &mut Cx) {
+        if !self.waits {
+            return;
+        }
+        if let Some(f) = self.register.report(wait) {
+            cx.to_client(f);
+        }
+    }
+
+    fn set_state(&mut self, key: &(Item, String), state: State, cx: &mut Cx) {
+        let Some(a) = self.items.get_mut(key) else { return };
+        if !a.open {
+            return;
+        }
+        if state.is_terminal() {
+            a.open = false;
+        }
+        let wait = Wait::new(&a.session.clone(), &key.1, state);
+        self.report(&wait, cx);
+    }
+
+    /// Grok said the item ended; with a wake turn to come it is `handling` until that turn ends.
+    fn ended(&mut self, key: (Item, String), state: State, will_wake: bool, cx: &mut Cx) {
+        let Some(a) = self.items.get_mut(&key) else {
+            tracing::debug!(id = %key.1, "end of an activity that was never announced; ignored");
+            return;
+        };
+        if will_wake && a.open {
+            a.ended = Some(state);
+            self.set_state(&key, State::Handling, cx);
+        } else {
+            self.set_state(&key, state, cx);
+        }
+    }
+
+    fn wake_key(prompt_id: &str) -> Option<(Item, String)> {
+        if let Some(id) = prompt_id.strip_prefix(TASK_WAKE) {
+            return Some((Item::Task, id.to_owned()));
+        }
+        prompt_id.strip_prefix(SUBAGENT_WAKE).map(|id| (Item::Subagent, id.to_owned()))
+    }
+
+    fn task_backgrounded(&mut self, grok_session: &str, u: &Value, cx: &mut Cx) {
+        let Some(task) = str_at(u, "task_id") else {
+            tracing::warn!("_x.ai/task_backgrounded without task_id; not reported");
+            return;
+        };
+        self.open_task(grok_session, task, u, cx);
+    }
+
+    fn open_task(&mut self, grok_session: &str, task: &str, u: &Value, cx: &mut Cx) {
+        let key = (Item::Task, task.to_owned());
+        if self.items.contains_key(&key) {
+            return;
+        }
+        let session = self.visible(grok_session);
+        let mut w = Wait::new(&session, task, State::Waiting);
+        w.kind = Some("task".into());
+        let command = str_at(u, "command");
+        w.title = str_at(u, "description").or(command).map(str::to_owned);
+        w.detail = command.map(str::to_owned);
+        w.output_file = str_at(u, "output_file").map(str::to_owned);
+        w.tool_call_id = str_at(u, "tool_call_id").map(str::to_owned);
+        w.stoppable = Some(true);
+        let a = Activity { session, grok_session: grok_session.to_owned(), ended: None, open: true };
+        self.items.insert(key, a);
+        self.report(&w, cx);
+    }
+
+    fn subagent_spawned(&mut self, u: &Value, cx: &mut Cx) {
+        let (Some(id), Some(parent)) = (str_at(u, "subagent_id"), str_at(u, "parent_session_id")) else {
+            tracing::warn!("subagent_spawned without subagent_id or parent_session_id; not reported");
+            return;
+        };
+        let key = (Item::Subagent, id.to_owned());
+        if self.items.contains_key(&key) {
+            return;
+        }
+        let grok_child = str_at(u, "child_session_id").unwrap_or(id);
+        // A continued subagent is the same child for Coda (rule 5).
+        let child = str_at(u, "resumed_from")
+            .and_then(|from| self.child_of.get(from).cloned())
+            .unwrap_or_else(|| self.visible(grok_child));
+        if child != grok_child {
+            self.alias.insert(grok_child.to_owned(), child.clone());
+            self.current.insert(child.clone(), grok_child.to_owned());
+        }
+        self.child_of.insert(id.to_owned(), child.clone());
+        let calls = self.spawn_calls.entry(parent.to_owned()).or_default();
+        let call = match self.named_by.remove(id) {
+            Some(call) => {
+                calls.retain(|c| *c != call);
+                Some(call)
+            }
+            None => calls.pop_front(),
+        };
+        let session = self.visible(parent);
+        let mut w = Wait::new(&session, id, State::Waiting);
+        w.kind = Some("subagent".into());
+        w.title = str_at(u, "description").map(str::to_owned);
+        w.child_session_id = Some(child);
+        w.model = str_at(u, "model").map(str::to_owned);
+        w.tool_call_id = call;
+        w.stoppable = Some(true);
+        let a = Activity { session, grok_session: parent.to_owned(), ended: None, open: true };
+        self.items.insert(key, a);
+        self.report(&w, cx);
+    }
+
+    /// Learns which `spawn_subagent` call started which subagent.
+    fn tool_update(&mut self, grok_session: &str, u: &Value) {
+        let call = str_at(u, "toolCallId");
+        match u.get("sessionUpdate").and_then(Value::as_str) {
+            Some("tool_call") => {
+                let tool = u.pointer("/_meta/x.ai~1tool/name").and_then(Value::as_str);
+                if let (Some("spawn_subagent"), Some(call)) = (tool, call) {
+                    self.spawn_calls.entry(grok_session.to_owned()).or_default().push_back(call.to_owned());
+                }
+            }
+            Some("tool_call_update") => {
+                let Some(call) = call else { return };
+                let pending = self.spawn_calls.get(grok_session).is_some_and(|c| c.iter().any(|c| c == call));
+                if !pending {
+                    return;
+                }
+                let raw = u.get("rawOutput");
+                let named = raw
+                    .and_then(|r| str_at(r, "subagent_id"))
+                    .or_else(|| raw.and_then(|r| str_at(r, "text")).and_then(named_subagent));
+                if let Some(id) = named {
+                    self.named_by.insert(id.to_owned(), call.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn notification(&mut self, method: &str, grok_session: &str, u: &Value, cx: &mut Cx) {
+        match (method, u.get("sessionUpdate").and_then(Value::as_str)) {
+            ("_x.ai/task_backgrounded", _) => self.task_backgrounded(grok_session, u, cx),
+            ("_x.ai/task_completed", _) => {
+                let Some(snap) = u.get("task_snapshot") else { return };
+                let Some(task) = str_at(snap, "task_id") else { return };
+                let state = if snap.get("explicitly_killed").and_then(Value::as_bool) == Some(true) {
+                    State::Cancelled
+                } else if snap.get("exit_code").and_then(Value::as_i64) == Some(0) {
+                    State::Done
+                } else {
+                    State::Failed
+                };
+                let will_wake = u.get("will_wake").and_then(Value::as_bool) == Some(true);
+                self.ended((Item::Task, task.to_owned()), state, will_wake, cx);
+            }
+            ("_x.ai/session_notification", Some("background_tasks")) => {
+                // A running task this shim has not heard of (e.g. started by a tool other than the shell).
+                for t in u.get("tasks").and_then(Value::as_array).into_iter().flatten() {
+                    if let (Some(task), Some("running")) = (str_at(t, "task_id"), str_at(t, "status")) {
+                        self.open_task(grok_session, task, t, cx);
+                    }
+                }
+            }
+            ("_x.ai/session_notification", Some("subagent_spawned")) => self.subagent_spawned(u, cx),
+            ("_x.ai/session_notification", Some("subagent_finished")) => {
+                let Some(id) = str_at(u, "subagent_id") else { return };
+                let state = match str_at(u, "status") {
+                    Some("completed") => State::Done,
+                    Some("cancelled") => State::Cancelled,
+                    _ => State::Failed,
+                };
+                let will_wake = u.get("will_wake").and_then(Value::as_bool) == Some(true);
+                self.ended((Item::Subagent, id.to_owned()), state, will_wake, cx);
+            }
+            ("_x.ai/session_notification", Some("turn_completed")) => {
+                let Some(key) = str_at(u, "prompt_id").and_then(Self::wake_key) else { return };
+                let Some(a) = self.items.get(&key) else { return };
+                let state = a.ended.unwrap_or(State::Done);
+                self.set_state(&key, state, cx);
+            }
+            _ => {}
+        }
+    }
+
+    /// `_x.ai/queue/changed` naming a wake turn as running: Grok is working on that item's result.
+    fn queue_changed(&mut self, params: &Value, cx: &mut Cx) {
+        let Some(key) = str_at(params, "runningPromptId").and_then(Self::wake_key) else { return };
+        if self.items.get(&key).is_some_and(|a| a.open) {
+            self.set_state(&key, State::Handling, cx);
+        }
+    }
+
+    fn stop(&mut self, id: &Id, frame: &Frame, cx: &mut Cx) {
+        let params = frame.value().and_then(|v| v.get("params").cloned()).unwrap_or(Value::Null);
+        let (Some(session), Some(wait_id)) = (str_at(&params, "sessionId"), str_at(&params, "waitId")) else {
+            let msg = "Invalid params: _coda/wait/stop needs string sessionId and waitId";
+            return cx.to_client(frame::error_response(id, -32602, msg, None));
+        };
+        let found = [Item::Task, Item::Subagent]
+            .into_iter()
+            .map(|k| (k, wait_id.to_owned()))
+            .find(|k| self.items.get(k).is_some_and(|a| a.session == session));
+        let Some(key) = found else {
+            let msg = format!("Invalid params: no wait {wait_id:?} in session {session:?}");
+            return cx.to_client(frame::error_response(id, -32602, &msg, None));
+        };
+        let Some(a) = self.items.get(&key) else { return };
+        if a.open && a.ended.is_none() {
+            self.next_tag += 1;
+            match key.0 {
+                Item::Task => {
+                    cx.request("_x.ai/task/kill", json!({"sessionId": a.grok_session, "taskId": key.1}), self.next_tag)
+                }
+                Item::Subagent => cx.request("_x.ai/subagent/cancel", json!({"subagentId": key.1}), self.next_tag),
+            }
+        }
+        // Under way (or already over); the `cancelled` report follows from Grok's own messages.
+        cx.to_client(frame::result_response(id, json!({})));
+    }
+
+    /// Renames a continued subagent's Grok session to the one Coda knows, in `params.sessionId`.
+    fn rename(&self, frame: Frame, to_visible: bool) -> Frame {
+        if self.alias.is_empty() {
+            return frame;
+        }
+        let Some(mut v) = frame.value() else { return frame };
+        let Some(Value::String(sid)) = v.pointer_mut("/params/sessionId") else { return frame };
+        let renamed = if to_visible { self.alias.get(sid.as_str()) } else { self.current.get(sid.as_str()) }.cloned();
+        match renamed {
+            Some(new) => {
+                *sid = new;
+                Frame::from_value(&v)
+            }
+            None => frame,
+        }
+    }
+}
+
+impl Layer for GrokActivity {
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        if let Kind::Request { id, method } = frame.kind() {
+            match method.as_str() {
+                "initialize" => {
+                    self.waits = frame
+                        .value()
+                        .and_then(|v| v.get("params").cloned())
+                        .is_some_and(|p| wait::client_declares_waits(&p));
+                    self.initialize.insert(id.clone());
+                }
+                "session/load" | "session/resume" => {
+                    if let Some(sid) = frame.value().and_then(|v| v.pointer("/params/sessionId").cloned())
+                        && let Some(sid) = sid.as_str()
+                    {
+                        self.loading.insert(id.clone(), sid.to_owned());
+                    }
+                }
+                wait::STOP_METHOD => {
+                    let id = id.clone();
+                    return self.stop(&id, &frame, cx);
+                }
+                _ => {}
+            }
+        }
+        let frame = if matches!(frame.method(), Some("session/cancel" | "session/prompt")) {
+            self.rename(frame, false)
+        } else {
+            frame
+        };
+        cx.to_agent(frame)
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        match frame.kind().clone() {
+            Kind::Response { id } => {
+                self.loading.remove(&id);
+                if self.initialize.remove(&id)
+                    && let Some(mut v) = frame.value()
+                    && let Some(result) = v.get_mut("result")
+                {
+                    wait::declare_waits(result);
+                    return cx.to_client(Frame::from_value(&v));
+                }
+                cx.to_client(frame)
+            }
+            Kind::Notification { method } if method.starts_with("_x.ai/") => {
+                let Some(v) = frame.value() else { return cx.to_client(frame) };
+                cx.to_client(frame);
+                let params = v.get("params").unwrap_or(&Value::Null);
+                let Some(session) = str_at(params, "sessionId") else { return };
+                if self.is_loading(session) {
+                    return;
+                }
+                if method == "_x.ai/queue/changed" {
+                    return self.queue_changed(params, cx);
+                }
+                if let Some(u) = params.get("update") {
+                    self.notification(&method, session, u, cx);
+                }
+            }
+            Kind::Notification { method } if method == "session/update" => {
+                if frame.contains(b"spawn_subagent") || !self.spawn_calls.is_empty() {
+                    if let Some(v) = frame.value()
+                        && let (Some(sid), Some(u)) =
+                            (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
+                    {
+                        self.tool_update(sid, u);
+                    }
+                }
+                cx.to_client(self.rename(frame, true))
+            }
+            Kind::Request { method, .. } if method == "session/request_permission" => {
+                cx.to_client(self.rename(frame, true))
+            }
+            _ => cx.to_client(frame),
+        }
+    }
+
+    fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
+        if let Some(err) = reply.value().and_then(|v| v.get("error").cloned()) {
+            tracing::warn!("Grok refused to stop an activity: {err}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coda_shim::layer::{Exits, Stack};
+
+    const S: &str = "01a22a85-d266-70c3-8852-84420f5f38e0";
+
+    fn parse(v: Value) -> Frame {
+        Frame::from_value(&v)
+    }
+
+    fn values(frames: &[Frame]) -> Vec<Value> {
+        frames.iter().map(|f| f.value().expect("json")).collect()
+    }
+
+    fn started() -> Stack {
+        let mut stack = Stack::new(vec![Box::new(GrokActivity::new())]);
+        let mut exits = Exits::default();
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize",
+            "params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}});
+        stack.from_client(parse(init), &mut exits);
+        stack.from_agent(
+            parse(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}})),
+            &mut exits,
+        );
+        assert_eq!(values(&exits.to_client)[0]["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}));
+        stack
+    }
+
+    /// Frames reaching the client for one agent frame: the frame itself first, untouched.
+    fn agent(stack: &mut Stack, v: Value) -> Vec<Value> {
+        let mut exits = Exits::default();
+        stack.from_agent(parse(v.clone()), &mut exits);
+        let out = values(&exits.to_client);
+        assert_eq!(out.first(), Some(&v), "Grok's own frame goes on first and untouched");
+        out[1..].to_vec()
+    }
+
+    fn waits(out: &[Value]) -> Vec<Value> {
+        out.iter().map(|f| f["params"].clone()).collect()
+    }
+
+    fn note(method: &str, session: &str, update: Value) -> Value {
+        json!({"jsonrpc":"2.0","method":method,"params":{"sessionId":session,"update":update}})
+    }
+
+    fn backgrounded(task: &str) -> Value {
+        note(
+            "_x.ai/task_backgrounded",
+            S,
+            json!({"sessionUpdate":"task_backgrounded","task_id":task,"tool_call_id":"call_4",
+            "command":"sleep 3; echo built","description":"run sleep 3; echo built","output_file":"/h/call_4.log"}),
+        )
+    }
+
+    fn task_completed(task: &str, exit: Value, killed: bool, wake: bool) -> Value {
+        note(
+            "_x.ai/task_completed",
+            S,
+            json!({"sessionUpdate":"task_completed","will_wake":wake,
+            "task_snapshot":{"task_id":task,"exit_code":exit,"explicitly_killed":killed,"completed":true}}),
+        )
+    }
+
+    fn turn_completed(session: &str, prompt: &str) -> Value {
+        note(
+            "_x.ai/session_notification",
+            session,
+            json!({"sessionUpdate":"turn_completed","prompt_id":prompt,"stop_reason":"end_turn"}),
+        )
+    }
+
+    fn running(prompt: &str) -> Value {
+        json!({"jsonrpc":"2.0","method":"_x.ai/queue/changed","params":{"sessionId":S,"entries":[],
+            "runningPromptId":prompt,"runningKind":"prompt"}})
+    }
+
+    #[test]
+    fn background_command_is_a_task_wait_handled_in_groks_wake_turn() {
+        let mut stack = started();
+        assert_eq!(
+            waits(&agent(&mut stack, backgrounded("t1"))),
+            vec![json!({"sessionId":S,"waitId":"t1","state":"waiting","kind":"task","title":"run sleep 3; echo built",
+                "detail":"sleep 3; echo built","outputFile":"/h/call_4.log","toolCallId":"call_4","stoppable":true})]
+        );
+        // Grok names its wake turn before it reports the completion.
+        assert_eq!(
+            waits(&agent(&mut stack, running("task-completed-t1"))),
+            vec![json!({"sessionId":S,"waitId":"t1","state":"handling"})]
+        );
+        assert!(agent(&mut stack, task_completed("t1", json!(0), false, true)).is_empty());
+        let out = agent(&mut stack, turn_completed(S, "task-completed-t1"));
+        assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"t1","state":"done"})]);
+        assert!(agent(&mut stack, turn_completed(S, "task-completed-t1")).is_empty(), "terminal is final");
+    }
+
+    #[test]
+    fn task_outcomes_failed_and_killed() {
+        let mut stack = started();
+        agent(&mut stack, backgrounded("a"));
+        let out = agent(&mut stack, task_completed("a", json!(2), false, false));
+        assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"a","state":"failed"})]);
+        agent(&mut stack, backgrounded("b"));
+        assert_eq!(waits(&agent(&mut stack, task_completed("b", Value::Null, true, true)))[0]["state"], "handling");
+        assert_eq!(waits(&agent(&mut stack, turn_completed(S, "task-completed-b")))[0]["state"], "cancelled");
+    }
+
+    #[test]
+    fn a_first_report_is_never_terminal() {
+        let mut stack = started();
+        assert!(agent(&mut stack, task_completed("ghost", json!(0), false, false)).is_empty());
+        let fin = note(
+            "_x.ai/session_notification",
+            S,
+            json!({"sessionUpdate":"subagent_finished","subagent_id":"ghost","status":"completed","will_wake":false}),
+        );
+        assert!(agent(&mut stack, fin).is_empty());
+    }
+
+    fn spawn_call(call: &str) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,"update":{"sessionUpdate":"tool_call",
+            "toolCallId":call,"title":"spawn_subagent","rawInput":{"background":true},
+            "_meta":{"x.ai/tool":{"name":"spawn_subagent","kind":"task"}}}}})
+    }
+
+    fn spawn_result(call: &str, id: &str) -> Value {
+        let text = format!("Subagent started in background.\nsubagent_id: {id}\ndescription: helper task\n");
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,"update":{"sessionUpdate":"tool_call_update",
+            "toolCallId":call,"status":"completed","rawOutput":{"type":"Text","text":text}}}})
+    }
+
+    fn spawned(id: &str, child: &str, resumed_from: Option<&str>) -> Value {
+        let mut u = json!({"sessionUpdate":"subagent_spawned","subagent_id":id,"child_session_id":child,
+            "parent_session_id":S,"description":"helper task","model":"fake","subagent_type":"general-purpose"});
+        if let Some(from) = resumed_from {
+            u["resumed_from"] = json!(from);
+        }
+        note("_x.ai/session_notification", S, u)
+    }
+
+    fn finished(id: &str, status: &str, wake: bool) -> Value {
+        note(
+            "_x.ai/session_notification",
+            S,
+            json!({"sessionUpdate":"subagent_finished","subagent_id":id,"child_session_id":id,"status":status,"will_wake":wake}),
+        )
+    }
+
+    #[test]
+    fn subagent_is_a_subagent_wait_with_its_child_session_and_spawning_call() {
+        let mut stack = started();
+        assert!(agent(&mut stack, spawn_call("call_12")).is_empty());
+        assert!(agent(&mut stack, spawn_result("call_12", "sub1")).is_empty());
+        assert_eq!(
+            waits(&agent(&mut stack, spawned("sub1", "sub1", None))),
+            vec![json!({"sessionId":S,"waitId":"sub1","state":"waiting","kind":"subagent","title":"helper task",
+                "childSessionId":"sub1","model":"fake","toolCallId":"call_12","stoppable":true})]
+        );
+        // The child's output passes as the child's own session/update.
+        let chunk = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sub1",
+            "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"child result"}}}});
+        assert!(agent(&mut stack, chunk).is_empty());
+        assert_eq!(waits(&agent(&mut stack, finished("sub1", "completed", true)))[0]["state"], "handling");
+        assert!(agent(&mut stack, running("subagent-completed-sub1")).is_empty(), "already handling");
+        let out = agent(&mut stack, turn_completed(S, "subagent-completed-sub1"));
+        assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"sub1","state":"done"})]);
+    }
+
+    #[test]
+    fn a_foreground_subagent_ends_in_the_turn_and_links_the_pending_call() {
+        let mut stack = started();
+        agent(&mut stack, spawn_call("call_116"));
+        assert_eq!(waits(&agent(&mut stack, spawned("fg", "fg", None)))[0]["toolCallId"], "call_116");
+        assert_eq!(
+            waits(&agent(&mut stack, finished("fg", "completed", false))),
+            vec![json!({"sessionId":S,"waitId":"fg","state":"done"})]
+        );
+    }
+
+    #[test]
+    fn a_resumed_subagent_is_a_new_wait_on_the_same_child_session() {
+        let mut stack = started();
+        agent(&mut stack, spawned("sub1", "sub1", None));
+        agent(&mut stack, finished("sub1", "completed", false));
+        let out = waits(&agent(&mut stack, spawned("sub2", "sub2", Some("sub1"))));
+        assert_eq!(out[0]["waitId"], "sub2");
+        assert_eq!(out[0]["childSessionId"], "sub1");
+        // Grok's new child session is the first one for Coda, both ways.
+        let chunk = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sub2",
+            "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"more"}}}});
+        let mut exits = Exits::default();
+        stack.from_agent(parse(chunk), &mut exits);
+        assert_eq!(values(&exits.to_client)[0]["params"]["sessionId"], "sub1");
+        let cancel = json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"sub1"}});
+        stack.from_client(parse(cancel), &mut exits);
+        assert_eq!(values(&exits.to_agent)[0]["params"]["sessionId"], "sub2");
+    }
+
+    #[test]
+    fn stop_asks_grok_and_answers_at_once() {
+        let mut stack = started();
+        agent(&mut stack, backgrounded("t1"));
+        agent(&mut stack, spawned("sub1", "sub1", None));
+        for (wait_id, method, params) in [
+            ("t1", "_x.ai/task/kill", json!({"sessionId":S,"taskId":"t1"})),
+            ("sub1", "_x.ai/subagent/cancel", json!({"subagentId":"sub1"})),
+        ] {
+            let mut exits = Exits::default();
+            let stop =
+                json!({"jsonrpc":"2.0","id":9,"method":"_coda/wait/stop","params":{"sessionId":S,"waitId":wait_id}});
+            stack.from_client(parse(stop), &mut exits);
+            let asked = values(&exits.to_agent);
+            assert_eq!(asked[0]["method"], method);
+            assert_eq!(asked[0]["params"], params);
+            assert_eq!(values(&exits.to_client), vec![json!({"jsonrpc":"2.0","id":9,"result":{}})]);
+            // Grok's answer is the shim's own, never forwarded.
+            let mut exits = Exits::default();
+            stack.from_agent(parse(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}})), &mut exits);
+            assert!(exits.to_client.is_empty());
+        }
+    }
+
+    #[test]
+    fn stop_of_an_unknown_wait_is_invalid_params() {
+        let mut stack = started();
+        for params in [json!({"sessionId":S,"waitId":"nope"}), json!({"sessionId":S})] {
+            let mut exits = Exits::default();
+            stack.from_client(
+                parse(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":params})),
+                &mut exits,
+            );
+            assert!(exits.to_agent.is_empty());
+            assert_eq!(values(&exits.to_client)[0]["error"]["code"], -32602);
+        }
+    }
+
+    #[test]
+    fn activity_replayed_during_a_load_is_history() {
+        let mut stack = started();
+        let mut exits = Exits::default();
+        stack.from_client(
+            parse(json!({"jsonrpc":"2.0","id":5,"method":"session/load","params":{"sessionId":S}})),
+            &mut exits,
+        );
+        assert!(agent(&mut stack, backgrounded("old")).is_empty());
+        agent(&mut stack, json!({"jsonrpc":"2.0","id":5,"result":{}}));
+        assert_eq!(waits(&agent(&mut stack, backgrounded("new")))[0]["waitId"], "new");
+    }
+
+    #[test]
+    fn no_waits_for_a_client_that_did_not_declare_them() {
+        let mut stack = Stack::new(vec![Box::new(GrokActivity::new())]);
+        let mut exits = Exits::default();
+        stack.from_client(
+            parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}})),
+            &mut exits,
+        );
+        assert!(agent(&mut stack, backgrounded("t1")).is_empty());
+    }
+
+    #[test]
+    fn a_running_task_only_in_the_snapshot_is_registered_once() {
+        let mut stack = started();
+        let snap = note(
+            "_x.ai/session_notification",
+            S,
+            json!({"sessionUpdate":"background_tasks","tasks":[{"task_id":"m1","command":"tail -f log","kind":"monitor","status":"running"},
+            {"task_id":"x","status":"completed"}]}),
+        );
+        let out = waits(&agent(&mut stack, snap.clone()));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["waitId"], "m1");
+        assert!(agent(&mut stack, snap).is_empty());
+    }
+
+    #[test]
+    fn subagent_ids_are_read_from_the_result_text() {
+        assert_eq!(named_subagent("Subagent started.\nsubagent_id: abc-1\ndescription: x"), Some("abc-1"));
+        assert_eq!(named_subagent("nothing here"), None);
+    }
+}
