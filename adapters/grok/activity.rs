@@ -387,13 +387,13 @@ impl Layer for GrokActivity {
                 }
             }
             Kind::Notification { method } if method == "session/update" => {
-                if frame.contains(b"spawn_subagent") || !self.spawn_calls.is_empty() {
-                    if let Some(v) = frame.value()
-                        && let (Some(sid), Some(u)) =
-                            (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-                    {
-                        self.tool_update(sid, u);
-                    }
+                let watching = self.spawn_calls.values().any(|c| !c.is_empty());
+                if (watching || frame.contains(b"spawn_subagent"))
+                    && let Some(v) = frame.value()
+                    && let (Some(sid), Some(u)) =
+                        (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
+                {
+                    self.tool_update(sid, u);
                 }
                 cx.to_client(self.rename(frame, true))
             }
