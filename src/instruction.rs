@@ -99,6 +99,9 @@ struct Session {
 pub struct Instruction {
     /// Commands the agent runs without advertising them.
     builtins: &'static [&'static str],
+    /// `annotations.audience` of the injected block, for a child that keeps it (OpenCode stores an
+    /// `["assistant"]` block as a synthetic part: sent to the model, replayed with the annotation).
+    audience: Option<&'static [&'static str]>,
     /// The child accepts `systemPrompt` itself.
     native: bool,
     initialize: HashSet<Id>,
@@ -115,6 +118,7 @@ impl Instruction {
     pub fn new(builtins: &'static [&'static str]) -> Instruction {
         Instruction {
             builtins,
+            audience: None,
             native: false,
             initialize: HashSet::new(),
             creating: HashMap::new(),
@@ -122,6 +126,12 @@ impl Instruction {
             sessions: HashMap::new(),
             initial_commands: HashSet::new(),
         }
+    }
+
+    /// Marks the injected block with `annotations.audience`.
+    pub fn with_audience(mut self, audience: &'static [&'static str]) -> Instruction {
+        self.audience = Some(audience);
+        self
     }
 
     /// Whether the agent would run `/name`. Before the session's first command list has arrived (the
@@ -197,7 +207,11 @@ impl Instruction {
             // Prepending would stop the agent from recognising the command; deliver with the next prompt.
             return cx.to_agent(frame);
         }
-        prompt.insert(0, json!({ "type": "text", "text": wrap(text) }));
+        let mut block = json!({ "type": "text", "text": wrap(text) });
+        if let Some(audience) = self.audience {
+            block["annotations"] = json!({ "audience": audience });
+        }
+        prompt.insert(0, block);
         if let Some(s) = self.sessions.get_mut(&sid) {
             s.in_flight = true;
         }
@@ -392,6 +406,30 @@ mod tests {
         assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);
         // Reflowed into one line, as in Kimi's session title.
         assert_eq!(strip(&format!("{OPEN} be brief {CLOSE} hello")).as_deref(), Some("hello"));
+    }
+
+    #[test]
+    fn the_injected_block_carries_the_audience_when_asked() {
+        use crate::layer::{Exits, Stack};
+        let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]).with_audience(&["assistant"]))]);
+        let mut exits = Exits::default();
+        let f = |v: Value| Frame::from_value(&v);
+        stack.from_client(
+            f(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w",
+            "systemPrompt":{"mode":"append","content":[{"type":"text","text":"be brief"}]}}})),
+            &mut exits,
+        );
+        stack.from_agent(f(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}})), &mut exits);
+        stack.from_client(
+            f(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"s",
+            "prompt":[{"type":"text","text":"hi"}]}})),
+            &mut exits,
+        );
+        let sent = exits.to_agent.last().and_then(Frame::value).unwrap_or_default();
+        assert_eq!(
+            sent["params"]["prompt"],
+            json!([{"type":"text","text":wrap("be brief"),"annotations":{"audience":["assistant"]}},{"type":"text","text":"hi"}])
+        );
     }
 
     #[test]
