@@ -1,4 +1,10 @@
-//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction.
+//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as
+//! `_coda/wait` (see `activity.rs`).
+//!
+//! The instruction block is marked `annotations.audience: ["assistant"]`: OpenCode stores it as a synthetic
+//! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
+
+mod activity;
 
 use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
 use coda_shim::instruction::Instruction;
@@ -14,7 +20,8 @@ fn default_command() -> Result<Found, String> {
 
 fn layers(setup: &mut Setup) {
     // OpenCode reports its own agentInfo ("OpenCode", version): kept as it is.
-    setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    setup.add(|_| Box::new(Instruction::new(BUILTINS).with_audience(&["assistant"])));
+    setup.add(|events| Box::new(activity::OpenCodeActivity::new(events)));
 }
 
 fn main() {
