@@ -414,7 +414,12 @@ fn live_prompt_mode_on_the_real_clis() {
         return;
     }
     let model = fake_model::FakeModel::start();
+    // `CODA_PROMPT_AGENTS=kimi,grok` limits the run (scripts/live-test runs one agent at a time).
+    let only = std::env::var("CODA_PROMPT_AGENTS").ok();
     for agent in live::AGENTS {
+        if only.as_deref().is_some_and(|only| !only.split(',').any(|a| a == agent)) {
+            continue;
+        }
         if let Err(why) = live::installed(agent) {
             eprintln!("skipped live {agent}: {why}");
             continue;
