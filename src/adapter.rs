@@ -149,9 +149,12 @@ pub fn run_for_output(program: &Path, args: &[&str], timeout: Duration) -> Optio
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `<program> --version`, taking the first line's last word ("1.18.33", "kimi, version 2.1.0").
+/// `<program> [script] --version`, taking the first line's last word ("1.18.33", "kimi, version 2.1.0").
+/// Arguments before the `acp` subcommand are kept, so `node .../main.mjs acp` asks the script, not Node.
 pub fn plain_version(cmd: &AgentCommand) -> Option<String> {
-    let out = run_for_output(&cmd.program, &["--version"], Duration::from_secs(10))?;
+    let mut args: Vec<&str> = cmd.args.iter().map(String::as_str).take_while(|a| *a != "acp").collect();
+    args.push("--version");
+    let out = run_for_output(&cmd.program, &args, Duration::from_secs(10))?;
     out.lines().next()?.split_whitespace().last().map(str::to_owned)
 }
 
