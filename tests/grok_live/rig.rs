@@ -1,0 +1,191 @@
+//! Recording activity scenarios of the real Grok Build and OpenCode through their shims (opt-in, like
+//! `tests/live_record.rs`): a client that plays Coda (answers permission requests with "allow once"), and
+//! `keep`, which normalises a trace, replays it through the same shim at once and, with `CODA_RECORD=1`,
+//! writes `fixtures/<agent>/<scenario>/`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use coda_shim::replay::{self, Normaliser};
+use serde_json::{Value, json};
+
+use crate::{live, replay_support, shim};
+
+pub const INSTRUCTION: &str = "Coda recording: answer briefly.";
+
+/// Whether live recording of `agent` is switched on and possible; says why not on stderr.
+pub fn enabled(agent: &str) -> bool {
+    if std::env::var_os("CODA_LIVE").is_none() {
+        eprintln!("skipped live activity recording of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
+        return false;
+    }
+    if let Err(why) = live::installed(agent) {
+        eprintln!("skipped live activity recording of {agent}: {why}");
+        return false;
+    }
+    true
+}
+
+pub fn pinned(agent: &str) -> &'static str {
+    match agent {
+        "grok" => "@xai-official/grok@1.0.41",
+        _ => "opencode-ai@1.18.33",
+    }
+}
+
+/// One shim process against the live CLI, tracing into a file; every frame Coda received is kept.
+pub struct Rec {
+    shim: shim::Shim,
+    next_id: i64,
+    pub received: Vec<Value>,
+    pub session: String,
+    pub cwd: String,
+}
+
+impl Rec {
+    pub fn start(lc: &live::LiveCommand, agent: &str, trace: &Path) -> Rec {
+        let cmd = lc.shim_command(&replay_support::shim_binary(agent));
+        let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
+        let cwd = lc.workdir.display().to_string();
+        let mut rec = Rec { shim, next_id: 0, received: Vec::new(), session: String::new(), cwd };
+        let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+            "_meta": {"coda": {"waits": {}}}});
+        rec.call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "coda", "version": "1.0.0"}}),
+        );
+        rec.quiet(Duration::from_millis(1000));
+        rec
+    }
+
+    /// `session/new` (with Coda's instruction when asked); remembers the session.
+    pub fn new_session(&mut self, instruction: bool) -> String {
+        let mut params = json!({"cwd": self.cwd, "mcpServers": []});
+        if instruction {
+            params["systemPrompt"] = json!({"mode": "append", "content": [{"type": "text", "text": INSTRUCTION}]});
+        }
+        let answer = self.call("session/new", params);
+        self.session = answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned();
+        self.quiet(Duration::from_millis(1500));
+        self.session.clone()
+    }
+
+    /// Reads one frame (answering permission requests); `None` after `wait` without one.
+    fn read(&mut self, wait: Duration) -> Option<Value> {
+        let line = self.shim.try_recv(wait)?;
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["method"] == "session/request_permission"
+            && let Some(id) = v.get("id")
+        {
+            let options = v.pointer("/params/options").and_then(Value::as_array).cloned().unwrap_or_default();
+            let allow = options
+                .iter()
+                .find(|o| o["kind"] == "allow_once")
+                .or(options.first())
+                .and_then(|o| o["optionId"].as_str())
+                .unwrap_or("allow")
+                .to_owned();
+            self.shim.send_json(
+                &json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": {"outcome": "selected", "optionId": allow}}}),
+            );
+        }
+        self.received.push(v.clone());
+        Some(v)
+    }
+
+    /// Sends a request and returns its answer.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.shim.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Some(v) = self.read(Duration::from_millis(200))
+                && v.get("id") == Some(&Value::from(id))
+                && v.get("method").is_none()
+            {
+                return v;
+            }
+        }
+        panic!("no answer to {method} within 120 s; stderr: {:?}", self.shim.drain_stderr());
+    }
+
+    pub fn prompt(&mut self, text: &str) -> Value {
+        let answer =
+            self.call("session/prompt", json!({"sessionId": self.session, "prompt": [{"type": "text", "text": text}]}));
+        assert!(answer.get("result").is_some(), "the prompt failed: {answer}");
+        answer
+    }
+
+    /// Reads until a `_coda/wait` for which `want` holds has arrived; returns its params.
+    pub fn until_wait(&mut self, within: Duration, want: impl Fn(&Value) -> bool) -> Value {
+        if let Some(p) = self.waits().into_iter().find(|p| want(p)) {
+            return p;
+        }
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(v) = self.read(Duration::from_millis(200))
+                && v["method"] == "_coda/wait"
+                && want(&v["params"])
+            {
+                return v["params"].clone();
+            }
+        }
+        panic!("no such _coda/wait within {within:?}; got {:?}", self.waits());
+    }
+
+    /// Reads until nothing arrived for `gap`.
+    pub fn quiet(&mut self, gap: Duration) {
+        while self.read(gap).is_some() {}
+    }
+
+    pub fn waits(&self) -> Vec<Value> {
+        self.received.iter().filter(|f| f["method"] == "_coda/wait").map(|f| f["params"].clone()).collect()
+    }
+
+    pub fn finish(mut self) -> Vec<Value> {
+        self.shim.close_stdin();
+        let status = self.shim.wait(Duration::from_secs(30));
+        assert!(status.success(), "the shim exited with {status}; stderr: {:?}", self.shim.drain_stderr());
+        self.received
+    }
+}
+
+/// `s` with `/` as `%2F`, as Grok names its session folders.
+fn url_path(s: &str) -> String {
+    s.replace('/', "%2F")
+}
+
+/// Normalises `trace`, replays it, and with `CODA_RECORD=1` writes it to `fixtures/<agent>/<scenario>/`.
+pub fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str) {
+    let text = std::fs::read_to_string(trace).expect("the trace file");
+    let mut text = text;
+    // Grok's session folder is the cwd URL-encoded; a fixed name keeps the machine's path out.
+    for dir in [root.join("work"), root.join("work").canonicalize().unwrap_or_default()] {
+        let encoded = url_path(&dir.display().to_string());
+        if encoded.len() > 3 {
+            text = text.replace(&encoded, "%2Fproject");
+        }
+    }
+    let mut n = Normaliser::for_live_root(root);
+    n.add(&live::live_root().display().to_string(), "LIVE");
+    let records = replay::record(&text, None, &n).expect("normalise the trace");
+    let out = replay::render(&records);
+    let left = n.leftovers(&out);
+    assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
+    let scratch = root.join("fixture").join(scenario);
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    std::fs::write(scratch.join(replay::TRACE_FILE), &out).expect("write the scratch trace");
+    let report = replay_support::check(agent, &scratch).unwrap_or_else(|e| panic!("{agent}/{scenario}: {e}"));
+    eprintln!("{agent}/{scenario}: {} records; replayed: {report:?}", records.len());
+    if std::env::var_os("CODA_RECORD").is_some() {
+        let dir: PathBuf = replay_support::fixtures_root().join(agent).join(scenario);
+        std::fs::create_dir_all(&dir).expect("fixture dir");
+        std::fs::write(dir.join(replay::TRACE_FILE), &out).expect("write the fixture");
+        let meta = json!({"agent": agent, "scenario": scenario, "cli": pinned(agent),
+            "recorded_by": format!("tests/{agent}_live.rs"), "notes": notes});
+        std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).expect("write meta.json");
+        eprintln!("wrote {}", dir.display());
+    }
+}

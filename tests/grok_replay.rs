@@ -1,0 +1,137 @@
+//! Replays of real Grok Build 1.0.41 activity recordings (`fixtures/grok/<scenario>`, made by
+//! `tests/grok_live.rs`) through coda-grok, with `acp-replay` as the CLI. The replay proves the shim still
+//! sends Coda exactly what it sent live; the assertions spell out what those frames had to be by Coda's
+//! rules ("Agent 活动").
+
+#[path = "support/replay.rs"]
+mod replay_support;
+
+use coda_shim::replay::{self, Body, Edge};
+use serde_json::Value;
+
+/// Replays the fixture and returns the frames Coda received in the recording.
+fn replayed(scenario: &str) -> Vec<Value> {
+    let dir = replay_support::fixtures_root().join("grok").join(scenario);
+    replay_support::check("grok", &dir).unwrap_or_else(|e| panic!("grok/{scenario}: {e}"));
+    let records = replay::load(&dir.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{scenario}: {e}"));
+    records
+        .into_iter()
+        .filter(|r| r.edge == Edge::ShimToClient)
+        .filter_map(|r| match r.body {
+            Body::Frame(text) => serde_json::from_str(&text).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn waits(frames: &[Value]) -> Vec<Value> {
+    frames.iter().filter(|f| f["method"] == "_coda/wait").map(|f| f["params"].clone()).collect()
+}
+
+fn states(waits: &[Value], wait_id: &Value) -> Vec<String> {
+    waits.iter().filter(|w| w["waitId"] == *wait_id).filter_map(|w| w["state"].as_str().map(str::to_owned)).collect()
+}
+
+/// Index of the first frame for which `f` holds.
+fn position(frames: &[Value], f: impl Fn(&Value) -> bool) -> usize {
+    frames.iter().position(f).unwrap_or(usize::MAX)
+}
+
+fn the_session(frames: &[Value]) -> Value {
+    frames.iter().find_map(|f| f.pointer("/result/sessionId").cloned()).expect("a session/new answer")
+}
+
+#[test]
+fn waits_are_declared_and_grok_messages_pass_through() {
+    let frames = replayed("bg-task-wakes");
+    let init = frames.iter().find(|f| f.pointer("/result/protocolVersion").is_some()).expect("initialize answer");
+    assert_eq!(init["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], serde_json::json!({}));
+    for method in ["_x.ai/task_backgrounded", "_x.ai/task_completed", "_x.ai/session_notification"] {
+        assert!(frames.iter().any(|f| f["method"] == method), "{method} is passed on");
+    }
+}
+
+#[test]
+fn background_command_waits_then_is_handled_in_groks_own_turn() {
+    let frames = replayed("bg-task-wakes");
+    let w = waits(&frames);
+    let open = &w[0];
+    assert_eq!(open["kind"], "task");
+    assert_eq!(open["sessionId"], the_session(&frames));
+    assert_eq!(open["stoppable"], true);
+    let backgrounded = frames.iter().find(|f| f["method"] == "_x.ai/task_backgrounded").expect("backgrounded");
+    assert_eq!(open["toolCallId"], backgrounded["params"]["update"]["tool_call_id"]);
+    assert_eq!(open["waitId"], backgrounded["params"]["update"]["task_id"]);
+    assert_eq!(states(&w, &open["waitId"]), ["waiting", "handling", "done"]);
+    // handling starts before Grok's own turn streams, and ends after it.
+    let wake = format!("task-completed-{}", open["waitId"].as_str().unwrap_or(""));
+    let handling = position(&frames, |f| f["params"]["state"] == "handling");
+    let done = position(&frames, |f| f["params"]["state"] == "done");
+    let wake_output = position(&frames, |f| f.pointer("/params/_meta/promptId").and_then(Value::as_str) == Some(&wake));
+    let wake_end = position(&frames, |f| {
+        f.pointer("/params/update/prompt_id").and_then(Value::as_str) == Some(&wake)
+            && f["params"]["update"]["sessionUpdate"] == "turn_completed"
+    });
+    assert!(
+        handling < wake_output && wake_output < wake_end && wake_end < done,
+        "{handling} {wake_output} {wake_end} {done}"
+    );
+}
+
+#[test]
+fn stopping_a_background_command_kills_it_and_reports_cancelled() {
+    let frames = replayed("bg-task-stopped");
+    let w = waits(&frames);
+    assert_eq!(states(&w, &w[0]["waitId"]), ["waiting", "handling", "cancelled"]);
+}
+
+#[test]
+fn background_subagent_has_its_child_session_and_output() {
+    let frames = replayed("subagent-background");
+    let w = waits(&frames);
+    let open = &w[0];
+    assert_eq!(open["kind"], "subagent");
+    assert_eq!(states(&w, &open["waitId"]), ["waiting", "handling", "done"]);
+    let child = &open["childSessionId"];
+    let announced = position(&frames, |f| f["method"] == "_coda/wait" && f["params"]["childSessionId"] == *child);
+    let first_child_update =
+        position(&frames, |f| f["method"] == "session/update" && f["params"]["sessionId"] == *child);
+    assert!(announced < first_child_update && first_child_update != usize::MAX, "announced before the child speaks");
+    let spawn_call = frames
+        .iter()
+        .find(|f| f.pointer("/params/update/_meta/x.ai~1tool/name").and_then(Value::as_str) == Some("spawn_subagent"))
+        .expect("the spawn_subagent call");
+    assert_eq!(open["toolCallId"], spawn_call["params"]["update"]["toolCallId"]);
+}
+
+#[test]
+fn resumed_subagent_is_a_new_wait_on_the_same_child_session() {
+    let frames = replayed("subagent-foreground-then-resumed");
+    let w = waits(&frames);
+    let openings: Vec<&Value> = w.iter().filter(|p| p["kind"] == "subagent").collect();
+    assert_eq!(openings.len(), 2);
+    assert_ne!(openings[0]["waitId"], openings[1]["waitId"]);
+    assert_eq!(openings[0]["childSessionId"], openings[1]["childSessionId"]);
+    // Foreground: no turn of Grok's own; resumed in the background: handled.
+    assert_eq!(states(&w, &openings[0]["waitId"]), ["waiting", "done"]);
+    assert_eq!(states(&w, &openings[1]["waitId"]), ["waiting", "handling", "done"]);
+    // Grok runs the resumed subagent in a new session of its own; Coda only ever sees the first.
+    let grok_child = frames
+        .iter()
+        .filter(|f| f["params"]["update"]["sessionUpdate"] == "subagent_spawned")
+        .filter_map(|f| f["params"]["update"]["child_session_id"].as_str().map(str::to_owned))
+        .nth(1)
+        .expect("the resumed subagent's own session");
+    assert_ne!(Value::from(grok_child.as_str()), openings[0]["childSessionId"]);
+    assert!(
+        !frames.iter().any(|f| f["method"] == "session/update" && f["params"]["sessionId"] == grok_child.as_str()),
+        "session/updates of the resumed run come on the first child session"
+    );
+}
+
+#[test]
+fn stopping_a_subagent_cancels_it() {
+    let frames = replayed("subagent-stopped");
+    let w = waits(&frames);
+    assert_eq!(states(&w, &w[0]["waitId"]), ["waiting", "cancelled"]);
+}
