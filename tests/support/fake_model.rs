@@ -15,7 +15,7 @@
 //! | `[[subagent:PROMPT]]`, `[[subagent:NAME\|PROMPT]]` | a subagent spawn (background where the CLI offers the choice) |
 //! | `[[subagent-fg:PROMPT]]` | a foreground subagent spawn |
 //! | `[[resume:ID\|PROMPT]]` | a follow-up to subagent `ID` (`last`: the latest id a tool result named) |
-//! | `[[tool:NAME\|JSON]]` | a call of any tool the request offers, with these arguments |
+//! | `[[tool:NAME\|JSON]]` | a call of any tool the request offers, with these arguments; `$last_task` in JSON becomes the latest `task_id: X` a tool result named (Kimi's TaskStop, WaitFor) |
 //! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `503`, `401`; `KIND*N` fails only the first N attempts |
 //! | `[[delay:MS]]` | wait `MS` milliseconds before answering (combine with any other marker) |
 //!
@@ -899,7 +899,11 @@ fn call_for(marker: &Marker, tools: &[Tool], items: &[Item], index: usize) -> Re
             let arguments = if arguments.is_empty() {
                 json!({})
             } else {
-                serde_json::from_str(arguments).map_err(|e| format!("bad JSON for `{name}`: {e}"))?
+                let arguments = match last_task_id(items) {
+                    Some(task) if arguments.contains(LAST_TASK) => arguments.replace(LAST_TASK, &task),
+                    _ => arguments.clone(),
+                };
+                serde_json::from_str(&arguments).map_err(|e| format!("bad JSON for `{name}`: {e}"))?
             };
             call(tool, arguments)
         }
@@ -925,6 +929,20 @@ fn last_subagent_id(items: &[Item]) -> Option<String> {
                 .or_else(|| line.strip_prefix("agent_id:"))
                 .or_else(|| line.strip_prefix("<task id=\"").and_then(|rest| rest.split('"').next()));
             value.map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+        })
+    })
+}
+
+/// Stands for the latest task id in `[[tool:NAME|JSON]]` arguments.
+const LAST_TASK: &str = "$last_task";
+
+/// The latest `task_id: X` line of a tool result (Kimi's background Bash and Agent results), for `$last_task`.
+fn last_task_id(items: &[Item]) -> Option<String> {
+    items.iter().rev().find_map(|item| {
+        let Item::ToolResult(text) = item else { return None };
+        text.lines().find_map(|line| {
+            let value = line.trim().strip_prefix("task_id:")?.trim();
+            (!value.is_empty()).then(|| value.to_string())
         })
     })
 }
@@ -1258,6 +1276,21 @@ mod tests {
         assert_eq!(last_subagent_id(&items).as_deref(), Some("ses_x"));
         let items = vec![Item::ToolResult(r#"{"task_name":"/root/worker_1"}"#.into())];
         assert_eq!(last_subagent_id(&items).as_deref(), Some("/root/worker_1"));
+    }
+
+    #[test]
+    fn last_task_names_the_latest_task_id_of_a_tool_result() {
+        let body = json!({"messages":[{"role":"user","content":"[[bg:sleep 30]]"},
+            {"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"Bash","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"c","content":"task_id: bash-aaaa1111\npid: 7\nstatus: running"},
+            {"role":"assistant","content":"ok"},
+            {"role":"user","content":"stop it [[tool:TaskStop|{\"task_id\":\"$last_task\"}]]"}],
+            "tools":[{"type":"function","function":{"name":"Bash","parameters":{"properties":{"command":{}}}}},
+                {"type":"function","function":{"name":"TaskStop","parameters":{"properties":{"task_id":{}}}}}]});
+        let (reply, _) = decide(Api::ChatCompletions, Origin::Main, &body, &mut HashMap::new());
+        let Reply::Calls(calls) = reply else { panic!("{reply:?}") };
+        assert_eq!(calls[0].name, "TaskStop");
+        assert_eq!(calls[0].arguments, json!({"task_id": "bash-aaaa1111"}));
     }
 
     #[test]
