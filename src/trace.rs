@@ -62,7 +62,7 @@ impl Trace {
     }
 
     fn head(&self, dir: Dir) -> Vec<u8> {
-        let ts = humantime::format_rfc3339_millis(SystemTime::now());
+        let ts = humantime::format_rfc3339_micros(SystemTime::now());
         format!(r#"{{"ts":"{ts}","dir":"{}""#, dir.as_str()).into_bytes()
     }
 

@@ -105,6 +105,10 @@ fn play(args: &[String]) -> i32 {
             return 2;
         }
     };
+    // Recorded times of file writes: writes the shim read at different times are written with a pause between.
+    let file_times: std::collections::HashMap<usize, Option<u64>> =
+        records.iter().filter(|r| matches!(r.body, replay::Body::File(_))).map(|r| (r.lineno, r.t)).collect();
+    let mut last_file_t: Option<Option<u64>> = None;
     let mut script = Script::agent(records, Bindings::from_env());
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
@@ -112,6 +116,7 @@ fn play(args: &[String]) -> i32 {
     let mut out = stdout.lock();
     let started = Instant::now();
     let mut wrote_files = false;
+    let mut sent_frames = false;
     let name = fixture.display().to_string();
     loop {
         let step = script.next_step();
@@ -121,6 +126,21 @@ fn play(args: &[String]) -> i32 {
             std::thread::sleep(Duration::from_millis(settle));
             wrote_files = false;
         }
+        if sent_frames && matches!(step, Step::File { .. }) {
+            // And let the shim read the frames sent before a write before the watcher reports the write.
+            let _ = out.flush();
+            std::thread::sleep(Duration::from_millis(settle));
+        }
+        if let Step::File { lineno, .. } = &step {
+            let t = file_times.get(lineno).copied().flatten();
+            if wrote_files && last_file_t.is_some_and(|last| last != t) {
+                // A later read of the shim's watcher when recording: let this one see the earlier writes alone.
+                let _ = out.flush();
+                std::thread::sleep(Duration::from_millis(settle));
+            }
+            last_file_t = Some(t);
+        }
+        sent_frames = matches!(step, Step::Send { .. });
         match step {
             Step::Send { line, t, lineno } => {
                 if let (Some(speed), Some(t)) = (speed, t) {
