@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
 use coda_shim::frame::{self, Frame, Id, Kind};
 use coda_shim::layer::{Cx, Event, EventSender, Layer};
@@ -35,14 +36,32 @@ fn base64(bytes: &[u8]) -> String {
 /// Starts watching a session folder; the real one uses inotify, tests hand events in themselves.
 pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(watch::Start, Option<watch::Handle>), String> + Send>;
 
+/// Longest hold of a prompt answer waiting for the wire to show the turn's end. Kimi writes `turn.ended`
+/// before it answers, so the watch normally sees it within milliseconds; when it never shows (a watch that
+/// broke, a wire Kimi stopped writing) the answer goes out anyway, with a warning, rather than leaving
+/// Coda's turn open until the process ends.
+pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
+
+/// How long a subagent run whose end the parent recorded may wait for its own turn end to show in its
+/// wire before it is settled without it (its progress, if any, would then follow the settlement).
+pub const RUN_END_GRACE: Duration = Duration::from_secs(2);
+
+/// A timer of the layer: look again at a session's held answers and unsettled runs.
+struct Tick {
+    session: String,
+}
+
 struct Session {
     translator: Translator,
     feed: Feed,
     /// Client prompts held while Kimi is busy with a turn of its own.
     held: VecDeque<Frame>,
     /// Prompt answers held until the wire shows that turn's end, so that what Kimi recorded during
-    /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress).
-    answers: Vec<Frame>,
+    /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
+    /// time each was held, for [`ANSWER_HOLD`].
+    answers: Vec<(Frame, Instant)>,
+    /// A [`Tick`] is on its way.
+    tick_due: bool,
     dir: String,
     _handle: Option<watch::Handle>,
 }
@@ -53,28 +72,37 @@ pub struct Activity {
     /// The client declared `_meta.coda.waits`.
     waits: bool,
     initialize: HashSet<Id>,
-    /// session/new|load|resume requests in flight: id -> sessionId asked for (None for new).
-    setup: HashMap<Id, Option<String>>,
+    /// session/new|load|resume requests in flight: id -> sessionId asked for (None for new), and when the
+    /// request went by (the time of the recording's snapshot of the session's files).
+    setup: HashMap<Id, (Option<String>, SystemTime)>,
     sessions: HashMap<String, Session>,
     /// Client prompts sent to Kimi: id -> session.
     prompts: HashMap<Id, String>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     record: Option<std::fs::File>,
+    /// Sends the layer its own [`Tick`]s (none in tests driven by hand).
+    timer: Option<EventSender>,
 }
 
 impl Activity {
     /// The real layer: watches Kimi's data root with inotify.
     pub fn new(events: EventSender) -> Activity {
-        let start: Starter =
-            Box::new(move |session, dir| watch::start(session, dir, events.clone()).map(|(s, h)| (s, Some(h))));
-        let mut a = Activity::with_starter(watch::data_root(), start);
+        let mut record = None;
         if let Some(path) = std::env::var_os("CODA_KIMI_RECORD").filter(|p| !p.is_empty()) {
             match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
-                Ok(f) => a.record = Some(f),
+                Ok(f) => record = Some(f),
                 Err(e) => tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", PathBuf::from(path).display()),
             }
         }
+        let snapshot = record.is_some();
+        let watch_events = events.clone();
+        let start: Starter = Box::new(move |session, dir| {
+            watch::start(session, dir, watch_events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
+        });
+        let mut a = Activity::with_starter(watch::data_root(), start);
+        a.record = record;
+        a.timer = Some(events);
         a
     }
 
@@ -89,6 +117,7 @@ impl Activity {
             prompts: HashMap::new(),
             off: HashSet::new(),
             record: None,
+            timer: None,
         }
     }
 
@@ -101,7 +130,88 @@ impl Activity {
         }
     }
 
-    fn open_session(&mut self, session: &str, cx: &mut Cx) {
+    /// Writes the file records of one scan (or of the snapshot, `at: "open"`) to the file log.
+    fn rec_chunks(&mut self, dir: &str, chunks: &[Chunk], at: SystemTime, open: bool) {
+        if self.record.is_none() {
+            return;
+        }
+        let ts = humantime::format_rfc3339_micros(at).to_string();
+        for c in chunks {
+            let op = match c.op {
+                Op::Append => "append",
+                Op::Reopen => "write",
+                Op::Replace => "replace",
+            };
+            let path = format!("{dir}/{}", c.file);
+            let mut rec = match std::str::from_utf8(&c.bytes) {
+                Ok(text) => json!({ "ts": ts, "op": op, "path": path, "data": text }),
+                Err(_) => json!({ "ts": ts, "op": op, "path": path, "base64": base64(&c.bytes) }),
+            };
+            if open {
+                rec["at"] = json!("open");
+            }
+            self.rec(rec);
+        }
+    }
+
+    /// Asks for a [`Tick`] of `session` after `after`, unless one is on its way.
+    fn tick_later(&mut self, session: &str, after: Duration) {
+        let Some(timer) = self.timer.clone() else { return };
+        let Some(s) = self.sessions.get_mut(session) else { return };
+        if s.tick_due {
+            return;
+        }
+        s.tick_due = true;
+        let session = session.to_owned();
+        let spawned = std::thread::Builder::new().name("kimi-tick".into()).spawn(move || {
+            std::thread::sleep(after);
+            timer.send(Tick { session });
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a timer thread: {e}");
+            s.tick_due = false;
+        }
+    }
+
+    /// A tick: answers held too long go out; runs whose turn end never showed are settled.
+    pub fn tick(&mut self, session: &str, now: Instant, cx: &mut Cx) {
+        let Some(s) = self.sessions.get_mut(session) else { return };
+        s.tick_due = false;
+        let mut out = Vec::new();
+        s.translator.overdue(now, RUN_END_GRACE, &mut out);
+        for f in out {
+            cx.to_client(f);
+        }
+        let (late, keep): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut s.answers).into_iter().partition(|(_, at)| now.duration_since(*at) >= ANSWER_HOLD);
+        s.answers = keep;
+        for (a, _) in late {
+            tracing::warn!(
+                "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
+                 {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
+            );
+            cx.to_client(a);
+        }
+        self.release(session, cx);
+        self.schedule(session);
+    }
+
+    /// Asks for a tick at the earliest deadline something waits on.
+    fn schedule(&mut self, session: &str) {
+        let Some(s) = self.sessions.get(session) else { return };
+        let answer = s.answers.iter().map(|(_, at)| *at + ANSWER_HOLD).min();
+        let run = s.translator.awaiting_run_end().map(|at| at + RUN_END_GRACE);
+        let due = match (answer, run) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        };
+        if let Some(due) = due {
+            let wait = due.saturating_duration_since(Instant::now());
+            self.tick_later(session, wait.max(Duration::from_millis(10)));
+        }
+    }
+
+    fn open_session(&mut self, session: &str, seen: SystemTime, cx: &mut Cx) {
         let _ = cx;
         if self.sessions.contains_key(session) {
             return;
@@ -122,7 +232,10 @@ impl Activity {
         };
         match (self.start)(session, &dir) {
             Ok((start, handle)) => {
-                self.begin(session, &dir.to_string_lossy(), &start.header, start.cutoff_ms, handle);
+                let dir = dir.to_string_lossy().into_owned();
+                // What the files held when the session was found: the recording's starting state.
+                self.rec_chunks(&dir, &start.snapshot, seen, true);
+                self.begin(session, &dir, &start.header, start.cutoff_ms, handle);
             }
             Err(why) => {
                 tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported");
@@ -155,6 +268,7 @@ impl Activity {
             feed: Feed::new(cutoff_ms),
             held: VecDeque::new(),
             answers: Vec::new(),
+            tick_due: false,
             dir: dir.to_owned(),
             _handle: handle,
         };
@@ -185,11 +299,12 @@ impl Activity {
             cx.to_client(f);
         }
         if !s.translator.user_turn_open() {
-            for a in std::mem::take(&mut s.answers) {
+            for (a, _) in std::mem::take(&mut s.answers) {
                 cx.to_client(a);
             }
         }
         self.release(session, cx);
+        self.schedule(session);
     }
 
     /// Forwards held prompts once Kimi is no longer busy with a turn of its own.
@@ -218,11 +333,11 @@ impl Layer for Activity {
                     self.initialize.insert(id);
                 }
                 "session/new" => {
-                    self.setup.insert(id, None);
+                    self.setup.insert(id, (None, SystemTime::now()));
                 }
                 "session/load" | "session/resume" => {
                     let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
-                    self.setup.insert(id, sid);
+                    self.setup.insert(id, (sid, SystemTime::now()));
                 }
                 "session/prompt" => {
                     let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
@@ -281,17 +396,18 @@ impl Layer for Activity {
             && let Some(s) = self.sessions.get_mut(&sid)
             && s.translator.user_turn_open()
         {
-            s.answers.push(frame);
+            s.answers.push((frame, Instant::now()));
+            self.schedule(&sid);
             return;
         }
-        if let Some(asked) = self.setup.remove(id) {
+        if let Some((asked, seen)) = self.setup.remove(id) {
             let v = frame.value();
             let ok = v.as_ref().is_some_and(|v| v.get("result").is_some());
             let sid =
                 v.as_ref().and_then(|v| v.pointer("/result/sessionId")).and_then(Value::as_str).map(str::to_owned);
             cx.to_client(frame);
             if ok && let Some(sid) = sid.or(asked) {
-                self.open_session(&sid, cx);
+                self.open_session(&sid, seen, cx);
             }
             return;
         }
@@ -299,25 +415,18 @@ impl Layer for Activity {
     }
 
     fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        let Ok(scan) = event.downcast::<Scan>() else { return };
+        let scan = match event.downcast::<Tick>() {
+            Ok(tick) => return self.tick(&tick.session, Instant::now(), cx),
+            Err(event) => match event.downcast::<Scan>() {
+                Ok(scan) => scan,
+                Err(_) => return,
+            },
+        };
         if self.record.is_some()
             && let Some(dir) = self.sessions.get(&scan.session).map(|s| s.dir.clone())
         {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
-            let ts = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
-            for c in &scan.chunks {
-                let op = match c.op {
-                    Op::Append => "append",
-                    Op::Reopen => "write",
-                    Op::Replace => "replace",
-                };
-                let path = format!("{dir}/{}", c.file);
-                let rec = match std::str::from_utf8(&c.bytes) {
-                    Ok(text) => json!({ "ts": ts, "op": op, "path": path, "data": text }),
-                    Err(_) => json!({ "ts": ts, "op": op, "path": path, "base64": base64(&c.bytes) }),
-                };
-                self.rec(rec);
-            }
+            self.rec_chunks(&dir, &scan.chunks, SystemTime::now(), false);
         }
         self.scan(&scan.session, &scan.chunks, cx);
     }

@@ -10,6 +10,7 @@
 //! `handling` until the end of the turn that handles it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 
 use coda_shim::frame::{self, Frame};
 use coda_shim::wait::{Register, State, Wait};
@@ -39,8 +40,10 @@ struct Run {
     turn_done: bool,
     /// The final state and where the main agent was when it was recorded.
     end: Option<(State, EndedIn, bool)>,
-    /// `Drained` marks seen since the end was recorded (fallback when the turn end never shows).
-    drains_since_end: u32,
+    /// When the end was first known (for [`Translator::overdue`]).
+    end_known: Option<Instant>,
+    /// Settle without the turn end: it did not show within the grace.
+    overdue: bool,
 }
 
 #[derive(Default)]
@@ -57,12 +60,13 @@ struct Agent {
     run_turn: Option<i64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Binding {
-    /// Waiting for the main agent to start the turn that handles the items.
-    Awaiting { after_seq: u64 },
-    /// The main turn (by seq) handling them.
-    Turn { seq: u64 },
+/// A main-owned item in `handling`.
+struct Handled {
+    wait_id: String,
+    /// Its final state, reported when the turn that handles it ends.
+    state: State,
+    /// The main turn (by seq) handling it, once Kimi named it.
+    turn: Option<u64>,
 }
 
 /// The translation for one Kimi session (sessionId = the session folder's name).
@@ -78,9 +82,11 @@ pub struct Translator {
     tasks: HashMap<String, String>,
     suppressed: HashSet<String>,
     agents: HashMap<String, Agent>,
-    /// Main-owned items in `handling` (waitId, final state), in the order they ended.
-    handling: Vec<(String, State)>,
-    binding: Option<Binding>,
+    /// Main-owned items in `handling`, in the order they ended.
+    handling: Vec<Handled>,
+    /// Task ids a main turn named (its prompt's or an injected message's `origin.taskId`): the turn's seq
+    /// and whether it has ended.
+    named: HashMap<String, (u64, bool)>,
     /// Wait ids made up for runs without a task id.
     next_run: u64,
 }
@@ -136,7 +142,7 @@ impl Translator {
             suppressed: HashSet::new(),
             agents: HashMap::new(),
             handling: Vec::new(),
-            binding: None,
+            named: HashMap::new(),
             next_run: 0,
         }
     }
@@ -176,9 +182,41 @@ impl Translator {
             if let Some(run) = self.agents.get_mut(&name).and_then(|a| a.runs.front_mut())
                 && run.end.is_some()
             {
-                run.drains_since_end += 1;
+                run.end_known.get_or_insert_with(Instant::now);
             }
             self.pump(&name, out);
+        }
+    }
+
+    /// The earliest time a run being reported has known its end without its turn end showing in its
+    /// wire (the run is settled by [`Translator::overdue`] once that is long enough ago).
+    pub fn awaiting_run_end(&self) -> Option<Instant> {
+        self.agents
+            .values()
+            .filter_map(|a| a.runs.front())
+            .filter(|r| r.end.is_some())
+            .filter_map(|r| r.end_known)
+            .min()
+    }
+
+    /// Settles the runs whose end has been known for `grace` without their turn end showing: Kimi
+    /// recorded the end in the parent; the subagent's own wire may never say more (rule 6 would otherwise
+    /// leave the item open until the process ends).
+    pub fn overdue(&mut self, now: Instant, grace: Duration, out: &mut Vec<Frame>) {
+        let names: Vec<String> = self.agents.keys().cloned().collect();
+        for name in names {
+            if let Some(run) = self.agents.get_mut(&name).and_then(|a| a.runs.front_mut())
+                && run.end.is_some()
+                && run.end_known.is_some_and(|at| now.duration_since(at) >= grace)
+            {
+                tracing::warn!(
+                    "Kimi recorded the end of subagent {name}'s run {} but its wire shows no turn end after \
+                     {grace:?}; settling it without",
+                    run.wait_id
+                );
+                run.overdue = true;
+                self.pump(&name, out);
+            }
         }
     }
 
@@ -203,20 +241,35 @@ impl Translator {
             Record::TurnPrompt { turn_id, origin } => {
                 self.turns_started += 1;
                 let seq = self.turns_started;
+                match &origin.task_id {
+                    Some(task) if origin.kind == "task" => self.name_task(task, seq),
+                    // A turn of Kimi's own that names no task: it takes whatever waits to be handled.
+                    _ if !origin.is_user() => {
+                        for h in self.handling.iter_mut().filter(|h| h.turn.is_none()) {
+                            h.turn = Some(seq);
+                        }
+                    }
+                    _ => {}
+                }
                 self.main_turn = Some((turn_id, origin, seq));
-                if let Some(Binding::Awaiting { after_seq }) = self.binding
-                    && seq > after_seq
+            }
+            Record::Injected { origin } => {
+                if let (Some(task), Some((_, _, seq))) = (&origin.task_id, &self.main_turn)
+                    && origin.kind == "task"
                 {
-                    self.binding = Some(Binding::Turn { seq });
+                    let seq = *seq;
+                    self.name_task(&task.clone(), seq);
                 }
             }
             Record::TurnEnded { turn_id, .. } => {
                 let ended = self.main_turn.take();
                 if let Some((id, _, seq)) = ended
                     && id == turn_id
-                    && self.binding == Some(Binding::Turn { seq })
                 {
-                    self.settle_handling(out);
+                    for n in self.named.values_mut().filter(|n| n.0 == seq) {
+                        n.1 = true;
+                    }
+                    self.settle_handling(seq, out);
                 }
             }
             Record::Text { .. } | Record::ToolCall { .. } | Record::ToolResult { .. } => {
@@ -272,7 +325,8 @@ impl Translator {
                     turn: None,
                     turn_done: false,
                     end: None,
-                    drains_since_end: 0,
+                    end_known: None,
+                    overdue: false,
                 };
                 self.agents.entry(agent.clone()).or_default().runs.push_back(run);
                 self.pump(&agent, out);
@@ -307,45 +361,46 @@ impl Translator {
         self.send(&w, out);
     }
 
+    /// Main turn `seq` handles task `task` (its notification opened the turn or was injected into it).
+    fn name_task(&mut self, task: &str, seq: u64) {
+        self.named.insert(task.to_owned(), (seq, false));
+        for h in self.handling.iter_mut().filter(|h| h.wait_id == task && h.turn.is_none()) {
+            h.turn = Some(seq);
+        }
+    }
+
     /// A main-owned item (background task or background subagent run) ended.
     fn end_item(&mut self, id: String, state: State, ended_in: EndedIn, suppressed: bool, out: &mut Vec<Frame>) {
         let suppressed = suppressed || self.suppressed.contains(&id);
-        let current = self.main_turn.as_ref().map(|(_, o, seq)| (o.is_user(), *seq));
-        // Where the result goes now: settle at once, or handle in a (current or next) main turn.
-        let handle_in = match ended_in {
-            _ if suppressed => None,
-            EndedIn::UserTurn => None,
-            EndedIn::OwnTurn { seq } => match current {
-                Some((_, s)) if s == seq => Some(Binding::Turn { seq }),
-                // That turn is over: it handled the result already.
-                _ => None,
-            },
-            EndedIn::Idle { seq } => match current {
-                Some((_, s)) if s > seq => Some(Binding::Turn { seq: s }),
-                _ if self.turns_started > seq => None,
-                _ => Some(Binding::Awaiting { after_seq: seq }),
-            },
-        };
         let session = self.session.clone();
-        match handle_in {
+        // Ended inside a client turn: the main agent handles it there (settle at once); suppressed: no turn
+        // handles it. Otherwise it is `handling` until the end of the main turn that Kimi names it in (a
+        // notification turn, or the running turn it is injected into): several ending close together may
+        // share one turn or get one each (both seen live).
+        let turn = match self.named.get(&id) {
+            _ if suppressed || ended_in == EndedIn::UserTurn => None,
+            // Known late (a subagent run settles after its own wire's turn end): that turn handled it.
+            Some((_, true)) => None,
+            Some((seq, false)) => Some(Some(*seq)),
+            None => Some(None),
+        };
+        match turn {
             None => self.send(&Wait::new(&session, &id, state), out),
-            Some(binding) => {
+            Some(turn) => {
                 self.send(&Wait::new(&session, &id, State::Handling), out);
-                self.handling.push((id, state));
-                // Several ending together join the same handling turn.
-                match (self.binding, binding) {
-                    (None, b) | (Some(Binding::Awaiting { .. }), b @ Binding::Turn { .. }) => self.binding = Some(b),
-                    _ => {}
-                }
+                self.handling.push(Handled { wait_id: id, state, turn });
             }
         }
     }
 
-    fn settle_handling(&mut self, out: &mut Vec<Frame>) {
-        self.binding = None;
+    /// The main turn `seq` ended: what it handled is settled.
+    fn settle_handling(&mut self, seq: u64, out: &mut Vec<Frame>) {
         let session = self.session.clone();
-        for (id, state) in std::mem::take(&mut self.handling) {
-            self.send(&Wait::new(&session, &id, state), out);
+        let (done, rest): (Vec<Handled>, Vec<Handled>) =
+            std::mem::take(&mut self.handling).into_iter().partition(|h| h.turn == Some(seq));
+        self.handling = rest;
+        for h in done {
+            self.send(&Wait::new(&session, &h.wait_id, h.state), out);
         }
     }
 
@@ -448,7 +503,9 @@ impl Translator {
             let Some(agent) = self.agents.get_mut(name) else { return };
             let Some(run) = agent.runs.front() else { return };
             let Some((state, ended_in, suppressed)) = run.end else { return };
-            if !(run.turn_done || run.drains_since_end >= 2) {
+            // Not before the run's turn end shows in its wire: its progress comes first (a scan that read
+            // the parent's end record may precede the one that reads the subagent's last records).
+            if !(run.turn_done || run.overdue) {
                 return;
             }
             let Some(run) = agent.runs.pop_front() else { return };
@@ -608,8 +665,12 @@ mod tests {
         assert!(!t.main_busy());
     }
 
+    fn injected(task: &str) -> Value {
+        json!({"type":"context.append_message","agentId":"main","message":{"role":"user","content":[],"origin":{"kind":"task","taskId":task}},"time":1})
+    }
+
     #[test]
-    fn several_ending_together_join_one_handling_turn() {
+    fn several_ending_together_join_the_turn_their_notification_is_injected_into() {
         let mut t = t();
         run(
             &mut t,
@@ -626,6 +687,7 @@ mod tests {
                 ("main", task("task.terminated", "bash-1", "completed")),
                 ("main", prompt(1, json!({"kind":"task","taskId":"bash-1"}))),
                 ("main", task("task.terminated", "bash-2", "completed")),
+                ("main", injected("bash-2")),
                 ("main", ended(1)),
             ],
         );
@@ -633,6 +695,52 @@ mod tests {
             out,
             ["wait S bash-1 handling", "wait S bash-2 handling", "wait S bash-1 done", "wait S bash-2 done"]
         );
+        assert!(!t.main_busy());
+    }
+
+    #[test]
+    fn one_ending_during_the_turn_of_another_waits_for_the_turn_that_names_it() {
+        // Seen live: the second task's notification got a turn of its own after the first one's.
+        let mut t = t();
+        run(
+            &mut t,
+            &[
+                ("main", user(0)),
+                ("main", task("task.started", "bash-1", "running")),
+                ("main", task("task.started", "bash-2", "running")),
+                ("main", ended(0)),
+            ],
+        );
+        let out = run(
+            &mut t,
+            &[
+                ("main", task("task.terminated", "bash-1", "completed")),
+                ("main", prompt(1, json!({"kind":"task","taskId":"bash-1"}))),
+                ("main", task("task.terminated", "bash-2", "failed")),
+                ("main", text(1, "first")),
+                ("main", ended(1)),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "wait S bash-1 handling",
+                "wait S bash-2 handling",
+                "update S agent_message_chunk first",
+                "wait S bash-1 done"
+            ]
+        );
+        assert!(t.main_busy(), "bash-2 still waits for its turn");
+        let out = run(
+            &mut t,
+            &[
+                ("main", prompt(2, json!({"kind":"task","taskId":"bash-2"}))),
+                ("main", text(2, "second")),
+                ("main", ended(2)),
+            ],
+        );
+        assert_eq!(out, ["update S agent_message_chunk second", "wait S bash-2 failed"]);
+        assert!(!t.main_busy());
     }
 
     #[test]

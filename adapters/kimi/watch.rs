@@ -45,6 +45,9 @@ pub struct Start {
     pub header: Vec<u8>,
     /// Wall-clock ms at the start: records older than this are history.
     pub cutoff_ms: u64,
+    /// With `snapshot`: the wires (whole, up to where the watch starts reading) and task files as they
+    /// were at the start, for a recording of a session made before the shim saw it (fixtures/README.md).
+    pub snapshot: Vec<Chunk>,
 }
 
 /// Keeps the watch alive; dropping it stops the thread.
@@ -131,9 +134,24 @@ fn is_task_file(p: &Path) -> bool {
         && p.parent().and_then(Path::file_name).is_some_and(|n| n == "tasks")
 }
 
+/// `agents/*/tasks/*.json` currently present.
+fn task_paths(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir.join("agents"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|d| std::fs::read_dir(d.path().join("tasks")).ok())
+                .flat_map(|tasks| tasks.flatten().map(|t| t.path()))
+                .filter(|p| is_task_file(p))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
 /// Starts watching `dir` (a session folder). History is skipped: existing wires are read from their
-/// current end.
-pub fn start(session: &str, dir: &Path, events: EventSender) -> Result<(Start, Handle), String> {
+/// current end. `snapshot`: also hand back what the files held at the start ([`Start::snapshot`]).
+pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> Result<(Start, Handle), String> {
     let main = dir.join("agents/main/wire.jsonl");
     let header = File::open(&main)
         .and_then(|f| {
@@ -149,10 +167,27 @@ pub fn start(session: &str, dir: &Path, events: EventSender) -> Result<(Start, H
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
     let cutoff_ms = now_ms();
     let mut reader = Reader { dir: dir.to_path_buf(), wires: HashMap::new() };
-    for path in reader.wire_paths() {
-        if let Ok(meta) = std::fs::metadata(&path) {
-            reader.wires.insert(path, Tracked { offset: meta.len(), inode: meta.ino() });
+    let mut taken = Vec::new();
+    if snapshot {
+        for path in task_paths(dir) {
+            if let Ok(bytes) = std::fs::read(&path) {
+                taken.push(Chunk { file: reader.rel(&path), op: Op::Replace, bytes });
+            }
         }
+    }
+    for path in reader.wire_paths() {
+        let Ok(mut f) = File::open(&path) else { continue };
+        let Ok(meta) = f.metadata() else { continue };
+        let mut offset = meta.len();
+        if snapshot {
+            // The watch reads on from exactly where the snapshot ends.
+            let mut bytes = Vec::new();
+            if f.read_to_end(&mut bytes).is_ok() {
+                offset = bytes.len() as u64;
+                taken.push(Chunk { file: reader.rel(&path), op: Op::Append, bytes });
+            }
+        }
+        reader.wires.insert(path, Tracked { offset, inode: meta.ino() });
     }
     let session = session.to_owned();
     let spawned = std::thread::Builder::new().name(format!("kimi-watch-{session}")).spawn(move || {
@@ -196,5 +231,5 @@ pub fn start(session: &str, dir: &Path, events: EventSender) -> Result<(Start, H
         }
     });
     spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
-    Ok((Start { header, cutoff_ms }, Handle { _watcher: watcher }))
+    Ok((Start { header, cutoff_ms, snapshot: taken }, Handle { _watcher: watcher }))
 }

@@ -39,6 +39,11 @@ pub enum Record {
     },
     TaskStarted(TaskInfo),
     TaskTerminated(TaskInfo),
+    /// A message added to the running turn (`context.append_message`); with `origin.kind: task` it is a
+    /// background task's notification injected into that turn (kimi.md §3.3).
+    Injected {
+        origin: Origin,
+    },
     /// `WaitFor` handed these tasks' results to the agent (their notifications are suppressed).
     WaitDelivered {
         task_ids: Vec<String>,
@@ -170,6 +175,16 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
             turn_id: turn_number(v.get("turnId")).ok_or("turn.ended without turnId")?,
             reason: s(&v, "reason").unwrap_or_default(),
         },
+        "context.append_message" => {
+            let o = v.pointer("/message/origin").cloned().unwrap_or(Value::Null);
+            Record::Injected {
+                origin: Origin {
+                    kind: s(&o, "kind").unwrap_or_default(),
+                    task_id: s(&o, "taskId"),
+                    name: s(&o, "name"),
+                },
+            }
+        }
         "context.append_loop_event" => {
             let e = v.get("event").cloned().unwrap_or(Value::Null);
             let turn_id = turn_number(e.get("turnId"));

@@ -1,0 +1,280 @@
+//! coda-kimi's activity layer, binary level: the real binary with a stand-in for `kimi acp` whose stdout the
+//! test writes (through a FIFO) and whose session files the test writes, so each rule is driven exactly:
+//! a prompt held while Kimi runs a turn of its own, a prompt answer held until the wire shows the turn's end
+//! (and released after `ANSWER_HOLD` when it never does), `_coda/wait/stop` refused, `session/cancel` of a
+//! held prompt, and a subagent run whose own turn end never shows.
+
+#[path = "support/shim.rs"]
+mod shim;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const SESSION: &str = "session_6b1d1f0e-0000-4000-8000-00000000a11e";
+
+/// Logs what it receives into `$AGENT_LOG` and writes to its stdout what the test puts into `$AGENT_FIFO`.
+const FAKE_KIMI: &str = r#"#!/bin/bash
+exec 3<&0
+cat <&3 > "$AGENT_LOG" &
+exec cat "$AGENT_FIFO"
+"#;
+
+struct Kimi {
+    root: PathBuf,
+    shim: shim::Shim,
+    fifo: File,
+    session_dir: PathBuf,
+    /// Milliseconds for the next wire record's `time`.
+    clock: u64,
+}
+
+impl Kimi {
+    /// coda-kimi with the stand-in, after initialize (Coda declares waits) and session/new.
+    fn start(name: &str) -> Kimi {
+        let root = std::env::temp_dir().join(format!("coda-kimi-activity-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("home/.kimi-code")).unwrap();
+        let script = root.join("fake-kimi.sh");
+        std::fs::write(&script, FAKE_KIMI).unwrap();
+        let fifo_path = root.join("stdout.fifo");
+        assert!(Command::new("mkfifo").arg(&fifo_path).status().unwrap().success(), "mkfifo");
+        let cmd = Command::new(shim::binary("kimi"));
+        let shim = shim::Builder::from_command(cmd)
+            .env("CODA_KIMI_COMMAND", &format!("bash {}", script.display()))
+            .env("KIMI_CODE_HOME", &root.join("home/.kimi-code").display().to_string())
+            .env("HOME", &root.join("home").display().to_string())
+            .env("AGENT_LOG", &root.join("agent.log").display().to_string())
+            .env("AGENT_FIFO", &fifo_path.display().to_string())
+            .env("CODA_SHIM_LOG", "warn")
+            .start();
+        // Blocks until the stand-in opens the FIFO.
+        let fifo = OpenOptions::new().write(true).open(&fifo_path).unwrap();
+        let session_dir = root.join(format!("home/.kimi-code/sessions/wd_work_000000000000/{SESSION}"));
+        let mut k = Kimi { root, shim, fifo, session_dir, clock: 1_796_000_000_000 };
+        let caps = json!({"_meta": {"coda": {"waits": {}}}});
+        k.client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}}));
+        k.agent_gets(|v| v["method"] == "initialize");
+        k.agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}));
+        let init = k.recv();
+        assert_eq!(init["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}), "{init}");
+        k.client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        k.agent_gets(|v| v["method"] == "session/new");
+        std::fs::create_dir_all(k.session_dir.join("agents/main")).unwrap();
+        k.wire("main", &[json!({"type":"metadata","protocol_version":"1.5","created_at":1})]);
+        k.agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SESSION}}));
+        assert_eq!(k.recv()["result"]["sessionId"], SESSION);
+        k
+    }
+
+    fn client(&mut self, v: Value) {
+        self.shim.send_json(&v);
+    }
+
+    /// A frame from `kimi acp` to the shim.
+    fn agent(&mut self, v: Value) {
+        writeln!(self.fifo, "{v}").unwrap();
+        self.fifo.flush().unwrap();
+    }
+
+    /// Appends records to `agents/<agent>/wire.jsonl` in one write, as Kimi flushes; `time` is set.
+    fn wire(&mut self, agent: &str, records: &[Value]) {
+        let path = self.session_dir.join(format!("agents/{agent}/wire.jsonl"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut text = String::new();
+        for r in records {
+            let mut r = r.clone();
+            if r.get("time").is_none() {
+                self.clock += 1;
+                r["time"] = json!(self.clock);
+            }
+            text += &format!("{r}\n");
+        }
+        let mut f = OpenOptions::new().create(true).append(true).open(path).unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    }
+
+    /// Frames the stand-in received so far.
+    fn agent_log(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.root.join("agent.log")).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    }
+
+    /// Waits until the stand-in received a frame matching `want`.
+    fn agent_gets(&self, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + shim::TIMEOUT;
+        loop {
+            if let Some(v) = self.agent_log().into_iter().find(&want) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "the agent never received the frame; it got {:?}", self.agent_log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn recv(&mut self) -> Value {
+        self.shim.recv_json()
+    }
+
+    /// Nothing reaches the client for `quiet`.
+    fn nothing_for(&mut self, quiet: Duration) {
+        if let Some(line) = self.shim.try_recv(quiet) {
+            panic!("expected nothing for {quiet:?}, got {line}");
+        }
+    }
+}
+
+impl Drop for Kimi {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn user_turn(turn: i64) -> Value {
+    json!({"type":"turn.prompt","agentId":"main","turnId":turn,"origin":{"kind":"user"},"input":[]})
+}
+fn own_turn(turn: i64, task: &str) -> Value {
+    json!({"type":"turn.prompt","agentId":"main","turnId":turn,"origin":{"kind":"task","taskId":task,"status":"completed"},"input":[]})
+}
+fn turn_ended(turn: i64) -> Value {
+    json!({"type":"turn.ended","agentId":"main","turnId":turn,"reason":"completed"})
+}
+fn task(ty: &str, id: &str, status: &str) -> Value {
+    json!({"type":ty,"agentId":"main","info":{"taskId":id,"kind":"process","status":status,"description":"bg sleep","command":"sleep 1","detached":true}})
+}
+fn text(turn: i64, t: &str) -> Value {
+    json!({"type":"context.append_loop_event","agentId":"main","event":{"type":"content.part","turnId":turn.to_string(),"step":1,"part":{"type":"text","text":t}}})
+}
+fn prompt(id: i64, words: &str) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":SESSION,"prompt":[{"type":"text","text":words}]}})
+}
+fn wait_line(v: &Value) -> String {
+    let p = &v["params"];
+    format!(
+        "{} {} {}",
+        v["method"].as_str().unwrap_or("?"),
+        p["waitId"].as_str().unwrap_or(""),
+        p["state"].as_str().unwrap_or("")
+    )
+}
+
+/// A task that ended after the client turn puts Kimi in a turn of its own: the state every test below starts from.
+fn kimi_in_its_own_turn(k: &mut Kimi) {
+    k.wire("main", &[user_turn(0), task("task.started", "bash-aaaa1111", "running"), turn_ended(0)]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 waiting");
+    k.wire("main", &[task("task.terminated", "bash-aaaa1111", "completed")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 handling");
+    k.wire("main", &[own_turn(1, "bash-aaaa1111")]);
+}
+
+#[test]
+fn a_prompt_sent_while_kimi_runs_its_own_turn_is_held_until_that_turn_ends() {
+    let mut k = Kimi::start("held");
+    kimi_in_its_own_turn(&mut k);
+    k.client(prompt(5, "next"));
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        !k.agent_log().iter().any(|v| v["id"] == 5),
+        "Kimi would answer it empty and run it unreported (kimi.md §3.3): it must not get it yet"
+    );
+    k.wire("main", &[text(1, "handled it"), turn_ended(1)]);
+    let update = k.recv();
+    assert_eq!(update["params"]["update"]["content"]["text"], "handled it", "{update}");
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 done");
+    let got = k.agent_gets(|v| v["id"] == 5);
+    assert_eq!(got["method"], "session/prompt");
+    // The prompt's own turn, then its answer.
+    k.wire("main", &[user_turn(2), turn_ended(2)]);
+    k.agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+    assert_eq!(k.recv(), json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+}
+
+#[test]
+fn a_prompt_answer_waits_for_the_turn_end_on_the_wire_and_at_most_answer_hold() {
+    let mut k = Kimi::start("answer");
+    k.client(prompt(5, "go"));
+    k.agent_gets(|v| v["id"] == 5);
+    k.wire("main", &[user_turn(0)]);
+    // Kimi writes the turn's start long before it answers (at least one model round trip).
+    std::thread::sleep(Duration::from_millis(200));
+    // Kimi answers before it flushed the records of that turn (seen live: the tool call's records land
+    // ~70 ms after the answer).
+    k.agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+    k.nothing_for(Duration::from_millis(300));
+    k.wire("main", &[task("task.started", "bash-bbbb2222", "running"), turn_ended(0)]);
+    // Rule 1: registered inside the turn that started it, so before that turn's answer.
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-bbbb2222 waiting");
+    assert_eq!(k.recv()["id"], 5);
+
+    // A turn whose end never shows on the wire: the answer goes out after ANSWER_HOLD (2 s), with a warning.
+    k.client(prompt(6, "again"));
+    k.agent_gets(|v| v["id"] == 6);
+    k.wire("main", &[user_turn(1)]);
+    std::thread::sleep(Duration::from_millis(200));
+    let held = Instant::now();
+    k.agent(json!({"jsonrpc":"2.0","id":6,"result":{"stopReason":"end_turn"}}));
+    let answer = k.recv();
+    let after = held.elapsed();
+    assert_eq!(answer["id"], 6);
+    assert!(after >= Duration::from_millis(1800) && after < Duration::from_secs(5), "released after {after:?}");
+    std::thread::sleep(Duration::from_millis(100));
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(stderr.contains("has not shown that turn's end"), "{stderr}");
+}
+
+#[test]
+fn wait_stop_is_refused_with_invalid_params() {
+    let mut k = Kimi::start("stop");
+    k.client(
+        json!({"jsonrpc":"2.0","id":9,"method":"_coda/wait/stop","params":{"sessionId":SESSION,"waitId":"bash-x"}}),
+    );
+    let answer = k.recv();
+    assert_eq!(answer["id"], 9);
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!k.agent_log().iter().any(|v| v["id"] == 9), "Kimi never sees Coda's stop");
+}
+
+#[test]
+fn cancel_of_a_held_prompt_answers_it_cancelled_and_kimi_sees_neither() {
+    let mut k = Kimi::start("cancel");
+    kimi_in_its_own_turn(&mut k);
+    k.client(prompt(7, "next"));
+    std::thread::sleep(Duration::from_millis(200));
+    k.client(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":SESSION}}));
+    assert_eq!(k.recv(), json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"cancelled"}}));
+    // Kimi's own turn goes on and settles; the cancelled prompt is never sent.
+    k.wire("main", &[turn_ended(1)]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 done");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = k.agent_log();
+    assert!(!log.iter().any(|v| v["id"] == 7 || v["method"] == "session/cancel"), "{log:?}");
+}
+
+#[test]
+fn a_subagent_run_whose_turn_end_never_shows_is_settled_after_the_grace() {
+    let mut k = Kimi::start("subagent");
+    k.wire("main", &[user_turn(0)]);
+    k.wire("main", &[json!({"type":"subagent.spawned","subagentId":"agent-0","parentAgentId":"main","description":"helper","runInBackground":false,"taskId":"agent-cccc3333"})]);
+    k.wire(
+        "agent-0",
+        &[
+            json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
+            json!({"type":"turn.prompt","agentId":"agent-0","turnId":0,"origin":{"kind":"system_trigger","name":"subagent"},"input":[]}),
+        ],
+    );
+    let w = k.recv();
+    assert_eq!(wait_line(&w), "_coda/wait agent-cccc3333 waiting");
+    assert_eq!(w["params"]["childSessionId"], "agent-0");
+    // The parent records the end; the subagent's wire never shows its turn end.
+    k.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0"}), turn_ended(0)]);
+    let ended = Instant::now();
+    let done = k.recv();
+    assert_eq!(wait_line(&done), "_coda/wait agent-cccc3333 done");
+    let after = ended.elapsed();
+    assert!(after >= Duration::from_millis(1500) && after < Duration::from_secs(5), "settled after {after:?}");
+}

@@ -1,0 +1,382 @@
+//! Live: records the Kimi activity fixtures (`fixtures/kimi/<scenario>/`) from the real Kimi Code CLI and
+//! proves each recording replays through coda-kimi with `acp-replay` re-creating Kimi's file writes.
+//!
+//! Opt-in: `CODA_LIVE=1 cargo test --test kimi_live -- --nocapture` (after `scripts/install-clis kimi`).
+//! `CODA_RECORD=1` also writes the fixtures (review the diff before committing); `CODA_KIMI_ONLY=a,b` limits
+//! the scenarios. Each scenario runs coda-kimi with `--trace-file` and `CODA_KIMI_RECORD` (the watcher's file
+//! log, with the session's files as found when it opened) against `kimi acp` and the fake model, and prints
+//! what Coda received (`expected.txt` notation, see tests/kimi_common).
+
+#[path = "support/fake_model.rs"]
+mod fake_model;
+mod kimi_common;
+#[path = "support/live.rs"]
+mod live;
+#[path = "support/replay.rs"]
+mod replay_support;
+#[path = "support/shim.rs"]
+mod shim;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use coda_shim::replay::{self, Normaliser};
+use serde_json::{Value, json};
+
+/// Quiet time after which a scenario whose waits have all ended is over.
+const QUIET: Duration = Duration::from_millis(1500);
+
+/// One coda-kimi process against the live CLI, playing Coda.
+struct Run {
+    shim: shim::Shim,
+    next_id: i64,
+    /// waitId -> latest state.
+    waits: BTreeMap<String, String>,
+    /// Every frame received, for the report.
+    log: Vec<Value>,
+}
+
+impl Run {
+    fn start(lc: &live::LiveCommand, trace: &Path, files: &Path) -> Run {
+        let cmd = lc.shim_command(&replay_support::shim_binary("kimi"));
+        let shim = shim::Builder::from_command(cmd)
+            .env("CODA_KIMI_RECORD", &files.display().to_string())
+            .arg("--trace-file")
+            .arg(&trace.display().to_string())
+            .start();
+        Run { shim, next_id: 1, waits: BTreeMap::new(), log: Vec::new() }
+    }
+
+    /// Handles one received frame: approves permission requests, tracks waits.
+    fn take(&mut self, line: &str) -> Value {
+        let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+        if v["method"] == "session/request_permission" {
+            let answer = json!({"jsonrpc": "2.0", "id": v["id"],
+                "result": {"outcome": {"outcome": "selected", "optionId": "approve_once"}}});
+            self.shim.send_json(&answer);
+        }
+        if v["method"] == "_coda/wait" {
+            let p = &v["params"];
+            let id = p["waitId"].as_str().unwrap_or("").to_owned();
+            self.waits.insert(id, p["state"].as_str().unwrap_or("").to_owned());
+        }
+        self.log.push(v.clone());
+        v
+    }
+
+    fn send(&mut self, method: &str, params: Value) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.shim.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    /// Reads frames until the answer to `id`.
+    fn answer(&mut self, id: i64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            let Some(line) = self.shim.try_recv(Duration::from_millis(200)) else { continue };
+            let v = self.take(&line);
+            if v["id"] == json!(id) && v.get("method").is_none() {
+                return v;
+            }
+        }
+        panic!("no answer to request {id}; stderr: {:?}", self.shim.drain_stderr());
+    }
+
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
+        let answer = self.answer(id);
+        assert!(answer.get("result").is_some(), "{method} failed: {answer}");
+        answer
+    }
+
+    fn prompt(&mut self, sid: &str, text: &str) -> Value {
+        self.call("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}))
+    }
+
+    fn all_ended(&self) -> bool {
+        self.waits.values().all(|s| ["done", "failed", "cancelled"].contains(&s.as_str()))
+    }
+
+    /// Reads frames until `until` holds, every wait has ended and nothing came for [`QUIET`].
+    fn settle_until(&mut self, within: Duration, until: impl Fn(&Run) -> bool) {
+        let deadline = Instant::now() + within;
+        let mut quiet_since = Instant::now();
+        while Instant::now() < deadline {
+            match self.shim.try_recv(Duration::from_millis(100)) {
+                Some(line) => {
+                    self.take(&line);
+                    quiet_since = Instant::now();
+                }
+                None if until(self) && self.all_ended() && quiet_since.elapsed() >= QUIET => return,
+                None => {}
+            }
+        }
+        eprintln!("settle: gave up after {within:?}; waits {:?}", self.waits);
+    }
+
+    fn settle(&mut self, within: Duration) {
+        self.settle_until(within, |_| true);
+    }
+
+    /// Reads frames until one satisfies `want`.
+    fn until(&mut self, within: Duration, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(line) = self.shim.try_recv(Duration::from_millis(100)) {
+                let v = self.take(&line);
+                if want(&v) {
+                    return v;
+                }
+            }
+        }
+        panic!("the awaited frame never came; waits {:?}", self.waits);
+    }
+
+    fn initialize(&mut self) {
+        let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+            "_meta": {"coda": {"waits": {}}}});
+        self.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": caps}));
+    }
+
+    fn new_session(&mut self, cwd: &str) -> String {
+        let answer = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+        answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
+    }
+
+    fn finish(mut self) -> Vec<Value> {
+        self.shim.close_stdin();
+        let status = self.shim.wait(Duration::from_secs(20));
+        assert!(status.success(), "the shim exited with {status}; stderr: {:?}", self.shim.drain_stderr());
+        self.log
+    }
+
+    /// Ends the process whatever its exit status (Kimi with a background command running does not exit on
+    /// stdin EOF by itself; the shim's ladder ends it with SIGTERM).
+    fn end(mut self) -> std::process::ExitStatus {
+        self.shim.close_stdin();
+        self.shim.wait(Duration::from_secs(20))
+    }
+}
+
+fn wait_state(v: &Value, state: &str) -> bool {
+    v["method"] == "_coda/wait" && v["params"]["state"] == state
+}
+
+/// Normalises the trace and the file log, replays them through coda-kimi, prints what Coda received, and with
+/// `CODA_RECORD=1` writes the fixture.
+fn keep(scenario: &str, trace: &Path, files: &Path, root: &Path, notes: &str) {
+    let mut n = Normaliser::for_live_root(root);
+    n.add(&live::live_root().display().to_string(), "LIVE");
+    let norm = |path: &Path| -> String {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines().filter(|l| !l.trim().is_empty()).map(|l| n.apply(l) + "\n").collect()
+    };
+    // Raw records (with `ts`): coda_shim::replay::load merges files.jsonl beside trace.jsonl by time.
+    let (trace_text, files_text) = (norm(trace), norm(files));
+    for (what, text) in [("trace", &trace_text), ("file log", &files_text)] {
+        let left = n.leftovers(text);
+        assert!(left.is_empty(), "kimi/{scenario}: the {what} still names {left:?}");
+    }
+    let scratch = root.join("fixture").join(scenario);
+    std::fs::create_dir_all(&scratch).unwrap();
+    std::fs::write(scratch.join(replay::TRACE_FILE), &trace_text).unwrap();
+    std::fs::write(scratch.join(replay::FILES_FILE), &files_text).unwrap();
+    let seen = kimi_common::summary(&trace_text);
+    eprintln!("kimi/{scenario}: what Coda received:\n  {}", seen.join("\n  "));
+    let report = replay_support::check("kimi", &scratch);
+    match &report {
+        Ok(r) => eprintln!("kimi/{scenario}: replayed through coda-kimi: {r:?}"),
+        Err(e) => eprintln!("kimi/{scenario}: REPLAY FAILED: {e}"),
+    }
+    if std::env::var_os("CODA_RECORD").is_some() {
+        let dir: PathBuf = replay_support::fixtures_root().join("kimi").join(scenario);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(replay::TRACE_FILE), &trace_text).unwrap();
+        std::fs::write(dir.join(replay::FILES_FILE), &files_text).unwrap();
+        std::fs::write(dir.join("expected.txt"), seen.join("\n") + "\n").unwrap();
+        let meta = json!({"agent": "kimi", "scenario": scenario, "cli": "@moonshot-ai/kimi-code@2.1.0",
+            "recorded_by": "tests/kimi_live.rs", "notes": notes});
+        std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).unwrap();
+        eprintln!("wrote {}", dir.display());
+    }
+    if let Err(e) = report {
+        FAILED.lock().unwrap().push(format!("kimi/{scenario}: the recording does not replay: {e}"));
+    }
+}
+
+/// Replays that failed (the other scenarios still run).
+static FAILED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn wanted(scenario: &str) -> bool {
+    std::env::var("CODA_KIMI_ONLY").map_or(true, |only| only.split(',').any(|s| s.trim() == scenario))
+}
+
+struct Live {
+    lc: live::LiveCommand,
+    root: PathBuf,
+    cwd: String,
+    _model: fake_model::FakeModel,
+}
+
+impl Live {
+    fn start() -> Option<Live> {
+        if std::env::var_os("CODA_LIVE").is_none() {
+            eprintln!("skipped live Kimi recordings: set CODA_LIVE=1 (after scripts/install-clis kimi)");
+            return None;
+        }
+        if let Err(why) = live::installed("kimi") {
+            eprintln!("skipped live Kimi recordings: {why}");
+            return None;
+        }
+        let model = fake_model::FakeModel::start();
+        let root = std::env::temp_dir().join(format!("coda-kimi-live-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let lc = live::prepare("kimi", &model.base_url(), &root).expect("prepare kimi");
+        let cwd = lc.workdir.display().to_string();
+        Some(Live { lc, root, cwd, _model: model })
+    }
+
+    fn paths(&self, scenario: &str) -> (PathBuf, PathBuf) {
+        let dir = self.root.join("traces");
+        std::fs::create_dir_all(&dir).unwrap();
+        (dir.join(format!("{scenario}.trace.jsonl")), dir.join(format!("{scenario}.files.jsonl")))
+    }
+
+    /// A fresh process with a new session: runs `script`, then keeps the recording.
+    fn scenario(&self, scenario: &str, notes: &str, script: impl FnOnce(&mut Run, &str)) {
+        if !wanted(scenario) {
+            return;
+        }
+        let (trace, files) = self.paths(scenario);
+        let mut run = Run::start(&self.lc, &trace, &files);
+        run.initialize();
+        let sid = run.new_session(&self.cwd);
+        script(&mut run, &sid);
+        run.finish();
+        keep(scenario, &trace, &files, &self.root, notes);
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if std::env::var_os("CODA_KEEP_LIVE").is_none() {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+#[test]
+fn record_kimi_activity() {
+    let Some(live) = Live::start() else { return };
+    let long = Duration::from_secs(40);
+
+    live.scenario(
+        "bg-ends-in-turn",
+        "a background command that ends while a parallel foreground one still runs",
+        |run, sid| {
+            run.prompt(sid, "[[bg:sleep 0.5]] [[sh:sleep 1.5]]");
+            run.settle(long);
+        },
+    );
+    live.scenario("bg-ends-after-turn", "ends after the turn: handling, Kimi's own turn, settled", |run, sid| {
+        run.prompt(sid, "[[bg:sleep 1]]");
+        run.settle(long);
+    });
+    live.scenario("bg-fails", "a background command exiting 3 after the turn", |run, sid| {
+        run.prompt(sid, "[[bg:sleep 0.5; exit 3]]");
+        run.settle(long);
+    });
+    live.scenario("bg-stopped", "TaskStop of a running background command, in the next turn", |run, sid| {
+        run.prompt(sid, "[[bg:sleep 30]]");
+        run.prompt(sid, r#"stop it [[tool:TaskStop|{"task_id":"$last_task","reason":"not needed"}]]"#);
+        run.settle(long);
+    });
+    live.scenario("bg-waitfor", "WaitFor consumes the result of a background command", |run, sid| {
+        run.prompt(sid, "[[bg:sleep 2]]");
+        run.prompt(sid, r#"wait for it [[tool:WaitFor|{"timeout":30,"task_id":"$last_task"}]]"#);
+        run.settle(long);
+    });
+    live.scenario("subagent-background", "a background subagent", |run, sid| {
+        run.prompt(sid, "[[subagent:[[text:sub done]]]]");
+        run.settle(long);
+    });
+    live.scenario("subagent-foreground", "a foreground subagent", |run, sid| {
+        run.prompt(sid, "[[subagent-fg:[[text:fg done]]]]");
+        run.settle(long);
+    });
+    live.scenario(
+        "subagent-resumed-twice",
+        "one subagent run, then resumed twice (Kimi resumes in the background)",
+        |run, sid| {
+            run.prompt(sid, "[[subagent-fg:[[text:run one]]]]");
+            run.settle(long);
+            run.prompt(sid, "[[resume:last|[[text:run two]]]]");
+            run.settle(long);
+            run.prompt(sid, "[[resume:last|[[text:run three]]]]");
+            run.settle(long);
+        },
+    );
+    live.scenario(
+        "subagent-own-background-command",
+        "a foreground subagent starts a background command that ends after its run",
+        |run, sid| {
+            run.prompt(sid, "[[subagent-fg:[[bg:sleep 1]]]]");
+            run.settle(long);
+        },
+    );
+    live.scenario(
+        "two-tasks-ending-together",
+        "two `sleep 2` started in one parallel tool call (identical calls would be one task: Kimi dedupes them)",
+        |run, sid| {
+            run.prompt(sid, "[[bg:sleep 2; echo a]] [[bg:sleep 2; echo b]]");
+            run.settle(long);
+        },
+    );
+    live.scenario("two-tasks-ending-close-together", "two tasks ending 10 ms apart", |run, sid| {
+        run.prompt(sid, "[[bg:sleep 2]] [[bg:sleep 2.01]]");
+        run.settle(long);
+    });
+    live.scenario(
+        "prompt-during-kimi-turn",
+        "Coda's prompt sent the moment the shim reports handling (Kimi's own turn): held until that turn ends",
+        |run, sid| {
+            run.prompt(sid, "[[bg:sleep 1]]");
+            run.until(long, |v| wait_state(v, "handling"));
+            run.prompt(sid, "meanwhile [[text:second answer]]");
+            run.settle(long);
+        },
+    );
+
+    // session/load in a new process after the previous one ended with a background command running.
+    if wanted("load-after-restart") {
+        let (trace, files) = live.paths("load-before-restart");
+        let mut run = Run::start(&live.lc, &trace, &files);
+        run.initialize();
+        let sid = run.new_session(&live.cwd);
+        run.prompt(&sid, "[[bg:sleep 60]]");
+        run.settle_until(Duration::from_secs(5), |_| true);
+        let status = run.end();
+        eprintln!("kimi/load-after-restart: the first process (a command still running) ended with {status}");
+        let (trace, files) = live.paths("load-after-restart");
+        let mut run = Run::start(&live.lc, &trace, &files);
+        run.initialize();
+        run.call("session/load", json!({"sessionId": sid, "cwd": live.cwd, "mcpServers": []}));
+        run.settle(Duration::from_secs(5));
+        run.prompt(&sid, "[[bg:sleep 0.5]] [[sh:sleep 1.5]]");
+        run.settle(long);
+        run.finish();
+        keep(
+            "load-after-restart",
+            &trace,
+            &files,
+            &live.root,
+            "session/load in a new process; the previous process ended with `sleep 60` running (Kimi marks it lost); then a command ending in a turn",
+        );
+    }
+    let failed = FAILED.lock().unwrap();
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
