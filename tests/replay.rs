@@ -26,7 +26,6 @@ fn opencode_fixtures_replay() {
 }
 
 #[test]
-#[ignore = "the Kimi file logs lack the session folder as found at session/new (fixtures/README.md, Kimi session files: \"at\":\"open\")"]
 fn kimi_fixtures_replay() {
     assert!(check_all("kimi") > 0, "no fixtures under fixtures/kimi");
 }
