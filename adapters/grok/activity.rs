@@ -392,6 +392,7 @@ impl Layer for GrokActivity {
                     && let Some(v) = frame.value()
                     && let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
+                    && !self.is_loading(sid)
                 {
                     self.tool_update(sid, u);
                 }

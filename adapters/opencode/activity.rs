@@ -53,6 +53,8 @@ pub struct OpenCodeActivity {
     prompts: HashMap<Id, String>,
     /// session/new|load|resume in flight -> cwd asked for.
     setup: HashMap<Id, (Option<String>, String)>,
+    /// `session/load` in flight -> session: its replayed history is not activity.
+    loading: HashMap<Id, String>,
     /// Session -> its cwd (for resuming its children).
     cwd: HashMap<String, String>,
     /// By (session, toolCallId) = (session, waitId).
@@ -99,6 +101,7 @@ impl OpenCodeActivity {
             register: Register::new(),
             prompts: HashMap::new(),
             setup: HashMap::new(),
+            loading: HashMap::new(),
             cwd: HashMap::new(),
             tasks: HashMap::new(),
             resumed: HashSet::new(),
@@ -232,6 +235,11 @@ impl Layer for OpenCodeActivity {
                         self.initialize.insert(id);
                     }
                     "session/new" | "session/load" | "session/resume" => {
+                        if method == "session/load"
+                            && let Some(sid) = param("sessionId")
+                        {
+                            self.loading.insert(id.clone(), sid.to_owned());
+                        }
                         if let Some(cwd) = param("cwd") {
                             self.setup.insert(id, (param("sessionId").map(str::to_owned), cwd.to_owned()));
                         }
@@ -266,6 +274,7 @@ impl Layer for OpenCodeActivity {
         match frame.kind().clone() {
             Kind::Response { id } => {
                 self.prompts.remove(&id);
+                self.loading.remove(&id);
                 if let Some((asked, cwd)) = self.setup.remove(&id) {
                     let sid = frame.value().and_then(|v| v.pointer("/result/sessionId").cloned());
                     if let Some(sid) = sid.as_ref().and_then(Value::as_str).map(str::to_owned).or(asked) {
@@ -290,7 +299,7 @@ impl Layer for OpenCodeActivity {
                 else {
                     return;
                 };
-                if self.resumed.contains(sid) {
+                if self.resumed.contains(sid) || self.loading.values().any(|s| s == sid) {
                     return;
                 }
                 let kind = u.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
@@ -502,6 +511,21 @@ mod tests {
         assert_eq!(agent(&mut stack, failed).0, vec![json!({"sessionId":P,"waitId":"call_1","state":"failed"})]);
         agent(&mut stack, json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
         assert!(agent(&mut stack, chunk(P)).0.is_empty());
+    }
+
+    #[test]
+    fn task_calls_replayed_by_a_load_are_history() {
+        let (mut stack, _) = started();
+        let mut exits = Exits::default();
+        let load =
+            json!({"jsonrpc":"2.0","id":7,"method":"session/load","params":{"sessionId":P,"cwd":"/w","mcpServers":[]}});
+        stack.from_client(parse(load), &mut exits);
+        assert!(agent(&mut stack, task_running("call_1", true, None)).0.is_empty());
+        let (waits, to_agent) = agent(&mut stack, task_done("call_1", true));
+        assert!(waits.is_empty() && to_agent.is_empty(), "no wait, no resume of an old child");
+        assert!(agent(&mut stack, chunk(P)).0.is_empty());
+        agent(&mut stack, json!({"jsonrpc":"2.0","id":7,"result":{}}));
+        assert!(agent(&mut stack, chunk(P)).0.is_empty(), "nothing was registered to handle");
     }
 
     #[test]
