@@ -42,8 +42,8 @@ pub(crate) struct Started {
     pub events: tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>,
 }
 
-/// Starts the child and stacks the adapter's layers over it, as [`main`] does, for an in-process client
-/// (prompt mode, doctor). Call inside a tokio runtime.
+/// Starts the child and stacks the adapter's layers over it: for the stdio relay in [`main`], and for an
+/// in-process client (prompt mode, doctor). Call inside a tokio runtime.
 pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started> {
     let env: Vec<(OsString, OsString)> = adapter
         .env_defaults
@@ -336,26 +336,15 @@ pub fn main(adapter: Adapter) -> ! {
         }
     };
     let code = runtime.block_on(async move {
-        let env: Vec<(OsString, OsString)> = adapter
-            .env_defaults
-            .iter()
-            .filter(|(k, _)| std::env::var_os(k).is_none())
-            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-            .collect();
-        let agent = match child::spawn(&found.command, &env) {
-            Ok(agent) => agent,
+        let Started { agent, stack, events } = match start(&adapter, &found) {
+            Ok(started) => started,
             Err(e) => {
                 eprintln!("{bin}: cannot start {}: {e}", found.command.display());
                 return 127;
             }
         };
         tracing::debug!(command = %found.command.display(), "started the agent");
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut setup =
-            Setup { command: &found.command, version: found.version.clone(), layers: Vec::new(), events: tx };
-        (adapter.layers)(&mut setup);
-        let stack = Stack::new(setup.layers);
-        relay::run(stack, agent, rx, relay::Options { max_line: args.max_line, trace }).await
+        relay::run(stack, agent, events, relay::Options { max_line: args.max_line, trace }).await
     });
     // The blocking stdin reader cannot be cancelled; leave without waiting for it.
     runtime.shutdown_timeout(Duration::from_millis(50));
