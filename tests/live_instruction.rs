@@ -58,6 +58,13 @@ fn marks_since(model: &fake_model::FakeModel, skip: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The last user message of a chat-completions request, as JSON (for the record of what the model got).
+fn last_user_message(body: &Value) -> String {
+    let messages = body.get("messages").and_then(Value::as_array);
+    let user = messages.and_then(|m| m.iter().rev().find(|m| m["role"] == "user"));
+    user.map_or_else(|| "(no chat messages)".to_owned(), |m| m["content"].to_string())
+}
+
 /// initialize, new with systemPrompt, a slash-command first prompt, a normal prompt, then load in a
 /// fresh process and one more prompt.
 fn check(agent: &str, command: &str) {
@@ -98,6 +105,9 @@ fn check(agent: &str, command: &str) {
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     let marks = marks_since(&model, before);
     eprintln!("{agent} first real prompt: marker counts per main model request {marks:?}");
+    if let Some(first) = model.model_requests().iter().skip(before).find(|r| r.origin == fake_model::Origin::Main) {
+        eprintln!("{agent} the model received as the last user message: {}", last_user_message(&first.body));
+    }
     assert_eq!(marks.first(), Some(&1), "the instruction reached the model exactly once");
     let leaked: Vec<&Value> = updates.iter().filter(|u| u.to_string().contains(MARK)).collect();
     assert!(leaked.is_empty(), "the client never sees the instruction: {leaked:?}");
