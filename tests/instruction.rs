@@ -53,7 +53,11 @@ fn instruction_goes_before_the_first_prompt_once() {
     assert_eq!(answer["result"]["stopReason"], "end_turn");
     assert_eq!(
         received_prompt(&before),
-        json!([{"type": "text", "text": wrapped()}, {"type": "text", "text": "hello"}])
+        // coda-opencode marks the block for the assistant (OpenCode keeps it as a synthetic part).
+        json!([
+            {"type": "text", "text": wrapped(), "annotations": {"audience": ["assistant"]}},
+            {"type": "text", "text": "hello"}
+        ])
     );
 
     let (_, before) = s.request(3, "session/prompt", prompt_params(&sid, "again"));

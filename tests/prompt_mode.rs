@@ -91,7 +91,7 @@ fn strip_ansi(s: &str) -> String {
 
 fn header(dir: &Path, prompt: &str) -> String {
     format!(
-        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt\n\
+        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits\n\
          session sess-1 (new) in {}; model not reported\n\
          no current model reported: Coda would refuse the turn (适配器未报告实际模型)\n\
          > {prompt}\n\
