@@ -239,14 +239,21 @@ fn first_non_space(bytes: &[u8]) -> Option<u8> {
 }
 
 fn classify(bytes: &[u8]) -> Result<Kind, Invalid> {
+    // The whole line, not only what the envelope reads: skipped strings are not checked by serde_json,
+    // and a peer must never get invalid UTF-8 from us (found by the `envelope` fuzz target).
+    let text = std::str::from_utf8(bytes).map_err(|e| Invalid {
+        code: -32700,
+        message: format!("parse error: invalid UTF-8 at byte {}", e.valid_up_to()),
+        id: None,
+    })?;
     if first_non_space(bytes) == Some(b'[') {
-        let items: Vec<IgnoredAny> = serde_json::from_slice(bytes).map_err(parse_error)?;
+        let items: Vec<IgnoredAny> = serde_json::from_str(text).map_err(parse_error)?;
         if items.is_empty() {
             return Err(invalid("an empty batch is not a JSON-RPC request", None));
         }
         return Ok(Kind::Batch);
     }
-    let env: Envelope = match serde_json::from_slice(bytes) {
+    let env: Envelope = match serde_json::from_str(text) {
         Ok(env) => env,
         Err(e) if e.is_data() => {
             return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
@@ -342,6 +349,10 @@ mod tests {
     fn invalid_utf8_is_an_error_not_a_panic() {
         let bytes = b"{\"jsonrpc\":\"2.0\",\"method\":\"\xff\"}".to_vec();
         assert_eq!(Frame::parse(bytes).unwrap_err().code, -32700);
+        // Also where the envelope does not look: in params, and inside a batch.
+        let in_params = b"{\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":{\"a\":\"\xac\"}}".to_vec();
+        assert_eq!(Frame::parse(in_params).unwrap_err().code, -32700);
+        assert_eq!(Frame::parse(b"[\"4,\xac\xac\"]".to_vec()).unwrap_err().code, -32700);
     }
 
     #[test]

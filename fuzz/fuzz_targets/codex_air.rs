@@ -1,0 +1,85 @@
+//! Codex's AIR translation and failure classification under any frames: never panics, untouched frames
+//! are byte-identical, rewritten ones stay JSON-RPC.
+#![no_main]
+
+#[allow(dead_code)]
+#[path = "../../adapters/codex/air.rs"]
+mod air;
+#[allow(dead_code)]
+#[path = "../../adapters/codex/failure.rs"]
+mod failure;
+
+use coda_shim::frame::Frame;
+use coda_shim::layer::{Exits, Stack};
+use libfuzzer_sys::arbitrary::{Result, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use serde_json::json;
+
+fn frame(u: &mut Unstructured) -> Result<(bool, Vec<u8>)> {
+    let id: u8 = u.arbitrary()?;
+    let sid = *u.choose(&["root", "child", "child:generation:2", "child:generation:x"])?;
+    let text: String = u.arbitrary()?;
+    let state = *u.choose(&["completed", "failed", "stopped", "cancelled", "disconnected", "running", ""])?;
+    let v = match u.int_in_range(0u8..=9)? {
+        0 => return Ok((u.arbitrary()?, u.arbitrary()?)),
+        1 => (
+            true,
+            json!({"jsonrpc":"2.0","id":id,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}}),
+        ),
+        2 => (
+            false,
+            json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":1,"agentCapabilities":{},"_meta":{"jetbrains":{"air":{"version":1,"capabilities":["asyncTasks","nativeSubagentSessions"]}}}}}),
+        ),
+        3 => (
+            false,
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"root","update":{"sessionUpdate":"async_task_spawned","asyncTaskId":text,"name":text,"canStop":true,"toolCallId":"t"}}}),
+        ),
+        4 => (
+            false,
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"root","update":{"sessionUpdate":"async_task_state_update","asyncTaskId":text,"state":state}}}),
+        ),
+        5 => (
+            false,
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"root","update":{"sessionUpdate":"subagent_spawned","subagentSessionId":sid,"name":text,"task":text,"capabilities":{}}}}),
+        ),
+        6 => (
+            false,
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"root","update":{"sessionUpdate":"subagent_state_update","subagentSessionId":sid,"state":state}}}),
+        ),
+        7 => {
+            (true, json!({"jsonrpc":"2.0","id":id,"method":"_coda/wait/stop","params":{"sessionId":sid,"waitId":text}}))
+        }
+        8 => (true, json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":sid,"prompt":[]}})),
+        _ => {
+            let failure = json!({"category":*u.choose(&["limit","service","connection","policy"])?,"actions":[text]});
+            (
+                false,
+                json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn","_meta":{"jetbrains":{"air":{"sessionFailure":failure}}}}}),
+            )
+        }
+    };
+    Ok((v.0, serde_json::to_vec(&v.1).expect("serialises")))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let mut stack = Stack::new(vec![Box::new(air::Air::new()), Box::new(failure::Failure::new())]);
+    // An exhausted `Unstructured` keeps yielding defaults: stop when the input is used up.
+    while !u.is_empty() {
+        let Ok((from_client, bytes)) = frame(&mut u) else { break };
+        let Ok(input) = Frame::parse(bytes.clone()) else { continue };
+        let mut exits = Exits::default();
+        if from_client {
+            stack.from_client(input, &mut exits);
+        } else {
+            stack.from_agent(input, &mut exits);
+        }
+        for out in exits.to_agent.iter().chain(&exits.to_client) {
+            if out.is_shim() {
+                assert!(Frame::parse(out.bytes().to_vec()).is_ok(), "a rewritten frame is JSON-RPC");
+            } else {
+                assert_eq!(out.bytes(), &bytes[..], "an untouched frame is byte-identical");
+            }
+        }
+    }
+});

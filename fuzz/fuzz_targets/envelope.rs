@@ -1,0 +1,36 @@
+//! The envelope view: never panics, and agrees with a full parse about what the frame is.
+#![no_main]
+
+use coda_shim::frame::{Frame, Kind};
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+
+fuzz_target!(|data: &[u8]| {
+    let full = serde_json::from_slice::<Value>(data);
+    match Frame::parse(data.to_vec()) {
+        Ok(frame) => {
+            let v = match full {
+                Ok(v) => v,
+                // Valid JSON that serde_json's Value cannot hold (a number beyond f64, e.g. 1e400):
+                // the envelope rightly accepts it and passes it on as it came.
+                Err(e) if e.to_string().starts_with("number out of range") => return,
+                Err(e) => panic!("the envelope accepted what is not JSON: {e}"),
+            };
+            assert_eq!(frame.bytes(), data, "bytes are kept as they came");
+            match frame.kind() {
+                Kind::Batch => assert!(v.as_array().is_some_and(|a| !a.is_empty())),
+                Kind::Request { method, id } => {
+                    assert_eq!(v["method"].as_str(), Some(method.as_str()));
+                    assert!(v.get("id").is_some());
+                    let _ = id.to_value();
+                }
+                Kind::Notification { method } => {
+                    assert_eq!(v["method"].as_str(), Some(method.as_str()));
+                    assert!(v.get("id").is_none());
+                }
+                Kind::Response { .. } => assert!(v.get("result").is_some() || v.get("error").is_some()),
+            }
+        }
+        Err(e) => assert!(e.code == -32700 || e.code == -32600),
+    }
+});
