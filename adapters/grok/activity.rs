@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use coda_shim::frame::{self, Frame, Id, Kind};
+use coda_shim::frame::{self, Frame, Id, Kind, Needle};
 use coda_shim::layer::{Cx, Layer};
 use coda_shim::wait::{self, Register, State, Wait};
 use serde_json::{Value, json};
@@ -64,6 +64,8 @@ pub struct GrokActivity {
     loading: HashMap<Id, String>,
     next_tag: u64,
 }
+
+static SPAWN_SUBAGENT: Needle = coda_shim::needle!(b"spawn_subagent");
 
 fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
@@ -388,7 +390,7 @@ impl Layer for GrokActivity {
             }
             Kind::Notification { method } if method == "session/update" => {
                 let watching = self.spawn_calls.values().any(|c| !c.is_empty());
-                if (watching || frame.contains(b"spawn_subagent"))
+                if (watching || frame.has(&SPAWN_SUBAGENT))
                     && let Some(v) = frame.value()
                     && let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
