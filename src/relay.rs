@@ -56,6 +56,35 @@ const BATCH_BYTES: usize = 1 << 20;
 /// Batches waiting in a channel between a reader or writer and the loop.
 const CHANNEL: usize = 4;
 
+/// Gathers the frames a reader can take without waiting into one batch.
+#[derive(Default)]
+struct Batcher {
+    frames: Vec<Input>,
+    bytes: usize,
+}
+
+impl Batcher {
+    /// Adds what one read gave. Returns the batch to hand over (and whether the reader stops) once no
+    /// further line is buffered, the batch is full, or the stream ended or failed; `None` to read on.
+    fn take(&mut self, read: std::io::Result<Option<Line>>, more_buffered: bool) -> Option<(Inputs, bool)> {
+        match read {
+            Ok(Some(line)) => {
+                self.bytes += line.len();
+                self.frames.push(to_input(line));
+                if more_buffered && self.frames.len() < BATCH && self.bytes < BATCH_BYTES {
+                    return None;
+                }
+                self.bytes = 0;
+                Some((Ok(std::mem::take(&mut self.frames)), false))
+            }
+            Ok(None) => Some((Ok(std::mem::take(&mut self.frames)), true)),
+            // Nothing is pending here: frames are only held back while a whole line is already
+            // buffered, and reading a buffered line does no I/O that could fail.
+            Err(e) => Some((Err(e), true)),
+        }
+    }
+}
+
 /// Reads and parses frames on a task: parsing runs beside the relay loop, not in it. Frames already
 /// buffered go as one batch, so a burst costs one wake-up of the loop rather than one per frame.
 fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(r: R, max: usize) -> mpsc::Receiver<Inputs> {
@@ -63,24 +92,11 @@ fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(r: R, max: usize) -> mpsc
     tokio::spawn(async move {
         let mut r = BufReader::with_capacity(64 * 1024, r);
         let mut split = lines::Splitter::new(max);
-        let mut batch = Vec::new();
-        let mut batch_bytes = 0;
+        let mut batch = Batcher::default();
         loop {
-            let (item, stop) = match lines::read_line(&mut r, &mut split).await {
-                Ok(Some(line)) => {
-                    batch_bytes += line.len();
-                    batch.push(to_input(line));
-                    if batch.len() < BATCH && batch_bytes < BATCH_BYTES && lines::has_line(r.buffer()) {
-                        continue;
-                    }
-                    batch_bytes = 0;
-                    (Ok(std::mem::take(&mut batch)), false)
-                }
-                Ok(None) => (Ok(std::mem::take(&mut batch)), true),
-                Err(e) => (Err(e), true),
-            };
-            let empty = matches!(&item, Ok(b) if b.is_empty());
-            if (!empty && tx.send(item).await.is_err()) || stop {
+            let read = lines::read_line(&mut r, &mut split).await;
+            let Some((item, stop)) = batch.take(read, lines::has_line(r.buffer())) else { continue };
+            if (!item.as_ref().is_ok_and(Vec::is_empty) && tx.send(item).await.is_err()) || stop {
                 break;
             }
         }
@@ -106,24 +122,11 @@ fn stdio(max: usize) -> std::io::Result<ClientIo> {
     std::thread::Builder::new().name("stdin".into()).spawn(move || {
         let mut r = std::io::BufReader::with_capacity(64 * 1024, stdin);
         let mut split = lines::Splitter::new(max);
-        let mut batch = Vec::new();
-        let mut batch_bytes = 0;
+        let mut batch = Batcher::default();
         loop {
-            let (item, stop) = match lines::read_line_blocking(&mut r, &mut split) {
-                Ok(Some(line)) => {
-                    batch_bytes += line.len();
-                    batch.push(to_input(line));
-                    if batch.len() < BATCH && batch_bytes < BATCH_BYTES && lines::has_line(r.buffer()) {
-                        continue;
-                    }
-                    batch_bytes = 0;
-                    (Ok(std::mem::take(&mut batch)), false)
-                }
-                Ok(None) => (Ok(std::mem::take(&mut batch)), true),
-                Err(e) => (Err(e), true),
-            };
-            let empty = matches!(&item, Ok(b) if b.is_empty());
-            if (!empty && in_tx.blocking_send(item).is_err()) || stop {
+            let read = lines::read_line_blocking(&mut r, &mut split);
+            let Some((item, stop)) = batch.take(read, lines::has_line(r.buffer())) else { continue };
+            if (!item.as_ref().is_ok_and(Vec::is_empty) && in_tx.blocking_send(item).is_err()) || stop {
                 break;
             }
         }
