@@ -102,6 +102,15 @@ pub fn client_declares_waits(initialize_params: &Value) -> bool {
 }
 
 /// Adds `agentCapabilities._meta.coda.waits: {}` to an `initialize` result, keeping everything else.
+/// The agent's `initialize` answer with `agentCapabilities._meta.coda.waits: {}` declared; the frame
+/// as it came when it is not an answer with a result.
+pub fn declare_waits_in(answer: Frame) -> Frame {
+    let Some(mut v) = answer.value() else { return answer };
+    let Some(result) = v.get_mut("result") else { return answer };
+    declare_waits(result);
+    Frame::from_value(&v)
+}
+
 pub fn declare_waits(result: &mut Value) {
     let Some(result) = result.as_object_mut() else { return };
     let caps = result.entry("agentCapabilities").or_insert_with(|| json!({}));

@@ -364,12 +364,8 @@ impl Layer for GrokActivity {
         match frame.kind().clone() {
             Kind::Response { id } => {
                 self.loading.remove(&id);
-                if self.initialize.remove(&id)
-                    && let Some(mut v) = frame.value()
-                    && let Some(result) = v.get_mut("result")
-                {
-                    wait::declare_waits(result);
-                    return cx.to_client(Frame::from_value(&v));
+                if self.initialize.remove(&id) {
+                    return cx.to_client(wait::declare_waits_in(frame));
                 }
                 cx.to_client(frame)
             }

@@ -384,13 +384,7 @@ impl Layer for Activity {
             return cx.to_client(frame);
         };
         if self.initialize.remove(id) {
-            if let Some(mut v) = frame.value()
-                && let Some(result) = v.get_mut("result")
-            {
-                wait::declare_waits(result);
-                return cx.to_client(Frame::from_value(&v));
-            }
-            return cx.to_client(frame);
+            return cx.to_client(wait::declare_waits_in(frame));
         }
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
