@@ -85,6 +85,10 @@ impl Run {
             // coda-codex learns Codex's version from `$CODEX_PATH -V` (the replays use fixtures/codex/codex-cli).
             cmd.env("CODEX_PATH", codex_binary());
         }
+        if agent == "kimi" {
+            // Kimi's session files are part of what the shim reads: the player re-creates them.
+            cmd.env("CODA_KIMI_RECORD", files_log(trace));
+        }
         let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
         Run { shim, next_id: 0 }
     }
@@ -136,12 +140,18 @@ fn new_session(run: &mut Run, cwd: &str, instruction: bool) -> String {
     answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
 }
 
+/// Where the Kimi shim logs the session-file changes of the run traced into `trace`.
+fn files_log(trace: &Path) -> PathBuf {
+    trace.with_extension("files.jsonl")
+}
+
 /// Normalises `trace`, replays it, and with `CODA_RECORD=1` writes it to `fixtures/<agent>/<scenario>/`.
 fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
     let text = std::fs::read_to_string(trace).expect("the trace file");
+    let files = std::fs::read_to_string(files_log(trace)).ok();
     let mut n = Normaliser::for_live_root(root);
     n.add(&live::live_root().display().to_string(), "LIVE");
-    let records = replay::record(&text, None, &n).expect("normalise the trace");
+    let records = replay::record(&text, files.as_deref(), &n).expect("normalise the trace");
     let out = replay::render(&records);
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
