@@ -16,6 +16,12 @@ pub fn test_agent() -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_coda-grok"));
     let agent = bin.parent().expect("target dir").join("examples/test_agent");
     assert!(agent.is_file(), "{} is missing: run `cargo build --examples` (cargo test builds it)", agent.display());
+    // `cargo test --test x` does not rebuild examples: say so rather than test against an old agent.
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/test_agent.rs");
+    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(src), Some(bin)) = (modified(&source), modified(&agent)) {
+        assert!(src <= bin, "{} is older than its source: run `cargo build --examples` first", agent.display());
+    }
     agent
 }
 
