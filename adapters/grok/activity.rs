@@ -311,7 +311,9 @@ impl GrokActivity {
 
     /// Renames a continued subagent's Grok session to the one Coda knows, in `params.sessionId`.
     fn rename(&self, frame: Frame, to_visible: bool) -> Frame {
-        if self.alias.is_empty() {
+        // Parse only a frame that names a session to rename (a byte search is far cheaper than a parse).
+        let map = if to_visible { &self.alias } else { &self.current };
+        if !map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes())) {
             return frame;
         }
         let Some(mut v) = frame.value() else { return frame };
