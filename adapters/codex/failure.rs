@@ -9,6 +9,10 @@ use std::collections::HashSet;
 
 use coda_shim::frame::{self, Frame, Id, Kind};
 use coda_shim::layer::{Cx, Layer};
+use jiff::Zoned;
+use jiff::civil::Date;
+use jiff::fmt::strtime;
+use jiff::tz::TimeZone;
 use serde_json::{Value, json};
 
 /// What a failed turn is for Coda.
@@ -61,7 +65,34 @@ pub fn error_for(id: &Id, verdict: &Verdict, message: &str, upstream: Option<Val
         }
         (None, upstream) => upstream,
     };
-    frame::error_response(id, -32603, message, data)
+    frame::error_response(id, -32603, &mark_reset_time(message, &TimeZone::system(), Zoned::now().date()), data)
+}
+
+/// Codex writes when a limit resets in this machine's local time: "… try again at 5:49 AM." on the day
+/// itself, "… try again at Dec 3rd, 2026 5:50 AM." otherwise (seen live from Codex 0.166.0). Coda wants
+/// `<t:ISO 8601>` (文字里的时刻), so that phrase is rewritten; the time is Codex's, to the minute, nothing
+/// inferred. Anything else is left as it is.
+pub fn mark_reset_time(message: &str, tz: &TimeZone, today: Date) -> String {
+    const LEAD: &str = "try again at ";
+    let Some(at) = message.find(LEAD).map(|i| i + LEAD.len()) else { return message.to_owned() };
+    let rest = &message[at..];
+    let end = rest.find(['.', '\n']).unwrap_or(rest.len());
+    let phrase = rest[..end].trim();
+    let Some(utc) = reset_instant(phrase, tz, today) else { return message.to_owned() };
+    format!("{}<t:{}>{}", &message[..at], utc.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"), &rest[end..])
+}
+
+fn reset_instant(phrase: &str, tz: &TimeZone, today: Date) -> Option<jiff::Timestamp> {
+    let local = match strtime::parse("%I:%M %p", phrase).and_then(|t| t.to_time()) {
+        Ok(time) => today.to_datetime(time),
+        Err(_) => {
+            // "Dec 3rd, 2026 5:50 AM": the day carries an English ordinal suffix.
+            let (month_day, tail) = phrase.split_once(", ")?;
+            let day = month_day.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            strtime::parse("%b %d, %Y %I:%M %p", format!("{day}, {tail}")).and_then(|t| t.to_datetime()).ok()?
+        }
+    };
+    local.to_zoned(tz.clone()).ok().map(|z| z.timestamp())
 }
 
 /// The answer Coda gets instead of `reply`, if `reply` ends a failed turn.
@@ -135,6 +166,31 @@ impl Layer for Failure {
         match frame.value().and_then(|v| translate(&id, &v)) {
             Some(error) => cx.to_client(error),
             None => cx.to_client(frame),
+        }
+    }
+}
+
+#[cfg(test)]
+mod reset_time_tests {
+    use super::*;
+
+    fn mark(message: &str) -> String {
+        let tz = TimeZone::get("Asia/Shanghai").expect("the bundled tz database has it");
+        mark_reset_time(message, &tz, Date::constant(2026, 11, 30))
+    }
+
+    #[test]
+    fn codex_reset_times_become_coda_time_marks() {
+        let head = "You’ve hit your usage limit. Upgrade to Pro (https://chatgpt.com/explore/pro), visit https://chatgpt.com/settings/usage to purchase more credits or try again at ";
+        assert_eq!(mark(&format!("{head}5:49 AM.")), format!("{head}<t:2026-11-29T21:49:00.000Z>."));
+        assert_eq!(mark(&format!("{head}Dec 3rd, 2026 5:50 PM.")), format!("{head}<t:2026-12-03T09:50:00.000Z>."));
+        assert_eq!(mark(&format!("{head}Jan 1st, 2027 12:05 AM.")), format!("{head}<t:2026-12-31T16:05:00.000Z>."));
+    }
+
+    #[test]
+    fn other_wording_is_left_alone() {
+        for m in ["… or try again later.", "try again at some point.", "no time here", "try again at 25:99 XM."] {
+            assert_eq!(mark(m), m);
         }
     }
 }

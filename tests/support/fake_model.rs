@@ -1043,7 +1043,8 @@ fn error_reply(api: Api, kind: &str) -> Reply {
     let (status, error) = match kind {
         "429-usage" if responses => (
             429,
-            json!({"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_in_seconds":3600}),
+            json!({"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus",
+                "resets_in_seconds":3600,"resets_at":unix_now() + 3600}),
         ),
         "429-usage" => (
             429,
@@ -1205,6 +1206,11 @@ fn responses_events(reply: &Reply) -> String {
         .iter()
         .map(|e| format!("event: {}\ndata: {e}\n\n", e.get("type").and_then(Value::as_str).unwrap_or("message")))
         .collect()
+}
+
+/// Seconds since the epoch (the usage-limit body names when the limit resets).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
