@@ -278,3 +278,72 @@ fn a_subagent_run_whose_turn_end_never_shows_is_settled_after_the_grace() {
     let after = ended.elapsed();
     assert!(after >= Duration::from_millis(1500) && after < Duration::from_secs(5), "settled after {after:?}");
 }
+
+// Faults in Kimi's files (hardening): the shim warns and goes on, never loses or repeats a `_coda/wait`.
+
+#[test]
+fn garbage_and_a_line_written_in_two_pieces_lose_no_wait() {
+    let mut k = Kimi::start("garbage");
+    k.wire("main", &[user_turn(0)]);
+    let path = k.session_dir.join("agents/main/wire.jsonl");
+    let record = {
+        let mut r = task("task.started", "bash-cccc3333", "running");
+        r["time"] = json!(1_796_000_000_500u64);
+        format!("{r}\n")
+    };
+    let (first, second) = record.split_at(record.len() / 2);
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(b"this is not a record\n{\"type\":\n").unwrap();
+    f.write_all(first.as_bytes()).unwrap();
+    f.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    f.write_all(second.as_bytes()).unwrap();
+    f.flush().unwrap();
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-cccc3333 waiting");
+    k.wire("main", &[task("task.terminated", "bash-cccc3333", "completed"), turn_ended(0)]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-cccc3333 done");
+    k.nothing_for(Duration::from_millis(300));
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(stderr.contains("malformed"), "one warning per bad line: {stderr}");
+}
+
+#[test]
+fn thousands_of_tasks_each_reported_once_per_state() {
+    let mut k = Kimi::start("thousands");
+    let n = 2000;
+    let ids: Vec<String> = (0..n).map(|i| format!("bash-{i:08}")).collect();
+    let mut started = vec![user_turn(0)];
+    started.extend(ids.iter().map(|id| task("task.started", id, "running")));
+    k.wire("main", &started);
+    let mut ended: Vec<Value> = ids.iter().map(|id| task("task.terminated", id, "completed")).collect();
+    ended.push(turn_ended(0));
+    k.wire("main", &ended);
+    let mut seen = std::collections::HashMap::new();
+    for _ in 0..2 * n {
+        let line = wait_line(&k.recv());
+        *seen.entry(line).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), 2 * n, "every task once waiting and once done");
+    assert!(seen.values().all(|&c| c == 1));
+    for id in &ids {
+        assert!(
+            seen.contains_key(&format!("_coda/wait {id} waiting"))
+                && seen.contains_key(&format!("_coda/wait {id} done"))
+        );
+    }
+    k.nothing_for(Duration::from_millis(300));
+}
+
+#[test]
+fn the_session_folder_deleted_under_the_shim_breaks_nothing() {
+    let mut k = Kimi::start("deleted");
+    k.wire("main", &[user_turn(0), task("task.started", "bash-dddd4444", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-dddd4444 waiting");
+    std::fs::remove_dir_all(&k.session_dir).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The relay goes on: a frame from Kimi still reaches the client.
+    let note = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SESSION,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"still here"}}}});
+    k.agent(note.clone());
+    assert_eq!(k.recv(), note);
+    assert!(k.shim.child.try_wait().unwrap().is_none(), "the shim is still running");
+}
