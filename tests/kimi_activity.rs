@@ -347,3 +347,24 @@ fn the_session_folder_deleted_under_the_shim_breaks_nothing() {
     assert_eq!(k.recv(), note);
     assert!(k.shim.child.try_wait().unwrap().is_none(), "the shim is still running");
 }
+
+#[test]
+fn a_wire_file_replaced_by_rename_is_reread_without_repeats() {
+    let mut k = Kimi::start("renamed");
+    k.wire("main", &[user_turn(0), task("task.started", "bash-eeee5555", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-eeee5555 waiting");
+    // Kimi (or a tool) rewrites the journal atomically: the same records, plus a new one.
+    let path = k.session_dir.join("agents/main/wire.jsonl");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    let mut r = task("task.started", "bash-ffff6666", "running");
+    // A real time: on a re-read, records from before the shim started are history (the harness's
+    // clock is in the past).
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    r["time"] = json!(now.as_millis() as u64);
+    text += &format!("{r}\n");
+    let tmp = path.with_extension("jsonl.tmp.1");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-ffff6666 waiting");
+    k.nothing_for(Duration::from_millis(400));
+}
