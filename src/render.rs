@@ -122,10 +122,11 @@ impl<W: Write> Renderer<W> {
         self.write(&buf);
     }
 
-    /// A line of its own.
-    pub fn row(&mut self, tone: Tone, text: &str) {
+    /// Clears the spinner and ends any open stream or line; the start of what goes out next.
+    /// `None` when the transcript is off.
+    fn fresh_line(&mut self) -> Option<String> {
         if !self.enabled {
-            return;
+            return None;
         }
         self.erase_spinner();
         let mut buf = String::new();
@@ -133,6 +134,12 @@ impl<W: Write> Renderer<W> {
         if !self.at_line_start {
             buf.push('\n');
         }
+        Some(buf)
+    }
+
+    /// A line of its own.
+    pub fn row(&mut self, tone: Tone, text: &str) {
+        let Some(mut buf) = self.fresh_line() else { return };
         let text = clean(text);
         if self.color && tone != Tone::Plain {
             buf.push_str(tone.code());
@@ -148,15 +155,7 @@ impl<W: Write> Renderer<W> {
 
     /// Text without a line end (a question), left open for the answer.
     pub fn ask(&mut self, text: &str) {
-        if !self.enabled {
-            return;
-        }
-        self.erase_spinner();
-        let mut buf = String::new();
-        self.close_stream(&mut buf);
-        if !self.at_line_start {
-            buf.push('\n');
-        }
+        let Some(mut buf) = self.fresh_line() else { return };
         buf.push_str(&clean(text));
         // The person types the answer and Enter, which ends the line on the terminal.
         self.at_line_start = true;
