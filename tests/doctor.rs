@@ -3,16 +3,18 @@
 
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("coda-doctor-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("make a temp dir");
-    dir
+use temp::TempDir;
+
+/// Removed when the test ends, passed or failed.
+fn temp(name: &str) -> TempDir {
+    TempDir::new(&format!("coda-doctor-test-{name}"))
 }
 
 fn doctor(agent: &str, args: &[&str], env: &[(&str, &Path)]) -> (i32, String) {
@@ -40,7 +42,7 @@ fn doctor_runs_every_check_through_the_shim() {
     let data = temp("opencode-data");
     std::fs::create_dir_all(data.join("opencode")).expect("data dir");
     let (code, out) =
-        doctor("opencode", &["--agent-command", &test_agent_flag(), "doctor"], &[("XDG_DATA_HOME", &data)]);
+        doctor("opencode", &["--agent-command", &test_agent_flag(), "doctor"], &[("XDG_DATA_HOME", data.path())]);
     let agent = shim::test_agent();
     let expected = format!(
         "coda-opencode doctor
@@ -64,7 +66,7 @@ no problems, 2 warning(s)
 #[test]
 fn doctor_reports_a_needed_login_with_a_fix() {
     let data = temp("kimi-home");
-    let mut cmd_env: Vec<(&str, &Path)> = vec![("KIMI_CODE_HOME", &data)];
+    let mut cmd_env: Vec<(&str, &Path)> = vec![("KIMI_CODE_HOME", data.path())];
     let one = Path::new("1");
     cmd_env.push(("TEST_AGENT_AUTH_REQUIRED", one));
     let (code, out) = doctor("kimi", &["--doctor", "--agent-command", &test_agent_flag()], &cmd_env);
@@ -85,11 +87,11 @@ fn doctor_tells_debians_grok_from_grok_build() {
     let grok = bin.join("grok");
     std::fs::write(&grok, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\nexit 1\n").expect("fake grok");
     std::fs::set_permissions(&grok, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let path = std::env::join_paths([bin.as_path(), Path::new("/usr/bin"), Path::new("/bin")]).expect("PATH");
+    let path = std::env::join_paths([bin.path(), Path::new("/usr/bin"), Path::new("/bin")]).expect("PATH");
     let mut cmd = Command::new(shim::binary("grok"));
     cmd.arg("doctor")
         .env("PATH", &path)
-        .env("HOME", &home)
+        .env("HOME", home.path())
         .env_remove("GROK_HOME")
         .env_remove("CODA_GROK_COMMAND")
         .stdin(Stdio::null());
@@ -108,9 +110,10 @@ fn doctor_tells_debians_grok_from_grok_build() {
 #[test]
 fn doctor_says_how_to_install_a_missing_cli_and_checks_the_data_dir() {
     let empty = temp("empty-path");
-    let not_a_dir = temp("kimi-file").join("kimi-home");
+    let file_dir = temp("kimi-file");
+    let not_a_dir = file_dir.join("kimi-home");
     std::fs::write(&not_a_dir, "").expect("a file where the data dir should be");
-    let (code, out) = doctor("kimi", &["doctor"], &[("PATH", &empty), ("KIMI_CODE_HOME", &not_a_dir)]);
+    let (code, out) = doctor("kimi", &["doctor"], &[("PATH", empty.path()), ("KIMI_CODE_HOME", &not_a_dir)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL  CLI       not found: cannot find `kimi` (Kimi Code CLI) on PATH"), "{out}");
     assert!(out.contains("fix: npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19); or set CODA_KIMI_COMMAND"));

@@ -14,6 +14,8 @@ mod replay_support;
 mod rig;
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::path::Path;
 use std::time::Duration;
@@ -42,8 +44,8 @@ fn record_grok_activity() {
         return;
     }
     let model = fake_model::FakeModel::start();
-    let root = std::env::temp_dir().join(format!("coda-grok-activity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let temp = temp::TempDir::new("coda-grok-activity");
+    let root = temp.path().to_path_buf();
     let lc = live::prepare("grok", &model.base_url(), &root).expect("prepare Grok");
 
     scenario(
@@ -149,5 +151,5 @@ fn record_grok_activity() {
     );
 
     drop(model);
-    let _ = std::fs::remove_dir_all(&root);
+    drop(temp);
 }

@@ -6,6 +6,8 @@
 
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -25,19 +27,19 @@ exec cat "$AGENT_FIFO"
 "#;
 
 struct Kimi {
-    root: PathBuf,
     shim: shim::Shim,
     fifo: File,
     session_dir: PathBuf,
     /// Milliseconds for the next wire record's `time`.
     clock: u64,
+    /// Last: removed after the shim (and through it the stand-in) has stopped.
+    root: temp::TempDir,
 }
 
 impl Kimi {
     /// coda-kimi with the stand-in, after initialize (Coda declares waits) and session/new.
     fn start(name: &str) -> Kimi {
-        let root = std::env::temp_dir().join(format!("coda-kimi-activity-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = temp::TempDir::new(&format!("coda-kimi-activity-{name}"));
         std::fs::create_dir_all(root.join("home/.kimi-code")).unwrap();
         let script = root.join("fake-kimi.sh");
         std::fs::write(&script, FAKE_KIMI).unwrap();
@@ -55,7 +57,7 @@ impl Kimi {
         // Blocks until the stand-in opens the FIFO.
         let fifo = OpenOptions::new().write(true).open(&fifo_path).unwrap();
         let session_dir = root.join(format!("home/.kimi-code/sessions/wd_work_000000000000/{SESSION}"));
-        let mut k = Kimi { root, shim, fifo, session_dir, clock: 1_796_000_000_000 };
+        let mut k = Kimi { shim, fifo, session_dir, clock: 1_796_000_000_000, root };
         let caps = json!({"_meta": {"coda": {"waits": {}}}});
         k.client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}}));
         k.agent_gets(|v| v["method"] == "initialize");
@@ -125,12 +127,6 @@ impl Kimi {
         if let Some(line) = self.shim.try_recv(quiet) {
             panic!("expected nothing for {quiet:?}, got {line}");
         }
-    }
-}
-
-impl Drop for Kimi {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 

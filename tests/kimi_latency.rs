@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo test --release --test kimi_latency -- --ignored --nocapture`
 
+#[path = "support/temp.rs"]
+mod temp;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
@@ -83,9 +86,7 @@ fn cpu_ticks_at(stat: &std::path::Path) -> u64 {
 #[test]
 #[ignore = "benchmark: run with --release --ignored --nocapture"]
 fn wire_record_to_coda_wait_latency() {
-    let tmp = std::env::temp_dir().join(format!("kimi-latency-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = temp::TempDir::new("kimi-latency");
     let fifo = tmp.join("fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let agent = tmp.join("agent.sh");
@@ -152,7 +153,7 @@ fn wire_record_to_coda_wait_latency() {
     drop(pipe);
     drop(stdin);
     let _ = shim.wait();
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(tmp);
 
     let (f50, f99) = (percentile(&mut file_ms, 0.5), percentile(&mut file_ms, 0.99));
     let (r50, r99) = (percentile(&mut relay_ms, 0.5), percentile(&mut relay_ms, 0.99));

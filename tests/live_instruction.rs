@@ -7,6 +7,8 @@ mod fake_model;
 mod live;
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::time::Duration;
 
@@ -72,8 +74,8 @@ fn check(agent: &str, command: &str) {
         return;
     }
     let model = fake_model::FakeModel::start();
-    let temp = std::env::temp_dir().join(format!("coda-live-{agent}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&temp);
+    let guard = temp::TempDir::new(&format!("coda-live-{agent}"));
+    let temp = guard.path().to_path_buf();
     let lc = live::prepare(agent, &model.base_url(), &temp).expect("prepare the CLI");
     let cwd = lc.workdir.display().to_string();
 
@@ -141,7 +143,7 @@ fn check(agent: &str, command: &str) {
     eprintln!("{agent} after load: marker counts per main model request {marks:?}");
     assert_eq!(marks.first(), Some(&1), "only the history holds it: not injected again after load");
     drop(s);
-    let _ = std::fs::remove_dir_all(&temp);
+    drop(guard);
 }
 
 #[test]

@@ -14,6 +14,8 @@ mod live;
 mod replay_support;
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -176,8 +178,8 @@ fn record_all(agent: &str) {
         return;
     }
     let model = fake_model::FakeModel::start();
-    let root = std::env::temp_dir().join(format!("coda-record-{agent}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let temp = temp::TempDir::new(&format!("coda-record-{agent}"));
+    let root = temp.path().to_path_buf();
     let lc = live::prepare(agent, &model.base_url(), &root).expect("prepare the CLI");
     let cwd = lc.workdir.display().to_string();
     let traces = root.join("traces");
@@ -216,7 +218,7 @@ fn record_all(agent: &str) {
     keep(agent, "session-load", &trace, &root);
 
     drop(model);
-    let _ = std::fs::remove_dir_all(&root);
+    drop(temp);
 }
 
 #[test]

@@ -14,6 +14,8 @@ mod replay_support;
 mod rig;
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::path::Path;
 use std::time::Duration;
@@ -52,8 +54,8 @@ fn record_opencode_activity() {
         return;
     }
     let model = fake_model::FakeModel::start();
-    let root = std::env::temp_dir().join(format!("coda-opencode-activity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let temp = temp::TempDir::new("coda-opencode-activity");
+    let root = temp.path().to_path_buf();
     let lc = live::prepare("opencode", &model.base_url(), &root).expect("prepare OpenCode");
     ask_before_bash(&lc);
 
@@ -115,5 +117,5 @@ fn record_opencode_activity() {
     );
 
     drop(model);
-    let _ = std::fs::remove_dir_all(&root);
+    drop(temp);
 }

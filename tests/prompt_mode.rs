@@ -8,6 +8,8 @@ mod fake_model;
 mod live;
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -17,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// A temporary working directory for one test.
-fn workdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("coda-prompt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("make the work dir");
-    dir.canonicalize().expect("canonical work dir")
+/// A temporary working directory for one test (removed when the guard drops, also on failure), and its
+/// canonical path.
+fn workdir(name: &str) -> (temp::TempDir, PathBuf) {
+    let guard = temp::TempDir::new(&format!("coda-prompt-{name}"));
+    let dir = guard.path().canonicalize().expect("canonical work dir");
+    (guard, dir)
 }
 
 /// `coda-<agent> --agent-command <test agent> --cwd <dir> --prompt <text> [extra...]`, stdin not a terminal.
@@ -102,7 +104,7 @@ fn header(dir: &Path, prompt: &str) -> String {
 
 #[test]
 fn transcript_shows_thinking_tools_plan_usage_and_the_stop_reason() {
-    let dir = workdir("rich");
+    let (_temp, dir) = workdir("rich");
     let r = run(prompt_command("opencode", &dir, "hello !rich", &[]));
     assert_eq!(r.status.code(), Some(0), "stderr: {}", r.stderr);
     let expected = header(&dir, "hello !rich")
@@ -119,7 +121,7 @@ fn transcript_shows_thinking_tools_plan_usage_and_the_stop_reason() {
 
 #[test]
 fn exit_status_tells_the_stop_reasons_and_errors_apart() {
-    let dir = workdir("stops");
+    let (_temp, dir) = workdir("stops");
     let cases = [
         ("!stop end_turn", 0, "stop: end_turn"),
         ("!stop max_tokens", 3, "stop: max_tokens"),
@@ -140,7 +142,7 @@ fn exit_status_tells_the_stop_reasons_and_errors_apart() {
 
 #[test]
 fn permission_requests_are_refused_when_stdin_is_not_a_terminal() {
-    let dir = workdir("permission");
+    let (_temp, dir) = workdir("permission");
     let r = run(prompt_command("kimi", &dir, "go !permission", &[]));
     let out = strip_ansi(&r.stdout);
     assert_eq!(r.status.code(), Some(0), "{out}\nstderr: {}", r.stderr);
@@ -156,7 +158,7 @@ fn permission_requests_are_refused_when_stdin_is_not_a_terminal() {
 
 #[test]
 fn waits_are_rows_and_prompt_mode_stays_until_they_settle() {
-    let dir = workdir("waits");
+    let (_temp, dir) = workdir("waits");
     let r = run(prompt_command("opencode", &dir, "build !wait 150", &[]));
     let out = strip_ansi(&r.stdout);
     assert_eq!(r.status.code(), Some(0), "{out}\nstderr: {}", r.stderr);
@@ -177,7 +179,7 @@ fn waits_are_rows_and_prompt_mode_stays_until_they_settle() {
 
 #[test]
 fn wait_timeout_gives_up_with_its_own_exit_status() {
-    let dir = workdir("wait-timeout");
+    let (_temp, dir) = workdir("wait-timeout");
     let started = Instant::now();
     let r = run(prompt_command("opencode", &dir, "!wait-open", &["--wait-timeout", "1s"]));
     let out = strip_ansi(&r.stdout);
@@ -189,7 +191,7 @@ fn wait_timeout_gives_up_with_its_own_exit_status() {
 
 #[test]
 fn waits_coda_would_drop_say_why() {
-    let dir = workdir("bad-waits");
+    let (_temp, dir) = workdir("bad-waits");
     let r = run(prompt_command("opencode", &dir, "!bad-wait", &[]));
     let out = strip_ansi(&r.stdout);
     assert_eq!(r.status.code(), Some(0), "{out}");
@@ -205,7 +207,7 @@ fn waits_coda_would_drop_say_why() {
 
 #[test]
 fn needing_a_login_has_its_own_exit_status() {
-    let dir = workdir("login");
+    let (_temp, dir) = workdir("login");
     let mut cmd = prompt_command("grok", &dir, "hi", &[]);
     cmd.env("TEST_AGENT_AUTH_REQUIRED", "1");
     let r = run(cmd);
@@ -216,7 +218,7 @@ fn needing_a_login_has_its_own_exit_status() {
 
 #[test]
 fn json_prints_the_frames_of_every_edge_with_codas_client_capabilities() {
-    let dir = workdir("json");
+    let (_temp, dir) = workdir("json");
     let file = dir.join("instruction.md");
     std::fs::write(&file, "Reply in English.").expect("write the instruction");
     let instruction = format!("@{}", file.display());
@@ -255,7 +257,7 @@ fn json_prints_the_frames_of_every_edge_with_codas_client_capabilities() {
 
 #[test]
 fn load_opens_the_given_session() {
-    let dir = workdir("load");
+    let (_temp, dir) = workdir("load");
     let r = run(prompt_command("grok", &dir, "again", &["--load", "sess-9"]));
     let out = strip_ansi(&r.stdout);
     assert_eq!(r.status.code(), Some(0), "{out}");
@@ -272,7 +274,7 @@ fn usage_errors_exit_2_and_help_lists_the_exit_statuses() {
     });
     assert_eq!(r.status.code(), Some(2));
     assert!(r.stderr.contains("--cwd needs --prompt"), "{}", r.stderr);
-    let dir = workdir("usage");
+    let (_temp, dir) = workdir("usage");
     let r = run(prompt_command("kimi", &dir, "x", &["--system-prompt", "@/nonexistent/instruction"]));
     assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
     let help = run({
@@ -339,7 +341,7 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 #[test]
 fn ctrl_c_sends_session_cancel_and_the_turn_ends_cancelled() {
-    let dir = workdir("ctrl-c");
+    let (_temp, dir) = workdir("ctrl-c");
     let (mut child, seen) =
         start_until(&mut prompt_command("grok", &dir, "wait !hang", &[]), "hanging until cancelled");
     sigint(&child);
@@ -358,7 +360,7 @@ fn ctrl_c_sends_session_cancel_and_the_turn_ends_cancelled() {
 
 #[test]
 fn a_second_ctrl_c_shuts_the_agent_down() {
-    let dir = workdir("ctrl-c-twice");
+    let (_temp, dir) = workdir("ctrl-c-twice");
     let (mut child, seen) =
         start_until(&mut prompt_command("grok", &dir, "wait !hang !deaf", &[]), "hanging until cancelled");
     let agents = children_of(child.id());
@@ -386,7 +388,7 @@ fn a_second_ctrl_c_shuts_the_agent_down() {
 fn replayed_opencode_recording_gives_the_recorded_transcript() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/opencode/prompt-mode-tool");
     let expected = std::fs::read_to_string(fixture.join("transcript.txt")).expect("the fixture's transcript.txt");
-    let dir = workdir("replay");
+    let (_temp, dir) = workdir("replay");
     let player = PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"));
     let mut cmd = Command::new(shim::binary("opencode"));
     cmd.arg("--agent-command")
@@ -424,8 +426,8 @@ fn live_prompt_mode_on_the_real_clis() {
             eprintln!("skipped live {agent}: {why}");
             continue;
         }
-        let temp = std::env::temp_dir().join(format!("coda-live-prompt-{agent}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&temp);
+        let guard = temp::TempDir::new(&format!("coda-live-prompt-{agent}"));
+        let temp = guard.path().to_path_buf();
         let lc = live::prepare(agent, &model.base_url(), &temp).expect("prepare the CLI");
         let mut doctor = lc.shim_command(&shim::binary(agent));
         doctor.arg("doctor").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -468,6 +470,10 @@ fn live_prompt_mode_on_the_real_clis() {
             }
             assert!(status.code().is_some(), "coda-{agent} was killed");
         }
+        if std::env::var_os("CODA_PROMPT_RECORD").is_some() {
+            // The recordings name it as their root.
+            guard.keep();
+        }
     }
 }
 
@@ -479,7 +485,7 @@ fn on_a_terminal_permissions_are_asked_y_n_and_rows_are_coloured() {
         eprintln!("skipped: no `script` (util-linux) to give prompt mode a terminal");
         return;
     };
-    let dir = workdir("tty");
+    let (_temp, dir) = workdir("tty");
     let inner = shell_words::join([
         shim::binary("grok").display().to_string(),
         "--agent-command".into(),

@@ -2,6 +2,8 @@
 
 #[path = "support/shim.rs"]
 mod shim;
+#[path = "support/temp.rs"]
+mod temp;
 
 use std::time::Duration;
 
@@ -172,8 +174,7 @@ fn alive(pid: i32) -> bool {
 
 #[test]
 fn shutdown_ladder_leaves_no_process_of_the_group() {
-    let dir = std::env::temp_dir().join(format!("coda-shim-ladder-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::TempDir::new("coda-shim-ladder");
     let pidfile = dir.join("grandchild.pid");
     // A child that ignores both its stdin closing and SIGTERM, with a grandchild holding the pipes.
     let mut s =
@@ -192,7 +193,6 @@ fn shutdown_ladder_leaves_no_process_of_the_group() {
     assert!(took >= Duration::from_secs(7), "5 s after stdin closed, then 2 s after SIGTERM: took {took:?}");
     std::thread::sleep(Duration::from_millis(100));
     assert!(!alive(grandchild), "the grandchild is gone");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -218,15 +218,14 @@ fn missing_command_exits_with_one_clear_line() {
 
 #[test]
 fn a_grok_on_path_that_is_not_grok_build_is_refused() {
-    let dir = std::env::temp_dir().join(format!("coda-shim-fakegrok-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::TempDir::new("coda-shim-fakegrok");
     let fake = dir.join("grok");
     std::fs::write(&fake, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\n").unwrap();
     std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&fake).unwrap().permissions(), 0o755);
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut s = command("grok")
-        .env("PATH", &dir.display().to_string())
-        .env("HOME", &dir.display().to_string())
+        .env("PATH", &dir.path().display().to_string())
+        .env("HOME", &dir.path().display().to_string())
         .env("GROK_HOME", &dir.join("nothing").display().to_string())
         .env_remove_command()
         .start();
@@ -235,7 +234,6 @@ fn a_grok_on_path_that_is_not_grok_build_is_refused() {
     std::thread::sleep(Duration::from_millis(50));
     let err = s.drain_stderr().join("\n");
     assert!(err.contains("is not Grok Build") && err.contains("@xai-official/grok"), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -248,8 +246,7 @@ fn version_names_the_shim_and_the_wrapped_cli() {
 
 #[test]
 fn trace_file_records_every_frame_both_ways() {
-    let dir = std::env::temp_dir().join(format!("coda-shim-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::TempDir::new("coda-shim-trace");
     let path = dir.join("trace.jsonl");
     let mut s = with_test_agent("opencode").arg("--trace-file").arg(&path.display().to_string()).start();
     s.request(0, "initialize", json!({"protocolVersion": 1}));
@@ -262,5 +259,4 @@ fn trace_file_records_every_frame_both_ways() {
     assert_eq!(records[3]["shim"], true, "the initialize answer was edited by the shim");
     assert!(records[0].get("shim").is_none());
     assert!(records[0]["ts"].as_str().unwrap().ends_with('Z'));
-    let _ = std::fs::remove_dir_all(dir);
 }
