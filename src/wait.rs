@@ -230,12 +230,14 @@ mod tests {
         assert_eq!(p["detail"].as_str().unwrap().chars().count(), MAX_DETAIL);
         assert!(r.report(&Wait::new("s", &"x".repeat(201), State::Waiting)).is_none());
         assert!(r.report(&Wait::new("s", &"x".repeat(200), State::Waiting)).is_some());
+        assert!(r.report(&Wait::new("", "w", State::Waiting)).is_none(), "sessionId is required");
     }
 
     #[test]
     fn capability_negotiation() {
         assert!(client_declares_waits(&json!({"clientCapabilities":{"_meta":{"coda":{"waits":{}}}}})));
         assert!(!client_declares_waits(&json!({"clientCapabilities":{}})));
+        assert!(!client_declares_waits(&json!({"clientCapabilities":{"_meta":{"coda":{"waits":null}}}})));
         let mut result = json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,"_meta":{"x":1}}});
         declare_waits(&mut result);
         assert_eq!(

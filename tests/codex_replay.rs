@@ -26,11 +26,28 @@ const CODEX_VERSION: &str = "0.166.0";
 struct Replay {
     /// What Coda received, in order.
     to_client: Vec<Value>,
-    /// What the recording says Coda received.
-    recorded: Vec<Value>,
 }
 
 impl Replay {
+    /// The index of the first frame Coda got that is `what`.
+    fn at(&self, what: &str, is: impl Fn(&Value) -> bool) -> usize {
+        self.to_client.iter().position(is).unwrap_or_else(|| panic!("Coda got no {what}"))
+    }
+
+    /// A background command's two reports: opened with `title`, then ended with `end`.
+    fn assert_task(&self, title: &str, end: &str) {
+        let (sid, waits) = (self.session(), self.waits());
+        let task = waits[0]["waitId"].clone();
+        assert_eq!(
+            waits,
+            vec![
+                json!({"sessionId":sid,"waitId":task,"kind":"task","state":"waiting","title":title,
+                    "toolCallId":task,"stoppable":true}),
+                json!({"sessionId":sid,"waitId":task,"state":end}),
+            ]
+        );
+    }
+
     fn waits(&self) -> Vec<Value> {
         self.to_client.iter().filter(|f| f["method"] == "_coda/wait").map(|f| f["params"].clone()).collect()
     }
@@ -67,7 +84,25 @@ fn frame(v: &Value) -> Frame {
     Frame::parse(v.to_string().into_bytes()).expect("a recorded frame is JSON-RPC")
 }
 
-/// Replays `fixtures/codex/<name>/trace.jsonl`.
+/// One subagent run as Coda sees it: opened as `wait` of child session `child`, then done.
+fn subagent_run(sid: &str, wait: &str, child: &str, title: &str, detail: &str) -> [Value; 2] {
+    [
+        json!({"sessionId":sid,"waitId":wait,"kind":"subagent","state":"waiting","title":title,"detail":detail,
+            "stoppable":false,"childSessionId":child}),
+        json!({"sessionId":sid,"waitId":wait,"state":"done"}),
+    ]
+}
+
+fn assert_frames(got: &[Frame], recorded: &[Value], name: &str, peer: &str) -> Vec<Value> {
+    let got: Vec<Value> = got.iter().map(|f| f.value().expect("json")).collect();
+    assert_eq!(got.len(), recorded.len(), "{name}: number of frames {peer} got");
+    for (i, (got, want)) in got.iter().zip(recorded).enumerate() {
+        assert_eq!(got, want, "{name}: frame {i} to {peer}");
+    }
+    got
+}
+
+/// Replays `fixtures/codex/<name>/trace.jsonl`; both peers must get exactly the recorded frames.
 fn replay(name: &str) -> Replay {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex").join(name).join("trace.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -89,21 +124,10 @@ fn replay(name: &str) -> Replay {
             other => panic!("{name} line {}: unexpected dir {other:?}", n + 1),
         }
     }
-    let values = |frames: &[Frame]| -> Vec<Value> { frames.iter().map(|f| f.value().expect("json")).collect() };
-    let to_agent = values(&exits.to_agent);
-    assert_eq!(to_agent.len(), recorded_agent.len(), "{name}: number of frames codex-acp got");
-    for (i, (got, want)) in to_agent.iter().zip(&recorded_agent).enumerate() {
-        assert_eq!(got, want, "{name}: frame {i} to codex-acp");
-    }
-    Replay { to_client: values(&exits.to_client), recorded: recorded_client }
-}
-
-fn check_exact(r: &Replay, name: &str) {
-    assert_eq!(r.to_client.len(), r.recorded.len(), "{name}: number of frames Coda got");
-    for (i, (got, want)) in r.to_client.iter().zip(&r.recorded).enumerate() {
-        assert_eq!(got, want, "{name}: frame {i} to Coda");
-    }
+    assert_frames(&exits.to_agent, &recorded_agent, name, "codex-acp");
+    let r = Replay { to_client: assert_frames(&exits.to_client, &recorded_client, name, "Coda") };
     r.assert_air_consumed();
+    r
 }
 
 /// The initialize answer: Codex's identity, waits declared, codex-acp's systemPrompt and steering kept.
@@ -118,22 +142,11 @@ fn check_initialize(r: &Replay, id: u64) {
 #[test]
 fn background_command_stopped_through_coda_wait_stop() {
     let r = replay("bg-stopped");
-    check_exact(&r, "bg-stopped");
     check_initialize(&r, 1);
-    let sid = r.session();
-    let waits = r.waits();
-    let task = waits[0]["waitId"].clone();
-    assert_eq!(
-        waits,
-        vec![
-            json!({"sessionId":sid,"waitId":task,"kind":"task","state":"waiting","title":"sleep 30; echo finished",
-                "toolCallId":task,"stoppable":true}),
-            json!({"sessionId":sid,"waitId":task,"state":"cancelled"}),
-        ]
-    );
+    r.assert_task("sleep 30; echo finished", "cancelled");
     // `{}` to Coda right after the stop was sent, before the cancelled report.
-    let stop_answer = r.to_client.iter().position(|f| f["id"] == 4).expect("stop answered");
-    let cancelled = r.to_client.iter().position(|f| f["params"]["state"] == "cancelled").expect("cancelled");
+    let stop_answer = r.at("stop answer", |f| f["id"] == 4);
+    let cancelled = r.at("cancelled", |f| f["params"]["state"] == "cancelled");
     assert_eq!(r.to_client[stop_answer], json!({"jsonrpc":"2.0","id":4,"result":{}}));
     assert!(stop_answer < cancelled);
 }
@@ -141,33 +154,17 @@ fn background_command_stopped_through_coda_wait_stop() {
 #[test]
 fn background_command_that_fails_after_the_turn() {
     let r = replay("bg-fails");
-    check_exact(&r, "bg-fails");
-    let sid = r.session();
-    let waits = r.waits();
-    let task = waits[0]["waitId"].clone();
-    assert_eq!(waits[0]["title"], "sleep 2; exit 3");
-    assert_eq!(waits[1], json!({"sessionId":sid,"waitId":task,"state":"failed"}));
+    r.assert_task("sleep 2; exit 3", "failed");
     // The failure is reported after the turn ended.
-    let turn_end = r.to_client.iter().position(|f| f["id"] == 3).expect("prompt answered");
-    let failed = r.to_client.iter().position(|f| f["params"]["state"] == "failed").expect("failed");
-    assert!(turn_end < failed);
+    assert!(r.at("prompt answer", |f| f["id"] == 3) < r.at("failed", |f| f["params"]["state"] == "failed"));
 }
 
 #[test]
 fn subagent_that_completes() {
     let r = replay("subagent-completes");
-    check_exact(&r, "subagent-completes");
-    let sid = r.session();
     let waits = r.waits();
     let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
-    assert_eq!(
-        waits,
-        vec![
-            json!({"sessionId":sid,"waitId":child,"kind":"subagent","state":"waiting","title":"Worker bee",
-                "detail":"Delegated task for Worker bee","stoppable":false,"childSessionId":child}),
-            json!({"sessionId":sid,"waitId":child,"state":"done"}),
-        ]
-    );
+    assert_eq!(waits, subagent_run(&r.session(), &child, &child, "Worker bee", "Delegated task for Worker bee"));
     // The child's own updates reach Coda as its session.
     assert!(r.to_client.iter().any(|f| f["method"] == "session/update"
         && f["params"]["sessionId"] == child.as_str()
@@ -177,19 +174,11 @@ fn subagent_that_completes() {
 #[test]
 fn subagent_followed_up_is_the_same_child_session_with_a_new_wait() {
     let r = replay("subagent-followup");
-    check_exact(&r, "subagent-followup");
-    let sid = r.session();
-    let waits = r.waits();
-    assert_eq!(waits.len(), 4, "{waits:#?}");
+    let (sid, waits) = (r.session(), r.waits());
     let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
     let second = format!("{child}:generation:2");
-    assert_eq!(waits[1], json!({"sessionId":sid,"waitId":child,"state":"done"}));
-    assert_eq!(
-        waits[2],
-        json!({"sessionId":sid,"waitId":second,"kind":"subagent","state":"waiting","title":"Worker bee",
-            "detail":"Delegated task for Worker bee","stoppable":false,"childSessionId":child})
-    );
-    assert_eq!(waits[3], json!({"sessionId":sid,"waitId":second,"state":"done"}));
+    let run = |wait: &str| subagent_run(&sid, wait, &child, "Worker bee", "Delegated task for Worker bee");
+    assert_eq!(waits, [run(&child), run(&second)].concat());
     // Generation 2's updates (recorded under `X:generation:2`) reach Coda as X.
     let raw = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex/subagent-followup/trace.jsonl"),
@@ -202,7 +191,6 @@ fn subagent_followed_up_is_the_same_child_session_with_a_new_wait() {
 #[test]
 fn load_of_a_session_with_finished_children_reports_no_activity() {
     let r = replay("subagent-load");
-    check_exact(&r, "subagent-load");
     check_initialize(&r, 5);
     assert!(r.waits().is_empty(), "{:#?}", r.waits());
     assert!(r.answer(6).get("result").is_some());
@@ -211,7 +199,6 @@ fn load_of_a_session_with_finished_children_reports_no_activity() {
 #[test]
 fn steering_during_a_turn_is_injected_and_after_it_prompt_required() {
     let r = replay("steering");
-    check_exact(&r, "steering");
     assert_eq!(r.answer(4), json!({"jsonrpc":"2.0","id":4,"result":{"outcome":"injected"}}));
     assert_eq!(
         r.answer(5),
@@ -222,7 +209,6 @@ fn steering_during_a_turn_is_injected_and_after_it_prompt_required() {
 #[test]
 fn upstream_errors_become_coda_failure_kinds() {
     let r = replay("upstream-errors");
-    check_exact(&r, "upstream-errors");
     let failure = |id: u64| r.answer(id)["error"]["data"]["_meta"]["coda"]["failure"].clone();
     // 429 usage limit.
     assert_eq!(r.answer(3)["error"]["code"], -32603);
@@ -244,54 +230,31 @@ fn upstream_errors_become_coda_failure_kinds() {
 #[test]
 fn background_command_that_completes_after_the_turn() {
     let r = replay("bg-completes-after-turn");
-    check_exact(&r, "bg-completes-after-turn");
     check_initialize(&r, 1);
-    let sid = r.session();
-    let waits = r.waits();
-    let task = waits[0]["waitId"].clone();
-    assert_eq!(
-        waits,
-        vec![
-            json!({"sessionId":sid,"waitId":task,"kind":"task","state":"waiting","title":"sleep 4; echo finished",
-                "toolCallId":task,"stoppable":true}),
-            json!({"sessionId":sid,"waitId":task,"state":"done"}),
-        ]
-    );
-    let turn_end = r.to_client.iter().position(|f| f["id"] == 3).expect("prompt answered");
-    let done = r.to_client.iter().position(|f| f["params"]["state"] == "done").expect("done");
-    assert!(turn_end < done, "the command ends after the turn");
+    r.assert_task("sleep 4; echo finished", "done");
+    let turn_end = r.at("prompt answer", |f| f["id"] == 3);
+    assert!(turn_end < r.at("done", |f| f["params"]["state"] == "done"), "the command ends after the turn");
 }
 
 #[test]
 fn multi_agent_v1_child_first_seen_as_generation_2() {
     let r = replay("subagent-v1-generation-2-first");
-    check_exact(&r, "subagent-v1-generation-2-first");
-    let sid = r.session();
     let waits = r.waits();
-    assert_eq!(waits.len(), 2, "{waits:#?}");
     let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
     assert!(!child.contains(':'));
-    let wait = format!("{child}:generation:2");
-    assert_eq!(
-        waits[0],
-        json!({"sessionId":sid,"waitId":wait,"kind":"subagent","state":"waiting","title":format!("Agent {}", &child[child.len() - 8..]),
-            "detail":"say hi","stoppable":false,"childSessionId":child})
-    );
-    assert_eq!(waits[1], json!({"sessionId":sid,"waitId":wait,"state":"done"}));
+    let title = format!("Agent {}", &child[child.len() - 8..]);
+    assert_eq!(waits, subagent_run(&r.session(), &format!("{child}:generation:2"), &child, &title, "say hi"));
 }
 
 #[test]
 fn child_session_updates_and_permission_request_reach_coda_as_the_child() {
     let r = replay("subagent-child-permission");
-    check_exact(&r, "subagent-child-permission");
     let waits = r.waits();
     let child = waits[0]["childSessionId"].as_str().expect("childSessionId").to_owned();
-    let ask = r.to_client.iter().find(|f| f["method"] == "session/request_permission").expect("a permission request");
-    assert_eq!(ask["params"]["sessionId"], child.as_str());
+    let asked = r.at("permission request", |f| f["method"] == "session/request_permission");
+    assert_eq!(r.to_client[asked]["params"]["sessionId"], child.as_str());
     // It comes after the child was announced, and the child ends after it was answered.
-    let announced = r.to_client.iter().position(|f| f["method"] == "_coda/wait").expect("announced");
-    let asked = r.to_client.iter().position(|f| f["method"] == "session/request_permission").expect("asked");
-    assert!(announced < asked);
+    assert!(r.at("wait", |f| f["method"] == "_coda/wait") < asked);
     assert_eq!(waits[1]["state"], "done");
     assert!(
         r.to_client.iter().any(

@@ -3,7 +3,8 @@
 //!
 //! - `initialize`: declares AIR `nativeSubagentSessions`, `asyncTasks`, `sessionFailure` to codex-acp;
 //!   answers Coda with `agentInfo` = the Codex CLI and `agentCapabilities._meta.coda.waits`.
-//! - `async_task_*` and `subagent_*` updates become `_coda/wait` reports; the AIR updates are consumed.
+//! - `async_task_*` and `subagent_*` updates become `_coda/wait` reports (through `wait::Register`, which
+//!   keeps Coda's rules for them); the AIR updates are consumed.
 //! - A continued subagent `X:generation:N` is session `X` for Coda, both ways.
 //! - `_coda/wait/stop`: AIR's task stop on the root session, or `session/cancel` of a cancellable subagent.
 //! - `_session/steering` always asks for `promptRequired`, so codex-acp never opens a turn of its own.
@@ -12,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use coda_shim::frame::{self, Frame, Id, Kind, Needle};
 use coda_shim::layer::{Cx, Event, Layer};
+use coda_shim::wait::{self, Register, State, Wait};
 use serde_json::{Map, Value, json};
 
 /// The AIR capabilities the shim declares to codex-acp.
@@ -21,10 +23,6 @@ const GENERATION: &str = ":generation:";
 static GENERATION_ID: Needle = coda_shim::needle!(GENERATION.as_bytes());
 static SUBAGENT_UPDATE: Needle = coda_shim::needle!(b"\"subagent_");
 static ASYNC_TASK_UPDATE: Needle = coda_shim::needle!(b"\"async_task_");
-/// Coda's limits on report fields (section `_coda/wait`), in characters.
-pub const MAX_WAIT_ID: usize = 200;
-pub const MAX_TITLE: usize = 500;
-pub const MAX_DETAIL: usize = 4000;
 /// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
 const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
 
@@ -38,32 +36,19 @@ pub fn stable(id: &str) -> &str {
     id.find(GENERATION).map_or(id, |at| &id[..at])
 }
 
-/// At most `max` characters of `s`, cut on a character boundary.
-pub fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((at, _)) => s[..at].to_owned(),
-        None => s.to_owned(),
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum WaitKind {
     Task,
     Subagent,
 }
 
+/// A wait opened for an AIR task or subagent; its waitId is the upstream id (`asyncTaskId`, or the
+/// generation's session id).
 #[derive(Debug)]
-struct Wait {
-    kind: WaitKind,
+struct Opened {
     /// The session Coda files the wait under (a root session or a subagent's stable id).
     session: String,
-    wait_id: String,
-    /// Task: the `asyncTaskId`; subagent: the generation's session id.
-    upstream: String,
     stoppable: bool,
-    ended: bool,
-    /// The opening report, while it is held back during `session/load`.
-    held: Option<Value>,
 }
 
 #[derive(Debug)]
@@ -84,12 +69,14 @@ pub struct Air {
     /// `session/load` and `session/resume` requests in flight.
     loading: HashSet<Id>,
     subagents: HashMap<String, Subagent>,
-    /// Waits by `(upstream kind, upstream id)`: `asyncTaskId` or the generation's session id.
-    waits: HashMap<(WaitKind, String), Wait>,
-    /// `(session, waitId)` -> upstream key, for `_coda/wait/stop`.
-    by_wait: HashMap<(String, String), (WaitKind, String)>,
+    /// Waits by `(upstream kind, upstream id = waitId)`.
+    waits: HashMap<(WaitKind, String), Opened>,
+    /// `(session, waitId)` -> kind, for `_coda/wait/stop`.
+    by_wait: HashMap<(String, String), WaitKind>,
+    /// Coda's `_coda/wait` rules: what was reported, only changes, nothing after a terminal state.
+    register: Register,
     /// Opening reports held during `session/load`, in arrival order.
-    held: Vec<(WaitKind, String)>,
+    held: Vec<((WaitKind, String), Wait)>,
     next_tag: u64,
     /// Agent frames from the initialize answer on, kept in order while the version probe is still running
     /// (it normally finishes long before codex-acp answers; see `VersionDeadline`).
@@ -117,11 +104,11 @@ impl Air {
         let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
         self.initialize.insert(id);
         let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+        self.client_waits = value.get("params").is_some_and(wait::client_declares_waits);
         let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
             return cx.to_agent(frame);
         };
         let caps = object_at(params, "clientCapabilities");
-        self.client_waits = caps.get("_meta").and_then(|m| m.get("coda")).and_then(|c| c.get("waits")).is_some();
         let air = object_at(object_at(object_at(caps, "_meta"), "jetbrains"), "air");
         let mut names: Vec<Value> = match air.get("capabilities") {
             Some(Value::Array(have)) => have.clone(),
@@ -172,9 +159,8 @@ impl Air {
                 result.remove("agentInfo");
             }
         }
-        if reports {
-            let caps = object_at(result, "agentCapabilities");
-            object_at(object_at(caps, "_meta"), "coda").insert("waits".into(), json!({}));
+        if reports && let Some(result) = value.get_mut("result") {
+            wait::declare_waits(result);
         }
         cx.to_client(Frame::from_value(&value))
     }
@@ -213,8 +199,8 @@ impl Air {
             let msg = "Invalid params: _coda/wait/stop needs string sessionId and waitId";
             return cx.to_client(frame::error_response(&id, -32602, msg, None));
         };
-        let key = self.by_wait.get(&(session.to_owned(), wait_id.to_owned())).cloned();
-        let Some(wait) = key.as_ref().and_then(|k| self.waits.get(k)) else {
+        let key = self.by_wait.get(&(session.to_owned(), wait_id.to_owned())).map(|&kind| (kind, wait_id.to_owned()));
+        let Some((key, wait)) = key.and_then(|k| self.waits.get(&k).map(|w| (k, w))) else {
             let msg = format!("Invalid params: no wait {wait_id:?} in session {session:?}");
             return cx.to_client(frame::error_response(&id, -32602, &msg, None));
         };
@@ -222,168 +208,126 @@ impl Air {
             let msg = format!("Invalid params: wait {wait_id:?} cannot be stopped");
             return cx.to_client(frame::error_response(&id, -32602, &msg, None));
         }
-        if wait.ended {
+        if !self.register.is_open(&wait.session, wait_id) && self.held_at(&key).is_none() {
             // Already over (its final report went out); nothing left to stop.
             return cx.to_client(frame::result_response(&id, json!({})));
         }
-        let (kind, upstream, root) = (wait.kind, wait.upstream.clone(), self.root_of(&wait.session));
-        match kind {
+        match key.0 {
             WaitKind::Task => {
                 // codex-acp looks tasks up among root sessions only (reference codex.md §1.5).
                 self.next_tag += 1;
-                let params = json!({"sessionId": root, "asyncTaskId": upstream});
+                let params = json!({"sessionId": self.root_of(&wait.session), "asyncTaskId": wait_id});
                 cx.request("_session/async_task/stop", params, self.next_tag);
             }
             WaitKind::Subagent => {
-                cx.to_agent(frame::notification("session/cancel", json!({"sessionId": upstream})));
+                cx.to_agent(frame::notification("session/cancel", json!({"sessionId": wait_id})));
             }
         }
         cx.to_client(frame::result_response(&id, json!({})))
     }
 
-    fn emit_wait(&self, params: Value, cx: &mut Cx) {
-        if self.client_waits {
-            cx.to_client(frame::notification("_coda/wait", params));
+    /// Sends what `wait` changes; the register keeps state even for a client that did not ask for waits.
+    fn report(&mut self, wait: &Wait, cx: &mut Cx) {
+        if let Some(f) = self.register.report(wait)
+            && self.client_waits
+        {
+            cx.to_client(f);
         }
+    }
+
+    fn held_at(&self, key: &(WaitKind, String)) -> Option<usize> {
+        self.held.iter().position(|(k, _)| k == key)
     }
 
     /// Opens a wait; held back while a `session/load` replays history.
-    fn open(&mut self, wait: Wait, report: Value, cx: &mut Cx) {
-        let key = (wait.kind, wait.upstream.clone());
-        if let Some(old) = self.waits.get(&key)
-            && !old.ended
-            && old.held.is_none()
-        {
+    fn open(&mut self, kind: WaitKind, wait: Wait, stoppable: bool, cx: &mut Cx) {
+        let key = (kind, wait.wait_id.clone());
+        if self.waits.get(&key).is_some_and(|old| self.register.is_open(&old.session, &key.1)) {
             // The same run announced again: Coda has it already.
             return;
         }
-        self.by_wait.insert((wait.session.clone(), wait.wait_id.clone()), key.clone());
-        let mut wait = wait;
-        if self.loading.is_empty() {
-            self.emit_wait(report, cx);
-        } else {
-            wait.held = Some(report);
-            self.held.push(key.clone());
+        self.by_wait.insert((wait.session_id.clone(), key.1.clone()), kind);
+        self.waits.insert(key.clone(), Opened { session: wait.session_id.clone(), stoppable });
+        match self.held_at(&key) {
+            _ if self.loading.is_empty() => self.report(&wait, cx),
+            Some(at) => self.held[at].1 = wait,
+            None => self.held.push((key, wait)),
         }
-        self.waits.insert(key, wait);
     }
 
-    /// Ends a wait with `state`; a wait that was never reported is dropped silently.
-    fn end(&mut self, key: (WaitKind, String), state: &str, cx: &mut Cx) {
-        let Some(wait) = self.waits.get_mut(&key) else {
+    /// Ends a wait with `state`; one that was never reported is dropped by the register.
+    fn end(&mut self, key: (WaitKind, String), state: State, cx: &mut Cx) {
+        let Some(wait) = self.waits.get(&key) else {
             tracing::debug!(id = %key.1, "end of an activity that was never announced; dropped");
             return;
         };
-        if wait.ended {
-            return;
-        }
-        wait.ended = true;
-        if wait.held.take().is_some() {
+        if let Some(at) = self.held_at(&key) {
             // Began and ended inside a replay: history, not activity.
-            self.held.retain(|k| *k != key);
+            self.held.remove(at);
             return;
         }
-        let report = json!({"sessionId": wait.session, "waitId": wait.wait_id, "state": state});
-        self.emit_wait(report, cx);
+        let end = Wait::new(&wait.session, &key.1, state);
+        self.report(&end, cx);
     }
 
     fn flush_held(&mut self, cx: &mut Cx) {
-        for key in std::mem::take(&mut self.held) {
-            if let Some(report) = self.waits.get_mut(&key).and_then(|w| w.held.take()) {
-                self.emit_wait(report, cx);
-            }
+        for (_, wait) in std::mem::take(&mut self.held) {
+            self.report(&wait, cx);
         }
     }
 
     /// Handles an AIR-only update; true when it was one (and is consumed).
     fn air_update(&mut self, sid: &str, update: &Value, cx: &mut Cx) -> bool {
-        let kind = update.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
+        let name = update.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
+        let (kind, id_field) = match name {
+            "async_task_spawned" | "async_task_state_update" => (WaitKind::Task, "asyncTaskId"),
+            "subagent_spawned" | "subagent_state_update" => (WaitKind::Subagent, "subagentSessionId"),
+            "async_task_progress" => return true,
+            _ => return false,
+        };
         let session = stable(sid).to_owned();
         let text = |k: &str| update.get(k).and_then(Value::as_str);
-        match kind {
-            "async_task_spawned" => {
-                let Some(task) = text("asyncTaskId").filter(|t| !t.is_empty()) else {
-                    tracing::warn!("async_task_spawned without asyncTaskId; dropped");
+        let Some(id) = text(id_field) else {
+            tracing::warn!("{name} without {id_field}; dropped");
+            return true;
+        };
+        if name.ends_with("_state_update") {
+            let state = match (kind, text("state")) {
+                (_, Some("completed")) => State::Done,
+                (_, Some("failed")) | (WaitKind::Subagent, Some("disconnected")) => State::Failed,
+                (WaitKind::Task, Some("stopped")) | (WaitKind::Subagent, Some("cancelled")) => State::Cancelled,
+                // A task's `running` or `stopping` and the like change nothing Coda sees.
+                (_, other) => {
+                    tracing::debug!(?other, "{name} that changes nothing for Coda");
                     return true;
-                };
-                let stoppable = update.get("canStop").and_then(Value::as_bool) == Some(true);
-                let wait_id = truncate(task, MAX_WAIT_ID);
-                let mut report = json!({"sessionId": session, "waitId": wait_id, "kind": "task", "state": "waiting"});
-                if let Some(name) = text("name") {
-                    report["title"] = json!(truncate(name, MAX_TITLE));
                 }
-                if let Some(call) = text("toolCallId") {
-                    report["toolCallId"] = json!(call);
-                }
-                report["stoppable"] = json!(stoppable);
-                let wait = Wait {
-                    kind: WaitKind::Task,
-                    session,
-                    wait_id,
-                    upstream: task.to_owned(),
-                    stoppable,
-                    ended: false,
-                    held: None,
-                };
-                self.open(wait, report, cx);
-            }
-            "async_task_state_update" => {
-                let Some(task) = text("asyncTaskId") else { return true };
-                let state = match text("state") {
-                    Some("completed") => "done",
-                    Some("failed") => "failed",
-                    Some("stopped") => "cancelled",
-                    // `running`, `stopping` and the like change nothing Coda sees.
-                    _ => return true,
-                };
-                self.end((WaitKind::Task, task.to_owned()), state, cx);
-            }
-            "async_task_progress" => {}
-            "subagent_spawned" => {
-                let Some(child) = text("subagentSessionId").filter(|c| !c.is_empty()) else {
-                    tracing::warn!("subagent_spawned without subagentSessionId; dropped");
-                    return true;
-                };
-                let x = stable(child).to_owned();
-                self.subagents.insert(x.clone(), Subagent { current: child.to_owned(), parent: session.clone() });
-                let stoppable = update.pointer("/capabilities/cancel").is_some_and(Value::is_object);
-                let wait_id = truncate(child, MAX_WAIT_ID);
-                let mut report =
-                    json!({"sessionId": session, "waitId": wait_id, "kind": "subagent", "state": "waiting"});
-                if let Some(name) = text("name") {
-                    report["title"] = json!(truncate(name, MAX_TITLE));
-                }
-                if let Some(task) = text("task") {
-                    report["detail"] = json!(truncate(task, MAX_DETAIL));
-                }
-                report["stoppable"] = json!(stoppable);
-                report["childSessionId"] = json!(x);
-                let wait = Wait {
-                    kind: WaitKind::Subagent,
-                    session,
-                    wait_id,
-                    upstream: child.to_owned(),
-                    stoppable,
-                    ended: false,
-                    held: None,
-                };
-                self.open(wait, report, cx);
-            }
-            "subagent_state_update" => {
-                let Some(child) = text("subagentSessionId") else { return true };
-                let state = match text("state") {
-                    Some("completed") => "done",
-                    Some("failed") | Some("disconnected") => "failed",
-                    Some("cancelled") => "cancelled",
-                    other => {
-                        tracing::debug!(?other, "subagent state that changes nothing for Coda");
-                        return true;
-                    }
-                };
-                self.end((WaitKind::Subagent, child.to_owned()), state, cx);
-            }
-            _ => return false,
+            };
+            self.end((kind, id.to_owned()), state, cx);
+            return true;
         }
+        if id.is_empty() {
+            tracing::warn!("{name} with an empty {id_field}; dropped");
+            return true;
+        }
+        let mut wait = Wait::new(&session, id, State::Waiting);
+        wait.title = text("name").map(str::to_owned);
+        let stoppable = match kind {
+            WaitKind::Task => {
+                wait.kind = Some("task".into());
+                wait.tool_call_id = text("toolCallId").map(str::to_owned);
+                update.get("canStop").and_then(Value::as_bool) == Some(true)
+            }
+            WaitKind::Subagent => {
+                let x = stable(id).to_owned();
+                self.subagents.insert(x.clone(), Subagent { current: id.to_owned(), parent: session.clone() });
+                wait.kind = Some("subagent".into());
+                wait.detail = text("task").map(str::to_owned);
+                wait.child_session_id = Some(x);
+                update.pointer("/capabilities/cancel").is_some_and(Value::is_object)
+            }
+        };
+        wait.stoppable = Some(stoppable);
+        self.open(kind, wait, stoppable, cx);
         true
     }
 
@@ -508,6 +452,7 @@ impl Layer for Air {
 mod tests {
     use super::*;
     use coda_shim::layer::{Exits, Stack};
+    use coda_shim::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID};
 
     const ROOT: &str = "root-1";
 
@@ -540,6 +485,25 @@ mod tests {
         let mut exits = Exits::default();
         stack.from_agent(frame, &mut exits);
         values(&exits.to_client)
+    }
+
+    /// A frame from Coda: (what codex-acp gets, what Coda gets).
+    fn from_client(stack: &mut Stack, frame: Value) -> (Vec<Value>, Vec<Value>) {
+        let mut exits = Exits::default();
+        stack.from_client(parse(frame), &mut exits);
+        (values(&exits.to_agent), values(&exits.to_client))
+    }
+
+    fn stop(stack: &mut Stack, id: u64, params: Value) -> (Vec<Value>, Vec<Value>) {
+        from_client(stack, json!({"jsonrpc":"2.0","id":id,"method":"_coda/wait/stop","params":params}))
+    }
+
+    /// `subagent_spawned` of subagent `id` ("W") on the root session.
+    fn subagent(id: &str, capabilities: Value) -> Frame {
+        update(
+            ROOT,
+            json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":"W","capabilities":capabilities}),
+        )
     }
 
     #[test]
@@ -702,12 +666,9 @@ mod tests {
         assert_eq!(out[0]["params"]["sessionId"], "X");
         assert_eq!(out[0]["id"], "p1");
         // Coda's frames for X go to the current generation.
-        let mut exits = Exits::default();
-        stack.from_client(
-            parse(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X"}})),
-            &mut exits,
-        );
-        assert_eq!(exits.to_agent[0].value().expect("json")["params"]["sessionId"], "X:generation:2");
+        let (to_agent, _) =
+            from_client(&mut stack, json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X"}}));
+        assert_eq!(to_agent[0]["params"]["sessionId"], "X:generation:2");
         {
             let (state, coda) = ("disconnected", "failed");
             let end = update(
@@ -721,11 +682,7 @@ mod tests {
     #[test]
     fn a_later_generation_seen_first_is_a_valid_first_sighting() {
         let mut stack = started();
-        let spawn = update(
-            ROOT,
-            json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"Y:generation:2","name":"W","capabilities":{}}),
-        );
-        let out = from_agent(&mut stack, spawn);
+        let out = from_agent(&mut stack, subagent("Y:generation:2", json!({})));
         assert_eq!(out[0]["params"]["childSessionId"], "Y");
         assert_eq!(out[0]["params"]["state"], "waiting");
     }
@@ -734,24 +691,17 @@ mod tests {
     fn stopping_a_task_asks_codex_on_the_root_session_and_answers_at_once() {
         let mut stack = started();
         // A task of a subagent's thread is published on the child session.
-        from_agent(
-            &mut stack,
-            update(
-                ROOT,
-                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"X","name":"W","capabilities":{}}),
-            ),
-        );
+        from_agent(&mut stack, subagent("X", json!({})));
         let spawned = update(
             "X",
             json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"X:call_9","name":"sleep 30","canStop":true,"toolCallId":"call_9"}),
         );
         assert_eq!(from_agent(&mut stack, spawned)[0]["params"]["sessionId"], "X");
-        let mut exits = Exits::default();
-        stack.from_client(parse(json!({"jsonrpc":"2.0","id":8,"method":"_coda/wait/stop","params":{"sessionId":"X","waitId":"X:call_9"}})), &mut exits);
-        let asked = exits.to_agent[0].value().expect("json");
+        let (to_agent, to_client) = stop(&mut stack, 8, json!({"sessionId":"X","waitId":"X:call_9"}));
+        let asked = &to_agent[0];
         assert_eq!(asked["method"], "_session/async_task/stop");
         assert_eq!(asked["params"], json!({"sessionId":ROOT,"asyncTaskId":"X:call_9"}));
-        assert_eq!(values(&exits.to_client), vec![json!({"jsonrpc":"2.0","id":8,"result":{}})]);
+        assert_eq!(to_client, vec![json!({"jsonrpc":"2.0","id":8,"result":{}})]);
         // Its reply is the shim's own, never forwarded.
         let reply = json!({"jsonrpc":"2.0","id":asked["id"],"result":{"stopped":true}});
         assert!(from_agent(&mut stack, parse(reply)).is_empty());
@@ -760,13 +710,7 @@ mod tests {
     #[test]
     fn stop_of_anything_else_is_invalid_params() {
         let mut stack = started();
-        from_agent(
-            &mut stack,
-            update(
-                ROOT,
-                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"X","name":"W","capabilities":{}}),
-            ),
-        );
+        from_agent(&mut stack, subagent("X", json!({})));
         from_agent(
             &mut stack,
             update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"t","canStop":false})),
@@ -777,67 +721,40 @@ mod tests {
             json!({"sessionId":ROOT,"waitId":"nope"}),
             json!({"sessionId":ROOT}),
         ] {
-            let mut exits = Exits::default();
-            stack.from_client(
-                parse(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":params})),
-                &mut exits,
-            );
-            assert!(exits.to_agent.is_empty());
-            assert_eq!(values(&exits.to_client)[0]["error"]["code"], -32602);
+            let (to_agent, to_client) = stop(&mut stack, 2, params);
+            assert!(to_agent.is_empty());
+            assert_eq!(to_client[0]["error"]["code"], -32602);
         }
     }
 
     #[test]
     fn a_cancellable_subagent_is_stopped_with_session_cancel_of_its_generation() {
         let mut stack = started();
-        from_agent(
-            &mut stack,
-            update(
-                ROOT,
-                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"X:generation:3","name":"W","capabilities":{"cancel":{}}}),
-            ),
-        );
-        let mut exits = Exits::default();
-        stack.from_client(parse(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":{"sessionId":ROOT,"waitId":"X:generation:3"}})), &mut exits);
+        from_agent(&mut stack, subagent("X:generation:3", json!({"cancel":{}})));
+        let (to_agent, to_client) = stop(&mut stack, 2, json!({"sessionId":ROOT,"waitId":"X:generation:3"}));
         assert_eq!(
-            values(&exits.to_agent),
+            to_agent,
             vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X:generation:3"}})]
         );
-        assert_eq!(values(&exits.to_client), vec![json!({"jsonrpc":"2.0","id":2,"result":{}})]);
+        assert_eq!(to_client, vec![json!({"jsonrpc":"2.0","id":2,"result":{}})]);
     }
 
     #[test]
     fn steering_always_asks_for_prompt_required() {
         let mut stack = started();
-        let mut exits = Exits::default();
-        stack.from_client(
-            parse(json!({"jsonrpc":"2.0","id":3,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[]}})),
-            &mut exits,
-        );
-        assert_eq!(
-            exits.to_agent[0].value().expect("json")["params"]["_meta"],
-            json!({"steering":{"idleBehavior":"promptRequired"}})
-        );
+        let steer =
+            json!({"jsonrpc":"2.0","id":3,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[]}});
+        let (to_agent, _) = from_client(&mut stack, steer);
+        assert_eq!(to_agent[0]["params"]["_meta"], json!({"steering":{"idleBehavior":"promptRequired"}}));
         let given = json!({"jsonrpc":"2.0","id":4,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[],"_meta":{"steering":{"idleBehavior":"promptRequired"}}}});
-        stack.from_client(parse(given.clone()), &mut exits);
-        assert_eq!(exits.to_agent[1].value().expect("json"), given);
+        assert_eq!(from_client(&mut stack, given.clone()).0, vec![given]);
     }
 
     #[test]
     fn children_that_begin_and_end_inside_a_load_are_history_not_activity() {
         let mut stack = started();
-        let mut exits = Exits::default();
-        stack.from_client(
-            parse(json!({"jsonrpc":"2.0","id":9,"method":"session/load","params":{"sessionId":ROOT}})),
-            &mut exits,
-        );
-        let spawn = |id: &str| {
-            update(
-                ROOT,
-                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":"W","capabilities":{}}),
-            )
-        };
-        assert!(from_agent(&mut stack, spawn("X")).is_empty());
+        from_client(&mut stack, json!({"jsonrpc":"2.0","id":9,"method":"session/load","params":{"sessionId":ROOT}}));
+        assert!(from_agent(&mut stack, subagent("X", json!({}))).is_empty());
         assert!(
             from_agent(
                 &mut stack,
@@ -848,7 +765,7 @@ mod tests {
             )
             .is_empty()
         );
-        assert!(from_agent(&mut stack, spawn("X:generation:2")).is_empty());
+        assert!(from_agent(&mut stack, subagent("X:generation:2", json!({}))).is_empty());
         assert!(from_agent(&mut stack, update(ROOT, json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X:generation:2","state":"disconnected"}))).is_empty());
         let history = update(
             "X:generation:2",
@@ -861,28 +778,48 @@ mod tests {
 
     #[test]
     fn no_waits_for_a_client_that_did_not_ask_but_air_updates_are_still_consumed() {
-        let mut stack = Stack::new(vec![Box::new(Air::new())]);
-        let mut exits = Exits::default();
-        stack.from_client(
-            parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}})),
-            &mut exits,
-        );
-        let spawned = update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"a","canStop":true}));
-        assert!(from_agent(&mut stack, spawned).is_empty());
+        for caps in [json!({}), json!({"_meta":{"coda":{"waits":null}}})] {
+            let mut stack = Stack::new(vec![Box::new(Air::new())]);
+            let mut exits = Exits::default();
+            stack.from_client(
+                parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":caps}})),
+                &mut exits,
+            );
+            let spawned = update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"a","canStop":true}));
+            assert!(from_agent(&mut stack, spawned).is_empty());
+        }
     }
 
     #[test]
-    fn long_fields_are_cut_on_character_boundaries() {
+    fn long_fields_are_cut_on_character_boundaries_and_an_over_long_wait_id_is_not_sent() {
         let mut stack = started();
         let long: String = "é".repeat(5000);
-        let spawned = update(
-            ROOT,
-            json!({"sessionUpdate":"subagent_spawned","subagentSessionId":"ü".repeat(300),"name":long,"task":long,"capabilities":{}}),
-        );
-        let out = from_agent(&mut stack, spawned);
+        let spawn = |id: String| {
+            update(
+                ROOT,
+                json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":long,"task":long,"capabilities":{}}),
+            )
+        };
+        let out = from_agent(&mut stack, spawn("ü".repeat(MAX_WAIT_ID)));
         let p = &out[0]["params"];
-        assert_eq!(p["waitId"].as_str().map(|s| s.chars().count()), Some(MAX_WAIT_ID));
+        assert_eq!(p["waitId"], "ü".repeat(MAX_WAIT_ID));
         assert_eq!(p["title"].as_str().map(|s| s.chars().count()), Some(MAX_TITLE));
         assert_eq!(p["detail"].as_str().map(|s| s.chars().count()), Some(MAX_DETAIL));
+        // Cutting a waitId could make two waits one; Coda would drop it whole, so it is not sent.
+        assert!(from_agent(&mut stack, spawn("ü".repeat(MAX_WAIT_ID + 1))).is_empty());
+    }
+
+    #[test]
+    fn a_wait_that_ended_is_never_reopened() {
+        let mut stack = started();
+        let spawned = update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"t","canStop":true}));
+        assert_eq!(from_agent(&mut stack, spawned.clone()).len(), 1);
+        let end =
+            update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"t","state":"completed"}));
+        assert_eq!(from_agent(&mut stack, end)[0]["params"]["state"], "done");
+        assert!(from_agent(&mut stack, spawned).is_empty(), "a terminal state is final");
+        let (to_agent, to_client) = stop(&mut stack, 3, json!({"sessionId":ROOT,"waitId":"t"}));
+        assert!(to_agent.is_empty(), "nothing left to stop");
+        assert_eq!(to_client, vec![json!({"jsonrpc":"2.0","id":3,"result":{}})]);
     }
 }
