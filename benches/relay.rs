@@ -6,7 +6,8 @@
 //!
 //! The load agent is this same executable (env `CODA_BENCH_AGENT=1`): it answers each prompt with N
 //! `session/update` frames of S bytes, each stamped with its send time (CLOCK_REALTIME, ns). Run with
-//! `cargo bench --bench relay` (add `-- --quick` for a shorter run). Nothing here asserts a time.
+//! `cargo bench --bench relay` (add `-- --quick` for a shorter run, and section names such as
+//! `throughput latency initialize memory soak` to run only those; env `CODA_BENCH_NO_NODE=1` skips Node). Nothing here asserts a time.
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -215,107 +216,120 @@ fn main() {
     if std::env::var_os("CODA_BENCH_AGENT").is_some() {
         return agent();
     }
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--") || a == "--quick").collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // Sections to run: any of throughput, latency, initialize, memory, soak; none named = all.
+    let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| *a != "--quick").collect();
+    let run = |section: &str| named.is_empty() || named.contains(&section);
     let mut paths = vec![Path::Direct, Path::Shim];
-    if node_available() {
+    if std::env::var_os("CODA_BENCH_NO_NODE").is_some() {
+        println!("CODA_BENCH_NO_NODE set: the Node forwarder baseline is skipped");
+    } else if node_available() {
         paths.push(Path::Node);
     } else {
         println!("node not found: the Node forwarder baseline is skipped");
     }
     let scale = if quick { 4 } else { 1 };
 
-    println!("\n## Throughput (frames flooded as fast as the agent writes; best of 3 turns)\n");
-    println!("| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct |");
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
-    for (size, count) in [(200usize, 200_000u64), (4 << 10, 40_000), (64 << 10, 4_000), (1 << 20, 300)] {
-        let count = count / scale;
-        let mut mbps = Vec::new();
-        for &path in &paths {
-            let mut peer = spawn(path);
-            peer.start_session();
-            peer.turn(count / 10, size, 0); // warm-up
-            let best = (0..3)
-                .map(|_| {
-                    let (secs, bytes, _) = peer.turn(count, size, 0);
-                    bytes as f64 / secs / 1e6
-                })
-                .fold(0f64, f64::max);
-            peer.finish();
-            mbps.push(best);
-        }
-        let node = mbps.get(2).copied();
-        println!(
-            "| {} | {count} | {:.0} | {:.0} | {:.2} | {} | {} |",
-            human(size),
-            mbps[0],
-            mbps[1],
-            mbps[1] / mbps[0],
-            node.map_or("-".into(), |n| format!("{n:.0}")),
-            node.map_or("-".into(), |n| format!("{:.2}", n / mbps[0])),
-        );
-    }
-
-    println!("\n## Latency per frame (paced: one frame every 200 us), microseconds\n");
-    println!("| frame size | path | p50 | p99 | added p50 | added p99 |");
-    println!("| --- | --- | --- | --- | --- | --- |");
-    let mut added = Vec::new();
-    for size in [200usize, 4 << 10, 64 << 10] {
-        let count = 5_000 / scale as u64;
-        let mut base = (0, 0);
-        for &path in &paths {
-            let mut peer = spawn(path);
-            peer.start_session();
-            peer.turn(200, size, 200);
-            let (_, _, mut lat) = peer.turn(count, size, 200);
-            peer.finish();
-            let (p50, p99) = (percentile(&mut lat, 0.5) / 1000, percentile(&mut lat, 0.99) / 1000);
-            if path == Path::Direct {
-                base = (p50, p99);
-            }
-            let (a50, a99) = (p50 as i64 - base.0 as i64, p99 as i64 - base.1 as i64);
-            if path != Path::Direct {
-                added.push((size, path, a50, a99));
-            }
-            println!("| {} | {} | {p50} | {p99} | {a50} | {a99} |", human(size), path.name());
-        }
-    }
-    for size in [200usize, 4 << 10, 64 << 10] {
-        let shim = added.iter().find(|a| a.0 == size && a.1 == Path::Shim).map(|a| a.3);
-        let node = added.iter().find(|a| a.0 == size && a.1 == Path::Node).map(|a| a.3);
-        if let (Some(s), Some(n)) = (shim, node) {
-            println!("added p99 at {}: node/shim = {:.1}x", human(size), n as f64 / s.max(1) as f64);
-        }
-    }
-
-    println!("\n## initialize: child's answer -> client, microseconds (median of 20 starts)\n");
-    for &path in &paths {
-        let mut v: Vec<u64> = (0..20 / scale)
-            .map(|_| {
+    if run("throughput") {
+        println!("\n## Throughput (frames flooded as fast as the agent writes; best of 3 turns)\n");
+        println!("| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct |");
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        for (size, count) in [(200usize, 200_000u64), (4 << 10, 40_000), (64 << 10, 4_000), (1 << 20, 300)] {
+            let count = count / scale;
+            let mut mbps = Vec::new();
+            for &path in &paths {
                 let mut peer = spawn(path);
-                let d = peer.start_session();
+                peer.start_session();
+                peer.turn(count / 10, size, 0); // warm-up
+                let best = (0..3)
+                    .map(|_| {
+                        let (secs, bytes, _) = peer.turn(count, size, 0);
+                        bytes as f64 / secs / 1e6
+                    })
+                    .fold(0f64, f64::max);
                 peer.finish();
-                (d / 1000) as u64
-            })
-            .collect();
-        println!("- {}: {} us", path.name(), percentile(&mut v, 0.5));
+                mbps.push(best);
+            }
+            let node = mbps.get(2).copied();
+            println!(
+                "| {} | {count} | {:.0} | {:.0} | {:.2} | {} | {} |",
+                human(size),
+                mbps[0],
+                mbps[1],
+                mbps[1] / mbps[0],
+                node.map_or("-".into(), |n| format!("{n:.0}")),
+                node.map_or("-".into(), |n| format!("{:.2}", n / mbps[0])),
+            );
+        }
     }
-
-    println!("\n## Memory: peak RSS of the process in the middle after the 64 KiB and 1 MiB floods, KiB\n");
-    let mut peaks = Vec::new();
-    for &path in &paths[1..] {
-        let mut peer = spawn(path);
-        peer.start_session();
-        peer.turn(2_000 / scale as u64, 64 << 10, 0);
-        peer.turn(200 / scale as u64, 1 << 20, 0);
-        let peak = peer.peak_rss_kib(path).unwrap_or(0);
-        peer.finish();
-        println!("- {}: {peak} KiB", path.name());
-        peaks.push(peak);
+    if run("latency") {
+        println!("\n## Latency per frame (paced: one frame every 200 us), microseconds\n");
+        println!("| frame size | path | p50 | p99 | added p50 | added p99 |");
+        println!("| --- | --- | --- | --- | --- | --- |");
+        let mut added = Vec::new();
+        for size in [200usize, 4 << 10, 64 << 10] {
+            let count = 5_000 / scale as u64;
+            let mut base = (0, 0);
+            for &path in &paths {
+                let mut peer = spawn(path);
+                peer.start_session();
+                peer.turn(200, size, 200);
+                let (_, _, mut lat) = peer.turn(count, size, 200);
+                peer.finish();
+                let (p50, p99) = (percentile(&mut lat, 0.5) / 1000, percentile(&mut lat, 0.99) / 1000);
+                if path == Path::Direct {
+                    base = (p50, p99);
+                }
+                let (a50, a99) = (p50 as i64 - base.0 as i64, p99 as i64 - base.1 as i64);
+                if path != Path::Direct {
+                    added.push((size, path, a50, a99));
+                }
+                println!("| {} | {} | {p50} | {p99} | {a50} | {a99} |", human(size), path.name());
+            }
+        }
+        for size in [200usize, 4 << 10, 64 << 10] {
+            let shim = added.iter().find(|a| a.0 == size && a.1 == Path::Shim).map(|a| a.3);
+            let node = added.iter().find(|a| a.0 == size && a.1 == Path::Node).map(|a| a.3);
+            if let (Some(s), Some(n)) = (shim, node) {
+                println!("added p99 at {}: node/shim = {:.1}x", human(size), n as f64 / s.max(1) as f64);
+            }
+        }
     }
-    if peaks.len() == 2 {
-        println!("node/shim peak RSS = {:.1}x", peaks[1] as f64 / peaks[0].max(1) as f64);
+    if run("initialize") {
+        println!("\n## initialize: child's answer -> client, microseconds (median of 20 starts)\n");
+        for &path in &paths {
+            let mut v: Vec<u64> = (0..20 / scale)
+                .map(|_| {
+                    let mut peer = spawn(path);
+                    let d = peer.start_session();
+                    peer.finish();
+                    (d / 1000) as u64
+                })
+                .collect();
+            println!("- {}: {} us", path.name(), percentile(&mut v, 0.5));
+        }
     }
-
+    if run("memory") {
+        println!("\n## Memory: peak RSS of the process in the middle after the 64 KiB and 1 MiB floods, KiB\n");
+        let mut peaks = Vec::new();
+        for &path in &paths[1..] {
+            let mut peer = spawn(path);
+            peer.start_session();
+            peer.turn(2_000 / scale as u64, 64 << 10, 0);
+            peer.turn(200 / scale as u64, 1 << 20, 0);
+            let peak = peer.peak_rss_kib(path).unwrap_or(0);
+            peer.finish();
+            println!("- {}: {peak} KiB", path.name());
+            peaks.push(peak);
+        }
+        if peaks.len() == 2 {
+            println!("node/shim peak RSS = {:.1}x", peaks[1] as f64 / peaks[0].max(1) as f64);
+        }
+    }
+    if !run("soak") {
+        return;
+    }
     let frames = if quick { 200_000 } else { 1_000_000 };
     println!("\n## Soak: {frames} frames of 200 B through coda-opencode, RSS every 10%\n");
     let mut peer = spawn(Path::Shim);
