@@ -2,7 +2,8 @@
 //! test writes (through a FIFO) and whose session files the test writes, so each rule is driven exactly:
 //! a prompt held while Kimi runs a turn of its own, a prompt answer held until the wire shows the turn's end
 //! (and released after `ANSWER_HOLD` when it never does), `_coda/wait/stop` refused, `session/cancel` of a
-//! held prompt, and a subagent run whose own turn end never shows.
+//! held prompt, a subagent run whose own turn end never shows; and faults in Kimi's files (garbage, torn lines,
+//! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order).
 
 #[path = "support/shim.rs"]
 mod shim;
@@ -98,6 +99,19 @@ impl Kimi {
         }
         let mut f = OpenOptions::new().create(true).append(true).open(path).unwrap();
         f.write_all(text.as_bytes()).unwrap();
+    }
+
+    /// Writes `agents/<agent>/tasks/<id>.json` as Kimi does: a `<file>.tmp.<pid>.<8hex>` renamed over it
+    /// (kimi.md §6). `info` is the whole task record.
+    fn task_file(&mut self, agent: &str, info: &Value) {
+        let id = info["taskId"].as_str().expect("taskId");
+        let dir = self.session_dir.join(format!("agents/{agent}/tasks"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{id}.json"));
+        self.clock += 1;
+        let tmp = dir.join(format!("{id}.json.tmp.4242.{:08x}", self.clock & 0xffff_ffff));
+        std::fs::write(&tmp, info.to_string()).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
     }
 
     /// Frames the stand-in received so far.
@@ -363,4 +377,103 @@ fn a_wire_file_replaced_by_rename_is_reread_without_repeats() {
     std::fs::rename(&tmp, &path).unwrap();
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-ffff6666 waiting");
     k.nothing_for(Duration::from_millis(400));
+}
+
+/// A task record as Kimi writes it into `tasks/<id>.json` and into the wire's `task.*` records (kimi.md §2.3).
+fn task_info(id: &str, status: &str) -> Value {
+    let ended = status != "running";
+    json!({"taskId":id,"description":"bg sleep","status":status,"detached":true,"startedAt":1_796_000_000_000u64,
+           "endedAt":if ended { json!(1_796_000_001_000u64) } else { Value::Null },"timeoutMs":600000,
+           "kind":"process","command":"sleep 1","pid":4242,"exitCode":if ended { json!(0) } else { Value::Null },
+           "parentToolCallId":"call_1"})
+}
+
+/// Receives the next frame, which must be `_coda/wait <id> <state>`, and logs it.
+fn expect_wait(k: &mut Kimi, log: &mut Vec<(String, String)>, id: &str, state: &str) {
+    let v = k.recv();
+    assert_eq!(wait_line(&v), format!("_coda/wait {id} {state}"), "{v}; waits so far: {log:?}");
+    log.push((id.to_owned(), state.to_owned()));
+}
+
+/// kimi.md §6: a task file is rewritten at start, at settle and for markers, and "can lag/lead the wire
+/// records by a few ms"; seen live (fixtures/kimi/bg-stopped): the wire's `task.started` 7 ms before the first
+/// task file, the file's `killed` 21 ms before the wire's `task.terminated`, a marker rewrite after it. The
+/// wire is the event order: whichever comes first, each wait is reported once per state, never reopened.
+#[test]
+fn task_files_and_wire_records_out_of_order_report_each_state_once_and_never_go_back() {
+    let mut k = Kimi::start("out-of-order");
+    let mut log = Vec::new();
+    k.wire("main", &[user_turn(0)]);
+
+    // A: the file leads both the start and the end.
+    k.task_file("main", &task_info("bash-aaaa0001", "running"));
+    k.nothing_for(Duration::from_millis(250));
+    k.wire("main", &[task("task.started", "bash-aaaa0001", "running")]);
+    expect_wait(&mut k, &mut log, "bash-aaaa0001", "waiting");
+    k.task_file("main", &task_info("bash-aaaa0001", "completed"));
+    k.nothing_for(Duration::from_millis(250));
+    k.wire("main", &[task("task.terminated", "bash-aaaa0001", "completed")]);
+    expect_wait(&mut k, &mut log, "bash-aaaa0001", "done");
+
+    // B: the file says the task finished before the wire record that started it arrives.
+    k.task_file("main", &task_info("bash-bbbb0002", "completed"));
+    k.nothing_for(Duration::from_millis(250));
+    k.wire("main", &[task("task.started", "bash-bbbb0002", "running")]);
+    expect_wait(&mut k, &mut log, "bash-bbbb0002", "waiting");
+    k.wire("main", &[task("task.terminated", "bash-bbbb0002", "completed")]);
+    expect_wait(&mut k, &mut log, "bash-bbbb0002", "done");
+
+    // C: the wire reports start and end before any file is written; then a stale `running` file lands
+    // after the end, then the settled one, then a marker rewrite; and a `.tmp.` file a crash left behind.
+    k.wire(
+        "main",
+        &[task("task.started", "bash-cccc0003", "running"), task("task.terminated", "bash-cccc0003", "completed")],
+    );
+    expect_wait(&mut k, &mut log, "bash-cccc0003", "waiting");
+    expect_wait(&mut k, &mut log, "bash-cccc0003", "done");
+    k.task_file("main", &task_info("bash-cccc0003", "running"));
+    k.task_file("main", &task_info("bash-cccc0003", "completed"));
+    let mut marked = task_info("bash-cccc0003", "completed");
+    marked["resumeReminded"] = json!(true);
+    k.task_file("main", &marked);
+    let stray = k.session_dir.join("agents/main/tasks/bash-cccc0003.json.tmp.4242.0000dead");
+    std::fs::write(stray, "{\"taskId\":\"bash-cccc0003\",\"sta").unwrap();
+    k.nothing_for(Duration::from_millis(300));
+
+    // D: a task still running when the client turn ends settles later, outside a turn (handling until
+    // Kimi's own turn for it ends); its settled file leads the wire's end, a stale file trails it.
+    k.wire("main", &[task("task.started", "bash-dddd0004", "running")]);
+    expect_wait(&mut k, &mut log, "bash-dddd0004", "waiting");
+    k.wire("main", &[turn_ended(0)]);
+    k.task_file("main", &task_info("bash-dddd0004", "failed"));
+    k.nothing_for(Duration::from_millis(250));
+    k.wire("main", &[task("task.terminated", "bash-dddd0004", "failed")]);
+    expect_wait(&mut k, &mut log, "bash-dddd0004", "handling");
+    k.task_file("main", &task_info("bash-dddd0004", "running"));
+    k.wire("main", &[own_turn(1, "bash-dddd0004"), turn_ended(1)]);
+    expect_wait(&mut k, &mut log, "bash-dddd0004", "failed");
+    let mut marked = task_info("bash-dddd0004", "failed");
+    marked["terminalNotificationSuppressed"] = json!(true);
+    k.task_file("main", &marked);
+    k.nothing_for(Duration::from_millis(300));
+
+    // Once per state, none lost, none after a terminal one.
+    let states = |id: &str| log.iter().filter(|(w, _)| w == id).map(|(_, s)| s.as_str()).collect::<Vec<_>>();
+    assert_eq!(states("bash-aaaa0001"), ["waiting", "done"]);
+    assert_eq!(states("bash-bbbb0002"), ["waiting", "done"]);
+    assert_eq!(states("bash-cccc0003"), ["waiting", "done"]);
+    assert_eq!(states("bash-dddd0004"), ["waiting", "handling", "failed"]);
+
+    // The relay goes on: a frame from Kimi reaches the client, and a prompt is neither held nor lost.
+    let note = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SESSION,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"still here"}}}});
+    k.agent(note.clone());
+    assert_eq!(k.recv(), note);
+    k.client(prompt(5, "next"));
+    k.agent_gets(|v| v["id"] == 5);
+    k.wire("main", &[user_turn(2), turn_ended(2)]);
+    k.agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+    assert_eq!(k.recv(), json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+    assert!(k.shim.child.try_wait().unwrap().is_none(), "the shim is still running");
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
