@@ -40,13 +40,26 @@ struct Kimi {
 impl Kimi {
     /// coda-kimi with the stand-in, after initialize (Coda declares waits) and session/new.
     fn start(name: &str) -> Kimi {
+        Kimi::launch(name, false)
+    }
+
+    /// The same, with the shim's file log (`CODA_KIMI_RECORD`: what its watcher read) in `files.log`.
+    fn start_recording(name: &str) -> Kimi {
+        Kimi::launch(name, true)
+    }
+
+    fn launch(name: &str, record: bool) -> Kimi {
         let root = temp::TempDir::new(&format!("coda-kimi-activity-{name}"));
         std::fs::create_dir_all(root.join("home/.kimi-code")).unwrap();
         let script = root.join("fake-kimi.sh");
         std::fs::write(&script, FAKE_KIMI).unwrap();
         let fifo_path = root.join("stdout.fifo");
         assert!(Command::new("mkfifo").arg(&fifo_path).status().unwrap().success(), "mkfifo");
-        let cmd = Command::new(shim::binary("kimi"));
+        let mut cmd = Command::new(shim::binary("kimi"));
+        cmd.env_remove("CODA_KIMI_RECORD");
+        if record {
+            cmd.env("CODA_KIMI_RECORD", root.join("files.log"));
+        }
         let shim = shim::Builder::from_command(cmd)
             .env("CODA_KIMI_COMMAND", &format!("bash {}", script.display()))
             .env("KIMI_CODE_HOME", &root.join("home/.kimi-code").display().to_string())
@@ -112,6 +125,17 @@ impl Kimi {
         let tmp = dir.join(format!("{id}.json.tmp.4242.{:08x}", self.clock & 0xffff_ffff));
         std::fs::write(&tmp, info.to_string()).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
+    }
+
+    /// The files the shim's watcher read (relative to the session folder), from its file log.
+    fn files_read(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.root.join("files.log")).unwrap_or_default();
+        let dir = format!("{}/", self.session_dir.display());
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r.get("at").is_none())
+            .filter_map(|r| r["path"].as_str().and_then(|p| p.strip_prefix(&dir)).map(str::to_owned))
+            .collect()
     }
 
     /// Frames the stand-in received so far.
@@ -476,4 +500,34 @@ fn task_files_and_wire_records_out_of_order_report_each_state_once_and_never_go_
     assert!(k.shim.child.try_wait().unwrap().is_none(), "the shim is still running");
     let stderr = k.shim.drain_stderr().join("\n");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// `notify` adds its watch on a new folder only after it has reported the folder, so a file written into a
+/// folder just made raises no event: Kimi's first task file goes into a `tasks/` it has just made, a new
+/// subagent's wire into a new `agents/agent-N/`. The watcher must read them anyway, without a later write.
+#[test]
+fn files_written_into_folders_just_made_are_read() {
+    let mut k = Kimi::start_recording("new-folders");
+    k.wire("main", &[user_turn(0)]);
+    let mut want = Vec::new();
+    for i in 0..5 {
+        let agent = format!("agent-{i}");
+        let id = format!("bash-{i:08}");
+        // agents/agent-N/ and its tasks/ made, the task file written into it at once.
+        k.task_file(&agent, &task_info(&id, "running"));
+        want.push(format!("agents/{agent}/tasks/{id}.json"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    k.wire("agent-9", &[json!({"type":"metadata","protocol_version":"1.5","created_at":1})]);
+    want.push("agents/agent-9/wire.jsonl".into());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let read = k.files_read();
+        let missing: Vec<&String> = want.iter().filter(|w| !read.contains(w)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never read: {missing:?}; read: {read:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -2,12 +2,12 @@
 //! bytes that changed to the activity layer as [`Scan`]s. No parsing, no polling: the thread blocks on
 //! the watcher's channel while nothing happens.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use coda_shim::layer::EventSender;
@@ -52,7 +52,21 @@ pub struct Start {
 
 /// Keeps the watch alive; dropping it stops the thread.
 pub struct Handle {
-    _watcher: notify::RecommendedWatcher,
+    watcher: Shared,
+}
+
+/// The watcher, shared with the thread that adds watches on new folders; `None` once the handle is dropped.
+type Shared = Arc<Mutex<Option<notify::RecommendedWatcher>>>;
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // Without its watcher the event loop ends, and with it the channel the thread blocks on.
+        let watcher = match self.watcher.lock() {
+            Ok(mut w) => w.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        drop(watcher);
+    }
 }
 
 /// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`.
@@ -87,6 +101,8 @@ struct Tracked {
 struct Reader {
     dir: PathBuf,
     wires: HashMap<PathBuf, Tracked>,
+    /// `agents/<agent>` and `agents/<agent>/tasks` folders known to be watched.
+    folders: HashSet<PathBuf>,
 }
 
 impl Reader {
@@ -99,6 +115,27 @@ impl Reader {
         let mut out: Vec<PathBuf> = std::fs::read_dir(self.dir.join("agents"))
             .map(|rd| rd.flatten().map(|d| d.path().join("wire.jsonl")).filter(|p| p.is_file()).collect())
             .unwrap_or_default();
+        out.sort();
+        out
+    }
+
+    /// Folders that appeared since the last look. `notify` adds its watch on a new folder only after it has
+    /// reported the folder's creation, so a file written there in between raises no event (tried: a file
+    /// written right after its folder, 7 in 1000 unread until the next unrelated write, and most task files
+    /// of a new `tasks/`). The thread watches each new folder itself before reading it: a write before that
+    /// is read, one after it raises an event.
+    fn new_folders(&mut self) -> Vec<PathBuf> {
+        let agents: Vec<PathBuf> = std::fs::read_dir(self.dir.join("agents"))
+            .map(|rd| rd.flatten().map(|d| d.path()).filter(|p| p.is_dir()).collect())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for agent in agents {
+            for folder in [agent.join("tasks"), agent] {
+                if folder.is_dir() && self.folders.insert(folder.clone()) {
+                    out.push(folder);
+                }
+            }
+        }
         out.sort();
         out
     }
@@ -134,6 +171,13 @@ fn is_task_file(p: &Path) -> bool {
         && p.parent().and_then(Path::file_name).is_some_and(|n| n == "tasks")
 }
 
+/// The task files in one `tasks` folder.
+fn tasks_in(folder: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(folder)
+        .map(|rd| rd.flatten().map(|t| t.path()).filter(|p| is_task_file(p)).collect())
+        .unwrap_or_default()
+}
+
 /// `agents/*/tasks/*.json` currently present.
 fn task_paths(dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir.join("agents"))
@@ -161,12 +205,16 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
         })
         .map_err(|e| format!("cannot read {}: {e}", main.display()))?;
     let (tx, rx) = mpsc::channel();
+    let mut reader = Reader { dir: dir.to_path_buf(), wires: HashMap::new(), folders: HashSet::new() };
+    // Before the watch: a folder made after this is walked by it, or reported and then found new.
+    reader.new_folders();
     let mut watcher = notify::recommended_watcher(tx).map_err(|e| format!("cannot watch: {e}"))?;
     watcher
         .watch(&dir.join("agents"), RecursiveMode::Recursive)
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    let watcher: Shared = Arc::new(Mutex::new(Some(watcher)));
+    let shared = watcher.clone();
     let cutoff_ms = now_ms();
-    let mut reader = Reader { dir: dir.to_path_buf(), wires: HashMap::new() };
     let mut taken = Vec::new();
     if snapshot {
         for path in task_paths(dir) {
@@ -212,6 +260,21 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
             if !changed {
                 continue;
             }
+            let fresh = reader.new_folders();
+            if !fresh.is_empty() {
+                if let Ok(mut guard) = shared.lock()
+                    && let Some(w) = guard.as_mut()
+                {
+                    for folder in &fresh {
+                        if let Err(e) = w.watch(folder, RecursiveMode::Recursive) {
+                            tracing::warn!("cannot watch {}: {e}", folder.display());
+                        }
+                    }
+                }
+                for folder in fresh.iter().filter(|f| f.ends_with("tasks")) {
+                    tasks.extend(tasks_in(folder));
+                }
+            }
             tasks.sort();
             tasks.dedup();
             let mut chunks = Vec::new();
@@ -231,5 +294,5 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
         }
     });
     spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
-    Ok((Start { header, cutoff_ms, snapshot: taken }, Handle { _watcher: watcher }))
+    Ok((Start { header, cutoff_ms, snapshot: taken }, Handle { watcher }))
 }
