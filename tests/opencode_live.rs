@@ -1,8 +1,11 @@
 //! Live: OpenCode's subagents (the `task` tool) through coda-opencode, recorded as fixtures.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test opencode_live` (after `scripts/install-clis opencode`); with
-//! `CODA_RECORD=1` the recordings go to `fixtures/opencode/<scenario>/`. The hermetic config asks before every
-//! `bash` call, so a subagent's shell command raises a permission request inside its child session.
+//! Opt-in: `CODA_LIVE=1 cargo test --test opencode_live -- --test-threads 1` (after `scripts/install-clis
+//! opencode`); with `CODA_RECORD=1` the recordings go to `fixtures/opencode/<scenario>/`. The hermetic config
+//! asks before every `bash` call, so a subagent's shell command raises a permission request inside its child
+//! session. OpenCode runs with `--port` as coda-opencode's default command does, so the shim reads OpenCode's
+//! own server; the events it handled are logged (`CODA_OPENCODE_RECORD`) and merged into the fixture, where
+//! the replay player writes them back for the shim to read.
 
 #[path = "support/fake_model.rs"]
 mod fake_model;
@@ -14,29 +17,76 @@ mod replay_support;
 mod rig;
 #[path = "support/shim.rs"]
 mod shim;
-#[path = "support/temp.rs"]
-mod temp;
 
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use rig::{Rec, keep};
-use serde_json::Value;
+use coda_shim::replay::{self, Normaliser};
+use rig::Rec;
+use serde_json::{Value, json};
 
-/// Longer than the shim's quiet period (10 s) plus OpenCode's own turn.
+/// Longer than OpenCode's own turn on a background result.
 const LONG: Duration = Duration::from_secs(90);
+/// How long a turn may take before it counts as hung.
+const HANG: Duration = Duration::from_secs(20);
 
 fn states(waits: &[Value], wait_id: &Value) -> Vec<String> {
     waits.iter().filter(|w| w["waitId"] == *wait_id).filter_map(|w| w["state"].as_str().map(str::to_owned)).collect()
 }
 
+fn position(frames: &[Value], f: impl Fn(&Value) -> bool) -> Option<usize> {
+    frames.iter().position(f)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// The live command as coda-opencode's default command runs OpenCode: its server on a port the shim knows.
+fn with_server(lc: &live::LiveCommand) -> live::LiveCommand {
+    let mut lc = lc.clone();
+    lc.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), free_port().to_string()]);
+    lc
+}
+
 fn scenario(root: &Path, lc: &live::LiveCommand, name: &str, notes: &str, run: impl FnOnce(&mut Rec)) {
     let trace = root.join("traces").join(format!("{name}.jsonl"));
+    let events = trace.with_extension("files.jsonl");
     std::fs::create_dir_all(trace.parent().expect("dir")).expect("traces dir");
-    let mut rec = Rec::start(lc, "opencode", &trace);
+    let mut lc = lc.clone();
+    lc.env.push(("CODA_OPENCODE_RECORD".into(), events.display().to_string()));
+    let mut rec = Rec::start(&lc, "opencode", &trace);
+    let started = Instant::now();
     run(&mut rec);
     rec.finish();
-    keep("opencode", name, &trace, root, notes);
+    eprintln!("opencode/{name}: ran {:?}", started.elapsed());
+    keep(name, &trace, &events, root, notes);
+}
+
+/// Normalises the trace with the server events merged in, replays it, and with `CODA_RECORD=1` writes it.
+fn keep(scenario: &str, trace: &Path, events: &Path, root: &Path, notes: &str) {
+    let text = std::fs::read_to_string(trace).expect("the trace file");
+    let files = std::fs::read_to_string(events).ok().filter(|f| !f.is_empty());
+    let mut n = Normaliser::for_live_root(root);
+    n.add(&live::live_root().display().to_string(), "LIVE");
+    let records = replay::record(&text, files.as_deref(), &n).expect("normalise the trace");
+    let out = replay::render(&records);
+    let left = n.leftovers(&out);
+    assert!(left.is_empty(), "opencode/{scenario}: the recording still names {left:?}");
+    let scratch = root.join("fixture").join(scenario);
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    std::fs::write(scratch.join(replay::TRACE_FILE), &out).expect("write the scratch trace");
+    let report = replay_support::check("opencode", &scratch).unwrap_or_else(|e| panic!("opencode/{scenario}: {e}"));
+    eprintln!("opencode/{scenario}: {} records; replayed: {report:?}", records.len());
+    if std::env::var_os("CODA_RECORD").is_some() {
+        let dir: PathBuf = replay_support::fixtures_root().join("opencode").join(scenario);
+        std::fs::create_dir_all(&dir).expect("fixture dir");
+        std::fs::write(dir.join(replay::TRACE_FILE), &out).expect("write the fixture");
+        let meta = json!({"agent": "opencode", "scenario": scenario, "cli": rig::pinned("opencode"),
+            "recorded_by": "tests/opencode_live.rs", "notes": notes});
+        std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).expect("write meta.json");
+        eprintln!("wrote {}", dir.display());
+    }
 }
 
 /// The hermetic config with `permission.bash = "ask"`.
@@ -44,52 +94,105 @@ fn ask_before_bash(lc: &live::LiveCommand) {
     let path = lc.home.join(".config/opencode/opencode.json");
     let text = std::fs::read_to_string(&path).expect("the OpenCode config");
     let mut config: Value = serde_json::from_str(&text).expect("JSON config");
-    config["permission"] = serde_json::json!({"bash": "ask"});
+    config["permission"] = json!({"bash": "ask"});
     std::fs::write(&path, config.to_string()).expect("write the config");
+}
+
+struct Live {
+    _model: fake_model::FakeModel,
+    root: PathBuf,
+    lc: live::LiveCommand,
+}
+
+fn live(name: &str) -> Option<Live> {
+    if !rig::enabled("opencode") {
+        return None;
+    }
+    let model = fake_model::FakeModel::start();
+    let root = std::env::temp_dir().join(format!("coda-opencode-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let lc = live::prepare("opencode", &model.base_url(), &root).expect("prepare OpenCode");
+    ask_before_bash(&lc);
+    Some(Live { _model: model, root, lc })
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept {} for a look", self.root.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
 }
 
 #[test]
 fn record_opencode_activity() {
-    if !rig::enabled("opencode") {
-        return;
-    }
-    let model = fake_model::FakeModel::start();
-    let temp = temp::TempDir::new("coda-opencode-activity");
-    let root = temp.path().to_path_buf();
-    let lc = live::prepare("opencode", &model.base_url(), &root).expect("prepare OpenCode");
-    ask_before_bash(&lc);
+    let Some(l) = live("activity") else { return };
+    let lc = with_server(&l.lc);
+    let root = &l.root;
 
     scenario(
-        &root,
+        root,
         &lc,
         "task-foreground",
-        "the task tool in the foreground: a subagent wait from the call's start to its end",
+        "the task tool in the foreground: a subagent wait from the call's start to its end; OpenCode's server names the child before the call's running update, so the wait opens with it and the shim resumes the child",
         |rec| {
             rec.new_session(true);
             rec.prompt("delegate [[subagent-fg:child work [[text:child done]]]]");
             let waits = rec.waits();
             let open = waits.first().cloned().expect("a wait");
             assert_eq!(open["kind"], "subagent");
+            assert!(open["childSessionId"].is_string(), "named from the start: {open}");
             assert_eq!(states(&waits, &open["waitId"]), ["waiting", "done"]);
-            assert!(waits.iter().any(|w| w["state"] == "done" && w["childSessionId"].is_string()));
             rec.quiet(Duration::from_millis(1500));
         },
     );
 
     scenario(
-        &root,
+        root,
         &lc,
-        "task-background-child-permission",
-        "a background task whose child asks before running bash: the shim resumes the child, so the request reaches Coda on the child session; OpenCode's own turn on the result is handling",
+        "task-foreground-child-permission",
+        "a foreground task whose child asks before running bash: OpenCode forwards no request of a session it was not told about, so the shim resumes the child as soon as OpenCode's server names it; the request reaches Coda on the child session, the answer unblocks the child and the turn ends",
         |rec| {
             rec.new_session(false);
-            rec.prompt("delegate [[subagent:child runs [[delay:300]][[sh:echo hi]]]]");
+            let asked_at = Instant::now();
+            rec.prompt("delegate [[subagent-fg:child runs [[sh:echo hi]]]]");
+            eprintln!("task-foreground-child-permission: turn took {:?}", asked_at.elapsed());
+            let waits = rec.waits();
+            let id = waits[0]["waitId"].clone();
+            let child = waits.iter().find_map(|w| w["childSessionId"].as_str()).expect("the child").to_owned();
+            let announced = position(&rec.received, |f| f["params"]["childSessionId"] == child.as_str());
+            let asked = position(&rec.received, |f| {
+                f["method"] == "session/request_permission" && f["params"]["sessionId"] == child.as_str()
+            });
+            let answer = position(&rec.received, |f| f["result"]["stopReason"] == "end_turn");
+            assert!(asked.is_some(), "the child's request reached Coda");
+            assert!(announced < asked && asked < answer, "announced {announced:?}, asked {asked:?}, answer {answer:?}");
+            assert_eq!(states(&waits, &id).last().map(String::as_str), Some("done"));
+            rec.quiet(Duration::from_millis(1500));
+        },
+    );
+
+    scenario(
+        root,
+        &lc,
+        "task-background-child-permission",
+        "a background task whose child asks before running bash at once: the shim resumes the child when OpenCode's server names it, so the request reaches Coda on the child session; OpenCode's own turn on the result is handling until its server says the parent is idle",
+        |rec| {
+            rec.new_session(false);
+            rec.prompt("delegate [[subagent:child runs [[sh:echo hi]]]]");
             let open = rec.until_wait(LONG, |w| w["childSessionId"].is_string());
             let child = open["childSessionId"].clone();
             let id = open["waitId"].clone();
+            rec.until_wait(LONG, |w| w["waitId"] == id && w["state"] == "handling");
+            let handling = Instant::now();
             rec.until_wait(LONG, |w| w["waitId"] == id && w["state"] == "done");
+            let took = handling.elapsed();
+            eprintln!("task-background-child-permission: handling -> done in {took:?}");
+            assert!(took < Duration::from_secs(5), "ended by OpenCode's idle, not by 10 s of quiet: {took:?}");
             rec.quiet(Duration::from_millis(1500));
-            assert_eq!(states(&rec.waits(), &id), ["waiting", "waiting", "handling", "done"]);
+            assert_eq!(states(&rec.waits(), &id), ["waiting", "handling", "done"]);
             let asked = rec
                 .received
                 .iter()
@@ -99,7 +202,7 @@ fn record_opencode_activity() {
     );
 
     scenario(
-        &root,
+        root,
         &lc,
         "task-follow-up",
         "a foreground task, then a follow-up of the same child (task_id): a new wait, same child session",
@@ -115,7 +218,49 @@ fn record_opencode_activity() {
             rec.quiet(Duration::from_millis(1500));
         },
     );
+}
 
-    drop(model);
-    drop(temp);
+/// Without `--port` the shim cannot read OpenCode's server: the child's request is never forwarded and the
+/// turn hangs until Coda cancels it (what a user of `opencode acp` alone sees).
+#[test]
+fn without_opencodes_server_a_foreground_childs_permission_request_hangs_the_turn() {
+    let Some(l) = live("hang") else { return };
+    let mut cmd = l.lc.shim_command(&replay_support::shim_binary("opencode"));
+    cmd.env("CODA_OPENCODE_EVENTS", "");
+    let mut s = shim::Builder::from_command(cmd).start();
+    let caps = json!({"_meta": {"coda": {"waits": {}}}});
+    let (init, _) = s.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": caps}));
+    assert!(init.get("result").is_some(), "{init}");
+    let (new, _) = s.request(1, "session/new", json!({"cwd": l.lc.workdir.display().to_string(), "mcpServers": []}));
+    let session = new["result"]["sessionId"].as_str().expect("a session").to_owned();
+    let prompt = [json!({"type": "text", "text": "delegate [[subagent-fg:child runs [[sh:echo hi]]]]"})];
+    s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+        "params": {"sessionId": session, "prompt": prompt}}));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + HANG;
+    while Instant::now() < deadline {
+        if let Some(line) = s.try_recv(Duration::from_millis(200)) {
+            seen.push(serde_json::from_str::<Value>(&line).expect("JSON"));
+        }
+    }
+    assert!(!seen.iter().any(|f| f["method"] == "session/request_permission"), "no request reached the client");
+    assert!(!seen.iter().any(|f| f["id"] == 2), "the turn is still open after {HANG:?}");
+    let waits: Vec<&Value> = seen.iter().filter(|f| f["method"] == "_coda/wait").collect();
+    assert_eq!(waits.len(), 1, "the subagent wait opened, its child unnamed: {waits:?}");
+    assert!(waits[0]["params"]["childSessionId"].is_null());
+    s.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+    let cancelled = Instant::now();
+    let answer = loop {
+        let line = s.try_recv(Duration::from_secs(30)).expect("the turn ends after the cancel");
+        let v: Value = serde_json::from_str(&line).expect("JSON");
+        seen.push(v.clone());
+        if v["id"] == 2 {
+            break v;
+        }
+    };
+    eprintln!("hang: answered {:?} after the cancel: {answer}", cancelled.elapsed());
+    let failed = seen.iter().rev().find(|f| f["params"]["state"] == "failed").expect("the wait failed");
+    assert!(failed["params"]["childSessionId"].is_string(), "named only now, by the failed task call");
+    s.close_stdin();
+    s.wait(Duration::from_secs(30));
 }

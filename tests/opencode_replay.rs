@@ -1,16 +1,25 @@
 //! Replays of real OpenCode 1.18.33 subagent recordings (`fixtures/opencode/task-*`, made by
 //! `tests/opencode_live.rs`) through coda-opencode, with `acp-replay` as the CLI. The replay proves the shim
 //! still sends Coda exactly what it sent live (and OpenCode exactly what it received, including the shim's
-//! own `session/resume` of a background child); the assertions spell out what Coda's rules ask of them.
+//! own `session/resume` of a child); the events the shim read from OpenCode's own server are in the fixture
+//! as `agent->file` records, which the player writes where the shim reads them (`CODA_OPENCODE_EVENTS`). The
+//! assertions spell out what Coda's rules ask of the recorded sequences.
 
 #[path = "support/replay.rs"]
 mod replay_support;
 
-use coda_shim::replay::{self, Body, Edge};
+use coda_shim::replay::{self, Body, Edge, Record};
 use serde_json::Value;
 
-/// Replays the fixture; returns what Coda received and what OpenCode received in the recording.
-fn replayed(scenario: &str) -> (Vec<Value>, Vec<Value>) {
+struct Replayed {
+    /// What Coda received, what OpenCode received, and every record with its time.
+    to_client: Vec<Value>,
+    to_agent: Vec<Value>,
+    records: Vec<Record>,
+}
+
+/// Replays the fixture and returns the recording.
+fn replayed(scenario: &str) -> Replayed {
     let dir = replay_support::fixtures_root().join("opencode").join(scenario);
     replay_support::check("opencode", &dir).unwrap_or_else(|e| panic!("opencode/{scenario}: {e}"));
     let records = replay::load(&dir.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{scenario}: {e}"));
@@ -24,7 +33,30 @@ fn replayed(scenario: &str) -> (Vec<Value>, Vec<Value>) {
             })
             .collect()
     };
-    (frames(Edge::ShimToClient), frames(Edge::ShimToAgent))
+    Replayed { to_client: frames(Edge::ShimToClient), to_agent: frames(Edge::ShimToAgent), records }
+}
+
+/// The events from OpenCode's server, with the time they were handled.
+fn server_events(records: &[Record]) -> Vec<(u64, Value)> {
+    records
+        .iter()
+        .filter_map(|r| match &r.body {
+            Body::File(op) if r.edge == Edge::AgentToFile => {
+                Some((r.t.unwrap_or(0), serde_json::from_str(op.data.as_deref()?).ok()?))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// When (ms into the recording) the first shim->client frame for which `f` holds was sent.
+fn sent_at(records: &[Record], f: impl Fn(&Value) -> bool) -> Option<u64> {
+    records.iter().find_map(|r| match &r.body {
+        Body::Frame(text) if r.edge == Edge::ShimToClient => {
+            serde_json::from_str::<Value>(text).ok().filter(|v| f(v)).map(|_| r.t.unwrap_or(0))
+        }
+        _ => None,
+    })
 }
 
 fn waits(frames: &[Value]) -> Vec<Value> {
@@ -39,57 +71,110 @@ fn position(frames: &[Value], f: impl Fn(&Value) -> bool) -> usize {
     frames.iter().position(f).unwrap_or(usize::MAX)
 }
 
+fn is_resume_of(child: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |f: &Value| f["method"] == "session/resume" && f["params"]["sessionId"] == child
+}
+
 #[test]
-fn foreground_task_is_a_subagent_wait_settled_with_its_child_when_the_call_completes() {
-    let (to_client, _) = replayed("task-foreground");
-    let init = to_client.iter().find(|f| f.pointer("/result/protocolVersion").is_some()).expect("initialize answer");
+fn foreground_task_is_a_subagent_wait_named_before_its_call_completes() {
+    let r = replayed("task-foreground");
+    let init = r.to_client.iter().find(|f| f.pointer("/result/protocolVersion").is_some()).expect("initialize answer");
     assert_eq!(init["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], serde_json::json!({}));
-    let w = waits(&to_client);
+    let w = waits(&r.to_client);
     let open = &w[0];
     assert_eq!(open["kind"], "subagent");
     assert_eq!(open["toolCallId"], open["waitId"]);
     assert_eq!(states(&w, &open["waitId"]), ["waiting", "done"]);
-    let completed = to_client
+    let completed = r
+        .to_client
         .iter()
         .find(|f| {
             f["params"]["update"]["status"] == "completed" && f["params"]["update"]["toolCallId"] == open["waitId"]
         })
         .expect("the task call's completion");
-    let done = w.iter().find(|p| p["state"] == "done").expect("done");
-    assert_eq!(done["childSessionId"], completed["params"]["update"]["rawOutput"]["metadata"]["sessionId"]);
-    let answer = position(&to_client, |f| f["result"]["stopReason"].is_string() && f["id"] != Value::Null);
-    let settled = position(&to_client, |f| f["params"]["state"] == "done");
+    // OpenCode's server named the child before the call's running update: the wait opens with it.
+    let child = completed["params"]["update"]["rawOutput"]["metadata"]["sessionId"].as_str().expect("the child");
+    assert_eq!(open["childSessionId"], child);
+    let named = server_events(&r.records).into_iter().find(|(_, e)| e["type"] == "task.child").expect("task.child");
+    assert_eq!(named.1["child"], child);
+    assert!(r.to_agent.iter().any(is_resume_of(child)), "the child is resumed, so OpenCode forwards it");
+    let answer = position(&r.to_client, |f| f["result"]["stopReason"].is_string() && f["id"] != Value::Null);
+    let settled = position(&r.to_client, |f| f["params"]["state"] == "done");
     assert!(settled < answer, "settled inside the turn");
 }
 
+/// Issue 7: a permission request inside a foreground child. Without the shim's resume OpenCode never
+/// forwards it and the turn hangs (`tests/opencode_live.rs` shows that live).
 #[test]
-fn background_task_child_permission_reaches_coda_and_the_result_is_handled() {
-    let (to_client, to_agent) = replayed("task-background-child-permission");
-    let w = waits(&to_client);
+fn foreground_child_permission_reaches_coda_on_the_child_session_and_the_turn_ends() {
+    let r = replayed("task-foreground-child-permission");
+    let w = waits(&r.to_client);
     let id = &w[0]["waitId"];
-    assert_eq!(states(&w, id), ["waiting", "waiting", "handling", "done"]);
-    let child = w.iter().find_map(|p| p["childSessionId"].as_str()).expect("the child session");
-    // The shim resumed the child so that OpenCode forwards it.
-    assert!(to_agent.iter().any(|f| f["method"] == "session/resume" && f["params"]["sessionId"] == child));
-    let announced = position(&to_client, |f| f["params"]["childSessionId"] == child);
+    let child = w[0]["childSessionId"].as_str().expect("named in the opening report");
+    assert_eq!(states(&w, id), ["waiting", "done"]);
+    let announced = position(&r.to_client, |f| f["params"]["childSessionId"] == child);
     let asked =
-        position(&to_client, |f| f["method"] == "session/request_permission" && f["params"]["sessionId"] == child);
+        position(&r.to_client, |f| f["method"] == "session/request_permission" && f["params"]["sessionId"] == child);
+    let done = position(&r.to_client, |f| f["params"]["state"] == "done");
+    let answer = position(&r.to_client, |f| f["id"] == 2 && f["result"]["stopReason"] == "end_turn");
+    assert!(announced < asked && asked < done && done < answer, "{announced} {asked} {done} {answer}");
+    // OpenCode forwarded it itself (a request of OpenCode's, not the shim's own copy) ...
+    let request = &r.to_client[asked];
+    assert!(request["id"].is_number(), "OpenCode's own request: {request}");
+    // ... because the shim resumed the child before the child asked, and Coda's answer went back to OpenCode.
+    let resumed = position(&r.to_agent, is_resume_of(child));
+    let answered = position(&r.to_agent, |f| f["id"] == request["id"] && f["result"]["outcome"].is_object());
+    assert!(resumed < answered && answered != usize::MAX);
+    let events = server_events(&r.records);
+    let named = events.iter().position(|(_, e)| e["type"] == "task.child").expect("task.child");
+    let child_asked = events.iter().position(|(_, e)| e["type"] == "permission.asked").expect("permission.asked");
+    assert!(named < child_asked);
+    assert_eq!(events[child_asked].1["session"], child);
+}
+
+#[test]
+fn background_task_child_permission_reaches_coda_and_the_result_is_handled_until_opencode_is_idle() {
+    let r = replayed("task-background-child-permission");
+    let w = waits(&r.to_client);
+    let id = &w[0]["waitId"];
+    assert_eq!(states(&w, id), ["waiting", "handling", "done"]);
+    let child = w[0]["childSessionId"].as_str().expect("named in the opening report");
+    // The shim resumed the child so that OpenCode forwards it.
+    assert!(r.to_agent.iter().any(is_resume_of(child)));
+    let announced = position(&r.to_client, |f| f["params"]["childSessionId"] == child);
+    let asked =
+        position(&r.to_client, |f| f["method"] == "session/request_permission" && f["params"]["sessionId"] == child);
     assert!(announced < asked && asked != usize::MAX, "the child's request comes after the child is announced");
     // The shim's own session/resume answer is not Coda's.
-    assert!(!to_client.iter().any(|f| f["id"].as_str().is_some_and(|i| i.starts_with("coda-shim-"))));
-    let turn_end = position(&to_client, |f| f["result"]["stopReason"].is_string());
-    let handling = position(&to_client, |f| f["params"]["state"] == "handling");
+    assert!(!r.to_client.iter().any(|f| f["id"].as_str().is_some_and(|i| i.starts_with("coda-shim-"))));
+    let turn_end = position(&r.to_client, |f| f["result"]["stopReason"].is_string());
+    let handling = position(&r.to_client, |f| f["params"]["state"] == "handling");
     assert!(turn_end < handling, "handling is OpenCode's own turn after Coda's");
+    // Done when OpenCode's server said the parent is idle again, not after 10 s of quiet.
+    let session = w[0]["sessionId"].as_str().expect("the parent");
+    let handled_at = sent_at(&r.records, |f| f["params"]["state"] == "handling").expect("handling");
+    let done_at = sent_at(&r.records, |f| f["params"]["state"] == "done").expect("done");
+    let idle_at = server_events(&r.records)
+        .into_iter()
+        .filter(|(_, e)| e["type"] == "session.status" && e["session"] == session && e["busy"] == false)
+        .map(|(t, _)| t)
+        .next_back()
+        .expect("the parent's last idle");
+    assert!(
+        done_at >= idle_at && done_at - handled_at < 2_000,
+        "handling {handled_at}, idle {idle_at}, done {done_at}"
+    );
 }
 
 #[test]
 fn follow_up_is_a_new_wait_on_the_same_child_session() {
-    let (to_client, _) = replayed("task-follow-up");
-    let w = waits(&to_client);
+    let r = replayed("task-follow-up");
+    let w = waits(&r.to_client);
     let openings: Vec<&Value> = w.iter().filter(|p| p["kind"] == "subagent").collect();
     assert_eq!(openings.len(), 2);
-    let first_child = w.iter().find(|p| p["waitId"] == openings[0]["waitId"] && p["childSessionId"].is_string());
-    assert_eq!(openings[1]["childSessionId"], first_child.expect("the first child")["childSessionId"]);
+    let child = openings[0]["childSessionId"].as_str().expect("the first child, named at once");
+    assert_eq!(openings[1]["childSessionId"], child, "rule 5: same child session");
     assert_eq!(states(&w, &openings[0]["waitId"]), ["waiting", "done"]);
     assert_eq!(states(&w, &openings[1]["waitId"]), ["waiting", "handling", "done"]);
+    assert_eq!(r.to_agent.iter().filter(|f| is_resume_of(child)(f)).count(), 1, "resumed once for both runs");
 }

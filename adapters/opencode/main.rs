@@ -5,6 +5,7 @@
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
 mod activity;
+mod server;
 
 use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
 use coda_shim::instruction::Instruction;
@@ -14,14 +15,31 @@ const INSTALL: &str = "npm install -g opencode-ai";
 /// OpenCode runs `/compact` without advertising it.
 const BUILTINS: &[&str] = &["compact"];
 
+/// `opencode acp` on a port the shim knows, so that it can read OpenCode's own server (`server.rs`).
 fn default_command() -> Result<Found, String> {
-    on_path("opencode", &["acp"], "OpenCode", INSTALL)
+    let mut found = on_path("opencode", &["acp"], "OpenCode", INSTALL)?;
+    match free_port() {
+        Ok(port) => {
+            found.command.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), port.to_string()])
+        }
+        // Without --port OpenCode picks 4096 or any port: the shim runs without its server then.
+        Err(e) => {
+            tracing::warn!("no free local port for OpenCode's server ({e}): subagent permission requests may hang")
+        }
+    }
+    Ok(found)
+}
+
+/// A port nobody listens on now (OpenCode binds it a moment later, and fails if someone took it meanwhile).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
 fn layers(setup: &mut Setup) {
     // OpenCode reports its own agentInfo ("OpenCode", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS).with_audience(&["assistant"])));
-    setup.add(|events| Box::new(activity::OpenCodeActivity::new(events)));
+    let server = server::Server::from_args(&setup.command.args);
+    setup.add(|events| Box::new(activity::OpenCodeActivity::new(events, server)));
 }
 
 fn main() {

@@ -40,10 +40,13 @@ pub fn player() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"))
 }
 
-/// Environment a shim needs under the player: coda-codex reads Codex's version from `$CODEX_PATH -V`.
+/// Environment a shim needs under the player: coda-codex reads Codex's version from `$CODEX_PATH -V`;
+/// coda-opencode reads OpenCode's server events where the recording has the player write them
+/// (`{{TMPDIR}}/coda-opencode-events.jsonl`, seen from the work dir the shim runs in).
 fn agent_env(agent: &str) -> Vec<(String, String)> {
     match agent {
         "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
+        "opencode" => vec![("CODA_OPENCODE_EVENTS".into(), "../tmp/coda-opencode-events.jsonl".into())],
         _ => Vec::new(),
     }
 }
