@@ -220,6 +220,44 @@ fn record_opencode_activity() {
     );
 }
 
+/// The race the shim's own request is for: the child asks before OpenCode knows it (the shim's resume held
+/// back 3 s here; on a loaded machine OpenCode's resume alone took 2 s). OpenCode drops the request; the shim
+/// puts it to Coda itself and passes the answer to OpenCode's server, which unblocks the child. Not kept as
+/// a fixture: the answer goes over HTTP, so the replay player cannot wait for it.
+#[test]
+fn a_childs_request_raised_before_the_resume_is_put_to_coda_by_the_shim() {
+    let Some(l) = live("before-resume") else { return };
+    let mut lc = with_server(&l.lc);
+    lc.env.push(("CODA_OPENCODE_RESUME_DELAY_MS".into(), "3000".into()));
+    let trace = l.root.join("before-resume.jsonl");
+    let mut rec = Rec::start(&lc, "opencode", &trace);
+    rec.new_session(false);
+    let started = Instant::now();
+    rec.prompt("delegate [[subagent-fg:child runs [[sh:echo hi]]]]");
+    eprintln!("before-resume: turn took {:?}", started.elapsed());
+    let waits = rec.waits();
+    let child = waits[0]["childSessionId"].as_str().expect("named in the opening report").to_owned();
+    let asks: Vec<&Value> = rec
+        .received
+        .iter()
+        .filter(|f| f["method"] == "session/request_permission" && f["params"]["sessionId"] == child.as_str())
+        .collect();
+    assert_eq!(asks.len(), 1, "asked once: {asks:?}");
+    let own = asks[0]["id"].as_str().unwrap_or_default();
+    assert!(own.starts_with("coda-opencode-ask-"), "the shim's own request: {}", asks[0]);
+    assert_eq!(asks[0]["params"]["toolCall"]["title"], "echo hi");
+    // Coda's answer reached OpenCode: the child ran its command and the turn ended with the task done.
+    let ran = rec.received.iter().any(|f| {
+        f["params"]["sessionId"] == child.as_str()
+            && f["params"]["update"]["status"] == "completed"
+            && f["params"]["update"]["rawOutput"]["output"].as_str().is_some_and(|o| o.contains("hi"))
+    });
+    assert!(ran, "the child's command ran after the answer");
+    assert_eq!(states(&waits, &waits[0]["waitId"]).last().map(String::as_str), Some("done"));
+    rec.quiet(Duration::from_millis(1000));
+    rec.finish();
+}
+
 /// Without `--port` the shim cannot read OpenCode's server: the child's request is never forwarded and the
 /// turn hangs until Coda cancels it (what a user of `opencode acp` alone sees).
 #[test]

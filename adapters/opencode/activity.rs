@@ -46,6 +46,9 @@ pub const ASK_GRACE: Duration = Duration::from_secs(1);
 pub const EVENTS_ENV: &str = "CODA_OPENCODE_EVENTS";
 /// Env: log the server events the layer handled to this file, as `acp-replay record --files` takes them.
 pub const RECORD_ENV: &str = "CODA_OPENCODE_RECORD";
+/// Env, for live tests only: send the `session/resume` of a child this many milliseconds late, so that the
+/// child asks for permission before OpenCode knows it (the race [`ASK_GRACE`] is there for).
+pub const RESUME_DELAY_ENV: &str = "CODA_OPENCODE_RESUME_DELAY_MS";
 /// Where a recording says the events were read from (relative to `$TMPDIR`, like the replay puts them).
 pub const EVENTS_FILE: &str = "coda-opencode-events.jsonl";
 
@@ -58,6 +61,8 @@ pub enum Tick {
     Idle(u64),
     /// [`ASK_GRACE`] after a child's permission request became due.
     Asks(u64),
+    /// [`RESUME_DELAY_ENV`]: time to send the delayed `session/resume` with this tag.
+    Resume(u64),
 }
 
 /// Asks for a [`Tick`] after a delay; tests hand ticks in themselves.
@@ -120,6 +125,9 @@ pub struct OpenCodeActivity {
     resumed: HashSet<String>,
     /// `session/resume` in flight: tag -> child.
     resuming: HashMap<u64, String>,
+    /// [`RESUME_DELAY_ENV`] (zero unless a test sets it), and the resumes it holds back: tag -> cwd.
+    resume_delay: Duration,
+    delayed: HashMap<u64, String>,
     /// Children OpenCode knows now (resumed), and children it never will (the resume failed).
     known_to_opencode: HashSet<String>,
     unreachable: HashSet<String>,
@@ -251,6 +259,9 @@ impl OpenCodeActivity {
         };
         let mut layer = OpenCodeActivity::with_io(timer, replier);
         layer.start_reader = start_reader;
+        if let Some(ms) = std::env::var(RESUME_DELAY_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+            layer.resume_delay = Duration::from_millis(ms);
+        }
         if let Some(log) = std::env::var_os(RECORD_ENV).filter(|p| !p.is_empty()) {
             let events_path = source.unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
             match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
@@ -278,6 +289,8 @@ impl OpenCodeActivity {
             early: HashMap::new(),
             resumed: HashSet::new(),
             resuming: HashMap::new(),
+            resume_delay: Duration::ZERO,
+            delayed: HashMap::new(),
             known_to_opencode: HashSet::new(),
             unreachable: HashSet::new(),
             busy: HashMap::new(),
@@ -385,7 +398,17 @@ impl OpenCodeActivity {
         };
         self.next_tag += 1;
         self.resuming.insert(self.next_tag, child.to_owned());
-        cx.request("session/resume", json!({"sessionId": child, "cwd": cwd, "mcpServers": []}), self.next_tag);
+        if self.resume_delay.is_zero() {
+            self.send_resume(self.next_tag, &cwd, cx);
+        } else {
+            self.delayed.insert(self.next_tag, cwd);
+            (self.timer)(Tick::Resume(self.next_tag), self.resume_delay);
+        }
+    }
+
+    fn send_resume(&mut self, tag: u64, cwd: &str, cx: &mut Cx) {
+        let Some(child) = self.resuming.get(&tag) else { return };
+        cx.request("session/resume", json!({"sessionId": child, "cwd": cwd, "mcpServers": []}), tag);
     }
 
     /// The child of a `task` call, named by OpenCode's server.
@@ -581,6 +604,11 @@ impl OpenCodeActivity {
     fn tick(&mut self, tick: Tick, cx: &mut Cx) {
         match tick {
             Tick::Asks(n) => self.ask_overdue(n, cx),
+            Tick::Resume(tag) => {
+                if let Some(cwd) = self.delayed.remove(&tag) {
+                    self.send_resume(tag, &cwd, cx);
+                }
+            }
             Tick::Quiet(n) => {
                 self.quiet_pending = false;
                 if self.handling.is_empty() {
@@ -803,12 +831,17 @@ mod tests {
     /// A stack with the layer, initialized with a session P in /w; the ticks asked for and the answers
     /// given on OpenCode's server are collected.
     fn started() -> (Stack, Ticks, Replies) {
+        started_with(Duration::ZERO)
+    }
+
+    fn started_with(resume_delay: Duration) -> (Stack, Ticks, Replies) {
         let (ticks, replies): (Ticks, Replies) = Default::default();
         let (t, r) = (ticks.clone(), replies.clone());
-        let layer = OpenCodeActivity::with_io(
+        let mut layer = OpenCodeActivity::with_io(
             Box::new(move |tick, after| t.lock().expect("lock").push((tick, after))),
             Box::new(move |d, id, reply| r.lock().expect("lock").push((d.into(), id.into(), reply.into()))),
         );
+        layer.resume_delay = resume_delay;
         let mut stack = Stack::new(vec![Box::new(layer)]);
         let mut exits = Exits::default();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize",
@@ -1068,6 +1101,19 @@ mod tests {
         });
         event(&mut stack, parents);
         assert!(event(&mut stack, Tick::Asks(9)).0.is_empty(), "a parent's request is OpenCode's to forward");
+    }
+
+    #[test]
+    fn a_delayed_resume_waits_for_its_tick() {
+        let (mut stack, ticks, _) = started_with(Duration::from_millis(3000));
+        prompt(&mut stack, 2);
+        event(&mut stack, task_child("call_26"));
+        let (waits, to_agent) = agent(&mut stack, task_running("call_26", false, None));
+        assert_eq!(waits[0]["childSessionId"], C, "announced at once");
+        assert!(to_agent.is_empty(), "the resume is held back");
+        assert_eq!(*ticks.lock().expect("lock"), vec![(Tick::Resume(1), Duration::from_millis(3000))]);
+        let (_, to_agent) = event(&mut stack, Tick::Resume(1));
+        resumed(&mut stack, &to_agent);
     }
 
     #[test]

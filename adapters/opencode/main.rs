@@ -1,6 +1,11 @@
 //! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as
 //! `_coda/wait` (see `activity.rs`).
 //!
+//! `opencode acp` always starts OpenCode's HTTP server (default port 4096, else any). The default command
+//! gives it a free port, so the activity layer can read the server's events (`server.rs`): the only place
+//! that names a subagent's child session while it runs. An agent command with its own `--port` is read the
+//! same way; one without runs without the server.
+//!
 //! The instruction block is marked `annotations.audience: ["assistant"]`: OpenCode stores it as a synthetic
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
