@@ -180,6 +180,19 @@ impl Peer {
         (started.elapsed().as_secs_f64(), bytes, lat)
     }
 
+    /// CPU time used so far by the process in the middle, all its threads (ns); 0 for direct.
+    fn cpu_ns(&self, path: Path) -> u64 {
+        if path == Path::Direct {
+            return 0;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else { return 0 };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     fn peak_rss_kib(&self, path: Path) -> Option<u64> {
         // The shim and the Node forwarder: the process we started. Direct has no middle process.
         if path == Path::Direct {
@@ -233,33 +246,39 @@ fn main() {
 
     if run("throughput") {
         println!("\n## Throughput (frames flooded as fast as the agent writes; best of 3 turns)\n");
-        println!("| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct |");
-        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        println!(
+            "| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct | shim CPU ns/frame | node CPU ns/frame |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for (size, count) in [(200usize, 200_000u64), (4 << 10, 40_000), (64 << 10, 4_000), (1 << 20, 300)] {
             let count = count / scale;
-            let mut mbps = Vec::new();
+            let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
             for &path in &paths {
                 let mut peer = spawn(path);
                 peer.start_session();
                 peer.turn(count / 10, size, 0); // warm-up
+                let before = peer.cpu_ns(path);
                 let best = (0..3)
                     .map(|_| {
                         let (secs, bytes, _) = peer.turn(count, size, 0);
                         bytes as f64 / secs / 1e6
                     })
                     .fold(0f64, f64::max);
+                cpu.push((peer.cpu_ns(path) - before) / (3 * count));
                 peer.finish();
                 mbps.push(best);
             }
             let node = mbps.get(2).copied();
             println!(
-                "| {} | {count} | {:.0} | {:.0} | {:.2} | {} | {} |",
+                "| {} | {count} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} |",
                 human(size),
                 mbps[0],
                 mbps[1],
                 mbps[1] / mbps[0],
                 node.map_or("-".into(), |n| format!("{n:.0}")),
                 node.map_or("-".into(), |n| format!("{:.2}", n / mbps[0])),
+                cpu[1],
+                cpu.get(2).map_or("-".into(), |n| n.to_string()),
             );
         }
     }

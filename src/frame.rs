@@ -6,10 +6,11 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use bytes::Bytes;
 use compact_str::CompactString;
-use serde::de::{Deserialize, Deserializer, IgnoredAny};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
-use serde_json::value::RawValue;
+use sonic_rs::LazyValue;
 
 /// A method name. Names are short, so they live inline: no allocation per frame.
 pub type Method = CompactString;
@@ -76,42 +77,52 @@ pub struct Invalid {
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct Frame {
-    bytes: Vec<u8>,
+    /// The line with its `\n`: a slice of the buffer it was read into, written out as it is.
+    wire: Bytes,
     kind: Kind,
+    /// `params.update.sessionUpdate` of a notification, read with the envelope so that layers can tell
+    /// a streamed chunk from what they look for without searching the whole frame.
+    update: Option<CompactString>,
     /// Built or edited by the shim, rather than read from a peer.
     shim: bool,
 }
 
 impl fmt::Debug for Frame {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Frame").field("kind", &self.kind).field("len", &self.bytes.len()).finish()
+        f.debug_struct("Frame").field("kind", &self.kind).field("len", &self.bytes().len()).finish()
     }
 }
 
 impl Frame {
     /// Takes one line (without its newline) as a frame, checking that it is JSON-RPC 2.0.
-    pub fn parse(bytes: Vec<u8>) -> Result<Frame, Invalid> {
-        Frame::parse_line(bytes).map_err(|(_, e)| e)
+    pub fn parse(mut bytes: Vec<u8>) -> Result<Frame, Invalid> {
+        bytes.push(b'\n');
+        Frame::parse_wire(Bytes::from(bytes)).map_err(|(_, e)| e)
     }
 
-    /// Like [`Frame::parse`], but hands the line back on error (for the trace and the warning).
-    pub fn parse_line(bytes: Vec<u8>) -> Result<Frame, (Vec<u8>, Invalid)> {
-        match classify(&bytes) {
-            Ok(kind) => Ok(Frame { bytes, kind, shim: false }),
-            Err(e) => Err((bytes, e)),
+    /// Takes one line that ends in its `\n` as a frame, keeping the bytes where they are; hands the line
+    /// back on error (for the trace and the warning).
+    pub fn parse_wire(wire: Bytes) -> Result<Frame, (Bytes, Invalid)> {
+        debug_assert_eq!(wire.last(), Some(&b'\n'));
+        match classify(&wire[..wire.len().saturating_sub(1)]) {
+            Ok((kind, update)) => Ok(Frame { wire, kind, update, shim: false }),
+            Err(e) => Err((wire, e)),
         }
     }
 
     /// Serialises a value built by the shim (or edited by a layer) into a frame.
     pub fn from_value(value: &Value) -> Frame {
-        let bytes = serde_json::to_vec(value).expect("a serde_json::Value always serialises");
-        match classify(&bytes) {
-            Ok(kind) => Frame { bytes, kind, shim: true },
+        let mut bytes = serde_json::to_vec(value).expect("a serde_json::Value always serialises");
+        let classified = classify(&bytes);
+        bytes.push(b'\n');
+        let wire = Bytes::from(bytes);
+        match classified {
+            Ok((kind, update)) => Frame { wire, kind, update, shim: true },
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                Frame { bytes, kind: Kind::Notification { method: Method::default() }, shim: true }
+                Frame { wire, kind: Kind::Notification { method: Method::default() }, update: None, shim: true }
             }
         }
     }
@@ -125,12 +136,19 @@ impl Frame {
         &self.kind
     }
 
+    /// The line, without its `\n`.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        &self.wire[..self.wire.len() - 1]
     }
 
-    pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
+    /// The line with its `\n`, as it goes out.
+    pub fn into_wire(self) -> Bytes {
+        self.wire
+    }
+
+    /// `params.update.sessionUpdate` of a `session/update` (or any frame whose params have one).
+    pub fn session_update(&self) -> Option<&str> {
+        self.update.as_deref()
     }
 
     /// The method of a request or notification.
@@ -159,18 +177,18 @@ impl Frame {
 
     /// Parses the whole frame. Only layers that look inside a frame pay for this.
     pub fn value(&self) -> Option<Value> {
-        serde_json::from_slice(&self.bytes).ok()
+        serde_json::from_slice(self.bytes()).ok()
     }
 
     /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing). On the per-frame
     /// path prefer a [`Needle`], whose searcher is built once.
     pub fn contains(&self, needle: &[u8]) -> bool {
-        memchr::memmem::find(&self.bytes, needle).is_some()
+        memchr::memmem::find(self.bytes(), needle).is_some()
     }
 
     /// Whether the raw bytes contain the needle.
     pub fn has(&self, needle: &Needle) -> bool {
-        needle.0.find(&self.bytes).is_some()
+        needle.0.find(self.bytes()).is_some()
     }
 }
 
@@ -210,13 +228,13 @@ pub fn notification(method: &str, params: Value) -> Frame {
     Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
-/// A field that may be absent, distinct from one that is present and `null`.
+/// A field that may be absent, distinct from one that is present and `null`, kept as its JSON text.
 #[derive(Default)]
-struct Present<'a>(Option<&'a RawValue>);
+struct Present<'a>(Option<LazyValue<'a>>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Present<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        <&'a RawValue>::deserialize(d).map(|raw| Present(Some(raw)))
+        LazyValue::deserialize(d).map(|raw| Present(Some(raw)))
     }
 }
 
@@ -232,54 +250,138 @@ struct Envelope<'a> {
     result: Present<'a>,
     #[serde(default, borrow)]
     error: Present<'a>,
+    #[serde(default)]
+    params: UpdateKind,
+}
+
+/// `update.sessionUpdate` inside params, when params is an object that has it; any other params are
+/// skipped (still checked to be JSON).
+#[derive(Default)]
+struct UpdateKind(Option<CompactString>);
+
+impl<'de> Deserialize<'de> for UpdateKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Find(&["update", "sessionUpdate"]))
+    }
+}
+
+/// Follows a path of object keys down to a string; any other shape is skipped and yields nothing.
+#[derive(Clone, Copy)]
+struct Find(&'static [&'static str]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Find {
+    type Value = UpdateKind;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<UpdateKind, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Find {
+    type Value = UpdateKind;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UpdateKind, A::Error> {
+        let mut found = UpdateKind(None);
+        let next = self.0.first().copied().unwrap_or_default();
+        while let Some(hit) = map.next_key_seed(KeyIs(next))? {
+            if hit && !self.0.is_empty() {
+                found = map.next_value_seed(Find(&self.0[1..]))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UpdateKind, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(UpdateKind(None))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<UpdateKind, E> {
+        Ok(UpdateKind(self.0.is_empty().then(|| CompactString::from(v))))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<UpdateKind, E> {
+        Ok(UpdateKind(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<UpdateKind, E> {
+        Ok(UpdateKind(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<UpdateKind, E> {
+        Ok(UpdateKind(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<UpdateKind, E> {
+        Ok(UpdateKind(None))
+    }
+    fn visit_unit<E>(self) -> Result<UpdateKind, E> {
+        Ok(UpdateKind(None))
+    }
+}
+
+/// Whether an object key is the one looked for (escaped or not), without allocating.
+struct KeyIs(&'static str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyIs {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIs {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(v == self.0)
+    }
 }
 
 fn first_non_space(bytes: &[u8]) -> Option<u8> {
     bytes.iter().copied().find(|b| !b.is_ascii_whitespace())
 }
 
-fn classify(bytes: &[u8]) -> Result<Kind, Invalid> {
-    // The whole line, not only what the envelope reads: skipped strings are not checked by serde_json,
-    // and a peer must never get invalid UTF-8 from us (found by the `envelope` fuzz target).
-    let text = std::str::from_utf8(bytes).map_err(|e| Invalid {
-        code: -32700,
-        message: format!("parse error: invalid UTF-8 at byte {}", e.valid_up_to()),
-        id: None,
-    })?;
+/// Reads the envelope of one line. The JSON parser (sonic-rs: SIMD skipping of what the envelope does
+/// not need) checks the whole line, UTF-8 included, so nothing invalid is ever passed on.
+fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
     if first_non_space(bytes) == Some(b'[') {
-        let items: Vec<IgnoredAny> = serde_json::from_str(text).map_err(parse_error)?;
+        let items: Vec<IgnoredAny> = sonic_rs::from_slice(bytes).map_err(parse_error)?;
         if items.is_empty() {
             return Err(invalid("an empty batch is not a JSON-RPC request", None));
         }
-        return Ok(Kind::Batch);
+        return Ok((Kind::Batch, None));
     }
-    let env: Envelope = match serde_json::from_str(text) {
+    let env: Envelope = match sonic_rs::from_slice(bytes) {
         Ok(env) => env,
-        Err(e) if e.is_data() => {
+        Err(e) if e.is_unmatched_type() => {
             return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
         }
         Err(e) => return Err(parse_error(e)),
     };
-    let id = env.id.0.map(|raw| Id::from_json(raw.get()));
+    let id = env.id.0.as_ref().map(|raw| Id::from_json(raw.as_raw_str()));
     if env.jsonrpc.as_deref() != Some("2.0") {
         return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
     }
-    if let Some(raw) = env.id.0 {
-        let first = first_non_space(raw.get().as_bytes());
+    if let Some(raw) = &env.id.0 {
+        let first = first_non_space(raw.as_raw_str().as_bytes());
         if matches!(first, Some(b'{') | Some(b'[') | Some(b't') | Some(b'f')) {
             return Err(invalid("\"id\" must be a number, a string or null", None));
         }
     }
-    match (env.method, id, env.result.0.is_some() || env.error.0.is_some()) {
-        (Some(method), Some(id), false) => Ok(Kind::Request { id, method: Method::from(method) }),
-        (Some(method), None, false) => Ok(Kind::Notification { method: Method::from(method) }),
-        (None, Some(id), true) => Ok(Kind::Response { id }),
-        (_, id, _) => Err(invalid("neither a request, a notification nor a response", id)),
-    }
+    let kind = match (env.method, id, env.result.0.is_some() || env.error.0.is_some()) {
+        (Some(method), Some(id), false) => Kind::Request { id, method: Method::from(method) },
+        (Some(method), None, false) => Kind::Notification { method: Method::from(method) },
+        (None, Some(id), true) => Kind::Response { id },
+        (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
+    };
+    Ok((kind, env.params.0))
 }
 
-fn parse_error(e: serde_json::Error) -> Invalid {
-    Invalid { code: -32700, message: format!("parse error: {e}"), id: None }
+fn parse_error(e: sonic_rs::Error) -> Invalid {
+    // The parser's message goes on with an excerpt of the input on further lines: keep the first.
+    let e = e.to_string();
+    let first = e.lines().next().unwrap_or_default();
+    Invalid { code: -32700, message: format!("parse error: {first}"), id: None }
 }
 
 fn invalid(message: &str, id: Option<Id>) -> Invalid {
@@ -292,6 +394,31 @@ mod tests {
 
     fn kind(s: &str) -> Result<Kind, Invalid> {
         Frame::parse(s.as_bytes().to_vec()).map(|f| f.kind)
+    }
+
+    fn update(s: &str) -> Option<String> {
+        Frame::parse(s.as_bytes().to_vec()).unwrap().session_update().map(str::to_owned)
+    }
+
+    #[test]
+    fn reads_the_session_update_kind_with_the_envelope() {
+        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"content":{"sessionUpdate":"no"},"sessionUpdate":"agent_message_chunk"}}}"#;
+        assert_eq!(update(chunk).as_deref(), Some("agent_message_chunk"));
+        assert_eq!(
+            update(r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"session\u0055pdate":"x"}}}"#).as_deref(),
+            Some("x")
+        );
+        // Anything else is no kind, and still a frame.
+        for other in [
+            r#"{"jsonrpc":"2.0","method":"m","params":[1,{"update":{"sessionUpdate":"x"}}]}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":"x"}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionUpdate":{"a":"x"}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionUpdate":"x"}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"update":{"sessionUpdate":"x"}}}"#,
+        ] {
+            assert_eq!(update(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -15,7 +15,6 @@ pub const OPEN: &str = "<coda-session-instruction>";
 pub const CLOSE: &str = "</coda-session-instruction>";
 /// A part of the marker that no JSON encoder escapes, for a cheap byte search.
 static TOKEN: Needle = crate::needle!(b"coda-session-instruction");
-static COMMANDS_UPDATE: Needle = crate::needle!(b"available_commands_update");
 /// Most text one instruction may carry.
 pub const MAX_BYTES: usize = 256 * 1024;
 
@@ -346,12 +345,18 @@ impl Layer for Instruction {
                     }
                 }
             }
-            Kind::Notification { method } if method == "session/update" && frame.has(&COMMANDS_UPDATE) => {
+            Kind::Notification { method }
+                if method == "session/update" && frame.session_update() == Some("available_commands_update") =>
+            {
                 self.commands_update(&frame);
             }
             _ => {}
         }
-        if frame.has(&TOKEN)
+        // Echoes of the user's prompt are what must not show the wrapper; the model's own streamed words
+        // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
+        let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
+        if !streamed
+            && frame.has(&TOKEN)
             && let Some(mut value) = frame.value()
             && strip_value(&mut value)
         {
@@ -430,6 +435,24 @@ mod tests {
             sent["params"]["prompt"],
             json!([{"type":"text","text":wrap("be brief"),"annotations":{"audience":["assistant"]}},{"type":"text","text":"hi"}])
         );
+    }
+
+    #[test]
+    fn echoes_are_stripped_but_the_models_own_words_are_not() {
+        use crate::layer::{Exits, Stack};
+        let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]))]);
+        let update = |kind: &str, text: &str| {
+            Frame::from_value(&json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s",
+                "update":{"sessionUpdate":kind,"content":{"type":"text","text":text}}}}))
+        };
+        let echo = wrap("be brief") + "hello";
+        let mut exits = Exits::default();
+        for kind in ["user_message_chunk", "agent_message_chunk", "agent_thought_chunk", "tool_call_update"] {
+            stack.from_agent(update(kind, &echo), &mut exits);
+        }
+        let texts: Vec<Value> =
+            exits.to_client.iter().map(|f| f.value().unwrap()["params"]["update"]["content"]["text"].clone()).collect();
+        assert_eq!(texts, [json!("hello"), json!(echo), json!(echo), json!("hello")]);
     }
 
     #[test]

@@ -1,13 +1,38 @@
 //! Newline-delimited frames on a byte stream, with a size limit that keeps memory bounded.
+//!
+//! Lines are cut out of the buffer they were read into, without copying: a line is a [`Bytes`] view of
+//! that buffer, ending in its `\n`, and is written out from there. Writers hand whole batches of lines to
+//! one vectored write.
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use std::io::IoSlice;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-/// Frames handed to a writer in one go (one channel message, one wake-up).
-pub type Batch = Vec<Vec<u8>>;
+/// Frames handed to a writer in one go (one channel message, one wake-up). Each ends in `\n`.
+pub type Batch = Vec<Bytes>;
 
 /// Default limit for one line: 64 MiB.
 pub const DEFAULT_MAX_LINE: usize = 64 << 20;
+
+/// How many bytes of an over-long line are kept to find its id.
+const HEAD: usize = 4096;
+
+/// Bytes asked of the kernel per read: a whole pipe's worth.
+const READ: usize = 64 << 10;
+
+/// Slices per vectored write (Linux takes at most 1024).
+const IOV_MAX: usize = 1024;
+
+/// What the reader found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    /// One line, ending in `\n` (a `\r` before it, or a missing one at the end of the stream, is mended).
+    Text(Bytes),
+    /// A line longer than the limit: its first bytes are kept for the error report, the rest skipped.
+    TooLong { head: Vec<u8>, len: usize },
+}
 
 impl Line {
     /// Bytes held.
@@ -23,197 +48,327 @@ impl Line {
     }
 }
 
-/// What the reader found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Line {
-    /// One line without its `\n` (and without a trailing `\r`).
-    Text(Vec<u8>),
-    /// A line longer than the limit: its first bytes are kept for the error report, the rest skipped.
-    TooLong { head: Vec<u8>, len: usize },
-}
-
-/// How many bytes of an over-long line are kept to find its id.
-const HEAD: usize = 4096;
-
-/// Splits a byte stream into lines, sans I/O: feed it what the reader has, take lines out.
-pub struct Splitter {
-    max: usize,
-    buf: Vec<u8>,
-    /// Length of the current line so far (may exceed what `buf` keeps).
+/// An over-long line being skipped.
+struct Skip {
+    head: Vec<u8>,
     len: usize,
-    last: Option<u8>,
+    last: u8,
 }
 
-impl Splitter {
-    pub fn new(max: usize) -> Splitter {
-        Splitter { max, buf: Vec::new(), len: 0, last: None }
+/// Splits a byte stream into lines, sans I/O: read into it (or [`Lines::push`]), take lines out.
+/// Blank lines are skipped; `\r\n` counts as `\n`.
+pub struct Lines {
+    max: usize,
+    buf: BytesMut,
+    /// How much of `buf` is known to hold no `\n`, so a long line is searched once.
+    scanned: usize,
+    skip: Option<Skip>,
+}
+
+impl Lines {
+    pub fn new(max: usize) -> Lines {
+        Lines { max, buf: BytesMut::new(), scanned: 0, skip: None }
     }
 
-    /// Takes bytes from `avail`; returns how many it used, and the line they completed, if any.
-    /// Empty lines are skipped: `(n, None)` with `n > 0` means "keep feeding".
-    pub fn feed(&mut self, avail: &[u8]) -> (usize, Option<Line>) {
-        let (chunk, done) = match memchr::memchr(b'\n', avail) {
-            Some(i) => (&avail[..i], true),
-            None => (avail, false),
+    /// Adds bytes read elsewhere (tests, fuzzing).
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Reads once from `r`; 0 at the end of the stream.
+    pub async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        self.buf.reserve(READ);
+        r.read_buf(&mut self.buf).await
+    }
+
+    /// [`Lines::fill`] for a blocking reader (the shim's own stdin, read on a thread of its own).
+    pub fn fill_blocking<R: std::io::Read>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        let len = self.buf.len();
+        // A safe read needs initialised memory: zeroing a pipe's worth costs far less than the read.
+        self.buf.resize(len + READ, 0);
+        let read = loop {
+            match r.read(&mut self.buf[len..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
         };
-        self.len += chunk.len();
-        self.last = chunk.last().copied().or(self.last);
-        let room = if self.len <= self.max { self.max } else { HEAD };
-        if self.buf.len() < room {
-            let take = chunk.len().min(room - self.buf.len());
-            self.buf.extend_from_slice(&chunk[..take]);
+        self.buf.truncate(len + *read.as_ref().unwrap_or(&0));
+        read
+    }
+
+    /// The next whole line already read, if any.
+    pub fn next_line(&mut self) -> Option<Line> {
+        loop {
+            if let Some(skip) = &mut self.skip {
+                let Some(at) = memchr::memchr(b'\n', &self.buf) else {
+                    skip.len += self.buf.len();
+                    skip.last = self.buf.last().copied().unwrap_or(skip.last);
+                    self.buf.clear();
+                    return None;
+                };
+                skip.len += at;
+                skip.last = if at > 0 { self.buf[at - 1] } else { skip.last };
+                self.buf.advance(at + 1);
+                let Skip { head, len, last } = self.skip.take()?;
+                return Some(Line::TooLong { head, len: len - usize::from(last == b'\r') });
+            }
+            let Some(at) = memchr::memchr(b'\n', &self.buf[self.scanned..]).map(|i| self.scanned + i) else {
+                self.scanned = self.buf.len();
+                // One byte over for a `\r` that may still come off.
+                if self.buf.len() > self.max + 1 {
+                    let head = self.buf[..HEAD.min(self.buf.len())].to_vec();
+                    let last = self.buf.last().copied().unwrap_or_default();
+                    self.skip = Some(Skip { head, len: self.buf.len(), last });
+                    self.buf.clear();
+                    self.scanned = 0;
+                }
+                return None;
+            };
+            self.scanned = 0;
+            let mut line = self.buf.split_to(at + 1);
+            if at > 0 && line[at - 1] == b'\r' {
+                line[at - 1] = b'\n';
+                line.truncate(at);
+            }
+            let len = line.len() - 1;
+            if len > self.max {
+                return Some(Line::TooLong { head: line[..HEAD.min(len)].to_vec(), len });
+            }
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                return Some(Line::Text(line.freeze()));
+            }
         }
-        let used = chunk.len() + usize::from(done);
-        (used, if done { self.take() } else { None })
     }
 
     /// End of stream: the last line, if it had no newline.
     pub fn finish(&mut self) -> Option<Line> {
-        self.take()
-    }
-
-    fn take(&mut self) -> Option<Line> {
-        let mut len = std::mem::take(&mut self.len);
-        let mut buf = std::mem::take(&mut self.buf);
-        if std::mem::take(&mut self.last) == Some(b'\r') {
-            len -= 1;
-            buf.truncate(len);
+        if let Some(Skip { head, len, last }) = self.skip.take() {
+            let len = len + self.buf.len();
+            let last = self.buf.last().copied().unwrap_or(last);
+            self.buf.clear();
+            return Some(Line::TooLong { head, len: len - usize::from(last == b'\r') });
         }
-        if len > self.max {
-            buf.truncate(HEAD);
-            return Some(Line::TooLong { head: buf, len });
+        if self.buf.is_empty() {
+            return None;
         }
-        // Empty lines between frames are tolerated.
-        (!buf.iter().all(u8::is_ascii_whitespace)).then_some(Line::Text(buf))
+        self.buf.put_u8(b'\n');
+        self.next_line()
     }
 }
 
 /// Reads the next non-empty line. `None` at end of stream; a last line without `\n` still counts.
-pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, split: &mut Splitter) -> std::io::Result<Option<Line>> {
+pub async fn read_line<R: AsyncRead + Unpin>(r: &mut R, lines: &mut Lines) -> std::io::Result<Option<Line>> {
     loop {
-        let avail = r.fill_buf().await?;
-        if avail.is_empty() {
-            return Ok(split.finish());
+        if let Some(line) = lines.next_line() {
+            return Ok(Some(line));
         }
-        let (used, line) = split.feed(avail);
-        r.consume(used);
-        if line.is_some() {
-            return Ok(line);
+        if lines.fill(r).await? == 0 {
+            return Ok(lines.finish());
         }
     }
 }
 
-/// Whether `buffered` (what a reader holds) already contains the end of a line, so the next read
-/// returns without waiting.
-pub fn has_line(buffered: &[u8]) -> bool {
-    memchr::memchr(b'\n', buffered).is_some()
-}
-
-/// [`read_line`] for a blocking reader (the shim's own stdin, read on a thread of its own).
-pub fn read_line_blocking<R: std::io::BufRead>(r: &mut R, split: &mut Splitter) -> std::io::Result<Option<Line>> {
-    loop {
-        let avail = r.fill_buf()?;
-        if avail.is_empty() {
-            return Ok(split.finish());
-        }
-        let (used, line) = split.feed(avail);
-        r.consume(used);
-        if line.is_some() {
-            return Ok(line);
-        }
-    }
-}
-
-/// Writes each frame followed by `\n`, flushing whenever no further frame is waiting. Ends when the
-/// channel closes (after flushing) or the peer stops reading (a write error).
+/// Writes batches of frames (each ending in `\n`) with vectored writes, taking every batch already waiting
+/// into the same write. Ends when the channel closes or the peer stops reading (a write error).
 pub async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
-    let mut out = tokio::io::BufWriter::with_capacity(64 * 1024, &mut w);
-    while let Some(mut batch) = rx.recv().await {
-        loop {
-            for frame in &batch {
-                out.write_all(frame).await?;
-                out.write_all(b"\n").await?;
-            }
-            match rx.try_recv() {
-                Ok(next) => batch = next,
-                Err(_) => break,
+    while let Some(mut frames) = rx.recv().await {
+        gather(&mut frames, &mut rx);
+        for chunk in frames.chunks(IOV_MAX) {
+            let mut slices: Vec<IoSlice> = chunk.iter().map(|f| IoSlice::new(f)).collect();
+            let mut rest = &mut slices[..];
+            while !rest.is_empty() {
+                match w.write_vectored(rest).await? {
+                    0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                    n => IoSlice::advance_slices(&mut rest, n),
+                }
             }
         }
-        out.flush().await?;
+        w.flush().await?;
     }
-    out.flush().await?;
-    drop(out);
     w.shutdown().await
 }
 
 /// [`write_frames`] for a blocking writer (the shim's own stdout, written on a thread of its own).
-pub fn write_frames_blocking<W: std::io::Write>(w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, w);
-    while let Some(mut batch) = rx.blocking_recv() {
-        loop {
-            for frame in &batch {
-                out.write_all(frame)?;
-                out.write_all(b"\n")?;
-            }
-            match rx.try_recv() {
-                Ok(next) => batch = next,
-                Err(_) => break,
+pub fn write_frames_blocking<W: std::io::Write>(mut w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
+    while let Some(mut frames) = rx.blocking_recv() {
+        gather(&mut frames, &mut rx);
+        for chunk in frames.chunks(IOV_MAX) {
+            let mut slices: Vec<IoSlice> = chunk.iter().map(|f| IoSlice::new(f)).collect();
+            let mut rest = &mut slices[..];
+            while !rest.is_empty() {
+                match w.write_vectored(rest) {
+                    Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
-        out.flush()?;
+        w.flush()?;
     }
-    out.flush()
+    Ok(())
+}
+
+/// Adds the batches already waiting, up to one vectored write's worth.
+fn gather(frames: &mut Batch, rx: &mut mpsc::Receiver<Batch>) {
+    while frames.len() < IOV_MAX {
+        match rx.try_recv() {
+            Ok(more) => frames.extend(more),
+            Err(_) => break,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
 
+    /// Hands out at most `step` bytes per read, so lines straddle reads.
+    struct Trickle<'a> {
+        input: &'a [u8],
+        step: usize,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.input.len());
+            buf[..n].copy_from_slice(&self.input[..n]);
+            self.input = &self.input[n..];
+            Ok(n)
+        }
+    }
+
+    impl AsyncRead for Trickle<'_> {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let this = self.get_mut();
+            let n = this.step.min(buf.remaining()).min(this.input.len());
+            buf.put_slice(&this.input[..n]);
+            this.input = &this.input[n..];
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The lines of `input`, the same whether read in steps of 1, 2, 3 or 7 bytes, async or blocking.
     async fn lines(input: &[u8], max: usize) -> Vec<Line> {
-        // A tiny buffer makes lines straddle reads.
-        let mut r = tokio::io::BufReader::with_capacity(3, input);
-        let mut split = Splitter::new(max);
-        let mut out = Vec::new();
-        while let Some(l) = read_line(&mut r, &mut split).await.unwrap() {
-            out.push(l);
+        let mut all = Vec::new();
+        for step in [1, 2, 3, 7, usize::MAX] {
+            let mut r = Trickle { input, step };
+            let mut split = Lines::new(max);
+            let mut out = Vec::new();
+            while let Some(l) = read_line(&mut r, &mut split).await.unwrap() {
+                out.push(l);
+            }
+            let mut r = Trickle { input, step };
+            let mut split = Lines::new(max);
+            let mut blocking = Vec::new();
+            loop {
+                if let Some(l) = split.next_line() {
+                    blocking.push(l);
+                } else if split.fill_blocking(&mut r).unwrap() == 0 {
+                    blocking.extend(split.finish());
+                    break;
+                }
+            }
+            all.push(out);
+            all.push(blocking);
         }
-        let mut blocking = Vec::new();
-        let mut r = std::io::BufReader::with_capacity(2, input);
-        while let Some(l) = read_line_blocking(&mut r, &mut split).unwrap() {
-            blocking.push(l);
+        // Over-long lines keep a head whose length depends on the reads: compare lengths, check prefixes.
+        let shape = |ls: &Vec<Line>| -> Vec<(Option<Bytes>, usize)> {
+            ls.iter()
+                .map(|l| match l {
+                    Line::Text(b) => (Some(b.clone()), b.len()),
+                    Line::TooLong { head, len } => {
+                        assert!(input.windows(head.len()).any(|w| w == &head[..]) && head.len() <= HEAD);
+                        (None, *len)
+                    }
+                })
+                .collect()
+        };
+        for other in &all[1..] {
+            assert_eq!(shape(&all[0]), shape(other));
         }
-        assert_eq!(out, blocking);
-        out
+        all.swap_remove(0)
     }
 
     fn text(s: &str) -> Line {
-        Line::Text(s.as_bytes().to_vec())
+        Line::Text(Bytes::from(format!("{s}\n")))
+    }
+
+    fn too_long(ls: &[Line]) -> Vec<usize> {
+        ls.iter().filter_map(|l| if let Line::TooLong { len, .. } = l { Some(*len) } else { None }).collect()
     }
 
     #[tokio::test]
     async fn splits_lines_and_tolerates_crlf_and_blank_lines() {
         assert_eq!(lines(b"ab\r\n\n\r\ncd\n  \nef", 100).await, vec![text("ab"), text("cd"), text("ef")]);
+        assert_eq!(lines(b"a\rb\r\r\n", 100).await, vec![text("a\rb\r")]);
         assert_eq!(lines(b"", 100).await, vec![]);
         assert_eq!(lines(b"\n\n", 100).await, vec![]);
+        assert_eq!(lines(b"\r", 100).await, vec![]);
     }
 
     #[tokio::test]
     async fn over_long_lines_are_reported_and_skipped() {
-        let input = b"0123456789\nok\n";
-        assert_eq!(lines(input, 5).await, vec![Line::TooLong { head: b"0123456789".to_vec(), len: 10 }, text("ok")]);
+        let got = lines(b"0123456789\nok\n", 5).await;
+        assert_eq!((too_long(&got), &got[1]), (vec![10], &text("ok")));
         assert_eq!(lines(b"12345\n", 5).await, vec![text("12345")]);
         assert_eq!(lines(b"12345\r\n", 5).await, vec![text("12345")]);
+        let got = lines(b"123456\r\nok", 5).await;
+        assert_eq!((too_long(&got), &got[1]), (vec![6], &text("ok")));
+        assert_eq!(too_long(&lines(b"12345678", 5).await), vec![8]);
+        assert_eq!(too_long(&lines(b"12345678\r", 5).await), vec![8]);
+    }
+
+    #[test]
+    fn memory_stays_bounded_while_skipping() {
+        let mut split = Lines::new(10);
+        for _ in 0..1000 {
+            split.push(&[b'x'; 100]);
+            assert_eq!(split.next_line(), None);
+            assert!(split.buf.len() <= 100);
+        }
+        split.push(b"\n{}\n");
+        assert_eq!(split.next_line(), Some(Line::TooLong { head: vec![b'x'; 100], len: 100_000 }));
+        assert_eq!(split.next_line(), Some(text("{}")));
     }
 
     #[tokio::test]
-    async fn writer_terminates_each_frame() {
+    async fn writer_sends_every_frame_in_order() {
         let (tx, rx) = mpsc::channel(4);
         let mut sink = Vec::new();
-        tx.send(vec![b"a".to_vec()]).await.unwrap();
-        tx.send(vec![b"b".to_vec(), b"c".to_vec()]).await.unwrap();
+        tx.send(vec![Bytes::from_static(b"a\n")]).await.unwrap();
+        tx.send(vec![Bytes::from_static(b"b\n"), Bytes::from_static(b"c\n")]).await.unwrap();
         drop(tx);
         write_frames(&mut sink, rx).await.unwrap();
         assert_eq!(sink, b"a\nb\nc\n");
+
+        // More frames than one vectored write takes, through a writer that takes a few bytes at a time.
+        struct Slow(Vec<u8>);
+        impl std::io::Write for Slow {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let n = b.len().min(5);
+                self.0.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let many: Batch = (0..3000).map(|i| Bytes::from(format!("{i}\n"))).collect();
+        let want: Vec<u8> = many.concat();
+        tx.try_send(many).unwrap();
+        drop(tx);
+        let slow = std::thread::spawn(move || {
+            let mut slow = Slow(Vec::new());
+            write_frames_blocking(&mut slow, rx).map(|_| slow.0)
+        });
+        assert_eq!(slow.join().unwrap().unwrap(), want);
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
-use tokio::io::{AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf};
+use tokio::io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -1014,8 +1014,8 @@ pub fn current_model(answer: &Value) -> Option<String> {
 fn spawn_reader(r: ReadHalf<DuplexStream>, max: usize) -> mpsc::Receiver<Value> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut r = BufReader::new(r);
-        let mut split = lines::Splitter::new(max);
+        let mut r = r;
+        let mut split = lines::Lines::new(max);
         loop {
             match lines::read_line(&mut r, &mut split).await {
                 Ok(Some(Line::Text(bytes))) => match serde_json::from_slice::<Value>(&bytes) {

@@ -6,9 +6,10 @@ use std::collections::{HashMap, VecDeque};
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use bytes::Bytes;
 use nix::sys::signal::Signal;
 use serde_json::json;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -28,8 +29,15 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// One item read from a peer.
 enum Input {
     Frame(Frame),
-    Invalid { line: Vec<u8>, err: Invalid },
-    TooLong { head: Vec<u8>, len: usize },
+    /// The line with its `\n`.
+    Invalid {
+        line: Bytes,
+        err: Invalid,
+    },
+    TooLong {
+        head: Vec<u8>,
+        len: usize,
+    },
 }
 
 pub struct Options {
@@ -39,7 +47,7 @@ pub struct Options {
 
 fn to_input(line: Line) -> Input {
     match line {
-        Line::Text(bytes) => match Frame::parse_line(bytes) {
+        Line::Text(wire) => match Frame::parse_wire(wire) {
             Ok(frame) => Input::Frame(frame),
             Err((line, err)) => Input::Invalid { line, err },
         },
@@ -56,48 +64,53 @@ const BATCH_BYTES: usize = 1 << 20;
 /// Batches waiting in a channel between a reader or writer and the loop.
 const CHANNEL: usize = 4;
 
-/// Gathers the frames a reader can take without waiting into one batch.
-#[derive(Default)]
-struct Batcher {
-    frames: Vec<Input>,
-    bytes: usize,
+/// Turns what one reader has buffered into batches: every whole line it holds, so that a burst costs
+/// one wake-up of the loop rather than one per frame. `send` returns false once nobody listens.
+fn drain(lines: &mut lines::Lines, mut send: impl FnMut(Inputs) -> bool) -> bool {
+    let (mut batch, mut bytes) = (Vec::new(), 0);
+    while let Some(line) = lines.next_line() {
+        bytes += line.len();
+        batch.push(to_input(line));
+        if batch.len() == BATCH || bytes >= BATCH_BYTES {
+            if !send(Ok(std::mem::take(&mut batch))) {
+                return false;
+            }
+            bytes = 0;
+        }
+    }
+    batch.is_empty() || send(Ok(batch))
 }
 
-impl Batcher {
-    /// Adds what one read gave. Returns the batch to hand over (and whether the reader stops) once no
-    /// further line is buffered, the batch is full, or the stream ended or failed; `None` to read on.
-    fn take(&mut self, read: std::io::Result<Option<Line>>, more_buffered: bool) -> Option<(Inputs, bool)> {
-        match read {
-            Ok(Some(line)) => {
-                self.bytes += line.len();
-                self.frames.push(to_input(line));
-                if more_buffered && self.frames.len() < BATCH && self.bytes < BATCH_BYTES {
-                    return None;
-                }
-                self.bytes = 0;
-                Some((Ok(std::mem::take(&mut self.frames)), false))
-            }
-            Ok(None) => Some((Ok(std::mem::take(&mut self.frames)), true)),
-            // Nothing is pending here: frames are only held back while a whole line is already
-            // buffered, and reading a buffered line does no I/O that could fail.
-            Err(e) => Some((Err(e), true)),
-        }
+/// What a reader does at the end of its stream or on an error: the last line, then why it stopped.
+fn last(lines: &mut lines::Lines, read: std::io::Result<usize>) -> Option<Inputs> {
+    match read {
+        Ok(0) => lines.finish().map(|line| Ok(vec![to_input(line)])),
+        Ok(_) => None,
+        Err(e) => Some(Err(e)),
     }
 }
 
-/// Reads and parses frames on a task: parsing runs beside the relay loop, not in it. Frames already
-/// buffered go as one batch, so a burst costs one wake-up of the loop rather than one per frame.
-fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(r: R, max: usize) -> mpsc::Receiver<Inputs> {
+/// Reads and parses frames on a task: parsing runs beside the relay loop, not in it.
+fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(mut r: R, max: usize) -> mpsc::Receiver<Inputs> {
     let (tx, rx) = mpsc::channel(CHANNEL);
     tokio::spawn(async move {
-        let mut r = BufReader::with_capacity(64 * 1024, r);
-        let mut split = lines::Splitter::new(max);
-        let mut batch = Batcher::default();
+        let mut lines = lines::Lines::new(max);
         loop {
-            let read = lines::read_line(&mut r, &mut split).await;
-            let Some((item, stop)) = batch.take(read, lines::has_line(r.buffer())) else { continue };
-            if (!item.as_ref().is_ok_and(Vec::is_empty) && tx.send(item).await.is_err()) || stop {
-                break;
+            let read = lines.fill(&mut r).await;
+            let mut batches = Vec::new();
+            let _ = drain(&mut lines, |b| {
+                batches.push(b);
+                true
+            });
+            let stop = !matches!(read, Ok(n) if n > 0);
+            batches.extend(last(&mut lines, read));
+            for batch in batches {
+                if tx.send(batch).await.is_err() {
+                    return;
+                }
+            }
+            if stop {
+                return;
             }
         }
     });
@@ -120,14 +133,21 @@ fn stdio(max: usize) -> std::io::Result<ClientIo> {
     let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
     let (in_tx, input) = mpsc::channel(CHANNEL);
     std::thread::Builder::new().name("stdin".into()).spawn(move || {
-        let mut r = std::io::BufReader::with_capacity(64 * 1024, stdin);
-        let mut split = lines::Splitter::new(max);
-        let mut batch = Batcher::default();
+        let mut stdin = stdin;
+        let mut lines = lines::Lines::new(max);
         loop {
-            let read = lines::read_line_blocking(&mut r, &mut split);
-            let Some((item, stop)) = batch.take(read, lines::has_line(r.buffer())) else { continue };
-            if (!item.as_ref().is_ok_and(Vec::is_empty) && in_tx.blocking_send(item).is_err()) || stop {
-                break;
+            let read = lines.fill_blocking(&mut stdin);
+            if !drain(&mut lines, |b| in_tx.blocking_send(b).is_ok()) {
+                return;
+            }
+            let stop = !matches!(read, Ok(n) if n > 0);
+            if let Some(item) = last(&mut lines, read)
+                && in_tx.blocking_send(item).is_err()
+            {
+                return;
+            }
+            if stop {
+                return;
             }
         }
     })?;
@@ -218,7 +238,7 @@ impl Loop {
             }
             Input::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
-                    t.line(Dir::ClientToShim, &line);
+                    t.line(Dir::ClientToShim, &line[..line.len() - 1]);
                 }
                 tracing::warn!("client sent an invalid frame: {}", err.message);
                 let id = err.id.clone().unwrap_or_else(Id::null);
@@ -250,12 +270,12 @@ impl Loop {
             }
             Input::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
-                    t.line(Dir::AgentToShim, &line);
+                    t.line(Dir::AgentToShim, &line[..line.len() - 1]);
                 }
                 tracing::warn!(
                     "agent wrote a line that is not JSON-RPC ({}); dropped: {}",
                     err.message,
-                    excerpt(&line)
+                    excerpt(&line[..line.len() - 1])
                 );
             }
             Input::TooLong { head, len } => {
@@ -515,7 +535,7 @@ fn take_batch(queue: &mut VecDeque<Frame>) -> lines::Batch {
     let mut batch = Vec::new();
     while let Some(f) = queue.pop_front() {
         bytes += f.bytes().len();
-        batch.push(f.into_bytes());
+        batch.push(f.into_wire());
         if batch.len() == BATCH || bytes >= BATCH_BYTES {
             break;
         }
