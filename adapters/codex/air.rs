@@ -21,8 +21,6 @@ pub const AIR_CAPABILITIES: [&str; 3] = ["nativeSubagentSessions", "asyncTasks",
 /// Where codex-acp puts a continued subagent's generation in its session id.
 const GENERATION: &str = ":generation:";
 static GENERATION_ID: Needle = coda_shim::needle!(GENERATION.as_bytes());
-static SUBAGENT_UPDATE: Needle = coda_shim::needle!(b"\"subagent_");
-static ASYNC_TASK_UPDATE: Needle = coda_shim::needle!(b"\"async_task_");
 /// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
 const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
 
@@ -332,14 +330,14 @@ impl Air {
     }
 
     fn agent_message(&mut self, frame: Frame, cx: &mut Cx) {
-        let air = frame.has(&SUBAGENT_UPDATE) || frame.has(&ASYNC_TASK_UPDATE);
+        let air = frame.is_notification("session/update")
+            && frame.session_update().is_some_and(|k| k.starts_with("subagent_") || k.starts_with("async_task_"));
         if !air && !frame.has(&GENERATION_ID) {
             return cx.to_client(frame);
         }
         let Some(mut value) = frame.value() else { return cx.to_client(frame) };
         let sid = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         if air
-            && frame.is_notification("session/update")
             && let (Some(sid), Some(update)) = (&sid, value.pointer("/params/update"))
             && self.air_update(sid, &update.clone(), cx)
         {

@@ -387,8 +387,13 @@ impl Layer for GrokActivity {
                 }
             }
             Kind::Notification { method } if method == "session/update" => {
-                let watching = self.spawn_calls.values().any(|c| !c.is_empty());
-                if (watching || frame.has(&SPAWN_SUBAGENT))
+                // Only tool calls matter, and of those only a spawn or what follows one.
+                let interesting = match frame.session_update() {
+                    Some("tool_call") => frame.has(&SPAWN_SUBAGENT),
+                    Some("tool_call_update") => self.spawn_calls.values().any(|c| !c.is_empty()),
+                    _ => false,
+                };
+                if interesting
                     && let Some(v) = frame.value()
                     && let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))

@@ -27,7 +27,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use coda_shim::frame::{self, Frame, Id, Kind, Needle};
+use coda_shim::frame::{self, Frame, Id, Kind};
 use coda_shim::layer::{Cx, Event, EventSender, Layer};
 use coda_shim::wait::{self, Register, State, Wait};
 use serde_json::{Value, json};
@@ -164,8 +164,6 @@ fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 /// Updates that are output of a turn (what OpenCode's own follow-up turn streams).
-static TOOL_CALL: Needle = coda_shim::needle!(b"\"tool_call");
-
 fn is_turn_output(kind: &str) -> bool {
     matches!(kind, "agent_message_chunk" | "agent_thought_chunk" | "tool_call" | "tool_call_update" | "plan")
 }
@@ -756,7 +754,7 @@ impl Layer for OpenCodeActivity {
                 // Most updates are text chunks: parse only tool calls, or anything while a background
                 // subagent may wake the parent (its follow-up turn is output outside a Coda turn).
                 let watching = !self.handling.is_empty() || self.tasks.values().any(|t| t.open && t.background);
-                if !watching && !frame.has(&TOOL_CALL) {
+                if !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update")) {
                     return cx.to_client(frame);
                 }
                 let v = frame.value();
