@@ -20,6 +20,18 @@ const STDERR_TAIL: usize = 40;
 pub const STDIN_GRACE: Duration = Duration::from_secs(5);
 pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
+/// Size asked for the pipe the agent writes to (Linux's default is 64 KiB; 1 MiB is what an unprivileged
+/// process may ask). A burst then costs the agent and the shim a sixteenth of the wake-ups.
+const PIPE_SIZE: i32 = 1 << 20;
+
+/// Best effort: where the system refuses, the pipe keeps its size.
+fn grow_pipe(pipe: &impl std::os::fd::AsFd) {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::fcntl::fcntl(pipe.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE)) {
+        tracing::debug!("cannot grow the agent's stdout pipe: {e}");
+    }
+}
+
 /// A resolved command: program path and arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentCommand {
@@ -77,6 +89,7 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
     else {
         return Err(std::io::Error::other("child pipes were not set up"));
     };
+    grow_pipe(&stdout);
     let stderr_tail = StderrTail::default();
     let tail = stderr_tail.clone();
     // Drained continuously: a child blocked on a full stderr pipe would stall the session.

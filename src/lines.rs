@@ -19,8 +19,17 @@ pub const DEFAULT_MAX_LINE: usize = 64 << 20;
 /// How many bytes of an over-long line are kept to find its id.
 const HEAD: usize = 4096;
 
-/// Bytes asked of the kernel per read: a whole pipe's worth.
-const READ: usize = 64 << 10;
+/// Bytes asked of the kernel per read: an eighth of the agent's pipe (see `child`).
+const READ: usize = 128 << 10;
+
+/// The same for a blocking read, whose buffer is zeroed first: a default pipe's worth.
+const READ_BLOCKING: usize = 64 << 10;
+
+/// Size of a read buffer: several reads go into one before the next is taken.
+const BUF: usize = 512 << 10;
+
+/// Read buffers kept for reuse once every line cut from them has been written.
+const POOL: usize = 12;
 
 /// Slices per vectored write (Linux takes at most 1024).
 const IOV_MAX: usize = 1024;
@@ -60,6 +69,9 @@ struct Skip {
 pub struct Lines {
     max: usize,
     buf: BytesMut,
+    /// Earlier buffers, whose lines may still be on their way out. Reusing them, instead of taking fresh
+    /// memory for every read, spares the page faults that otherwise cost more than the reads.
+    spare: Vec<BytesMut>,
     /// How much of `buf` is known to hold no `\n`, so a long line is searched once.
     scanned: usize,
     skip: Option<Skip>,
@@ -67,7 +79,7 @@ pub struct Lines {
 
 impl Lines {
     pub fn new(max: usize) -> Lines {
-        Lines { max, buf: BytesMut::new(), scanned: 0, skip: None }
+        Lines { max, buf: BytesMut::new(), spare: Vec::new(), scanned: 0, skip: None }
     }
 
     /// Adds bytes read elsewhere (tests, fuzzing).
@@ -77,15 +89,35 @@ impl Lines {
 
     /// Reads once from `r`; 0 at the end of the stream.
     pub async fn fill<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
-        self.buf.reserve(READ);
+        self.make_room(READ);
         r.read_buf(&mut self.buf).await
+    }
+
+    /// Makes room for one read after what `buf` holds (the start of a line): in `buf` itself, in a spare
+    /// buffer none of whose lines is still out, or in a new one.
+    fn make_room(&mut self, read: usize) {
+        if self.buf.capacity() - self.buf.len() >= read || self.buf.try_reclaim(read) {
+            return;
+        }
+        let need = self.buf.len() + read;
+        let mut next = match self.spare.iter_mut().position(|b| b.try_reclaim(need)) {
+            Some(i) => self.spare.swap_remove(i),
+            None => BytesMut::with_capacity(need.max(BUF)),
+        };
+        next.extend_from_slice(&self.buf);
+        let mut old = std::mem::replace(&mut self.buf, next);
+        old.clear();
+        if self.spare.len() < POOL {
+            self.spare.push(old);
+        }
     }
 
     /// [`Lines::fill`] for a blocking reader (the shim's own stdin, read on a thread of its own).
     pub fn fill_blocking<R: std::io::Read>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        self.make_room(READ_BLOCKING);
         let len = self.buf.len();
         // A safe read needs initialised memory: zeroing a pipe's worth costs far less than the read.
-        self.buf.resize(len + READ, 0);
+        self.buf.resize(len + READ_BLOCKING, 0);
         let read = loop {
             match r.read(&mut self.buf[len..]) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -209,11 +241,18 @@ pub fn write_frames_blocking<W: std::io::Write>(mut w: W, mut rx: mpsc::Receiver
     Ok(())
 }
 
+/// Bytes gathered for one vectored write, at most (more only when one frame is larger).
+const WRITE_BYTES: usize = 1 << 20;
+
 /// Adds the batches already waiting, up to one vectored write's worth.
 fn gather(frames: &mut Batch, rx: &mut mpsc::Receiver<Batch>) {
-    while frames.len() < IOV_MAX {
+    let mut bytes: usize = frames.iter().map(Bytes::len).sum();
+    while frames.len() < IOV_MAX && bytes < WRITE_BYTES {
         match rx.try_recv() {
-            Ok(more) => frames.extend(more),
+            Ok(more) => {
+                bytes += more.iter().map(Bytes::len).sum::<usize>();
+                frames.extend(more);
+            }
             Err(_) => break,
         }
     }

@@ -20,9 +20,10 @@ use crate::layer::{Event, Exits, Stack};
 use crate::lines::{self, Line};
 use crate::trace::{Dir, Trace};
 
-/// Frames queued per direction before the loop stops reading that direction's source. With the
-/// channels on either side this bounds what the shim holds: a slow peer applies backpressure.
+/// Frames, and bytes, queued per direction before the loop stops reading that direction's source. With
+/// the channels on either side this bounds what the shim holds: a slow peer applies backpressure.
 const HIGH_WATER: usize = 64;
+const HIGH_WATER_BYTES: usize = 1 << 20;
 /// How long to wait for the child's last output once it has exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
@@ -60,7 +61,7 @@ type Inputs = std::io::Result<Vec<Input>>;
 
 /// Most frames, and about the most bytes, in one batch.
 const BATCH: usize = 256;
-const BATCH_BYTES: usize = 1 << 20;
+const BATCH_BYTES: usize = 256 << 10;
 /// Batches waiting in a channel between a reader or writer and the loop.
 const CHANNEL: usize = 4;
 
@@ -191,8 +192,8 @@ enum Ladder {
 struct Loop {
     stack: Stack,
     trace: Option<Trace>,
-    to_client: VecDeque<Frame>,
-    to_agent: VecDeque<Frame>,
+    to_client: Queue,
+    to_agent: Queue,
     /// Client requests the agent has not answered yet, with their order of arrival.
     in_flight: HashMap<Id, u64>,
     next_seq: u64,
@@ -212,7 +213,7 @@ impl Loop {
             if let Some(t) = &mut self.trace {
                 t.frame(Dir::ShimToAgent, f.bytes(), f.is_shim());
             }
-            self.to_agent.push_back(f);
+            self.to_agent.push(f);
         }
         for f in exits.to_client.drain(..) {
             self.send_client(f);
@@ -224,7 +225,7 @@ impl Loop {
         if let Some(t) = &mut self.trace {
             t.frame(Dir::ShimToClient, f.bytes(), f.is_shim());
         }
-        self.to_client.push_back(f);
+        self.to_client.push(f);
     }
 
     fn from_client(&mut self, input: Input) {
@@ -288,7 +289,7 @@ impl Loop {
                         if let Some(t) = &mut self.trace {
                             t.frame(Dir::ShimToAgent, f.bytes(), true);
                         }
-                        self.to_agent.push_back(f);
+                        self.to_agent.push(f);
                     }
                     (Some(id), false) if self.in_flight.remove(&id).is_some() => {
                         let msg = format!("the agent's answer was dropped: {msg}");
@@ -385,8 +386,8 @@ async fn run_io(
     let mut st = Loop {
         stack,
         trace: options.trace,
-        to_client: VecDeque::new(),
-        to_agent: VecDeque::new(),
+        to_client: Queue::default(),
+        to_agent: Queue::default(),
         in_flight: HashMap::new(),
         next_seq: 0,
         exits: Exits::default(),
@@ -416,7 +417,7 @@ async fn run_io(
         tokio::select! {
             biased;
             permit = reserve(&client_tx), if !st.to_client.is_empty() => match permit {
-                Some(p) => p.send(take_batch(&mut st.to_client)),
+                Some(p) => p.send(st.to_client.take_batch()),
                 None => {
                     // Nobody reads our stdout any more: nothing we write can arrive. Treat as the client leaving.
                     tracing::debug!("client stopped reading; shutting down");
@@ -426,7 +427,7 @@ async fn run_io(
                 }
             },
             permit = reserve(&agent_tx), if !st.to_agent.is_empty() => match permit {
-                Some(p) => p.send(take_batch(&mut st.to_agent)),
+                Some(p) => p.send(st.to_agent.take_batch()),
                 None => {
                     st.to_agent.clear();
                     agent_gone = true;
@@ -435,10 +436,10 @@ async fn run_io(
             _ = recv_signal(&mut sigint) => shutdown_on_signal("SIGINT", &mut client_open),
             _ = recv_signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
             _ = recv_signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
-            Some((layer, event)) = events.recv(), if st.to_client.len() < HIGH_WATER && st.to_agent.len() < HIGH_WATER => {
+            Some((layer, event)) = events.recv(), if !st.to_client.full() && !st.to_agent.full() => {
                 st.event(layer, event);
             }
-            input = client_in.recv(), if client_open && st.to_agent.len() < HIGH_WATER && st.to_client.len() < HIGH_WATER => match input {
+            input = client_in.recv(), if client_open && !st.to_agent.full() && !st.to_client.full() => match input {
                 Some(Ok(batch)) => batch.into_iter().for_each(|input| st.from_client(input)),
                 Some(Err(e)) => {
                     tracing::warn!("cannot read stdin: {e}");
@@ -446,7 +447,7 @@ async fn run_io(
                 }
                 None => client_open = false,
             },
-            input = agent_in.recv(), if agent_open && st.to_client.len() < HIGH_WATER => match input {
+            input = agent_in.recv(), if agent_open && !st.to_client.full() => match input {
                 Some(Ok(batch)) => batch.into_iter().for_each(|input| st.from_agent(input)),
                 Some(Err(e)) => {
                     tracing::warn!("cannot read the agent's stdout: {e}");
@@ -504,7 +505,7 @@ async fn run_io(
     // Hand everything left to the client's writer and let it flush.
     if let Some(tx) = client_tx.take() {
         while !st.to_client.is_empty() {
-            if tx.send(take_batch(&mut st.to_client)).await.is_err() {
+            if tx.send(st.to_client.take_batch()).await.is_err() {
                 break;
             }
         }
@@ -529,18 +530,46 @@ async fn recv_signal(sig: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-/// Up to [`BATCH`] frames from the front of a queue, for one writer hand-off.
-fn take_batch(queue: &mut VecDeque<Frame>) -> lines::Batch {
-    let mut bytes = 0;
-    let mut batch = Vec::new();
-    while let Some(f) = queue.pop_front() {
-        bytes += f.bytes().len();
-        batch.push(f.into_wire());
-        if batch.len() == BATCH || bytes >= BATCH_BYTES {
-            break;
-        }
+/// Frames on their way to one peer, and their size.
+#[derive(Default)]
+struct Queue {
+    frames: VecDeque<Frame>,
+    bytes: usize,
+}
+
+impl Queue {
+    fn push(&mut self, f: Frame) {
+        self.bytes += f.bytes().len();
+        self.frames.push_back(f);
     }
-    batch
+
+    fn full(&self) -> bool {
+        self.frames.len() >= HIGH_WATER || self.bytes >= HIGH_WATER_BYTES
+    }
+
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.frames.clear();
+        self.bytes = 0;
+    }
+
+    /// Up to [`BATCH`] frames (or about [`BATCH_BYTES`]) from the front, for one writer hand-off.
+    fn take_batch(&mut self) -> lines::Batch {
+        let mut bytes = 0;
+        let mut batch = Vec::new();
+        while let Some(f) = self.frames.pop_front() {
+            bytes += f.bytes().len();
+            batch.push(f.into_wire());
+            if batch.len() == BATCH || bytes >= BATCH_BYTES {
+                break;
+            }
+        }
+        self.bytes -= bytes;
+        batch
+    }
 }
 
 async fn reserve(tx: &Option<mpsc::Sender<lines::Batch>>) -> Option<mpsc::Permit<'_, lines::Batch>> {
