@@ -2,12 +2,15 @@
 //!
 //! - direct: the load client talks to the load agent itself;
 //! - shim: through `coda-opencode` (relay + instruction layer);
-//! - node: through `benches/node_forwarder.js` (readline + write, the approach this project replaces).
+//! - node: through `benches/node_forwarder.js` (readline + write, the approach this project replaces);
+//! - cat (throughput only): `cat` in each direction, a middle process that only copies: the floor for
+//!   any relay on this machine.
 //!
 //! The load agent is this same executable (env `CODA_BENCH_AGENT=1`): it answers each prompt with N
 //! `session/update` frames of S bytes, each stamped with its send time (CLOCK_REALTIME, ns). Run with
 //! `cargo bench --bench relay` (add `-- --quick` for a shorter run, and section names such as
-//! `throughput latency initialize memory soak` to run only those; env `CODA_BENCH_NO_NODE=1` skips Node). Nothing here asserts a time.
+//! `throughput latency initialize memory soak` to run only those; env `CODA_BENCH_NO_NODE=1` skips
+//! Node). Nothing here asserts a time.
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -75,6 +78,8 @@ enum Path {
     Direct,
     Shim,
     Node,
+    /// `cat` in each direction: a process in the middle that only copies, the floor for any relay.
+    Cat,
 }
 
 impl Path {
@@ -83,6 +88,7 @@ impl Path {
             Path::Direct => "direct",
             Path::Shim => "coda-opencode",
             Path::Node => "node forwarder",
+            Path::Cat => "cat",
         }
     }
 }
@@ -102,6 +108,11 @@ fn spawn(path: Path) -> Peer {
         Path::Shim => {
             let mut c = Command::new(env!("CARGO_BIN_EXE_coda-opencode"));
             c.arg("--agent-command").arg(shell_words::quote(&me.display().to_string()).into_owned());
+            c
+        }
+        Path::Cat => {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(r#"cat | "$0" | cat"#).arg(&me);
             c
         }
         Path::Node => {
@@ -247,13 +258,15 @@ fn main() {
     if run("throughput") {
         println!("\n## Throughput (frames flooded as fast as the agent writes; best of 3 turns)\n");
         println!(
-            "| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct | shim CPU ns/frame | node CPU ns/frame |"
+            "| frame size | frames | direct MB/s | shim MB/s | shim/direct | node MB/s | node/direct | cat/direct | shim CPU ns/frame | node CPU ns/frame |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        // Two `cat`s in the middle as well: what any process that only copies costs on this machine.
+        let with_cat: Vec<Path> = paths.iter().copied().chain([Path::Cat]).collect();
         for (size, count) in [(200usize, 200_000u64), (4 << 10, 40_000), (64 << 10, 4_000), (1 << 20, 300)] {
             let count = count / scale;
             let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
-            for &path in &paths {
+            for &path in &with_cat {
                 let mut peer = spawn(path);
                 peer.start_session();
                 peer.turn(count / 10, size, 0); // warm-up
@@ -266,19 +279,21 @@ fn main() {
                     .fold(0f64, f64::max);
                 cpu.push((peer.cpu_ns(path) - before) / (3 * count));
                 peer.finish();
-                mbps.push(best);
+                mbps.push((path, best));
             }
-            let node = mbps.get(2).copied();
+            let at = |p: Path| mbps.iter().find(|m| m.0 == p).map(|m| m.1);
+            let direct = at(Path::Direct).unwrap_or(f64::NAN);
+            let shim = at(Path::Shim).unwrap_or(f64::NAN);
+            let node = at(Path::Node);
             println!(
-                "| {} | {count} | {:.0} | {:.0} | {:.2} | {} | {} | {} | {} |",
+                "| {} | {count} | {direct:.0} | {shim:.0} | {:.2} | {} | {} | {:.2} | {} | {} |",
                 human(size),
-                mbps[0],
-                mbps[1],
-                mbps[1] / mbps[0],
+                shim / direct,
                 node.map_or("-".into(), |n| format!("{n:.0}")),
-                node.map_or("-".into(), |n| format!("{:.2}", n / mbps[0])),
+                node.map_or("-".into(), |n| format!("{:.2}", n / direct)),
+                at(Path::Cat).unwrap_or(f64::NAN) / direct,
                 cpu[1],
-                cpu.get(2).map_or("-".into(), |n| n.to_string()),
+                node.map_or("-".into(), |_| cpu[2].to_string()),
             );
         }
     }
