@@ -14,11 +14,12 @@
 //! events come from a file instead (one [`ServerEvent`] per line, see [`tail`]).
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use base64::Engine as _;
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -88,39 +89,42 @@ impl Server {
         };
         let auth = std::env::var("OPENCODE_SERVER_PASSWORD").ok().filter(|p| !p.is_empty()).map(|password| {
             let user = std::env::var("OPENCODE_SERVER_USERNAME").ok().filter(|u| !u.is_empty());
-            format!("Basic {}", base64(format!("{}:{password}", user.as_deref().unwrap_or("opencode")).as_bytes()))
+            let pair = format!("{}:{password}", user.as_deref().unwrap_or("opencode"));
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
         });
         Some(Server { host, port, auth })
     }
 
-    fn head(&self, method: &str, path: &str) -> String {
-        let mut h = format!("{method} {path} HTTP/1.1\r\nHost: {}:{}\r\n", self.host, self.port);
-        if let Some(auth) = &self.auth {
-            h.push_str(&format!("Authorization: {auth}\r\n"));
-        }
-        h
+    fn url(&self, path: &str) -> String {
+        format!("http://{}:{}{path}", self.host, self.port)
+    }
+
+    /// A client for this server: never through a proxy (it is local), HTTP errors as statuses, and
+    /// `timeout` to connect and for the response's head.
+    fn agent(&self, timeout: Duration, per_read: Option<Duration>) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .proxy(None)
+            .http_status_as_error(false)
+            .timeout_connect(Some(timeout))
+            .timeout_recv_response(Some(timeout))
+            .timeout_per_read(per_read)
+            .build()
+            .into()
     }
 
     /// Answers permission request `id` (`once`, `always` or `reject`); the error says why it failed.
     pub fn reply_permission(&self, directory: &str, id: &str, reply: &str) -> Result<(), String> {
+        let url = self.url(&format!("/permission/{}/reply", utf8_percent_encode(id, NON_ALPHANUMERIC)));
+        let mut req = self.agent(Duration::from_secs(10), None).post(&url).query("directory", directory);
+        if let Some(auth) = &self.auth {
+            req = req.header("Authorization", auth);
+        }
         let body = serde_json::json!({ "reply": reply }).to_string();
-        let path = format!("/permission/{}/reply?directory={}", percent(id), percent(directory));
-        let mut req = self.head("POST", &path);
-        req.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        ));
-        let mut stream = self.connect(Duration::from_secs(10))?;
-        stream.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-        let mut r = BufReader::new(stream);
-        let (status, _) = read_head(&mut r)?;
-        if (200..300).contains(&status) { Ok(()) } else { Err(format!("HTTP {status}")) }
-    }
-
-    fn connect(&self, timeout: Duration) -> Result<TcpStream, String> {
-        let stream = TcpStream::connect((self.host.as_str(), self.port)).map_err(|e| e.to_string())?;
-        stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-        Ok(stream)
+        let answer = req.content_type("application/json").send(&body).map_err(|e| e.to_string())?;
+        match answer.status().as_u16() {
+            200..300 => Ok(()),
+            status => Err(format!("HTTP {status}")),
+        }
     }
 }
 
@@ -162,22 +166,20 @@ enum Stop {
 
 fn stream_events(server: &Server, reducer: &mut Reducer, send: &impl Fn(FromServer) -> bool) -> Result<Stop, String> {
     // A connection OpenCode accepted while still starting may never be answered (seen live): give up on
-    // one that sends no head within seconds and try again.
-    let mut stream = server.connect(Duration::from_secs(3))?;
-    let mut req = server.head("GET", "/global/event");
-    req.push_str("Accept: text/event-stream\r\n\r\n");
-    stream.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut r = BufReader::new(stream);
-    let (status, chunked) = read_head(&mut r)?;
-    if status != 200 {
-        return Err(format!("GET /global/event: HTTP {status}"));
+    // one that sends no head within seconds and try again. OpenCode sends a heartbeat every ten seconds:
+    // a minute of silence is a dead connection.
+    let agent = server.agent(Duration::from_secs(3), Some(Duration::from_secs(60)));
+    let mut req = agent.get(&server.url("/global/event")).header("Accept", "text/event-stream");
+    if let Some(auth) = &server.auth {
+        req = req.header("Authorization", auth);
     }
-    // OpenCode sends a heartbeat every ten seconds: a minute of silence is a dead connection.
-    r.get_ref().set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
+    let answer = req.call().map_err(|e| e.to_string())?;
+    if answer.status() != 200 {
+        return Err(format!("GET /global/event: HTTP {}", answer.status().as_u16()));
+    }
     reducer.connected = true;
     tracing::debug!("reading OpenCode's events at {}:{}", server.host, server.port);
-    let body: Box<dyn Read> = if chunked { Box::new(Chunked { inner: r, left: 0, done: false }) } else { Box::new(r) };
-    let mut lines = BufReader::new(body);
+    let mut lines = BufReader::new(answer.into_body().into_reader());
     let mut data = String::new();
     let mut line = String::new();
     loop {
@@ -200,69 +202,6 @@ fn stream_events(server: &Server, reducer: &mut Reducer, send: &impl Fn(FromServ
                 return Ok(Stop::Relay);
             }
         }
-    }
-}
-
-/// Status line and headers; returns the status and whether the body is chunked.
-fn read_head(r: &mut impl BufRead) -> Result<(u16, bool), String> {
-    let mut line = String::new();
-    r.read_line(&mut line).map_err(|e| e.to_string())?;
-    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or("no HTTP status line")?;
-    let mut chunked = false;
-    loop {
-        line.clear();
-        if r.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
-            return Err("the headers did not end".into());
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            return Ok((status, chunked));
-        }
-        if let Some((k, v)) = l.split_once(':')
-            && k.trim().eq_ignore_ascii_case("transfer-encoding")
-            && v.to_ascii_lowercase().contains("chunked")
-        {
-            chunked = true;
-        }
-    }
-}
-
-/// An HTTP/1.1 chunked body as a plain byte stream.
-struct Chunked<R> {
-    inner: R,
-    left: usize,
-    done: bool,
-}
-
-impl<R: BufRead> Read for Chunked<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
-        while self.left == 0 {
-            if self.done {
-                return Ok(0);
-            }
-            let mut line = String::new();
-            if self.inner.read_line(&mut line)? == 0 {
-                return Ok(0);
-            }
-            let size = line.trim().split(';').next().unwrap_or("");
-            if size.is_empty() {
-                continue; // the CRLF after a chunk's data
-            }
-            self.left = usize::from_str_radix(size, 16).map_err(|_| bad("bad chunk size"))?;
-            if self.left == 0 {
-                self.done = true;
-            }
-        }
-        let n = {
-            let want = buf.len().min(self.left);
-            self.inner.read(&mut buf[..want])?
-        };
-        if n == 0 {
-            return Ok(0);
-        }
-        self.left -= n;
-        Ok(n)
     }
 }
 
@@ -356,34 +295,6 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
     }
 }
 
-fn percent(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,12 +313,55 @@ mod tests {
         assert_eq!(any.host, "127.0.0.1", "listening everywhere includes loopback");
     }
 
+    /// A one-connection HTTP server on loopback: hands back the request it got, answers with `answer`.
+    fn serve_once(answer: impl Into<String>) -> (Server, std::thread::JoinHandle<String>) {
+        let answer = answer.into();
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let served = std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut conn, _) = listener.accept().expect("accept");
+            let mut head = String::new();
+            let mut r = BufReader::new(conn.try_clone().expect("clone"));
+            while r.read_line(&mut head).expect("read") > 2 && !head.ends_with("\r\n\r\n") {}
+            conn.write_all(answer.as_bytes()).expect("answer");
+            head
+        });
+        (Server { host: "127.0.0.1".into(), port, auth: Some("Basic b3BlbmNvZGU6cHc=".into()) }, served)
+    }
+
     #[test]
-    fn base64_and_percent_encoding() {
-        assert_eq!(base64(b"opencode:pw"), "b3BlbmNvZGU6cHc=");
-        assert_eq!(base64(b"ab"), "YWI=");
-        assert_eq!(base64(b"abc"), "YWJj");
-        assert_eq!(percent("/w d/ü"), "/w%20d/%C3%BC");
+    fn the_event_stream_is_read_over_http_with_chunks_and_auth() {
+        let status = r#"{"directory":"/w","payload":{"type":"session.status","properties":{"sessionID":"ses_p","status":{"type":"busy"}}}}"#;
+        let sse = format!("data: {status}\n\n");
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+            10,
+            &sse[..10],
+            sse.len() - 10,
+            &sse[10..]
+        );
+        let (server, served) = serve_once(answer);
+        let got = std::sync::Mutex::new(Vec::new());
+        let stop = stream_events(&server, &mut Reducer::default(), &|e| {
+            got.lock().expect("lock").push(format!("{e:?}"));
+            true
+        });
+        assert!(matches!(stop, Ok(Stop::Ended)));
+        assert_eq!(*got.lock().expect("lock"), [r#"Event(Status { session: "ses_p", busy: true })"#]);
+        let head = served.join().expect("server");
+        assert!(head.starts_with("GET /global/event HTTP/1.1"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("authorization: basic b3blbmnvzgu6chc="), "{head}");
+    }
+
+    #[test]
+    fn a_permission_answer_goes_to_the_encoded_path() {
+        let (server, served) = serve_once("HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ntrue");
+        server.reply_permission("/w d/ü", "per 1", "once").expect("answered");
+        let head = served.join().expect("server");
+        assert!(head.starts_with("POST /permission/per%201/reply?directory=%2Fw%20d%2F%C3%BC HTTP/1.1"), "{head}");
+        let (server, _served) = serve_once("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(server.reply_permission("/w", "per_2", "once"), Err("HTTP 404".into()));
     }
 
     /// Shapes as OpenCode 1.18.33 sent them on `/global/event` (trimmed).
@@ -447,14 +401,6 @@ mod tests {
         let other = json!({"payload":{"type":"message.part.delta","properties":{"sessionID":"ses_p","delta":"x"}}});
         assert_eq!(r.reduce(&other), None);
         assert_eq!(r.reduce(&json!("garbage")), None);
-    }
-
-    #[test]
-    fn a_chunked_body_reads_as_its_bytes() {
-        let wire = b"5\r\ndata:\r\n5;x=1\r\n {}\n\n\r\n0\r\n\r\n";
-        let mut body = String::new();
-        Chunked { inner: &wire[..], left: 0, done: false }.read_to_string(&mut body).expect("read");
-        assert_eq!(body, "data: {}\n\n");
     }
 
     #[test]
