@@ -39,12 +39,11 @@ fn default_command() -> Result<Found, String> {
 /// someone took it meanwhile, so it is picked below Linux's ephemeral range (32768 up), where outgoing
 /// connections never take one; the OS's own pick is the fallback.
 fn free_port() -> std::io::Result<u16> {
-    let seed =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let mut x = u64::from(seed) ^ (u64::from(std::process::id()) << 20);
-    for _ in 0..20 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let port = 20000 + ((x >> 33) % 12000) as u16;
+    use std::hash::BuildHasher;
+    // Randomly keyed hashes (std's) as the random source: two shims starting together pick apart.
+    let random = std::collections::hash_map::RandomState::new();
+    for i in 0..20u64 {
+        let port = 20000 + (random.hash_one(i) % 12000) as u16;
         if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
             return Ok(l.local_addr()?.port());
         }
