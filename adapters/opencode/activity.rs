@@ -1182,13 +1182,18 @@ mod tests {
     }
 
     /// As live: the server's idle for OpenCode's own turn came before the turn's first frame over ACP.
+    /// Coda's prompt 2 runs (the server says the parent is busy) and starts a background task.
+    fn background_task_in_codas_turn(stack: &mut Stack) {
+        prompt(stack, 2);
+        event(stack, status(P, true));
+        agent(stack, task_running("call_1", true, None));
+        agent(stack, task_done("call_1", true));
+    }
+
     #[test]
     fn an_own_turn_the_server_already_saw_end_is_settled_after_the_grace() {
         let (mut stack, ticks, _) = started();
-        prompt(&mut stack, 2);
-        event(&mut stack, status(P, true));
-        agent(&mut stack, task_running("call_1", true, None));
-        agent(&mut stack, task_done("call_1", true));
+        background_task_in_codas_turn(&mut stack);
         event(&mut stack, status(P, false));
         agent(&mut stack, json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
         event(&mut stack, status(C, false));
@@ -1206,10 +1211,7 @@ mod tests {
     #[test]
     fn the_idle_that_ends_codas_own_turn_does_not_end_a_wait_handled_after_it() {
         let (mut stack, ticks, _) = started();
-        prompt(&mut stack, 2);
-        event(&mut stack, status(P, true));
-        agent(&mut stack, task_running("call_1", true, None));
-        agent(&mut stack, task_done("call_1", true));
+        background_task_in_codas_turn(&mut stack);
         agent(&mut stack, json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
         event(&mut stack, status(P, false));
         // OpenCode's own turn streams before the server's word that it started.
@@ -1227,10 +1229,7 @@ mod tests {
     #[test]
     fn an_own_run_before_codas_answer_counts_as_opencodes_own_turn() {
         let (mut stack, ticks, _) = started();
-        prompt(&mut stack, 2);
-        event(&mut stack, status(P, true));
-        agent(&mut stack, task_running("call_1", true, None));
-        agent(&mut stack, task_done("call_1", true));
+        background_task_in_codas_turn(&mut stack);
         event(&mut stack, status(P, false));
         event(&mut stack, status(C, false));
         event(&mut stack, status(P, true));
