@@ -181,7 +181,10 @@ fn record_opencode_activity() {
         "a background task whose child asks before running bash at once: the shim resumes the child when OpenCode's server names it, so the request reaches Coda on the child session; OpenCode's own turn on the result is handling until its server says the parent is idle",
         |rec| {
             rec.new_session(false);
-            rec.prompt("delegate [[subagent:child runs [[sh:echo hi]]]]");
+            // The child's first answer comes 2.5 s late, so that the shim's resume (0.3-2.1 s under load)
+            // lands before the child asks: a request the shim had to put to Coda itself (the lost race) goes
+            // over HTTP and would not replay.
+            rec.prompt("delegate [[subagent:child runs [[delay:2500]] [[sh:echo hi]]]]");
             let open = rec.until_wait(LONG, |w| w["childSessionId"].is_string());
             let child = open["childSessionId"].clone();
             let id = open["waitId"].clone();
