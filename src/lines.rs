@@ -72,6 +72,8 @@ pub struct Lines {
     /// Earlier buffers, whose lines may still be on their way out. Reusing them, instead of taking fresh
     /// memory for every read, spares the page faults that otherwise cost more than the reads.
     spare: Vec<BytesMut>,
+    /// Size of `buf`'s allocation: only buffers of the usual size are kept, not one grown for a huge line.
+    size: usize,
     /// How much of `buf` is known to hold no `\n`, so a long line is searched once.
     scanned: usize,
     skip: Option<Skip>,
@@ -79,7 +81,7 @@ pub struct Lines {
 
 impl Lines {
     pub fn new(max: usize) -> Lines {
-        Lines { max, buf: BytesMut::new(), spare: Vec::new(), scanned: 0, skip: None }
+        Lines { max, buf: BytesMut::new(), spare: Vec::new(), size: 0, scanned: 0, skip: None }
     }
 
     /// Adds bytes read elsewhere (tests, fuzzing).
@@ -100,14 +102,15 @@ impl Lines {
             return;
         }
         let need = self.buf.len() + read;
-        let mut next = match self.spare.iter_mut().position(|b| b.try_reclaim(need)) {
-            Some(i) => self.spare.swap_remove(i),
-            None => BytesMut::with_capacity(need.max(BUF)),
+        let (mut next, size) = match self.spare.iter_mut().position(|b| b.try_reclaim(need)) {
+            Some(i) => (self.spare.swap_remove(i), BUF),
+            None => (BytesMut::with_capacity(need.max(BUF)), need.max(BUF)),
         };
         next.extend_from_slice(&self.buf);
         let mut old = std::mem::replace(&mut self.buf, next);
         old.clear();
-        if self.spare.len() < POOL {
+        let old_size = std::mem::replace(&mut self.size, size);
+        if old_size == BUF && self.spare.len() < POOL {
             self.spare.push(old);
         }
     }
@@ -375,6 +378,33 @@ mod tests {
         split.push(b"\n{}\n");
         assert_eq!(split.next_line(), Some(Line::TooLong { head: vec![b'x'; 100], len: 100_000 }));
         assert_eq!(split.next_line(), Some(text("{}")));
+    }
+
+    #[test]
+    fn a_buffer_grown_for_a_huge_line_is_not_kept_for_reuse() {
+        let frame = |n: usize| [vec![b'x'; n], b"\n".to_vec()].concat();
+        let read_all = |split: &mut Lines, input: Vec<u8>| {
+            let mut input = &input[..];
+            let mut out = Vec::new();
+            while split.fill_blocking(&mut input).expect("read") > 0 {
+                out.extend(std::iter::from_fn(|| split.next_line()));
+            }
+            out
+        };
+        let mut split = Lines::new(DEFAULT_MAX_LINE);
+        let small = read_all(&mut split, frame(100).repeat(20_000));
+        assert_eq!(small.len(), 20_000);
+        assert!(small.iter().all(|l| matches!(l, Line::Text(b) if b.len() == 101)));
+        let huge = read_all(&mut split, frame(3 * BUF));
+        assert!(matches!(&huge[..], [Line::Text(b)] if b.len() == 3 * BUF + 1));
+        assert_eq!(read_all(&mut split, frame(100).repeat(20_000)).len(), 20_000);
+        drop((small, huge));
+        // Every line is written (dropped): each kept buffer is whole again, and none is the huge one.
+        assert!(!split.spare.is_empty() && split.spare.len() <= POOL);
+        for b in &mut split.spare {
+            assert!(b.try_reclaim(1), "nothing else holds a kept buffer now");
+            assert!(b.capacity() <= BUF, "kept a buffer of {} bytes", b.capacity());
+        }
     }
 
     #[tokio::test]
