@@ -2,6 +2,8 @@
 //! are byte-identical, rewritten ones stay JSON-RPC.
 #![no_main]
 
+mod drive;
+
 #[allow(dead_code)]
 #[path = "../../adapters/codex/air.rs"]
 mod air;
@@ -9,8 +11,7 @@ mod air;
 #[path = "../../adapters/codex/failure.rs"]
 mod failure;
 
-use coda_shim::frame::Frame;
-use coda_shim::layer::{Exits, Stack};
+use coda_shim::layer::Stack;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
@@ -61,25 +62,8 @@ fn frame(u: &mut Unstructured) -> Result<(bool, Vec<u8>)> {
     Ok((v.0, serde_json::to_vec(&v.1).expect("serialises")))
 }
 
-fuzz_target!(|data: &[u8]| {
-    let mut u = Unstructured::new(data);
-    let mut stack = Stack::new(vec![Box::new(air::Air::new()), Box::new(failure::Failure::new())]);
-    // An exhausted `Unstructured` keeps yielding defaults: stop when the input is used up.
-    while !u.is_empty() {
-        let Ok((from_client, bytes)) = frame(&mut u) else { break };
-        let Ok(input) = Frame::parse(bytes.clone()) else { continue };
-        let mut exits = Exits::default();
-        if from_client {
-            stack.from_client(input, &mut exits);
-        } else {
-            stack.from_agent(input, &mut exits);
-        }
-        for out in exits.to_agent.iter().chain(&exits.to_client) {
-            if out.is_shim() {
-                assert!(Frame::parse(out.bytes().to_vec()).is_ok(), "a rewritten frame is JSON-RPC");
-            } else {
-                assert_eq!(out.bytes(), &bytes[..], "an untouched frame is byte-identical");
-            }
-        }
-    }
-});
+fuzz_target!(|data: &[u8]| drive::drive(
+    Stack::new(vec![Box::new(air::Air::new()), Box::new(failure::Failure::new())]),
+    data,
+    frame
+));
