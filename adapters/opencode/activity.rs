@@ -1057,15 +1057,21 @@ mod tests {
         assert_eq!(*replies.lock().expect("lock"), vec![("/w".into(), "per_2".into(), "reject".into())]);
     }
 
+    /// A foreground child asks (`per_1`, call_28) before OpenCode knows it; the shim's own copy goes to Coda.
+    /// Returns the id of that copy.
+    fn shims_own_request(stack: &mut Stack) -> Value {
+        prompt(stack, 2);
+        agent(stack, task_running("call_26", false, None));
+        let (_, to_agent) = event(stack, task_child("call_26"));
+        event(stack, asked("per_1", "call_28"));
+        resumed(stack, &to_agent);
+        event(stack, Tick::Asks(1)).0[0]["id"].clone()
+    }
+
     #[test]
     fn opencode_forwarding_while_coda_has_the_shims_copy_gets_codas_answer() {
         let (mut stack, _, replies) = started();
-        prompt(&mut stack, 2);
-        agent(&mut stack, task_running("call_26", false, None));
-        let (_, to_agent) = event(&mut stack, task_child("call_26"));
-        event(&mut stack, asked("per_1", "call_28"));
-        resumed(&mut stack, &to_agent);
-        let own = event(&mut stack, Tick::Asks(1)).0[0]["id"].clone();
+        let own = shims_own_request(&mut stack);
         let mut exits = Exits::default();
         stack.from_agent(parse(forwarded(7, "call_28")), &mut exits);
         assert!(exits.to_client.is_empty(), "held: Coda is already asked");
@@ -1081,12 +1087,7 @@ mod tests {
     #[test]
     fn a_request_answered_elsewhere_is_withdrawn_from_coda_and_parents_requests_are_opencodes() {
         let (mut stack, _, _) = started();
-        prompt(&mut stack, 2);
-        agent(&mut stack, task_running("call_26", false, None));
-        let (_, to_agent) = event(&mut stack, task_child("call_26"));
-        event(&mut stack, asked("per_1", "call_28"));
-        resumed(&mut stack, &to_agent);
-        let own = event(&mut stack, Tick::Asks(1)).0[0]["id"].clone();
+        let own = shims_own_request(&mut stack);
         let (to_client, _) = event(&mut stack, server(ServerEvent::Replied { session: C.into(), id: "per_1".into() }));
         assert_eq!(to_client, vec![json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":own}})]);
         let parents = server(ServerEvent::Asked {
