@@ -225,25 +225,17 @@ fn data_dir_row(agent: &str) -> Row {
 }
 
 /// The probe's working folder, removed however the probe ends (also when it panics).
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `initialize` and `session/new` in a temporary folder, through the shim's own layers.
 fn login_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
-    let folder = Scratch(std::env::temp_dir().join(format!("coda-doctor-{}-{}", adapter.agent, std::process::id())));
-    if let Err(e) = std::fs::create_dir_all(&folder.0) {
-        return vec![row("login", Status::Warn, format!("cannot make a temporary folder: {e}"), "")];
-    }
+    let folder = match tempfile::Builder::new().prefix(&format!("coda-doctor-{}-", adapter.agent)).tempdir() {
+        Ok(folder) => folder,
+        Err(e) => return vec![row("login", Status::Warn, format!("cannot make a temporary folder: {e}"), "")],
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return vec![row("login", Status::Warn, format!("cannot start the async runtime: {e}"), "")],
     };
-    let rows = runtime.block_on(probe(adapter, found, &folder.0));
+    let rows = runtime.block_on(probe(adapter, found, folder.path()));
     runtime.shutdown_timeout(Duration::from_millis(100));
     // After the probe shut its child down: nothing uses the folder any more.
     drop(folder);
