@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use base64::Engine as _;
 use coda_shim::frame::{self, Frame, Id, Kind};
 use coda_shim::layer::{Cx, Event, EventSender, Layer};
 use coda_shim::wait;
@@ -16,22 +17,6 @@ use serde_json::{Value, json};
 use crate::translate::Translator;
 use crate::watch::{self, Chunk, Op, Scan};
 use crate::wire::{self, Fed, Feed, KNOWN_PROTOCOLS};
-
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 /// Starts watching a session folder; the real one uses inotify, tests hand events in themselves.
 pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(watch::Start, Option<watch::Handle>), String> + Send>;
@@ -145,7 +130,9 @@ impl Activity {
             let path = format!("{dir}/{}", c.file);
             let mut rec = match std::str::from_utf8(&c.bytes) {
                 Ok(text) => json!({ "ts": ts, "op": op, "path": path, "data": text }),
-                Err(_) => json!({ "ts": ts, "op": op, "path": path, "base64": base64(&c.bytes) }),
+                Err(_) => {
+                    json!({ "ts": ts, "op": op, "path": path, "base64": base64::engine::general_purpose::STANDARD.encode(&c.bytes) })
+                }
             };
             if open {
                 rec["at"] = json!("open");
