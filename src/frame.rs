@@ -3,7 +3,6 @@
 //! A frame that no layer edits is written out exactly as it was read. Only a layer that rewrites a frame
 //! parses it into a `serde_json::Value` and serialises that one frame again.
 
-use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -240,18 +239,40 @@ impl<'de: 'a, 'a> Deserialize<'de> for Present<'a> {
 
 #[derive(serde::Deserialize)]
 struct Envelope<'a> {
-    #[serde(default, borrow)]
-    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(default)]
+    jsonrpc: Option<Text>,
     #[serde(default, borrow)]
     id: Present<'a>,
-    #[serde(default, borrow)]
-    method: Option<Cow<'a, str>>,
+    #[serde(default)]
+    method: Option<Text>,
     #[serde(default, borrow)]
     result: Present<'a>,
     #[serde(default, borrow)]
     error: Present<'a>,
     #[serde(default)]
     params: UpdateKind,
+}
+
+/// A string field kept inline when short (as `jsonrpc` and most method names are): a `Cow` would be
+/// handed an owned `String` by the parser, two allocations per frame.
+struct Text(CompactString);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(TextVisitor)
+    }
+}
+
+struct TextVisitor;
+
+impl<'de> Visitor<'de> for TextVisitor {
+    type Value = Text;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Text, E> {
+        Ok(Text(CompactString::from(v)))
+    }
 }
 
 /// `update.sessionUpdate` inside params, when params is an object that has it; any other params are
@@ -359,7 +380,7 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
         Err(e) => return Err(parse_error(e)),
     };
     let id = env.id.0.as_ref().map(|raw| Id::from_json(raw.as_raw_str()));
-    if env.jsonrpc.as_deref() != Some("2.0") {
+    if env.jsonrpc.as_ref().map(|t| t.0.as_str()) != Some("2.0") {
         return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
     }
     if let Some(raw) = &env.id.0 {
@@ -369,8 +390,8 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
         }
     }
     let kind = match (env.method, id, env.result.0.is_some() || env.error.0.is_some()) {
-        (Some(method), Some(id), false) => Kind::Request { id, method: Method::from(method) },
-        (Some(method), None, false) => Kind::Notification { method: Method::from(method) },
+        (Some(Text(method)), Some(id), false) => Kind::Request { id, method },
+        (Some(Text(method)), None, false) => Kind::Notification { method },
         (None, Some(id), true) => Kind::Response { id },
         (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
     };

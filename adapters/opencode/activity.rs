@@ -707,8 +707,10 @@ impl Layer for OpenCodeActivity {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind().clone() {
+        // Borrowed: most frames are streamed updates, which need nothing of the kind kept.
+        match frame.kind() {
             Kind::Response { id } => {
+                let id = id.clone();
                 if let Some(sid) = self.prompts.remove(&id)
                     && self.coda_run.get(&sid) == Some(&false)
                 {
@@ -731,6 +733,7 @@ impl Layer for OpenCodeActivity {
                 cx.to_client(frame)
             }
             Kind::Request { id, method } if method == "session/request_permission" => {
+                let id = id.clone();
                 let v = frame.value();
                 let at = |p: &str| v.as_ref().and_then(|v| v.pointer(p)).and_then(Value::as_str).map(str::to_owned);
                 if let (Some(session), Some(call)) = (at("/params/sessionId"), at("/params/toolCall/toolCallId")) {
