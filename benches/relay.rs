@@ -53,11 +53,7 @@ fn agent() {
                 let pace = load.get("paceMicros").and_then(|v| v.as_u64()).unwrap_or(0);
                 let text = "x".repeat(size.saturating_sub(190));
                 for _ in 0..count {
-                    let _ = writeln!(
-                        out,
-                        r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"t":{}}},"sessionId":"load","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#,
-                        now_ns()
-                    );
+                    let _ = writeln!(out, "{}", update_frame(&text, now_ns()));
                     if pace > 0 {
                         let _ = out.flush();
                         std::thread::sleep(Duration::from_micros(pace));
@@ -69,6 +65,13 @@ fn agent() {
         }
         let _ = out.flush();
     }
+}
+
+/// One `session/update` as the load agent writes it: `size` bytes with `text` of `size - 190`.
+fn update_frame(text: &str, stamp: u128) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"t":{stamp}}},"sessionId":"load","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+    )
 }
 
 // ---------------------------------------------------------------- load client
@@ -191,17 +194,11 @@ impl Peer {
         (started.elapsed().as_secs_f64(), bytes, lat)
     }
 
-    /// CPU time used so far by the process in the middle, all its threads (ns); 0 for direct.
-    fn cpu_ns(&self, path: Path) -> u64 {
-        if path == Path::Direct {
-            return 0;
-        }
+    /// CPU time used so far by the process we started, all its threads (ns): the process in the
+    /// middle, or for direct the load agent itself.
+    fn cpu_ns(&self) -> u64 {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else { return 0 };
-        tasks
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .sum()
+        tasks.flatten().map(|t| schedstat_ns(&t.path())).sum()
     }
 
     fn peak_rss_kib(&self, path: Path) -> Option<u64> {
@@ -216,6 +213,24 @@ impl Peer {
         drop(self.stdin);
         let _ = self.child.wait();
     }
+}
+
+/// CPU time of one thread so far (ns), from its `schedstat`.
+fn schedstat_ns(task: &std::path::Path) -> u64 {
+    let stat = std::fs::read_to_string(task.join("schedstat")).unwrap_or_default();
+    stat.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// Nanoseconds per call of `f`, over about a third of a second on this thread alone.
+fn ns_per_call(mut f: impl FnMut()) -> f64 {
+    let (started, mut calls) = (Instant::now(), 0u64);
+    while started.elapsed() < Duration::from_millis(330) {
+        for _ in 0..1000 {
+            f();
+        }
+        calls += 1000;
+    }
+    started.elapsed().as_nanos() as f64 / calls as f64
 }
 
 fn rss(pid: u32, field: &str) -> Option<u64> {
@@ -263,21 +278,28 @@ fn main() {
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         // Two `cat`s in the middle as well: what any process that only copies costs on this machine.
         let with_cat: Vec<Path> = paths.iter().copied().chain([Path::Cat]).collect();
+        let mut budgets = Vec::new();
         for (size, count) in [(200usize, 200_000u64), (4 << 10, 40_000), (64 << 10, 4_000), (1 << 20, 300)] {
             let count = count / scale;
             let (mut mbps, mut cpu) = (Vec::new(), Vec::new());
+            let mut direct_costs = (0.0, 0, 0);
             for &path in &with_cat {
                 let mut peer = spawn(path);
                 peer.start_session();
                 peer.turn(count / 10, size, 0); // warm-up
-                let before = peer.cpu_ns(path);
-                let best = (0..3)
-                    .map(|_| {
-                        let (secs, bytes, _) = peer.turn(count, size, 0);
-                        bytes as f64 / secs / 1e6
-                    })
-                    .fold(0f64, f64::max);
-                cpu.push((peer.cpu_ns(path) - before) / (3 * count));
+                let (before, client_before) = (peer.cpu_ns(), schedstat_ns("/proc/thread-self".as_ref()));
+                let (mut best, mut best_secs) = (0f64, f64::MAX);
+                for _ in 0..3 {
+                    let (secs, bytes, _) = peer.turn(count, size, 0);
+                    best = best.max(bytes as f64 / secs / 1e6);
+                    best_secs = best_secs.min(secs);
+                }
+                let used = (peer.cpu_ns() - before) / (3 * count);
+                if path == Path::Direct {
+                    let client = (schedstat_ns("/proc/thread-self".as_ref()) - client_before) / (3 * count);
+                    direct_costs = (best_secs * 1e9 / count as f64, used, client);
+                }
+                cpu.push(used);
                 peer.finish();
                 mbps.push((path, best));
             }
@@ -295,7 +317,9 @@ fn main() {
                 cpu[1],
                 node.map_or("-".into(), |_| cpu[2].to_string()),
             );
+            budgets.push((size, direct_costs, cpu[1]));
         }
+        budget(&budgets);
     }
     if run("latency") {
         println!("\n## Latency per frame (paced: one frame every 200 us), microseconds\n");
@@ -376,6 +400,35 @@ fn main() {
     let peak = peer.peak_rss_kib(Path::Shim).unwrap_or(0);
     peer.finish();
     println!("RSS KiB: {samples:?}; peak {peak} KiB; growth first->last {} KiB", samples[9] as i64 - samples[0] as i64);
+}
+
+/// Where the CPU of one frame goes, against what the 80% goal leaves the shim on this machine.
+fn budget(rows: &[(usize, (f64, u64, u64), u64)]) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("\n## CPU budget per frame for shim/direct >= 0.80 ({cores} cores)\n");
+    println!(
+        "At 80% of direct the agent, the client and the shim together may use at most cores x (direct wall time per \
+         frame) / 0.8 of CPU per frame; what the load agent and client use leaves the rest to the shim. The last two \
+         columns are the shim's envelope parse alone and a bare JSON check with nothing kept (sonic-rs into \
+         IgnoredAny), each timed on one thread. All ns per frame.\n"
+    );
+    println!(
+        "| frame size | direct wall | agent CPU | client CPU | shim budget | shim CPU | envelope parse | bare JSON check |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for &(size, (wall, agent, client), shim) in rows {
+        let line = update_frame(&"x".repeat(size.saturating_sub(190)), now_ns()) + "\n";
+        let wire = bytes::Bytes::from(line);
+        let parse = ns_per_call(|| {
+            std::hint::black_box(coda_shim::frame::Frame::parse_wire(std::hint::black_box(wire.clone())).is_ok());
+        });
+        let body = &wire[..wire.len() - 1];
+        let check = ns_per_call(|| {
+            std::hint::black_box(sonic_rs::from_slice::<serde::de::IgnoredAny>(std::hint::black_box(body)).is_ok());
+        });
+        let room = cores as f64 * wall / 0.8 - agent as f64 - client as f64;
+        println!("| {} | {wall:.0} | {agent} | {client} | {room:.0} | {shim} | {parse:.0} | {check:.0} |", human(size));
+    }
 }
 
 fn human(size: usize) -> String {
