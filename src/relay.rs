@@ -68,12 +68,13 @@ const CHANNEL: usize = 4;
 /// Turns what one reader has buffered into batches: every whole line it holds, so that a burst costs
 /// one wake-up of the loop rather than one per frame. `send` returns false once nobody listens.
 fn drain(lines: &mut lines::Lines, mut send: impl FnMut(Inputs) -> bool) -> bool {
-    let (mut batch, mut bytes) = (Vec::new(), 0);
+    // Sized once: grown push by push, a full batch would be reallocated (and copied) nine times.
+    let (mut batch, mut bytes) = (Vec::with_capacity(BATCH), 0);
     while let Some(line) = lines.next_line() {
         bytes += line.len();
         batch.push(to_input(line));
         if batch.len() == BATCH || bytes >= BATCH_BYTES {
-            if !send(Ok(std::mem::take(&mut batch))) {
+            if !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))) {
                 return false;
             }
             bytes = 0;
@@ -559,7 +560,7 @@ impl Queue {
     /// Up to [`BATCH`] frames (or about [`BATCH_BYTES`]) from the front, for one writer hand-off.
     fn take_batch(&mut self) -> lines::Batch {
         let mut bytes = 0;
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(self.frames.len().min(BATCH));
         while let Some(f) = self.frames.pop_front() {
             bytes += f.bytes().len();
             batch.push(f.into_wire());
