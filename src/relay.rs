@@ -30,7 +30,7 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// One item read from a peer.
 enum Input {
     Frame(Frame),
-    /// The line with its `\n`.
+    /// The line, without its `\n`.
     Invalid {
         line: Bytes,
         err: Invalid,
@@ -50,7 +50,7 @@ fn to_input(line: Line) -> Input {
     match line {
         Line::Text(wire) => match Frame::parse_wire(wire) {
             Ok(frame) => Input::Frame(frame),
-            Err((line, err)) => Input::Invalid { line, err },
+            Err((line, err)) => Input::Invalid { line: line.slice(..line.len() - 1), err },
         },
         Line::TooLong { head, len } => Input::TooLong { head, len },
     }
@@ -240,7 +240,7 @@ impl Loop {
             }
             Input::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
-                    t.line(Dir::ClientToShim, &line[..line.len() - 1]);
+                    t.line(Dir::ClientToShim, &line);
                 }
                 tracing::warn!("client sent an invalid frame: {}", err.message);
                 let id = err.id.clone().unwrap_or_else(Id::null);
@@ -272,12 +272,12 @@ impl Loop {
             }
             Input::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
-                    t.line(Dir::AgentToShim, &line[..line.len() - 1]);
+                    t.line(Dir::AgentToShim, &line);
                 }
                 tracing::warn!(
                     "agent wrote a line that is not JSON-RPC ({}); dropped: {}",
                     err.message,
-                    excerpt(&line[..line.len() - 1])
+                    excerpt(&line)
                 );
             }
             Input::TooLong { head, len } => {
