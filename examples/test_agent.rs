@@ -20,7 +20,11 @@
 //!   Coda drops: a first report that is terminal, one without waitId, an unknown state).
 //! - Env `TEST_AGENT_AUTH_REQUIRED=1`: `session/new` answers -32000 (ACP auth_required).
 //! - `_test/echo`: `{"line": <the exact line received>}`; `_test/emit`: writes `params.line` verbatim,
-//!   then `{}`; `_test/seen`: the methods received so far.
+//!   then `{}`; `_test/seen`: the methods received so far; `_test/nest`: a result of `params.depth` nested
+//!   arrays (`params.object`: objects `{"a":…}`), written as text.
+//! - Env `TEST_AGENT_LOG=PATH` appends every line received to PATH. `TEST_AGENT_INIT` and
+//!   `TEST_AGENT_PROMPT_RESULT` (the result of every `session/prompt`) go out as their exact text.
+//! - Lines are read with the shim's own nesting bound, so frames up to that deep are understood.
 //! - Other requests: -32601. `--version` prints `test-agent 9.9.9`.
 //! - Env `TEST_AGENT_NO_COMMANDS=1` sends no `available_commands_update`.
 //! - Env `TEST_AGENT_IGNORE_EOF=1` keeps running after stdin closes; `TEST_AGENT_IGNORE_TERM=1` ignores SIGTERM.
@@ -61,7 +65,11 @@ fn main() {
     let mut lines = stdin.lock().lines();
     while let Some(line) = lines.next() {
         let Ok(line) = line else { break };
-        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+        if let Some(path) = std::env::var_os("TEST_AGENT_LOG") {
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(path);
+            let _ = log.and_then(|mut f| writeln!(f, "{line}"));
+        }
+        let Ok(msg) = coda_shim::json::from_str::<Value>(&line) else {
             eprintln!("test-agent: not JSON: {line}");
             continue;
         };
@@ -82,7 +90,11 @@ fn main() {
         let sid = params.get("sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
         let result = match method.as_str() {
             "initialize" => match std::env::var("TEST_AGENT_INIT") {
-                Ok(init) => serde_json::from_str(&init).unwrap_or(Value::Null),
+                Ok(init) => {
+                    let _ = writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{init}}}"#);
+                    let _ = out.flush();
+                    continue;
+                }
                 Err(_) => json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
             },
             "session/new" if std::env::var_os("TEST_AGENT_AUTH_REQUIRED").is_some() => {
@@ -272,7 +284,20 @@ fn main() {
                     &mut out,
                     &json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}),
                 );
+                if let Ok(result) = std::env::var("TEST_AGENT_PROMPT_RESULT") {
+                    let _ = writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#);
+                    let _ = out.flush();
+                    continue;
+                }
                 json!({"stopReason": arg("!stop").unwrap_or("end_turn")})
+            }
+            "_test/nest" => {
+                let depth = params.get("depth").and_then(Value::as_u64).unwrap_or(1) as usize;
+                let (open, close) = if params.get("object").is_some() { ("{\"a\":", "}") } else { ("[", "]") };
+                let nested = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+                let _ = writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{nested}}}"#);
+                let _ = out.flush();
+                continue;
             }
             "_test/echo" => json!({"line": line}),
             "_test/emit" => {

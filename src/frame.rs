@@ -11,6 +11,8 @@ use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Vis
 use serde_json::Value;
 use sonic_rs::LazyValue;
 
+use crate::json;
+
 /// A method name. Names are short, so they live inline: no allocation per frame.
 pub type Method = CompactString;
 
@@ -72,6 +74,10 @@ pub struct Invalid {
     pub message: String,
     /// The id of the request, when it could still be read.
     pub id: Option<Id>,
+    /// Refused for nesting deeper than [`json::MAX_DEPTH`], not for what it says: handled like an
+    /// over-size frame (a notification is dropped, not answered). `has_method` is then read cheaply.
+    pub too_deep: bool,
+    pub has_method: bool,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -175,8 +181,12 @@ impl Frame {
     }
 
     /// Parses the whole frame. Only layers that look inside a frame pay for this.
-    pub fn value(&self) -> Option<Value> {
-        serde_json::from_slice(self.bytes()).ok()
+    ///
+    /// Reads whatever the frame check accepted (as deep, numbers of any size), so an error is rare (a lone
+    /// UTF-16 surrogate escape, which sonic-rs accepts and serde_json does not) but must not be ignored: a
+    /// layer that must act on a frame it cannot read answers it with [`unreadable`], never passes it on.
+    pub fn value(&self) -> Result<Value, json::Error> {
+        json::from_slice(self.bytes())
     }
 
     /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing). On the per-frame
@@ -365,6 +375,12 @@ fn first_non_space(bytes: &[u8]) -> Option<u8> {
 /// Reads the envelope of one line. The JSON parser (sonic-rs: SIMD skipping of what the envelope does
 /// not need) checks the whole line, UTF-8 included, so nothing invalid is ever passed on.
 fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
+    // Before any recursive parse: a line nested too deep would overflow the stack of the thread reading it.
+    if let Some(at) = json::too_deep(bytes) {
+        let (id, has_method) = sniff(&bytes[..at]);
+        let message = format!("invalid request: {}", json::Error::TooDeep(at));
+        return Err(Invalid { code: -32600, message, id, too_deep: true, has_method });
+    }
     if first_non_space(bytes) == Some(b'[') {
         let items: Vec<IgnoredAny> = sonic_rs::from_slice(bytes).map_err(parse_error)?;
         if items.is_empty() {
@@ -402,11 +418,11 @@ fn parse_error(e: sonic_rs::Error) -> Invalid {
     // The parser's message goes on with an excerpt of the input on further lines: keep the first.
     let e = e.to_string();
     let first = e.lines().next().unwrap_or_default();
-    Invalid { code: -32700, message: format!("parse error: {first}"), id: None }
+    Invalid { code: -32700, message: format!("parse error: {first}"), id: None, too_deep: false, has_method: false }
 }
 
 fn invalid(message: &str, id: Option<Id>) -> Invalid {
-    Invalid { code: -32600, message: format!("invalid request: {message}"), id }
+    Invalid { code: -32600, message: format!("invalid request: {message}"), id, too_deep: false, has_method: false }
 }
 
 #[cfg(test)]
@@ -486,7 +502,9 @@ mod tests {
             Invalid {
                 code: -32600,
                 message: "invalid request: \"jsonrpc\" must be \"2.0\"".into(),
-                id: Some(Id::from_json("1"))
+                id: Some(Id::from_json("1")),
+                too_deep: false,
+                has_method: false,
             }
         );
         assert_eq!(kind(r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#).unwrap_err().code, -32600);

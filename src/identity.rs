@@ -46,8 +46,9 @@ impl Layer for Identity {
         if !self.initialize.remove(id) {
             return cx.to_client(frame);
         }
-        let Some(mut value) = frame.value() else {
-            return cx.to_client(frame);
+        let mut value = match frame.value() {
+            Ok(value) => value,
+            Err(e) => return cx.unreadable(frame, &e, false),
         };
         let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
             return cx.to_client(frame);

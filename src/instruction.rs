@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Value, json};
 
 use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::json;
 use crate::layer::{Cx, Layer};
 
 /// Opening and closing marker lines around the injected block.
@@ -146,8 +147,9 @@ impl Instruction {
         let (Some(id), Some(method)) = (frame.id().cloned(), frame.method()) else {
             return cx.to_agent(frame);
         };
-        let Some(mut value) = frame.value() else {
-            return cx.to_agent(frame);
+        let mut value = match frame.value() {
+            Ok(value) => value,
+            Err(e) => return cx.unreadable(frame, &e, true),
         };
         let params = value.get_mut("params").and_then(Value::as_object_mut);
         let Some(params) = params else {
@@ -184,8 +186,9 @@ impl Instruction {
         let Some(id) = frame.id().cloned() else {
             return cx.to_agent(frame);
         };
-        let Some(mut value) = frame.value() else {
-            return cx.to_agent(frame);
+        let mut value = match frame.value() {
+            Ok(value) => value,
+            Err(e) => return cx.unreadable(frame, &e, true),
         };
         let Some(sid) = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned) else {
             return cx.to_agent(frame);
@@ -219,8 +222,9 @@ impl Instruction {
     }
 
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(mut value) = frame.value() else {
-            return cx.to_client(frame);
+        let mut value = match frame.value() {
+            Ok(value) => value,
+            Err(e) => return cx.unreadable(frame, &e, false),
         };
         let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
             return cx.to_client(frame);
@@ -255,20 +259,22 @@ impl Instruction {
         cx.to_client(Frame::from_value(&value));
     }
 
-    fn commands_update(&mut self, frame: &Frame) {
-        let Some(value) = frame.value() else { return };
+    /// Reads a session's command list; an error when the frame cannot be read.
+    fn commands_update(&mut self, frame: &Frame) -> Result<(), json::Error> {
+        let value = frame.value()?;
         let Some(update) = value.pointer("/params/update") else {
-            return;
+            return Ok(());
         };
         if update.get("sessionUpdate").and_then(Value::as_str) != Some("available_commands_update") {
-            return;
+            return Ok(());
         }
         let (Some(sid), Some(commands)) =
             (value.pointer("/params/sessionId").and_then(Value::as_str), update.get("availableCommands"))
         else {
-            return;
+            return Ok(());
         };
         self.sessions.entry(sid.to_owned()).or_default().commands = Some(command_names(commands));
+        Ok(())
     }
 }
 
@@ -329,37 +335,52 @@ impl Layer for Instruction {
                 if self.initialize.remove(&id) {
                     return self.initialized(frame, cx);
                 }
-                if let Some(text) = self.creating.remove(&id)
-                    && let Some(sid) = frame.value().and_then(|v| v.pointer("/result/sessionId").cloned())
-                    && let Some(sid) = sid.as_str()
-                {
-                    self.sessions.entry(sid.to_owned()).or_default().pending = Some(text);
-                }
-                if let Some(sid) = self.carrying.remove(&id)
-                    && let Some(s) = self.sessions.get_mut(&sid)
-                {
-                    s.in_flight = false;
-                    // Delivered only when the agent took the prompt; after an error it goes with the next one.
-                    if frame.value().is_some_and(|v| v.get("result").is_some()) {
-                        s.pending = None;
+                let creating = self.creating.remove(&id);
+                let carrying = self.carrying.remove(&id);
+                if creating.is_some() || carrying.is_some() {
+                    let value = match frame.value() {
+                        Ok(value) => value,
+                        Err(e) => {
+                            if let Some(s) = carrying.and_then(|sid| self.sessions.get_mut(&sid)) {
+                                s.in_flight = false;
+                            }
+                            return cx.unreadable(frame, &e, false);
+                        }
+                    };
+                    if let Some(text) = creating
+                        && let Some(sid) = value.pointer("/result/sessionId").and_then(Value::as_str)
+                    {
+                        self.sessions.entry(sid.to_owned()).or_default().pending = Some(text);
+                    }
+                    if let Some(s) = carrying.and_then(|sid| self.sessions.get_mut(&sid)) {
+                        s.in_flight = false;
+                        // Delivered only when the agent took the prompt; after an error it goes with the next one.
+                        if value.get("result").is_some() {
+                            s.pending = None;
+                        }
                     }
                 }
             }
             Kind::Notification { method }
                 if method == "session/update" && frame.session_update() == Some("available_commands_update") =>
             {
-                self.commands_update(&frame);
+                if let Err(e) = self.commands_update(&frame) {
+                    return cx.unreadable(frame, &e, false);
+                }
             }
             _ => {}
         }
         // Echoes of the user's prompt are what must not show the wrapper; the model's own streamed words
         // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
         let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
-        if !streamed
-            && frame.has(&TOKEN)
-            && let Some(mut value) = frame.value()
-            && strip_value(&mut value)
-        {
+        if !streamed && frame.has(&TOKEN) {
+            let mut value = match frame.value() {
+                Ok(value) => value,
+                Err(e) => return cx.unreadable(frame, &e, false),
+            };
+            if !strip_value(&mut value) {
+                return cx.to_client(frame);
+            }
             // No client ever sees the wrapper as user text; a chunk that was only the wrapper goes entirely.
             let update = value.pointer("/params/update");
             let empty_chunk = update.and_then(|u| u.get("sessionUpdate")).and_then(Value::as_str)
@@ -430,7 +451,7 @@ mod tests {
             "prompt":[{"type":"text","text":"hi"}]}})),
             &mut exits,
         );
-        let sent = exits.to_agent.last().and_then(Frame::value).unwrap_or_default();
+        let sent = exits.to_agent.last().and_then(|f| f.value().ok()).unwrap_or_default();
         assert_eq!(
             sent["params"]["prompt"],
             json!([{"type":"text","text":wrap("be brief"),"annotations":{"audience":["assistant"]}},{"type":"text","text":"hi"}])

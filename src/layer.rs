@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use crate::frame::{Frame, Id, Kind};
+use crate::json;
 
 /// Something other than a frame that reaches a layer: a file change, a probe's result, ...
 pub type Event = Box<dyn Any + Send>;
@@ -54,6 +55,32 @@ impl Cx {
     /// Pass a frame on towards the client.
     pub fn to_client(&mut self, frame: Frame) {
         self.out.push(Out::ToClient(frame));
+    }
+
+    /// Handles a frame this layer must act on but cannot read ([`Frame::value`] failed), instead of passing
+    /// it on untouched: a request is answered with an error where it came from, an answer becomes an error
+    /// answer for the same request, a notification is dropped; each with a warning.
+    pub fn unreadable(&mut self, frame: Frame, err: &json::Error, from_client: bool) {
+        let (sender, receiver) = if from_client { ("client", "agent") } else { ("agent", "client") };
+        match frame.kind() {
+            Kind::Request { id, .. } => {
+                tracing::warn!("the {sender} sent a request the shim cannot read ({err}); answered with an error");
+                let msg = format!("invalid request: the shim cannot read it: {err}");
+                let answer = crate::frame::error_response(id, -32600, &msg, None);
+                if from_client { self.to_client(answer) } else { self.to_agent(answer) }
+            }
+            Kind::Response { id } => {
+                tracing::warn!(
+                    "the {sender} sent an answer the shim cannot read ({err}); the {receiver} gets an error"
+                );
+                let msg = format!("the {sender}'s answer was dropped: the shim cannot read it: {err}");
+                let answer = crate::frame::error_response(id, -32603, &msg, None);
+                if from_client { self.to_agent(answer) } else { self.to_client(answer) }
+            }
+            Kind::Notification { .. } | Kind::Batch => {
+                tracing::warn!("the {sender} sent a notification the shim cannot read ({err}); dropped");
+            }
+        }
     }
 
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's

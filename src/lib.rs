@@ -13,6 +13,7 @@ pub mod doctor;
 pub mod frame;
 pub mod identity;
 pub mod instruction;
+pub mod json;
 pub mod layer;
 pub mod lines;
 pub mod prompt_mode;

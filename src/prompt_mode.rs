@@ -1018,7 +1018,7 @@ fn spawn_reader(r: ReadHalf<DuplexStream>, max: usize) -> mpsc::Receiver<Value> 
         let mut split = lines::Lines::new(max);
         loop {
             match lines::read_line(&mut r, &mut split).await {
-                Ok(Some(Line::Text(bytes))) => match serde_json::from_slice::<Value>(&bytes) {
+                Ok(Some(Line::Text(bytes))) => match crate::json::from_slice::<Value>(&bytes) {
                     Ok(v) => {
                         if tx.send(v).await.is_err() {
                             break;

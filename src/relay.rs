@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::child::{self, Agent};
 use crate::frame::{self, Frame, Id, Invalid, Kind};
+use crate::json;
 use crate::layer::{Event, Exits, Stack};
 use crate::lines::{self, Line};
 use crate::trace::{Dir, Trace};
@@ -35,9 +36,12 @@ enum Input {
         line: Bytes,
         err: Invalid,
     },
-    TooLong {
-        head: Vec<u8>,
-        len: usize,
+    /// Refused for its size or its nesting (not for what it says): its id and whether it has a method,
+    /// read cheaply, and why, for the warning and the error answer.
+    Refused {
+        id: Option<Id>,
+        has_method: bool,
+        why: String,
     },
 }
 
@@ -50,9 +54,16 @@ fn to_input(line: Line) -> Input {
     match line {
         Line::Text(wire) => match Frame::parse_wire(wire) {
             Ok(frame) => Input::Frame(frame),
+            Err((line, err)) if err.too_deep => {
+                let why = format!("of {} bytes nested deeper than {} levels", line.len() - 1, json::MAX_DEPTH);
+                Input::Refused { id: err.id, has_method: err.has_method, why }
+            }
             Err((line, err)) => Input::Invalid { line: line.slice(..line.len() - 1), err },
         },
-        Line::TooLong { head, len } => Input::TooLong { head, len },
+        Line::TooLong { head, len } => {
+            let (id, has_method) = frame::sniff(&head);
+            Input::Refused { id, has_method, why: format!("of {len} bytes, over the size limit") }
+        }
     }
 }
 
@@ -246,11 +257,10 @@ impl Loop {
                 let id = err.id.clone().unwrap_or_else(Id::null);
                 self.send_client(frame::error_response(&id, err.code, &err.message, None));
             }
-            Input::TooLong { head, len } => {
-                let (id, is_request) = frame::sniff(&head);
-                tracing::warn!("client sent a frame of {len} bytes, over the limit; dropped");
-                if let (Some(id), true) = (id, is_request) {
-                    let msg = format!("message of {len} bytes is over the size limit");
+            Input::Refused { id, has_method, why } => {
+                tracing::warn!("client sent a frame {why}; dropped");
+                if let (Some(id), true) = (id, has_method) {
+                    let msg = format!("invalid request: message {why}");
                     self.send_client(frame::error_response(&id, -32600, &msg, None));
                 }
             }
@@ -280,13 +290,12 @@ impl Loop {
                     excerpt(&line)
                 );
             }
-            Input::TooLong { head, len } => {
-                let (id, is_request) = frame::sniff(&head);
-                let msg = format!("message of {len} bytes is over the size limit");
-                tracing::warn!("agent sent a frame of {len} bytes, over the limit; dropped");
-                match (id, is_request) {
+            Input::Refused { id, has_method, why } => {
+                let msg = format!("message {why}");
+                tracing::warn!("agent sent a frame {why}; dropped");
+                match (id, has_method) {
                     (Some(id), true) => {
-                        let f = frame::error_response(&id, -32600, &msg, None);
+                        let f = frame::error_response(&id, -32600, &format!("invalid request: {msg}"), None);
                         if let Some(t) = &mut self.trace {
                             t.frame(Dir::ShimToAgent, f.bytes(), true);
                         }

@@ -158,7 +158,7 @@ pub fn parse_records(text: &str) -> Result<Vec<Record>, String> {
         if line.trim().is_empty() {
             continue;
         }
-        let raw: RawRecord = serde_json::from_str(line).map_err(|e| format!("line {lineno}: not a record: {e}"))?;
+        let raw: RawRecord = crate::json::from_str(line).map_err(|e| format!("line {lineno}: not a record: {e}"))?;
         let edge = Edge::parse(&raw.dir).ok_or_else(|| format!("line {lineno}: unknown \"dir\" {:?}", raw.dir))?;
         let t = match (raw.t, raw.ts.as_deref()) {
             (Some(t), _) => Some(t),
@@ -679,7 +679,7 @@ impl Script {
 
     /// Takes a frame from the peer; an error says how it differs from the recording.
     pub fn received(&mut self, line: &str) -> Result<(), Box<Mismatch>> {
-        let got: Option<Value> = serde_json::from_str(line).ok();
+        let got: Option<Value> = crate::json::from_str(line).ok();
         if self.pending.is_empty() {
             // Called without an Expect step: only after the end is a frame unexpected by construction.
             return Err(Box::new(Mismatch {
@@ -694,7 +694,7 @@ impl Script {
         for (k, &i) in self.pending.iter().enumerate() {
             let r = &self.records[i];
             let ok = match (&r.body, &got) {
-                (Body::Frame(text), Some(got)) => match serde_json::from_str::<Value>(text) {
+                (Body::Frame(text), Some(got)) => match crate::json::from_str::<Value>(text) {
                     Ok(expected) => match match_value(&expected, got, &mut self.bindings) {
                         Ok(()) => true,
                         Err(d) => {
@@ -907,7 +907,7 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            serde_json::from_str::<Value>(l)
+            crate::json::from_str::<Value>(l)
                 .ok()
                 .and_then(|v| v.get("ts").and_then(Value::as_str).map(str::to_owned))
                 .and_then(|ts| humantime::parse_rfc3339_weak(&ts).ok())
@@ -920,7 +920,7 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
             continue;
         }
         let f: FileLogLine =
-            serde_json::from_str(line).map_err(|e| format!("file log line {}: not a record: {e}", i + 1))?;
+            crate::json::from_str(line).map_err(|e| format!("file log line {}: not a record: {e}", i + 1))?;
         let ts = humantime::parse_rfc3339_weak(&f.ts)
             .map_err(|e| format!("file log line {}: bad \"ts\" {:?}: {e}", i + 1, f.ts))?;
         if ["/.index-dirty/", "/logs/", ".tmp."].iter().any(|s| f.op.path.contains(s)) {
@@ -971,7 +971,7 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
         r.body = match std::mem::replace(&mut r.body, Body::Line(String::new())) {
             Body::Frame(text) => {
                 let norm = n.apply(&text);
-                if serde_json::from_str::<Value>(&norm).is_err() {
+                if crate::json::from_str::<Value>(&norm).is_err() {
                     return Err(format!("record {}: the frame is no longer JSON after normalising", i + 1));
                 }
                 Body::Frame(norm)

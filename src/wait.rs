@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use crate::frame::{self, Frame};
+use crate::layer::Cx;
 
 pub const METHOD: &str = "_coda/wait";
 pub const STOP_METHOD: &str = "_coda/wait/stop";
@@ -102,13 +103,16 @@ pub fn client_declares_waits(initialize_params: &Value) -> bool {
 }
 
 /// Adds `agentCapabilities._meta.coda.waits: {}` to an `initialize` result, keeping everything else.
-/// The agent's `initialize` answer with `agentCapabilities._meta.coda.waits: {}` declared; the frame
-/// as it came when it is not an answer with a result.
-pub fn declare_waits_in(answer: Frame) -> Frame {
-    let Some(mut v) = answer.value() else { return answer };
-    let Some(result) = v.get_mut("result") else { return answer };
+/// Sends the client the agent's `initialize` answer with `agentCapabilities._meta.coda.waits: {}`
+/// declared; the frame as it came when it is not an answer with a result.
+pub fn declare_waits_in(answer: Frame, cx: &mut Cx) {
+    let mut v = match answer.value() {
+        Ok(v) => v,
+        Err(e) => return cx.unreadable(answer, &e, false),
+    };
+    let Some(result) = v.get_mut("result") else { return cx.to_client(answer) };
     declare_waits(result);
-    Frame::from_value(&v)
+    cx.to_client(Frame::from_value(&v))
 }
 
 pub fn declare_waits(result: &mut Value) {

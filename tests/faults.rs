@@ -35,7 +35,11 @@ fn over_size_request_gets_an_error_and_over_size_notification_a_warning() {
     s.send_json(&json!({"jsonrpc": "2.0", "method": "_x/note", "params": {"s": big}}));
     let (seen, _) = s.request(6, "_test/seen", json!({}));
     assert_eq!(seen["result"]["methods"], json!(["_test/seen"]), "neither over-size frame was forwarded");
-    assert!(s.drain_stderr().iter().any(|l| l.contains("2") && l.contains("over the limit")), "{:?}", s.stderr_lines);
+    assert!(
+        s.drain_stderr().iter().any(|l| l.contains("2") && l.contains("over the size limit")),
+        "{:?}",
+        s.stderr_lines
+    );
 }
 
 #[test]

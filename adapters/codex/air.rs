@@ -101,7 +101,10 @@ impl Air {
     fn client_initialize(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
         self.initialize.insert(id);
-        let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+        let mut value = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, true),
+        };
         self.client_waits = value.get("params").is_some_and(wait::client_declares_waits);
         let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
             return cx.to_agent(frame);
@@ -125,7 +128,10 @@ impl Air {
     }
 
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(mut value) = frame.value() else { return cx.to_client(frame) };
+        let mut value = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, false),
+        };
         let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
             return cx.to_client(frame);
         };
@@ -164,7 +170,10 @@ impl Air {
     }
 
     fn steering(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+        let mut value = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, true),
+        };
         let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
             return cx.to_agent(frame);
         };
@@ -190,7 +199,10 @@ impl Air {
 
     fn stop(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(id) = frame.id().cloned() else { return };
-        let params = frame.value().and_then(|v| v.get("params").cloned()).unwrap_or(Value::Null);
+        let params = match frame.value() {
+            Ok(v) => v.get("params").cloned().unwrap_or(Value::Null),
+            Err(e) => return cx.unreadable(frame, &e, true),
+        };
         let (Some(session), Some(wait_id)) =
             (params.get("sessionId").and_then(Value::as_str), params.get("waitId").and_then(Value::as_str))
         else {
@@ -335,7 +347,10 @@ impl Air {
         if !air && !frame.has(&GENERATION_ID) {
             return cx.to_client(frame);
         }
-        let Some(mut value) = frame.value() else { return cx.to_client(frame) };
+        let mut value = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, false),
+        };
         let sid = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         if air
             && let (Some(sid), Some(update)) = (&sid, value.pointer("/params/update"))
@@ -382,7 +397,10 @@ impl Layer for Air {
             "_coda/wait/stop" => self.stop(frame, cx),
             "_session/steering" => self.steering(frame, cx),
             _ if self.subagents.values().any(|s| s.current.contains(GENERATION)) => {
-                let Some(mut value) = frame.value() else { return cx.to_agent(frame) };
+                let mut value = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, true),
+                };
                 let changed = value.get_mut("params").and_then(Value::as_object_mut).is_some_and(|p| self.address(p));
                 if changed { cx.to_agent(Frame::from_value(&value)) } else { cx.to_agent(frame) }
             }
@@ -416,7 +434,7 @@ impl Layer for Air {
     }
 
     fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
-        let value = reply.value();
+        let value = reply.value().ok();
         match value.as_ref().and_then(|v| v.pointer("/result/stopped")).and_then(Value::as_bool) {
             Some(true) => tracing::debug!("codex-acp is stopping the background command"),
             _ => tracing::warn!(

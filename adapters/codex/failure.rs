@@ -163,7 +163,11 @@ impl Layer for Failure {
             return cx.to_client(frame);
         }
         let id = id.clone();
-        match frame.value().and_then(|v| translate(&id, &v)) {
+        let v = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, false),
+        };
+        match translate(&id, &v) {
             Some(error) => cx.to_client(error),
             None => cx.to_client(frame),
         }
@@ -205,7 +209,7 @@ mod tests {
     }
 
     fn error_of(frame: &Frame) -> Value {
-        frame.value().and_then(|v| v.get("error").cloned()).unwrap_or(Value::Null)
+        frame.value().ok().and_then(|v| v.get("error").cloned()).unwrap_or(Value::Null)
     }
 
     #[test]

@@ -281,8 +281,11 @@ impl GrokActivity {
         }
     }
 
-    fn stop(&mut self, id: &Id, frame: &Frame, cx: &mut Cx) {
-        let params = frame.value().and_then(|v| v.get("params").cloned()).unwrap_or(Value::Null);
+    fn stop(&mut self, id: &Id, frame: Frame, cx: &mut Cx) {
+        let params = match frame.value() {
+            Ok(v) => v.get("params").cloned().unwrap_or(Value::Null),
+            Err(e) => return cx.unreadable(frame, &e, true),
+        };
         let (Some(session), Some(wait_id)) = (str_at(&params, "sessionId"), str_at(&params, "waitId")) else {
             let msg = "Invalid params: _coda/wait/stop needs string sessionId and waitId";
             return cx.to_client(frame::error_response(id, -32602, msg, None));
@@ -309,22 +312,27 @@ impl GrokActivity {
         cx.to_client(frame::result_response(id, json!({})));
     }
 
-    /// Renames a continued subagent's Grok session to the one Coda knows, in `params.sessionId`.
-    fn rename(&self, frame: Frame, to_visible: bool) -> Frame {
+    /// Renames a continued subagent's Grok session to the one Coda knows, in `params.sessionId`, and
+    /// passes the frame on (towards the client when `to_visible`).
+    fn rename(&self, frame: Frame, to_visible: bool, cx: &mut Cx) {
+        let pass = |cx: &mut Cx, f: Frame| if to_visible { cx.to_client(f) } else { cx.to_agent(f) };
         // Parse only a frame that names a session to rename (a byte search is far cheaper than a parse).
         let map = if to_visible { &self.alias } else { &self.current };
         if !map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes())) {
-            return frame;
+            return pass(cx, frame);
         }
-        let Some(mut v) = frame.value() else { return frame };
-        let Some(Value::String(sid)) = v.pointer_mut("/params/sessionId") else { return frame };
+        let mut v = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, !to_visible),
+        };
+        let Some(Value::String(sid)) = v.pointer_mut("/params/sessionId") else { return pass(cx, frame) };
         let renamed = if to_visible { self.alias.get(sid.as_str()) } else { self.current.get(sid.as_str()) }.cloned();
         match renamed {
             Some(new) => {
                 *sid = new;
-                Frame::from_value(&v)
+                pass(cx, Frame::from_value(&v))
             }
-            None => frame,
+            None => pass(cx, frame),
         }
     }
 }
@@ -333,32 +341,28 @@ impl Layer for GrokActivity {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if let Kind::Request { id, method } = frame.kind() {
             match method.as_str() {
-                "initialize" => {
-                    self.waits = frame
-                        .value()
-                        .and_then(|v| v.get("params").cloned())
-                        .is_some_and(|p| wait::client_declares_waits(&p));
-                    self.initialize.insert(id.clone());
-                }
-                "session/load" | "session/resume" => {
-                    if let Some(sid) = frame.value().and_then(|v| v.pointer("/params/sessionId").cloned())
-                        && let Some(sid) = sid.as_str()
-                    {
+                "initialize" | "session/load" | "session/resume" => {
+                    let v = match frame.value() {
+                        Ok(v) => v,
+                        Err(e) => return cx.unreadable(frame, &e, true),
+                    };
+                    if method == "initialize" {
+                        self.waits = v.get("params").is_some_and(wait::client_declares_waits);
+                        self.initialize.insert(id.clone());
+                    } else if let Some(sid) = v.pointer("/params/sessionId").and_then(Value::as_str) {
                         self.loading.insert(id.clone(), sid.to_owned());
                     }
                 }
                 wait::STOP_METHOD => {
                     let id = id.clone();
-                    return self.stop(&id, &frame, cx);
+                    return self.stop(&id, frame, cx);
                 }
                 _ => {}
             }
         }
-        let frame = if matches!(frame.method(), Some("session/cancel" | "session/prompt")) {
-            self.rename(frame, false)
-        } else {
-            frame
-        };
+        if matches!(frame.method(), Some("session/cancel" | "session/prompt")) {
+            return self.rename(frame, false, cx);
+        }
         cx.to_agent(frame)
     }
 
@@ -367,12 +371,15 @@ impl Layer for GrokActivity {
             Kind::Response { id } => {
                 self.loading.remove(&id);
                 if self.initialize.remove(&id) {
-                    return cx.to_client(wait::declare_waits_in(frame));
+                    return wait::declare_waits_in(frame, cx);
                 }
                 cx.to_client(frame)
             }
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
-                let Some(v) = frame.value() else { return cx.to_client(frame) };
+                let v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, false),
+                };
                 cx.to_client(frame);
                 let params = v.get("params").unwrap_or(&Value::Null);
                 let Some(session) = str_at(params, "sessionId") else { return };
@@ -393,25 +400,27 @@ impl Layer for GrokActivity {
                     Some("tool_call_update") => self.spawn_calls.values().any(|c| !c.is_empty()),
                     _ => false,
                 };
-                if interesting
-                    && let Some(v) = frame.value()
-                    && let (Some(sid), Some(u)) =
+                if interesting {
+                    let v = match frame.value() {
+                        Ok(v) => v,
+                        Err(e) => return cx.unreadable(frame, &e, false),
+                    };
+                    if let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-                    && !self.is_loading(sid)
-                {
-                    self.tool_update(sid, u);
+                        && !self.is_loading(sid)
+                    {
+                        self.tool_update(sid, u);
+                    }
                 }
-                cx.to_client(self.rename(frame, true))
+                self.rename(frame, true, cx)
             }
-            Kind::Request { method, .. } if method == "session/request_permission" => {
-                cx.to_client(self.rename(frame, true))
-            }
+            Kind::Request { method, .. } if method == "session/request_permission" => self.rename(frame, true, cx),
             _ => cx.to_client(frame),
         }
     }
 
     fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
-        if let Some(err) = reply.value().and_then(|v| v.get("error").cloned()) {
+        if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
             tracing::warn!("Grok refused to stop an activity: {err}");
         }
     }

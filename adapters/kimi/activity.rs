@@ -314,20 +314,30 @@ impl Layer for Activity {
         match frame.kind().clone() {
             Kind::Request { id, method } => match method.as_str() {
                 "initialize" => {
-                    if let Some(v) = frame.value() {
-                        self.waits = v.get("params").is_some_and(wait::client_declares_waits);
-                    }
+                    let v = match frame.value() {
+                        Ok(v) => v,
+                        Err(e) => return cx.unreadable(frame, &e, true),
+                    };
+                    self.waits = v.get("params").is_some_and(wait::client_declares_waits);
                     self.initialize.insert(id);
                 }
                 "session/new" => {
                     self.setup.insert(id, (None, SystemTime::now()));
                 }
                 "session/load" | "session/resume" => {
-                    let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
+                    let v = match frame.value() {
+                        Ok(v) => v,
+                        Err(e) => return cx.unreadable(frame, &e, true),
+                    };
+                    let sid = param_str(&v, "sessionId").map(str::to_owned);
                     self.setup.insert(id, (sid, SystemTime::now()));
                 }
                 "session/prompt" => {
-                    let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
+                    let v = match frame.value() {
+                        Ok(v) => v,
+                        Err(e) => return cx.unreadable(frame, &e, true),
+                    };
+                    let sid = param_str(&v, "sessionId").map(str::to_owned);
                     if let Some(sid) = &sid {
                         self.prompts.insert(id.clone(), sid.clone());
                     }
@@ -348,7 +358,11 @@ impl Layer for Activity {
             },
             Kind::Notification { method } if method == "session/cancel" => {
                 // A held prompt is Coda's turn: stopping it answers it; Kimi never saw it.
-                let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
+                let v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, true),
+                };
+                let sid = param_str(&v, "sessionId").map(str::to_owned);
                 if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
                     && !s.held.is_empty()
                 {
@@ -371,7 +385,7 @@ impl Layer for Activity {
             return cx.to_client(frame);
         };
         if self.initialize.remove(id) {
-            return cx.to_client(wait::declare_waits_in(frame));
+            return wait::declare_waits_in(frame, cx);
         }
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
@@ -382,10 +396,12 @@ impl Layer for Activity {
             return;
         }
         if let Some((asked, seen)) = self.setup.remove(id) {
-            let v = frame.value();
-            let ok = v.as_ref().is_some_and(|v| v.get("result").is_some());
-            let sid =
-                v.as_ref().and_then(|v| v.pointer("/result/sessionId")).and_then(Value::as_str).map(str::to_owned);
+            let v = match frame.value() {
+                Ok(v) => v,
+                Err(e) => return cx.unreadable(frame, &e, false),
+            };
+            let ok = v.get("result").is_some();
+            let sid = v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
             cx.to_client(frame);
             if ok && let Some(sid) = sid.or(asked) {
                 self.open_session(&sid, seen, cx);

@@ -126,7 +126,7 @@ impl TaskInfo {
 
     /// Parses a `tasks/<taskId>.json` file.
     pub fn parse_file(bytes: &[u8]) -> Option<TaskInfo> {
-        TaskInfo::from_value(&serde_json::from_slice(bytes).ok()?)
+        TaskInfo::from_value(&coda_shim::json::from_slice(bytes).ok()?)
     }
 }
 
@@ -148,7 +148,7 @@ fn turn_number(v: Option<&Value>) -> Option<i64> {
 
 /// Parses one line. `Err` says why it is not a wire record.
 pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let v: Value = coda_shim::json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
     let Some(ty) = v.get("type").and_then(Value::as_str) else {
         return Err("no \"type\"".into());
     };
@@ -321,6 +321,17 @@ mod tests {
         assert_eq!(e.record, Record::Other);
         assert!(parse_line(b"{not json").is_err());
         assert!(parse_line(br#"{"type":"turn.ended","agentId":"main"}"#).is_err());
+    }
+
+    #[test]
+    fn nesting_is_bounded_like_a_frame() {
+        // A tool's deep JSON output in a record: read up to the shim's limit, refused past it, never a crash.
+        let deep = |n: usize| {
+            format!(r#"{{"type":"x.other","agentId":"main","out":{}1{},"time":1}}"#, "[".repeat(n), "]".repeat(n))
+        };
+        assert!(parse_line(deep(900).as_bytes()).err().is_none_or(|e| !e.contains("deeper")));
+        let err = parse_line(deep(20_000).as_bytes()).unwrap_err();
+        assert!(err.contains("deeper than 1000 levels"), "{err}");
     }
 
     #[test]

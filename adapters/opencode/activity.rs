@@ -655,7 +655,14 @@ impl Layer for OpenCodeActivity {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind().clone() {
             Kind::Request { id, method } => {
-                let v = frame.value();
+                let acts = matches!(
+                    method.as_str(),
+                    "initialize" | "session/new" | "session/load" | "session/resume" | "session/prompt"
+                );
+                let v = match acts.then(|| frame.value()).transpose() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, true),
+                };
                 let param = |k: &str| v.as_ref().and_then(|v| v.get("params")).and_then(|p| str_at(p, k));
                 match method.as_str() {
                     "initialize" => {
@@ -690,14 +697,19 @@ impl Layer for OpenCodeActivity {
             Kind::Response { id } => {
                 if let Some(own) = id.to_value().as_str().filter(|s| s.starts_with(ASK_ID)) {
                     let own = own.to_owned();
-                    let answer = frame.value().unwrap_or(Value::Null);
+                    let answer = frame.value().unwrap_or_else(|e| {
+                        tracing::warn!("cannot read the client's answer to a permission request ({e}); taken as none");
+                        Value::Null
+                    });
                     return self.asked_answered(&own, &answer, cx);
                 }
             }
             Kind::Notification { method } if method == "session/cancel" => {
-                if let Some(sid) = frame.value().and_then(|v| v.pointer("/params/sessionId").cloned())
-                    && let Some(sid) = sid.as_str()
-                {
+                let v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, true),
+                };
+                if let Some(sid) = v.pointer("/params/sessionId").and_then(Value::as_str) {
                     self.settle(sid, cx);
                 }
             }
@@ -719,7 +731,10 @@ impl Layer for OpenCodeActivity {
                 }
                 self.loading.remove(&id);
                 if let Some((asked, cwd)) = self.setup.remove(&id) {
-                    let sid = frame.value().and_then(|v| v.pointer("/result/sessionId").cloned());
+                    let sid = match frame.value() {
+                        Ok(v) => v.pointer("/result/sessionId").cloned(),
+                        Err(e) => return cx.unreadable(frame, &e, false),
+                    };
                     if let Some(sid) = sid.as_ref().and_then(Value::as_str).map(str::to_owned).or(asked) {
                         self.cwd.insert(sid, cwd);
                     }
@@ -728,14 +743,17 @@ impl Layer for OpenCodeActivity {
                     if let Some(start) = self.start_reader.take() {
                         start();
                     }
-                    return cx.to_client(wait::declare_waits_in(frame));
+                    return wait::declare_waits_in(frame, cx);
                 }
                 cx.to_client(frame)
             }
             Kind::Request { id, method } if method == "session/request_permission" => {
                 let id = id.clone();
-                let v = frame.value();
-                let at = |p: &str| v.as_ref().and_then(|v| v.pointer(p)).and_then(Value::as_str).map(str::to_owned);
+                let v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, false),
+                };
+                let at = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_owned);
                 if let (Some(session), Some(call)) = (at("/params/sessionId"), at("/params/toolCall/toolCallId")) {
                     let key = (session, call);
                     if let Some(result) = self.answered.get(&key) {
@@ -760,9 +778,11 @@ impl Layer for OpenCodeActivity {
                 if !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update")) {
                     return cx.to_client(frame);
                 }
-                let v = frame.value();
+                let v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, false),
+                };
                 cx.to_client(frame);
-                let Some(v) = v else { return };
                 let (Some(sid), Some(u)) =
                     (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
                 else {
@@ -785,7 +805,7 @@ impl Layer for OpenCodeActivity {
 
     fn on_reply(&mut self, tag: u64, reply: Frame, _cx: &mut Cx) {
         let Some(child) = self.resuming.remove(&tag) else { return };
-        if let Some(err) = reply.value().and_then(|v| v.get("error").cloned()) {
+        if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
             tracing::warn!("OpenCode did not resume subagent session {child} (its output stays hidden): {err}");
             self.unreachable.insert(child.clone());
         } else {

@@ -194,7 +194,7 @@ fn stream_events(server: &Server, reducer: &mut Reducer, send: &impl Fn(FromServ
             }
             data.push_str(d.strip_prefix(' ').unwrap_or(d));
         } else if l.is_empty() && !data.is_empty() {
-            let event = serde_json::from_str::<Value>(&data).ok().and_then(|v| reducer.reduce(&v));
+            let event = coda_shim::json::from_str::<Value>(&data).ok().and_then(|v| reducer.reduce(&v));
             data.clear();
             if let Some(e) = event
                 && !send(FromServer::Event(e))
@@ -278,7 +278,7 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                 if line.trim().is_empty() {
                     continue;
                 }
-                match serde_json::from_str::<ServerEvent>(&line) {
+                match coda_shim::json::from_str::<ServerEvent>(&line) {
                     Ok(e) => {
                         if !send(FromServer::Event(e)) {
                             return;

@@ -176,7 +176,7 @@ impl Shim {
 
     pub fn recv_json(&mut self) -> Value {
         let line = self.recv();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("shim wrote a line that is not JSON ({e}): {line}"))
+        coda_shim::json::from_str(&line).unwrap_or_else(|e| panic!("shim wrote a line that is not JSON ({e}): {line}"))
     }
 
     /// Everything the shim writes until its stdout closes.
@@ -234,5 +234,5 @@ pub fn received_prompt(before: &[Value]) -> Value {
         .find(|v| v.pointer("/params/update/sessionUpdate").and_then(Value::as_str) == Some("agent_message_chunk"))
         .expect("the agent reported the prompt it received");
     let report = chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text");
-    serde_json::from_str(&report.replace("&lt;", "<")).expect("json")
+    coda_shim::json::from_str(&report.replace("&lt;", "<")).expect("json")
 }

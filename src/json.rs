@@ -1,0 +1,169 @@
+//! Reading JSON that a peer or a file supplied, with one bound on nesting for the whole shim.
+//!
+//! The parsers (sonic-rs for the envelope, serde_json for layers, files and records) recurse once per
+//! array or object level, and so do dropping and serialising a `serde_json::Value`. A line far under the
+//! size limit (20 KB of `[`) would overflow a thread's stack and abort the process, so every line is
+//! measured here before any recursive parser sees it. [`MAX_DEPTH`] levels fit a 2 MiB thread stack
+//! (a tokio worker's) several times over; README's "Command line and environment" says the limit.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+
+/// Deepest nesting of arrays and objects accepted anywhere: far above any real ACP frame (a tool's JSON
+/// output a few dozen levels deep), and a few hundred KiB of stack for the deepest recursion (serde_json's
+/// parse, about 350 bytes per level in a release build).
+pub const MAX_DEPTH: usize = 1000;
+
+/// Why JSON text could not be read.
+#[derive(Debug)]
+pub enum Error {
+    /// Nested deeper than [`MAX_DEPTH`]: at this byte the limit was passed.
+    TooDeep(usize),
+    Json(serde_json::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::TooDeep(_) => write!(f, "nested deeper than {MAX_DEPTH} levels"),
+            Error::Json(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Where `text` (JSON, or anything) first nests deeper than [`MAX_DEPTH`] arrays and objects, brackets in
+/// strings not counted; `None` when it does not. Invalid JSON is measured as far as it looks like JSON: a
+/// parser stops at the first invalid byte, so it never nests deeper than counted here.
+///
+/// On the per-frame path: a line shorter than the limit, or with fewer opening brackets than it (one
+/// vectorised count), is not walked at all.
+pub fn too_deep(text: &[u8]) -> Option<usize> {
+    if text.len() <= MAX_DEPTH || count_openings(text) <= MAX_DEPTH {
+        return None;
+    }
+    deepest(text)
+}
+
+/// `[` and `{` anywhere in `text`: an upper bound of its nesting. Counted in byte-sized lanes, which the
+/// compiler turns into SIMD compares.
+fn count_openings(text: &[u8]) -> usize {
+    text.chunks(255)
+        .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, &b| n + u8::from((b == b'[') | (b == b'{')))))
+        .sum()
+}
+
+/// The exact walk: depth outside strings; a string is skipped by searching for its closing quote (one not
+/// preceded by an odd run of backslashes).
+fn deepest(text: &[u8]) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'"' => loop {
+                i += 1;
+                i += memchr::memchr(b'"', text.get(i..)?)?;
+                let backslashes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                if backslashes % 2 == 0 {
+                    break;
+                }
+            },
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Some(i);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Parses JSON from a peer or a file into `T` (a `serde_json::Value` most often): at most [`MAX_DEPTH`]
+/// deep, numbers kept with all their digits (serde_json's `arbitrary_precision`).
+pub fn from_slice<T: DeserializeOwned>(text: &[u8]) -> Result<T, Error> {
+    if let Some(at) = too_deep(text) {
+        return Err(Error::TooDeep(at));
+    }
+    let mut de = serde_json::Deserializer::from_slice(text);
+    // Bounded above instead: serde_json's own limit (128) would refuse what the frame check accepted.
+    de.disable_recursion_limit();
+    let value = T::deserialize(&mut de).map_err(Error::Json)?;
+    de.end().map_err(Error::Json)?;
+    Ok(value)
+}
+
+/// [`from_slice`] for text.
+pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
+    from_slice(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn nest(levels: usize) -> String {
+        let odd = levels % 2;
+        format!("{}{}1{}{}", "[".repeat(odd), "[{\"a\":".repeat(levels / 2), "}]".repeat(levels / 2), "]".repeat(odd))
+    }
+
+    #[test]
+    fn measures_nesting_outside_strings() {
+        assert_eq!(too_deep(nest(MAX_DEPTH).as_bytes()), None);
+        let over = nest(MAX_DEPTH + 2);
+        // The 1001st opening bracket: the '[' of the 501st `[{"a":`.
+        assert_eq!(too_deep(over.as_bytes()), Some(6 * 500));
+        // Unclosed counts too (a parser recurses before it finds the end missing).
+        assert!(too_deep("[".repeat(20_000).as_bytes()).is_some());
+        assert!(too_deep("{\"a\":".repeat(20_000).as_bytes()).is_some());
+        // Brackets in strings, escaped quotes included, are text.
+        let in_string = format!("[\"\\\"{}\\\\\",1]", "[".repeat(5000));
+        assert_eq!(too_deep(in_string.as_bytes()), None);
+        let after_string = format!("[\"\\\\\"{}", "[".repeat(5000));
+        assert!(too_deep(after_string.as_bytes()).is_some());
+        // An unterminated string ends the walk: nothing after it can be parsed.
+        assert_eq!(too_deep(format!("[\"{}", "[".repeat(5000)).as_bytes()), None);
+        assert_eq!(too_deep(format!("{}\"{}\\", "[".repeat(10), "[".repeat(1000)).as_bytes()), None);
+    }
+
+    #[test]
+    fn parses_up_to_the_limit_and_refuses_beyond() {
+        let v: Value = from_str(&nest(MAX_DEPTH)).expect("at the limit");
+        assert!(v.is_array());
+        assert!(matches!(from_str::<Value>(&nest(MAX_DEPTH + 2)), Err(Error::TooDeep(_))));
+        assert!(matches!(from_str::<Value>("[1] x"), Err(Error::Json(_))));
+    }
+
+    #[test]
+    fn numbers_keep_their_digits() {
+        let text = r#"[1e400,-0,1.50,123456789012345678901234567890,1e-7]"#;
+        let v: Value = from_str(text).unwrap();
+        // serde_json writes an exponent with its sign: 1e400 comes out as 1e+400, the same number.
+        assert_eq!(v.to_string(), r#"[1e+400,-0,1.50,123456789012345678901234567890,1e-7]"#);
+    }
+
+    /// Parsing, serialising and dropping a value at the limit fit the 2 MiB stack of a tokio worker,
+    /// as does the envelope check of a frame that deep.
+    #[test]
+    fn a_value_at_the_limit_fits_a_worker_stack() {
+        let text = format!(r#"{{"jsonrpc":"2.0","method":"m","params":{}}}"#, nest(MAX_DEPTH - 1));
+        let done = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let frame = crate::frame::Frame::parse(text.clone().into_bytes()).expect("a frame at the limit");
+                let v: Value = frame.value().expect("readable");
+                let again = serde_json::to_string(&v).unwrap();
+                drop(v);
+                again == text
+            })
+            .unwrap()
+            .join();
+        assert!(matches!(done, Ok(true)));
+    }
+}
