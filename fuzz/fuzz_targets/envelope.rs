@@ -6,14 +6,15 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
 fuzz_target!(|data: &[u8]| {
-    let full = serde_json::from_slice::<Value>(data);
+    // With the shim's own bound on nesting, as a layer reads a frame.
+    let full = coda_shim::json::from_slice::<Value>(data);
     match Frame::parse(data.to_vec()) {
         Ok(frame) => {
             let v = match full {
                 Ok(v) => v,
-                // Valid JSON that serde_json's Value cannot hold (a number beyond f64, e.g. 1e400):
-                // the envelope rightly accepts it and passes it on as it came.
-                Err(e) if e.to_string().starts_with("number out of range") => return,
+                // A lone UTF-16 surrogate escape: sonic-rs takes it, serde_json does not; a layer that
+                // must act on such a frame answers it with an error (Cx::unreadable).
+                Err(e) if e.to_string().contains("surrogate") || e.to_string().contains("hex escape") => return,
                 Err(e) => panic!("the envelope accepted what is not JSON: {e}"),
             };
             assert_eq!(frame.bytes(), data, "bytes are kept as they came");

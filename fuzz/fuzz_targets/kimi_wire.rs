@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     for piece in input.chunks(usize::from(cut % 13) + 1) {
         for line in lines.push(piece) {
             if wire::parse_line(&line).is_ok() {
-                assert!(serde_json::from_slice::<serde_json::Value>(&line).is_ok_and(|v| v.is_object()));
+                assert!(coda_shim::json::from_slice::<serde_json::Value>(&line).is_ok_and(|v| v.is_object()));
             }
         }
     }
