@@ -47,8 +47,8 @@ pub fn too_deep(text: &[u8]) -> Option<usize> {
     deepest(text)
 }
 
-/// `[` and `{` anywhere in `text`: an upper bound of its nesting. Counted in byte-sized lanes, which the
-/// compiler turns into SIMD compares.
+/// `[` and `{` anywhere in `text`: an upper bound of its nesting. Counted in byte-sized lanes so that the
+/// loop can be vectorised (a few per cent of the envelope parse in a release build).
 fn count_openings(text: &[u8]) -> usize {
     text.chunks(255)
         .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, &b| n + u8::from((b == b'[') | (b == b'{')))))
