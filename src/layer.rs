@@ -252,4 +252,19 @@ impl EventSender {
     pub fn send<E: Any + Send>(&self, event: E) -> bool {
         self.tx.send((self.layer, Box::new(event))).is_ok()
     }
+
+    /// Queues `event` once `after` has passed: a timer of the engine's runtime (a task, no thread of its own),
+    /// for layers that need to look again later. Outside a runtime (a layer driven by hand) it is dropped
+    /// with a warning: such a caller hands its events in itself.
+    pub fn send_after<E: Any + Send>(&self, after: std::time::Duration, event: E) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("a layer asked for a timer outside the relay's runtime; it will not fire");
+            return;
+        };
+        let sender = self.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            sender.send(event);
+        });
+    }
 }

@@ -10,6 +10,7 @@
 pub mod adapter;
 pub mod child;
 pub mod doctor;
+pub mod failure;
 pub mod frame;
 pub mod identity;
 pub mod instruction;

@@ -14,6 +14,7 @@ use coda_shim::layer::{Cx, Event, EventSender, Layer};
 use coda_shim::wait;
 use serde_json::{Value, json};
 
+use crate::failure::Failures;
 use crate::translate::Translator;
 use crate::watch::{self, Chunk, Op, Scan};
 use crate::wire::{self, Fed, Feed, KNOWN_PROTOCOLS};
@@ -47,6 +48,8 @@ struct Session {
     answers: Vec<(Frame, Instant)>,
     /// A [`Tick`] is on its way.
     tick_due: bool,
+    /// Failed client turns, answered as Coda's failure kinds.
+    failures: Failures,
     dir: String,
     _handle: Option<watch::Handle>,
 }
@@ -177,7 +180,7 @@ impl Activity {
                 "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
                  {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
             );
-            cx.to_client(a);
+            cx.to_client(s.failures.answer(a));
         }
         self.release(session, cx);
         self.schedule(session);
@@ -256,6 +259,7 @@ impl Activity {
             held: VecDeque::new(),
             answers: Vec::new(),
             tick_due: false,
+            failures: Failures::default(),
             dir: dir.to_owned(),
             _handle: handle,
         };
@@ -278,8 +282,17 @@ impl Activity {
                 _ => {}
             }
         }
+        let mut stop = false;
         for (agent, entry) in wire::merge(lists) {
+            if agent == crate::translate::MAIN && s.failures.record(&entry) {
+                stop = true;
+            }
             s.translator.entry(&agent, entry, &mut out);
+        }
+        if stop {
+            // Kimi's retries would keep the turn open past a minute: stop the run; its end carries the failure.
+            tracing::info!("stopping Kimi's turn in session {session}: its retries would outlast a minute");
+            cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
         }
         s.translator.drained(&mut out);
         for f in out {
@@ -287,7 +300,7 @@ impl Activity {
         }
         if !s.translator.user_turn_open() {
             for (a, _) in std::mem::take(&mut s.answers) {
-                cx.to_client(a);
+                cx.to_client(s.failures.answer(a));
             }
         }
         self.release(session, cx);
@@ -375,11 +388,13 @@ impl Layer for Activity {
         }
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
-            && s.translator.user_turn_open()
         {
-            s.answers.push((frame, Instant::now()));
-            self.schedule(&sid);
-            return;
+            if s.translator.user_turn_open() {
+                s.answers.push((frame, Instant::now()));
+                self.schedule(&sid);
+                return;
+            }
+            return cx.to_client(s.failures.answer(frame));
         }
         if let Some((asked, seen)) = self.setup.remove(id) {
             let v = frame.value();

@@ -19,7 +19,11 @@ pub enum Record {
     TurnEnded {
         turn_id: i64,
         reason: String,
+        /// Why a `failed` turn failed: Kimi's error payload `{code, message, name, details, retryable}`.
+        error: Option<Value>,
     },
+    /// `turn.step.retrying`: Kimi waits `delay_ms` before its next attempt at a step that failed.
+    StepRetrying(Retrying),
     /// A `content.part` of a step: text or thinking.
     Text {
         turn_id: Option<i64>,
@@ -55,6 +59,20 @@ pub enum Record {
     },
     /// Anything else (still carries its time for ordering).
     Other,
+}
+
+/// A `turn.step.retrying` record (kimi.md §3; seen live for HTTP 429 and 5xx answers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retrying {
+    pub turn_id: i64,
+    pub failed_attempt: u64,
+    pub max_attempts: u64,
+    /// The wait Kimi scheduled; never negative or infinite (bad values read as 0).
+    pub delay_ms: u64,
+    /// Kimi's name for the error, e.g. `APIProviderRateLimitError`.
+    pub error_name: String,
+    pub message: String,
+    pub status: Option<u64>,
 }
 
 /// What started a turn (`turn.prompt` `origin`).
@@ -174,7 +192,22 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
         "turn.ended" => Record::TurnEnded {
             turn_id: turn_number(v.get("turnId")).ok_or("turn.ended without turnId")?,
             reason: s(&v, "reason").unwrap_or_default(),
+            error: v.get("error").filter(|e| e.is_object()).cloned(),
         },
+        "turn.step.retrying" => {
+            let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+            // `delayMs` is a float (backoff with jitter); anything not a finite non-negative number counts as 0.
+            let delay = v.get("delayMs").and_then(Value::as_f64).filter(|d| d.is_finite() && *d >= 0.0);
+            Record::StepRetrying(Retrying {
+                turn_id: turn_number(v.get("turnId")).ok_or("turn.step.retrying without turnId")?,
+                failed_attempt: n("failedAttempt"),
+                max_attempts: n("maxAttempts"),
+                delay_ms: delay.map_or(0, |d| d.min(u64::MAX as f64) as u64),
+                error_name: s(&v, "errorName").unwrap_or_default(),
+                message: s(&v, "errorMessage").unwrap_or_default(),
+                status: v.get("statusCode").and_then(Value::as_u64),
+            })
+        }
         "context.append_message" => {
             let o = v.pointer("/message/origin").cloned().unwrap_or(Value::Null);
             Record::Injected {
