@@ -14,6 +14,15 @@ use crate::frame::{self, Frame, Id};
 /// (执行失败 / 服务暂不可用: a wait of over a minute is not waited out silently).
 pub const RETRY_PATIENCE: Duration = Duration::from_secs(60);
 
+/// [`RETRY_PATIENCE`], or `CODA_SHIM_RETRY_PATIENCE_MS` where set (replays of a stopped run use a shorter one,
+/// so they need not wait a real minute).
+pub fn retry_patience() -> Duration {
+    std::env::var("CODA_SHIM_RETRY_PATIENCE_MS")
+        .ok()
+        .and_then(|ms| ms.trim().parse().ok())
+        .map_or(RETRY_PATIENCE, Duration::from_millis)
+}
+
 /// Whether the input of a failed turn reached the native session (`input` of `service_unavailable`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Input {

@@ -7,6 +7,7 @@
 //! prompt only at creation), while an injected block stays in the history.
 
 mod activity;
+mod failure;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +62,8 @@ fn default_command() -> Result<Found, String> {
 
 fn layers(setup: &mut Setup) {
     let probed = setup.version.clone();
+    // Next to Coda, so the layers below see Grok's own answer to a prompt (the instruction counts as delivered).
+    setup.add(|events| Box::new(failure::GrokFailure::new(events)));
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
