@@ -66,6 +66,8 @@ pub struct Activity {
     sessions: HashMap<String, Session>,
     /// Client prompts sent to Kimi: id -> session.
     prompts: HashMap<Id, String>,
+    /// Those of them that are slash commands (Kimi runs them without a turn; see [`Failures`]).
+    commands: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     record: Option<std::fs::File>,
@@ -103,6 +105,7 @@ impl Activity {
             setup: HashMap::new(),
             sessions: HashMap::new(),
             prompts: HashMap::new(),
+            commands: HashSet::new(),
             off: HashSet::new(),
             record: None,
             timer: None,
@@ -180,7 +183,7 @@ impl Activity {
                 "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
                  {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
             );
-            cx.to_client(s.failures.answer(a));
+            cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
         }
         self.release(session, cx);
         self.schedule(session);
@@ -299,8 +302,15 @@ impl Activity {
             cx.to_client(f);
         }
         if !s.translator.user_turn_open() {
-            for (a, _) in std::mem::take(&mut s.answers) {
-                cx.to_client(s.failures.answer(a));
+            let mut held = std::mem::take(&mut s.answers).into_iter();
+            while let Some((a, at)) = held.next() {
+                if pairs(&self.commands, &a) && !s.failures.turn_ended() {
+                    // Its turn's end is not in the wire yet.
+                    s.answers.push((a, at));
+                    s.answers.extend(held);
+                    break;
+                }
+                cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
             }
         }
         self.release(session, cx);
@@ -316,6 +326,21 @@ impl Activity {
             cx.to_agent(p);
         }
     }
+}
+
+/// Whether Kimi's answer `a` pairs with a turn end in the wire: a result to a prompt that is not a slash
+/// command (an error answer means Kimi refused the prompt).
+fn pairs(commands: &HashSet<Id>, a: &Frame) -> bool {
+    a.id().is_some_and(|id| !commands.contains(id)) && a.value().is_some_and(|v| v.get("result").is_some())
+}
+
+/// The answer Coda gets for Kimi's prompt answer `a` once its turn's end is known (or the hold ran out).
+fn answer_of(commands: &mut HashSet<Id>, failures: &mut Failures, a: Frame) -> Frame {
+    let paired = pairs(commands, &a);
+    if let Some(id) = a.id() {
+        commands.remove(id);
+    }
+    if paired { failures.answer(a) } else { a }
 }
 
 fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -340,7 +365,12 @@ impl Layer for Activity {
                     self.setup.insert(id, (sid, SystemTime::now()));
                 }
                 "session/prompt" => {
-                    let sid = frame.value().and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
+                    let v = frame.value();
+                    let first = v.as_ref().and_then(|v| v.pointer("/params/prompt/0/text")).and_then(Value::as_str);
+                    if first.is_some_and(|t| t.starts_with('/')) {
+                        self.commands.insert(id.clone());
+                    }
+                    let sid = v.and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
                     if let Some(sid) = &sid {
                         self.prompts.insert(id.clone(), sid.clone());
                     }
@@ -368,6 +398,7 @@ impl Layer for Activity {
                     for p in std::mem::take(&mut s.held) {
                         if let Some(id) = p.id() {
                             self.prompts.remove(id);
+                            self.commands.remove(id);
                             cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
                         }
                     }
@@ -389,13 +420,14 @@ impl Layer for Activity {
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
         {
-            if s.translator.user_turn_open() {
+            if s.translator.user_turn_open() || (pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
                 s.answers.push((frame, Instant::now()));
                 self.schedule(&sid);
                 return;
             }
-            return cx.to_client(s.failures.answer(frame));
+            return cx.to_client(answer_of(&mut self.commands, &mut s.failures, frame));
         }
+        self.commands.remove(id);
         if let Some((asked, seen)) = self.setup.remove(id) {
             let v = frame.value();
             let ok = v.as_ref().is_some_and(|v| v.get("result").is_some());

@@ -40,6 +40,10 @@ pub struct Verdict {
 }
 
 /// The main agent's client turns of one session, as far as their failures go.
+///
+/// Kimi may answer a short turn before the watch has read that turn from its wire (a quota failure takes
+/// 0.1 s), so answers and turn ends are paired in order: the n-th client turn that ends in the wire is the
+/// turn of the n-th prompt answer (slash commands, which Kimi runs without a turn, are not counted).
 #[derive(Default)]
 pub struct Failures {
     /// The client turn running in the main wire.
@@ -48,8 +52,10 @@ pub struct Failures {
     retry_since: Option<u64>,
     /// The shim stopped the run: the failure to answer with.
     stopped: Option<Verdict>,
-    /// The verdict of the latest client turn that ended, until an answer takes it.
-    ended: Option<Verdict>,
+    /// Client turns that ended in the wire and were not answered yet, oldest first: a failure, or None.
+    ended: std::collections::VecDeque<Option<Verdict>>,
+    /// Answers that went out before the wire showed their turn's end: that many ends are not paired again.
+    unpaired: usize,
 }
 
 impl Failures {
@@ -57,7 +63,9 @@ impl Failures {
     pub fn record(&mut self, entry: &Entry) -> bool {
         match &entry.record {
             Record::TurnPrompt { turn_id, origin } if origin.is_user() => {
-                *self = Failures { turn: Some(*turn_id), ..Failures::default() };
+                self.turn = Some(*turn_id);
+                self.retry_since = None;
+                self.stopped = None;
             }
             Record::TurnPrompt { .. } => self.turn = None,
             Record::StepRetrying(r) if Some(r.turn_id) == self.turn && self.stopped.is_none() => {
@@ -72,20 +80,35 @@ impl Failures {
             Record::Text { .. } | Record::ToolCall { .. } if self.turn.is_some() => self.retry_since = None,
             Record::TurnEnded { turn_id, reason, error } if Some(*turn_id) == self.turn => {
                 self.turn = None;
-                self.ended = match (self.stopped.take(), error) {
+                let verdict = match (self.stopped.take(), error) {
                     (Some(v), _) => Some(v),
                     (None, Some(error)) if reason == "failed" => Some(classify(error)),
                     _ => None,
                 };
+                if self.unpaired > 0 {
+                    self.unpaired -= 1;
+                } else {
+                    self.ended.push_back(verdict);
+                }
             }
             _ => {}
         }
         false
     }
 
-    /// The answer Coda gets for Kimi's answer `reply` to a client prompt whose turn has ended.
+    /// Whether the wire has shown the end of the turn of the next prompt answer.
+    pub fn turn_ended(&self) -> bool {
+        !self.ended.is_empty()
+    }
+
+    /// The answer Coda gets for Kimi's answer `reply` to a client prompt (not a slash command).
     pub fn answer(&mut self, reply: Frame) -> Frame {
-        let Some(verdict) = self.ended.take() else { return reply };
+        let Some(verdict) = self.ended.pop_front() else {
+            // Answered before the wire showed the turn's end (the hold ran out): that end is not this answer's.
+            self.unpaired += 1;
+            return reply;
+        };
+        let Some(verdict) = verdict else { return reply };
         let Some(id) = reply.id().cloned() else { return reply };
         if reply.value().is_none_or(|v| v.get("result").is_none()) {
             // Kimi's own error answer stays as it is.

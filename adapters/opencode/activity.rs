@@ -32,6 +32,7 @@ use coda_shim::layer::{Cx, Event, EventSender, Layer};
 use coda_shim::wait::{self, Register, State, Wait};
 use serde_json::{Value, json};
 
+use crate::failure::Failures;
 use crate::server::{self, FromServer, Server, ServerEvent};
 
 /// Without OpenCode's server: how long the parent must stay quiet before its own turn counts as over.
@@ -63,6 +64,8 @@ pub enum Tick {
     Asks(u64),
     /// [`RESUME_DELAY_ENV`]: time to send the delayed `session/resume` with this tag.
     Resume(u64),
+    /// [`crate::failure::ANSWER_HOLD`] after an error answer to a prompt was held for OpenCode's `session.error`.
+    Failure(u64),
 }
 
 /// Asks for a [`Tick`] after a delay; tests hand ticks in themselves.
@@ -127,6 +130,8 @@ pub struct OpenCodeActivity {
     resuming: HashMap<u64, String>,
     /// [`RESUME_DELAY_ENV`] (zero unless a test sets it), and the resumes it holds back: tag -> cwd.
     resume_delay: Duration,
+    /// Failed Coda turns, answered as Coda's failure kinds.
+    failures: Failures,
     delayed: HashMap<u64, String>,
     /// Children OpenCode knows now (resumed), and children it never will (the resume failed).
     known_to_opencode: HashSet<String>,
@@ -288,6 +293,7 @@ impl OpenCodeActivity {
             resumed: HashSet::new(),
             resuming: HashMap::new(),
             resume_delay: Duration::ZERO,
+            failures: Failures::new(coda_shim::failure::retry_patience()),
             delayed: HashMap::new(),
             known_to_opencode: HashSet::new(),
             unreachable: HashSet::new(),
@@ -501,6 +507,21 @@ impl OpenCodeActivity {
         self.log_event(&e);
         match e {
             ServerEvent::TaskChild { session, call, child } => self.task_child(session, call, child, cx),
+            ServerEvent::Retry { session, attempt, message, at_ms, wait_ms } => {
+                if self.busy.get(&session) != Some(&true) {
+                    self.server_event(ServerEvent::Status { session: session.clone(), busy: true }, cx);
+                }
+                if self.failures.retry(&session, at_ms, attempt, &message, wait_ms) {
+                    tracing::info!("stopping OpenCode's turn in session {session}: its retries would outlast a minute");
+                    cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
+                }
+            }
+            ServerEvent::Failed { session, name, message, status, code } => {
+                let upstream = crate::failure::Upstream { name, message, status, code };
+                if let Some(answer) = self.failures.failed(&session, upstream) {
+                    cx.to_client(answer);
+                }
+            }
             ServerEvent::Status { session, busy } => {
                 self.busy.insert(session.clone(), busy);
                 if busy {
@@ -601,6 +622,11 @@ impl OpenCodeActivity {
 
     fn tick(&mut self, tick: Tick, cx: &mut Cx) {
         match tick {
+            Tick::Failure(tag) => {
+                if let Some(answer) = self.failures.hold_over(tag) {
+                    cx.to_client(answer);
+                }
+            }
             Tick::Asks(n) => self.ask_overdue(n, cx),
             Tick::Resume(tag) => {
                 if let Some(cwd) = self.delayed.remove(&tag) {
@@ -677,6 +703,7 @@ impl Layer for OpenCodeActivity {
                             // A Coda turn starts: OpenCode folds whatever it was doing on its own into it.
                             self.settle(&sid, cx);
                             self.coda_run.insert(sid.clone(), false);
+                            self.failures.prompt(&id, &sid);
                             self.prompts.insert(id, sid);
                         }
                     }
@@ -730,7 +757,10 @@ impl Layer for OpenCodeActivity {
                     }
                     return cx.to_client(wait::declare_waits_in(frame));
                 }
-                cx.to_client(frame)
+                match self.failures.answer(frame) {
+                    Ok(frame) => cx.to_client(frame),
+                    Err(tag) => (self.timer)(Tick::Failure(tag), crate::failure::ANSWER_HOLD),
+                }
             }
             Kind::Request { id, method } if method == "session/request_permission" => {
                 let id = id.clone();

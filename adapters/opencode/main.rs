@@ -10,6 +10,7 @@
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
 mod activity;
+mod failure;
 mod server;
 
 use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};

@@ -49,6 +49,29 @@ pub enum ServerEvent {
     /// A permission request was answered (by anyone).
     #[serde(rename = "permission.replied")]
     Replied { session: String, id: String },
+    /// OpenCode retries a failed model request of `session` (`session.status` `retry`): seen at `at_ms` (Unix
+    /// ms), its next attempt `wait_ms` later (from `next`), with the upstream's message.
+    #[serde(rename = "session.retry")]
+    Retry {
+        session: String,
+        attempt: u64,
+        message: String,
+        at_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
+    },
+    /// A run of `session` failed (`session.error`): OpenCode's error name, the upstream's message, HTTP status
+    /// and the error code of its answer body.
+    #[serde(rename = "session.error")]
+    Failed {
+        session: String,
+        name: String,
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
+    },
 }
 
 /// What the reader hands the layer.
@@ -232,6 +255,30 @@ impl Reducer {
                     session,
                     call,
                     child,
+                })
+            }
+            "session.status" if props.pointer("/status/type").and_then(Value::as_str) == Some("retry") => {
+                let session = s(props, "sessionID")?;
+                self.status.insert(session.clone(), true);
+                let status = props.get("status")?;
+                let at_ms = jiff::Timestamp::now().as_millisecond().max(0) as u64;
+                let next = status.get("next").and_then(Value::as_f64).filter(|n| n.is_finite() && *n >= 0.0);
+                Some(ServerEvent::Retry {
+                    session,
+                    attempt: status.get("attempt").and_then(Value::as_u64).unwrap_or(0),
+                    message: s(status, "message").unwrap_or_default(),
+                    at_ms,
+                    wait_ms: next.map(|n| (n.min(u64::MAX as f64) as u64).saturating_sub(at_ms)),
+                })
+            }
+            "session.error" => {
+                let u = crate::failure::upstream_of(props.get("error")?);
+                Some(ServerEvent::Failed {
+                    session: s(props, "sessionID")?,
+                    name: u.name,
+                    message: u.message,
+                    status: u.status,
+                    code: u.code,
                 })
             }
             "session.status" => {

@@ -44,11 +44,14 @@ pub fn player() -> PathBuf {
 /// coda-opencode reads OpenCode's server events where the recording has the player write them
 /// (`{{TMPDIR}}/coda-opencode-events.jsonl`, seen from the work dir the shim runs in).
 fn agent_env(agent: &str) -> Vec<(String, String)> {
-    match agent {
+    // A run the shim stopped after a minute of the CLI's retries replays without waiting that minute.
+    let mut env = vec![("CODA_SHIM_RETRY_PATIENCE_MS".to_owned(), "1000".to_owned())];
+    env.extend(match agent {
         "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
         "opencode" => vec![("CODA_OPENCODE_EVENTS".into(), "../tmp/coda-opencode-events.jsonl".into())],
         _ => Vec::new(),
-    }
+    });
+    env
 }
 
 /// Replays one fixture through `coda-<agent>`.
