@@ -12,9 +12,8 @@
 //! So: a -32003 answer is classified by the upstream's own code in its reason (`insufficient_quota` ->
 //! `quota_exhausted`, `rate_limit_exceeded` -> `service_unavailable`); and once Grok's retries have kept a turn
 //! open for [`failure::retry_patience`] (a minute) the layer stops the run (`session/cancel`) and answers with the
-//! last retry's reason: `service_unavailable` where Grok retried an upstream server error (`error_type: "api"`
-//! with a 5xx answer) or a rate limit, `quota_exhausted` for a quota code, a plain error otherwise. Grok does not
-//! say how long it meant to wait, so no `retryAfterMs`.
+//! last retry's reason, classified the same way (a plain error where Grok quotes no code: its 5xx reasons). Grok
+//! does not say how long it meant to wait, so no `retryAfterMs`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -84,25 +83,18 @@ fn kind_of_code(code: &str) -> Option<Kind> {
     }
 }
 
-/// The kind of the failure of a run the shim stopped while Grok retried for `error_type`.
-pub fn kind_of_retry(error_type: &str, reason: &Reason) -> Option<Kind> {
-    if let Some(kind) = reason.code.as_deref().and_then(kind_of_code) {
-        return Some(kind);
-    }
-    let service = Kind::Service { input: Some(Input::Accepted), retry_after_ms: None };
-    match (error_type, reason.status) {
-        // Grok retried an answer of the upstream that says its server failed (it quotes the upstream's message).
-        ("api", Some(500..=599)) if !reason.text.trim_end().ends_with("):") => Some(service),
-        ("rate_limited", Some(429)) => Some(service),
-        _ => None,
-    }
+/// The kind of the failure of a run the shim stopped while Grok retried: only the upstream code Grok quotes
+/// names one. Grok quotes none for 5xx answers (a 502 page becomes Grok's own "temporarily unavailable"), and a
+/// status or Grok's `error_type` alone is no explicit reason, so those stay plain errors.
+pub fn kind_of_retry(reason: &Reason) -> Option<Kind> {
+    reason.code.as_deref().and_then(kind_of_code)
 }
 
 struct Turn {
     prompt: Id,
-    /// The latest retry report: its `error_type` and reason.
-    retry: Option<(String, Reason, u64, u64)>,
-    /// Bumped whenever the turn makes progress, so an older timer finds nothing to do.
+    /// The latest retry report: its reason, attempt and Grok's limit.
+    retry: Option<(Reason, u64, u64)>,
+    /// Set anew (from the layer's counter) whenever the turn makes progress, so an older timer finds nothing to do.
     generation: u64,
     /// The shim stopped the run: the answer's message and kind.
     stopped: Option<(String, Option<Kind>)>,
@@ -114,6 +106,8 @@ pub struct GrokFailure {
     prompts: HashMap<Id, String>,
     timer: Option<EventSender>,
     patience: Duration,
+    /// Generations handed out so far (never reused, so a timer of an earlier turn never matches a later one).
+    generations: u64,
 }
 
 impl GrokFailure {
@@ -123,7 +117,7 @@ impl GrokFailure {
 
     /// A layer whose checks are handed in by the caller ([`GrokFailure::check`]).
     pub fn by_hand(patience: Duration) -> GrokFailure {
-        GrokFailure { turns: HashMap::new(), prompts: HashMap::new(), timer: None, patience }
+        GrokFailure { turns: HashMap::new(), prompts: HashMap::new(), timer: None, patience, generations: 0 }
     }
 
     /// A retry was reported, or the turn went on: (re)arms or disarms the check.
@@ -135,13 +129,13 @@ impl GrokFailure {
         let kind = update.get("sessionUpdate").and_then(Value::as_str).unwrap_or_default();
         match (kind, update.get("type").and_then(Value::as_str)) {
             ("retry_state", Some("retrying")) => {
-                let error_type = update.get("error_type").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let reason = parse_reason(update.get("reason").and_then(Value::as_str).unwrap_or_default());
                 let n = |k: &str| update.get(k).and_then(Value::as_u64).unwrap_or(0);
                 let first = turn.retry.is_none();
-                turn.retry = Some((error_type, reason, n("attempt"), n("max_retries")));
+                turn.retry = Some((reason, n("attempt"), n("max_retries")));
                 if first {
-                    turn.generation += 1;
+                    self.generations += 1;
+                    turn.generation = self.generations;
                     if let Some(timer) = &self.timer {
                         timer.send_after(
                             self.patience,
@@ -154,7 +148,8 @@ impl GrokFailure {
             // Output of the turn: an attempt went through.
             ("agent_message_chunk" | "agent_thought_chunk" | "tool_call", _) if turn.retry.is_some() => {
                 turn.retry = None;
-                turn.generation += 1;
+                self.generations += 1;
+                turn.generation = self.generations;
             }
             _ => {}
         }
@@ -166,13 +161,13 @@ impl GrokFailure {
         if turn.generation != generation || turn.stopped.is_some() {
             return;
         }
-        let Some((error_type, reason, attempt, max)) = &turn.retry else { return };
+        let Some((reason, attempt, max)) = &turn.retry else { return };
         let message = format!(
             "{}\nGrok was retrying (attempt {attempt} of {max}) for over {} s without an answer: stopped.",
             reason.text,
             self.patience.as_secs()
         );
-        turn.stopped = Some((message, kind_of_retry(error_type, reason)));
+        turn.stopped = Some((message, kind_of_retry(reason)));
         tracing::info!("stopping Grok's turn in session {session}: it has been retrying for over {:?}", self.patience);
         cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
     }
@@ -210,8 +205,9 @@ impl Layer for GrokFailure {
                 frame.value().and_then(|v| v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned))
         {
             self.prompts.insert(id.clone(), session.clone());
-            let generation = self.turns.get(&session).map_or(0, |t| t.generation + 1);
-            self.turns.insert(session, Turn { prompt: id.clone(), retry: None, generation, stopped: None });
+            self.generations += 1;
+            let turn = Turn { prompt: id.clone(), retry: None, generation: self.generations, stopped: None };
+            self.turns.insert(session, turn);
         }
         cx.to_agent(frame);
     }
@@ -350,11 +346,31 @@ mod tests {
         // Grok ends the cancelled turn; Coda gets the failure instead.
         stack.from_agent(parse(json!({"jsonrpc":"2.0","id":6,"result":{"stopReason":"cancelled"}})), &mut exits);
         let e = error(&exits.to_client[0]);
-        assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
+        // Grok quotes no upstream code for a 500: a plain error with the reason and the retries.
+        assert_eq!(e["code"], -32603);
+        assert!(e.pointer("/data/_meta").is_none(), "{e}");
         assert!(e["message"].as_str().is_some_and(|m| m.starts_with(SERVER) && m.contains("attempt 2 of 15")), "{e}");
         // A late check of that turn does nothing.
         stack.event(0, Box::new(Check { session: S.into(), generation }), &mut exits);
         assert_eq!(exits.to_agent.len(), 1);
+    }
+
+    #[test]
+    fn a_timer_of_an_earlier_turn_never_stops_a_later_one() {
+        let mut layer = GrokFailure::by_hand(Duration::from_secs(60));
+        let mut cx = Cx::default();
+        layer.from_client(prompt(4), &mut cx);
+        layer.from_agent(retry(1, QUOTA, "rate_limited"), &mut cx);
+        let earlier = layer.generation(S).expect("a turn");
+        let answer = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32003,"message":"Rate limited","data":QUOTA}});
+        layer.from_agent(parse(answer), &mut cx);
+        layer.from_client(prompt(5), &mut cx);
+        layer.from_agent(retry(1, QUOTA, "rate_limited"), &mut cx);
+        layer.check(S, earlier, &mut cx);
+        assert!(layer.turns[S].stopped.is_none(), "the first turn's timer fired in the second");
+        let now = layer.generation(S).expect("a turn");
+        layer.check(S, now, &mut cx);
+        assert!(layer.turns[S].stopped.is_some());
     }
 
     #[test]
@@ -369,7 +385,8 @@ mod tests {
         layer.from_agent(parse(chunk), &mut cx);
         layer.check(S, generation, &mut cx);
         assert!(layer.turns[S].stopped.is_none());
-        assert_eq!(kind_of_retry("network", &parse_reason("error sending request: connection reset")), None);
-        assert_eq!(kind_of_retry("api", &parse_reason("API error (status 400 Bad Request): bad")), None);
+        assert_eq!(kind_of_retry(&parse_reason("error sending request: connection reset")), None);
+        assert_eq!(kind_of_retry(&parse_reason(SERVER)), None);
+        assert_eq!(kind_of_retry(&parse_reason(QUOTA)), Some(Kind::Quota));
     }
 }
