@@ -1,5 +1,5 @@
 //! Live: each upstream failure against the real CLIs, as Coda receives it through the shim (section 执行失败),
-//! recorded as `fixtures/<agent>/upstream-errors/` and replayed at once.
+//! recorded as `fixtures/<agent>/upstream-failures/` and replayed at once.
 //!
 //! Opt-in: `CODA_LIVE=1 cargo test --test failure_live -- --nocapture --test-threads 1` (after
 //! `scripts/install-clis`). `CODA_RECORD=1` also writes the fixtures; `CODA_FAILURE_ONLY=503,reset` limits the
@@ -7,6 +7,8 @@
 //! marker makes the fake model answer with that failure in the OpenAI shape the CLI's provider speaks. Prints, per
 //! case, what Coda received and how long the turn took (the measurements in README's failure table).
 
+#[path = "support/failures.rs"]
+mod failures;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 #[path = "support/live.rs"]
@@ -29,19 +31,7 @@ const TRAIL: Duration = Duration::from_millis(1500);
 /// Longest silence within one failed turn (a CLI's own retries can take minutes).
 const TURN: Duration = Duration::from_secs(600);
 
-/// The failure cases: (name, fake model marker).
-const CASES: [(&str, &str); 10] = [
-    ("quota", "[[error:429-usage]]"),
-    ("quota-reset", "[[error:429-usage~7200]]"),
-    ("rate-limit", "[[error:429-rate]]"),
-    ("rate-limit-long", "[[error:429-rate~90]]"),
-    ("500", "[[error:500]]"),
-    ("502", "[[error:502]]"),
-    ("503", "[[error:503]]"),
-    ("529", "[[error:529]]"),
-    ("reset", "[[error:reset]]"),
-    ("401", "[[error:401]]"),
-];
+use failures::CASES;
 
 fn enabled(agent: &str) -> bool {
     if std::env::var_os("CODA_LIVE").is_none() {
@@ -72,7 +62,12 @@ fn run_agent(agent: &str) -> Vec<Outcome> {
     let model = fake_model::FakeModel::start_with(fake_model::Options { log_requests: true, dump_dir: None });
     let temp = temp::TempDir::new(&format!("coda-failure-{agent}"));
     let root = temp.path().to_path_buf();
-    let lc = live::prepare(agent, &model.base_url(), &root).expect("prepare the CLI");
+    let mut lc = live::prepare(agent, &model.base_url(), &root).expect("prepare the CLI");
+    if agent == "opencode" {
+        // As coda-opencode runs it by default: with its server on a port the shim reads events from.
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).expect("a port").port();
+        lc.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), port.to_string()]);
+    }
     if agent == "kimi" {
         // Kimi's own retries are part of what is measured here: its default (ten attempts per step), not the
         // single attempt the other live suites configure.
@@ -84,8 +79,20 @@ fn run_agent(agent: &str) -> Vec<Outcome> {
     let cwd = lc.workdir.display().to_string();
     let trace = root.join("upstream-errors.jsonl");
     let mut cmd = lc.shim_command(&replay_support::shim_binary(agent));
+    // Kimi's session files and OpenCode's server events are part of what the shim reads: the player re-creates them.
     if agent == "kimi" {
         cmd.env("CODA_KIMI_RECORD", trace.with_extension("files.jsonl"));
+    }
+    if agent == "opencode" {
+        cmd.env("CODA_OPENCODE_RECORD", trace.with_extension("files.jsonl"));
+    }
+    if agent == "codex" {
+        // coda-codex learns Codex's version from `$CODEX_PATH -V` (the replays use fixtures/codex/codex-cli).
+        cmd.env(
+            "CODEX_PATH",
+            live::live_root()
+                .join("codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"),
+        );
     }
     let mut shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
     let mut next = 1;
@@ -156,7 +163,7 @@ fn run_agent(agent: &str) -> Vec<Outcome> {
     outcomes
 }
 
-/// Normalises the trace, replays it, and with `CODA_RECORD=1` writes `fixtures/<agent>/upstream-errors/`.
+/// Normalises the trace, replays it, and with `CODA_RECORD=1` writes `fixtures/<agent>/upstream-failures/`.
 fn keep(agent: &str, trace: &Path, root: &Path) {
     let text = std::fs::read_to_string(trace).expect("the trace file");
     let files = std::fs::read_to_string(trace.with_extension("files.jsonl")).ok();
@@ -170,45 +177,58 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
     std::fs::create_dir_all(&scratch).unwrap();
     std::fs::write(scratch.join(replay::TRACE_FILE), &out).unwrap();
     let report = replay_support::check(agent, &scratch).unwrap_or_else(|e| panic!("{agent}: {e}"));
-    eprintln!("{agent}/upstream-errors: {} records; replayed: {report:?}", records.len());
+    eprintln!("{agent}/upstream-failures: {} records; replayed: {report:?}", records.len());
     if std::env::var_os("CODA_RECORD").is_some() {
-        let dir: PathBuf = replay_support::fixtures_root().join(agent).join("upstream-errors");
+        let dir: PathBuf = replay_support::fixtures_root().join(agent).join("upstream-failures");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(replay::TRACE_FILE), &out).unwrap();
-        let meta = json!({"agent": agent, "scenario": "upstream-errors", "recorded_by": "tests/failure_live.rs",
-            "notes": "one prompt per upstream failure, in the order of CASES in tests/failure_live.rs"});
+        let meta = json!({"agent": agent, "scenario": "upstream-failures", "recorded_by": "tests/failure_live.rs",
+            "notes": "one prompt per upstream failure, in the order of CASES in tests/support/failures.rs"});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).unwrap();
         eprintln!("wrote {}", dir.display());
     }
 }
 
-fn failure(o: &Outcome) -> Value {
-    o.answer.pointer("/error/data/_meta/coda/failure").cloned().unwrap_or(Value::Null)
+/// Runs every case against `agent` and checks what Coda received (README "Upstream failures").
+fn live(agent: &str) {
+    if !enabled(agent) {
+        return;
+    }
+    let outcomes = run_agent(agent);
+    eprintln!("\n{agent}: case | seconds | Coda received");
+    let mut wrong = Vec::new();
+    for o in &outcomes {
+        let failure = o.answer.pointer("/error/data/_meta/coda/failure").cloned().unwrap_or_default();
+        let code = o.answer.pointer("/error/code").cloned().unwrap_or_default();
+        eprintln!(
+            "{agent}: {} | {:.1} | {code} {failure} ({} updates)",
+            o.case,
+            o.elapsed.as_secs_f64(),
+            o.updates.len()
+        );
+        if let Err(e) = failures::check(agent, o.case, &o.answer) {
+            wrong.push(e);
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
 fn live_failures_grok() {
-    if enabled("grok") {
-        for o in run_agent("grok") {
-            eprintln!("{} {:?} {} {:?}", o.case, o.elapsed, failure(&o), o.updates.len());
-        }
-    }
+    live("grok");
 }
 
 #[test]
 fn live_failures_opencode() {
-    if enabled("opencode") {
-        for o in run_agent("opencode") {
-            eprintln!("{} {:?} {} {:?}", o.case, o.elapsed, failure(&o), o.updates.len());
-        }
-    }
+    live("opencode");
 }
 
 #[test]
 fn live_failures_kimi() {
-    if enabled("kimi") {
-        for o in run_agent("kimi") {
-            eprintln!("{} {:?} {} {:?}", o.case, o.elapsed, failure(&o), o.updates.len());
-        }
-    }
+    live("kimi");
+}
+
+#[test]
+fn live_failures_codex() {
+    live("codex");
 }
