@@ -176,7 +176,11 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
     let scratch = root.join("fixture");
     std::fs::create_dir_all(&scratch).unwrap();
     std::fs::write(scratch.join(replay::TRACE_FILE), &out).unwrap();
-    let report = replay_support::check(agent, &scratch).unwrap_or_else(|e| panic!("{agent}: {e}"));
+    let report = replay_support::check(agent, &scratch).unwrap_or_else(|e| {
+        let kept = std::env::temp_dir().join(format!("coda-failure-{agent}-unreplayable.jsonl"));
+        let _ = std::fs::write(&kept, &out);
+        panic!("{agent}: {e}\n(the recording is kept in {})", kept.display())
+    });
     eprintln!("{agent}/upstream-failures: {} records; replayed: {report:?}", records.len());
     if std::env::var_os("CODA_RECORD").is_some() {
         let dir: PathBuf = replay_support::fixtures_root().join(agent).join("upstream-failures");

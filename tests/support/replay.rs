@@ -44,9 +44,11 @@ pub fn player() -> PathBuf {
 /// coda-opencode reads OpenCode's server events where the recording has the player write them
 /// (`{{TMPDIR}}/coda-opencode-events.jsonl`, seen from the work dir the shim runs in).
 fn agent_env(agent: &str) -> Vec<(String, String)> {
-    // A run the shim stopped after a minute of the CLI's retries replays without waiting that minute.
-    let mut env = vec![("CODA_SHIM_RETRY_PATIENCE_MS".to_owned(), "1000".to_owned())];
+    let mut env = Vec::new();
     env.extend(match agent {
+        // coda-grok stops a turn Grok keeps retrying after a minute by its own timer (the other shims go by the
+        // times the CLI recorded): the replay need not wait that minute.
+        "grok" => vec![("CODA_SHIM_RETRY_PATIENCE_MS".into(), "1000".into())],
         "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
         "opencode" => vec![("CODA_OPENCODE_EVENTS".into(), "../tmp/coda-opencode-events.jsonl".into())],
         _ => Vec::new(),
