@@ -163,9 +163,9 @@ impl GrokFailure {
         }
         let Some((reason, attempt, max)) = &turn.retry else { return };
         let message = format!(
-            "{}\nGrok was retrying (attempt {attempt} of {max}) for over {} s without an answer: stopped.",
-            reason.text,
-            self.patience.as_secs()
+            "{}\nGrok was retrying (attempt {attempt} of {max}) without an answer: stopped after over a minute of \
+             retries.",
+            reason.text
         );
         turn.stopped = Some((message, kind_of_retry(reason)));
         tracing::info!("stopping Grok's turn in session {session}: it has been retrying for over {:?}", self.patience);
@@ -187,10 +187,15 @@ impl GrokFailure {
         }
         let Some(v) = reply.value() else { return reply };
         let Some(error) = v.get("error") else { return reply };
+        let Some(data) = error.get("data").and_then(Value::as_str) else { return reply };
+        // Seen live: a 401 is `-32603 "Internal error"` with `Unauthorized (401) from <url>: …`: a login problem.
+        if data.starts_with("Unauthorized (401)") {
+            let message = clip(data.lines().next().unwrap_or(data));
+            return frame::error_response(&id, -32000, &message, Some(json!({"grok": {"data": clip(data)}})));
+        }
         if error.get("code").and_then(Value::as_i64) != Some(RATE_LIMITED) {
             return reply;
         }
-        let Some(data) = error.get("data").and_then(Value::as_str) else { return reply };
         let reason = parse_reason(data);
         let Some(kind) = reason.code.as_deref().and_then(kind_of_code) else { return reply };
         failure::answer(&id, &reason.text, Some(&kind), Some(json!({"grok": {"code": RATE_LIMITED, "data": data}})))
@@ -325,6 +330,15 @@ mod tests {
         let auth = json!({"jsonrpc":"2.0","id":5,"error":{"code":-32000,"message":"Authentication required"}});
         s.from_agent(parse(auth.clone()), &mut exits);
         assert_eq!(exits.to_client[1].value(), Some(auth));
+        // Grok's answer to a 401 (seen live) is a login problem: -32000, never a failure kind.
+        s.from_client(prompt(6), &mut exits);
+        let data = "Unauthorized (401) from http://127.0.0.1:1/v1/chat/completions: invalid_request_error: Incorrect API key provided.\n\n  Model:     fake-model";
+        let live = json!({"jsonrpc":"2.0","id":6,"error":{"code":-32603,"message":"Internal error","data":data}});
+        s.from_agent(parse(live), &mut exits);
+        let e = error(&exits.to_client[2]);
+        assert_eq!(e["code"], -32000);
+        assert!(e["message"].as_str().is_some_and(|m| m.starts_with("Unauthorized (401)") && !m.contains('\n')), "{e}");
+        assert!(e.pointer("/data/_meta").is_none());
     }
 
     #[test]
@@ -350,6 +364,7 @@ mod tests {
         assert_eq!(e["code"], -32603);
         assert!(e.pointer("/data/_meta").is_none(), "{e}");
         assert!(e["message"].as_str().is_some_and(|m| m.starts_with(SERVER) && m.contains("attempt 2 of 15")), "{e}");
+        assert!(e["message"].as_str().is_some_and(|m| m.ends_with("stopped after over a minute of retries.")), "{e}");
         // A late check of that turn does nothing.
         stack.event(0, Box::new(Check { session: S.into(), generation }), &mut exits);
         assert_eq!(exits.to_agent.len(), 1);
