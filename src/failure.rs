@@ -82,6 +82,19 @@ pub fn answer(id: &Id, message: &str, kind: Option<&Kind>, data: Option<Value>) 
     frame::error_response(id, -32603, message, Some(Value::Object(map)))
 }
 
+/// `text` cut to at most `max` bytes at a character boundary, with `…` where it was cut (upstream messages may
+/// quote whole response bodies).
+pub fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// `<t:2026-10-24T18:10:00.000Z>`: a time inside text meant for people (文字里的时刻).
 pub fn time_mark(at: jiff::Timestamp) -> String {
     format!("<t:{}>", at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"))
@@ -117,6 +130,13 @@ mod tests {
         assert_eq!(e, json!({"code": -32603, "message": "no", "data": {"_meta": 3}}));
         let e = error(&answer(&Id::from_json("1"), "quota", Some(&Kind::Quota), Some(json!({"_meta": 3}))));
         assert_eq!(e["data"]["_meta"], json!({"coda": {"failure": {"kind": "quota_exhausted"}}}));
+    }
+
+    #[test]
+    fn long_text_is_clipped_at_a_character_boundary() {
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("ééé", 3), "é…");
+        assert_eq!(clip(&"x".repeat(20_000), 2000).len(), 2000 + '…'.len_utf8());
     }
 
     #[test]

@@ -61,14 +61,7 @@ pub fn parse_reason(reason: &str) -> Reason {
 }
 
 fn clip(s: &str) -> String {
-    if s.len() <= REASON_MAX {
-        return s.to_owned();
-    }
-    let mut end = REASON_MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    failure::clip(s, REASON_MAX)
 }
 
 /// The kind an upstream code names, if it names one Coda knows.

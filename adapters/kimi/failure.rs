@@ -125,16 +125,8 @@ fn text(v: &Value, key: &str) -> String {
     v.get(key).and_then(Value::as_str).unwrap_or_default().to_owned()
 }
 
-fn clip(mut s: String) -> String {
-    if s.len() > MESSAGE_MAX {
-        let mut end = MESSAGE_MAX;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
+fn clip(s: String) -> String {
+    failure::clip(&s, MESSAGE_MAX)
 }
 
 /// The kind of a failure Kimi named by its error class or code.

@@ -167,14 +167,7 @@ fn kind_of(code: &str) -> Verdict {
 }
 
 fn clip(s: &str) -> String {
-    if s.len() <= MESSAGE_MAX {
-        return s.to_owned();
-    }
-    let mut end = MESSAGE_MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    failure::clip(s, MESSAGE_MAX)
 }
 
 /// Reads `session.error`'s `error` (`{name, data: {message, statusCode, responseBody}}`); the body is the

@@ -93,3 +93,17 @@ pub fn check_all(agent: &str) -> usize {
     );
     fixtures.len()
 }
+
+/// The frames of one edge of a fixture's recording, as JSON (lines that were not JSON-RPC left out).
+pub fn recorded_frames(fixture: &Path, edge: replay::Edge) -> Vec<serde_json::Value> {
+    let records =
+        replay::load(&fixture.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
+    records
+        .into_iter()
+        .filter(|r| r.edge == edge)
+        .filter_map(|r| match r.body {
+            replay::Body::Frame(text) => serde_json::from_str(&text).ok(),
+            _ => None,
+        })
+        .collect()
+}
