@@ -186,8 +186,14 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
         let dir: PathBuf = replay_support::fixtures_root().join(agent).join("upstream-failures");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(replay::TRACE_FILE), &out).unwrap();
-        let meta = json!({"agent": agent, "scenario": "upstream-failures", "recorded_by": "tests/failure_live.rs",
-            "notes": "one prompt per upstream failure, in the order of CASES in tests/support/failures.rs"});
+        let cli = match agent {
+            "codex" => "@agentclientprotocol/codex-acp@2.6.0",
+            "kimi" => "@moonshot-ai/kimi-code@2.1.0",
+            "grok" => "@xai-official/grok@1.0.41",
+            _ => "opencode-ai@1.18.33",
+        };
+        let meta = json!({"agent": agent, "scenario": "upstream-failures", "cli": cli, "recorded_by": "tests/failure_live.rs",
+            "notes": "one prompt per upstream failure, in the order of CASES in tests/support/failures.rs (prompt ids 4-13)"});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).unwrap();
         eprintln!("wrote {}", dir.display());
     }

@@ -315,6 +315,11 @@ mod tests {
         f.record(&ended(4, &format!(r#"{{"name":"APIProviderQuotaExhaustedError","message":"{long}","code":7}}"#)));
         let e = error(&f.answer(end_turn(9)));
         assert!(e["message"].as_str().is_some_and(|m| m.len() <= MESSAGE_MAX + 3 && m.ends_with('…')));
+        // A turn end with bad UTF-8 in its message is no record (the feed skips it with a warning): the answer
+        // is not paired with it, so it waits for the hold and goes on as Kimi gave it.
+        let mut line = br#"{"type":"turn.ended","agentId":"main","turnId":4,"reason":"failed","error":{"name":"APIProviderQuotaExhaustedError","message":"#.to_vec();
+        line.extend_from_slice(b"\"bad \xff\xfe\"},\"time\":1}");
+        assert!(parse_line(&line).is_err());
         // An error that is not an object is no error; an answer without an id is passed on.
         let mut f = Failures::default();
         f.record(&prompt(5));

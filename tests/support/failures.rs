@@ -57,8 +57,8 @@ pub fn expected(agent: &str, case: &str) -> Expect {
         ("kimi", "500" | "502") => Plain,
         // Grok: the upstream code it quotes (grok/failure.rs); it never says its wait.
         ("grok", "quota-reset") => Quota,
-        ("grok", "rate-limit" | "rate-limit-long" | "529") => Service { retry_after: false },
-        ("grok", "500" | "502" | "503" | "reset") => Plain,
+        ("grok", "rate-limit" | "rate-limit-long" | "503" | "529") => Service { retry_after: false },
+        ("grok", "500" | "502" | "reset") => Plain,
         // Codex (live config: no retries of its own): codex-acp's failure categories (codex/failure.rs).
         ("codex", "quota-reset") => Quota,
         ("codex", "rate-limit" | "rate-limit-long" | "500" | "502" | "503" | "529" | "reset") => {
