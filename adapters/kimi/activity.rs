@@ -68,6 +68,9 @@ pub struct Activity {
     prompts: HashMap<Id, String>,
     /// Those of them that are slash commands (Kimi runs them without a turn; see [`Failures`]).
     commands: HashSet<Id>,
+    /// Those of them whose turn has streamed no output yet: a failed turn ends that way in 0.1 s, before the watch
+    /// has read it, so their answers wait for the turn's end in the wire.
+    quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     record: Option<std::fs::File>,
@@ -106,6 +109,7 @@ impl Activity {
             sessions: HashMap::new(),
             prompts: HashMap::new(),
             commands: HashSet::new(),
+            quiet: HashSet::new(),
             off: HashSet::new(),
             record: None,
             timer: None,
@@ -328,6 +332,9 @@ impl Activity {
     }
 }
 
+/// Updates that show a turn produced output.
+const TURN_OUTPUT: &[&str] = &["agent_message_chunk", "agent_thought_chunk", "tool_call", "tool_call_update", "plan"];
+
 /// Whether Kimi's answer `a` pairs with a turn end in the wire: a result to a prompt that is not a slash
 /// command (an error answer means Kimi refused the prompt).
 fn pairs(commands: &HashSet<Id>, a: &Frame) -> bool {
@@ -369,6 +376,8 @@ impl Layer for Activity {
                     let first = v.as_ref().and_then(|v| v.pointer("/params/prompt/0/text")).and_then(Value::as_str);
                     if first.is_some_and(|t| t.starts_with('/')) {
                         self.commands.insert(id.clone());
+                    } else {
+                        self.quiet.insert(id.clone());
                     }
                     let sid = v.and_then(|v| param_str(&v, "sessionId").map(str::to_owned));
                     if let Some(sid) = &sid {
@@ -399,6 +408,7 @@ impl Layer for Activity {
                         if let Some(id) = p.id() {
                             self.prompts.remove(id);
                             self.commands.remove(id);
+                            self.quiet.remove(id);
                             cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
                         }
                     }
@@ -412,15 +422,19 @@ impl Layer for Activity {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         let Kind::Response { id } = frame.kind() else {
+            if frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
+                self.quiet.clear();
+            }
             return cx.to_client(frame);
         };
+        let quiet = self.quiet.remove(id);
         if self.initialize.remove(id) {
             return cx.to_client(wait::declare_waits_in(frame));
         }
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
         {
-            if s.translator.user_turn_open() || (pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
+            if s.translator.user_turn_open() || (quiet && pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
                 s.answers.push((frame, Instant::now()));
                 self.schedule(&sid);
                 return;
