@@ -339,8 +339,14 @@ impl Layer for Instruction {
                     && let Some(s) = self.sessions.get_mut(&sid)
                 {
                     s.in_flight = false;
-                    // Delivered only when the agent took the prompt; after an error it goes with the next one.
-                    if frame.value().is_some_and(|v| v.get("result").is_some()) {
+                    // Delivered only when the agent took the prompt; after an error it goes with the next one,
+                    // unless the error is a failure answer saying the input entered the native session (执行失败).
+                    let took = frame.value().is_some_and(|v| {
+                        v.get("result").is_some()
+                            || v.pointer("/error/data/_meta/coda/failure/input").and_then(Value::as_str)
+                                == Some("accepted")
+                    });
+                    if took {
                         s.pending = None;
                     }
                 }
@@ -453,6 +459,38 @@ mod tests {
         let texts: Vec<Value> =
             exits.to_client.iter().map(|f| f.value().unwrap()["params"]["update"]["content"]["text"].clone()).collect();
         assert_eq!(texts, [json!("hello"), json!(echo), json!(echo), json!("hello")]);
+    }
+
+    #[test]
+    fn a_failure_answer_with_the_input_accepted_counts_as_delivered_a_plain_error_does_not() {
+        use crate::layer::{Exits, Stack};
+        let f = |v: Value| Frame::from_value(&v);
+        let prompt = |id: u64| {
+            f(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":"s",
+                "prompt":[{"type":"text","text":"hi"}]}}))
+        };
+        let carries = |exits: &Exits| {
+            let sent = exits.to_agent.last().and_then(Frame::value).unwrap_or_default();
+            sent["params"]["prompt"].as_array().map_or(0, Vec::len) == 2
+        };
+        let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]))]);
+        let mut exits = Exits::default();
+        stack.from_client(
+            f(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w",
+            "systemPrompt":{"mode":"append","content":[{"type":"text","text":"be brief"}]}}})),
+            &mut exits,
+        );
+        stack.from_agent(f(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}})), &mut exits);
+        stack.from_client(prompt(2), &mut exits);
+        assert!(carries(&exits));
+        stack.from_agent(f(json!({"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"boom"}})), &mut exits);
+        stack.from_client(prompt(3), &mut exits);
+        assert!(carries(&exits), "a plain error: the instruction goes again");
+        let failure = json!({"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"busy","data":{"_meta":{"coda":
+            {"failure":{"kind":"service_unavailable","input":"accepted"}}}}}});
+        stack.from_agent(f(failure), &mut exits);
+        stack.from_client(prompt(4), &mut exits);
+        assert!(!carries(&exits), "the failed turn took the input, instruction included");
     }
 
     #[test]

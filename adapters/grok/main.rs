@@ -62,11 +62,11 @@ fn default_command() -> Result<Found, String> {
 
 fn layers(setup: &mut Setup) {
     let probed = setup.version.clone();
-    // Next to Coda, so the layers below see Grok's own answer to a prompt (the instruction counts as delivered).
-    setup.add(|events| Box::new(failure::GrokFailure::new(events)));
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
+    // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
+    setup.add(|events| Box::new(failure::GrokFailure::new(events)));
 }
 
 fn main() {
