@@ -268,3 +268,30 @@ impl EventSender {
         });
     }
 }
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn send_after_delivers_the_event_later_through_the_runtime() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sender = EventSender::new(3, tx);
+        runtime.block_on(async {
+            sender.send_after(Duration::from_millis(20), 7u32);
+            assert!(rx.try_recv().is_err(), "not at once");
+            let (layer, event) = rx.recv().await.expect("the event");
+            assert_eq!(layer, 3);
+            assert_eq!(event.downcast::<u32>().ok().map(|e| *e), Some(7));
+        });
+    }
+
+    #[test]
+    fn send_after_outside_a_runtime_drops_the_event() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        EventSender::new(0, tx).send_after(Duration::ZERO, 1u8);
+        assert!(rx.try_recv().is_err());
+    }
+}
