@@ -1,5 +1,6 @@
-//! The wrapped CLI as a child process: spawned without a shell in its own process group, its stderr
-//! drained and its tail kept, and stopped with a ladder that leaves no process of the group behind.
+//! The wrapped CLI as a child process: spawned without a shell in a process group of its own, guarded by
+//! a watchdog that kills the group if the shim dies (src/watchdog.rs), its stderr drained and its tail
+//! kept, and stopped with a ladder that leaves no process of the group behind.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -12,6 +13,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::watchdog::Watchdog;
 
 /// How many lines of the child's stderr are kept for error reports.
 const STDERR_TAIL: usize = 40;
@@ -71,10 +74,21 @@ pub struct Agent {
     pub stderr_tail: StderrTail,
     pub stderr_done: tokio::task::JoinHandle<()>,
     pgid: Option<Pid>,
+    /// Kills the group once the shim is gone; `None` when it could not be started (warned).
+    _watchdog: Option<Watchdog>,
 }
 
-/// Starts the child in its own process group with env and cwd inherited (plus `env`).
+/// Starts the child in a process group of its own, led by a watchdog, with env and cwd inherited (plus
+/// `env`). Where the watchdog cannot start, the child leads its group itself (as before the watchdog)
+/// and a warning says what is lost.
 pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Result<Agent> {
+    let watchdog = match Watchdog::start() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it");
+            None
+        }
+    };
     let mut command = Command::new(&cmd.program);
     command
         .args(&cmd.args)
@@ -82,9 +96,12 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0);
+        .process_group(watchdog.as_ref().map_or(0, |w| w.group().as_raw()));
     let mut child = command.spawn()?;
-    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let pgid = match &watchdog {
+        Some(w) => Some(w.group()),
+        None => child.id().map(|id| Pid::from_raw(id as i32)),
+    };
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err(std::io::Error::other("child pipes were not set up"));
@@ -110,7 +127,7 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         }
         let _ = err.flush().await;
     });
-    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid })
+    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, _watchdog: watchdog })
 }
 
 /// A handle to signal the child's process group after its pipes have moved elsewhere.

@@ -21,5 +21,6 @@ pub mod render;
 pub mod replay;
 pub mod trace;
 pub mod wait;
+pub mod watchdog;
 
 pub use adapter::{Adapter, main};

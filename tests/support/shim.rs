@@ -67,6 +67,13 @@ impl Builder {
         self
     }
 
+    /// Runs the shim as the leader of a process group of its own, as Coda does (its group can then be
+    /// killed the way Coda kills it).
+    pub fn own_group(mut self) -> Self {
+        std::os::unix::process::CommandExt::process_group(&mut self.cmd, 0);
+        self
+    }
+
     pub fn arg(mut self, a: &str) -> Self {
         self.cmd.arg(a);
         self
