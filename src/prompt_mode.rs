@@ -201,7 +201,7 @@ pub fn main(
             return exit::USAGE;
         }
         // The trace records go to our own stdout (a new descriptor on the same file, pipe or terminal).
-        (true, None) => match Trace::open(std::path::Path::new("/dev/stdout")) {
+        (true, None) => match Trace::stdout() {
             Ok(t) => Some(t),
             Err(e) => {
                 eprintln!("{bin}: cannot write frames to stdout: {e}");

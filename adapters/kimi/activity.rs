@@ -75,7 +75,7 @@ impl Activity {
     pub fn new(events: EventSender) -> Activity {
         let mut record = None;
         if let Some(path) = std::env::var_os("CODA_KIMI_RECORD").filter(|p| !p.is_empty()) {
-            match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            match coda_shim::private_file::open(Path::new(&path), coda_shim::private_file::Write::Append) {
                 Ok(f) => record = Some(f),
                 Err(e) => tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", PathBuf::from(path).display()),
             }

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use coda_shim::frame::{self, Frame, Id, Kind};
@@ -262,7 +262,7 @@ impl OpenCodeActivity {
         }
         if let Some(log) = std::env::var_os(RECORD_ENV).filter(|p| !p.is_empty()) {
             let events_path = source.unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
-            match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
+            match coda_shim::private_file::open(Path::new(&log), coda_shim::private_file::Write::Append) {
                 Ok(f) => layer.record = Some((f, events_path.display().to_string())),
                 Err(e) => tracing::warn!("cannot open {RECORD_ENV} {}: {e}", PathBuf::from(log).display()),
             }
