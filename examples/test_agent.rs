@@ -8,7 +8,7 @@
 //!   `session/resume`: `{}`; `session/fork`: a new session id.
 //! - `session/prompt`: one `agent_message_chunk` whose text is the prompt array it received (JSON, with
 //!   `<` written `&lt;`), then
-//!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!exit N` (exit N without
+//!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!auth` (answer -32000, auth_required), `!exit N` (exit N without
 //!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
 //!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
 //!   process group and write its pid to PATH), `!flood N SIZE` (N updates of SIZE bytes first).
@@ -254,6 +254,11 @@ fn main() {
                         return; // stdin closed while hanging
                     }
                     send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "cancelled"}}));
+                    continue;
+                }
+                if words.contains(&"!auth") {
+                    let error = json!({"code": -32000, "message": "Authentication required"});
+                    send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
                     continue;
                 }
                 if words.contains(&"!fail") {
