@@ -417,7 +417,8 @@ impl Client {
                 if got == id {
                     return Ok(answer);
                 }
-                tracing::warn!("an answer with id {got} that prompt mode did not ask for");
+                tracing::warn!("an answer to a request prompt mode did not send; ignored");
+                tracing::debug!("its id: {got}");
             }
         }
     }
@@ -864,7 +865,10 @@ impl Client {
         let deadline = Instant::now() + options.wait_timeout;
         while self.open_waits() > 0 {
             match self.pump(Some(deadline), true).await {
-                Ok(Some((id, _))) => tracing::warn!("an answer with id {id} that prompt mode did not ask for"),
+                Ok(Some((id, _))) => {
+                    tracing::warn!("an answer to a request prompt mode did not send; ignored");
+                    tracing::debug!("its id: {id}");
+                }
                 Ok(None) => {}
                 Err(Stop::Deadline) => {
                     let open = self.open_waits();

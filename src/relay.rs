@@ -274,11 +274,13 @@ impl Loop {
                 if let Some(t) = &mut self.trace {
                     t.line(Dir::AgentToShim, &line);
                 }
+                // Where and how long at the default level; what it said (it may be user data) at debug.
                 tracing::warn!(
-                    "agent wrote a line that is not JSON-RPC ({}); dropped: {}",
-                    err.message,
-                    excerpt(&line)
+                    "agent wrote a line of {} bytes that is not JSON-RPC ({}); dropped (its start is logged at debug)",
+                    line.len(),
+                    err.message
                 );
+                tracing::debug!("the line the agent wrote: {}", excerpt(&line));
             }
             Input::TooLong { head, len } => {
                 let (id, is_request) = frame::sniff(&head);

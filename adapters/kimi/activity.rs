@@ -241,10 +241,10 @@ impl Activity {
             Some(v) if KNOWN_PROTOCOLS.contains(&v) => {}
             other => {
                 tracing::warn!(
-                    "Kimi session {session} has wire protocol_version {:?}, which this shim does not know \
-                     (knows {KNOWN_PROTOCOLS:?}); its background activity is not reported",
-                    other.unwrap_or("(none)")
+                    "Kimi session {session} has a wire protocol_version this shim does not know (knows \
+                     {KNOWN_PROTOCOLS:?}); its background activity is not reported"
                 );
+                tracing::debug!("its protocol_version: {:?}", other.unwrap_or("(none)"));
                 self.off.insert(session.to_owned());
                 return;
             }

@@ -242,7 +242,7 @@ impl OpenCodeActivity {
                 let (s, directory, id, reply) = (s.clone(), directory.to_owned(), id.to_owned(), reply.to_owned());
                 let spawned = std::thread::Builder::new().name("opencode-reply".into()).spawn(move || {
                     if let Err(e) = s.reply_permission(&directory, &id, &reply) {
-                        tracing::warn!("OpenCode did not take the answer {reply:?} to permission request {id}: {e}");
+                        tracing::warn!("OpenCode did not take the answer to permission request {id}: {e}");
                     }
                 });
                 if let Err(e) = spawned {
@@ -250,9 +250,8 @@ impl OpenCodeActivity {
                 }
             }),
             None => Box::new(|_, id, reply| {
-                tracing::warn!(
-                    "cannot pass the answer {reply:?} to OpenCode's permission request {id}: its server is unknown"
-                );
+                tracing::warn!("cannot pass the answer to OpenCode's permission request {id}: its server is unknown");
+                tracing::debug!("the answer: {reply:?}");
             }),
         };
         let mut layer = OpenCodeActivity::with_io(timer, replier);
@@ -786,7 +785,9 @@ impl Layer for OpenCodeActivity {
     fn on_reply(&mut self, tag: u64, reply: Frame, _cx: &mut Cx) {
         let Some(child) = self.resuming.remove(&tag) else { return };
         if let Some(err) = reply.value().and_then(|v| v.get("error").cloned()) {
-            tracing::warn!("OpenCode did not resume subagent session {child} (its output stays hidden): {err}");
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
+            tracing::warn!("OpenCode did not resume subagent session {child} (error {code}); its output stays hidden");
+            tracing::debug!("OpenCode's answer to the resume: {err}");
             self.unreachable.insert(child.clone());
         } else {
             self.known_to_opencode.insert(child.clone());
