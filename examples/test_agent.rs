@@ -11,7 +11,8 @@
 //!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!auth` (answer -32000, auth_required), `!exit N` (exit N without
 //!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
 //!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
-//!   process group and write its pid to PATH), `!flood N SIZE` (N updates of SIZE bytes first).
+//!   process group and write its pid to PATH), `!detached PATH` (the same with `sleep 301` in a process group of
+//!   its own, as the real CLIs run commands), `!flood N SIZE` (N updates of SIZE bytes first).
 //!   For prompt mode: `!rich` (a thought, a tool call and its update, a plan, a usage update first),
 //!   `!stop REASON` (answer with that stopReason), `!permission` (send `session/request_permission` and report
 //!   the outcome it got as text), `!hang` (report "hanging until cancelled", then answer `cancelled` when
@@ -136,6 +137,14 @@ fn main() {
                 if let Some(path) = arg("!grandchild") {
                     let child = std::process::Command::new("sleep").arg("300").spawn();
                     if let Ok(child) = child {
+                        let _ = std::fs::write(path, child.id().to_string());
+                    }
+                }
+                if let Some(path) = arg("!detached") {
+                    // As the real CLIs run their commands: out of the agent's process group.
+                    let mut command = std::process::Command::new("sleep");
+                    std::os::unix::process::CommandExt::process_group(command.arg("301"), 0);
+                    if let Ok(child) = command.spawn() {
                         let _ = std::fs::write(path, child.id().to_string());
                     }
                 }

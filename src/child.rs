@@ -74,15 +74,16 @@ pub struct Agent {
     pub stderr_tail: StderrTail,
     pub stderr_done: tokio::task::JoinHandle<()>,
     pgid: Option<Pid>,
-    /// Kills the group once the shim is gone; `None` when it could not be started (warned).
-    _watchdog: Option<Watchdog>,
+    /// Kills what the agent started and its group once the shim is gone; `None` when it could not be
+    /// started (warned).
+    watchdog: Option<Watchdog>,
 }
 
 /// Starts the child in a process group of its own, led by a watchdog, with env and cwd inherited (plus
 /// `env`). Where the watchdog cannot start, the child leads its group itself (as before the watchdog)
 /// and a warning says what is lost.
 pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Result<Agent> {
-    let watchdog = match Watchdog::start() {
+    let mut watchdog = match Watchdog::start() {
         Ok(w) => Some(w),
         Err(e) => {
             tracing::warn!("cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it");
@@ -98,9 +99,13 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         .stderr(Stdio::piped())
         .process_group(watchdog.as_ref().map_or(0, |w| w.group().as_raw()));
     let mut child = command.spawn()?;
-    let pgid = match &watchdog {
-        Some(w) => Some(w.group()),
-        None => child.id().map(|id| Pid::from_raw(id as i32)),
+    let pgid = match (&mut watchdog, child.id()) {
+        (Some(w), Some(pid)) => {
+            w.guard(pid);
+            Some(w.group())
+        }
+        (Some(w), None) => Some(w.group()),
+        (None, id) => id.map(|id| Pid::from_raw(id as i32)),
     };
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -127,7 +132,7 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         }
         let _ = err.flush().await;
     });
-    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, _watchdog: watchdog })
+    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, watchdog })
 }
 
 /// A handle to signal the child's process group after its pipes have moved elsewhere.
@@ -137,6 +142,20 @@ pub struct Group(Option<Pid>);
 impl Agent {
     pub fn group(&self) -> Group {
         Group(self.pgid)
+    }
+
+    /// The watchdog, for the stop ladder's last step ([`kill_all`]); the caller keeps it alive till then.
+    pub fn take_watchdog(&mut self) -> Option<Watchdog> {
+        self.watchdog.take()
+    }
+}
+
+/// The last step of the stop ladder: SIGKILL whatever the agent started, also in sessions of its own
+/// (through the watchdog, while the agent is still there to find them by), and the agent's group.
+pub fn kill_all(group: Group, watchdog: &mut Option<Watchdog>) {
+    match watchdog.take() {
+        Some(w) => w.fire(),
+        None => group.signal(Signal::SIGKILL),
     }
 }
 

@@ -367,6 +367,7 @@ async fn run_io(
 ) -> i32 {
     let mut events = events;
     let group = agent.group();
+    let mut watchdog = agent.take_watchdog();
     let ClientIo { input: mut client_in, output: client_tx, written: client_written } = client;
     let mut agent_in = spawn_reader(agent.stdout, options.max_line);
     let (agent_tx, agent_rx) = mpsc::channel::<lines::Batch>(CHANNEL);
@@ -485,7 +486,7 @@ async fn run_io(
                     }
                     _ => {
                         tracing::warn!("agent ignored SIGTERM for {:?}; sending SIGKILL", child::TERM_GRACE);
-                        group.signal(Signal::SIGKILL);
+                        child::kill_all(group, &mut watchdog);
                         Ladder::Killed
                     }
                 };
