@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -79,17 +80,9 @@ pub struct Agent {
     watchdog: Option<Watchdog>,
 }
 
-/// Starts the child in a process group of its own, led by a watchdog, with env and cwd inherited (plus
-/// `env`). Where the watchdog cannot start, the child leads its group itself (as before the watchdog)
-/// and a warning says what is lost.
+/// Starts the child in a process group of its own with env and cwd inherited (plus `env`), and a watchdog
+/// in that group (src/watchdog.rs). Where the watchdog cannot start, a warning says what is lost.
 pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Result<Agent> {
-    let mut watchdog = match Watchdog::start() {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!("cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it");
-            None
-        }
-    };
     let mut command = Command::new(&cmd.program);
     command
         .args(&cmd.args)
@@ -97,15 +90,20 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(watchdog.as_ref().map_or(0, |w| w.group().as_raw()));
+        .process_group(0);
     let mut child = command.spawn()?;
-    let pgid = match (&mut watchdog, child.id()) {
-        (Some(w), Some(pid)) => {
-            w.guard(pid);
-            Some(w.group())
-        }
-        (Some(w), None) => Some(w.group()),
-        (None, id) => id.map(|id| Pid::from_raw(id as i32)),
+    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let watchdog = match (child.id(), child.stdin.as_ref()) {
+        (Some(pid), Some(stdin)) => match stdin.as_fd().try_clone_to_owned().and_then(|s| Watchdog::start(pid, s)) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it"
+                );
+                None
+            }
+        },
+        _ => None,
     };
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

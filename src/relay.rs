@@ -404,8 +404,14 @@ async fn run_io(
 
     loop {
         // Once the client is gone and everything for the agent is handed to its writer, close its stdin.
-        if !client_open && st.to_agent.is_empty() && agent_tx.take().is_some() {
+        if !client_open && st.to_agent.is_empty() && agent_tx.is_some() {
             tracing::debug!("client closed its stdin; closing the agent's");
+            // What the agent started (also in sessions of its own) is recorded while the agent still runs,
+            // so that what it leaves behind when it exits goes too.
+            if let Some(w) = &mut watchdog {
+                w.session_ends();
+            }
+            agent_tx = None;
         }
         if agent_tx.is_none() && matches!(ladder, Ladder::Running) && exited.is_none() {
             ladder = Ladder::StdinClosed(Instant::now() + child::STDIN_GRACE);
@@ -467,8 +473,12 @@ async fn run_io(
                         std::os::unix::process::ExitStatusExt::from_raw(1 << 8)
                     }
                 };
-                // Whatever the child left in its group (a grandchild holding the pipes) goes with it.
-                group.signal(Signal::SIGKILL);
+                // Whatever the child left in its group (a grandchild holding the pipes), and what it started
+                // elsewhere and was marked when the session ended, goes with it.
+                if let Some(w) = &mut watchdog {
+                    w.exited();
+                }
+                child::kill_all(group, &mut watchdog);
                 exited = Some(status);
                 drain_deadline = Some(Instant::now() + DRAIN_AFTER_EXIT);
                 ladder = Ladder::Killed;
