@@ -84,29 +84,38 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Starts the watchdog in the process group of the CLI `cli` (which leads it), holding `cli_stdin`, a
-    /// copy of the CLI's stdin, until the shim lets go of it or is gone. Call inside a tokio runtime: the
-    /// watchdog is reaped by a task of its own.
+    /// copy of the CLI's stdin, until the shim lets go of it or is gone. The process is started (and later
+    /// reaped) on a thread of its own, off the path to the CLI's first answer; what the shim tells it
+    /// meanwhile waits in the pipe.
     pub fn start(cli: u32, cli_stdin: OwnedFd) -> std::io::Result<Watchdog> {
         let (read, write) = cloexec_pipe()?;
-        let mut command = tokio::process::Command::new(SHELL);
-        command
-            .arg("-c")
-            .arg(SCRIPT)
-            .arg("coda-shim-watchdog")
-            .arg(cli.to_string())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir("/")
-            .stdin(Stdio::from(read))
-            .stdout(Stdio::from(cli_stdin))
-            .stderr(Stdio::null())
-            .process_group(cli as i32);
-        let mut child = command.spawn()?;
-        // The command held the read end and the copy; the shim keeps only the write end.
-        drop(command);
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
+        std::thread::Builder::new().name("watchdog".into()).spawn(move || {
+            let mut command = std::process::Command::new(SHELL);
+            command
+                .arg("-c")
+                .arg(SCRIPT)
+                .arg("coda-shim-watchdog")
+                .arg(cli.to_string())
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .current_dir("/")
+                .stdin(Stdio::from(read))
+                .stdout(Stdio::from(cli_stdin))
+                .stderr(Stdio::null());
+            std::os::unix::process::CommandExt::process_group(&mut command, cli as i32);
+            let spawned = command.spawn();
+            // The command held the read end and the copy; the shim keeps only the write end.
+            drop(command);
+            match spawned {
+                Ok(mut child) => {
+                    let _ = child.wait();
+                }
+                // The CLI exited before its group could be joined, or there is no /bin/sh.
+                Err(e) => tracing::warn!(
+                    "cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it"
+                ),
+            }
+        })?;
         Ok(Watchdog { alive: std::fs::File::from(write), cli: Some(cli) })
     }
 

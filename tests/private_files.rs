@@ -49,7 +49,7 @@ fn one_session(agent: &str, args: &[&str], env: &[(&str, &Path)]) -> (Option<i32
     let _ = writeln!(s.take_stdin(), "{new}");
     let status = s.wait(Duration::from_secs(15));
     let _ = s.rest();
-    (status.code(), s.drain_stderr().join("\n"))
+    (status.code(), s.stderr_to_the_end().join("\n"))
 }
 
 #[test]

@@ -52,7 +52,7 @@ fn stderr_after_bad_input(level: &str) -> String {
     s.close_stdin();
     s.wait(Duration::from_secs(10));
     let _ = s.rest();
-    s.drain_stderr().join("\n")
+    s.stderr_to_the_end().join("\n")
 }
 
 #[test]

@@ -195,6 +195,14 @@ impl Shim {
         out
     }
 
+    /// Every stderr line, once the shim has closed its stderr (it exited): nothing still on its way is missed.
+    pub fn stderr_to_the_end(&mut self) -> Vec<String> {
+        while let Ok(line) = self.stderr.recv_timeout(TIMEOUT) {
+            self.stderr_lines.push(line);
+        }
+        self.stderr_lines.clone()
+    }
+
     pub fn drain_stderr(&mut self) -> Vec<String> {
         while let Ok(line) = self.stderr.try_recv() {
             self.stderr_lines.push(line);
