@@ -166,7 +166,9 @@ impl Instruction {
             }
             Some(sp) => match validate(sp) {
                 Err(why) => {
-                    tracing::info!(%method, "rejected systemPrompt: {why}");
+                    // The reason quotes what the client sent: at debug only.
+                    tracing::info!(%method, "rejected an invalid systemPrompt with -32602");
+                    tracing::debug!(%method, "rejected systemPrompt: {why}");
                     cx.to_client(frame::error_response(&id, -32602, &format!("Invalid params: {why}"), None));
                 }
                 Ok(text) => {

@@ -16,11 +16,13 @@ pub mod identity;
 pub mod instruction;
 pub mod layer;
 pub mod lines;
+pub mod private_file;
 pub mod prompt_mode;
 pub mod relay;
 pub mod render;
 pub mod replay;
 pub mod trace;
 pub mod wait;
+pub mod watchdog;
 
 pub use adapter::{Adapter, main};

@@ -217,6 +217,18 @@ fn needing_a_login_has_its_own_exit_status() {
 }
 
 #[test]
+fn a_prompt_answered_with_auth_required_exits_as_needing_a_login() {
+    let (_temp, dir) = workdir("login-prompt");
+    let r = run(prompt_command("kimi", &dir, "hi !auth", &[]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(8), "README: 8 the agent needs a login (-32000): {out}");
+    assert!(
+        out.ends_with("session/prompt: the agent needs a login (error -32000: Authentication required)\n"),
+        "{out}"
+    );
+}
+
+#[test]
 fn json_prints_the_frames_of_every_edge_with_codas_client_capabilities() {
     let (_temp, dir) = workdir("json");
     let file = dir.join("instruction.md");
@@ -364,7 +376,7 @@ fn a_second_ctrl_c_shuts_the_agent_down() {
     let (mut child, seen) =
         start_until(&mut prompt_command("grok", &dir, "wait !hang !deaf", &[]), "hanging until cancelled");
     let agents = children_of(child.id());
-    assert_eq!(agents.len(), 1, "one child: the agent");
+    assert_eq!(agents.len(), 2, "two children: the agent and the watchdog of its group (src/watchdog.rs)");
     sigint(&child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !seen.lock().unwrap().contains("press Ctrl-C again") {
@@ -377,7 +389,19 @@ fn a_second_ctrl_c_shuts_the_agent_down() {
     assert_eq!(status.code(), Some(130), "{out}");
     assert!(out.contains("^C stopping the agent\n"), "{out}");
     assert!(!out.contains("stop: "), "the deaf agent never ended the turn: {out}");
-    assert!(!Path::new(&format!("/proc/{}", agents[0])).exists(), "the agent process {} is still there", agents[0]);
+    // The watchdog dies by the group's SIGKILL too, but may not be reaped before the shim exits: a zombie
+    // left to init is no process that runs. Polled, as it goes at the shim's exit, not before.
+    let running = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')))
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while agents.iter().any(|&pid| running(pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for pid in agents {
+        assert!(!running(pid), "process {pid} is still there");
+    }
 }
 
 /// A real OpenCode turn with a shell tool call, recorded from prompt mode (`CODA_PROMPT_RECORD`, then

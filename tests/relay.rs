@@ -103,7 +103,8 @@ fn not_json_from_the_client_gets_a_parse_error_and_the_session_goes_on() {
 
 #[test]
 fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
-    let mut s = with_test_agent("opencode").start();
+    // Its text shows at debug only (tests/quiet_logs.rs checks the default level).
+    let mut s = with_test_agent("opencode").env("CODA_SHIM_LOG", "debug").start();
     let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
     let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
     let (answer, before) = s.request(2, "session/prompt", prompt_params(&sid, "!stray"));
@@ -111,7 +112,8 @@ fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
     assert!(before.iter().all(|v| v["jsonrpc"] == "2.0"));
     std::thread::sleep(Duration::from_millis(100));
     assert!(
-        s.drain_stderr().iter().any(|l| l.contains("not JSON-RPC") && l.contains("stray log line")),
+        s.drain_stderr().iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
+            && s.stderr_lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line")),
         "{:?}",
         s.stderr_lines
     );

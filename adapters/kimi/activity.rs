@@ -83,7 +83,7 @@ impl Activity {
     pub fn new(events: EventSender) -> Activity {
         let mut record = None;
         if let Some(path) = std::env::var_os("CODA_KIMI_RECORD").filter(|p| !p.is_empty()) {
-            match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            match coda_shim::private_file::open(Path::new(&path), coda_shim::private_file::Write::Append) {
                 Ok(f) => record = Some(f),
                 Err(e) => tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", PathBuf::from(path).display()),
             }
@@ -251,10 +251,10 @@ impl Activity {
             Some(v) if KNOWN_PROTOCOLS.contains(&v) => {}
             other => {
                 tracing::warn!(
-                    "Kimi session {session} has wire protocol_version {:?}, which this shim does not know \
-                     (knows {KNOWN_PROTOCOLS:?}); its background activity is not reported",
-                    other.unwrap_or("(none)")
+                    "Kimi session {session} has a wire protocol_version this shim does not know (knows \
+                     {KNOWN_PROTOCOLS:?}); its background activity is not reported"
                 );
+                tracing::debug!("its protocol_version: {:?}", other.unwrap_or("(none)"));
                 self.off.insert(session.to_owned());
                 return;
             }

@@ -99,7 +99,8 @@ pub fn final_state(status: &str) -> Option<State> {
         "killed" => Some(State::Cancelled),
         "running" | "" => None,
         other => {
-            tracing::warn!("unknown Kimi task status {other:?}; reported as failed");
+            tracing::warn!("unknown Kimi task status ({} characters); reported as failed", other.chars().count());
+            tracing::debug!("the status: {other:?}");
             Some(State::Failed)
         }
     }

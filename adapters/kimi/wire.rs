@@ -441,7 +441,8 @@ impl Feed {
                 Err(why) => {
                     let text = String::from_utf8_lossy(&line);
                     let excerpt: String = text.chars().take(120).collect();
-                    tracing::warn!("skipped a malformed line of Kimi's {file} ({why}): {excerpt}");
+                    tracing::warn!("skipped a malformed line of {} bytes in Kimi's {file} ({why})", line.len());
+                    tracing::debug!("the line: {excerpt}");
                 }
             }
         }

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use coda_shim::frame::{self, Frame, Id, Kind};
@@ -247,7 +247,7 @@ impl OpenCodeActivity {
                 let (s, directory, id, reply) = (s.clone(), directory.to_owned(), id.to_owned(), reply.to_owned());
                 let spawned = std::thread::Builder::new().name("opencode-reply".into()).spawn(move || {
                     if let Err(e) = s.reply_permission(&directory, &id, &reply) {
-                        tracing::warn!("OpenCode did not take the answer {reply:?} to permission request {id}: {e}");
+                        tracing::warn!("OpenCode did not take the answer to permission request {id}: {e}");
                     }
                 });
                 if let Err(e) = spawned {
@@ -255,9 +255,8 @@ impl OpenCodeActivity {
                 }
             }),
             None => Box::new(|_, id, reply| {
-                tracing::warn!(
-                    "cannot pass the answer {reply:?} to OpenCode's permission request {id}: its server is unknown"
-                );
+                tracing::warn!("cannot pass the answer to OpenCode's permission request {id}: its server is unknown");
+                tracing::debug!("the answer: {reply:?}");
             }),
         };
         let mut layer = OpenCodeActivity::with_io(timer, replier);
@@ -267,7 +266,7 @@ impl OpenCodeActivity {
         }
         if let Some(log) = std::env::var_os(RECORD_ENV).filter(|p| !p.is_empty()) {
             let events_path = source.unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
-            match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
+            match coda_shim::private_file::open(Path::new(&log), coda_shim::private_file::Write::Append) {
                 Ok(f) => layer.record = Some((f, events_path.display().to_string())),
                 Err(e) => tracing::warn!("cannot open {RECORD_ENV} {}: {e}", PathBuf::from(log).display()),
             }
@@ -816,7 +815,9 @@ impl Layer for OpenCodeActivity {
     fn on_reply(&mut self, tag: u64, reply: Frame, _cx: &mut Cx) {
         let Some(child) = self.resuming.remove(&tag) else { return };
         if let Some(err) = reply.value().and_then(|v| v.get("error").cloned()) {
-            tracing::warn!("OpenCode did not resume subagent session {child} (its output stays hidden): {err}");
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
+            tracing::warn!("OpenCode did not resume subagent session {child} (error {code}); its output stays hidden");
+            tracing::debug!("OpenCode's answer to the resume: {err}");
             self.unreachable.insert(child.clone());
         } else {
             self.known_to_opencode.insert(child.clone());

@@ -331,7 +331,17 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                             return;
                         }
                     }
-                    Err(e) => tracing::warn!("{}: not an OpenCode server event ({e}): {}", path.display(), line.trim()),
+                    Err(e) => {
+                        // serde's message may quote the line ("unknown variant `…`"): at debug with it.
+                        tracing::warn!(
+                            "{}: a line of {} bytes is not an OpenCode server event ({:?} error at column {})",
+                            path.display(),
+                            line.len(),
+                            e.classify(),
+                            e.column()
+                        );
+                        tracing::debug!("the line ({e}): {}", line.trim());
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -67,6 +67,13 @@ impl Builder {
         self
     }
 
+    /// Runs the shim as the leader of a process group of its own, as Coda does (its group can then be
+    /// killed the way Coda kills it).
+    pub fn own_group(mut self) -> Self {
+        std::os::unix::process::CommandExt::process_group(&mut self.cmd, 0);
+        self
+    }
+
     pub fn arg(mut self, a: &str) -> Self {
         self.cmd.arg(a);
         self
@@ -186,6 +193,14 @@ impl Shim {
             out.push(line);
         }
         out
+    }
+
+    /// Every stderr line, once the shim has closed its stderr (it exited): nothing still on its way is missed.
+    pub fn stderr_to_the_end(&mut self) -> Vec<String> {
+        while let Ok(line) = self.stderr.recv_timeout(TIMEOUT) {
+            self.stderr_lines.push(line);
+        }
+        self.stderr_lines.clone()
     }
 
     pub fn drain_stderr(&mut self) -> Vec<String> {
