@@ -15,6 +15,7 @@ pub mod identity;
 pub mod instruction;
 pub mod layer;
 pub mod lines;
+pub mod locate;
 pub mod prompt_mode;
 pub mod relay;
 pub mod render;

@@ -12,7 +12,7 @@
 mod activity;
 mod server;
 
-use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
+use coda_shim::adapter::{Adapter, Found, Setup, installed, plain_version};
 use coda_shim::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g opencode-ai";
@@ -22,7 +22,7 @@ const BUILTINS: &[&str] = &["compact"];
 
 /// `opencode acp` on a port the shim knows, so that it can read OpenCode's own server (`server.rs`).
 fn default_command() -> Result<Found, String> {
-    let mut found = on_path("opencode", &["acp"], "OpenCode", INSTALL)?;
+    let mut found = installed("opencode", &["acp"], "OpenCode", INSTALL)?;
     match free_port() {
         Ok(port) => {
             found.command.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), port.to_string()])
