@@ -295,19 +295,23 @@ pub fn main(adapter: Adapter) -> ! {
     let args = match parse_args(&adapter) {
         Ok(Parsed::Run(args)) => args,
         Ok(Parsed::Help) => {
-            print!("{}", help(&adapter));
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), help(&adapter).as_bytes());
             std::process::exit(0)
         }
         Ok(Parsed::Version(flag)) => {
-            println!("{bin} {}", env!("CARGO_PKG_VERSION"));
-            match adapter.resolve(flag) {
+            use std::io::Write;
+            // Written, not printed: a reader that stops after the first line (`| head -n 1`) is no panic.
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "{bin} {}", env!("CARGO_PKG_VERSION")).and_then(|()| out.flush());
+            let line = match adapter.resolve(flag) {
                 Ok(found) => {
                     let version = found.version.or_else(|| (adapter.version)(&found.command));
                     let version = version.unwrap_or_else(|| "version unknown".into());
-                    println!("{} {version} ({})", adapter.cli_name, found.command.program.display());
+                    format!("{} {version} ({})", adapter.cli_name, found.command.program.display())
                 }
-                Err(why) => println!("{}: not found: {why}", adapter.cli_name),
-            }
+                Err(why) => format!("{}: not found: {why}", adapter.cli_name),
+            };
+            let _ = writeln!(out, "{line}");
             std::process::exit(0)
         }
         Ok(Parsed::Doctor(flag)) => {

@@ -79,7 +79,7 @@ fn row(check: &'static str, status: Status, result: impl Into<String>, fix: impl
 pub fn run(adapter: &Adapter, flag: Option<String>) -> i32 {
     let rows = checks(adapter, flag);
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    print!("{}", table(&adapter.binary(), &rows, color));
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), table(&adapter.binary(), &rows, color).as_bytes());
     if rows.iter().any(|r| r.status == Status::Problem) { 1 } else { 0 }
 }
 
