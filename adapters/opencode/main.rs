@@ -36,8 +36,8 @@ fn default_command() -> Result<Found, String> {
 }
 
 /// A port nobody listens on now. OpenCode binds it a moment later and exits ("ServeError", seen live) if
-/// someone took it meanwhile, so it is picked below Linux's ephemeral range (32768 up), where outgoing
-/// connections never take one; the OS's own pick is the fallback.
+/// someone took it meanwhile, so it is picked below the ephemeral ranges (Linux 32768 up, macOS 49152 up),
+/// where outgoing connections never take one; the OS's own pick is the fallback.
 fn free_port() -> std::io::Result<u16> {
     use std::hash::BuildHasher;
     // Randomly keyed hashes (std's) as the random source: two shims starting together pick apart.
