@@ -4,7 +4,7 @@
 //! PATH is `/usr/bin:/bin:/usr/sbin:/sbin`: none of the places npm, Homebrew, pnpm, volta, bun or a CLI's
 //! own installer put their commands. So a program not on PATH is looked for in those places, in this order:
 //!
-//! 1. the adapter's own places (Grok's `~/.grok/bin`), for the CLI's own installer wins;
+//! 1. the places the adapter names (a CLI's own install folder), since the CLI's own installer knows best;
 //! 2. PATH, as the user set it;
 //! 3. npm's global prefix: `$NPM_CONFIG_PREFIX`, else `prefix` in the user's `.npmrc` (`$NPM_CONFIG_USERCONFIG`,
 //!    else `~/.npmrc`), and `~/.npm-global` (the prefix npm's own docs suggest), each with `/bin`;
@@ -430,7 +430,7 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let h = home.path();
         std::fs::create_dir_all(h.join(".volta/bin")).unwrap();
-        let cli = h.join(".npm-global/bin/kimi");
+        let cli = h.join(".npm-global/bin/some-cli");
         let path = env_with(h, &[("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")], true, |env| child_path(&cli, env));
         let path = path.unwrap();
         let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
