@@ -160,6 +160,10 @@ fn nvm_bins(nvm: &Path) -> Vec<PathBuf> {
 /// relative or unset: `None` (a warning on stderr for what looks like a mistake).
 fn npmrc_prefix(path: &Path, env: &Env) -> Option<PathBuf> {
     use std::io::Read;
+    // A FIFO or a device would block or never end: only a regular file (symlinks followed) is read.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
     let file = std::fs::File::open(path).ok()?;
     let mut bytes = Vec::new();
     if let Err(e) = file.take(NPMRC_MAX + 1).read_to_end(&mut bytes) {
@@ -388,6 +392,11 @@ mod tests {
         huge.resize(NPMRC_MAX as usize + 10, b'#');
         assert_eq!(read(&huge, &[]), None, "an oversized file is not read");
         assert_eq!(env_with(home.path(), &[], true, |env| npmrc_prefix(&home.path().join("none"), env)), None);
+        // A FIFO (reading it would block until someone writes) and a device are not read.
+        let fifo = home.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(env_with(home.path(), &[], true, |env| npmrc_prefix(&fifo, env)), None);
+        assert_eq!(env_with(home.path(), &[], true, |env| npmrc_prefix(Path::new("/dev/zero"), env)), None);
     }
 
     #[test]
