@@ -16,38 +16,11 @@ mod shim;
 #[path = "support/temp.rs"]
 mod temp;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const GUI_PATH: &str = "/usr/bin:/bin:/usr/sbin:/sbin";
-
-/// Runs `cmd` to its end (killed after `limit`) and returns its status code, stdout and stderr.
-fn finish(mut cmd: Command, limit: Duration) -> (Option<i32>, String, String) {
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start");
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = r.read_to_string(&mut text);
-            text
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().expect("stdout")));
-    let err = drain(Box::new(child.stderr.take().expect("stderr")));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break child.wait().expect("wait");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (status.code(), out.join().unwrap_or_default(), err.join().unwrap_or_default())
-}
 
 fn link(target: &Path, link: &Path) {
     std::fs::create_dir_all(link.parent().expect("folder")).expect("make the folder");
@@ -88,31 +61,24 @@ fn install(agent: &str, lc: &live::LiveCommand) -> (PathBuf, String) {
 
 #[test]
 fn live_each_cli_is_found_and_runs_with_a_gui_path() {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis) to run the real CLIs with a GUI PATH");
+    let agents = live::selected_agents("the real CLIs with a GUI PATH");
+    if agents.is_empty() {
         return;
     }
     let model = fake_model::FakeModel::start();
-    let only = std::env::var("CODA_PROMPT_AGENTS").ok();
-    for agent in live::AGENTS {
-        if only.as_deref().is_some_and(|only| !only.split(',').any(|a| a == agent)) {
-            continue;
-        }
-        if let Err(why) = live::installed(agent) {
-            eprintln!("skipped live {agent}: {why}");
-            continue;
-        }
+    for agent in agents {
         let guard = temp::TempDir::new(&format!("coda-live-gui-path-{agent}"));
         let lc = live::prepare(agent, &model.base_url(), guard.path()).expect("prepare the CLI");
         let (dir, how) = install(agent, &lc);
         let shim = |args: &[&str]| {
             let mut cmd = Command::new(shim::binary(agent));
             lc.apply_env(&mut cmd);
-            cmd.env("PATH", GUI_PATH).args(args);
-            cmd
+            cmd.env("PATH", GUI_PATH).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let (status, out, err) = shim::finish(cmd.spawn().expect("start the shim"), Duration::from_secs(180));
+            (status.code(), out, err)
         };
 
-        let (code, out, err) = finish(shim(&["doctor"]), Duration::from_secs(180));
+        let (code, out, err) = shim(&["doctor"]);
         println!("=== coda-{agent} doctor (exit {code:?})\n{out}");
         let cli_row = out.lines().find(|l| l.contains(" CLI ")).unwrap_or("");
         assert!(cli_row.starts_with("ok") && cli_row.ends_with(&format!("({how})")), "{out}\n{err}");
@@ -121,7 +87,7 @@ fn live_each_cli_is_found_and_runs_with_a_gui_path() {
 
         let workdir = lc.workdir.display().to_string();
         let args = ["--prompt", "Say hello.", "--cwd", &workdir, "--system-prompt", "Answer briefly."];
-        let (code, out, err) = finish(shim(&args), Duration::from_secs(180));
+        let (code, out, err) = shim(&args);
         println!("=== coda-{agent} --prompt (exit {code:?})\n{out}");
         assert_eq!(code, Some(0), "coda-{agent} --prompt with a GUI PATH: {out}\n{err}");
         assert!(out.contains("stop: end_turn"), "{out}");
