@@ -26,15 +26,21 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// Size asked for the pipe the agent writes to (Linux's default is 64 KiB; 1 MiB is what an unprivileged
 /// process may ask). A burst then costs the agent and the shim a sixteenth of the wake-ups.
+#[cfg(target_os = "linux")]
 const PIPE_SIZE: i32 = 1 << 20;
 
 /// Best effort: where the system refuses, the pipe keeps its size.
+#[cfg(target_os = "linux")]
 fn grow_pipe(pipe: &impl std::os::fd::AsFd) {
-    #[cfg(target_os = "linux")]
     if let Err(e) = nix::fcntl::fcntl(pipe.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE)) {
         tracing::debug!("cannot grow the agent's stdout pipe: {e}");
     }
 }
+
+/// macOS and the BSDs have no call to size a pipe: the kernel grows a pipe by itself under large writes
+/// (to 64 KiB on macOS), so the pipe keeps the system's size.
+#[cfg(not(target_os = "linux"))]
+fn grow_pipe(_pipe: &impl std::os::fd::AsFd) {}
 
 /// A resolved command: program path and arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,6 +16,7 @@ pub mod identity;
 pub mod instruction;
 pub mod layer;
 pub mod lines;
+pub mod locate;
 pub mod private_file;
 pub mod prompt_mode;
 pub mod relay;

@@ -54,36 +54,8 @@ struct Run {
 
 fn run(mut cmd: Command) -> Run {
     let child = cmd.spawn().expect("start the shim");
-    let (status, stdout, stderr) = finish(child, Duration::from_secs(30));
+    let (status, stdout, stderr) = shim::finish(child, Duration::from_secs(30));
     Run { status, stdout, stderr }
-}
-
-/// Waits for the child (killing it after `within`) and returns what it wrote.
-fn finish(mut child: Child, within: Duration) -> (ExitStatus, String, String) {
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + within;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the shim did not finish within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
 }
 
 /// Removes colour sequences (prompt mode writes none without a terminal, but the check must not depend on it).
@@ -435,27 +407,18 @@ fn replayed_opencode_recording_gives_the_recorded_transcript() {
 /// model. Prints the transcripts; `CODA_PROMPT_RECORD=DIR` also keeps each run's trace there.
 #[test]
 fn live_prompt_mode_on_the_real_clis() {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis) to run prompt mode on the real CLIs");
+    let agents = live::selected_agents("prompt mode on the real CLIs");
+    if agents.is_empty() {
         return;
     }
     let model = fake_model::FakeModel::start();
-    // `CODA_PROMPT_AGENTS=kimi,grok` limits the run (scripts/live-test runs one agent at a time).
-    let only = std::env::var("CODA_PROMPT_AGENTS").ok();
-    for agent in live::AGENTS {
-        if only.as_deref().is_some_and(|only| !only.split(',').any(|a| a == agent)) {
-            continue;
-        }
-        if let Err(why) = live::installed(agent) {
-            eprintln!("skipped live {agent}: {why}");
-            continue;
-        }
+    for agent in agents {
         let guard = temp::TempDir::new(&format!("coda-live-prompt-{agent}"));
         let temp = guard.path().to_path_buf();
         let lc = live::prepare(agent, &model.base_url(), &temp).expect("prepare the CLI");
         let mut doctor = lc.shim_command(&shim::binary(agent));
         doctor.arg("doctor").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let (status, out, _) = finish(doctor.spawn().expect("start doctor"), Duration::from_secs(180));
+        let (status, out, _) = shim::finish(doctor.spawn().expect("start doctor"), Duration::from_secs(180));
         println!(
             "=== coda-{agent} doctor (exit {:?})\n{}",
             status.code(),
@@ -479,7 +442,7 @@ fn live_prompt_mode_on_the_real_clis() {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             let child = cmd.spawn().expect("start the shim");
-            let (status, out, err) = finish(child, Duration::from_secs(180));
+            let (status, out, err) = shim::finish(child, Duration::from_secs(180));
             let shown = strip_ansi(&out).replace(&lc.workdir.display().to_string(), "<work>");
             println!("=== coda-{agent} --prompt {prompt:?} (exit {:?})\n{shown}", status.code());
             if !status.success() {

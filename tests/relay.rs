@@ -247,6 +247,25 @@ fn version_names_the_shim_and_the_wrapped_cli() {
 }
 
 #[test]
+fn version_to_a_reader_that_has_gone_is_no_panic() {
+    // `coda-kimi --version | head -n 1`, with the reader gone before the first line: no panic, status 0.
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    drop(read);
+    let out = std::process::Command::new(shim::binary("kimi"))
+        .arg("--agent-command")
+        .arg("/nonexistent/kimi")
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
 fn trace_file_records_every_frame_both_ways() {
     let dir = temp::TempDir::new("coda-shim-trace");
     let path = dir.join("trace.jsonl");

@@ -9,7 +9,7 @@ mod failure;
 use std::path::Path;
 use std::time::Duration;
 
-use coda_shim::adapter::{Adapter, Found, Setup, on_path, run_for_output};
+use coda_shim::adapter::{Adapter, Found, Setup, installed, run_for_output};
 use coda_shim::child::AgentCommand;
 use coda_shim::instruction::Instruction;
 
@@ -18,7 +18,7 @@ const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
 
 fn default_command() -> Result<Found, String> {
-    on_path("codex-acp", &[], "codex-acp", INSTALL)
+    installed("codex-acp", &[], "codex-acp", INSTALL)
 }
 
 /// The Codex CLI version codex-acp runs: `$CODEX_PATH -V`, else the `@openai/codex` package installed

@@ -7,7 +7,7 @@ mod translate;
 mod watch;
 mod wire;
 
-use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
+use coda_shim::adapter::{Adapter, Found, Setup, installed, plain_version};
 use coda_shim::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
@@ -16,7 +16,7 @@ const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.1
 const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
 
 fn default_command() -> Result<Found, String> {
-    on_path("kimi", &["acp"], "Kimi Code CLI", INSTALL)
+    installed("kimi", &["acp"], "Kimi Code CLI", INSTALL)
 }
 
 fn layers(setup: &mut Setup) {

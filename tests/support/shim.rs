@@ -1,7 +1,7 @@
 //! Runs a shim binary as Coda would, over pipes, with the scripted test agent (or any command) as child.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -250,4 +250,32 @@ pub fn received_prompt(before: &[Value]) -> Value {
         .expect("the agent reported the prompt it received");
     let report = chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text");
     serde_json::from_str(&report.replace("&lt;", "<")).expect("json")
+}
+
+/// Waits for the child (killing it after `within`) and returns what it wrote.
+pub fn finish(mut child: Child, within: Duration) -> (ExitStatus, String, String) {
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the shim did not finish within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
 }
