@@ -104,36 +104,52 @@ impl Folder {
         Ok(file)
     }
 
-    /// The entries of this folder (names that are not UTF-8 are left out: Kimi writes none), sorted.
-    pub fn entries(&self) -> Vec<(String, Kind)> {
+    /// The entries of this folder (names that are not UTF-8 are left out: Kimi writes none), sorted by name.
+    pub fn entries(&self) -> Vec<(String, Meta)> {
         let Ok(fd) = self.fd.try_clone() else { return Vec::new() };
         let Ok(mut dir) = nix::dir::Dir::from_fd(fd) else { return Vec::new() };
-        let mut out: Vec<(String, Kind)> = dir
+        let mut out: Vec<(String, Meta)> = dir
             .iter()
             .flatten()
             .filter_map(|e| e.file_name().to_str().ok().map(str::to_owned))
             .filter(|n| n != "." && n != "..")
-            .map(|n| {
-                let kind = self.kind(&n);
-                (n, kind)
-            })
+            .filter_map(|n| self.meta(&n).map(|m| (n, m)))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
 
-    /// What the entry `name` of this folder is (a link is not followed).
-    pub fn kind(&self, name: &str) -> Kind {
-        match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) => match SFlag::from_bits_truncate(st.st_mode as _) & SFlag::S_IFMT {
-                SFlag::S_IFDIR => Kind::Folder,
-                SFlag::S_IFREG => Kind::File,
-                SFlag::S_IFLNK => Kind::Link,
-                _ => Kind::Other,
-            },
-            Err(_) => Kind::Other,
+    /// What the entry `name` (no `/`) of this folder is; a link is not followed.
+    // The field types of `stat` differ between systems: the casts are needed on some of them.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn meta(&self, name: &str) -> Option<Meta> {
+        if name.contains('/') {
+            return None;
         }
+        let st = fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        let kind = match SFlag::from_bits_truncate(st.st_mode as _) & SFlag::S_IFMT {
+            SFlag::S_IFDIR => Kind::Folder,
+            SFlag::S_IFREG => Kind::File,
+            SFlag::S_IFLNK => Kind::Link,
+            _ => Kind::Other,
+        };
+        Some(Meta {
+            kind,
+            id: (st.st_dev as u64, st.st_ino as u64),
+            len: st.st_size as u64,
+            mtime_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
+        })
     }
+}
+
+/// An entry of a folder as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: Kind,
+    /// Device and inode: a file replaced by a rename has another.
+    pub id: (u64, u64),
+    pub len: u64,
+    pub mtime_ns: i128,
 }
 
 /// Why `name` in `parent` did not open: a link is named as one whatever the system's error for it
@@ -191,7 +207,8 @@ mod tests {
         assert_eq!(folder.file("agents/main").err(), Some(Refused::WrongKind));
         assert_eq!(folder.file("agents/none/wire.jsonl").err(), Some(Refused::Missing));
         assert_eq!(folder.file("agents/../agents/main/wire.jsonl").err(), Some(Refused::WrongKind));
-        let agents = folder.folder("agents").unwrap().entries();
+        let agents: Vec<(String, Kind)> =
+            folder.folder("agents").unwrap().entries().into_iter().map(|(n, m)| (n, m.kind)).collect();
         assert_eq!(agents, [("evil".into(), Kind::Link), ("main".into(), Kind::Folder), ("sub".into(), Kind::Folder)]);
         // The root itself may not be a link either.
         symlink(&root, tmp.path().join("link")).unwrap();

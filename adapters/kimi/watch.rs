@@ -24,13 +24,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use coda_shim::layer::EventSender;
 use notify::Watcher;
 
-use crate::inside::{Folder, Kind, Refused};
+use crate::inside::{Folder, Kind, Meta, Refused};
 use crate::wire::{Fed, Feed};
 
 /// A look at every known file even when no event came: a safety net for events lost without a sign (the
 /// backends signal the losses they know of, which lead to a look at once). Also the longest a change can go
-/// unseen when a folder could not be watched.
-pub const RESCAN_EVERY: Duration = Duration::from_secs(2);
+/// unseen when a folder could not be watched. Under the activity layer's 2 s holds (`ANSWER_HOLD`,
+/// `RUN_END_GRACE`), so a turn end whose event was lost still releases a held answer before the hold runs out.
+pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// Bytes read from a file at a time.
 pub const READ_PIECE: usize = 256 << 10;
 /// Bytes of one wire handed over in one scan; the rest follows in the next scan.
@@ -39,6 +40,8 @@ pub const ROUND_BYTES: u64 = 1 << 20;
 pub const IN_FLIGHT: usize = 2;
 /// The largest task file read (Kimi's are under 1 KiB).
 pub const TASK_FILE_MAX: u64 = 1 << 20;
+/// Agent folders read in one session (Kimi makes one per subagent run: a session has a few, or dozens).
+pub const MAX_AGENTS: usize = 1000;
 
 /// What happened to one file (the file log of `CODA_KIMI_RECORD`, fixtures/README.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,23 +138,6 @@ struct Tracked {
     rereading: bool,
 }
 
-/// A task file as last read: a new one (atomic replace) has another inode.
-#[derive(PartialEq, Eq, Clone, Copy)]
-struct Stamp {
-    inode: (u64, u64),
-    len: u64,
-    mtime_ns: i128,
-}
-
-fn stamp(f: &File) -> Option<Stamp> {
-    let m = f.metadata().ok()?;
-    Some(Stamp {
-        inode: (m.dev(), m.ino()),
-        len: m.len(),
-        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-    })
-}
-
 /// One session folder being watched: what is known of each file, and the parse of the wires.
 pub struct Watch {
     session: String,
@@ -159,12 +145,14 @@ pub struct Watch {
     root: Folder,
     /// agent -> its wire.
     wires: BTreeMap<String, Tracked>,
-    /// `agents/<agent>/tasks/<id>.json` -> as last read.
-    tasks: HashMap<String, Stamp>,
+    /// `agents/<agent>/tasks/<id>.json` -> as last read (a new one, by atomic replace, has another inode).
+    tasks: HashMap<String, Meta>,
     /// Folders (relative) being watched.
     watched: HashSet<String>,
     /// Paths already warned about, so a bad entry is reported once.
     warned: HashSet<String>,
+    /// A watch could not be added (warned once).
+    watch_failed: bool,
     feed: Feed,
     record: bool,
 }
@@ -185,18 +173,18 @@ impl Watch {
             tasks: HashMap::new(),
             watched: HashSet::new(),
             warned: HashSet::new(),
+            watch_failed: false,
             feed: Feed::new(cutoff_ms),
             record: snapshot,
         };
         let agents = w.agents(None);
         let mut taken = Vec::new();
         for agent in &agents {
-            for (rel, file) in w.task_files(agent) {
-                let Some(st) = stamp(&file) else { continue };
-                if snapshot && let Some(bytes) = read_small(file, &rel) {
+            for (rel, meta) in w.task_files(agent) {
+                if snapshot && let Some(bytes) = w.open_file(&rel).and_then(|f| read_small(f, &rel)) {
                     taken.push(Chunk { file: rel.clone(), op: Op::Replace, bytes });
                 }
-                w.tasks.insert(rel, st);
+                w.tasks.insert(rel, meta);
             }
         }
         for agent in &agents {
@@ -241,15 +229,18 @@ impl Watch {
         let Some(source) = source else { return };
         if self.watched.insert(rel.to_owned())
             && let Err(e) = source.watch(&self.dir.join(rel))
+            && !std::mem::replace(&mut self.watch_failed, true)
         {
             tracing::warn!(
-                "cannot watch {rel} of Kimi session {}: {e}; it is looked at every {RESCAN_EVERY:?}",
+                "cannot watch {rel} of Kimi session {} ({e}; further failures are not reported); what is not \
+                 watched is looked at every {RESCAN_EVERY:?}",
                 self.session
             );
         }
     }
 
-    /// The agent folders (real folders only), each watched with its `tasks` folder before it is read.
+    /// The agent folders (real folders only, at most [`MAX_AGENTS`]), each watched with its `tasks` folder
+    /// before it is read.
     fn agents(&mut self, mut source: Option<&mut dyn EventSource>) -> Vec<String> {
         let agents = match self.root.folder("agents") {
             Ok(f) => f,
@@ -261,9 +252,9 @@ impl Watch {
         };
         self.watch("agents", &mut source);
         let mut out = Vec::new();
-        for (name, kind) in agents.entries() {
+        for (name, meta) in agents.entries() {
             let rel = format!("agents/{name}");
-            match kind {
+            match meta.kind {
                 Kind::Folder => {}
                 Kind::Link => {
                     self.refuse(&rel, Refused::Link);
@@ -271,10 +262,20 @@ impl Watch {
                 }
                 _ => continue,
             }
+            if out.len() == MAX_AGENTS {
+                if self.warned.insert("agents/*".into()) {
+                    tracing::warn!(
+                        "Kimi session {}: over {MAX_AGENTS} agent folders; the rest is not read",
+                        self.session
+                    );
+                }
+                break;
+            }
             self.watch(&rel, &mut source);
-            match agents.kind(&format!("{name}/tasks")) {
-                Kind::Folder => self.watch(&format!("{rel}/tasks"), &mut source),
-                Kind::Link => self.refuse(&format!("{rel}/tasks"), Refused::Link),
+            let tasks = format!("{rel}/tasks");
+            match agents.folder(&name).ok().and_then(|a| a.meta("tasks")).map(|m| m.kind) {
+                Some(Kind::Folder) => self.watch(&tasks, &mut source),
+                Some(Kind::Link) => self.refuse(&tasks, Refused::Link),
                 _ => {}
             }
             out.push(name);
@@ -282,18 +283,20 @@ impl Watch {
         out
     }
 
-    /// The task files of one agent, open.
-    fn task_files(&mut self, agent: &str) -> Vec<(String, File)> {
+    /// The task files of one agent (regular files only), as they are now.
+    fn task_files(&mut self, agent: &str) -> Vec<(String, Meta)> {
         let folder = format!("agents/{agent}/tasks");
         let Ok(tasks) = self.root.folder(&folder) else { return Vec::new() };
         let mut out = Vec::new();
-        for (name, _) in tasks.entries() {
+        for (name, meta) in tasks.entries() {
             if !name.ends_with(".json") || name.contains(".tmp.") {
                 continue;
             }
             let rel = format!("{folder}/{name}");
-            if let Some(f) = self.open_file(&rel) {
-                out.push((rel, f));
+            match meta.kind {
+                Kind::File => out.push((rel, meta)),
+                Kind::Link => self.refuse(&rel, Refused::Link),
+                _ => self.refuse(&rel, Refused::WrongKind),
             }
         }
         out
@@ -305,13 +308,12 @@ impl Watch {
         let mut scan = self.empty_scan();
         // Task files first: Kimi writes one before the wire record that ends its task.
         for agent in &agents {
-            for (rel, file) in self.task_files(agent) {
-                let Some(st) = stamp(&file) else { continue };
-                if self.tasks.get(&rel) == Some(&st) {
+            for (rel, meta) in self.task_files(agent) {
+                if self.tasks.get(&rel) == Some(&meta) {
                     continue;
                 }
-                self.tasks.insert(rel.clone(), st);
-                let Some(bytes) = read_small(file, &rel) else { continue };
+                self.tasks.insert(rel.clone(), meta);
+                let Some(bytes) = self.open_file(&rel).and_then(|f| read_small(f, &rel)) else { continue };
                 scan.fed.push(self.feed.piece(&rel, true, &bytes));
                 if self.record {
                     scan.chunks.push(Chunk { file: rel, op: Op::Replace, bytes });
