@@ -516,20 +516,30 @@ impl EventSource for NotifySource {
         self.watcher.watch(folder, notify::RecursiveMode::NonRecursive).map_err(|e| e.to_string())
     }
 
+    /// Events that are no change (our own reads) do not end the wait: the look after it would raise more.
     fn wait(&mut self, timeout: Duration) -> Wake {
-        let mut changed = false;
-        let first = match self.rx.recv_timeout(timeout) {
-            Ok(m) => m,
-            Err(mpsc::RecvTimeoutError::Timeout) => return Wake::Quiet,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Wake::Stop,
-        };
-        for msg in std::iter::once(first).chain(std::iter::from_fn(|| self.rx.try_recv().ok())) {
-            match msg {
-                Msg::Stop => return Wake::Stop,
-                Msg::Fs(ev) => changed |= may_be_a_change(&ev),
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let first = match self.rx.recv_timeout(left) {
+                Ok(m) => m,
+                Err(mpsc::RecvTimeoutError::Timeout) => return Wake::Quiet,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Wake::Stop,
+            };
+            let mut changed = false;
+            for msg in std::iter::once(first).chain(std::iter::from_fn(|| self.rx.try_recv().ok())) {
+                match msg {
+                    Msg::Stop => return Wake::Stop,
+                    Msg::Fs(ev) => {
+                        tracing::trace!("file event {:?}", ev.as_ref().map(|e| e.kind));
+                        changed |= may_be_a_change(&ev);
+                    }
+                }
+            }
+            if changed {
+                return Wake::Changed;
             }
         }
-        if changed { Wake::Changed } else { Wake::Quiet }
     }
 }
 
