@@ -601,6 +601,25 @@ fn a_symlinked_folder_in_the_session_is_neither_watched_nor_read() {
     k.nothing_for(Duration::from_millis(300));
 }
 
+/// The session folder itself is Kimi's own (made by `session/new`): a link there is not followed; the relay goes on
+/// without activity. (The folders above it may be links: where Kimi keeps its data is the user's choice.)
+#[test]
+fn a_symlinked_session_folder_is_not_followed() {
+    let outside = temp::TempDir::new("coda-kimi-outside-session");
+    let moved = outside.join("session");
+    let mut k = Kimi::start_with("symlinked-session", |dir| {
+        std::fs::rename(dir, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, dir).unwrap();
+    });
+    k.wire("main", &[user_turn(0), task("task.started", "bash-aaaa0006", "running")]);
+    k.nothing_for(Duration::from_millis(300));
+    let note = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SESSION,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"still here"}}}});
+    k.agent(note.clone());
+    assert_eq!(k.recv(), note);
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+}
+
 #[test]
 fn a_symlinked_or_special_wire_file_is_not_read_and_no_content_is_logged() {
     let outside = temp::TempDir::new("coda-kimi-outside-file");

@@ -2,7 +2,8 @@
 //! it, already parsed, to the activity layer as [`Scan`]s, from a thread of its own (never the relay loop).
 //!
 //! An event only says "something in a watched folder may have changed": its kind, path and count are not used.
-//! On each one (and every [`RESCAN_EVERY`] without one) the watch looks again at every file it knows: a wire that
+//! On each one (and after [`RESCAN_IDLE`] without one, [`RESCAN_EVERY`] while a folder could not be watched) the
+//! watch looks again at every file it knows: a wire that
 //! grew is read on from where it stopped, a task file whose identity (inode, size, mtime) changed is read again,
 //! a new folder is watched and then read. inotify reports each write; macOS's FSEvents delivers late, coalesced,
 //! sometimes only for the folder, a rename as one event or two: both lead to the same reads.
@@ -27,11 +28,15 @@ use notify::Watcher;
 use crate::inside::{Folder, Kind, Meta, Refused};
 use crate::wire::{Fed, Feed};
 
-/// A look at every known file even when no event came: a safety net for events lost without a sign (the
-/// backends signal the losses they know of, which lead to a look at once). Also the longest a change can go
-/// unseen when a folder could not be watched. Under the activity layer's 2 s holds (`ANSWER_HOLD`,
-/// `RUN_END_GRACE`), so a turn end whose event was lost still releases a held answer before the hold runs out.
+/// How long the watch waits for an event while a folder could not be watched (or no watcher could be made)
+/// before it looks anyway: the longest such a change goes unseen. Under the activity layer's 2 s holds
+/// (`ANSWER_HOLD`, `RUN_END_GRACE`), so a turn end written there still releases a held answer before the hold
+/// runs out.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
+/// How long the watch waits for an event before it looks anyway while every folder is watched: a safety net only.
+/// inotify and FSEvents say when they lost events (notify hands that on as an event, which leads to a look at
+/// once), and a folder added to the watch is looked at right after.
+pub const RESCAN_IDLE: Duration = Duration::from_secs(30);
 /// Bytes read from a file at a time.
 pub const READ_PIECE: usize = 256 << 10;
 /// Bytes of one wire handed over in one scan; the rest follows in the next scan.
@@ -119,11 +124,16 @@ pub fn find_session(root: &Path, session: &str) -> Option<PathBuf> {
     if session.is_empty() || session.contains('/') || session.starts_with('.') {
         return None;
     }
-    std::fs::read_dir(root.join("sessions"))
-        .ok()?
-        .flatten()
-        .map(|d| d.path().join(session))
-        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()))
+    let candidates: Vec<PathBuf> =
+        std::fs::read_dir(root.join("sessions")).ok()?.flatten().map(|d| d.path().join(session)).collect();
+    let meta = |p: &PathBuf| std::fs::symlink_metadata(p).ok();
+    // A real folder with an `agents` entry; else a link there, which [`Watch::open`] refuses with a warning
+    // that says so.
+    candidates
+        .iter()
+        .find(|p| meta(p).is_some_and(|m| m.is_dir()) && meta(&p.join("agents")).is_some())
+        .or_else(|| candidates.iter().find(|p| meta(p).is_some_and(|m| m.is_symlink())))
+        .cloned()
 }
 
 pub fn now_ms() -> u64 {
@@ -350,6 +360,11 @@ impl Watch {
             Wake::Stop => false,
             Wake::Changed | Wake::Quiet => self.rescan(source, send),
         }
+    }
+
+    /// The longest wait for an event before the next look.
+    pub fn idle_wait(&self) -> Duration {
+        if self.watch_failed { RESCAN_EVERY } else { RESCAN_IDLE }
     }
 
     fn empty_scan(&self) -> Scan {
@@ -586,7 +601,7 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
         if !watch.rescan(source.as_mut(), &mut send) {
             return;
         }
-        while !stop.load(Ordering::Relaxed) && watch.step(source.as_mut(), RESCAN_EVERY, &mut send) {}
+        while !stop.load(Ordering::Relaxed) && watch.step(source.as_mut(), watch.idle_wait(), &mut send) {}
     });
     spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
     Ok((started, handle))
@@ -599,7 +614,7 @@ struct Unwatched {
 
 impl EventSource for Unwatched {
     fn watch(&mut self, _folder: &Path) -> Result<(), String> {
-        Ok(())
+        Err("no watcher".into())
     }
 
     fn wait(&mut self, timeout: Duration) -> Wake {
