@@ -624,3 +624,37 @@ impl EventSource for Unwatched {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, Flag, ModifyKind, RenameMode};
+    use notify::{Event, EventKind};
+
+    #[test]
+    fn only_our_own_reads_are_no_change() {
+        let no = [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        ];
+        for kind in no {
+            assert!(!may_be_a_change(&Ok(Event::new(kind))), "{kind:?}");
+        }
+        let yes = [
+            // inotify: a write, Kimi's close after its write, an atomic replace; FSEvents: a folder-only or
+            // unknown change, a rename of either end; either: lost events.
+            Event::new(EventKind::Modify(ModifyKind::Data(DataChange::Any))),
+            Event::new(EventKind::Access(AccessKind::Close(AccessMode::Write))),
+            Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::To))),
+            Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Any))),
+            Event::new(EventKind::Create(CreateKind::File)),
+            Event::new(EventKind::Any),
+            Event::new(EventKind::Other).set_flag(Flag::Rescan),
+        ];
+        for ev in yes {
+            assert!(may_be_a_change(&Ok(ev.clone())), "{ev:?}");
+        }
+        assert!(may_be_a_change(&Err(notify::Error::generic("queue overflow"))));
+    }
+}
