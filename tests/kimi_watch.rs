@@ -8,6 +8,9 @@
 #[path = "../adapters/kimi/activity.rs"]
 #[allow(dead_code)]
 mod activity;
+#[path = "../adapters/kimi/events.rs"]
+#[allow(dead_code)]
+mod events;
 #[path = "../adapters/kimi/inside.rs"]
 #[allow(dead_code)]
 mod inside;
@@ -33,7 +36,8 @@ use coda_shim::frame::Frame;
 use coda_shim::layer::{Exits, Stack};
 use serde_json::{Value, json};
 
-use watch::{EventSource, Scan, Wake, Watch};
+use events::{EventSource, Wake};
+use watch::{Scan, Watch};
 
 /// One file-system event as a backend reports it; the watch must not depend on any of it.
 #[derive(Debug, Clone)]

@@ -2,6 +2,7 @@
 //! and subagents (from its session files) as `_coda/wait`.
 
 mod activity;
+mod events;
 mod inside;
 mod translate;
 mod watch;

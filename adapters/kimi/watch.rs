@@ -1,12 +1,12 @@
 //! The I/O shell of coda-kimi's activity: finds one Kimi session folder, watches it, and hands what changed in
 //! it, already parsed, to the activity layer as [`Scan`]s, from a thread of its own (never the relay loop).
 //!
-//! An event only says "something in a watched folder may have changed": its kind, path and count are not used.
-//! On each one (and after [`RESCAN_IDLE`] without one, [`RESCAN_EVERY`] while a folder could not be watched) the
-//! watch looks again at every file it knows: a wire that
-//! grew is read on from where it stopped, a task file whose identity (inode, size, mtime) changed is read again,
-//! a new folder is watched and then read. inotify reports each write; macOS's FSEvents delivers late, coalesced,
-//! sometimes only for the folder, a rename as one event or two: both lead to the same reads.
+//! An event only says "something in a watched folder may have changed" ([`crate::events`]): its kind, path and count
+//! are not used. On each one (and after [`RESCAN_IDLE`] without one, [`RESCAN_EVERY`] while a folder could not be
+//! watched) the watch looks again at every file it knows: a wire that grew is read on from where it stopped, a task
+//! file whose identity (inode, size, mtime) changed is read again, a new folder is watched and then read. inotify
+//! reports each write; macOS's FSEvents delivers late, coalesced, sometimes only for the folder, a rename as one
+//! event or two: both lead to the same reads.
 //!
 //! Nothing outside the session folder is watched or read ([`crate::inside`]): a symbolic link inside it (folder
 //! or file) is refused with a warning, and so is anything that is not a regular file. A wire is read in pieces of
@@ -23,8 +23,8 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coda_shim::layer::EventSender;
-use notify::Watcher;
 
+use crate::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
 use crate::inside::{Folder, Kind, Meta, Refused};
 use crate::wire::{Fed, Feed};
 
@@ -87,26 +87,6 @@ pub struct Started {
     /// With `snapshot`: the wires (whole, up to where the watch starts reading) and task files as they were at
     /// the start, for a recording of a session made before the shim saw it (fixtures/README.md).
     pub snapshot: Vec<Chunk>,
-}
-
-/// Why the watch woke up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
-    /// Something in a watched folder may have changed.
-    Changed,
-    /// Nothing came within the time asked for.
-    Quiet,
-    /// The watch is to end.
-    Stop,
-}
-
-/// Where the watch learns that something may have changed: `notify` (inotify, FSEvents, ...) in the binary, a
-/// scripted source in tests.
-pub trait EventSource: Send {
-    /// From now on, reports changes of the entries directly inside `folder` (not below it).
-    fn watch(&mut self, folder: &Path) -> Result<(), String>;
-    /// Blocks until something may have changed, `timeout` passed or the watch is to end.
-    fn wait(&mut self, timeout: Duration) -> Wake;
 }
 
 /// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`.
@@ -500,64 +480,6 @@ impl Drop for Credit {
     }
 }
 
-/// The real event source: `notify`'s recommended watcher (inotify on Linux, FSEvents on macOS), one
-/// non-recursive watch per folder.
-struct NotifySource {
-    watcher: notify::RecommendedWatcher,
-    rx: mpsc::Receiver<Msg>,
-}
-
-enum Msg {
-    Fs(notify::Result<notify::Event>),
-    Stop,
-}
-
-/// Our own reads raise open and close events on inotify: they must not wake a scan, or the watch would feed
-/// itself. Anything else (a write, a rename, a folder-only event, a "rescan" or an error) may be a change.
-fn may_be_a_change(msg: &notify::Result<notify::Event>) -> bool {
-    use notify::EventKind::Access;
-    use notify::event::{AccessKind, AccessMode};
-    match msg {
-        Ok(ev) => !matches!(
-            ev.kind,
-            Access(AccessKind::Open(_) | AccessKind::Read | AccessKind::Close(AccessMode::Read | AccessMode::Execute))
-        ),
-        Err(_) => true,
-    }
-}
-
-impl EventSource for NotifySource {
-    fn watch(&mut self, folder: &Path) -> Result<(), String> {
-        self.watcher.watch(folder, notify::RecursiveMode::NonRecursive).map_err(|e| e.to_string())
-    }
-
-    /// Events that are no change (our own reads) do not end the wait: the look after it would raise more.
-    fn wait(&mut self, timeout: Duration) -> Wake {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let first = match self.rx.recv_timeout(left) {
-                Ok(m) => m,
-                Err(mpsc::RecvTimeoutError::Timeout) => return Wake::Quiet,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Wake::Stop,
-            };
-            let mut changed = false;
-            for msg in std::iter::once(first).chain(std::iter::from_fn(|| self.rx.try_recv().ok())) {
-                match msg {
-                    Msg::Stop => return Wake::Stop,
-                    Msg::Fs(ev) => {
-                        tracing::trace!("file event {:?}", ev.as_ref().map(|e| e.kind));
-                        changed |= may_be_a_change(&ev);
-                    }
-                }
-            }
-            if changed {
-                return Wake::Changed;
-            }
-        }
-    }
-}
-
 /// Keeps the watch alive; dropping it ends the thread.
 pub struct Handle {
     stop: Arc<AtomicBool>,
@@ -605,56 +527,4 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
     });
     spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
     Ok((started, handle))
-}
-
-/// No watcher could be made: only the periodic look, and the stop.
-struct Unwatched {
-    rx: mpsc::Receiver<Msg>,
-}
-
-impl EventSource for Unwatched {
-    fn watch(&mut self, _folder: &Path) -> Result<(), String> {
-        Err("no watcher".into())
-    }
-
-    fn wait(&mut self, timeout: Duration) -> Wake {
-        match self.rx.recv_timeout(timeout) {
-            Ok(Msg::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => Wake::Stop,
-            Ok(Msg::Fs(_)) | Err(mpsc::RecvTimeoutError::Timeout) => Wake::Quiet,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, Flag, ModifyKind, RenameMode};
-    use notify::{Event, EventKind};
-
-    #[test]
-    fn only_our_own_reads_are_no_change() {
-        let no = [
-            EventKind::Access(AccessKind::Open(AccessMode::Any)),
-            EventKind::Access(AccessKind::Read),
-            EventKind::Access(AccessKind::Close(AccessMode::Read)),
-        ];
-        for kind in no {
-            assert!(!may_be_a_change(&Ok(Event::new(kind))), "{kind:?}");
-        }
-        let yes = [
-            // inotify: a write, Kimi's close after its write, an atomic replace; FSEvents: a folder-only or
-            // unknown change, a rename of either end; either: lost events.
-            Event::new(EventKind::Modify(ModifyKind::Data(DataChange::Any))),
-            Event::new(EventKind::Access(AccessKind::Close(AccessMode::Write))),
-            Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::To))),
-            Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Any))),
-            Event::new(EventKind::Create(CreateKind::File)),
-            Event::new(EventKind::Any),
-            Event::new(EventKind::Other).set_flag(Flag::Rescan),
-        ];
-        for ev in yes {
-            assert!(may_be_a_change(&Ok(ev.clone())), "{ev:?}");
-        }
-        assert!(may_be_a_change(&Err(notify::Error::generic("queue overflow"))));
-    }
 }
