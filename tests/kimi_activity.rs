@@ -3,7 +3,8 @@
 //! a prompt held while Kimi runs a turn of its own, a prompt answer held until the wire shows the turn's end
 //! (and released after `ANSWER_HOLD` when it never does), `_coda/wait/stop` refused, `session/cancel` of a
 //! held prompt, a subagent run whose own turn end never shows; and faults in Kimi's files (garbage, torn lines,
-//! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order).
+//! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order) and in its
+//! data folder (symbolic links out of the session folder, a FIFO for a wire, a huge append, one huge line).
 
 #[path = "support/shim.rs"]
 mod shim;
