@@ -293,21 +293,35 @@ fn memory_and_an_unrelated_round_trip_while_200_mb_are_appended() {
     let _ = run.shim.wait();
 }
 
-#[test]
-#[ignore = "measurement: run with --release --ignored --nocapture"]
-fn memory_for_one_50_mb_record() {
-    let mut run = start("kimi-load-line", false);
-    let mut line = b"{\"type\":\"context.append_loop_event\",\"agentId\":\"main\",\"pad\":\"".to_vec();
-    line.resize(line.len() + 50_000_000, b'y');
-    line.extend_from_slice(b"\"}\n");
+/// Peak memory and the worst unrelated round trip while one record (`line`) is appended.
+fn one_record(name: &str, what: &str, line: Vec<u8>) {
+    let mut run = start(name, false);
     let t0 = Instant::now();
     let (worst, pings) = run.ping_until_reported(line, "bash-00000002", 0);
     let peak = peak_rss_mib(run.shim.id());
     println!(
-        "one 50 MB record: the next record reported after {:.2} s; worst unrelated round trip {worst:.2} ms over \
-         {pings} pings; peak RSS {peak:.1} MiB",
+        "{what}: the next record reported after {:.2} s; worst unrelated round trip {worst:.2} ms over {pings} \
+         pings; peak RSS {peak:.1} MiB",
         t0.elapsed().as_secs_f64()
     );
     drop(run.stdin);
     let _ = run.shim.wait();
+}
+
+#[test]
+#[ignore = "measurement: run with --release --ignored --nocapture"]
+fn memory_for_one_50_mb_record() {
+    let mut line = b"{\"type\":\"context.append_loop_event\",\"agentId\":\"main\",\"pad\":\"".to_vec();
+    line.resize(line.len() + 50_000_000, b'y');
+    line.extend_from_slice(b"\"}\n");
+    one_record("kimi-load-line", "one 50 MB record (over the limit: skipped)", line);
+}
+
+#[test]
+#[ignore = "measurement: run with --release --ignored --nocapture"]
+fn memory_for_one_record_just_under_the_limit() {
+    let mut line = br#"{"type":"context.append_loop_event","agentId":"main","event":{"type":"tool.result","toolCallId":"c","result":{"output":""#.to_vec();
+    line.resize(line.len() + 16_700_000, b'y');
+    line.extend_from_slice(b"\"}},\"time\":5}\n");
+    one_record("kimi-load-limit", "one 16.7 MB tool result (under the 16 MiB limit: read)", line);
 }

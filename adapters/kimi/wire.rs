@@ -148,10 +148,12 @@ fn turn_number(v: Option<&Value>) -> Option<i64> {
 
 /// Parses one line. `Err` says why it is not a wire record.
 pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
-    let Some(ty) = v.get("type").and_then(Value::as_str) else {
+    let mut v: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(ty) = v.get("type").and_then(Value::as_str).map(str::to_owned) else {
         return Err("no \"type\"".into());
     };
+    // Owned, so that parts of the record can be moved out of it below.
+    let ty = ty.as_str();
     let time = v.get("time").or_else(|| v.get("created_at")).and_then(Value::as_u64).unwrap_or(0);
     let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
     // Records with `kind: "event"` come from another layer with its own turn numbers (kimi.md §2.4).
@@ -186,11 +188,12 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
             }
         }
         "context.append_loop_event" => {
-            let e = v.get("event").cloned().unwrap_or(Value::Null);
+            // Moved out, not copied: a record can be megabytes (tool output).
+            let mut e = v.get_mut("event").map(Value::take).unwrap_or(Value::Null);
             let turn_id = turn_number(e.get("turnId"));
             match e.get("type").and_then(Value::as_str) {
                 Some("content.part") => {
-                    let part = e.get("part").cloned().unwrap_or(Value::Null);
+                    let part = e.get_mut("part").map(Value::take).unwrap_or(Value::Null);
                     match part.get("type").and_then(Value::as_str) {
                         Some("text") => {
                             Record::Text { turn_id, text: s(&part, "text").unwrap_or_default(), thought: false }
@@ -205,12 +208,12 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
                     turn_id,
                     call_id: s(&e, "toolCallId").ok_or("tool.call without toolCallId")?,
                     name: s(&e, "name").unwrap_or_default(),
-                    args: e.get("args").cloned().unwrap_or(Value::Null),
+                    args: e.get_mut("args").map(Value::take).unwrap_or(Value::Null),
                 },
                 Some("tool.result") => {
-                    let r = e.get("result").cloned().unwrap_or(Value::Null);
-                    let output = match r.get("output") {
-                        Some(Value::String(t)) => t.clone(),
+                    let mut r = e.get_mut("result").map(Value::take).unwrap_or(Value::Null);
+                    let output = match r.get_mut("output").map(Value::take) {
+                        Some(Value::String(t)) => t,
                         Some(other) => other.to_string(),
                         None => String::new(),
                     };
