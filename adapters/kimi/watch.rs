@@ -229,8 +229,8 @@ impl Watch {
         }
     }
 
-    /// The agent folders (real folders only, at most [`MAX_AGENTS`]), each watched with its `tasks` folder
-    /// before it is read.
+    /// The agent folders (real folders only, at most [`MAX_AGENTS`], `main` first), each watched with its `tasks`
+    /// folder before it is read.
     fn agents(&mut self, mut source: Option<&mut dyn EventSource>) -> Vec<String> {
         let agents = match self.root.folder("agents") {
             Ok(f) => f,
@@ -242,7 +242,10 @@ impl Watch {
         };
         self.watch("agents", &mut source);
         let mut out = Vec::new();
-        for (name, meta) in agents.entries() {
+        let mut entries = agents.entries();
+        // The main agent first: it is never among those left out.
+        entries.sort_by_key(|(name, _)| name != "main");
+        for (name, meta) in entries {
             let rel = format!("agents/{name}");
             match meta.kind {
                 Kind::Folder => {}
@@ -527,4 +530,59 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
     });
     spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
     Ok((started, handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts the folders it is asked to watch; never reports a change.
+    #[derive(Default)]
+    struct Counting(Vec<PathBuf>);
+
+    impl EventSource for Counting {
+        fn watch(&mut self, folder: &Path) -> Result<(), String> {
+            self.0.push(folder.to_path_buf());
+            Ok(())
+        }
+        fn wait(&mut self, _timeout: Duration) -> Wake {
+            Wake::Quiet
+        }
+    }
+
+    #[test]
+    fn agent_folders_beyond_the_limit_and_oversized_task_files_are_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("session_x");
+        std::fs::create_dir_all(dir.join("agents/main/tasks")).unwrap();
+        std::fs::write(dir.join("agents/main/wire.jsonl"), "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n")
+            .unwrap();
+        for i in 0..MAX_AGENTS + 5 {
+            std::fs::create_dir(dir.join(format!("agents/agent-{i:05}"))).unwrap();
+        }
+        let (mut w, started) = Watch::open("session_x", &dir, false).unwrap();
+        assert!(started.header.starts_with(b"{\"type\":\"metadata\""));
+        // A task file over the limit, and one of usual size, written after the start.
+        let big = format!("{{\"taskId\":\"bash-00000001\",\"pad\":\"{}\"}}", "x".repeat(TASK_FILE_MAX as usize));
+        std::fs::write(dir.join("agents/main/tasks/bash-00000001.json"), big).unwrap();
+        std::fs::write(dir.join("agents/main/tasks/bash-00000002.json"), "{\"taskId\":\"bash-00000002\"}").unwrap();
+        let mut source = Counting::default();
+        let mut scans = Vec::new();
+        assert!(w.rescan(&mut source, &mut |s| {
+            scans.push(s);
+            true
+        }));
+        // `agents`, then each agent folder read (and `main/tasks`): no more than the limit.
+        let agents = source.0.iter().filter(|p| p.parent().is_some_and(|p| p.ends_with("agents"))).count();
+        assert_eq!(agents, MAX_AGENTS);
+        let tasks: Vec<String> = scans
+            .iter()
+            .flat_map(|s| &s.fed)
+            .filter_map(|f| match f {
+                Fed::Task { info, .. } => Some(info.task_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tasks, ["bash-00000002"]);
+    }
 }
