@@ -16,11 +16,12 @@ use serde_json::{Value, json};
 
 use crate::failure::Failures;
 use crate::translate::Translator;
-use crate::watch::{self, Chunk, Op, Scan};
-use crate::wire::{self, Fed, Feed, KNOWN_PROTOCOLS};
+use crate::watch::{self, Chunk, Op, Scan, Started};
+use crate::wire::{self, Fed, KNOWN_PROTOCOLS};
 
-/// Starts watching a session folder; the real one uses inotify, tests hand events in themselves.
-pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(watch::Start, Option<watch::Handle>), String> + Send>;
+/// Starts watching a session folder: notes where its files end and sets up the watch on a thread of its own;
+/// tests hand scans in themselves (no handle).
+pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(Started, Option<watch::Handle>), String> + Send>;
 
 /// Longest hold of a prompt answer waiting for the wire to show the turn's end. Kimi writes `turn.ended`
 /// before it answers, so the watch normally sees it within milliseconds; when it never shows (a watch that
@@ -39,7 +40,6 @@ struct Tick {
 
 struct Session {
     translator: Translator,
-    feed: Feed,
     /// Client prompts held while Kimi is busy with a turn of its own.
     held: VecDeque<Frame>,
     /// Prompt answers held until the wire shows that turn's end, so that what Kimi recorded during
@@ -208,8 +208,9 @@ impl Activity {
         }
     }
 
-    fn open_session(&mut self, session: &str, seen: SystemTime, cx: &mut Cx) {
-        let _ = cx;
+    /// Starts the watch of a session's files: here only a few reads of folders and sizes; the watch itself is
+    /// set up on the watch's own thread, so the answer that named the session does not wait for it.
+    fn open_session(&mut self, session: &str, seen: SystemTime) {
         if self.sessions.contains_key(session) {
             return;
         }
@@ -229,10 +230,9 @@ impl Activity {
         };
         match (self.start)(session, &dir) {
             Ok((start, handle)) => {
-                let dir = dir.to_string_lossy().into_owned();
                 // What the files held when the session was found: the recording's starting state.
-                self.rec_chunks(&dir, &start.snapshot, seen, true);
-                self.begin(session, &dir, &start.header, start.cutoff_ms, handle);
+                self.rec_chunks(&start.dir, &start.snapshot, seen, true);
+                self.begin(session, &start.dir, &start.header, handle);
             }
             Err(why) => {
                 tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported");
@@ -242,7 +242,7 @@ impl Activity {
     }
 
     /// Sets up the translation for a session whose main wire starts with `header`.
-    pub fn begin(&mut self, session: &str, dir: &str, header: &[u8], cutoff_ms: u64, handle: Option<watch::Handle>) {
+    pub fn begin(&mut self, session: &str, dir: &str, header: &[u8], handle: Option<watch::Handle>) {
         let version = wire::parse_line(header.trim_ascii_end()).ok().and_then(|e| match e.record {
             wire::Record::Metadata { protocol_version } => Some(protocol_version),
             _ => None,
@@ -262,7 +262,6 @@ impl Activity {
         let translator = Translator::new(session, dir, self.waits);
         let s = Session {
             translator,
-            feed: Feed::new(cutoff_ms),
             held: VecDeque::new(),
             answers: Vec::new(),
             tick_due: false,
@@ -273,13 +272,13 @@ impl Activity {
         self.sessions.insert(session.to_owned(), s);
     }
 
-    /// What the watcher read: parse, order by the wire records, translate.
-    pub fn scan(&mut self, session: &str, chunks: &[Chunk], cx: &mut Cx) {
+    /// What the watch read, parsed: order by the wire records, translate.
+    pub fn scan(&mut self, session: &str, fed: Vec<Fed>, cx: &mut Cx) {
         let Some(s) = self.sessions.get_mut(session) else { return };
         let mut out = Vec::new();
         let mut lists = Vec::new();
-        for c in chunks {
-            match s.feed.chunk(&c.file, c.op == Op::Reopen, c.op == Op::Replace, &c.bytes) {
+        for f in fed {
+            match f {
                 Fed::Task { agent, info } => s.translator.task_file(&agent, &info),
                 Fed::Entries { agent, entries } if !entries.is_empty() => {
                     // The main agent first on equal times: its records register what the others report.
@@ -449,7 +448,7 @@ impl Layer for Activity {
                 v.as_ref().and_then(|v| v.pointer("/result/sessionId")).and_then(Value::as_str).map(str::to_owned);
             cx.to_client(frame);
             if ok && let Some(sid) = sid.or(asked) {
-                self.open_session(&sid, seen, cx);
+                self.open_session(&sid, seen);
             }
             return;
         }
@@ -457,19 +456,25 @@ impl Layer for Activity {
     }
 
     fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        let scan = match event.downcast::<Tick>() {
-            Ok(tick) => return self.tick(&tick.session, Instant::now(), cx),
-            Err(event) => match event.downcast::<Scan>() {
-                Ok(scan) => scan,
-                Err(_) => return,
-            },
+        let event = match event.downcast::<Scan>() {
+            Ok(scan) => return self.on_scan(*scan, cx),
+            Err(event) => event,
         };
+        if let Ok(tick) = event.downcast::<Tick>() {
+            self.tick(&tick.session, Instant::now(), cx);
+        }
+    }
+}
+
+impl Activity {
+    fn on_scan(&mut self, scan: Scan, cx: &mut Cx) {
         if self.record.is_some()
             && let Some(dir) = self.sessions.get(&scan.session).map(|s| s.dir.clone())
         {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
             self.rec_chunks(&dir, &scan.chunks, SystemTime::now(), false);
         }
-        self.scan(&scan.session, &scan.chunks, cx);
+        let Scan { session, fed, .. } = scan;
+        self.scan(&session, fed, cx);
     }
 }

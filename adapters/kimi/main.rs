@@ -2,7 +2,9 @@
 //! and subagents (from its session files) as `_coda/wait`.
 
 mod activity;
+mod events;
 mod failure;
+mod inside;
 mod translate;
 mod watch;
 mod wire;
