@@ -2,6 +2,7 @@
 //! and subagents (from its session files) as `_coda/wait`.
 
 mod activity;
+mod title;
 mod translate;
 mod watch;
 mod wire;
@@ -21,6 +22,8 @@ fn default_command() -> Result<Found, String> {
 fn layers(setup: &mut Setup) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
+    setup.add(|_| Box::<title::Title>::default());
     setup.add(|events| Box::new(activity::Activity::new(events)));
 }
 
