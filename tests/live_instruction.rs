@@ -1,6 +1,8 @@
 //! Live: the session instruction on the real CLIs, checked on both sides: what the client gets and
 //! what the model receives. Opt-in (`CODA_LIVE=1`, after `scripts/install-clis`); skipped otherwise.
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 #[path = "support/live.rs"]
@@ -14,9 +16,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-const INSTRUCTION: &str = "Coda live check: answer briefly. Marker INSTR-7f3a.";
-const MARK: &str = "INSTR-7f3a";
-
 fn enabled(agent: &str) -> bool {
     if std::env::var_os("CODA_LIVE").is_none() {
         eprintln!("skipped live {agent}: set CODA_LIVE=1 (after scripts/install-clis) to run it");
@@ -27,10 +26,6 @@ fn enabled(agent: &str) -> bool {
         return false;
     }
     true
-}
-
-fn system_prompt() -> Value {
-    json!({"mode": "append", "content": [{"type": "text", "text": INSTRUCTION}]})
 }
 
 fn start(lc: &live::LiveCommand, agent: &str) -> shim::Shim {
@@ -56,7 +51,7 @@ fn marks_since(model: &fake_model::FakeModel, skip: usize) -> Vec<usize> {
         .iter()
         .skip(skip)
         .filter(|r| r.origin == fake_model::Origin::Main)
-        .map(|r| r.body.to_string().matches(MARK).count())
+        .map(|r| r.body.to_string().matches(coda_text::MARK).count())
         .collect()
 }
 
@@ -67,9 +62,61 @@ fn last_user_message(body: &Value) -> String {
     user.map_or_else(|| "(no chat messages)".to_owned(), |m| m["content"].to_string())
 }
 
-/// initialize, new with systemPrompt, a slash-command first prompt, a normal prompt, then load in a
-/// fresh process and one more prompt.
-fn check(agent: &str, command: &str) {
+/// Titles in `session_info_update`s for `sid` among `frames` (`null` when the update cleared it).
+fn info_titles(frames: &[Value], sid: &str) -> Vec<Value> {
+    frames
+        .iter()
+        .filter(|f| f.pointer("/params/update/sessionUpdate") == Some(&json!("session_info_update")))
+        .filter(|f| f.pointer("/params/sessionId") == Some(&json!(sid)))
+        .filter_map(|f| f.pointer("/params/update/title").cloned())
+        .collect()
+}
+
+/// The title `session/list` gives `sid`, if the agent lists sessions (`None` when it does not).
+fn listed_title(s: &mut shim::Shim, id: i64, cwd: &str, sid: &str, seen: &mut Vec<Value>) -> Option<Value> {
+    let (list, before) = s.request(id, "session/list", json!({"cwd": cwd}));
+    seen.extend(before);
+    seen.push(list.clone());
+    let sessions = list.pointer("/result/sessions")?.as_array()?;
+    let entry = sessions.iter().find(|e| e["sessionId"] == json!(sid));
+    Some(entry.map_or(Value::Null, |e| e.get("title").cloned().unwrap_or(Value::Null)))
+}
+
+/// Ends a shim as Coda does (stdin closed) and waits for it and its CLI to exit, so that the next process
+/// finds the session free.
+fn finish(mut s: shim::Shim) {
+    s.close_stdin();
+    s.wait(Duration::from_secs(30));
+}
+
+/// Everything the shim sends within `quiet` of the last frame.
+fn drain(s: &mut shim::Shim, quiet: Duration, seen: &mut Vec<Value>) {
+    while let Some(line) = s.try_recv(quiet) {
+        seen.push(serde_json::from_str(&line).unwrap_or(Value::String(line)));
+    }
+}
+
+/// The title the agent makes from `prompt` in a session without any instruction (after `command`), as
+/// the title a client must see for a session that got one: found from the agent itself.
+fn own_title(s: &mut shim::Shim, cwd: &str, command: &str, prompt: &str) -> Option<Value> {
+    let (new, _) = s.request(20, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str()?.to_owned();
+    let mut seen = Vec::new();
+    drain(s, Duration::from_millis(1500), &mut seen);
+    let (_, before) =
+        s.request(21, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": command}]}));
+    seen.extend(before);
+    let (_, before) =
+        s.request(22, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}));
+    seen.extend(before);
+    drain(s, Duration::from_millis(1500), &mut seen);
+    info_titles(&seen, &sid).last().cloned()
+}
+
+/// initialize, new with systemPrompt, a slash-command first prompt, a multi-line first real prompt, the
+/// titles and the session list, then load and resume in fresh processes and one more prompt. Every frame
+/// the client gets is searched for any part of the instruction.
+fn check(agent: &str, command: &str, instruction: &str) {
     if !enabled(agent) {
         return;
     }
@@ -78,6 +125,9 @@ fn check(agent: &str, command: &str) {
     let temp = guard.path().to_path_buf();
     let lc = live::prepare(agent, &model.base_url(), &temp).expect("prepare the CLI");
     let cwd = lc.workdir.display().to_string();
+    let sp = coda_text::system_prompt(instruction);
+    let first = format!("{} [[text:hi there]]", coda_text::FIRST_PROMPT);
+    let mut seen: Vec<Value> = Vec::new();
 
     let mut s = start(&lc, agent);
     let init = coda_initialize(&mut s);
@@ -86,77 +136,139 @@ fn check(agent: &str, command: &str) {
         init["result"]["agentInfo"], init["result"]["agentCapabilities"]["sessionCapabilities"]
     );
     assert_eq!(init["result"]["agentCapabilities"]["sessionCapabilities"]["systemPrompt"], json!({}));
-    let (new, _) = s.request(1, "session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": system_prompt()}));
+    let lists = init["result"]["agentCapabilities"]["sessionCapabilities"].get("list").is_some();
+    let (new, before) = s.request(1, "session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
+    seen.extend(before);
+    seen.push(new.clone());
     let sid = new["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("session/new failed: {new}")).to_owned();
     // Let the command list arrive (it follows the session/new answer).
-    while s.try_recv(Duration::from_millis(1500)).is_some() {}
+    drain(&mut s, Duration::from_millis(1500), &mut seen);
 
     let before = model.model_requests().len();
-    let (answer, _) =
+    let (answer, frames) =
         s.request(2, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": command}]}));
+    seen.extend(frames);
     eprintln!("{agent} {command}: {answer}");
     assert!(answer.get("result").is_some(), "{answer}");
     assert!(marks_since(&model, before).iter().all(|&n| n == 0), "the command turn carried no instruction");
 
     let before = model.model_requests().len();
-    let (answer, updates) = s.request(
-        3,
-        "session/prompt",
-        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "hello [[text:hi there]]"}]}),
-    );
+    let (answer, frames) =
+        s.request(3, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": first}]}));
+    seen.extend(frames);
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    // A title made after the turn (OpenCode's side request) arrives a little later.
+    drain(&mut s, Duration::from_millis(2000), &mut seen);
     let marks = marks_since(&model, before);
     eprintln!("{agent} first real prompt: marker counts per main model request {marks:?}");
     if let Some(first) = model.model_requests().iter().skip(before).find(|r| r.origin == fake_model::Origin::Main) {
         eprintln!("{agent} the model received as the last user message: {}", last_user_message(&first.body));
     }
     assert_eq!(marks.first(), Some(&1), "the instruction reached the model exactly once");
-    let leaked: Vec<&Value> = updates.iter().filter(|u| u.to_string().contains(MARK)).collect();
-    assert!(leaked.is_empty(), "the client never sees the instruction: {leaked:?}");
-    drop(s);
+
+    // The title the agent makes from the user's own prompt, from a session without an instruction.
+    let own = own_title(&mut s, &cwd, command, &first);
+    let titles = info_titles(&seen, &sid);
+    eprintln!("{agent} titles: with the instruction {titles:?}, the agent's own from the prompt {own:?}");
+    if let Some(own) = &own {
+        assert!(titles.iter().all(|t| t == own), "every title is the one made from the user's prompt: {titles:?}");
+    }
+    if lists {
+        let listed = listed_title(&mut s, 6, &cwd, &sid, &mut seen);
+        eprintln!("{agent} session/list title in this process: {listed:?}");
+        if let (Some(listed), Some(own)) = (&listed, &own) {
+            assert_eq!(listed, own, "session/list in this process gives the title made from the user's prompt");
+        }
+    }
+    finish(s);
 
     let mut s = start(&lc, agent);
     coda_initialize(&mut s);
-    let (load, replay) = s.request(
-        4,
-        "session/load",
-        json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": system_prompt()}),
-    );
+    if lists {
+        let listed = listed_title(&mut s, 7, &cwd, &sid, &mut seen);
+        eprintln!("{agent} session/list title in a fresh process: {listed:?}");
+        if let (Some(listed), Some(own)) = (&listed, &own) {
+            assert!(listed == own || listed.is_null(), "the user's title or none: {listed}");
+        }
+    }
+    let (load, replay) =
+        s.request(4, "session/load", json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
     assert!(load.get("result").is_some(), "{load}");
+    let mut after = Vec::new();
+    drain(&mut s, Duration::from_millis(1500), &mut after);
     let user_texts: Vec<String> = replay
         .iter()
         .filter(|u| u.pointer("/params/update/sessionUpdate") == Some(&json!("user_message_chunk")))
         .filter_map(|u| u.pointer("/params/update/content/text").and_then(Value::as_str).map(str::to_owned))
         .collect();
     eprintln!("{agent} load replayed user text: {user_texts:?}");
-    assert!(!replay.iter().any(|u| u.to_string().contains(MARK)), "the replay does not show the instruction");
-    assert!(user_texts.iter().any(|t| t.contains("hello")));
+    assert!(user_texts.iter().any(|t| t.contains("failing build")));
+    let load_titles = info_titles(&[replay.as_slice(), after.as_slice()].concat(), &sid);
+    eprintln!("{agent} titles around session/load: {load_titles:?}");
+    if let Some(own) = &own {
+        assert!(load_titles.iter().all(|t| t == own || t.is_null()), "the user's title or none: {load_titles:?}");
+    }
+    seen.extend(replay);
+    seen.push(load);
+    seen.extend(after);
 
     let before = model.model_requests().len();
-    let (answer, _) = s.request(
+    let (answer, frames) = s.request(
         5,
         "session/prompt",
         json!({"sessionId": sid, "prompt": [{"type": "text", "text": "again [[text:ok]]"}]}),
     );
+    seen.extend(frames);
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    drain(&mut s, Duration::from_millis(1500), &mut seen);
     let marks = marks_since(&model, before);
     eprintln!("{agent} after load: marker counts per main model request {marks:?}");
     assert_eq!(marks.first(), Some(&1), "only the history holds it: not injected again after load");
-    drop(s);
+    finish(s);
+
+    if init["result"]["agentCapabilities"]["sessionCapabilities"].get("resume").is_some() {
+        let mut s = start(&lc, agent);
+        coda_initialize(&mut s);
+        let (resume, before) =
+            s.request(8, "session/resume", json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
+        assert!(resume.get("result").is_some(), "{resume}");
+        seen.extend(before);
+        seen.push(resume);
+        drain(&mut s, Duration::from_millis(1500), &mut seen);
+        let resume_titles = info_titles(&seen, &sid);
+        if let Some(own) = &own {
+            assert!(resume_titles.iter().all(|t| t == own || t.is_null()), "{resume_titles:?}");
+        }
+        finish(s);
+    }
+    let leaks: Vec<String> = seen.iter().filter_map(coda_text::leak).collect();
+    assert!(leaks.is_empty(), "{agent}: the client saw parts of the instruction: {leaks:#?}");
     drop(guard);
 }
 
 #[test]
 fn live_grok_instruction() {
-    check("grok", "/context");
+    check("grok", "/context", coda_text::INSTRUCTION);
 }
 
 #[test]
 fn live_opencode_instruction() {
-    check("opencode", "/init focus on tests");
+    check("opencode", "/init focus on tests", coda_text::INSTRUCTION);
 }
 
 #[test]
 fn live_kimi_instruction() {
-    check("kimi", "/status");
+    check("kimi", "/status", coda_text::INSTRUCTION);
+}
+
+/// codex-acp takes `systemPrompt` itself: nothing is injected, and the same checks hold.
+#[test]
+fn live_codex_instruction() {
+    check("codex", "/compact", coda_text::INSTRUCTION);
+}
+
+/// The one scenario that keeps Coda's short form of the instruction.
+#[test]
+fn live_kimi_instruction_one_line() {
+    check("kimi", "/status", coda_text::ONE_LINE);
 }
