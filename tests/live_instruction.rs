@@ -36,10 +36,12 @@ fn start(lc: &live::LiveCommand, agent: &str) -> shim::Shim {
 fn coda_initialize(s: &mut shim::Shim) -> Value {
     let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
         "elicitation": {"form": {}, "url": {}}, "_meta": {"coda": {"waits": {}, "remote": {}}}});
-    let (answer, _) = s.request(
+    // A real CLI on a loaded machine may take longer than the usual wait to start (Kimi: up to 10 s seen).
+    let (answer, _) = s.request_within(
         0,
         "initialize",
         json!({"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "coda", "version": "1.0.0"}}),
+        Duration::from_secs(60),
     );
     answer
 }
@@ -62,6 +64,11 @@ fn last_user_message(body: &Value) -> String {
     user.map_or_else(|| "(no chat messages)".to_owned(), |m| m["content"].to_string())
 }
 
+/// A request whose answer (or any frame before it) may take a while on a loaded machine.
+fn req(s: &mut shim::Shim, id: i64, method: &str, params: Value) -> (Value, Vec<Value>) {
+    s.request_within(id, method, params, Duration::from_secs(60))
+}
+
 /// Titles in `session_info_update`s for `sid` among `frames` (`null` when the update cleared it).
 fn info_titles(frames: &[Value], sid: &str) -> Vec<Value> {
     frames
@@ -74,7 +81,7 @@ fn info_titles(frames: &[Value], sid: &str) -> Vec<Value> {
 
 /// The title `session/list` gives `sid`, if the agent lists sessions (`None` when it does not).
 fn listed_title(s: &mut shim::Shim, id: i64, cwd: &str, sid: &str, seen: &mut Vec<Value>) -> Option<Value> {
-    let (list, before) = s.request(id, "session/list", json!({"cwd": cwd}));
+    let (list, before) = req(s, id, "session/list", json!({"cwd": cwd}));
     seen.extend(before);
     seen.push(list.clone());
     let sessions = list.pointer("/result/sessions")?.as_array()?;
@@ -99,15 +106,15 @@ fn drain(s: &mut shim::Shim, quiet: Duration, seen: &mut Vec<Value>) {
 /// The title the agent makes from `prompt` in a session without any instruction (after `command`), as
 /// the title a client must see for a session that got one: found from the agent itself.
 fn own_title(s: &mut shim::Shim, cwd: &str, command: &str, prompt: &str) -> Option<Value> {
-    let (new, _) = s.request(20, "session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let (new, _) = req(s, 20, "session/new", json!({"cwd": cwd, "mcpServers": []}));
     let sid = new["result"]["sessionId"].as_str()?.to_owned();
     let mut seen = Vec::new();
     drain(s, Duration::from_millis(1500), &mut seen);
     let (_, before) =
-        s.request(21, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": command}]}));
+        req(s, 21, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": command}]}));
     seen.extend(before);
     let (_, before) =
-        s.request(22, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}));
+        req(s, 22, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}));
     seen.extend(before);
     drain(s, Duration::from_millis(1500), &mut seen);
     info_titles(&seen, &sid).last().cloned()
@@ -137,7 +144,7 @@ fn check(agent: &str, command: &str, instruction: &str) {
     );
     assert_eq!(init["result"]["agentCapabilities"]["sessionCapabilities"]["systemPrompt"], json!({}));
     let lists = init["result"]["agentCapabilities"]["sessionCapabilities"].get("list").is_some();
-    let (new, before) = s.request(1, "session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
+    let (new, before) = req(&mut s, 1, "session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
     seen.extend(before);
     seen.push(new.clone());
     let sid = new["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("session/new failed: {new}")).to_owned();
@@ -146,7 +153,7 @@ fn check(agent: &str, command: &str, instruction: &str) {
 
     let before = model.model_requests().len();
     let (answer, frames) =
-        s.request(2, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": command}]}));
+        req(&mut s, 2, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": command}]}));
     seen.extend(frames);
     eprintln!("{agent} {command}: {answer}");
     assert!(answer.get("result").is_some(), "{answer}");
@@ -154,7 +161,7 @@ fn check(agent: &str, command: &str, instruction: &str) {
 
     let before = model.model_requests().len();
     let (answer, frames) =
-        s.request(3, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": first}]}));
+        req(&mut s, 3, "session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": first}]}));
     seen.extend(frames);
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     // A title made after the turn (OpenCode's side request) arrives a little later.
@@ -192,7 +199,7 @@ fn check(agent: &str, command: &str, instruction: &str) {
         }
     }
     let (load, replay) =
-        s.request(4, "session/load", json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
+        req(&mut s, 4, "session/load", json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
     assert!(load.get("result").is_some(), "{load}");
     let mut after = Vec::new();
     drain(&mut s, Duration::from_millis(1500), &mut after);
@@ -213,7 +220,8 @@ fn check(agent: &str, command: &str, instruction: &str) {
     seen.extend(after);
 
     let before = model.model_requests().len();
-    let (answer, frames) = s.request(
+    let (answer, frames) = req(
+        &mut s,
         5,
         "session/prompt",
         json!({"sessionId": sid, "prompt": [{"type": "text", "text": "again [[text:ok]]"}]}),
@@ -229,8 +237,12 @@ fn check(agent: &str, command: &str, instruction: &str) {
     if init["result"]["agentCapabilities"]["sessionCapabilities"].get("resume").is_some() {
         let mut s = start(&lc, agent);
         coda_initialize(&mut s);
-        let (resume, before) =
-            s.request(8, "session/resume", json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
+        let (resume, before) = req(
+            &mut s,
+            8,
+            "session/resume",
+            json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}),
+        );
         assert!(resume.get("result").is_some(), "{resume}");
         seen.extend(before);
         seen.push(resume);
