@@ -23,7 +23,7 @@ fn layers(setup: &mut Setup) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
-    setup.add(|_| Box::<title::Title>::default());
+    setup.add(|_| Box::new(title::Title::new(title::first_prompt_from_files(watch::data_root()))));
     setup.add(|events| Box::new(activity::Activity::new(events)));
 }
 

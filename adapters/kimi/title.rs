@@ -3,11 +3,15 @@
 //! instruction starts with the injected block, so Kimi's title would be the instruction, or the start of it
 //! with the closing marker cut off. This layer sits on the agent's side of the instruction layer, sees that
 //! prompt as Kimi gets it, works out the title Kimi makes from the prompt without the block, and puts it in
-//! place of every title that echoes the block: `session_info_update` and `session/list` results. A title it
-//! cannot work out (a session titled in an earlier process, a prompt part whose text Kimi rewrites in ways
-//! not reproduced here) goes out as `null`, never as the instruction.
+//! place of every title that echoes the block: `session_info_update` and `session/list` results. For a session
+//! whose first prompt went by in an earlier process, the prompt is read from Kimi's own record of it (the
+//! first client `turn.prompt` in the session's main wire). A title it cannot work out (no such record, a
+//! prompt part whose text Kimi rewrites in ways not reproduced here) goes out as `null`, never as the
+//! instruction.
 
 use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use coda_shim::frame::{Frame, Id, Kind};
@@ -62,7 +66,42 @@ pub enum Made {
     Unknown,
 }
 
-/// The title Kimi 2.1.0 makes from a first prompt of these ACP blocks: the texts of the blocks
+/// The parts of a session's first client prompt as Kimi recorded them, for a session this process did not
+/// see prompted (`None`: not found).
+pub type FirstPrompt = Box<dyn FnMut(&str) -> Option<Vec<Value>> + Send>;
+
+/// Most bytes of a main wire read looking for its first client prompt (it is among the first records).
+const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
+
+/// [`FirstPrompt`] from Kimi's files under `root`: the `input` of the first `turn.prompt` of origin `user`
+/// in `<root>/sessions/*/<session>/agents/main/wire.jsonl` (kimi.md §2.4).
+pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
+    Box::new(move |session| {
+        let dir = crate::watch::find_session(root.as_ref()?, session)?;
+        let file = std::fs::File::open(dir.join("agents/main/wire.jsonl")).ok()?;
+        let mut lines = BufReader::new(file.take(MAX_WIRE_SCAN));
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if lines.read_until(b'\n', &mut line).ok()? == 0 {
+                return None;
+            }
+            // A cheap look before parsing: most records are no prompt.
+            if memchr::memmem::find(&line, b"turn.prompt").is_none() {
+                continue;
+            }
+            let Ok(record) = serde_json::from_slice::<Value>(&line) else { continue };
+            if record.get("type").and_then(Value::as_str) == Some("turn.prompt")
+                && record.pointer("/origin/kind").and_then(Value::as_str) == Some("user")
+            {
+                return record.get("input").and_then(Value::as_array).cloned();
+            }
+        }
+    })
+}
+
+/// The title Kimi 2.1.0 makes from a first prompt of these ACP blocks (or the content parts Kimi made of
+/// them): the texts of the blocks
 /// (`acpBlocksToContentParts`, `promptPartText`) joined by line feeds, redacted, white space folded,
 /// trimmed, then cut to 4000 and to 200 UTF-16 code units.
 pub fn kimi_title(blocks: &[Value]) -> Made {
@@ -75,8 +114,10 @@ pub fn kimi_title(blocks: &[Value]) -> Made {
                 Some(t) => t.to_owned(),
                 None => return Made::Unknown,
             },
-            Some("image") => "[image]".to_owned(),
-            Some("audio") => continue,
+            Some("image" | "image_url") => "[image]".to_owned(),
+            Some("audio_url") => "[audio]".to_owned(),
+            Some("video_url") => "[video]".to_owned(),
+            Some("audio" | "think") => continue,
             Some("resource_link") => {
                 let (Some(uri), Some(name)) =
                     (block.get("uri").and_then(Value::as_str), block.get("name").and_then(Value::as_str))
@@ -141,18 +182,40 @@ fn echoes_instruction(title: &str) -> bool {
     title.contains(instruction::TOKEN_TEXT)
 }
 
-#[derive(Default)]
 pub struct Title {
-    /// Sessions whose instruction-carrying prompt this process saw: the title Kimi makes from the user's
-    /// own part of it, `None` when it makes none or it is not known.
+    /// Sessions whose instruction-carrying prompt was seen (here or in Kimi's files): the title Kimi makes
+    /// from the user's own part of it, `None` when it makes none or it is not known.
     titles: HashMap<String, Option<String>>,
     /// `session/list` requests in flight.
     lists: HashSet<Id>,
+    first_prompt: FirstPrompt,
+}
+
+/// The title for a prompt whose first block is the injected one: made from the rest.
+fn title_after_block(blocks: &[Value]) -> Option<String> {
+    let (first, rest) = blocks.split_first()?;
+    if !first.get("text").and_then(Value::as_str).is_some_and(instruction::is_block) {
+        return None;
+    }
+    match kimi_title(rest) {
+        Made::Title(t) => Some(t),
+        Made::None | Made::Unknown => None,
+    }
 }
 
 impl Title {
-    fn replacement(&self, session: Option<&str>) -> Value {
-        session.and_then(|s| self.titles.get(s)).cloned().flatten().map_or(Value::Null, Value::String)
+    pub fn new(first_prompt: FirstPrompt) -> Title {
+        Title { titles: HashMap::new(), lists: HashSet::new(), first_prompt }
+    }
+
+    fn replacement(&mut self, session: Option<&str>) -> Value {
+        let Some(session) = session else { return Value::Null };
+        if !self.titles.contains_key(session) {
+            // Prompted in an earlier process: Kimi's record of the prompt says what the user wrote.
+            let title = (self.first_prompt)(session).and_then(|blocks| title_after_block(&blocks));
+            self.titles.insert(session.to_owned(), title);
+        }
+        self.titles.get(session).cloned().flatten().map_or(Value::Null, Value::String)
     }
 
     fn prompt(&mut self, frame: &Frame) {
@@ -175,7 +238,7 @@ impl Title {
     }
 
     /// A `session_info_update` whose title echoes the block gets the user's title, or none.
-    fn info_update(&self, frame: Frame, cx: &mut Cx) {
+    fn info_update(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(mut value) = frame.value() else { return cx.to_client(frame) };
         let session = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         let Some(title) = value.pointer_mut("/params/update/title") else { return cx.to_client(frame) };
@@ -187,7 +250,7 @@ impl Title {
     }
 
     /// A `session/list` result: each entry's title as in [`Title::info_update`].
-    fn list(&self, frame: Frame, cx: &mut Cx) {
+    fn list(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(mut value) = frame.value() else { return cx.to_client(frame) };
         let Some(sessions) = value.pointer_mut("/result/sessions").and_then(Value::as_array_mut) else {
             return cx.to_client(frame);
@@ -294,7 +357,7 @@ mod tests {
     }
 
     fn stack() -> (Stack, Exits) {
-        (Stack::new(vec![Box::new(Title::default())]), Exits::default())
+        (Stack::new(vec![Box::new(Title::new(Box::new(|_| None)))]), Exits::default())
     }
 
     fn prompt(session: &str, blocks: Value) -> Frame {
@@ -341,6 +404,41 @@ mod tests {
         );
         stack.from_agent(info("b", "<coda-session-instruction> be brief </coda-session-instruction> @x"), &mut exits);
         assert_eq!(titles(&exits), [Value::Null, Value::Null, Value::Null]);
+    }
+
+    #[test]
+    fn a_session_prompted_in_an_earlier_process_gets_its_title_from_kimis_record() {
+        let block = instruction::wrap("be brief");
+        let recorded = json!([text(&block), text("fix\nthe build")]);
+        let lookup: FirstPrompt = Box::new(move |s| (s == "old").then(|| recorded.as_array().cloned()).flatten());
+        let mut stack = Stack::new(vec![Box::new(Title::new(lookup))]);
+        let mut exits = Exits::default();
+        stack
+            .from_agent(info("old", "<coda-session-instruction> be brief </coda-session-instruction> fix"), &mut exits);
+        stack.from_agent(info("gone", "<coda-session-instruction> # Coda client"), &mut exits);
+        assert_eq!(titles(&exits), [json!("fix the build"), Value::Null]);
+    }
+
+    #[test]
+    fn the_first_client_prompt_is_read_from_the_main_wire() {
+        let root = tempfile::tempdir().expect("a temporary folder");
+        let dir = root.path().join("sessions/wd_work_0123456789ab/session_1/agents/main");
+        std::fs::create_dir_all(&dir).expect("the session folder");
+        let block = instruction::wrap("be brief");
+        let lines = [
+            json!({"type": "metadata", "protocol_version": "1.5"}),
+            json!({"type": "turn.prompt", "agentId": "main", "turnId": 0, "origin": {"kind": "skill_activation"}, "input": [text("/skill:x")]}),
+            json!({"type": "turn.prompt", "agentId": "main", "turnId": 1, "origin": {"kind": "user"},
+                "input": [text(&block), text("hello"), {"type": "image_url", "imageUrl": {"url": "data:"}}]}),
+            json!({"type": "turn.prompt", "agentId": "main", "turnId": 2, "origin": {"kind": "user"}, "input": [text("later")]}),
+        ];
+        let wire: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.join("wire.jsonl"), format!("not json\n{wire}")).expect("the wire");
+        let mut first = first_prompt_from_files(Some(root.path().to_path_buf()));
+        let blocks = first("session_1").expect("found");
+        assert_eq!(title_after_block(&blocks).as_deref(), Some("hello [image]"));
+        assert_eq!(first("session_2"), None);
+        assert_eq!(first("../session_1"), None);
     }
 
     #[test]
