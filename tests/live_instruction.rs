@@ -244,13 +244,15 @@ fn check(agent: &str, command: &str, instruction: &str) {
             json!({"sessionId": sid, "cwd": cwd, "mcpServers": [], "systemPrompt": sp}),
         );
         assert!(resume.get("result").is_some(), "{resume}");
-        seen.extend(before);
-        seen.push(resume);
-        drain(&mut s, Duration::from_millis(1500), &mut seen);
-        let resume_titles = info_titles(&seen, &sid);
+        let mut resumed = before;
+        resumed.push(resume);
+        drain(&mut s, Duration::from_millis(1500), &mut resumed);
+        let resume_titles = info_titles(&resumed, &sid);
+        eprintln!("{agent} titles around session/resume: {resume_titles:?}");
         if let Some(own) = &own {
             assert!(resume_titles.iter().all(|t| t == own || t.is_null()), "{resume_titles:?}");
         }
+        seen.extend(resumed);
         finish(s);
     }
     let leaks: Vec<String> = seen.iter().filter_map(coda_text::leak).collect();
@@ -271,6 +273,60 @@ fn live_opencode_instruction() {
 #[test]
 fn live_kimi_instruction() {
     check("kimi", "/status", coda_text::INSTRUCTION);
+}
+
+/// Grok repeats queued prompts in `_x.ai/queue/changed`: a prompt sent while the first one (which carries
+/// the instruction) runs makes Grok list its queue; no part of the instruction may show there.
+#[test]
+fn live_grok_queue_echo() {
+    let agent = "grok";
+    if !enabled(agent) {
+        return;
+    }
+    let model = fake_model::FakeModel::start();
+    let guard = temp::TempDir::new("coda-live-grok-queue");
+    let lc = live::prepare(agent, &model.base_url(), guard.path()).expect("prepare the CLI");
+    let cwd = lc.workdir.display().to_string();
+    let mut s = start(&lc, agent);
+    coda_initialize(&mut s);
+    let sp = coda_text::system_prompt(coda_text::INSTRUCTION);
+    let (new, _) = req(&mut s, 1, "session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
+    let sid = new["result"]["sessionId"].as_str().expect("a session").to_owned();
+    let mut seen = Vec::new();
+    drain(&mut s, Duration::from_millis(1500), &mut seen);
+    let first = format!("{} [[delay:3000]] [[text:hi there]]", coda_text::FIRST_PROMPT);
+    let prompt = |id: i64, text: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}})
+    };
+    s.send_json(&prompt(2, &first));
+    std::thread::sleep(Duration::from_millis(1000));
+    s.send_json(&prompt(3, "and then this [[text:queued]]"));
+    let mut answered = 0;
+    while answered < 2 {
+        let line = s.try_recv(Duration::from_secs(60)).expect("both prompts are answered");
+        let v: Value = serde_json::from_str(&line).expect("JSON");
+        if v.get("method").is_none() && (v["id"] == 2 || v["id"] == 3) {
+            answered += 1;
+        }
+        seen.push(v);
+    }
+    drain(&mut s, Duration::from_millis(1500), &mut seen);
+    let queue: Vec<&Value> = seen.iter().filter(|v| v["method"] == "_x.ai/queue/changed").collect();
+    eprintln!("grok queue notifications: {}", queue.len());
+    assert!(!queue.is_empty(), "Grok listed its queue");
+    let marks: Vec<usize> = model
+        .model_requests()
+        .iter()
+        .filter(|r| r.origin == fake_model::Origin::Main)
+        .map(|r| r.body.to_string().matches(coda_text::MARK).count())
+        .collect();
+    eprintln!("grok marker counts per main model request {marks:?}");
+    assert_eq!(marks.first(), Some(&1), "the model got the instruction with the first prompt, once");
+    let leaks: Vec<String> = seen.iter().filter_map(coda_text::leak).collect();
+    assert!(leaks.is_empty(), "grok: the client saw parts of the instruction: {leaks:#?}");
+    finish(s);
+    drop(guard);
 }
 
 /// codex-acp takes `systemPrompt` itself: nothing is injected, and the same checks hold.
