@@ -442,6 +442,32 @@ mod tests {
     }
 
     #[test]
+    fn odd_shapes_from_kimi_go_on_untouched() {
+        let (mut stack, mut exits) = stack();
+        stack.from_client(
+            Frame::from_value(&json!({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})),
+            &mut exits,
+        );
+        let odd = [
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s",
+                "update": {"sessionUpdate": "session_info_update", "title": 1e300}}}),
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": 7,
+                "update": {"sessionUpdate": "session_info_update"}}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"sessions": {"title": "<coda-session-instruction>"}}}),
+        ];
+        for v in &odd {
+            stack.from_agent(Frame::from_value(v), &mut exits);
+        }
+        let out: Vec<Value> = exits.to_client.iter().filter_map(Frame::value).collect();
+        assert_eq!(out, odd);
+        // A prompt without a sessionId or blocks is passed on as it is.
+        let mut exits = Exits::default();
+        let bare = Frame::from_value(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {}}));
+        stack.from_client(bare.clone(), &mut exits);
+        assert_eq!(exits.to_agent, [bare]);
+    }
+
+    #[test]
     fn session_list_titles_are_rewritten_the_same_way() {
         let (mut stack, mut exits) = stack();
         let block = instruction::wrap("be brief");
