@@ -13,14 +13,21 @@ use crate::layer::{Cx, Layer};
 /// Opening and closing marker lines around the injected block.
 pub const OPEN: &str = "<coda-session-instruction>";
 pub const CLOSE: &str = "</coda-session-instruction>";
-/// A part of the marker that no JSON encoder escapes, for a cheap byte search.
-static TOKEN: Needle = crate::needle!(b"coda-session-instruction");
+/// A part of the marker that no JSON encoder escapes, for a cheap byte search; agents that reflow the
+/// block (Kimi's title) keep it too.
+pub const TOKEN_TEXT: &str = "coda-session-instruction";
+static TOKEN: Needle = crate::needle!(TOKEN_TEXT.as_bytes());
 /// Most text one instruction may carry.
 pub const MAX_BYTES: usize = 256 * 1024;
 
 /// The text block placed before the user's first prompt.
 pub fn wrap(text: &str) -> String {
     format!("{OPEN}\n{text}\n{CLOSE}\n\n")
+}
+
+/// Whether a prompt text block is the injected block (as [`wrap`] makes it).
+pub fn is_block(text: &str) -> bool {
+    text.strip_prefix(OPEN).is_some_and(|rest| rest.starts_with('\n') && rest.trim_end().ends_with(CLOSE))
 }
 
 /// Removes every injected block from `s`, with the white space after it. `None` when there was none.
@@ -417,6 +424,8 @@ mod tests {
         assert_eq!(strip(&wrapped).as_deref(), Some(""));
         assert_eq!(strip("hello"), None);
         assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);
+        assert!(is_block(&wrapped));
+        assert!(!is_block(&(wrapped.clone() + "hello")) && !is_block("hello") && !is_block(&format!("{OPEN} x")));
         // Reflowed into one line, as in Kimi's session title.
         assert_eq!(strip(&format!("{OPEN} be brief {CLOSE} hello")).as_deref(), Some("hello"));
     }

@@ -716,4 +716,141 @@ fn one_huge_line_is_skipped_with_a_warning_that_quotes_nothing() {
         let peak = peak_rss(k.shim.child.id());
         assert!(peak < 40 << 20, "peak RSS {} MiB after a 50 MiB line", peak >> 20);
     }
+
+// Runs of one subagent in order (the protocol's Kimi row): registration, progress and settlement of each
+// run, and the next run of the same subagent only after the previous one settled, on every path.
+
+fn spawned(task: &str, background: bool) -> Value {
+    json!({"type":"subagent.spawned","subagentId":"agent-0","parentAgentId":"main","description":"helper","runInBackground":background,"taskId":task})
+}
+fn agent_task(ty: &str, id: &str, status: &str) -> Value {
+    json!({"type":ty,"agentId":"main","info":{"taskId":id,"kind":"agent","agentId":"agent-0","status":status,"description":"helper","detached":true}})
+}
+fn run_turn(turn: i64) -> Value {
+    json!({"type":"turn.prompt","agentId":"agent-0","turnId":turn,"origin":{"kind":"system_trigger","name":"subagent"},"input":[]})
+}
+fn sub_text(turn: i64, t: &str) -> Value {
+    json!({"type":"context.append_loop_event","agentId":"agent-0","event":{"type":"content.part","turnId":turn.to_string(),"step":1,"part":{"type":"text","text":t}}})
+}
+fn sub_turn_ended(turn: i64) -> Value {
+    json!({"type":"turn.ended","agentId":"agent-0","turnId":turn,"reason":"completed"})
+}
+fn sub_completed() -> Value {
+    json!({"type":"subagent.completed","subagentId":"agent-0"})
+}
+
+/// `_coda/wait <id> <state>` or `update <session> <text>`, for one line per frame the client got.
+fn activity_line(v: &Value) -> String {
+    if v["method"] == "_coda/wait" {
+        return wait_line(v);
+    }
+    let p = &v["params"];
+    format!(
+        "update {} {}",
+        p["sessionId"].as_str().unwrap_or(""),
+        p["update"]["content"]["text"].as_str().unwrap_or("")
+    )
+}
+
+fn next_lines(k: &mut Kimi, n: usize) -> Vec<String> {
+    (0..n).map(|_| activity_line(&k.recv())).collect()
+}
+
+/// agent-0's first run, in the background, ended after the client turn: handling.
+fn first_run_handling(k: &mut Kimi) {
+    k.wire(
+        "main",
+        &[user_turn(0), agent_task("task.started", "agent-aaaa0001", "running"), spawned("agent-aaaa0001", true)],
+    );
+    k.wire(
+        "agent-0",
+        &[json!({"type":"metadata","protocol_version":"1.5","created_at":1}), run_turn(0), sub_text(0, "one")],
+    );
+    k.wire("main", &[turn_ended(0)]);
+    assert_eq!(next_lines(k, 2), ["_coda/wait agent-aaaa0001 waiting", "update agent-0 one"]);
+    k.wire("agent-0", &[sub_turn_ended(0)]);
+    k.wire("main", &[sub_completed(), agent_task("task.terminated", "agent-aaaa0001", "completed")]);
+    assert_eq!(next_lines(k, 1), ["_coda/wait agent-aaaa0001 handling"]);
+}
+
+/// Kimi's own turn on the first run's result resumes agent-0 in the foreground; the turn ends after it.
+fn resumed_in_own_turn(k: &mut Kimi, turn: i64) {
+    k.wire("main", &[own_turn(turn, "agent-aaaa0001"), spawned("agent-aaaa0002", false)]);
+    k.wire("agent-0", &[run_turn(1), sub_text(1, "two"), sub_turn_ended(1)]);
+    k.wire("main", &[sub_completed()]);
+    k.nothing_for(Duration::from_millis(300));
+    k.wire("main", &[turn_ended(turn)]);
+    assert_eq!(
+        next_lines(k, 4),
+        [
+            "_coda/wait agent-aaaa0001 done",
+            "_coda/wait agent-aaaa0002 waiting",
+            "update agent-0 two",
+            "_coda/wait agent-aaaa0002 done"
+        ]
+    );
+}
+
+#[test]
+fn runs_of_a_subagent_in_a_coda_turn_come_one_after_the_other() {
+    let mut k = Kimi::start("runs-coda-turn");
+    k.wire("main", &[user_turn(0), spawned("agent-aaaa0001", false)]);
+    k.wire(
+        "agent-0",
+        &[json!({"type":"metadata","protocol_version":"1.5","created_at":1}), run_turn(0), sub_text(0, "one")],
+    );
+    // The second run is asked for before the first one's end is read.
+    k.wire("main", &[spawned("agent-aaaa0002", false)]);
+    k.wire("agent-0", &[sub_turn_ended(0), run_turn(1), sub_text(1, "two"), sub_turn_ended(1)]);
+    k.wire("main", &[sub_completed(), sub_completed(), turn_ended(0)]);
+    assert_eq!(
+        next_lines(&mut k, 6),
+        [
+            "_coda/wait agent-aaaa0001 waiting",
+            "update agent-0 one",
+            "_coda/wait agent-aaaa0001 done",
+            "_coda/wait agent-aaaa0002 waiting",
+            "update agent-0 two",
+            "_coda/wait agent-aaaa0002 done"
+        ]
+    );
+}
+
+#[test]
+fn a_run_resumed_in_kimis_own_turn_waits_until_the_handled_run_settled() {
+    let mut k = Kimi::start("runs-own-turn");
+    first_run_handling(&mut k);
+    resumed_in_own_turn(&mut k, 1);
+}
+
+#[test]
+fn a_background_run_started_while_the_previous_is_handling_follows_its_settlement() {
+    let mut k = Kimi::start("runs-handling");
+    first_run_handling(&mut k);
+    k.wire("main", &[own_turn(1, "agent-aaaa0001"), agent_task("task.started", "agent-aaaa0002", "running")]);
+    k.wire("main", &[spawned("agent-aaaa0002", true)]);
+    k.wire("agent-0", &[run_turn(1), sub_text(1, "two")]);
+    k.nothing_for(Duration::from_millis(300));
+    k.wire("main", &[turn_ended(1)]);
+    assert_eq!(
+        next_lines(&mut k, 3),
+        ["_coda/wait agent-aaaa0001 done", "_coda/wait agent-aaaa0002 waiting", "update agent-0 two"]
+    );
+    k.wire("agent-0", &[sub_turn_ended(1)]);
+    k.wire("main", &[sub_completed(), agent_task("task.terminated", "agent-aaaa0002", "completed")]);
+    assert_eq!(next_lines(&mut k, 1), ["_coda/wait agent-aaaa0002 handling"]);
+    k.wire("main", &[own_turn(2, "agent-aaaa0002"), turn_ended(2)]);
+    assert_eq!(next_lines(&mut k, 1), ["_coda/wait agent-aaaa0002 done"]);
+}
+
+#[test]
+fn the_order_holds_across_a_session_load_in_the_same_process() {
+    let mut k = Kimi::start("runs-load");
+    first_run_handling(&mut k);
+    // Coda loads the session again (a reconnect) while the first run is handling.
+    k.client(json!({"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":SESSION,"cwd":"/w","mcpServers":[]}}));
+    k.agent_gets(|v| v["method"] == "session/load");
+    k.agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+    assert_eq!(k.recv()["id"], 3);
+    resumed_in_own_turn(&mut k, 1);
 }

@@ -7,6 +7,8 @@
 //! log, with the session's files as found when it opened) against `kimi acp` and the fake model, and prints
 //! what Coda received (`expected.txt` notation, see tests/kimi_common).
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 mod kimi_common;
@@ -141,8 +143,10 @@ impl Run {
         self.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": caps}));
     }
 
+    /// `session/new` with Coda's real-size instruction (`fixtures/coda-instruction.md`), as Coda sends it.
     fn new_session(&mut self, cwd: &str) -> String {
-        let answer = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+        let sp = coda_text::system_prompt(coda_text::INSTRUCTION);
+        let answer = self.call("session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
         answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
     }
 

@@ -2,6 +2,8 @@
 //! recording) as child, with stdin not a terminal, and the transcript, the exit status, the refusal of
 //! permission requests and Ctrl-C are checked. A live run on the real CLIs is opt-in (`CODA_LIVE=1`).
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 #[path = "support/live.rs"]
@@ -433,7 +435,10 @@ fn live_prompt_mode_on_the_real_clis() {
                 .arg("--cwd")
                 .arg(&lc.workdir)
                 .arg("--system-prompt")
-                .arg("Answer briefly.")
+                .arg(format!(
+                    "@{}",
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/coda-instruction.md").display()
+                ))
                 .arg("--wait-timeout")
                 .arg("60s")
                 .arg("--trace-file")
@@ -456,6 +461,8 @@ fn live_prompt_mode_on_the_real_clis() {
                 let _ = std::fs::write(keep.join("transcript.txt"), &out);
             }
             assert!(status.code().is_some(), "coda-{agent} was killed");
+            // Coda's real-size instruction went to the agent; the transcript (the client's view) shows none of it.
+            assert_eq!(coda_text::leak(&serde_json::Value::String(out.clone())), None, "coda-{agent}");
         }
         if std::env::var_os("CODA_PROMPT_RECORD").is_some() {
             // The recordings name it as their root.

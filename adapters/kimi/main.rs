@@ -5,6 +5,7 @@ mod activity;
 mod events;
 mod failure;
 mod inside;
+mod title;
 mod translate;
 mod watch;
 mod wire;
@@ -24,6 +25,8 @@ fn default_command() -> Result<Found, String> {
 fn layers(setup: &mut Setup) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
+    setup.add(|_| Box::new(title::Title::new(title::first_prompt_from_files(watch::data_root()))));
     setup.add(|events| Box::new(activity::Activity::new(events)));
 }
 

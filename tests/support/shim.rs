@@ -59,6 +59,11 @@ impl Builder {
         self
     }
 
+    pub fn env_remove(mut self, k: &str) -> Self {
+        self.cmd.env_remove(k);
+        self
+    }
+
     /// Drops a `CODA_<AGENT>_COMMAND` the developer's environment may set, so the default lookup runs.
     pub fn env_remove_command(mut self) -> Self {
         for agent in ["CODEX", "KIMI", "GROK", "OPENCODE"] {
@@ -154,10 +159,20 @@ impl Shim {
 
     /// Sends a request and returns the response with that id, collecting what came before it.
     pub fn request(&mut self, id: i64, method: &str, params: Value) -> (Value, Vec<Value>) {
+        self.request_within(id, method, params, TIMEOUT)
+    }
+
+    /// [`Shim::request`] for an answer that may be slow, each frame waited for up to `wait` (a real CLI
+    /// starting on a loaded machine).
+    pub fn request_within(&mut self, id: i64, method: &str, params: Value, wait: Duration) -> (Value, Vec<Value>) {
         self.send_json(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         let mut before = Vec::new();
         loop {
-            let v = self.recv_json();
+            let line = self
+                .try_recv(wait)
+                .unwrap_or_else(|| panic!("no frame from the shim within {wait:?}; stderr: {:?}", self.drain_stderr()));
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("shim wrote a line that is not JSON ({e}): {line}"));
             if v.get("id") == Some(&Value::from(id)) && v.get("method").is_none() {
                 return (v, before);
             }
