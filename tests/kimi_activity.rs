@@ -716,6 +716,7 @@ fn one_huge_line_is_skipped_with_a_warning_that_quotes_nothing() {
         let peak = peak_rss(k.shim.child.id());
         assert!(peak < 40 << 20, "peak RSS {} MiB after a 50 MiB line", peak >> 20);
     }
+}
 
 // Runs of one subagent in order (the protocol's Kimi row): registration, progress and settlement of each
 // run, and the next run of the same subagent only after the previous one settled, on every path.

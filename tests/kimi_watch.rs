@@ -11,6 +11,9 @@ mod activity;
 #[path = "../adapters/kimi/events.rs"]
 #[allow(dead_code)]
 mod events;
+#[path = "../adapters/kimi/failure.rs"]
+#[allow(dead_code)]
+mod failure;
 #[path = "../adapters/kimi/inside.rs"]
 #[allow(dead_code)]
 mod inside;
