@@ -106,13 +106,7 @@ fn kimi_recordings_replay_to_the_expected_frames() {
         }
         let files = std::fs::read_to_string(dir.join("files.jsonl")).unwrap();
         let got = replay(&files).join("\n") + "\n";
-        // Prompt answers and Kimi's title (the title layer's, checked by tests/fixture_instruction.rs and the
-        // binary replay) are not this layer's.
-        let want: String = expected
-            .lines()
-            .filter(|l| !l.starts_with("answer ") && !l.contains(" session_info_update"))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let want = kimi_common::activity_expected(&expected);
         if got != want {
             failed.push(format!("{}:\n--- expected\n{want}--- got\n{got}", dir.display()));
         }

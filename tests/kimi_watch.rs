@@ -248,7 +248,7 @@ fn fixtures() -> Vec<(PathBuf, String, String)> {
         .map(|d| {
             let files = std::fs::read_to_string(d.join("files.jsonl")).unwrap();
             let expected = std::fs::read_to_string(d.join("expected.txt")).unwrap();
-            (d, files, kimi_common::expected_without_answers(&expected))
+            (d, files, kimi_common::activity_expected(&expected))
         })
         .collect()
 }

@@ -69,7 +69,12 @@ pub fn recordings() -> Vec<std::path::PathBuf> {
     dirs
 }
 
-/// `expected.txt` without the prompt answers (which a layer-level replay does not produce).
-pub fn expected_without_answers(expected: &str) -> String {
-    expected.lines().filter(|l| !l.starts_with("answer ")).map(|l| format!("{l}\n")).collect()
+/// `expected.txt` without what the activity layer does not produce: the prompt answers, and Kimi's session
+/// title (the title layer's, checked by tests/fixture_instruction.rs and the binary replay).
+pub fn activity_expected(expected: &str) -> String {
+    expected
+        .lines()
+        .filter(|l| !l.starts_with("answer ") && !l.contains(" session_info_update"))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
