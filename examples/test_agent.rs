@@ -8,10 +8,11 @@
 //!   `session/resume`: `{}`; `session/fork`: a new session id.
 //! - `session/prompt`: one `agent_message_chunk` whose text is the prompt array it received (JSON, with
 //!   `<` written `&lt;`), then
-//!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!exit N` (exit N without
+//!   `end_turn`. Words in the prompt change that: `!fail` (answer -32603), `!auth` (answer -32000, auth_required), `!exit N` (exit N without
 //!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
 //!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
-//!   process group and write its pid to PATH), `!flood N SIZE` (N updates of SIZE bytes first).
+//!   process group and write its pid to PATH), `!detached PATH` (the same with `sleep 301` in a process group of
+//!   its own, as the real CLIs run commands), `!flood N SIZE` (N updates of SIZE bytes first).
 //!   For prompt mode: `!rich` (a thought, a tool call and its update, a plan, a usage update first),
 //!   `!stop REASON` (answer with that stopReason), `!permission` (send `session/request_permission` and report
 //!   the outcome it got as text), `!hang` (report "hanging until cancelled", then answer `cancelled` when
@@ -151,6 +152,14 @@ fn main() {
                         let _ = std::fs::write(path, child.id().to_string());
                     }
                 }
+                if let Some(path) = arg("!detached") {
+                    // As the real CLIs run their commands: out of the agent's process group.
+                    let mut command = std::process::Command::new("sleep");
+                    std::os::unix::process::CommandExt::process_group(command.arg("301"), 0);
+                    if let Ok(child) = command.spawn() {
+                        let _ = std::fs::write(path, child.id().to_string());
+                    }
+                }
                 if let Some(ms) = arg("!sleep") {
                     std::thread::sleep(std::time::Duration::from_millis(ms.parse().unwrap_or(0)));
                 }
@@ -266,6 +275,11 @@ fn main() {
                         return; // stdin closed while hanging
                     }
                     send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "cancelled"}}));
+                    continue;
+                }
+                if words.contains(&"!auth") {
+                    let error = json!({"code": -32000, "message": "Authentication required"});
+                    send(&mut out, &json!({"jsonrpc": "2.0", "id": id, "error": error}));
                     continue;
                 }
                 if words.contains(&"!fail") {

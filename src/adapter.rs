@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::child::{self, AgentCommand};
 use crate::layer::{EventSender, Layer, Stack};
 use crate::lines::DEFAULT_MAX_LINE;
+use crate::locate::{Located, Place};
 use crate::relay;
 use crate::trace::Trace;
 
@@ -33,6 +34,8 @@ pub struct Adapter {
 pub struct Found {
     pub command: AgentCommand,
     pub version: Option<String>,
+    /// Where it was found and why it was looked for there ("on PATH", "from --agent-command", …).
+    pub how: String,
 }
 
 /// A started child with the adapter's layers, ready for [`crate::relay::run_with_client`].
@@ -50,6 +53,7 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
         .iter()
         .filter(|(k, _)| std::env::var_os(k).is_none())
         .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .chain(crate::locate::child_path_var(&found.command.program))
         .collect();
     let agent = child::spawn(&found.command, &env)?;
     let (tx, events) = tokio::sync::mpsc::unbounded_channel();
@@ -97,37 +101,52 @@ impl Adapter {
         let Some((program, args)) = words.split_first() else {
             return Err(format!("{source} is empty"));
         };
-        let program = find_program(program).ok_or_else(|| {
+        let found = find_program(program).ok_or_else(|| {
             format!("cannot find {program:?} (from {source}); check the path or install {}", self.cli_name)
         })?;
-        Ok(Found { command: AgentCommand { program, args: args.to_vec() }, version: None })
+        let how = match found.how.as_str() {
+            "" => format!("from {source}"),
+            how => format!("from {source}, {how}"),
+        };
+        Ok(Found { command: AgentCommand { program: found.path, args: args.to_vec() }, version: None, how })
     }
 }
 
-/// Looks a program up like a shell would, without running one: a path with a `/` as is, else on PATH.
-pub fn find_program(program: &str) -> Option<PathBuf> {
+/// Looks a program up like a shell would, without running one: a path with a `/` as is (`how` empty), else on
+/// PATH or in the usual install places (src/locate.rs).
+pub fn find_program(program: &str) -> Option<Located> {
     if program.contains('/') {
         let p = Path::new(program);
-        return p.is_file().then(|| p.to_path_buf());
+        return p.is_file().then(|| Located { path: p.to_path_buf(), how: String::new() });
     }
-    which::which(program).ok()
+    crate::locate::find(program, &[])
 }
 
-/// The usual default: `program args...` found on PATH.
-pub fn on_path(program: &str, args: &[&str], cli_name: &str, install_hint: &str) -> Result<Found, String> {
-    match which::which(program) {
-        Ok(path) => Ok(Found {
-            command: AgentCommand { program: path, args: args.iter().map(|a| (*a).to_owned()).collect() },
+/// The usual default: `program args...` found on PATH, else in the usual install places.
+pub fn installed(program: &str, args: &[&str], cli_name: &str, install_hint: &str) -> Result<Found, String> {
+    match crate::locate::find(program, &[]) {
+        Some(found) => Ok(Found {
+            command: AgentCommand { program: found.path, args: args.iter().map(|a| (*a).to_owned()).collect() },
             version: None,
+            how: found.how,
         }),
-        Err(_) => Err(format!("cannot find `{program}` ({cli_name}) on PATH; install it with: {install_hint}")),
+        None => Err(not_found(program, cli_name, &[], install_hint)),
     }
+}
+
+/// "cannot find `kimi` (Kimi Code CLI) on PATH or in …; install it with: …".
+pub fn not_found(program: &str, cli_name: &str, preferred: &[Place], install_hint: &str) -> String {
+    format!(
+        "cannot find `{program}` ({cli_name}) on PATH or in the usual install places ({}); install it with: {install_hint}",
+        crate::locate::searched(preferred)
+    )
 }
 
 /// Runs `program args` with no stdin and returns its stdout, or `None` after `timeout` or on failure.
 pub fn run_for_output(program: &Path, args: &[&str], timeout: Duration) -> Option<String> {
     let mut child = std::process::Command::new(program)
         .args(args)
+        .envs(crate::locate::child_path_var(program))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -276,19 +295,23 @@ pub fn main(adapter: Adapter) -> ! {
     let args = match parse_args(&adapter) {
         Ok(Parsed::Run(args)) => args,
         Ok(Parsed::Help) => {
-            print!("{}", help(&adapter));
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), help(&adapter).as_bytes());
             std::process::exit(0)
         }
         Ok(Parsed::Version(flag)) => {
-            println!("{bin} {}", env!("CARGO_PKG_VERSION"));
-            match adapter.resolve(flag) {
+            use std::io::Write;
+            // Written, not printed: a reader that stops after the first line (`| head -n 1`) is no panic.
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "{bin} {}", env!("CARGO_PKG_VERSION")).and_then(|()| out.flush());
+            let line = match adapter.resolve(flag) {
                 Ok(found) => {
                     let version = found.version.or_else(|| (adapter.version)(&found.command));
                     let version = version.unwrap_or_else(|| "version unknown".into());
-                    println!("{} {version} ({})", adapter.cli_name, found.command.program.display());
+                    format!("{} {version} ({})", adapter.cli_name, found.command.program.display())
                 }
-                Err(why) => println!("{}: not found: {why}", adapter.cli_name),
-            }
+                Err(why) => format!("{}: not found: {why}", adapter.cli_name),
+            };
+            let _ = writeln!(out, "{line}");
             std::process::exit(0)
         }
         Ok(Parsed::Doctor(flag)) => {

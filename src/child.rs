@@ -1,8 +1,10 @@
-//! The wrapped CLI as a child process: spawned without a shell in its own process group, its stderr
-//! drained and its tail kept, and stopped with a ladder that leaves no process of the group behind.
+//! The wrapped CLI as a child process: spawned without a shell in a process group of its own, guarded by
+//! a watchdog that kills the group if the shim dies (src/watchdog.rs), its stderr drained and its tail
+//! kept, and stopped with a ladder that leaves no process of the group behind.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -13,6 +15,8 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
+use crate::watchdog::Watchdog;
+
 /// How many lines of the child's stderr are kept for error reports.
 const STDERR_TAIL: usize = 40;
 
@@ -22,15 +26,21 @@ pub const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// Size asked for the pipe the agent writes to (Linux's default is 64 KiB; 1 MiB is what an unprivileged
 /// process may ask). A burst then costs the agent and the shim a sixteenth of the wake-ups.
+#[cfg(target_os = "linux")]
 const PIPE_SIZE: i32 = 1 << 20;
 
 /// Best effort: where the system refuses, the pipe keeps its size.
+#[cfg(target_os = "linux")]
 fn grow_pipe(pipe: &impl std::os::fd::AsFd) {
-    #[cfg(target_os = "linux")]
     if let Err(e) = nix::fcntl::fcntl(pipe.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE)) {
         tracing::debug!("cannot grow the agent's stdout pipe: {e}");
     }
 }
+
+/// macOS and the BSDs have no call to size a pipe: the kernel grows a pipe by itself under large writes
+/// (to 64 KiB on macOS), so the pipe keeps the system's size.
+#[cfg(not(target_os = "linux"))]
+fn grow_pipe(_pipe: &impl std::os::fd::AsFd) {}
 
 /// A resolved command: program path and arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,9 +81,13 @@ pub struct Agent {
     pub stderr_tail: StderrTail,
     pub stderr_done: tokio::task::JoinHandle<()>,
     pgid: Option<Pid>,
+    /// Kills what the agent started and its group once the shim is gone; `None` when it could not be
+    /// started (warned).
+    watchdog: Option<Watchdog>,
 }
 
-/// Starts the child in its own process group with env and cwd inherited (plus `env`).
+/// Starts the child in a process group of its own with env and cwd inherited (plus `env`), and a watchdog
+/// in that group (src/watchdog.rs). Where the watchdog cannot start, a warning says what is lost.
 pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Result<Agent> {
     let mut command = Command::new(&cmd.program);
     command
@@ -85,6 +99,18 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         .process_group(0);
     let mut child = command.spawn()?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let watchdog = match (child.id(), child.stdin.as_ref()) {
+        (Some(pid), Some(stdin)) => match stdin.as_fd().try_clone_to_owned().and_then(|s| Watchdog::start(pid, s)) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it"
+                );
+                None
+            }
+        },
+        _ => None,
+    };
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err(std::io::Error::other("child pipes were not set up"));
@@ -110,7 +136,7 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
         }
         let _ = err.flush().await;
     });
-    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid })
+    Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, watchdog })
 }
 
 /// A handle to signal the child's process group after its pipes have moved elsewhere.
@@ -120,6 +146,20 @@ pub struct Group(Option<Pid>);
 impl Agent {
     pub fn group(&self) -> Group {
         Group(self.pgid)
+    }
+
+    /// The watchdog, for the stop ladder's last step ([`kill_all`]); the caller keeps it alive till then.
+    pub fn take_watchdog(&mut self) -> Option<Watchdog> {
+        self.watchdog.take()
+    }
+}
+
+/// The last step of the stop ladder: SIGKILL whatever the agent started, also in sessions of its own
+/// (through the watchdog, while the agent is still there to find them by), and the agent's group.
+pub fn kill_all(group: Group, watchdog: &mut Option<Watchdog>) {
+    match watchdog.take() {
+        Some(w) => w.fire(),
+        None => group.signal(Signal::SIGKILL),
     }
 }
 

@@ -79,21 +79,16 @@ fn row(check: &'static str, status: Status, result: impl Into<String>, fix: impl
 pub fn run(adapter: &Adapter, flag: Option<String>) -> i32 {
     let rows = checks(adapter, flag);
     let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    print!("{}", table(&adapter.binary(), &rows, color));
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), table(&adapter.binary(), &rows, color).as_bytes());
     if rows.iter().any(|r| r.status == Status::Problem) { 1 } else { 0 }
 }
 
 pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
     let mut rows = Vec::new();
     let env = adapter.command_env();
-    let source = match (&flag, std::env::var(&env).ok().filter(|c| !c.trim().is_empty())) {
-        (Some(_), _) => "from --agent-command".to_owned(),
-        (None, Some(_)) => format!("from {env}"),
-        (None, None) => "default lookup".to_owned(),
-    };
     let found = match adapter.resolve(flag) {
         Ok(found) => {
-            rows.push(row("CLI", Status::Ok, format!("{} ({source})", found.command.display()), ""));
+            rows.push(row("CLI", Status::Ok, format!("{} ({})", found.command.display(), found.how), ""));
             Some(found)
         }
         Err(why) if why.contains("is not ") => {
@@ -123,7 +118,40 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
     if let Some(found) = found {
         rows.extend(login_rows(adapter, &found));
     }
+    rows.push(manifest_row(std::env::current_exe()));
     rows
+}
+
+/// The plugin manifest's `command` for this machine: the running binary's absolute path, which `sh` runs
+/// whatever PATH Coda was started with.
+fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
+    let exe = match exe {
+        Ok(exe) => exe,
+        Err(e) => return row("manifest", Status::Warn, format!("cannot tell this binary's path: {e}"), ""),
+    };
+    let Some(text) = exe.to_str() else {
+        return row(
+            "manifest",
+            Status::Warn,
+            format!("this binary's path {} is not UTF-8, which a manifest cannot hold", exe.display()),
+            "install it under a UTF-8 path: cargo install --path . --root <folder>",
+        );
+    };
+    let command = serde_json::to_string(&shell_words::quote(text)).unwrap_or_default();
+    let line = format!("\"command\": {command}");
+    // A binary in a cargo build folder goes away with `cargo clean`.
+    let components: Vec<_> = exe.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let in_build_folder =
+        components.windows(2).any(|w| w[0] == "target" && matches!(w[1].as_str(), "debug" | "release"));
+    if in_build_folder {
+        return row(
+            "manifest",
+            Status::Warn,
+            line,
+            "this binary is in a cargo build folder; `cargo install --path .` puts it in ~/.cargo/bin for good",
+        );
+    }
+    row("manifest", Status::Ok, line, "")
 }
 
 fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
@@ -391,17 +419,35 @@ pub fn table(binary: &str, rows: &[Row], color: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStringExt;
 
     #[test]
     fn the_table_has_a_fix_under_each_problem() {
         let rows = vec![
-            row("CLI", Status::Ok, "/usr/bin/opencode acp (default lookup)", ""),
+            row("CLI", Status::Ok, "/usr/bin/opencode acp (on PATH)", ""),
             row("login", Status::Problem, "needs a login", "run `opencode auth login`"),
         ];
         assert_eq!(
             table("coda-opencode", &rows, false),
-            "coda-opencode doctor\nok    CLI    /usr/bin/opencode acp (default lookup)\nFAIL  login  needs a login\n             fix: run `opencode auth login`\n1 problem(s), 0 warning(s)\n"
+            "coda-opencode doctor\nok    CLI    /usr/bin/opencode acp (on PATH)\nFAIL  login  needs a login\n             fix: run `opencode auth login`\n1 problem(s), 0 warning(s)\n"
         );
+    }
+
+    #[test]
+    fn the_manifest_line_is_the_binarys_absolute_path_quoted_for_sh_and_json() {
+        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-kimi")));
+        assert_eq!(
+            (plain.status, plain.result.as_str()),
+            (Status::Ok, r#""command": "/Users/me/.cargo/bin/coda-kimi""#)
+        );
+        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-kimi")));
+        assert_eq!(spaced.result, r#""command": "'/Users/me/Coda \"tools\"/bin/coda-kimi'""#);
+        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-kimi")));
+        assert_eq!(built.status, Status::Warn);
+        assert!(built.fix.contains("cargo install --path ."), "{built:?}");
+        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-kimi".to_vec()))));
+        assert_eq!(odd.status, Status::Warn);
+        assert_eq!(manifest_row(Err(std::io::Error::other("gone"))).status, Status::Warn);
     }
 
     #[test]

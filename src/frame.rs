@@ -3,6 +3,7 @@
 //! A frame that no layer edits is written out exactly as it was read. Only a layer that rewrites a frame
 //! parses it into a `serde_json::Value` and serialises that one frame again.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -34,8 +35,30 @@ pub enum Kind {
 }
 
 /// A JSON-RPC id, kept as its JSON text: number, string or null, opaque to the shim.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// The text is what the shim writes back: an answer the shim makes carries the id exactly as the peer
+/// spelled it (`1e0` stays `1e0`). Two ids are the same id when they are the same JSON value: a number
+/// equal in value (`1`, `1e0`, `1.0`, `10e-1`, compared exactly, in decimal, not through an f64; exponents
+/// beyond ±9.2e18 count as that) or a
+/// string equal once unescaped (`"a"`, `"\u0061"`). JSON-RPC peers that parse ids into numbers (Node, the
+/// runtime of most agent CLIs) answer a request sent as `1e0` with `1`; that answer is for the request,
+/// and matching it by value is what keeps the shim from answering the request a second time.
+#[derive(Debug, Clone)]
 pub struct Id(CompactString);
+
+impl PartialEq for Id {
+    fn eq(&self, other: &Id) -> bool {
+        self.0 == other.0 || self.key() == other.key()
+    }
+}
+
+impl Eq for Id {}
+
+impl std::hash::Hash for Id {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state)
+    }
+}
 
 impl Id {
     pub fn from_json(text: &str) -> Id {
@@ -56,8 +79,73 @@ impl Id {
         &self.0
     }
 
+    /// The id as a value, for reading it (a number may come out re-spelled: never write it back).
     pub fn to_value(&self) -> Value {
         serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+
+    /// One spelling per JSON value (see [`Id`]): strings unescaped and written the one way serde_json
+    /// writes them, numbers as [`number_key`] writes them. Borrowed for the usual ids.
+    fn key(&self) -> Cow<'_, str> {
+        let text = self.0.as_str();
+        match text.as_bytes().first() {
+            Some(b'"') if text.contains('\\') => match serde_json::from_str::<String>(text) {
+                Ok(s) => Cow::Owned(Value::from(s).to_string()),
+                Err(_) => Cow::Borrowed(text),
+            },
+            Some(b'-' | b'0'..=b'9') => number_key(text),
+            _ => Cow::Borrowed(text),
+        }
+    }
+}
+
+/// Integers up to this many digits are keyed as plain integers, others as `<digits>e<exponent>`.
+const PLAIN_DIGITS: i64 = 40;
+
+/// A JSON number's value as one text: sign, significant digits without leading or trailing zeros, and a
+/// decimal exponent; a plain integer when it is one of at most [`PLAIN_DIGITS`] digits. Exact: no two
+/// different values share a key, whatever their digits (only an exponent past an i64 saturates).
+fn number_key(text: &str) -> Cow<'_, str> {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    // The usual id: an integer without leading zeros.
+    let plain = !body.is_empty() && body.bytes().all(|b| b.is_ascii_digit()) && !body.starts_with('0');
+    if plain && body.len() as i64 <= PLAIN_DIGITS {
+        return Cow::Borrowed(text);
+    }
+    let (mantissa, exponent) = match body.find(['e', 'E']) {
+        Some(at) => (&body[..at], &body[at + 1..]),
+        None => (body, ""),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    // Saturating: an exponent of a thousand digits is still one value, and the frame limit bounds it.
+    let mut exp: i64 = 0;
+    let (exp_negative, exp_digits) = match exponent.as_bytes().first() {
+        Some(b'-') => (true, &exponent[1..]),
+        Some(b'+') => (false, &exponent[1..]),
+        _ => (false, exponent),
+    };
+    for b in exp_digits.bytes() {
+        exp = exp.saturating_mul(10).saturating_add(i64::from(b.wrapping_sub(b'0')));
+    }
+    if exp_negative {
+        exp = -exp;
+    }
+    exp = exp.saturating_sub(frac.len() as i64);
+    let digits: String = int.chars().chain(frac.chars()).collect();
+    let digits = digits.trim_start_matches('0');
+    let significant = digits.trim_end_matches('0');
+    if significant.is_empty() {
+        return Cow::Borrowed("0");
+    }
+    exp = exp.saturating_add((digits.len() - significant.len()) as i64);
+    let sign = if negative { "-" } else { "" };
+    if exp >= 0 && significant.len() as i64 + exp <= PLAIN_DIGITS {
+        Cow::Owned(format!("{sign}{significant}{}", "0".repeat(exp as usize)))
+    } else {
+        Cow::Owned(format!("{sign}{significant}e{exp}"))
     }
 }
 
@@ -117,7 +205,11 @@ impl Frame {
 
     /// Serialises a value built by the shim (or edited by a layer) into a frame.
     pub fn from_value(value: &Value) -> Frame {
-        let mut bytes = serde_json::to_vec(value).expect("a serde_json::Value always serialises");
+        Frame::built(serde_json::to_vec(value).expect("a serde_json::Value always serialises"))
+    }
+
+    /// A frame from the JSON text of one message the shim built.
+    fn built(mut bytes: Vec<u8>) -> Frame {
         let classified = classify(&bytes);
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
@@ -224,12 +316,31 @@ pub fn error_response(id: &Id, code: i64, message: &str, data: Option<Value>) ->
     if let Some(data) = data {
         error["data"] = data;
     }
-    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "id": id.to_value(), "error": error }))
+    response(id, None, Some(&error))
 }
 
 /// Builds a JSON-RPC result response.
 pub fn result_response(id: &Id, result: Value) -> Frame {
-    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "id": id.to_value(), "result": result }))
+    response(id, Some(&result), None)
+}
+
+/// A response whose id is the request's id exactly as it was spelled (its JSON text spliced in).
+fn response(id: &Id, result: Option<&Value>, error: Option<&Value>) -> Frame {
+    #[derive(serde::Serialize)]
+    struct Response<'a> {
+        jsonrpc: &'static str,
+        id: &'a serde_json::value::RawValue,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<&'a Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a Value>,
+    }
+    let null = serde_json::value::RawValue::NULL;
+    // An id is always valid JSON (it was read by the frame check or built by the shim); null otherwise.
+    let id = serde_json::from_str::<&serde_json::value::RawValue>(id.as_json()).unwrap_or(null);
+    let bytes = serde_json::to_vec(&Response { jsonrpc: "2.0", id, result, error })
+        .expect("a response of JSON values always serialises");
+    Frame::built(bytes)
 }
 
 /// Builds a notification.
@@ -522,6 +633,60 @@ mod tests {
     }
 
     #[test]
+    fn ids_equal_in_value_are_one_id() {
+        let same = |a: &str, b: &str| {
+            let (a, b) = (Id::from_json(a), Id::from_json(b));
+            let hash = |id: &Id| {
+                use std::hash::{BuildHasher, RandomState};
+                static STATE: std::sync::LazyLock<RandomState> = std::sync::LazyLock::new(RandomState::new);
+                STATE.hash_one(id)
+            };
+            a == b && hash(&a) == hash(&b)
+        };
+        for (a, b) in [
+            ("1", "1e0"),
+            ("1", "1.0"),
+            ("1", "10e-1"),
+            ("100", "1E+2"),
+            ("0", "-0.0e5"),
+            ("-12", "-1.20e1"),
+            ("1e400", "10e399"),
+            ("0.5", "5e-1"),
+            ("123456789012345678901234567890", "1.2345678901234567890123456789e29"),
+            ("\"a\"", "\"\\u0061\""),
+            ("null", "null"),
+        ] {
+            assert!(same(a, b), "{a} and {b} are one id");
+        }
+        for (a, b) in [
+            ("1", "\"1\""),
+            ("1", "2"),
+            ("9007199254740993", "9007199254740992"),
+            ("1e400", "1e401"),
+            ("0.1", "1"),
+            ("null", "0"),
+            ("-1", "1"),
+        ] {
+            assert!(!same(a, b), "{a} and {b} are two ids");
+        }
+    }
+
+    #[test]
+    fn answers_the_shim_makes_spell_the_id_as_it_came() {
+        for id in ["1e0", "1.0", "-0", "1E+2", "123456789012345678901234567890", "\"\\u0061\"", "null"] {
+            let e = error_response(&Id::from_json(id), -32603, "gone", None);
+            let expected = format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"gone"}}}}"#);
+            assert_eq!(std::str::from_utf8(e.bytes()).unwrap(), expected);
+            let r = result_response(&Id::from_json(id), serde_json::json!({}));
+            assert_eq!(
+                std::str::from_utf8(r.bytes()).unwrap(),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#)
+            );
+            assert!(r.is_shim());
+        }
+    }
+
+    #[test]
     fn keeps_bytes_untouched() {
         let line = r#"{"jsonrpc":"2.0","id":1e3,"method":"x","params":{"b":1,"a":"\u00e9"}}"#;
         let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
@@ -538,8 +703,11 @@ pub fn sniff(head: &[u8]) -> (Option<Id>, bool) {
         let rest = &head[at + 4..];
         let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
         let rest = rest.strip_prefix(b":")?;
-        let value = serde_json::Deserializer::from_slice(rest).into_iter::<Value>().next()?.ok()?;
-        matches!(value, Value::Number(_) | Value::String(_) | Value::Null).then(|| Id::from_json(&value.to_string()))
+        // Kept as its text: the answer carries the id as the sender spelled it.
+        let raw =
+            serde_json::Deserializer::from_slice(rest).into_iter::<&serde_json::value::RawValue>().next()?.ok()?;
+        let text = raw.get();
+        matches!(text.as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9') | Some(b'n')).then(|| Id::from_json(text))
     });
     (id, has_method)
 }
@@ -556,5 +724,7 @@ mod sniff_tests {
         );
         assert_eq!(sniff(br#"{"jsonrpc":"2.0","id" : "x","result":{"a"#), (Some(Id::from_json("\"x\"")), false));
         assert_eq!(sniff(br#"{"jsonrpc":"2.0","method":"session/update","params":{"#), (None, true));
+        assert_eq!(sniff(br#"{"jsonrpc":"2.0","id":1E+2,"method":"x","params":{"#).0.unwrap().as_json(), "1E+2");
+        assert_eq!(sniff(br#"{"jsonrpc":"2.0","id":{"a":1},"method":"x","params":{"#).0, None);
     }
 }

@@ -14,14 +14,21 @@ use crate::layer::{Cx, Layer};
 /// Opening and closing marker lines around the injected block.
 pub const OPEN: &str = "<coda-session-instruction>";
 pub const CLOSE: &str = "</coda-session-instruction>";
-/// A part of the marker that no JSON encoder escapes, for a cheap byte search.
-static TOKEN: Needle = crate::needle!(b"coda-session-instruction");
+/// A part of the marker that no JSON encoder escapes, for a cheap byte search; agents that reflow the
+/// block (Kimi's title) keep it too.
+pub const TOKEN_TEXT: &str = "coda-session-instruction";
+static TOKEN: Needle = crate::needle!(TOKEN_TEXT.as_bytes());
 /// Most text one instruction may carry.
 pub const MAX_BYTES: usize = 256 * 1024;
 
 /// The text block placed before the user's first prompt.
 pub fn wrap(text: &str) -> String {
     format!("{OPEN}\n{text}\n{CLOSE}\n\n")
+}
+
+/// Whether a prompt text block is the injected block (as [`wrap`] makes it).
+pub fn is_block(text: &str) -> bool {
+    text.strip_prefix(OPEN).is_some_and(|rest| rest.starts_with('\n') && rest.trim_end().ends_with(CLOSE))
 }
 
 /// Removes every injected block from `s`, with the white space after it. `None` when there was none.
@@ -168,7 +175,9 @@ impl Instruction {
             }
             Some(sp) => match validate(sp) {
                 Err(why) => {
-                    tracing::info!(%method, "rejected systemPrompt: {why}");
+                    // The reason quotes what the client sent: at debug only.
+                    tracing::info!(%method, "rejected an invalid systemPrompt with -32602");
+                    tracing::debug!(%method, "rejected systemPrompt: {why}");
                     cx.to_client(frame::error_response(&id, -32602, &format!("Invalid params: {why}"), None));
                 }
                 Ok(text) => {
@@ -354,8 +363,13 @@ impl Layer for Instruction {
                     }
                     if let Some(s) = carrying.and_then(|sid| self.sessions.get_mut(&sid)) {
                         s.in_flight = false;
-                        // Delivered only when the agent took the prompt; after an error it goes with the next one.
-                        if value.get("result").is_some() {
+                        // Delivered only when the agent took the prompt; after an error it goes with the next
+                        // one, unless the error is a failure answer saying the input entered the native
+                        // session (执行失败).
+                        let took = value.get("result").is_some()
+                            || value.pointer("/error/data/_meta/coda/failure/input").and_then(Value::as_str)
+                                == Some("accepted");
+                        if took {
                             s.pending = None;
                         }
                     }
@@ -430,6 +444,8 @@ mod tests {
         assert_eq!(strip(&wrapped).as_deref(), Some(""));
         assert_eq!(strip("hello"), None);
         assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);
+        assert!(is_block(&wrapped));
+        assert!(!is_block(&(wrapped.clone() + "hello")) && !is_block("hello") && !is_block(&format!("{OPEN} x")));
         // Reflowed into one line, as in Kimi's session title.
         assert_eq!(strip(&format!("{OPEN} be brief {CLOSE} hello")).as_deref(), Some("hello"));
     }
@@ -474,6 +490,38 @@ mod tests {
         let texts: Vec<Value> =
             exits.to_client.iter().map(|f| f.value().unwrap()["params"]["update"]["content"]["text"].clone()).collect();
         assert_eq!(texts, [json!("hello"), json!(echo), json!(echo), json!("hello")]);
+    }
+
+    #[test]
+    fn a_failure_answer_with_the_input_accepted_counts_as_delivered_a_plain_error_does_not() {
+        use crate::layer::{Exits, Stack};
+        let f = |v: Value| Frame::from_value(&v);
+        let prompt = |id: u64| {
+            f(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":"s",
+                "prompt":[{"type":"text","text":"hi"}]}}))
+        };
+        let carries = |exits: &Exits| {
+            let sent = exits.to_agent.last().and_then(|f| f.value().ok()).unwrap_or_default();
+            sent["params"]["prompt"].as_array().map_or(0, Vec::len) == 2
+        };
+        let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]))]);
+        let mut exits = Exits::default();
+        stack.from_client(
+            f(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w",
+            "systemPrompt":{"mode":"append","content":[{"type":"text","text":"be brief"}]}}})),
+            &mut exits,
+        );
+        stack.from_agent(f(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}})), &mut exits);
+        stack.from_client(prompt(2), &mut exits);
+        assert!(carries(&exits));
+        stack.from_agent(f(json!({"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"boom"}})), &mut exits);
+        stack.from_client(prompt(3), &mut exits);
+        assert!(carries(&exits), "a plain error: the instruction goes again");
+        let failure = json!({"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"busy","data":{"_meta":{"coda":
+            {"failure":{"kind":"service_unavailable","input":"accepted"}}}}}});
+        stack.from_agent(f(failure), &mut exits);
+        stack.from_client(prompt(4), &mut exits);
+        assert!(!carries(&exits), "the failed turn took the input, instruction included");
     }
 
     #[test]

@@ -73,8 +73,7 @@ impl Cx {
                 tracing::warn!(
                     "the {sender} sent an answer the shim cannot read ({err}); the {receiver} gets an error"
                 );
-                let msg = format!("the {sender}'s answer was dropped: the shim cannot read it: {err}");
-                let answer = crate::frame::error_response(id, -32603, &msg, None);
+                let answer = unreadable_answer(id, err, sender);
                 if from_client { self.to_agent(answer) } else { self.to_client(answer) }
             }
             Kind::Notification { .. } | Kind::Batch => {
@@ -88,6 +87,13 @@ impl Cx {
     pub fn request(&mut self, method: &str, params: Value, tag: u64) {
         self.out.push(Out::Request { method: method.to_owned(), params, tag });
     }
+}
+
+/// What goes on in place of an answer (from `sender`) that a layer must act on but cannot read: an error
+/// answer for the same request.
+pub fn unreadable_answer(id: &Id, err: &json::Error, sender: &str) -> Frame {
+    let msg = format!("the {sender}'s answer was dropped: the shim cannot read it: {err}");
+    crate::frame::error_response(id, -32603, &msg, None)
 }
 
 /// The layers of one binary, and the shim's own outstanding requests.
@@ -278,5 +284,47 @@ impl EventSender {
     /// Queues an event; false once the relay has stopped.
     pub fn send<E: Any + Send>(&self, event: E) -> bool {
         self.tx.send((self.layer, Box::new(event))).is_ok()
+    }
+
+    /// Queues `event` once `after` has passed: a timer of the engine's runtime (a task, no thread of its own),
+    /// for layers that need to look again later. Outside a runtime (a layer driven by hand) it is dropped
+    /// with a warning: such a caller hands its events in itself.
+    pub fn send_after<E: Any + Send>(&self, after: std::time::Duration, event: E) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("a layer asked for a timer outside the relay's runtime; it will not fire");
+            return;
+        };
+        let sender = self.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            sender.send(event);
+        });
+    }
+}
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn send_after_delivers_the_event_later_through_the_runtime() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sender = EventSender::new(3, tx);
+        runtime.block_on(async {
+            sender.send_after(Duration::from_millis(20), 7u32);
+            assert!(rx.try_recv().is_err(), "not at once");
+            let (layer, event) = rx.recv().await.expect("the event");
+            assert_eq!(layer, 3);
+            assert_eq!(event.downcast::<u32>().ok().map(|e| *e), Some(7));
+        });
+    }
+
+    #[test]
+    fn send_after_outside_a_runtime_drops_the_event() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        EventSender::new(0, tx).send_after(Duration::ZERO, 1u8);
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -10,17 +10,21 @@
 pub mod adapter;
 pub mod child;
 pub mod doctor;
+pub mod failure;
 pub mod frame;
 pub mod identity;
 pub mod instruction;
 pub mod json;
 pub mod layer;
 pub mod lines;
+pub mod locate;
+pub mod private_file;
 pub mod prompt_mode;
 pub mod relay;
 pub mod render;
 pub mod replay;
 pub mod trace;
 pub mod wait;
+pub mod watchdog;
 
 pub use adapter::{Adapter, main};

@@ -60,7 +60,7 @@ Doctor:
                                 directory and login; prints a table with a fix for each problem
 
 Prompt mode exit status:
-  0 the turn ended with end_turn     1 the agent answered the prompt with an error
+  0 the turn ended with end_turn     1 the prompt was answered with an error other than -32000
   2 usage error                      3 stop reason max_tokens
   4 stop reason max_turn_requests    5 stop reason refusal
   6 stop reason cancelled            7 a stop reason ACP does not define
@@ -201,7 +201,7 @@ pub fn main(
             return exit::USAGE;
         }
         // The trace records go to our own stdout (a new descriptor on the same file, pipe or terminal).
-        (true, None) => match Trace::open(std::path::Path::new("/dev/stdout")) {
+        (true, None) => match Trace::stdout() {
             Ok(t) => Some(t),
             Err(e) => {
                 eprintln!("{bin}: cannot write frames to stdout: {e}");
@@ -417,7 +417,8 @@ impl Client {
                 if got == id {
                     return Ok(answer);
                 }
-                tracing::warn!("an answer with id {got} that prompt mode did not ask for");
+                tracing::warn!("an answer to a request prompt mode did not send; ignored");
+                tracing::debug!("its id: {got}");
             }
         }
     }
@@ -864,7 +865,10 @@ impl Client {
         let deadline = Instant::now() + options.wait_timeout;
         while self.open_waits() > 0 {
             match self.pump(Some(deadline), true).await {
-                Ok(Some((id, _))) => tracing::warn!("an answer with id {id} that prompt mode did not ask for"),
+                Ok(Some((id, _))) => {
+                    tracing::warn!("an answer to a request prompt mode did not send; ignored");
+                    tracing::debug!("its id: {id}");
+                }
                 Ok(None) => {}
                 Err(Stop::Deadline) => {
                     let open = self.open_waits();
@@ -906,6 +910,9 @@ impl Client {
     }
 
     fn prompt_failed(&mut self, e: &RpcError) -> i32 {
+        if let Some(code) = self.needs_login("session/prompt", e) {
+            return code;
+        }
         self.r.row(Tone::Red, &format!("error {}: {}", e.code, e.message));
         if let Some(failure) = e.data.as_ref().and_then(|d| d.pointer("/_meta/coda/failure")) {
             self.r.row(Tone::Red, &format!("  failure: {failure}"));
@@ -914,10 +921,18 @@ impl Client {
         if e.agent_exited() { exit::AGENT_FAILED } else { exit::PROMPT_ERROR }
     }
 
+    /// ACP's auth_required (-32000), on any request: its own exit status, whatever else the error says.
+    fn needs_login(&mut self, method: &str, e: &RpcError) -> Option<i32> {
+        if e.code != -32000 {
+            return None;
+        }
+        self.r.row(Tone::Red, &format!("{method}: the agent needs a login (error -32000: {})", e.message));
+        Some(exit::NEEDS_LOGIN)
+    }
+
     fn setup_failed(&mut self, method: &str, e: &RpcError) -> i32 {
-        if e.code == -32000 {
-            self.r.row(Tone::Red, &format!("{method}: the agent needs a login (error -32000: {})", e.message));
-            return exit::NEEDS_LOGIN;
+        if let Some(code) = self.needs_login(method, e) {
+            return code;
         }
         self.r.row(Tone::Red, &format!("{method} failed: error {}: {}", e.code, e.message));
         self.stderr_tail(e);

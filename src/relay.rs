@@ -284,11 +284,13 @@ impl Loop {
                 if let Some(t) = &mut self.trace {
                     t.line(Dir::AgentToShim, &line);
                 }
+                // Where and how long at the default level; what it said (it may be user data) at debug.
                 tracing::warn!(
-                    "agent wrote a line that is not JSON-RPC ({}); dropped: {}",
-                    err.message,
-                    excerpt(&line)
+                    "agent wrote a line of {} bytes that is not JSON-RPC ({}); dropped (its start is logged at debug)",
+                    line.len(),
+                    err.message
                 );
+                tracing::debug!("the line the agent wrote: {}", excerpt(&line));
             }
             Input::Refused { id, has_method, why } => {
                 let msg = format!("message {why}");
@@ -374,6 +376,7 @@ async fn run_io(
 ) -> i32 {
     let mut events = events;
     let group = agent.group();
+    let mut watchdog = agent.take_watchdog();
     let ClientIo { input: mut client_in, output: client_tx, written: client_written } = client;
     let mut agent_in = spawn_reader(agent.stdout, options.max_line);
     let (agent_tx, agent_rx) = mpsc::channel::<lines::Batch>(CHANNEL);
@@ -410,8 +413,14 @@ async fn run_io(
 
     loop {
         // Once the client is gone and everything for the agent is handed to its writer, close its stdin.
-        if !client_open && st.to_agent.is_empty() && agent_tx.take().is_some() {
+        if !client_open && st.to_agent.is_empty() && agent_tx.is_some() {
             tracing::debug!("client closed its stdin; closing the agent's");
+            // What the agent started (also in sessions of its own) is recorded while the agent still runs,
+            // so that what it leaves behind when it exits goes too.
+            if let Some(w) = &mut watchdog {
+                w.session_ends();
+            }
+            agent_tx = None;
         }
         if agent_tx.is_none() && matches!(ladder, Ladder::Running) && exited.is_none() {
             ladder = Ladder::StdinClosed(Instant::now() + child::STDIN_GRACE);
@@ -473,8 +482,12 @@ async fn run_io(
                         std::os::unix::process::ExitStatusExt::from_raw(1 << 8)
                     }
                 };
-                // Whatever the child left in its group (a grandchild holding the pipes) goes with it.
-                group.signal(Signal::SIGKILL);
+                // Whatever the child left in its group (a grandchild holding the pipes), and what it started
+                // elsewhere and was marked when the session ended, goes with it.
+                if let Some(w) = &mut watchdog {
+                    w.exited();
+                }
+                child::kill_all(group, &mut watchdog);
                 exited = Some(status);
                 drain_deadline = Some(Instant::now() + DRAIN_AFTER_EXIT);
                 ladder = Ladder::Killed;
@@ -492,7 +505,7 @@ async fn run_io(
                     }
                     _ => {
                         tracing::warn!("agent ignored SIGTERM for {:?}; sending SIGKILL", child::TERM_GRACE);
-                        group.signal(Signal::SIGKILL);
+                        child::kill_all(group, &mut watchdog);
                         Ladder::Killed
                     }
                 };

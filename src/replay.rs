@@ -18,6 +18,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use crate::private_file;
+
 /// The file inside a fixture folder that holds the recording.
 pub const TRACE_FILE: &str = "trace.jsonl";
 
@@ -730,6 +732,11 @@ impl Script {
 // ---------------------------------------------------------------------------------------------------------------
 // File operations (the player's side of Kimi's session files)
 
+/// Writes a whole file, private like every file the shim's tools write (src/private_file.rs).
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    private_file::open(path, private_file::Write::Replace)?.write_all(bytes)
+}
+
 /// Performs a file operation whose placeholders are filled. Paths must be absolute and free of `..`.
 pub fn apply_file_op(op: &FileOp) -> Result<(), String> {
     let path = checked_path(&op.path)?;
@@ -753,19 +760,19 @@ pub fn apply_file_op(op: &FileOp) -> Result<(), String> {
     match op.op {
         FileOpKind::Append => {
             parent(&path)?;
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| io("open", e))?;
+            let mut f = private_file::open(&path, private_file::Write::Append).map_err(|e| io("open", e))?;
             f.write_all(&bytes()?).map_err(|e| io("append to", e))
         }
         FileOpKind::Write => {
             parent(&path)?;
-            std::fs::write(&path, bytes()?).map_err(|e| io("write", e))
+            write_whole(&path, &bytes()?).map_err(|e| io("write", e))
         }
         FileOpKind::Replace => {
             parent(&path)?;
             let mut tmp = path.clone().into_os_string();
             tmp.push(".tmp.replay");
             let tmp = PathBuf::from(tmp);
-            std::fs::write(&tmp, bytes()?).map_err(|e| io("write", e))?;
+            write_whole(&tmp, &bytes()?).map_err(|e| io("write", e))?;
             std::fs::rename(&tmp, &path).map_err(|e| io("rename over", e))
         }
         FileOpKind::Mkdir => std::fs::create_dir_all(&path).map_err(|e| io("create", e)),

@@ -36,7 +36,16 @@ pub struct Trace {
 
 impl Trace {
     pub fn open(path: &Path) -> std::io::Result<Trace> {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        // It holds every prompt and the session instruction: private (src/private_file.rs).
+        let file = crate::private_file::open(path, crate::private_file::Write::Append)?;
+        Ok(Trace { file, failed: false })
+    }
+
+    /// Records to the process's own stdout (a duplicate of its descriptor: `/dev/stdout` is a symlink on
+    /// Linux, which a trace path may not be).
+    pub fn stdout() -> std::io::Result<Trace> {
+        use std::os::fd::AsFd;
+        let file = File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
         Ok(Trace { file, failed: false })
     }
 

@@ -149,7 +149,10 @@ impl Register {
     /// or a waitId over the limit.
     pub fn report(&mut self, wait: &Wait) -> Option<Frame> {
         if wait.wait_id.is_empty() || wait.wait_id.chars().count() > MAX_WAIT_ID || wait.session_id.is_empty() {
-            tracing::warn!(wait_id = %wait.wait_id, "activity report dropped: waitId empty or too long");
+            tracing::warn!(
+                "activity report dropped: waitId of {} characters (1 to {MAX_WAIT_ID}) or no sessionId",
+                wait.wait_id.chars().count()
+            );
             return None;
         }
         let key = (wait.session_id.clone(), wait.wait_id.clone());

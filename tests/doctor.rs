@@ -54,10 +54,13 @@ ok    handshake  (no agentInfo) (protocol 1); declares: loadSession, systemPromp
 ok    login      session/new works (no login needed, or logged in)
 warn  model      session/new reports no current model: Coda refuses the turn
                  fix: configure a default model in the CLI
-no problems, 2 warning(s)
+warn  manifest   \"command\": \"{}\"
+                 fix: this binary is in a cargo build folder; `cargo install --path .` puts it in ~/.cargo/bin for good
+no problems, 3 warning(s)
 ",
         agent.display(),
-        data.join("opencode").display()
+        data.join("opencode").display(),
+        shim::binary("opencode").display(),
     );
     assert_eq!(out, expected);
     assert_eq!(code, 0);
@@ -77,7 +80,7 @@ fn doctor_reports_a_needed_login_with_a_fix() {
         ),
         "{out}"
     );
-    assert!(out.ends_with("1 problem(s), 1 warning(s)\n"), "{out}");
+    assert!(out.ends_with("1 problem(s), 2 warning(s)\n"), "{out}");
 }
 
 #[test]
@@ -113,7 +116,8 @@ fn doctor_says_how_to_install_a_missing_cli_and_checks_the_data_dir() {
     let file_dir = temp("kimi-file");
     let not_a_dir = file_dir.join("kimi-home");
     std::fs::write(&not_a_dir, "").expect("a file where the data dir should be");
-    let (code, out) = doctor("kimi", &["doctor"], &[("PATH", empty.path()), ("KIMI_CODE_HOME", &not_a_dir)]);
+    let env = [("PATH", empty.path()), ("HOME", empty.path()), ("KIMI_CODE_HOME", &not_a_dir)];
+    let (code, out) = doctor("kimi", &["doctor"], &env);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL  CLI       not found: cannot find `kimi` (Kimi Code CLI) on PATH"), "{out}");
     assert!(out.contains("fix: npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19); or set CODA_KIMI_COMMAND"));

@@ -4,6 +4,8 @@
 //! the recordings go to `fixtures/grok/<scenario>/`. Each scenario asserts the `_coda/wait` sequence Coda got
 //! from the real CLI, then replays its recording through the same shim.
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 #[path = "support/live.rs"]
@@ -54,7 +56,7 @@ fn record_grok_activity() {
         "bg-task-wakes",
         "run_terminal_command in the background; Grok runs a turn of its own on the result (task-completed-<id>)",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             rec.prompt("build it [[bg:sleep 1; echo built]]");
             let open = rec.until_wait(LONG, |w| w["kind"] == "task");
             let id = open["waitId"].as_str().expect("waitId").to_owned();
@@ -73,7 +75,7 @@ fn record_grok_activity() {
         "bg-task-stopped",
         "a background command stopped with _coda/wait/stop (_x.ai/task/kill)",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             rec.prompt("wait long [[bg:sleep 30]]");
             let open = rec.until_wait(LONG, |w| w["kind"] == "task");
             let id = open["waitId"].as_str().expect("waitId").to_owned();
@@ -91,7 +93,7 @@ fn record_grok_activity() {
         "subagent-background",
         "a background subagent: its output on its child session, then Grok's own turn on its result",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             rec.prompt("delegate [[subagent:helper|child work [[delay:800]][[text:child result]]]]");
             let open = rec.until_wait(LONG, |w| w["kind"] == "subagent");
             let id = open["waitId"].as_str().expect("waitId").to_owned();
@@ -115,7 +117,7 @@ fn record_grok_activity() {
         "subagent-foreground-then-resumed",
         "a foreground subagent, then resume_from it: a new wait on the same child session",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             rec.prompt("ask [[subagent-fg:helper|first part [[text:first result]]]]");
             let first = rec.until_wait(LONG, |w| w["kind"] == "subagent");
             let first_id = first["waitId"].as_str().expect("waitId").to_owned();
@@ -137,7 +139,7 @@ fn record_grok_activity() {
         "subagent-stopped",
         "a background subagent stopped with _coda/wait/stop (_x.ai/subagent/cancel)",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             rec.prompt("slow [[subagent:slow|child slow [[delay:20000]][[text:late]]]]");
             let open = rec.until_wait(LONG, |w| w["kind"] == "subagent");
             let id = open["waitId"].as_str().expect("waitId").to_owned();

@@ -3,7 +3,8 @@
 //! a prompt held while Kimi runs a turn of its own, a prompt answer held until the wire shows the turn's end
 //! (and released after `ANSWER_HOLD` when it never does), `_coda/wait/stop` refused, `session/cancel` of a
 //! held prompt, a subagent run whose own turn end never shows; and faults in Kimi's files (garbage, torn lines,
-//! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order).
+//! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order) and in its
+//! data folder (symbolic links out of the session folder, a FIFO for a wire, a huge append, one huge line).
 
 #[path = "support/shim.rs"]
 mod shim;
@@ -40,15 +41,21 @@ struct Kimi {
 impl Kimi {
     /// coda-kimi with the stand-in, after initialize (Coda declares waits) and session/new.
     fn start(name: &str) -> Kimi {
-        Kimi::launch(name, false)
+        Kimi::launch(name, false, |_| {})
+    }
+
+    /// The same, with `prepare(session folder)` run before Kimi's `session/new` answer (the folder and its main
+    /// wire exist then).
+    fn start_with(name: &str, prepare: impl FnOnce(&std::path::Path)) -> Kimi {
+        Kimi::launch(name, false, prepare)
     }
 
     /// The same, with the shim's file log (`CODA_KIMI_RECORD`: what its watcher read) in `files.log`.
     fn start_recording(name: &str) -> Kimi {
-        Kimi::launch(name, true)
+        Kimi::launch(name, true, |_| {})
     }
 
-    fn launch(name: &str, record: bool) -> Kimi {
+    fn launch(name: &str, record: bool, prepare: impl FnOnce(&std::path::Path)) -> Kimi {
         let root = temp::TempDir::new(&format!("coda-kimi-activity-{name}"));
         std::fs::create_dir_all(root.join("home/.kimi-code")).unwrap();
         let script = root.join("fake-kimi.sh");
@@ -82,6 +89,7 @@ impl Kimi {
         k.agent_gets(|v| v["method"] == "session/new");
         std::fs::create_dir_all(k.session_dir.join("agents/main")).unwrap();
         k.wire("main", &[json!({"type":"metadata","protocol_version":"1.5","created_at":1})]);
+        prepare(&k.session_dir);
         k.agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SESSION}}));
         assert_eq!(k.recv()["result"]["sessionId"], SESSION);
         k
@@ -530,4 +538,320 @@ fn files_written_into_folders_just_made_are_read() {
         assert!(Instant::now() < deadline, "never read: {missing:?}; read: {read:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+// Kimi's data folder is not trusted (issue #13 §4): nothing outside the session folder is watched or read, no
+// file content reaches stderr at the default level, and memory does not grow with the size of one append.
+
+/// Peak resident memory of a process (`VmHWM`), in bytes.
+#[cfg(target_os = "linux")]
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    let kb: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmHWM kB");
+    kb * 1024
+}
+
+/// The inotify watches a process holds.
+#[cfg(target_os = "linux")]
+fn inotify_watches(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|info| info.lines().filter(|l| l.starts_with("inotify wd:")).count())
+        .sum()
+}
+
+/// A task record with a real time (records older than the shim's start are history when a file is read whole).
+fn task_now(ty: &str, id: &str, status: &str) -> Value {
+    let mut r = task(ty, id, status);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    r["time"] = json!(now.as_millis() as u64);
+    r
+}
+
+const SECRET: &str = "root:x:0:0:SECRET-LINE-FROM-OUTSIDE:/root:/bin/bash";
+
+#[test]
+fn a_symlinked_folder_in_the_session_is_neither_watched_nor_read() {
+    // Outside the session: a tree of folders (each one got an inotify watch) and a wire that reports a task.
+    let outside = temp::TempDir::new("coda-kimi-outside-tree");
+    for i in 0..300 {
+        std::fs::create_dir_all(outside.join(format!("d{i}/e"))).unwrap();
+    }
+    let target = outside.path().to_owned();
+    let mut k = Kimi::start_with("symlinked-folder", |dir| {
+        std::os::unix::fs::symlink(&target, dir.join("agents/evil")).unwrap();
+    });
+    k.wire("main", &[user_turn(0), task("task.started", "bash-aaaa0001", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0001 waiting");
+    #[cfg(target_os = "linux")]
+    {
+        let watches = inotify_watches(k.shim.child.id());
+        assert!(watches < 10, "{watches} inotify watches: the symlinked folder was walked");
+    }
+    // A record written through the symlink is not the session's: not reported; the session's own is.
+    let mut f = OpenOptions::new().create(true).append(true).open(outside.join("wire.jsonl")).unwrap();
+    writeln!(f, "{}", json!({"type":"metadata","protocol_version":"1.5","created_at":1})).unwrap();
+    writeln!(f, "{}", task_now("task.started", "bash-0u7s1de0", "running")).unwrap();
+    drop(f);
+    std::thread::sleep(Duration::from_millis(300));
+    k.wire("main", &[task("task.started", "bash-aaaa0002", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0002 waiting");
+    k.nothing_for(Duration::from_millis(300));
+}
+
+/// The session folder itself is Kimi's own (made by `session/new`): a link there is not followed; the relay goes on
+/// without activity. (The folders above it may be links: where Kimi keeps its data is the user's choice.)
+#[test]
+fn a_symlinked_session_folder_is_not_followed() {
+    let outside = temp::TempDir::new("coda-kimi-outside-session");
+    let moved = outside.join("session");
+    let mut k = Kimi::start_with("symlinked-session", |dir| {
+        std::fs::rename(dir, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, dir).unwrap();
+    });
+    k.wire("main", &[user_turn(0), task("task.started", "bash-aaaa0006", "running")]);
+    k.nothing_for(Duration::from_millis(300));
+    let note = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SESSION,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"still here"}}}});
+    k.agent(note.clone());
+    assert_eq!(k.recv(), note);
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+}
+
+#[test]
+fn a_symlinked_or_special_wire_file_is_not_read_and_no_content_is_logged() {
+    let outside = temp::TempDir::new("coda-kimi-outside-file");
+    let secret = outside.join("passwd");
+    std::fs::write(&secret, format!("{SECRET}\n{}\n", task_now("task.started", "bash-5ecre7aa", "running"))).unwrap();
+    let mut k = Kimi::start("symlinked-wire");
+    k.wire("main", &[user_turn(0)]);
+    // A subagent folder whose wire is a symlink to a file outside, another whose wire is a FIFO (opening it
+    // for reading would block until a writer comes), and a task file that is a symlink.
+    let sub1 = k.session_dir.join("agents/sub1");
+    std::fs::create_dir_all(&sub1).unwrap();
+    std::os::unix::fs::symlink(&secret, sub1.join("wire.jsonl")).unwrap();
+    let sub2 = k.session_dir.join("agents/sub2");
+    std::fs::create_dir_all(&sub2).unwrap();
+    assert!(Command::new("mkfifo").arg(sub2.join("wire.jsonl")).status().unwrap().success());
+    let tasks = k.session_dir.join("agents/main/tasks");
+    std::fs::create_dir_all(&tasks).unwrap();
+    std::os::unix::fs::symlink(&secret, tasks.join("bash-5ecre7aa.json")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The watch goes on with the session's own files.
+    k.wire("main", &[task("task.started", "bash-aaaa0003", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0003 waiting");
+    k.wire("main", &[task("task.terminated", "bash-aaaa0003", "completed"), turn_ended(0)]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0003 done");
+    k.nothing_for(Duration::from_millis(300));
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(!stderr.contains("SECRET"), "file content on stderr at the default level: {stderr}");
+    for refused in
+        ["agents/sub1/wire.jsonl is a symbolic link", "agents/main/tasks/bash-5ecre7aa.json is a symbolic link"]
+    {
+        assert_eq!(stderr.matches(refused).count(), 1, "warned once: {refused}; {stderr}");
+    }
+    assert!(stderr.contains("agents/sub2/wire.jsonl is not a regular file"), "{stderr}");
+}
+
+/// Appends `total` bytes of ~1 KiB records (a tool's output, as Kimi records it) to `agents/main/wire.jsonl` in
+/// one write, so that the shim finds them all at once.
+fn append_records(k: &Kimi, total: usize) {
+    let path = k.session_dir.join("agents/main/wire.jsonl");
+    let mut batch = String::with_capacity(total + 2048);
+    let out = "x".repeat(900);
+    let mut n = 0u64;
+    while batch.len() < total {
+        let r = json!({"type":"context.append_loop_event","agentId":"main","event":{"type":"tool.result","toolCallId":format!("call_{n}"),"result":{"output":out}},"time":1_796_000_000_000u64 + n});
+        n += 1;
+        batch += &format!("{r}\n");
+    }
+    OpenOptions::new().append(true).open(path).unwrap().write_all(batch.as_bytes()).unwrap();
+}
+
+#[test]
+fn a_huge_append_is_read_in_bounded_memory() {
+    let mut k = Kimi::start("huge-append");
+    k.wire("main", &[user_turn(0)]);
+    append_records(&k, 48 << 20);
+    k.wire("main", &[task("task.started", "bash-aaaa0004", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0004 waiting");
+    // The relay goes on.
+    let note = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SESSION,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"still here"}}}});
+    k.agent(note.clone());
+    assert_eq!(k.recv(), note);
+    #[cfg(target_os = "linux")]
+    {
+        let peak = peak_rss(k.shim.child.id());
+        assert!(peak < 32 << 20, "peak RSS {} MiB after a 48 MiB append", peak >> 20);
+    }
+}
+
+#[test]
+fn one_huge_line_is_skipped_with_a_warning_that_quotes_nothing() {
+    let mut k = Kimi::start("huge-line");
+    k.wire("main", &[user_turn(0)]);
+    let path = k.session_dir.join("agents/main/wire.jsonl");
+    let mut f = OpenOptions::new().append(true).open(path).unwrap();
+    // 50 MB in one record, written in pieces as a slow writer would.
+    f.write_all(b"{\"type\":\"context.append_loop_event\",\"agentId\":\"main\",\"pad\":\"").unwrap();
+    let piece = SECRET.repeat((1 << 20) / SECRET.len());
+    for _ in 0..50 {
+        f.write_all(piece.as_bytes()).unwrap();
+    }
+    f.write_all(b"\"}\n").unwrap();
+    drop(f);
+    k.wire("main", &[task("task.started", "bash-aaaa0005", "running")]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0005 waiting");
+    k.wire("main", &[task("task.terminated", "bash-aaaa0005", "completed"), turn_ended(0)]);
+    assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0005 done");
+    std::thread::sleep(Duration::from_millis(100));
+    let stderr = k.shim.drain_stderr().join("\n");
+    assert!(stderr.contains("skipped a record"), "{stderr}");
+    assert!(!stderr.contains("SECRET"), "{stderr}");
+    #[cfg(target_os = "linux")]
+    {
+        let peak = peak_rss(k.shim.child.id());
+        assert!(peak < 40 << 20, "peak RSS {} MiB after a 50 MiB line", peak >> 20);
+    }
+}
+
+// Runs of one subagent in order (the protocol's Kimi row): registration, progress and settlement of each
+// run, and the next run of the same subagent only after the previous one settled, on every path.
+
+fn spawned(task: &str, background: bool) -> Value {
+    json!({"type":"subagent.spawned","subagentId":"agent-0","parentAgentId":"main","description":"helper","runInBackground":background,"taskId":task})
+}
+fn agent_task(ty: &str, id: &str, status: &str) -> Value {
+    json!({"type":ty,"agentId":"main","info":{"taskId":id,"kind":"agent","agentId":"agent-0","status":status,"description":"helper","detached":true}})
+}
+fn run_turn(turn: i64) -> Value {
+    json!({"type":"turn.prompt","agentId":"agent-0","turnId":turn,"origin":{"kind":"system_trigger","name":"subagent"},"input":[]})
+}
+fn sub_text(turn: i64, t: &str) -> Value {
+    json!({"type":"context.append_loop_event","agentId":"agent-0","event":{"type":"content.part","turnId":turn.to_string(),"step":1,"part":{"type":"text","text":t}}})
+}
+fn sub_turn_ended(turn: i64) -> Value {
+    json!({"type":"turn.ended","agentId":"agent-0","turnId":turn,"reason":"completed"})
+}
+fn sub_completed() -> Value {
+    json!({"type":"subagent.completed","subagentId":"agent-0"})
+}
+
+/// `_coda/wait <id> <state>` or `update <session> <text>`, for one line per frame the client got.
+fn activity_line(v: &Value) -> String {
+    if v["method"] == "_coda/wait" {
+        return wait_line(v);
+    }
+    let p = &v["params"];
+    format!(
+        "update {} {}",
+        p["sessionId"].as_str().unwrap_or(""),
+        p["update"]["content"]["text"].as_str().unwrap_or("")
+    )
+}
+
+fn next_lines(k: &mut Kimi, n: usize) -> Vec<String> {
+    (0..n).map(|_| activity_line(&k.recv())).collect()
+}
+
+/// agent-0's first run, in the background, ended after the client turn: handling.
+fn first_run_handling(k: &mut Kimi) {
+    k.wire(
+        "main",
+        &[user_turn(0), agent_task("task.started", "agent-aaaa0001", "running"), spawned("agent-aaaa0001", true)],
+    );
+    k.wire(
+        "agent-0",
+        &[json!({"type":"metadata","protocol_version":"1.5","created_at":1}), run_turn(0), sub_text(0, "one")],
+    );
+    k.wire("main", &[turn_ended(0)]);
+    assert_eq!(next_lines(k, 2), ["_coda/wait agent-aaaa0001 waiting", "update agent-0 one"]);
+    k.wire("agent-0", &[sub_turn_ended(0)]);
+    k.wire("main", &[sub_completed(), agent_task("task.terminated", "agent-aaaa0001", "completed")]);
+    assert_eq!(next_lines(k, 1), ["_coda/wait agent-aaaa0001 handling"]);
+}
+
+/// Kimi's own turn on the first run's result resumes agent-0 in the foreground; the turn ends after it.
+fn resumed_in_own_turn(k: &mut Kimi, turn: i64) {
+    k.wire("main", &[own_turn(turn, "agent-aaaa0001"), spawned("agent-aaaa0002", false)]);
+    k.wire("agent-0", &[run_turn(1), sub_text(1, "two"), sub_turn_ended(1)]);
+    k.wire("main", &[sub_completed()]);
+    k.nothing_for(Duration::from_millis(300));
+    k.wire("main", &[turn_ended(turn)]);
+    assert_eq!(
+        next_lines(k, 4),
+        [
+            "_coda/wait agent-aaaa0001 done",
+            "_coda/wait agent-aaaa0002 waiting",
+            "update agent-0 two",
+            "_coda/wait agent-aaaa0002 done"
+        ]
+    );
+}
+
+#[test]
+fn runs_of_a_subagent_in_a_coda_turn_come_one_after_the_other() {
+    let mut k = Kimi::start("runs-coda-turn");
+    k.wire("main", &[user_turn(0), spawned("agent-aaaa0001", false)]);
+    k.wire(
+        "agent-0",
+        &[json!({"type":"metadata","protocol_version":"1.5","created_at":1}), run_turn(0), sub_text(0, "one")],
+    );
+    // The second run is asked for before the first one's end is read.
+    k.wire("main", &[spawned("agent-aaaa0002", false)]);
+    k.wire("agent-0", &[sub_turn_ended(0), run_turn(1), sub_text(1, "two"), sub_turn_ended(1)]);
+    k.wire("main", &[sub_completed(), sub_completed(), turn_ended(0)]);
+    assert_eq!(
+        next_lines(&mut k, 6),
+        [
+            "_coda/wait agent-aaaa0001 waiting",
+            "update agent-0 one",
+            "_coda/wait agent-aaaa0001 done",
+            "_coda/wait agent-aaaa0002 waiting",
+            "update agent-0 two",
+            "_coda/wait agent-aaaa0002 done"
+        ]
+    );
+}
+
+#[test]
+fn a_run_resumed_in_kimis_own_turn_waits_until_the_handled_run_settled() {
+    let mut k = Kimi::start("runs-own-turn");
+    first_run_handling(&mut k);
+    resumed_in_own_turn(&mut k, 1);
+}
+
+#[test]
+fn a_background_run_started_while_the_previous_is_handling_follows_its_settlement() {
+    let mut k = Kimi::start("runs-handling");
+    first_run_handling(&mut k);
+    k.wire("main", &[own_turn(1, "agent-aaaa0001"), agent_task("task.started", "agent-aaaa0002", "running")]);
+    k.wire("main", &[spawned("agent-aaaa0002", true)]);
+    k.wire("agent-0", &[run_turn(1), sub_text(1, "two")]);
+    k.nothing_for(Duration::from_millis(300));
+    k.wire("main", &[turn_ended(1)]);
+    assert_eq!(
+        next_lines(&mut k, 3),
+        ["_coda/wait agent-aaaa0001 done", "_coda/wait agent-aaaa0002 waiting", "update agent-0 two"]
+    );
+    k.wire("agent-0", &[sub_turn_ended(1)]);
+    k.wire("main", &[sub_completed(), agent_task("task.terminated", "agent-aaaa0002", "completed")]);
+    assert_eq!(next_lines(&mut k, 1), ["_coda/wait agent-aaaa0002 handling"]);
+    k.wire("main", &[own_turn(2, "agent-aaaa0002"), turn_ended(2)]);
+    assert_eq!(next_lines(&mut k, 1), ["_coda/wait agent-aaaa0002 done"]);
+}
+
+#[test]
+fn the_order_holds_across_a_session_load_in_the_same_process() {
+    let mut k = Kimi::start("runs-load");
+    first_run_handling(&mut k);
+    // Coda loads the session again (a reconnect) while the first run is handling.
+    k.client(json!({"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":SESSION,"cwd":"/w","mcpServers":[]}}));
+    k.agent_gets(|v| v["method"] == "session/load");
+    k.agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+    assert_eq!(k.recv()["id"], 3);
+    resumed_in_own_turn(&mut k, 1);
 }

@@ -7,6 +7,8 @@
 //! log, with the session's files as found when it opened) against `kimi acp` and the fake model, and prints
 //! what Coda received (`expected.txt` notation, see tests/kimi_common).
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 mod kimi_common;
@@ -141,8 +143,10 @@ impl Run {
         self.call("initialize", json!({"protocolVersion": 1, "clientCapabilities": caps}));
     }
 
+    /// `session/new` with Coda's real-size instruction (`fixtures/coda-instruction.md`), as Coda sends it.
     fn new_session(&mut self, cwd: &str) -> String {
-        let answer = self.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+        let sp = coda_text::system_prompt(coda_text::INSTRUCTION);
+        let answer = self.call("session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": sp}));
         answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
     }
 
@@ -224,6 +228,11 @@ struct Live {
 
 impl Live {
     fn start() -> Option<Live> {
+        Live::start_named("coda-kimi-live")
+    }
+
+    /// The same, with its files under `<temp>/<name>-<pid>`.
+    fn start_named(name: &str) -> Option<Live> {
         if std::env::var_os("CODA_LIVE").is_none() {
             eprintln!("skipped live Kimi recordings: set CODA_LIVE=1 (after scripts/install-clis kimi)");
             return None;
@@ -233,7 +242,7 @@ impl Live {
             return None;
         }
         let model = fake_model::FakeModel::start();
-        let root = std::env::temp_dir().join(format!("coda-kimi-live-{}", std::process::id()));
+        let root = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let lc = live::prepare("kimi", &model.base_url(), &root).expect("prepare kimi");
         let cwd = lc.workdir.display().to_string();
@@ -379,4 +388,51 @@ fn record_kimi_activity() {
     }
     let failed = FAILED.lock().unwrap();
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// Kimi's data folder is not trusted (issue #13 §4), with the real CLI: a link to a tree of folders and a link to a
+/// file outside, put into a live session's folder, are neither watched nor read, and no content of them reaches
+/// stderr; the session's own background command is reported as always.
+#[test]
+fn links_in_a_live_session_folder_are_not_followed() {
+    let Some(live) = Live::start_named("coda-kimi-live-links") else { return };
+    let outside = live.root.join("outside");
+    for i in 0..300 {
+        std::fs::create_dir_all(outside.join(format!("d{i}/e"))).unwrap();
+    }
+    std::fs::write(outside.join("passwd"), "root:x:0:0:SECRET-LINE-FROM-OUTSIDE:/root:/bin/bash\n").unwrap();
+    let (trace, files) = live.paths("links");
+    let mut run = Run::start(&live.lc, &trace, &files);
+    run.initialize();
+    let sid = run.new_session(&live.cwd);
+    let sessions = live.lc.home.join(".kimi-code/sessions");
+    let dir = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join(&sid))
+        .find(|p| p.is_dir())
+        .expect("Kimi made the session folder");
+    std::os::unix::fs::symlink(&outside, dir.join("agents/evil")).unwrap();
+    std::fs::create_dir_all(dir.join("agents/sub9")).unwrap();
+    std::os::unix::fs::symlink(outside.join("passwd"), dir.join("agents/sub9/wire.jsonl")).unwrap();
+    run.prompt(&sid, "[[bg:sleep 0.5]]");
+    run.settle(Duration::from_secs(40));
+    let states: Vec<&String> = run.waits.values().collect();
+    assert_eq!(states, ["done"], "the background command, reported to its end: {:?}", run.waits);
+    #[cfg(target_os = "linux")]
+    {
+        let pid = run.shim.child.id();
+        let watches: usize = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .map(|info| info.lines().filter(|l| l.starts_with("inotify wd:")).count())
+            .sum();
+        assert!(watches < 10, "{watches} inotify watches: the linked tree was walked");
+    }
+    let stderr = run.shim.drain_stderr().join("\n");
+    assert!(!stderr.contains("SECRET"), "{stderr}");
+    assert!(stderr.contains("agents/evil is a symbolic link"), "{stderr}");
+    assert!(stderr.contains("agents/sub9/wire.jsonl is a symbolic link"), "{stderr}");
+    run.finish();
 }

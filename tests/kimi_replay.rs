@@ -4,8 +4,8 @@
 //! (checked here against the fixture's own `trace.jsonl`). The whole binary replays the same fixtures in
 //! `tests/replay.rs` (`kimi_fixtures_replay`), asserting every frame exactly.
 //!
-//! `expected.txt`: see tests/kimi_common (`answer` lines are the prompt answers, which this layer-level replay
-//! does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test kimi_replay`.
+//! `expected.txt`: see tests/kimi_common (`answer` lines are the prompt answers, and `session_info_update`
+//! lines Kimi's title rewritten by the title layer, which this layer-level replay does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test kimi_replay`.
 
 mod kimi_common;
 #[path = "../adapters/kimi/translate.rs"]
@@ -14,8 +14,6 @@ mod translate;
 #[path = "../adapters/kimi/wire.rs"]
 #[allow(dead_code)]
 mod wire;
-
-use std::path::Path;
 
 use coda_shim::frame::Frame;
 use serde_json::Value;
@@ -57,7 +55,15 @@ fn replay(files: &str) -> Vec<String> {
                 let Some((_, feed, t)) = session.as_mut() else { continue };
                 let data = c["data"].as_str().unwrap_or("").as_bytes();
                 let op = c["op"].as_str().unwrap_or("");
-                match feed.chunk(file, op == "write", op == "replace", data) {
+                // `write`: the file was replaced and `data` is its whole content.
+                if op == "write" {
+                    feed.reread(file);
+                }
+                let fed = feed.piece(file, op == "replace", data);
+                if op == "write" {
+                    feed.caught_up(file);
+                }
+                match fed {
                     wire::Fed::Task { agent, info } => t.task_file(&agent, &info),
                     wire::Fed::Entries { agent, entries } if !entries.is_empty() => {
                         let at = if agent == translate::MAIN { 0 } else { lists.len() };
@@ -84,12 +90,7 @@ fn replay(files: &str) -> Vec<String> {
 
 #[test]
 fn kimi_recordings_replay_to_the_expected_frames() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kimi");
-    let mut dirs: Vec<_> = std::fs::read_dir(&root)
-        .map(|rd| rd.flatten().map(|d| d.path()).filter(|p| p.join("files.jsonl").is_file()).collect())
-        .unwrap_or_default();
-    dirs.sort();
-    assert!(dirs.len() >= 12, "the Kimi recordings under {} are missing", root.display());
+    let dirs = kimi_common::recordings();
     let bless = std::env::var_os("KIMI_REPLAY_BLESS").is_some();
     let mut failed = Vec::new();
     for dir in &dirs {
@@ -105,7 +106,7 @@ fn kimi_recordings_replay_to_the_expected_frames() {
         }
         let files = std::fs::read_to_string(dir.join("files.jsonl")).unwrap();
         let got = replay(&files).join("\n") + "\n";
-        let want: String = expected.lines().filter(|l| !l.starts_with("answer ")).map(|l| format!("{l}\n")).collect();
+        let want = kimi_common::activity_expected(&expected);
         if got != want {
             failed.push(format!("{}:\n--- expected\n{want}--- got\n{got}", dir.display()));
         }

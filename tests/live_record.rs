@@ -6,6 +6,8 @@
 //! also written to `fixtures/<agent>/<scenario>/` (review the diff before committing). `CODA_RECORD_ONLY=grok,…`
 //! limits the agents.
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 #[path = "support/live.rs"]
@@ -23,7 +25,6 @@ use std::time::Duration;
 use coda_shim::replay::{self, Normaliser};
 use serde_json::{Value, json};
 
-const INSTRUCTION: &str = "Coda recording: answer briefly.";
 /// How long the client listens after a turn for frames that trail its answer.
 const TRAIL: Duration = Duration::from_millis(1500);
 
@@ -70,8 +71,9 @@ fn pinned(agent: &str) -> &'static str {
     }
 }
 
+/// Coda's real-size session instruction (`fixtures/coda-instruction.md`).
 fn system_prompt() -> Value {
-    json!({"mode": "append", "content": [{"type": "text", "text": INSTRUCTION}]})
+    coda_text::system_prompt(coda_text::INSTRUCTION)
 }
 
 /// One shim process against the live CLI, tracing into `trace`.
@@ -98,7 +100,8 @@ impl Run {
     fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
         self.next_id += 1;
-        let (answer, _) = self.shim.request(id, method, params);
+        // A real CLI on a loaded machine may take a while to start (OpenCode and Kimi: 10 s and more seen).
+        let (answer, _) = self.shim.request_within(id, method, params, Duration::from_secs(60));
         assert!(answer.get("result").is_some(), "{method} failed: {answer}");
         answer
     }
@@ -154,6 +157,15 @@ fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
     let mut n = Normaliser::for_live_root(root);
     n.add(&live::live_root().display().to_string(), "LIVE");
     let records = replay::record(&text, files.as_deref(), &n).expect("normalise the trace");
+    // What the client saw holds no part of the instruction.
+    for line in text.lines() {
+        let record: Value = serde_json::from_str(line).expect("a trace line");
+        if record["dir"] == "shim->client"
+            && let Some(leak) = coda_text::leak(&record["frame"])
+        {
+            panic!("{agent}/{scenario}: the client saw part of the instruction: {leak}");
+        }
+    }
     let out = replay::render(&records);
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
@@ -201,7 +213,7 @@ fn record_all(agent: &str) {
     run.initialize();
     let sid = new_session(&mut run, &cwd, true);
     run.prompt(&sid, command(agent));
-    let answer = run.prompt(&sid, "hello [[text:hi there]]");
+    let answer = run.prompt(&sid, &format!("{} [[text:hi there]]", coda_text::FIRST_PROMPT));
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     run.finish();
     keep(agent, "instruction-command-first", &trace, &root);

@@ -6,6 +6,11 @@
 //! so a schema change cannot make the test pass by being ignored. Patterns are the schema's own, run with
 //! the `regex` crate; the one lookahead the schemas use, `(?=.*\S)` ("not blank"), is checked directly.
 
+#[path = "support/shim.rs"]
+mod shim;
+#[path = "support/temp.rs"]
+mod temp;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -189,15 +194,45 @@ fn read_manifest(dir: &Path) -> Value {
         .expect("package.json is JSON")
 }
 
+/// Each manifest's `command` run as Coda runs it: through `sh`, from an app started from the Dock (PATH
+/// `/usr/bin:/bin:/usr/sbin:/sbin`, no `~/.cargo/bin`), with the shim installed where `cargo install` puts it
+/// (a link to the built binary in `$HOME/.cargo/bin`) and a stand-in CLI in its usual place. The stand-in
+/// writes down that it ran, so the whole chain sh -> shim -> CLI is shown to work.
 #[test]
-fn every_agent_has_a_manifest_that_runs_its_shim() {
+fn every_agent_has_a_manifest_that_runs_its_shim_from_a_gui_path() {
     let names: Vec<String> =
         plugins().iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["codex", "grok", "kimi", "opencode"]);
     for dir in plugins() {
         let agent = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let manifest = read_manifest(&dir);
-        assert_eq!(manifest.pointer("/contributes/agents/0/command"), Some(&json!(format!("coda-{agent}"))));
+        let command = manifest.pointer("/contributes/agents/0/command").and_then(Value::as_str).expect("command");
+        let home = temp::TempDir::new(&format!("coda-manifest-{agent}"));
+        let cargo_bin = home.join(".cargo/bin");
+        std::fs::create_dir_all(&cargo_bin).expect("~/.cargo/bin");
+        std::os::unix::fs::symlink(shim::binary(&agent), cargo_bin.join(format!("coda-{agent}"))).expect("link");
+        let (folder, program) = match agent.as_str() {
+            "codex" => (".local/bin", "codex-acp"),
+            "grok" => (".grok/bin", "grok"),
+            other => (".local/bin", other),
+        };
+        let cli = home.join(folder).join(program);
+        std::fs::create_dir_all(cli.parent().expect("folder")).expect("CLI folder");
+        std::fs::write(&cli, "#!/bin/sh\nprintf '%s\\n' \"$0\" > \"$HOME/ran\"\n").expect("stand-in CLI");
+        std::fs::set_permissions(&cli, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(command)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
+            .env("HOME", home.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{agent}: {command}: {stderr}");
+        let ran = std::fs::read_to_string(home.join("ran")).unwrap_or_default();
+        assert_eq!(ran.trim_end(), cli.display().to_string(), "{agent}: {command}: {stderr}");
     }
 }
 

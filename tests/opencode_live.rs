@@ -7,6 +7,8 @@
 //! own server; the events it handled are logged (`CODA_OPENCODE_RECORD`) and merged into the fixture, where
 //! the replay player writes them back for the shim to read.
 
+#[path = "support/coda_text.rs"]
+mod coda_text;
 #[path = "support/fake_model.rs"]
 mod fake_model;
 #[path = "support/live.rs"]
@@ -155,7 +157,7 @@ fn record_opencode_activity() {
         "task-foreground-child-permission",
         "a foreground task whose child asks before running bash: OpenCode forwards no request of a session it was not told about, so the shim resumes the child as soon as OpenCode's server names it; the request reaches Coda on the child session, the answer unblocks the child and the turn ends",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             let asked_at = Instant::now();
             rec.prompt("delegate [[subagent-fg:child runs [[sh:echo hi]]]]");
             eprintln!("task-foreground-child-permission: turn took {:?}", asked_at.elapsed());
@@ -180,7 +182,7 @@ fn record_opencode_activity() {
         "task-background-child-permission",
         "a background task whose child asks before running bash at once: the shim resumes the child when OpenCode's server names it, so the request reaches Coda on the child session; OpenCode's own turn on the result is handling until its server says the parent is idle",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             // The child's first answer comes 2.5 s late, so that the shim's resume (0.3-2.1 s under load)
             // lands before the child asks: a request the shim had to put to Coda itself (the lost race) goes
             // over HTTP and would not replay.
@@ -210,7 +212,7 @@ fn record_opencode_activity() {
         "task-follow-up",
         "a foreground task, then a follow-up of the same child (task_id): a new wait, same child session",
         |rec| {
-            rec.new_session(false);
+            rec.new_session(true);
             rec.prompt("first [[subagent-fg:part one [[text:one done]]]]");
             let first = rec.waits().into_iter().find(|w| w["childSessionId"].is_string()).expect("the first child");
             rec.prompt("more [[resume:last|part two [[text:two done]]]]");
@@ -234,7 +236,7 @@ fn a_childs_request_raised_before_the_resume_is_put_to_coda_by_the_shim() {
     lc.env.push(("CODA_OPENCODE_RESUME_DELAY_MS".into(), "3000".into()));
     let trace = l.root.join("before-resume.jsonl");
     let mut rec = Rec::start(&lc, "opencode", &trace);
-    rec.new_session(false);
+    rec.new_session(true);
     let started = Instant::now();
     rec.prompt("delegate [[subagent-fg:child runs [[sh:echo hi]]]]");
     eprintln!("before-resume: turn took {:?}", started.elapsed());

@@ -103,7 +103,8 @@ fn not_json_from_the_client_gets_a_parse_error_and_the_session_goes_on() {
 
 #[test]
 fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
-    let mut s = with_test_agent("opencode").start();
+    // Its text shows at debug only (tests/quiet_logs.rs checks the default level).
+    let mut s = with_test_agent("opencode").env("CODA_SHIM_LOG", "debug").start();
     let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
     let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
     let (answer, before) = s.request(2, "session/prompt", prompt_params(&sid, "!stray"));
@@ -111,7 +112,8 @@ fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
     assert!(before.iter().all(|v| v["jsonrpc"] == "2.0"));
     std::thread::sleep(Duration::from_millis(100));
     assert!(
-        s.drain_stderr().iter().any(|l| l.contains("not JSON-RPC") && l.contains("stray log line")),
+        s.drain_stderr().iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
+            && s.stderr_lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line")),
         "{:?}",
         s.stderr_lines
     );
@@ -242,6 +244,25 @@ fn version_names_the_shim_and_the_wrapped_cli() {
     let out = s.rest();
     assert_eq!(out[0], format!("coda-opencode {}", env!("CARGO_PKG_VERSION")));
     assert!(out[1].starts_with("OpenCode 9.9.9 ("), "{out:?}");
+}
+
+#[test]
+fn version_to_a_reader_that_has_gone_is_no_panic() {
+    // `coda-kimi --version | head -n 1`, with the reader gone before the first line: no panic, status 0.
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    drop(read);
+    let out = std::process::Command::new(shim::binary("kimi"))
+        .arg("--agent-command")
+        .arg("/nonexistent/kimi")
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
 
 #[test]

@@ -437,10 +437,10 @@ impl Layer for Air {
         let value = reply.value().ok();
         match value.as_ref().and_then(|v| v.pointer("/result/stopped")).and_then(Value::as_bool) {
             Some(true) => tracing::debug!("codex-acp is stopping the background command"),
-            _ => tracing::warn!(
-                "codex-acp did not stop the background command: {}",
-                value.map(|v| v.to_string()).unwrap_or_default()
-            ),
+            _ => {
+                tracing::warn!("codex-acp did not stop the background command (its answer is logged at debug)");
+                tracing::debug!("codex-acp's answer to the stop: {}", value.map(|v| v.to_string()).unwrap_or_default());
+            }
         }
     }
 

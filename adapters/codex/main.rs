@@ -9,31 +9,49 @@ mod failure;
 use std::path::Path;
 use std::time::Duration;
 
-use coda_shim::adapter::{Adapter, Found, Setup, on_path, run_for_output};
+use coda_shim::adapter::{Adapter, Found, Setup, installed, run_for_output};
 use coda_shim::child::AgentCommand;
 use coda_shim::instruction::Instruction;
 
 /// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
 const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
+/// Longest a version probe may run (`--version` waits for it; initialize only [`VERSION_DEADLINE`]).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
 
 fn default_command() -> Result<Found, String> {
-    on_path("codex-acp", &[], "codex-acp", INSTALL)
+    installed("codex-acp", &[], "codex-acp", INSTALL)
 }
 
 /// The Codex CLI version codex-acp runs: `$CODEX_PATH -V`, else the `@openai/codex` package installed
-/// beside codex-acp (read, not run).
+/// beside codex-acp (read, not run), else what `codex-acp cli -V` says (any install shape: pnpm's and
+/// volta's shims, a wrapper script, `npx`; about as slow as codex-acp's own start, which it runs beside).
 fn version(cmd: &AgentCommand) -> Option<String> {
     if let Some(codex) = std::env::var_os("CODEX_PATH") {
-        let out = run_for_output(Path::new(&codex), &["-V"], Duration::from_secs(10))?;
+        let out = run_for_output(Path::new(&codex), &["-V"], PROBE_TIMEOUT)?;
         return out.split_whitespace().last().map(str::to_owned);
     }
-    // `codex-acp`, or `node <codex-acp script>`: Codex is the `@openai/codex` that script resolves.
+    package_version(cmd).or_else(|| asked_version(cmd))
+}
+
+/// `codex-acp`, or `node <codex-acp script>`: Codex is the `@openai/codex` that script resolves.
+fn package_version(cmd: &AgentCommand) -> Option<String> {
     let script = std::iter::once(cmd.program.as_path())
         .chain(cmd.args.first().map(Path::new))
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .find(|p| p.ancestors().any(|d| d.ends_with("node_modules")))?;
     script.ancestors().skip(1).find_map(|dir| codex_package_version(&dir.join("node_modules/@openai/codex")))
+}
+
+/// The command with `cli -V` after its arguments: codex-acp runs its Codex CLI, which prints
+/// `codex-cli 0.166.0`. Anything else printed is no version.
+fn asked_version(cmd: &AgentCommand) -> Option<String> {
+    let args: Vec<&str> = cmd.args.iter().map(String::as_str).chain(["cli", "-V"]).collect();
+    let out = run_for_output(&cmd.program, &args, PROBE_TIMEOUT)?;
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("codex-cli "))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c)))
 }
 
 fn codex_package_version(dir: &Path) -> Option<String> {

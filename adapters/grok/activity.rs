@@ -421,7 +421,9 @@ impl Layer for GrokActivity {
 
     fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
         if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
-            tracing::warn!("Grok refused to stop an activity: {err}");
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
+            tracing::warn!("Grok refused to stop an activity (error {code}; its message is logged at debug)");
+            tracing::debug!("Grok's answer to the stop: {err}");
         }
     }
 }

@@ -7,14 +7,16 @@
 //! prompt only at creation), while an injected block stays in the history.
 
 mod activity;
+mod failure;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use coda_shim::adapter::{Adapter, Found, Setup, find_program, run_for_output};
+use coda_shim::adapter::{Adapter, Found, Setup, not_found, run_for_output};
 use coda_shim::child::AgentCommand;
 use coda_shim::identity::{Identity, Policy};
 use coda_shim::instruction::Instruction;
+use coda_shim::locate::{self, Place};
 
 const ARGS: [&str; 3] = ["agent", "--no-leader", "stdio"];
 const INSTALL: &str = "npm install -g @xai-official/grok";
@@ -34,29 +36,46 @@ fn version(cmd: &AgentCommand) -> Option<String> {
     parse_version(&run_for_output(&cmd.program, &["--version"], Duration::from_secs(10))?)
 }
 
+/// Grok's own install folder (`$GROK_HOME/bin`, else `~/.grok/bin`): where its installer and its npm package's
+/// postinstall put `grok`, so it is looked at before PATH.
+fn own_place() -> Vec<Place> {
+    let home = std::env::var_os("GROK_HOME").filter(|h| !h.is_empty()).map(|h| (PathBuf::from(h), "$GROK_HOME/bin"));
+    let home = home.or_else(|| std::env::var_os("HOME").map(|h| (PathBuf::from(h).join(".grok"), "~/.grok/bin")));
+    home.map(|(dir, name)| Place::new(dir.join("bin"), format!("Grok's own install folder ({name}), looked at first")))
+        .into_iter()
+        .collect()
+}
+
 fn default_command() -> Result<Found, String> {
     let args = ARGS.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
-    let home = std::env::var_os("GROK_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".grok")));
-    if let Some(installed) = home.map(|h| h.join("bin/grok")).filter(|p| p.is_file()) {
-        return Ok(Found { command: AgentCommand { program: installed, args }, version: None });
+    let own = own_place();
+    let mut refused = None;
+    for found in locate::with_process_env(|env| locate::candidates("grok", &own, env)) {
+        if own.iter().any(|p| found.path.parent() == Some(p.dir.as_path())) {
+            let command = AgentCommand { program: found.path, args };
+            return Ok(Found { command, version: None, how: found.how });
+        }
+        // Debian ships an unrelated `grok`; trust one elsewhere only if it says it is Grok Build.
+        let out = run_for_output(&found.path, &["--version"], Duration::from_secs(10)).unwrap_or_default();
+        match parse_version(&out) {
+            Some(v) => {
+                let command = AgentCommand { program: found.path, args };
+                return Ok(Found { command, version: Some(v), how: found.how });
+            }
+            None => {
+                tracing::info!("{} is not Grok Build; looking further", found.path.display());
+                refused.get_or_insert((found.path, out));
+            }
+        }
     }
-    let Some(program) = find_program("grok") else {
-        return Err(format!(
-            "cannot find Grok Build: no ~/.grok/bin/grok and no `grok` on PATH; install it with: {INSTALL}"
-        ));
-    };
-    // Debian ships an unrelated `grok`; trust one on PATH only if it says it is Grok Build.
-    let out = run_for_output(&program, &["--version"], Duration::from_secs(10)).unwrap_or_default();
-    match parse_version(&out) {
-        Some(v) => Ok(Found { command: AgentCommand { program, args }, version: Some(v) }),
-        None => Err(format!(
+    Err(match refused {
+        Some((program, out)) => format!(
             "{} is not Grok Build (`grok --version` printed {:?}); install Grok Build with: {INSTALL}",
             program.display(),
             out.lines().next().unwrap_or("nothing")
-        )),
-    }
+        ),
+        None => not_found("grok", "Grok Build", &own, INSTALL),
+    })
 }
 
 fn layers(setup: &mut Setup) {
@@ -64,6 +83,8 @@ fn layers(setup: &mut Setup) {
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
+    // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
+    setup.add(|events| Box::new(failure::GrokFailure::new(events)));
 }
 
 fn main() {

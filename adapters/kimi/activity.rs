@@ -14,12 +14,14 @@ use coda_shim::layer::{Cx, Event, EventSender, Layer};
 use coda_shim::wait;
 use serde_json::{Value, json};
 
+use crate::failure::Failures;
 use crate::translate::Translator;
-use crate::watch::{self, Chunk, Op, Scan};
-use crate::wire::{self, Fed, Feed, KNOWN_PROTOCOLS};
+use crate::watch::{self, Chunk, Op, Scan, Started};
+use crate::wire::{self, Fed, KNOWN_PROTOCOLS};
 
-/// Starts watching a session folder; the real one uses inotify, tests hand events in themselves.
-pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(watch::Start, Option<watch::Handle>), String> + Send>;
+/// Starts watching a session folder: notes where its files end and sets up the watch on a thread of its own;
+/// tests hand scans in themselves (no handle).
+pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(Started, Option<watch::Handle>), String> + Send>;
 
 /// Longest hold of a prompt answer waiting for the wire to show the turn's end. Kimi writes `turn.ended`
 /// before it answers, so the watch normally sees it within milliseconds; when it never shows (a watch that
@@ -38,7 +40,6 @@ struct Tick {
 
 struct Session {
     translator: Translator,
-    feed: Feed,
     /// Client prompts held while Kimi is busy with a turn of its own.
     held: VecDeque<Frame>,
     /// Prompt answers held until the wire shows that turn's end, so that what Kimi recorded during
@@ -47,6 +48,8 @@ struct Session {
     answers: Vec<(Frame, Instant)>,
     /// A [`Tick`] is on its way.
     tick_due: bool,
+    /// Failed client turns, answered as Coda's failure kinds.
+    failures: Failures,
     dir: String,
     _handle: Option<watch::Handle>,
 }
@@ -63,6 +66,11 @@ pub struct Activity {
     sessions: HashMap<String, Session>,
     /// Client prompts sent to Kimi: id -> session.
     prompts: HashMap<Id, String>,
+    /// Those of them that are slash commands (Kimi runs them without a turn; see [`Failures`]).
+    commands: HashSet<Id>,
+    /// Those of them whose turn has streamed no output yet: a failed turn ends that way in 0.1 s, before the watch
+    /// has read it, so their answers wait for the turn's end in the wire.
+    quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     record: Option<std::fs::File>,
@@ -75,7 +83,7 @@ impl Activity {
     pub fn new(events: EventSender) -> Activity {
         let mut record = None;
         if let Some(path) = std::env::var_os("CODA_KIMI_RECORD").filter(|p| !p.is_empty()) {
-            match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            match coda_shim::private_file::open(Path::new(&path), coda_shim::private_file::Write::Append) {
                 Ok(f) => record = Some(f),
                 Err(e) => tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", PathBuf::from(path).display()),
             }
@@ -100,6 +108,8 @@ impl Activity {
             setup: HashMap::new(),
             sessions: HashMap::new(),
             prompts: HashMap::new(),
+            commands: HashSet::new(),
+            quiet: HashSet::new(),
             off: HashSet::new(),
             record: None,
             timer: None,
@@ -177,7 +187,7 @@ impl Activity {
                 "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
                  {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
             );
-            cx.to_client(a);
+            cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
         }
         self.release(session, cx);
         self.schedule(session);
@@ -198,8 +208,9 @@ impl Activity {
         }
     }
 
-    fn open_session(&mut self, session: &str, seen: SystemTime, cx: &mut Cx) {
-        let _ = cx;
+    /// Starts the watch of a session's files: here only a few reads of folders and sizes; the watch itself is
+    /// set up on the watch's own thread, so the answer that named the session does not wait for it.
+    fn open_session(&mut self, session: &str, seen: SystemTime) {
         if self.sessions.contains_key(session) {
             return;
         }
@@ -219,10 +230,9 @@ impl Activity {
         };
         match (self.start)(session, &dir) {
             Ok((start, handle)) => {
-                let dir = dir.to_string_lossy().into_owned();
                 // What the files held when the session was found: the recording's starting state.
-                self.rec_chunks(&dir, &start.snapshot, seen, true);
-                self.begin(session, &dir, &start.header, start.cutoff_ms, handle);
+                self.rec_chunks(&start.dir, &start.snapshot, seen, true);
+                self.begin(session, &start.dir, &start.header, handle);
             }
             Err(why) => {
                 tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported");
@@ -232,7 +242,7 @@ impl Activity {
     }
 
     /// Sets up the translation for a session whose main wire starts with `header`.
-    pub fn begin(&mut self, session: &str, dir: &str, header: &[u8], cutoff_ms: u64, handle: Option<watch::Handle>) {
+    pub fn begin(&mut self, session: &str, dir: &str, header: &[u8], handle: Option<watch::Handle>) {
         let version = wire::parse_line(header.trim_ascii_end()).ok().and_then(|e| match e.record {
             wire::Record::Metadata { protocol_version } => Some(protocol_version),
             _ => None,
@@ -241,10 +251,10 @@ impl Activity {
             Some(v) if KNOWN_PROTOCOLS.contains(&v) => {}
             other => {
                 tracing::warn!(
-                    "Kimi session {session} has wire protocol_version {:?}, which this shim does not know \
-                     (knows {KNOWN_PROTOCOLS:?}); its background activity is not reported",
-                    other.unwrap_or("(none)")
+                    "Kimi session {session} has a wire protocol_version this shim does not know (knows \
+                     {KNOWN_PROTOCOLS:?}); its background activity is not reported"
                 );
+                tracing::debug!("its protocol_version: {:?}", other.unwrap_or("(none)"));
                 self.off.insert(session.to_owned());
                 return;
             }
@@ -252,23 +262,23 @@ impl Activity {
         let translator = Translator::new(session, dir, self.waits);
         let s = Session {
             translator,
-            feed: Feed::new(cutoff_ms),
             held: VecDeque::new(),
             answers: Vec::new(),
             tick_due: false,
+            failures: Failures::default(),
             dir: dir.to_owned(),
             _handle: handle,
         };
         self.sessions.insert(session.to_owned(), s);
     }
 
-    /// What the watcher read: parse, order by the wire records, translate.
-    pub fn scan(&mut self, session: &str, chunks: &[Chunk], cx: &mut Cx) {
+    /// What the watch read, parsed: order by the wire records, translate.
+    pub fn scan(&mut self, session: &str, fed: Vec<Fed>, cx: &mut Cx) {
         let Some(s) = self.sessions.get_mut(session) else { return };
         let mut out = Vec::new();
         let mut lists = Vec::new();
-        for c in chunks {
-            match s.feed.chunk(&c.file, c.op == Op::Reopen, c.op == Op::Replace, &c.bytes) {
+        for f in fed {
+            match f {
                 Fed::Task { agent, info } => s.translator.task_file(&agent, &info),
                 Fed::Entries { agent, entries } if !entries.is_empty() => {
                     // The main agent first on equal times: its records register what the others report.
@@ -278,16 +288,32 @@ impl Activity {
                 _ => {}
             }
         }
+        let mut stop = false;
         for (agent, entry) in wire::merge(lists) {
+            if agent == crate::translate::MAIN && s.failures.record(&entry) {
+                stop = true;
+            }
             s.translator.entry(&agent, entry, &mut out);
+        }
+        if stop {
+            // Kimi's retries would keep the turn open past a minute: stop the run; its end carries the failure.
+            tracing::info!("stopping Kimi's turn in session {session}: its retries would outlast a minute");
+            cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
         }
         s.translator.drained(&mut out);
         for f in out {
             cx.to_client(f);
         }
         if !s.translator.user_turn_open() {
-            for (a, _) in std::mem::take(&mut s.answers) {
-                cx.to_client(a);
+            let mut held = std::mem::take(&mut s.answers).into_iter();
+            while let Some((a, at)) = held.next() {
+                if pairs(&self.commands, &a) && !s.failures.turn_ended() {
+                    // Its turn's end is not in the wire yet.
+                    s.answers.push((a, at));
+                    s.answers.extend(held);
+                    break;
+                }
+                cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
             }
         }
         self.release(session, cx);
@@ -303,6 +329,24 @@ impl Activity {
             cx.to_agent(p);
         }
     }
+}
+
+/// Updates that show a turn produced output.
+const TURN_OUTPUT: &[&str] = &["agent_message_chunk", "agent_thought_chunk", "tool_call", "tool_call_update", "plan"];
+
+/// Whether Kimi's answer `a` pairs with a turn end in the wire: a result to a prompt that is not a slash
+/// command (an error answer means Kimi refused the prompt).
+fn pairs(commands: &HashSet<Id>, a: &Frame) -> bool {
+    a.id().is_some_and(|id| !commands.contains(id)) && a.value().is_ok_and(|v| v.get("result").is_some())
+}
+
+/// The answer Coda gets for Kimi's prompt answer `a` once its turn's end is known (or the hold ran out).
+fn answer_of(commands: &mut HashSet<Id>, failures: &mut Failures, a: Frame) -> Frame {
+    let paired = pairs(commands, &a);
+    if let Some(id) = a.id() {
+        commands.remove(id);
+    }
+    if paired { failures.answer(a) } else { a }
 }
 
 fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -337,6 +381,12 @@ impl Layer for Activity {
                         Ok(v) => v,
                         Err(e) => return cx.unreadable(frame, &e, true),
                     };
+                    let first = v.pointer("/params/prompt/0/text").and_then(Value::as_str);
+                    if first.is_some_and(|t| t.starts_with('/')) {
+                        self.commands.insert(id.clone());
+                    } else {
+                        self.quiet.insert(id.clone());
+                    }
                     let sid = param_str(&v, "sessionId").map(str::to_owned);
                     if let Some(sid) = &sid {
                         self.prompts.insert(id.clone(), sid.clone());
@@ -369,6 +419,8 @@ impl Layer for Activity {
                     for p in std::mem::take(&mut s.held) {
                         if let Some(id) = p.id() {
                             self.prompts.remove(id);
+                            self.commands.remove(id);
+                            self.quiet.remove(id);
                             cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
                         }
                     }
@@ -382,19 +434,26 @@ impl Layer for Activity {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         let Kind::Response { id } = frame.kind() else {
+            if frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
+                self.quiet.clear();
+            }
             return cx.to_client(frame);
         };
+        let quiet = self.quiet.remove(id);
         if self.initialize.remove(id) {
             return wait::declare_waits_in(frame, cx);
         }
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
-            && s.translator.user_turn_open()
         {
-            s.answers.push((frame, Instant::now()));
-            self.schedule(&sid);
-            return;
+            if s.translator.user_turn_open() || (quiet && pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
+                s.answers.push((frame, Instant::now()));
+                self.schedule(&sid);
+                return;
+            }
+            return cx.to_client(answer_of(&mut self.commands, &mut s.failures, frame));
         }
+        self.commands.remove(id);
         if let Some((asked, seen)) = self.setup.remove(id) {
             let v = match frame.value() {
                 Ok(v) => v,
@@ -404,7 +463,7 @@ impl Layer for Activity {
             let sid = v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
             cx.to_client(frame);
             if ok && let Some(sid) = sid.or(asked) {
-                self.open_session(&sid, seen, cx);
+                self.open_session(&sid, seen);
             }
             return;
         }
@@ -412,19 +471,25 @@ impl Layer for Activity {
     }
 
     fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        let scan = match event.downcast::<Tick>() {
-            Ok(tick) => return self.tick(&tick.session, Instant::now(), cx),
-            Err(event) => match event.downcast::<Scan>() {
-                Ok(scan) => scan,
-                Err(_) => return,
-            },
+        let event = match event.downcast::<Scan>() {
+            Ok(scan) => return self.on_scan(*scan, cx),
+            Err(event) => event,
         };
+        if let Ok(tick) = event.downcast::<Tick>() {
+            self.tick(&tick.session, Instant::now(), cx);
+        }
+    }
+}
+
+impl Activity {
+    fn on_scan(&mut self, scan: Scan, cx: &mut Cx) {
         if self.record.is_some()
             && let Some(dir) = self.sessions.get(&scan.session).map(|s| s.dir.clone())
         {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
             self.rec_chunks(&dir, &scan.chunks, SystemTime::now(), false);
         }
-        self.scan(&scan.session, &scan.chunks, cx);
+        let Scan { session, fed, .. } = scan;
+        self.scan(&session, fed, cx);
     }
 }

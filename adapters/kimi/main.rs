@@ -2,11 +2,15 @@
 //! and subagents (from its session files) as `_coda/wait`.
 
 mod activity;
+mod events;
+mod failure;
+mod inside;
+mod title;
 mod translate;
 mod watch;
 mod wire;
 
-use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
+use coda_shim::adapter::{Adapter, Found, Setup, installed, plain_version};
 use coda_shim::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
@@ -15,12 +19,14 @@ const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.1
 const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
 
 fn default_command() -> Result<Found, String> {
-    on_path("kimi", &["acp"], "Kimi Code CLI", INSTALL)
+    installed("kimi", &["acp"], "Kimi Code CLI", INSTALL)
 }
 
 fn layers(setup: &mut Setup) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
+    setup.add(|_| Box::new(title::Title::new(title::first_prompt_from_files(watch::data_root()))));
     setup.add(|events| Box::new(activity::Activity::new(events)));
 }
 

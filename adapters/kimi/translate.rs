@@ -58,6 +58,9 @@ struct Agent {
     turn: Option<(i64, Origin)>,
     /// The turn of the run being reported (its progress is forwarded).
     run_turn: Option<i64>,
+    /// The wait of this agent's previous run while it is `handling`: the next run is reported only once
+    /// it settled, so the same card goes on (the protocol's Kimi row).
+    settling: Option<String>,
 }
 
 /// A main-owned item in `handling`.
@@ -99,7 +102,8 @@ pub fn final_state(status: &str) -> Option<State> {
         "killed" => Some(State::Cancelled),
         "running" | "" => None,
         other => {
-            tracing::warn!("unknown Kimi task status {other:?}; reported as failed");
+            tracing::warn!("unknown Kimi task status ({} characters); reported as failed", other.chars().count());
+            tracing::debug!("the status: {other:?}");
             Some(State::Failed)
         }
     }
@@ -399,8 +403,18 @@ impl Translator {
         let (done, rest): (Vec<Handled>, Vec<Handled>) =
             std::mem::take(&mut self.handling).into_iter().partition(|h| h.turn == Some(seq));
         self.handling = rest;
-        for h in done {
+        for h in &done {
             self.send(&Wait::new(&session, &h.wait_id, h.state), out);
+        }
+        // Runs that waited for one of these to settle go on now.
+        let waiting: Vec<String> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.settling.as_ref().is_some_and(|w| done.iter().any(|h| &h.wait_id == w)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in waiting {
+            self.pump(&name, out);
         }
     }
 
@@ -410,6 +424,13 @@ impl Translator {
         loop {
             let session = self.session.clone();
             let Some(agent) = self.agents.get_mut(name) else { return };
+            // The previous run is still being handled by the main agent: nothing of the next one yet.
+            if let Some(previous) = &agent.settling {
+                if self.handling.iter().any(|h| &h.wait_id == previous) {
+                    return;
+                }
+                agent.settling = None;
+            }
             // Register the run being reported.
             let mut register = None;
             if let Some(run) = agent.runs.front_mut()
@@ -511,6 +532,7 @@ impl Translator {
             let Some(run) = agent.runs.pop_front() else { return };
             agent.run_turn = None;
             if run.spawn.background && run.spawn.parent_agent_id == MAIN {
+                agent.settling = Some(run.wait_id.clone());
                 self.end_item(run.wait_id, state, ended_in, suppressed, out);
             } else {
                 // A foreground run's result is the Agent tool's result, inside the turn that called it.
@@ -812,6 +834,169 @@ mod tests {
             ]
         );
         assert!(!t.main_busy());
+    }
+
+    /// A background run of agent-0 that ended after the client turn: `handling` (Kimi's own turn is next).
+    fn first_run_handling(t: &mut Translator) {
+        let out = run(
+            t,
+            &[
+                ("main", user(0)),
+                ("main", agent_task("task.started", "agent-r1", "agent-0", "running")),
+                ("main", spawned("agent-0", "agent-r1", true)),
+                ("agent-0", run_prompt(0)),
+                ("agent-0", text(0, "one")),
+                ("main", ended(0)),
+                ("agent-0", ended(0)),
+                ("main", sub_ended("agent-0")),
+                ("main", agent_task("task.terminated", "agent-r1", "agent-0", "completed")),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "wait S agent-r1 waiting kind=subagent childSessionId=agent-0 title=sub",
+                "update agent-0 agent_message_chunk one",
+                "wait S agent-r1 handling",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_run_resumed_in_kimis_own_turn_waits_until_the_handled_run_settled() {
+        // Kimi's own turn on agent-r1's result resumes agent-0 in the foreground, inside that turn.
+        let mut t = t();
+        first_run_handling(&mut t);
+        let out = run(
+            &mut t,
+            &[
+                ("main", prompt(1, json!({"kind":"task","taskId":"agent-r1"}))),
+                ("main", spawned("agent-0", "agent-r2", false)),
+                ("agent-0", run_prompt(1)),
+                ("agent-0", text(1, "two")),
+                ("agent-0", ended(1)),
+                ("main", sub_ended("agent-0")),
+                ("main", text(1, "resumed it")),
+            ],
+        );
+        assert_eq!(out, ["update S agent_message_chunk resumed it"], "nothing of the next run before agent-r1 settled");
+        let out = run(&mut t, &[("main", ended(1))]);
+        assert_eq!(
+            out,
+            [
+                "wait S agent-r1 done",
+                "wait S agent-r2 waiting kind=subagent childSessionId=agent-0 title=sub",
+                "update agent-0 agent_message_chunk two",
+                "wait S agent-r2 done",
+            ]
+        );
+        assert!(!t.main_busy());
+    }
+
+    #[test]
+    fn a_background_run_started_while_the_previous_is_handling_goes_on_after_it() {
+        // Resumed in the background from Kimi's own turn; it outlives that turn and is handled by the next.
+        let mut t = t();
+        first_run_handling(&mut t);
+        let out = run(
+            &mut t,
+            &[
+                ("main", prompt(1, json!({"kind":"task","taskId":"agent-r1"}))),
+                ("main", agent_task("task.started", "agent-r2", "agent-0", "running")),
+                ("main", spawned("agent-0", "agent-r2", true)),
+                ("agent-0", run_prompt(1)),
+                ("agent-0", text(1, "two")),
+            ],
+        );
+        assert!(out.is_empty(), "{out:?}");
+        let out = run(&mut t, &[("main", ended(1))]);
+        assert_eq!(
+            out,
+            [
+                "wait S agent-r1 done",
+                "wait S agent-r2 waiting kind=subagent childSessionId=agent-0 title=sub",
+                "update agent-0 agent_message_chunk two",
+            ]
+        );
+        let out = run(
+            &mut t,
+            &[
+                ("agent-0", ended(1)),
+                ("main", sub_ended("agent-0")),
+                ("main", agent_task("task.terminated", "agent-r2", "agent-0", "completed")),
+                ("main", prompt(2, json!({"kind":"task","taskId":"agent-r2"}))),
+                ("main", ended(2)),
+            ],
+        );
+        assert_eq!(out, ["wait S agent-r2 handling", "wait S agent-r2 done"]);
+        assert!(!t.main_busy());
+    }
+
+    #[test]
+    fn a_run_resumed_in_kimis_own_turn_after_the_previous_settled_goes_on_at_once() {
+        // The previous run settled inside the client turn; Kimi's own turn (on a shell task) resumes agent-0.
+        let mut t = t();
+        run(
+            &mut t,
+            &[
+                ("main", user(0)),
+                ("main", task("task.started", "bash-1", "running")),
+                ("main", spawned("agent-0", "agent-r1", false)),
+                ("agent-0", run_prompt(0)),
+                ("agent-0", ended(0)),
+                ("main", sub_ended("agent-0")),
+                ("main", ended(0)),
+                ("main", task("task.terminated", "bash-1", "completed")),
+            ],
+        );
+        let out = run(
+            &mut t,
+            &[
+                ("main", prompt(1, json!({"kind":"task","taskId":"bash-1"}))),
+                ("main", spawned("agent-0", "agent-r2", false)),
+                ("agent-0", run_prompt(1)),
+                ("agent-0", text(1, "two")),
+                ("agent-0", ended(1)),
+                ("main", sub_ended("agent-0")),
+                ("main", ended(1)),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "wait S agent-r2 waiting kind=subagent childSessionId=agent-0 title=sub",
+                "update agent-0 agent_message_chunk two",
+                "wait S agent-r2 done",
+                "wait S bash-1 done",
+            ]
+        );
+    }
+
+    #[test]
+    fn after_a_load_in_a_fresh_process_the_next_run_is_reported_from_its_registration() {
+        // A fresh translator (the shim restarted, then session/load): the earlier runs of agent-0 are
+        // before the cutoff and never fed; the next run goes through registration, progress and settlement.
+        let mut t = t();
+        let out = run(
+            &mut t,
+            &[
+                ("main", user(4)),
+                ("main", spawned("agent-0", "agent-r3", false)),
+                ("agent-0", run_prompt(7)),
+                ("agent-0", text(7, "three")),
+                ("agent-0", ended(7)),
+                ("main", sub_ended("agent-0")),
+                ("main", ended(4)),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                "wait S agent-r3 waiting kind=subagent childSessionId=agent-0 title=sub",
+                "update agent-0 agent_message_chunk three",
+                "wait S agent-r3 done",
+            ]
+        );
     }
 
     #[test]

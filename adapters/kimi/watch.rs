@@ -1,24 +1,59 @@
-//! The thin I/O shell: watches one Kimi session folder with inotify (through `notify`) and hands the
-//! bytes that changed to the activity layer as [`Scan`]s. No parsing, no polling: the thread blocks on
-//! the watcher's channel while nothing happens.
+//! The I/O shell of coda-kimi's activity: finds one Kimi session folder, watches it, and hands what changed in
+//! it, already parsed, to the activity layer as [`Scan`]s, from a thread of its own (never the relay loop).
+//!
+//! An event only says "something in a watched folder may have changed" ([`crate::events`]): its kind, path and count
+//! are not used. On each one (and after [`RESCAN_IDLE`] without one, [`RESCAN_EVERY`] while a folder could not be
+//! watched) the watch looks again at every file it knows: a wire that grew is read on from where it stopped, a task
+//! file whose identity (inode, size, mtime) changed is read again, a new folder is watched and then read. inotify
+//! reports each write; macOS's FSEvents delivers late, coalesced, sometimes only for the folder, a rename as one
+//! event or two: both lead to the same reads.
+//!
+//! Nothing outside the session folder is watched or read ([`crate::inside`]): a symbolic link inside it (folder
+//! or file) is refused with a warning, and so is anything that is not a regular file. A wire is read in pieces of
+//! [`READ_PIECE`], at most [`ROUND_BYTES`] of each file per scan, and at most [`IN_FLIGHT`] scans wait for the
+//! relay loop at a time: memory does not grow with the size of an append.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coda_shim::layer::EventSender;
-use notify::{EventKind, RecursiveMode, Watcher};
 
-/// What happened to one file.
+use crate::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
+use crate::inside::{Folder, Kind, Meta, Refused};
+use crate::wire::{Fed, Feed};
+
+/// How long the watch waits for an event while a folder could not be watched (or no watcher could be made)
+/// before it looks anyway: the longest such a change goes unseen. Under the activity layer's 2 s holds
+/// (`ANSWER_HOLD`, `RUN_END_GRACE`), so a turn end written there still releases a held answer before the hold
+/// runs out.
+pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
+/// How long the watch waits for an event before it looks anyway while every folder is watched: a safety net only.
+/// inotify and FSEvents say when they lost events (notify hands that on as an event, which leads to a look at
+/// once), and a folder added to the watch is looked at right after.
+pub const RESCAN_IDLE: Duration = Duration::from_secs(30);
+/// Bytes read from a file at a time.
+pub const READ_PIECE: usize = 256 << 10;
+/// Bytes of one wire handed over in one scan; the rest follows in the next scan.
+pub const ROUND_BYTES: u64 = 1 << 20;
+/// Scans handed over and not yet handled by the relay loop; the watch waits beyond that.
+pub const IN_FLIGHT: usize = 2;
+/// The largest task file read (Kimi's are under 1 KiB).
+pub const TASK_FILE_MAX: u64 = 1 << 20;
+/// Agent folders read in one session (Kimi makes one per subagent run: a session has a few, or dozens).
+pub const MAX_AGENTS: usize = 1000;
+
+/// What happened to one file (the file log of `CODA_KIMI_RECORD`, fixtures/README.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Bytes appended to a wire file.
     Append,
-    /// A wire file was replaced (new inode) or truncated: its whole content.
+    /// A wire file was replaced (new inode) or truncated: its content from the start.
     Reopen,
     /// A task file's content after an atomic replace.
     Replace,
@@ -32,41 +67,26 @@ pub struct Chunk {
     pub bytes: Vec<u8>,
 }
 
-/// Everything that changed since the last scan, for one session.
+/// What changed since the last scan, for one session, parsed.
 #[derive(Debug)]
 pub struct Scan {
     pub session: String,
+    /// Each file's new records, in the order read (task files first).
+    pub fed: Vec<Fed>,
+    /// The bytes read, for the file log; only when recording.
     pub chunks: Vec<Chunk>,
+    /// Frees a place for the next scan when this one is dropped (handled).
+    _credit: Option<Credit>,
 }
 
 /// What the watch knew when it started.
-pub struct Start {
+pub struct Started {
+    pub dir: String,
     /// The first line of `agents/main/wire.jsonl` (the metadata record).
     pub header: Vec<u8>,
-    /// Wall-clock ms at the start: records older than this are history.
-    pub cutoff_ms: u64,
-    /// With `snapshot`: the wires (whole, up to where the watch starts reading) and task files as they
-    /// were at the start, for a recording of a session made before the shim saw it (fixtures/README.md).
+    /// With `snapshot`: the wires (whole, up to where the watch starts reading) and task files as they were at
+    /// the start, for a recording of a session made before the shim saw it (fixtures/README.md).
     pub snapshot: Vec<Chunk>,
-}
-
-/// Keeps the watch alive; dropping it stops the thread.
-pub struct Handle {
-    watcher: Shared,
-}
-
-/// The watcher, shared with the thread that adds watches on new folders; `None` once the handle is dropped.
-type Shared = Arc<Mutex<Option<notify::RecommendedWatcher>>>;
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        // Without its watcher the event loop ends, and with it the channel the thread blocks on.
-        let watcher = match self.watcher.lock() {
-            Ok(mut w) => w.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
-        };
-        drop(watcher);
-    }
 }
 
 /// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`.
@@ -77,222 +97,492 @@ pub fn data_root() -> Option<PathBuf> {
     std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
 }
 
-/// `<root>/sessions/*/<session>`.
+/// `<root>/sessions/*/<session>`. The folders above the session folder may be links (a data root kept on
+/// another disk is the user's choice, and Kimi follows them too); the session folder and everything in it may
+/// not ([`Watch::open`]).
 pub fn find_session(root: &Path, session: &str) -> Option<PathBuf> {
     if session.is_empty() || session.contains('/') || session.starts_with('.') {
         return None;
     }
-    std::fs::read_dir(root.join("sessions"))
-        .ok()?
-        .flatten()
-        .map(|d| d.path().join(session))
-        .find(|p| p.join("agents").is_dir())
+    let candidates: Vec<PathBuf> =
+        std::fs::read_dir(root.join("sessions")).ok()?.flatten().map(|d| d.path().join(session)).collect();
+    let meta = |p: &PathBuf| std::fs::symlink_metadata(p).ok();
+    // A real folder with an `agents` entry; else a link there, which [`Watch::open`] refuses with a warning
+    // that says so.
+    candidates
+        .iter()
+        .find(|p| meta(p).is_some_and(|m| m.is_dir()) && meta(&p.join("agents")).is_some())
+        .or_else(|| candidates.iter().find(|p| meta(p).is_some_and(|m| m.is_symlink())))
+        .cloned()
 }
 
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// Where the watch is in one wire.
 struct Tracked {
     offset: u64,
-    inode: u64,
+    inode: (u64, u64),
+    /// Replaced: being read again from the start.
+    rereading: bool,
 }
 
-struct Reader {
+/// One session folder being watched: what is known of each file, and the parse of the wires.
+pub struct Watch {
+    session: String,
     dir: PathBuf,
-    wires: HashMap<PathBuf, Tracked>,
-    /// `agents/<agent>` and `agents/<agent>/tasks` folders known to be watched.
-    folders: HashSet<PathBuf>,
+    root: Folder,
+    /// agent -> its wire.
+    wires: BTreeMap<String, Tracked>,
+    /// `agents/<agent>/tasks/<id>.json` -> as last read (a new one, by atomic replace, has another inode).
+    tasks: HashMap<String, Meta>,
+    /// Folders (relative) being watched.
+    watched: HashSet<String>,
+    /// Paths already warned about, so a bad entry is reported once.
+    warned: HashSet<String>,
+    /// A watch could not be added (warned once).
+    watch_failed: bool,
+    feed: Feed,
+    record: bool,
 }
 
-impl Reader {
-    fn rel(&self, p: &Path) -> String {
-        p.strip_prefix(&self.dir).unwrap_or(p).to_string_lossy().replace('\\', "/")
+impl Watch {
+    /// Opens the session folder `dir` and notes where each file ends: history is not read again (with
+    /// `snapshot` it is handed back in [`Started::snapshot`]). A few reads of folders and sizes, nothing watched
+    /// yet: the first [`Watch::rescan`] watches every folder and then reads what changed since these notes.
+    pub fn open(session: &str, dir: &Path, snapshot: bool) -> Result<(Watch, Started), String> {
+        let root = Folder::open(dir).map_err(|why| format!("the session folder is {why}"))?;
+        let header = read_header(&root).map_err(|why| format!("agents/main/wire.jsonl: {why}"))?;
+        let cutoff_ms = now_ms();
+        let mut w = Watch {
+            session: session.to_owned(),
+            dir: dir.to_path_buf(),
+            root,
+            wires: BTreeMap::new(),
+            tasks: HashMap::new(),
+            watched: HashSet::new(),
+            warned: HashSet::new(),
+            watch_failed: false,
+            feed: Feed::new(cutoff_ms),
+            record: snapshot,
+        };
+        let agents = w.agents(None);
+        let mut taken = Vec::new();
+        for agent in &agents {
+            for (rel, meta) in w.task_files(agent) {
+                if snapshot && let Some(bytes) = w.open_file(&rel).and_then(|f| read_small(f, &rel)) {
+                    taken.push(Chunk { file: rel.clone(), op: Op::Replace, bytes });
+                }
+                w.tasks.insert(rel, meta);
+            }
+        }
+        for agent in &agents {
+            let rel = wire_of(agent);
+            let Some(mut file) = w.open_file(&rel) else { continue };
+            let Ok(meta) = file.metadata() else { continue };
+            let mut offset = meta.len();
+            if snapshot {
+                // The watch reads on from exactly where the snapshot ends.
+                let mut bytes = Vec::new();
+                if file.read_to_end(&mut bytes).is_ok() {
+                    offset = bytes.len() as u64;
+                    taken.push(Chunk { file: rel, op: Op::Append, bytes });
+                }
+            }
+            w.wires.insert(agent.clone(), Tracked { offset, inode: (meta.dev(), meta.ino()), rereading: false });
+        }
+        let started = Started { dir: dir.to_string_lossy().into_owned(), header, snapshot: taken };
+        Ok((w, started))
     }
 
-    /// All `agents/*/wire.jsonl` currently present.
-    fn wire_paths(&self) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = std::fs::read_dir(self.dir.join("agents"))
-            .map(|rd| rd.flatten().map(|d| d.path().join("wire.jsonl")).filter(|p| p.is_file()).collect())
-            .unwrap_or_default();
-        out.sort();
-        out
+    /// Warns once about an entry that is not read.
+    fn refuse(&mut self, rel: &str, why: Refused) {
+        if self.warned.insert(rel.to_owned()) {
+            tracing::warn!("Kimi session {}: {rel} is {why}; not read", self.session);
+        }
     }
 
-    /// Folders that appeared since the last look. `notify` adds its watch on a new folder only after it has
-    /// reported the folder's creation, so a file written there in between raises no event (tried: a file
-    /// written right after its folder, 7 in 1000 unread until the next unrelated write, and most task files
-    /// of a new `tasks/`). The thread watches each new folder itself before reading it: a write before that
-    /// is read, one after it raises an event.
-    fn new_folders(&mut self) -> Vec<PathBuf> {
-        let agents: Vec<PathBuf> = std::fs::read_dir(self.dir.join("agents"))
-            .map(|rd| rd.flatten().map(|d| d.path()).filter(|p| p.is_dir()).collect())
-            .unwrap_or_default();
+    fn open_file(&mut self, rel: &str) -> Option<File> {
+        match self.root.file(rel) {
+            Ok(f) => Some(f),
+            Err(Refused::Missing) => None,
+            Err(why) => {
+                self.refuse(rel, why);
+                None
+            }
+        }
+    }
+
+    /// Watches `rel` unless it is already (no source: only looks).
+    fn watch(&mut self, rel: &str, source: &mut Option<&mut dyn EventSource>) {
+        let Some(source) = source else { return };
+        if self.watched.insert(rel.to_owned())
+            && let Err(e) = source.watch(&self.dir.join(rel))
+            && !std::mem::replace(&mut self.watch_failed, true)
+        {
+            tracing::warn!(
+                "cannot watch {rel} of Kimi session {} ({e}; further failures are not reported); what is not \
+                 watched is looked at every {RESCAN_EVERY:?}",
+                self.session
+            );
+        }
+    }
+
+    /// The agent folders (real folders only, at most [`MAX_AGENTS`], `main` first), each watched with its `tasks`
+    /// folder before it is read.
+    fn agents(&mut self, mut source: Option<&mut dyn EventSource>) -> Vec<String> {
+        let agents = match self.root.folder("agents") {
+            Ok(f) => f,
+            Err(Refused::Missing) => return Vec::new(),
+            Err(why) => {
+                self.refuse("agents", why);
+                return Vec::new();
+            }
+        };
+        self.watch("agents", &mut source);
         let mut out = Vec::new();
-        for agent in agents {
-            for folder in [agent.join("tasks"), agent] {
-                if folder.is_dir() && self.folders.insert(folder.clone()) {
-                    out.push(folder);
+        let mut entries = agents.entries();
+        // The main agent first: it is never among those left out.
+        entries.sort_by_key(|(name, _)| name != "main");
+        for (name, meta) in entries {
+            let rel = format!("agents/{name}");
+            match meta.kind {
+                Kind::Folder => {}
+                Kind::Link => {
+                    self.refuse(&rel, Refused::Link);
+                    continue;
                 }
+                _ => continue,
             }
-        }
-        out.sort();
-        out
-    }
-
-    /// Reads what is new in every wire; files that appear later are read from their start.
-    fn wires(&mut self, out: &mut Vec<Chunk>) {
-        for path in self.wire_paths() {
-            let Ok(mut f) = File::open(&path) else { continue };
-            let Ok(meta) = f.metadata() else { continue };
-            let tracked = self.wires.entry(path.clone()).or_insert(Tracked { offset: 0, inode: meta.ino() });
-            let mut op = Op::Append;
-            if tracked.inode != meta.ino() || meta.len() < tracked.offset {
-                *tracked = Tracked { offset: 0, inode: meta.ino() };
-                op = Op::Reopen;
-            }
-            if meta.len() == tracked.offset {
-                continue;
-            }
-            let mut bytes = Vec::new();
-            if f.seek(SeekFrom::Start(tracked.offset)).is_err() || f.read_to_end(&mut bytes).is_err() {
-                continue;
-            }
-            tracked.offset += bytes.len() as u64;
-            out.push(Chunk { file: self.rel(&path), op, bytes });
-        }
-    }
-}
-
-fn is_task_file(p: &Path) -> bool {
-    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name.ends_with(".json")
-        && !name.contains(".tmp.")
-        && p.parent().and_then(Path::file_name).is_some_and(|n| n == "tasks")
-}
-
-/// The task files in one `tasks` folder.
-fn tasks_in(folder: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(folder)
-        .map(|rd| rd.flatten().map(|t| t.path()).filter(|p| is_task_file(p)).collect())
-        .unwrap_or_default()
-}
-
-/// `agents/*/tasks/*.json` currently present.
-fn task_paths(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir.join("agents"))
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|d| std::fs::read_dir(d.path().join("tasks")).ok())
-                .flat_map(|tasks| tasks.flatten().map(|t| t.path()))
-                .filter(|p| is_task_file(p))
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort();
-    out
-}
-
-/// Starts watching `dir` (a session folder). History is skipped: existing wires are read from their
-/// current end. `snapshot`: also hand back what the files held at the start ([`Start::snapshot`]).
-pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> Result<(Start, Handle), String> {
-    let main = dir.join("agents/main/wire.jsonl");
-    let header = File::open(&main)
-        .and_then(|f| {
-            let mut line = Vec::new();
-            BufReader::new(f).read_until(b'\n', &mut line)?;
-            Ok(line)
-        })
-        .map_err(|e| format!("cannot read {}: {e}", main.display()))?;
-    let (tx, rx) = mpsc::channel();
-    let mut reader = Reader { dir: dir.to_path_buf(), wires: HashMap::new(), folders: HashSet::new() };
-    // Before the watch: a folder made after this is walked by it, or reported and then found new.
-    reader.new_folders();
-    let mut watcher = notify::recommended_watcher(tx).map_err(|e| format!("cannot watch: {e}"))?;
-    watcher
-        .watch(&dir.join("agents"), RecursiveMode::Recursive)
-        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
-    let watcher: Shared = Arc::new(Mutex::new(Some(watcher)));
-    let shared = watcher.clone();
-    let cutoff_ms = now_ms();
-    let mut taken = Vec::new();
-    if snapshot {
-        for path in task_paths(dir) {
-            if let Ok(bytes) = std::fs::read(&path) {
-                taken.push(Chunk { file: reader.rel(&path), op: Op::Replace, bytes });
-            }
-        }
-    }
-    for path in reader.wire_paths() {
-        let Ok(mut f) = File::open(&path) else { continue };
-        let Ok(meta) = f.metadata() else { continue };
-        let mut offset = meta.len();
-        if snapshot {
-            // The watch reads on from exactly where the snapshot ends.
-            let mut bytes = Vec::new();
-            if f.read_to_end(&mut bytes).is_ok() {
-                offset = bytes.len() as u64;
-                taken.push(Chunk { file: reader.rel(&path), op: Op::Append, bytes });
-            }
-        }
-        reader.wires.insert(path, Tracked { offset, inode: meta.ino() });
-    }
-    let session = session.to_owned();
-    let spawned = std::thread::Builder::new().name(format!("kimi-watch-{session}")).spawn(move || {
-        // Blocks until something changes; ends when the watcher is dropped.
-        while let Ok(first) = rx.recv() {
-            let mut tasks: Vec<PathBuf> = Vec::new();
-            let mut changed = false;
-            // Our own reads raise open/close (access) events: they must not wake a scan, or the
-            // watch would feed itself.
-            let mut note = |ev: notify::Result<notify::Event>| {
-                if let Ok(ev) = ev
-                    && !matches!(ev.kind, EventKind::Access(_))
-                {
-                    changed = true;
-                    tasks.extend(ev.paths.into_iter().filter(|p| is_task_file(p)));
+            if out.len() == MAX_AGENTS {
+                if self.warned.insert("agents/*".into()) {
+                    tracing::warn!(
+                        "Kimi session {}: over {MAX_AGENTS} agent folders; the rest is not read",
+                        self.session
+                    );
                 }
-            };
-            note(first);
-            while let Ok(more) = rx.try_recv() {
-                note(more);
-            }
-            if !changed {
-                continue;
-            }
-            let fresh = reader.new_folders();
-            if !fresh.is_empty() {
-                if let Ok(mut guard) = shared.lock()
-                    && let Some(w) = guard.as_mut()
-                {
-                    for folder in &fresh {
-                        if let Err(e) = w.watch(folder, RecursiveMode::Recursive) {
-                            tracing::warn!("cannot watch {}: {e}", folder.display());
-                        }
-                    }
-                }
-                for folder in fresh.iter().filter(|f| f.ends_with("tasks")) {
-                    tasks.extend(tasks_in(folder));
-                }
-            }
-            tasks.sort();
-            tasks.dedup();
-            let mut chunks = Vec::new();
-            // Task files first: they are written before the wire record that ends the task.
-            for path in tasks {
-                if let Ok(bytes) = std::fs::read(&path) {
-                    chunks.push(Chunk { file: reader.rel(&path), op: Op::Replace, bytes });
-                }
-            }
-            reader.wires(&mut chunks);
-            if chunks.is_empty() {
-                continue;
-            }
-            if !events.send(Scan { session: session.clone(), chunks }) {
                 break;
             }
+            self.watch(&rel, &mut source);
+            let tasks = format!("{rel}/tasks");
+            match agents.folder(&name).ok().and_then(|a| a.meta("tasks")).map(|m| m.kind) {
+                Some(Kind::Folder) => self.watch(&tasks, &mut source),
+                Some(Kind::Link) => self.refuse(&tasks, Refused::Link),
+                _ => {}
+            }
+            out.push(name);
         }
+        out
+    }
+
+    /// The task files of one agent (regular files only), as they are now.
+    fn task_files(&mut self, agent: &str) -> Vec<(String, Meta)> {
+        let folder = format!("agents/{agent}/tasks");
+        let Ok(tasks) = self.root.folder(&folder) else { return Vec::new() };
+        let mut out = Vec::new();
+        for (name, meta) in tasks.entries() {
+            if !name.ends_with(".json") || name.contains(".tmp.") {
+                continue;
+            }
+            let rel = format!("{folder}/{name}");
+            match meta.kind {
+                Kind::File => out.push((rel, meta)),
+                Kind::Link => self.refuse(&rel, Refused::Link),
+                _ => self.refuse(&rel, Refused::WrongKind),
+            }
+        }
+        out
+    }
+
+    /// Looks at every known file and hands over what is new, as scans, through `send` (false: stop).
+    pub fn rescan(&mut self, source: &mut dyn EventSource, send: &mut dyn FnMut(Scan) -> bool) -> bool {
+        let agents = self.agents(Some(source));
+        let mut scan = self.empty_scan();
+        // Task files first: Kimi writes one before the wire record that ends its task.
+        for agent in &agents {
+            for (rel, meta) in self.task_files(agent) {
+                if self.tasks.get(&rel) == Some(&meta) {
+                    continue;
+                }
+                self.tasks.insert(rel.clone(), meta);
+                let Some(bytes) = self.open_file(&rel).and_then(|f| read_small(f, &rel)) else { continue };
+                scan.fed.push(self.feed.piece(&rel, true, &bytes));
+                if self.record {
+                    scan.chunks.push(Chunk { file: rel, op: Op::Replace, bytes });
+                }
+            }
+        }
+        // Then the wires, a round of at most ROUND_BYTES of each per scan, until all are read to their end.
+        loop {
+            let mut more = false;
+            for agent in &agents {
+                more |= self.read_wire(agent, &mut scan);
+            }
+            if !scan.fed.is_empty() || !scan.chunks.is_empty() {
+                let full = std::mem::replace(&mut scan, self.empty_scan());
+                if !send(full) {
+                    return false;
+                }
+            }
+            if !more {
+                return true;
+            }
+        }
+    }
+
+    /// Waits once for the source (at most `timeout`) and looks again, whatever woke it; false when the watch
+    /// is to end.
+    pub fn step(
+        &mut self,
+        source: &mut dyn EventSource,
+        timeout: Duration,
+        send: &mut dyn FnMut(Scan) -> bool,
+    ) -> bool {
+        match source.wait(timeout) {
+            Wake::Stop => false,
+            Wake::Changed | Wake::Quiet => self.rescan(source, send),
+        }
+    }
+
+    /// The longest wait for an event before the next look.
+    pub fn idle_wait(&self) -> Duration {
+        if self.watch_failed { RESCAN_EVERY } else { RESCAN_IDLE }
+    }
+
+    fn empty_scan(&self) -> Scan {
+        Scan { session: self.session.clone(), fed: Vec::new(), chunks: Vec::new(), _credit: None }
+    }
+
+    /// Reads up to ROUND_BYTES of what is new in `agent`'s wire into `scan`; true when more is left.
+    fn read_wire(&mut self, agent: &str, scan: &mut Scan) -> bool {
+        let rel = wire_of(agent);
+        let Some(mut file) = self.open_file(&rel) else { return false };
+        let Ok(meta) = file.metadata() else { return false };
+        let inode = (meta.dev(), meta.ino());
+        let tracked = self.wires.entry(agent.to_owned()).or_insert(Tracked { offset: 0, inode, rereading: false });
+        if tracked.inode != inode || meta.len() < tracked.offset {
+            // Replaced or truncated: read again from the start, dropping what was delivered (wire::Feed).
+            *tracked = Tracked { offset: 0, inode, rereading: true };
+            self.feed.reread(&rel);
+        }
+        if meta.len() <= tracked.offset {
+            return false;
+        }
+        let rereading = tracked.rereading;
+        let start = tracked.offset;
+        let end = meta.len().min(start + ROUND_BYTES);
+        let mut offset = start;
+        let mut buf = vec![0u8; READ_PIECE];
+        let mut entries = Vec::new();
+        let mut raw = Vec::new();
+        if std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(start)).is_err() {
+            return false;
+        }
+        while offset < end {
+            let want = ((end - offset) as usize).min(READ_PIECE);
+            let n = match file.read(&mut buf[..want]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            offset += n as u64;
+            if let Fed::Entries { entries: got, .. } = self.feed.piece(&rel, false, &buf[..n]) {
+                entries.extend(got);
+            }
+            if self.record {
+                raw.extend_from_slice(&buf[..n]);
+            }
+        }
+        if let Some(t) = self.wires.get_mut(agent) {
+            t.offset = offset;
+        }
+        let done = offset >= meta.len();
+        if done && rereading {
+            self.feed.caught_up(&rel);
+            if let Some(t) = self.wires.get_mut(agent) {
+                t.rereading = false;
+            }
+        }
+        if !entries.is_empty() {
+            scan.fed.push(Fed::Entries { agent: agent.to_owned(), entries });
+        }
+        if self.record && offset > start {
+            let op = if rereading && start == 0 { Op::Reopen } else { Op::Append };
+            scan.chunks.push(Chunk { file: rel, op, bytes: raw });
+        }
+        !done && offset > start
+    }
+}
+
+fn wire_of(agent: &str) -> String {
+    format!("agents/{agent}/wire.jsonl")
+}
+
+/// A task file's whole content, unless it is larger than [`TASK_FILE_MAX`].
+fn read_small(file: File, rel: &str) -> Option<Vec<u8>> {
+    let mut bytes = Vec::new();
+    match file.take(TASK_FILE_MAX + 1).read_to_end(&mut bytes) {
+        Ok(n) if n as u64 <= TASK_FILE_MAX => Some(bytes),
+        Ok(_) => {
+            tracing::warn!("Kimi's {rel} is over {TASK_FILE_MAX} bytes; not read");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// The first line of the main wire (at most 64 KiB).
+fn read_header(root: &Folder) -> Result<Vec<u8>, String> {
+    let file = root.file("agents/main/wire.jsonl").map_err(|why| why.to_string())?;
+    let mut head = Vec::new();
+    file.take(64 << 10).read_to_end(&mut head).map_err(|e| e.to_string())?;
+    match memchr::memchr(b'\n', &head) {
+        Some(at) => {
+            head.truncate(at + 1);
+            Ok(head)
+        }
+        None if head.len() < 64 << 10 => Ok(head),
+        None => Err("its first line is over 64 KiB".into()),
+    }
+}
+
+/// Places for scans in flight: the watch waits while [`IN_FLIGHT`] scans are with the relay loop.
+struct Credits {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+#[derive(Debug)]
+struct Credit(Arc<Credits>);
+
+impl std::fmt::Debug for Credits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credits")
+    }
+}
+
+impl Credits {
+    fn take(self: &Arc<Self>, stop: &AtomicBool) -> Option<Credit> {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        while *used >= IN_FLIGHT {
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            used = self.freed.wait_timeout(used, Duration::from_millis(200)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *used += 1;
+        Some(Credit(self.clone()))
+    }
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        let mut used = self.0.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used = used.saturating_sub(1);
+        self.0.freed.notify_one();
+    }
+}
+
+/// Keeps the watch alive; dropping it ends the thread.
+pub struct Handle {
+    stop: Arc<AtomicBool>,
+    wake: mpsc::Sender<Msg>,
+    credits: Arc<Credits>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.wake.send(Msg::Stop);
+        self.credits.freed.notify_all();
+    }
+}
+
+/// Starts watching the session folder `dir`: notes where its files end ([`Watch::open`], a few reads of folders
+/// and sizes, so nothing Kimi writes after the answer that named the session is taken for history), then sets
+/// up the watch and reads on a thread of its own, which sends [`Scan`]s through `events`.
+pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> Result<(Started, Handle), String> {
+    let (mut watch, started) = Watch::open(session, dir, snapshot)?;
+    let (tx, rx) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let credits = Arc::new(Credits { used: Mutex::new(0), freed: Condvar::new() });
+    let handle = Handle { stop: stop.clone(), wake: tx.clone(), credits: credits.clone() };
+    let spawned = std::thread::Builder::new().name(format!("kimi-watch-{session}")).spawn(move || {
+        let mut source: Box<dyn EventSource> = match notify::recommended_watcher(move |ev| {
+            let _ = tx.send(Msg::Fs(ev));
+        }) {
+            Ok(watcher) => Box::new(NotifySource { watcher, rx }),
+            Err(e) => {
+                tracing::warn!("cannot watch Kimi's files ({e}); they are looked at every {RESCAN_EVERY:?}");
+                Box::new(Unwatched { rx })
+            }
+        };
+        let mut send = |mut scan: Scan| {
+            let Some(credit) = credits.take(&stop) else { return false };
+            scan._credit = Some(credit);
+            events.send(scan)
+        };
+        // The first look watches every folder, then reads what changed since the notes.
+        if !watch.rescan(source.as_mut(), &mut send) {
+            return;
+        }
+        while !stop.load(Ordering::Relaxed) && watch.step(source.as_mut(), watch.idle_wait(), &mut send) {}
     });
     spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
-    Ok((Start { header, cutoff_ms, snapshot: taken }, Handle { watcher }))
+    Ok((started, handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts the folders it is asked to watch; never reports a change.
+    #[derive(Default)]
+    struct Counting(Vec<PathBuf>);
+
+    impl EventSource for Counting {
+        fn watch(&mut self, folder: &Path) -> Result<(), String> {
+            self.0.push(folder.to_path_buf());
+            Ok(())
+        }
+        fn wait(&mut self, _timeout: Duration) -> Wake {
+            Wake::Quiet
+        }
+    }
+
+    #[test]
+    fn agent_folders_beyond_the_limit_and_oversized_task_files_are_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("session_x");
+        std::fs::create_dir_all(dir.join("agents/main/tasks")).unwrap();
+        std::fs::write(dir.join("agents/main/wire.jsonl"), "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n")
+            .unwrap();
+        for i in 0..MAX_AGENTS + 5 {
+            std::fs::create_dir(dir.join(format!("agents/agent-{i:05}"))).unwrap();
+        }
+        let (mut w, started) = Watch::open("session_x", &dir, false).unwrap();
+        assert!(started.header.starts_with(b"{\"type\":\"metadata\""));
+        // A task file over the limit, and one of usual size, written after the start.
+        let big = format!("{{\"taskId\":\"bash-00000001\",\"pad\":\"{}\"}}", "x".repeat(TASK_FILE_MAX as usize));
+        std::fs::write(dir.join("agents/main/tasks/bash-00000001.json"), big).unwrap();
+        std::fs::write(dir.join("agents/main/tasks/bash-00000002.json"), "{\"taskId\":\"bash-00000002\"}").unwrap();
+        let mut source = Counting::default();
+        let mut scans = Vec::new();
+        assert!(w.rescan(&mut source, &mut |s| {
+            scans.push(s);
+            true
+        }));
+        // `agents`, then each agent folder read (and `main/tasks`): no more than the limit.
+        let agents = source.0.iter().filter(|p| p.parent().is_some_and(|p| p.ends_with("agents"))).count();
+        assert_eq!(agents, MAX_AGENTS);
+        let tasks: Vec<String> = scans
+            .iter()
+            .flat_map(|s| &s.fed)
+            .filter_map(|f| match f {
+                Fed::Task { info, .. } => Some(info.task_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tasks, ["bash-00000002"]);
+    }
 }

@@ -19,7 +19,11 @@ pub enum Record {
     TurnEnded {
         turn_id: i64,
         reason: String,
+        /// Why a `failed` turn failed: Kimi's error payload `{code, message, name, details, retryable}`.
+        error: Option<Value>,
     },
+    /// `turn.step.retrying`: Kimi waits `delay_ms` before its next attempt at a step that failed.
+    StepRetrying(Retrying),
     /// A `content.part` of a step: text or thinking.
     Text {
         turn_id: Option<i64>,
@@ -55,6 +59,20 @@ pub enum Record {
     },
     /// Anything else (still carries its time for ordering).
     Other,
+}
+
+/// A `turn.step.retrying` record (kimi.md §3; seen live for HTTP 429 and 5xx answers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Retrying {
+    pub turn_id: i64,
+    pub failed_attempt: u64,
+    pub max_attempts: u64,
+    /// The wait Kimi scheduled; never negative or infinite (bad values read as 0).
+    pub delay_ms: u64,
+    /// Kimi's name for the error, e.g. `APIProviderRateLimitError`.
+    pub error_name: String,
+    pub message: String,
+    pub status: Option<u64>,
 }
 
 /// What started a turn (`turn.prompt` `origin`).
@@ -148,10 +166,12 @@ fn turn_number(v: Option<&Value>) -> Option<i64> {
 
 /// Parses one line. `Err` says why it is not a wire record.
 pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
-    let v: Value = coda_shim::json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
-    let Some(ty) = v.get("type").and_then(Value::as_str) else {
+    let mut v: Value = coda_shim::json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(ty) = v.get("type").and_then(Value::as_str).map(str::to_owned) else {
         return Err("no \"type\"".into());
     };
+    // Owned, so that parts of the record can be moved out of it below.
+    let ty = ty.as_str();
     let time = v.get("time").or_else(|| v.get("created_at")).and_then(Value::as_u64).unwrap_or(0);
     let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
     // Records with `kind: "event"` come from another layer with its own turn numbers (kimi.md §2.4).
@@ -174,7 +194,22 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
         "turn.ended" => Record::TurnEnded {
             turn_id: turn_number(v.get("turnId")).ok_or("turn.ended without turnId")?,
             reason: s(&v, "reason").unwrap_or_default(),
+            error: v.get("error").filter(|e| e.is_object()).cloned(),
         },
+        "turn.step.retrying" => {
+            let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+            // `delayMs` is a float (backoff with jitter); anything not a finite non-negative number counts as 0.
+            let delay = v.get("delayMs").and_then(Value::as_f64).filter(|d| d.is_finite() && *d >= 0.0);
+            Record::StepRetrying(Retrying {
+                turn_id: turn_number(v.get("turnId")).ok_or("turn.step.retrying without turnId")?,
+                failed_attempt: n("failedAttempt"),
+                max_attempts: n("maxAttempts"),
+                delay_ms: delay.map_or(0, |d| d.min(u64::MAX as f64) as u64),
+                error_name: s(&v, "errorName").unwrap_or_default(),
+                message: s(&v, "errorMessage").unwrap_or_default(),
+                status: v.get("statusCode").and_then(Value::as_u64),
+            })
+        }
         "context.append_message" => {
             let o = v.pointer("/message/origin").cloned().unwrap_or(Value::Null);
             Record::Injected {
@@ -186,11 +221,12 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
             }
         }
         "context.append_loop_event" => {
-            let e = v.get("event").cloned().unwrap_or(Value::Null);
+            // Moved out, not copied: a record can be megabytes (tool output).
+            let mut e = v.get_mut("event").map(Value::take).unwrap_or(Value::Null);
             let turn_id = turn_number(e.get("turnId"));
             match e.get("type").and_then(Value::as_str) {
                 Some("content.part") => {
-                    let part = e.get("part").cloned().unwrap_or(Value::Null);
+                    let part = e.get_mut("part").map(Value::take).unwrap_or(Value::Null);
                     match part.get("type").and_then(Value::as_str) {
                         Some("text") => {
                             Record::Text { turn_id, text: s(&part, "text").unwrap_or_default(), thought: false }
@@ -205,12 +241,12 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
                     turn_id,
                     call_id: s(&e, "toolCallId").ok_or("tool.call without toolCallId")?,
                     name: s(&e, "name").unwrap_or_default(),
-                    args: e.get("args").cloned().unwrap_or(Value::Null),
+                    args: e.get_mut("args").map(Value::take).unwrap_or(Value::Null),
                 },
                 Some("tool.result") => {
-                    let r = e.get("result").cloned().unwrap_or(Value::Null);
-                    let output = match r.get("output") {
-                        Some(Value::String(t)) => t.clone(),
+                    let mut r = e.get_mut("result").map(Value::take).unwrap_or(Value::Null);
+                    let output = match r.get_mut("output").map(Value::take) {
+                        Some(Value::String(t)) => t,
                         Some(other) => other.to_string(),
                         None => String::new(),
                     };
@@ -260,10 +296,22 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
     Ok(Entry { time, record })
 }
 
-/// Splits appended bytes into whole lines, keeping a partial last line for the next append.
+/// The longest wire record read; a longer one is skipped with a warning. Kimi 2.1.0 bounds what it writes into
+/// one record (kimi.md §2.4; its bundle): a prompt image is recompressed to at most 3.75 MiB (5 MiB as base64), an
+/// MCP tool's binary part to 10 MiB (13.4 MiB as base64), `Read` returns at most 500,000 characters (1.5 MB of
+/// UTF-8, 3 MB if every one were escaped) and other tool output is cut at 50,000 characters. 16 MiB holds the
+/// largest of these with room for the rest of the record; a record beyond it is not one Kimi writes.
+pub const RECORD_MAX: usize = 16 << 20;
+
+/// Splits appended bytes into whole lines, keeping a partial last line for the next append; a line over
+/// [`RECORD_MAX`] is dropped as soon as it is known to be over (not kept until its end).
 #[derive(Default)]
 pub struct Lines {
     partial: Vec<u8>,
+    /// Inside a line over the limit: its bytes are dropped until its end.
+    skipping: bool,
+    /// Lines dropped for their size since the last look.
+    pub skipped: usize,
 }
 
 impl Lines {
@@ -271,23 +319,42 @@ impl Lines {
         let mut out = Vec::new();
         let mut rest = bytes;
         while let Some(at) = memchr::memchr(b'\n', rest) {
+            let piece = &rest[..at];
+            rest = &rest[at + 1..];
+            if std::mem::take(&mut self.skipping) {
+                continue;
+            }
+            if self.partial.len() + piece.len() > RECORD_MAX {
+                self.partial = Vec::new();
+                self.skipped += 1;
+                continue;
+            }
             let mut line = std::mem::take(&mut self.partial);
-            line.extend_from_slice(&rest[..at]);
+            line.extend_from_slice(piece);
             if line.last() == Some(&b'\r') {
                 line.pop();
             }
             if !line.iter().all(u8::is_ascii_whitespace) {
                 out.push(line);
             }
-            rest = &rest[at + 1..];
         }
-        self.partial.extend_from_slice(rest);
+        if !self.skipping {
+            if self.partial.len() + rest.len() > RECORD_MAX {
+                // Freed, not cleared: the memory of a huge line goes back at once.
+                self.partial = Vec::new();
+                self.skipping = true;
+                self.skipped += 1;
+            } else {
+                self.partial.extend_from_slice(rest);
+            }
+        }
         out
     }
 
     /// Forgets a partial line (the file was replaced).
     pub fn reset(&mut self) {
-        self.partial.clear();
+        self.partial = Vec::new();
+        self.skipping = false;
     }
 }
 
@@ -341,6 +408,31 @@ mod tests {
         assert_eq!(l.push(b":2}\n\n"), vec![b"{\"b\":2}".to_vec()]);
         assert!(l.push(b"").is_empty());
     }
+
+    #[test]
+    fn a_line_over_the_limit_is_dropped_as_soon_as_it_is_over_and_the_next_one_is_read() {
+        let mut l = Lines::default();
+        let piece = vec![b'x'; 1 << 20];
+        assert_eq!(l.push(b"{\"a\":1}\n{\"huge\":\""), vec![b"{\"a\":1}".to_vec()]);
+        for _ in 0..(RECORD_MAX >> 20) + 2 {
+            assert!(l.push(&piece).is_empty());
+            assert!(l.partial.len() <= RECORD_MAX, "kept {} bytes", l.partial.len());
+        }
+        assert_eq!(l.skipped, 1);
+        assert!(l.partial.capacity() == 0 && l.skipping);
+        assert_eq!(l.push(b"\"}\n{\"b\":2}\n"), vec![b"{\"b\":2}".to_vec()]);
+        assert_eq!(l.skipped, 1);
+        // Exactly at the limit is kept; one byte more is not, also when the line ends in the same piece.
+        let mut at_limit = vec![b' '; RECORD_MAX - 2];
+        at_limit.splice(0..0, *b"{}");
+        at_limit.push(b'\n');
+        assert_eq!(l.push(&at_limit).len(), 1);
+        let mut over = vec![b' '; RECORD_MAX - 1];
+        over.splice(0..0, *b"{}");
+        over.push(b'\n');
+        assert!(l.push(&over).is_empty());
+        assert_eq!(l.skipped, 2);
+    }
 }
 
 /// One session's files as a stream of records: splits appended bytes into lines, parses them, skips
@@ -356,9 +448,12 @@ struct FileFeed {
     lines: Lines,
     /// Hashes of the lines delivered, to drop repeats after the file was replaced.
     seen: std::collections::HashSet<u64>,
+    /// The file is being read again from its start after it was replaced (see [`Feed::reread`]).
+    rereading: bool,
 }
 
 /// What a chunk of a session file turned into.
+#[derive(Debug)]
 pub enum Fed {
     Entries { agent: String, entries: Vec<Entry> },
     Task { agent: String, info: TaskInfo },
@@ -391,8 +486,23 @@ impl Feed {
         Feed { cutoff_ms, files: std::collections::HashMap::new() }
     }
 
-    /// `reopen`: the file was replaced and `bytes` is its whole content.
-    pub fn chunk(&mut self, file: &str, reopen: bool, task_file: bool, bytes: &[u8]) -> Fed {
+    /// `file` was replaced: what follows ([`Feed::piece`]s) is its content from the start, until
+    /// [`Feed::caught_up`]; lines already delivered and history are dropped from it.
+    pub fn reread(&mut self, file: &str) {
+        let state = self.files.entry(file.to_owned()).or_default();
+        state.lines.reset();
+        state.rereading = true;
+    }
+
+    /// The re-read of `file` reached the end of what the file held.
+    pub fn caught_up(&mut self, file: &str) {
+        if let Some(state) = self.files.get_mut(file) {
+            state.rereading = false;
+        }
+    }
+
+    /// The next bytes of `file` (a task file: its whole content).
+    pub fn piece(&mut self, file: &str, task_file: bool, bytes: &[u8]) -> Fed {
         let Some((agent, is_task)) = classify_path(file) else { return Fed::Nothing };
         if is_task || task_file {
             return match TaskInfo::parse_file(bytes) {
@@ -404,22 +514,27 @@ impl Feed {
             };
         }
         let state = self.files.entry(file.to_owned()).or_default();
-        if reopen {
-            state.lines.reset();
-        }
+        let reread = state.rereading;
         let mut entries = Vec::new();
-        for line in state.lines.push(bytes) {
+        let lines = state.lines.push(bytes);
+        for _ in 0..std::mem::take(&mut state.lines.skipped) {
+            tracing::warn!("skipped a record of Kimi's {file} longer than {RECORD_MAX} bytes (not read)");
+        }
+        for line in lines {
             let hash = line_hash(&line);
-            if !state.seen.insert(hash) && reopen {
+            if !state.seen.insert(hash) && reread {
                 continue;
             }
             match parse_line(&line) {
-                Ok(e) if reopen && e.time != 0 && e.time < self.cutoff_ms => {}
+                Ok(e) if reread && e.time != 0 && e.time < self.cutoff_ms => {}
                 Ok(e) => entries.push(e),
                 Err(why) => {
+                    // The line may be anything (user data): where and how long at the default level, an
+                    // excerpt only at debug.
+                    tracing::warn!("skipped a malformed line of Kimi's {file} ({why}; {} bytes)", line.len());
                     let text = String::from_utf8_lossy(&line);
                     let excerpt: String = text.chars().take(120).collect();
-                    tracing::warn!("skipped a malformed line of Kimi's {file} ({why}): {excerpt}");
+                    tracing::debug!("the malformed line of Kimi's {file} starts: {excerpt}");
                 }
             }
         }

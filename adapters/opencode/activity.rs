@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use coda_shim::frame::{self, Frame, Id, Kind};
@@ -32,6 +32,7 @@ use coda_shim::layer::{Cx, Event, EventSender, Layer};
 use coda_shim::wait::{self, Register, State, Wait};
 use serde_json::{Value, json};
 
+use crate::failure::Failures;
 use crate::server::{self, FromServer, Server, ServerEvent};
 
 /// Without OpenCode's server: how long the parent must stay quiet before its own turn counts as over.
@@ -63,6 +64,8 @@ pub enum Tick {
     Asks(u64),
     /// [`RESUME_DELAY_ENV`]: time to send the delayed `session/resume` with this tag.
     Resume(u64),
+    /// [`crate::failure::ANSWER_HOLD`] after an error answer to a prompt was held for OpenCode's `session.error`.
+    Failure(u64),
 }
 
 /// Asks for a [`Tick`] after a delay; tests hand ticks in themselves.
@@ -127,6 +130,8 @@ pub struct OpenCodeActivity {
     resuming: HashMap<u64, String>,
     /// [`RESUME_DELAY_ENV`] (zero unless a test sets it), and the resumes it holds back: tag -> cwd.
     resume_delay: Duration,
+    /// Failed Coda turns, answered as Coda's failure kinds.
+    failures: Failures,
     delayed: HashMap<u64, String>,
     /// Children OpenCode knows now (resumed), and children it never will (the resume failed).
     known_to_opencode: HashSet<String>,
@@ -242,7 +247,7 @@ impl OpenCodeActivity {
                 let (s, directory, id, reply) = (s.clone(), directory.to_owned(), id.to_owned(), reply.to_owned());
                 let spawned = std::thread::Builder::new().name("opencode-reply".into()).spawn(move || {
                     if let Err(e) = s.reply_permission(&directory, &id, &reply) {
-                        tracing::warn!("OpenCode did not take the answer {reply:?} to permission request {id}: {e}");
+                        tracing::warn!("OpenCode did not take the answer to permission request {id}: {e}");
                     }
                 });
                 if let Err(e) = spawned {
@@ -250,9 +255,8 @@ impl OpenCodeActivity {
                 }
             }),
             None => Box::new(|_, id, reply| {
-                tracing::warn!(
-                    "cannot pass the answer {reply:?} to OpenCode's permission request {id}: its server is unknown"
-                );
+                tracing::warn!("cannot pass the answer to OpenCode's permission request {id}: its server is unknown");
+                tracing::debug!("the answer: {reply:?}");
             }),
         };
         let mut layer = OpenCodeActivity::with_io(timer, replier);
@@ -262,7 +266,7 @@ impl OpenCodeActivity {
         }
         if let Some(log) = std::env::var_os(RECORD_ENV).filter(|p| !p.is_empty()) {
             let events_path = source.unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
-            match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
+            match coda_shim::private_file::open(Path::new(&log), coda_shim::private_file::Write::Append) {
                 Ok(f) => layer.record = Some((f, events_path.display().to_string())),
                 Err(e) => tracing::warn!("cannot open {RECORD_ENV} {}: {e}", PathBuf::from(log).display()),
             }
@@ -288,6 +292,7 @@ impl OpenCodeActivity {
             resumed: HashSet::new(),
             resuming: HashMap::new(),
             resume_delay: Duration::ZERO,
+            failures: Failures::new(coda_shim::failure::retry_patience()),
             delayed: HashMap::new(),
             known_to_opencode: HashSet::new(),
             unreachable: HashSet::new(),
@@ -501,6 +506,21 @@ impl OpenCodeActivity {
         self.log_event(&e);
         match e {
             ServerEvent::TaskChild { session, call, child } => self.task_child(session, call, child, cx),
+            ServerEvent::Retry { session, attempt, message, at_ms, wait_ms } => {
+                if self.busy.get(&session) != Some(&true) {
+                    self.server_event(ServerEvent::Status { session: session.clone(), busy: true }, cx);
+                }
+                if self.failures.retry(&session, at_ms, attempt, &message, wait_ms) {
+                    tracing::info!("stopping OpenCode's turn in session {session}: its retries would outlast a minute");
+                    cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
+                }
+            }
+            ServerEvent::Failed { session, name, message, status, code } => {
+                let upstream = crate::failure::Upstream { name, message, status, code };
+                if let Some(answer) = self.failures.failed(&session, upstream) {
+                    cx.to_client(answer);
+                }
+            }
             ServerEvent::Status { session, busy } => {
                 self.busy.insert(session.clone(), busy);
                 if busy {
@@ -601,6 +621,11 @@ impl OpenCodeActivity {
 
     fn tick(&mut self, tick: Tick, cx: &mut Cx) {
         match tick {
+            Tick::Failure(tag) => {
+                if let Some(answer) = self.failures.hold_over(tag) {
+                    cx.to_client(answer);
+                }
+            }
             Tick::Asks(n) => self.ask_overdue(n, cx),
             Tick::Resume(tag) => {
                 if let Some(cwd) = self.delayed.remove(&tag) {
@@ -684,6 +709,7 @@ impl Layer for OpenCodeActivity {
                             // A Coda turn starts: OpenCode folds whatever it was doing on its own into it.
                             self.settle(&sid, cx);
                             self.coda_run.insert(sid.clone(), false);
+                            self.failures.prompt(&id, &sid);
                             self.prompts.insert(id, sid);
                         }
                     }
@@ -745,7 +771,10 @@ impl Layer for OpenCodeActivity {
                     }
                     return wait::declare_waits_in(frame, cx);
                 }
-                cx.to_client(frame)
+                match self.failures.answer(frame) {
+                    Ok(frame) => cx.to_client(frame),
+                    Err(tag) => (self.timer)(Tick::Failure(tag), crate::failure::ANSWER_HOLD),
+                }
             }
             Kind::Request { id, method } if method == "session/request_permission" => {
                 let id = id.clone();
@@ -806,7 +835,9 @@ impl Layer for OpenCodeActivity {
     fn on_reply(&mut self, tag: u64, reply: Frame, _cx: &mut Cx) {
         let Some(child) = self.resuming.remove(&tag) else { return };
         if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
-            tracing::warn!("OpenCode did not resume subagent session {child} (its output stays hidden): {err}");
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
+            tracing::warn!("OpenCode did not resume subagent session {child} (error {code}); its output stays hidden");
+            tracing::debug!("OpenCode's answer to the resume: {err}");
             self.unreachable.insert(child.clone());
         } else {
             self.known_to_opencode.insert(child.clone());

@@ -10,9 +10,10 @@
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
 mod activity;
+mod failure;
 mod server;
 
-use coda_shim::adapter::{Adapter, Found, Setup, on_path, plain_version};
+use coda_shim::adapter::{Adapter, Found, Setup, installed, plain_version};
 use coda_shim::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g opencode-ai";
@@ -22,7 +23,7 @@ const BUILTINS: &[&str] = &["compact"];
 
 /// `opencode acp` on a port the shim knows, so that it can read OpenCode's own server (`server.rs`).
 fn default_command() -> Result<Found, String> {
-    let mut found = on_path("opencode", &["acp"], "OpenCode", INSTALL)?;
+    let mut found = installed("opencode", &["acp"], "OpenCode", INSTALL)?;
     match free_port() {
         Ok(port) => {
             found.command.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), port.to_string()])
@@ -36,8 +37,8 @@ fn default_command() -> Result<Found, String> {
 }
 
 /// A port nobody listens on now. OpenCode binds it a moment later and exits ("ServeError", seen live) if
-/// someone took it meanwhile, so it is picked below Linux's ephemeral range (32768 up), where outgoing
-/// connections never take one; the OS's own pick is the fallback.
+/// someone took it meanwhile, so it is picked below the ephemeral ranges (Linux 32768 up, macOS 49152 up),
+/// where outgoing connections never take one; the OS's own pick is the fallback.
 fn free_port() -> std::io::Result<u16> {
     use std::hash::BuildHasher;
     // Randomly keyed hashes (std's) as the random source: two shims starting together pick apart.

@@ -49,6 +49,29 @@ pub enum ServerEvent {
     /// A permission request was answered (by anyone).
     #[serde(rename = "permission.replied")]
     Replied { session: String, id: String },
+    /// OpenCode retries a failed model request of `session` (`session.status` `retry`): seen at `at_ms` (Unix
+    /// ms), its next attempt `wait_ms` later (from `next`), with the upstream's message.
+    #[serde(rename = "session.retry")]
+    Retry {
+        session: String,
+        attempt: u64,
+        message: String,
+        at_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
+    },
+    /// A run of `session` failed (`session.error`): OpenCode's error name, the upstream's message, HTTP status
+    /// and the error code of its answer body.
+    #[serde(rename = "session.error")]
+    Failed {
+        session: String,
+        name: String,
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
+    },
 }
 
 /// What the reader hands the layer.
@@ -234,6 +257,30 @@ impl Reducer {
                     child,
                 })
             }
+            "session.status" if props.pointer("/status/type").and_then(Value::as_str) == Some("retry") => {
+                let session = s(props, "sessionID")?;
+                self.status.insert(session.clone(), true);
+                let status = props.get("status")?;
+                let at_ms = jiff::Timestamp::now().as_millisecond().max(0) as u64;
+                let next = status.get("next").and_then(Value::as_f64).filter(|n| n.is_finite() && *n >= 0.0);
+                Some(ServerEvent::Retry {
+                    session,
+                    attempt: status.get("attempt").and_then(Value::as_u64).unwrap_or(0),
+                    message: s(status, "message").unwrap_or_default(),
+                    at_ms,
+                    wait_ms: next.map(|n| (n.min(u64::MAX as f64) as u64).saturating_sub(at_ms)),
+                })
+            }
+            "session.error" => {
+                let u = crate::failure::upstream_of(props.get("error")?);
+                Some(ServerEvent::Failed {
+                    session: s(props, "sessionID")?,
+                    name: u.name,
+                    message: u.message,
+                    status: u.status,
+                    code: u.code,
+                })
+            }
             "session.status" => {
                 let session = s(props, "sessionID")?;
                 let busy = props.pointer("/status/type").and_then(Value::as_str)? != "idle";
@@ -284,7 +331,21 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                             return;
                         }
                     }
-                    Err(e) => tracing::warn!("{}: not an OpenCode server event ({e}): {}", path.display(), line.trim()),
+                    Err(e) => {
+                        // serde's message may quote the line ("unknown variant `…`"): at debug with it.
+                        let why = match &e {
+                            coda_shim::json::Error::Json(j) => {
+                                format!("{:?} error at column {}", j.classify(), j.column())
+                            }
+                            deep => deep.to_string(),
+                        };
+                        tracing::warn!(
+                            "{}: a line of {} bytes is not an OpenCode server event ({why})",
+                            path.display(),
+                            line.len(),
+                        );
+                        tracing::debug!("the line ({e}): {}", line.trim());
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(10));

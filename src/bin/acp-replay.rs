@@ -2,9 +2,10 @@
 //! The format is in `fixtures/README.md`.
 
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use coda_shim::private_file;
 use coda_shim::replay::{self, Bindings, CheckOptions, Normaliser, Script, Step};
 
 const HELP: &str = "acp-replay: stands in for an ACP agent CLI by replaying a recording (see fixtures/README.md).
@@ -206,7 +207,7 @@ fn fail(code: i32, msg: String) -> i32 {
     let msg = format!("acp-replay: {}\n", msg.trim_end());
     eprint!("{msg}");
     if let Some(path) = std::env::var_os("ACP_REPLAY_REPORT")
-        && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        && let Ok(mut f) = private_file::open(Path::new(&path), private_file::Write::Append)
     {
         let _ = f.write_all(msg.as_bytes());
     }
@@ -279,7 +280,9 @@ fn record(args: &[String]) -> Result<(), String> {
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let file = dir.join(replay::TRACE_FILE);
-    std::fs::write(&file, out).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    private_file::open(&file, private_file::Write::Replace)
+        .and_then(|mut f| f.write_all(out.as_bytes()))
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     eprintln!("acp-replay: wrote {} records to {}", records.len(), file.display());
     Ok(())
 }

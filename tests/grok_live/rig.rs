@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use coda_shim::replay::{self, Normaliser};
 use serde_json::{Value, json};
 
-use crate::{live, replay_support, shim};
-
-pub const INSTRUCTION: &str = "Coda recording: answer briefly.";
+use crate::{coda_text, live, replay_support, shim};
 
 /// Whether live recording of `agent` is switched on and possible; says why not on stderr.
 pub fn enabled(agent: &str) -> bool {
@@ -59,11 +57,12 @@ impl Rec {
         rec
     }
 
-    /// `session/new` (with Coda's instruction when asked); remembers the session.
+    /// `session/new` (with Coda's real-size instruction, `fixtures/coda-instruction.md`, when asked);
+    /// remembers the session.
     pub fn new_session(&mut self, instruction: bool) -> String {
         let mut params = json!({"cwd": self.cwd, "mcpServers": []});
         if instruction {
-            params["systemPrompt"] = json!({"mode": "append", "content": [{"type": "text", "text": INSTRUCTION}]});
+            params["systemPrompt"] = coda_text::system_prompt(coda_text::INSTRUCTION);
         }
         let answer = self.call("session/new", params);
         self.session = answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned();

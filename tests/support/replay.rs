@@ -44,11 +44,16 @@ pub fn player() -> PathBuf {
 /// coda-opencode reads OpenCode's server events where the recording has the player write them
 /// (`{{TMPDIR}}/coda-opencode-events.jsonl`, seen from the work dir the shim runs in).
 fn agent_env(agent: &str) -> Vec<(String, String)> {
-    match agent {
+    let mut env = Vec::new();
+    env.extend(match agent {
+        // coda-grok stops a turn Grok keeps retrying after a minute by its own timer (the other shims go by the
+        // times the CLI recorded): the replay need not wait that minute.
+        "grok" => vec![("CODA_SHIM_RETRY_PATIENCE_MS".into(), "1000".into())],
         "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
         "opencode" => vec![("CODA_OPENCODE_EVENTS".into(), "../tmp/coda-opencode-events.jsonl".into())],
         _ => Vec::new(),
-    }
+    });
+    env
 }
 
 /// Replays one fixture through `coda-<agent>`.
@@ -87,4 +92,18 @@ pub fn check_all(agent: &str) -> usize {
         failures.join("\n\n")
     );
     fixtures.len()
+}
+
+/// The frames of one edge of a fixture's recording, as JSON (lines that were not JSON-RPC left out).
+pub fn recorded_frames(fixture: &Path, edge: replay::Edge) -> Vec<serde_json::Value> {
+    let records =
+        replay::load(&fixture.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
+    records
+        .into_iter()
+        .filter(|r| r.edge == edge)
+        .filter_map(|r| match r.body {
+            replay::Body::Frame(text) => serde_json::from_str(&text).ok(),
+            _ => None,
+        })
+        .collect()
 }

@@ -1,7 +1,7 @@
 //! Runs a shim binary as Coda would, over pipes, with the scripted test agent (or any command) as child.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
@@ -59,11 +59,23 @@ impl Builder {
         self
     }
 
+    pub fn env_remove(mut self, k: &str) -> Self {
+        self.cmd.env_remove(k);
+        self
+    }
+
     /// Drops a `CODA_<AGENT>_COMMAND` the developer's environment may set, so the default lookup runs.
     pub fn env_remove_command(mut self) -> Self {
         for agent in ["CODEX", "KIMI", "GROK", "OPENCODE"] {
             self.cmd.env_remove(format!("CODA_{agent}_COMMAND"));
         }
+        self
+    }
+
+    /// Runs the shim as the leader of a process group of its own, as Coda does (its group can then be
+    /// killed the way Coda kills it).
+    pub fn own_group(mut self) -> Self {
+        std::os::unix::process::CommandExt::process_group(&mut self.cmd, 0);
         self
     }
 
@@ -147,10 +159,20 @@ impl Shim {
 
     /// Sends a request and returns the response with that id, collecting what came before it.
     pub fn request(&mut self, id: i64, method: &str, params: Value) -> (Value, Vec<Value>) {
+        self.request_within(id, method, params, TIMEOUT)
+    }
+
+    /// [`Shim::request`] for an answer that may be slow, each frame waited for up to `wait` (a real CLI
+    /// starting on a loaded machine).
+    pub fn request_within(&mut self, id: i64, method: &str, params: Value, wait: Duration) -> (Value, Vec<Value>) {
         self.send_json(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         let mut before = Vec::new();
         loop {
-            let v = self.recv_json();
+            let line = self
+                .try_recv(wait)
+                .unwrap_or_else(|| panic!("no frame from the shim within {wait:?}; stderr: {:?}", self.drain_stderr()));
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("shim wrote a line that is not JSON ({e}): {line}"));
             if v.get("id") == Some(&Value::from(id)) && v.get("method").is_none() {
                 return (v, before);
             }
@@ -186,6 +208,14 @@ impl Shim {
             out.push(line);
         }
         out
+    }
+
+    /// Every stderr line, once the shim has closed its stderr (it exited): nothing still on its way is missed.
+    pub fn stderr_to_the_end(&mut self) -> Vec<String> {
+        while let Ok(line) = self.stderr.recv_timeout(TIMEOUT) {
+            self.stderr_lines.push(line);
+        }
+        self.stderr_lines.clone()
     }
 
     pub fn drain_stderr(&mut self) -> Vec<String> {
@@ -235,4 +265,32 @@ pub fn received_prompt(before: &[Value]) -> Value {
         .expect("the agent reported the prompt it received");
     let report = chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text");
     coda_shim::json::from_str(&report.replace("&lt;", "<")).expect("json")
+}
+
+/// Waits for the child (killing it after `within`) and returns what it wrote.
+pub fn finish(mut child: Child, within: Duration) -> (ExitStatus, String, String) {
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the shim did not finish within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, out.join().unwrap_or_default(), err.join().unwrap_or_default())
 }

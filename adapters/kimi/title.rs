@@ -1,0 +1,499 @@
+//! Kimi's session title, made from the user's own first prompt. Kimi titles a session from the text of its
+//! first prompt, cut short (kimi.md "Echoes of the first prompt"); the prompt that carries Coda's session
+//! instruction starts with the injected block, so Kimi's title would be the instruction, or the start of it
+//! with the closing marker cut off. This layer sits on the agent's side of the instruction layer, sees that
+//! prompt as Kimi gets it, works out the title Kimi makes from the prompt without the block, and puts it in
+//! place of every title that echoes the block: `session_info_update` and `session/list` results. For a session
+//! whose first prompt went by in an earlier process, the prompt is read from Kimi's own record of it (the
+//! first client `turn.prompt` in the session's main wire). A title it cannot work out (no such record, a
+//! prompt part whose text Kimi rewrites in ways not reproduced here) goes out as `null`, never as the
+//! instruction.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::sync::LazyLock;
+
+use coda_shim::frame::{Frame, Id, Kind};
+use coda_shim::instruction;
+use coda_shim::layer::{Cx, Layer};
+use regex::Regex;
+use serde_json::Value;
+
+/// Kimi 2.1.0 `MAX_LAST_PROMPT_LENGTH` and `MAX_TITLE_LENGTH`, in UTF-16 code units (JavaScript's
+/// `String.prototype.slice`).
+const MAX_PROMPT_TEXT: usize = 4000;
+const MAX_TITLE: usize = 200;
+
+/// JavaScript's `\s` (ECMAScript WhiteSpace and LineTerminator), which differs from Rust's Unicode `\s`
+/// (it has U+FEFF, and not U+0085).
+const JS_SPACE: &str =
+    r"\t\n\x0B\x0C\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
+
+/// Kimi's redactions before it keeps prompt text (`promptMetadataTextFromText`), in its order, with
+/// JavaScript's ASCII `\b` and white space spelled out.
+static REDACTIONS: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
+    let s = format!("[{JS_SPACE}]");
+    let not_s = format!("[^{JS_SPACE}]");
+    let b = r"(?-u:\b)";
+    [
+        (r"(?i)-----BEGIN [^-]*PRIVATE KEY-----[\s\S]*?-----END [^-]*PRIVATE KEY-----".to_owned(), "[redacted]"),
+        (format!(r"(?i){b}(authorization){s}*:{s}*bearer{s}+{not_s}+"), "$1: Bearer [redacted]"),
+        (
+            format!(
+                r#"(?i){b}(api[_-]?key|token|secret|password|passwd|pwd){b}{s}*[:=]{s}*(?:"[^"]*"|'[^']*'|{not_s}+)"#
+            ),
+            "$1=[redacted]",
+        ),
+        (format!(r"{b}sk-[A-Za-z0-9_-]{{12,}}{b}"), "[redacted]"),
+        (format!(r"{b}[A-Za-z0-9][A-Za-z0-9+/=_-]{{39,}}{b}"), "[redacted]"),
+        (r"\p{Cc}+".to_owned(), " "),
+        (format!("{s}+"), " "),
+    ]
+    .into_iter()
+    .map(|(re, with)| (Regex::new(&re).expect("a valid pattern"), with))
+    .collect()
+});
+
+/// What Kimi's title from these prompt blocks is. `Unknown` when a block is of a kind whose text Kimi
+/// rewrites in ways this does not reproduce.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Made {
+    /// Kimi makes this title.
+    Title(String),
+    /// Kimi makes no title (the prompt has no text).
+    None,
+    Unknown,
+}
+
+/// The parts of a session's first client prompt as Kimi recorded them, for a session this process did not
+/// see prompted (`None`: not found).
+pub type FirstPrompt = Box<dyn FnMut(&str) -> Option<Vec<Value>> + Send>;
+
+/// Most bytes of a main wire read looking for its first client prompt (it is among the first records).
+const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
+
+/// [`FirstPrompt`] from Kimi's files under `root`: the `input` of the first `turn.prompt` of origin `user`
+/// in `<root>/sessions/*/<session>/agents/main/wire.jsonl` (kimi.md §2.4).
+pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
+    Box::new(move |session| {
+        let dir = crate::watch::find_session(root.as_ref()?, session)?;
+        let file = std::fs::File::open(dir.join("agents/main/wire.jsonl")).ok()?;
+        let mut lines = BufReader::new(file.take(MAX_WIRE_SCAN));
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if lines.read_until(b'\n', &mut line).ok()? == 0 {
+                return None;
+            }
+            // A cheap look before parsing: most records are no prompt.
+            if memchr::memmem::find(&line, b"turn.prompt").is_none() {
+                continue;
+            }
+            let Ok(record) = coda_shim::json::from_slice::<Value>(&line) else { continue };
+            if record.get("type").and_then(Value::as_str) == Some("turn.prompt")
+                && record.pointer("/origin/kind").and_then(Value::as_str) == Some("user")
+            {
+                return record.get("input").and_then(Value::as_array).cloned();
+            }
+        }
+    })
+}
+
+/// The title Kimi 2.1.0 makes from a first prompt of these ACP blocks (or the content parts Kimi made of
+/// them): the texts of the blocks
+/// (`acpBlocksToContentParts`, `promptPartText`) joined by line feeds, redacted, white space folded,
+/// trimmed, then cut to 4000 and to 200 UTF-16 code units.
+pub fn kimi_title(blocks: &[Value]) -> Made {
+    let mut texts = Vec::new();
+    for block in blocks {
+        let text = match block.get("type").and_then(Value::as_str) {
+            Some("text") => match block.get("text").and_then(Value::as_str) {
+                // A lone media tag is left out, an image-compression caption is cut out: not reproduced.
+                Some(t) if t.contains("path=\"") || t.contains("<system>") => return Made::Unknown,
+                Some(t) => t.to_owned(),
+                None => return Made::Unknown,
+            },
+            Some("image" | "image_url") => "[image]".to_owned(),
+            Some("audio_url") => "[audio]".to_owned(),
+            Some("video_url") => "[video]".to_owned(),
+            Some("audio" | "think") => continue,
+            Some("resource_link") => {
+                let (Some(uri), Some(name)) =
+                    (block.get("uri").and_then(Value::as_str), block.get("name").and_then(Value::as_str))
+                else {
+                    return Made::Unknown;
+                };
+                // A file link becomes a path reference of Kimi's own making: not reproduced.
+                if uri.get(..5).is_some_and(|scheme| scheme.eq_ignore_ascii_case("file:")) {
+                    return Made::Unknown;
+                }
+                format!("<resource_link uri=\"{}\" name=\"{}\" />", xml_attr(uri), xml_attr(name))
+            }
+            Some("resource") => {
+                let resource = block.get("resource");
+                match (
+                    resource.and_then(|r| r.get("uri")).and_then(Value::as_str),
+                    resource.and_then(|r| r.get("text")).and_then(Value::as_str),
+                ) {
+                    (Some(uri), Some(text)) => format!("<resource uri=\"{}\">{text}</resource>", xml_attr(uri)),
+                    (Some(_), None) if resource.is_some_and(|r| r.get("blob").is_some()) => continue,
+                    _ => return Made::Unknown,
+                }
+            }
+            _ => return Made::Unknown,
+        };
+        if !text.trim_matches(|c: char| c.is_whitespace() || c == '\u{feff}').is_empty() {
+            texts.push(text);
+        }
+    }
+    let mut text = texts.join("\n");
+    for (re, with) in REDACTIONS.iter() {
+        if let std::borrow::Cow::Owned(changed) = re.replace_all(&text, *with) {
+            text = changed;
+        }
+    }
+    let text = text.trim_matches(' ');
+    if text.is_empty() {
+        return Made::None;
+    }
+    Made::Title(utf16_prefix(utf16_prefix(text, MAX_PROMPT_TEXT), MAX_TITLE).to_owned())
+}
+
+fn xml_attr(s: &str) -> String {
+    s.replace('&', "&amp;").replace('"', "&quot;")
+}
+
+/// The longest prefix of `s` of at most `units` UTF-16 code units. Where JavaScript would cut a surrogate
+/// pair in two and keep its first half, this ends before the pair.
+fn utf16_prefix(s: &str, units: usize) -> &str {
+    let mut used = 0;
+    for (at, c) in s.char_indices() {
+        used += c.len_utf16();
+        if used > units {
+            return &s[..at];
+        }
+    }
+    s
+}
+
+/// Whether a title Kimi reports repeats the injected block.
+fn echoes_instruction(title: &str) -> bool {
+    title.contains(instruction::TOKEN_TEXT)
+}
+
+pub struct Title {
+    /// Sessions whose instruction-carrying prompt was seen (here or in Kimi's files): the title Kimi makes
+    /// from the user's own part of it, `None` when it makes none or it is not known.
+    titles: HashMap<String, Option<String>>,
+    /// `session/list` requests in flight.
+    lists: HashSet<Id>,
+    first_prompt: FirstPrompt,
+}
+
+/// The title for a prompt whose first block is the injected one: made from the rest.
+fn title_after_block(blocks: &[Value]) -> Option<String> {
+    let (first, rest) = blocks.split_first()?;
+    if !first.get("text").and_then(Value::as_str).is_some_and(instruction::is_block) {
+        return None;
+    }
+    match kimi_title(rest) {
+        Made::Title(t) => Some(t),
+        Made::None | Made::Unknown => None,
+    }
+}
+
+impl Title {
+    pub fn new(first_prompt: FirstPrompt) -> Title {
+        Title { titles: HashMap::new(), lists: HashSet::new(), first_prompt }
+    }
+
+    fn replacement(&mut self, session: Option<&str>) -> Value {
+        let Some(session) = session else { return Value::Null };
+        if !self.titles.contains_key(session) {
+            // Prompted in an earlier process: Kimi's record of the prompt says what the user wrote.
+            let title = (self.first_prompt)(session).and_then(|blocks| title_after_block(&blocks));
+            self.titles.insert(session.to_owned(), title);
+        }
+        self.titles.get(session).cloned().flatten().map_or(Value::Null, Value::String)
+    }
+
+    fn prompt(&mut self, frame: &Frame) {
+        let Ok(value) = frame.value() else { return };
+        let (Some(session), Some(blocks)) = (
+            value.pointer("/params/sessionId").and_then(Value::as_str),
+            value.pointer("/params/prompt").and_then(Value::as_array),
+        ) else {
+            return;
+        };
+        let carries =
+            blocks.first().and_then(|b| b.get("text")).and_then(Value::as_str).is_some_and(instruction::is_block);
+        if carries {
+            let made = match kimi_title(&blocks[1..]) {
+                Made::Title(t) => Some(t),
+                Made::None | Made::Unknown => None,
+            };
+            self.titles.insert(session.to_owned(), made);
+        }
+    }
+
+    /// A `session_info_update` whose title echoes the block gets the user's title, or none.
+    fn info_update(&mut self, frame: Frame, cx: &mut Cx) {
+        let mut value = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, false),
+        };
+        let session = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        let Some(title) = value.pointer_mut("/params/update/title") else { return cx.to_client(frame) };
+        if !title.as_str().is_some_and(echoes_instruction) {
+            return cx.to_client(frame);
+        }
+        *title = self.replacement(session.as_deref());
+        cx.to_client(Frame::from_value(&value));
+    }
+
+    /// A `session/list` result: each entry's title as in [`Title::info_update`].
+    fn list(&mut self, frame: Frame, cx: &mut Cx) {
+        let mut value = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, false),
+        };
+        let Some(sessions) = value.pointer_mut("/result/sessions").and_then(Value::as_array_mut) else {
+            return cx.to_client(frame);
+        };
+        let mut changed = false;
+        for entry in sessions.iter_mut() {
+            if !entry.get("title").and_then(Value::as_str).is_some_and(echoes_instruction) {
+                continue;
+            }
+            let session = entry.get("sessionId").and_then(Value::as_str).map(str::to_owned);
+            entry["title"] = self.replacement(session.as_deref());
+            changed = true;
+        }
+        cx.to_client(if changed { Frame::from_value(&value) } else { frame })
+    }
+}
+
+impl Layer for Title {
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        if let Kind::Request { id, method } = frame.kind() {
+            match method.as_str() {
+                "session/prompt" => self.prompt(&frame),
+                "session/list" => {
+                    self.lists.insert(id.clone());
+                }
+                _ => {}
+            }
+        }
+        cx.to_agent(frame)
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        if let Kind::Response { id } = frame.kind()
+            && self.lists.remove(id)
+        {
+            return self.list(frame, cx);
+        }
+        if frame.session_update() == Some("session_info_update") {
+            return self.info_update(frame, cx);
+        }
+        cx.to_client(frame)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use coda_shim::layer::{Exits, Stack};
+    use serde_json::json;
+
+    fn text(t: &str) -> Value {
+        json!({"type": "text", "text": t})
+    }
+
+    /// Coda's first prompt of several lines, and the title Kimi 2.1.0 made from it in a live run
+    /// (tests/live_instruction.rs, a session without instruction).
+    const PROMPT: &str = "Could you look at the failing build?\n\nIt broke after yesterday's merge:\n- the iPhone \
+                          target stops at link time\n- 测试都通过了\n\nStart with the log. [[text:hi there]]";
+    const KIMIS_TITLE: &str = "Could you look at the failing build? It broke after yesterday's merge: - the iPhone \
+                               target stops at link time - 测试都通过了 Start with the log. [[text:hi there]]";
+
+    #[test]
+    fn the_title_is_kimis_own_for_the_users_prompt() {
+        assert_eq!(kimi_title(&[text(PROMPT)]), Made::Title(KIMIS_TITLE.to_owned()));
+    }
+
+    #[test]
+    fn kimis_length_rule_cuts_at_200_utf16_units() {
+        // What Kimi 2.1.0 sent live for this prompt behind the real-size instruction: its first 200 units.
+        let instruction = include_str!("../../fixtures/coda-instruction.md");
+        let live = "<coda-session-instruction> # Coda client Your replies are shown in Coda, a native app on a \
+                    Mac and an iPhone. The Mac window is wide and shows Markdown with tables, code blocks and \
+                    images; on the iPho";
+        assert_eq!(kimi_title(&[text(&instruction::wrap(instruction)), text(PROMPT)]), Made::Title(live.to_owned()));
+        // Counted in UTF-16: an emoji is two units, a CJK character one; a pair is never split.
+        let long = format!("{}😀x", "汉".repeat(199));
+        assert_eq!(kimi_title(&[text(&long)]), Made::Title("汉".repeat(199)));
+        let long = format!("{}😀x", "汉".repeat(198));
+        assert_eq!(kimi_title(&[text(&long)]), Made::Title(format!("{}😀", "汉".repeat(198))));
+    }
+
+    #[test]
+    fn blocks_and_redactions_as_kimi_makes_them() {
+        let blocks = [
+            text("  "),
+            json!({"type": "image", "data": "", "mimeType": "image/png"}),
+            text("token: abc123 and\u{feff}\u{7}more"),
+            json!({"type": "resource", "resource": {"uri": "mem:\"a\"", "text": "body"}}),
+            json!({"type": "resource", "resource": {"uri": "mem:b", "blob": "AA=="}}),
+            json!({"type": "resource_link", "uri": "https://x/&y", "name": "n"}),
+            text("sk-abcdefghijklmnop Authorization: Bearer xyz"),
+        ];
+        assert_eq!(
+            kimi_title(&blocks),
+            Made::Title(
+                "[image] token=[redacted] and more <resource uri=\"mem:&quot;a&quot;\">body</resource> \
+                 <resource_link uri=\"https://x/&amp;y\" name=\"n\" /> [redacted] Authorization: Bearer [redacted]"
+                    .to_owned()
+            )
+        );
+        assert_eq!(kimi_title(&[text(" \n ")]), Made::None);
+        assert_eq!(kimi_title(&[json!({"type": "resource_link", "uri": "file:///a", "name": "a"})]), Made::Unknown);
+        assert_eq!(kimi_title(&[json!({"type": "video"})]), Made::Unknown);
+    }
+
+    fn stack() -> (Stack, Exits) {
+        (Stack::new(vec![Box::new(Title::new(Box::new(|_| None)))]), Exits::default())
+    }
+
+    fn prompt(session: &str, blocks: Value) -> Frame {
+        Frame::from_value(&json!({"jsonrpc": "2.0", "id": 5, "method": "session/prompt",
+            "params": {"sessionId": session, "prompt": blocks}}))
+    }
+
+    fn info(session: &str, title: &str) -> Frame {
+        Frame::from_value(&json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session,
+            "update": {"sessionUpdate": "session_info_update", "title": title}}}))
+    }
+
+    fn titles(exits: &Exits) -> Vec<Value> {
+        exits.to_client.iter().filter_map(|f| f.value().ok()?.pointer("/params/update/title").cloned()).collect()
+    }
+
+    #[test]
+    fn an_echoed_instruction_title_becomes_the_users_title() {
+        let (mut stack, mut exits) = stack();
+        let block = instruction::wrap("be brief\nalways");
+        stack.from_client(prompt("s", json!([text(&block), text("fix\nthe build")])), &mut exits);
+        stack.from_agent(
+            info("s", "<coda-session-instruction> be brief always </coda-session-instruction> fix the"),
+            &mut exits,
+        );
+        stack.from_agent(info("s", "<coda-session-instruction> # Coda client Your replies"), &mut exits);
+        // A title of Kimi's own making later on (a rename) is no echo.
+        stack.from_agent(info("s", "Renamed"), &mut exits);
+        assert_eq!(titles(&exits), [json!("fix the build"), json!("fix the build"), json!("Renamed")]);
+    }
+
+    #[test]
+    fn an_unknown_title_goes_out_as_none() {
+        let (mut stack, mut exits) = stack();
+        // A session titled in an earlier process.
+        stack.from_agent(info("old", "<coda-session-instruction> # Coda client"), &mut exits);
+        // A prompt without text of its own, and one with a block not reproduced.
+        let block = instruction::wrap("be brief");
+        stack.from_client(prompt("a", json!([text(&block)])), &mut exits);
+        stack.from_agent(info("a", "<coda-session-instruction> be brief </coda-session-instruction>"), &mut exits);
+        stack.from_client(
+            prompt("b", json!([text(&block), {"type": "resource_link", "uri": "file:///x", "name": "x"}])),
+            &mut exits,
+        );
+        stack.from_agent(info("b", "<coda-session-instruction> be brief </coda-session-instruction> @x"), &mut exits);
+        assert_eq!(titles(&exits), [Value::Null, Value::Null, Value::Null]);
+    }
+
+    #[test]
+    fn a_session_prompted_in_an_earlier_process_gets_its_title_from_kimis_record() {
+        let block = instruction::wrap("be brief");
+        let recorded = json!([text(&block), text("fix\nthe build")]);
+        let lookup: FirstPrompt = Box::new(move |s| (s == "old").then(|| recorded.as_array().cloned()).flatten());
+        let mut stack = Stack::new(vec![Box::new(Title::new(lookup))]);
+        let mut exits = Exits::default();
+        stack
+            .from_agent(info("old", "<coda-session-instruction> be brief </coda-session-instruction> fix"), &mut exits);
+        stack.from_agent(info("gone", "<coda-session-instruction> # Coda client"), &mut exits);
+        assert_eq!(titles(&exits), [json!("fix the build"), Value::Null]);
+    }
+
+    #[test]
+    fn the_first_client_prompt_is_read_from_the_main_wire() {
+        let root = tempfile::tempdir().expect("a temporary folder");
+        let dir = root.path().join("sessions/wd_work_0123456789ab/session_1/agents/main");
+        std::fs::create_dir_all(&dir).expect("the session folder");
+        let block = instruction::wrap("be brief");
+        let lines = [
+            json!({"type": "metadata", "protocol_version": "1.5"}),
+            json!({"type": "turn.prompt", "agentId": "main", "turnId": 0, "origin": {"kind": "skill_activation"}, "input": [text("/skill:x")]}),
+            json!({"type": "turn.prompt", "agentId": "main", "turnId": 1, "origin": {"kind": "user"},
+                "input": [text(&block), text("hello"), {"type": "image_url", "imageUrl": {"url": "data:"}}]}),
+            json!({"type": "turn.prompt", "agentId": "main", "turnId": 2, "origin": {"kind": "user"}, "input": [text("later")]}),
+        ];
+        let wire: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.join("wire.jsonl"), format!("not json\n{wire}")).expect("the wire");
+        let mut first = first_prompt_from_files(Some(root.path().to_path_buf()));
+        let blocks = first("session_1").expect("found");
+        assert_eq!(title_after_block(&blocks).as_deref(), Some("hello [image]"));
+        assert_eq!(first("session_2"), None);
+        assert_eq!(first("../session_1"), None);
+    }
+
+    #[test]
+    fn odd_shapes_from_kimi_go_on_untouched() {
+        let (mut stack, mut exits) = stack();
+        stack.from_client(
+            Frame::from_value(&json!({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})),
+            &mut exits,
+        );
+        let odd = [
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s",
+                "update": {"sessionUpdate": "session_info_update", "title": 1e300}}}),
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": 7,
+                "update": {"sessionUpdate": "session_info_update"}}}),
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"sessions": {"title": "<coda-session-instruction>"}}}),
+        ];
+        for v in &odd {
+            stack.from_agent(Frame::from_value(v), &mut exits);
+        }
+        let out: Vec<Value> = exits.to_client.iter().filter_map(|f| f.value().ok()).collect();
+        assert_eq!(out, odd);
+        // A prompt without a sessionId or blocks is passed on as it is.
+        let mut exits = Exits::default();
+        let bare = Frame::from_value(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {}}));
+        stack.from_client(bare.clone(), &mut exits);
+        assert_eq!(exits.to_agent, [bare]);
+    }
+
+    #[test]
+    fn session_list_titles_are_rewritten_the_same_way() {
+        let (mut stack, mut exits) = stack();
+        let block = instruction::wrap("be brief");
+        stack.from_client(prompt("s", json!([text(&block), text("hello")])), &mut exits);
+        stack.from_client(
+            Frame::from_value(&json!({"jsonrpc": "2.0", "id": "l", "method": "session/list", "params": {}})),
+            &mut exits,
+        );
+        let list = json!({"jsonrpc": "2.0", "id": "l", "result": {"nextCursor": null, "sessions": [
+            {"sessionId": "s", "cwd": "/w", "title": "<coda-session-instruction> be brief </coda-session-instruction> hello", "updatedAt": null},
+            {"sessionId": "old", "cwd": "/w", "title": "<coda-session-instruction> # Coda", "updatedAt": null},
+            {"sessionId": "plain", "cwd": "/w", "title": "plain title", "updatedAt": null}]}});
+        stack.from_agent(Frame::from_value(&list), &mut exits);
+        let out = exits.to_client.last().and_then(|f| f.value().ok()).expect("the list went on");
+        let got: Vec<&Value> =
+            out["result"]["sessions"].as_array().expect("sessions").iter().map(|e| &e["title"]).collect();
+        assert_eq!(got, [&json!("hello"), &Value::Null, &json!("plain title")]);
+        // The same answer to any other request is not touched.
+        let mut exits = Exits::default();
+        stack.from_agent(Frame::from_value(&list), &mut exits);
+        assert_eq!(exits.to_client[0].value().ok(), Some(list));
+    }
+}

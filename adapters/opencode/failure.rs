@@ -1,0 +1,290 @@
+//! Failed OpenCode turns as Coda's failure answer (section 执行失败), sans-IO.
+//!
+//! Seen live on OpenCode 1.18.33 (openai-compatible provider): a failed model request is retried silently over
+//! ACP (its server says `session.status {type: "retry", attempt, message, next}`), honouring `Retry-After`
+//! (a two-hour wait for a usage window is waited out); when the retries end, the prompt is answered with
+//! `-32603 "Internal error: <upstream message>"`, `data: {errorName: "APIError"}`: no status, no upstream code.
+//! The server's `session.error` carries them (`error.data.statusCode`, `responseBody`), so the layer classifies
+//! by the upstream's own error code in that body and holds an error answer until that event has come (at most
+//! [`ANSWER_HOLD`]):
+//!
+//! | upstream code (`error.code` or `error.type` of the body) | Coda |
+//! | --- | --- |
+//! | `insufficient_quota`, `exceeded_current_quota_error` | `quota_exhausted` |
+//! | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | `service_unavailable`, `input: accepted` |
+//! | `invalid_api_key` (HTTP 401) | -32000 (a login problem) |
+//! | none (a 502 page, a dropped connection) | the plain error |
+//!
+//! When a retry OpenCode scheduled would keep the turn retrying past [`failure::retry_patience`] (counted from
+//! its first retry of the turn to the attempt it scheduled), the layer stops the run (`session/cancel`) and
+//! answers with the reason and the time of the attempt OpenCode had planned. The retry names no upstream code,
+//! so that answer carries no kind (执行失败: a long wait without an explicit reason is a plain error).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use coda_shim::failure::{self, Input, Kind};
+use coda_shim::frame::{self, Frame, Id};
+use serde_json::{Value, json};
+
+/// Longest wait for OpenCode's `session.error` after its error answer to a prompt.
+pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
+
+/// Longest upstream message kept in an answer.
+const MESSAGE_MAX: usize = 2000;
+
+/// What OpenCode's server said about a failed run (`session.error`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upstream {
+    pub name: String,
+    pub message: String,
+    pub status: Option<u64>,
+    /// `error.code`, else `error.type`, of the upstream's answer body.
+    pub code: Option<String>,
+}
+
+#[derive(Default)]
+struct Turn {
+    prompt: Option<Id>,
+    /// OpenCode's time (ms) of the first retry of the turn.
+    retry_since: Option<u64>,
+    /// The shim stopped the run: the answer's message.
+    stopped: Option<String>,
+    failed: Option<Upstream>,
+    /// OpenCode's error answer, waiting for `session.error`, with its hold tag.
+    held: Option<(Frame, u64)>,
+}
+
+/// Failed turns of every session.
+pub struct Failures {
+    turns: HashMap<String, Turn>,
+    prompts: HashMap<Id, String>,
+    patience: Duration,
+    next_tag: u64,
+}
+
+impl Failures {
+    pub fn new(patience: Duration) -> Failures {
+        Failures { turns: HashMap::new(), prompts: HashMap::new(), patience, next_tag: 0 }
+    }
+
+    /// Coda sent prompt `id` of `session`.
+    pub fn prompt(&mut self, id: &Id, session: &str) {
+        self.prompts.insert(id.clone(), session.to_owned());
+        self.turns.insert(session.to_owned(), Turn { prompt: Some(id.clone()), ..Turn::default() });
+    }
+
+    /// OpenCode will retry a request of `session` at `at_ms + wait_ms`. True: stop the run now.
+    pub fn retry(&mut self, session: &str, at_ms: u64, attempt: u64, message: &str, wait_ms: Option<u64>) -> bool {
+        let patience = self.patience.as_millis() as u64;
+        let Some(turn) = self.turns.get_mut(session).filter(|t| t.prompt.is_some() && t.stopped.is_none()) else {
+            return false;
+        };
+        let since = *turn.retry_since.get_or_insert(at_ms);
+        let wait = wait_ms.unwrap_or(0);
+        let until = at_ms.saturating_add(wait);
+        if until.saturating_sub(since) <= patience {
+            return false;
+        }
+        let planned = jiff::Timestamp::from_millisecond(until.min(i64::MAX as u64) as i64)
+            .map(failure::time_mark)
+            .unwrap_or_else(|_| format!("in {} s", wait / 1000));
+        turn.stopped = Some(format!(
+            "{}\nOpenCode was retrying (attempt {attempt}) and had planned its next attempt for {planned}, {:.1} s \
+             away: stopped after over a minute of retries.",
+            clip(message),
+            wait as f64 / 1000.0
+        ));
+        true
+    }
+
+    /// `session.error` of `session`: the held answer, if any, to send now.
+    pub fn failed(&mut self, session: &str, upstream: Upstream) -> Option<Frame> {
+        let turn = self.turns.get_mut(session)?;
+        turn.failed = Some(upstream);
+        let (held, _) = turn.held.take()?;
+        Some(self.answer_now(session, held))
+    }
+
+    /// OpenCode's answer to a prompt (`Ok`: pass it on), or `Err(tag)`: held until `session.error` or
+    /// [`Failures::hold_over`] with that tag.
+    pub fn answer(&mut self, reply: Frame) -> Result<Frame, u64> {
+        let Some(session) = reply.id().and_then(|id| self.prompts.remove(id)) else { return Ok(reply) };
+        let Some(turn) = self.turns.get_mut(&session) else { return Ok(reply) };
+        let is_api_error =
+            reply.value().is_ok_and(|v| v.pointer("/error/data/errorName").and_then(Value::as_str) == Some("APIError"));
+        if is_api_error && turn.failed.is_none() && turn.stopped.is_none() {
+            self.next_tag += 1;
+            turn.held = Some((reply, self.next_tag));
+            return Err(self.next_tag);
+        }
+        Ok(self.answer_now(&session, reply))
+    }
+
+    /// The hold `tag` ran out: the answer goes on as it is.
+    pub fn hold_over(&mut self, tag: u64) -> Option<Frame> {
+        let session = self.turns.iter().find(|(_, t)| t.held.as_ref().is_some_and(|(_, h)| *h == tag))?.0.clone();
+        tracing::warn!("OpenCode's server said nothing of the failed run of session {session}; answering as it is");
+        let turn = self.turns.remove(&session)?;
+        turn.held.map(|(f, _)| f)
+    }
+
+    fn answer_now(&mut self, session: &str, reply: Frame) -> Frame {
+        let Some(turn) = self.turns.remove(session) else { return reply };
+        let Some(id) = reply.id().cloned() else { return reply };
+        if let Some(message) = turn.stopped {
+            return failure::answer(&id, &message, None, Some(json!({"opencode": {"stopped": true}})));
+        }
+        let v = match reply.value() {
+            Ok(v) => v,
+            Err(e) => return coda_shim::layer::unreadable_answer(&id, &e, "agent"),
+        };
+        let (Some(error), Some(upstream)) = (v.get("error"), turn.failed) else { return reply };
+        let data =
+            json!({"opencode": {"errorName": upstream.name, "statusCode": upstream.status, "code": upstream.code}});
+        let message = error.get("message").and_then(Value::as_str).map(clip).unwrap_or_else(|| clip(&upstream.message));
+        match upstream.code.as_deref().map(kind_of) {
+            Some(Verdict::Kind(kind)) => failure::answer(&id, &message, Some(&kind), Some(data)),
+            Some(Verdict::Auth) => frame::error_response(&id, -32000, &message, Some(data)),
+            _ => reply,
+        }
+    }
+}
+
+enum Verdict {
+    Kind(Kind),
+    Auth,
+    Plain,
+}
+
+fn kind_of(code: &str) -> Verdict {
+    match code {
+        "insufficient_quota" | "exceeded_current_quota_error" => Verdict::Kind(Kind::Quota),
+        "rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error" => {
+            Verdict::Kind(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None })
+        }
+        "invalid_api_key" => Verdict::Auth,
+        _ => Verdict::Plain,
+    }
+}
+
+fn clip(s: &str) -> String {
+    failure::clip(s, MESSAGE_MAX)
+}
+
+/// Reads `session.error`'s `error` (`{name, data: {message, statusCode, responseBody}}`); the body is the
+/// upstream's answer as text, read for its `error.code` or `error.type` (bounded: bodies over 64 KiB are not read).
+pub fn upstream_of(error: &Value) -> Upstream {
+    let data = error.get("data").unwrap_or(&Value::Null);
+    let body = data
+        .get("responseBody")
+        .and_then(Value::as_str)
+        .filter(|b| b.len() <= 64 * 1024)
+        .and_then(|b| coda_shim::json::from_str::<Value>(b).ok());
+    let code = body.as_ref().and_then(|b| {
+        let e = b.get("error")?;
+        e.get("code").or_else(|| e.get("type")).and_then(Value::as_str).map(str::to_owned)
+    });
+    Upstream {
+        name: error.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        message: data.get("message").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        status: data.get("statusCode").and_then(Value::as_u64),
+        code: code.filter(|c| c.len() <= 64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: &str = "ses_dcec1680fffeS1pejVkxgpQHrI";
+
+    fn api_error(id: u64, message: &str) -> Frame {
+        Frame::from_value(
+            &json!({"jsonrpc":"2.0","id":id,"error":{"code":-32603,"message":format!("Internal error: {message}"),
+            "data":{"service":"session","errorName":"APIError"}}}),
+        )
+    }
+
+    fn session_error(code: &str, status: u64) -> Upstream {
+        let body = json!({"error":{"code":code,"message":"m","type":code}}).to_string();
+        upstream_of(
+            &json!({"name":"APIError","data":{"message":"m","statusCode":status,"isRetryable":true,"responseBody":body}}),
+        )
+    }
+
+    fn error(f: &Frame) -> Value {
+        f.value().ok().and_then(|v| v.get("error").cloned()).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn an_error_answer_waits_for_the_server_and_is_classified_by_the_upstream_code() {
+        for (code, status, want) in [
+            ("insufficient_quota", 429, json!({"kind":"quota_exhausted"})),
+            ("rate_limit_exceeded", 429, json!({"kind":"service_unavailable","input":"accepted"})),
+            ("server_is_overloaded", 503, json!({"kind":"service_unavailable","input":"accepted"})),
+        ] {
+            let mut f = Failures::new(Duration::from_secs(60));
+            f.prompt(&Id::from_json("4"), S);
+            let tag = f.answer(api_error(4, "You exceeded your current quota")).expect_err("held");
+            assert!(tag > 0);
+            let out = f.failed(S, session_error(code, status)).expect("released");
+            let e = error(&out);
+            assert_eq!(e["code"], -32603);
+            assert_eq!(e["message"], "Internal error: You exceeded your current quota");
+            assert_eq!(e["data"]["_meta"]["coda"]["failure"], want, "{code}");
+        }
+    }
+
+    #[test]
+    fn the_server_first_then_the_answer_and_auth_and_bodyless_errors() {
+        let mut f = Failures::new(Duration::from_secs(60));
+        f.prompt(&Id::from_json("5"), S);
+        assert!(f.failed(S, session_error("invalid_api_key", 401)).is_none());
+        let e = error(&f.answer(api_error(5, "Incorrect API key provided.")).expect("not held"));
+        assert_eq!(e["code"], -32000);
+        assert!(e.pointer("/data/_meta").is_none());
+        // A 502 page: no code in the body, the answer stays as OpenCode gave it.
+        f.prompt(&Id::from_json("6"), S);
+        let page = json!({"name":"APIError","data":{"message":"Bad Gateway","statusCode":502,"responseBody":"<html>502</html>"}});
+        f.failed(S, upstream_of(&page));
+        let a = api_error(6, "Bad Gateway");
+        assert_eq!(f.answer(a.clone()).expect("not held").value().ok(), a.value().ok());
+        // No event at all: the hold runs out and the answer goes on as it is.
+        f.prompt(&Id::from_json("7"), S);
+        let tag = f.answer(api_error(7, "x")).expect_err("held");
+        assert_eq!(f.hold_over(tag).and_then(|f| f.value().ok()), api_error(7, "x").value().ok());
+    }
+
+    #[test]
+    fn a_retry_planned_past_a_minute_stops_the_run() {
+        let mut f = Failures::new(Duration::from_secs(60));
+        f.prompt(&Id::from_json("8"), S);
+        assert!(!f.retry(S, 1_000, 1, "Rate limit", Some(2_000)));
+        assert!(!f.retry(S, 3_000, 2, "Rate limit", Some(50_000)));
+        // Retry-After: 7200 -> the next attempt two hours away.
+        assert!(f.retry(S, 60_000, 3, "You exceeded your current quota", Some(7_200_000)));
+        assert!(!f.retry(S, 60_001, 4, "again", Some(7_200_000)), "asked once");
+        let out = f.answer(Frame::from_value(&json!({"jsonrpc":"2.0","id":8,"result":{"stopReason":"cancelled"}})));
+        let e = error(&out.expect("not held"));
+        assert_eq!(e["code"], -32603);
+        assert!(e.pointer("/data/_meta/coda").is_none(), "no explicit reason, no kind: {e}");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(m.starts_with("You exceeded your current quota\nOpenCode was retrying (attempt 3)"), "{m}");
+        assert!(m.contains("<t:1970-01-01T02:01:00.000Z>") && m.contains("7200.0 s away"), "{m}");
+    }
+
+    #[test]
+    fn hostile_server_errors_are_read_safely() {
+        let huge = "x".repeat(70 * 1024);
+        let u = upstream_of(&json!({"name":"APIError","data":{"responseBody":huge,"statusCode":1e300}}));
+        assert_eq!((u.code, u.status), (None, None));
+        let u = upstream_of(&json!({"data":{"responseBody":"{\"error\":{\"code\":\"\u{fffd}bad\"}}"}}));
+        assert!(matches!(kind_of(u.code.as_deref().unwrap_or_default()), Verdict::Plain));
+        let u = upstream_of(&json!("not an object"));
+        assert_eq!(u.name, "");
+        let mut f = Failures::new(Duration::from_secs(60));
+        f.prompt(&Id::from_json("9"), S);
+        assert!(f.retry(S, 5, 1, &"é".repeat(20_000), Some(u64::MAX)));
+    }
+}

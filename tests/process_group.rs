@@ -1,0 +1,246 @@
+//! Nothing the CLI started outlives the shim (issue 13, section 5): Coda kills the shim's process group
+//! 30 s after a cancelled turn that has not ended (protocol "处理" item 3, "进程结束"), and a shim may be
+//! SIGKILLed any time; the CLI runs in a group of its own, which a watchdog kills when the shim is gone.
+
+#[path = "support/fake_model.rs"]
+mod fake_model;
+#[path = "support/live.rs"]
+mod live;
+#[path = "support/shim.rs"]
+mod shim;
+#[path = "support/temp.rs"]
+mod temp;
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde_json::json;
+use shim::{Shim, prompt_params, with_test_agent};
+
+/// What Coda's protocol allows for the processes to go after the kill.
+const GONE_WITHIN: Duration = Duration::from_secs(2);
+
+/// Processes of process group `pgid` that are still running (zombies waiting for a reaper do not count),
+/// as `ps` sees them (the same on Linux and macOS).
+fn running_in_group(pgid: i32) -> Vec<(i32, String)> {
+    let out = std::process::Command::new("ps").args(["-A", "-o", "pid=,pgid=,stat="]).output().expect("run ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (pid, group, stat) = (w.next()?.parse().ok()?, w.next()?.parse::<i32>().ok()?, w.next()?);
+            (group == pgid && !stat.starts_with('Z')).then(|| (pid, stat.to_owned()))
+        })
+        .collect()
+}
+
+fn process_group_of(pid: i32) -> i32 {
+    let out = std::process::Command::new("ps").args(["-o", "pgid=", "-p", &pid.to_string()]).output().expect("ps");
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a process group")
+}
+
+fn runs(pid: i32) -> bool {
+    let out = std::process::Command::new("ps").args(["-o", "stat=", "-p", &pid.to_string()]).output().expect("ps");
+    let stat = String::from_utf8_lossy(&out.stdout);
+    !stat.trim().is_empty() && !stat.trim().starts_with('Z')
+}
+
+/// Polls until nothing of the group and none of `pids` runs, or `GONE_WITHIN` has passed; returns what
+/// still runs (and kills it, so nothing is left for the next test).
+fn left_after_the_grace(pgid: i32, pids: &[i32]) -> Vec<(i32, String)> {
+    let deadline = Instant::now() + GONE_WITHIN;
+    loop {
+        let mut left = running_in_group(pgid);
+        left.extend(pids.iter().filter(|&&p| runs(p)).map(|&p| (p, "detached".to_owned())));
+        if left.is_empty() || Instant::now() >= deadline {
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+            for &p in pids {
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            }
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A shim in a group of its own whose test agent has started `sleep 300` in the agent's group and
+/// `sleep 301` in a group of its own (as the real CLIs run commands); returns the shim, the agent's
+/// process group and the detached sleep's pid.
+fn shim_with_grandchildren(dir: &temp::TempDir, agent_env: &[(&str, &str)]) -> (Shim, i32, i32) {
+    let (pidfile, detached_file) = (dir.join("grandchild.pid"), dir.join("detached.pid"));
+    let mut b = with_test_agent("opencode").own_group();
+    for (k, v) in agent_env {
+        b = b.env(k, v);
+    }
+    let mut s = b.start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let prompt = format!("!grandchild {} !detached {}", pidfile.display(), detached_file.display());
+    let (done, _) = s.request(2, "session/prompt", prompt_params(&sid, &prompt));
+    assert_eq!(done["result"]["stopReason"], "end_turn");
+    let read = |p: &std::path::Path| -> i32 { std::fs::read_to_string(p).unwrap().trim().parse().unwrap() };
+    let (grandchild, detached) = (read(&pidfile), read(&detached_file));
+    let group = process_group_of(grandchild);
+    let shim_pid = s.child.id() as i32;
+    assert_ne!(group, shim_pid, "the agent runs in a group of its own, not the shim's");
+    let members = running_in_group(group);
+    assert!(members.iter().any(|(pid, _)| *pid == grandchild), "the grandchild runs: {members:?}");
+    assert!(members.len() >= 2, "the test agent and the grandchild: {members:?}");
+    assert!(runs(detached) && process_group_of(detached) == detached, "sleep 301 runs in a group of its own");
+    (s, group, detached)
+}
+
+/// Starts a shim with grandchildren, kills it with `kill_it` and asserts that nothing the agent started is left.
+fn killing_leaves_nothing(name: &str, what: &str, kill_it: fn(Pid) -> nix::Result<()>) {
+    let dir = temp::TempDir::new(name);
+    let (mut s, group, detached) = shim_with_grandchildren(&dir, &[]);
+    kill_it(Pid::from_raw(s.child.id() as i32)).unwrap();
+    assert_eq!(s.wait(Duration::from_secs(5)).code(), None, "the shim was killed");
+    let left = left_after_the_grace(group, &[detached]);
+    assert!(left.is_empty(), "still running {GONE_WITHIN:?} after {what} was killed: {left:?}");
+}
+
+#[test]
+fn sigkill_of_the_shim_leaves_nothing_the_agent_started() {
+    killing_leaves_nothing("coda-shim-kill", "the shim", |shim| kill(shim, Signal::SIGKILL));
+}
+
+#[test]
+fn sigkill_of_the_shims_group_leaves_nothing_the_agent_started() {
+    // What Coda does 30 s after a cancelled turn that did not end: SIGKILL the group it started the shim in.
+    killing_leaves_nothing("coda-shim-killpg", "the shim's group", |shim| killpg(shim, Signal::SIGKILL));
+}
+
+#[test]
+fn a_normal_end_leaves_nothing_the_agent_started_and_reports_its_own_status() {
+    let dir = temp::TempDir::new("coda-shim-end");
+    let (mut s, group, detached) = shim_with_grandchildren(&dir, &[]);
+    // The test agent exits 0 when its stdin closes: the watchdog must neither hold the agent's pipes open
+    // (the shim would wait for the agent's end-of-file) nor stand in for the agent's exit status.
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(10)).code(), Some(0));
+    // What the agent detached was marked when the session ended, and goes once the agent has exited.
+    let left = left_after_the_grace(group, &[detached]);
+    assert!(left.is_empty(), "still running after the shim ended: {left:?}");
+}
+
+#[test]
+fn the_ladders_sigkill_also_ends_what_the_agent_detached() {
+    let dir = temp::TempDir::new("coda-shim-ladder-detached");
+    let stubborn = [("TEST_AGENT_IGNORE_EOF", "1"), ("TEST_AGENT_IGNORE_TERM", "1")];
+    let (mut s, group, detached) = shim_with_grandchildren(&dir, &stubborn);
+    s.close_stdin();
+    assert_eq!(s.wait(Duration::from_secs(15)).code(), Some(128 + 9), "stdin closed, SIGTERM ignored, SIGKILL");
+    let left = left_after_the_grace(group, &[detached]);
+    assert!(left.is_empty(), "still running after the ladder: {left:?}");
+}
+
+/// A process as `ps` shows it: pid, process group, session, the start of its command.
+type Proc = (i32, i32, i32, String);
+
+/// Processes whose command line contains `needle`, zombies left out.
+fn running_with(needle: &str) -> Vec<Proc> {
+    let out = std::process::Command::new("ps").args(["-A", "-o", "pid=,pgid=,sid=,stat=,args="]).output().expect("ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (pid, pgid, sid) = (w.next()?.parse().ok()?, w.next()?.parse().ok()?, w.next()?.parse().ok()?);
+            let stat = w.next()?;
+            let args = w.collect::<Vec<_>>().join(" ");
+            let short: String = args.chars().take(40).collect();
+            (args.contains(needle) && !stat.starts_with('Z')).then_some((pid, pgid, sid, short))
+        })
+        .collect()
+}
+
+/// How a live session ends.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    /// What Coda does 30 s after a cancelled turn that did not end.
+    KillShimsGroup,
+    /// Coda closes the connection: the graceful ladder.
+    CloseStdin,
+}
+
+/// Runs a real CLI through its shim until it runs a foreground and a background shell command in a turn
+/// that never ends, ends the session as `ending` says, and returns the commands that ran and those still
+/// running 2 s after the shim is gone (killed by this function, so nothing is left behind).
+fn live_commands_after(agent: &str, n: usize, ending: Ending) -> (Vec<Proc>, Vec<Proc>) {
+    let model = fake_model::FakeModel::start();
+    let temp = temp::TempDir::new(&format!("coda-live-end-{agent}"));
+    let lc = live::prepare(agent, &model.base_url(), temp.path()).expect("prepare the CLI");
+    // Sleep lengths no other process uses, to find the commands by.
+    let (fg, bg) = (format!("sleep {}", 3171 + 2 * n), format!("sleep {}", 3172 + 2 * n));
+    let mut s = shim::Builder::from_command(lc.shim_command(&shim::binary(agent))).own_group().start();
+    s.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {"_meta": {"coda": {"waits": {}}}}}));
+    let (new, _) = s.request(1, "session/new", json!({"cwd": lc.workdir, "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().expect("a session").to_owned();
+    s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+        "params": prompt_params(&sid, &format!("[[bg:{bg}]] [[sh:{fg}]]"))}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running_with(&fg).is_empty() && Instant::now() < deadline {
+        // A CLI that asks before running a command is allowed once.
+        while let Some(line) = s.try_recv(Duration::from_millis(50)) {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["method"] == "session/request_permission" {
+                let option = v.pointer("/params/options/0/optionId").cloned().unwrap_or_default();
+                s.send_json(&json!({"jsonrpc": "2.0", "id": v["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": option}}}));
+            }
+        }
+    }
+    let both = || [running_with(&fg), running_with(&bg)].concat();
+    let before = both();
+    match ending {
+        Ending::KillShimsGroup => killpg(Pid::from_raw(s.child.id() as i32), Signal::SIGKILL).unwrap(),
+        Ending::CloseStdin => s.close_stdin(),
+    }
+    s.wait(Duration::from_secs(15));
+    let end = Instant::now() + GONE_WITHIN;
+    let mut left = both();
+    while !left.is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        left = both();
+    }
+    for (pid, ..) in &left {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    (before, left)
+}
+
+/// Live (`CODA_LIVE=1`, after `scripts/install-clis`; `CODA_LIVE_AGENTS=kimi,grok` for some): each real
+/// CLI runs a foreground and a background shell command in a turn that never ends; then Coda kills the
+/// shim's group, or closes stdin. Neither command may remain 2 s after the shim is gone.
+#[test]
+fn live_the_clis_commands_end_with_the_shim() {
+    if std::env::var_os("CODA_LIVE").is_none() {
+        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis)");
+        return;
+    }
+    let agents: Vec<String> = match std::env::var("CODA_LIVE_AGENTS") {
+        Ok(list) => list.split(',').map(str::to_owned).collect(),
+        Err(_) => live::AGENTS.iter().map(|a| (*a).to_owned()).collect(),
+    };
+    let mut failures = Vec::new();
+    for (n, agent) in agents.iter().enumerate() {
+        if let Err(why) = live::installed(agent) {
+            eprintln!("{agent}: skipped: {why}");
+            continue;
+        }
+        for (m, ending) in [Ending::KillShimsGroup, Ending::CloseStdin].into_iter().enumerate() {
+            let (before, left) = live_commands_after(agent, 2 * n + 10 * m, ending);
+            eprintln!(
+                "{agent} {ending:?}: ran (pid, pgid, sid, command) {before:?}; left after {GONE_WITHIN:?}: {left:?}"
+            );
+            if before.is_empty() {
+                failures.push(format!("{agent} {ending:?}: the CLI never ran the foreground command"));
+            }
+            if !left.is_empty() {
+                failures.push(format!("{agent} {ending:?}: still running: {left:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
