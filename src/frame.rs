@@ -208,6 +208,16 @@ impl Frame {
         Frame::built(serde_json::to_vec(value).expect("a serde_json::Value always serialises"))
     }
 
+    /// The frame a layer made by editing this frame's [`Frame::value`]: every number it left as it was keeps
+    /// the peer's exact spelling (`1e400` stays `1e400`, not serde_json's `1e+400`).
+    pub fn rewritten(&self, value: &Value) -> Frame {
+        let spellings = json::Spellings::of(self.bytes());
+        if spellings.is_empty() {
+            return Frame::from_value(value);
+        }
+        Frame::built(json::to_vec_spelled(value, &spellings))
+    }
+
     /// A frame from the JSON text of one message the shim built.
     fn built(mut bytes: Vec<u8>) -> Frame {
         let classified = classify(&bytes);

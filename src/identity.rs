@@ -63,6 +63,6 @@ impl Layer for Identity {
             return cx.to_client(frame);
         };
         result.insert("agentInfo".into(), json!({ "name": self.name, "version": version }));
-        cx.to_client(Frame::from_value(&value))
+        cx.to_client(frame.rewritten(&value))
     }
 }

@@ -171,7 +171,7 @@ impl Instruction {
             None => cx.to_agent(frame),
             Some(Value::Null) => {
                 params.remove("systemPrompt");
-                cx.to_agent(Frame::from_value(&value));
+                cx.to_agent(frame.rewritten(&value));
             }
             Some(sp) => match validate(sp) {
                 Err(why) => {
@@ -185,7 +185,7 @@ impl Instruction {
                     if is_new {
                         self.creating.insert(id, text);
                     }
-                    cx.to_agent(Frame::from_value(&value));
+                    cx.to_agent(frame.rewritten(&value));
                 }
             },
         }
@@ -227,7 +227,7 @@ impl Instruction {
             s.in_flight = true;
         }
         self.carrying.insert(id, sid);
-        cx.to_agent(Frame::from_value(&value));
+        cx.to_agent(frame.rewritten(&value));
     }
 
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
@@ -265,7 +265,7 @@ impl Instruction {
             return cx.to_client(frame);
         }
         caps.insert("systemPrompt".into(), json!({}));
-        cx.to_client(Frame::from_value(&value));
+        cx.to_client(frame.rewritten(&value));
     }
 
     /// Reads a session's command list; an error when the frame cannot be read.
@@ -401,7 +401,7 @@ impl Layer for Instruction {
                 == Some("user_message_chunk")
                 && update.and_then(|u| u.pointer("/content/text")).and_then(Value::as_str) == Some("");
             if !empty_chunk {
-                cx.to_client(Frame::from_value(&value));
+                cx.to_client(frame.rewritten(&value));
             }
             return;
         }

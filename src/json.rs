@@ -6,6 +6,7 @@
 //! measured here before any recursive parser sees it. [`MAX_DEPTH`] levels fit a 2 MiB thread stack
 //! (a tokio worker's) several times over; README's "Command line and environment" says the limit.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::DeserializeOwned;
@@ -103,6 +104,81 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
     from_slice(text.as_bytes())
 }
 
+/// How the numbers of a peer's text were spelled where serde_json spells them otherwise. Reading keeps every
+/// digit (`arbitrary_precision`) but writes an exponent one way (`1e400` and `1E400` become `1e+400`); a frame a
+/// layer rewrites gets back the peer's spelling of each number it did not change through [`to_vec_spelled`].
+#[derive(Default)]
+pub struct Spellings(HashMap<String, Option<String>>);
+
+impl Spellings {
+    /// The exponent numbers of `text` (outside strings) that serde_json would write otherwise. Empty, and no
+    /// allocation, for text without one: nearly every frame.
+    pub fn of(text: &[u8]) -> Spellings {
+        let mut found = Spellings::default();
+        let mut i = 0;
+        while i < text.len() {
+            match text[i] {
+                b'"' => loop {
+                    i += 1;
+                    let Some(at) = text.get(i..).and_then(|rest| memchr::memchr(b'"', rest)) else { return found };
+                    i += at;
+                    let backslashes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                    if backslashes % 2 == 0 {
+                        break;
+                    }
+                },
+                b'-' | b'0'..=b'9' => {
+                    let start = i;
+                    while i < text.len() && matches!(text[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+                        i += 1;
+                    }
+                    found.note(&text[start..i]);
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        found
+    }
+
+    fn note(&mut self, token: &[u8]) {
+        let Some(e) = token.iter().position(|&b| b == b'e' || b == b'E') else { return };
+        let Ok(token) = std::str::from_utf8(token) else { return };
+        let signed = matches!(token.as_bytes().get(e + 1), Some(b'+' | b'-'));
+        let written = format!("{}e{}{}", &token[..e], if signed { "" } else { "+" }, &token[e + 1..]);
+        if written == token {
+            return;
+        }
+        // Two spellings of one written form: which one a number had is lost, so it keeps serde_json's.
+        let entry = self.0.entry(written).or_insert_with(|| Some(token.to_owned()));
+        if entry.as_deref() != Some(token) {
+            *entry = None;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Writes `value` as compact JSON, each number spelled as in [`Spellings`] where it was read from.
+pub fn to_vec_spelled(value: &serde_json::Value, spellings: &Spellings) -> Vec<u8> {
+    struct Spelled<'a>(&'a Spellings);
+    impl serde_json::ser::Formatter for Spelled<'_> {
+        fn write_number_str<W: ?Sized + std::io::Write>(&mut self, w: &mut W, number: &str) -> std::io::Result<()> {
+            match self.0.0.get(number) {
+                Some(Some(original)) => w.write_all(original.as_bytes()),
+                _ => w.write_all(number.as_bytes()),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spelled(spellings));
+    serde::Serialize::serialize(value, &mut serializer).expect("a serde_json::Value always serialises");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +241,27 @@ mod tests {
             .unwrap()
             .join();
         assert!(matches!(done, Ok(true)));
+    }
+
+    #[test]
+    fn a_rewritten_number_keeps_the_peers_spelling() {
+        let text = br#"{"a":1e400,"b":[2E5,-3.50e-7,7e+1,"1e9"],"c":1.50,"d":-0,"e":123456789012345678901234567890}"#;
+        let spellings = Spellings::of(text);
+        let mut value: Value = from_slice(text).unwrap();
+        value["f"] = Value::from("added");
+        let out = String::from_utf8(to_vec_spelled(&value, &spellings)).unwrap();
+        assert_eq!(
+            out,
+            r#"{"a":1e400,"b":[2E5,-3.50e-7,7e+1,"1e9"],"c":1.50,"d":-0,"e":123456789012345678901234567890,"f":"added"}"#
+        );
+        assert!(Spellings::of(br#"{"a":1,"b":"1e5","c":1e+5}"#).is_empty());
+    }
+
+    #[test]
+    fn two_spellings_of_one_written_form_keep_serde_jsons() {
+        let text = br#"[1e5,1E5,2e5]"#;
+        let value: Value = from_slice(text).unwrap();
+        let out = String::from_utf8(to_vec_spelled(&value, &Spellings::of(text))).unwrap();
+        assert_eq!(out, "[1e+5,1e+5,2e5]");
     }
 }

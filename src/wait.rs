@@ -112,7 +112,7 @@ pub fn declare_waits_in(answer: Frame, cx: &mut Cx) {
     };
     let Some(result) = v.get_mut("result") else { return cx.to_client(answer) };
     declare_waits(result);
-    cx.to_client(Frame::from_value(&v))
+    cx.to_client(answer.rewritten(&v))
 }
 
 pub fn declare_waits(result: &mut Value) {

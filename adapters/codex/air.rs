@@ -124,7 +124,7 @@ impl Air {
             air.insert("version".into(), json!(1));
         }
         air.insert("capabilities".into(), Value::Array(names));
-        cx.to_agent(Frame::from_value(&value))
+        cx.to_agent(frame.rewritten(&value))
     }
 
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
@@ -166,7 +166,7 @@ impl Air {
         if reports && let Some(result) = value.get_mut("result") {
             wait::declare_waits(result);
         }
-        cx.to_client(Frame::from_value(&value))
+        cx.to_client(frame.rewritten(&value))
     }
 
     fn steering(&mut self, frame: Frame, cx: &mut Cx) {
@@ -182,7 +182,7 @@ impl Air {
         if !steering.contains_key("idleBehavior") {
             steering.insert("idleBehavior".into(), json!("promptRequired"));
         }
-        cx.to_agent(Frame::from_value(&value))
+        cx.to_agent(frame.rewritten(&value))
     }
 
     /// Points `params.sessionId` = `X` at the current generation of subagent `X`. True when changed.
@@ -361,7 +361,7 @@ impl Air {
         match sid {
             Some(sid) if stable(&sid) != sid => {
                 value["params"]["sessionId"] = json!(stable(&sid));
-                cx.to_client(Frame::from_value(&value))
+                cx.to_client(frame.rewritten(&value))
             }
             _ => cx.to_client(frame),
         }
@@ -402,7 +402,7 @@ impl Layer for Air {
                     Err(e) => return cx.unreadable(frame, &e, true),
                 };
                 let changed = value.get_mut("params").and_then(Value::as_object_mut).is_some_and(|p| self.address(p));
-                if changed { cx.to_agent(Frame::from_value(&value)) } else { cx.to_agent(frame) }
+                if changed { cx.to_agent(frame.rewritten(&value)) } else { cx.to_agent(frame) }
             }
             _ => cx.to_agent(frame),
         }

@@ -330,7 +330,7 @@ impl GrokActivity {
         match renamed {
             Some(new) => {
                 *sid = new;
-                pass(cx, Frame::from_value(&v))
+                pass(cx, frame.rewritten(&v))
             }
             None => pass(cx, frame),
         }

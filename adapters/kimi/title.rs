@@ -249,7 +249,7 @@ impl Title {
             return cx.to_client(frame);
         }
         *title = self.replacement(session.as_deref());
-        cx.to_client(Frame::from_value(&value));
+        cx.to_client(frame.rewritten(&value));
     }
 
     /// A `session/list` result: each entry's title as in [`Title::info_update`].
@@ -270,7 +270,7 @@ impl Title {
             entry["title"] = self.replacement(session.as_deref());
             changed = true;
         }
-        cx.to_client(if changed { Frame::from_value(&value) } else { frame })
+        cx.to_client(if changed { frame.rewritten(&value) } else { frame })
     }
 }
 
