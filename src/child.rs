@@ -172,29 +172,6 @@ impl Group {
     }
 }
 
-/// Waits for the child, escalating: the caller has already closed its stdin; after `STDIN_GRACE`
-/// SIGTERM the group, after `TERM_GRACE` SIGKILL it. Always SIGKILLs the group at the end so no
-/// grandchild outlives the shim.
-pub async fn stop(child: &mut Child, group: Group) -> std::io::Result<ExitStatus> {
-    let status = match tokio::time::timeout(STDIN_GRACE, child.wait()).await {
-        Ok(status) => status?,
-        Err(_) => {
-            tracing::info!("agent still running {STDIN_GRACE:?} after its stdin closed; sending SIGTERM");
-            group.signal(Signal::SIGTERM);
-            match tokio::time::timeout(TERM_GRACE, child.wait()).await {
-                Ok(status) => status?,
-                Err(_) => {
-                    tracing::warn!("agent ignored SIGTERM for {TERM_GRACE:?}; sending SIGKILL");
-                    group.signal(Signal::SIGKILL);
-                    child.wait().await?
-                }
-            }
-        }
-    };
-    group.signal(Signal::SIGKILL);
-    Ok(status)
-}
-
 /// The exit code the shim reports for the child's status (128 + signal when it was killed).
 pub fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
