@@ -7,24 +7,19 @@
 // The layer hooks are named for where a frame comes from (`from_client`, `from_agent`), not conversions.
 #![allow(clippy::wrong_self_convention)]
 
-pub mod adapter;
+#[path = "../adapters/mod.rs"]
+pub mod adapters;
 pub mod child;
-pub mod doctor;
-pub mod failure;
+pub mod cli;
+pub mod coda;
 pub mod frame;
-pub mod identity;
-pub mod instruction;
 pub mod json;
 pub mod layer;
 pub mod lines;
-pub mod locate;
 pub mod private_file;
-pub mod prompt_mode;
 pub mod relay;
-pub mod render;
 pub mod replay;
 pub mod trace;
-pub mod wait;
 pub mod watchdog;
 
-pub use adapter::{Adapter, main};
+pub use cli::adapter::Adapter;

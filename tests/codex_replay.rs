@@ -6,17 +6,13 @@
 //! recorded frames and codex-acp exactly the recorded ones, and (2) the frames each scenario is about are
 //! what Coda's protocol asks for (spelled out below, by hand).
 
-#[path = "../adapters/codex/air.rs"]
-#[allow(dead_code)]
-mod air;
-#[path = "../adapters/codex/failure.rs"]
-#[allow(dead_code)]
-mod failure;
+use coda_shim::adapters::codex::air;
+use coda_shim::adapters::codex::failure;
 
 use std::path::Path;
 
+use coda_shim::coda::instruction::Instruction;
 use coda_shim::frame::Frame;
-use coda_shim::instruction::Instruction;
 use coda_shim::layer::{Exits, Stack};
 use serde_json::{Value, json};
 

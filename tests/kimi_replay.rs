@@ -8,12 +8,8 @@
 //! lines Kimi's title rewritten by the title layer, which this layer-level replay does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test kimi_replay`.
 
 mod kimi_common;
-#[path = "../adapters/kimi/translate.rs"]
-#[allow(dead_code)]
-mod translate;
-#[path = "../adapters/kimi/wire.rs"]
-#[allow(dead_code)]
-mod wire;
+use coda_shim::adapters::kimi::translate;
+use coda_shim::adapters::kimi::wire;
 
 use coda_shim::frame::Frame;
 use serde_json::Value;

@@ -5,28 +5,10 @@
 //! reordered). The watch's scans go through the real activity layer; every schedule must give what Coda received
 //! in the live run (`expected.txt`, as in `tests/kimi_replay.rs`).
 
-#[path = "../adapters/kimi/activity.rs"]
-#[allow(dead_code)]
-mod activity;
-#[path = "../adapters/kimi/events.rs"]
-#[allow(dead_code)]
-mod events;
-#[path = "../adapters/kimi/failure.rs"]
-#[allow(dead_code)]
-mod failure;
-#[path = "../adapters/kimi/inside.rs"]
-#[allow(dead_code)]
-mod inside;
+use coda_shim::adapters::kimi::activity;
+use coda_shim::adapters::kimi::events;
 mod kimi_common;
-#[path = "../adapters/kimi/translate.rs"]
-#[allow(dead_code)]
-mod translate;
-#[path = "../adapters/kimi/watch.rs"]
-#[allow(dead_code)]
-mod watch;
-#[path = "../adapters/kimi/wire.rs"]
-#[allow(dead_code)]
-mod wire;
+use coda_shim::adapters::kimi::watch;
 
 use std::collections::VecDeque;
 use std::io::Write;

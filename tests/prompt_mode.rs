@@ -62,7 +62,7 @@ fn run(mut cmd: Command) -> Run {
 
 /// Removes colour sequences (prompt mode writes none without a terminal, but the check must not depend on it).
 fn strip_ansi(s: &str) -> String {
-    coda_shim::render::strip_ansi(s)
+    coda_shim::cli::render::strip_ansi(s)
 }
 
 fn header(dir: &Path, prompt: &str) -> String {

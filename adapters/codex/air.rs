@@ -11,16 +11,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use coda_shim::frame::{self, Frame, Id, Kind, Needle};
-use coda_shim::layer::{Cx, Event, Layer};
-use coda_shim::wait::{self, Register, State, Wait};
+use crate::coda::wait::{self, Register, State, Wait};
+use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::layer::{Cx, Event, Layer};
 use serde_json::{Map, Value, json};
 
 /// The AIR capabilities the shim declares to codex-acp.
 pub const AIR_CAPABILITIES: [&str; 3] = ["nativeSubagentSessions", "asyncTasks", "sessionFailure"];
 /// Where codex-acp puts a continued subagent's generation in its session id.
 const GENERATION: &str = ":generation:";
-static GENERATION_ID: Needle = coda_shim::needle!(GENERATION.as_bytes());
+static GENERATION_ID: Needle = crate::needle!(GENERATION.as_bytes());
 /// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
 const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
 
@@ -467,8 +467,8 @@ impl Layer for Air {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coda_shim::layer::{Exits, Stack};
-    use coda_shim::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID};
+    use crate::coda::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID};
+    use crate::layer::{Exits, Stack};
 
     const ROOT: &str = "root-1";
 

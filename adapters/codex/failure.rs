@@ -7,8 +7,8 @@
 
 use std::collections::HashSet;
 
-use coda_shim::frame::{self, Frame, Id, Kind};
-use coda_shim::layer::{Cx, Layer};
+use crate::frame::{self, Frame, Id, Kind};
+use crate::layer::{Cx, Layer};
 use jiff::Zoned;
 use jiff::civil::Date;
 use jiff::fmt::strtime;
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn only_prompt_answers_are_rewritten() {
-        use coda_shim::layer::{Exits, Stack};
+        use crate::layer::{Exits, Stack};
         let mut stack = Stack::new(vec![Box::new(Failure::new())]);
         let mut exits = Exits::default();
         let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");

@@ -17,9 +17,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use coda_shim::frame::{self, Frame, Id, Kind, Needle};
-use coda_shim::layer::{Cx, Layer};
-use coda_shim::wait::{self, Register, State, Wait};
+use crate::coda::wait::{self, Register, State, Wait};
+use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
 const TASK_WAKE: &str = "task-completed-";
@@ -65,7 +65,7 @@ pub struct GrokActivity {
     next_tag: u64,
 }
 
-static SPAWN_SUBAGENT: Needle = coda_shim::needle!(b"spawn_subagent");
+static SPAWN_SUBAGENT: Needle = crate::needle!(b"spawn_subagent");
 
 fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
@@ -431,7 +431,7 @@ impl Layer for GrokActivity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coda_shim::layer::{Exits, Stack};
+    use crate::layer::{Exits, Stack};
 
     const S: &str = "01a22a85-d266-70c3-8852-84420f5f38e0";
 

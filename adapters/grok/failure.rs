@@ -18,9 +18,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use coda_shim::failure::{self, Input, Kind};
-use coda_shim::frame::{self, Frame, Id, Kind as FrameKind};
-use coda_shim::layer::{Cx, Event, EventSender, Layer};
+use crate::coda::failure::{self, Input, Kind};
+use crate::frame::{self, Frame, Id, Kind as FrameKind};
+use crate::layer::{Cx, Event, EventSender, Layer};
 use serde_json::{Value, json};
 
 /// Longest upstream reason kept in an answer.
@@ -180,7 +180,7 @@ impl GrokFailure {
         }
         let v = match reply.value() {
             Ok(v) => v,
-            Err(e) => return coda_shim::layer::unreadable_answer(&id, &e, "agent"),
+            Err(e) => return crate::layer::unreadable_answer(&id, &e, "agent"),
         };
         let Some(error) = v.get("error") else { return reply };
         let Some(data) = error.get("data").and_then(Value::as_str) else { return reply };
@@ -251,7 +251,7 @@ impl Layer for GrokFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coda_shim::layer::{Exits, Stack};
+    use crate::layer::{Exits, Stack};
 
     const S: &str = "01a2313e-7dec-70b2-8c5e-50497d2c8462";
 

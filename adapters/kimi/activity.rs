@@ -8,16 +8,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::coda::wait;
+use crate::frame::{self, Frame, Id, Kind};
+use crate::layer::{Cx, Event, EventSender, Layer};
 use base64::Engine as _;
-use coda_shim::frame::{self, Frame, Id, Kind};
-use coda_shim::layer::{Cx, Event, EventSender, Layer};
-use coda_shim::wait;
 use serde_json::{Value, json};
 
-use crate::failure::Failures;
-use crate::translate::Translator;
-use crate::watch::{self, Chunk, Op, Scan, Started};
-use crate::wire::{self, Fed, KNOWN_PROTOCOLS};
+use crate::adapters::kimi::failure::Failures;
+use crate::adapters::kimi::translate::Translator;
+use crate::adapters::kimi::watch::{self, Chunk, Op, Scan, Started};
+use crate::adapters::kimi::wire::{self, Fed, KNOWN_PROTOCOLS};
 
 /// Starts watching a session folder: notes where its files end and sets up the watch on a thread of its own;
 /// tests hand scans in themselves (no handle).
@@ -83,7 +83,7 @@ impl Activity {
     pub fn new(events: EventSender) -> Activity {
         let mut record = None;
         if let Some(path) = std::env::var_os("CODA_KIMI_RECORD").filter(|p| !p.is_empty()) {
-            match coda_shim::private_file::open(Path::new(&path), coda_shim::private_file::Write::Append) {
+            match crate::private_file::open(Path::new(&path), crate::private_file::Write::Append) {
                 Ok(f) => record = Some(f),
                 Err(e) => tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", PathBuf::from(path).display()),
             }
@@ -282,7 +282,7 @@ impl Activity {
                 Fed::Task { agent, info } => s.translator.task_file(&agent, &info),
                 Fed::Entries { agent, entries } if !entries.is_empty() => {
                     // The main agent first on equal times: its records register what the others report.
-                    let at = if agent == crate::translate::MAIN { 0 } else { lists.len() };
+                    let at = if agent == crate::adapters::kimi::translate::MAIN { 0 } else { lists.len() };
                     lists.insert(at, (agent, entries.into()));
                 }
                 _ => {}
@@ -290,7 +290,7 @@ impl Activity {
         }
         let mut stop = false;
         for (agent, entry) in wire::merge(lists) {
-            if agent == crate::translate::MAIN && s.failures.record(&entry) {
+            if agent == crate::adapters::kimi::translate::MAIN && s.failures.record(&entry) {
                 stop = true;
             }
             s.translator.entry(&agent, entry, &mut out);

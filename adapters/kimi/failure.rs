@@ -19,11 +19,11 @@
 //! just scheduled), the layer asks to stop the run (`session/cancel`) and answers with that failure, naming the
 //! wait Kimi had planned.
 
-use coda_shim::failure::{self, Input, Kind, RETRY_PATIENCE};
-use coda_shim::frame::{self, Frame};
+use crate::coda::failure::{self, Input, Kind, RETRY_PATIENCE};
+use crate::frame::{self, Frame};
 use serde_json::{Value, json};
 
-use crate::wire::{Entry, Record, Retrying};
+use crate::adapters::kimi::wire::{Entry, Record, Retrying};
 
 /// Longest upstream message kept in an answer (Kimi's messages may quote a whole response body).
 const MESSAGE_MAX: usize = 2000;
@@ -111,7 +111,7 @@ impl Failures {
         let Some(verdict) = verdict else { return reply };
         let Some(id) = reply.id().cloned() else { return reply };
         match reply.value() {
-            Err(e) => return coda_shim::layer::unreadable_answer(&id, &e, "agent"),
+            Err(e) => return crate::layer::unreadable_answer(&id, &e, "agent"),
             // Kimi's own error answer stays as it is.
             Ok(v) if v.get("result").is_none() => return reply,
             Ok(_) => {}
@@ -187,7 +187,7 @@ fn stopped(r: &Retrying, waited_ms: u64) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::parse_line;
+    use crate::adapters::kimi::wire::parse_line;
 
     fn entry(line: &str) -> Entry {
         parse_line(line.as_bytes()).expect("a wire record")

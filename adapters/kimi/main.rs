@@ -1,43 +1,5 @@
-//! coda-kimi: Kimi Code CLI (`kimi acp`) with Coda's session instruction, and Kimi's background tasks
-//! and subagents (from its session files) as `_coda/wait`.
-
-mod activity;
-mod events;
-mod failure;
-mod inside;
-mod title;
-mod translate;
-mod watch;
-mod wire;
-
-use coda_shim::adapter::{Adapter, Found, Setup, installed, plain_version};
-use coda_shim::instruction::Instruction;
-
-const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
-
-/// Kimi runs these locally whether or not the latest command list names them.
-const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
-
-fn default_command() -> Result<Found, String> {
-    installed("kimi", &["acp"], "Kimi Code CLI", INSTALL)
-}
-
-fn layers(setup: &mut Setup) {
-    // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
-    setup.add(|_| Box::new(Instruction::new(BUILTINS)));
-    // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
-    setup.add(|_| Box::new(title::Title::new(title::first_prompt_from_files(watch::data_root()))));
-    setup.add(|events| Box::new(activity::Activity::new(events)));
-}
+//! `coda-kimi`: the binary; everything it does is in the library's `adapters::kimi`.
 
 fn main() {
-    coda_shim::main(Adapter {
-        agent: "kimi",
-        cli_name: "Kimi Code CLI",
-        install_hint: INSTALL,
-        default_command,
-        version: plain_version,
-        env_defaults: &[],
-        layers,
-    })
+    coda_shim::cli::adapter::main(coda_shim::adapters::kimi::adapter())
 }

@@ -14,9 +14,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use coda_shim::frame::{Frame, Id, Kind};
-use coda_shim::instruction;
-use coda_shim::layer::{Cx, Layer};
+use crate::coda::instruction;
+use crate::frame::{Frame, Id, Kind};
+use crate::layer::{Cx, Layer};
 use regex::Regex;
 use serde_json::Value;
 
@@ -77,7 +77,7 @@ const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
 /// in `<root>/sessions/*/<session>/agents/main/wire.jsonl` (kimi.md §2.4).
 pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
     Box::new(move |session| {
-        let dir = crate::watch::find_session(root.as_ref()?, session)?;
+        let dir = crate::adapters::kimi::watch::find_session(root.as_ref()?, session)?;
         let file = std::fs::File::open(dir.join("agents/main/wire.jsonl")).ok()?;
         let mut lines = BufReader::new(file.take(MAX_WIRE_SCAN));
         let mut line = Vec::new();
@@ -90,7 +90,7 @@ pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
             if memchr::memmem::find(&line, b"turn.prompt").is_none() {
                 continue;
             }
-            let Ok(record) = coda_shim::json::from_slice::<Value>(&line) else { continue };
+            let Ok(record) = crate::json::from_slice::<Value>(&line) else { continue };
             if record.get("type").and_then(Value::as_str) == Some("turn.prompt")
                 && record.pointer("/origin/kind").and_then(Value::as_str) == Some("user")
             {
@@ -304,7 +304,7 @@ impl Layer for Title {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use coda_shim::layer::{Exits, Stack};
+    use crate::layer::{Exits, Stack};
     use serde_json::json;
 
     fn text(t: &str) -> Value {

@@ -12,11 +12,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use coda_shim::frame::{self, Frame};
-use coda_shim::wait::{Register, State, Wait};
+use crate::coda::wait::{Register, State, Wait};
+use crate::frame::{self, Frame};
 use serde_json::{Value, json};
 
-use crate::wire::{Entry, Origin, Outcome, Record, Spawn, TaskInfo};
+use crate::adapters::kimi::wire::{Entry, Origin, Outcome, Record, Spawn, TaskInfo};
 
 pub const MAIN: &str = "main";
 
@@ -574,7 +574,7 @@ fn progress(turn: i64, record: &Record) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::parse_line;
+    use crate::adapters::kimi::wire::parse_line;
 
     /// Feeds `(agent, record JSON)` pairs and returns the client frames as compact strings.
     fn run(t: &mut Translator, records: &[(&str, Value)]) -> Vec<String> {

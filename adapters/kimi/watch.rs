@@ -1,14 +1,14 @@
 //! The I/O shell of coda-kimi's activity: finds one Kimi session folder, watches it, and hands what changed in
 //! it, already parsed, to the activity layer as [`Scan`]s, from a thread of its own (never the relay loop).
 //!
-//! An event only says "something in a watched folder may have changed" ([`crate::events`]): its kind, path and count
+//! An event only says "something in a watched folder may have changed" ([`crate::adapters::kimi::events`]): its kind, path and count
 //! are not used. On each one (and after [`RESCAN_IDLE`] without one, [`RESCAN_EVERY`] while a folder could not be
 //! watched) the watch looks again at every file it knows: a wire that grew is read on from where it stopped, a task
 //! file whose identity (inode, size, mtime) changed is read again, a new folder is watched and then read. inotify
 //! reports each write; macOS's FSEvents delivers late, coalesced, sometimes only for the folder, a rename as one
 //! event or two: both lead to the same reads.
 //!
-//! Nothing outside the session folder is watched or read ([`crate::inside`]): a symbolic link inside it (folder
+//! Nothing outside the session folder is watched or read ([`crate::adapters::kimi::inside`]): a symbolic link inside it (folder
 //! or file) is refused with a warning, and so is anything that is not a regular file. A wire is read in pieces of
 //! [`READ_PIECE`], at most [`ROUND_BYTES`] of each file per scan, and at most [`IN_FLIGHT`] scans wait for the
 //! relay loop at a time: memory does not grow with the size of an append.
@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use coda_shim::layer::EventSender;
+use crate::layer::EventSender;
 
-use crate::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
-use crate::inside::{Folder, Kind, Meta, Refused};
-use crate::wire::{Fed, Feed};
+use crate::adapters::kimi::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
+use crate::adapters::kimi::inside::{Folder, Kind, Meta, Refused};
+use crate::adapters::kimi::wire::{Fed, Feed};
 
 /// How long the watch waits for an event while a folder could not be watched (or no watcher could be made)
 /// before it looks anyway: the longest such a change goes unseen. Under the activity layer's 2 s holds

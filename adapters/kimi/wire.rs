@@ -144,7 +144,7 @@ impl TaskInfo {
 
     /// Parses a `tasks/<taskId>.json` file.
     pub fn parse_file(bytes: &[u8]) -> Option<TaskInfo> {
-        TaskInfo::from_value(&coda_shim::json::from_slice(bytes).ok()?)
+        TaskInfo::from_value(&crate::json::from_slice(bytes).ok()?)
     }
 }
 
@@ -166,7 +166,7 @@ fn turn_number(v: Option<&Value>) -> Option<i64> {
 
 /// Parses one line. `Err` says why it is not a wire record.
 pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
-    let mut v: Value = coda_shim::json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let mut v: Value = crate::json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
     let Some(ty) = v.get("type").and_then(Value::as_str).map(str::to_owned) else {
         return Err("no \"type\"".into());
     };

@@ -27,13 +27,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use coda_shim::frame::{self, Frame, Id, Kind};
-use coda_shim::layer::{Cx, Event, EventSender, Layer};
-use coda_shim::wait::{self, Register, State, Wait};
+use crate::coda::wait::{self, Register, State, Wait};
+use crate::frame::{self, Frame, Id, Kind};
+use crate::layer::{Cx, Event, EventSender, Layer};
 use serde_json::{Value, json};
 
-use crate::failure::Failures;
-use crate::server::{self, FromServer, Server, ServerEvent};
+use crate::adapters::opencode::failure::Failures;
+use crate::adapters::opencode::server::{self, FromServer, Server, ServerEvent};
 
 /// Without OpenCode's server: how long the parent must stay quiet before its own turn counts as over.
 pub const QUIET: Duration = Duration::from_secs(10);
@@ -64,7 +64,7 @@ pub enum Tick {
     Asks(u64),
     /// [`RESUME_DELAY_ENV`]: time to send the delayed `session/resume` with this tag.
     Resume(u64),
-    /// [`crate::failure::ANSWER_HOLD`] after an error answer to a prompt was held for OpenCode's `session.error`.
+    /// [`crate::adapters::opencode::failure::ANSWER_HOLD`] after an error answer to a prompt was held for OpenCode's `session.error`.
     Failure(u64),
 }
 
@@ -266,7 +266,7 @@ impl OpenCodeActivity {
         }
         if let Some(log) = std::env::var_os(RECORD_ENV).filter(|p| !p.is_empty()) {
             let events_path = source.unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
-            match coda_shim::private_file::open(Path::new(&log), coda_shim::private_file::Write::Append) {
+            match crate::private_file::open(Path::new(&log), crate::private_file::Write::Append) {
                 Ok(f) => layer.record = Some((f, events_path.display().to_string())),
                 Err(e) => tracing::warn!("cannot open {RECORD_ENV} {}: {e}", PathBuf::from(log).display()),
             }
@@ -292,7 +292,7 @@ impl OpenCodeActivity {
             resumed: HashSet::new(),
             resuming: HashMap::new(),
             resume_delay: Duration::ZERO,
-            failures: Failures::new(coda_shim::failure::retry_patience()),
+            failures: Failures::new(crate::coda::failure::retry_patience()),
             delayed: HashMap::new(),
             known_to_opencode: HashSet::new(),
             unreachable: HashSet::new(),
@@ -516,7 +516,7 @@ impl OpenCodeActivity {
                 }
             }
             ServerEvent::Failed { session, name, message, status, code } => {
-                let upstream = crate::failure::Upstream { name, message, status, code };
+                let upstream = crate::adapters::opencode::failure::Upstream { name, message, status, code };
                 if let Some(answer) = self.failures.failed(&session, upstream) {
                     cx.to_client(answer);
                 }
@@ -773,7 +773,7 @@ impl Layer for OpenCodeActivity {
                 }
                 match self.failures.answer(frame) {
                     Ok(frame) => cx.to_client(frame),
-                    Err(tag) => (self.timer)(Tick::Failure(tag), crate::failure::ANSWER_HOLD),
+                    Err(tag) => (self.timer)(Tick::Failure(tag), crate::adapters::opencode::failure::ANSWER_HOLD),
                 }
             }
             Kind::Request { id, method } if method == "session/request_permission" => {
@@ -863,7 +863,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use coda_shim::layer::{Exits, Stack};
+    use crate::layer::{Exits, Stack};
 
     const P: &str = "ses_parent";
     const C: &str = "ses_child";

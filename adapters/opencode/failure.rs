@@ -23,8 +23,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use coda_shim::failure::{self, Input, Kind};
-use coda_shim::frame::{self, Frame, Id};
+use crate::coda::failure::{self, Input, Kind};
+use crate::frame::{self, Frame, Id};
 use serde_json::{Value, json};
 
 /// Longest wait for OpenCode's `session.error` after its error answer to a prompt.
@@ -137,7 +137,7 @@ impl Failures {
         }
         let v = match reply.value() {
             Ok(v) => v,
-            Err(e) => return coda_shim::layer::unreadable_answer(&id, &e, "agent"),
+            Err(e) => return crate::layer::unreadable_answer(&id, &e, "agent"),
         };
         let (Some(error), Some(upstream)) = (v.get("error"), turn.failed) else { return reply };
         let data =
@@ -180,7 +180,7 @@ pub fn upstream_of(error: &Value) -> Upstream {
         .get("responseBody")
         .and_then(Value::as_str)
         .filter(|b| b.len() <= 64 * 1024)
-        .and_then(|b| coda_shim::json::from_str::<Value>(b).ok());
+        .and_then(|b| crate::json::from_str::<Value>(b).ok());
     let code = body.as_ref().and_then(|b| {
         let e = b.get("error")?;
         e.get("code").or_else(|| e.get("type")).and_then(Value::as_str).map(str::to_owned)

@@ -217,7 +217,7 @@ fn stream_events(server: &Server, reducer: &mut Reducer, send: &impl Fn(FromServ
             }
             data.push_str(d.strip_prefix(' ').unwrap_or(d));
         } else if l.is_empty() && !data.is_empty() {
-            let event = coda_shim::json::from_str::<Value>(&data).ok().and_then(|v| reducer.reduce(&v));
+            let event = crate::json::from_str::<Value>(&data).ok().and_then(|v| reducer.reduce(&v));
             data.clear();
             if let Some(e) = event
                 && !send(FromServer::Event(e))
@@ -272,7 +272,7 @@ impl Reducer {
                 })
             }
             "session.error" => {
-                let u = crate::failure::upstream_of(props.get("error")?);
+                let u = crate::adapters::opencode::failure::upstream_of(props.get("error")?);
                 Some(ServerEvent::Failed {
                     session: s(props, "sessionID")?,
                     name: u.name,
@@ -325,7 +325,7 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                 if line.trim().is_empty() {
                     continue;
                 }
-                match coda_shim::json::from_str::<ServerEvent>(&line) {
+                match crate::json::from_str::<ServerEvent>(&line) {
                     Ok(e) => {
                         if !send(FromServer::Event(e)) {
                             return;
@@ -334,7 +334,7 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                     Err(e) => {
                         // serde's message may quote the line ("unknown variant `…`"): at debug with it.
                         let why = match &e {
-                            coda_shim::json::Error::Json(j) => {
+                            crate::json::Error::Json(j) => {
                                 format!("{:?} error at column {}", j.classify(), j.column())
                             }
                             deep => deep.to_string(),

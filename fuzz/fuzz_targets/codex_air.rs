@@ -4,12 +4,8 @@
 
 mod drive;
 
-#[allow(dead_code)]
-#[path = "../../adapters/codex/air.rs"]
-mod air;
-#[allow(dead_code)]
-#[path = "../../adapters/codex/failure.rs"]
-mod failure;
+use coda_shim::adapters::codex::air;
+use coda_shim::adapters::codex::failure;
 
 use coda_shim::layer::Stack;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};

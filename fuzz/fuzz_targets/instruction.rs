@@ -4,7 +4,7 @@
 
 mod drive;
 
-use coda_shim::instruction::{Instruction, wrap};
+use coda_shim::coda::instruction::{Instruction, wrap};
 use coda_shim::layer::Stack;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;

@@ -1,9 +1,7 @@
 //! Kimi's wire parser: any bytes, in any chunks, never panic; a line that parses is one JSON object.
 #![no_main]
 
-#[allow(dead_code)]
-#[path = "../../adapters/kimi/wire.rs"]
-mod wire;
+use coda_shim::adapters::kimi::wire;
 
 use libfuzzer_sys::fuzz_target;
 

@@ -5,7 +5,7 @@
 #![no_main]
 
 use coda_shim::frame::Frame;
-use coda_shim::instruction::Instruction;
+use coda_shim::coda::instruction::Instruction;
 use coda_shim::json;
 use coda_shim::layer::{Exits, Stack};
 use coda_shim::lines::{Line, Lines};

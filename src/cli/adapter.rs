@@ -7,9 +7,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use crate::child::{self, AgentCommand};
+use crate::cli::locate::{Located, Place};
 use crate::layer::{EventSender, Layer, Stack};
 use crate::lines::DEFAULT_MAX_LINE;
-use crate::locate::{Located, Place};
 use crate::relay;
 use crate::trace::Trace;
 
@@ -53,7 +53,7 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
         .iter()
         .filter(|(k, _)| std::env::var_os(k).is_none())
         .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-        .chain(crate::locate::child_path_var(&found.command.program))
+        .chain(crate::cli::locate::child_path_var(&found.command.program))
         .collect();
     let agent = child::spawn(&found.command, &env)?;
     let (tx, events) = tokio::sync::mpsc::unbounded_channel();
@@ -119,12 +119,12 @@ pub fn find_program(program: &str) -> Option<Located> {
         let p = Path::new(program);
         return p.is_file().then(|| Located { path: p.to_path_buf(), how: String::new() });
     }
-    crate::locate::find(program, &[])
+    crate::cli::locate::find(program, &[])
 }
 
 /// The usual default: `program args...` found on PATH, else in the usual install places.
 pub fn installed(program: &str, args: &[&str], cli_name: &str, install_hint: &str) -> Result<Found, String> {
-    match crate::locate::find(program, &[]) {
+    match crate::cli::locate::find(program, &[]) {
         Some(found) => Ok(Found {
             command: AgentCommand { program: found.path, args: args.iter().map(|a| (*a).to_owned()).collect() },
             version: None,
@@ -138,7 +138,7 @@ pub fn installed(program: &str, args: &[&str], cli_name: &str, install_hint: &st
 pub fn not_found(program: &str, cli_name: &str, preferred: &[Place], install_hint: &str) -> String {
     format!(
         "cannot find `{program}` ({cli_name}) on PATH or in the usual install places ({}); install it with: {install_hint}",
-        crate::locate::searched(preferred)
+        crate::cli::locate::searched(preferred)
     )
 }
 
@@ -146,7 +146,7 @@ pub fn not_found(program: &str, cli_name: &str, preferred: &[Place], install_hin
 pub fn run_for_output(program: &Path, args: &[&str], timeout: Duration) -> Option<String> {
     let mut child = std::process::Command::new(program)
         .args(args)
-        .envs(crate::locate::child_path_var(program))
+        .envs(crate::cli::locate::child_path_var(program))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -188,7 +188,7 @@ enum Parsed {
     Help,
     Version(Option<String>),
     /// `--prompt`: play Coda and print a transcript (src/prompt_mode.rs).
-    Prompt(Args, crate::prompt_mode::Options),
+    Prompt(Args, crate::cli::prompt_mode::Options),
     /// `doctor` / `--doctor` (src/doctor.rs).
     Doctor(Option<String>),
 }
@@ -207,7 +207,7 @@ fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
     };
     let mut version = false;
     let mut doctor = false;
-    let mut prompt = crate::prompt_mode::Args::default();
+    let mut prompt = crate::cli::prompt_mode::Args::default();
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
@@ -218,7 +218,7 @@ fn parse_args(adapter: &Adapter) -> Result<Parsed, lexopt::Error> {
             Long("max-frame-bytes") => args.max_line = parser.value()?.parse()?,
             Long("doctor") => doctor = true,
             Value(v) if v == "doctor" => doctor = true,
-            Long(name) if crate::prompt_mode::Args::takes(name) => {
+            Long(name) if crate::cli::prompt_mode::Args::takes(name) => {
                 let name = name.to_owned();
                 prompt.set(&name, &mut parser)?;
             }
@@ -268,7 +268,7 @@ Exit status: the child's exit status (128 + signal when it was killed); 2 for a 
 ",
         version = env!("CARGO_PKG_VERSION"),
         cli = adapter.cli_name,
-        prompt_help = crate::prompt_mode::HELP,
+        prompt_help = crate::cli::prompt_mode::HELP,
     )
 }
 
@@ -316,11 +316,11 @@ pub fn main(adapter: Adapter) -> ! {
         }
         Ok(Parsed::Doctor(flag)) => {
             init_logging();
-            std::process::exit(crate::doctor::run(&adapter, flag))
+            std::process::exit(crate::cli::doctor::run(&adapter, flag))
         }
         Ok(Parsed::Prompt(args, options)) => {
             init_logging();
-            std::process::exit(crate::prompt_mode::main(
+            std::process::exit(crate::cli::prompt_mode::main(
                 &adapter,
                 args.agent_command,
                 args.trace_file,

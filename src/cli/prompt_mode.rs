@@ -4,7 +4,7 @@
 //! The client is in-process: the relay runs with one end of a byte pipe as its client (see
 //! [`relay::run_with_client`]), the same layers as under Coda. This side initializes with Coda's client
 //! capabilities (section ACP 部分), opens or loads a session with the instruction, sends the prompt, and prints
-//! a transcript of the turn ([`crate::render`]); afterwards it keeps watching while `_coda/wait` items are open.
+//! a transcript of the turn ([`crate::cli::render`]); afterwards it keeps watching while `_coda/wait` items are open.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
@@ -20,11 +20,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::adapter::{self, Adapter, Found};
 use crate::child::{self, Group};
+use crate::cli::adapter::{self, Adapter, Found};
+use crate::cli::render::{Renderer, Tone};
 use crate::lines::{self, Line};
 use crate::relay;
-use crate::render::{Renderer, Tone};
 use crate::trace::Trace;
 
 /// Exit status of prompt mode (listed in `--help`).

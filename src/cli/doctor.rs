@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::adapter::{Adapter, Found};
+use crate::cli::adapter::{Adapter, Found};
+use crate::cli::prompt_mode::{Client, RpcError, Stop, current_model};
+use crate::cli::render::Renderer;
 use crate::lines::DEFAULT_MAX_LINE;
-use crate::prompt_mode::{Client, RpcError, Stop, current_model};
-use crate::render::Renderer;
 
 /// How long the login check waits for each answer (Kimi and Codex take seconds to start).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -301,7 +301,7 @@ async fn probe_with(client: &mut Client, adapter: &Adapter, folder: &Path) -> Ve
             return rows;
         }
     };
-    let agent_line = crate::prompt_mode::describe_agent(&init);
+    let agent_line = crate::cli::prompt_mode::describe_agent(&init);
     let declares_instruction = init.pointer("/agentCapabilities/sessionCapabilities/systemPrompt").is_some();
     rows.push(row(
         "handshake",
@@ -401,7 +401,7 @@ pub fn table(binary: &str, rows: &[Row], color: bool) -> String {
             Status::Warn => paint("warn", "33"),
             Status::Problem => paint("FAIL", "31"),
         };
-        out += &format!("{status}  {:width$}  {}\n", r.check, crate::render::clean(&r.result));
+        out += &format!("{status}  {:width$}  {}\n", r.check, crate::cli::render::clean(&r.result));
         if !r.fix.is_empty() {
             out += &format!("      {:width$}  fix: {}\n", "", r.fix);
         }

@@ -1,0 +1,99 @@
+//! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity,
+//! its AIR subagents and background commands as `_coda/wait`, and failed turns as Coda's failure kinds.
+//! codex-acp >= 2.3 accepts `systemPrompt` itself, so the instruction layer passes it through; older or
+//! other builds get the first-prompt injection.
+
+pub mod air;
+pub mod failure;
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::child::AgentCommand;
+use crate::cli::adapter::{Adapter, Found, Setup, installed, run_for_output};
+use crate::coda::instruction::Instruction;
+
+/// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
+const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
+/// Longest a version probe may run (`--version` waits for it; initialize only [`VERSION_DEADLINE`]).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
+
+fn default_command() -> Result<Found, String> {
+    installed("codex-acp", &[], "codex-acp", INSTALL)
+}
+
+/// The Codex CLI version codex-acp runs: `$CODEX_PATH -V`, else the `@openai/codex` package installed
+/// beside codex-acp (read, not run), else what `codex-acp cli -V` says (any install shape: pnpm's and
+/// volta's shims, a wrapper script, `npx`; about as slow as codex-acp's own start, which it runs beside).
+fn version(cmd: &AgentCommand) -> Option<String> {
+    if let Some(codex) = std::env::var_os("CODEX_PATH") {
+        let out = run_for_output(Path::new(&codex), &["-V"], PROBE_TIMEOUT)?;
+        return out.split_whitespace().last().map(str::to_owned);
+    }
+    package_version(cmd).or_else(|| asked_version(cmd))
+}
+
+/// `codex-acp`, or `node <codex-acp script>`: Codex is the `@openai/codex` that script resolves.
+fn package_version(cmd: &AgentCommand) -> Option<String> {
+    let script = std::iter::once(cmd.program.as_path())
+        .chain(cmd.args.first().map(Path::new))
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .find(|p| p.ancestors().any(|d| d.ends_with("node_modules")))?;
+    script.ancestors().skip(1).find_map(|dir| codex_package_version(&dir.join("node_modules/@openai/codex")))
+}
+
+/// The command with `cli -V` after its arguments: codex-acp runs its Codex CLI, which prints
+/// `codex-cli 0.166.0`. Anything else printed is no version.
+fn asked_version(cmd: &AgentCommand) -> Option<String> {
+    let args: Vec<&str> = cmd.args.iter().map(String::as_str).chain(["cli", "-V"]).collect();
+    let out = run_for_output(&cmd.program, &args, PROBE_TIMEOUT)?;
+    out.lines()
+        .find_map(|l| l.trim().strip_prefix("codex-cli "))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c)))
+}
+
+fn codex_package_version(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("package.json")).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    value.get("version")?.as_str().map(str::to_owned)
+}
+
+fn layers(setup: &mut Setup) {
+    let command = setup.command.clone();
+    setup.add(move |events| {
+        // Found while codex-acp starts, so the initialize answer never waits for it.
+        let probe = std::thread::Builder::new().name("codex-version".into()).spawn({
+            let events = events.clone();
+            move || {
+                events.send(air::CodexVersion(version(&command)));
+            }
+        });
+        if let Err(e) = probe {
+            tracing::warn!("cannot look for the Codex CLI version: {e}");
+            events.send(air::CodexVersion(None));
+        }
+        let deadline = events.clone();
+        let _ = std::thread::Builder::new().name("codex-version-deadline".into()).spawn(move || {
+            std::thread::sleep(VERSION_DEADLINE);
+            deadline.send(air::VersionDeadline);
+        });
+        Box::new(air::Air::new())
+    });
+    setup.add(|_| Box::new(failure::Failure::new()));
+    setup.add(|_| Box::new(Instruction::new(&[])));
+}
+
+/// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.
+pub fn adapter() -> Adapter {
+    Adapter {
+        agent: "codex",
+        cli_name: "codex-acp",
+        install_hint: INSTALL,
+        default_command,
+        version,
+        env_defaults: &[("INITIAL_AGENT_MODE", "read-only")],
+        layers,
+    }
+}

@@ -1,0 +1,112 @@
+//! coda-grok: Grok Build (`grok agent --no-leader stdio`) with Coda's session instruction, agentInfo, and
+//! Grok's background commands and subagents as `_coda/wait` (see `activity.rs`).
+//!
+//! The instruction is injected into the first prompt, not passed as Grok's native `session/new`
+//! `_meta.rules`: live on 1.0.41 a session made with `_meta.rules` keeps them through one `session/load` or
+//! `session/resume` in a fresh process, but loses them on the second (Grok folds `rules` into the system
+//! prompt only at creation), while an injected block stays in the history.
+
+pub mod activity;
+pub mod failure;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::child::AgentCommand;
+use crate::cli::adapter::{Adapter, Found, Setup, not_found, run_for_output};
+use crate::cli::locate::{self, Place};
+use crate::coda::identity::{Identity, Policy};
+use crate::coda::instruction::Instruction;
+
+const ARGS: [&str; 3] = ["agent", "--no-leader", "stdio"];
+const INSTALL: &str = "npm install -g @xai-official/grok";
+
+/// Grok's slash commands that it runs without advertising them (aliases included).
+const BUILTINS: &[&str] =
+    &["loop", "compact", "always-approve", "yolo", "context", "session-info", "goal", "workflow", "mem"];
+
+/// `grok <version> (<commit>)`, optionally followed by a channel label; anything else is not Grok Build.
+fn parse_version(out: &str) -> Option<String> {
+    let mut words = out.lines().next()?.split_whitespace();
+    let (name, version, commit) = (words.next()?, words.next()?, words.next()?);
+    (name == "grok" && commit.starts_with('(')).then(|| version.to_owned())
+}
+
+fn version(cmd: &AgentCommand) -> Option<String> {
+    parse_version(&run_for_output(&cmd.program, &["--version"], Duration::from_secs(10))?)
+}
+
+/// Grok's own install folder (`$GROK_HOME/bin`, else `~/.grok/bin`): where its installer and its npm package's
+/// postinstall put `grok`, so it is looked at before PATH.
+fn own_place() -> Vec<Place> {
+    let home = std::env::var_os("GROK_HOME").filter(|h| !h.is_empty()).map(|h| (PathBuf::from(h), "$GROK_HOME/bin"));
+    let home = home.or_else(|| std::env::var_os("HOME").map(|h| (PathBuf::from(h).join(".grok"), "~/.grok/bin")));
+    home.map(|(dir, name)| Place::new(dir.join("bin"), format!("Grok's own install folder ({name}), looked at first")))
+        .into_iter()
+        .collect()
+}
+
+fn default_command() -> Result<Found, String> {
+    let args = ARGS.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let own = own_place();
+    let mut refused = None;
+    for found in locate::with_process_env(|env| locate::candidates("grok", &own, env)) {
+        if own.iter().any(|p| found.path.parent() == Some(p.dir.as_path())) {
+            let command = AgentCommand { program: found.path, args };
+            return Ok(Found { command, version: None, how: found.how });
+        }
+        // Debian ships an unrelated `grok`; trust one elsewhere only if it says it is Grok Build.
+        let out = run_for_output(&found.path, &["--version"], Duration::from_secs(10)).unwrap_or_default();
+        match parse_version(&out) {
+            Some(v) => {
+                let command = AgentCommand { program: found.path, args };
+                return Ok(Found { command, version: Some(v), how: found.how });
+            }
+            None => {
+                tracing::info!("{} is not Grok Build; looking further", found.path.display());
+                refused.get_or_insert((found.path, out));
+            }
+        }
+    }
+    Err(match refused {
+        Some((program, out)) => format!(
+            "{} is not Grok Build (`grok --version` printed {:?}); install Grok Build with: {INSTALL}",
+            program.display(),
+            out.lines().next().unwrap_or("nothing")
+        ),
+        None => not_found("grok", "Grok Build", &own, INSTALL),
+    })
+}
+
+fn layers(setup: &mut Setup) {
+    let probed = setup.version.clone();
+    setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
+    setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    setup.add(|_| Box::new(activity::GrokActivity::new()));
+    // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
+    setup.add(|events| Box::new(failure::GrokFailure::new(events)));
+}
+
+/// What `coda-grok` is: the CLI it wraps, how it finds it, and its layers.
+pub fn adapter() -> Adapter {
+    Adapter {
+        agent: "grok",
+        cli_name: "Grok Build",
+        install_hint: INSTALL,
+        default_command,
+        version,
+        env_defaults: &[],
+        layers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tells_grok_build_from_debians_grok() {
+        assert_eq!(super::parse_version("grok 1.0.41 (4220f3b224a6)\n").as_deref(), Some("1.0.41"));
+        assert_eq!(super::parse_version("grok 1.0.41 (4220f3b224a6) [stable]").as_deref(), Some("1.0.41"));
+        assert_eq!(super::parse_version("Usage: grok [-d] -f configfile"), None);
+        assert_eq!(super::parse_version(""), None);
+    }
+}

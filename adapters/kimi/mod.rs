@@ -1,0 +1,44 @@
+//! coda-kimi: Kimi Code CLI (`kimi acp`) with Coda's session instruction, and Kimi's background tasks
+//! and subagents (from its session files) as `_coda/wait`.
+
+pub mod activity;
+pub mod events;
+pub mod failure;
+pub mod inside;
+pub mod title;
+pub mod translate;
+pub mod watch;
+pub mod wire;
+
+use crate::cli::adapter::{Adapter, Found, Setup, installed, plain_version};
+use crate::coda::instruction::Instruction;
+
+const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
+
+/// Kimi runs these locally whether or not the latest command list names them.
+const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
+
+fn default_command() -> Result<Found, String> {
+    installed("kimi", &["acp"], "Kimi Code CLI", INSTALL)
+}
+
+fn layers(setup: &mut Setup) {
+    // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
+    setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
+    setup.add(|_| Box::new(title::Title::new(title::first_prompt_from_files(watch::data_root()))));
+    setup.add(|events| Box::new(activity::Activity::new(events)));
+}
+
+/// What `coda-kimi` is: the CLI it wraps, how it finds it, and its layers.
+pub fn adapter() -> Adapter {
+    Adapter {
+        agent: "kimi",
+        cli_name: "Kimi Code CLI",
+        install_hint: INSTALL,
+        default_command,
+        version: plain_version,
+        env_defaults: &[],
+        layers,
+    }
+}

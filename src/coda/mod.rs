@@ -1,0 +1,7 @@
+//! Coda's contract for agents (its protocol text for agents; sections are cited by their Chinese titles): the
+//! rules every adapter shares, written once.
+
+pub mod failure;
+pub mod identity;
+pub mod instruction;
+pub mod wait;
