@@ -2,7 +2,6 @@
 //! shared with every suite through `fixtures/coda-instruction.md`), a one-line instruction for the scenario
 //! that keeps the short form, and a multi-line first prompt. `leak` finds any part of either instruction in
 //! what a client received.
-#![allow(dead_code)]
 
 use serde_json::Value;
 

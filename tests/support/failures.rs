@@ -1,6 +1,5 @@
 //! The upstream failure cases of `tests/failure_live.rs` and what Coda must receive for each, per CLI (README
 //! "Upstream failures"); the replays of the recordings (`tests/failure_replay.rs`) check the same table.
-#![allow(dead_code)]
 
 use serde_json::Value;
 

@@ -1,7 +1,6 @@
 //! Temporary directories for tests (the `tempfile` crate), removed when dropped, so also when the test
 //! panics (the guard is dropped while unwinding). `CODA_TEST_KEEP_TEMP=1` keeps them and prints where
 //! they are, for debugging.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
