@@ -1,7 +1,8 @@
-//! Recording activity scenarios of the real Grok Build and OpenCode through their shims (opt-in, like
-//! `tests/live_record.rs`): a client that plays Coda (answers permission requests with "allow once"), and
-//! `keep`, which normalises a trace, replays it through the same shim at once and, with `CODA_RECORD=1`,
-//! writes `fixtures/<agent>/<scenario>/`.
+//! Records activity scenarios of the real Grok Build and OpenCode through their shims as fixtures.
+//!
+//! Opt-in, like `tests/live_record.rs`: a client that plays Coda (answers permission requests with "allow once"), and
+//! `keep`, which normalises a trace, replays it through the same shim at once and, with `CODA_RECORD=1`, writes
+//! `fixtures/<agent>/<scenario>/`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

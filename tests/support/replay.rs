@@ -1,5 +1,6 @@
-//! Replays of recorded fixtures (`fixtures/<agent>/<scenario>/trace.jsonl`) against the shim binaries,
-//! with `acp-replay` standing in for the CLI (format and rules: `fixtures/README.md`).
+//! Replays recorded fixtures through the shim binaries, with `acp-replay` standing in for the CLI.
+//!
+//! A fixture is `fixtures/<agent>/<scenario>/trace.jsonl` (format and rules: `fixtures/README.md`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

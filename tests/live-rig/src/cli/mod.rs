@@ -1,4 +1,4 @@
-//! What the rig knows of each real CLI: its pinned package, how it runs hermetically, the tools its model requests offer.
+//! What the rig knows of each real CLI: pinned package, hermetic set-up, the tools its model requests offer.
 //!
 //! One file per CLI holds all of that CLI's facts; [`crate::live`] and [`crate::fake_model`] read them from
 //! [`ALL`] and know no CLI by name.

@@ -1,5 +1,6 @@
-//! Each API's request read one way: which API, the conversation (chat-completions `messages` or Responses API
-//! `input`), the user's prompt in it, and the tools it offers.
+//! Each API's request read one way: which API, the conversation, the user's prompt, the tools offered.
+//!
+//! The conversation is a chat-completions `messages` array or a Responses API `input`, flattened into items.
 
 use std::collections::HashMap;
 

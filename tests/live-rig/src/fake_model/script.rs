@@ -1,4 +1,4 @@
-//! The scripted answers: what the fake model replies to a request, from its markers, its origin and the tools it offers.
+//! The scripted answers: what the fake model replies, from the markers, the origin and the tools offered.
 
 use std::collections::HashMap;
 use std::time::Duration;

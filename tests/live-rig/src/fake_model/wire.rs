@@ -1,5 +1,6 @@
-//! Each API's answer on the wire: the HTTP response for a scripted reply (chat-completions SSE or JSON, Responses
-//! API SSE, errors with their retry headers), and the model list.
+//! Each API's answer on the wire: the HTTP response for a scripted reply, and the model list.
+//!
+//! Chat completions as SSE or JSON, the Responses API as SSE, errors with their retry headers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
