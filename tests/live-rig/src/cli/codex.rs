@@ -1,6 +1,6 @@
 //! Codex (codex-acp): its pinned package, its hermetic config, and the tools its model requests offer.
 
-use super::{Cli, MODEL, Setup, Tools, nothing_else, path_string, write};
+use super::spec::{Cli, MODEL, Setup, Tools, nothing_else, path_string, write};
 
 use crate::paths::which_node;
 

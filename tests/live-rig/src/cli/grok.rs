@@ -1,6 +1,6 @@
 //! Grok Build: its pinned package, its hermetic config, and the tools its model requests offer.
 
-use super::{Cli, MODEL, Setup, Tools, nothing_else, path_string, write};
+use super::spec::{Cli, MODEL, Setup, Tools, nothing_else, path_string, write};
 
 pub const CLI: Cli = Cli {
     name: "grok",

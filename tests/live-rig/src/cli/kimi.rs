@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::{Cli, MODEL, Setup, Tools, path_string, write};
+use super::spec::{Cli, MODEL, Setup, Tools, path_string, write};
 
 use crate::paths::node22;
 

@@ -1,6 +1,6 @@
 //! OpenCode: its pinned package, its hermetic config, and the tools its model requests offer.
 
-use super::{Cli, MODEL, Setup, Tools, nothing_else, write};
+use super::spec::{Cli, MODEL, Setup, Tools, nothing_else, write};
 
 pub const CLI: Cli = Cli {
     name: "opencode",

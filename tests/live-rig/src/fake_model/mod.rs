@@ -47,11 +47,5 @@ mod wire;
 pub use origin::Origin;
 pub use record::{RecordedRequest, summary_line};
 pub use request::Api;
+pub use script::{AFTER_TOOL_TEXT, DEFAULT_TEXT, SIDE_TEXT};
 pub use server::{FakeModel, Options};
-
-/// Text of a plain answer when no marker asks for anything else.
-pub const DEFAULT_TEXT: &str = "Hello from the fake model.";
-/// Text answered after a tool result when the prompt has no `[[text:…]]` marker.
-pub const AFTER_TOOL_TEXT: &str = "The tool call is done.";
-/// Text answered to title and summary side requests.
-pub const SIDE_TEXT: &str = "Fake title";

@@ -10,8 +10,14 @@ use super::origin::Origin;
 use super::request::{
     Api, Item, Tool, conversation, find_tool, forced_tool, latest_prompt, offered_tools, prompt_text,
 };
-use super::{AFTER_TOOL_TEXT, DEFAULT_TEXT, SIDE_TEXT};
 use crate::cli;
+
+/// Text of a plain answer when no marker asks for anything else.
+pub const DEFAULT_TEXT: &str = "Hello from the fake model.";
+/// Text answered after a tool result when the prompt has no `[[text:…]]` marker.
+pub const AFTER_TOOL_TEXT: &str = "The tool call is done.";
+/// Text answered to title and summary side requests.
+pub const SIDE_TEXT: &str = "Fake title";
 
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Reply {
