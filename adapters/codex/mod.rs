@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, installed, run_for_output};
+use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
+use crate::cli::program::{FindError, Found, installed, run_for_output};
 use crate::coda::instruction::Instruction;
 
 /// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
@@ -21,7 +22,7 @@ const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
 /// The tested codex-acp, which brings the tested Codex CLI with it.
 const INSTALL_TESTED: &str = "npm install -g @agentclientprotocol/codex-acp@2.6.0";
 
-fn default_command() -> Result<Found, String> {
+fn default_command() -> Result<Found, FindError> {
     installed("codex-acp", &[], "codex-acp", INSTALL)
 }
 

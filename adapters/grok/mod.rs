@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, not_found, run_for_output};
+use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::locate::{self, Place};
+use crate::cli::program::{FindError, Found, not_found, run_for_output};
 use crate::coda::identity::{Identity, Policy};
 use crate::coda::instruction::Instruction;
 
@@ -46,7 +47,7 @@ fn own_place() -> Vec<Place> {
         .collect()
 }
 
-fn default_command() -> Result<Found, String> {
+fn default_command() -> Result<Found, FindError> {
     let args = ARGS.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
     let own = own_place();
     let mut refused = None;
@@ -69,11 +70,11 @@ fn default_command() -> Result<Found, String> {
         }
     }
     Err(match refused {
-        Some((program, out)) => format!(
+        Some((program, out)) => FindError::WrongProgram(format!(
             "{} is not Grok Build (`grok --version` printed {:?}); install Grok Build with: {INSTALL}",
             program.display(),
             out.lines().next().unwrap_or("nothing")
-        ),
+        )),
         None => not_found("grok", "Grok Build", &own, INSTALL),
     })
 }

@@ -13,7 +13,8 @@ pub mod activity;
 pub mod failure;
 pub mod server;
 
-use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, installed, plain_version};
+use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
+use crate::cli::program::{FindError, Found, installed, plain_version};
 use crate::coda::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g opencode-ai";
@@ -22,7 +23,7 @@ const INSTALL: &str = "npm install -g opencode-ai";
 const BUILTINS: &[&str] = &["compact"];
 
 /// `opencode acp` on a port the shim knows, so that it can read OpenCode's own server (`server.rs`).
-fn default_command() -> Result<Found, String> {
+fn default_command() -> Result<Found, FindError> {
     let mut found = installed("opencode", &["acp"], "OpenCode", INSTALL)?;
     match free_port() {
         Ok(port) => {

@@ -1,6 +1,6 @@
 //! `coda-<agent> doctor`: checks what stands between Coda and the wrapped CLI, and says how to fix it.
 //!
-//! Finds the CLI the way the shim would (so a wrong program such as Debian's `grok` shows up), compares its
+//! Finds the CLI the way the shim would (so an unrelated program of the same name shows up), compares its
 //! version with the ones we tested, checks its data directory, and asks the CLI itself through the shim's own
 //! layers whether it needs a login: `initialize` and `session/new` in a temporary folder, where -32000 is
 //! ACP's `auth_required` (section ACP 部分, 未登录).
@@ -12,12 +12,22 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::cli::adapter::{Adapter, DataHome, Found};
-use crate::cli::prompt_mode::{Client, RpcError, Stop, current_model};
+use crate::cli::adapter::{Adapter, DataHome};
+use crate::cli::client::{Client, RpcError, Stop};
+use crate::cli::coda_view::{current_model, describe_agent};
+use crate::cli::program::{FindError, Found};
 use crate::cli::render::Renderer;
+use crate::cli::setup;
 use crate::lines::DEFAULT_MAX_LINE;
 
-/// How long the login check waits for each answer (Kimi and Codex take seconds to start).
+/// Doctor's part of `--help`.
+pub const HELP: &str = "
+Doctor:
+  doctor, --doctor              find the wrapped CLI as the shim would and check its version, data
+                                directory and login; prints a table with a fix for each problem
+";
+
+/// How long the login check waits for each answer (some CLIs take seconds to start).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,8 +65,8 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
             rows.push(row("CLI", Status::Ok, format!("{} ({})", found.command.display(), found.how), ""));
             Some(found)
         }
-        Err(why) if why.contains("is not ") => {
-            // The adapter refused a program of the same name that is something else (Debian's `grok`).
+        Err(FindError::WrongProgram(why)) => {
+            // The adapter refused a program of the same name that is something else.
             rows.push(row(
                 "CLI",
                 Status::Problem,
@@ -218,12 +228,10 @@ fn login_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
         Ok(folder) => folder,
         Err(e) => return vec![row("login", Status::Warn, format!("cannot make a temporary folder: {e}"), "")],
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(rt) => rt,
+    let rows = match setup::block_on(Duration::from_millis(100), probe(adapter, found, folder.path())) {
+        Ok(rows) => rows,
         Err(e) => return vec![row("login", Status::Warn, format!("cannot start the async runtime: {e}"), "")],
     };
-    let rows = runtime.block_on(probe(adapter, found, folder.path()));
-    runtime.shutdown_timeout(Duration::from_millis(100));
     // After the probe shut its child down: nothing uses the folder any more.
     drop(folder);
     rows
@@ -260,7 +268,7 @@ async fn probe_with(client: &mut Client, adapter: &Adapter, folder: &Path) -> Ve
             return rows;
         }
     };
-    let agent_line = crate::cli::prompt_mode::describe_agent(&init);
+    let agent_line = describe_agent(&init);
     let declares_instruction = init.pointer("/agentCapabilities/sessionCapabilities/systemPrompt").is_some();
     rows.push(row(
         "handshake",
@@ -375,28 +383,28 @@ mod tests {
     #[test]
     fn the_table_has_a_fix_under_each_problem() {
         let rows = vec![
-            row("CLI", Status::Ok, "/usr/bin/opencode acp (on PATH)", ""),
-            row("login", Status::Problem, "needs a login", "run `opencode auth login`"),
+            row("CLI", Status::Ok, "/usr/bin/demo acp (on PATH)", ""),
+            row("login", Status::Problem, "needs a login", "run `demo auth login`"),
         ];
         assert_eq!(
-            table("coda-opencode", &rows, false),
-            "coda-opencode doctor\nok    CLI    /usr/bin/opencode acp (on PATH)\nFAIL  login  needs a login\n             fix: run `opencode auth login`\n1 problem(s), 0 warning(s)\n"
+            table("coda-demo", &rows, false),
+            "coda-demo doctor\nok    CLI    /usr/bin/demo acp (on PATH)\nFAIL  login  needs a login\n             fix: run `demo auth login`\n1 problem(s), 0 warning(s)\n"
         );
     }
 
     #[test]
     fn the_manifest_line_is_the_binarys_absolute_path_quoted_for_sh_and_json() {
-        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-kimi")));
+        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-demo")));
         assert_eq!(
             (plain.status, plain.result.as_str()),
-            (Status::Ok, r#""command": "/Users/me/.cargo/bin/coda-kimi""#)
+            (Status::Ok, r#""command": "/Users/me/.cargo/bin/coda-demo""#)
         );
-        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-kimi")));
-        assert_eq!(spaced.result, r#""command": "'/Users/me/Coda \"tools\"/bin/coda-kimi'""#);
-        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-kimi")));
+        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-demo")));
+        assert_eq!(spaced.result, r#""command": "'/Users/me/Coda \"tools\"/bin/coda-demo'""#);
+        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-demo")));
         assert_eq!(built.status, Status::Warn);
         assert!(built.fix.contains("cargo install --path ."), "{built:?}");
-        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-kimi".to_vec()))));
+        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-demo".to_vec()))));
         assert_eq!(odd.status, Status::Warn);
         assert_eq!(manifest_row(Err(std::io::Error::other("gone"))).status, Status::Warn);
     }
@@ -412,7 +420,7 @@ mod tests {
             also_tested: &[],
             data_home: DataHome { var: "DEMO_HOME", default: ".demo", sub: "" },
             login_hint: "run `demo sign-in`",
-            default_command: || Err(String::new()),
+            default_command: || Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
             version: |_| None,
             env_defaults: &[],
             layers: |_| {},
@@ -432,5 +440,15 @@ mod tests {
             "description": "Run `demo auth login` in the terminal"}]});
         assert_eq!(login_fix(&described, &adapter), "Run `demo auth login` in the terminal");
         assert_eq!(login_fix(&Value::Null, &adapter), "run `demo sign-in`");
+    }
+
+    #[test]
+    fn a_refused_program_is_a_wrong_program_with_the_install_line() {
+        let rows = checks(&demo(), None);
+        let cli = &rows[0];
+        assert_eq!((cli.check, cli.status), ("CLI", Status::Problem));
+        assert_eq!(cli.result, "wrong program: /usr/bin/demo is not Demo CLI");
+        assert_eq!(cli.fix, "install Demo CLI: get demo; or point CODA_DEMO_COMMAND at it");
+        assert!(rows.iter().all(|r| r.check != "version" && r.check != "login"), "{rows:?}");
     }
 }
