@@ -210,3 +210,40 @@ fn spawn_stdin_lines() -> mpsc::UnboundedReceiver<String> {
     }
     rx
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quiet() -> Renderer<std::io::Stdout> {
+        Renderer::new(std::io::stdout(), false, false)
+    }
+
+    #[test]
+    fn without_a_terminal_every_question_is_refused_and_other_requests_get_coda_s_answers() {
+        let (mut q, mut r) = (Questions::default(), quiet());
+        let permission = json!({"toolCall": {"title": "rm -rf /"}, "options": [
+            {"optionId": "ok", "name": "Allow", "kind": "allow_once"}]});
+        let answers = q.request(&mut r, "session/request_permission", json!(7), permission);
+        assert_eq!(answers, vec![json!({"jsonrpc": "2.0", "id": 7, "result": {"outcome": {"outcome": "cancelled"}}})]);
+        let link = json!({"mode": "url", "message": "sign in", "url": "https://example.com"});
+        let answers = q.request(&mut r, "elicitation/create", json!("e"), link);
+        assert_eq!(answers, vec![json!({"jsonrpc": "2.0", "id": "e", "result": {"action": "cancel"}})]);
+        let form = q.request(&mut r, "elicitation/create", json!(8), json!({"mode": "form", "message": "name?"}));
+        assert_eq!(form[0]["result"], json!({"action": "cancel"}));
+        let other = q.request(&mut r, "fs/read_text_file", json!(9), json!({}));
+        assert_eq!(other[0]["error"]["code"], json!(-32601));
+        assert!(!q.asking());
+    }
+
+    #[test]
+    fn cancelling_refuses_what_is_queued() {
+        let (mut q, mut r) = (Questions::default(), quiet());
+        q.queue.push_back(Question { id: json!(1), kind: QuestionKind::Permission { options: Vec::new() } });
+        q.queue.push_back(Question { id: json!(2), kind: QuestionKind::Url });
+        let answers = q.cancel_all(&mut r, "cancelled by Ctrl-C");
+        assert_eq!(answers[0]["result"], json!({"outcome": {"outcome": "cancelled"}}));
+        assert_eq!(answers[1]["result"], json!({"action": "cancel"}));
+        assert!(q.cancel_all(&mut r, "again").is_empty());
+    }
+}
