@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, Found, Setup, not_found, run_for_output};
+use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::locate::{self, Place};
+use crate::cli::program::{FindError, Found, not_found, run_for_output};
 use crate::coda::identity::{Identity, Policy};
 use crate::coda::instruction::Instruction;
 
@@ -46,7 +47,7 @@ fn own_place() -> Vec<Place> {
         .collect()
 }
 
-fn default_command() -> Result<Found, String> {
+fn default_command() -> Result<Found, FindError> {
     let args = ARGS.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
     let own = own_place();
     let mut refused = None;
@@ -69,11 +70,11 @@ fn default_command() -> Result<Found, String> {
         }
     }
     Err(match refused {
-        Some((program, out)) => format!(
+        Some((program, out)) => FindError::WrongProgram(format!(
             "{} is not Grok Build (`grok --version` printed {:?}); install Grok Build with: {INSTALL}",
             program.display(),
             out.lines().next().unwrap_or("nothing")
-        ),
+        )),
         None => not_found("grok", "Grok Build", &own, INSTALL),
     })
 }
@@ -93,6 +94,15 @@ pub fn adapter() -> Adapter {
         agent: "grok",
         cli_name: "Grok Build",
         install_hint: INSTALL,
+        tested: Tested {
+            what: "Grok Build",
+            version: "1.0.41",
+            package: Some("@xai-official/grok"),
+            install: "npm install -g @xai-official/grok@1.0.41",
+        },
+        also_tested: &[],
+        data_home: DataHome { var: "GROK_HOME", default: ".grok", sub: "" },
+        login_hint: "set XAI_API_KEY, or sign in with `grok`",
         default_command,
         version,
         env_defaults: &[],

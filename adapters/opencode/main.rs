@@ -1,5 +1,5 @@
 //! `coda-opencode`: the binary; everything it does is in the library's `adapters::opencode`.
 
 fn main() {
-    coda_shim::cli::adapter::main(coda_shim::adapters::opencode::adapter())
+    coda_shim::cli::binary::main(coda_shim::adapters::opencode::adapter())
 }

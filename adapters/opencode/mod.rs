@@ -13,7 +13,8 @@ pub mod activity;
 pub mod failure;
 pub mod server;
 
-use crate::cli::adapter::{Adapter, Found, Setup, installed, plain_version};
+use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
+use crate::cli::program::{FindError, Found, installed, plain_version};
 use crate::coda::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g opencode-ai";
@@ -22,7 +23,7 @@ const INSTALL: &str = "npm install -g opencode-ai";
 const BUILTINS: &[&str] = &["compact"];
 
 /// `opencode acp` on a port the shim knows, so that it can read OpenCode's own server (`server.rs`).
-fn default_command() -> Result<Found, String> {
+fn default_command() -> Result<Found, FindError> {
     let mut found = installed("opencode", &["acp"], "OpenCode", INSTALL)?;
     match free_port() {
         Ok(port) => {
@@ -65,6 +66,16 @@ pub fn adapter() -> Adapter {
         agent: "opencode",
         cli_name: "OpenCode",
         install_hint: INSTALL,
+        tested: Tested {
+            what: "OpenCode",
+            version: "1.18.33",
+            package: Some("opencode-ai"),
+            install: "npm install -g opencode-ai@1.18.33",
+        },
+        also_tested: &[],
+        // OpenCode follows the XDG base directories: `$XDG_DATA_HOME/opencode`, else `~/.local/share/opencode`.
+        data_home: DataHome { var: "XDG_DATA_HOME", default: ".local/share", sub: "opencode" },
+        login_hint: "run `opencode auth login`",
         default_command,
         version: plain_version,
         env_defaults: &[],

@@ -1,6 +1,6 @@
 //! `coda-<agent> doctor`: checks what stands between Coda and the wrapped CLI, and says how to fix it.
 //!
-//! Finds the CLI the way the shim would (so a wrong program such as Debian's `grok` shows up), compares its
+//! Finds the CLI the way the shim would (so an unrelated program of the same name shows up), compares its
 //! version with the ones we tested, checks its data directory, and asks the CLI itself through the shim's own
 //! layers whether it needs a login: `initialize` and `session/new` in a temporary folder, where -32000 is
 //! ACP's `auth_required` (section ACP 部分, 未登录).
@@ -12,49 +12,23 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::cli::adapter::{Adapter, Found};
-use crate::cli::prompt_mode::{Client, RpcError, Stop, current_model};
+use crate::cli::adapter::{Adapter, DataHome};
+use crate::cli::client::{Client, RpcError, Stop};
+use crate::cli::coda_view::{current_model, describe_agent};
+use crate::cli::program::{FindError, Found};
 use crate::cli::render::Renderer;
+use crate::cli::setup;
 use crate::lines::DEFAULT_MAX_LINE;
 
-/// How long the login check waits for each answer (Kimi and Codex take seconds to start).
+/// Doctor's part of `--help`.
+pub const HELP: &str = "
+Doctor:
+  doctor, --doctor              find the wrapped CLI as the shim would and check its version, data
+                                directory and login; prints a table with a fix for each problem
+";
+
+/// How long the login check waits for each answer (some CLIs take seconds to start).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The versions the shim was tested with, per agent: (what is compared, tested version, install command).
-pub fn tested(agent: &str) -> Option<(&'static str, &'static str, &'static str)> {
-    Some(match agent {
-        "grok" => ("Grok Build", "1.0.41", "npm install -g @xai-official/grok@1.0.41"),
-        "opencode" => ("OpenCode", "1.18.33", "npm install -g opencode-ai@1.18.33"),
-        "kimi" => ("Kimi Code CLI", "2.1.0", "npm install -g @moonshot-ai/kimi-code@2.1.0"),
-        "codex" => ("Codex CLI", "0.166.0", "npm install -g @agentclientprotocol/codex-acp@2.6.0"),
-        _ => return None,
-    })
-}
-
-/// codex-acp's own tested version (its Codex CLI is in [`tested`]).
-const CODEX_ACP_TESTED: &str = "2.6.0";
-
-/// Where each CLI keeps its data, and the variable that moves it.
-pub fn data_dir(agent: &str) -> Option<(String, PathBuf)> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("~"));
-    let from = |var: &str, default: PathBuf| {
-        let dir = std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or(default);
-        (var.to_owned(), dir)
-    };
-    Some(match agent {
-        "kimi" => from("KIMI_CODE_HOME", home.join(".kimi-code")),
-        "codex" => from("CODEX_HOME", home.join(".codex")),
-        "grok" => from("GROK_HOME", home.join(".grok")),
-        "opencode" => {
-            let data = std::env::var_os("XDG_DATA_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".local/share"));
-            ("XDG_DATA_HOME".to_owned(), data.join("opencode"))
-        }
-        _ => return None,
-    })
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -91,8 +65,8 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
             rows.push(row("CLI", Status::Ok, format!("{} ({})", found.command.display(), found.how), ""));
             Some(found)
         }
-        Err(why) if why.contains("is not ") => {
-            // The adapter refused a program of the same name that is something else (Debian's `grok`).
+        Err(FindError::WrongProgram(why)) => {
+            // The adapter refused a program of the same name that is something else.
             rows.push(row(
                 "CLI",
                 Status::Problem,
@@ -114,7 +88,7 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
     if let Some(found) = &found {
         rows.extend(version_rows(adapter, found));
     }
-    rows.push(data_dir_row(adapter.agent));
+    rows.push(data_dir_row(&adapter.data_home));
     if let Some(found) = found {
         rows.extend(login_rows(adapter, &found));
     }
@@ -156,21 +130,16 @@ fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
 
 fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
     let mut rows = Vec::new();
+    let tested = &adapter.tested;
     // The npm package the command belongs to says it best: `node <script>` would answer `--version` with
     // Node's own version.
-    let package = match adapter.agent {
-        "kimi" => Some("@moonshot-ai/kimi-code"),
-        "opencode" => Some("opencode-ai"),
-        "grok" => Some("@xai-official/grok"),
-        _ => None,
-    };
-    let version = package
+    let version = tested
+        .package
         .and_then(|p| package_version_near(&found.command, p))
         .or_else(|| found.version.clone())
         .or_else(|| (adapter.version)(&found.command));
-    let Some((what, tested, install)) = tested(adapter.agent) else {
-        return rows;
-    };
+    let (what, install) = (tested.what, tested.install);
+    let tested = tested.version;
     match version {
         Some(v) if v == tested => rows.push(row("version", Status::Ok, format!("{what} {v} (tested)"), "")),
         Some(v) => rows.push(row(
@@ -186,16 +155,18 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
             format!("check it is {what}; tested with {tested} ({install})"),
         )),
     }
-    if adapter.agent == "codex" {
-        match package_version_near(&found.command, "@agentclientprotocol/codex-acp") {
-            Some(v) if v == CODEX_ACP_TESTED => {
-                rows.push(row("version", Status::Ok, format!("codex-acp {v} (tested)"), ""));
+    // Checked only where found: the command may be another build of the same CLI.
+    for also in adapter.also_tested {
+        let Some(package) = also.package else { continue };
+        match package_version_near(&found.command, package) {
+            Some(v) if v == also.version => {
+                rows.push(row("version", Status::Ok, format!("{} {v} (tested)", also.what), ""));
             }
             Some(v) => rows.push(row(
                 "version",
                 Status::Warn,
-                format!("codex-acp {v}; tested with {CODEX_ACP_TESTED}"),
-                format!("to match the tests: {install}"),
+                format!("{} {v}; tested with {}", also.what, also.version),
+                format!("to match the tests: {}", also.install),
             )),
             None => {}
         }
@@ -219,10 +190,8 @@ fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<
     None
 }
 
-fn data_dir_row(agent: &str) -> Row {
-    let Some((var, dir)) = data_dir(agent) else {
-        return row("data dir", Status::Warn, "unknown for this agent", "");
-    };
+fn data_dir_row(home: &DataHome) -> Row {
+    let (var, dir) = (home.var, home.dir());
     let shown = dir.display();
     match std::fs::metadata(&dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => row(
@@ -259,12 +228,10 @@ fn login_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
         Ok(folder) => folder,
         Err(e) => return vec![row("login", Status::Warn, format!("cannot make a temporary folder: {e}"), "")],
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(rt) => rt,
+    let rows = match setup::block_on(Duration::from_millis(100), probe(adapter, found, folder.path())) {
+        Ok(rows) => rows,
         Err(e) => return vec![row("login", Status::Warn, format!("cannot start the async runtime: {e}"), "")],
     };
-    let rows = runtime.block_on(probe(adapter, found, folder.path()));
-    runtime.shutdown_timeout(Duration::from_millis(100));
     // After the probe shut its child down: nothing uses the folder any more.
     drop(folder);
     rows
@@ -301,7 +268,7 @@ async fn probe_with(client: &mut Client, adapter: &Adapter, folder: &Path) -> Ve
             return rows;
         }
     };
-    let agent_line = crate::cli::prompt_mode::describe_agent(&init);
+    let agent_line = describe_agent(&init);
     let declares_instruction = init.pointer("/agentCapabilities/sessionCapabilities/systemPrompt").is_some();
     rows.push(row(
         "handshake",
@@ -376,16 +343,7 @@ fn login_fix(init: &Value, adapter: &Adapter) -> String {
         }
     }
     if ways.is_empty() {
-        ways.push(
-            match adapter.agent {
-                "kimi" => "run `kimi login`",
-                "opencode" => "run `opencode auth login`",
-                "codex" => "run `codex-acp login`, or set OPENAI_API_KEY",
-                "grok" => "set XAI_API_KEY, or sign in with `grok`",
-                _ => "log in with the CLI",
-            }
-            .to_owned(),
-        );
+        ways.push(adapter.login_hint.to_owned());
     }
     ways.join("; or ")
 }
@@ -419,57 +377,78 @@ pub fn table(binary: &str, rows: &[Row], color: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::adapter::Tested;
     use std::os::unix::ffi::OsStringExt;
 
     #[test]
     fn the_table_has_a_fix_under_each_problem() {
         let rows = vec![
-            row("CLI", Status::Ok, "/usr/bin/opencode acp (on PATH)", ""),
-            row("login", Status::Problem, "needs a login", "run `opencode auth login`"),
+            row("CLI", Status::Ok, "/usr/bin/demo acp (on PATH)", ""),
+            row("login", Status::Problem, "needs a login", "run `demo auth login`"),
         ];
         assert_eq!(
-            table("coda-opencode", &rows, false),
-            "coda-opencode doctor\nok    CLI    /usr/bin/opencode acp (on PATH)\nFAIL  login  needs a login\n             fix: run `opencode auth login`\n1 problem(s), 0 warning(s)\n"
+            table("coda-demo", &rows, false),
+            "coda-demo doctor\nok    CLI    /usr/bin/demo acp (on PATH)\nFAIL  login  needs a login\n             fix: run `demo auth login`\n1 problem(s), 0 warning(s)\n"
         );
     }
 
     #[test]
     fn the_manifest_line_is_the_binarys_absolute_path_quoted_for_sh_and_json() {
-        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-kimi")));
+        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-demo")));
         assert_eq!(
             (plain.status, plain.result.as_str()),
-            (Status::Ok, r#""command": "/Users/me/.cargo/bin/coda-kimi""#)
+            (Status::Ok, r#""command": "/Users/me/.cargo/bin/coda-demo""#)
         );
-        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-kimi")));
-        assert_eq!(spaced.result, r#""command": "'/Users/me/Coda \"tools\"/bin/coda-kimi'""#);
-        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-kimi")));
+        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-demo")));
+        assert_eq!(spaced.result, r#""command": "'/Users/me/Coda \"tools\"/bin/coda-demo'""#);
+        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-demo")));
         assert_eq!(built.status, Status::Warn);
         assert!(built.fix.contains("cargo install --path ."), "{built:?}");
-        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-kimi".to_vec()))));
+        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-demo".to_vec()))));
         assert_eq!(odd.status, Status::Warn);
         assert_eq!(manifest_row(Err(std::io::Error::other("gone"))).status, Status::Warn);
     }
 
-    #[test]
-    fn login_fix_prefers_the_agents_terminal_command() {
-        let init = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Kimi account",
-            "_meta": {"terminal-auth": {"command": "/opt/kimi/bin/kimi", "args": ["login"]}}}]});
-        let adapter = Adapter {
-            agent: "kimi",
-            cli_name: "Kimi Code CLI",
-            install_hint: "",
-            default_command: || Err(String::new()),
+    /// A made-up adapter: doctor reads every fact from the value, never from an agent's name.
+    fn demo() -> Adapter {
+        let tested = Tested { what: "Demo CLI", version: "1.2.3", package: None, install: "get demo@1.2.3" };
+        Adapter {
+            agent: "demo",
+            cli_name: "Demo CLI",
+            install_hint: "get demo",
+            tested,
+            also_tested: &[],
+            data_home: DataHome { var: "DEMO_HOME", default: ".demo", sub: "" },
+            login_hint: "run `demo sign-in`",
+            default_command: || Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
             version: |_| None,
             env_defaults: &[],
             layers: |_| {},
-        };
-        assert_eq!(login_fix(&init, &adapter), "run `kimi login`");
-        let via_node = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Kimi account",
-            "_meta": {"terminal-auth": {"command": "/opt/kimi/dist/main.mjs", "args": ["login"]}}}]});
-        assert_eq!(login_fix(&via_node, &adapter), "run `kimi login`");
-        let opencode = serde_json::json!({"authMethods": [{"id": "opencode-login", "name": "Login with opencode",
-            "description": "Run `opencode auth login` in the terminal"}]});
-        assert_eq!(login_fix(&opencode, &adapter), "Run `opencode auth login` in the terminal");
-        assert_eq!(login_fix(&Value::Null, &adapter), "run `kimi login`");
+        }
+    }
+
+    #[test]
+    fn login_fix_prefers_the_agents_terminal_command() {
+        let init = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Demo account",
+            "_meta": {"terminal-auth": {"command": "/opt/demo/bin/demo", "args": ["login"]}}}]});
+        let adapter = demo();
+        assert_eq!(login_fix(&init, &adapter), "run `demo login`");
+        let via_node = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Demo account",
+            "_meta": {"terminal-auth": {"command": "/opt/demo/dist/main.mjs", "args": ["login"]}}}]});
+        assert_eq!(login_fix(&via_node, &adapter), "run `demo sign-in`");
+        let described = serde_json::json!({"authMethods": [{"id": "demo-login", "name": "Login with demo",
+            "description": "Run `demo auth login` in the terminal"}]});
+        assert_eq!(login_fix(&described, &adapter), "Run `demo auth login` in the terminal");
+        assert_eq!(login_fix(&Value::Null, &adapter), "run `demo sign-in`");
+    }
+
+    #[test]
+    fn a_refused_program_is_a_wrong_program_with_the_install_line() {
+        let rows = checks(&demo(), None);
+        let cli = &rows[0];
+        assert_eq!((cli.check, cli.status), ("CLI", Status::Problem));
+        assert_eq!(cli.result, "wrong program: /usr/bin/demo is not Demo CLI");
+        assert_eq!(cli.fix, "install Demo CLI: get demo; or point CODA_DEMO_COMMAND at it");
+        assert!(rows.iter().all(|r| r.check != "version" && r.check != "login"), "{rows:?}");
     }
 }

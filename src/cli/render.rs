@@ -285,7 +285,7 @@ impl<W: Write> Renderer<W> {
                     .map(|n| format!("/{n}"))
                     .collect();
                 let row = format!("{prefix}commands: {}", names.join(" "));
-                // Agents re-send the same list often (Grok after every turn); show changes only.
+                // Agents re-send the same list often (some after every turn); show changes only.
                 if self.last_commands.as_deref() != Some(row.as_str()) {
                     self.row(Tone::Dim, &row);
                     self.last_commands = Some(row);
