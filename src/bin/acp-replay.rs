@@ -263,7 +263,7 @@ fn record(args: &[String]) -> Result<(), String> {
     let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
     let text = read(&trace)?;
     let file_log = files.as_ref().map(read).transpose()?;
-    let records = replay::record(&text, file_log.as_deref(), &n)?;
+    let records = replay::record(&text, file_log.as_deref(), &n).map_err(|e| e.to_string())?;
     let out = replay::render(&records);
     let left = n.leftovers(&out);
     if !left.is_empty() && !allow_paths {
