@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, Found, Setup, installed, run_for_output};
+use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, installed, run_for_output};
 use crate::coda::instruction::Instruction;
 
 /// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
@@ -18,6 +18,8 @@ const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
 /// Longest a version probe may run (`--version` waits for it; initialize only [`VERSION_DEADLINE`]).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
+/// The tested codex-acp, which brings the tested Codex CLI with it.
+const INSTALL_TESTED: &str = "npm install -g @agentclientprotocol/codex-acp@2.6.0";
 
 fn default_command() -> Result<Found, String> {
     installed("codex-acp", &[], "codex-acp", INSTALL)
@@ -91,6 +93,17 @@ pub fn adapter() -> Adapter {
         agent: "codex",
         cli_name: "codex-acp",
         install_hint: INSTALL,
+        // What answers is the Codex CLI that codex-acp runs (its version is found by `version`, not by a
+        // package beside the command); codex-acp itself is checked where its package is found.
+        tested: Tested { what: "Codex CLI", version: "0.166.0", package: None, install: INSTALL_TESTED },
+        also_tested: &[Tested {
+            what: "codex-acp",
+            version: "2.6.0",
+            package: Some("@agentclientprotocol/codex-acp"),
+            install: INSTALL_TESTED,
+        }],
+        data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
+        login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
         default_command,
         version,
         env_defaults: &[("INITIAL_AGENT_MODE", "read-only")],

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, Found, Setup, not_found, run_for_output};
+use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, not_found, run_for_output};
 use crate::cli::locate::{self, Place};
 use crate::coda::identity::{Identity, Policy};
 use crate::coda::instruction::Instruction;
@@ -93,6 +93,15 @@ pub fn adapter() -> Adapter {
         agent: "grok",
         cli_name: "Grok Build",
         install_hint: INSTALL,
+        tested: Tested {
+            what: "Grok Build",
+            version: "1.0.41",
+            package: Some("@xai-official/grok"),
+            install: "npm install -g @xai-official/grok@1.0.41",
+        },
+        also_tested: &[],
+        data_home: DataHome { var: "GROK_HOME", default: ".grok", sub: "" },
+        login_hint: "set XAI_API_KEY, or sign in with `grok`",
         default_command,
         version,
         env_defaults: &[],

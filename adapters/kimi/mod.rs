@@ -10,7 +10,7 @@ pub mod translate;
 pub mod watch;
 pub mod wire;
 
-use crate::cli::adapter::{Adapter, Found, Setup, installed, plain_version};
+use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, installed, plain_version};
 use crate::coda::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
@@ -36,6 +36,15 @@ pub fn adapter() -> Adapter {
         agent: "kimi",
         cli_name: "Kimi Code CLI",
         install_hint: INSTALL,
+        tested: Tested {
+            what: "Kimi Code CLI",
+            version: "2.1.0",
+            package: Some("@moonshot-ai/kimi-code"),
+            install: "npm install -g @moonshot-ai/kimi-code@2.1.0",
+        },
+        also_tested: &[],
+        data_home: DataHome { var: "KIMI_CODE_HOME", default: ".kimi-code", sub: "" },
+        login_hint: "run `kimi login`",
         default_command,
         version: plain_version,
         env_defaults: &[],

@@ -13,7 +13,7 @@ pub mod activity;
 pub mod failure;
 pub mod server;
 
-use crate::cli::adapter::{Adapter, Found, Setup, installed, plain_version};
+use crate::cli::adapter::{Adapter, DataHome, Found, Setup, Tested, installed, plain_version};
 use crate::coda::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g opencode-ai";
@@ -65,6 +65,16 @@ pub fn adapter() -> Adapter {
         agent: "opencode",
         cli_name: "OpenCode",
         install_hint: INSTALL,
+        tested: Tested {
+            what: "OpenCode",
+            version: "1.18.33",
+            package: Some("opencode-ai"),
+            install: "npm install -g opencode-ai@1.18.33",
+        },
+        also_tested: &[],
+        // OpenCode follows the XDG base directories: `$XDG_DATA_HOME/opencode`, else `~/.local/share/opencode`.
+        data_home: DataHome { var: "XDG_DATA_HOME", default: ".local/share", sub: "opencode" },
+        login_hint: "run `opencode auth login`",
         default_command,
         version: plain_version,
         env_defaults: &[],

@@ -20,6 +20,15 @@ pub struct Adapter {
     pub cli_name: &'static str,
     /// How to install the CLI, for the not-found message.
     pub install_hint: &'static str,
+    /// The CLI version the shim was tested with (doctor compares it).
+    pub tested: Tested,
+    /// Further packages the shim was tested with, each checked only where it is found (codex-acp beside the
+    /// Codex CLI it runs).
+    pub also_tested: &'static [Tested],
+    /// Where the CLI keeps its data (sessions, logins, settings).
+    pub data_home: DataHome,
+    /// How to log in, when the CLI's own `authMethods` name no way a person can follow.
+    pub login_hint: &'static str,
     /// Finds the default command when no override is given.
     pub default_command: fn() -> Result<Found, String>,
     /// The wrapped CLI's version, for `--version` and agentInfo (runs off the critical path).
@@ -28,6 +37,51 @@ pub struct Adapter {
     pub env_defaults: &'static [(&'static str, &'static str)],
     /// Builds the layer stack, nearest the client first.
     pub layers: fn(&mut Setup),
+}
+
+/// A version the shim was tested with, and how to install it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tested {
+    /// What is compared, as people know it ("Codex CLI").
+    pub what: &'static str,
+    /// The version tested.
+    pub version: &'static str,
+    /// The npm package whose `package.json` beside the command tells its version best (asking `node <script>`
+    /// for `--version` gets Node's own); `None` when that package is not the thing compared.
+    pub package: Option<&'static str>,
+    /// The install command for exactly this version.
+    pub install: &'static str,
+}
+
+/// Where a CLI keeps its data: `$<var>/<sub>`, else `$HOME/<default>/<sub>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataHome {
+    /// The environment variable that moves it (`KIMI_CODE_HOME`, or a shared base such as `XDG_DATA_HOME`).
+    pub var: &'static str,
+    /// What `var` stands for when it is unset or empty, relative to `$HOME` (`.kimi-code`, `.local/share`).
+    pub default: &'static str,
+    /// The CLI's own folder inside the one `var` names: empty when `var` names the CLI's own folder.
+    pub sub: &'static str,
+}
+
+impl DataHome {
+    /// Whether `var` belongs to this CLI alone, so pointing it at a fresh folder isolates just this CLI.
+    pub fn owns_var(&self) -> bool {
+        self.sub.is_empty()
+    }
+
+    /// The folder, with `env` answering for the environment (empty values count as unset; no `HOME` gives `~`).
+    pub fn dir_with(&self, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+        let env = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let base =
+            env(self.var).unwrap_or_else(|| env("HOME").unwrap_or_else(|| PathBuf::from("~")).join(self.default));
+        if self.sub.is_empty() { base } else { base.join(self.sub) }
+    }
+
+    /// The folder in this process's environment.
+    pub fn dir(&self) -> PathBuf {
+        self.dir_with(|name| std::env::var_os(name))
+    }
 }
 
 /// A command found on this machine, with its version where finding it already told us.
@@ -372,4 +426,28 @@ pub fn main(adapter: Adapter) -> ! {
     // The blocking stdin reader cannot be cancelled; leave without waiting for it.
     runtime.shutdown_timeout(Duration::from_millis(50));
     std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DataHome;
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
+    }
+
+    #[test]
+    fn a_data_home_is_its_variable_else_its_default_under_home() {
+        let own = DataHome { var: "DEMO_HOME", default: ".demo", sub: "" };
+        assert!(own.owns_var());
+        assert_eq!(own.dir_with(env(&[("HOME", "/h"), ("DEMO_HOME", "/d")])), PathBuf::from("/d"));
+        assert_eq!(own.dir_with(env(&[("HOME", "/h"), ("DEMO_HOME", "")])), PathBuf::from("/h/.demo"));
+        assert_eq!(own.dir_with(env(&[])), PathBuf::from("~/.demo"));
+        let shared = DataHome { var: "XDG_DATA_HOME", default: ".local/share", sub: "demo" };
+        assert!(!shared.owns_var());
+        assert_eq!(shared.dir_with(env(&[("HOME", "/h")])), PathBuf::from("/h/.local/share/demo"));
+        assert_eq!(shared.dir_with(env(&[("XDG_DATA_HOME", "/x")])), PathBuf::from("/x/demo"));
+    }
 }

@@ -12,49 +12,13 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::cli::adapter::{Adapter, Found};
+use crate::cli::adapter::{Adapter, DataHome, Found};
 use crate::cli::prompt_mode::{Client, RpcError, Stop, current_model};
 use crate::cli::render::Renderer;
 use crate::lines::DEFAULT_MAX_LINE;
 
 /// How long the login check waits for each answer (Kimi and Codex take seconds to start).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The versions the shim was tested with, per agent: (what is compared, tested version, install command).
-pub fn tested(agent: &str) -> Option<(&'static str, &'static str, &'static str)> {
-    Some(match agent {
-        "grok" => ("Grok Build", "1.0.41", "npm install -g @xai-official/grok@1.0.41"),
-        "opencode" => ("OpenCode", "1.18.33", "npm install -g opencode-ai@1.18.33"),
-        "kimi" => ("Kimi Code CLI", "2.1.0", "npm install -g @moonshot-ai/kimi-code@2.1.0"),
-        "codex" => ("Codex CLI", "0.166.0", "npm install -g @agentclientprotocol/codex-acp@2.6.0"),
-        _ => return None,
-    })
-}
-
-/// codex-acp's own tested version (its Codex CLI is in [`tested`]).
-const CODEX_ACP_TESTED: &str = "2.6.0";
-
-/// Where each CLI keeps its data, and the variable that moves it.
-pub fn data_dir(agent: &str) -> Option<(String, PathBuf)> {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("~"));
-    let from = |var: &str, default: PathBuf| {
-        let dir = std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or(default);
-        (var.to_owned(), dir)
-    };
-    Some(match agent {
-        "kimi" => from("KIMI_CODE_HOME", home.join(".kimi-code")),
-        "codex" => from("CODEX_HOME", home.join(".codex")),
-        "grok" => from("GROK_HOME", home.join(".grok")),
-        "opencode" => {
-            let data = std::env::var_os("XDG_DATA_HOME")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".local/share"));
-            ("XDG_DATA_HOME".to_owned(), data.join("opencode"))
-        }
-        _ => return None,
-    })
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -114,7 +78,7 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
     if let Some(found) = &found {
         rows.extend(version_rows(adapter, found));
     }
-    rows.push(data_dir_row(adapter.agent));
+    rows.push(data_dir_row(&adapter.data_home));
     if let Some(found) = found {
         rows.extend(login_rows(adapter, &found));
     }
@@ -156,21 +120,16 @@ fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
 
 fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
     let mut rows = Vec::new();
+    let tested = &adapter.tested;
     // The npm package the command belongs to says it best: `node <script>` would answer `--version` with
     // Node's own version.
-    let package = match adapter.agent {
-        "kimi" => Some("@moonshot-ai/kimi-code"),
-        "opencode" => Some("opencode-ai"),
-        "grok" => Some("@xai-official/grok"),
-        _ => None,
-    };
-    let version = package
+    let version = tested
+        .package
         .and_then(|p| package_version_near(&found.command, p))
         .or_else(|| found.version.clone())
         .or_else(|| (adapter.version)(&found.command));
-    let Some((what, tested, install)) = tested(adapter.agent) else {
-        return rows;
-    };
+    let (what, install) = (tested.what, tested.install);
+    let tested = tested.version;
     match version {
         Some(v) if v == tested => rows.push(row("version", Status::Ok, format!("{what} {v} (tested)"), "")),
         Some(v) => rows.push(row(
@@ -186,16 +145,18 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
             format!("check it is {what}; tested with {tested} ({install})"),
         )),
     }
-    if adapter.agent == "codex" {
-        match package_version_near(&found.command, "@agentclientprotocol/codex-acp") {
-            Some(v) if v == CODEX_ACP_TESTED => {
-                rows.push(row("version", Status::Ok, format!("codex-acp {v} (tested)"), ""));
+    // Checked only where found: the command may be another build of the same CLI.
+    for also in adapter.also_tested {
+        let Some(package) = also.package else { continue };
+        match package_version_near(&found.command, package) {
+            Some(v) if v == also.version => {
+                rows.push(row("version", Status::Ok, format!("{} {v} (tested)", also.what), ""));
             }
             Some(v) => rows.push(row(
                 "version",
                 Status::Warn,
-                format!("codex-acp {v}; tested with {CODEX_ACP_TESTED}"),
-                format!("to match the tests: {install}"),
+                format!("{} {v}; tested with {}", also.what, also.version),
+                format!("to match the tests: {}", also.install),
             )),
             None => {}
         }
@@ -219,10 +180,8 @@ fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<
     None
 }
 
-fn data_dir_row(agent: &str) -> Row {
-    let Some((var, dir)) = data_dir(agent) else {
-        return row("data dir", Status::Warn, "unknown for this agent", "");
-    };
+fn data_dir_row(home: &DataHome) -> Row {
+    let (var, dir) = (home.var, home.dir());
     let shown = dir.display();
     match std::fs::metadata(&dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => row(
@@ -376,16 +335,7 @@ fn login_fix(init: &Value, adapter: &Adapter) -> String {
         }
     }
     if ways.is_empty() {
-        ways.push(
-            match adapter.agent {
-                "kimi" => "run `kimi login`",
-                "opencode" => "run `opencode auth login`",
-                "codex" => "run `codex-acp login`, or set OPENAI_API_KEY",
-                "grok" => "set XAI_API_KEY, or sign in with `grok`",
-                _ => "log in with the CLI",
-            }
-            .to_owned(),
-        );
+        ways.push(adapter.login_hint.to_owned());
     }
     ways.join("; or ")
 }
@@ -419,6 +369,7 @@ pub fn table(binary: &str, rows: &[Row], color: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::adapter::Tested;
     use std::os::unix::ffi::OsStringExt;
 
     #[test]
@@ -450,26 +401,36 @@ mod tests {
         assert_eq!(manifest_row(Err(std::io::Error::other("gone"))).status, Status::Warn);
     }
 
-    #[test]
-    fn login_fix_prefers_the_agents_terminal_command() {
-        let init = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Kimi account",
-            "_meta": {"terminal-auth": {"command": "/opt/kimi/bin/kimi", "args": ["login"]}}}]});
-        let adapter = Adapter {
-            agent: "kimi",
-            cli_name: "Kimi Code CLI",
-            install_hint: "",
+    /// A made-up adapter: doctor reads every fact from the value, never from an agent's name.
+    fn demo() -> Adapter {
+        let tested = Tested { what: "Demo CLI", version: "1.2.3", package: None, install: "get demo@1.2.3" };
+        Adapter {
+            agent: "demo",
+            cli_name: "Demo CLI",
+            install_hint: "get demo",
+            tested,
+            also_tested: &[],
+            data_home: DataHome { var: "DEMO_HOME", default: ".demo", sub: "" },
+            login_hint: "run `demo sign-in`",
             default_command: || Err(String::new()),
             version: |_| None,
             env_defaults: &[],
             layers: |_| {},
-        };
-        assert_eq!(login_fix(&init, &adapter), "run `kimi login`");
-        let via_node = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Kimi account",
-            "_meta": {"terminal-auth": {"command": "/opt/kimi/dist/main.mjs", "args": ["login"]}}}]});
-        assert_eq!(login_fix(&via_node, &adapter), "run `kimi login`");
-        let opencode = serde_json::json!({"authMethods": [{"id": "opencode-login", "name": "Login with opencode",
-            "description": "Run `opencode auth login` in the terminal"}]});
-        assert_eq!(login_fix(&opencode, &adapter), "Run `opencode auth login` in the terminal");
-        assert_eq!(login_fix(&Value::Null, &adapter), "run `kimi login`");
+        }
+    }
+
+    #[test]
+    fn login_fix_prefers_the_agents_terminal_command() {
+        let init = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Demo account",
+            "_meta": {"terminal-auth": {"command": "/opt/demo/bin/demo", "args": ["login"]}}}]});
+        let adapter = demo();
+        assert_eq!(login_fix(&init, &adapter), "run `demo login`");
+        let via_node = serde_json::json!({"authMethods": [{"id": "login", "name": "Login with Demo account",
+            "_meta": {"terminal-auth": {"command": "/opt/demo/dist/main.mjs", "args": ["login"]}}}]});
+        assert_eq!(login_fix(&via_node, &adapter), "run `demo sign-in`");
+        let described = serde_json::json!({"authMethods": [{"id": "demo-login", "name": "Login with demo",
+            "description": "Run `demo auth login` in the terminal"}]});
+        assert_eq!(login_fix(&described, &adapter), "Run `demo auth login` in the terminal");
+        assert_eq!(login_fix(&Value::Null, &adapter), "run `demo sign-in`");
     }
 }
