@@ -8,15 +8,17 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::fixture::load;
+use super::homes;
 use super::placeholder::{Bindings, cut};
 use super::script::{Script, Step};
 /// How to run [`check`].
 pub struct CheckOptions {
-    /// The shim binary (`coda-grok`, ...).
+    /// The shim binary (`coda-<agent>`).
     pub shim: PathBuf,
     /// The player binary (`acp-replay`).
     pub player: PathBuf,
-    /// `codex`, `kimi`, `grok`, `opencode`: names the `CODA_<AGENT>_COMMAND` variable.
+    /// The adapter's agent name ([`crate::cli::adapter::Adapter::agent`]): the shim finds the player through
+    /// that adapter's command variable.
     pub agent: String,
     /// Longest wait for one frame.
     pub timeout: Duration,
@@ -36,18 +38,20 @@ pub struct CheckReport {
 /// receives with the recording. The error says what differed, with the shim's (and the player's) stderr.
 pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String> {
     let records = load(fixture).map_err(|e| e.to_string())?;
+    let adapter =
+        crate::adapters::by_agent(&opts.agent).ok_or_else(|| format!("no adapter is named {:?}", opts.agent))?;
     let temp =
         tempfile::Builder::new().prefix("acp-replay-").tempdir().map_err(|e| format!("cannot make a temp dir: {e}"))?;
     let root = temp.path().to_path_buf();
     let mut bindings = Bindings::default();
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    for (name, dir) in [
-        ("ROOT", root.clone()),
-        ("HOME", root.join("home")),
-        ("KIMI_CODE_HOME", root.join("home/.kimi-code")),
-        ("CWD", root.join("work")),
-        ("TMPDIR", root.join("tmp")),
-    ] {
+    // The live runs' layout (see `Normaliser::for_live_root`), with the data folders whose session files the
+    // shims read at their default place under HOME, named by their own variables.
+    let homes = homes::with_session_files();
+    let home_dirs = homes.iter().map(|h| (h.var, root.join("home").join(h.default)));
+    let layout =
+        [("ROOT", root.clone()), ("HOME", root.join("home")), ("CWD", root.join("work")), ("TMPDIR", root.join("tmp"))];
+    for (name, dir) in layout.into_iter().chain(home_dirs) {
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         bindings.set(name, path(dir));
     }
@@ -61,8 +65,8 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", bindings.get("HOME").unwrap_or_default())
         .env("TMPDIR", bindings.get("TMPDIR").unwrap_or_default())
-        .env("KIMI_CODE_HOME", bindings.get("KIMI_CODE_HOME").unwrap_or_default())
-        .env(format!("CODA_{}_COMMAND", opts.agent.to_ascii_uppercase()), player)
+        .envs(homes.iter().map(|h| (h.var, bindings.get(h.var).unwrap_or_default())))
+        .env(adapter.command_env(), player)
         .current_dir(root.join("work"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

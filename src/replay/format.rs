@@ -183,7 +183,7 @@ mod tests {
             "\n\n",
             r#"{"ts":"2026-01-01T00:00:00.350Z","dir":"agent->shim","line":"hello"}"#,
             "\n",
-            r#"{"t":5,"dir":"agent->file","file":{"op":"append","path":"{{KIMI_CODE_HOME}}/w","data":"x\n"}}"#,
+            r#"{"t":5,"dir":"agent->file","file":{"op":"append","path":"{{HOME}}/w","data":"x\n"}}"#,
         );
         let r = parse_records(trace).unwrap();
         assert_eq!(r.len(), 3);

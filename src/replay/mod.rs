@@ -13,6 +13,7 @@ pub mod check;
 pub mod file_op;
 pub mod fixture;
 pub mod format;
+pub mod homes;
 pub mod normalise;
 pub mod placeholder;
 pub mod script;

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::file_op::FileOp;
 use super::format::{Body, ParseError, Record, parse_records};
+use super::homes;
 use super::placeholder::is_name;
 use crate::trace::Dir;
 
@@ -64,8 +65,11 @@ impl Normaliser {
     /// The usual substitutions for a live run in `root` (HOME = root/home, cwd = root/work, TMPDIR = root/tmp).
     pub fn for_live_root(root: &Path) -> Normaliser {
         let mut n = Normaliser::default();
+        let homes = homes::with_session_files();
         for variant in path_variants(root) {
-            n.add(&format!("{variant}/home/.kimi-code"), "KIMI_CODE_HOME");
+            for home in &homes {
+                n.add(&format!("{variant}/home/{}", home.default), home.var);
+            }
             n.add(&format!("{variant}/home"), "HOME");
             n.add(&format!("{variant}/work"), "CWD");
             n.add(&format!("{variant}/tmp"), "TMPDIR");
@@ -179,7 +183,7 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
         }
         let f: FileLogLine = crate::json::from_str(line).map_err(|e| RecordError::FileLogNotARecord(i + 1, e))?;
         let ts = humantime::parse_rfc3339_weak(&f.ts).map_err(|e| RecordError::FileLogBadTs(i + 1, f.ts.clone(), e))?;
-        if ["/.index-dirty/", "/logs/", ".tmp."].iter().any(|s| f.op.path.contains(s)) {
+        if homes::ignored(&f.op.path) {
             continue;
         }
         let r = Record { edge: Dir::AgentToFile, t: None, shim: false, body: Body::File(f.op), lineno: 0 };
@@ -252,13 +256,26 @@ mod tests {
     use super::*;
     use crate::replay::format::render;
 
+    /// A data folder whose session files a shim reads (`@DEFAULT@` under HOME, placeholder `{{@VAR@}}`), and a
+    /// part of path its CLI's file log leaves out (`@IGNORED@`).
+    fn with_session_files(text: &str) -> String {
+        let (home, files) = crate::adapters::all()
+            .into_iter()
+            .find_map(|a| a.session_files.filter(|_| a.data_home.owns_var()).map(|s| (a.data_home, s)))
+            .expect("an adapter reads session files");
+        let ignored = files.ignored.first().copied().unwrap_or(".tmp.");
+        text.replace("@DEFAULT@", home.default).replace("@VAR@", home.var).replace("@IGNORED@", ignored)
+    }
+
     #[test]
     fn normaliser_replaces_longest_paths_first_and_the_shim_pid() {
         let n = Normaliser::for_live_root(Path::new("/nonexistent-root/r1"));
-        let text = r#"{"cwd":"/nonexistent-root/r1/work","h":"/nonexistent-root/r1/home/.kimi-code/sessions","t":"/nonexistent-root/r1/tmp/x","r":"/nonexistent-root/r1","id":"coda-shim-123-4","s":"coda-shim-x-1"}"#;
+        let text = r#"{"cwd":"/nonexistent-root/r1/work","h":"/nonexistent-root/r1/home/@DEFAULT@/sessions","t":"/nonexistent-root/r1/tmp/x","r":"/nonexistent-root/r1","id":"coda-shim-123-4","s":"coda-shim-x-1"}"#;
         assert_eq!(
-            n.apply(text),
-            r#"{"cwd":"{{CWD}}","h":"{{KIMI_CODE_HOME}}/sessions","t":"{{TMPDIR}}/x","r":"{{ROOT}}","id":"coda-shim-{{SHIM_PID}}-4","s":"coda-shim-x-1"}"#
+            n.apply(&with_session_files(text)),
+            with_session_files(
+                r#"{"cwd":"{{CWD}}","h":"{{@VAR@}}/sessions","t":"{{TMPDIR}}/x","r":"{{ROOT}}","id":"coda-shim-{{SHIM_PID}}-4","s":"coda-shim-x-1"}"#
+            )
         );
         assert_eq!(n.leftovers("see /tmp/foo and /work/x"), vec!["/tmp/".to_owned(), "/work/".to_owned()]);
         assert!(n.leftovers("{{CWD}}/a").is_empty());
@@ -273,19 +290,19 @@ mod tests {
             r#"{"ts":"2026-01-01T00:00:00.010Z","dir":"agent->shim","frame":{"jsonrpc":"2.0","method":"u","params":{"cwd":"/nonexistent-root/r2/work"}}}"#,
             "\n",
         );
-        let files = concat!(
-            r#"{"ts":"2026-01-01T00:00:00.005Z","op":"append","path":"/nonexistent-root/r2/home/.kimi-code/sessions/w","data":"{\"cwd\":\"/nonexistent-root/r2/work\"}\n"}"#,
+        let files = with_session_files(concat!(
+            r#"{"ts":"2026-01-01T00:00:00.005Z","op":"append","path":"/nonexistent-root/r2/home/@DEFAULT@/sessions/w","data":"{\"cwd\":\"/nonexistent-root/r2/work\"}\n"}"#,
             "\n",
-            r#"{"ts":"2026-01-01T00:00:00.006Z","op":"write","path":"/nonexistent-root/r2/home/.kimi-code/sessions/.index-dirty/s.1"}"#,
+            r#"{"ts":"2026-01-01T00:00:00.006Z","op":"write","path":"/nonexistent-root/r2/home/@DEFAULT@/sessions@IGNORED@s.1"}"#,
             "\n",
-            r#"{"ts":"2026-01-01T00:00:00.010Z","op":"replace","path":"/nonexistent-root/r2/home/.kimi-code/state.json","data":"{}"}"#,
-        );
-        let out = record(trace, Some(files), &n).unwrap();
+            r#"{"ts":"2026-01-01T00:00:00.010Z","op":"replace","path":"/nonexistent-root/r2/home/@DEFAULT@/state.json","data":"{}"}"#,
+        ));
+        let out = record(trace, Some(&files), &n).unwrap();
         let edges: Vec<Dir> = out.iter().map(|r| r.edge).collect();
         assert_eq!(edges, vec![Dir::AgentToShim, Dir::AgentToFile, Dir::AgentToShim, Dir::AgentToFile]);
         assert_eq!(out.iter().map(|r| r.t).collect::<Vec<_>>(), vec![Some(0), Some(5), Some(10), Some(10)]);
         let Body::File(op) = &out[1].body else { panic!() };
-        assert_eq!(op.path, "{{KIMI_CODE_HOME}}/sessions/w");
+        assert_eq!(op.path, with_session_files("{{@VAR@}}/sessions/w"));
         assert_eq!(op.data.as_deref(), Some("{\"cwd\":\"{{CWD}}\"}\n"));
         assert_eq!(out[2].body, Body::Frame(r#"{"jsonrpc":"2.0","method":"u","params":{"cwd":"{{CWD}}"}}"#.into()));
         // Rendered and parsed back, the records are the same.
@@ -302,9 +319,9 @@ mod tests {
             "\n",
         );
         let files = concat!(
-            r#"{"ts":"2026-01-01T00:00:00.000400Z","at":"open","op":"append","path":"{{KIMI_CODE_HOME}}/w","data":"h\n"}"#,
+            r#"{"ts":"2026-01-01T00:00:00.000400Z","at":"open","op":"append","path":"{{HOME}}/w","data":"h\n"}"#,
             "\n",
-            r#"{"ts":"2026-01-01T00:00:00.000500Z","op":"append","path":"{{KIMI_CODE_HOME}}/w","data":"x\n"}"#,
+            r#"{"ts":"2026-01-01T00:00:00.000500Z","op":"append","path":"{{HOME}}/w","data":"x\n"}"#,
         );
         let out = record(trace, Some(files), &Normaliser::default()).unwrap();
         let edges: Vec<Dir> = out.iter().map(|r| r.edge).collect();

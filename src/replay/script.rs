@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::file_op::FileOp;
 use super::format::{Body, Record};
+use super::homes;
 use super::placeholder::{Bindings, Difference, Escape, cut, fill, match_str, match_value};
 use crate::trace::Dir;
 
@@ -234,9 +235,10 @@ impl Script {
 pub fn env_fallback(name: &str) -> Option<String> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     match name {
-        "HOME" | "KIMI_CODE_HOME" | "CODEX_HOME" | "GROK_HOME" => var(name),
         "TMPDIR" => var("TMPDIR").or_else(|| Some("/tmp".into())),
         "CWD" => std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned()),
+        "HOME" => var(name),
+        _ if homes::own_vars().contains(&name) => var(name),
         _ => None,
     }
 }
@@ -314,7 +316,7 @@ mod tests {
                 shim: false,
                 body: Body::File(FileOp {
                     op: FileOpKind::Append,
-                    path: "{{KIMI_CODE_HOME}}/s/wire.jsonl".into(),
+                    path: "{{DATA_HOME}}/s/wire.jsonl".into(),
                     data: Some("{\"cwd\":\"{{CWD}}\"}\n".into()),
                     base64: None,
                     to: None,
@@ -327,7 +329,7 @@ mod tests {
                 shim: false,
                 body: Body::File(FileOp {
                     op: FileOpKind::Replace,
-                    path: "{{KIMI_CODE_HOME}}/s/out.log".into(),
+                    path: "{{DATA_HOME}}/s/out.log".into(),
                     data: None,
                     base64: Some("aGk=".into()),
                     to: None,
@@ -339,7 +341,7 @@ mod tests {
             records,
             Side::Agent,
             true,
-            Bindings::from_iter([("KIMI_CODE_HOME", root.as_str()), ("CWD", "/c\"d")]),
+            Bindings::from_iter([("DATA_HOME", root.as_str()), ("CWD", "/c\"d")]),
             Box::new(|_| None),
         );
         for _ in 0..2 {
