@@ -10,7 +10,8 @@
 //! `session/update` frames of S bytes, each stamped with its send time (CLOCK_REALTIME, ns). Run with
 //! `cargo bench --bench relay` (add `-- --quick` for a shorter run, and section names such as
 //! `throughput latency initialize memory soak` to run only those; env `CODA_BENCH_NO_NODE=1` skips
-//! Node). Nothing here asserts a time.
+//! Node). Env `CODA_BENCH_BASELINE=<another coda-opencode>` adds that build as a path of the same
+//! run (a refactor is judged by shim/baseline, not by numbers from another day). Nothing here asserts a time.
 
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -83,6 +84,9 @@ enum Path {
     Node,
     /// `cat` in each direction: a process in the middle that only copies, the floor for any relay.
     Cat,
+    /// Another build of `coda-opencode` (env `CODA_BENCH_BASELINE`, e.g. the previous main's release build), run
+    /// in the same session so a change is judged by same-run ratios.
+    Baseline,
 }
 
 impl Path {
@@ -92,6 +96,7 @@ impl Path {
             Path::Shim => "coda-opencode",
             Path::Node => "node forwarder",
             Path::Cat => "cat",
+            Path::Baseline => "baseline coda-opencode",
         }
     }
 }
@@ -110,6 +115,11 @@ fn spawn(path: Path) -> Peer {
         Path::Direct => Command::new(&me),
         Path::Shim => {
             let mut c = Command::new(env!("CARGO_BIN_EXE_coda-opencode"));
+            c.arg("--agent-command").arg(shell_words::quote(&me.display().to_string()).into_owned());
+            c
+        }
+        Path::Baseline => {
+            let mut c = Command::new(std::env::var_os("CODA_BENCH_BASELINE").expect("CODA_BENCH_BASELINE"));
             c.arg("--agent-command").arg(shell_words::quote(&me.display().to_string()).into_owned());
             c
         }
@@ -268,6 +278,10 @@ fn main() {
     } else {
         println!("node not found: the Node forwarder baseline is skipped");
     }
+    if let Some(base) = std::env::var_os("CODA_BENCH_BASELINE") {
+        println!("baseline: {} (CODA_BENCH_BASELINE)", PathBuf::from(base).display());
+        paths.push(Path::Baseline);
+    }
     let scale = if quick { 4 } else { 1 };
 
     if run("throughput") {
@@ -317,6 +331,14 @@ fn main() {
                 cpu[1],
                 node.map_or("-".into(), |_| cpu[2].to_string()),
             );
+            if let Some(base) = at(Path::Baseline) {
+                println!(
+                    "|   baseline | {count} | {direct:.0} | {base:.0} | {:.2} | shim/baseline {:.2} | | | {} | |",
+                    base / direct,
+                    shim / base,
+                    cpu[paths.iter().position(|p| *p == Path::Baseline).unwrap_or(0)],
+                );
+            }
             budgets.push((size, direct_costs, cpu[1]));
         }
         budget(&budgets);
@@ -379,10 +401,11 @@ fn main() {
             let peak = peer.peak_rss_kib(path).unwrap_or(0);
             peer.finish();
             println!("- {}: {peak} KiB", path.name());
-            peaks.push(peak);
+            peaks.push((path, peak));
         }
-        if peaks.len() == 2 {
-            println!("node/shim peak RSS = {:.1}x", peaks[1] as f64 / peaks[0].max(1) as f64);
+        let peak = |p: Path| peaks.iter().find(|(q, _)| *q == p).map(|(_, k)| *k as f64);
+        if let (Some(shim), Some(node)) = (peak(Path::Shim), peak(Path::Node)) {
+            println!("node/shim peak RSS = {:.1}x", node / shim.max(1.0));
         }
     }
     if !run("soak") {

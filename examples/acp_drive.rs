@@ -8,7 +8,7 @@
 //! acp_drive --agent grok --base-url http://127.0.0.1:PORT/v1 --temp DIR [--shim PATH] STEPS...
 //! acp_drive --cmd "some-agent --stdio" STEPS...
 //! ```
-//! With `--agent` the pinned CLI from `.live/` runs hermetically (see `tests/support/live.rs`);
+//! With `--agent` the pinned CLI from `.live/` runs hermetically (see `tests/live-rig/src/live.rs`);
 //! `--shim` runs our shim binary with that CLI as its child instead. Steps come from the arguments,
 //! or one per line from `--script FILE`:
 //!
@@ -25,15 +25,13 @@
 //! | `sleep MS` | reads frames for MS milliseconds |
 //! | `restart` | closes the agent and starts a fresh process |
 
-#[path = "../tests/support/live.rs"]
-mod live;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant, SystemTime};
 
+use live_rig::live;
 use serde_json::{Value, json};
 
 struct Options {

@@ -2,12 +2,11 @@
 //!
 //! `cargo run --example fake_model [-- --port-file FILE] [--dump-dir DIR]`
 //! prints the base URL (`http://127.0.0.1:PORT/v1`) on stdout, logs one line per request to stderr
-//! and serves until killed. Markers understood in prompts are listed in `tests/support/fake_model.rs`.
-
-#[path = "../tests/support/fake_model.rs"]
-mod fake_model;
+//! and serves until killed. Markers understood in prompts are listed in `tests/live-rig/src/fake_model/mod.rs`.
 
 use std::path::PathBuf;
+
+use live_rig::fake_model;
 
 fn main() {
     let mut options = fake_model::Options { log_requests: true, dump_dir: None };

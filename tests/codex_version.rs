@@ -3,10 +3,9 @@
 //! `npx`-style command, or `CODEX_PATH`. Each stand-in runs the scripted test agent for ACP and answers
 //! `cli -V` the way codex-acp 2.6.0 does (`codex-cli 0.166.0`).
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

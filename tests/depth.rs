@@ -3,10 +3,9 @@
 //! lives on; a frame a layer must rewrite is read whatever the frame check accepted (a number beyond f64,
 //! 200 levels of nesting), so it is rewritten, never passed on untouched.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::time::Duration;
 

@@ -1,10 +1,9 @@
 //! `coda-<agent> doctor`: the checks and their table, with the scripted test agent (or a stand-in program)
 //! as the wrapped CLI.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -7,18 +7,9 @@
 //! marker makes the fake model answer with that failure in the OpenAI shape the CLI's provider speaks. Prints, per
 //! case, what Coda received and how long the turn took (the measurements in README's failure table).
 
-#[path = "support/failures.rs"]
-mod failures;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/replay.rs"]
-mod replay_support;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{failures, fake_model, live, replay as replay_support, shim, temp};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

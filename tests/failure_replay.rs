@@ -4,10 +4,9 @@
 //! (section 执行失败: the kind only from an explicit upstream reason, a login problem -32000, retries the CLI
 //! would keep up for over a minute stopped with the failure).
 
-#[path = "support/failures.rs"]
-mod failures;
-#[path = "support/replay.rs"]
-mod replay_support;
+mod support;
+
+use support::{failures, replay as replay_support};
 
 use coda_shim::replay::Dir;
 use serde_json::Value;

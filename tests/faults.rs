@@ -1,8 +1,9 @@
 //! Bad input and misbehaving peers (issue: hardening): the shim answers or warns, never panics, never
 //! loses or reorders a frame, and keeps memory bounded under backpressure.
 
-#[path = "support/shim.rs"]
-mod shim;
+mod support;
+
+use support::shim;
 
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -3,10 +3,9 @@
 //! `fixtures/coda-instruction.md`), the recorded prompts carried it, and Kimi's title is the one Kimi
 //! makes from the user's own first prompt. `tests/replay.rs` replays the same fixtures through the binaries.
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/replay.rs"]
-mod replay_support;
+mod support;
+
+use support::{coda_text, replay as replay_support};
 
 use serde_json::Value;
 

@@ -4,20 +4,9 @@
 //! the recordings go to `fixtures/grok/<scenario>/`. Each scenario asserts the `_coda/wait` sequence Coda got
 //! from the real CLI, then replays its recording through the same shim.
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/replay.rs"]
-mod replay_support;
-#[path = "grok_live/rig.rs"]
-mod rig;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{fake_model, live, recorder as rig, temp};
 
 use std::path::Path;
 use std::time::Duration;

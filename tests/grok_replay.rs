@@ -3,8 +3,9 @@
 //! sends Coda exactly what it sent live; the assertions spell out what those frames had to be by Coda's
 //! rules ("Agent 活动").
 
-#[path = "support/replay.rs"]
-mod replay_support;
+mod support;
+
+use support::replay as replay_support;
 
 use coda_shim::replay::{self, Body, Dir};
 use serde_json::Value;

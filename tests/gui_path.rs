@@ -7,10 +7,9 @@
 //! Homebrew's `/opt/homebrew/bin` and `/usr/local/bin` are system folders a test may not write to; their place
 //! in the order is checked by src/locate.rs's unit tests.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -7,14 +7,9 @@
 //! npm does for a Node installed in the same prefix. The machine's own `/usr/bin/node` (on that PATH) may be
 //! older than Kimi's minimum (22.19): the run only works when the child's PATH starts with the CLI's folder.
 
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{fake_model, live, shim, temp};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -1,7 +1,8 @@
 //! Section 会话指令 of Coda's protocol, checked on the real binaries against the scripted test agent.
 
-#[path = "support/shim.rs"]
-mod shim;
+mod support;
+
+use support::shim;
 
 use serde_json::{Value, json};
 use shim::{new_session_params, prompt_params, received_prompt, with_test_agent};

@@ -6,10 +6,9 @@
 //! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order) and in its
 //! data folder (symbolic links out of the session folder, a FIFO for a wire, a huge append, one huge line).
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;

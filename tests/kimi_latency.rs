@@ -8,8 +8,9 @@
 //! Run: `cargo test --release --test kimi_latency -- --ignored --nocapture --test-threads 1`; `CODA_KIMI_BIN=PATH`
 //! measures another build of coda-kimi (e.g. an older one, for a before/after comparison).
 
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::temp;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

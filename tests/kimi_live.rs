@@ -5,19 +5,11 @@
 //! `CODA_RECORD=1` also writes the fixtures (review the diff before committing); `CODA_KIMI_ONLY=a,b` limits
 //! the scenarios. Each scenario runs coda-kimi with `--trace-file` and `CODA_KIMI_RECORD` (the watcher's file
 //! log, with the session's files as found when it opened) against `kimi acp` and the fake model, and prints
-//! what Coda received (`expected.txt` notation, see tests/kimi_common).
+//! what Coda received (`expected.txt` notation, see tests/support/kimi_expected.rs).
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-mod kimi_common;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/replay.rs"]
-mod replay_support;
-#[path = "support/shim.rs"]
-mod shim;
+mod support;
+
+use support::{coda_text, fake_model, kimi_expected as kimi_common, live, replay as replay_support, shim};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

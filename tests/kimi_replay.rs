@@ -4,12 +4,14 @@
 //! (checked here against the fixture's own `trace.jsonl`). The whole binary replays the same fixtures in
 //! `tests/replay.rs` (`kimi_fixtures_replay`), asserting every frame exactly.
 //!
-//! `expected.txt`: see tests/kimi_common (`answer` lines are the prompt answers, and `session_info_update`
+//! `expected.txt`: see tests/support/kimi_expected.rs (`answer` lines are the prompt answers, and `session_info_update`
 //! lines Kimi's title rewritten by the title layer, which this layer-level replay does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test kimi_replay`.
 
-mod kimi_common;
+mod support;
+
 use coda_shim::adapters::kimi::translate;
 use coda_shim::adapters::kimi::wire;
+use support::kimi_expected as kimi_common;
 
 use coda_shim::frame::Frame;
 use serde_json::Value;

@@ -5,10 +5,7 @@
 //! reordered). The watch's scans go through the real activity layer; every schedule must give what Coda received
 //! in the live run (`expected.txt`, as in `tests/kimi_replay.rs`).
 
-use coda_shim::adapters::kimi::activity;
-use coda_shim::adapters::kimi::events;
-mod kimi_common;
-use coda_shim::adapters::kimi::watch;
+mod support;
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -17,9 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
+use coda_shim::adapters::kimi::{activity, events, watch};
 use coda_shim::frame::Frame;
 use coda_shim::layer::{Exits, Stack};
 use serde_json::{Value, json};
+use support::kimi_expected as kimi_common;
 
 use events::{EventSource, Wake};
 use watch::{Scan, Watch};

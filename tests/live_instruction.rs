@@ -1,16 +1,9 @@
 //! Live: the session instruction on the real CLIs, checked on both sides: what the client gets and
 //! what the model receives. Opt-in (`CODA_LIVE=1`, after `scripts/install-clis`); skipped otherwise.
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{coda_text, fake_model, live, shim, temp};
 
 use std::time::Duration;
 

@@ -6,18 +6,9 @@
 //! also written to `fixtures/<agent>/<scenario>/` (review the diff before committing). `CODA_RECORD_ONLY=grok,…`
 //! limits the agents.
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/replay.rs"]
-mod replay_support;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{coda_text, fake_model, live, replay as replay_support, shim, temp};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -6,10 +6,9 @@
 //! so a schema change cannot make the test pass by being ignored. Patterns are the schema's own, run with
 //! the `regex` crate; the one lookahead the schemas use, `(?=.*\S)` ("not blank"), is checked directly.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::path::{Path, PathBuf};
 

@@ -7,18 +7,9 @@
 //! own server; the events it handled are logged (`CODA_OPENCODE_RECORD`) and merged into the fixture, where
 //! the replay player writes them back for the shim to read.
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/replay.rs"]
-mod replay_support;
-#[path = "grok_live/rig.rs"]
-mod rig;
-#[path = "support/shim.rs"]
-mod shim;
+mod support;
+
+use support::{fake_model, live, recorder as rig, replay as replay_support, shim};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

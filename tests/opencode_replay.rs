@@ -5,8 +5,9 @@
 //! as `agent->file` records, which the player writes where the shim reads them (`CODA_OPENCODE_EVENTS`). The
 //! assertions spell out what Coda's rules ask of the recorded sequences.
 
-#[path = "support/replay.rs"]
-mod replay_support;
+mod support;
+
+use support::replay as replay_support;
 
 use coda_shim::replay::{self, Body, Dir, Record};
 use serde_json::Value;

@@ -3,10 +3,9 @@
 //! target left alone. Every writer: `--trace-file` / `CODA_SHIM_TRACE`, `CODA_OPENCODE_RECORD`,
 //! `CODA_KIMI_RECORD`, `acp-replay record`'s fixture and `ACP_REPLAY_REPORT`.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};

@@ -2,14 +2,9 @@
 //! 30 s after a cancelled turn that has not ended (protocol "处理" item 3, "进程结束"), and a shim may be
 //! SIGKILLed any time; the CLI runs in a group of its own, which a watchdog kills when the shim is gone.
 
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{fake_model, live, shim, temp};
 
 use std::time::{Duration, Instant};
 

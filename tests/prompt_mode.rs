@@ -2,16 +2,9 @@
 //! recording) as child, with stdin not a terminal, and the transcript, the exit status, the refusal of
 //! permission requests and Ctrl-C are checked. A live run on the real CLIs is opt-in (`CODA_LIVE=1`).
 
-#[path = "support/coda_text.rs"]
-mod coda_text;
-#[path = "support/fake_model.rs"]
-mod fake_model;
-#[path = "support/live.rs"]
-mod live;
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{coda_text, fake_model, live, shim, temp};
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -2,10 +2,9 @@
 //! data. Every bad input here carries a marker; at the default level (and at info) stderr names where and
 //! how long, never the marker. At debug the marker is there, so the test can see it.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::time::Duration;
 

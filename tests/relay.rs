@@ -1,9 +1,8 @@
 //! The relay itself: lossless passthrough, agentInfo, errors, child exit and the shutdown ladder.
 
-#[path = "support/shim.rs"]
-mod shim;
-#[path = "support/temp.rs"]
-mod temp;
+mod support;
+
+use support::{shim, temp};
 
 use std::time::Duration;
 

@@ -1,10 +1,9 @@
 //! Every committed fixture replayed through its shim binary, with `acp-replay` as the CLI; and the
 //! record -> replay pipeline itself, on a trace of the scripted test agent.
 
-#[path = "support/replay.rs"]
-mod replay_support;
-#[path = "support/shim.rs"]
-mod shim;
+mod support;
+
+use support::{replay as replay_support, shim};
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

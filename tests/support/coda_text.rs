@@ -1,8 +1,8 @@
-//! What Coda really sends, for the live tests and the recorders: its session instruction (a real-size one,
-//! shared with every suite through `fixtures/coda-instruction.md`), a one-line instruction for the scenario
-//! that keeps the short form, and a multi-line first prompt. `leak` finds any part of either instruction in
-//! what a client received.
-#![allow(dead_code)]
+//! What Coda really sends, for the live tests and the recorders.
+//!
+//! Its session instruction (a real-size one, shared with every suite through `fixtures/coda-instruction.md`), a
+//! one-line instruction for the scenario that keeps the short form, and a multi-line first prompt. `leak` finds any
+//! part of either instruction in what a client received.
 
 use serde_json::Value;
 

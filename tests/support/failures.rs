@@ -1,6 +1,7 @@
-//! The upstream failure cases of `tests/failure_live.rs` and what Coda must receive for each, per CLI (README
-//! "Upstream failures"); the replays of the recordings (`tests/failure_replay.rs`) check the same table.
-#![allow(dead_code)]
+//! The upstream failure cases and what Coda must receive for each, per CLI (README "Upstream failures").
+//!
+//! `tests/failure_live.rs` prompts them against the real CLIs; the replays of its recordings
+//! (`tests/failure_replay.rs`) check the same table.
 
 use serde_json::Value;
 

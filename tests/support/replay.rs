@@ -1,6 +1,6 @@
-//! Replays of recorded fixtures (`fixtures/<agent>/<scenario>/trace.jsonl`) against the shim binaries,
-//! with `acp-replay` standing in for the CLI (format and rules: `fixtures/README.md`).
-#![allow(dead_code)]
+//! Replays recorded fixtures through the shim binaries, with `acp-replay` standing in for the CLI.
+//!
+//! A fixture is `fixtures/<agent>/<scenario>/trace.jsonl` (format and rules: `fixtures/README.md`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,15 +26,8 @@ pub fn fixtures(agent: &str) -> Vec<PathBuf> {
     out
 }
 
-pub fn shim_binary(agent: &str) -> PathBuf {
-    PathBuf::from(match agent {
-        "grok" => env!("CARGO_BIN_EXE_coda-grok"),
-        "opencode" => env!("CARGO_BIN_EXE_coda-opencode"),
-        "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
-        "codex" => env!("CARGO_BIN_EXE_coda-codex"),
-        other => panic!("no shim binary for {other}"),
-    })
-}
+/// The `coda-<agent>` binary cargo built for the tests.
+pub use super::shim::binary as shim_binary;
 
 pub fn player() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"))

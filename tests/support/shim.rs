@@ -1,5 +1,4 @@
 //! Runs a shim binary as Coda would, over pipes, with the scripted test agent (or any command) as child.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
-//! Temporary directories for tests (the `tempfile` crate), removed when dropped, so also when the test
-//! panics (the guard is dropped while unwinding). `CODA_TEST_KEEP_TEMP=1` keeps them and prints where
-//! they are, for debugging.
-#![allow(dead_code)]
+//! Temporary directories for tests (the `tempfile` crate), removed when dropped.
+//!
+//! Also when the test panics (the guard is dropped while unwinding). `CODA_TEST_KEEP_TEMP=1` keeps them and prints
+//! where they are, for debugging.
 
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
-//! What Coda receives from coda-kimi, as one readable line per frame that matters for activity
-//! (`expected.txt` of a Kimi fixture): the shim's `_coda/wait` reports and the `session/update`s it made
+//! What Coda received from coda-kimi, one readable line per frame (the `expected.txt` of a Kimi fixture).
+//!
+//! The lines are the frames that matter for activity: the shim's `_coda/wait` reports and the `session/update`s it made
 //! from Kimi's files, and the answers of prompts, in the order Coda receives them. `S` is the main session.
-#![allow(dead_code)]
 
 use serde_json::Value;
 

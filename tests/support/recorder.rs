@@ -1,8 +1,8 @@
-//! Recording activity scenarios of the real Grok Build and OpenCode through their shims (opt-in, like
-//! `tests/live_record.rs`): a client that plays Coda (answers permission requests with "allow once"), and
-//! `keep`, which normalises a trace, replays it through the same shim at once and, with `CODA_RECORD=1`,
-//! writes `fixtures/<agent>/<scenario>/`.
-#![allow(dead_code)]
+//! Records activity scenarios of the real Grok Build and OpenCode through their shims as fixtures.
+//!
+//! Opt-in, like `tests/live_record.rs`: a client that plays Coda (answers permission requests with "allow once"), and
+//! `keep`, which normalises a trace, replays it through the same shim at once and, with `CODA_RECORD=1`, writes
+//! `fixtures/<agent>/<scenario>/`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use coda_shim::replay::{self, Normaliser};
 use serde_json::{Value, json};
 
-use crate::{coda_text, live, replay_support, shim};
+use super::replay as replay_support;
+use super::{coda_text, live, shim};
 
 /// Whether live recording of `agent` is switched on and possible; says why not on stderr.
 pub fn enabled(agent: &str) -> bool {
@@ -25,11 +26,9 @@ pub fn enabled(agent: &str) -> bool {
     true
 }
 
-pub fn pinned(agent: &str) -> &'static str {
-    match agent {
-        "grok" => "@xai-official/grok@1.0.41",
-        _ => "opencode-ai@1.18.33",
-    }
+/// The pinned package of `agent` (as `scripts/install-clis` installs it), for `meta.json`.
+pub fn pinned(agent: &str) -> String {
+    live_rig::cli::by_name(agent).map(live_rig::cli::Cli::pinned).unwrap_or_else(|| panic!("no pinned CLI {agent}"))
 }
 
 /// One shim process against the live CLI, tracing into a file; every frame Coda received is kept.

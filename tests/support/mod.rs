@@ -1,0 +1,23 @@
+//! Support code of the binary tests, reached from each test the one way: `mod support;`.
+//!
+//! - [`shim`]: a shim binary run as Coda runs it, with the scripted test agent (`examples/test_agent.rs`) or any
+//!   command as child; [`temp`]: temporary folders;
+//! - [`replay`]: fixtures replayed through the shim binaries with `acp-replay`; [`recorder`]: recording a live
+//!   session as a fixture; [`kimi_expected`]: what Coda received from coda-kimi, in `expected.txt` notation;
+//! - [`coda_text`]: what Coda really sends (its instruction, a first prompt); [`failures`]: the upstream
+//!   failure cases and what Coda must get for each;
+//! - [`fake_model`] and [`live`]: the fake model server and the hermetic set-up of each real CLI, from the
+//!   `live-rig` package (shared with the examples; it needs no shim binary).
+// Each test binary compiles this module and uses part of it: what one binary leaves unused (an item, or the
+// rig's modules re-exported below) is used by another, so neither is dead code here.
+#![allow(dead_code, unused_imports)]
+
+pub mod coda_text;
+pub mod failures;
+pub mod kimi_expected;
+pub mod recorder;
+pub mod replay;
+pub mod shim;
+pub mod temp;
+
+pub use live_rig::{fake_model, live};
