@@ -1,5 +1,6 @@
-//! The fixture checker: runs a shim binary with the player as its CLI, plays the client's side of a fixture
-//! and compares what the client receives with the recording.
+//! The fixture checker: a shim binary, with the player as its CLI, against the client's side of a fixture.
+//!
+//! [`check`] sends the recorded client frames and compares what the client receives with the recording.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
