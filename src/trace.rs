@@ -10,12 +10,15 @@ use std::io::Write;
 use std::path::Path;
 use std::time::SystemTime;
 
+/// Where a record was seen: the `"dir"` of a trace record (and of a fixture's, see `src/replay/`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {
     ClientToShim,
     ShimToAgent,
     AgentToShim,
     ShimToClient,
+    /// A session file written by the CLI: recordings merge these from a file log; the relay never traces one.
+    AgentToFile,
 }
 
 impl Dir {
@@ -25,7 +28,15 @@ impl Dir {
             Dir::ShimToAgent => "shim->agent",
             Dir::AgentToShim => "agent->shim",
             Dir::ShimToClient => "shim->client",
+            Dir::AgentToFile => "agent->file",
         }
+    }
+
+    /// The direction a record's `"dir"` names.
+    pub fn parse(s: &str) -> Option<Dir> {
+        [Dir::ClientToShim, Dir::ShimToAgent, Dir::AgentToShim, Dir::ShimToClient, Dir::AgentToFile]
+            .into_iter()
+            .find(|d| d.as_str() == s)
     }
 }
 

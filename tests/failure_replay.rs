@@ -8,17 +8,14 @@ mod support;
 
 use support::{failures, replay as replay_support};
 
-use coda_shim::replay::Edge;
+use coda_shim::replay::Dir;
 use serde_json::Value;
 
 /// Replays the fixture and returns the frames Coda and the CLI received in the recording.
 fn replayed(agent: &str) -> (Vec<Value>, Vec<Value>) {
     let dir = replay_support::fixtures_root().join(agent).join("upstream-failures");
     replay_support::check(agent, &dir).unwrap_or_else(|e| panic!("{agent}/upstream-failures: {e}"));
-    (
-        replay_support::recorded_frames(&dir, Edge::ShimToClient),
-        replay_support::recorded_frames(&dir, Edge::ShimToAgent),
-    )
+    (replay_support::recorded_frames(&dir, Dir::ShimToClient), replay_support::recorded_frames(&dir, Dir::ShimToAgent))
 }
 
 fn check(agent: &str) {

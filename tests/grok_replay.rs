@@ -7,7 +7,7 @@ mod support;
 
 use support::replay as replay_support;
 
-use coda_shim::replay::{self, Body, Edge};
+use coda_shim::replay::{self, Body, Dir};
 use serde_json::Value;
 
 /// Replays the fixture and returns the frames Coda received in the recording.
@@ -17,7 +17,7 @@ fn replayed(scenario: &str) -> Vec<Value> {
     let records = replay::load(&dir.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{scenario}: {e}"));
     records
         .into_iter()
-        .filter(|r| r.edge == Edge::ShimToClient)
+        .filter(|r| r.edge == Dir::ShimToClient)
         .filter_map(|r| match r.body {
             Body::Frame(text) => serde_json::from_str(&text).ok(),
             _ => None,

@@ -9,7 +9,7 @@ mod support;
 
 use support::replay as replay_support;
 
-use coda_shim::replay::{self, Body, Edge, Record};
+use coda_shim::replay::{self, Body, Dir, Record};
 use serde_json::Value;
 
 struct Replayed {
@@ -24,7 +24,7 @@ fn replayed(scenario: &str) -> Replayed {
     let dir = replay_support::fixtures_root().join("opencode").join(scenario);
     replay_support::check("opencode", &dir).unwrap_or_else(|e| panic!("opencode/{scenario}: {e}"));
     let records = replay::load(&dir.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{scenario}: {e}"));
-    let frames = |edge: Edge| -> Vec<Value> {
+    let frames = |edge: Dir| -> Vec<Value> {
         records
             .iter()
             .filter(|r| r.edge == edge)
@@ -34,7 +34,7 @@ fn replayed(scenario: &str) -> Replayed {
             })
             .collect()
     };
-    Replayed { to_client: frames(Edge::ShimToClient), to_agent: frames(Edge::ShimToAgent), records }
+    Replayed { to_client: frames(Dir::ShimToClient), to_agent: frames(Dir::ShimToAgent), records }
 }
 
 /// The events from OpenCode's server, with the time they were handled.
@@ -42,7 +42,7 @@ fn server_events(records: &[Record]) -> Vec<(u64, Value)> {
     records
         .iter()
         .filter_map(|r| match &r.body {
-            Body::File(op) if r.edge == Edge::AgentToFile => {
+            Body::File(op) if r.edge == Dir::AgentToFile => {
                 Some((r.t.unwrap_or(0), serde_json::from_str(op.data.as_deref()?).ok()?))
             }
             _ => None,
@@ -53,7 +53,7 @@ fn server_events(records: &[Record]) -> Vec<(u64, Value)> {
 /// When (ms into the recording) the first shim->client frame for which `f` holds was sent.
 fn sent_at(records: &[Record], f: impl Fn(&Value) -> bool) -> Option<u64> {
     records.iter().find_map(|r| match &r.body {
-        Body::Frame(text) if r.edge == Edge::ShimToClient => {
+        Body::Frame(text) if r.edge == Dir::ShimToClient => {
             serde_json::from_str::<Value>(text).ok().filter(|v| f(v)).map(|_| r.t.unwrap_or(0))
         }
         _ => None,

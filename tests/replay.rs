@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use coda_shim::replay::{self, Body, Edge, Normaliser};
+use coda_shim::replay::{self, Body, Dir, Normaliser};
 use serde_json::{Value, json};
 
 use replay_support::{check, check_all, fixtures};
@@ -143,7 +143,7 @@ fn a_client_frame_the_recording_does_not_have_is_reported_by_the_player() {
     let fixture = record_test_agent_session(&root.0);
     // The test now sends another prompt than the recorded agent got: the player must stop and say where.
     edit_fixture(&fixture, |r| match (&r.edge, &mut r.body) {
-        (Edge::ClientToShim, Body::Frame(f)) if f.contains("read {{CWD}}") => {
+        (Dir::ClientToShim, Body::Frame(f)) if f.contains("read {{CWD}}") => {
             *f = f.replace("read {{CWD}}", "write {{CWD}}");
             true
         }
@@ -163,7 +163,7 @@ fn a_client_side_difference_is_reported_with_its_place() {
     let fixture = record_test_agent_session(&root.0);
     // Pretend the shim used to answer session/new differently: the check must fail on that frame.
     edit_fixture(&fixture, |r| match (&r.edge, &mut r.body) {
-        (Edge::ShimToClient, Body::Frame(f))
+        (Dir::ShimToClient, Body::Frame(f))
             if serde_json::from_str::<Value>(f).is_ok_and(|v| v["id"] == 1 && v["result"]["sessionId"].is_string()) =>
         {
             *f = f.replace(r#""sessionId":""#, r#""sessionId":"X"#);

@@ -104,6 +104,7 @@ pub fn adapter() -> Adapter {
             install: INSTALL_TESTED,
         }],
         data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
+        session_files: None,
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
         default_command,
         version,

@@ -102,6 +102,7 @@ pub fn adapter() -> Adapter {
         },
         also_tested: &[],
         data_home: DataHome { var: "GROK_HOME", default: ".grok", sub: "" },
+        session_files: None,
         login_hint: "set XAI_API_KEY, or sign in with `grok`",
         default_command,
         version,

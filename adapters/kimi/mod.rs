@@ -10,7 +10,7 @@ pub mod translate;
 pub mod watch;
 pub mod wire;
 
-use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
+use crate::cli::adapter::{Adapter, DataHome, SessionFiles, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, plain_version};
 use crate::coda::instruction::Instruction;
 
@@ -45,6 +45,8 @@ pub fn adapter() -> Adapter {
         },
         also_tested: &[],
         data_home: DataHome { var: "KIMI_CODE_HOME", default: ".kimi-code", sub: "" },
+        // The shim watches the session files; Kimi's index markers and logs it never reads.
+        session_files: Some(SessionFiles { ignored: &["/.index-dirty/", "/logs/"] }),
         login_hint: "run `kimi login`",
         default_command,
         version: plain_version,

@@ -75,6 +75,7 @@ pub fn adapter() -> Adapter {
         also_tested: &[],
         // OpenCode follows the XDG base directories: `$XDG_DATA_HOME/opencode`, else `~/.local/share/opencode`.
         data_home: DataHome { var: "XDG_DATA_HOME", default: ".local/share", sub: "opencode" },
+        session_files: None,
         login_hint: "run `opencode auth login`",
         default_command,
         version: plain_version,

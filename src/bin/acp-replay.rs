@@ -16,7 +16,7 @@ Usage:
       session-file writes. A frame the recording does not have here: message on stderr, exit 3.
       --speed X          keep the recorded gaps between agent frames, divided by X (default: no gaps)
       --file-settle MS   pause after file writes before the next frame [default: 100, env ACP_REPLAY_FILE_SETTLE_MS]
-      Placeholders come from ACP_REPLAY_BIND_<NAME>, the received frames, or HOME/KIMI_CODE_HOME/TMPDIR/cwd.
+      Placeholders come from ACP_REPLAY_BIND_<NAME>, the received frames, or HOME/{HOMES}/TMPDIR/cwd.
 
   acp-replay record <TRACE.jsonl> <FIXTURE-DIR> --root DIR [--files FILE] [--subst PATH=NAME]... [--allow-paths]
       Normalise a --trace-file recording into FIXTURE-DIR/trace.jsonl. --root is the live run's temp dir
@@ -25,15 +25,22 @@ Usage:
   acp-replay check <FIXTURE> --shim <coda-BINARY> [--agent NAME] [--timeout SECS] [--env KEY=VALUE]...
       Run the shim with this player as its child, send the recorded client frames, compare what the
       client receives with the recording (what `cargo test --test replay` does). The shim gets a clean
-      environment (PATH, HOME, TMPDIR, KIMI_CODE_HOME of a fresh temp dir) plus --env: coda-codex wants
-      --env CODEX_PATH=fixtures/codex/codex-cli for the recorded Codex version.
+      environment (PATH, HOME, TMPDIR{SESSION_HOMES} of a fresh temp dir) plus --env: what each shim needs
+      under the player (the recorded CLI version, say) is in tests/support/replay.rs.
 ";
+
+/// The help, with the data-folder variables of the adapters.
+fn help() -> String {
+    let homes = replay::homes::own_vars().join("/");
+    let session_homes: String = replay::homes::with_session_files().iter().map(|h| format!(", {}", h.var)).collect();
+    HELP.replace("{HOMES}", &homes).replace("{SESSION_HOMES}", &session_homes)
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args.first().map(String::as_str) {
         None | Some("-h") | Some("--help") => {
-            print!("{HELP}");
+            print!("{}", help());
             0
         }
         Some("-V") | Some("--version") => {
@@ -263,7 +270,7 @@ fn record(args: &[String]) -> Result<(), String> {
     let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
     let text = read(&trace)?;
     let file_log = files.as_ref().map(read).transpose()?;
-    let records = replay::record(&text, file_log.as_deref(), &n)?;
+    let records = replay::record(&text, file_log.as_deref(), &n).map_err(|e| e.to_string())?;
     let out = replay::render(&records);
     let left = n.leftovers(&out);
     if !left.is_empty() && !allow_paths {
@@ -314,7 +321,7 @@ fn check(args: &[String]) -> Result<(), String> {
     let (Some(fixture), Some(shim)) = (fixture, shim) else {
         return Err("usage: acp-replay check <FIXTURE> --shim <coda-BINARY>".into());
     };
-    // The agent from the binary's name (coda-grok) or the fixture's folder (fixtures/grok/<scenario>).
+    // The agent from the binary's name (coda-<agent>) or the fixture's folder (fixtures/<agent>/<scenario>).
     let agent = agent
         .or_else(|| shim.file_name()?.to_str()?.strip_prefix("coda-").map(str::to_owned))
         .or_else(|| std::fs::canonicalize(&fixture).ok()?.parent()?.file_name()?.to_str().map(str::to_owned))

@@ -21,6 +21,8 @@ pub struct Adapter {
     pub also_tested: &'static [Tested],
     /// Where the CLI keeps its data (sessions, logins, settings).
     pub data_home: DataHome,
+    /// The CLI's session files the shim reads from its data folder, if any (recordings and replays keep them).
+    pub session_files: Option<SessionFiles>,
     /// How to log in, when the CLI's own `authMethods` name no way a person can follow.
     pub login_hint: &'static str,
     /// Finds the default command when no override is given.
@@ -45,6 +47,14 @@ pub struct Tested {
     pub package: Option<&'static str>,
     /// The install command for exactly this version.
     pub install: &'static str,
+}
+
+/// A CLI whose session files the shim reads: a recording writes their folder as the placeholder
+/// `{{<data_home.var>}}`, and `acp-replay` re-creates the recorded writes there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionFiles {
+    /// Parts of paths a recording's file log leaves out: files the CLI rewrites that the shim never reads.
+    pub ignored: &'static [&'static str],
 }
 
 /// Where a CLI keeps its data: `$<var>/<sub>`, else `$HOME/<default>/<sub>`.

@@ -419,6 +419,7 @@ mod tests {
             tested,
             also_tested: &[],
             data_home: DataHome { var: "DEMO_HOME", default: ".demo", sub: "" },
+            session_files: None,
             login_hint: "run `demo sign-in`",
             default_command: || Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
             version: |_| None,

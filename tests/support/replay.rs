@@ -88,7 +88,7 @@ pub fn check_all(agent: &str) -> usize {
 }
 
 /// The frames of one edge of a fixture's recording, as JSON (lines that were not JSON-RPC left out).
-pub fn recorded_frames(fixture: &Path, edge: replay::Edge) -> Vec<serde_json::Value> {
+pub fn recorded_frames(fixture: &Path, edge: replay::Dir) -> Vec<serde_json::Value> {
     let records =
         replay::load(&fixture.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
     records
