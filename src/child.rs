@@ -139,8 +139,9 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
     Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, watchdog })
 }
 
-/// A handle to signal the child's process group after its pipes have moved elsewhere.
-#[derive(Clone, Copy, Debug)]
+/// A handle to signal the child's process group after its pipes have moved elsewhere. The default is no
+/// group: signals go nowhere.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Group(Option<Pid>);
 
 impl Agent {
