@@ -1,6 +1,11 @@
-//! The relay loop: one task owns the layer stack and handles frames and events strictly in arrival
-//! order. Small reader and writer tasks do the I/O, joined by bounded channels, so a slow peer applies
-//! backpressure instead of growing memory, and the two directions never wait on each other.
+//! The relay loop: one task owns the layer stack and hands it frames, events and wake-ups in arrival order.
+//!
+//! Readers and writers ([`crate::transport`]) do the I/O, joined to the loop by bounded channels, so a slow
+//! peer applies backpressure instead of growing memory, and the two directions never wait on each other.
+//! The loop reads the clock once per wake-up and hands that time to the layers ([`Stack::set_time`]); it
+//! sleeps until the layers' next wake-up ([`Stack::next_wake`]) beside its other waits. The agent's side is
+//! an [`AgentSide`]: a child process, or any byte streams (in-memory pipes in tests). When the client
+//! leaves, the child is stopped with a ladder: its stdin closed, SIGTERM, then SIGKILL of all it started.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::unix::process::ExitStatusExt;
@@ -19,7 +24,7 @@ use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Event, Exits, Stack};
 use crate::maybe;
 use crate::trace::{Dir, Trace};
-use crate::transport::{self, BATCH, BATCH_BYTES, Batch, Input, Link};
+use crate::transport::{self, BATCH, BATCH_BYTES, Batch, Link, Received};
 use crate::watchdog::Watchdog;
 
 /// Frames, and bytes, queued per direction before the loop stops reading that direction's source. With
@@ -141,16 +146,16 @@ impl Loop {
         self.to_client.push(f);
     }
 
-    fn from_client(&mut self, input: Input) {
+    fn from_client(&mut self, input: Received) {
         let mut exits = std::mem::take(&mut self.exits);
         match input {
-            Input::Frame(f) => {
+            Received::Frame(f) => {
                 if let Some(t) = &mut self.trace {
                     t.frame(Dir::ClientToShim, f.bytes(), false);
                 }
                 self.stack.from_client(f, &mut exits);
             }
-            Input::Invalid { line, err } => {
+            Received::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
                     t.line(Dir::ClientToShim, &line);
                 }
@@ -158,7 +163,7 @@ impl Loop {
                 let id = err.id.clone().unwrap_or_else(Id::null);
                 self.send_client(frame::error_response(&id, err.code, &err.message, None));
             }
-            Input::Refused { id, has_method, why } => {
+            Received::Refused { id, has_method, why } => {
                 tracing::warn!("client sent a frame {why}; dropped");
                 if let (Some(id), true) = (id, has_method) {
                     let msg = format!("invalid request: message {why}");
@@ -169,10 +174,10 @@ impl Loop {
         self.route(exits);
     }
 
-    fn from_agent(&mut self, input: Input) {
+    fn from_agent(&mut self, input: Received) {
         let mut exits = std::mem::take(&mut self.exits);
         match input {
-            Input::Frame(f) => {
+            Received::Frame(f) => {
                 if let Some(t) = &mut self.trace {
                     t.frame(Dir::AgentToShim, f.bytes(), false);
                 }
@@ -181,7 +186,7 @@ impl Loop {
                 }
                 self.stack.from_agent(f, &mut exits);
             }
-            Input::Invalid { line, err } => {
+            Received::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
                     t.line(Dir::AgentToShim, &line);
                 }
@@ -193,7 +198,7 @@ impl Loop {
                 );
                 tracing::debug!("the line the agent wrote: {}", excerpt(&line));
             }
-            Input::Refused { id, has_method, why } => {
+            Received::Refused { id, has_method, why } => {
                 let msg = format!("message {why}");
                 tracing::warn!("agent sent a frame {why}; dropped");
                 match (id, has_method) {

@@ -23,7 +23,7 @@ pub type Batch = Vec<Bytes>;
 const IOV_MAX: usize = 1024;
 
 /// One item read from a peer.
-pub enum Input {
+pub enum Received {
     Frame(Frame),
     /// The line, without its `\n`.
     Invalid {
@@ -39,25 +39,25 @@ pub enum Input {
     },
 }
 
-fn to_input(line: Line) -> Input {
+fn received(line: Line) -> Received {
     match line {
         Line::Text(wire) => match Frame::parse_wire(wire) {
-            Ok(frame) => Input::Frame(frame),
+            Ok(frame) => Received::Frame(frame),
             Err((line, err)) if err.too_deep => {
                 let why = format!("of {} bytes nested deeper than {} levels", line.len() - 1, json::MAX_DEPTH);
-                Input::Refused { id: err.id, has_method: err.has_method, why }
+                Received::Refused { id: err.id, has_method: err.has_method, why }
             }
-            Err((line, err)) => Input::Invalid { line: line.slice(..line.len() - 1), err },
+            Err((line, err)) => Received::Invalid { line: line.slice(..line.len() - 1), err },
         },
         Line::TooLong { head, len } => {
             let (id, has_method) = frame::sniff(&head);
-            Input::Refused { id, has_method, why: format!("of {len} bytes, over the size limit") }
+            Received::Refused { id, has_method, why: format!("of {len} bytes, over the size limit") }
         }
     }
 }
 
 /// What a reader hands the relay loop: every frame it could read without waiting, or why it stopped.
-pub type Inputs = std::io::Result<Vec<Input>>;
+pub type Delivery = std::io::Result<Vec<Received>>;
 
 /// Most frames, and about the most bytes, in one batch.
 pub const BATCH: usize = 256;
@@ -67,12 +67,12 @@ pub const CHANNEL: usize = 4;
 
 /// Turns what one reader has buffered into batches: every whole line it holds, so that a burst costs
 /// one wake-up of the loop rather than one per frame. `send` returns false once nobody listens.
-fn drain(lines: &mut Lines, mut send: impl FnMut(Inputs) -> bool) -> bool {
+fn drain(lines: &mut Lines, mut send: impl FnMut(Delivery) -> bool) -> bool {
     // Sized once: grown push by push, a full batch would be reallocated (and copied) nine times.
     let (mut batch, mut bytes) = (Vec::with_capacity(BATCH), 0);
     while let Some(line) = lines.next_line() {
         bytes += line.len();
-        batch.push(to_input(line));
+        batch.push(received(line));
         if batch.len() == BATCH || bytes >= BATCH_BYTES {
             if !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))) {
                 return false;
@@ -84,16 +84,16 @@ fn drain(lines: &mut Lines, mut send: impl FnMut(Inputs) -> bool) -> bool {
 }
 
 /// What a reader does at the end of its stream or on an error: the last line, then why it stopped.
-fn last(lines: &mut Lines, read: std::io::Result<usize>) -> Option<Inputs> {
+fn last(lines: &mut Lines, read: std::io::Result<usize>) -> Option<Delivery> {
     match read {
-        Ok(0) => lines.finish().map(|line| Ok(vec![to_input(line)])),
+        Ok(0) => lines.finish().map(|line| Ok(vec![received(line)])),
         Ok(_) => None,
         Err(e) => Some(Err(e)),
     }
 }
 
 /// Reads and parses frames on a task: parsing runs beside the relay loop, not in it.
-pub fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(mut r: R, max: usize) -> mpsc::Receiver<Inputs> {
+pub fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(mut r: R, max: usize) -> mpsc::Receiver<Delivery> {
     let (tx, rx) = mpsc::channel(CHANNEL);
     tokio::spawn(async move {
         let mut lines = Lines::new(max);
@@ -122,7 +122,7 @@ pub fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(mut r: R, max: usize)
 /// One peer as the relay loop sees it: frames read from it, frames to write to it, and a signal once
 /// everything handed to the writer has been written (or the peer stopped reading).
 pub struct Link {
-    pub input: mpsc::Receiver<Inputs>,
+    pub input: mpsc::Receiver<Delivery>,
     pub output: mpsc::Sender<Batch>,
     pub written: tokio::sync::oneshot::Receiver<()>,
 }

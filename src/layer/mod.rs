@@ -4,6 +4,15 @@
 //! one next to the agent. A frame from the client enters layer 0 and walks down; a frame from the agent
 //! enters the last layer and walks up. Whatever a layer emits towards the agent continues through the
 //! layers below it, whatever it emits towards the client through the layers above it.
+//!
+//! The contract: a layer does no I/O of its own. It is handed each input with a [`Cx`] that carries the
+//! time of that input ([`Cx::now`], [`Cx::wall`]) and takes what the layer asks for: frames towards either
+//! peer, requests of its own to the agent ([`Cx::request`], answered in [`Layer::on_reply`]) and wake-ups
+//! ([`Cx::after`], run in [`Layer::on_timer`]). It never spawns a thread to sleep, reads the clock, or
+//! reads the environment after set-up (the adapter's set-up reads the environment and hands it to the
+//! layer's constructor). Threads that do real I/O (a file watcher, an event stream, a probe) hand their
+//! results in through an [`EventSender`], in order with the frames. [`testing::Harness`] drives a stack by
+//! hand, with a clock that moves only when the test says so.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
