@@ -334,6 +334,10 @@ async fn run_io(
     let mut ladder = Ladder::Running;
     let mut exited: Option<ExitStatus> = None;
     let mut drain_deadline: Option<Instant> = None;
+    // One timer for the layers' wake-ups, moved only when the earliest one changes: a loop wake-up with a
+    // wake-up pending registers no timer anew.
+    let mut layer_timer = Box::pin(tokio::time::sleep_until(Instant::now()));
+    let mut layer_timer_at: Option<Instant> = None;
 
     loop {
         // Once the client is gone and everything for the agent is handed to its writer, close its stdin.
@@ -358,6 +362,12 @@ async fn run_io(
             _ => None,
         };
         let wake = st.stack.next_wake().map(Instant::from_std);
+        if let Some(at) = wake
+            && layer_timer_at != wake
+        {
+            layer_timer.as_mut().reset(at);
+        }
+        layer_timer_at = wake;
         tokio::select! {
             biased;
             permit = reserve(&client_tx), if !st.to_client.is_empty() => match permit {
@@ -384,7 +394,7 @@ async fn run_io(
                 st.set_time();
                 st.event(layer, event);
             }
-            _ = maybe::sleep_until(wake), if wake.is_some() && !st.to_client.full() && !st.to_agent.full() => {
+            _ = &mut layer_timer, if wake.is_some() && !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
                 st.wake_due();
             }
@@ -587,10 +597,12 @@ mod tests {
         assert_eq!(client_reads.next_line().await.unwrap().as_deref(), Some(update));
         assert_eq!(client_reads.next_line().await.unwrap().as_deref(), Some(answer));
 
-        // A layer's wake-up runs in the relay loop and what it emits reaches the client.
-        to_relay.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"later\"}\n").await.unwrap();
-        let woke = client_reads.next_line().await.unwrap().unwrap();
-        assert_eq!(crate::json::from_str::<serde_json::Value>(&woke).unwrap()["params"]["token"], 7);
+        // A layer's wake-up runs in the relay loop and what it emits reaches the client; so does a later one.
+        for _ in 0..2 {
+            to_relay.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"later\"}\n").await.unwrap();
+            let woke = client_reads.next_line().await.unwrap().unwrap();
+            assert_eq!(crate::json::from_str::<serde_json::Value>(&woke).unwrap()["params"]["token"], 7);
+        }
 
         // The client leaving closes the agent's input; the agent ending its output ends the session.
         to_relay.shutdown().await.unwrap();
