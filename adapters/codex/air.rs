@@ -163,8 +163,8 @@ impl Air {
                 result.remove("agentInfo");
             }
         }
-        if reports && let Some(result) = value.get_mut("result") {
-            wait::declare_waits(result);
+        if let Some(result) = value.get_mut("result") {
+            if reports { wait::declare_waits(result) } else { wait::withhold_waits(result) }
         }
         cx.to_client(frame.rewritten(&value))
     }
@@ -550,9 +550,9 @@ mod tests {
 
     #[test]
     fn a_build_without_air_gets_no_waits_declaration_and_unknown_version_drops_agent_info() {
-        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut stack = Stack::new(vec![Box::new(crate::coda::waits::Waits::new()), Box::new(Air::new())]);
         let mut exits = Exits::default();
-        stack.event(0, Box::new(CodexVersion(None)), &mut exits);
+        stack.event(1, Box::new(CodexVersion(None)), &mut exits);
         stack.from_client(parse(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}})), &mut exits);
         let answer = json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1,
             "agentInfo":{"name":"codex-acp","title":"Codex","version":"0.16.0"},"agentCapabilities":{"loadSession":true}}});
