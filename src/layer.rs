@@ -6,7 +6,8 @@
 //! layers below it, whatever it emits towards the client through the layers above it.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
@@ -32,21 +33,61 @@ pub trait Layer: Send {
 
     /// An event sent to this layer through its [`EventSender`].
     fn on_event(&mut self, _event: Event, _cx: &mut Cx) {}
+
+    /// A wake-up this layer asked for with [`Cx::after`].
+    fn on_timer(&mut self, _token: u64, _cx: &mut Cx) {}
 }
 
-/// What a layer asks for while handling one input.
-#[derive(Default)]
+/// What a layer asks for while handling one input, and the time of that input.
 pub struct Cx {
     out: Vec<Out>,
+    now: Instant,
+    wall: SystemTime,
+}
+
+/// A context outside any stack (a layer driven by hand): the time is read once, here; what the layer asks
+/// for is dropped with the context.
+impl Default for Cx {
+    fn default() -> Cx {
+        Cx { out: Vec::new(), now: Instant::now(), wall: SystemTime::now() }
+    }
 }
 
 enum Out {
     ToAgent(Frame),
     ToClient(Frame),
     Request { method: String, params: Value, tag: u64 },
+    After { at: Instant, token: u64 },
+    Cancel { token: u64 },
 }
 
 impl Cx {
+    /// The time the engine handed this input (monotonic). Layers never call `Instant::now()`.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Wall-clock time of the same moment (for file times, record stamps). Layers never call
+    /// `SystemTime::now()`.
+    pub fn wall(&self) -> SystemTime {
+        self.wall
+    }
+
+    /// Calls this layer's [`Layer::on_timer`] with `token` once `delay` has passed. Asking again for the same
+    /// token replaces the earlier wake-up: one pending wake-up per (layer, token).
+    pub fn after(&mut self, delay: Duration, token: u64) {
+        // A delay too long to add to an instant never comes: no wake-up.
+        match self.now.checked_add(delay) {
+            Some(at) => self.out.push(Out::After { at, token }),
+            None => self.out.push(Out::Cancel { token }),
+        }
+    }
+
+    /// Forgets a pending wake-up of this layer (no-op when there is none).
+    pub fn cancel(&mut self, token: u64) {
+        self.out.push(Out::Cancel { token });
+    }
+
     /// Pass a frame on towards the agent.
     pub fn to_agent(&mut self, frame: Frame) {
         self.out.push(Out::ToAgent(frame));
@@ -105,6 +146,46 @@ pub struct Stack {
     next_own: u64,
     /// Emptied output buffers, reused.
     spare: Vec<Vec<Out>>,
+    /// The time handed to layers with the next inputs.
+    now: Instant,
+    wall: SystemTime,
+    timers: Timers,
+}
+
+/// Pending wake-ups, by deadline and by (layer, token).
+#[derive(Default)]
+struct Timers {
+    /// (deadline, order of asking) -> (layer, token): the order breaks ties between equal deadlines.
+    queue: BTreeMap<(Instant, u64), (usize, u64)>,
+    /// (layer, token) -> its key in `queue`.
+    pending: HashMap<(usize, u64), (Instant, u64)>,
+    asked: u64,
+}
+
+impl Timers {
+    fn set(&mut self, layer: usize, token: u64, at: Instant) {
+        self.cancel(layer, token);
+        self.asked += 1;
+        self.queue.insert((at, self.asked), (layer, token));
+        self.pending.insert((layer, token), (at, self.asked));
+    }
+
+    fn cancel(&mut self, layer: usize, token: u64) {
+        if let Some(key) = self.pending.remove(&(layer, token)) {
+            self.queue.remove(&key);
+        }
+    }
+
+    /// The earliest wake-up due at `now` and asked for before `asked_before`, taken out.
+    fn pop_due(&mut self, now: Instant, asked_before: u64) -> Option<(usize, u64)> {
+        let (&(at, asked), _) = self.queue.iter().find(|((_, asked), _)| *asked <= asked_before)?;
+        if at > now {
+            return None;
+        }
+        let (layer, token) = self.queue.remove(&(at, asked))?;
+        self.pending.remove(&(layer, token));
+        Some((layer, token))
+    }
 }
 
 /// Where frames leave the stack.
@@ -122,6 +203,32 @@ impl Stack {
             own_prefix: format!("coda-shim-{}-", std::process::id()),
             next_own: 0,
             spare: Vec::new(),
+            now: Instant::now(),
+            wall: SystemTime::now(),
+            timers: Timers::default(),
+        }
+    }
+
+    /// Sets the time handed to layers with the next inputs (the relay calls it on each wake-up; tests by hand).
+    pub fn set_time(&mut self, now: Instant, wall: SystemTime) {
+        self.now = now;
+        self.wall = wall;
+    }
+
+    /// The earliest pending wake-up.
+    pub fn next_wake(&self) -> Option<Instant> {
+        self.timers.queue.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Runs every wake-up due at the current time (see [`Stack::set_time`]), in deadline order (equal
+    /// deadlines in the order they were asked for). A wake-up asked for while these run waits for the next
+    /// call, even when already due, so a layer that keeps asking cannot hold the stack here.
+    pub fn wake_due(&mut self, exits: &mut Exits) {
+        let asked_before = self.timers.asked;
+        while let Some((layer, token)) = self.timers.pop_due(self.now, asked_before) {
+            let mut cx = self.cx();
+            self.layers[layer].on_timer(token, &mut cx);
+            self.emit(layer, cx, exits);
         }
     }
 
@@ -190,7 +297,7 @@ impl Stack {
 
     /// A context whose buffer comes from the pool: no allocation per frame and layer.
     fn cx(&mut self) -> Cx {
-        Cx { out: self.spare.pop().unwrap_or_default() }
+        Cx { out: self.spare.pop().unwrap_or_default(), now: self.now, wall: self.wall }
     }
 
     fn emit(&mut self, at: usize, cx: Cx, exits: &mut Exits) {
@@ -208,6 +315,8 @@ impl Stack {
                     }));
                     self.down(at + 1, frame, exits);
                 }
+                Out::After { at: deadline, token } => self.timers.set(at, token, deadline),
+                Out::Cancel { token } => self.timers.cancel(at, token),
             }
         }
         self.spare.push(outs);
@@ -265,6 +374,133 @@ mod tests {
         stack.from_agent(reply, &mut exits);
         assert_eq!(exits.to_client.len(), 1);
         assert_eq!(exits.to_client[0].method(), Some("answered"));
+    }
+
+    /// Asks for wake-ups on `after` / `cancel` notifications; reports each wake-up with the time it was handed,
+    /// as milliseconds since `base` and since the epoch.
+    struct Sleeper {
+        base: Instant,
+    }
+    impl Layer for Sleeper {
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let v = f.value().unwrap();
+            let token = v["params"]["token"].as_u64().unwrap_or(0);
+            match f.method() {
+                Some("after") => cx.after(Duration::from_millis(v["params"]["ms"].as_u64().unwrap()), token),
+                Some("cancel") => cx.cancel(token),
+                _ => cx.to_agent(f),
+            }
+        }
+        fn on_timer(&mut self, token: u64, cx: &mut Cx) {
+            let since = cx.now().duration_since(self.base).as_millis() as u64;
+            let wall = cx.wall().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+            cx.to_client(crate::frame::notification(
+                "woke",
+                serde_json::json!({"token": token, "at": since, "wall": wall}),
+            ));
+            if token == 99 {
+                // Asks again at once: waits for the next call of wake_due.
+                cx.after(Duration::ZERO, 99);
+            }
+        }
+    }
+
+    fn ask(stack: &mut Stack, method: &str, token: u64, ms: u64) {
+        let f =
+            Frame::from_value(&serde_json::json!({"jsonrpc":"2.0","method":method,"params":{"token":token,"ms":ms}}));
+        stack.from_client(f, &mut Exits::default());
+    }
+
+    /// (token, ms since base, wall ms) of each wake-up reported.
+    fn woke(exits: &Exits) -> Vec<(u64, u64, u64)> {
+        exits
+            .to_client
+            .iter()
+            .map(|f| {
+                let p = &f.value().unwrap()["params"];
+                (p["token"].as_u64().unwrap(), p["at"].as_u64().unwrap(), p["wall"].as_u64().unwrap())
+            })
+            .collect()
+    }
+
+    fn sleeper_stack() -> (Stack, Instant, SystemTime) {
+        let base = Instant::now();
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut stack = Stack::new(vec![Box::new(Pinger), Box::new(Sleeper { base })]);
+        stack.set_time(base, wall);
+        (stack, base, wall)
+    }
+
+    fn at(stack: &mut Stack, base: Instant, wall: SystemTime, ms: u64) -> Exits {
+        let d = Duration::from_millis(ms);
+        stack.set_time(base + d, wall + d);
+        let mut exits = Exits::default();
+        stack.wake_due(&mut exits);
+        exits
+    }
+
+    const WALL_MS: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn wake_ups_fire_in_deadline_order_with_the_time_set() {
+        let (mut stack, base, wall) = sleeper_stack();
+        assert_eq!(stack.next_wake(), None);
+        ask(&mut stack, "after", 3, 30);
+        ask(&mut stack, "after", 1, 10);
+        ask(&mut stack, "after", 2, 20);
+        ask(&mut stack, "after", 4, 20);
+        assert_eq!(stack.next_wake(), Some(base + Duration::from_millis(10)));
+        assert!(at(&mut stack, base, wall, 9).to_client.is_empty(), "nothing is due before its deadline");
+        // Late: every due wake-up runs, earliest first (equal deadlines in the order asked), with the time set.
+        let exits = at(&mut stack, base, wall, 25);
+        assert_eq!(woke(&exits), vec![(1, 25, WALL_MS + 25), (2, 25, WALL_MS + 25), (4, 25, WALL_MS + 25)]);
+        assert_eq!(stack.next_wake(), Some(base + Duration::from_millis(30)));
+        assert_eq!(woke(&at(&mut stack, base, wall, 30)), vec![(3, 30, WALL_MS + 30)]);
+        assert_eq!(stack.next_wake(), None);
+        assert!(at(&mut stack, base, wall, 100).to_client.is_empty(), "each wake-up runs once");
+    }
+
+    #[test]
+    fn asking_again_for_a_token_replaces_its_wake_up() {
+        let (mut stack, base, wall) = sleeper_stack();
+        ask(&mut stack, "after", 5, 10);
+        stack.set_time(base + Duration::from_millis(5), wall);
+        ask(&mut stack, "after", 5, 50);
+        // The delay counts from the time handed with the input that asked.
+        assert_eq!(stack.next_wake(), Some(base + Duration::from_millis(55)));
+        assert!(at(&mut stack, base, wall, 20).to_client.is_empty());
+        assert_eq!(woke(&at(&mut stack, base, wall, 55)), vec![(5, 55, WALL_MS + 55)]);
+        assert_eq!(stack.next_wake(), None);
+    }
+
+    #[test]
+    fn cancel_forgets_a_wake_up_and_is_a_no_op_without_one() {
+        let (mut stack, base, wall) = sleeper_stack();
+        ask(&mut stack, "cancel", 8, 0);
+        ask(&mut stack, "after", 7, 10);
+        ask(&mut stack, "after", 8, 10);
+        ask(&mut stack, "cancel", 7, 0);
+        assert_eq!(woke(&at(&mut stack, base, wall, 10)), vec![(8, 10, WALL_MS + 10)]);
+        assert_eq!(stack.next_wake(), None);
+    }
+
+    #[test]
+    fn a_wake_up_asked_for_while_waking_waits_for_the_next_call() {
+        let (mut stack, base, wall) = sleeper_stack();
+        ask(&mut stack, "after", 99, 0);
+        assert_eq!(woke(&at(&mut stack, base, wall, 0)), vec![(99, 0, WALL_MS)]);
+        assert_eq!(stack.next_wake(), Some(base), "asked again, due at once");
+        assert_eq!(woke(&at(&mut stack, base, wall, 1)), vec![(99, 1, WALL_MS + 1)]);
+    }
+
+    #[test]
+    fn what_a_wake_up_emits_walks_the_layers_above_it() {
+        // The wake-up's notification passes through the layer above it (Pinger) to the client.
+        let (mut stack, base, wall) = sleeper_stack();
+        ask(&mut stack, "after", 1, 1);
+        let exits = at(&mut stack, base, wall, 1);
+        assert_eq!(exits.to_client.len(), 1);
+        assert!(exits.to_agent.is_empty());
     }
 }
 

@@ -320,6 +320,18 @@ impl Loop {
         self.route(exits);
     }
 
+    /// Hands the layers the time of this wake-up of the loop: read once per wake-up, not per frame.
+    fn set_time(&mut self) {
+        self.stack.set_time(Instant::now().into_std(), std::time::SystemTime::now());
+    }
+
+    /// Runs the layers' wake-ups that are due.
+    fn wake_due(&mut self) {
+        let mut exits = std::mem::take(&mut self.exits);
+        self.stack.wake_due(&mut exits);
+        self.route(exits);
+    }
+
     /// The child is gone: every request it still owed gets an error carrying its stderr tail.
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
@@ -433,6 +445,7 @@ async fn run_io(
             Ladder::StdinClosed(at) | Ladder::Termed(at) => Some(at),
             _ => None,
         };
+        let wake = st.stack.next_wake().map(Instant::from_std);
         tokio::select! {
             biased;
             permit = reserve(&client_tx), if !st.to_client.is_empty() => match permit {
@@ -456,10 +469,18 @@ async fn run_io(
             _ = recv_signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
             _ = recv_signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
             Some((layer, event)) = events.recv(), if !st.to_client.full() && !st.to_agent.full() => {
+                st.set_time();
                 st.event(layer, event);
             }
+            _ = sleep_until(wake), if wake.is_some() && !st.to_client.full() && !st.to_agent.full() => {
+                st.set_time();
+                st.wake_due();
+            }
             input = client_in.recv(), if client_open && !st.to_agent.full() && !st.to_client.full() => match input {
-                Some(Ok(batch)) => batch.into_iter().for_each(|input| st.from_client(input)),
+                Some(Ok(batch)) => {
+                    st.set_time();
+                    batch.into_iter().for_each(|input| st.from_client(input));
+                }
                 Some(Err(e)) => {
                     tracing::warn!("cannot read stdin: {e}");
                     client_open = false;
@@ -467,7 +488,10 @@ async fn run_io(
                 None => client_open = false,
             },
             input = agent_in.recv(), if agent_open && !st.to_client.full() => match input {
-                Some(Ok(batch)) => batch.into_iter().for_each(|input| st.from_agent(input)),
+                Some(Ok(batch)) => {
+                    st.set_time();
+                    batch.into_iter().for_each(|input| st.from_agent(input));
+                }
                 Some(Err(e)) => {
                     tracing::warn!("cannot read the agent's stdout: {e}");
                     agent_open = false;
@@ -522,6 +546,7 @@ async fn run_io(
     let status = exited.unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(1 << 8));
     let _ = tokio::time::timeout(Duration::from_millis(500), agent.stderr_done).await;
     if !st.in_flight.is_empty() {
+        st.set_time();
         st.fail_in_flight(status, agent.stderr_tail.lines());
     }
     tracing::info!("agent exited with status {}", child::describe(status));
