@@ -177,13 +177,9 @@ impl Layer for Waits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::{Exits, Stack};
+    use crate::layer::testing::Harness;
 
     const CODA_CAPS: &str = r#"{"_meta":{"coda":{"waits":{}}},"fs":{"readTextFile":true}}"#;
-
-    fn parse(v: Value) -> Frame {
-        Frame::from_value(&v)
-    }
 
     /// A frame whose envelope reads but whose value does not (a lone UTF-16 surrogate escape).
     fn unreadable(text: &str) -> Frame {
@@ -192,18 +188,14 @@ mod tests {
         frame
     }
 
-    fn values(frames: &[Frame]) -> Vec<Value> {
-        frames.iter().map(|f| f.value().expect("json")).collect()
-    }
-
-    /// A stack of `Waits` alone: what leaves it on each side.
+    /// `Waits` alone: what leaves it on each side.
     struct Rig {
-        stack: Stack,
+        h: Harness,
     }
 
     impl Rig {
         fn new() -> Rig {
-            Rig { stack: Stack::new(vec![Box::new(Waits::new())]) }
+            Rig { h: Harness::of(Waits::new()) }
         }
 
         /// Coda's `initialize` with `caps` and id `id`, then the agent's answer `result`: what Coda gets.
@@ -216,20 +208,22 @@ mod tests {
         }
 
         fn client(&mut self, v: Value) -> (Vec<Value>, Vec<Value>) {
-            let mut exits = Exits::default();
-            self.stack.from_client(parse(v), &mut exits);
-            (values(&exits.to_agent), values(&exits.to_client))
+            self.client_frame(Frame::from_value(&v))
+        }
+
+        fn client_frame(&mut self, f: Frame) -> (Vec<Value>, Vec<Value>) {
+            self.h.client_frame(f);
+            (self.h.to_agent(), self.h.to_client())
         }
 
         fn agent(&mut self, v: Value) -> Vec<Value> {
-            self.agent_frame(parse(v))
+            self.agent_frame(Frame::from_value(&v))
         }
 
         fn agent_frame(&mut self, f: Frame) -> Vec<Value> {
-            let mut exits = Exits::default();
-            self.stack.from_agent(f, &mut exits);
-            assert!(exits.to_agent.is_empty());
-            values(&exits.to_client)
+            self.h.agent_frame(f);
+            assert!(self.h.to_agent().is_empty());
+            self.h.to_client()
         }
 
         fn stop(&mut self, id: u64, params: Value) -> (Vec<Value>, Vec<Value>) {
@@ -266,9 +260,8 @@ mod tests {
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}});
         rig.client(init);
         let answer = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"big":1e400}}"#;
-        let mut exits = Exits::default();
-        rig.stack.from_agent(Frame::parse(answer.as_bytes().to_vec()).unwrap(), &mut exits);
-        let text = String::from_utf8(exits.to_client[0].bytes().to_vec()).unwrap();
+        rig.h.agent_frame(Frame::parse(answer.as_bytes().to_vec()).unwrap());
+        let text = String::from_utf8(rig.h.take().to_client[0].bytes().to_vec()).unwrap();
         assert!(text.contains("1e400"), "{text}");
         assert!(text.contains(r#""coda":{"waits":{}}"#), "{text}");
     }
@@ -327,10 +320,8 @@ mod tests {
     fn an_unreadable_initialize_is_answered_with_an_error_and_never_passed_on() {
         let mut rig = Rig::new();
         let frame = unreadable(r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"x":"\ud800"}}"#);
-        let mut exits = Exits::default();
-        rig.stack.from_client(frame, &mut exits);
-        assert!(exits.to_agent.is_empty());
-        let out = values(&exits.to_client);
+        let (to_agent, out) = rig.client_frame(frame);
+        assert!(to_agent.is_empty());
         assert_eq!(out[0]["id"], "i");
         assert_eq!(out[0]["error"]["code"], -32600);
     }
@@ -461,9 +452,8 @@ mod tests {
         let mut rig = declared();
         let frame =
             unreadable(r#"{"jsonrpc":"2.0","id":5,"method":"_coda/wait/stop","params":{"sessionId":"\ud800"}}"#);
-        let mut exits = Exits::default();
-        rig.stack.from_client(frame, &mut exits);
-        assert!(exits.to_agent.is_empty());
-        assert_eq!(values(&exits.to_client)[0]["error"]["code"], -32600);
+        let (to_agent, to_client) = rig.client_frame(frame);
+        assert!(to_agent.is_empty());
+        assert_eq!(to_client[0]["error"]["code"], -32600);
     }
 }
