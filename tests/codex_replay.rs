@@ -6,14 +6,14 @@
 //! recorded frames and codex-acp exactly the recorded ones, and (2) the frames each scenario is about are
 //! what Coda's protocol asks for (spelled out below, by hand).
 
-use coda_shim::adapters::codex::air;
-use coda_shim::adapters::codex::failure;
+use coda_shim::adapters::codex;
 
 use std::path::Path;
 
-use coda_shim::coda::instruction::Instruction;
+use coda_shim::coda::identity::{Identity, Policy};
+use coda_shim::coda::waits::Waits;
 use coda_shim::frame::Frame;
-use coda_shim::layer::{Exits, Stack};
+use coda_shim::layer::{Exits, Layer, Stack};
 use serde_json::{Value, json};
 
 /// The Codex CLI the recordings were made with (`@openai/codex` bundled by codex-acp 2.6.0).
@@ -104,10 +104,12 @@ fn replay(name: &str) -> Replay {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     // The shim's own request ids carry its pid; the stack in this process uses this pid.
     let text = text.replace("{{SHIM_PID}}", &std::process::id().to_string());
-    let mut stack =
-        Stack::new(vec![Box::new(air::Air::new()), Box::new(failure::Failure::new()), Box::new(Instruction::new(&[]))]);
+    // As the binary stacks them: the engine's Waits, Codex's identity (its version probed), Codex's layers.
+    let mut layers: Vec<Box<dyn Layer>> =
+        vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(CODEX_VERSION.into())))];
+    layers.extend(codex::below_identity());
+    let mut stack = Stack::new(layers);
     let mut exits = Exits::default();
-    stack.event(0, Box::new(air::CodexVersion(Some(CODEX_VERSION.into()))), &mut exits);
     let (mut recorded_client, mut recorded_agent) = (Vec::new(), Vec::new());
     for (n, line) in text.lines().enumerate() {
         let record: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{name} line {}: {e}", n + 1));

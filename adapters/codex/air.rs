@@ -1,19 +1,21 @@
 //! codex-acp's JetBrains AIR extensions, turned into Coda's (section Agent 活动, and the Codex row of
 //! 内置 Agent 的入口进程).
 //!
-//! - `initialize`: declares AIR `nativeSubagentSessions`, `asyncTasks`, `sessionFailure` to codex-acp;
-//!   answers Coda with `agentInfo` = the Codex CLI and `agentCapabilities._meta.coda.waits`.
+//! - `initialize`: declares AIR `nativeSubagentSessions`, `asyncTasks`, `sessionFailure` to codex-acp; a
+//!   codex-acp whose answer does not report both subagents and tasks gets a warning, and waits are not
+//!   declared for it (the handshake itself is the engine's `Waits` layer; `agentInfo` is the identity layer's).
 //! - `async_task_*` and `subagent_*` updates become `_coda/wait` reports (through `wait::Register`, which
 //!   keeps Coda's rules for them); the AIR updates are consumed.
 //! - A continued subagent `X:generation:N` is session `X` for Coda, both ways.
-//! - `_coda/wait/stop`: AIR's task stop on the root session, or `session/cancel` of a cancellable subagent.
+//! - `_coda/wait/stop` (of a wait `Waits` found open and stoppable): AIR's task stop on the root session, or
+//!   `session/cancel` of a cancellable subagent.
 //! - `_session/steering` always asks for `promptRequired`, so codex-acp never opens a turn of its own.
 
 use std::collections::{HashMap, HashSet};
 
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
-use crate::layer::{Cx, Event, Layer};
+use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
 
 /// The AIR capabilities the shim declares to codex-acp.
@@ -23,11 +25,6 @@ const GENERATION: &str = ":generation:";
 static GENERATION_ID: Needle = crate::needle!(GENERATION.as_bytes());
 /// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
 const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
-
-/// The Codex CLI version, found off the relay loop (see `main.rs`); `None` when it could not be found.
-pub struct CodexVersion(pub Option<String>);
-/// Sent a little after start-up: stop holding an initialize answer for a version probe that hangs.
-pub struct VersionDeadline;
 
 /// The part of a codex-acp session id before `:generation:`: the subagent as Coda knows it.
 pub fn stable(id: &str) -> &str {
@@ -46,7 +43,6 @@ enum WaitKind {
 struct Opened {
     /// The session Coda files the wait under (a root session or a subagent's stable id).
     session: String,
-    stoppable: bool,
 }
 
 #[derive(Debug)]
@@ -59,11 +55,8 @@ struct Subagent {
 
 #[derive(Default)]
 pub struct Air {
-    version: Option<String>,
-    version_known: bool,
+    /// `initialize` requests whose answer says which AIR capabilities codex-acp has.
     initialize: HashSet<Id>,
-    /// Coda declared `clientCapabilities._meta.coda.waits`.
-    client_waits: bool,
     /// `session/load` and `session/resume` requests in flight.
     loading: HashSet<Id>,
     subagents: HashMap<String, Subagent>,
@@ -76,9 +69,6 @@ pub struct Air {
     /// Opening reports held during `session/load`, in arrival order.
     held: Vec<((WaitKind, String), Wait)>,
     next_tag: u64,
-    /// Agent frames from the initialize answer on, kept in order while the version probe is still running
-    /// (it normally finishes long before codex-acp answers; see `VersionDeadline`).
-    waiting_for_version: Option<Vec<Frame>>,
 }
 
 impl Air {
@@ -105,7 +95,6 @@ impl Air {
             Ok(v) => v,
             Err(e) => return cx.unreadable(frame, &e, true),
         };
-        self.client_waits = value.get("params").is_some_and(wait::client_declares_waits);
         let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
             return cx.to_agent(frame);
         };
@@ -127,45 +116,33 @@ impl Air {
         cx.to_agent(frame.rewritten(&value))
     }
 
+    /// codex-acp's `initialize` answer: without AIR reports, a warning and no waits declared.
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
         let mut value = match frame.value() {
             Ok(v) => v,
             Err(e) => return cx.unreadable(frame, &e, false),
         };
-        let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
+        let Some(result) = value.get_mut("result").filter(|r| r.is_object()) else {
             return cx.to_client(frame);
         };
-        let theirs = result.get("agentInfo").cloned();
-        let described = theirs
-            .as_ref()
+        let air = result.get("_meta").and_then(|m| m.pointer("/jetbrains/air/capabilities")).and_then(Value::as_array);
+        let has = |name: &str| air.is_some_and(|caps| caps.iter().any(|c| c.as_str() == Some(name)));
+        if has("nativeSubagentSessions") && has("asyncTasks") {
+            return cx.to_client(frame);
+        }
+        let described = result
+            .get("agentInfo")
             .map(|i| {
                 let name = i.get("name").and_then(Value::as_str).unwrap_or("codex-acp");
                 let version = i.get("version").and_then(Value::as_str).unwrap_or("(version unknown)");
                 format!("{name} {version}")
             })
             .unwrap_or_else(|| "this codex-acp".into());
-        let air = result.get("_meta").and_then(|m| m.pointer("/jetbrains/air/capabilities")).and_then(Value::as_array);
-        let has = |name: &str| air.is_some_and(|caps| caps.iter().any(|c| c.as_str() == Some(name)));
-        let reports = has("nativeSubagentSessions") && has("asyncTasks");
-        if !reports {
-            tracing::warn!(
-                "{described} does not report subagents or background commands (JetBrains AIR); Coda will see no \
-                 activity. {AIR_BUILD} does"
-            );
-        }
-        match (&self.version, self.version_known) {
-            (Some(version), _) => {
-                result.insert("agentInfo".into(), json!({"name": "codex", "version": version}));
-            }
-            (None, _) => {
-                // Reporting the adapter's package as the agent would be wrong; reporting nothing is allowed.
-                tracing::warn!("cannot find the Codex CLI version; leaving agentInfo out");
-                result.remove("agentInfo");
-            }
-        }
-        if reports && let Some(result) = value.get_mut("result") {
-            wait::declare_waits(result);
-        }
+        tracing::warn!(
+            "{described} does not report subagents or background commands (JetBrains AIR); Coda will see no \
+             activity. {AIR_BUILD} does"
+        );
+        wait::withhold_waits(result);
         cx.to_client(frame.rewritten(&value))
     }
 
@@ -197,32 +174,21 @@ impl Air {
         }
     }
 
+    /// A stop `Waits` passed on: the wait is open and stoppable as far as the reports say. One this layer did
+    /// not report goes on to codex-acp.
     fn stop(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(id) = frame.id().cloned() else { return };
+        let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
         let params = match frame.value() {
             Ok(v) => v.get("params").cloned().unwrap_or(Value::Null),
             Err(e) => return cx.unreadable(frame, &e, true),
         };
-        let (Some(session), Some(wait_id)) =
-            (params.get("sessionId").and_then(Value::as_str), params.get("waitId").and_then(Value::as_str))
-        else {
-            let msg = "Invalid params: _coda/wait/stop needs string sessionId and waitId";
-            return cx.to_client(frame::error_response(&id, -32602, msg, None));
-        };
+        let text = |key: &str| params.get(key).and_then(Value::as_str).unwrap_or_default();
+        let (session, wait_id) = (text("sessionId"), text("waitId"));
         let key = self.by_wait.get(&(session.to_owned(), wait_id.to_owned())).map(|&kind| (kind, wait_id.to_owned()));
-        let Some((key, wait)) = key.and_then(|k| self.waits.get(&k).map(|w| (k, w))) else {
-            let msg = format!("Invalid params: no wait {wait_id:?} in session {session:?}");
-            return cx.to_client(frame::error_response(&id, -32602, &msg, None));
+        let Some((kind, wait)) = key.and_then(|k| self.waits.get(&k).map(|w| (k.0, w))) else {
+            return cx.to_agent(frame);
         };
-        if !wait.stoppable {
-            let msg = format!("Invalid params: wait {wait_id:?} cannot be stopped");
-            return cx.to_client(frame::error_response(&id, -32602, &msg, None));
-        }
-        if !self.register.is_open(&wait.session, wait_id) && self.held_at(&key).is_none() {
-            // Already over (its final report went out); nothing left to stop.
-            return cx.to_client(frame::result_response(&id, json!({})));
-        }
-        match key.0 {
+        match kind {
             WaitKind::Task => {
                 // codex-acp looks tasks up among root sessions only (reference codex.md §1.5).
                 self.next_tag += 1;
@@ -236,11 +202,9 @@ impl Air {
         cx.to_client(frame::result_response(&id, json!({})))
     }
 
-    /// Sends what `wait` changes; the register keeps state even for a client that did not ask for waits.
+    /// Sends what `wait` changes (the `Waits` layer decides whether the client gets it).
     fn report(&mut self, wait: &Wait, cx: &mut Cx) {
-        if let Some(f) = self.register.report(wait)
-            && self.client_waits
-        {
+        if let Some(f) = self.register.report(wait) {
             cx.to_client(f);
         }
     }
@@ -250,14 +214,14 @@ impl Air {
     }
 
     /// Opens a wait; held back while a `session/load` replays history.
-    fn open(&mut self, kind: WaitKind, wait: Wait, stoppable: bool, cx: &mut Cx) {
+    fn open(&mut self, kind: WaitKind, wait: Wait, cx: &mut Cx) {
         let key = (kind, wait.wait_id.clone());
         if self.waits.get(&key).is_some_and(|old| self.register.is_open(&old.session, &key.1)) {
             // The same run announced again: Coda has it already.
             return;
         }
         self.by_wait.insert((wait.session_id.clone(), key.1.clone()), kind);
-        self.waits.insert(key.clone(), Opened { session: wait.session_id.clone(), stoppable });
+        self.waits.insert(key.clone(), Opened { session: wait.session_id.clone() });
         match self.held_at(&key) {
             _ if self.loading.is_empty() => self.report(&wait, cx),
             Some(at) => self.held[at].1 = wait,
@@ -337,7 +301,7 @@ impl Air {
             }
         };
         wait.stoppable = Some(stoppable);
-        self.open(kind, wait, stoppable, cx);
+        self.open(kind, wait, cx);
         true
     }
 
@@ -409,17 +373,9 @@ impl Layer for Air {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Some(queue) = &mut self.waiting_for_version {
-            queue.push(frame);
-            return;
-        }
         match frame.kind() {
             Kind::Response { id } => {
                 let id = id.clone();
-                if self.initialize.contains(&id) && !self.version_known {
-                    self.waiting_for_version = Some(vec![frame]);
-                    return;
-                }
                 if self.initialize.remove(&id) {
                     return self.initialized(frame, cx);
                 }
@@ -443,31 +399,14 @@ impl Layer for Air {
             }
         }
     }
-
-    fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        match event.downcast::<CodexVersion>() {
-            Ok(version) => {
-                self.version = version.0;
-                self.version_known = true;
-            }
-            Err(other) if other.is::<VersionDeadline>() => {
-                if self.waiting_for_version.is_some() {
-                    tracing::warn!("the Codex CLI version probe is still running; answering initialize without it");
-                }
-                self.version_known = true;
-            }
-            Err(_) => return,
-        }
-        for frame in self.waiting_for_version.take().unwrap_or_default() {
-            self.from_agent(frame, cx);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coda::identity::{Identity, Policy, Probed};
     use crate::coda::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID};
+    use crate::coda::waits::Waits;
     use crate::layer::{Exits, Stack};
 
     const ROOT: &str = "root-1";
@@ -484,11 +423,19 @@ mod tests {
         parse(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}}))
     }
 
+    /// The layer under the engine's `Waits` and Codex's identity layer, as in the binary.
+    fn stack(identity: Identity) -> Stack {
+        Stack::new(vec![Box::new(Waits::new()), Box::new(identity), Box::new(Air::new())])
+    }
+
+    fn codex(version: Option<&str>) -> Identity {
+        Identity::new("codex", Policy::Replace, version.map(Into::into))
+    }
+
     /// A stack with the layer, after a Coda-style initialize.
     fn started() -> Stack {
-        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut stack = stack(codex(Some("0.166.0")));
         let mut exits = Exits::default();
-        stack.event(0, Box::new(CodexVersion(Some("0.166.0".into()))), &mut exits);
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,
             "clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}});
         stack.from_client(parse(init), &mut exits);
@@ -524,9 +471,8 @@ mod tests {
 
     #[test]
     fn initialize_declares_air_and_answers_with_codex_identity_and_waits() {
-        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut stack = stack(codex(Some("0.166.0")));
         let mut exits = Exits::default();
-        stack.event(0, Box::new(CodexVersion(Some("0.166.0".into()))), &mut exits);
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":
             {"fs":{"readTextFile":true},"_meta":{"coda":{"waits":{}},"jetbrains":{"air":{"version":1,"capabilities":["diffPatch"]}}}}}});
         stack.from_client(parse(init), &mut exits);
@@ -550,9 +496,8 @@ mod tests {
 
     #[test]
     fn a_build_without_air_gets_no_waits_declaration_and_unknown_version_drops_agent_info() {
-        let mut stack = Stack::new(vec![Box::new(Air::new())]);
+        let mut stack = stack(codex(None));
         let mut exits = Exits::default();
-        stack.event(0, Box::new(CodexVersion(None)), &mut exits);
         stack.from_client(parse(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}})), &mut exits);
         let answer = json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1,
             "agentInfo":{"name":"codex-acp","title":"Codex","version":"0.16.0"},"agentCapabilities":{"loadSession":true}}});
@@ -563,7 +508,10 @@ mod tests {
     #[test]
     fn an_answer_faster_than_the_version_probe_waits_for_it_in_order() {
         for release in [Some("0.166.0"), None] {
-            let mut stack = Stack::new(vec![Box::new(Air::new())]);
+            let (start, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
+            let deadline = start + std::time::Duration::from_secs(1);
+            let mut stack = stack(Identity::awaiting("codex", Policy::Replace, deadline));
+            stack.set_time(start, wall);
             let mut exits = Exits::default();
             stack.from_client(parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}})), &mut exits);
             let answer = json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentInfo":{"name":"a","version":"2.6.0"}}});
@@ -572,8 +520,12 @@ mod tests {
             assert!(from_agent(&mut stack, parse(after.clone())).is_empty());
             let mut exits = Exits::default();
             match release {
-                Some(v) => stack.event(0, Box::new(CodexVersion(Some(v.into()))), &mut exits),
-                None => stack.event(0, Box::new(VersionDeadline), &mut exits),
+                Some(v) => stack.event(1, Box::new(Probed(Some(v.into()))), &mut exits),
+                None => {
+                    // The probe hangs: given up on at its deadline.
+                    stack.set_time(deadline, wall);
+                    stack.wake_due(&mut exits);
+                }
             }
             let out = values(&exits.to_client);
             assert_eq!(out.len(), 2);
@@ -795,7 +747,7 @@ mod tests {
     #[test]
     fn no_waits_for_a_client_that_did_not_ask_but_air_updates_are_still_consumed() {
         for caps in [json!({}), json!({"_meta":{"coda":{"waits":null}}})] {
-            let mut stack = Stack::new(vec![Box::new(Air::new())]);
+            let mut stack = stack(codex(Some("0.166.0")));
             let mut exits = Exits::default();
             stack.from_client(
                 parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":caps}})),

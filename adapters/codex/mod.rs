@@ -7,12 +7,14 @@ pub mod air;
 pub mod failure;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::child::AgentCommand;
 use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, run_for_output};
+use crate::coda::identity::{Identity, Policy, Probed};
 use crate::coda::instruction::Instruction;
+use crate::layer::Layer;
 
 /// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
 const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
@@ -65,27 +67,30 @@ fn codex_package_version(dir: &Path) -> Option<String> {
 
 fn layers(setup: &mut Setup) {
     let command = setup.command.clone();
+    let give_up_at = Instant::now() + VERSION_DEADLINE;
     setup.add(move |events| {
         // Found while codex-acp starts, so the initialize answer never waits for it.
         let probe = std::thread::Builder::new().name("codex-version".into()).spawn({
             let events = events.clone();
             move || {
-                events.send(air::CodexVersion(version(&command)));
+                events.send(Probed(version(&command)));
             }
         });
         if let Err(e) = probe {
             tracing::warn!("cannot look for the Codex CLI version: {e}");
-            events.send(air::CodexVersion(None));
+            events.send(Probed(None));
         }
-        let deadline = events.clone();
-        let _ = std::thread::Builder::new().name("codex-version-deadline".into()).spawn(move || {
-            std::thread::sleep(VERSION_DEADLINE);
-            deadline.send(air::VersionDeadline);
-        });
-        Box::new(air::Air::new())
+        // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
+        Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    setup.add(|_| Box::new(failure::Failure::new()));
-    setup.add(|_| Box::new(Instruction::new(&[])));
+    for layer in below_identity() {
+        setup.add(move |_| layer);
+    }
+}
+
+/// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
+pub fn below_identity() -> Vec<Box<dyn Layer>> {
+    vec![Box::new(air::Air::new()), Box::new(failure::Failure::new()), Box::new(Instruction::new(&[]))]
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.

@@ -11,11 +11,12 @@
 //!   `subagent_finished` `{subagent_id, status, will_wake}` end them. With `will_wake` Grok then runs a turn
 //!   of its own on the result (prompt id `task-completed-<id>` / `subagent-completed-<id>`): the wait is
 //!   `handling` from the first sign of that turn until its `turn_completed`, then final.
-//! - Stop: `_x.ai/task/kill {sessionId, taskId}` and `_x.ai/subagent/cancel {subagentId}`.
+//! - Stop (of a wait the engine's `Waits` layer found open and stoppable): `_x.ai/task/kill {sessionId, taskId}`
+//!   and `_x.ai/subagent/cancel {subagentId}`.
 //! - A subagent continued with `resume_from` gets a new child session from Grok; Coda keeps the first one
 //!   (rule 5), so the new one's frames are renamed to it both ways.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
@@ -44,9 +45,6 @@ struct Activity {
 
 #[derive(Default)]
 pub struct GrokActivity {
-    /// The client declared `_meta.coda.waits`.
-    waits: bool,
-    initialize: HashSet<Id>,
     register: Register,
     /// By (kind, Grok's id = waitId).
     items: HashMap<(Item, String), Activity>,
@@ -91,10 +89,8 @@ impl GrokActivity {
         self.loading.values().any(|s| s == session)
     }
 
+    /// Sends what `wait` changes (the `Waits` layer decides whether the client gets it).
     fn report(&mut self, wait: &Wait, cx: &mut Cx) {
-        if !self.waits {
-            return;
-        }
         if let Some(f) = self.register.report(wait) {
             cx.to_client(f);
         }
@@ -281,24 +277,21 @@ impl GrokActivity {
         }
     }
 
+    /// A stop `Waits` passed on (the wait is open and stoppable as far as the reports say); one this layer
+    /// did not report goes on to Grok.
     fn stop(&mut self, id: &Id, frame: Frame, cx: &mut Cx) {
         let params = match frame.value() {
             Ok(v) => v.get("params").cloned().unwrap_or(Value::Null),
             Err(e) => return cx.unreadable(frame, &e, true),
         };
-        let (Some(session), Some(wait_id)) = (str_at(&params, "sessionId"), str_at(&params, "waitId")) else {
-            let msg = "Invalid params: _coda/wait/stop needs string sessionId and waitId";
-            return cx.to_client(frame::error_response(id, -32602, msg, None));
-        };
+        let (session, wait_id) = (str_at(&params, "sessionId"), str_at(&params, "waitId").unwrap_or_default());
         let found = [Item::Task, Item::Subagent]
             .into_iter()
             .map(|k| (k, wait_id.to_owned()))
-            .find(|k| self.items.get(k).is_some_and(|a| a.session == session));
-        let Some(key) = found else {
-            let msg = format!("Invalid params: no wait {wait_id:?} in session {session:?}");
-            return cx.to_client(frame::error_response(id, -32602, &msg, None));
+            .find(|k| self.items.get(k).is_some_and(|a| Some(a.session.as_str()) == session));
+        let Some((key, a)) = found.and_then(|k| self.items.get(&k).map(|a| (k, a))) else {
+            return cx.to_agent(frame);
         };
-        let Some(a) = self.items.get(&key) else { return };
         if a.open && a.ended.is_none() {
             self.next_tag += 1;
             match key.0 {
@@ -341,15 +334,12 @@ impl Layer for GrokActivity {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if let Kind::Request { id, method } = frame.kind() {
             match method.as_str() {
-                "initialize" | "session/load" | "session/resume" => {
+                "session/load" | "session/resume" => {
                     let v = match frame.value() {
                         Ok(v) => v,
                         Err(e) => return cx.unreadable(frame, &e, true),
                     };
-                    if method == "initialize" {
-                        self.waits = v.get("params").is_some_and(wait::client_declares_waits);
-                        self.initialize.insert(id.clone());
-                    } else if let Some(sid) = v.pointer("/params/sessionId").and_then(Value::as_str) {
+                    if let Some(sid) = v.pointer("/params/sessionId").and_then(Value::as_str) {
                         self.loading.insert(id.clone(), sid.to_owned());
                     }
                 }
@@ -370,9 +360,6 @@ impl Layer for GrokActivity {
         match frame.kind().clone() {
             Kind::Response { id } => {
                 self.loading.remove(&id);
-                if self.initialize.remove(&id) {
-                    return wait::declare_waits_in(frame, cx);
-                }
                 cx.to_client(frame)
             }
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
@@ -431,6 +418,7 @@ impl Layer for GrokActivity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coda::waits::Waits;
     use crate::layer::{Exits, Stack};
 
     const S: &str = "01a22a85-d266-70c3-8852-84420f5f38e0";
@@ -443,8 +431,13 @@ mod tests {
         frames.iter().map(|f| f.value().expect("json")).collect()
     }
 
+    /// The layer under the engine's `Waits`, as in the binary.
+    fn stack() -> Stack {
+        Stack::new(vec![Box::new(Waits::new()), Box::new(GrokActivity::new())])
+    }
+
     fn started() -> Stack {
-        let mut stack = Stack::new(vec![Box::new(GrokActivity::new())]);
+        let mut stack = stack();
         let mut exits = Exits::default();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize",
             "params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}});
@@ -679,7 +672,7 @@ mod tests {
 
     #[test]
     fn no_waits_for_a_client_that_did_not_declare_them() {
-        let mut stack = Stack::new(vec![Box::new(GrokActivity::new())]);
+        let mut stack = stack();
         let mut exits = Exits::default();
         stack.from_client(
             parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}})),

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::coda::failure::{self, Input, Kind};
 use crate::frame::{self, Frame, Id, Kind as FrameKind};
-use crate::layer::{Cx, Event, EventSender, Layer};
+use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
 /// Longest upstream reason kept in an answer.
@@ -28,12 +28,6 @@ const REASON_MAX: usize = 2000;
 
 /// Grok's error code for a rate-limited turn.
 const RATE_LIMITED: i64 = -32003;
-
-/// A timer of this layer: has the turn of `session` been retrying since generation `generation`?
-struct Check {
-    session: String,
-    generation: u64,
-}
 
 /// What a Grok retry or error reason says.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +82,7 @@ struct Turn {
     /// The latest retry report: its reason, attempt and Grok's limit.
     retry: Option<(Reason, u64, u64)>,
     /// Set anew (from the layer's counter) whenever the turn makes progress, so an older timer finds nothing to do.
+    /// A wake-up's token is the generation it checks.
     generation: u64,
     /// The shim stopped the run: the answer's message and kind.
     stopped: Option<(String, Option<Kind>)>,
@@ -97,24 +92,19 @@ pub struct GrokFailure {
     turns: HashMap<String, Turn>,
     /// Prompt id -> session.
     prompts: HashMap<Id, String>,
-    timer: Option<EventSender>,
     patience: Duration,
     /// Generations handed out so far (never reused, so a timer of an earlier turn never matches a later one).
     generations: u64,
 }
 
 impl GrokFailure {
-    pub fn new(timer: EventSender) -> GrokFailure {
-        GrokFailure { timer: Some(timer), ..GrokFailure::by_hand(failure::retry_patience()) }
-    }
-
-    /// A layer whose checks are handed in by the caller ([`GrokFailure::check`]).
-    pub fn by_hand(patience: Duration) -> GrokFailure {
-        GrokFailure { turns: HashMap::new(), prompts: HashMap::new(), timer: None, patience, generations: 0 }
+    /// Stops a turn that has been retrying for `patience` (see [`failure::retry_patience`]).
+    pub fn new(patience: Duration) -> GrokFailure {
+        GrokFailure { turns: HashMap::new(), prompts: HashMap::new(), patience, generations: 0 }
     }
 
     /// A retry was reported, or the turn went on: (re)arms or disarms the check.
-    fn progress(&mut self, session: &str, update: &Value) {
+    fn progress(&mut self, session: &str, update: &Value, cx: &mut Cx) {
         let Some(turn) = self.turns.get_mut(session) else { return };
         if turn.stopped.is_some() {
             return;
@@ -129,18 +119,14 @@ impl GrokFailure {
                 if first {
                     self.generations += 1;
                     turn.generation = self.generations;
-                    if let Some(timer) = &self.timer {
-                        timer.send_after(
-                            self.patience,
-                            Check { session: session.to_owned(), generation: turn.generation },
-                        );
-                    }
+                    cx.after(self.patience, turn.generation);
                 }
             }
             ("retry_state", _) => {}
             // Output of the turn: an attempt went through.
             ("agent_message_chunk" | "agent_thought_chunk" | "tool_call", _) if turn.retry.is_some() => {
                 turn.retry = None;
+                cx.cancel(turn.generation);
                 self.generations += 1;
                 turn.generation = self.generations;
             }
@@ -233,7 +219,7 @@ impl Layer for GrokFailure {
                     && let (Some(session), Some(update)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
                 {
-                    self.progress(session, update);
+                    self.progress(session, update, cx);
                 }
             }
             _ => {}
@@ -241,9 +227,10 @@ impl Layer for GrokFailure {
         cx.to_client(frame);
     }
 
-    fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        if let Ok(check) = event.downcast::<Check>() {
-            self.check(&check.session, check.generation, cx);
+    fn on_timer(&mut self, generation: u64, cx: &mut Cx) {
+        let session = self.turns.iter().find(|(_, t)| t.generation == generation).map(|(s, _)| s.clone());
+        if let Some(session) = session {
+            self.check(&session, generation, cx);
         }
     }
 }
@@ -279,7 +266,7 @@ mod tests {
         "API error (status 500 Internal Server Error): The server had an error while processing your request.";
 
     fn stack() -> Stack {
-        Stack::new(vec![Box::new(GrokFailure::by_hand(Duration::from_secs(60)))])
+        Stack::new(vec![Box::new(GrokFailure::new(Duration::from_secs(60)))])
     }
 
     #[test]
@@ -341,15 +328,19 @@ mod tests {
 
     #[test]
     fn retries_past_the_patience_stop_the_run_and_end_the_turn_with_the_failure() {
-        let mut layer = GrokFailure::by_hand(Duration::from_secs(60));
-        let mut cx = Cx::default();
-        layer.from_client(prompt(6), &mut cx);
-        layer.from_agent(retry(1, SERVER, "api"), &mut cx);
-        let generation = layer.generation(S).expect("a turn");
-        layer.from_agent(retry(2, SERVER, "api"), &mut cx);
-        let mut stack = Stack::new(vec![Box::new(layer)]);
+        let (base, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
+        let mut stack = stack();
+        stack.set_time(base, wall);
         let mut exits = Exits::default();
-        stack.event(0, Box::new(Check { session: S.into(), generation }), &mut exits);
+        stack.from_client(prompt(6), &mut exits);
+        stack.from_agent(retry(1, SERVER, "api"), &mut exits);
+        stack.set_time(base + Duration::from_secs(30), wall);
+        stack.from_agent(retry(2, SERVER, "api"), &mut exits);
+        let mut exits = Exits::default();
+        stack.wake_due(&mut exits);
+        assert!(exits.to_agent.is_empty(), "not before the patience has passed since the first retry");
+        stack.set_time(base + Duration::from_secs(60), wall);
+        stack.wake_due(&mut exits);
         assert_eq!(exits.to_agent.len(), 1);
         assert_eq!(
             exits.to_agent[0].value().ok(),
@@ -363,14 +354,16 @@ mod tests {
         assert!(e.pointer("/data/_meta").is_none(), "{e}");
         assert!(e["message"].as_str().is_some_and(|m| m.starts_with(SERVER) && m.contains("attempt 2 of 15")), "{e}");
         assert!(e["message"].as_str().is_some_and(|m| m.ends_with("stopped after over a minute of retries.")), "{e}");
-        // A late check of that turn does nothing.
-        stack.event(0, Box::new(Check { session: S.into(), generation }), &mut exits);
+        // Nothing of that turn wakes again.
+        stack.set_time(base + Duration::from_secs(600), wall);
+        stack.wake_due(&mut exits);
         assert_eq!(exits.to_agent.len(), 1);
+        assert_eq!(stack.next_wake(), None);
     }
 
     #[test]
     fn a_timer_of_an_earlier_turn_never_stops_a_later_one() {
-        let mut layer = GrokFailure::by_hand(Duration::from_secs(60));
+        let mut layer = GrokFailure::new(Duration::from_secs(60));
         let mut cx = Cx::default();
         layer.from_client(prompt(4), &mut cx);
         layer.from_agent(retry(1, QUOTA, "rate_limited"), &mut cx);
@@ -388,7 +381,7 @@ mod tests {
 
     #[test]
     fn a_retry_that_succeeds_disarms_the_check_and_a_reset_stays_plain() {
-        let mut layer = GrokFailure::by_hand(Duration::from_secs(60));
+        let mut layer = GrokFailure::new(Duration::from_secs(60));
         let mut cx = Cx::default();
         layer.from_client(prompt(7), &mut cx);
         layer.from_agent(retry(1, SERVER, "api"), &mut cx);

@@ -85,7 +85,8 @@ fn layers(setup: &mut Setup) {
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
-    setup.add(|events| Box::new(failure::GrokFailure::new(events)));
+    let patience = crate::coda::failure::retry_patience();
+    setup.add(move |_| Box::new(failure::GrokFailure::new(patience)));
 }
 
 /// What `coda-grok` is: the CLI it wraps, how it finds it, and its layers.

@@ -1,5 +1,5 @@
-//! Codex's AIR translation and failure classification under any frames: never panics, untouched frames
-//! are byte-identical, rewritten ones stay JSON-RPC.
+//! Codex's AIR translation and failure classification, under the engine's waits layer, under any frames:
+//! never panics, untouched frames are byte-identical, rewritten ones stay JSON-RPC.
 #![no_main]
 
 mod drive;
@@ -7,6 +7,7 @@ mod drive;
 use coda_shim::adapters::codex::air;
 use coda_shim::adapters::codex::failure;
 
+use coda_shim::coda::waits::Waits;
 use coda_shim::layer::Stack;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -59,7 +60,7 @@ fn frame(u: &mut Unstructured) -> Result<(bool, Vec<u8>)> {
 }
 
 fuzz_target!(|data: &[u8]| drive::drive(
-    Stack::new(vec![Box::new(air::Air::new()), Box::new(failure::Failure::new())]),
+    Stack::new(vec![Box::new(Waits::new()), Box::new(air::Air::new()), Box::new(failure::Failure::new())]),
     data,
     frame
 ));

@@ -107,7 +107,12 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
         .collect();
     let agent = child::spawn(&found.command, &env)?;
     let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-    let mut setup = Setup { command: &found.command, version: found.version.clone(), layers: Vec::new(), events: tx };
+    let mut setup = Setup {
+        command: &found.command,
+        version: found.version.clone(),
+        layers: vec![Box::new(crate::coda::waits::Waits::new())],
+        events: tx,
+    };
     (adapter.layers)(&mut setup);
     Ok(Started { agent, stack: Stack::new(setup.layers), events })
 }

@@ -5,3 +5,4 @@ pub mod failure;
 pub mod identity;
 pub mod instruction;
 pub mod wait;
+pub mod waits;
