@@ -1,5 +1,7 @@
-//! Kimi's session title, made from the user's own first prompt. Kimi titles a session from the text of its
-//! first prompt, cut short (kimi.md "Echoes of the first prompt"); the prompt that carries Coda's session
+//! Kimi's session title, made from the user's own first prompt.
+//!
+//! Kimi titles a session from the text of its first prompt, cut short (seen live on Kimi 2.1.0,
+//! fixtures/kimi/instruction-command-first); the prompt that carries Coda's session
 //! instruction starts with the injected block, so Kimi's title would be the instruction, or the start of it
 //! with the closing marker cut off. This layer sits on the agent's side of the instruction layer, sees that
 //! prompt as Kimi gets it, works out the title Kimi makes from the prompt without the block, and puts it in
@@ -74,7 +76,7 @@ pub type FirstPrompt = Box<dyn FnMut(&str) -> Option<Vec<Value>> + Send>;
 const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
 
 /// [`FirstPrompt`] from Kimi's files under `root`: the `input` of the first `turn.prompt` of origin `user`
-/// in `<root>/sessions/*/<session>/agents/main/wire.jsonl` (kimi.md §2.4).
+/// in `<root>/sessions/*/<session>/agents/main/wire.jsonl`.
 pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
     Box::new(move |session| {
         let dir = crate::adapters::kimi::watch::find_session(root.as_ref()?, session)?;

@@ -1,5 +1,6 @@
-//! What Coda receives from coda-kimi, as one readable line per frame that matters for activity
-//! (`expected.txt` of a Kimi fixture): the shim's `_coda/wait` reports and the `session/update`s it made
+//! What Coda receives from coda-kimi, as one readable line per frame that matters for activity.
+//!
+//! The notation of `expected.txt` in a Kimi fixture: the shim's `_coda/wait` reports and the `session/update`s it made
 //! from Kimi's files, and the answers of prompts, in the order Coda receives them. `S` is the main session.
 #![allow(dead_code)]
 
