@@ -1,6 +1,8 @@
-//! The wrapped CLI as a child process: spawned without a shell in a process group of its own, guarded by
-//! a watchdog that kills the group if the shim dies (src/watchdog.rs), its stderr drained and its tail
-//! kept, and stopped with a ladder that leaves no process of the group behind.
+//! The wrapped CLI as a child process, in a process group of its own.
+//!
+//! Spawned without a shell, guarded by a watchdog that kills the group if the shim dies
+//! ([`crate::watchdog`]), its stderr drained and its tail kept, and stopped with a ladder (in the relay
+//! loop) that leaves no process of the group behind.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -139,8 +141,9 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
     Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, watchdog })
 }
 
-/// A handle to signal the child's process group after its pipes have moved elsewhere.
-#[derive(Clone, Copy, Debug)]
+/// A handle to signal the child's process group after its pipes have moved elsewhere. The default is no
+/// group: signals go nowhere.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Group(Option<Pid>);
 
 impl Agent {

@@ -16,10 +16,12 @@ pub mod frame;
 pub mod json;
 pub mod layer;
 pub mod lines;
+pub mod maybe;
 pub mod private_file;
 pub mod relay;
 pub mod replay;
 pub mod trace;
+pub mod transport;
 pub mod watchdog;
 
 pub use cli::adapter::Adapter;

@@ -1,17 +1,10 @@
-//! Newline-delimited frames on a byte stream, with a size limit that keeps memory bounded.
+//! The line splitter: cuts newline-delimited frames out of a byte stream, within a size limit.
 //!
 //! Lines are cut out of the buffer they were read into, without copying: a line is a [`Bytes`] view of
-//! that buffer, ending in its `\n`, and is written out from there. Writers hand whole batches of lines to
-//! one vectored write.
-
-use std::io::IoSlice;
+//! that buffer, ending in its `\n`, and is written out from there (by `crate::transport`).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
-
-/// Frames handed to a writer in one go (one channel message, one wake-up). Each ends in `\n`.
-pub type Batch = Vec<Bytes>;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Default limit for one line: 64 MiB.
 pub const DEFAULT_MAX_LINE: usize = 64 << 20;
@@ -30,9 +23,6 @@ const BUF: usize = 512 << 10;
 
 /// Read buffers kept for reuse once every line cut from them has been written.
 const POOL: usize = 12;
-
-/// Slices per vectored write (Linux takes at most 1024).
-const IOV_MAX: usize = 1024;
 
 /// What the reader found.
 #[derive(Debug, PartialEq, Eq)]
@@ -203,64 +193,6 @@ pub async fn read_line<R: AsyncRead + Unpin>(r: &mut R, lines: &mut Lines) -> st
     }
 }
 
-/// Writes batches of frames (each ending in `\n`) with vectored writes, taking every batch already waiting
-/// into the same write. Ends when the channel closes or the peer stops reading (a write error).
-pub async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
-    while let Some(mut frames) = rx.recv().await {
-        gather(&mut frames, &mut rx);
-        for chunk in frames.chunks(IOV_MAX) {
-            let mut slices: Vec<IoSlice> = chunk.iter().map(|f| IoSlice::new(f)).collect();
-            let mut rest = &mut slices[..];
-            while !rest.is_empty() {
-                match w.write_vectored(rest).await? {
-                    0 => return Err(std::io::ErrorKind::WriteZero.into()),
-                    n => IoSlice::advance_slices(&mut rest, n),
-                }
-            }
-        }
-        w.flush().await?;
-    }
-    w.shutdown().await
-}
-
-/// [`write_frames`] for a blocking writer (the shim's own stdout, written on a thread of its own).
-pub fn write_frames_blocking<W: std::io::Write>(mut w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
-    while let Some(mut frames) = rx.blocking_recv() {
-        gather(&mut frames, &mut rx);
-        for chunk in frames.chunks(IOV_MAX) {
-            let mut slices: Vec<IoSlice> = chunk.iter().map(|f| IoSlice::new(f)).collect();
-            let mut rest = &mut slices[..];
-            while !rest.is_empty() {
-                match w.write_vectored(rest) {
-                    Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                    Ok(n) => IoSlice::advance_slices(&mut rest, n),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        w.flush()?;
-    }
-    Ok(())
-}
-
-/// Bytes gathered for one vectored write, at most (more only when one frame is larger).
-const WRITE_BYTES: usize = 1 << 20;
-
-/// Adds the batches already waiting, up to one vectored write's worth.
-fn gather(frames: &mut Batch, rx: &mut mpsc::Receiver<Batch>) {
-    let mut bytes: usize = frames.iter().map(Bytes::len).sum();
-    while frames.len() < IOV_MAX && bytes < WRITE_BYTES {
-        match rx.try_recv() {
-            Ok(more) => {
-                bytes += more.iter().map(Bytes::len).sum::<usize>();
-                frames.extend(more);
-            }
-            Err(_) => break,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,39 +337,5 @@ mod tests {
             assert!(b.try_reclaim(1), "nothing else holds a kept buffer now");
             assert!(b.capacity() <= BUF, "kept a buffer of {} bytes", b.capacity());
         }
-    }
-
-    #[tokio::test]
-    async fn writer_sends_every_frame_in_order() {
-        let (tx, rx) = mpsc::channel(4);
-        let mut sink = Vec::new();
-        tx.send(vec![Bytes::from_static(b"a\n")]).await.unwrap();
-        tx.send(vec![Bytes::from_static(b"b\n"), Bytes::from_static(b"c\n")]).await.unwrap();
-        drop(tx);
-        write_frames(&mut sink, rx).await.unwrap();
-        assert_eq!(sink, b"a\nb\nc\n");
-
-        // More frames than one vectored write takes, through a writer that takes a few bytes at a time.
-        struct Slow(Vec<u8>);
-        impl std::io::Write for Slow {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                let n = b.len().min(5);
-                self.0.extend_from_slice(&b[..n]);
-                Ok(n)
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let (tx, rx) = mpsc::channel(4);
-        let many: Batch = (0..3000).map(|i| Bytes::from(format!("{i}\n"))).collect();
-        let want: Vec<u8> = many.concat();
-        tx.try_send(many).unwrap();
-        drop(tx);
-        let slow = std::thread::spawn(move || {
-            let mut slow = Slow(Vec::new());
-            write_frames_blocking(&mut slow, rx).map(|_| slow.0)
-        });
-        assert_eq!(slow.join().unwrap().unwrap(), want);
     }
 }

@@ -1,25 +1,31 @@
-//! The relay loop: one task owns the layer stack and handles frames and events strictly in arrival
-//! order. Small reader and writer tasks do the I/O, joined by bounded channels, so a slow peer applies
-//! backpressure instead of growing memory, and the two directions never wait on each other.
+//! The relay loop: one task owns the layer stack and hands it frames, events and wake-ups in arrival order.
+//!
+//! Readers and writers ([`crate::transport`]) do the I/O, joined to the loop by bounded channels, so a slow
+//! peer applies backpressure instead of growing memory, and the two directions never wait on each other.
+//! The loop reads the clock once per wake-up and hands that time to the layers ([`Stack::set_time`]); it
+//! sleeps until the layers' next wake-up ([`Stack::next_wake`]) beside its other waits. The agent's side is
+//! an [`AgentSide`]: a child process, or any byte streams (in-memory pipes in tests). When the client
+//! leaves, the child is stopped with a ladder: its stdin closed, SIGTERM, then SIGKILL of all it started.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use bytes::Bytes;
 use nix::sys::signal::Signal;
 use serde_json::json;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::child::{self, Agent};
-use crate::frame::{self, Frame, Id, Invalid, Kind};
-use crate::json;
+use crate::child::{self, Agent, Group, StderrTail};
+use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Event, Exits, Stack};
-use crate::lines::{self, Line};
+use crate::maybe;
 use crate::trace::{Dir, Trace};
+use crate::transport::{self, BATCH, BATCH_BYTES, Batch, Link, Received};
+use crate::watchdog::Watchdog;
 
 /// Frames, and bytes, queued per direction before the loop stops reading that direction's source. With
 /// the channels on either side this bounds what the shim holds: a slow peer applies backpressure.
@@ -28,167 +34,67 @@ const HIGH_WATER_BYTES: usize = 1 << 20;
 /// How long to wait for the child's last output once it has exited.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
-/// One item read from a peer.
-enum Input {
-    Frame(Frame),
-    /// The line, without its `\n`.
-    Invalid {
-        line: Bytes,
-        err: Invalid,
-    },
-    /// Refused for its size or its nesting (not for what it says): its id and whether it has a method,
-    /// read cheaply, and why, for the warning and the error answer.
-    Refused {
-        id: Option<Id>,
-        has_method: bool,
-        why: String,
-    },
-}
-
 pub struct Options {
     pub max_line: usize,
     pub trace: Option<Trace>,
 }
 
-fn to_input(line: Line) -> Input {
-    match line {
-        Line::Text(wire) => match Frame::parse_wire(wire) {
-            Ok(frame) => Input::Frame(frame),
-            Err((line, err)) if err.too_deep => {
-                let why = format!("of {} bytes nested deeper than {} levels", line.len() - 1, json::MAX_DEPTH);
-                Input::Refused { id: err.id, has_method: err.has_method, why }
-            }
-            Err((line, err)) => Input::Invalid { line: line.slice(..line.len() - 1), err },
-        },
-        Line::TooLong { head, len } => {
-            let (id, has_method) = frame::sniff(&head);
-            Input::Refused { id, has_method, why: format!("of {len} bytes, over the size limit") }
-        }
+/// The agent's side of the relay: the streams it is read from and written to, and the process behind them
+/// when there is one. A process is waited for, stopped with the ladder and its stderr tail reported; an
+/// agent without one (in-memory pipes, as tests use) has ended once its output ends.
+pub struct AgentSide {
+    reader: Box<dyn AsyncRead + Unpin + Send>,
+    writer: Box<dyn AsyncWrite + Unpin + Send>,
+    process: Option<Process>,
+}
+
+/// The child behind an agent's pipes.
+struct Process {
+    child: tokio::process::Child,
+    group: Group,
+    watchdog: Option<Watchdog>,
+    stderr_tail: StderrTail,
+    stderr_done: tokio::task::JoinHandle<()>,
+}
+
+impl AgentSide {
+    /// An agent on any byte streams, with no process behind them.
+    pub fn streams<R, W>(reader: R, writer: W) -> AgentSide
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        AgentSide { reader: Box::new(reader), writer: Box::new(writer), process: None }
+    }
+
+    /// An agent on in-memory pipes: the other end is the agent (read what the relay sends it, write what it
+    /// answers; shutting down its write side ends it), as lsp-server's `Connection::memory()` does.
+    pub fn memory() -> (AgentSide, DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(64 << 10);
+        let (reader, writer) = tokio::io::split(ours);
+        (AgentSide::streams(reader, writer), theirs)
+    }
+
+    fn group(&self) -> Group {
+        self.process.as_ref().map(|p| p.group).unwrap_or_default()
     }
 }
 
-/// What a reader hands the relay loop: every frame it could read without waiting, or why it stopped.
-type Inputs = std::io::Result<Vec<Input>>;
-
-/// Most frames, and about the most bytes, in one batch.
-const BATCH: usize = 256;
-const BATCH_BYTES: usize = 256 << 10;
-/// Batches waiting in a channel between a reader or writer and the loop.
-const CHANNEL: usize = 4;
-
-/// Turns what one reader has buffered into batches: every whole line it holds, so that a burst costs
-/// one wake-up of the loop rather than one per frame. `send` returns false once nobody listens.
-fn drain(lines: &mut lines::Lines, mut send: impl FnMut(Inputs) -> bool) -> bool {
-    // Sized once: grown push by push, a full batch would be reallocated (and copied) nine times.
-    let (mut batch, mut bytes) = (Vec::with_capacity(BATCH), 0);
-    while let Some(line) = lines.next_line() {
-        bytes += line.len();
-        batch.push(to_input(line));
-        if batch.len() == BATCH || bytes >= BATCH_BYTES {
-            if !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))) {
-                return false;
-            }
-            bytes = 0;
-        }
-    }
-    batch.is_empty() || send(Ok(batch))
-}
-
-/// What a reader does at the end of its stream or on an error: the last line, then why it stopped.
-fn last(lines: &mut lines::Lines, read: std::io::Result<usize>) -> Option<Inputs> {
-    match read {
-        Ok(0) => lines.finish().map(|line| Ok(vec![to_input(line)])),
-        Ok(_) => None,
-        Err(e) => Some(Err(e)),
+impl From<Agent> for AgentSide {
+    fn from(mut agent: Agent) -> AgentSide {
+        let (group, watchdog) = (agent.group(), agent.take_watchdog());
+        let Agent { child, stdin, stdout, stderr_tail, stderr_done, .. } = agent;
+        let process = Process { child, group, watchdog, stderr_tail, stderr_done };
+        AgentSide { reader: Box::new(stdout), writer: Box::new(stdin), process: Some(process) }
     }
 }
 
-/// Reads and parses frames on a task: parsing runs beside the relay loop, not in it.
-fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(mut r: R, max: usize) -> mpsc::Receiver<Inputs> {
-    let (tx, rx) = mpsc::channel(CHANNEL);
-    tokio::spawn(async move {
-        let mut lines = lines::Lines::new(max);
-        loop {
-            let read = lines.fill(&mut r).await;
-            let mut batches = Vec::new();
-            let _ = drain(&mut lines, |b| {
-                batches.push(b);
-                true
-            });
-            let stop = !matches!(read, Ok(n) if n > 0);
-            batches.extend(last(&mut lines, read));
-            for batch in batches {
-                if tx.send(batch).await.is_err() {
-                    return;
-                }
-            }
-            if stop {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-/// The client's side of the relay: frames read from it, frames to write to it, and a signal once
-/// everything handed to the writer has been written (or the client stopped reading).
-struct ClientIo {
-    input: mpsc::Receiver<Inputs>,
-    output: mpsc::Sender<lines::Batch>,
-    written: tokio::sync::oneshot::Receiver<()>,
-}
-
-/// The shim's own stdin and stdout, each on a thread of its own with blocking I/O: tokio's stdio
-/// hands every read and write to its blocking pool, which costs more than the relay itself.
-fn stdio(max: usize) -> std::io::Result<ClientIo> {
-    use std::os::fd::AsFd;
-    let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
-    let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
-    let (in_tx, input) = mpsc::channel(CHANNEL);
-    std::thread::Builder::new().name("stdin".into()).spawn(move || {
-        let mut stdin = stdin;
-        let mut lines = lines::Lines::new(max);
-        loop {
-            let read = lines.fill_blocking(&mut stdin);
-            if !drain(&mut lines, |b| in_tx.blocking_send(b).is_ok()) {
-                return;
-            }
-            let stop = !matches!(read, Ok(n) if n > 0);
-            if let Some(item) = last(&mut lines, read)
-                && in_tx.blocking_send(item).is_err()
-            {
-                return;
-            }
-            if stop {
-                return;
-            }
-        }
-    })?;
-    let (output, out_rx) = mpsc::channel(CHANNEL);
-    let (done, written) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new().name("stdout".into()).spawn(move || {
-        if let Err(e) = lines::write_frames_blocking(stdout, out_rx) {
-            tracing::debug!("stdout closed: {e}");
-        }
-        let _ = done.send(());
-    })?;
-    Ok(ClientIo { input, output, written })
-}
-
-/// A client on any byte streams, with tasks doing the I/O.
-fn streams<R, W>(reader: R, writer: W, max: usize) -> ClientIo
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let input = spawn_reader(reader, max);
-    let (output, out_rx) = mpsc::channel(CHANNEL);
-    let (done, written) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let _ = lines::write_frames(writer, out_rx).await;
-        let _ = done.send(());
-    });
-    ClientIo { input, output, written }
+/// The process's exit; never, without a process.
+async fn exit(process: &mut Option<Process>) -> std::io::Result<ExitStatus> {
+    match process {
+        Some(p) => p.child.wait().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The state of stopping the child after the client went away (or a signal came).
@@ -240,16 +146,16 @@ impl Loop {
         self.to_client.push(f);
     }
 
-    fn from_client(&mut self, input: Input) {
+    fn from_client(&mut self, input: Received) {
         let mut exits = std::mem::take(&mut self.exits);
         match input {
-            Input::Frame(f) => {
+            Received::Frame(f) => {
                 if let Some(t) = &mut self.trace {
                     t.frame(Dir::ClientToShim, f.bytes(), false);
                 }
                 self.stack.from_client(f, &mut exits);
             }
-            Input::Invalid { line, err } => {
+            Received::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
                     t.line(Dir::ClientToShim, &line);
                 }
@@ -257,7 +163,7 @@ impl Loop {
                 let id = err.id.clone().unwrap_or_else(Id::null);
                 self.send_client(frame::error_response(&id, err.code, &err.message, None));
             }
-            Input::Refused { id, has_method, why } => {
+            Received::Refused { id, has_method, why } => {
                 tracing::warn!("client sent a frame {why}; dropped");
                 if let (Some(id), true) = (id, has_method) {
                     let msg = format!("invalid request: message {why}");
@@ -268,10 +174,10 @@ impl Loop {
         self.route(exits);
     }
 
-    fn from_agent(&mut self, input: Input) {
+    fn from_agent(&mut self, input: Received) {
         let mut exits = std::mem::take(&mut self.exits);
         match input {
-            Input::Frame(f) => {
+            Received::Frame(f) => {
                 if let Some(t) = &mut self.trace {
                     t.frame(Dir::AgentToShim, f.bytes(), false);
                 }
@@ -280,7 +186,7 @@ impl Loop {
                 }
                 self.stack.from_agent(f, &mut exits);
             }
-            Input::Invalid { line, err } => {
+            Received::Invalid { line, err } => {
                 if let Some(t) = &mut self.trace {
                     t.line(Dir::AgentToShim, &line);
                 }
@@ -292,7 +198,7 @@ impl Loop {
                 );
                 tracing::debug!("the line the agent wrote: {}", excerpt(&line));
             }
-            Input::Refused { id, has_method, why } => {
+            Received::Refused { id, has_method, why } => {
                 let msg = format!("message {why}");
                 tracing::warn!("agent sent a frame {why}; dropped");
                 match (id, has_method) {
@@ -347,8 +253,14 @@ impl Loop {
 }
 
 /// Runs the relay until the session ends; returns the exit code for the shim.
-pub async fn run(stack: Stack, agent: Agent, events: mpsc::UnboundedReceiver<(usize, Event)>, options: Options) -> i32 {
-    let client = match stdio(options.max_line) {
+pub async fn run(
+    stack: Stack,
+    agent: impl Into<AgentSide>,
+    events: mpsc::UnboundedReceiver<(usize, Event)>,
+    options: Options,
+) -> i32 {
+    let agent = agent.into();
+    let client = match transport::stdio(options.max_line) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!("cannot set up stdin/stdout: {e}");
@@ -364,7 +276,7 @@ pub async fn run(stack: Stack, agent: Agent, events: mpsc::UnboundedReceiver<(us
 /// the caller, which stops the agent by closing its end of the streams (and signalling the agent's group).
 pub async fn run_with_client<R, W>(
     stack: Stack,
-    agent: Agent,
+    agent: impl Into<AgentSide>,
     events: mpsc::UnboundedReceiver<(usize, Event)>,
     options: Options,
     client_reader: R,
@@ -374,25 +286,25 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let client = streams(client_reader, client_writer, options.max_line);
-    run_io(stack, agent, events, options, client, false).await
+    let client = transport::streams(client_reader, client_writer, options.max_line);
+    run_io(stack, agent.into(), events, options, client, false).await
 }
 
 async fn run_io(
     stack: Stack,
-    mut agent: Agent,
+    agent: AgentSide,
     events: mpsc::UnboundedReceiver<(usize, Event)>,
     options: Options,
-    client: ClientIo,
+    client: Link,
     handle_signals: bool,
 ) -> i32 {
     let mut events = events;
     let group = agent.group();
-    let mut watchdog = agent.take_watchdog();
-    let ClientIo { input: mut client_in, output: client_tx, written: client_written } = client;
-    let mut agent_in = spawn_reader(agent.stdout, options.max_line);
-    let (agent_tx, agent_rx) = mpsc::channel::<lines::Batch>(CHANNEL);
-    tokio::spawn(lines::write_frames(agent.stdin, agent_rx));
+    let AgentSide { reader, writer, mut process } = agent;
+    let mut watchdog = process.as_mut().and_then(|p| p.watchdog.take());
+    let Link { input: mut client_in, output: client_tx, written: client_written } = client;
+    // Nothing waits for the agent's writer to finish: once the agent's output ends, the session has.
+    let Link { input: mut agent_in, output: agent_tx, .. } = transport::streams(reader, writer, options.max_line);
     let mut agent_tx = Some(agent_tx);
     let mut client_tx = Some(client_tx);
 
@@ -465,14 +377,14 @@ async fn run_io(
                     agent_gone = true;
                 }
             },
-            _ = recv_signal(&mut sigint) => shutdown_on_signal("SIGINT", &mut client_open),
-            _ = recv_signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
-            _ = recv_signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
+            _ = maybe::signal(&mut sigint) => shutdown_on_signal("SIGINT", &mut client_open),
+            _ = maybe::signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
+            _ = maybe::signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
             Some((layer, event)) = events.recv(), if !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
                 st.event(layer, event);
             }
-            _ = sleep_until(wake), if wake.is_some() && !st.to_client.full() && !st.to_agent.full() => {
+            _ = maybe::sleep_until(wake), if wake.is_some() && !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
                 st.wake_due();
             }
@@ -498,12 +410,12 @@ async fn run_io(
                 }
                 None => agent_open = false,
             },
-            status = agent.child.wait(), if exited.is_none() => {
+            status = exit(&mut process), if exited.is_none() => {
                 let status = match status {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::error!("cannot wait for the agent: {e}");
-                        std::os::unix::process::ExitStatusExt::from_raw(1 << 8)
+                        ExitStatus::from_raw(1 << 8)
                     }
                 };
                 // Whatever the child left in its group (a grandchild holding the pipes), and what it started
@@ -516,11 +428,11 @@ async fn run_io(
                 drain_deadline = Some(Instant::now() + DRAIN_AFTER_EXIT);
                 ladder = Ladder::Killed;
             }
-            _ = sleep_until(drain_deadline), if exited.is_some() && agent_open => {
+            _ = maybe::sleep_until(drain_deadline), if exited.is_some() && agent_open => {
                 tracing::warn!("the agent's stdout stayed open after it exited; giving up on its last output");
                 agent_open = false;
             }
-            _ = sleep_until(ladder_deadline), if ladder_deadline.is_some() => {
+            _ = maybe::sleep_until(ladder_deadline), if ladder_deadline.is_some() => {
                 ladder = match ladder {
                     Ladder::StdinClosed(_) => {
                         tracing::info!("agent still running {:?} after its stdin closed; sending SIGTERM", child::STDIN_GRACE);
@@ -541,13 +453,21 @@ async fn run_io(
         if agent_gone {
             agent_tx = None;
         }
+        if !agent_open && process.is_none() && exited.is_none() {
+            // An agent without a process has ended once its output has.
+            exited = Some(ExitStatus::from_raw(0));
+        }
     }
 
-    let status = exited.unwrap_or_else(|| std::os::unix::process::ExitStatusExt::from_raw(1 << 8));
-    let _ = tokio::time::timeout(Duration::from_millis(500), agent.stderr_done).await;
+    let status = exited.unwrap_or_else(|| ExitStatus::from_raw(1 << 8));
+    let mut stderr_tail = Vec::new();
+    if let Some(p) = process {
+        let _ = tokio::time::timeout(Duration::from_millis(500), p.stderr_done).await;
+        stderr_tail = p.stderr_tail.lines();
+    }
     if !st.in_flight.is_empty() {
         st.set_time();
-        st.fail_in_flight(status, agent.stderr_tail.lines());
+        st.fail_in_flight(status, stderr_tail);
     }
     tracing::info!("agent exited with status {}", child::describe(status));
     // Hand everything left to the client's writer and let it flush.
@@ -566,16 +486,6 @@ async fn run_io(
 fn shutdown_on_signal(name: &str, client_open: &mut bool) {
     tracing::info!("{name} received; stopping the agent");
     *client_open = false;
-}
-
-/// A signal's next delivery; never, when the relay does not handle signals.
-async fn recv_signal(sig: &mut Option<tokio::signal::unix::Signal>) {
-    match sig {
-        Some(sig) => {
-            sig.recv().await;
-        }
-        None => std::future::pending().await,
-    }
 }
 
 /// Frames on their way to one peer, and their size.
@@ -605,7 +515,7 @@ impl Queue {
     }
 
     /// Up to [`BATCH`] frames (or about [`BATCH_BYTES`]) from the front, for one writer hand-off.
-    fn take_batch(&mut self) -> lines::Batch {
+    fn take_batch(&mut self) -> Batch {
         let mut bytes = 0;
         let mut batch = Vec::with_capacity(self.frames.len().min(BATCH));
         while let Some(f) = self.frames.pop_front() {
@@ -620,19 +530,73 @@ impl Queue {
     }
 }
 
-async fn reserve(tx: &Option<mpsc::Sender<lines::Batch>>) -> Option<mpsc::Permit<'_, lines::Batch>> {
+async fn reserve(tx: &Option<mpsc::Sender<Batch>>) -> Option<mpsc::Permit<'_, Batch>> {
     tx.as_ref()?.reserve().await.ok()
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The start of a line, for a warning.
 fn excerpt(line: &[u8]) -> String {
     let text = String::from_utf8_lossy(&line[..line.len().min(120)]);
     if line.len() > 120 { format!("{text:?}...") } else { format!("{text:?}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::{Cx, Layer};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    /// Passes frames on; on the client's `later` asks for a wake-up, and then tells the client.
+    struct Later;
+    impl Layer for Later {
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if f.is_notification("later") {
+                cx.after(Duration::from_millis(5), 7);
+            } else {
+                cx.to_agent(f);
+            }
+        }
+        fn on_timer(&mut self, token: u64, cx: &mut Cx) {
+            cx.to_client(frame::notification("woke", json!({ "token": token })));
+        }
+    }
+
+    #[tokio::test]
+    async fn relays_both_ways_over_in_memory_pipes_and_runs_wake_ups() {
+        let (agent, agent_end) = AgentSide::memory();
+        let (client, client_end) = tokio::io::duplex(64 << 10);
+        let (client_read, client_write) = tokio::io::split(client);
+        let (_events_tx, events) = mpsc::unbounded_channel();
+        let stack = Stack::new(vec![Box::new(Later)]);
+        let options = Options { max_line: crate::lines::DEFAULT_MAX_LINE, trace: None };
+        let relay = tokio::spawn(run_with_client(stack, agent, events, options, client_read, client_write));
+        let (from_relay, mut to_relay) = tokio::io::split(client_end);
+        let mut client_reads = BufReader::new(from_relay).lines();
+        let (agent_read, mut agent_write) = tokio::io::split(agent_end);
+        let mut agent_reads = BufReader::new(agent_read).lines();
+
+        // A multi-line prompt with CJK text and emoji, as Coda sends: byte for byte to the agent.
+        let prompt = r#"{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"第一行\n第二行 🎉\n- item"}]}}"#;
+        to_relay.write_all(format!("{prompt}\n").as_bytes()).await.unwrap();
+        assert_eq!(agent_reads.next_line().await.unwrap().as_deref(), Some(prompt));
+
+        // The agent's update and answer reach the client byte for byte, in order.
+        let update = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"好 1e400"}}}}"#;
+        let answer = r#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}"#;
+        agent_write.write_all(format!("{update}\n{answer}\n").as_bytes()).await.unwrap();
+        assert_eq!(client_reads.next_line().await.unwrap().as_deref(), Some(update));
+        assert_eq!(client_reads.next_line().await.unwrap().as_deref(), Some(answer));
+
+        // A layer's wake-up runs in the relay loop and what it emits reaches the client.
+        to_relay.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"later\"}\n").await.unwrap();
+        let woke = client_reads.next_line().await.unwrap().unwrap();
+        assert_eq!(crate::json::from_str::<serde_json::Value>(&woke).unwrap()["params"]["token"], 7);
+
+        // The client leaving closes the agent's input; the agent ending its output ends the session.
+        to_relay.shutdown().await.unwrap();
+        assert_eq!(agent_reads.next_line().await.unwrap(), None);
+        agent_write.shutdown().await.unwrap();
+        assert_eq!(relay.await.unwrap(), 0);
+        assert_eq!(client_reads.next_line().await.unwrap(), None);
+    }
 }

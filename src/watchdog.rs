@@ -1,5 +1,7 @@
-//! Nothing the CLI started outlives the shim: a watchdog process in the CLI's process group kills what
-//! the CLI started and then that group (itself included) as soon as the shim is gone, however it went.
+//! The watchdog: nothing the CLI started outlives the shim, however the shim went.
+//!
+//! A watchdog process in the CLI's process group kills what the CLI started and then that group (itself
+//! included) as soon as the shim is gone.
 //!
 //! Coda kills the shim's own process group 30 s after a cancelled turn that has not ended (protocol,
 //! "处理" item 3 and "进程结束"), and a shim can be SIGKILLed any time. Neither reaches the CLI, which runs
@@ -9,16 +11,18 @@
 //! needs nothing of Linux that macOS lacks (`PR_SET_PDEATHSIG` would cover only the direct child, and
 //! macOS has none).
 //!
-//! The real CLIs run their shell commands in sessions of their own (`setsid`: Kimi, Grok and OpenCode, and
-//! Codex's sandbox, checked live), out of reach of any signal to the CLI's group. So the watchdog first
+//! Real CLIs run their shell commands in sessions of their own (`setsid`, or a sandbox that does; checked
+//! live with each wrapped CLI), out of reach of any signal to the CLI's group. So the watchdog first
 //! SIGKILLs every descendant of the CLI, and the group each of them leads, found through their parent
 //! links in `ps` (twice, for what was starting meanwhile); then its own group. (It does not SIGSTOP the
 //! CLI first: once the shim is gone the CLI's group is orphaned, and the kernel sends SIGHUP to an
-//! orphaned group with a stopped member, which would end the CLI and break the parent links.) Parent links hold only while the CLI lives, so the watchdog also holds a copy of
-//! the CLI's stdin: when the shim dies, the CLI does not see end-of-file (and exit, orphaning its
-//! commands) before the watchdog has looked. For a normal end the shim records the CLI's descendants
-//! while the CLI still runs, then has the watchdog let go of the CLI's stdin, then closes its own end:
-//! what the CLI leaves behind when it exits is killed with the group.
+//! orphaned group with a stopped member, which would end the CLI and break the parent links.)
+//!
+//! Parent links hold only while the CLI lives, so the watchdog also holds a copy of the CLI's stdin: when
+//! the shim dies, the CLI does not see end-of-file (and exit, orphaning its commands) before the watchdog
+//! has looked. For a normal end the shim records the CLI's descendants while the CLI still runs, then has
+//! the watchdog let go of the CLI's stdin, then closes its own end: what the CLI leaves behind when it
+//! exits is killed with the group.
 //!
 //! The watchdog is `/bin/sh` (present on macOS and every Linux, named by its path so a short PATH does not
 //! matter; `ps` and `awk` are found on the PATH it is given, `/usr/bin:/bin`). It ignores SIGTERM,
