@@ -142,12 +142,14 @@ fn run(files: &str, seed: u64, inotify: bool) -> Vec<String> {
     }
     let slot: Arc<Mutex<Option<Watch>>> = Arc::default();
     let opened = slot.clone();
-    let starter: activity::Starter = Box::new(move |session, dir, cutoff| {
-        let (w, started) = Watch::open(session, dir, cutoff, false)?;
+    let root = home.clone();
+    let starter: activity::Starter = Box::new(move |session, cutoff| {
+        let dir = watch::locate(Some(root.as_path()), session)?;
+        let (w, started) = Watch::open(session, &dir, cutoff, false).map_err(watch::WatchError::Failed)?;
         *opened.lock().unwrap() = Some(w);
         Ok((started, None))
     });
-    let mut stack = Stack::new(vec![Box::new(activity::Activity::with_starter(Some(home.clone()), starter))]);
+    let mut stack = Stack::new(vec![Box::new(activity::Activity::with_starter(starter))]);
     let mut exits = Exits::default();
     let caps = json!({"_meta": {"coda": {"waits": {}}}});
     stack.from_client(

@@ -7,7 +7,7 @@
 //! turn's end. Its clock is the engine's: [`Cx::now`], [`Cx::wall`] and wake-ups through [`Cx::after`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::frame::{self, Frame, Id, Kind};
@@ -18,13 +18,13 @@ use crate::adapters::kimi::failure::Failures;
 use crate::adapters::kimi::feed::{self, Fed};
 use crate::adapters::kimi::record::FileLog;
 use crate::adapters::kimi::translate::{self, Translator};
-use crate::adapters::kimi::watch::{self, Scan, Started};
+use crate::adapters::kimi::watch::{self, Scan, Started, WatchError};
 use crate::adapters::kimi::wire::{self, KNOWN_PROTOCOLS};
 
-/// Starts watching a session folder: notes where its files end (records older than the time handed in are
-/// history when a replaced file is read again) and sets up the watch on a thread of its own; tests hand scans
-/// in themselves (no handle).
-pub type Starter = Box<dyn FnMut(&str, &Path, SystemTime) -> Result<(Started, Option<watch::Handle>), String> + Send>;
+/// Finds a session's folder and starts watching it: notes where its files end (records older than the time
+/// handed in are history when a replaced file is read again) and sets up the watch on a thread of its own;
+/// tests hand scans in themselves (no handle). All of the layer's file-system work is here.
+pub type Starter = Box<dyn FnMut(&str, SystemTime) -> Result<(Started, Option<watch::Handle>), WatchError> + Send>;
 
 /// Longest hold of a prompt answer waiting for the wire to show the turn's end. Kimi writes `turn.ended`
 /// before it answers, so the watch normally sees it within milliseconds; when it never shows (a watch that
@@ -54,7 +54,6 @@ struct Session {
 
 pub struct Activity {
     start: Starter,
-    root: Option<PathBuf>,
     /// session/new|load|resume requests in flight: id -> sessionId asked for (None for new), and when the
     /// request went by (the time of the recording's snapshot of the session's files).
     setup: HashMap<Id, (Option<String>, SystemTime)>,
@@ -78,19 +77,19 @@ impl Activity {
     /// log `record` when one is kept (its records then start with a snapshot of each session's files).
     pub fn new(events: EventSender, root: Option<PathBuf>, record: Option<FileLog>) -> Activity {
         let snapshot = record.is_some();
-        let start: Starter = Box::new(move |session, dir, cutoff| {
-            watch::start(session, dir, cutoff, events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
+        let start: Starter = Box::new(move |session, cutoff| {
+            let dir = watch::locate(root.as_deref(), session)?;
+            watch::start(session, &dir, cutoff, events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
         });
-        let mut a = Activity::with_starter(root, start);
+        let mut a = Activity::with_starter(start);
         a.record = record;
         a
     }
 
     /// The layer with its own way of starting watches (tests hand scans in themselves).
-    pub fn with_starter(root: Option<PathBuf>, start: Starter) -> Activity {
+    pub fn with_starter(start: Starter) -> Activity {
         Activity {
             start,
-            root,
             setup: HashMap::new(),
             sessions: HashMap::new(),
             prompts: HashMap::new(),
@@ -147,20 +146,7 @@ impl Activity {
             return;
         }
         self.off.remove(session);
-        let Some(root) = self.root.clone() else {
-            tracing::warn!("no KIMI_CODE_HOME or HOME: Kimi's activity is not reported");
-            self.off.insert(session.to_owned());
-            return;
-        };
-        let Some(dir) = watch::find_session(&root, session) else {
-            tracing::warn!(
-                "Kimi's folder for session {session} not found under {}; activity is not reported",
-                root.display()
-            );
-            self.off.insert(session.to_owned());
-            return;
-        };
-        match (self.start)(session, &dir, seen) {
+        match (self.start)(session, seen) {
             Ok((start, handle)) => {
                 // What the files held when the session was found: the recording's starting state.
                 if let Some(log) = &mut self.record {
@@ -169,7 +155,18 @@ impl Activity {
                 self.begin(session, &start.dir, &start.header, handle);
             }
             Err(why) => {
-                tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported");
+                match why {
+                    WatchError::NoDataRoot => {
+                        tracing::warn!("no KIMI_CODE_HOME or HOME: Kimi's activity is not reported")
+                    }
+                    WatchError::NotFound { root } => tracing::warn!(
+                        "Kimi's folder for session {session} not found under {}; activity is not reported",
+                        root.display()
+                    ),
+                    WatchError::Failed(why) => {
+                        tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported")
+                    }
+                }
                 self.off.insert(session.to_owned());
             }
         }
@@ -421,7 +418,7 @@ mod tests {
     use super::*;
     use crate::adapters::kimi::events::{EventSource, Wake};
     use crate::adapters::kimi::watch::Watch;
-    use crate::layer::{Exits, Stack};
+    use crate::layer::testing::Harness;
     use std::io::Write as _;
     use std::sync::{Arc, Mutex};
 
@@ -431,7 +428,7 @@ mod tests {
     struct Quiet;
 
     impl EventSource for Quiet {
-        fn watch(&mut self, _folder: &Path) -> Result<(), String> {
+        fn watch(&mut self, _folder: &std::path::Path) -> Result<(), String> {
             Ok(())
         }
         fn wait(&mut self, _timeout: Duration) -> Wake {
@@ -442,14 +439,11 @@ mod tests {
     /// The activity layer in a stack whose clock the test sets, over a session folder the test writes; the watch
     /// looks when the test says so.
     struct Rig {
-        stack: Stack,
-        exits: Exits,
+        h: Harness,
         /// Where the activity layer is in the stack.
         layer: usize,
         watch: Watch,
         dir: PathBuf,
-        t0: Instant,
-        wall0: SystemTime,
         _tmp: tempfile::TempDir,
     }
 
@@ -473,55 +467,38 @@ mod tests {
             .unwrap();
             let slot: Arc<Mutex<Option<Watch>>> = Arc::default();
             let opened = slot.clone();
-            let starter: Starter = Box::new(move |session, dir, cutoff| {
-                let (w, started) = Watch::open(session, dir, cutoff, false)?;
+            let starter: Starter = Box::new(move |session, cutoff| {
+                let dir = watch::locate(Some(root.as_path()), session)?;
+                let (w, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
                 *opened.lock().unwrap() = Some(w);
                 Ok((started, None))
             });
-            let activity: Box<dyn Layer> = Box::new(Activity::with_starter(Some(root), starter));
+            let activity: Box<dyn Layer> = Box::new(Activity::with_starter(starter));
             let layers = match declared {
                 None => vec![activity],
                 Some(_) => vec![Box::new(crate::coda::waits::Waits::new()), activity],
             };
             let layer = layers.len() - 1;
-            let mut stack = Stack::new(layers);
-            let (t0, wall0) = (Instant::now(), SystemTime::now());
-            stack.set_time(t0, wall0);
-            let mut exits = Exits::default();
+            let mut h = Harness::new(layers);
             if let Some(declared) = declared {
                 let caps = if declared { json!({"_meta": {"coda": {"waits": {}}}}) } else { json!({}) };
-                let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}});
-                stack.from_client(Frame::from_value(&init), &mut exits);
-                stack.from_agent(
-                    Frame::from_value(&json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}})),
-                    &mut exits,
-                );
-                exits.to_client.clear();
+                h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}}));
+                h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}}));
+                h.to_client();
             }
-            let new = json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}});
-            stack.from_client(Frame::from_value(&new), &mut exits);
-            stack
-                .from_agent(Frame::from_value(&json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}})), &mut exits);
+            h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+            h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
             let mut watch = slot.lock().unwrap().take().expect("the layer opened the session");
             assert!(watch.rescan(&mut Quiet, &mut |_| true), "the first look");
-            let mut rig = Rig { stack, exits, layer, watch, dir, t0, wall0, _tmp: tmp };
+            let mut rig = Rig { h, layer, watch, dir, _tmp: tmp };
             assert_eq!(rig.to_client(), ["answer 1"]);
             rig
         }
 
         /// The engine's time is now `ms` after the start: wake-ups due by then run.
         fn at(&mut self, ms: u64) {
-            let d = Duration::from_millis(ms);
-            self.stack.set_time(self.t0 + d, self.wall0 + d);
-            self.stack.wake_due(&mut self.exits);
-        }
-
-        fn client(&mut self, v: Value) {
-            self.stack.from_client(Frame::from_value(&v), &mut self.exits);
-        }
-
-        fn agent(&mut self, v: Value) {
-            self.stack.from_agent(Frame::from_value(&v), &mut self.exits);
+            let by = Duration::from_millis(ms) - self.h.elapsed();
+            self.h.advance(by);
         }
 
         /// Appends records to `agents/<agent>/wire.jsonl`, and the watch reads them.
@@ -538,28 +515,25 @@ mod tests {
                 true
             }));
             for s in scans {
-                self.stack.event(self.layer, Box::new(s), &mut self.exits);
+                self.h.event(self.layer, s);
             }
         }
 
         /// What reached the client since the last look: `wait <waitId> <state>`, `answer <id>`, `update`.
         fn to_client(&mut self) -> Vec<String> {
-            let frames = std::mem::take(&mut self.exits.to_client);
-            frames
+            self.h
+                .to_client()
                 .iter()
-                .map(|f| {
-                    let v = f.value().unwrap();
-                    match v["method"].as_str() {
-                        Some(m) if m == crate::coda::wait::METHOD => {
-                            format!(
-                                "wait {} {}",
-                                v["params"]["waitId"].as_str().unwrap(),
-                                v["params"]["state"].as_str().unwrap()
-                            )
-                        }
-                        Some(m) => format!("{m} {}", v["params"]["sessionId"].as_str().unwrap_or("")),
-                        None => format!("answer {}", v["id"]),
+                .map(|v| match v["method"].as_str() {
+                    Some(m) if m == crate::coda::wait::METHOD => {
+                        format!(
+                            "wait {} {}",
+                            v["params"]["waitId"].as_str().unwrap(),
+                            v["params"]["state"].as_str().unwrap()
+                        )
                     }
+                    Some(m) => format!("{m} {}", v["params"]["sessionId"].as_str().unwrap_or("")),
+                    None => format!("answer {}", v["id"]),
                 })
                 .collect()
         }
@@ -581,11 +555,11 @@ mod tests {
     #[test]
     fn a_prompt_answer_waits_for_the_turn_end_on_the_wire_and_at_most_answer_hold() {
         let mut r = Rig::new();
-        r.client(prompt(5));
+        r.h.from_client(prompt(5));
         r.wire("main", &[user_turn(0)]);
         r.at(200);
         // Kimi answers before it flushed the records of that turn.
-        r.agent(end_turn(5));
+        r.h.from_agent(end_turn(5));
         r.at(500);
         assert!(r.to_client().is_empty(), "held");
         r.wire(
@@ -597,19 +571,19 @@ mod tests {
         );
         // Rule 1: registered inside the turn that started it, so before that turn's answer.
         assert_eq!(r.to_client(), ["wait bash-bbbb2222 waiting", "answer 5"]);
-        assert_eq!(r.stack.next_wake(), None, "nothing left to wait for");
+        assert_eq!(r.h.next_wake(), None, "nothing left to wait for");
 
         // A turn whose end never shows on the wire: the answer goes out once ANSWER_HOLD has passed.
-        r.client(prompt(6));
+        r.h.from_client(prompt(6));
         r.wire("main", &[user_turn(1)]);
         r.at(1_000);
-        r.agent(end_turn(6));
-        assert_eq!(r.stack.next_wake(), Some(r.t0 + Duration::from_millis(1_000) + ANSWER_HOLD));
+        r.h.from_agent(end_turn(6));
+        assert_eq!(r.h.next_wake(), Some(ANSWER_HOLD));
         r.at(1_000 + ANSWER_HOLD.as_millis() as u64 - 1);
         assert!(r.to_client().is_empty(), "still held just before the hold runs out");
         r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
         assert_eq!(r.to_client(), ["answer 6"]);
-        assert_eq!(r.stack.next_wake(), None);
+        assert_eq!(r.h.next_wake(), None);
     }
 
     #[test]
@@ -632,12 +606,12 @@ mod tests {
         r.at(300);
         r.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0","time":1}), turn_ended(0)]);
         assert!(r.to_client().is_empty(), "its progress could still come");
-        assert_eq!(r.stack.next_wake(), Some(r.t0 + Duration::from_millis(300) + RUN_END_GRACE));
+        assert_eq!(r.h.next_wake(), Some(RUN_END_GRACE));
         r.at(300 + RUN_END_GRACE.as_millis() as u64 - 1);
         assert!(r.to_client().is_empty());
         r.at(300 + RUN_END_GRACE.as_millis() as u64);
         assert_eq!(r.to_client(), ["wait agent-cccc3333 done"]);
-        assert_eq!(r.stack.next_wake(), None);
+        assert_eq!(r.h.next_wake(), None);
     }
 
     /// The reports of Kimi's own turn on a background task that ended after the client turn, and of a

@@ -99,6 +99,24 @@ pub fn data_root() -> Option<PathBuf> {
     std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
 }
 
+/// Why a session's files are not watched: the activity layer warns (each case its own way) and goes on
+/// without activity for that session.
+#[derive(Debug)]
+pub enum WatchError {
+    /// Neither `KIMI_CODE_HOME` nor `HOME` says where Kimi keeps its data.
+    NoDataRoot,
+    /// No folder of that session under the data root.
+    NotFound { root: PathBuf },
+    /// Found, but it cannot be opened or watched (a link, its main wire unreadable, no thread).
+    Failed(String),
+}
+
+/// The session's folder under the data root `root` ([`find_session`]).
+pub fn locate(root: Option<&Path>, session: &str) -> Result<PathBuf, WatchError> {
+    let root = root.ok_or(WatchError::NoDataRoot)?;
+    find_session(root, session).ok_or_else(|| WatchError::NotFound { root: root.to_path_buf() })
+}
+
 /// `<root>/sessions/*/<session>`. The folders above the session folder may be links (a data root kept on
 /// another disk is the user's choice, and Kimi follows them too); the session folder and everything in it may
 /// not ([`Watch::open`]).
@@ -511,8 +529,8 @@ pub fn start(
     cutoff: SystemTime,
     events: EventSender,
     snapshot: bool,
-) -> Result<(Started, Handle), String> {
-    let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot)?;
+) -> Result<(Started, Handle), WatchError> {
+    let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
     let (tx, rx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let credits = Arc::new(Credits { used: Mutex::new(0), freed: Condvar::new() });
@@ -538,7 +556,7 @@ pub fn start(
         }
         while !stop.load(Ordering::Relaxed) && watch.step(source.as_mut(), watch.idle_wait(), &mut send) {}
     });
-    spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
+    spawned.map_err(|e| WatchError::Failed(format!("cannot start the watch thread: {e}")))?;
     Ok((started, handle))
 }
 
