@@ -1,5 +1,6 @@
-//! coda-kimi's activity layer, binary level: the real binary with a stand-in for `kimi acp` whose stdout the
-//! test writes (through a FIFO) and whose session files the test writes, so each rule is driven exactly:
+//! coda-kimi's activity layer, binary level: the real binary with a stand-in for `kimi acp`.
+//!
+//! The test writes the stand-in's stdout (through a FIFO) and Kimi's session files, so each rule is driven exactly:
 //! a prompt held while Kimi runs a turn of its own, a prompt answer held until the wire shows the turn's end
 //! (and released after `ANSWER_HOLD` when it never does), `_coda/wait/stop` refused, `session/cancel` of a
 //! held prompt, a subagent run whose own turn end never shows; and faults in Kimi's files (garbage, torn lines,
@@ -122,7 +123,7 @@ impl Kimi {
     }
 
     /// Writes `agents/<agent>/tasks/<id>.json` as Kimi does: a `<file>.tmp.<pid>.<8hex>` renamed over it
-    /// (kimi.md §6). `info` is the whole task record.
+    /// (seen live on Kimi 2.1.0). `info` is the whole task record.
     fn task_file(&mut self, agent: &str, info: &Value) {
         let id = info["taskId"].as_str().expect("taskId");
         let dir = self.session_dir.join(format!("agents/{agent}/tasks"));
@@ -220,7 +221,7 @@ fn a_prompt_sent_while_kimi_runs_its_own_turn_is_held_until_that_turn_ends() {
     std::thread::sleep(Duration::from_millis(400));
     assert!(
         !k.agent_log().iter().any(|v| v["id"] == 5),
-        "Kimi would answer it empty and run it unreported (kimi.md §3.3): it must not get it yet"
+        "Kimi would answer it empty and run it unreported (fixtures/kimi/prompt-during-kimi-turn): it must not get it yet"
     );
     k.wire("main", &[text(1, "handled it"), turn_ended(1)]);
     let update = k.recv();
@@ -251,17 +252,15 @@ fn a_prompt_answer_waits_for_the_turn_end_on_the_wire_and_at_most_answer_hold() 
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-bbbb2222 waiting");
     assert_eq!(k.recv()["id"], 5);
 
-    // A turn whose end never shows on the wire: the answer goes out after ANSWER_HOLD (2 s), with a warning.
+    // A turn whose end never shows on the wire: the answer goes out once ANSWER_HOLD has passed (when exactly
+    // is shown on the engine's clock, driven by hand, in the layer's own tests), with a warning.
     k.client(prompt(6, "again"));
     k.agent_gets(|v| v["id"] == 6);
     k.wire("main", &[user_turn(1)]);
     std::thread::sleep(Duration::from_millis(200));
-    let held = Instant::now();
     k.agent(json!({"jsonrpc":"2.0","id":6,"result":{"stopReason":"end_turn"}}));
     let answer = k.recv();
-    let after = held.elapsed();
     assert_eq!(answer["id"], 6);
-    assert!(after >= Duration::from_millis(1800) && after < Duration::from_secs(5), "released after {after:?}");
     std::thread::sleep(Duration::from_millis(100));
     let stderr = k.shim.drain_stderr().join("\n");
     assert!(stderr.contains("has not shown that turn's end"), "{stderr}");
@@ -312,12 +311,10 @@ fn a_subagent_run_whose_turn_end_never_shows_is_settled_after_the_grace() {
     assert_eq!(wait_line(&w), "_coda/wait agent-cccc3333 waiting");
     assert_eq!(w["params"]["childSessionId"], "agent-0");
     // The parent records the end; the subagent's wire never shows its turn end.
+    // Settled once RUN_END_GRACE has passed (when exactly: the layer's own tests, on a clock driven by hand).
     k.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0"}), turn_ended(0)]);
-    let ended = Instant::now();
     let done = k.recv();
     assert_eq!(wait_line(&done), "_coda/wait agent-cccc3333 done");
-    let after = ended.elapsed();
-    assert!(after >= Duration::from_millis(1500) && after < Duration::from_secs(5), "settled after {after:?}");
 }
 
 // Faults in Kimi's files (hardening): the shim warns and goes on, never loses or repeats a `_coda/wait`.
@@ -410,7 +407,7 @@ fn a_wire_file_replaced_by_rename_is_reread_without_repeats() {
     k.nothing_for(Duration::from_millis(400));
 }
 
-/// A task record as Kimi writes it into `tasks/<id>.json` and into the wire's `task.*` records (kimi.md §2.3).
+/// A task record as Kimi writes it into `tasks/<id>.json` and into the wire's `task.*` records (Kimi 2.1.0).
 fn task_info(id: &str, status: &str) -> Value {
     let ended = status != "running";
     json!({"taskId":id,"description":"bg sleep","status":status,"detached":true,"startedAt":1_796_000_000_000u64,
@@ -426,8 +423,8 @@ fn expect_wait(k: &mut Kimi, log: &mut Vec<(String, String)>, id: &str, state: &
     log.push((id.to_owned(), state.to_owned()));
 }
 
-/// kimi.md §6: a task file is rewritten at start, at settle and for markers, and "can lag/lead the wire
-/// records by a few ms"; seen live (fixtures/kimi/bg-stopped): the wire's `task.started` 7 ms before the first
+/// A task file is rewritten at start, at settle and for markers, and can lag or lead the wire records by a
+/// few ms; seen live (fixtures/kimi/bg-stopped): the wire's `task.started` 7 ms before the first
 /// task file, the file's `killed` 21 ms before the wire's `task.terminated`, a marker rewrite after it. The
 /// wire is the event order: whichever comes first, each wait is reported once per state, never reopened.
 #[test]

@@ -1,5 +1,6 @@
-//! Kimi's session-file writes recorded from the real CLI (`fixtures/kimi/*/files.jsonl`, the watcher's file log
-//! of fixtures/README.md "Kimi session files", one scan per `ts`) through the shim's parsing and translation
+//! Kimi's session-file writes recorded from the real CLI, replayed through parsing and translation alone.
+//!
+//! The recordings (`fixtures/kimi/*/files.jsonl`, the watcher's file log of fixtures/README.md "Kimi session files", one scan per `ts`) through the shim's parsing and translation
 //! alone (no processes, no timing), compared with `expected.txt`, which is what Coda received in the live run
 //! (checked here against the fixture's own `trace.jsonl`). The whole binary replays the same fixtures in
 //! `tests/replay.rs` (`kimi_fixtures_replay`), asserting every frame exactly.
@@ -9,8 +10,8 @@
 
 mod support;
 
+use coda_shim::adapters::kimi::feed;
 use coda_shim::adapters::kimi::translate;
-use coda_shim::adapters::kimi::wire;
 use support::kimi_expected as kimi_common;
 
 use coda_shim::frame::Frame;
@@ -23,7 +24,7 @@ fn show(f: &Frame, session: &str) -> String {
 /// Replays one recording; returns the client frames in the `expected.txt` notation.
 fn replay(files: &str) -> Vec<String> {
     let mut out_lines = Vec::new();
-    let mut session: Option<(String, wire::Feed, translate::Translator)> = None;
+    let mut session: Option<(String, feed::Feed, translate::Translator)> = None;
     let mut scan: Vec<Value> = Vec::new();
     let mut records: Vec<Value> = files
         .lines()
@@ -47,8 +48,8 @@ fn replay(files: &str) -> Vec<String> {
                 let (_, _, _, sid, file) = (parts.next(), parts.next(), parts.next(), parts.next(), parts.next());
                 let (Some(sid), Some(file)) = (sid, file) else { continue };
                 if session.is_none() {
-                    let t = translate::Translator::new(sid, "{{SESSION_DIR}}", true);
-                    session = Some((sid.to_owned(), wire::Feed::new(0), t));
+                    let t = translate::Translator::new(sid, "{{SESSION_DIR}}");
+                    session = Some((sid.to_owned(), feed::Feed::new(0), t));
                 }
                 let Some((_, feed, t)) = session.as_mut() else { continue };
                 let data = c["data"].as_str().unwrap_or("").as_bytes();
@@ -62,8 +63,8 @@ fn replay(files: &str) -> Vec<String> {
                     feed.caught_up(file);
                 }
                 match fed {
-                    wire::Fed::Task { agent, info } => t.task_file(&agent, &info),
-                    wire::Fed::Entries { agent, entries } if !entries.is_empty() => {
+                    feed::Fed::Task { agent, info } => t.task_file(&agent, &info),
+                    feed::Fed::Entries { agent, entries } if !entries.is_empty() => {
                         let at = if agent == translate::MAIN { 0 } else { lists.len() };
                         lists.insert(at, (agent, entries.into()));
                     }
@@ -71,10 +72,10 @@ fn replay(files: &str) -> Vec<String> {
                 }
             }
             if let Some((sid, _, t)) = session.as_mut() {
-                for (agent, entry) in wire::merge(lists) {
+                for (agent, entry) in feed::merge(lists) {
                     t.entry(&agent, entry, &mut out);
                 }
-                t.drained(&mut out);
+                t.drained(std::time::Instant::now(), &mut out);
                 out_lines.extend(out.iter().map(|f| show(f, sid)));
             }
         }

@@ -1,5 +1,6 @@
-//! coda-kimi's watch on the event sources of both platforms (issue #16 §2): the session-file writes recorded from
-//! the real CLI (`fixtures/kimi/*/files.jsonl`) are made again on disk, one recorded scan at a time, and a scripted
+//! coda-kimi's watch on the event sources of both platforms: inotify's and FSEvents' schedules replayed.
+//!
+//! The session-file writes recorded from the real CLI (`fixtures/kimi/*/files.jsonl`) are made again on disk, one recorded scan at a time, and a scripted
 //! event source tells the watch about them the way inotify does (an event per write, at once) or the way macOS's
 //! FSEvents does (late, coalesced, sometimes only for the folder, a rename as one event or two, events lost,
 //! reordered). The watch's scans go through the real activity layer; every schedule must give what Coda received
@@ -140,12 +141,14 @@ fn run(files: &str, seed: u64, inotify: bool) -> Vec<String> {
     }
     let slot: Arc<Mutex<Option<Watch>>> = Arc::default();
     let opened = slot.clone();
-    let starter: activity::Starter = Box::new(move |session, dir| {
-        let (w, started) = Watch::open(session, dir, false)?;
+    let root = home.clone();
+    let starter: activity::Starter = Box::new(move |session, cutoff| {
+        let dir = watch::locate(Some(root.as_path()), session)?;
+        let (w, started) = Watch::open(session, &dir, cutoff, false).map_err(watch::WatchError::Failed)?;
         *opened.lock().unwrap() = Some(w);
         Ok((started, None))
     });
-    let mut stack = Stack::new(vec![Box::new(activity::Activity::with_starter(Some(home.clone()), starter))]);
+    let mut stack = Stack::new(vec![Box::new(activity::Activity::with_starter(starter))]);
     let mut exits = Exits::default();
     let caps = json!({"_meta": {"coda": {"waits": {}}}});
     stack.from_client(

@@ -1,27 +1,30 @@
-//! The activity layer of `coda-kimi`: declares `_coda/wait`, finds each session's folder once Kimi has
-//! answered `session/new`/`load`/`resume`, feeds what its files say through the [`Translator`], and
-//! holds a client prompt while Kimi runs a turn of its own (kimi.md §3.3: Kimi would answer it with an
-//! empty `end_turn` and run it unreported).
+//! coda-kimi's activity layer: Kimi's session files, as the watch reads them, turned into Coda's reports.
+//!
+//! It finds each session's folder once Kimi has answered `session/new`/`load`/`resume`, feeds what its files
+//! say through the [`Translator`] (which reports waits whether or not the client asked for them: the engine's
+//! waits layer decides), holds a client prompt while Kimi runs a turn of its own (Kimi 2.1.0 would answer it
+//! with an empty `end_turn` and run it unreported), and holds each prompt answer until the wire shows that
+//! turn's end. Its clock is the engine's: [`Cx::now`], [`Cx::wall`] and wake-ups through [`Cx::after`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::coda::wait;
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Cx, Event, EventSender, Layer};
-use base64::Engine as _;
 use serde_json::{Value, json};
 
 use crate::adapters::kimi::failure::Failures;
-use crate::adapters::kimi::translate::Translator;
-use crate::adapters::kimi::watch::{self, Chunk, Op, Scan, Started};
-use crate::adapters::kimi::wire::{self, Fed, KNOWN_PROTOCOLS};
+use crate::adapters::kimi::feed::{self, Fed};
+use crate::adapters::kimi::record::FileLog;
+use crate::adapters::kimi::translate::{self, Translator};
+use crate::adapters::kimi::watch::{self, Scan, Started, WatchError};
+use crate::adapters::kimi::wire::{self, KNOWN_PROTOCOLS};
 
-/// Starts watching a session folder: notes where its files end and sets up the watch on a thread of its own;
-/// tests hand scans in themselves (no handle).
-pub type Starter = Box<dyn FnMut(&str, &Path) -> Result<(Started, Option<watch::Handle>), String> + Send>;
+/// Finds a session's folder and starts watching it: notes where its files end (records older than the time
+/// handed in are history when a replaced file is read again) and sets up the watch on a thread of its own;
+/// tests hand scans in themselves (no handle). All of the layer's file-system work is here.
+pub type Starter = Box<dyn FnMut(&str, SystemTime) -> Result<(Started, Option<watch::Handle>), WatchError> + Send>;
 
 /// Longest hold of a prompt answer waiting for the wire to show the turn's end. Kimi writes `turn.ended`
 /// before it answers, so the watch normally sees it within milliseconds; when it never shows (a watch that
@@ -33,11 +36,6 @@ pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
 /// wire before it is settled without it (its progress, if any, would then follow the settlement).
 pub const RUN_END_GRACE: Duration = Duration::from_secs(2);
 
-/// A timer of the layer: look again at a session's held answers and unsettled runs.
-struct Tick {
-    session: String,
-}
-
 struct Session {
     translator: Translator,
     /// Client prompts held while Kimi is busy with a turn of its own.
@@ -46,8 +44,8 @@ struct Session {
     /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
     /// time each was held, for [`ANSWER_HOLD`].
     answers: Vec<(Frame, Instant)>,
-    /// A [`Tick`] is on its way.
-    tick_due: bool,
+    /// The token of this session's wake-up ([`Cx::after`]): look again at held answers and unsettled runs.
+    token: u64,
     /// Failed client turns, answered as Coda's failure kinds.
     failures: Failures,
     dir: String,
@@ -56,10 +54,6 @@ struct Session {
 
 pub struct Activity {
     start: Starter,
-    root: Option<PathBuf>,
-    /// The client declared `_meta.coda.waits`.
-    waits: bool,
-    initialize: HashSet<Id>,
     /// session/new|load|resume requests in flight: id -> sessionId asked for (None for new), and when the
     /// request went by (the time of the recording's snapshot of the session's files).
     setup: HashMap<Id, (Option<String>, SystemTime)>,
@@ -73,38 +67,29 @@ pub struct Activity {
     quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
-    record: Option<std::fs::File>,
-    /// Sends the layer its own [`Tick`]s (none in tests driven by hand).
-    timer: Option<EventSender>,
+    record: Option<FileLog>,
+    /// The token of the next session's wake-ups.
+    next_token: u64,
 }
 
 impl Activity {
-    /// The real layer: watches Kimi's data root with inotify.
-    pub fn new(events: EventSender) -> Activity {
-        let mut record = None;
-        if let Some(path) = std::env::var_os("CODA_KIMI_RECORD").filter(|p| !p.is_empty()) {
-            match crate::private_file::open(Path::new(&path), crate::private_file::Write::Append) {
-                Ok(f) => record = Some(f),
-                Err(e) => tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", PathBuf::from(path).display()),
-            }
-        }
+    /// The real layer: watches the sessions under Kimi's data root `root` (inotify, FSEvents), with the file
+    /// log `record` when one is kept (its records then start with a snapshot of each session's files).
+    pub fn new(events: EventSender, root: Option<PathBuf>, record: Option<FileLog>) -> Activity {
         let snapshot = record.is_some();
-        let watch_events = events.clone();
-        let start: Starter = Box::new(move |session, dir| {
-            watch::start(session, dir, watch_events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
+        let start: Starter = Box::new(move |session, cutoff| {
+            let dir = watch::locate(root.as_deref(), session)?;
+            watch::start(session, &dir, cutoff, events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
         });
-        let mut a = Activity::with_starter(watch::data_root(), start);
+        let mut a = Activity::with_starter(start);
         a.record = record;
-        a.timer = Some(events);
         a
     }
 
-    pub fn with_starter(root: Option<PathBuf>, start: Starter) -> Activity {
+    /// The layer with its own way of starting watches (tests hand scans in themselves).
+    pub fn with_starter(start: Starter) -> Activity {
         Activity {
             start,
-            root,
-            waits: false,
-            initialize: HashSet::new(),
             setup: HashMap::new(),
             sessions: HashMap::new(),
             prompts: HashMap::new(),
@@ -112,68 +97,14 @@ impl Activity {
             quiet: HashSet::new(),
             off: HashSet::new(),
             record: None,
-            timer: None,
+            next_token: 0,
         }
     }
 
-    /// Appends one record of what this layer saw, in the order it saw it (see fixtures/README.md).
-    fn rec(&mut self, value: Value) {
-        if let Some(f) = &mut self.record {
-            let mut line = value.to_string().into_bytes();
-            line.push(b'\n');
-            let _ = f.write_all(&line);
-        }
-    }
-
-    /// Writes the file records of one scan (or of the snapshot, `at: "open"`) to the file log.
-    fn rec_chunks(&mut self, dir: &str, chunks: &[Chunk], at: SystemTime, open: bool) {
-        if self.record.is_none() {
-            return;
-        }
-        let ts = humantime::format_rfc3339_micros(at).to_string();
-        for c in chunks {
-            let op = match c.op {
-                Op::Append => "append",
-                Op::Reopen => "write",
-                Op::Replace => "replace",
-            };
-            let path = format!("{dir}/{}", c.file);
-            let mut rec = match std::str::from_utf8(&c.bytes) {
-                Ok(text) => json!({ "ts": ts, "op": op, "path": path, "data": text }),
-                Err(_) => {
-                    json!({ "ts": ts, "op": op, "path": path, "base64": base64::engine::general_purpose::STANDARD.encode(&c.bytes) })
-                }
-            };
-            if open {
-                rec["at"] = json!("open");
-            }
-            self.rec(rec);
-        }
-    }
-
-    /// Asks for a [`Tick`] of `session` after `after`, unless one is on its way.
-    fn tick_later(&mut self, session: &str, after: Duration) {
-        let Some(timer) = self.timer.clone() else { return };
+    /// A session's wake-up: answers held too long go out; runs whose turn end never showed are settled.
+    fn wake(&mut self, session: &str, cx: &mut Cx) {
+        let now = cx.now();
         let Some(s) = self.sessions.get_mut(session) else { return };
-        if s.tick_due {
-            return;
-        }
-        s.tick_due = true;
-        let session = session.to_owned();
-        let spawned = std::thread::Builder::new().name("kimi-tick".into()).spawn(move || {
-            std::thread::sleep(after);
-            timer.send(Tick { session });
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start a timer thread: {e}");
-            s.tick_due = false;
-        }
-    }
-
-    /// A tick: answers held too long go out; runs whose turn end never showed are settled.
-    pub fn tick(&mut self, session: &str, now: Instant, cx: &mut Cx) {
-        let Some(s) = self.sessions.get_mut(session) else { return };
-        s.tick_due = false;
         let mut out = Vec::new();
         s.translator.overdue(now, RUN_END_GRACE, &mut out);
         for f in out {
@@ -190,11 +121,11 @@ impl Activity {
             cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
         }
         self.release(session, cx);
-        self.schedule(session);
+        self.schedule(session, cx);
     }
 
-    /// Asks for a tick at the earliest deadline something waits on.
-    fn schedule(&mut self, session: &str) {
+    /// Asks for the session's wake-up at the earliest deadline something waits on (none: forgets it).
+    fn schedule(&mut self, session: &str, cx: &mut Cx) {
         let Some(s) = self.sessions.get(session) else { return };
         let answer = s.answers.iter().map(|(_, at)| *at + ANSWER_HOLD).min();
         let run = s.translator.awaiting_run_end().map(|at| at + RUN_END_GRACE);
@@ -202,9 +133,9 @@ impl Activity {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
         };
-        if let Some(due) = due {
-            let wait = due.saturating_duration_since(Instant::now());
-            self.tick_later(session, wait.max(Duration::from_millis(10)));
+        match due {
+            Some(due) => cx.after(due.saturating_duration_since(cx.now()), s.token),
+            None => cx.cancel(s.token),
         }
     }
 
@@ -215,27 +146,27 @@ impl Activity {
             return;
         }
         self.off.remove(session);
-        let Some(root) = self.root.clone() else {
-            tracing::warn!("no KIMI_CODE_HOME or HOME: Kimi's activity is not reported");
-            self.off.insert(session.to_owned());
-            return;
-        };
-        let Some(dir) = watch::find_session(&root, session) else {
-            tracing::warn!(
-                "Kimi's folder for session {session} not found under {}; activity is not reported",
-                root.display()
-            );
-            self.off.insert(session.to_owned());
-            return;
-        };
-        match (self.start)(session, &dir) {
+        match (self.start)(session, seen) {
             Ok((start, handle)) => {
                 // What the files held when the session was found: the recording's starting state.
-                self.rec_chunks(&start.dir, &start.snapshot, seen, true);
+                if let Some(log) = &mut self.record {
+                    log.chunks(&start.dir, &start.snapshot, seen, true);
+                }
                 self.begin(session, &start.dir, &start.header, handle);
             }
             Err(why) => {
-                tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported");
+                match why {
+                    WatchError::NoDataRoot => {
+                        tracing::warn!("no KIMI_CODE_HOME or HOME: Kimi's activity is not reported")
+                    }
+                    WatchError::NotFound { root } => tracing::warn!(
+                        "Kimi's folder for session {session} not found under {}; activity is not reported",
+                        root.display()
+                    ),
+                    WatchError::Failed(why) => {
+                        tracing::warn!("cannot watch Kimi's session {session}: {why}; activity is not reported")
+                    }
+                }
                 self.off.insert(session.to_owned());
             }
         }
@@ -259,12 +190,13 @@ impl Activity {
                 return;
             }
         }
-        let translator = Translator::new(session, dir, self.waits);
+        let translator = Translator::new(session, dir);
+        self.next_token += 1;
         let s = Session {
             translator,
             held: VecDeque::new(),
             answers: Vec::new(),
-            tick_due: false,
+            token: self.next_token,
             failures: Failures::default(),
             dir: dir.to_owned(),
             _handle: handle,
@@ -282,15 +214,15 @@ impl Activity {
                 Fed::Task { agent, info } => s.translator.task_file(&agent, &info),
                 Fed::Entries { agent, entries } if !entries.is_empty() => {
                     // The main agent first on equal times: its records register what the others report.
-                    let at = if agent == crate::adapters::kimi::translate::MAIN { 0 } else { lists.len() };
+                    let at = if agent == translate::MAIN { 0 } else { lists.len() };
                     lists.insert(at, (agent, entries.into()));
                 }
                 _ => {}
             }
         }
         let mut stop = false;
-        for (agent, entry) in wire::merge(lists) {
-            if agent == crate::adapters::kimi::translate::MAIN && s.failures.record(&entry) {
+        for (agent, entry) in feed::merge(lists) {
+            if agent == translate::MAIN && s.failures.record(&entry) {
                 stop = true;
             }
             s.translator.entry(&agent, entry, &mut out);
@@ -300,7 +232,7 @@ impl Activity {
             tracing::info!("stopping Kimi's turn in session {session}: its retries would outlast a minute");
             cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
         }
-        s.translator.drained(&mut out);
+        s.translator.drained(cx.now(), &mut out);
         for f in out {
             cx.to_client(f);
         }
@@ -317,7 +249,7 @@ impl Activity {
             }
         }
         self.release(session, cx);
-        self.schedule(session);
+        self.schedule(session, cx);
     }
 
     /// Forwards held prompts once Kimi is no longer busy with a turn of its own.
@@ -357,16 +289,8 @@ impl Layer for Activity {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind().clone() {
             Kind::Request { id, method } => match method.as_str() {
-                "initialize" => {
-                    let v = match frame.value() {
-                        Ok(v) => v,
-                        Err(e) => return cx.unreadable(frame, &e, true),
-                    };
-                    self.waits = v.get("params").is_some_and(wait::client_declares_waits);
-                    self.initialize.insert(id);
-                }
                 "session/new" => {
-                    self.setup.insert(id, (None, SystemTime::now()));
+                    self.setup.insert(id, (None, cx.wall()));
                 }
                 "session/load" | "session/resume" => {
                     let v = match frame.value() {
@@ -374,7 +298,7 @@ impl Layer for Activity {
                         Err(e) => return cx.unreadable(frame, &e, true),
                     };
                     let sid = param_str(&v, "sessionId").map(str::to_owned);
-                    self.setup.insert(id, (sid, SystemTime::now()));
+                    self.setup.insert(id, (sid, cx.wall()));
                 }
                 "session/prompt" => {
                     let v = match frame.value() {
@@ -398,11 +322,6 @@ impl Layer for Activity {
                         s.held.push_back(frame);
                         return;
                     }
-                }
-                wait::STOP_METHOD => {
-                    let msg = "Kimi's background tasks and subagents cannot be stopped (none is declared stoppable)";
-                    cx.to_client(frame::error_response(&id, -32602, msg, None));
-                    return;
                 }
                 _ => {}
             },
@@ -440,15 +359,12 @@ impl Layer for Activity {
             return cx.to_client(frame);
         };
         let quiet = self.quiet.remove(id);
-        if self.initialize.remove(id) {
-            return wait::declare_waits_in(frame, cx);
-        }
         if let Some(sid) = self.prompts.remove(id)
             && let Some(s) = self.sessions.get_mut(&sid)
         {
             if s.translator.user_turn_open() || (quiet && pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
-                s.answers.push((frame, Instant::now()));
-                self.schedule(&sid);
+                s.answers.push((frame, cx.now()));
+                self.schedule(&sid, cx);
                 return;
             }
             return cx.to_client(answer_of(&mut self.commands, &mut s.failures, frame));
@@ -471,25 +387,287 @@ impl Layer for Activity {
     }
 
     fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        let event = match event.downcast::<Scan>() {
-            Ok(scan) => return self.on_scan(*scan, cx),
-            Err(event) => event,
-        };
-        if let Ok(tick) = event.downcast::<Tick>() {
-            self.tick(&tick.session, Instant::now(), cx);
+        if let Ok(scan) = event.downcast::<Scan>() {
+            self.on_scan(*scan, cx);
+        }
+    }
+
+    fn on_timer(&mut self, token: u64, cx: &mut Cx) {
+        let session = self.sessions.iter().find(|(_, s)| s.token == token).map(|(id, _)| id.clone());
+        if let Some(session) = session {
+            self.wake(&session, cx);
         }
     }
 }
 
 impl Activity {
     fn on_scan(&mut self, scan: Scan, cx: &mut Cx) {
-        if self.record.is_some()
-            && let Some(dir) = self.sessions.get(&scan.session).map(|s| s.dir.clone())
+        if let Some(log) = &mut self.record
+            && let Some(s) = self.sessions.get(&scan.session)
         {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
-            self.rec_chunks(&dir, &scan.chunks, SystemTime::now(), false);
+            log.chunks(&s.dir, &scan.chunks, cx.wall(), false);
         }
         let Scan { session, fed, .. } = scan;
         self.scan(&session, fed, cx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::kimi::events::{EventSource, Wake};
+    use crate::adapters::kimi::watch::Watch;
+    use crate::layer::testing::Harness;
+    use std::io::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    const SID: &str = "session_6b1d1f0e-0000-4000-8000-00000000a11e";
+
+    /// Never reports a change: the test says when the watch looks.
+    struct Quiet;
+
+    impl EventSource for Quiet {
+        fn watch(&mut self, _folder: &std::path::Path) -> Result<(), String> {
+            Ok(())
+        }
+        fn wait(&mut self, _timeout: Duration) -> Wake {
+            Wake::Quiet
+        }
+    }
+
+    /// The activity layer in a stack whose clock the test sets, over a session folder the test writes; the watch
+    /// looks when the test says so.
+    struct Rig {
+        h: Harness,
+        /// Where the activity layer is in the stack.
+        layer: usize,
+        watch: Watch,
+        dir: PathBuf,
+        _tmp: tempfile::TempDir,
+    }
+
+    impl Rig {
+        /// The layer alone, after `session/new` was answered, at time 0.
+        fn new() -> Rig {
+            Rig::with_waits(None)
+        }
+
+        /// With `Some(declared)`, under the engine's waits layer, after an `initialize` whose client declared
+        /// `_meta.coda.waits` or not; then `session/new`.
+        fn with_waits(declared: Option<bool>) -> Rig {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().join("kimi-home");
+            let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
+            std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+            std::fs::write(
+                dir.join("agents/main/wire.jsonl"),
+                "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n",
+            )
+            .unwrap();
+            let slot: Arc<Mutex<Option<Watch>>> = Arc::default();
+            let opened = slot.clone();
+            let starter: Starter = Box::new(move |session, cutoff| {
+                let dir = watch::locate(Some(root.as_path()), session)?;
+                let (w, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
+                *opened.lock().unwrap() = Some(w);
+                Ok((started, None))
+            });
+            let activity: Box<dyn Layer> = Box::new(Activity::with_starter(starter));
+            let layers = match declared {
+                None => vec![activity],
+                Some(_) => vec![Box::new(crate::coda::waits::Waits::new()), activity],
+            };
+            let layer = layers.len() - 1;
+            let mut h = Harness::new(layers);
+            if let Some(declared) = declared {
+                let caps = if declared { json!({"_meta": {"coda": {"waits": {}}}}) } else { json!({}) };
+                h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}}));
+                h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}}));
+                h.to_client();
+            }
+            h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+            h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+            let mut watch = slot.lock().unwrap().take().expect("the layer opened the session");
+            assert!(watch.rescan(&mut Quiet, &mut |_| true), "the first look");
+            let mut rig = Rig { h, layer, watch, dir, _tmp: tmp };
+            assert_eq!(rig.to_client(), ["answer 1"]);
+            rig
+        }
+
+        /// The engine's time is now `ms` after the start: wake-ups due by then run.
+        fn at(&mut self, ms: u64) {
+            let by = Duration::from_millis(ms) - self.h.elapsed();
+            self.h.advance(by);
+        }
+
+        /// Appends records to `agents/<agent>/wire.jsonl`, and the watch reads them.
+        fn wire(&mut self, agent: &str, records: &[Value]) {
+            let path = self.dir.join(format!("agents/{agent}/wire.jsonl"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+            for r in records {
+                writeln!(f, "{r}").unwrap();
+            }
+            let mut scans = Vec::new();
+            assert!(self.watch.rescan(&mut Quiet, &mut |s| {
+                scans.push(s);
+                true
+            }));
+            for s in scans {
+                self.h.event(self.layer, s);
+            }
+        }
+
+        /// What reached the client since the last look: `wait <waitId> <state>`, `answer <id>`, `update`.
+        fn to_client(&mut self) -> Vec<String> {
+            self.h
+                .to_client()
+                .iter()
+                .map(|v| match v["method"].as_str() {
+                    Some(m) if m == crate::coda::wait::METHOD => {
+                        format!(
+                            "wait {} {}",
+                            v["params"]["waitId"].as_str().unwrap(),
+                            v["params"]["state"].as_str().unwrap()
+                        )
+                    }
+                    Some(m) => format!("{m} {}", v["params"]["sessionId"].as_str().unwrap_or("")),
+                    None => format!("answer {}", v["id"]),
+                })
+                .collect()
+        }
+    }
+
+    fn prompt(id: i64) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":SID,"prompt":[{"type":"text","text":"go"}]}})
+    }
+    fn end_turn(id: i64) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}})
+    }
+    fn user_turn(turn: i64) -> Value {
+        json!({"type":"turn.prompt","agentId":"main","turnId":turn,"origin":{"kind":"user"},"input":[],"time":1})
+    }
+    fn turn_ended(turn: i64) -> Value {
+        json!({"type":"turn.ended","agentId":"main","turnId":turn,"reason":"completed","time":1})
+    }
+
+    #[test]
+    fn a_prompt_answer_waits_for_the_turn_end_on_the_wire_and_at_most_answer_hold() {
+        let mut r = Rig::new();
+        r.h.from_client(prompt(5));
+        r.wire("main", &[user_turn(0)]);
+        r.at(200);
+        // Kimi answers before it flushed the records of that turn.
+        r.h.from_agent(end_turn(5));
+        r.at(500);
+        assert!(r.to_client().is_empty(), "held");
+        r.wire(
+            "main",
+            &[
+                json!({"type":"task.started","agentId":"main","info":{"taskId":"bash-bbbb2222","kind":"process","status":"running","description":"d","command":"sleep 1"},"time":1}),
+                turn_ended(0),
+            ],
+        );
+        // Rule 1: registered inside the turn that started it, so before that turn's answer.
+        assert_eq!(r.to_client(), ["wait bash-bbbb2222 waiting", "answer 5"]);
+        assert_eq!(r.h.next_wake(), None, "nothing left to wait for");
+
+        // A turn whose end never shows on the wire: the answer goes out once ANSWER_HOLD has passed.
+        r.h.from_client(prompt(6));
+        r.wire("main", &[user_turn(1)]);
+        r.at(1_000);
+        r.h.from_agent(end_turn(6));
+        assert_eq!(r.h.next_wake(), Some(ANSWER_HOLD));
+        r.at(1_000 + ANSWER_HOLD.as_millis() as u64 - 1);
+        assert!(r.to_client().is_empty(), "still held just before the hold runs out");
+        r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
+        assert_eq!(r.to_client(), ["answer 6"]);
+        assert_eq!(r.h.next_wake(), None);
+    }
+
+    #[test]
+    fn a_subagent_run_whose_turn_end_never_shows_is_settled_after_the_grace() {
+        let mut r = Rig::new();
+        r.wire("main", &[user_turn(0)]);
+        r.wire(
+            "main",
+            &[json!({"type":"subagent.spawned","subagentId":"agent-0","parentAgentId":"main","description":"helper","runInBackground":false,"taskId":"agent-cccc3333","time":1})],
+        );
+        r.wire(
+            "agent-0",
+            &[
+                json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
+                json!({"type":"turn.prompt","agentId":"agent-0","turnId":0,"origin":{"kind":"system_trigger","name":"subagent"},"input":[],"time":1}),
+            ],
+        );
+        assert_eq!(r.to_client(), ["wait agent-cccc3333 waiting"]);
+        // The parent records the end; the subagent's wire never shows its turn end.
+        r.at(300);
+        r.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0","time":1}), turn_ended(0)]);
+        assert!(r.to_client().is_empty(), "its progress could still come");
+        assert_eq!(r.h.next_wake(), Some(RUN_END_GRACE));
+        r.at(300 + RUN_END_GRACE.as_millis() as u64 - 1);
+        assert!(r.to_client().is_empty());
+        r.at(300 + RUN_END_GRACE.as_millis() as u64);
+        assert_eq!(r.to_client(), ["wait agent-cccc3333 done"]);
+        assert_eq!(r.h.next_wake(), None);
+    }
+
+    /// The reports of Kimi's own turn on a background task that ended after the client turn, and of a
+    /// subagent run with its progress.
+    fn own_turn_and_a_subagent(r: &mut Rig) {
+        let task = |ty: &str, status: &str| json!({"type":ty,"agentId":"main","info":{"taskId":"bash-1","kind":"process","status":status,"description":"d","command":"sleep 1"},"time":1});
+        r.wire("main", &[user_turn(0), task("task.started", "running"), turn_ended(0)]);
+        r.wire(
+            "main",
+            &[
+                task("task.terminated", "completed"),
+                json!({"type":"turn.prompt","agentId":"main","turnId":1,"origin":{"kind":"task","taskId":"bash-1"},"input":[],"time":1}),
+                json!({"type":"context.append_loop_event","event":{"type":"content.part","turnId":"1","part":{"type":"text","text":"x"}},"time":1}),
+                turn_ended(1),
+            ],
+        );
+        r.wire(
+            "main",
+            &[
+                user_turn(2),
+                json!({"type":"subagent.spawned","subagentId":"agent-0","parentAgentId":"main","description":"helper","runInBackground":false,"taskId":"agent-r1","time":1}),
+            ],
+        );
+        r.wire(
+            "agent-0",
+            &[
+                json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
+                json!({"type":"turn.prompt","agentId":"agent-0","turnId":0,"origin":{"kind":"system_trigger","name":"subagent"},"input":[],"time":1}),
+                json!({"type":"context.append_loop_event","event":{"type":"content.part","turnId":"0","part":{"type":"text","text":"sub"}},"time":1}),
+                json!({"type":"turn.ended","agentId":"agent-0","turnId":0,"reason":"completed","time":1}),
+            ],
+        );
+        r.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0","time":1}), turn_ended(2)]);
+    }
+
+    #[test]
+    fn reports_go_out_only_to_a_client_that_declared_waits() {
+        let all = [
+            "wait bash-1 waiting",
+            "wait bash-1 handling",
+            "session/update S",
+            "wait bash-1 done",
+            "wait agent-r1 waiting",
+            "session/update agent-0",
+            "wait agent-r1 done",
+        ];
+        let all: Vec<String> = all.iter().map(|l| l.replace(" S", &format!(" {SID}"))).collect();
+        let mut alone = Rig::new();
+        own_turn_and_a_subagent(&mut alone);
+        assert_eq!(alone.to_client(), all, "the layer reports unconditionally");
+        let mut declared = Rig::with_waits(Some(true));
+        own_turn_and_a_subagent(&mut declared);
+        assert_eq!(declared.to_client(), all);
+        // Without the capability only the main session's updates (Kimi's own turn) reach the client.
+        let mut plain = Rig::with_waits(Some(false));
+        own_turn_and_a_subagent(&mut plain);
+        assert_eq!(plain.to_client(), [format!("session/update {SID}")]);
     }
 }

@@ -1,4 +1,6 @@
-//! Where coda-kimi's watch learns that something may have changed: an [`EventSource`]. In the binary that is
+//! Where coda-kimi's watch learns that something may have changed: an [`EventSource`].
+//!
+//! In the binary that is
 //! `notify`'s recommended watcher (inotify on Linux, FSEvents on macOS), one non-recursive watch per folder; in
 //! tests a scripted source. Whatever an event says, it only wakes the watch, which then looks at every file.
 

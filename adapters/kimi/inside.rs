@@ -1,4 +1,6 @@
-//! Reading inside Kimi's session folder without ever leaving it. Every path is walked component by component
+//! Reading inside Kimi's session folder without ever leaving it.
+//!
+//! Every path is walked component by component
 //! from the folder's descriptor with `O_NOFOLLOW`, so a symbolic link anywhere on the way (a folder or the file
 //! itself) is refused, never followed; a file must be a regular file and is opened non-blocking (opening a FIFO
 //! for reading would otherwise wait for a writer).

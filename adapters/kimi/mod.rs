@@ -1,10 +1,14 @@
-//! coda-kimi: Kimi Code CLI (`kimi acp`) with Coda's session instruction, and Kimi's background tasks
-//! and subagents (from its session files) as `_coda/wait`.
+//! coda-kimi's adapter: what it wraps (`kimi acp`), how it finds it, and the layers it stacks.
+//!
+//! Kimi Code CLI with Coda's session instruction, Kimi's background tasks and subagents (from its session
+//! files) as `_coda/wait`, and its failed turns as Coda's failure kinds.
 
 pub mod activity;
 pub mod events;
 pub mod failure;
+pub mod feed;
 pub mod inside;
+pub mod record;
 pub mod title;
 pub mod translate;
 pub mod watch;
@@ -23,12 +27,18 @@ fn default_command() -> Result<Found, FindError> {
     installed("kimi", &["acp"], "Kimi Code CLI", INSTALL)
 }
 
+/// The environment is read here, once: the layers get what it says.
 fn layers(setup: &mut Setup) {
+    let root = watch::data_root();
+    let record = std::env::var_os("CODA_KIMI_RECORD")
+        .filter(|p| !p.is_empty())
+        .and_then(|p| record::FileLog::open(std::path::Path::new(&p)));
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
-    setup.add(|_| Box::new(title::Title::new(title::first_prompt_from_files(watch::data_root()))));
-    setup.add(|events| Box::new(activity::Activity::new(events)));
+    let first_prompt = title::first_prompt_from_files(root.clone());
+    setup.add(|_| Box::new(title::Title::new(first_prompt)));
+    setup.add(|events| Box::new(activity::Activity::new(events, root, record)));
 }
 
 /// What `coda-kimi` is: the CLI it wraps, how it finds it, and its layers.

@@ -1,5 +1,7 @@
-//! Kimi's session title, made from the user's own first prompt. Kimi titles a session from the text of its
-//! first prompt, cut short (kimi.md "Echoes of the first prompt"); the prompt that carries Coda's session
+//! Kimi's session title, made from the user's own first prompt.
+//!
+//! Kimi titles a session from the text of its first prompt, cut short (seen live on Kimi 2.1.0,
+//! fixtures/kimi/instruction-command-first); the prompt that carries Coda's session
 //! instruction starts with the injected block, so Kimi's title would be the instruction, or the start of it
 //! with the closing marker cut off. This layer sits on the agent's side of the instruction layer, sees that
 //! prompt as Kimi gets it, works out the title Kimi makes from the prompt without the block, and puts it in
@@ -74,7 +76,7 @@ pub type FirstPrompt = Box<dyn FnMut(&str) -> Option<Vec<Value>> + Send>;
 const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
 
 /// [`FirstPrompt`] from Kimi's files under `root`: the `input` of the first `turn.prompt` of origin `user`
-/// in `<root>/sessions/*/<session>/agents/main/wire.jsonl` (kimi.md §2.4).
+/// in `<root>/sessions/*/<session>/agents/main/wire.jsonl`.
 pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
     Box::new(move |session| {
         let dir = crate::adapters::kimi::watch::find_session(root.as_ref()?, session)?;
@@ -304,7 +306,7 @@ impl Layer for Title {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::{Exits, Stack};
+    use crate::layer::testing::Harness;
     use serde_json::json;
 
     fn text(t: &str) -> Value {
@@ -362,54 +364,49 @@ mod tests {
         assert_eq!(kimi_title(&[json!({"type": "video"})]), Made::Unknown);
     }
 
-    fn stack() -> (Stack, Exits) {
-        (Stack::new(vec![Box::new(Title::new(Box::new(|_| None)))]), Exits::default())
+    fn harness() -> Harness {
+        Harness::of(Title::new(Box::new(|_| None)))
     }
 
-    fn prompt(session: &str, blocks: Value) -> Frame {
-        Frame::from_value(&json!({"jsonrpc": "2.0", "id": 5, "method": "session/prompt",
-            "params": {"sessionId": session, "prompt": blocks}}))
+    fn prompt(session: &str, blocks: Value) -> Value {
+        json!({"jsonrpc": "2.0", "id": 5, "method": "session/prompt",
+            "params": {"sessionId": session, "prompt": blocks}})
     }
 
-    fn info(session: &str, title: &str) -> Frame {
-        Frame::from_value(&json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session,
-            "update": {"sessionUpdate": "session_info_update", "title": title}}}))
+    fn info(session: &str, title: &str) -> Value {
+        json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session,
+            "update": {"sessionUpdate": "session_info_update", "title": title}}})
     }
 
-    fn titles(exits: &Exits) -> Vec<Value> {
-        exits.to_client.iter().filter_map(|f| f.value().ok()?.pointer("/params/update/title").cloned()).collect()
+    /// The titles that reached the client since the last look.
+    fn titles(h: &mut Harness) -> Vec<Value> {
+        h.to_client().iter().filter_map(|v| v.pointer("/params/update/title").cloned()).collect()
     }
 
     #[test]
     fn an_echoed_instruction_title_becomes_the_users_title() {
-        let (mut stack, mut exits) = stack();
+        let mut h = harness();
         let block = instruction::wrap("be brief\nalways");
-        stack.from_client(prompt("s", json!([text(&block), text("fix\nthe build")])), &mut exits);
-        stack.from_agent(
-            info("s", "<coda-session-instruction> be brief always </coda-session-instruction> fix the"),
-            &mut exits,
-        );
-        stack.from_agent(info("s", "<coda-session-instruction> # Coda client Your replies"), &mut exits);
+        h.from_client(prompt("s", json!([text(&block), text("fix\nthe build")])));
+        h.from_agent(info("s", "<coda-session-instruction> be brief always </coda-session-instruction> fix the"));
+        h.from_agent(info("s", "<coda-session-instruction> # Coda client Your replies"));
         // A title of Kimi's own making later on (a rename) is no echo.
-        stack.from_agent(info("s", "Renamed"), &mut exits);
-        assert_eq!(titles(&exits), [json!("fix the build"), json!("fix the build"), json!("Renamed")]);
+        h.from_agent(info("s", "Renamed"));
+        assert_eq!(titles(&mut h), [json!("fix the build"), json!("fix the build"), json!("Renamed")]);
     }
 
     #[test]
     fn an_unknown_title_goes_out_as_none() {
-        let (mut stack, mut exits) = stack();
+        let mut h = harness();
         // A session titled in an earlier process.
-        stack.from_agent(info("old", "<coda-session-instruction> # Coda client"), &mut exits);
+        h.from_agent(info("old", "<coda-session-instruction> # Coda client"));
         // A prompt without text of its own, and one with a block not reproduced.
         let block = instruction::wrap("be brief");
-        stack.from_client(prompt("a", json!([text(&block)])), &mut exits);
-        stack.from_agent(info("a", "<coda-session-instruction> be brief </coda-session-instruction>"), &mut exits);
-        stack.from_client(
-            prompt("b", json!([text(&block), {"type": "resource_link", "uri": "file:///x", "name": "x"}])),
-            &mut exits,
-        );
-        stack.from_agent(info("b", "<coda-session-instruction> be brief </coda-session-instruction> @x"), &mut exits);
-        assert_eq!(titles(&exits), [Value::Null, Value::Null, Value::Null]);
+        h.from_client(prompt("a", json!([text(&block)])));
+        h.from_agent(info("a", "<coda-session-instruction> be brief </coda-session-instruction>"));
+        h.from_client(prompt("b", json!([text(&block), {"type": "resource_link", "uri": "file:///x", "name": "x"}])));
+        h.from_agent(info("b", "<coda-session-instruction> be brief </coda-session-instruction> @x"));
+        assert_eq!(titles(&mut h), [Value::Null, Value::Null, Value::Null]);
     }
 
     #[test]
@@ -417,12 +414,10 @@ mod tests {
         let block = instruction::wrap("be brief");
         let recorded = json!([text(&block), text("fix\nthe build")]);
         let lookup: FirstPrompt = Box::new(move |s| (s == "old").then(|| recorded.as_array().cloned()).flatten());
-        let mut stack = Stack::new(vec![Box::new(Title::new(lookup))]);
-        let mut exits = Exits::default();
-        stack
-            .from_agent(info("old", "<coda-session-instruction> be brief </coda-session-instruction> fix"), &mut exits);
-        stack.from_agent(info("gone", "<coda-session-instruction> # Coda client"), &mut exits);
-        assert_eq!(titles(&exits), [json!("fix the build"), Value::Null]);
+        let mut h = Harness::of(Title::new(lookup));
+        h.from_agent(info("old", "<coda-session-instruction> be brief </coda-session-instruction> fix"));
+        h.from_agent(info("gone", "<coda-session-instruction> # Coda client"));
+        assert_eq!(titles(&mut h), [json!("fix the build"), Value::Null]);
     }
 
     #[test]
@@ -449,11 +444,8 @@ mod tests {
 
     #[test]
     fn odd_shapes_from_kimi_go_on_untouched() {
-        let (mut stack, mut exits) = stack();
-        stack.from_client(
-            Frame::from_value(&json!({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})),
-            &mut exits,
-        );
+        let mut h = harness();
+        h.from_client(json!({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}}));
         let odd = [
             json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s",
                 "update": {"sessionUpdate": "session_info_update", "title": 1e300}}}),
@@ -461,39 +453,34 @@ mod tests {
                 "update": {"sessionUpdate": "session_info_update"}}}),
             json!({"jsonrpc": "2.0", "id": 1, "result": {"sessions": {"title": "<coda-session-instruction>"}}}),
         ];
+        h.to_agent();
         for v in &odd {
-            stack.from_agent(Frame::from_value(v), &mut exits);
+            h.from_agent(v.clone());
         }
-        let out: Vec<Value> = exits.to_client.iter().filter_map(|f| f.value().ok()).collect();
-        assert_eq!(out, odd);
+        assert_eq!(h.to_client(), odd);
         // A prompt without a sessionId or blocks is passed on as it is.
-        let mut exits = Exits::default();
         let bare = Frame::from_value(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {}}));
-        stack.from_client(bare.clone(), &mut exits);
-        assert_eq!(exits.to_agent, [bare]);
+        h.client_frame(bare.clone());
+        assert_eq!(h.take().to_agent, [bare]);
     }
 
     #[test]
     fn session_list_titles_are_rewritten_the_same_way() {
-        let (mut stack, mut exits) = stack();
+        let mut h = harness();
         let block = instruction::wrap("be brief");
-        stack.from_client(prompt("s", json!([text(&block), text("hello")])), &mut exits);
-        stack.from_client(
-            Frame::from_value(&json!({"jsonrpc": "2.0", "id": "l", "method": "session/list", "params": {}})),
-            &mut exits,
-        );
+        h.from_client(prompt("s", json!([text(&block), text("hello")])));
+        h.from_client(json!({"jsonrpc": "2.0", "id": "l", "method": "session/list", "params": {}}));
         let list = json!({"jsonrpc": "2.0", "id": "l", "result": {"nextCursor": null, "sessions": [
             {"sessionId": "s", "cwd": "/w", "title": "<coda-session-instruction> be brief </coda-session-instruction> hello", "updatedAt": null},
             {"sessionId": "old", "cwd": "/w", "title": "<coda-session-instruction> # Coda", "updatedAt": null},
             {"sessionId": "plain", "cwd": "/w", "title": "plain title", "updatedAt": null}]}});
-        stack.from_agent(Frame::from_value(&list), &mut exits);
-        let out = exits.to_client.last().and_then(|f| f.value().ok()).expect("the list went on");
+        h.from_agent(list.clone());
+        let out = h.to_client().pop().expect("the list went on");
         let got: Vec<&Value> =
             out["result"]["sessions"].as_array().expect("sessions").iter().map(|e| &e["title"]).collect();
         assert_eq!(got, [&json!("hello"), &Value::Null, &json!("plain title")]);
         // The same answer to any other request is not touched.
-        let mut exits = Exits::default();
-        stack.from_agent(Frame::from_value(&list), &mut exits);
-        assert_eq!(exits.to_client[0].value().ok(), Some(list));
+        h.from_agent(list.clone());
+        assert_eq!(h.to_client(), [list]);
     }
 }

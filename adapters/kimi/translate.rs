@@ -2,7 +2,7 @@
 //!
 //! Fed the records of one session's wire files (in each file's order, files interleaved as read) and
 //! answers the client frames to send. The rules are those of "Agent 活动" (rules 1-7) as the protocol's
-//! table row for Kimi applies them; which Kimi record means what is in reference kimi.md §3.
+//! table row for Kimi applies them; which Kimi record means what was seen live on Kimi 2.1.0 (fixtures/kimi).
 //!
 //! Settling uses Kimi's own turn records, not the ACP stream, so the outcome does not depend on how the
 //! file events and the ACP frames interleave: a task that ends while the main agent's client turn runs
@@ -76,8 +76,6 @@ struct Handled {
 pub struct Translator {
     session: String,
     session_dir: String,
-    /// Send `_coda/wait` and subagent updates (the client declared `_meta.coda.waits`).
-    waits: bool,
     register: Register,
     main_turn: Option<(i64, Origin, u64)>,
     turns_started: u64,
@@ -134,11 +132,10 @@ fn update(session: &str, update: Value) -> Frame {
 
 impl Translator {
     /// `session_dir` is the session folder as it should appear in `outputFile` paths.
-    pub fn new(session: &str, session_dir: &str, waits: bool) -> Translator {
+    pub fn new(session: &str, session_dir: &str) -> Translator {
         Translator {
             session: session.into(),
             session_dir: session_dir.trim_end_matches('/').into(),
-            waits,
             register: Register::new(),
             main_turn: None,
             turns_started: 0,
@@ -152,7 +149,7 @@ impl Translator {
     }
 
     /// Kimi is busy with something of its own: a turn it started itself, or items waiting for the turn
-    /// that handles them. A client prompt sent now would be answered empty and queued (kimi.md §3.3).
+    /// that handles them. A client prompt sent now would be answered empty and queued (fixtures/kimi/prompt-during-kimi-turn).
     pub fn main_busy(&self) -> bool {
         self.main_turn.as_ref().is_some_and(|(_, o, _)| !o.is_user()) || !self.handling.is_empty()
     }
@@ -179,14 +176,14 @@ impl Translator {
         }
     }
 
-    /// Every file has been read to its end once more.
-    pub fn drained(&mut self, out: &mut Vec<Frame>) {
+    /// Every file has been read to its end once more, at `now` (the engine's time).
+    pub fn drained(&mut self, now: Instant, out: &mut Vec<Frame>) {
         let names: Vec<String> = self.agents.keys().cloned().collect();
         for name in names {
             if let Some(run) = self.agents.get_mut(&name).and_then(|a| a.runs.front_mut())
                 && run.end.is_some()
             {
-                run.end_known.get_or_insert_with(Instant::now);
+                run.end_known.get_or_insert(now);
             }
             self.pump(&name, out);
         }
@@ -233,9 +230,7 @@ impl Translator {
     }
 
     fn send(&mut self, wait: &Wait, out: &mut Vec<Frame>) {
-        if self.waits
-            && let Some(f) = self.register.report(wait)
-        {
+        if let Some(f) = self.register.report(wait) {
             out.push(f);
         }
     }
@@ -500,11 +495,7 @@ impl Translator {
             let mut tasks = task_events.into_iter().peekable();
             for (i, f) in frames.into_iter().enumerate() {
                 match f {
-                    Some(f) => {
-                        if self.waits {
-                            out.push(f);
-                        }
-                    }
+                    Some(f) => out.push(f),
                     None => {
                         if let Some((at, info, started)) = tasks.next() {
                             debug_assert_eq!(at, i);
@@ -583,7 +574,7 @@ mod tests {
             let e = parse_line(v.to_string().as_bytes()).unwrap();
             t.entry(agent, e, &mut out);
         }
-        t.drained(&mut out);
+        t.drained(Instant::now(), &mut out);
         out.iter().map(show).collect()
     }
 
@@ -639,7 +630,7 @@ mod tests {
     }
 
     fn t() -> Translator {
-        Translator::new("S", "/d", true)
+        Translator::new("S", "/d")
     }
 
     #[test]
@@ -1028,22 +1019,6 @@ mod tests {
             ]
         );
         assert!(!t.main_busy());
-    }
-
-    #[test]
-    fn without_the_client_capability_only_main_updates_are_sent() {
-        let mut t = Translator::new("S", "/d", false);
-        run(&mut t, &[("main", user(0)), ("main", task("task.started", "bash-1", "running")), ("main", ended(0))]);
-        let out = run(
-            &mut t,
-            &[
-                ("main", task("task.terminated", "bash-1", "completed")),
-                ("main", prompt(1, json!({"kind":"task"}))),
-                ("main", text(1, "x")),
-                ("main", ended(1)),
-            ],
-        );
-        assert_eq!(out, ["update S agent_message_chunk x"]);
     }
 
     #[test]

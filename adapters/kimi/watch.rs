@@ -1,5 +1,7 @@
-//! The I/O shell of coda-kimi's activity: finds one Kimi session folder, watches it, and hands what changed in
-//! it, already parsed, to the activity layer as [`Scan`]s, from a thread of its own (never the relay loop).
+//! The I/O shell of coda-kimi's activity: watches one Kimi session folder and hands its changes on, parsed.
+//!
+//! It finds the session folder, watches it, and hands what changed in it to the activity layer as [`Scan`]s,
+//! from a thread of its own (never the relay loop).
 //!
 //! An event only says "something in a watched folder may have changed" ([`crate::adapters::kimi::events`]): its kind, path and count
 //! are not used. On each one (and after [`RESCAN_IDLE`] without one, [`RESCAN_EVERY`] while a folder could not be
@@ -25,8 +27,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::layer::EventSender;
 
 use crate::adapters::kimi::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
+use crate::adapters::kimi::feed::{Fed, Feed};
 use crate::adapters::kimi::inside::{Folder, Kind, Meta, Refused};
-use crate::adapters::kimi::wire::{Fed, Feed};
 
 /// How long the watch waits for an event while a folder could not be watched (or no watcher could be made)
 /// before it looks anyway: the longest such a change goes unseen. Under the activity layer's 2 s holds
@@ -97,6 +99,24 @@ pub fn data_root() -> Option<PathBuf> {
     std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
 }
 
+/// Why a session's files are not watched: the activity layer warns (each case its own way) and goes on
+/// without activity for that session.
+#[derive(Debug)]
+pub enum WatchError {
+    /// Neither `KIMI_CODE_HOME` nor `HOME` says where Kimi keeps its data.
+    NoDataRoot,
+    /// No folder of that session under the data root.
+    NotFound { root: PathBuf },
+    /// Found, but it cannot be opened or watched (a link, its main wire unreadable, no thread).
+    Failed(String),
+}
+
+/// The session's folder under the data root `root` ([`find_session`]).
+pub fn locate(root: Option<&Path>, session: &str) -> Result<PathBuf, WatchError> {
+    let root = root.ok_or(WatchError::NoDataRoot)?;
+    find_session(root, session).ok_or_else(|| WatchError::NotFound { root: root.to_path_buf() })
+}
+
 /// `<root>/sessions/*/<session>`. The folders above the session folder may be links (a data root kept on
 /// another disk is the user's choice, and Kimi follows them too); the session folder and everything in it may
 /// not ([`Watch::open`]).
@@ -116,8 +136,9 @@ pub fn find_session(root: &Path, session: &str) -> Option<PathBuf> {
         .cloned()
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+/// Milliseconds since the epoch, as Kimi writes a record's `time` (0 before the epoch).
+fn epoch_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Where the watch is in one wire.
@@ -149,12 +170,13 @@ pub struct Watch {
 
 impl Watch {
     /// Opens the session folder `dir` and notes where each file ends: history is not read again (with
-    /// `snapshot` it is handed back in [`Started::snapshot`]). A few reads of folders and sizes, nothing watched
-    /// yet: the first [`Watch::rescan`] watches every folder and then reads what changed since these notes.
-    pub fn open(session: &str, dir: &Path, snapshot: bool) -> Result<(Watch, Started), String> {
+    /// `snapshot` it is handed back in [`Started::snapshot`]; records older than `cutoff` are history when a
+    /// replaced file is read again). A few reads of folders and sizes, nothing watched yet: the first
+    /// [`Watch::rescan`] watches every folder and then reads what changed since these notes.
+    pub fn open(session: &str, dir: &Path, cutoff: SystemTime, snapshot: bool) -> Result<(Watch, Started), String> {
         let root = Folder::open(dir).map_err(|why| format!("the session folder is {why}"))?;
         let header = read_header(&root).map_err(|why| format!("agents/main/wire.jsonl: {why}"))?;
-        let cutoff_ms = now_ms();
+        let cutoff_ms = epoch_ms(cutoff);
         let mut w = Watch {
             session: session.to_owned(),
             dir: dir.to_path_buf(),
@@ -501,8 +523,14 @@ impl Drop for Handle {
 /// Starts watching the session folder `dir`: notes where its files end ([`Watch::open`], a few reads of folders
 /// and sizes, so nothing Kimi writes after the answer that named the session is taken for history), then sets
 /// up the watch and reads on a thread of its own, which sends [`Scan`]s through `events`.
-pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> Result<(Started, Handle), String> {
-    let (mut watch, started) = Watch::open(session, dir, snapshot)?;
+pub fn start(
+    session: &str,
+    dir: &Path,
+    cutoff: SystemTime,
+    events: EventSender,
+    snapshot: bool,
+) -> Result<(Started, Handle), WatchError> {
+    let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
     let (tx, rx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let credits = Arc::new(Credits { used: Mutex::new(0), freed: Condvar::new() });
@@ -528,7 +556,7 @@ pub fn start(session: &str, dir: &Path, events: EventSender, snapshot: bool) -> 
         }
         while !stop.load(Ordering::Relaxed) && watch.step(source.as_mut(), watch.idle_wait(), &mut send) {}
     });
-    spawned.map_err(|e| format!("cannot start the watch thread: {e}"))?;
+    spawned.map_err(|e| WatchError::Failed(format!("cannot start the watch thread: {e}")))?;
     Ok((started, handle))
 }
 
@@ -560,7 +588,7 @@ mod tests {
         for i in 0..MAX_AGENTS + 5 {
             std::fs::create_dir(dir.join(format!("agents/agent-{i:05}"))).unwrap();
         }
-        let (mut w, started) = Watch::open("session_x", &dir, false).unwrap();
+        let (mut w, started) = Watch::open("session_x", &dir, SystemTime::now(), false).unwrap();
         assert!(started.header.starts_with(b"{\"type\":\"metadata\""));
         // A task file over the limit, and one of usual size, written after the start.
         let big = format!("{{\"taskId\":\"bash-00000001\",\"pad\":\"{}\"}}", "x".repeat(TASK_FILE_MAX as usize));

@@ -1,6 +1,6 @@
-//! What Coda received from coda-kimi, one readable line per frame (the `expected.txt` of a Kimi fixture).
+//! What Coda receives from coda-kimi, as one readable line per frame that matters for activity.
 //!
-//! The lines are the frames that matter for activity: the shim's `_coda/wait` reports and the `session/update`s it made
+//! The notation of `expected.txt` in a Kimi fixture: the shim's `_coda/wait` reports and the `session/update`s it made
 //! from Kimi's files, and the answers of prompts, in the order Coda receives them. `S` is the main session.
 
 use serde_json::Value;
