@@ -14,6 +14,8 @@ use serde_json::Value;
 use crate::frame::{Frame, Id, Kind};
 use crate::json;
 
+pub mod testing;
+
 /// Something other than a frame that reaches a layer: a file change, a probe's result, ...
 pub type Event = Box<dyn Any + Send>;
 
@@ -323,187 +325,6 @@ impl Stack {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn frame(s: &str) -> Frame {
-        Frame::parse(s.as_bytes().to_vec()).unwrap()
-    }
-
-    /// Answers `ping` itself, asks the agent `probe` on `ask`, and reports the reply to the client.
-    struct Pinger;
-    impl Layer for Pinger {
-        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
-            if f.is_request("ping") {
-                cx.to_client(crate::frame::result_response(f.id().unwrap(), "pong".into()));
-            } else if f.is_notification("ask") {
-                cx.request("probe", serde_json::json!({}), 9);
-            } else {
-                cx.to_agent(f);
-            }
-        }
-        fn on_reply(&mut self, tag: u64, reply: Frame, cx: &mut Cx) {
-            cx.to_client(crate::frame::notification(
-                "answered",
-                serde_json::json!({"tag": tag, "len": reply.bytes().len()}),
-            ));
-        }
-    }
-
-    #[test]
-    fn frames_walk_the_stack_and_own_requests_come_back() {
-        let mut stack = Stack::new(vec![Box::new(Pinger), Box::new(Pinger)]);
-        let mut exits = Exits::default();
-        stack.from_client(frame(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#), &mut exits);
-        assert_eq!(exits.to_client.len(), 1);
-        assert!(exits.to_agent.is_empty());
-
-        let passthrough = r#"{"jsonrpc":"2.0","method":"other"}"#;
-        stack.from_client(frame(passthrough), &mut exits);
-        assert_eq!(exits.to_agent[0].bytes(), passthrough.as_bytes());
-
-        stack.from_client(frame(r#"{"jsonrpc":"2.0","method":"ask"}"#), &mut exits);
-        let probe = exits.to_agent.pop().unwrap();
-        assert_eq!(probe.method(), Some("probe"));
-        let id = probe.id().unwrap().clone();
-        assert!(stack.is_own(&id));
-
-        let reply = Frame::from_value(&serde_json::json!({"jsonrpc":"2.0","id": id.to_value(),"result":{}}));
-        let mut exits = Exits::default();
-        stack.from_agent(reply, &mut exits);
-        assert_eq!(exits.to_client.len(), 1);
-        assert_eq!(exits.to_client[0].method(), Some("answered"));
-    }
-
-    /// Asks for wake-ups on `after` / `cancel` notifications; reports each wake-up with the time it was handed,
-    /// as milliseconds since `base` and since the epoch.
-    struct Sleeper {
-        base: Instant,
-    }
-    impl Layer for Sleeper {
-        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
-            let v = f.value().unwrap();
-            let token = v["params"]["token"].as_u64().unwrap_or(0);
-            match f.method() {
-                Some("after") => cx.after(Duration::from_millis(v["params"]["ms"].as_u64().unwrap()), token),
-                Some("cancel") => cx.cancel(token),
-                _ => cx.to_agent(f),
-            }
-        }
-        fn on_timer(&mut self, token: u64, cx: &mut Cx) {
-            let since = cx.now().duration_since(self.base).as_millis() as u64;
-            let wall = cx.wall().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
-            cx.to_client(crate::frame::notification(
-                "woke",
-                serde_json::json!({"token": token, "at": since, "wall": wall}),
-            ));
-            if token == 99 {
-                // Asks again at once: waits for the next call of wake_due.
-                cx.after(Duration::ZERO, 99);
-            }
-        }
-    }
-
-    fn ask(stack: &mut Stack, method: &str, token: u64, ms: u64) {
-        let f =
-            Frame::from_value(&serde_json::json!({"jsonrpc":"2.0","method":method,"params":{"token":token,"ms":ms}}));
-        stack.from_client(f, &mut Exits::default());
-    }
-
-    /// (token, ms since base, wall ms) of each wake-up reported.
-    fn woke(exits: &Exits) -> Vec<(u64, u64, u64)> {
-        exits
-            .to_client
-            .iter()
-            .map(|f| {
-                let p = &f.value().unwrap()["params"];
-                (p["token"].as_u64().unwrap(), p["at"].as_u64().unwrap(), p["wall"].as_u64().unwrap())
-            })
-            .collect()
-    }
-
-    fn sleeper_stack() -> (Stack, Instant, SystemTime) {
-        let base = Instant::now();
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let mut stack = Stack::new(vec![Box::new(Pinger), Box::new(Sleeper { base })]);
-        stack.set_time(base, wall);
-        (stack, base, wall)
-    }
-
-    fn at(stack: &mut Stack, base: Instant, wall: SystemTime, ms: u64) -> Exits {
-        let d = Duration::from_millis(ms);
-        stack.set_time(base + d, wall + d);
-        let mut exits = Exits::default();
-        stack.wake_due(&mut exits);
-        exits
-    }
-
-    const WALL_MS: u64 = 1_700_000_000_000;
-
-    #[test]
-    fn wake_ups_fire_in_deadline_order_with_the_time_set() {
-        let (mut stack, base, wall) = sleeper_stack();
-        assert_eq!(stack.next_wake(), None);
-        ask(&mut stack, "after", 3, 30);
-        ask(&mut stack, "after", 1, 10);
-        ask(&mut stack, "after", 2, 20);
-        ask(&mut stack, "after", 4, 20);
-        assert_eq!(stack.next_wake(), Some(base + Duration::from_millis(10)));
-        assert!(at(&mut stack, base, wall, 9).to_client.is_empty(), "nothing is due before its deadline");
-        // Late: every due wake-up runs, earliest first (equal deadlines in the order asked), with the time set.
-        let exits = at(&mut stack, base, wall, 25);
-        assert_eq!(woke(&exits), vec![(1, 25, WALL_MS + 25), (2, 25, WALL_MS + 25), (4, 25, WALL_MS + 25)]);
-        assert_eq!(stack.next_wake(), Some(base + Duration::from_millis(30)));
-        assert_eq!(woke(&at(&mut stack, base, wall, 30)), vec![(3, 30, WALL_MS + 30)]);
-        assert_eq!(stack.next_wake(), None);
-        assert!(at(&mut stack, base, wall, 100).to_client.is_empty(), "each wake-up runs once");
-    }
-
-    #[test]
-    fn asking_again_for_a_token_replaces_its_wake_up() {
-        let (mut stack, base, wall) = sleeper_stack();
-        ask(&mut stack, "after", 5, 10);
-        stack.set_time(base + Duration::from_millis(5), wall);
-        ask(&mut stack, "after", 5, 50);
-        // The delay counts from the time handed with the input that asked.
-        assert_eq!(stack.next_wake(), Some(base + Duration::from_millis(55)));
-        assert!(at(&mut stack, base, wall, 20).to_client.is_empty());
-        assert_eq!(woke(&at(&mut stack, base, wall, 55)), vec![(5, 55, WALL_MS + 55)]);
-        assert_eq!(stack.next_wake(), None);
-    }
-
-    #[test]
-    fn cancel_forgets_a_wake_up_and_is_a_no_op_without_one() {
-        let (mut stack, base, wall) = sleeper_stack();
-        ask(&mut stack, "cancel", 8, 0);
-        ask(&mut stack, "after", 7, 10);
-        ask(&mut stack, "after", 8, 10);
-        ask(&mut stack, "cancel", 7, 0);
-        assert_eq!(woke(&at(&mut stack, base, wall, 10)), vec![(8, 10, WALL_MS + 10)]);
-        assert_eq!(stack.next_wake(), None);
-    }
-
-    #[test]
-    fn a_wake_up_asked_for_while_waking_waits_for_the_next_call() {
-        let (mut stack, base, wall) = sleeper_stack();
-        ask(&mut stack, "after", 99, 0);
-        assert_eq!(woke(&at(&mut stack, base, wall, 0)), vec![(99, 0, WALL_MS)]);
-        assert_eq!(stack.next_wake(), Some(base), "asked again, due at once");
-        assert_eq!(woke(&at(&mut stack, base, wall, 1)), vec![(99, 1, WALL_MS + 1)]);
-    }
-
-    #[test]
-    fn what_a_wake_up_emits_walks_the_layers_above_it() {
-        // The wake-up's notification passes through the layer above it (Pinger) to the client.
-        let (mut stack, base, wall) = sleeper_stack();
-        ask(&mut stack, "after", 1, 1);
-        let exits = at(&mut stack, base, wall, 1);
-        assert_eq!(exits.to_client.len(), 1);
-        assert!(exits.to_agent.is_empty());
-    }
-}
-
 /// Lets code outside the relay loop (a file watcher, a probe) hand events to one layer, in order with
 /// the frames the loop handles.
 #[derive(Clone)]
@@ -539,9 +360,219 @@ impl EventSender {
 }
 
 #[cfg(test)]
-mod timer_tests {
+mod tests {
+    use super::testing::{Harness, WALL_START_SECS};
     use super::*;
-    use std::time::Duration;
+    use serde_json::json;
+
+    /// Answers `ping` itself, asks the agent `probe` on `ask`, and reports the reply to the client.
+    struct Pinger;
+    impl Layer for Pinger {
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if f.is_request("ping") {
+                cx.to_client(crate::frame::result_response(f.id().unwrap(), "pong".into()));
+            } else if f.is_notification("ask") {
+                cx.request("probe", json!({}), 9);
+            } else {
+                cx.to_agent(f);
+            }
+        }
+        fn on_reply(&mut self, tag: u64, reply: Frame, cx: &mut Cx) {
+            cx.to_client(crate::frame::notification("answered", json!({"tag": tag, "len": reply.bytes().len()})));
+        }
+    }
+
+    #[test]
+    fn frames_walk_the_stack_and_own_requests_come_back() {
+        let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Pinger)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"ping"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":1,"result":"pong"})]);
+        assert!(h.to_agent().is_empty());
+
+        let passthrough = r#"{"jsonrpc":"2.0","method":"other"}"#;
+        h.client_frame(Frame::parse(passthrough.as_bytes().to_vec()).unwrap());
+        assert_eq!(h.take().to_agent[0].bytes(), passthrough.as_bytes());
+
+        h.from_client(json!({"jsonrpc":"2.0","method":"ask"}));
+        let probe = h.to_agent().pop().unwrap();
+        assert_eq!(probe["method"], "probe");
+        let id = Id::string(probe["id"].as_str().unwrap());
+        assert!(h.stack().is_own(&id));
+
+        h.from_agent(json!({"jsonrpc":"2.0","id": probe["id"],"result":{}}));
+        assert!(h.to_agent().is_empty());
+        let answered = h.to_client();
+        assert_eq!(answered.len(), 1);
+        assert_eq!(answered[0]["method"], "answered");
+        assert_eq!(answered[0]["params"]["tag"], 9);
+    }
+
+    /// Asks for wake-ups on `after` / `cancel` notifications (passing `after` on when `pass`); reports each
+    /// wake-up with its layer's name and the time it was handed, in milliseconds since the first input.
+    struct Sleeper {
+        name: &'static str,
+        pass: bool,
+        base: Option<Instant>,
+    }
+    fn sleeper(name: &'static str, pass: bool) -> Box<dyn Layer> {
+        Box::new(Sleeper { name, pass, base: None })
+    }
+    impl Layer for Sleeper {
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            self.base.get_or_insert(cx.now());
+            let v = f.value().unwrap();
+            let token = v["params"]["token"].as_u64().unwrap_or(0);
+            match f.method() {
+                Some("after") => {
+                    cx.after(Duration::from_millis(v["params"]["ms"].as_u64().unwrap()), token);
+                    if self.pass {
+                        cx.to_agent(f);
+                    }
+                }
+                Some("cancel") => cx.cancel(token),
+                _ => cx.to_agent(f),
+            }
+        }
+        fn on_timer(&mut self, token: u64, cx: &mut Cx) {
+            let at = cx.now().duration_since(self.base.unwrap()).as_millis() as u64;
+            let wall = cx.wall().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+            let params = json!({"layer": self.name, "token": token, "at": at, "wall": wall});
+            cx.to_client(crate::frame::notification("woke", params));
+            if token == 99 {
+                // Asks again at once: waits for the next call of wake_due.
+                cx.after(Duration::ZERO, 99);
+            }
+        }
+    }
+
+    /// A Sleeper below a Pinger (what it emits walks the layer above it).
+    fn sleeping() -> Harness {
+        Harness::new(vec![Box::new(Pinger), sleeper("low", false)])
+    }
+
+    fn ask(h: &mut Harness, method: &str, token: u64, ms: u64) {
+        h.from_client(json!({"jsonrpc":"2.0","method":method,"params":{"token":token,"ms":ms}}));
+    }
+
+    /// Moves the clock to `ms` after the start; (token, ms since the start, ms of wall time since the harness's
+    /// start) of each wake-up that ran.
+    fn at(h: &mut Harness, ms: u64) -> Vec<(u64, u64, u64)> {
+        h.advance(Duration::from_millis(ms) - h.elapsed());
+        assert!(h.to_agent().is_empty());
+        h.to_client()
+            .iter()
+            .map(|v| {
+                let p = &v["params"];
+                let wall = p["wall"].as_u64().unwrap() - WALL_START_SECS * 1000;
+                (p["token"].as_u64().unwrap(), p["at"].as_u64().unwrap(), wall)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn wake_ups_fire_in_deadline_order_with_the_time_set() {
+        let mut h = sleeping();
+        assert_eq!(h.next_wake(), None);
+        ask(&mut h, "after", 3, 30);
+        ask(&mut h, "after", 1, 10);
+        ask(&mut h, "after", 2, 20);
+        ask(&mut h, "after", 4, 20);
+        assert_eq!(h.next_wake(), Some(Duration::from_millis(10)));
+        assert_eq!(at(&mut h, 9), vec![], "nothing is due before its deadline");
+        // Late: every due wake-up runs, earliest first (equal deadlines in the order asked), with the time set.
+        assert_eq!(at(&mut h, 25), vec![(1, 25, 25), (2, 25, 25), (4, 25, 25)]);
+        assert_eq!(h.next_wake(), Some(Duration::from_millis(5)));
+        assert_eq!(at(&mut h, 30), vec![(3, 30, 30)]);
+        assert_eq!(h.next_wake(), None);
+        assert_eq!(at(&mut h, 100), vec![], "each wake-up runs once");
+    }
+
+    #[test]
+    fn asking_again_for_a_token_replaces_its_wake_up() {
+        let mut h = sleeping();
+        ask(&mut h, "after", 5, 10);
+        assert_eq!(at(&mut h, 5), vec![]);
+        ask(&mut h, "after", 5, 50);
+        // The delay counts from the time handed with the input that asked.
+        assert_eq!(h.next_wake(), Some(Duration::from_millis(50)));
+        assert_eq!(at(&mut h, 20), vec![]);
+        assert_eq!(at(&mut h, 55), vec![(5, 55, 55)]);
+        assert_eq!(h.next_wake(), None);
+    }
+
+    #[test]
+    fn cancel_forgets_a_wake_up_and_is_a_no_op_without_one() {
+        let mut h = sleeping();
+        ask(&mut h, "cancel", 8, 0);
+        ask(&mut h, "after", 7, 10);
+        ask(&mut h, "after", 8, 10);
+        ask(&mut h, "cancel", 7, 0);
+        assert_eq!(at(&mut h, 10), vec![(8, 10, 10)]);
+        assert_eq!(h.next_wake(), None);
+    }
+
+    #[test]
+    fn a_wake_up_asked_for_while_waking_waits_for_the_next_call() {
+        let mut h = sleeping();
+        ask(&mut h, "after", 99, 0);
+        assert_eq!(at(&mut h, 0), vec![(99, 0, 0)]);
+        assert_eq!(h.next_wake(), Some(Duration::ZERO), "asked again, due at once");
+        assert_eq!(at(&mut h, 1), vec![(99, 1, 1)]);
+    }
+
+    #[test]
+    fn wake_ups_are_per_layer_and_a_huge_delay_is_no_panic() {
+        let mut h = Harness::new(vec![sleeper("high", true), sleeper("low", false)]);
+        // Both layers ask for token 1; only the upper one cancels it.
+        ask(&mut h, "after", 1, 10);
+        ask(&mut h, "cancel", 1, 0);
+        ask(&mut h, "after", 2, u64::MAX);
+        h.advance(Duration::from_millis(10));
+        let woke = h.to_client();
+        assert_eq!(woke.len(), 1);
+        assert_eq!((&woke[0]["params"]["layer"], &woke[0]["params"]["token"]), (&json!("low"), &json!(1)));
+        // Some 584 million years: far, but an instant all the same (one past the end of time is no wake-up).
+        assert_eq!(h.next_wake(), Some(Duration::from_millis(u64::MAX - 10)));
+    }
+
+    /// Asks for a wake-up at once, then replaces it with one past the end of time.
+    struct Never;
+    impl Layer for Never {
+        fn from_client(&mut self, _: Frame, cx: &mut Cx) {
+            cx.after(Duration::ZERO, 1);
+            cx.after(Duration::MAX, 1);
+        }
+        fn on_timer(&mut self, _: u64, cx: &mut Cx) {
+            cx.to_client(crate::frame::notification("woke", json!({})));
+        }
+    }
+
+    #[test]
+    fn a_wake_up_past_the_end_of_time_never_comes_and_forgets_the_earlier_one() {
+        let mut h = Harness::of(Never);
+        h.from_client(json!({"jsonrpc":"2.0","method":"x"}));
+        assert_eq!(h.next_wake(), None);
+        h.advance(Duration::from_secs(1));
+        assert!(h.to_client().is_empty());
+    }
+
+    /// An event handed to a layer through the harness reaches its `on_event`.
+    struct Echo;
+    impl Layer for Echo {
+        fn on_event(&mut self, event: Event, cx: &mut Cx) {
+            if let Ok(n) = event.downcast::<u32>() {
+                cx.to_agent(crate::frame::notification("event", json!({"n": *n})));
+            }
+        }
+    }
+
+    #[test]
+    fn events_reach_their_layer() {
+        let mut h = Harness::new(vec![Box::new(Echo), Box::new(Echo)]);
+        h.event(1, 7u32);
+        h.event(5, 8u32);
+        assert_eq!(h.to_agent(), vec![json!({"jsonrpc":"2.0","method":"event","params":{"n":7}})]);
+    }
 
     #[test]
     fn send_after_delivers_the_event_later_through_the_runtime() {

@@ -1,0 +1,157 @@
+//! A layer-test harness: a [`Stack`] driven by hand, with a clock that moves only when the test says so.
+//!
+//! Tests of a layer (unit tests, integration tests, fuzz targets) send frames from either peer as JSON,
+//! read what left the stack on each side, and move the clock to run the wake-ups that fall due, the way the
+//! relay loop does, with no runtime, thread or process:
+//!
+//! ```
+//! use coda_shim::layer::testing::Harness;
+//! use coda_shim::layer::{Cx, Layer};
+//! use coda_shim::frame::Frame;
+//! use serde_json::json;
+//! use std::time::Duration;
+//!
+//! /// Tells the client "late" a second after each prompt.
+//! struct Late;
+//! impl Layer for Late {
+//!     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+//!         if frame.is_request("session/prompt") {
+//!             cx.after(Duration::from_secs(1), 0);
+//!         }
+//!         cx.to_agent(frame);
+//!     }
+//!     fn on_timer(&mut self, _token: u64, cx: &mut Cx) {
+//!         cx.to_client(coda_shim::frame::notification("late", json!({})));
+//!     }
+//! }
+//!
+//! let mut h = Harness::of(Late);
+//! h.from_client(json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": {}}));
+//! assert_eq!(h.to_agent().len(), 1);
+//! h.advance(Duration::from_millis(999));
+//! assert!(h.to_client().is_empty());
+//! h.advance(Duration::from_millis(1));
+//! assert_eq!(h.to_client(), vec![json!({"jsonrpc": "2.0", "method": "late", "params": {}})]);
+//! ```
+
+use std::any::Any;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+use super::{Exits, Layer, Stack};
+use crate::frame::Frame;
+
+/// The wall-clock time a harness starts at, in seconds since the epoch (2026-01-01T00:00:00Z), so that
+/// stamps in expected output are fixed.
+pub const WALL_START_SECS: u64 = 1_767_225_600;
+
+/// [`WALL_START_SECS`] as a time.
+pub fn wall_start() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(WALL_START_SECS)
+}
+
+/// A stack of layers, a clock, and what has left the stack on each side since it was last taken.
+pub struct Harness {
+    stack: Stack,
+    start: Instant,
+    now: Instant,
+    exits: Exits,
+}
+
+impl Harness {
+    /// `layers` as a binary stacks them: index 0 next to the client.
+    pub fn new(layers: Vec<Box<dyn Layer>>) -> Harness {
+        let mut stack = Stack::new(layers);
+        let start = Instant::now();
+        stack.set_time(start, wall_start());
+        Harness { stack, start, now: start, exits: Exits::default() }
+    }
+
+    /// One layer alone.
+    pub fn of(layer: impl Layer + 'static) -> Harness {
+        Harness::new(vec![Box::new(layer)])
+    }
+
+    /// A frame from the client.
+    pub fn from_client(&mut self, frame: Value) {
+        self.client_frame(Frame::from_value(&frame));
+    }
+
+    /// A frame from the agent.
+    pub fn from_agent(&mut self, frame: Value) {
+        self.agent_frame(Frame::from_value(&frame));
+    }
+
+    /// A frame from the client, as it was spelled on the wire (numbers such as `1e400` keep their spelling).
+    pub fn client_frame(&mut self, frame: Frame) {
+        self.stack.from_client(frame, &mut self.exits);
+    }
+
+    /// A frame from the agent, as it was spelled on the wire.
+    pub fn agent_frame(&mut self, frame: Frame) {
+        self.stack.from_agent(frame, &mut self.exits);
+    }
+
+    /// An event for the layer at `layer`, as its [`super::EventSender`] would hand it in.
+    pub fn event<E: Any + Send>(&mut self, layer: usize, event: E) {
+        self.stack.event(layer, Box::new(event), &mut self.exits);
+    }
+
+    /// Moves the clock on by `by` and runs the wake-ups due then, as the relay loop does when it wakes.
+    pub fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.stack.set_time(self.now, self.wall());
+        self.stack.wake_due(&mut self.exits);
+    }
+
+    /// How long the clock has moved since the harness was made.
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.start
+    }
+
+    /// The time handed to layers now.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The wall-clock time handed to layers now: [`wall_start`] plus [`Harness::elapsed`].
+    pub fn wall(&self) -> SystemTime {
+        wall_start() + self.elapsed()
+    }
+
+    /// How long until the earliest pending wake-up (zero when one is already due).
+    pub fn next_wake(&self) -> Option<Duration> {
+        self.stack.next_wake().map(|at| at.saturating_duration_since(self.now))
+    }
+
+    /// Takes the frames that reached the client, in order, as JSON.
+    pub fn to_client(&mut self) -> Vec<Value> {
+        values(std::mem::take(&mut self.exits.to_client))
+    }
+
+    /// Takes the frames that reached the agent, in order, as JSON.
+    pub fn to_agent(&mut self) -> Vec<Value> {
+        values(std::mem::take(&mut self.exits.to_agent))
+    }
+
+    /// Takes the frames that left the stack on both sides, as frames (to compare bytes).
+    pub fn take(&mut self) -> Exits {
+        std::mem::take(&mut self.exits)
+    }
+
+    /// The stack itself, for what the harness does not cover (such as [`Stack::is_own`]).
+    pub fn stack(&mut self) -> &mut Stack {
+        &mut self.stack
+    }
+}
+
+/// Frames as JSON. A frame the stack let out that does not read back is a bug of the layer under test.
+fn values(frames: Vec<Frame>) -> Vec<Value> {
+    frames
+        .iter()
+        .map(|f| {
+            f.value().unwrap_or_else(|e| panic!("a frame left the stack that does not read back: {e}: {:?}", f.bytes()))
+        })
+        .collect()
+}
