@@ -714,13 +714,13 @@ mod tests {
     fn server_events_are_logged_for_replays_in_the_order_handled() {
         let dir = tempfile::tempdir().expect("dir");
         let log = dir.path().join("files.jsonl");
-        let (record, writer) = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("log");
+        let record = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("log");
         let mut rig = Rig::new(Duration::ZERO, record);
         rig.server(status(P, true));
         rig.server(rig::asked("per_1", "call_9"));
         rig.server(task_child("call_1"));
+        // Dropping the layers waits for the writer.
         drop(rig);
-        writer.join().expect("the writer ends with the layers");
         let text = std::fs::read_to_string(&log).expect("read");
         let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
         assert_eq!(lines.len(), 3, "both layers' events");
@@ -731,7 +731,7 @@ mod tests {
         assert!(lines[2]["data"].as_str().is_some_and(|d| d.contains("task.child")));
         // The time the engine handed the layer, not the clock's.
         let ts = humantime::parse_rfc3339_weak(lines[2]["ts"].as_str().expect("ts")).expect("a time");
-        assert_eq!(ts, std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
+        assert_eq!(ts, crate::layer::testing::wall_start());
     }
 
     #[test]

@@ -112,8 +112,7 @@ fn layers(setup: &mut Setup) {
         Some(log) => {
             let events_path = env.events.clone().unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
             match Record::to_file(log, events_path.display().to_string()) {
-                // The writer ends with the layers.
-                Ok((record, _writer)) => record,
+                Ok(record) => record,
                 Err(e) => {
                     tracing::warn!("cannot open {RECORD_ENV} {}: {e}", log.display());
                     Record::off()

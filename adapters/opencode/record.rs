@@ -6,7 +6,7 @@
 //! file (private: mode 0600, no symlink followed) and a thread that writes the lines, so no layer writes a file.
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::SystemTime;
 
 use serde_json::json;
@@ -16,9 +16,27 @@ use crate::adapters::opencode::server::ServerEvent;
 /// Where layers log the server events they handled; clones write to the same file, in the order handled.
 #[derive(Clone, Default)]
 pub struct Record {
-    to_writer: Option<mpsc::Sender<String>>,
+    writer: Option<Arc<Writer>>,
     /// Where the recording says the events were read from.
     events_path: String,
+}
+
+/// The thread that writes the lines. Dropped with the last [`Record`] (when the layers are): it then waits
+/// for the thread to write what is queued, so the events handled last are in the file before the shim exits.
+struct Writer {
+    lines: Option<mpsc::Sender<String>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.lines = None;
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::warn!("the OpenCode event record's writer failed");
+        }
+    }
 }
 
 impl Record {
@@ -28,17 +46,16 @@ impl Record {
     }
 
     /// Logs to `log` (opened now, appended to), naming `events_path` as the file the events were read from.
-    /// The writer thread ends when the last clone is dropped; join it to know every line is written.
-    pub fn to_file(log: &Path, events_path: String) -> std::io::Result<(Record, std::thread::JoinHandle<()>)> {
+    pub fn to_file(log: &Path, events_path: String) -> std::io::Result<Record> {
         let file = crate::private_file::open(log, crate::private_file::Write::Append)?;
         let (tx, rx) = mpsc::channel::<String>();
-        let writer = std::thread::Builder::new().name("opencode-record".into()).spawn(move || write_all(file, rx))?;
-        Ok((Record { to_writer: Some(tx), events_path }, writer))
+        let thread = std::thread::Builder::new().name("opencode-record".into()).spawn(move || write_all(file, rx))?;
+        Ok(Record { writer: Some(Arc::new(Writer { lines: Some(tx), thread: Some(thread) })), events_path })
     }
 
     /// Logs `event`, handled at `at` (one file-log line: an append of the event's line to the events file).
     pub fn handled(&self, event: &ServerEvent, at: SystemTime) {
-        let Some(tx) = &self.to_writer else { return };
+        let Some(tx) = self.writer.as_ref().and_then(|w| w.lines.as_ref()) else { return };
         let data = serde_json::to_string(event).unwrap_or_default() + "\n";
         let ts = humantime::format_rfc3339_nanos(at).to_string();
         let line = json!({"ts": ts, "op": "append", "path": self.events_path, "data": data}).to_string() + "\n";
@@ -66,14 +83,14 @@ mod tests {
     fn events_are_logged_in_the_order_handled_with_their_time_into_a_private_file() {
         let dir = tempfile::tempdir().expect("dir");
         let log = dir.path().join("files.jsonl");
-        let (record, writer) = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("open");
+        let record = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("open");
         let other = record.clone();
         let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_500);
         record.handled(&ServerEvent::Status { session: "ses_parent".into(), busy: true }, at);
         let child = ServerEvent::TaskChild { session: "ses_parent".into(), call: "call_1".into(), child: "c".into() };
         other.handled(&child, at);
+        // Dropping the last clone waits for the writer.
         drop((record, other));
-        writer.join().expect("the writer ends");
         let text = std::fs::read_to_string(&log).expect("read");
         let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
         assert_eq!(lines.len(), 2);

@@ -1,10 +1,10 @@
-//! Test rig for the OpenCode layers: the stack the binary runs, on a clock driven by hand.
+//! Test rig for the OpenCode layers: the stack the binary runs, in the engine's harness (a clock driven by hand).
 //!
 //! The engine's waits layer, the permission bridge and the activity layer (the session instruction is left
 //! out: it is tested on its own).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -13,8 +13,7 @@ use crate::adapters::opencode::permissions::{Permissions, ask_options};
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::coda::waits::Waits;
-use crate::frame::Frame;
-use crate::layer::{Exits, Stack};
+use crate::layer::testing::Harness;
 
 pub const P: &str = "ses_parent";
 pub const C: &str = "ses_child";
@@ -26,25 +25,12 @@ pub type Replies = Arc<Mutex<Vec<(String, String, String)>>>;
 pub type Out = (Vec<Value>, Vec<Value>);
 
 pub struct Rig {
-    stack: Stack,
-    now: Instant,
+    h: Harness,
     pub replies: Replies,
 }
 
-pub fn parse(v: Value) -> Frame {
-    Frame::from_value(&v)
-}
-
-fn values(frames: &[Frame]) -> Vec<Value> {
-    frames.iter().map(|f| f.value().expect("json")).collect()
-}
-
-fn out(exits: &Exits) -> Out {
-    (values(&exits.to_client), values(&exits.to_agent))
-}
-
 impl Rig {
-    /// The two layers, with nothing said yet.
+    /// The layers, with nothing said yet.
     pub fn new(resume_delay: Duration, record: Record) -> Rig {
         let replies = Replies::default();
         let r = replies.clone();
@@ -53,10 +39,7 @@ impl Rig {
         });
         let bridge = Permissions::new(replier, record.clone(), resume_delay);
         let activity = OpenCodeActivity::new(None, record, Duration::from_secs(60));
-        let mut stack = Stack::new(vec![Box::new(Waits::new()), Box::new(bridge), Box::new(activity)]);
-        let now = Instant::now();
-        stack.set_time(now, SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
-        Rig { stack, now, replies }
+        Rig { h: Harness::new(vec![Box::new(Waits::new()), Box::new(bridge), Box::new(activity)]), replies }
     }
 
     /// Initialized, with a session P in /w.
@@ -76,21 +59,24 @@ impl Rig {
         rig
     }
 
+    /// What left the stack on each side since the last look.
+    fn out(&mut self) -> Out {
+        (self.h.to_client(), self.h.to_agent())
+    }
+
     /// Coda's prompt `id` in session P.
     pub fn prompt(&mut self, id: u64) -> Out {
         self.client(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":P,"prompt":[]}}))
     }
 
     pub fn client(&mut self, v: Value) -> Out {
-        let mut exits = Exits::default();
-        self.stack.from_client(parse(v), &mut exits);
-        out(&exits)
+        self.h.from_client(v);
+        self.out()
     }
 
     pub fn raw_agent(&mut self, v: Value) -> Out {
-        let mut exits = Exits::default();
-        self.stack.from_agent(parse(v), &mut exits);
-        out(&exits)
+        self.h.from_agent(v);
+        self.out()
     }
 
     /// What reaches each side for one agent frame, which itself goes on first, untouched: the params of the
@@ -105,23 +91,19 @@ impl Rig {
     pub fn server(&mut self, e: ServerEvent) -> Out {
         let e = FromServer::Event(e);
         let layer = if crate::adapters::opencode::for_bridge(&e) { 1 } else { 2 };
-        let mut exits = Exits::default();
-        self.stack.event(layer, Box::new(e), &mut exits);
-        out(&exits)
+        self.h.event(layer, e);
+        self.out()
     }
 
     /// Lets `d` pass: what the wake-ups due by then sent.
     pub fn advance(&mut self, d: Duration) -> Out {
-        self.now += d;
-        self.stack.set_time(self.now, SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000));
-        let mut exits = Exits::default();
-        self.stack.wake_due(&mut exits);
-        out(&exits)
+        self.h.advance(d);
+        self.out()
     }
 
     /// How long until the next wake-up a layer asked for.
     pub fn wake_in(&self) -> Option<Duration> {
-        self.stack.next_wake().map(|at| at.saturating_duration_since(self.now))
+        self.h.next_wake()
     }
 
     /// Answers the shim's `session/resume` of C among `to_agent`: OpenCode knows the child from now on.
