@@ -22,14 +22,8 @@ pub mod record;
 mod rig;
 pub mod server;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use crate::cli::adapter::{Adapter, Found, Setup, installed, plain_version};
 use crate::coda::instruction::Instruction;
-use crate::layer::EventSender;
-use record::Record;
-use server::{FromServer, ServerEvent};
 
 const INSTALL: &str = "npm install -g opencode-ai";
 
@@ -76,6 +70,13 @@ pub const RECORD_ENV: &str = "CODA_OPENCODE_RECORD";
 pub const RESUME_DELAY_ENV: &str = "CODA_OPENCODE_RESUME_DELAY_MS";
 /// Where a recording says the events were read from (relative to `$TMPDIR`, like the replay puts them).
 pub const EVENTS_FILE: &str = "coda-opencode-events.jsonl";
+
+// What the set-up below uses.
+use crate::layer::EventSender;
+use record::Record;
+use server::{FromServer, ServerEvent};
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Everything the layers need from the environment, read once at set-up.
 struct Env {
