@@ -1,5 +1,10 @@
-//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as
-//! `_coda/wait` (see `activity.rs`).
+//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as `_coda/wait`.
+//!
+//! The layers, nearest the client first: the session instruction; the permission bridge (`permissions.rs`),
+//! which resumes the children the activity layer announces and answers their permission requests; the
+//! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
+//! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the
+//! reader of OpenCode's server (`server.rs`), whose events it routes to the layer that acts on them.
 //!
 //! `opencode acp` always starts OpenCode's HTTP server (default port 4096, else any). The default command
 //! gives it a free port, so the activity layer can read the server's events (`server.rs`): the only place
@@ -11,6 +16,10 @@
 
 pub mod activity;
 pub mod failure;
+pub mod permissions;
+pub mod record;
+#[cfg(test)]
+mod rig;
 pub mod server;
 
 use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
@@ -53,11 +62,132 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }
 
+/// Env: read OpenCode's server events from this file instead of its server (replays).
+pub const EVENTS_ENV: &str = "CODA_OPENCODE_EVENTS";
+/// Env: log the server events the layers handled to this file, as `acp-replay record --files` takes them.
+pub const RECORD_ENV: &str = "CODA_OPENCODE_RECORD";
+/// Env, for live tests only: send the `session/resume` of a child this many milliseconds late, so that the
+/// child asks for permission before OpenCode knows it (the race [`permissions::ASK_GRACE`] is there for).
+pub const RESUME_DELAY_ENV: &str = "CODA_OPENCODE_RESUME_DELAY_MS";
+/// Where a recording says the events were read from (relative to `$TMPDIR`, like the replay puts them).
+pub const EVENTS_FILE: &str = "coda-opencode-events.jsonl";
+
+// What the set-up below uses.
+use crate::layer::EventSender;
+use record::Record;
+use server::{FromServer, ServerEvent};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the layers need from the environment, read once at set-up.
+struct Env {
+    /// [`EVENTS_ENV`]: the events file of a replay.
+    events: Option<PathBuf>,
+    /// [`RECORD_ENV`]: where to log the events handled.
+    record: Option<PathBuf>,
+    resume_delay: Duration,
+    retry_patience: Duration,
+}
+
+impl Env {
+    fn read() -> Env {
+        let path = |name| std::env::var_os(name).filter(|p| !p.is_empty()).map(PathBuf::from);
+        Env {
+            events: path(EVENTS_ENV),
+            record: path(RECORD_ENV),
+            resume_delay: std::env::var(RESUME_DELAY_ENV)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(Duration::ZERO, Duration::from_millis),
+            retry_patience: crate::coda::failure::retry_patience(),
+        }
+    }
+}
+
 fn layers(setup: &mut Setup) {
+    let env = Env::read();
+    let server = server::Server::from_args(&setup.command.args);
     // OpenCode reports its own agentInfo ("OpenCode", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS).with_audience(&["assistant"])));
-    let server = server::Server::from_args(&setup.command.args);
-    setup.add(|events| Box::new(activity::OpenCodeActivity::new(events, server)));
+    let record = match &env.record {
+        None => Record::off(),
+        Some(log) => {
+            let events_path = env.events.clone().unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
+            match Record::to_file(log, events_path.display().to_string()) {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::warn!("cannot open {RECORD_ENV} {}: {e}", log.display());
+                    Record::off()
+                }
+            }
+        }
+    };
+    let mut bridge_events = None;
+    let replier = replier(server.clone());
+    let bridge_record = record.clone();
+    setup.add(|events| {
+        bridge_events = Some(events);
+        Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
+    });
+    setup.add(|events| {
+        let start = bridge_events.map(|bridge| reader(&env, server, route(events, bridge)));
+        Box::new(activity::OpenCodeActivity::new(start.flatten(), record, env.retry_patience))
+    });
+}
+
+/// Hands each server event to the layer that acts on it: permission requests to the bridge, the rest to the
+/// activity layer. One queue: the layers handle them in the order they were read.
+fn route(activity: EventSender, bridge: EventSender) -> impl Fn(FromServer) -> bool + Send + 'static {
+    move |e| if for_bridge(&e) { bridge.send(e) } else { activity.send(e) }
+}
+
+/// Whether a server event is the permission bridge's (else the activity layer's).
+fn for_bridge(e: &FromServer) -> bool {
+    matches!(e, FromServer::Event(ServerEvent::Asked { .. } | ServerEvent::Replied { .. }))
+}
+
+/// What starts reading OpenCode's server events (or a replay's events file), once its server is up.
+fn reader(
+    env: &Env,
+    server: Option<server::Server>,
+    send: impl Fn(FromServer) -> bool + Send + 'static,
+) -> Option<activity::StartReader> {
+    match (&env.events, server) {
+        (Some(path), _) => {
+            let path = path.clone();
+            Some(Box::new(move || server::tail(path, send)))
+        }
+        (None, Some(s)) => Some(Box::new(move || server::follow(s, send))),
+        (None, None) => {
+            tracing::warn!(
+                "OpenCode's server port is unknown (no --port in the agent command): a permission request inside a \
+                 foreground subagent cannot reach Coda, and OpenCode's own turns count as over after {}s of quiet",
+                activity::QUIET.as_secs()
+            );
+            None
+        }
+    }
+}
+
+/// Answers a permission request on OpenCode's server, on a thread of its own (an HTTP request).
+fn replier(server: Option<server::Server>) -> permissions::Replier {
+    match server {
+        Some(s) => Box::new(move |directory, id, reply| {
+            let (s, directory, id, reply) = (s.clone(), directory.to_owned(), id.to_owned(), reply.to_owned());
+            let spawned = std::thread::Builder::new().name("opencode-reply".into()).spawn(move || {
+                if let Err(e) = s.reply_permission(&directory, &id, &reply) {
+                    tracing::warn!("OpenCode did not take the answer to permission request {id}: {e}");
+                }
+            });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot answer permission request: {e}");
+            }
+        }),
+        None => Box::new(|_, id, reply| {
+            tracing::warn!("cannot pass the answer to OpenCode's permission request {id}: its server is unknown");
+            tracing::debug!("the answer: {reply:?}");
+        }),
+    }
 }
 
 /// What `coda-opencode` is: the CLI it wraps, how it finds it, and its layers.

@@ -1,4 +1,4 @@
-//! OpenCode's own HTTP server as a side channel (`opencode acp` always starts one, see `main.rs`).
+//! OpenCode's own HTTP server as a side channel (`opencode acp` always starts one, see `mod.rs`).
 //!
 //! OpenCode's ACP bridge forwards only events of sessions it knows, and a `task` call names its child
 //! session over ACP only when it completes. The server's event stream (`GET /global/event`, SSE) says more,
@@ -9,8 +9,9 @@
 //!   follow-up turns included);
 //! - `permission.asked` / `permission.replied` name every permission request, a child's included.
 //!
-//! The reader reduces these to [`ServerEvent`]s and hands them to the activity layer; it also answers a
-//! permission request through `POST /permission/{id}/reply` when the layer asks it to. For replays the
+//! The reader reduces these to [`ServerEvent`]s and hands them to the layers (the set-up in `mod.rs` routes
+//! each to the layer that acts on it); [`Server::reply_permission`] answers a permission request through
+//! `POST /permission/{id}/reply` for the permission bridge. For replays the
 //! events come from a file instead (one [`ServerEvent`] per line, see [`tail`]).
 
 use std::collections::{HashMap, HashSet};
