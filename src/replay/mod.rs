@@ -20,6 +20,8 @@ use serde_json::value::RawValue;
 
 use crate::private_file;
 
+pub mod view;
+
 /// The file inside a fixture folder that holds the recording.
 pub const TRACE_FILE: &str = "trace.jsonl";
 
