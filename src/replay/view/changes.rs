@@ -56,7 +56,7 @@ fn side(dir: Dir) -> Option<(usize, bool)> {
         Dir::ShimToAgent => Some((0, false)),
         Dir::AgentToShim => Some((1, true)),
         Dir::ShimToClient => Some((1, false)),
-        Dir::File => None,
+        Dir::AgentToFile => None,
     }
 }
 
@@ -193,6 +193,11 @@ fn walk(a: &Value, b: &Value, path: &mut String, out: &mut Vec<String>) {
                 }
             }
         }
+        (Value::Array(x), Value::Array(y)) if y.len() > x.len() && (y.ends_with(x) || y.starts_with(x)) => {
+            let (n, at) = (y.len() - x.len(), if y.ends_with(x) { "before" } else { "after" });
+            let first = y.iter().find(|v| !x.contains(v)).map(describe).unwrap_or_default();
+            out.push(format!("{}: {n} put {at} the others ({first})", here(path)));
+        }
         (Value::Array(x), Value::Array(y)) => {
             for i in 0..x.len().max(y.len()) {
                 let len = path.len();
@@ -247,6 +252,13 @@ mod tests {
         assert_eq!(links[0].pair, Some(1));
         assert_eq!(links[3].pair, Some(2));
         assert_eq!(links[3].changes, vec!["result.agentCapabilities._meta: added (object of 1 keys)"]);
+    }
+
+    #[test]
+    fn a_block_put_before_the_prompt_is_named() {
+        let a: Value = serde_json::json!({"prompt": [{"text": "hi"}]});
+        let b: Value = serde_json::json!({"prompt": [{"text": "<i>x</i>"}, {"text": "hi"}]});
+        assert_eq!(diff(&a, &b), vec!["prompt: 1 put before the others (object of 1 keys)"]);
     }
 
     #[test]

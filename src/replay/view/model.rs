@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::changes::{Fate, Link};
-use super::read::{BadLine, Dir, Record, Trace};
+use super::read::{self, BadLine, Dir, Record, Trace};
 
 /// What a timeline item shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -214,7 +214,7 @@ impl Builder {
 
     fn record(&mut self, i: usize, rec: &Record) {
         let t = rec.t;
-        if rec.dir == Dir::File {
+        if rec.dir == Dir::AgentToFile {
             let v: Value = serde_json::from_str(&rec.raw).unwrap_or_default();
             let label =
                 format!("{} {}", str_at(&v, &["op"]).unwrap_or("file"), str_at(&v, &["path"]).unwrap_or_default());
@@ -222,7 +222,7 @@ impl Builder {
             return;
         }
         let Some(frame) = &rec.frame else {
-            if rec.dir.client_side() || rec.not_json {
+            if read::client_side(rec.dir) || rec.not_json {
                 let label = if rec.not_json { "not JSON-RPC" } else { "unreadable frame" };
                 let it = self.add(0, Kind::Bad, i, t, format!("{label} ({})", rec.dir.as_str()), "");
                 self.items[it].red = true;
@@ -230,7 +230,7 @@ impl Builder {
             }
             return;
         };
-        if !rec.dir.client_side() {
+        if !read::client_side(rec.dir) {
             return;
         }
         let method = str_at(frame, &["method"]).unwrap_or_default();

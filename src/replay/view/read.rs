@@ -10,43 +10,12 @@ use serde_json::value::RawValue;
 
 use crate::json;
 
-/// Where a record was seen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
-    ClientToShim,
-    ShimToAgent,
-    AgentToShim,
-    ShimToClient,
-    /// A session file the CLI wrote (fixtures only).
-    File,
-}
+/// Where a record was seen (the recordings' own directions).
+pub use crate::replay::Edge as Dir;
 
-impl Dir {
-    fn parse(s: &str) -> Option<Dir> {
-        Some(match s {
-            "client->shim" => Dir::ClientToShim,
-            "shim->agent" => Dir::ShimToAgent,
-            "agent->shim" => Dir::AgentToShim,
-            "shim->client" => Dir::ShimToClient,
-            "agent->file" => Dir::File,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dir::ClientToShim => "client->shim",
-            Dir::ShimToAgent => "shim->agent",
-            Dir::AgentToShim => "agent->shim",
-            Dir::ShimToClient => "shim->client",
-            Dir::File => "agent->file",
-        }
-    }
-
-    /// Frames Coda sent or received: the timeline is drawn from these.
-    pub fn client_side(self) -> bool {
-        matches!(self, Dir::ClientToShim | Dir::ShimToClient)
-    }
+/// Frames Coda sent or received: the timeline is drawn from these.
+pub fn client_side(dir: Dir) -> bool {
+    matches!(dir, Dir::ClientToShim | Dir::ShimToClient)
 }
 
 /// One readable line of the trace.
@@ -108,6 +77,12 @@ fn excerpt(text: &str) -> String {
     out
 }
 
+impl Trace {
+    fn note(&mut self, line: usize, reason: impl Into<String>, text: &str) {
+        self.bad.push(BadLine { line, reason: reason.into(), excerpt: excerpt(text) });
+    }
+}
+
 /// Reads a whole trace. Bytes that are not UTF-8 are replaced with U+FFFD and the line is noted.
 pub fn read(bytes: &[u8]) -> Trace {
     let mut trace = Trace::default();
@@ -123,11 +98,7 @@ pub fn read(bytes: &[u8]) -> Trace {
         }
         let text = String::from_utf8_lossy(line);
         if matches!(text, std::borrow::Cow::Owned(_)) {
-            trace.bad.push(BadLine {
-                line: lineno,
-                reason: "not valid UTF-8: shown with U+FFFD in place of the bad bytes".into(),
-                excerpt: excerpt(&text),
-            });
+            trace.note(lineno, "not valid UTF-8: shown with U+FFFD in place of the bad bytes", &text);
         }
         let raw: Raw = match json::from_str(&text) {
             Ok(raw) => raw,
@@ -138,16 +109,12 @@ pub fn read(bytes: &[u8]) -> Trace {
                 } else {
                     format!("not a record: {e}")
                 };
-                trace.bad.push(BadLine { line: lineno, reason, excerpt: excerpt(&text) });
+                trace.note(lineno, reason, &text);
                 continue;
             }
         };
         let Some(dir) = Dir::parse(&raw.dir) else {
-            trace.bad.push(BadLine {
-                line: lineno,
-                reason: format!("unknown \"dir\" {:?}", raw.dir),
-                excerpt: excerpt(&text),
-            });
+            trace.note(lineno, format!("unknown \"dir\" {:?}", raw.dir), &text);
             continue;
         };
         let at = match (raw.t.as_ref().and_then(serde_json::Number::as_f64), raw.ts.as_deref()) {
@@ -159,11 +126,7 @@ pub fn read(bytes: &[u8]) -> Trace {
                     Some(ms)
                 }
                 Err(e) => {
-                    trace.bad.push(BadLine {
-                        line: lineno,
-                        reason: format!("bad \"ts\" ({e}): shown at the time of the record before"),
-                        excerpt: excerpt(&text),
-                    });
+                    trace.note(lineno, format!("bad \"ts\" ({e}): shown at the time of the record before"), &text);
                     None
                 }
             },
@@ -182,11 +145,7 @@ pub fn read(bytes: &[u8]) -> Trace {
                 let value = match json::from_str::<Value>(frame.get()) {
                     Ok(v) => Some(v),
                     Err(e) => {
-                        trace.bad.push(BadLine {
-                            line: lineno,
-                            reason: format!("frame not readable: {e}"),
-                            excerpt: excerpt(&text),
-                        });
+                        trace.note(lineno, format!("frame not readable: {e}"), &text);
                         None
                     }
                 };
@@ -195,11 +154,7 @@ pub fn read(bytes: &[u8]) -> Trace {
             (None, Some(line), _) => (line, None, true),
             (None, None, Some(file)) => (file.get().to_owned(), None, false),
             (None, None, None) => {
-                trace.bad.push(BadLine {
-                    line: lineno,
-                    reason: "a record with neither \"frame\", \"line\" nor \"file\"".into(),
-                    excerpt: excerpt(&text),
-                });
+                trace.note(lineno, "a record with neither \"frame\", \"line\" nor \"file\"", &text);
                 continue;
             }
         };

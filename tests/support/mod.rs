@@ -1,0 +1,3 @@
+//! Test helpers shared by test files that reach them as `mod support;` (older files name one with `#[path]`).
+
+pub mod replay;
