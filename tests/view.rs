@@ -40,7 +40,7 @@ fn lane_of<'a>(m: &'a Model, session: &str) -> (usize, &'a view::Lane) {
     m.lanes.iter().enumerate().find(|(_, l)| l.session == session).unwrap_or_else(|| panic!("no lane for {session}"))
 }
 
-fn items<'a>(m: &'a Model, kind: Kind) -> Vec<&'a Item> {
+fn items(m: &Model, kind: Kind) -> Vec<&Item> {
     m.items.iter().filter(|i| i.kind == kind).collect()
 }
 
@@ -67,7 +67,10 @@ fn a_kimi_background_subagent_reads_as_lanes_turns_waits_and_changed_frames() {
 
     // One turn of Coda's: from the prompt to its answer, end_turn.
     let prompt = recs.iter().find(|(_, d, f)| d == "client->shim" && f["method"] == "session/prompt").unwrap();
-    let answer = recs.iter().find(|(_, d, f)| d == "shim->client" && f["id"] == prompt.2["id"] && f.get("result").is_some()).unwrap();
+    let answer = recs
+        .iter()
+        .find(|(_, d, f)| d == "shim->client" && f["id"] == prompt.2["id"] && f.get("result").is_some())
+        .unwrap();
     let turns = items(&m, Kind::Turn);
     assert_eq!(turns.len(), 1);
     assert_eq!((turns[0].lane, turns[0].t, turns[0].end), (p, prompt.0, Some(answer.0)));
@@ -145,7 +148,10 @@ fn every_fixture_of_the_four_shims_is_drawn_as_its_trace_says() {
                     assert!(lanes.contains(s), "{name}: no lane for session {s}");
                 }
                 if dir == "shim->client" && f["method"] == "_coda/wait" {
-                    let key = (str_at(f, "/params/sessionId").unwrap().to_owned(), str_at(f, "/params/waitId").unwrap().to_owned());
+                    let key = (
+                        str_at(f, "/params/sessionId").unwrap().to_owned(),
+                        str_at(f, "/params/waitId").unwrap().to_owned(),
+                    );
                     let states = waits.entry(key).or_default();
                     let state = str_at(f, "/params/state").unwrap().to_owned();
                     if states.last() != Some(&state) {
@@ -154,11 +160,17 @@ fn every_fixture_of_the_four_shims_is_drawn_as_its_trace_says() {
                 }
                 if dir == "client->shim" && f["method"] == "session/prompt" {
                     prompts += 1;
-                    let answer = recs.iter().find(|(_, d, a)| d == "shim->client" && a["id"] == f["id"] && a.get("method").is_none());
+                    let answer = recs
+                        .iter()
+                        .find(|(_, d, a)| d == "shim->client" && a["id"] == f["id"] && a.get("method").is_none());
                     let turn = m
                         .items
                         .iter()
-                        .find(|i| i.kind == Kind::Turn && i.t == *t && m.lanes[i.lane].session == str_at(f, "/params/sessionId").unwrap())
+                        .find(|i| {
+                            i.kind == Kind::Turn
+                                && i.t == *t
+                                && m.lanes[i.lane].session == str_at(f, "/params/sessionId").unwrap()
+                        })
                         .unwrap_or_else(|| panic!("{name}: no turn at {t}"));
                     match answer {
                         Some((end, _, a)) => {
@@ -176,7 +188,9 @@ fn every_fixture_of_the_four_shims_is_drawn_as_its_trace_says() {
             assert_eq!(items(&m, Kind::Turn).len(), prompts, "{name}");
             let drawn: BTreeMap<(String, String), Vec<String>> = items(&m, Kind::Wait)
                 .iter()
-                .map(|w| ((m.lanes[w.lane].session.clone(), w.wait.clone()), w.segs.iter().map(|(s, _)| s.clone()).collect()))
+                .map(|w| {
+                    ((m.lanes[w.lane].session.clone(), w.wait.clone()), w.segs.iter().map(|(s, _)| s.clone()).collect())
+                })
                 .collect();
             assert_eq!(drawn, waits, "{name}");
             for it in &m.items {
@@ -210,20 +224,23 @@ fn a_hostile_trace_renders_with_its_bad_lines_listed() {
     let prompt = serde_json::json!({"jsonrpc":"2.0","id":7,"method":"session/prompt",
         "params":{"sessionId":"s-1","prompt":[{"type":"text","text": evil}]}});
     let mut trace = Vec::new();
-    let mut push = |line: String| {
+    let push = |trace: &mut Vec<u8>, line: String| {
         trace.extend_from_slice(line.as_bytes());
         trace.push(b'\n');
     };
-    push(format!(r#"{{"t":0,"dir":"client->shim","frame":{prompt}}}"#));
-    push(r#"{"t":3,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s-1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"n = 1e400"}}},"x":1e400}}"#.into());
+    push(&mut trace, format!(r#"{{"t":0,"dir":"client->shim","frame":{prompt}}}"#));
+    push(&mut trace, r#"{"t":3,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s-1","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"n = 1e400"}}},"x":1e400}}"#.into());
     let deep = format!("{}{}", "[".repeat(1500), "]".repeat(1500));
-    push(format!(r#"{{"t":4,"dir":"agent->shim","frame":{deep}}}"#));
-    let mut bad_utf8 = br#"{"t":5,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"x","params":{"sessionId":"s-1","a":""#.to_vec();
+    push(&mut trace, format!(r#"{{"t":4,"dir":"agent->shim","frame":{deep}}}"#));
+    let mut bad_utf8 =
+        br#"{"t":5,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"x","params":{"sessionId":"s-1","a":""#
+            .to_vec();
     bad_utf8.extend_from_slice(b"\xff\xfe\"}}}");
-    drop(push);
     trace.extend_from_slice(&bad_utf8);
     trace.push(b'\n');
-    trace.extend_from_slice(b"{\"t\":9,\"dir\":\"shim->client\",\"frame\":{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"stopRea");
+    trace.extend_from_slice(
+        b"{\"t\":9,\"dir\":\"shim->client\",\"frame\":{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"stopRea",
+    );
 
     let (page, summary) = view::page(&trace, "hostile </title><b>x</b>.jsonl");
     assert_eq!(summary.bad_lines, 3, "the deep frame, the bad UTF-8, the cut line");
