@@ -94,7 +94,10 @@ pub fn link(records: &[Record]) -> Vec<Link> {
             exact[s].entry(rec.raw.as_str()).or_default().push_back(i);
             open[s].push(i);
             if open[s].len() > 4 * SEARCH_BACK {
+                // Only the newest SEARCH_BACK unmatched frames are ever searched: keep twice that many.
                 open[s].retain(|&j| !matched[j]);
+                let old = open[s].len().saturating_sub(2 * SEARCH_BACK);
+                open[s].drain(..old);
             }
             continue;
         }

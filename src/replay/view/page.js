@@ -262,7 +262,8 @@
     if (itemEl[n]) itemEl[n].classList.add("sel");
     const body = $("detail-body");
     body.textContent = "";
-    body.appendChild(el("h2", "", it.kind + (it.state ? " · " + it.state : "") + (it.label ? ": " + it.label : "")));
+    const state = it.state && !it.label.startsWith(it.state) ? " · " + it.state : "";
+    body.appendChild(el("h2", "", it.kind + state + (it.label ? ": " + it.label : "")));
     const lane = M.lanes[it.lane];
     const when = fmtTime(it.t, 1) + (it.end !== undefined ? " → " + fmtTime(it.end, 1) + " (" + fmtOffset(it.end - it.t) + ")" : it.open ? " → still open at the end of the trace" : "");
     body.appendChild(el("div", "meta", "session " + (lane.session || "(none)") + " · " + when));
@@ -330,5 +331,14 @@
     itemEl[hits[hitAt]].scrollIntoView({ block: "center", inline: "center" });
     show(hits[hitAt]);
   });
+  // A link to one mark: PAGE.html#item=N opens it.
+  const linked = /^#item=(\d+)$/.exec(location.hash);
+  if (linked && M.items[Number(linked[1])] && itemEl[Number(linked[1])]) {
+    const e = itemEl[Number(linked[1])];
+    e.scrollIntoView({ block: "center" });
+    scroll.scrollLeft = Math.max(0, e.offsetLeft - 150);
+    show(Number(linked[1]));
+  }
+  lanesBox.addEventListener("click", () => selected !== null && history.replaceState(null, "", "#item=" + selected));
   document.body.dataset.ready = "1";
 })();
