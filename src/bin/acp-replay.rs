@@ -27,6 +27,11 @@ Usage:
       client receives with the recording (what `cargo test --test replay` does). The shim gets a clean
       environment (PATH, HOME, TMPDIR{SESSION_HOMES} of a fresh temp dir) plus --env: what each shim needs
       under the player (the recorded CLI version, say) is in tests/support/replay.rs.
+
+  acp-replay view <TRACE.jsonl | FIXTURE> [-o PAGE.html] [--open]
+      Write the trace as one self-contained HTML page: a lane per session, turns, tool calls, waits,
+      the frames the shim changed; click a mark for its frames. Default PAGE: the trace's name with
+      .html, beside it. --open: show it in the default browser. Bad lines are listed in the page.
 ";
 
 /// The help, with the data-folder variables of the adapters.
@@ -50,6 +55,7 @@ fn main() {
         Some("record") => run(record(&args[1..])),
         Some("check") => run(check(&args[1..])),
         Some("play") => play(&args[1..]),
+        Some("view") => run(view(&args[1..])),
         Some(_) => play(&args),
     };
     std::process::exit(code)
@@ -337,5 +343,53 @@ fn check(args: &[String]) -> Result<(), String> {
         report.received,
         report.elapsed
     );
+    Ok(())
+}
+
+/// `acp-replay view`: the trace as an HTML page (`coda_shim::replay::view`).
+fn view(args: &[String]) -> Result<(), String> {
+    let (mut trace, mut out, mut open) = (None, None, false);
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "-o" | "--output" => out = Some(PathBuf::from(value(args, &mut i, "-o")?)),
+            "--open" => open = true,
+            a if a.starts_with('-') => return Err(format!("unknown option {a}")),
+            a if trace.is_none() => trace = Some(PathBuf::from(a)),
+            a => return Err(format!("unexpected argument {a}")),
+        }
+        i += 1;
+    }
+    let trace = trace.ok_or("usage: acp-replay view <TRACE.jsonl | FIXTURE> [-o PAGE.html] [--open]")?;
+    // A fixture folder: its recording.
+    let file = if trace.is_dir() { trace.join(replay::TRACE_FILE) } else { trace.clone() };
+    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let out = out.unwrap_or_else(|| file.with_extension("html"));
+    let title = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let started = Instant::now();
+    let (page, summary) = replay::view::page(&bytes, &title);
+    // The page holds every prompt of the trace: private, like the trace.
+    private_file::open(&out, private_file::Write::Replace)
+        .and_then(|mut f| f.write_all(page.as_bytes()))
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    eprintln!(
+        "acp-replay: wrote {} ({} bytes; {} frames, {} lanes, {} marks, {} bad lines) in {:?}",
+        out.display(),
+        page.len(),
+        summary.frames,
+        summary.lanes,
+        summary.items,
+        summary.bad_lines,
+        started.elapsed()
+    );
+    if open {
+        let opener = if cfg!(target_os = "macos") { "open" } else { "xdg-open" };
+        let status = std::process::Command::new(opener).arg(&out).status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => return Err(format!("{opener} {} failed: {s}", out.display())),
+            Err(e) => return Err(format!("cannot run {opener}: {e}")),
+        }
+    }
     Ok(())
 }

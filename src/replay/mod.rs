@@ -17,6 +17,7 @@ pub mod homes;
 pub mod normalise;
 pub mod placeholder;
 pub mod script;
+pub mod view;
 
 pub use crate::trace::Dir;
 pub use check::{CheckOptions, CheckReport, check};

@@ -4,6 +4,7 @@
 //!   command as child; [`temp`]: temporary folders;
 //! - [`replay`]: fixtures replayed through the shim binaries with `acp-replay`; [`recorder`]: recording a live
 //!   session as a fixture; [`kimi_expected`]: what Coda received from coda-kimi, in `expected.txt` notation;
+//! - [`cdp`]: a headless Chromium driven over the DevTools protocol (the viewer's browser test);
 //! - [`coda_text`]: what Coda really sends (its instruction, a first prompt); [`failures`]: the upstream
 //!   failure cases and what Coda must get for each;
 //! - [`fake_model`] and [`live`]: the fake model server and the hermetic set-up of each real CLI, from the
@@ -12,6 +13,7 @@
 // rig's modules re-exported below) is used by another, so neither is dead code here.
 #![allow(dead_code, unused_imports)]
 
+pub mod cdp;
 pub mod coda_text;
 pub mod failures;
 pub mod kimi_expected;

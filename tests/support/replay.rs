@@ -51,13 +51,15 @@ fn agent_env(agent: &str) -> Vec<(String, String)> {
 
 /// Replays one fixture through `coda-<agent>`.
 pub fn check(agent: &str, fixture: &Path) -> Result<CheckReport, String> {
-    let opts = CheckOptions {
-        shim: shim_binary(agent),
-        player: player(),
-        agent: agent.to_owned(),
-        timeout: TIMEOUT,
-        env: agent_env(agent),
-    };
+    check_with_env(agent, fixture, &[])
+}
+
+/// [`check`] with more environment for the shim (`CODA_SHIM_TRACE` to keep a trace of the replay).
+pub fn check_with_env(agent: &str, fixture: &Path, extra: &[(&str, &str)]) -> Result<CheckReport, String> {
+    let mut env = agent_env(agent);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let opts =
+        CheckOptions { shim: shim_binary(agent), player: player(), agent: agent.to_owned(), timeout: TIMEOUT, env };
     replay::check(fixture, &opts)
 }
 

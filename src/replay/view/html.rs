@@ -1,0 +1,98 @@
+//! Writing the page: one HTML file with its style, its script and the model, nothing fetched from anywhere.
+//!
+//! The model goes into a `<script type="application/json">` element. JSON text never holds `<`, `>` or `&`
+//! outside strings, so writing those three as `\u003c`, `\u003e`, `\u0026` everywhere keeps a frame's
+//! `</script>` or `<!--` from ending or changing the element, and U+2028/U+2029 are written escaped too (the
+//! script reads the element's text with `JSON.parse`, which takes either form).
+
+use super::model::Model;
+
+const STYLE: &str = include_str!("page.css");
+const SCRIPT: &str = include_str!("page.js");
+
+/// `text` made safe inside an HTML element or a quoted attribute.
+pub fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// JSON text made safe inside a `<script>` element (see the module's docs).
+pub fn escape_script_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() + json.len() / 64);
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The whole page.
+pub fn page(model: &Model, title: &str) -> String {
+    let json = serde_json::to_string(model).unwrap_or_else(|_| "{}".into());
+    let title = escape_html(title);
+    let mut out = String::with_capacity(json.len() + STYLE.len() + SCRIPT.len() + 4096);
+    out.push_str("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    // Nothing may be fetched: no network, no other file.
+    out.push_str(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; \
+         script-src 'unsafe-inline'; img-src data:\">\n",
+    );
+    out.push_str(&format!("<title>{title} · acp-replay view</title>\n<style>\n{STYLE}</style>\n</head>\n<body>\n"));
+    out.push_str(&format!(
+        "<header><h1>{title}</h1><span id=\"stats\"></span>\
+         <input id=\"search\" type=\"search\" placeholder=\"search method, session, text\" autocomplete=\"off\">\
+         <span id=\"hits\"></span>\
+         <span class=\"zoom\"><button id=\"zoom-out\" title=\"zoom out (ctrl + wheel)\">−</button>\
+         <button id=\"zoom-fit\" title=\"fit the whole trace\">fit</button>\
+         <button id=\"zoom-in\" title=\"zoom in (ctrl + wheel)\">+</button></span></header>\n\
+         <details id=\"bad\" hidden><summary></summary><ol></ol></details>\n\
+         <div id=\"legend\"></div>\n\
+         <main id=\"view\"><div id=\"labels\"></div><div id=\"scroll\"><div id=\"canvas\"><div id=\"axis\"></div>\
+         <div id=\"lanes\"></div></div></div></main>\n\
+         <aside id=\"detail\" hidden><button id=\"close\" title=\"close\">×</button><div id=\"detail-body\"></div></aside>\n\
+         <noscript>This page draws the trace with its script; allow scripts for this file.</noscript>\n"
+    ));
+    out.push_str("<script type=\"application/json\" id=\"model\">");
+    out.push_str(&escape_script_json(&json));
+    out.push_str("</script>\n<script>\n");
+    out.push_str(SCRIPT);
+    out.push_str("</script>\n</body>\n</html>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_json_cannot_end_its_element() {
+        let hostile =
+            serde_json::to_string(&"</script><script>alert(1)</script><!-- \u{2028}\u{2029} & 中文 🙂").unwrap();
+        let safe = escape_script_json(&hostile);
+        assert!(!safe.contains('<') && !safe.contains('>') && !safe.contains('&'), "{safe}");
+        assert!(!safe.contains('\u{2028}') && !safe.contains('\u{2029}'));
+        let back: String = serde_json::from_str(&safe).unwrap();
+        assert_eq!(back, "</script><script>alert(1)</script><!-- \u{2028}\u{2029} & 中文 🙂");
+    }
+
+    #[test]
+    fn titles_are_escaped() {
+        assert_eq!(escape_html("<b a=\"x\">&'"), "&lt;b a=&quot;x&quot;&gt;&amp;&#39;");
+    }
+}

@@ -1,0 +1,300 @@
+//! `acp-replay view` pages in a real headless Chromium: no console error, lanes, turns and waits where the trace says, a click opens the frame.
+//!
+//! The traces: what each of the four shims wrote with `CODA_SHIM_TRACE` while replaying one of its fixtures
+//! (real `--trace-file` output, wall-clock times), one fixture as committed (relative times), and a hostile
+//! trace. Skipped, loudly, only when Chromium is missing and `CODA_REQUIRE_BROWSER` is unset (`.ci/run` installs
+//! it and sets it).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+mod support;
+use support::cdp::{self, Browser};
+use support::replay::{check_with_env, fixtures_root};
+
+/// Pixels of slack for a position: the page places items in % of the canvas.
+const SLACK: f64 = 1.5;
+
+fn browser() -> Option<PathBuf> {
+    let found = cdp::chromium();
+    if found.is_none() {
+        if std::env::var_os("CODA_REQUIRE_BROWSER").is_some() {
+            panic!("CODA_REQUIRE_BROWSER is set but there is no /usr/bin/chromium (or $CODA_CHROMIUM)");
+        }
+        eprintln!(
+            "\n*** SKIPPED: no Chromium (/usr/bin/chromium or $CODA_CHROMIUM); the view pages were NOT tested in a browser ***\n"
+        );
+    }
+    found
+}
+
+/// `(ms since the first record, 1-based line, dir, frame)` of every frame record, read by the test itself.
+fn records(trace: &Path) -> Vec<(f64, usize, String, Value)> {
+    let mut first = None;
+    let mut out = Vec::new();
+    for (n, line) in std::fs::read_to_string(trace).unwrap().lines().enumerate() {
+        let Ok(rec) = serde_json::from_str::<Value>(line) else { continue };
+        let at = match (rec.get("t"), rec.get("ts")) {
+            (Some(t), _) => t.as_f64().unwrap(),
+            (None, Some(ts)) => {
+                let at = humantime::parse_rfc3339_weak(ts.as_str().unwrap()).unwrap();
+                at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0
+            }
+            _ => continue,
+        };
+        let t = at - *first.get_or_insert(at);
+        if let Some(frame) = rec.get("frame") {
+            out.push((t, n + 1, rec["dir"].as_str().unwrap().to_owned(), frame.clone()));
+        }
+    }
+    out
+}
+
+fn write_page(trace: &Path, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{}.html", trace.parent().unwrap().file_name().unwrap().to_string_lossy()));
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_acp-replay"))
+        .arg("view")
+        .arg(trace)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    out
+}
+
+/// Opens `page` in a fresh tab; returns the tab's session once the page's script has drawn it.
+fn open(b: &mut Browser, page: &Path) -> String {
+    let target = b.call(None, "Target.createTarget", json!({"url": "about:blank"}))["targetId"].clone();
+    let session = b.call(None, "Target.attachToTarget", json!({"targetId": target, "flatten": true}))["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for m in ["Runtime.enable", "Log.enable", "Page.enable"] {
+        b.call(Some(&session), m, json!({}));
+    }
+    let metrics = json!({"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": false});
+    b.call(Some(&session), "Emulation.setDeviceMetricsOverride", metrics);
+    b.events.clear();
+    let url = format!("file://{}", page.display());
+    b.call(Some(&session), "Page.navigate", json!({"url": url}));
+    b.wait_event("Page.loadEventFired");
+    let ready = b.eval(
+        &session,
+        "new Promise(r => { const f = () => document.body.dataset.ready ? r(true) : setTimeout(f, 20); f(); })",
+    );
+    assert_eq!(ready, json!(true));
+    session
+}
+
+/// What the page drew, in pixels from the canvas's left edge.
+const GEOMETRY: &str = r#"(() => {
+  const canvas = document.getElementById('canvas');
+  const c = canvas.getBoundingClientRect();
+  const x = (r) => [r.left - c.left, r.right - c.left];
+  return {
+    width: +canvas.dataset.width, span: +canvas.dataset.span,
+    lanes: [...document.querySelectorAll('.lane')].map(l => ({
+      session: l.dataset.session, parent: l.dataset.parent || null, top: l.getBoundingClientRect().top,
+      life: x(l.querySelector('.life').getBoundingClientRect())[0] })),
+    items: [...document.querySelectorAll('.item')].map(e => ({
+      kind: e.dataset.kind, session: e.parentElement.dataset.session, x: x(e.getBoundingClientRect()),
+      wait: e.dataset.wait || null, state: e.dataset.state || null,
+      segs: [...e.querySelectorAll('.seg, .cap')].map(s => s.dataset.state) })),
+  };
+})()"#;
+
+fn near(got: f64, want: f64) -> bool {
+    (got - want).abs() <= SLACK
+}
+
+/// Checks the drawing against the trace; returns how many turns and waits it checked.
+fn check_page(b: &mut Browser, session: &str, trace: &Path) -> (usize, usize) {
+    let name = trace.display().to_string();
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{name}: the page logged errors: {errors:#?}");
+    let g = b.eval(session, GEOMETRY);
+    let recs = records(trace);
+    let end = recs.iter().map(|r| r.0).fold(0.0, f64::max);
+    let (width, span) = (g["width"].as_f64().unwrap(), g["span"].as_f64().unwrap());
+    assert!((span - end.max(1.0) * 1.02).abs() < 1e-6, "{name}: the axis spans the trace ({span} vs {end})");
+    let px = |t: f64| t / span * width;
+    let lanes = g["lanes"].as_array().unwrap();
+    let items = g["items"].as_array().unwrap();
+    let lane = |s: &str| lanes.iter().find(|l| l["session"] == s).unwrap_or_else(|| panic!("{name}: no lane for {s}"));
+
+    let (mut turns, mut waits) = (0, 0);
+    let mut wait_states: Vec<(String, String, f64, Vec<String>)> = Vec::new();
+    for (t, _, dir, f) in &recs {
+        let sid = f.pointer("/params/sessionId").and_then(Value::as_str);
+        if (dir == "client->shim" || dir == "shim->client")
+            && let Some(s) = sid
+        {
+            lane(s);
+        }
+        if dir == "shim->client" && f["method"] == "_coda/wait" {
+            let (s, w) = (sid.unwrap().to_owned(), f["params"]["waitId"].as_str().unwrap().to_owned());
+            let state = f["params"]["state"].as_str().unwrap().to_owned();
+            match wait_states.iter_mut().find(|e| e.0 == s && e.1 == w) {
+                Some(e) if e.3.last() != Some(&state) => e.3.push(state),
+                Some(_) => {}
+                None => wait_states.push((s.clone(), w, *t, vec![state])),
+            }
+            // A child lane starts where it was announced, under the lane that announced it.
+            if let Some(child) = f.pointer("/params/childSessionId").and_then(Value::as_str) {
+                let (c, p) = (lane(child), lane(&s));
+                if c["parent"] == json!(s) && c["life"].as_f64().is_some_and(|l| near(l, px(*t))) {
+                    assert!(c["top"].as_f64() > p["top"].as_f64(), "{name}: child lane {child} drawn above its parent");
+                } else {
+                    // Announced again (a resumed child): the lane keeps its first announcement.
+                    assert_eq!(c["parent"], json!(s), "{name}: {child}");
+                }
+            }
+        }
+        if dir == "client->shim" && f["method"] == "session/prompt" {
+            let answer =
+                recs.iter().find(|r| r.2 == "shim->client" && r.3["id"] == f["id"] && r.3.get("method").is_none());
+            let want_end = answer.map_or(end, |a| a.0);
+            let found = items.iter().any(|i| {
+                let x = &i["x"];
+                i["kind"] == "turn"
+                    && i["session"] == json!(sid.unwrap())
+                    && near(x[0].as_f64().unwrap(), px(*t))
+                    && (near(x[1].as_f64().unwrap(), px(want_end)) || px(want_end) - px(*t) < 8.0)
+            });
+            assert!(found, "{name}: no turn drawn from {t} ms to {want_end} ms");
+            turns += 1;
+        }
+    }
+    for (s, w, t, states) in &wait_states {
+        let bar = items
+            .iter()
+            .find(|i| i["kind"] == "wait" && i["session"] == json!(s) && i["wait"] == json!(w))
+            .unwrap_or_else(|| panic!("{name}: no bar for wait {w}"));
+        assert!(near(bar["x"][0].as_f64().unwrap(), px(*t)), "{name}: wait {w} starts at {t} ms: {bar}");
+        assert_eq!(bar["segs"], json!(states), "{name}: wait {w}");
+        assert_eq!(bar["state"], json!(states.last().unwrap()), "{name}: wait {w}");
+        waits += 1;
+    }
+    (turns, waits)
+}
+
+/// Clicks the first wait bar (else the first turn) with the mouse; the frame shown is its first frame.
+fn click_opens_the_frame(b: &mut Browser, session: &str, trace: &Path) {
+    let name = trace.display().to_string();
+    let target = b.eval(
+        session,
+        r#"(() => {
+          const e = document.querySelector('.item.k-wait') || document.querySelector('.item.k-turn');
+          e.scrollIntoView({block: 'center', inline: 'center'});
+          const r = e.getBoundingClientRect();
+          const hit = document.elementFromPoint(r.left + Math.min(r.width / 2, 3), r.top + r.height / 2);
+          return {kind: e.dataset.kind, wait: e.dataset.wait || null, t: +e.dataset.t,
+                  x: r.left + Math.min(r.width / 2, 3), y: r.top + r.height / 2, covered: !e.contains(hit)};
+        })()"#,
+    );
+    assert_eq!(target["covered"], json!(false), "{name}: the mark is under something else: {target}");
+    assert_eq!(b.eval(session, "document.getElementById('detail').hidden"), json!(true));
+    for kind in ["mousePressed", "mouseReleased"] {
+        let ev = json!({"type": kind, "x": target["x"], "y": target["y"], "button": "left", "clickCount": 1});
+        b.call(Some(session), "Input.dispatchMouseEvent", ev);
+    }
+    let shown = b.eval(
+        session,
+        r#"(() => { const d = document.getElementById('detail');
+          const f = d.querySelector('.frame');
+          return {hidden: d.hidden, head: f && f.querySelector('.fh').textContent, json: f && f.querySelector('pre').textContent}; })()"#,
+    );
+    assert_eq!(shown["hidden"], json!(false), "{name}: the click opened nothing");
+    let recs = records(trace);
+    let first = if let Some(w) = target["wait"].as_str() {
+        recs.iter().find(|r| r.2 == "shim->client" && r.3["params"]["waitId"] == w).unwrap()
+    } else {
+        recs.iter().find(|r| r.2 == "client->shim" && r.3["method"] == "session/prompt").unwrap()
+    };
+    let head = shown["head"].as_str().unwrap();
+    assert!(head.contains(&format!("line {} ", first.1)), "{name}: shows {head}, not line {}", first.1);
+    // The frame as formatted JSON: the same value as the trace's.
+    let shown_json: Value = serde_json::from_str(shown["json"].as_str().unwrap()).unwrap();
+    assert_eq!(shown_json, first.3, "{name}");
+    assert!(shown["json"].as_str().unwrap().contains("\n  \""), "{name}: the JSON is formatted");
+}
+
+#[test]
+fn pages_of_the_four_shims_traces_load_cleanly_and_draw_what_the_trace_says() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut traces = Vec::new();
+    // Real --trace-file output of each binary, replaying a fixture with waits and a child session.
+    for (agent, fixture) in [
+        ("kimi", "subagent-background"),
+        ("grok", "bg-task-wakes"),
+        ("opencode", "task-foreground"),
+        ("codex", "subagent-completes"),
+    ] {
+        let out = dir.path().join(format!("{agent}-{fixture}"));
+        std::fs::create_dir(&out).unwrap();
+        let trace = out.join("trace.jsonl");
+        let fixture = fixtures_root().join(agent).join(fixture);
+        check_with_env(agent, &fixture, &[("CODA_SHIM_TRACE", trace.to_str().unwrap())])
+            .unwrap_or_else(|e| panic!("replaying {}: {e}", fixture.display()));
+        traces.push(trace);
+    }
+    // And a fixture as committed (relative times, the agent's files).
+    traces.push(fixtures_root().join("grok/subagent-foreground-then-resumed/trace.jsonl"));
+
+    let mut b = Browser::launch(&chromium);
+    let mut total = (0, 0);
+    for trace in &traces {
+        let page = write_page(trace, dir.path());
+        let session = open(&mut b, &page);
+        let (turns, waits) = check_page(&mut b, &session, trace);
+        assert!(turns > 0, "{}: no turn checked", trace.display());
+        click_opens_the_frame(&mut b, &session, trace);
+        let errors = b.errors();
+        assert!(errors.is_empty(), "{}: errors after the click: {errors:#?}", trace.display());
+        total = (total.0 + turns, total.1 + waits);
+    }
+    assert!(total.1 >= 4, "waits checked: {total:?}");
+}
+
+#[test]
+fn a_hostile_trace_runs_no_script_of_its_own_and_lists_its_bad_lines() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("hostile").join("trace.jsonl");
+    std::fs::create_dir(trace.parent().unwrap()).unwrap();
+    let evil = "</script><script>alert(1)</script><img src=x onerror=alert(2)> 中文 🙂 \u{2028}";
+    let prompt = json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s<b>1","prompt":[{"type":"text","text":evil}]}});
+    let mut text = format!("{}\n", json!({"t": 0, "dir": "client->shim", "frame": prompt})).into_bytes();
+    text.extend_from_slice(b"{\"t\":2,\"dir\":\"shim->client\",\"frame\":{\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":{\"sessionId\":\"s<b>1\",\"v\":\"\xff\"}}}\n");
+    text.extend_from_slice(
+        b"not json at all\n{\"t\":5,\"dir\":\"shim->client\",\"frame\":{\"jsonrpc\":\"2.0\",\"id\":1,\"res",
+    );
+    std::fs::write(&trace, &text).unwrap();
+    let page = write_page(&trace, dir.path());
+    let mut b = Browser::launch(&chromium);
+    let session = open(&mut b, &page);
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let seen = b.eval(
+        &session,
+        r#"(() => ({
+          scripts: document.scripts.length, imgs: document.images.length,
+          bad: [...document.querySelectorAll('#bad li')].map(li => li.textContent),
+          badShown: !document.getElementById('bad').hidden,
+          lane: [...document.querySelectorAll('.lane')].map(l => l.dataset.session),
+          turn: document.querySelector('.item.k-turn').title }))()"#,
+    );
+    assert_eq!(seen["scripts"], json!(2), "the model and the page's own script, nothing else");
+    assert_eq!(seen["imgs"], json!(0));
+    assert_eq!(seen["badShown"], json!(true));
+    let bad = seen["bad"].as_array().unwrap();
+    assert_eq!(bad.len(), 3, "{bad:?}");
+    assert!(bad[0].as_str().unwrap().starts_with("line 2: not valid UTF-8"), "{bad:?}");
+    assert!(bad[1].as_str().unwrap().starts_with("line 3: not a record"), "{bad:?}");
+    assert!(bad[2].as_str().unwrap().starts_with("line 4: cut short"), "{bad:?}");
+    assert!(seen["lane"].as_array().unwrap().contains(&json!("s<b>1")));
+    assert!(seen["turn"].as_str().unwrap().contains("</script><script>alert(1)</script>"), "{}", seen["turn"]);
+}
