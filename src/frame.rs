@@ -546,6 +546,23 @@ fn invalid(message: &str, id: Option<Id>) -> Invalid {
     Invalid { code: -32600, message: format!("invalid request: {message}"), id, too_deep: false, has_method: false }
 }
 
+/// Finds the id and whether there is a method in the first bytes of a frame too large to parse, so
+/// that its sender can still be answered. Best effort: looks at the first `"id"` key.
+pub fn sniff(head: &[u8]) -> (Option<Id>, bool) {
+    let has_method = memchr::memmem::find(head, br#""method""#).is_some();
+    let id = memchr::memmem::find_iter(head, br#""id""#).find_map(|at| {
+        let rest = &head[at + 4..];
+        let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
+        let rest = rest.strip_prefix(b":")?;
+        // Kept as its text: the answer carries the id as the sender spelled it.
+        let raw =
+            serde_json::Deserializer::from_slice(rest).into_iter::<&serde_json::value::RawValue>().next()?.ok()?;
+        let text = raw.get();
+        matches!(text.as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9') | Some(b'n')).then(|| Id::from_json(text))
+    });
+    (id, has_method)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -703,23 +720,6 @@ mod tests {
         assert_eq!(f.bytes(), line.as_bytes());
         assert_eq!(f.id().unwrap().as_json(), "1e3");
     }
-}
-
-/// Finds the id and whether there is a method in the first bytes of a frame too large to parse, so
-/// that its sender can still be answered. Best effort: looks at the first `"id"` key.
-pub fn sniff(head: &[u8]) -> (Option<Id>, bool) {
-    let has_method = memchr::memmem::find(head, br#""method""#).is_some();
-    let id = memchr::memmem::find_iter(head, br#""id""#).find_map(|at| {
-        let rest = &head[at + 4..];
-        let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace())?..];
-        let rest = rest.strip_prefix(b":")?;
-        // Kept as its text: the answer carries the id as the sender spelled it.
-        let raw =
-            serde_json::Deserializer::from_slice(rest).into_iter::<&serde_json::value::RawValue>().next()?.ok()?;
-        let text = raw.get();
-        matches!(text.as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9') | Some(b'n')).then(|| Id::from_json(text))
-    });
-    (id, has_method)
 }
 
 #[cfg(test)]

@@ -1,8 +1,47 @@
 //! coda-shim: makes agent CLIs that speak ACP meet Coda's agent contract.
 //!
-//! Each binary (`coda-codex`, `coda-kimi`, `coda-grok`, `coda-opencode`) runs the real CLI as a child and
-//! relays newline-delimited JSON-RPC between Coda and it, with a stack of [`layer::Layer`]s adding what
-//! that CLI lacks. See `ARCHITECTURE` notes in README.md.
+//! One binary per wrapped CLI runs the real CLI as a child and relays newline-delimited JSON-RPC 2.0 between
+//! Coda (the client, on the binary's stdin/stdout) and the CLI (the agent, on the child's pipes), with a stack
+//! of [`layer::Layer`]s adding exactly what that CLI lacks. This crate is the whole of it; each binary's
+//! `main` is one line naming its adapter.
+//!
+//! # Map
+//!
+//! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
+//!   [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
+//!   reader and writer loops), [`relay`] (the loop that owns all state), [`layer`] (the layer contract, the
+//!   [`layer::Stack`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
+//!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
+//! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
+//!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
+//!   agent's identity ([`coda::identity`]), failure kinds ([`coda::failure`]).
+//! - [`cli`]: what every binary shares: the [`Adapter`] value (an agent's facts and how its stack is built),
+//!   arguments, set-up, finding the CLI on a short PATH, prompt mode, `doctor`.
+//! - [`adapters`]: one module per wrapped CLI (`adapters/<agent>/`, mounted from the top-level folder): its
+//!   `adapter()` value and its layers.
+//! - [`replay`]: the recording format, the player and checker behind `acp-replay`, and the trace viewer.
+//!
+//! # Data flow
+//!
+//! ```text
+//! Coda --stdin--> reader --Frame--> relay loop --Frame--> writer --stdin--> CLI
+//! Coda <-stdout-- writer <--Frame-- relay loop <--Frame-- reader <-stdout-- CLI
+//!                                    |    ^
+//!                      layers (Stack) +    +-- events (file watcher, event stream, probe), wake-ups
+//! ```
+//!
+//! One task owns every layer and handles frames, events and wake-ups strictly in arrival order; readers and
+//! writers are joined to it by bounded channels, so a slow peer applies backpressure. A frame nobody changes
+//! leaves byte for byte.
+//!
+//! # The layer contract
+//!
+//! A layer is a sans-IO state machine (see [`layer`]): it is handed one input at a time (a frame from either
+//! side, an answer to its own request, an event, a wake-up) with a [`layer::Cx`] carrying the time, and it
+//! asks for output through that `Cx`: frames towards either peer, requests of its own, wake-ups. It never
+//! sleeps, reads the clock, or reads the environment after set-up; threads that do real I/O hand their
+//! results in through a [`layer::EventSender`]. A frame a layer must act on but cannot read is answered with
+//! an error ([`layer::Cx::unreadable`]), never passed on untouched.
 
 // The layer hooks are named for where a frame comes from (`from_client`, `from_agent`), not conversions.
 #![allow(clippy::wrong_self_convention)]

@@ -112,10 +112,10 @@ mod tests {
     fn a_service_failure_carries_only_what_is_known() {
         let id = Id::from_json("7");
         let k = Kind::Service { input: Some(Input::Accepted), retry_after_ms: Some(90_000) };
-        let e = error(&answer(&id, "busy", Some(&k), Some(json!({"kimi": {"name": "X"}}))));
+        let e = error(&answer(&id, "busy", Some(&k), Some(json!({"agent": {"name": "X"}}))));
         assert_eq!(
             e,
-            json!({"code": -32603, "message": "busy", "data": {"kimi": {"name": "X"},
+            json!({"code": -32603, "message": "busy", "data": {"agent": {"name": "X"},
                 "_meta": {"coda": {"failure": {"kind": "service_unavailable", "input": "accepted", "retryAfterMs": 90000}}}}})
         );
         let k = Kind::Service { input: None, retry_after_ms: None };

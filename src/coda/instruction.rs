@@ -15,7 +15,7 @@ use crate::layer::{Cx, Layer};
 pub const OPEN: &str = "<coda-session-instruction>";
 pub const CLOSE: &str = "</coda-session-instruction>";
 /// A part of the marker that no JSON encoder escapes, for a cheap byte search; agents that reflow the
-/// block (Kimi's title) keep it too.
+/// block (a session title made from the prompt) keep it too.
 pub const TOKEN_TEXT: &str = "coda-session-instruction";
 static TOKEN: Needle = crate::needle!(TOKEN_TEXT.as_bytes());
 /// Most text one instruction may carry.
@@ -32,8 +32,8 @@ pub fn is_block(text: &str) -> bool {
 }
 
 /// Removes every injected block from `s`, with the white space after it. `None` when there was none.
-/// Lenient about the white space inside, since agents echo the prompt reflowed (Kimi's session title
-/// joins the lines with spaces).
+/// Lenient about the white space inside, since agents echo the prompt reflowed (a session title made
+/// from it joins the lines with spaces).
 pub fn strip(s: &str) -> Option<String> {
     let mut out = String::new();
     let mut rest = s;
@@ -106,8 +106,8 @@ struct Session {
 pub struct Instruction {
     /// Commands the agent runs without advertising them.
     builtins: &'static [&'static str],
-    /// `annotations.audience` of the injected block, for a child that keeps it (OpenCode stores an
-    /// `["assistant"]` block as a synthetic part: sent to the model, replayed with the annotation).
+    /// `annotations.audience` of the injected block, for a child that keeps it (an agent may store an
+    /// `["assistant"]` block as a part of its own: sent to the model, replayed with the annotation).
     audience: Option<&'static [&'static str]>,
     /// The child accepts `systemPrompt` itself.
     native: bool,
@@ -117,7 +117,7 @@ pub struct Instruction {
     /// Prompts that carry the instruction: id -> session.
     carrying: HashMap<Id, String>,
     sessions: HashMap<String, Session>,
-    /// Commands named in the initialize answer (Grok's `_meta.availableCommands`), for every session.
+    /// Commands named in the initialize answer (`_meta.availableCommands`, where an agent sends them), for every session.
     initial_commands: HashSet<String>,
 }
 
@@ -446,7 +446,7 @@ mod tests {
         assert_eq!(strip(&format!("{OPEN}\nunterminated")), None);
         assert!(is_block(&wrapped));
         assert!(!is_block(&(wrapped.clone() + "hello")) && !is_block("hello") && !is_block(&format!("{OPEN} x")));
-        // Reflowed into one line, as in Kimi's session title.
+        // Reflowed into one line, as in a session title made from the prompt.
         assert_eq!(strip(&format!("{OPEN} be brief {CLOSE} hello")).as_deref(), Some("hello"));
     }
 

@@ -351,21 +351,6 @@ impl EventSender {
     pub fn send<E: Any + Send>(&self, event: E) -> bool {
         self.tx.send((self.layer, Box::new(event))).is_ok()
     }
-
-    /// Queues `event` once `after` has passed: a timer of the engine's runtime (a task, no thread of its own),
-    /// for layers that need to look again later. Outside a runtime (a layer driven by hand) it is dropped
-    /// with a warning: such a caller hands its events in itself.
-    pub fn send_after<E: Any + Send>(&self, after: std::time::Duration, event: E) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("a layer asked for a timer outside the relay's runtime; it will not fire");
-            return;
-        };
-        let sender = self.clone();
-        runtime.spawn(async move {
-            tokio::time::sleep(after).await;
-            sender.send(event);
-        });
-    }
 }
 
 #[cfg(test)]
@@ -581,26 +566,5 @@ mod tests {
         h.event(1, 7u32);
         h.event(5, 8u32);
         assert_eq!(h.to_agent(), vec![json!({"jsonrpc":"2.0","method":"event","params":{"n":7}})]);
-    }
-
-    #[test]
-    fn send_after_delivers_the_event_later_through_the_runtime() {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let sender = EventSender::new(3, tx);
-        runtime.block_on(async {
-            sender.send_after(Duration::from_millis(20), 7u32);
-            assert!(rx.try_recv().is_err(), "not at once");
-            let (layer, event) = rx.recv().await.expect("the event");
-            assert_eq!(layer, 3);
-            assert_eq!(event.downcast::<u32>().ok().map(|e| *e), Some(7));
-        });
-    }
-
-    #[test]
-    fn send_after_outside_a_runtime_drops_the_event() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        EventSender::new(0, tx).send_after(Duration::ZERO, 1u8);
-        assert!(rx.try_recv().is_err());
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! A fixture is a `--trace-file` recording with machine-specific values replaced by `{{NAME}}` placeholders.
 //! [`Script`] walks one side of it: the agent side (the player, `acp-replay play`, which stands in for the CLI)
-//! or the client side ([`check`], which drives a shim binary and compares what the client receives).
+//! or the client side ([`check()`], which drives a shim binary and compares what the client receives).
 //! [`Normaliser`] and [`record`] turn a trace into a fixture.
 //!
-//! By job: [`format`] (records: parse, render), [`fixture`] (a fixture folder, loaded), [`placeholder`]
+//! By job: [`format`](mod@format) (records: parse, render), [`fixture`] (a fixture folder, loaded), [`placeholder`]
 //! (matching and filling `{{NAME}}`), [`script`] (the state machine of one side), [`file_op`] (session-file
 //! writes), [`normalise`] (trace to fixture), [`check`](mod@check) (a shim binary against a fixture).
 

@@ -1,7 +1,7 @@
 //! `acp-replay view`: a trace turned into one self-contained HTML page, a timeline a person reads at a glance.
 //!
 //! [`read`] reads the trace (bad lines kept aside), [`changes`] pairs each frame with its other version,
-//! [`model`] builds lanes, turns, marks and waits, [`html`] writes the page with its script and style
+//! [`model`](mod@model) builds lanes, turns, marks and waits, [`html`] writes the page with its script and style
 //! (`page.js`, `page.css`) and the model embedded as JSON. The page needs no network and works from `file://`.
 
 pub mod changes;
