@@ -407,62 +407,55 @@ mod tests {
     use crate::coda::identity::{Identity, Policy, Probed};
     use crate::coda::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID};
     use crate::coda::waits::Waits;
-    use crate::layer::{Exits, Stack};
+    use crate::layer::testing::Harness;
 
     const ROOT: &str = "root-1";
 
-    fn parse(v: Value) -> Frame {
-        Frame::parse(v.to_string().into_bytes()).expect("a frame")
-    }
-
-    fn values(frames: &[Frame]) -> Vec<Value> {
-        frames.iter().map(|f| f.value().expect("json")).collect()
-    }
-
-    fn update(session: &str, update: Value) -> Frame {
-        parse(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}}))
+    fn update(session: &str, update: Value) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}})
     }
 
     /// The layer under the engine's `Waits` and Codex's identity layer, as in the binary.
-    fn stack(identity: Identity) -> Stack {
-        Stack::new(vec![Box::new(Waits::new()), Box::new(identity), Box::new(Air::new())])
+    fn harness(identity: Identity) -> Harness {
+        Harness::new(vec![Box::new(Waits::new()), Box::new(identity), Box::new(Air::new())])
     }
 
     fn codex(version: Option<&str>) -> Identity {
         Identity::new("codex", Policy::Replace, version.map(Into::into))
     }
 
-    /// A stack with the layer, after a Coda-style initialize.
-    fn started() -> Stack {
-        let mut stack = stack(codex(Some("0.166.0")));
-        let mut exits = Exits::default();
+    /// A harness with the layer, after a Coda-style initialize.
+    fn started() -> Harness {
+        let mut h = harness(codex(Some("0.166.0")));
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,
             "clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}});
-        stack.from_client(parse(init), &mut exits);
-        stack.from_agent(parse(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,
-            "_meta":{"jetbrains":{"air":{"version":1,"capabilities":["sessionFailure","nativeSubagentSessions","asyncTasks"]}}}}})), &mut exits);
-        stack
+        h.from_client(init);
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,
+            "_meta":{"jetbrains":{"air":{"version":1,"capabilities":["sessionFailure","nativeSubagentSessions","asyncTasks"]}}}}}));
+        h.take();
+        h
     }
 
-    fn from_agent(stack: &mut Stack, frame: Frame) -> Vec<Value> {
-        let mut exits = Exits::default();
-        stack.from_agent(frame, &mut exits);
-        values(&exits.to_client)
+    /// A frame from codex-acp: what Coda gets.
+    fn from_agent(h: &mut Harness, frame: Value) -> Vec<Value> {
+        h.from_agent(frame);
+        let to_client = h.to_client();
+        h.take();
+        to_client
     }
 
     /// A frame from Coda: (what codex-acp gets, what Coda gets).
-    fn from_client(stack: &mut Stack, frame: Value) -> (Vec<Value>, Vec<Value>) {
-        let mut exits = Exits::default();
-        stack.from_client(parse(frame), &mut exits);
-        (values(&exits.to_agent), values(&exits.to_client))
+    fn from_client(h: &mut Harness, frame: Value) -> (Vec<Value>, Vec<Value>) {
+        h.from_client(frame);
+        (h.to_agent(), h.to_client())
     }
 
-    fn stop(stack: &mut Stack, id: u64, params: Value) -> (Vec<Value>, Vec<Value>) {
-        from_client(stack, json!({"jsonrpc":"2.0","id":id,"method":"_coda/wait/stop","params":params}))
+    fn stop(h: &mut Harness, id: u64, params: Value) -> (Vec<Value>, Vec<Value>) {
+        from_client(h, json!({"jsonrpc":"2.0","id":id,"method":"_coda/wait/stop","params":params}))
     }
 
     /// `subagent_spawned` of subagent `id` ("W") on the root session.
-    fn subagent(id: &str, capabilities: Value) -> Frame {
+    fn subagent(id: &str, capabilities: Value) -> Value {
         update(
             ROOT,
             json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":"W","capabilities":capabilities}),
@@ -471,12 +464,11 @@ mod tests {
 
     #[test]
     fn initialize_declares_air_and_answers_with_codex_identity_and_waits() {
-        let mut stack = stack(codex(Some("0.166.0")));
-        let mut exits = Exits::default();
+        let mut h = harness(codex(Some("0.166.0")));
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":
             {"fs":{"readTextFile":true},"_meta":{"coda":{"waits":{}},"jetbrains":{"air":{"version":1,"capabilities":["diffPatch"]}}}}}});
-        stack.from_client(parse(init), &mut exits);
-        let sent = exits.to_agent[0].value().expect("json");
+        h.from_client(init);
+        let sent = &h.to_agent()[0];
         assert_eq!(
             sent["params"]["clientCapabilities"],
             json!({"fs":{"readTextFile":true},"_meta":{"coda":{"waits":{}},"jetbrains":{"air":{"version":1,
@@ -486,7 +478,7 @@ mod tests {
             "agentInfo":{"name":"@agentclientprotocol/codex-acp","title":"Codex","version":"2.6.0"},
             "agentCapabilities":{"loadSession":true,"sessionCapabilities":{"systemPrompt":{}},"_meta":{"authStatus":{}}},
             "_meta":{"steering":{"supported":true},"jetbrains":{"air":{"version":1,"capabilities":["nativeSubagentSessions","asyncTasks"]}}}}});
-        let out = from_agent(&mut stack, parse(answer));
+        let out = from_agent(&mut h, answer);
         let result = &out[0]["result"];
         assert_eq!(result["agentInfo"], json!({"name":"codex","version":"0.166.0"}));
         assert_eq!(result["agentCapabilities"]["_meta"], json!({"authStatus":{},"coda":{"waits":{}}}));
@@ -496,38 +488,33 @@ mod tests {
 
     #[test]
     fn a_build_without_air_gets_no_waits_declaration_and_unknown_version_drops_agent_info() {
-        let mut stack = stack(codex(None));
-        let mut exits = Exits::default();
-        stack.from_client(parse(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}})), &mut exits);
+        let mut h = harness(codex(None));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}));
         let answer = json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1,
             "agentInfo":{"name":"codex-acp","title":"Codex","version":"0.16.0"},"agentCapabilities":{"loadSession":true}}});
-        let out = from_agent(&mut stack, parse(answer));
+        let out = from_agent(&mut h, answer);
         assert_eq!(out[0]["result"], json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true}}));
     }
 
     #[test]
     fn an_answer_faster_than_the_version_probe_waits_for_it_in_order() {
         for release in [Some("0.166.0"), None] {
-            let (start, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
-            let deadline = start + std::time::Duration::from_secs(1);
-            let mut stack = stack(Identity::awaiting("codex", Policy::Replace, deadline));
-            stack.set_time(start, wall);
-            let mut exits = Exits::default();
-            stack.from_client(parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}})), &mut exits);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            let mut h = harness(Identity::awaiting("codex", Policy::Replace, deadline));
+            h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
             let answer = json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentInfo":{"name":"a","version":"2.6.0"}}});
-            assert!(from_agent(&mut stack, parse(answer)).is_empty());
+            assert!(from_agent(&mut h, answer).is_empty());
             let after = json!({"jsonrpc":"2.0","method":"_auth/status_update","params":{}});
-            assert!(from_agent(&mut stack, parse(after.clone())).is_empty());
-            let mut exits = Exits::default();
+            assert!(from_agent(&mut h, after.clone()).is_empty());
             match release {
-                Some(v) => stack.event(1, Box::new(Probed(Some(v.into()))), &mut exits),
+                Some(v) => h.event(1, Probed(Some(v.into()))),
                 None => {
                     // The probe hangs: given up on at its deadline.
-                    stack.set_time(deadline, wall);
-                    stack.wake_due(&mut exits);
+                    let left = deadline.saturating_duration_since(h.now());
+                    h.advance(left);
                 }
             }
-            let out = values(&exits.to_client);
+            let out = h.to_client();
             assert_eq!(out.len(), 2);
             assert_eq!(
                 out[0]["result"].get("agentInfo"),
@@ -539,21 +526,21 @@ mod tests {
 
     #[test]
     fn background_command_becomes_a_task_wait_and_ends_after_the_turn() {
-        let mut stack = started();
+        let mut h = started();
         let spawned = update(
             ROOT,
             json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"call_2","name":"sleep 4",
             "taskType":"shell","showInTranscript":false,"canStop":true,"toolCallId":"call_2"}),
         );
         assert_eq!(
-            from_agent(&mut stack, spawned),
+            from_agent(&mut h, spawned),
             vec![
                 json!({"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":ROOT,"waitId":"call_2","kind":"task",
                 "state":"waiting","title":"sleep 4","toolCallId":"call_2","stoppable":true}})
             ]
         );
-        let prompt_done = parse(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
-        assert_eq!(from_agent(&mut stack, prompt_done).len(), 1);
+        let prompt_done = json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}});
+        assert_eq!(from_agent(&mut h, prompt_done).len(), 1);
         {
             let (state, coda) = ("completed", "done");
             let end = update(
@@ -561,7 +548,7 @@ mod tests {
                 json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"call_2","state":state,"toolCallId":"call_2"}),
             );
             assert_eq!(
-                from_agent(&mut stack, end),
+                from_agent(&mut h, end),
                 vec![
                     json!({"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":ROOT,"waitId":"call_2","state":coda}})
                 ]
@@ -570,37 +557,37 @@ mod tests {
         // Terminal is final: a late duplicate says nothing.
         let again =
             update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"call_2","state":"failed"}));
-        assert!(from_agent(&mut stack, again).is_empty());
+        assert!(from_agent(&mut h, again).is_empty());
     }
 
     #[test]
     fn task_states_map_failed_and_stopped() {
-        let mut stack = started();
+        let mut h = started();
         for (id, state, coda) in [("a", "failed", "failed"), ("b", "stopped", "cancelled")] {
             let spawned =
                 update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":id,"name":"x","canStop":true}));
-            from_agent(&mut stack, spawned);
+            from_agent(&mut h, spawned);
             let end = update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":id,"state":state}));
-            assert_eq!(from_agent(&mut stack, end)[0]["params"]["state"], coda);
+            assert_eq!(from_agent(&mut h, end)[0]["params"]["state"], coda);
         }
     }
 
     #[test]
     fn a_first_report_is_never_terminal() {
-        let mut stack = started();
+        let mut h = started();
         let end =
             update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"ghost","state":"completed"}));
-        assert!(from_agent(&mut stack, end).is_empty());
+        assert!(from_agent(&mut h, end).is_empty());
         let end = update(
             ROOT,
             json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"ghost","state":"completed"}),
         );
-        assert!(from_agent(&mut stack, end).is_empty());
+        assert!(from_agent(&mut h, end).is_empty());
     }
 
     #[test]
     fn subagent_generations_are_one_child_session_with_a_wait_per_run() {
-        let mut stack = started();
+        let mut h = started();
         let spawn = |id: &str| {
             update(
                 ROOT,
@@ -608,7 +595,7 @@ mod tests {
                 "task":"say hi","capabilities":{}}),
             )
         };
-        let first = from_agent(&mut stack, spawn("X"));
+        let first = from_agent(&mut h, spawn("X"));
         assert_eq!(
             first,
             vec![
@@ -618,8 +605,8 @@ mod tests {
         );
         let end =
             update(ROOT, json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X","state":"completed"}));
-        assert_eq!(from_agent(&mut stack, end)[0]["params"], json!({"sessionId":ROOT,"waitId":"X","state":"done"}));
-        let second = from_agent(&mut stack, spawn("X:generation:2"));
+        assert_eq!(from_agent(&mut h, end)[0]["params"], json!({"sessionId":ROOT,"waitId":"X","state":"done"}));
+        let second = from_agent(&mut h, spawn("X:generation:2"));
         assert_eq!(second[0]["params"]["waitId"], "X:generation:2");
         assert_eq!(second[0]["params"]["childSessionId"], "X");
         // The child's own traffic is session X.
@@ -627,15 +614,15 @@ mod tests {
             "X:generation:2",
             json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}),
         );
-        assert_eq!(from_agent(&mut stack, chunk)[0]["params"]["sessionId"], "X");
-        let ask = parse(json!({"jsonrpc":"2.0","id":"p1","method":"session/request_permission",
-            "params":{"sessionId":"X:generation:2","toolCall":{"toolCallId":"t"},"options":[]}}));
-        let out = from_agent(&mut stack, ask);
+        assert_eq!(from_agent(&mut h, chunk)[0]["params"]["sessionId"], "X");
+        let ask = json!({"jsonrpc":"2.0","id":"p1","method":"session/request_permission",
+            "params":{"sessionId":"X:generation:2","toolCall":{"toolCallId":"t"},"options":[]}});
+        let out = from_agent(&mut h, ask);
         assert_eq!(out[0]["params"]["sessionId"], "X");
         assert_eq!(out[0]["id"], "p1");
         // Coda's frames for X go to the current generation.
         let (to_agent, _) =
-            from_client(&mut stack, json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X"}}));
+            from_client(&mut h, json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X"}}));
         assert_eq!(to_agent[0]["params"]["sessionId"], "X:generation:2");
         {
             let (state, coda) = ("disconnected", "failed");
@@ -643,44 +630,44 @@ mod tests {
                 ROOT,
                 json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X:generation:2","state":state}),
             );
-            assert_eq!(from_agent(&mut stack, end)[0]["params"]["state"], coda);
+            assert_eq!(from_agent(&mut h, end)[0]["params"]["state"], coda);
         }
     }
 
     #[test]
     fn a_later_generation_seen_first_is_a_valid_first_sighting() {
-        let mut stack = started();
-        let out = from_agent(&mut stack, subagent("Y:generation:2", json!({})));
+        let mut h = started();
+        let out = from_agent(&mut h, subagent("Y:generation:2", json!({})));
         assert_eq!(out[0]["params"]["childSessionId"], "Y");
         assert_eq!(out[0]["params"]["state"], "waiting");
     }
 
     #[test]
     fn stopping_a_task_asks_codex_on_the_root_session_and_answers_at_once() {
-        let mut stack = started();
+        let mut h = started();
         // A task of a subagent's thread is published on the child session.
-        from_agent(&mut stack, subagent("X", json!({})));
+        from_agent(&mut h, subagent("X", json!({})));
         let spawned = update(
             "X",
             json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"X:call_9","name":"sleep 30","canStop":true,"toolCallId":"call_9"}),
         );
-        assert_eq!(from_agent(&mut stack, spawned)[0]["params"]["sessionId"], "X");
-        let (to_agent, to_client) = stop(&mut stack, 8, json!({"sessionId":"X","waitId":"X:call_9"}));
+        assert_eq!(from_agent(&mut h, spawned)[0]["params"]["sessionId"], "X");
+        let (to_agent, to_client) = stop(&mut h, 8, json!({"sessionId":"X","waitId":"X:call_9"}));
         let asked = &to_agent[0];
         assert_eq!(asked["method"], "_session/async_task/stop");
         assert_eq!(asked["params"], json!({"sessionId":ROOT,"asyncTaskId":"X:call_9"}));
         assert_eq!(to_client, vec![json!({"jsonrpc":"2.0","id":8,"result":{}})]);
         // Its reply is the shim's own, never forwarded.
         let reply = json!({"jsonrpc":"2.0","id":asked["id"],"result":{"stopped":true}});
-        assert!(from_agent(&mut stack, parse(reply)).is_empty());
+        assert!(from_agent(&mut h, reply).is_empty());
     }
 
     #[test]
     fn stop_of_anything_else_is_invalid_params() {
-        let mut stack = started();
-        from_agent(&mut stack, subagent("X", json!({})));
+        let mut h = started();
+        from_agent(&mut h, subagent("X", json!({})));
         from_agent(
-            &mut stack,
+            &mut h,
             update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"t","canStop":false})),
         );
         for params in [
@@ -689,7 +676,7 @@ mod tests {
             json!({"sessionId":ROOT,"waitId":"nope"}),
             json!({"sessionId":ROOT}),
         ] {
-            let (to_agent, to_client) = stop(&mut stack, 2, params);
+            let (to_agent, to_client) = stop(&mut h, 2, params);
             assert!(to_agent.is_empty());
             assert_eq!(to_client[0]["error"]["code"], -32602);
         }
@@ -697,9 +684,9 @@ mod tests {
 
     #[test]
     fn a_cancellable_subagent_is_stopped_with_session_cancel_of_its_generation() {
-        let mut stack = started();
-        from_agent(&mut stack, subagent("X:generation:3", json!({"cancel":{}})));
-        let (to_agent, to_client) = stop(&mut stack, 2, json!({"sessionId":ROOT,"waitId":"X:generation:3"}));
+        let mut h = started();
+        from_agent(&mut h, subagent("X:generation:3", json!({"cancel":{}})));
+        let (to_agent, to_client) = stop(&mut h, 2, json!({"sessionId":ROOT,"waitId":"X:generation:3"}));
         assert_eq!(
             to_agent,
             vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"X:generation:3"}})]
@@ -709,23 +696,23 @@ mod tests {
 
     #[test]
     fn steering_always_asks_for_prompt_required() {
-        let mut stack = started();
+        let mut h = started();
         let steer =
             json!({"jsonrpc":"2.0","id":3,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[]}});
-        let (to_agent, _) = from_client(&mut stack, steer);
+        let (to_agent, _) = from_client(&mut h, steer);
         assert_eq!(to_agent[0]["params"]["_meta"], json!({"steering":{"idleBehavior":"promptRequired"}}));
         let given = json!({"jsonrpc":"2.0","id":4,"method":"_session/steering","params":{"sessionId":ROOT,"prompt":[],"_meta":{"steering":{"idleBehavior":"promptRequired"}}}});
-        assert_eq!(from_client(&mut stack, given.clone()).0, vec![given]);
+        assert_eq!(from_client(&mut h, given.clone()).0, vec![given]);
     }
 
     #[test]
     fn children_that_begin_and_end_inside_a_load_are_history_not_activity() {
-        let mut stack = started();
-        from_client(&mut stack, json!({"jsonrpc":"2.0","id":9,"method":"session/load","params":{"sessionId":ROOT}}));
-        assert!(from_agent(&mut stack, subagent("X", json!({}))).is_empty());
+        let mut h = started();
+        from_client(&mut h, json!({"jsonrpc":"2.0","id":9,"method":"session/load","params":{"sessionId":ROOT}}));
+        assert!(from_agent(&mut h, subagent("X", json!({}))).is_empty());
         assert!(
             from_agent(
-                &mut stack,
+                &mut h,
                 update(
                     ROOT,
                     json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X","state":"completed"})
@@ -733,34 +720,30 @@ mod tests {
             )
             .is_empty()
         );
-        assert!(from_agent(&mut stack, subagent("X:generation:2", json!({}))).is_empty());
-        assert!(from_agent(&mut stack, update(ROOT, json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X:generation:2","state":"disconnected"}))).is_empty());
+        assert!(from_agent(&mut h, subagent("X:generation:2", json!({}))).is_empty());
+        assert!(from_agent(&mut h, update(ROOT, json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"X:generation:2","state":"disconnected"}))).is_empty());
         let history = update(
             "X:generation:2",
             json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}),
         );
-        assert_eq!(from_agent(&mut stack, history)[0]["params"]["sessionId"], "X");
-        let out = from_agent(&mut stack, parse(json!({"jsonrpc":"2.0","id":9,"result":{}})));
+        assert_eq!(from_agent(&mut h, history)[0]["params"]["sessionId"], "X");
+        let out = from_agent(&mut h, json!({"jsonrpc":"2.0","id":9,"result":{}}));
         assert_eq!(out, vec![json!({"jsonrpc":"2.0","id":9,"result":{}})]);
     }
 
     #[test]
     fn no_waits_for_a_client_that_did_not_ask_but_air_updates_are_still_consumed() {
         for caps in [json!({}), json!({"_meta":{"coda":{"waits":null}}})] {
-            let mut stack = stack(codex(Some("0.166.0")));
-            let mut exits = Exits::default();
-            stack.from_client(
-                parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":caps}})),
-                &mut exits,
-            );
+            let mut h = harness(codex(Some("0.166.0")));
+            h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":caps}}));
             let spawned = update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"a","canStop":true}));
-            assert!(from_agent(&mut stack, spawned).is_empty());
+            assert!(from_agent(&mut h, spawned).is_empty());
         }
     }
 
     #[test]
     fn long_fields_are_cut_on_character_boundaries_and_an_over_long_wait_id_is_not_sent() {
-        let mut stack = started();
+        let mut h = started();
         let long: String = "é".repeat(5000);
         let spawn = |id: String| {
             update(
@@ -768,25 +751,25 @@ mod tests {
                 json!({"sessionUpdate":"subagent_spawned","subagentSessionId":id,"name":long,"task":long,"capabilities":{}}),
             )
         };
-        let out = from_agent(&mut stack, spawn("ü".repeat(MAX_WAIT_ID)));
+        let out = from_agent(&mut h, spawn("ü".repeat(MAX_WAIT_ID)));
         let p = &out[0]["params"];
         assert_eq!(p["waitId"], "ü".repeat(MAX_WAIT_ID));
         assert_eq!(p["title"].as_str().map(|s| s.chars().count()), Some(MAX_TITLE));
         assert_eq!(p["detail"].as_str().map(|s| s.chars().count()), Some(MAX_DETAIL));
         // Cutting a waitId could make two waits one; Coda would drop it whole, so it is not sent.
-        assert!(from_agent(&mut stack, spawn("ü".repeat(MAX_WAIT_ID + 1))).is_empty());
+        assert!(from_agent(&mut h, spawn("ü".repeat(MAX_WAIT_ID + 1))).is_empty());
     }
 
     #[test]
     fn a_wait_that_ended_is_never_reopened() {
-        let mut stack = started();
+        let mut h = started();
         let spawned = update(ROOT, json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"t","canStop":true}));
-        assert_eq!(from_agent(&mut stack, spawned.clone()).len(), 1);
+        assert_eq!(from_agent(&mut h, spawned.clone()).len(), 1);
         let end =
             update(ROOT, json!({"sessionUpdate":"async_task_state_update","asyncTaskId":"t","state":"completed"}));
-        assert_eq!(from_agent(&mut stack, end)[0]["params"]["state"], "done");
-        assert!(from_agent(&mut stack, spawned).is_empty(), "a terminal state is final");
-        let (to_agent, to_client) = stop(&mut stack, 3, json!({"sessionId":ROOT,"waitId":"t"}));
+        assert_eq!(from_agent(&mut h, end)[0]["params"]["state"], "done");
+        assert!(from_agent(&mut h, spawned).is_empty(), "a terminal state is final");
+        let (to_agent, to_client) = stop(&mut h, 3, json!({"sessionId":ROOT,"waitId":"t"}));
         assert!(to_agent.is_empty(), "nothing left to stop");
         assert_eq!(to_client, vec![json!({"jsonrpc":"2.0","id":3,"result":{}})]);
     }

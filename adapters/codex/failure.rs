@@ -282,16 +282,15 @@ mod tests {
 
     #[test]
     fn only_prompt_answers_are_rewritten() {
-        use crate::layer::{Exits, Stack};
-        let mut stack = Stack::new(vec![Box::new(Failure::new())]);
-        let mut exits = Exits::default();
+        let mut h = crate::layer::testing::Harness::of(Failure::new());
         let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");
-        stack.from_client(parse(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#), &mut exits);
+        h.client_frame(parse(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#));
         let failed = reply(json!({"actions":[],"category":"limit","severity":"error","title":"limit"})).to_string();
         // Same shape under another id: not a prompt answer, untouched.
         let other = failed.replace("\"id\":3", "\"id\":9");
-        stack.from_agent(parse(&other), &mut exits);
-        stack.from_agent(parse(&failed), &mut exits);
+        h.agent_frame(parse(&other));
+        h.agent_frame(parse(&failed));
+        let exits = h.take();
         assert_eq!(exits.to_client[0].bytes(), other.as_bytes());
         assert_eq!(error_of(&exits.to_client[1])["data"]["_meta"]["coda"]["failure"]["kind"], "quota_exhausted");
     }

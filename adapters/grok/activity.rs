@@ -419,42 +419,30 @@ impl Layer for GrokActivity {
 mod tests {
     use super::*;
     use crate::coda::waits::Waits;
-    use crate::layer::{Exits, Stack};
+    use crate::layer::testing::Harness;
 
     const S: &str = "01a22a85-d266-70c3-8852-84420f5f38e0";
 
-    fn parse(v: Value) -> Frame {
-        Frame::from_value(&v)
-    }
-
-    fn values(frames: &[Frame]) -> Vec<Value> {
-        frames.iter().map(|f| f.value().expect("json")).collect()
-    }
-
     /// The layer under the engine's `Waits`, as in the binary.
-    fn stack() -> Stack {
-        Stack::new(vec![Box::new(Waits::new()), Box::new(GrokActivity::new())])
+    fn harness() -> Harness {
+        Harness::new(vec![Box::new(Waits::new()), Box::new(GrokActivity::new())])
     }
 
-    fn started() -> Stack {
-        let mut stack = stack();
-        let mut exits = Exits::default();
+    fn started() -> Harness {
+        let mut h = harness();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize",
             "params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"coda":{"waits":{}}}}}});
-        stack.from_client(parse(init), &mut exits);
-        stack.from_agent(
-            parse(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}})),
-            &mut exits,
-        );
-        assert_eq!(values(&exits.to_client)[0]["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}));
-        stack
+        h.from_client(init);
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}));
+        assert_eq!(h.to_client()[0]["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}));
+        h.to_agent();
+        h
     }
 
     /// Frames reaching the client for one agent frame: the frame itself first, untouched.
-    fn agent(stack: &mut Stack, v: Value) -> Vec<Value> {
-        let mut exits = Exits::default();
-        stack.from_agent(parse(v.clone()), &mut exits);
-        let out = values(&exits.to_client);
+    fn agent(h: &mut Harness, v: Value) -> Vec<Value> {
+        h.from_agent(v.clone());
+        let out = h.to_client();
         assert_eq!(out.first(), Some(&v), "Grok's own frame goes on first and untouched");
         out[1..].to_vec()
     }
@@ -500,44 +488,44 @@ mod tests {
 
     #[test]
     fn background_command_is_a_task_wait_handled_in_groks_wake_turn() {
-        let mut stack = started();
+        let mut h = started();
         assert_eq!(
-            waits(&agent(&mut stack, backgrounded("t1"))),
+            waits(&agent(&mut h, backgrounded("t1"))),
             vec![json!({"sessionId":S,"waitId":"t1","state":"waiting","kind":"task","title":"run sleep 3; echo built",
                 "detail":"sleep 3; echo built","outputFile":"/h/call_4.log","toolCallId":"call_4","stoppable":true})]
         );
         // Grok names its wake turn before it reports the completion.
         assert_eq!(
-            waits(&agent(&mut stack, running("task-completed-t1"))),
+            waits(&agent(&mut h, running("task-completed-t1"))),
             vec![json!({"sessionId":S,"waitId":"t1","state":"handling"})]
         );
-        assert!(agent(&mut stack, task_completed("t1", json!(0), false, true)).is_empty());
-        let out = agent(&mut stack, turn_completed(S, "task-completed-t1"));
+        assert!(agent(&mut h, task_completed("t1", json!(0), false, true)).is_empty());
+        let out = agent(&mut h, turn_completed(S, "task-completed-t1"));
         assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"t1","state":"done"})]);
-        assert!(agent(&mut stack, turn_completed(S, "task-completed-t1")).is_empty(), "terminal is final");
+        assert!(agent(&mut h, turn_completed(S, "task-completed-t1")).is_empty(), "terminal is final");
     }
 
     #[test]
     fn task_outcomes_failed_and_killed() {
-        let mut stack = started();
-        agent(&mut stack, backgrounded("a"));
-        let out = agent(&mut stack, task_completed("a", json!(2), false, false));
+        let mut h = started();
+        agent(&mut h, backgrounded("a"));
+        let out = agent(&mut h, task_completed("a", json!(2), false, false));
         assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"a","state":"failed"})]);
-        agent(&mut stack, backgrounded("b"));
-        assert_eq!(waits(&agent(&mut stack, task_completed("b", Value::Null, true, true)))[0]["state"], "handling");
-        assert_eq!(waits(&agent(&mut stack, turn_completed(S, "task-completed-b")))[0]["state"], "cancelled");
+        agent(&mut h, backgrounded("b"));
+        assert_eq!(waits(&agent(&mut h, task_completed("b", Value::Null, true, true)))[0]["state"], "handling");
+        assert_eq!(waits(&agent(&mut h, turn_completed(S, "task-completed-b")))[0]["state"], "cancelled");
     }
 
     #[test]
     fn a_first_report_is_never_terminal() {
-        let mut stack = started();
-        assert!(agent(&mut stack, task_completed("ghost", json!(0), false, false)).is_empty());
+        let mut h = started();
+        assert!(agent(&mut h, task_completed("ghost", json!(0), false, false)).is_empty());
         let fin = note(
             "_x.ai/session_notification",
             S,
             json!({"sessionUpdate":"subagent_finished","subagent_id":"ghost","status":"completed","will_wake":false}),
         );
-        assert!(agent(&mut stack, fin).is_empty());
+        assert!(agent(&mut h, fin).is_empty());
     }
 
     fn spawn_call(call: &str) -> Value {
@@ -571,129 +559,114 @@ mod tests {
 
     #[test]
     fn subagent_is_a_subagent_wait_with_its_child_session_and_spawning_call() {
-        let mut stack = started();
-        assert!(agent(&mut stack, spawn_call("call_12")).is_empty());
-        assert!(agent(&mut stack, spawn_result("call_12", "sub1")).is_empty());
+        let mut h = started();
+        assert!(agent(&mut h, spawn_call("call_12")).is_empty());
+        assert!(agent(&mut h, spawn_result("call_12", "sub1")).is_empty());
         assert_eq!(
-            waits(&agent(&mut stack, spawned("sub1", "sub1", None))),
+            waits(&agent(&mut h, spawned("sub1", "sub1", None))),
             vec![json!({"sessionId":S,"waitId":"sub1","state":"waiting","kind":"subagent","title":"helper task",
                 "childSessionId":"sub1","model":"fake","toolCallId":"call_12","stoppable":true})]
         );
         // The child's output passes as the child's own session/update.
         let chunk = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sub1",
             "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"child result"}}}});
-        assert!(agent(&mut stack, chunk).is_empty());
-        assert_eq!(waits(&agent(&mut stack, finished("sub1", "completed", true)))[0]["state"], "handling");
-        assert!(agent(&mut stack, running("subagent-completed-sub1")).is_empty(), "already handling");
-        let out = agent(&mut stack, turn_completed(S, "subagent-completed-sub1"));
+        assert!(agent(&mut h, chunk).is_empty());
+        assert_eq!(waits(&agent(&mut h, finished("sub1", "completed", true)))[0]["state"], "handling");
+        assert!(agent(&mut h, running("subagent-completed-sub1")).is_empty(), "already handling");
+        let out = agent(&mut h, turn_completed(S, "subagent-completed-sub1"));
         assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"sub1","state":"done"})]);
     }
 
     #[test]
     fn a_foreground_subagent_ends_in_the_turn_and_links_the_pending_call() {
-        let mut stack = started();
-        agent(&mut stack, spawn_call("call_116"));
-        assert_eq!(waits(&agent(&mut stack, spawned("fg", "fg", None)))[0]["toolCallId"], "call_116");
+        let mut h = started();
+        agent(&mut h, spawn_call("call_116"));
+        assert_eq!(waits(&agent(&mut h, spawned("fg", "fg", None)))[0]["toolCallId"], "call_116");
         assert_eq!(
-            waits(&agent(&mut stack, finished("fg", "completed", false))),
+            waits(&agent(&mut h, finished("fg", "completed", false))),
             vec![json!({"sessionId":S,"waitId":"fg","state":"done"})]
         );
     }
 
     #[test]
     fn a_resumed_subagent_is_a_new_wait_on_the_same_child_session() {
-        let mut stack = started();
-        agent(&mut stack, spawned("sub1", "sub1", None));
-        agent(&mut stack, finished("sub1", "completed", false));
-        let out = waits(&agent(&mut stack, spawned("sub2", "sub2", Some("sub1"))));
+        let mut h = started();
+        agent(&mut h, spawned("sub1", "sub1", None));
+        agent(&mut h, finished("sub1", "completed", false));
+        let out = waits(&agent(&mut h, spawned("sub2", "sub2", Some("sub1"))));
         assert_eq!(out[0]["waitId"], "sub2");
         assert_eq!(out[0]["childSessionId"], "sub1");
         // Grok's new child session is the first one for Coda, both ways.
         let chunk = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sub2",
             "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"more"}}}});
-        let mut exits = Exits::default();
-        stack.from_agent(parse(chunk), &mut exits);
-        assert_eq!(values(&exits.to_client)[0]["params"]["sessionId"], "sub1");
+        h.from_agent(chunk);
+        assert_eq!(h.to_client()[0]["params"]["sessionId"], "sub1");
         let cancel = json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"sub1"}});
-        stack.from_client(parse(cancel), &mut exits);
-        assert_eq!(values(&exits.to_agent)[0]["params"]["sessionId"], "sub2");
+        h.from_client(cancel);
+        assert_eq!(h.to_agent()[0]["params"]["sessionId"], "sub2");
     }
 
     #[test]
     fn stop_asks_grok_and_answers_at_once() {
-        let mut stack = started();
-        agent(&mut stack, backgrounded("t1"));
-        agent(&mut stack, spawned("sub1", "sub1", None));
+        let mut h = started();
+        agent(&mut h, backgrounded("t1"));
+        agent(&mut h, spawned("sub1", "sub1", None));
         for (wait_id, method, params) in [
             ("t1", "_x.ai/task/kill", json!({"sessionId":S,"taskId":"t1"})),
             ("sub1", "_x.ai/subagent/cancel", json!({"subagentId":"sub1"})),
         ] {
-            let mut exits = Exits::default();
             let stop =
                 json!({"jsonrpc":"2.0","id":9,"method":"_coda/wait/stop","params":{"sessionId":S,"waitId":wait_id}});
-            stack.from_client(parse(stop), &mut exits);
-            let asked = values(&exits.to_agent);
+            h.from_client(stop);
+            let asked = h.to_agent();
             assert_eq!(asked[0]["method"], method);
             assert_eq!(asked[0]["params"], params);
-            assert_eq!(values(&exits.to_client), vec![json!({"jsonrpc":"2.0","id":9,"result":{}})]);
+            assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":9,"result":{}})]);
             // Grok's answer is the shim's own, never forwarded.
-            let mut exits = Exits::default();
-            stack.from_agent(parse(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}})), &mut exits);
-            assert!(exits.to_client.is_empty());
+            h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}}));
+            assert!(h.to_client().is_empty());
         }
     }
 
     #[test]
     fn stop_of_an_unknown_wait_is_invalid_params() {
-        let mut stack = started();
+        let mut h = started();
         for params in [json!({"sessionId":S,"waitId":"nope"}), json!({"sessionId":S})] {
-            let mut exits = Exits::default();
-            stack.from_client(
-                parse(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":params})),
-                &mut exits,
-            );
-            assert!(exits.to_agent.is_empty());
-            assert_eq!(values(&exits.to_client)[0]["error"]["code"], -32602);
+            h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":params}));
+            assert!(h.to_agent().is_empty());
+            assert_eq!(h.to_client()[0]["error"]["code"], -32602);
         }
     }
 
     #[test]
     fn activity_replayed_during_a_load_is_history() {
-        let mut stack = started();
-        let mut exits = Exits::default();
-        stack.from_client(
-            parse(json!({"jsonrpc":"2.0","id":5,"method":"session/load","params":{"sessionId":S}})),
-            &mut exits,
-        );
-        assert!(agent(&mut stack, backgrounded("old")).is_empty());
-        agent(&mut stack, json!({"jsonrpc":"2.0","id":5,"result":{}}));
-        assert_eq!(waits(&agent(&mut stack, backgrounded("new")))[0]["waitId"], "new");
+        let mut h = started();
+        h.from_client(json!({"jsonrpc":"2.0","id":5,"method":"session/load","params":{"sessionId":S}}));
+        assert!(agent(&mut h, backgrounded("old")).is_empty());
+        agent(&mut h, json!({"jsonrpc":"2.0","id":5,"result":{}}));
+        assert_eq!(waits(&agent(&mut h, backgrounded("new")))[0]["waitId"], "new");
     }
 
     #[test]
     fn no_waits_for_a_client_that_did_not_declare_them() {
-        let mut stack = stack();
-        let mut exits = Exits::default();
-        stack.from_client(
-            parse(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}})),
-            &mut exits,
-        );
-        assert!(agent(&mut stack, backgrounded("t1")).is_empty());
+        let mut h = harness();
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}}));
+        assert!(agent(&mut h, backgrounded("t1")).is_empty());
     }
 
     #[test]
     fn a_running_task_only_in_the_snapshot_is_registered_once() {
-        let mut stack = started();
+        let mut h = started();
         let snap = note(
             "_x.ai/session_notification",
             S,
             json!({"sessionUpdate":"background_tasks","tasks":[{"task_id":"m1","command":"tail -f log","kind":"monitor","status":"running"},
             {"task_id":"x","status":"completed"}]}),
         );
-        let out = waits(&agent(&mut stack, snap.clone()));
+        let out = waits(&agent(&mut h, snap.clone()));
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["waitId"], "m1");
-        assert!(agent(&mut stack, snap).is_empty());
+        assert!(agent(&mut h, snap).is_empty());
     }
 
     #[test]

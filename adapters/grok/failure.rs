@@ -238,7 +238,7 @@ impl Layer for GrokFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::{Exits, Stack};
+    use crate::layer::testing::Harness;
 
     const S: &str = "01a2313e-7dec-70b2-8c5e-50497d2c8462";
 
@@ -256,8 +256,8 @@ mod tests {
             "reason":reason,"error_type":error_type}}}))
     }
 
-    fn error(f: &Frame) -> Value {
-        f.value().ok().and_then(|v| v.get("error").cloned()).unwrap_or(Value::Null)
+    fn error(v: &Value) -> Value {
+        v.get("error").cloned().unwrap_or(Value::Null)
     }
 
     const QUOTA: &str = "API error (status 429 Too Many Requests): insufficient_quota: You exceeded your current quota, please check your plan and billing details.";
@@ -265,8 +265,8 @@ mod tests {
     const SERVER: &str =
         "API error (status 500 Internal Server Error): The server had an error while processing your request.";
 
-    fn stack() -> Stack {
-        Stack::new(vec![Box::new(GrokFailure::new(Duration::from_secs(60)))])
+    fn harness() -> Harness {
+        Harness::of(GrokFailure::new(Duration::from_secs(60)))
     }
 
     #[test]
@@ -290,12 +290,10 @@ mod tests {
             (QUOTA, json!({"kind":"quota_exhausted"})),
             (RATE, json!({"kind":"service_unavailable","input":"accepted"})),
         ] {
-            let mut s = stack();
-            let mut exits = Exits::default();
-            s.from_client(prompt(4), &mut exits);
-            let answer = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32003,"message":"Rate limited","data":data}});
-            s.from_agent(parse(answer), &mut exits);
-            let e = error(&exits.to_client[0]);
+            let mut h = harness();
+            h.client_frame(prompt(4));
+            h.from_agent(json!({"jsonrpc":"2.0","id":4,"error":{"code":-32003,"message":"Rate limited","data":data}}));
+            let e = error(&h.to_client()[0]);
             assert_eq!(e["code"], -32603);
             assert_eq!(e["message"], data);
             assert_eq!(e["data"]["_meta"]["coda"]["failure"], kind);
@@ -304,23 +302,22 @@ mod tests {
 
     #[test]
     fn a_bare_status_or_another_error_is_left_alone() {
-        let mut s = stack();
-        let mut exits = Exits::default();
-        s.from_client(prompt(4), &mut exits);
+        let mut h = harness();
+        h.client_frame(prompt(4));
         let bare = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32003,"message":"Rate limited",
             "data":"API error (status 429 Too Many Requests): slow down"}});
-        s.from_agent(parse(bare.clone()), &mut exits);
-        assert_eq!(exits.to_client[0].value().ok(), Some(bare));
-        s.from_client(prompt(5), &mut exits);
+        h.from_agent(bare.clone());
+        h.client_frame(prompt(5));
         let auth = json!({"jsonrpc":"2.0","id":5,"error":{"code":-32000,"message":"Authentication required"}});
-        s.from_agent(parse(auth.clone()), &mut exits);
-        assert_eq!(exits.to_client[1].value().ok(), Some(auth));
+        h.from_agent(auth.clone());
         // Grok's answer to a 401 (seen live) is a login problem: -32000, never a failure kind.
-        s.from_client(prompt(6), &mut exits);
+        h.client_frame(prompt(6));
         let data = "Unauthorized (401) from http://127.0.0.1:1/v1/chat/completions: invalid_request_error: Incorrect API key provided.\n\n  Model:     fake-model";
-        let live = json!({"jsonrpc":"2.0","id":6,"error":{"code":-32603,"message":"Internal error","data":data}});
-        s.from_agent(parse(live), &mut exits);
-        let e = error(&exits.to_client[2]);
+        h.from_agent(json!({"jsonrpc":"2.0","id":6,"error":{"code":-32603,"message":"Internal error","data":data}}));
+        let out = h.to_client();
+        assert_eq!(out[0], bare);
+        assert_eq!(out[1], auth);
+        let e = error(&out[2]);
         assert_eq!(e["code"], -32000);
         assert!(e["message"].as_str().is_some_and(|m| m.starts_with("Unauthorized (401)") && !m.contains('\n')), "{e}");
         assert!(e.pointer("/data/_meta").is_none());
@@ -328,37 +325,28 @@ mod tests {
 
     #[test]
     fn retries_past_the_patience_stop_the_run_and_end_the_turn_with_the_failure() {
-        let (base, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
-        let mut stack = stack();
-        stack.set_time(base, wall);
-        let mut exits = Exits::default();
-        stack.from_client(prompt(6), &mut exits);
-        stack.from_agent(retry(1, SERVER, "api"), &mut exits);
-        stack.set_time(base + Duration::from_secs(30), wall);
-        stack.from_agent(retry(2, SERVER, "api"), &mut exits);
-        let mut exits = Exits::default();
-        stack.wake_due(&mut exits);
-        assert!(exits.to_agent.is_empty(), "not before the patience has passed since the first retry");
-        stack.set_time(base + Duration::from_secs(60), wall);
-        stack.wake_due(&mut exits);
-        assert_eq!(exits.to_agent.len(), 1);
-        assert_eq!(
-            exits.to_agent[0].value().ok(),
-            Some(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}}))
-        );
+        let mut h = harness();
+        h.client_frame(prompt(6));
+        h.agent_frame(retry(1, SERVER, "api"));
+        h.advance(Duration::from_secs(30));
+        h.agent_frame(retry(2, SERVER, "api"));
+        h.take();
+        h.advance(Duration::ZERO);
+        assert!(h.to_agent().is_empty(), "not before the patience has passed since the first retry");
+        h.advance(Duration::from_secs(30));
+        assert_eq!(h.to_agent(), vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}})]);
         // Grok ends the cancelled turn; Coda gets the failure instead.
-        stack.from_agent(parse(json!({"jsonrpc":"2.0","id":6,"result":{"stopReason":"cancelled"}})), &mut exits);
-        let e = error(&exits.to_client[0]);
+        h.from_agent(json!({"jsonrpc":"2.0","id":6,"result":{"stopReason":"cancelled"}}));
+        let e = error(&h.to_client()[0]);
         // Grok quotes no upstream code for a 500: a plain error with the reason and the retries.
         assert_eq!(e["code"], -32603);
         assert!(e.pointer("/data/_meta").is_none(), "{e}");
         assert!(e["message"].as_str().is_some_and(|m| m.starts_with(SERVER) && m.contains("attempt 2 of 15")), "{e}");
         assert!(e["message"].as_str().is_some_and(|m| m.ends_with("stopped after over a minute of retries.")), "{e}");
         // Nothing of that turn wakes again.
-        stack.set_time(base + Duration::from_secs(600), wall);
-        stack.wake_due(&mut exits);
-        assert_eq!(exits.to_agent.len(), 1);
-        assert_eq!(stack.next_wake(), None);
+        h.advance(Duration::from_secs(540));
+        assert!(h.to_agent().is_empty());
+        assert_eq!(h.next_wake(), None);
     }
 
     #[test]

@@ -157,24 +157,20 @@ impl Layer for Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::{Exits, Stack};
-    use std::time::{Duration, SystemTime};
-
-    fn values(frames: &[Frame]) -> Vec<Value> {
-        frames.iter().map(|f| f.value().expect("json")).collect()
-    }
-
-    fn from_client(stack: &mut Stack, v: Value) {
-        stack.from_client(Frame::from_value(&v), &mut Exits::default());
-    }
-
-    fn from_agent(stack: &mut Stack, v: Value) -> Vec<Value> {
-        let mut exits = Exits::default();
-        stack.from_agent(Frame::from_value(&v), &mut exits);
-        values(&exits.to_client)
-    }
+    use crate::layer::testing::Harness;
+    use std::time::Duration;
 
     const INIT: &str = r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{}}"#;
+
+    fn init() -> Value {
+        serde_json::from_str(INIT).unwrap()
+    }
+
+    /// What reaches the client for one frame of the agent.
+    fn from_agent(h: &mut Harness, v: Value) -> Vec<Value> {
+        h.from_agent(v);
+        h.to_client()
+    }
 
     fn answer(agent_info: Value) -> Value {
         json!({"jsonrpc":"2.0","id":"i","result":{"protocolVersion":1,"agentInfo":agent_info,"_meta":{"agentVersion":"9"}}})
@@ -182,90 +178,86 @@ mod tests {
 
     #[test]
     fn fill_in_keeps_the_childs_own_and_fills_in_from_meta_or_the_probe() {
-        let mut stack = Stack::new(vec![Box::new(Identity::new("cli", Policy::FillIn, Some("1.2".into())))]);
-        from_client(&mut stack, serde_json::from_str(INIT).unwrap());
+        let mut h = Harness::of(Identity::new("cli", Policy::FillIn, Some("1.2".into())));
+        h.from_client(init());
         let own = json!({"name":"own","version":"3"});
-        assert_eq!(from_agent(&mut stack, answer(own.clone()))[0]["result"]["agentInfo"], own);
-        from_client(&mut stack, serde_json::from_str(INIT).unwrap());
+        assert_eq!(from_agent(&mut h, answer(own.clone()))[0]["result"]["agentInfo"], own);
+        h.from_client(init());
         assert_eq!(
-            from_agent(&mut stack, answer(Value::Null))[0]["result"]["agentInfo"],
+            from_agent(&mut h, answer(Value::Null))[0]["result"]["agentInfo"],
             json!({"name":"cli","version":"9"})
         );
-        from_client(&mut stack, serde_json::from_str(INIT).unwrap());
+        h.from_client(init());
         let plain = json!({"jsonrpc":"2.0","id":"i","result":{"protocolVersion":1}});
-        assert_eq!(from_agent(&mut stack, plain)[0]["result"]["agentInfo"], json!({"name":"cli","version":"1.2"}));
+        assert_eq!(from_agent(&mut h, plain)[0]["result"]["agentInfo"], json!({"name":"cli","version":"1.2"}));
     }
 
     #[test]
     fn replace_reports_the_probed_version_or_no_agent_info() {
         let own = json!({"name":"@scope/adapter","title":"X","version":"2.6.0"});
         for (probed, want) in [(Some("0.166.0"), Some(json!({"name":"cli","version":"0.166.0"}))), (None, None)] {
-            let mut stack = Stack::new(vec![Box::new(Identity::new("cli", Policy::Replace, probed.map(Into::into)))]);
-            from_client(&mut stack, serde_json::from_str(INIT).unwrap());
-            let out = from_agent(&mut stack, answer(own.clone()));
+            let mut h = Harness::of(Identity::new("cli", Policy::Replace, probed.map(Into::into)));
+            h.from_client(init());
+            let out = from_agent(&mut h, answer(own.clone()));
             assert_eq!(out[0]["result"].get("agentInfo"), want.as_ref());
             assert_eq!(out[0]["result"]["protocolVersion"], 1);
         }
     }
 
-    /// A stack with an awaiting layer whose deadline is 1 s after `base`.
-    fn awaiting() -> (Stack, Instant, SystemTime) {
-        let (base, wall) = (Instant::now(), SystemTime::now());
-        let mut stack =
-            Stack::new(vec![Box::new(Identity::awaiting("cli", Policy::Replace, base + Duration::from_secs(1)))]);
-        stack.set_time(base, wall);
-        from_client(&mut stack, serde_json::from_str(INIT).unwrap());
-        (stack, base, wall)
+    /// A harness with an awaiting layer whose deadline is 1 s after set-up, and that deadline.
+    fn awaiting() -> (Harness, Instant) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut h = Harness::of(Identity::awaiting("cli", Policy::Replace, deadline));
+        h.from_client(init());
+        h.to_agent();
+        (h, deadline)
     }
 
     #[test]
     fn an_answer_before_the_probe_waits_for_it_with_what_follows_in_order() {
-        let (mut stack, ..) = awaiting();
-        assert!(from_agent(&mut stack, answer(json!({"name":"a"}))).is_empty());
+        let (mut h, _) = awaiting();
+        assert!(from_agent(&mut h, answer(json!({"name":"a"}))).is_empty());
         let after = json!({"jsonrpc":"2.0","method":"_auth/status_update","params":{}});
-        assert!(from_agent(&mut stack, after.clone()).is_empty());
-        let mut exits = Exits::default();
-        stack.event(0, Box::new(Probed(Some("0.166.0".into()))), &mut exits);
-        let out = values(&exits.to_client);
+        assert!(from_agent(&mut h, after.clone()).is_empty());
+        h.event(0, Probed(Some("0.166.0".into())));
+        let out = h.to_client();
         assert_eq!(out.len(), 2);
         assert_eq!(out[0]["result"]["agentInfo"], json!({"name":"cli","version":"0.166.0"}));
         assert_eq!(out[1], after);
-        assert_eq!(stack.next_wake(), None, "the deadline is forgotten");
-        assert_eq!(from_agent(&mut stack, after.clone()), vec![after], "nothing is held any more");
+        assert_eq!(h.next_wake(), None, "the deadline is forgotten");
+        assert_eq!(from_agent(&mut h, after.clone()), vec![after], "nothing is held any more");
     }
 
     #[test]
     fn a_probe_that_hangs_is_given_up_on_at_its_deadline() {
-        let (mut stack, base, wall) = awaiting();
-        stack.set_time(base + Duration::from_millis(200), wall);
-        assert!(from_agent(&mut stack, answer(json!({"name":"a"}))).is_empty());
-        assert_eq!(stack.next_wake(), Some(base + Duration::from_secs(1)), "the deadline counts from set-up");
-        let mut exits = Exits::default();
-        stack.set_time(base + Duration::from_secs(1), wall);
-        stack.wake_due(&mut exits);
-        let out = values(&exits.to_client);
+        let (mut h, deadline) = awaiting();
+        h.advance(Duration::from_millis(200));
+        assert!(from_agent(&mut h, answer(json!({"name":"a"}))).is_empty());
+        let left = deadline.saturating_duration_since(h.now());
+        assert_eq!(h.next_wake(), Some(left), "the deadline counts from set-up");
+        h.advance(left);
+        let out = h.to_client();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0]["result"].get("agentInfo"), None);
         // A late probe changes nothing already sent, and holds nothing.
-        let mut exits = Exits::default();
-        stack.event(0, Box::new(Probed(Some("1".into()))), &mut exits);
-        assert!(exits.to_client.is_empty());
+        h.event(0, Probed(Some("1".into())));
+        assert!(h.to_client().is_empty());
     }
 
     #[test]
     fn an_answer_after_the_deadline_is_not_held() {
-        let (mut stack, base, wall) = awaiting();
-        stack.set_time(base + Duration::from_secs(2), wall);
-        let out = from_agent(&mut stack, answer(json!({"name":"a"})));
+        let (mut h, _) = awaiting();
+        h.advance(Duration::from_secs(2));
+        let out = from_agent(&mut h, answer(json!({"name":"a"})));
         assert_eq!(out.len(), 1);
-        assert_eq!(stack.next_wake(), None);
+        assert_eq!(h.next_wake(), None);
     }
 
     #[test]
     fn a_probe_before_the_answer_holds_nothing() {
-        let (mut stack, ..) = awaiting();
-        stack.event(0, Box::new(Probed(Some("7".into()))), &mut Exits::default());
-        let out = from_agent(&mut stack, answer(json!({"name":"a"})));
+        let (mut h, _) = awaiting();
+        h.event(0, Probed(Some("7".into())));
+        let out = from_agent(&mut h, answer(json!({"name":"a"})));
         assert_eq!(out[0]["result"]["agentInfo"], json!({"name":"cli","version":"7"}));
     }
 }
