@@ -65,8 +65,8 @@ impl Builder {
 
     /// Drops a `CODA_<AGENT>_COMMAND` the developer's environment may set, so the default lookup runs.
     pub fn env_remove_command(mut self) -> Self {
-        for agent in ["CODEX", "KIMI", "GROK", "OPENCODE"] {
-            self.cmd.env_remove(format!("CODA_{agent}_COMMAND"));
+        for adapter in coda_shim::adapters::all() {
+            self.cmd.env_remove(adapter.command_env());
         }
         self
     }
