@@ -161,7 +161,10 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
     let mut n = Normaliser::for_live_root(root);
     n.add(&live::live_root().display().to_string(), "LIVE");
     let records = replay::record(&text, files.as_deref(), &n).expect("normalise the trace");
-    let out = replay::render(&records);
+    let mut out = replay::render(&records);
+    // A reset time Codex gives without a day gets the day the shim received it: `{{TODAY}}` on replay.
+    let today = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    out = out.replace(&format!("<t:{today}T"), "<t:{{TODAY}}T");
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}: the recording still names {left:?}");
     let scratch = root.join("fixture");

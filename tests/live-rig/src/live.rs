@@ -141,7 +141,9 @@ pub fn prepare(agent: &str, base_url: &str, temp: &Path) -> Result<LiveCommand, 
 fn base_env(home: &Path, temp: &Path) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![
         ("HOME".into(), path_string(home)),
-        ("USER".into(), std::env::var("USER").unwrap_or_else(|_| "tester".into())),
+        // Nothing of the machine that ran the recording: its user, its zone (a CLI writes local times in it).
+        ("USER".into(), "tester".into()),
+        ("TZ".into(), "UTC".into()),
         ("PATH".into(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into())),
         ("LANG".into(), "C.UTF-8".into()),
         ("TMPDIR".into(), path_string(&temp.join("tmp"))),
