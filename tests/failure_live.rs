@@ -22,8 +22,6 @@ const TRAIL: Duration = Duration::from_millis(1500);
 /// Longest silence within one failed turn (a CLI's own retries can take minutes).
 const TURN: Duration = Duration::from_secs(600);
 
-use failures::CASES;
-
 fn enabled(agent: &str) -> bool {
     if std::env::var_os("CODA_LIVE").is_none() {
         eprintln!("skipped live failures of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
@@ -116,7 +114,7 @@ fn run_agent(agent: &str) -> Vec<Outcome> {
 
     let only = only();
     let mut outcomes = Vec::new();
-    for (case, marker) in CASES {
+    for (case, marker) in failures::cases(agent) {
         if only.as_ref().is_some_and(|o| !o.iter().any(|c| c == case)) {
             continue;
         }
@@ -187,7 +185,7 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
             _ => "opencode-ai@1.18.33",
         };
         let meta = json!({"agent": agent, "scenario": "upstream-failures", "cli": cli, "recorded_by": "tests/failure_live.rs",
-            "notes": "one prompt per upstream failure, in the order of CASES in tests/support/failures.rs (prompt ids 4-13)"});
+            "notes": format!("one prompt per upstream failure, in the order of failures::cases(\"{agent}\") in tests/support/failures.rs (prompt ids 4-{})", 3 + failures::cases(agent).len())});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).unwrap();
         eprintln!("wrote {}", dir.display());
     }
