@@ -24,18 +24,6 @@ const TURN: Duration = Duration::from_secs(600);
 
 use failures::CASES;
 
-fn enabled(agent: &str) -> bool {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped live failures of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
-        return false;
-    }
-    if let Err(why) = live::installed(agent) {
-        eprintln!("skipped live failures of {agent}: {why}");
-        return false;
-    }
-    true
-}
-
 fn only() -> Option<Vec<String>> {
     std::env::var("CODA_FAILURE_ONLY").ok().map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
 }
@@ -192,7 +180,7 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
 
 /// Runs every case against `agent` and checks what Coda received (README "Upstream failures").
 fn live(agent: &str) {
-    if !enabled(agent) {
+    if !live::wanted(agent, "live failures") {
         return;
     }
     let outcomes = run_agent(agent);

@@ -9,9 +9,9 @@
 
 mod support;
 
+use support::executable::write as executable;
 use support::{shim, temp};
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -25,12 +25,6 @@ const CLIS: [(&str, &str); 4] = [("codex", "codex-acp"), ("kimi", "kimi"), ("gro
 
 /// The stand-in for `node`: a different name, so a real Node on the machine can never be the one run.
 const NODE: &str = "fakenode";
-
-fn executable(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().expect("a folder")).expect("make the folder");
-    std::fs::write(path, text).expect("write the script");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-}
 
 /// `<dir>/<program>` as npm would install it, with its `fakenode` beside it. Asked `--version` (Grok's check
 /// of a `grok` outside its own folder), it answers like Grok Build; otherwise it writes its report and exits.
