@@ -257,3 +257,36 @@ fn an_agent_command_by_bare_name_is_found_the_same_way() {
     let vars = [("CODA_KIMI_COMMAND", "my-kimi acp".to_owned())];
     assert_ran("kimi", "~/.local/bin via CODA_KIMI_COMMAND", &run("kimi", h, &vars, &[]), &cli);
 }
+
+/// The race seen once in this file: a script written while another thread starts a process, run at once. Its
+/// write descriptor, copied into the other thread's child until that child's exec, made the run fail with
+/// ETXTBSY (8 of 300 runs with `std::fs::write` when this test was written); `executable::write` keeps no such
+/// descriptor in this process.
+#[test]
+fn a_script_written_while_other_threads_start_processes_always_runs() {
+    let dir = TempDir::new("coda-gui-path-etxtbsy");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawners: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = Command::new("true").status();
+                }
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for i in 0..300 {
+        let script = dir.join(format!("script-{i}"));
+        executable(&script, "#!/bin/sh\nexit 0\n");
+        if let Err(e) = Command::new(&script).status() {
+            failed.push(e.to_string());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in spawners {
+        s.join().expect("spawner");
+    }
+    assert!(failed.is_empty(), "{} of 300 scripts did not run: {failed:?}", failed.len());
+}
