@@ -69,7 +69,7 @@ fn ends_cleanly(mut s: shim::Shim) -> Vec<String> {
     s.close_stdin();
     let _ = s.rest();
     assert_eq!(s.wait(Duration::from_secs(15)).code(), Some(0), "the shim is alive and ends cleanly");
-    s.drain_stderr()
+    s.stderr_to_the_end()
 }
 
 #[test]

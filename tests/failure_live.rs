@@ -22,17 +22,6 @@ const TRAIL: Duration = Duration::from_millis(1500);
 /// Longest silence within one failed turn (a CLI's own retries can take minutes).
 const TURN: Duration = Duration::from_secs(600);
 
-fn enabled(agent: &str) -> bool {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped live failures of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
-        return false;
-    }
-    if let Err(why) = live::installed(agent) {
-        eprintln!("skipped live failures of {agent}: {why}");
-        return false;
-    }
-    true
-}
 
 fn only() -> Option<Vec<String>> {
     std::env::var("CODA_FAILURE_ONLY").ok().map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
@@ -193,7 +182,7 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
 
 /// Runs every case against `agent` and checks what Coda received (README "Upstream failures").
 fn live(agent: &str) {
-    if !enabled(agent) {
+    if !live::wanted(agent, "live failures") {
         return;
     }
     let outcomes = run_agent(agent);

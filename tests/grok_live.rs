@@ -31,7 +31,7 @@ fn scenario(root: &Path, lc: &live::LiveCommand, name: &str, notes: &str, run: i
 
 #[test]
 fn record_grok_activity() {
-    if !rig::enabled("grok") {
+    if !live::wanted("grok", "live Grok recordings") {
         return;
     }
     let model = fake_model::FakeModel::start();

@@ -2,7 +2,7 @@
 
 mod support;
 
-use support::{shim, temp};
+use support::{executable, shim, temp, wait};
 
 use std::time::Duration;
 
@@ -109,13 +109,10 @@ fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
     let (answer, before) = s.request(2, "session/prompt", prompt_params(&sid, "!stray"));
     assert_eq!(answer["result"]["stopReason"], "end_turn");
     assert!(before.iter().all(|v| v["jsonrpc"] == "2.0"));
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        s.drain_stderr().iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
-            && s.stderr_lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line")),
-        "{:?}",
-        s.stderr_lines
-    );
+    s.stderr_until("the warning and, at debug, the line's text", |lines| {
+        lines.iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
+            && lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line"))
+    });
 }
 
 #[test]
@@ -165,14 +162,6 @@ fn child_exiting_before_initialize_answers_it_with_an_error() {
     }
 }
 
-/// Running (a zombie waiting for a reaper that is not us does not count).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 #[test]
 fn shutdown_ladder_leaves_no_process_of_the_group() {
     let dir = temp::TempDir::new("coda-shim-ladder");
@@ -185,15 +174,15 @@ fn shutdown_ladder_leaves_no_process_of_the_group() {
     let prompt = format!("!grandchild {}", pidfile.display());
     s.request(2, "session/prompt", prompt_params(&sid, &prompt));
     let grandchild: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    assert!(alive(grandchild));
+    assert!(wait::runs(grandchild));
     let started = std::time::Instant::now();
     s.close_stdin();
     let status = s.wait(Duration::from_secs(15));
     let took = started.elapsed();
     assert_eq!(status.code(), Some(128 + 9), "the child was killed with SIGKILL after ignoring SIGTERM");
     assert!(took >= Duration::from_secs(7), "5 s after stdin closed, then 2 s after SIGTERM: took {took:?}");
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!alive(grandchild), "the grandchild is gone");
+    // The group's SIGKILL is sent before the shim exits; the grandchild's end is not waited for by anyone.
+    wait::gone(grandchild, Duration::from_secs(2));
 }
 
 #[test]
@@ -211,8 +200,7 @@ fn missing_command_exits_with_one_clear_line() {
     let mut s = command("opencode").arg("--agent-command").arg("/nonexistent/opencode acp").start();
     let status = s.wait(Duration::from_secs(5));
     assert_eq!(status.code(), Some(127));
-    std::thread::sleep(Duration::from_millis(50));
-    let err = s.drain_stderr();
+    let err = s.stderr_to_the_end();
     assert_eq!(err.len(), 1, "{err:?}");
     assert!(err[0].contains("/nonexistent/opencode") && err[0].contains("--agent-command"), "{err:?}");
 }
@@ -220,10 +208,7 @@ fn missing_command_exits_with_one_clear_line() {
 #[test]
 fn a_grok_on_path_that_is_not_grok_build_is_refused() {
     let dir = temp::TempDir::new("coda-shim-fakegrok");
-    let fake = dir.join("grok");
-    std::fs::write(&fake, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\n").unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&fake).unwrap().permissions(), 0o755);
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    executable::write(&dir.join("grok"), "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\n");
     let mut s = command("grok")
         .env("PATH", &dir.path().display().to_string())
         .env("HOME", &dir.path().display().to_string())
@@ -232,8 +217,7 @@ fn a_grok_on_path_that_is_not_grok_build_is_refused() {
         .start();
     let status = s.wait(Duration::from_secs(5));
     assert_ne!(status.code(), Some(0));
-    std::thread::sleep(Duration::from_millis(50));
-    let err = s.drain_stderr().join("\n");
+    let err = s.stderr_to_the_end().join("\n");
     assert!(err.contains("is not Grok Build") && err.contains("@xai-official/grok"), "{err}");
 }
 
