@@ -22,7 +22,6 @@ const TRAIL: Duration = Duration::from_millis(1500);
 /// Longest silence within one failed turn (a CLI's own retries can take minutes).
 const TURN: Duration = Duration::from_secs(600);
 
-
 fn only() -> Option<Vec<String>> {
     std::env::var("CODA_FAILURE_ONLY").ok().map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
 }
