@@ -1,6 +1,8 @@
 //! Live: a turn costs the user one model request (plus the title Codex asks for on the first turn), issue 25
 //! section 3. codex-acp asks the model for a suggested next user message after every turn of an AIR client
 //! (the shim is one); coda-codex turns that off unless the user set `CODEX_ACP_PROMPT_SUGGESTIONS` themselves.
+//! Grok writes an "ultra-short dashboard line" about every turn (`last_turn_summary`, which Coda does not use);
+//! coda-grok turns that off with `GROK_TURN_SUMMARY=0` unless the user set it.
 //!
 //! Opt-in: `CODA_LIVE=1 cargo test --test model_requests_live -- --nocapture` (after `scripts/install-clis
 //! codex`). Each run counts, per turn, the requests the fake model received, and prints them.
@@ -28,13 +30,16 @@ fn enabled(agent: &str) -> bool {
     true
 }
 
-/// What one request was for, from its text: Codex's title, its next-message suggestion, or the turn's own.
+/// What one request was for, from its text: a title, Codex's next-message suggestion, Grok's turn summary, or
+/// the turn's own.
 fn what(r: &fake_model::RecordedRequest) -> &'static str {
     let body = r.body.to_string();
     if body.contains("suggested next user message") {
         "suggestion"
-    } else if body.contains("generate a very short title") {
+    } else if body.contains("generate a very short title") || body.contains("session_title") {
         "title"
+    } else if body.contains("ultra-short dashboard line") {
+        "summary"
     } else if r.origin == fake_model::Origin::Main {
         "turn"
     } else {
@@ -42,13 +47,13 @@ fn what(r: &fake_model::RecordedRequest) -> &'static str {
     }
 }
 
-/// Runs two turns through coda-codex (with `extra` in its environment) and returns, per turn, what each model
+/// Runs two turns through coda-<agent> (with `extra` in its environment) and returns, per turn, what each model
 /// request that arrived during it (up to [`TRAIL`] after its answer) was for.
-fn turns(extra: &[(&str, &str)]) -> Vec<Vec<&'static str>> {
+fn turns(agent: &str, extra: &[(&str, &str)]) -> Vec<Vec<&'static str>> {
     let model = fake_model::FakeModel::start_with(fake_model::Options { log_requests: true, dump_dir: None });
     let temp = temp::TempDir::new("coda-model-requests");
-    let lc = live::prepare("codex", &model.base_url(), temp.path()).expect("prepare Codex");
-    let mut cmd = lc.shim_command(&shim::binary("codex"));
+    let lc = live::prepare(agent, &model.base_url(), temp.path()).expect("prepare the CLI");
+    let mut cmd = lc.shim_command(&shim::binary(agent));
     for (k, v) in extra {
         cmd.env(k, v);
     }
@@ -93,7 +98,7 @@ fn live_codex_turns_cost_one_model_request() {
         return;
     }
     // What the user gets who asks for suggestions (codex-acp's default, so what coda-codex did before).
-    let asked = turns(&[("CODEX_ACP_PROMPT_SUGGESTIONS", "true")]);
+    let asked = turns("codex", &[("CODEX_ACP_PROMPT_SUGGESTIONS", "true")]);
     eprintln!("suggestions asked for: {asked:?}");
     let mut first = asked[0].clone();
     first.sort_unstable();
@@ -101,8 +106,25 @@ fn live_codex_turns_cost_one_model_request() {
     assert_eq!(asked[1], ["turn", "suggestion"]);
 
     // coda-codex as Coda starts it: one request per turn, plus the title on the first.
-    let plain = turns(&[]);
+    let plain = turns("codex", &[]);
     eprintln!("coda-codex by default: {plain:?}");
+    let mut first = plain[0].clone();
+    first.sort_unstable();
+    assert_eq!(first, ["title", "turn"]);
+    assert_eq!(plain[1], ["turn"]);
+}
+
+#[test]
+fn live_grok_turns_cost_one_model_request() {
+    if !enabled("grok") {
+        return;
+    }
+    // Grok's turn summary on (its default, what coda-grok did before): one more request after every turn.
+    let asked = turns("grok", &[("GROK_TURN_SUMMARY", "1")]);
+    eprintln!("turn summaries asked for: {asked:?}");
+    assert!(asked.iter().all(|t| t.contains(&"summary")), "{asked:?}");
+    let plain = turns("grok", &[]);
+    eprintln!("coda-grok by default: {plain:?}");
     let mut first = plain[0].clone();
     first.sort_unstable();
     assert_eq!(first, ["title", "turn"]);

@@ -111,7 +111,9 @@ pub fn adapter() -> Adapter {
         login_hint: "set XAI_API_KEY, or sign in with `grok`",
         default_command,
         version,
-        env_defaults: &[],
+        // Grok asks the model for a one-line summary after every turn (`last_turn_summary`, unused by Coda);
+        // with it off a turn costs one request (plus the session title on the first).
+        env_defaults: &[("GROK_TURN_SUMMARY", "0")],
         layers,
     }
 }
