@@ -72,7 +72,9 @@ fn grok_agent_info_is_built_from_its_meta() {
     let mut s = with_test_agent("grok").env("TEST_AGENT_INIT", init).start();
     let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
     assert_eq!(answer["result"]["agentInfo"], json!({"name": "grok", "version": "1.0.41"}));
-    assert_eq!(answer["result"]["_meta"], json!({"grokShell": true, "agentVersion": "1.0.41"}));
+    // Grok's own `_meta` is kept; coda-grok adds its steering declaration (adapters/grok/steering.rs).
+    let meta = json!({"grokShell": true, "agentVersion": "1.0.41", "steering": {"supported": true}});
+    assert_eq!(answer["result"]["_meta"], meta);
 }
 
 #[test]

@@ -115,7 +115,9 @@ pub fn adapter() -> Adapter {
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
         default_command,
         version,
-        env_defaults: &[("INITIAL_AGENT_MODE", "read-only")],
+        // codex-acp asks the model for a suggested next message after every turn of an AIR client, at effort
+        // `high`, paid from the user's quota; Coda never shows it (`session_info_update._meta.promptSuggestions`).
+        env_defaults: &[("INITIAL_AGENT_MODE", "read-only"), ("CODEX_ACP_PROMPT_SUGGESTIONS", "false")],
         layers,
     }
 }
