@@ -499,6 +499,11 @@ fn first_non_space(bytes: &[u8]) -> Option<u8> {
 fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
     // Before any recursive parse: a line nested too deep would overflow the stack of the thread reading it.
     if let Some(at) = json::too_deep(bytes) {
+        if !json::brackets_close(bytes) {
+            let message =
+                format!("parse error: brackets or a string left open, deeper than {} levels", json::MAX_DEPTH);
+            return Err(Invalid { code: -32700, message, id: None, too_deep: false, has_method: false });
+        }
         let (id, has_method) = sniff(&bytes[..at]);
         let message = format!("invalid request: {}", json::Error::TooDeep(at));
         return Err(Invalid { code: -32600, message, id, too_deep: true, has_method });

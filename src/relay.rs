@@ -155,19 +155,19 @@ impl Loop {
                 }
                 self.stack.from_client(f, &mut exits);
             }
-            Received::Invalid { line, err } => {
-                if let Some(t) = &mut self.trace {
-                    t.line(Dir::ClientToShim, &line);
+            bad => {
+                match &bad {
+                    Received::Invalid { line, err } => {
+                        if let Some(t) = &mut self.trace {
+                            t.line(Dir::ClientToShim, line);
+                        }
+                        tracing::warn!("client sent an invalid frame: {}", err.message);
+                    }
+                    Received::Refused { why, .. } => tracing::warn!("client sent a frame {why}; dropped"),
+                    Received::Frame(_) => {}
                 }
-                tracing::warn!("client sent an invalid frame: {}", err.message);
-                let id = err.id.clone().unwrap_or_else(Id::null);
-                self.send_client(frame::error_response(&id, err.code, &err.message, None));
-            }
-            Received::Refused { id, has_method, why } => {
-                tracing::warn!("client sent a frame {why}; dropped");
-                if let (Some(id), true) = (id, has_method) {
-                    let msg = format!("invalid request: message {why}");
-                    self.send_client(frame::error_response(&id, -32600, &msg, None));
+                if let Some(answer) = bad.answer() {
+                    self.send_client(answer);
                 }
             }
         }
@@ -198,20 +198,22 @@ impl Loop {
                 );
                 tracing::debug!("the line the agent wrote: {}", excerpt(&line));
             }
-            Received::Refused { id, has_method, why } => {
-                let msg = format!("message {why}");
+            Received::Refused { ref id, has_method, ref why } => {
                 tracing::warn!("agent sent a frame {why}; dropped");
                 match (id, has_method) {
-                    (Some(id), true) => {
-                        let f = frame::error_response(&id, -32600, &format!("invalid request: {msg}"), None);
-                        if let Some(t) = &mut self.trace {
-                            t.frame(Dir::ShimToAgent, f.bytes(), true);
+                    // A request is answered as a client's is; a line that names neither is not (the agent's
+                    // stray output, as for a line that is not JSON).
+                    (Some(_), true) => {
+                        if let Some(f) = input.answer() {
+                            if let Some(t) = &mut self.trace {
+                                t.frame(Dir::ShimToAgent, f.bytes(), true);
+                            }
+                            self.to_agent.push(f);
                         }
-                        self.to_agent.push(f);
                     }
-                    (Some(id), false) if self.in_flight.remove(&id).is_some() => {
-                        let msg = format!("the agent's answer was dropped: {msg}");
-                        self.stack.from_agent(frame::error_response(&id, -32603, &msg, None), &mut exits);
+                    (Some(id), false) if self.in_flight.remove(id).is_some() => {
+                        let msg = format!("the agent's answer was dropped: message {why}");
+                        self.stack.from_agent(frame::error_response(id, -32603, &msg, None), &mut exits);
                     }
                     _ => {}
                 }
@@ -610,5 +612,90 @@ mod tests {
         agent_write.shutdown().await.unwrap();
         assert_eq!(relay.await.unwrap(), 0);
         assert_eq!(client_reads.next_line().await.unwrap(), None);
+    }
+
+    /// A relay on in-memory pipes with the given layers, and both peers' ends: (client reads, client writes,
+    /// agent reads, agent writes), and the relay's task.
+    #[allow(clippy::type_complexity)]
+    fn relay_on_memory(
+        layers: Vec<Box<dyn Layer>>,
+        max_line: usize,
+    ) -> (
+        tokio::io::Lines<BufReader<tokio::io::ReadHalf<DuplexStream>>>,
+        tokio::io::WriteHalf<DuplexStream>,
+        tokio::io::Lines<BufReader<tokio::io::ReadHalf<DuplexStream>>>,
+        tokio::io::WriteHalf<DuplexStream>,
+        tokio::task::JoinHandle<i32>,
+    ) {
+        let (agent, agent_end) = AgentSide::memory();
+        let (client, client_end) = tokio::io::duplex(64 << 10);
+        let (client_read, client_write) = tokio::io::split(client);
+        let (_events_tx, events) = mpsc::unbounded_channel();
+        let options = Options { max_line, trace: None };
+        let relay =
+            tokio::spawn(run_with_client(Stack::new(layers), agent, events, options, client_read, client_write));
+        let (from_relay, to_relay) = tokio::io::split(client_end);
+        let (agent_read, agent_write) = tokio::io::split(agent_end);
+        (BufReader::new(from_relay).lines(), to_relay, BufReader::new(agent_read).lines(), agent_write, relay)
+    }
+
+    #[tokio::test]
+    async fn every_client_line_that_is_not_json_rpc_gets_one_answer_with_a_null_id() {
+        let (mut client_reads, mut to_relay, mut agent_reads, mut agent_write, relay) =
+            relay_on_memory(vec![], 1 << 20);
+        let deep = |open: &str, close: &str| format!("{}{}", open.repeat(100_000), close.repeat(100_000));
+        // (line, the code it gets, words its message has); each answered with id null.
+        let bad = [
+            ("[".repeat(100_000), -32700, "left open"),
+            ("{\"a\":".repeat(100_000), -32700, "left open"),
+            (
+                format!("{{\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":\"{}", "[".repeat(5000)),
+                -32700,
+                "parse error",
+            ),
+            (deep("[", "]"), -32600, "deeper than 1000"),
+            (format!("{{\"x\":{}}}", deep("[", "]")), -32600, "deeper than 1000"),
+            (format!("[{}1]", "1,".repeat(600_000)), -32600, "over the size limit"),
+            ("not json".to_owned(), -32700, "parse error"),
+            (r#"{"jsonrpc":"2.0","method":"m","params":"\u00"}"#.to_owned(), -32700, "parse error"),
+            ("[]".to_owned(), -32600, "empty batch"),
+            (r#"{"jsonrpc":"1.0","method":"m"}"#.to_owned(), -32600, "2.0"),
+        ];
+        // Refused but not answered: a notification over the limits (JSON-RPC answers no notification).
+        let notification = format!(r#"{{"jsonrpc":"2.0","method":"_x/note","params":{}}}"#, deep("{\"a\":", "}"));
+        let mut all = String::new();
+        for (line, _, _) in &bad {
+            all.push_str(line);
+            all.push('\n');
+        }
+        all.push_str(&notification);
+        all.push('\n');
+        let request = r#"{"jsonrpc":"2.0","id":7,"method":"after","params":{}}"#;
+        all.push_str(request);
+        all.push('\n');
+        let writer = tokio::spawn(async move {
+            to_relay.write_all(all.as_bytes()).await.unwrap();
+            to_relay
+        });
+        for (line, code, words) in &bad {
+            let got = tokio::time::timeout(Duration::from_secs(10), client_reads.next_line()).await;
+            let got = got.expect("an answer within 10 s").unwrap().expect("an answer");
+            let v: serde_json::Value = crate::json::from_str(&got).unwrap();
+            assert_eq!((&v["id"], &v["error"]["code"]), (&json!(null), &json!(code)), "for {:.60}: {got}", line);
+            assert!(v["error"]["message"].as_str().unwrap().contains(words), "for {:.60}: {got}", line);
+        }
+        // The shim goes on: the next request reaches the agent, and its answer is the next line the client
+        // gets (no second answer to any bad line, none to the notification).
+        let forwarded = tokio::time::timeout(Duration::from_secs(10), agent_reads.next_line()).await;
+        assert_eq!(forwarded.expect("relayed").unwrap().as_deref(), Some(request));
+        agent_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n").await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), client_reads.next_line()).await;
+        assert_eq!(next.unwrap().unwrap().as_deref(), Some(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#));
+        let mut to_relay = writer.await.unwrap();
+        to_relay.shutdown().await.unwrap();
+        assert_eq!(agent_reads.next_line().await.unwrap(), None);
+        agent_write.shutdown().await.unwrap();
+        assert_eq!(relay.await.unwrap(), 0);
+        assert_eq!(client_reads.next_line().await.unwrap(), None, "nothing more came");
     }
 }

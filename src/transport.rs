@@ -39,6 +39,25 @@ pub enum Received {
     },
 }
 
+impl Received {
+    /// The error answer JSON-RPC 2.0 prescribes for a line that is not a frame, once per line; `None` for a
+    /// frame, and for a line refused for its size or nesting that names a method but no id (a notification,
+    /// which is never answered) or an id but no method (an answer, which the relay loop deals with). Not
+    /// JSON: -32700; JSON but not a JSON-RPC message, or a request refused: -32600. Both carry the request's
+    /// id where it could be read, `null` otherwise. The one home of this rule for either peer.
+    pub fn answer(&self) -> Option<Frame> {
+        let (id, code, message) = match self {
+            Received::Frame(_) => return None,
+            Received::Invalid { err, .. } => (err.id.clone(), err.code, err.message.clone()),
+            Received::Refused { id, has_method, why } => match (id, has_method) {
+                (Some(_), false) | (None, true) => return None,
+                (id, _) => (id.clone(), -32600, format!("invalid request: message {why}")),
+            },
+        };
+        Some(frame::error_response(&id.unwrap_or_else(Id::null), code, &message, None))
+    }
+}
+
 fn received(line: Line) -> Received {
     match line {
         Line::Text(wire) => match Frame::parse_wire(wire) {
