@@ -197,6 +197,84 @@ fn sigterm_to_the_shim_stops_a_cooperative_child_quickly() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// `coda-grok` with an agent that never reads its stdin (`sleep`), its pid written to `pidfile`, fed
+/// notifications until the shim applies backpressure (a write would block), up to 50 MB. Returns the shim
+/// and the agent's pid.
+fn shim_with_a_full_agent(pidfile: &std::path::Path) -> (shim::Shim, i32) {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let agent = format!("sh -c 'echo $$ > {}; exec sleep 1000'", pidfile.display());
+    let mut s = command("grok").arg("--agent-command").arg(&agent).env("CODA_SHIM_LOG", "info").start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|p| p.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdin = s.take_stdin();
+    let flags = nix::fcntl::fcntl(stdin.as_fd(), nix::fcntl::FcntlArg::F_GETFL).unwrap();
+    let nonblocking = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(stdin.as_fd(), nix::fcntl::FcntlArg::F_SETFL(nonblocking)).unwrap();
+    let frame = format!("{}\n", json!({"jsonrpc": "2.0", "method": "_x/fill", "params": {"t": "x".repeat(64 << 10)}}));
+    let (mut written, mut pending) = (0usize, frame.as_bytes());
+    // Written until a write would block for a while: everything between us and the agent is full.
+    let mut blocked_since = None;
+    while written < 50 << 20 {
+        match stdin.write(pending) {
+            Ok(n) => {
+                written += n;
+                pending = &pending[n..];
+                if pending.is_empty() {
+                    pending = frame.as_bytes();
+                }
+                blocked_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let since = *blocked_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > Duration::from_millis(500) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("write to the shim: {e}"),
+        }
+    }
+    assert!(written > 1 << 20 && written < 50 << 20, "the shim took {written} bytes before it pushed back");
+    s.give_stdin(stdin);
+    (s, pid)
+}
+
+#[test]
+fn a_client_that_closes_while_the_agent_reads_nothing_still_ends_the_session() {
+    let dir = temp::TempDir::new("coda-shim-backpressure-eof");
+    let (mut s, agent) = shim_with_a_full_agent(&dir.join("agent.pid"));
+    assert!(wait::runs(agent));
+    s.close_stdin();
+    // 5 s for the agent to take what is queued, then SIGTERM (which `sleep` obeys).
+    let status = s.wait(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(128 + 15), "the agent was stopped with SIGTERM");
+    wait::gone(agent, Duration::from_secs(5));
+    let stderr = s.stderr_to_the_end();
+    assert!(stderr.iter().any(|l| l.contains("did not read its last") && l.contains("dropped")), "{stderr:?}");
+}
+
+#[test]
+fn sigterm_sigint_or_sighup_to_the_shim_stops_an_agent_that_reads_nothing() {
+    use nix::sys::signal::Signal;
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        let dir = temp::TempDir::new("coda-shim-backpressure-signal");
+        let (mut s, agent) = shim_with_a_full_agent(&dir.join("agent.pid"));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), signal).unwrap();
+        let status = s.wait(Duration::from_secs(15));
+        assert_eq!(status.code(), Some(128 + 15), "{signal}: the agent was stopped with SIGTERM");
+        wait::gone(agent, Duration::from_secs(5));
+        let stderr = s.stderr_to_the_end();
+        assert!(stderr.iter().any(|l| l.contains("did not read its last") && l.contains("dropped")), "{stderr:?}");
+    }
+}
+
 #[test]
 fn missing_command_exits_with_one_clear_line() {
     let mut s = command("opencode").arg("--agent-command").arg("/nonexistent/opencode acp").start();
