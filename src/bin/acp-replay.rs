@@ -363,19 +363,23 @@ fn view(args: &[String]) -> Result<(), String> {
     let trace = trace.ok_or("usage: acp-replay view <TRACE.jsonl | FIXTURE> [-o PAGE.html] [--open]")?;
     // A fixture folder: its recording.
     let file = if trace.is_dir() { trace.join(replay::TRACE_FILE) } else { trace.clone() };
-    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let input = std::fs::File::open(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let out = out.unwrap_or_else(|| file.with_extension("html"));
     let title = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let started = Instant::now();
-    let (page, summary) = replay::view::page(&bytes, &title);
-    // The page holds every prompt of the trace: private, like the trace.
-    private_file::open(&out, private_file::Write::Replace)
-        .and_then(|mut f| f.write_all(page.as_bytes()))
+    // The page holds every prompt of the trace: private, like the trace. Written as the trace is read.
+    let summary = private_file::open(&out, private_file::Write::Replace)
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, f);
+            let summary = replay::view::write_page(std::io::BufReader::with_capacity(1 << 16, input), &mut w, &title)?;
+            w.flush()?;
+            Ok(summary)
+        })
         .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     eprintln!(
         "acp-replay: wrote {} ({} bytes; {} frames, {} lanes, {} marks, {} bad lines) in {:?}",
         out.display(),
-        page.len(),
+        summary.bytes,
         summary.frames,
         summary.lanes,
         summary.items,
