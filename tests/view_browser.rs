@@ -2,13 +2,15 @@
 //!
 //! The traces: what each of the four shims wrote with `CODA_SHIM_TRACE` while replaying one of its fixtures
 //! (real `--trace-file` output, wall-clock times), one fixture as committed (relative times), and a hostile
-//! trace. Skipped, loudly, only when Chromium is missing and `CODA_REQUIRE_BROWSER` is unset (`.ci/run` installs
+//! trace; and a day-long trace of 100,000 records (first paint, scroll and zoom frame times printed). Skipped, loudly, only when Chromium is missing and `CODA_REQUIRE_BROWSER` is unset (`.ci/run` installs
 //! it and sets it).
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+#[path = "support/big_trace.rs"]
+mod big_trace;
 mod support;
 use support::cdp::{self, Browser};
 use support::replay::{check_with_env, fixtures_root};
@@ -352,6 +354,148 @@ fn a_hostile_trace_runs_no_script_of_its_own_and_lists_its_bad_lines() {
         b.eval(&session, "document.images.length + document.querySelectorAll('#detail script').length"),
         json!(0)
     );
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+/// In-page: scrolls down, zooms in (ctrl + wheel) and scrolls right, a step per animation frame; returns each
+/// step's frame time (between animation frames) and draw time, in ms.
+const SCROLL_AND_ZOOM: &str = r#"(async () => {
+  const v = window.acpView, sc = document.getElementById('scroll');
+  const raf = () => new Promise(r => requestAnimationFrame(r));
+  const out = { scroll: [], zoom: [], pan: [] };
+  // From the input to the end of the animation frame that drew it (at most 10 frames), and the draw's own time.
+  const step = async (list, act) => {
+    await raf();
+    const draws = v.draws;
+    const before = performance.now();
+    act();
+    for (let k = 0; k < 10; k++) { await raf(); if (v.draws > draws) break; }
+    list.push([performance.now() - before, v.draws > draws ? v.lastDraw : NaN]);
+  };
+  for (let k = 0; k < 40; k++) await step(out.scroll, () => { sc.scrollTop += 350; });
+  sc.scrollTop = 0;
+  const r = sc.getBoundingClientRect();
+  for (let k = 0; k < 25; k++)
+    await step(out.zoom, () => sc.dispatchEvent(new WheelEvent('wheel',
+      { ctrlKey: true, deltaY: -100, clientX: r.left + r.width / 3, clientY: r.top + 100, cancelable: true })));
+  for (let k = 0; k < 40; k++) await step(out.pan, () => { sc.scrollLeft += 300; });
+  return out;
+})()"#;
+
+fn percentiles(name: &str, steps: &Value) -> String {
+    let mut frame: Vec<f64> = steps.as_array().unwrap().iter().map(|s| s[0].as_f64().unwrap()).collect();
+    let mut draw: Vec<f64> = steps.as_array().unwrap().iter().map(|s| s[1].as_f64().unwrap()).collect();
+    frame.sort_by(f64::total_cmp);
+    draw.sort_by(f64::total_cmp);
+    let at = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    format!(
+        "{name}: {} steps, frame p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms; draw p50 {:.1} ms, max {:.1} ms",
+        frame.len(),
+        at(&frame, 0.5),
+        at(&frame, 0.95),
+        at(&frame, 1.0),
+        at(&draw, 0.5),
+        at(&draw, 1.0)
+    )
+}
+
+/// A day-long trace (100,000 records: the fixtures over and over, streamed turns of 1,000 chunks among them):
+/// the page shows the whole time axis at once, scrolls and zooms, and a streamed answer is one span whose click
+/// opens the joined text. The times are printed (the figures README gives), not asserted.
+#[test]
+fn a_day_long_trace_opens_whole_and_a_streamed_answer_is_one_span() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let trace_dir = dir.path().join("day");
+    std::fs::create_dir(&trace_dir).unwrap();
+    let trace = trace_dir.join("trace.jsonl");
+    let made = big_trace::write(&trace, 100_000);
+    let written = std::time::Instant::now();
+    let page = write_page(&trace, dir.path());
+    eprintln!(
+        "big trace: {} records, {} bytes -> page of {} bytes in {:?} (this build)",
+        made.records,
+        made.bytes,
+        std::fs::metadata(&page).unwrap().len(),
+        written.elapsed()
+    );
+    let mut b = Browser::launch(&chromium);
+    let opened = std::time::Instant::now();
+    let session = open(&mut b, &page);
+    let wall = opened.elapsed();
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let first = b.eval(
+        &session,
+        r#"(() => { const v = window.acpView; const sc = document.getElementById('scroll');
+          return { readyAt: v.readyAt, lastDraw: v.lastDraw, fit: sc.clientWidth, frames: v.model.frames,
+                   items: v.model.items.length, end: v.model.end }; })()"#,
+    );
+    eprintln!(
+        "big trace: first paint {:.0} ms after navigation started ({wall:?} from the test's navigate to ready), first draw {:.1} ms",
+        first["readyAt"].as_f64().unwrap(),
+        first["lastDraw"].as_f64().unwrap()
+    );
+    assert_eq!(first["frames"].as_u64().unwrap() as usize, made.records);
+
+    // The whole time axis at first paint: the canvas is the view's width, and the marks drawn reach from the
+    // start of the trace to its end.
+    let g = b.eval(&session, GEOMETRY);
+    let (width, span) = (g["width"].as_f64().unwrap(), g["span"].as_f64().unwrap());
+    assert_eq!(width, first["fit"].as_f64().unwrap(), "fitted to the view");
+    let end = first["end"].as_f64().unwrap();
+    let px = |t: f64| t / span * width;
+    let items = g["items"].as_array().unwrap();
+    assert!(!items.is_empty());
+    assert!(items.len() < first["items"].as_u64().unwrap() as usize / 4, "only what is on screen is drawn");
+    let lo = items.iter().map(|i| i["x"][0].as_f64().unwrap()).fold(f64::MAX, f64::min);
+    let hi = items.iter().map(|i| i["x"][1].as_f64().unwrap()).fold(0.0, f64::max);
+    assert!(lo < px(end) * 0.02 && hi > px(end) * 0.95, "marks drawn from {lo} to {hi} px of {}", px(end));
+
+    let times = b.eval(&session, SCROLL_AND_ZOOM);
+    for part in ["scroll", "zoom", "pan"] {
+        eprintln!("big trace: {}", percentiles(part, &times[part]));
+    }
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+
+    // The last lane with marks, scrolled to at the whole trace's zoom, is drawn.
+    let last = b.eval(
+        &session,
+        r#"(() => { const v = window.acpView; const sc = document.getElementById('scroll');
+          document.getElementById('zoom-fit').click();
+          sc.scrollTop = sc.scrollHeight;
+          const used = new Set(v.model.items.map(i => v.model.lanes[i.lane].session));
+          return new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => {
+            const lanes = v.lanes().filter(l => used.has(l.session)); const s = lanes[lanes.length - 1].session;
+            r({ session: s, drawn: v.drawn.filter(d => d.session === s).length }); }))); })()"#,
+    );
+    assert!(last["drawn"].as_u64().unwrap() > 0, "the last lane is drawn once scrolled to: {last}");
+
+    // A streamed answer: one span of all its chunks; a click opens the joined text and its frames.
+    let span_item = b.eval(
+        &session,
+        &format!(
+            "window.acpView.model.items.findIndex(i => i.kind === 'text' && i.frames.length === {})",
+            big_trace::STREAM_CHUNKS
+        ),
+    );
+    let n = span_item.as_i64().unwrap();
+    assert!(n >= 0, "no span of {} chunks", big_trace::STREAM_CHUNKS);
+    let texts = b.eval(
+        &session,
+        &format!("window.acpView.model.items.filter(i => i.kind === 'text' && i.frames.length > 1 && i.frames.length < {}).length", big_trace::STREAM_CHUNKS),
+    );
+    assert!(texts.as_u64().is_some());
+    let place = place_of(&mut b, &session, n as u64);
+    assert_eq!(place["over"], json!("space"), "{place}");
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert_eq!(shown["joined"], json!(big_trace::streamed_text(big_trace::STREAM_CHUNKS)));
+    let meta: Vec<&str> = shown["meta"].as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
+    assert!(meta.contains(&format!("{} chunks, joined", big_trace::STREAM_CHUNKS).as_str()), "{meta:?}");
+    assert!(meta.iter().any(|m| m.starts_with("… and ")), "{meta:?}");
+    assert_eq!(shown["frames"], json!(40), "the first frames of the span are shown");
     let errors = b.errors();
     assert!(errors.is_empty(), "{errors:#?}");
 }

@@ -191,15 +191,6 @@
     return it.kind === "wait" ? it.label + " · " + it.state : s;
   }
 
-  let queued = false;
-  function redraw() {
-    if (queued) return;
-    queued = true;
-    requestAnimationFrame(() => {
-      queued = false;
-      draw();
-    });
-  }
   function draw() {
     const started = performance.now();
     const dpr = window.devicePixelRatio || 1;
@@ -407,7 +398,6 @@
     const tAt = ((scroll.scrollLeft + anchor) / old) * span;
     width = Math.min(Math.max(w, fit), MAX_WIDTH);
     space.style.width = width + "px";
-    space.style.height = height + "px";
     canvas.dataset.span = span;
     canvas.dataset.width = width;
     scroll.scrollLeft = (tAt / span) * width - anchor;
@@ -427,7 +417,8 @@
     },
     { passive: false }
   );
-  scroll.addEventListener("scroll", redraw);
+  // Scroll events come once per frame, before it is painted: drawing right away shows the new place in it.
+  scroll.addEventListener("scroll", draw);
   window.addEventListener("resize", () => setWidth(width));
 
   // The mark under a point of the view (px from the view's top left), or null.
@@ -663,6 +654,8 @@
     show(hits[hitAt]);
   });
 
+  // The lanes' height first: a vertical scroll bar narrows the width the time axis fits in.
+  space.style.height = height + "px";
   setWidth(0);
   // A link to one mark: PAGE.html#item=N opens it.
   const linked = /^#item=(\d+)$/.exec(location.hash);
