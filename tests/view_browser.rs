@@ -66,28 +66,8 @@ fn write_page(trace: &Path, dir: &Path) -> PathBuf {
     out
 }
 
-/// Opens `page` in a fresh tab; returns the tab's session once the page's script has drawn it.
 fn open(b: &mut Browser, page: &Path) -> String {
-    let target = b.call(None, "Target.createTarget", json!({"url": "about:blank"}))["targetId"].clone();
-    let session = b.call(None, "Target.attachToTarget", json!({"targetId": target, "flatten": true}))["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    for m in ["Runtime.enable", "Log.enable", "Page.enable"] {
-        b.call(Some(&session), m, json!({}));
-    }
-    let metrics = json!({"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": false});
-    b.call(Some(&session), "Emulation.setDeviceMetricsOverride", metrics);
-    b.events.clear();
-    let url = format!("file://{}", page.display());
-    b.call(Some(&session), "Page.navigate", json!({"url": url}));
-    b.wait_event("Page.loadEventFired");
-    let ready = b.eval(
-        &session,
-        "new Promise(r => { const f = () => document.body.dataset.ready ? r(true) : setTimeout(f, 20); f(); })",
-    );
-    assert_eq!(ready, json!(true));
-    session
+    b.open(page)
 }
 
 /// What the page drew, in pixels from the start of its time axis: the lanes' places and the marks of its last
@@ -358,48 +338,6 @@ fn a_hostile_trace_runs_no_script_of_its_own_and_lists_its_bad_lines() {
     assert!(errors.is_empty(), "{errors:#?}");
 }
 
-/// In-page: scrolls down, zooms in (ctrl + wheel) and scrolls right, a step per animation frame; returns each
-/// step's frame time (between animation frames) and draw time, in ms.
-const SCROLL_AND_ZOOM: &str = r#"(async () => {
-  const v = window.acpView, sc = document.getElementById('scroll');
-  const raf = () => new Promise(r => requestAnimationFrame(r));
-  const out = { scroll: [], zoom: [], pan: [] };
-  // From the input to the end of the animation frame that drew it (at most 10 frames), and the draw's own time.
-  const step = async (list, act) => {
-    await raf();
-    const draws = v.draws;
-    const before = performance.now();
-    act();
-    for (let k = 0; k < 10; k++) { await raf(); if (v.draws > draws) break; }
-    list.push([performance.now() - before, v.draws > draws ? v.lastDraw : NaN]);
-  };
-  for (let k = 0; k < 40; k++) await step(out.scroll, () => { sc.scrollTop += 350; });
-  sc.scrollTop = 0;
-  const r = sc.getBoundingClientRect();
-  for (let k = 0; k < 25; k++)
-    await step(out.zoom, () => sc.dispatchEvent(new WheelEvent('wheel',
-      { ctrlKey: true, deltaY: -100, clientX: r.left + r.width / 3, clientY: r.top + 100, cancelable: true })));
-  for (let k = 0; k < 40; k++) await step(out.pan, () => { sc.scrollLeft += 300; });
-  return out;
-})()"#;
-
-fn percentiles(name: &str, steps: &Value) -> String {
-    let mut frame: Vec<f64> = steps.as_array().unwrap().iter().map(|s| s[0].as_f64().unwrap()).collect();
-    let mut draw: Vec<f64> = steps.as_array().unwrap().iter().map(|s| s[1].as_f64().unwrap()).collect();
-    frame.sort_by(f64::total_cmp);
-    draw.sort_by(f64::total_cmp);
-    let at = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-    format!(
-        "{name}: {} steps, frame p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms; draw p50 {:.1} ms, max {:.1} ms",
-        frame.len(),
-        at(&frame, 0.5),
-        at(&frame, 0.95),
-        at(&frame, 1.0),
-        at(&draw, 0.5),
-        at(&draw, 1.0)
-    )
-}
-
 /// A day-long trace (100,000 records: the fixtures over and over, streamed turns of 1,000 chunks among them):
 /// the page shows the whole time axis at once, scrolls and zooms, and a streamed answer is one span whose click
 /// opens the joined text. The times are printed (the figures README gives), not asserted.
@@ -453,9 +391,9 @@ fn a_day_long_trace_opens_whole_and_a_streamed_answer_is_one_span() {
     let hi = items.iter().map(|i| i["x"][1].as_f64().unwrap()).fold(0.0, f64::max);
     assert!(lo < px(end) * 0.02 && hi > px(end) * 0.95, "marks drawn from {lo} to {hi} px of {}", px(end));
 
-    let times = b.eval(&session, SCROLL_AND_ZOOM);
+    let times = b.eval(&session, big_trace::SCROLL_AND_ZOOM);
     for part in ["scroll", "zoom", "pan"] {
-        eprintln!("big trace: {}", percentiles(part, &times[part]));
+        eprintln!("big trace: {}", big_trace::percentiles(part, &times[part]));
     }
     let errors = b.errors();
     assert!(errors.is_empty(), "{errors:#?}");

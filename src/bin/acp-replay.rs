@@ -32,6 +32,13 @@ Usage:
       Write the trace as one self-contained HTML page: a lane per session, turns, tool calls, waits,
       the frames the shim changed; click a mark for its frames. Default PAGE: the trace's name with
       .html, beside it. --open: show it in the default browser. Bad lines are listed in the page.
+
+  acp-replay diff <A> [B] [--side-a client|agent] [--side-b client|agent] [--html PAGE.html]
+      Compare two traces or fixtures, aligned by session and turn: frames on one side only, frames that
+      differ (ids, times and paths of the machine ignored), how long each turn took. A side is what Coda
+      saw (client, the default) or what the CLI saw (agent: as if Coda had talked to it directly). One
+      trace alone: its agent side against its client side (what the shim changed). --html: the viewer's
+      page with both sides' lanes. Exit 0: alike, 1: they differ, 2: bad arguments or an unreadable file.
 ";
 
 /// The help, with the data-folder variables of the adapters.
@@ -56,6 +63,7 @@ fn main() {
         Some("check") => run(check(&args[1..])),
         Some("play") => play(&args[1..]),
         Some("view") => run(view(&args[1..])),
+        Some("diff") => diff(&args[1..]),
         Some(_) => play(&args),
     };
     std::process::exit(code)
@@ -396,4 +404,74 @@ fn view(args: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `acp-replay diff`: exit 0 when the two sides are alike, 1 when they differ, 2 on an error.
+fn diff(args: &[String]) -> i32 {
+    use replay::diff::{self, Which};
+    let (mut paths, mut sides, mut html) = (Vec::new(), [None, None], None);
+    let mut i = 0;
+    while i < args.len() {
+        let parsed: Result<(), String> = match args[i].as_str() {
+            flag @ ("--side-a" | "--side-b") => value(args, &mut i, flag).and_then(|v| {
+                let w = Which::parse(&v).ok_or_else(|| format!("{flag} {v:?}: expected client or agent"))?;
+                sides[usize::from(flag == "--side-b")] = Some(w);
+                Ok(())
+            }),
+            "--html" => value(args, &mut i, "--html").map(|v| html = Some(PathBuf::from(v))),
+            a if a.starts_with('-') => Err(format!("unknown option {a}")),
+            a if paths.len() < 2 => {
+                paths.push(PathBuf::from(a));
+                Ok(())
+            }
+            a => Err(format!("unexpected argument {a}")),
+        };
+        if let Err(e) = parsed {
+            return usage(e);
+        }
+        i += 1;
+    }
+    if paths.is_empty() {
+        return usage("which traces? acp-replay diff <A> [B]".into());
+    }
+    // One trace: what the CLI saw against what Coda saw.
+    let one = paths.len() == 1;
+    if one {
+        paths.push(paths[0].clone());
+    }
+    let which = [sides[0].unwrap_or(if one { Which::Agent } else { Which::Client }), sides[1].unwrap_or(Which::Client)];
+    let mut read = Vec::new();
+    for (path, w) in paths.iter().zip(which) {
+        let file = if path.is_dir() { path.join(replay::TRACE_FILE) } else { path.clone() };
+        match std::fs::File::open(&file) {
+            Ok(f) => read.push(diff::side::read(std::io::BufReader::with_capacity(1 << 16, f), w)),
+            Err(e) => {
+                eprintln!("acp-replay: cannot read {}: {e}", file.display());
+                return 2;
+            }
+        }
+    }
+    let (a, b) = (&read[0], &read[1]);
+    let report = diff::compare(a, b);
+    let name = |k: usize| format!("{} ({} side)", paths[k].display(), which[k].as_str());
+    print!("{}", diff::report::text(&report, a, b, &name(0), &name(1)));
+    if let Some(out) = html {
+        let title = format!(
+            "{} vs {}",
+            paths[0].file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            paths[1].file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        );
+        // It holds both traces' prompts: private, like them.
+        let written = private_file::open(&out, private_file::Write::Replace).and_then(|f| {
+            let mut w = std::io::BufWriter::new(f);
+            diff::page::write(&mut w, &report, a, b, &title)?;
+            w.flush()
+        });
+        if let Err(e) = written {
+            eprintln!("acp-replay: cannot write {}: {e}", out.display());
+            return 2;
+        }
+        eprintln!("acp-replay: wrote {}", out.display());
+    }
+    i32::from(report.differs())
 }

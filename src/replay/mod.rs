@@ -10,6 +10,7 @@
 //! writes), [`normalise`] (trace to fixture), [`check`](mod@check) (a shim binary against a fixture).
 
 pub mod check;
+pub mod diff;
 pub mod file_op;
 pub mod fixture;
 pub mod format;

@@ -144,3 +144,45 @@ pub fn write(path: &Path, records: usize) -> Made {
     out.flush().unwrap();
     Made { records: n, bytes, streamed_turns: streams }
 }
+
+/// In-page: scrolls down, zooms in (ctrl + wheel) and scrolls right, a step per animation frame; returns each
+/// step's frame time (between animation frames) and draw time, in ms.
+pub const SCROLL_AND_ZOOM: &str = r#"(async () => {
+  const v = window.acpView, sc = document.getElementById('scroll');
+  const raf = () => new Promise(r => requestAnimationFrame(r));
+  const out = { scroll: [], zoom: [], pan: [] };
+  // From the input to the end of the animation frame that drew it (at most 10 frames), and the draw's own time.
+  const step = async (list, act) => {
+    await raf();
+    const draws = v.draws;
+    const before = performance.now();
+    act();
+    for (let k = 0; k < 10; k++) { await raf(); if (v.draws > draws) break; }
+    list.push([performance.now() - before, v.draws > draws ? v.lastDraw : NaN]);
+  };
+  for (let k = 0; k < 40; k++) await step(out.scroll, () => { sc.scrollTop += 350; });
+  sc.scrollTop = 0;
+  const r = sc.getBoundingClientRect();
+  for (let k = 0; k < 25; k++)
+    await step(out.zoom, () => sc.dispatchEvent(new WheelEvent('wheel',
+      { ctrlKey: true, deltaY: -100, clientX: r.left + r.width / 3, clientY: r.top + 100, cancelable: true })));
+  for (let k = 0; k < 40; k++) await step(out.pan, () => { sc.scrollLeft += 300; });
+  return out;
+})()"#;
+
+pub fn percentiles(name: &str, steps: &Value) -> String {
+    let mut frame: Vec<f64> = steps.as_array().unwrap().iter().map(|s| s[0].as_f64().unwrap()).collect();
+    let mut draw: Vec<f64> = steps.as_array().unwrap().iter().map(|s| s[1].as_f64().unwrap()).collect();
+    frame.sort_by(f64::total_cmp);
+    draw.sort_by(f64::total_cmp);
+    let at = |v: &[f64], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    format!(
+        "{name}: {} steps, frame p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms; draw p50 {:.1} ms, max {:.1} ms",
+        frame.len(),
+        at(&frame, 0.5),
+        at(&frame, 0.95),
+        at(&frame, 1.0),
+        at(&draw, 0.5),
+        at(&draw, 1.0)
+    )
+}

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::Summary;
 use super::frames::{CHUNK, Store};
 use super::model::{Builder, Model};
-use super::read::{Line, Reader};
+use super::read::{Line, Reader, Record};
 
 const STYLE: &str = include_str!("page.css");
 const SCRIPT: &str = include_str!("page.js");
@@ -132,14 +132,7 @@ pub fn write(input: impl BufRead, out: &mut impl Write, title: &str) -> io::Resu
     }
     store.finish(&mut out)?;
     let model = builder.finish(reader.clock);
-    out.write_all(b"<script type=\"application/json\" id=\"model\">")?;
-    let page = PageModel { chunk: CHUNK, model: &model };
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, ScriptSafe);
-    page.serialize(&mut ser).map_err(io::Error::other)?;
-    out.write_all(b"</script>\n<script>\n")?;
-    out.write_all(SCRIPT.as_bytes())?;
-    out.write_all(b"</script>\n</body>\n</html>\n")?;
-    out.flush()?;
+    tail(&mut out, &model)?;
     Ok(Summary {
         frames: model.frames,
         lanes: model.lanes.len(),
@@ -147,6 +140,34 @@ pub fn write(input: impl BufRead, out: &mut impl Write, title: &str) -> io::Resu
         bad_lines: model.bad.len(),
         bytes: out.n,
     })
+}
+
+/// Writes the page of a model built elsewhere, whose frames are `records` (in the model's numbering).
+pub fn write_model<'a>(
+    out: &mut impl Write,
+    model: &Model,
+    records: impl Iterator<Item = &'a Record>,
+    title: &str,
+) -> io::Result<()> {
+    out.write_all(head(title).as_bytes())?;
+    let mut store = Store::new();
+    for rec in records {
+        store.push(rec, out)?;
+    }
+    store.finish(out)?;
+    tail(out, model)
+}
+
+/// The model and the script, after the frames.
+fn tail(out: &mut impl Write, model: &Model) -> io::Result<()> {
+    out.write_all(b"<script type=\"application/json\" id=\"model\">")?;
+    let page = PageModel { chunk: CHUNK, model };
+    let mut ser = serde_json::Serializer::with_formatter(&mut *out, ScriptSafe);
+    page.serialize(&mut ser).map_err(io::Error::other)?;
+    out.write_all(b"</script>\n<script>\n")?;
+    out.write_all(SCRIPT.as_bytes())?;
+    out.write_all(b"</script>\n</body>\n</html>\n")?;
+    out.flush()
 }
 
 /// What the page's script reads: the model and how the frames are chunked.

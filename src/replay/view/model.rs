@@ -164,6 +164,8 @@ pub struct Builder {
     /// The first item of each record (`NONE`: none).
     item_of: Vec<u32>,
     linker: Linker,
+    /// Frames are not linked with their other version (a page of one side of two traces: `acp-replay diff`).
+    no_links: bool,
     changed: Vec<Changed>,
     bad: Vec<BadLine>,
     end: f64,
@@ -639,9 +641,59 @@ impl Builder {
                 self.item_of.push(NONE);
                 self.end = self.end.max(rec.t);
                 self.record(i, &rec);
+                if self.no_links {
+                    return;
+                }
                 for found in self.linker.push(i, &rec) {
                     self.shim_mark(found, Some(&rec));
                 }
+            }
+        }
+    }
+
+    /// A builder for frames of one side only (what a peer sent and got), not linked to another version.
+    pub fn without_links() -> Builder {
+        Builder { no_links: true, ..Builder::new() }
+    }
+
+    /// The lane of `session` (made now when it is new), so lanes come in the order asked for.
+    pub fn lane_for(&mut self, session: &str) -> usize {
+        self.lane(session, 0.0)
+    }
+
+    /// Forgets the requests, turns, waits and text spans still open: the next records are of another trace.
+    pub fn next_trace(&mut self) {
+        self.client_asks.clear();
+        self.agent_asks.clear();
+        self.turns_running.clear();
+        self.waits.clear();
+        self.handling.clear();
+        self.own.clear();
+        self.tools.clear();
+        self.last_text.clear();
+    }
+
+    /// A mark of `kind` in `session`'s lane (made now when it is new) at `t`, for frames `frames` (record
+    /// indexes), in the lane's `shim` row: a difference `acp-replay diff` found.
+    pub fn add_mark(&mut self, session: &str, frames: &[usize], t: f64, label: String, state: &str, text: String) {
+        let Some(&first) = frames.first() else { return };
+        let lane = self.lane(session, t);
+        let keep = self.item_of.get(first).copied();
+        let last_text = self.last_text.get(&lane).copied();
+        let it = self.add(lane, Kind::Shim, first, t, label, "");
+        if let Some(k) = keep {
+            self.item_of[first] = k;
+        }
+        if let Some(l) = last_text {
+            self.last_text.insert(lane, l);
+        }
+        self.items[it].state = state.to_owned();
+        self.items[it].text = text;
+        self.items[it].red = true;
+        self.items[it].frames = frames.iter().map(|&f| f as u32).collect();
+        for &f in frames {
+            if let Some(other) = self.item_of(f) {
+                self.items[other].changed = true;
             }
         }
     }
