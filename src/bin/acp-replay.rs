@@ -39,6 +39,13 @@ Usage:
       saw (client, the default) or what the CLI saw (agent: as if Coda had talked to it directly). One
       trace alone: its agent side against its client side (what the shim changed). --html: the viewer's
       page with both sides' lanes. Exit 0: alike, 1: they differ, 2: bad arguments or an unreadable file.
+
+  acp-replay redact <TRACE.jsonl | FIXTURE> [-o OUT.jsonl] [--keep prompts,agent,tools,files|all]
+      Write a copy safe to share: prompts, the instruction, messages, file contents and tool output become
+      placeholders of the same shape and length class; the user name is replaced in paths and words;
+      API keys, bearer tokens and other secrets are masked everywhere. Records, methods, ids, times and
+      numbers are kept, so view and diff work on the copy. --keep: texts kept as they are (secrets and
+      user names masked still). Default OUT: the trace's name with .redacted.jsonl, beside it.
 ";
 
 /// The help, with the data-folder variables of the adapters.
@@ -64,6 +71,7 @@ fn main() {
         Some("play") => play(&args[1..]),
         Some("view") => run(view(&args[1..])),
         Some("diff") => diff(&args[1..]),
+        Some("redact") => run(redact(&args[1..])),
         Some(_) => play(&args),
     };
     std::process::exit(code)
@@ -474,4 +482,41 @@ fn diff(args: &[String]) -> i32 {
         eprintln!("acp-replay: wrote {}", out.display());
     }
     i32::from(report.differs())
+}
+
+/// `acp-replay redact`: a copy of a trace safe to share (`coda_shim::replay::redact`).
+fn redact(args: &[String]) -> Result<(), String> {
+    let (mut trace, mut out, mut keep) = (None, None, replay::redact::Keep::default());
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "-o" | "--output" => out = Some(PathBuf::from(value(args, &mut i, "-o")?)),
+            "--keep" => keep = replay::redact::Keep::parse(&value(args, &mut i, "--keep")?)?,
+            "--keep-texts" => keep = replay::redact::Keep::ALL,
+            a if a.starts_with('-') => return Err(format!("unknown option {a}")),
+            a if trace.is_none() => trace = Some(PathBuf::from(a)),
+            a => return Err(format!("unexpected argument {a}")),
+        }
+        i += 1;
+    }
+    let trace = trace.ok_or("usage: acp-replay redact <TRACE.jsonl | FIXTURE> [-o OUT.jsonl]")?;
+    let file = if trace.is_dir() { trace.join(replay::TRACE_FILE) } else { trace.clone() };
+    let out = out.unwrap_or_else(|| file.with_extension("redacted.jsonl"));
+    if std::fs::canonicalize(&out).ok().is_some_and(|o| std::fs::canonicalize(&file).ok() == Some(o)) {
+        return Err(format!("{} is the trace itself; give another -o", out.display()));
+    }
+    let reopen = || std::fs::File::open(&file).map(|f| std::io::BufReader::with_capacity(1 << 16, f));
+    reopen().map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    // The copy is meant to be shared, but what is kept of it (--keep) is the user's: private until they share it.
+    let counts = private_file::open(&out, private_file::Write::Replace)
+        .and_then(|f| replay::redact::redact(reopen, &mut std::io::BufWriter::new(f), keep))
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    eprintln!(
+        "acp-replay: wrote {} ({} records, {} texts replaced, {} unreadable lines replaced)",
+        out.display(),
+        counts.records,
+        counts.texts,
+        counts.unreadable
+    );
+    Ok(())
 }

@@ -17,6 +17,7 @@ pub mod format;
 pub mod homes;
 pub mod normalise;
 pub mod placeholder;
+pub mod redact;
 pub mod script;
 pub mod view;
 

@@ -84,6 +84,41 @@ fn excerpt(text: &str) -> String {
     out
 }
 
+/// Reads the next line of `input` into `buf` (without its newline): `Ok(None)` at the end, `Ok(Some(false))`
+/// for a line over [`MAX_LINE`] (read through; `buf` holds its first bytes), `Ok(Some(true))` otherwise. `cut`
+/// is set for a last line without its newline.
+pub fn next_line(input: &mut impl BufRead, buf: &mut Vec<u8>, cut: &mut bool) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let mut over = false;
+    loop {
+        let chunk = input.fill_buf()?;
+        if chunk.is_empty() {
+            if buf.is_empty() && !over {
+                return Ok(None);
+            }
+            *cut = true;
+            return Ok(Some(!over));
+        }
+        let (take, done) = match memchr::memchr(b'\n', chunk) {
+            Some(at) => (at, true),
+            None => (chunk.len(), false),
+        };
+        if !over {
+            if buf.len() + take > MAX_LINE {
+                over = true;
+                let room = (EXCERPT_CHARS * 4).saturating_sub(buf.len());
+                buf.extend_from_slice(&chunk[..take.min(room)]);
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        input.consume(take + usize::from(done));
+        if done {
+            return Ok(Some(!over));
+        }
+    }
+}
+
 /// What the next line of a trace is.
 #[derive(Debug)]
 pub enum Line {
@@ -125,40 +160,8 @@ impl<R: BufRead> Reader<R> {
         BadLine { line: self.lineno, reason: reason.into(), excerpt: excerpt(text) }
     }
 
-    /// Reads the next line into `buf` (without its newline); `Ok(None)` at the end, `Ok(Some(false))` for a
-    /// line over [`MAX_LINE`] (skipped), `Ok(Some(true))` otherwise. The flag `cut` is set for a last line
-    /// without its newline.
     fn next_line(&mut self, cut: &mut bool) -> std::io::Result<Option<bool>> {
-        self.buf.clear();
-        let mut over = false;
-        loop {
-            let chunk = self.input.fill_buf()?;
-            if chunk.is_empty() {
-                if self.buf.is_empty() && !over {
-                    return Ok(None);
-                }
-                *cut = true;
-                return Ok(Some(!over));
-            }
-            let (take, done) = match memchr::memchr(b'\n', chunk) {
-                Some(at) => (at, true),
-                None => (chunk.len(), false),
-            };
-            if !over {
-                if self.buf.len() + take > MAX_LINE {
-                    over = true;
-                    let keep = EXCERPT_CHARS * 4;
-                    let room = keep.saturating_sub(self.buf.len());
-                    self.buf.extend_from_slice(&chunk[..take.min(room)]);
-                } else {
-                    self.buf.extend_from_slice(&chunk[..take]);
-                }
-            }
-            self.input.consume(take + usize::from(done));
-            if done {
-                return Ok(Some(!over));
-            }
-        }
+        next_line(&mut self.input, &mut self.buf, cut)
     }
 
     /// The next record or bad line; `None` at the end of the trace (or after a read error, listed as bad).
