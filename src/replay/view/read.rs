@@ -105,9 +105,10 @@ pub fn next_line(input: &mut impl BufRead, buf: &mut Vec<u8>, cut: &mut bool) ->
         };
         if !over {
             if buf.len() + take > MAX_LINE {
+                // Kept: its first bytes, for the excerpt; the memory of the rest is given back.
                 over = true;
-                let room = (EXCERPT_CHARS * 4).saturating_sub(buf.len());
-                buf.extend_from_slice(&chunk[..take.min(room)]);
+                buf.truncate(EXCERPT_CHARS * 4);
+                buf.shrink_to_fit();
             } else {
                 buf.extend_from_slice(&chunk[..take]);
             }
@@ -316,6 +317,21 @@ mod tests {
         assert!(bad[2].1.contains("sideways"));
         assert_eq!(bad[3].0, 6);
         assert!(bad[3].1.starts_with("cut short"), "{}", bad[3].1);
+    }
+
+    #[test]
+    fn an_endless_line_is_read_through_and_listed_not_kept() {
+        use std::io::Read;
+        let endless = std::io::repeat(b'x').take(MAX_LINE as u64 + 10);
+        let rest: &[u8] = b"\n{\"t\":1,\"dir\":\"client->shim\",\"frame\":{\"jsonrpc\":\"2.0\",\"method\":\"m\"}}\n";
+        let mut reader = Reader::new(std::io::BufReader::new(endless.chain(rest)));
+        let Some(Line::Bad(b)) = reader.next() else { panic!("the long line is listed") };
+        assert_eq!(b.line, 1);
+        assert!(b.reason.starts_with("longer than 64 MiB"), "{}", b.reason);
+        assert!(reader.buf.capacity() < 1 << 20, "not held: {}", reader.buf.capacity());
+        let Some(Line::Record(r)) = reader.next() else { panic!("the next line is read") };
+        assert_eq!((r.line, r.t), (2, 0.0));
+        assert!(reader.next().is_none());
     }
 
     #[test]
