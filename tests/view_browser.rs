@@ -437,3 +437,46 @@ fn a_day_long_trace_opens_whole_and_a_streamed_answer_is_one_span() {
     let errors = b.errors();
     assert!(errors.is_empty(), "{errors:#?}");
 }
+
+/// `acp-replay diff --html`: the viewer's page of both sides loads cleanly, each session's A lane right above
+/// its B lane, every frame of no session in its side's own connection lane, and a click on a difference mark
+/// shows both frames.
+#[test]
+fn the_diff_page_draws_both_sides_lanes_in_pairs() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("diff.html");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_acp-replay"))
+        .arg("diff")
+        .arg(fixtures_root().join("kimi/subagent-background"))
+        .arg("--html")
+        .arg(&page)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "the shim changed frames");
+    let mut b = Browser::launch(&chromium);
+    let session = open(&mut b, &page);
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let g = b.eval(&session, GEOMETRY);
+    let lanes: Vec<&str> = g["lanes"].as_array().unwrap().iter().map(|l| l["session"].as_str().unwrap()).collect();
+    assert_eq!(&lanes[..2], ["A · connection", "B · connection"], "{lanes:?}");
+    let sid = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let a = lanes.iter().position(|l| *l == format!("A · {sid}")).unwrap();
+    assert_eq!(lanes[a + 1], format!("B · {sid}"), "{lanes:?}");
+    let items = g["items"].as_array().unwrap();
+    let inits: Vec<&str> = items
+        .iter()
+        .filter(|i| i["kind"] == "request" && i["session"].as_str().unwrap().ends_with("connection"))
+        .map(|i| i["session"].as_str().unwrap())
+        .collect();
+    assert!(inits.contains(&"A · connection") && inits.contains(&"B · connection"), "{inits:?}");
+    let mark = items.iter().find(|i| i["kind"] == "shim" && i["state"] == "differs").expect("a difference mark");
+    let place = place_of(&mut b, &session, mark["i"].as_u64().unwrap());
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert!(shown["h2"].as_str().unwrap().contains("differs"), "{shown}");
+    assert_eq!(shown["frames"], json!(2), "both sides' frames: {shown}");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+}

@@ -23,6 +23,13 @@ fn record(f: &Frame, side: &str) -> Record {
             *s = lane_name(side, s);
         }
     }
+    // Frames of no session: in the side's own connection lane.
+    if frame.get("method").is_some() && frame.pointer("/params/sessionId").is_none() {
+        if !frame.get("params").is_some_and(Value::is_object) {
+            frame["params"] = Value::Object(Default::default());
+        }
+        frame["params"]["sessionId"] = Value::String(lane_name(side, ""));
+    }
     let dir = if f.sent { Dir::ClientToShim } else { Dir::ShimToClient };
     Record { line: f.line, t: f.t, dir, shim: false, raw: f.raw.clone(), frame: Some(frame), not_json: false }
 }
