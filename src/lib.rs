@@ -19,7 +19,8 @@
 //!   arguments, set-up, finding the CLI on a short PATH, prompt mode, `doctor`.
 //! - [`adapters`]: one module per wrapped CLI (`adapters/<agent>/`, mounted from the top-level folder): its
 //!   `adapter()` value and its layers.
-//! - [`replay`]: the recording format, the player and checker behind `acp-replay`, and the trace viewer.
+//! - [`replay`]: the recording format, the player and checker behind `acp-replay`, the trace viewer, `diff`
+//!   and `redact`.
 //!
 //! # Data flow
 //!

@@ -2,13 +2,15 @@
 //!
 //! The traces: what each of the four shims wrote with `CODA_SHIM_TRACE` while replaying one of its fixtures
 //! (real `--trace-file` output, wall-clock times), one fixture as committed (relative times), and a hostile
-//! trace. Skipped, loudly, only when Chromium is missing and `CODA_REQUIRE_BROWSER` is unset (`.ci/run` installs
+//! trace; and a day-long trace of 100,000 records (first paint, scroll and zoom frame times printed). Skipped, loudly, only when Chromium is missing and `CODA_REQUIRE_BROWSER` is unset (`.ci/run` installs
 //! it and sets it).
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+#[path = "support/big_trace.rs"]
+mod big_trace;
 mod support;
 use support::cdp::{self, Browser};
 use support::replay::{check_with_env, fixtures_root};
@@ -64,44 +66,20 @@ fn write_page(trace: &Path, dir: &Path) -> PathBuf {
     out
 }
 
-/// Opens `page` in a fresh tab; returns the tab's session once the page's script has drawn it.
 fn open(b: &mut Browser, page: &Path) -> String {
-    let target = b.call(None, "Target.createTarget", json!({"url": "about:blank"}))["targetId"].clone();
-    let session = b.call(None, "Target.attachToTarget", json!({"targetId": target, "flatten": true}))["sessionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    for m in ["Runtime.enable", "Log.enable", "Page.enable"] {
-        b.call(Some(&session), m, json!({}));
-    }
-    let metrics = json!({"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": false});
-    b.call(Some(&session), "Emulation.setDeviceMetricsOverride", metrics);
-    b.events.clear();
-    let url = format!("file://{}", page.display());
-    b.call(Some(&session), "Page.navigate", json!({"url": url}));
-    b.wait_event("Page.loadEventFired");
-    let ready = b.eval(
-        &session,
-        "new Promise(r => { const f = () => document.body.dataset.ready ? r(true) : setTimeout(f, 20); f(); })",
-    );
-    assert_eq!(ready, json!(true));
-    session
+    b.open(page)
 }
 
-/// What the page drew, in pixels from the canvas's left edge.
+/// What the page drew, in pixels from the start of its time axis: the lanes' places and the marks of its last
+/// draw (with the states a wait bar was painted in), as the page reports them (`window.acpView`).
 const GEOMETRY: &str = r#"(() => {
+  const v = window.acpView;
   const canvas = document.getElementById('canvas');
-  const c = canvas.getBoundingClientRect();
-  const x = (r) => [r.left - c.left, r.right - c.left];
   return {
-    width: +canvas.dataset.width, span: +canvas.dataset.span,
-    lanes: [...document.querySelectorAll('.lane')].map(l => ({
-      session: l.dataset.session, parent: l.dataset.parent || null, top: l.getBoundingClientRect().top,
-      life: x(l.querySelector('.life').getBoundingClientRect())[0] })),
-    items: [...document.querySelectorAll('.item')].map(e => ({
-      kind: e.dataset.kind, session: e.parentElement.dataset.session, x: x(e.getBoundingClientRect()),
-      wait: e.dataset.wait || null, state: e.dataset.state || null,
-      segs: [...e.querySelectorAll('.seg, .cap')].map(s => s.dataset.state) })),
+    width: +canvas.dataset.width, span: +canvas.dataset.span, lanes: v.lanes(),
+    items: v.drawn.map(d => { const it = v.model.items[d.i];
+      return { i: d.i, kind: d.kind, session: d.session, x: d.x, y: d.y, wait: it.wait || null,
+               state: it.state || null, segs: d.painted }; }),
   };
 })()"#;
 
@@ -180,32 +158,79 @@ fn check_page(b: &mut Browser, session: &str, trace: &Path) -> (usize, usize) {
     (turns, waits)
 }
 
+/// Where mark `i` is on screen once the page has brought it into view: the point to click (viewport px), what
+/// covers that point, and the canvas's pixel there (RGBA).
+fn place_of(b: &mut Browser, session: &str, i: u64) -> Value {
+    b.eval(
+        session,
+        &format!(
+            r#"(() => {{
+          const v = window.acpView;
+          v.scrollToItem({i});
+          const d = v.drawn.find(d => d.i === {i});
+          if (!d) return null;
+          const view = document.getElementById('view').getBoundingClientRect();
+          const sc = document.getElementById('scroll');
+          const x = view.left + v.labels + Math.min((d.x[0] + d.x[1]) / 2, d.x[0] + 3) - sc.scrollLeft;
+          const y = view.top + v.axis + d.y - sc.scrollTop + 11;
+          const hit = document.elementFromPoint(x, y);
+          const c = document.getElementById('canvas');
+          const dpr = window.devicePixelRatio || 1;
+          const px = c.getContext('2d').getImageData(Math.round((x - view.left) * dpr), Math.round((y - view.top) * dpr), 1, 1).data;
+          return {{ x, y, over: hit && (hit.id || hit.tagName), pixel: [...px], kind: d.kind }};
+        }})()"#
+        ),
+    )
+}
+
+/// The page's background colour as the canvas paints it.
+fn background(b: &mut Browser, session: &str) -> Value {
+    b.eval(
+        session,
+        r#"(() => { const c = document.createElement('canvas').getContext('2d');
+          c.fillStyle = getComputedStyle(document.documentElement).getPropertyValue('--bg').trim();
+          c.fillRect(0, 0, 1, 1); return [...c.getImageData(0, 0, 1, 1).data]; })()"#,
+    )
+}
+
+/// Clicks at `(x, y)` with the mouse and waits until the detail panel has read the mark's frames; returns the
+/// panel's heading, meta lines, first frame's head and JSON, and joined text.
+fn click(b: &mut Browser, session: &str, x: &Value, y: &Value) -> Value {
+    for kind in ["mousePressed", "mouseReleased"] {
+        let ev = json!({"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1});
+        b.call(Some(session), "Input.dispatchMouseEvent", ev);
+    }
+    b.eval(
+        session,
+        r#"new Promise(r => { const d = document.getElementById('detail');
+          const f = () => { if (d.hidden || !d.dataset.loaded) return setTimeout(f, 20);
+            const fr = d.querySelector('.frame'); const j = d.querySelector('pre.joined');
+            r({hidden: d.hidden, h2: d.querySelector('h2').textContent,
+               meta: [...d.querySelectorAll('.meta')].map(m => m.textContent),
+               frames: d.querySelectorAll('.frame').length,
+               head: fr && fr.querySelector('.fh').textContent, json: fr && fr.querySelector('pre').textContent,
+               joined: j && j.textContent}); };
+          f(); })"#,
+    )
+}
+
 /// Clicks the first wait bar (else the first turn) with the mouse; the frame shown is its first frame.
 fn click_opens_the_frame(b: &mut Browser, session: &str, trace: &Path) {
     let name = trace.display().to_string();
-    let target = b.eval(
-        session,
-        r#"(() => {
-          const e = document.querySelector('.item.k-wait') || document.querySelector('.item.k-turn');
-          e.scrollIntoView({block: 'center', inline: 'center'});
-          const r = e.getBoundingClientRect();
-          const hit = document.elementFromPoint(r.left + Math.min(r.width / 2, 3), r.top + r.height / 2);
-          return {kind: e.dataset.kind, wait: e.dataset.wait || null, t: +e.dataset.t,
-                  x: r.left + Math.min(r.width / 2, 3), y: r.top + r.height / 2, covered: !e.contains(hit)};
-        })()"#,
-    );
-    assert_eq!(target["covered"], json!(false), "{name}: the mark is under something else: {target}");
+    let g = b.eval(session, GEOMETRY);
+    let items = g["items"].as_array().unwrap();
+    let target = items
+        .iter()
+        .find(|i| i["kind"] == "wait")
+        .or_else(|| items.iter().find(|i| i["kind"] == "turn"))
+        .unwrap_or_else(|| panic!("{name}: neither a wait nor a turn drawn"))
+        .clone();
+    let place = place_of(b, session, target["i"].as_u64().unwrap());
+    assert_eq!(place["over"], json!("space"), "{name}: the mark is under something else: {place}");
+    let bg = background(b, session);
+    assert_ne!(place["pixel"], bg, "{name}: nothing painted where the mark is: {place}");
     assert_eq!(b.eval(session, "document.getElementById('detail').hidden"), json!(true));
-    for kind in ["mousePressed", "mouseReleased"] {
-        let ev = json!({"type": kind, "x": target["x"], "y": target["y"], "button": "left", "clickCount": 1});
-        b.call(Some(session), "Input.dispatchMouseEvent", ev);
-    }
-    let shown = b.eval(
-        session,
-        r#"(() => { const d = document.getElementById('detail');
-          const f = d.querySelector('.frame');
-          return {hidden: d.hidden, head: f && f.querySelector('.fh').textContent, json: f && f.querySelector('pre').textContent}; })()"#,
-    );
+    let shown = click(b, session, &place["x"], &place["y"]);
     assert_eq!(shown["hidden"], json!(false), "{name}: the click opened nothing");
     let recs = records(trace);
     let first = if let Some(w) = target["wait"].as_str() {
@@ -281,13 +306,18 @@ fn a_hostile_trace_runs_no_script_of_its_own_and_lists_its_bad_lines() {
     let seen = b.eval(
         &session,
         r#"(() => ({
-          scripts: document.scripts.length, imgs: document.images.length,
+          scripts: [...document.scripts].map(s => s.type || 'javascript'), imgs: document.images.length,
           bad: [...document.querySelectorAll('#bad li')].map(li => li.textContent),
           badShown: !document.getElementById('bad').hidden,
-          lane: [...document.querySelectorAll('.lane')].map(l => l.dataset.session),
-          turn: document.querySelector('.item.k-turn').title }))()"#,
+          lane: window.acpView.lanes().map(l => l.session),
+          turn: window.acpView.drawn.find(d => d.kind === 'turn').i }))()"#,
     );
-    assert_eq!(seen["scripts"], json!(2), "the model and the page's own script, nothing else");
+    let scripts = seen["scripts"].as_array().unwrap();
+    assert_eq!(
+        scripts.iter().filter(|t| !t.as_str().unwrap().starts_with("application/")).count(),
+        1,
+        "the page's own script and nothing else runs: {scripts:?}"
+    );
     assert_eq!(seen["imgs"], json!(0));
     assert_eq!(seen["badShown"], json!(true));
     let bad = seen["bad"].as_array().unwrap();
@@ -296,5 +326,157 @@ fn a_hostile_trace_runs_no_script_of_its_own_and_lists_its_bad_lines() {
     assert!(bad[1].as_str().unwrap().starts_with("line 3: not a record"), "{bad:?}");
     assert!(bad[2].as_str().unwrap().starts_with("line 4: cut short"), "{bad:?}");
     assert!(seen["lane"].as_array().unwrap().contains(&json!("s<b>1")));
-    assert!(seen["turn"].as_str().unwrap().contains("</script><script>alert(1)</script>"), "{}", seen["turn"]);
+    // The turn's prompt is text on the canvas and in the panel, never markup.
+    let place = place_of(&mut b, &session, seen["turn"].as_u64().unwrap());
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert!(shown["h2"].as_str().unwrap().contains("</script><script>alert(1)</script>"), "{shown}");
+    assert_eq!(
+        b.eval(&session, "document.images.length + document.querySelectorAll('#detail script').length"),
+        json!(0)
+    );
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+/// A day-long trace (100,000 records: the fixtures over and over, streamed turns of 1,000 chunks among them):
+/// the page shows the whole time axis at once, scrolls and zooms, and a streamed answer is one span whose click
+/// opens the joined text. The times are printed (the figures README gives), not asserted.
+#[test]
+fn a_day_long_trace_opens_whole_and_a_streamed_answer_is_one_span() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let trace_dir = dir.path().join("day");
+    std::fs::create_dir(&trace_dir).unwrap();
+    let trace = trace_dir.join("trace.jsonl");
+    let made = big_trace::write(&trace, 100_000);
+    let written = std::time::Instant::now();
+    let page = write_page(&trace, dir.path());
+    eprintln!(
+        "big trace: {} records, {} bytes -> page of {} bytes in {:?} (this build)",
+        made.records,
+        made.bytes,
+        std::fs::metadata(&page).unwrap().len(),
+        written.elapsed()
+    );
+    let mut b = Browser::launch(&chromium);
+    let opened = std::time::Instant::now();
+    let session = open(&mut b, &page);
+    let wall = opened.elapsed();
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let first = b.eval(
+        &session,
+        r#"(() => { const v = window.acpView; const sc = document.getElementById('scroll');
+          return { readyAt: v.readyAt, lastDraw: v.lastDraw, fit: sc.clientWidth, frames: v.model.frames,
+                   items: v.model.items.length, end: v.model.end }; })()"#,
+    );
+    eprintln!(
+        "big trace: first paint {:.0} ms after navigation started ({wall:?} from the test's navigate to ready), first draw {:.1} ms",
+        first["readyAt"].as_f64().unwrap(),
+        first["lastDraw"].as_f64().unwrap()
+    );
+    assert_eq!(first["frames"].as_u64().unwrap() as usize, made.records);
+
+    // The whole time axis at first paint: the canvas is the view's width, and the marks drawn reach from the
+    // start of the trace to its end.
+    let g = b.eval(&session, GEOMETRY);
+    let (width, span) = (g["width"].as_f64().unwrap(), g["span"].as_f64().unwrap());
+    assert_eq!(width, first["fit"].as_f64().unwrap(), "fitted to the view");
+    let end = first["end"].as_f64().unwrap();
+    let px = |t: f64| t / span * width;
+    let items = g["items"].as_array().unwrap();
+    assert!(!items.is_empty());
+    assert!(items.len() < first["items"].as_u64().unwrap() as usize / 4, "only what is on screen is drawn");
+    let lo = items.iter().map(|i| i["x"][0].as_f64().unwrap()).fold(f64::MAX, f64::min);
+    let hi = items.iter().map(|i| i["x"][1].as_f64().unwrap()).fold(0.0, f64::max);
+    assert!(lo < px(end) * 0.02 && hi > px(end) * 0.95, "marks drawn from {lo} to {hi} px of {}", px(end));
+
+    let times = b.eval(&session, big_trace::SCROLL_AND_ZOOM);
+    for part in ["scroll", "zoom", "pan"] {
+        eprintln!("big trace: {}", big_trace::percentiles(part, &times[part]));
+    }
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+
+    // The last lane with marks, scrolled to at the whole trace's zoom, is drawn.
+    let last = b.eval(
+        &session,
+        r#"(() => { const v = window.acpView; const sc = document.getElementById('scroll');
+          document.getElementById('zoom-fit').click();
+          sc.scrollTop = sc.scrollHeight;
+          const used = new Set(v.model.items.map(i => v.model.lanes[i.lane].session));
+          return new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => {
+            const lanes = v.lanes().filter(l => used.has(l.session)); const s = lanes[lanes.length - 1].session;
+            r({ session: s, drawn: v.drawn.filter(d => d.session === s).length }); }))); })()"#,
+    );
+    assert!(last["drawn"].as_u64().unwrap() > 0, "the last lane is drawn once scrolled to: {last}");
+
+    // A streamed answer: one span of all its chunks; a click opens the joined text and its frames.
+    let span_item = b.eval(
+        &session,
+        &format!(
+            "window.acpView.model.items.findIndex(i => i.kind === 'text' && i.frames.length === {})",
+            big_trace::STREAM_CHUNKS
+        ),
+    );
+    let n = span_item.as_i64().unwrap();
+    assert!(n >= 0, "no span of {} chunks", big_trace::STREAM_CHUNKS);
+    let texts = b.eval(
+        &session,
+        &format!("window.acpView.model.items.filter(i => i.kind === 'text' && i.frames.length > 1 && i.frames.length < {}).length", big_trace::STREAM_CHUNKS),
+    );
+    assert!(texts.as_u64().is_some());
+    let place = place_of(&mut b, &session, n as u64);
+    assert_eq!(place["over"], json!("space"), "{place}");
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert_eq!(shown["joined"], json!(big_trace::streamed_text(big_trace::STREAM_CHUNKS)));
+    let meta: Vec<&str> = shown["meta"].as_array().unwrap().iter().map(|m| m.as_str().unwrap()).collect();
+    assert!(meta.contains(&format!("{} chunks, joined", big_trace::STREAM_CHUNKS).as_str()), "{meta:?}");
+    assert!(meta.iter().any(|m| m.starts_with("… and ")), "{meta:?}");
+    assert_eq!(shown["frames"], json!(40), "the first frames of the span are shown");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+/// `acp-replay diff --html`: the viewer's page of both sides loads cleanly, each session's A lane right above
+/// its B lane, every frame of no session in its side's own connection lane, and a click on a difference mark
+/// shows both frames.
+#[test]
+fn the_diff_page_draws_both_sides_lanes_in_pairs() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("diff.html");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_acp-replay"))
+        .arg("diff")
+        .arg(fixtures_root().join("kimi/subagent-background"))
+        .arg("--html")
+        .arg(&page)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "the shim changed frames");
+    let mut b = Browser::launch(&chromium);
+    let session = open(&mut b, &page);
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let g = b.eval(&session, GEOMETRY);
+    let lanes: Vec<&str> = g["lanes"].as_array().unwrap().iter().map(|l| l["session"].as_str().unwrap()).collect();
+    assert_eq!(&lanes[..2], ["A · connection", "B · connection"], "{lanes:?}");
+    let sid = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let a = lanes.iter().position(|l| *l == format!("A · {sid}")).unwrap();
+    assert_eq!(lanes[a + 1], format!("B · {sid}"), "{lanes:?}");
+    let items = g["items"].as_array().unwrap();
+    let inits: Vec<&str> = items
+        .iter()
+        .filter(|i| i["kind"] == "request" && i["session"].as_str().unwrap().ends_with("connection"))
+        .map(|i| i["session"].as_str().unwrap())
+        .collect();
+    assert!(inits.contains(&"A · connection") && inits.contains(&"B · connection"), "{inits:?}");
+    let mark = items.iter().find(|i| i["kind"] == "shim" && i["state"] == "differs").expect("a difference mark");
+    let place = place_of(&mut b, &session, mark["i"].as_u64().unwrap());
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert!(shown["h2"].as_str().unwrap().contains("differs"), "{shown}");
+    assert_eq!(shown["frames"], json!(2), "both sides' frames: {shown}");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
 }

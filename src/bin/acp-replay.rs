@@ -32,6 +32,20 @@ Usage:
       Write the trace as one self-contained HTML page: a lane per session, turns, tool calls, waits,
       the frames the shim changed; click a mark for its frames. Default PAGE: the trace's name with
       .html, beside it. --open: show it in the default browser. Bad lines are listed in the page.
+
+  acp-replay diff <A> [B] [--side-a client|agent] [--side-b client|agent] [--html PAGE.html]
+      Compare two traces or fixtures, aligned by session and turn: frames on one side only, frames that
+      differ (ids, times and paths of the machine ignored), how long each turn took. A side is what Coda
+      saw (client, the default) or what the CLI saw (agent: as if Coda had talked to it directly). One
+      trace alone: its agent side against its client side (what the shim changed). --html: the viewer's
+      page with both sides' lanes. Exit 0: alike, 1: they differ, 2: bad arguments or an unreadable file.
+
+  acp-replay redact <TRACE.jsonl | FIXTURE> [-o OUT.jsonl] [--keep prompts,agent,tools,files|all]
+      Write a copy safe to share: prompts, the instruction, messages, file contents and tool output become
+      placeholders of the same shape and length class; the user name is replaced in paths and words;
+      API keys, bearer tokens and other secrets are masked everywhere. Records, methods, ids, times and
+      numbers are kept, so view and diff work on the copy. --keep: texts kept as they are (secrets and
+      user names masked still). Default OUT: the trace's name with .redacted.jsonl, beside it.
 ";
 
 /// The help, with the data-folder variables of the adapters.
@@ -56,6 +70,8 @@ fn main() {
         Some("check") => run(check(&args[1..])),
         Some("play") => play(&args[1..]),
         Some("view") => run(view(&args[1..])),
+        Some("diff") => diff(&args[1..]),
+        Some("redact") => run(redact(&args[1..])),
         Some(_) => play(&args),
     };
     std::process::exit(code)
@@ -363,19 +379,23 @@ fn view(args: &[String]) -> Result<(), String> {
     let trace = trace.ok_or("usage: acp-replay view <TRACE.jsonl | FIXTURE> [-o PAGE.html] [--open]")?;
     // A fixture folder: its recording.
     let file = if trace.is_dir() { trace.join(replay::TRACE_FILE) } else { trace.clone() };
-    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let input = std::fs::File::open(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let out = out.unwrap_or_else(|| file.with_extension("html"));
     let title = trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let started = Instant::now();
-    let (page, summary) = replay::view::page(&bytes, &title);
-    // The page holds every prompt of the trace: private, like the trace.
-    private_file::open(&out, private_file::Write::Replace)
-        .and_then(|mut f| f.write_all(page.as_bytes()))
+    // The page holds every prompt of the trace: private, like the trace. Written as the trace is read.
+    let summary = private_file::open(&out, private_file::Write::Replace)
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, f);
+            let summary = replay::view::write_page(std::io::BufReader::with_capacity(1 << 16, input), &mut w, &title)?;
+            w.flush()?;
+            Ok(summary)
+        })
         .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     eprintln!(
         "acp-replay: wrote {} ({} bytes; {} frames, {} lanes, {} marks, {} bad lines) in {:?}",
         out.display(),
-        page.len(),
+        summary.bytes,
         summary.frames,
         summary.lanes,
         summary.items,
@@ -391,5 +411,112 @@ fn view(args: &[String]) -> Result<(), String> {
             Err(e) => return Err(format!("cannot run {opener}: {e}")),
         }
     }
+    Ok(())
+}
+
+/// `acp-replay diff`: exit 0 when the two sides are alike, 1 when they differ, 2 on an error.
+fn diff(args: &[String]) -> i32 {
+    use replay::diff::{self, Which};
+    let (mut paths, mut sides, mut html) = (Vec::new(), [None, None], None);
+    let mut i = 0;
+    while i < args.len() {
+        let parsed: Result<(), String> = match args[i].as_str() {
+            flag @ ("--side-a" | "--side-b") => value(args, &mut i, flag).and_then(|v| {
+                let w = Which::parse(&v).ok_or_else(|| format!("{flag} {v:?}: expected client or agent"))?;
+                sides[usize::from(flag == "--side-b")] = Some(w);
+                Ok(())
+            }),
+            "--html" => value(args, &mut i, "--html").map(|v| html = Some(PathBuf::from(v))),
+            a if a.starts_with('-') => Err(format!("unknown option {a}")),
+            a if paths.len() < 2 => {
+                paths.push(PathBuf::from(a));
+                Ok(())
+            }
+            a => Err(format!("unexpected argument {a}")),
+        };
+        if let Err(e) = parsed {
+            return usage(e);
+        }
+        i += 1;
+    }
+    if paths.is_empty() {
+        return usage("which traces? acp-replay diff <A> [B]".into());
+    }
+    // One trace: what the CLI saw against what Coda saw.
+    let one = paths.len() == 1;
+    if one {
+        paths.push(paths[0].clone());
+    }
+    let which = [sides[0].unwrap_or(if one { Which::Agent } else { Which::Client }), sides[1].unwrap_or(Which::Client)];
+    let mut read = Vec::new();
+    for (path, w) in paths.iter().zip(which) {
+        let file = if path.is_dir() { path.join(replay::TRACE_FILE) } else { path.clone() };
+        match std::fs::File::open(&file) {
+            Ok(f) => read.push(diff::side::read(std::io::BufReader::with_capacity(1 << 16, f), w)),
+            Err(e) => {
+                eprintln!("acp-replay: cannot read {}: {e}", file.display());
+                return 2;
+            }
+        }
+    }
+    let (a, b) = (&read[0], &read[1]);
+    let report = diff::compare(a, b);
+    let name = |k: usize| format!("{} ({} side)", paths[k].display(), which[k].as_str());
+    print!("{}", diff::report::text(&report, a, b, &name(0), &name(1)));
+    if let Some(out) = html {
+        let title = format!(
+            "{} vs {}",
+            paths[0].file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            paths[1].file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        );
+        // It holds both traces' prompts: private, like them.
+        let written = private_file::open(&out, private_file::Write::Replace).and_then(|f| {
+            let mut w = std::io::BufWriter::new(f);
+            diff::page::write(&mut w, &report, a, b, &title)?;
+            w.flush()
+        });
+        if let Err(e) = written {
+            eprintln!("acp-replay: cannot write {}: {e}", out.display());
+            return 2;
+        }
+        eprintln!("acp-replay: wrote {}", out.display());
+    }
+    i32::from(report.differs())
+}
+
+/// `acp-replay redact`: a copy of a trace safe to share (`coda_shim::replay::redact`).
+fn redact(args: &[String]) -> Result<(), String> {
+    let (mut trace, mut out, mut keep) = (None, None, replay::redact::Keep::default());
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "-o" | "--output" => out = Some(PathBuf::from(value(args, &mut i, "-o")?)),
+            "--keep" => keep = replay::redact::Keep::parse(&value(args, &mut i, "--keep")?)?,
+            "--keep-texts" => keep = replay::redact::Keep::ALL,
+            a if a.starts_with('-') => return Err(format!("unknown option {a}")),
+            a if trace.is_none() => trace = Some(PathBuf::from(a)),
+            a => return Err(format!("unexpected argument {a}")),
+        }
+        i += 1;
+    }
+    let trace = trace.ok_or("usage: acp-replay redact <TRACE.jsonl | FIXTURE> [-o OUT.jsonl]")?;
+    let file = if trace.is_dir() { trace.join(replay::TRACE_FILE) } else { trace.clone() };
+    let out = out.unwrap_or_else(|| file.with_extension("redacted.jsonl"));
+    if std::fs::canonicalize(&out).ok().is_some_and(|o| std::fs::canonicalize(&file).ok() == Some(o)) {
+        return Err(format!("{} is the trace itself; give another -o", out.display()));
+    }
+    let reopen = || std::fs::File::open(&file).map(|f| std::io::BufReader::with_capacity(1 << 16, f));
+    reopen().map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    // The copy is meant to be shared, but what is kept of it (--keep) is the user's: private until they share it.
+    let counts = private_file::open(&out, private_file::Write::Replace)
+        .and_then(|f| replay::redact::redact(reopen, &mut std::io::BufWriter::new(f), keep))
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    eprintln!(
+        "acp-replay: wrote {} ({} records, {} texts replaced, {} unreadable lines replaced)",
+        out.display(),
+        counts.records,
+        counts.texts,
+        counts.unreadable
+    );
     Ok(())
 }

@@ -7,15 +7,18 @@
 //!
 //! By job: [`format`](mod@format) (records: parse, render), [`fixture`] (a fixture folder, loaded), [`placeholder`]
 //! (matching and filling `{{NAME}}`), [`script`] (the state machine of one side), [`file_op`] (session-file
-//! writes), [`normalise`] (trace to fixture), [`check`](mod@check) (a shim binary against a fixture).
+//! writes), [`normalise`] (trace to fixture), [`check`](mod@check) (a shim binary against a fixture), [`view`]
+//! (a trace as an HTML timeline), [`diff`] (two traces side by side), [`redact`] (a trace safe to share).
 
 pub mod check;
+pub mod diff;
 pub mod file_op;
 pub mod fixture;
 pub mod format;
 pub mod homes;
 pub mod normalise;
 pub mod placeholder;
+pub mod redact;
 pub mod script;
 pub mod view;
 

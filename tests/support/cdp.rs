@@ -174,6 +174,32 @@ impl Browser {
         r["result"]["value"].clone()
     }
 
+    /// Opens `page` in a fresh tab of 1400 x 900 px; returns the tab's session once the page's script has set
+    /// `document.body.dataset.ready`.
+    pub fn open(&mut self, page: &Path) -> String {
+        let target = self.call(None, "Target.createTarget", json!({"url": "about:blank"}))["targetId"].clone();
+        let session =
+            self.call(None, "Target.attachToTarget", json!({"targetId": target, "flatten": true}))["sessionId"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        for m in ["Runtime.enable", "Log.enable", "Page.enable"] {
+            self.call(Some(&session), m, json!({}));
+        }
+        let metrics = json!({"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": false});
+        self.call(Some(&session), "Emulation.setDeviceMetricsOverride", metrics);
+        self.events.clear();
+        let url = format!("file://{}", page.display());
+        self.call(Some(&session), "Page.navigate", json!({"url": url}));
+        self.wait_event("Page.loadEventFired");
+        let ready = self.eval(
+            &session,
+            "new Promise(r => { const f = () => document.body.dataset.ready ? r(true) : setTimeout(f, 20); f(); })",
+        );
+        assert_eq!(ready, json!(true));
+        session
+    }
+
     /// Console errors, uncaught exceptions and error log entries seen so far.
     pub fn errors(&self) -> Vec<String> {
         self.events

@@ -46,6 +46,9 @@ pub struct Link {
 
 /// How far back an edited frame's origin is looked for.
 const SEARCH_BACK: usize = 500;
+/// Unmatched frames kept per side: only the newest [`SEARCH_BACK`] are searched for an edited frame's origin,
+/// and a frame passed on as it came is found by its bytes among these.
+const KEPT: usize = 4 * SEARCH_BACK;
 /// Differences listed per edited frame.
 const MAX_CHANGES: usize = 40;
 
@@ -79,74 +82,211 @@ fn same_frame(inp: &Value, out: &Value) -> bool {
     }
 }
 
-/// Links every record to its other version.
-pub fn link(records: &[Record]) -> Vec<Link> {
-    let mut links = vec![Link { fate: Fate::Passed, pair: None, changes: Vec::new() }; records.len()];
-    let mut matched = vec![false; records.len()];
-    let mut exact: [HashMap<&str, VecDeque<usize>>; 2] = [HashMap::new(), HashMap::new()];
-    let mut open: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
-    for (i, rec) in records.iter().enumerate() {
-        let Some((s, incoming)) = side(rec.dir) else { continue };
+/// What the linker found out about a frame, as soon as it knows.
+#[derive(Debug, Clone)]
+pub enum Found {
+    /// `out` is `inp` edited by the shim.
+    Edited { out: usize, inp: usize, changes: Vec<String> },
+    /// `out` was made by the shim.
+    Made { out: usize },
+    /// `inp` did not reach the other peer as it came; `frame` is the frame.
+    NotPassed { inp: usize, dir: Dir, t: f64, frame: Option<Value> },
+}
+
+/// A peer's frame not yet matched with what the shim passed on.
+struct Waiting {
+    i: usize,
+    raw: String,
+    frame: Option<Value>,
+    dir: Dir,
+    t: f64,
+}
+
+/// Links frames to their other version one record at a time, keeping only the newest unmatched frames of
+/// each side ([`KEPT`]); a frame that falls out of that window unmatched was not passed on.
+#[derive(Default)]
+pub struct Linker {
+    /// Per side: unmatched incoming frames, oldest first (`None`: matched since).
+    open: [VecDeque<Option<Waiting>>; 2],
+    /// Index in the global numbering of `open[s][0]`.
+    base: [usize; 2],
+    /// Per side: raw text → positions (global numbering of `open`) of unmatched frames with those bytes.
+    exact: [HashMap<String, VecDeque<usize>>; 2],
+    next: [usize; 2],
+    /// Unmatched entries still in `open[s]`.
+    live: [usize; 2],
+}
+
+impl Linker {
+    /// Takes the next record (index `i` in the trace) and returns what it settles.
+    pub fn push(&mut self, i: usize, rec: &Record) -> Vec<Found> {
+        let mut found = Vec::new();
+        let Some((s, incoming)) = side(rec.dir) else { return found };
         if rec.not_json {
-            continue;
+            return found;
         }
         if incoming {
-            exact[s].entry(rec.raw.as_str()).or_default().push_back(i);
-            open[s].push(i);
-            if open[s].len() > 4 * SEARCH_BACK {
-                // Only the newest SEARCH_BACK unmatched frames are ever searched: keep twice that many.
-                open[s].retain(|&j| !matched[j]);
-                let old = open[s].len().saturating_sub(2 * SEARCH_BACK);
-                open[s].drain(..old);
-            }
-            continue;
-        }
-        if !rec.shim
-            && let Some(queue) = exact[s].get_mut(rec.raw.as_str())
-        {
-            while let Some(j) = queue.pop_front() {
-                if !matched[j] {
-                    matched[j] = true;
-                    links[i].pair = Some(j);
-                    links[j].pair = Some(i);
-                    break;
+            let pos = self.next[s];
+            self.next[s] += 1;
+            self.exact[s].entry(rec.raw.clone()).or_default().push_back(pos);
+            self.open[s].push_back(Some(Waiting {
+                i,
+                raw: rec.raw.clone(),
+                frame: rec.frame.clone(),
+                dir: rec.dir,
+                t: rec.t,
+            }));
+            self.live[s] += 1;
+            while self.live[s] > KEPT {
+                if let Some(w) = self.pop_oldest(s) {
+                    found.push(Found::NotPassed { inp: w.i, dir: w.dir, t: w.t, frame: w.frame });
                 }
             }
+            self.trim(s);
+            return found;
+        }
+        if !rec.shim
+            && let Some(queue) = self.exact[s].get_mut(rec.raw.as_str())
+        {
+            let pos = queue.pop_front();
             if queue.is_empty() {
-                exact[s].remove(rec.raw.as_str());
+                self.exact[s].remove(rec.raw.as_str());
             }
-            if links[i].pair.is_some() {
-                continue;
+            if let Some(pos) = pos {
+                self.take(s, pos);
+                self.trim(s);
+                return found;
             }
         }
         let origin = rec.frame.as_ref().and_then(|out| {
-            open[s]
+            let base = self.base[s];
+            self.open[s]
                 .iter()
+                .enumerate()
                 .rev()
-                .filter(|&&j| !matched[j])
+                .filter_map(|(k, w)| w.as_ref().map(|w| (base + k, w)))
                 .take(SEARCH_BACK)
-                .copied()
-                .find(|&j| records[j].frame.as_ref().is_some_and(|inp| same_frame(inp, out)))
+                .find(|(_, w)| w.frame.as_ref().is_some_and(|inp| same_frame(inp, out)))
+                .map(|(pos, _)| pos)
         });
         match origin {
-            Some(j) => {
-                matched[j] = true;
-                let changes = match (&records[j].frame, &rec.frame) {
+            Some(pos) => {
+                let w = self.take(s, pos).expect("a live entry");
+                if let Some(q) = self.exact[s].get_mut(w.raw.as_str()) {
+                    q.retain(|&p| p != pos);
+                    if q.is_empty() {
+                        self.exact[s].remove(w.raw.as_str());
+                    }
+                }
+                let changes = match (&w.frame, &rec.frame) {
                     (Some(a), Some(b)) => diff(a, b),
                     _ => Vec::new(),
                 };
-                links[i] = Link { fate: Fate::Edited, pair: Some(j), changes: changes.clone() };
-                links[j] = Link { fate: Fate::Edited, pair: Some(i), changes };
+                found.push(Found::Edited { out: i, inp: w.i, changes });
             }
-            None => links[i].fate = Fate::Made,
+            None => found.push(Found::Made { out: i }),
+        }
+        self.trim(s);
+        found
+    }
+
+    /// The frames still unmatched at the end of the trace: none of them was passed on.
+    pub fn finish(mut self) -> Vec<Found> {
+        let mut found = Vec::new();
+        for s in 0..2 {
+            while let Some(entry) = self.open[s].pop_front() {
+                if let Some(w) = entry {
+                    found.push(Found::NotPassed { inp: w.i, dir: w.dir, t: w.t, frame: w.frame });
+                }
+            }
+        }
+        found.sort_by_key(|f| match f {
+            Found::NotPassed { inp, .. } => *inp,
+            _ => 0,
+        });
+        found
+    }
+
+    /// Takes the entry at `pos` out of the window (matched).
+    fn take(&mut self, s: usize, pos: usize) -> Option<Waiting> {
+        let k = pos.checked_sub(self.base[s])?;
+        let w = self.open[s].get_mut(k)?.take();
+        if w.is_some() {
+            self.live[s] -= 1;
+        }
+        w
+    }
+
+    fn pop_oldest(&mut self, s: usize) -> Option<Waiting> {
+        loop {
+            let entry = self.open[s].pop_front()?;
+            let pos = self.base[s];
+            self.base[s] += 1;
+            if let Some(w) = entry {
+                self.live[s] -= 1;
+                if let Some(q) = self.exact[s].get_mut(w.raw.as_str()) {
+                    q.retain(|&p| p != pos);
+                    if q.is_empty() {
+                        self.exact[s].remove(w.raw.as_str());
+                    }
+                }
+                return Some(w);
+            }
         }
     }
+
+    /// Drops matched entries at the front of the window.
+    fn trim(&mut self, s: usize) {
+        while matches!(self.open[s].front(), Some(None)) {
+            self.open[s].pop_front();
+            self.base[s] += 1;
+        }
+    }
+}
+
+/// Links every record of a trace read whole to its other version.
+pub fn link(records: &[Record]) -> Vec<Link> {
+    let mut links = vec![Link { fate: Fate::Passed, pair: None, changes: Vec::new() }; records.len()];
+    let mut linker = Linker::default();
+    let mut all = Vec::new();
     for (i, rec) in records.iter().enumerate() {
-        if matches!(side(rec.dir), Some((_, true))) && !matched[i] && !rec.not_json {
-            links[i].fate = Fate::NotPassed;
+        all.extend(linker.push(i, rec));
+    }
+    all.extend(linker.finish());
+    apply(&mut links, all);
+    // Frames passed on as they came: paired by their bytes, in order.
+    pair_passed(records, &mut links);
+    links
+}
+
+/// Writes what the linker found into a table of links.
+pub fn apply(links: &mut [Link], found: Vec<Found>) {
+    for f in found {
+        match f {
+            Found::Edited { out, inp, changes } => {
+                links[inp] = Link { fate: Fate::Edited, pair: Some(out), changes: changes.clone() };
+                links[out] = Link { fate: Fate::Edited, pair: Some(inp), changes };
+            }
+            Found::Made { out } => links[out].fate = Fate::Made,
+            Found::NotPassed { inp, .. } => links[inp].fate = Fate::NotPassed,
         }
     }
-    links
+}
+
+fn pair_passed(records: &[Record], links: &mut [Link]) {
+    let mut waiting: [HashMap<&str, VecDeque<usize>>; 2] = [HashMap::new(), HashMap::new()];
+    for (i, rec) in records.iter().enumerate() {
+        let Some((s, incoming)) = side(rec.dir) else { continue };
+        if rec.not_json || links[i].fate != Fate::Passed {
+            continue;
+        }
+        if incoming {
+            waiting[s].entry(rec.raw.as_str()).or_default().push_back(i);
+        } else if let Some(j) = waiting[s].get_mut(rec.raw.as_str()).and_then(VecDeque::pop_front) {
+            links[i].pair = Some(j);
+            links[j].pair = Some(i);
+        }
+    }
 }
 
 /// What differs between two versions of a frame, one line per place (`params.prompt[0].text: changed`).

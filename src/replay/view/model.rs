@@ -11,8 +11,8 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::changes::{Fate, Link};
-use super::read::{self, BadLine, Dir, Record, Trace};
+use super::changes::{Fate, Found, Linker};
+use super::read::{self, BadLine, Dir, Record};
 
 /// What a timeline item shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -89,8 +89,8 @@ pub struct Item {
     /// Text for the search box (prompt, message, title, detail).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub text: String,
-    /// Indexes of its frames in [`Model::frames`].
-    pub frames: Vec<usize>,
+    /// Indexes of its frames in the trace's records (0-based).
+    pub frames: Vec<u32>,
     /// A wait's states: `[state, time]` each time it changed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub segs: Vec<(String, f64)>,
@@ -99,9 +99,10 @@ pub struct Item {
     pub wait: String,
 }
 
-/// One record as the page shows it: `[line, t, dir, fate, pair or -1, changes, text]`.
+/// A frame the shim did not pass on as it came: `[frame, fate, other version or -1, changes]` (fates as in
+/// [`Fate::code`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct FrameOut(pub usize, pub f64, pub &'static str, pub u8, pub i64, pub Vec<String>, pub String);
+pub struct Changed(pub usize, pub u8, pub i64, pub Vec<String>);
 
 #[derive(Debug, Serialize)]
 pub struct Model {
@@ -109,9 +110,12 @@ pub struct Model {
     pub clock: Option<f64>,
     /// Time of the last record (ms since the first).
     pub end: f64,
+    /// Records read (each is a frame of the page, by its index).
+    pub frames: usize,
     pub lanes: Vec<Lane>,
     pub items: Vec<Item>,
-    pub frames: Vec<FrameOut>,
+    /// Every frame edited, made or not passed on, by its index; the rest were passed on as they came.
+    pub changed: Vec<Changed>,
     pub bad: Vec<BadLine>,
 }
 
@@ -151,12 +155,20 @@ fn error_state(err: &Value) -> (String, String) {
     (kind.map(str::to_owned).unwrap_or_else(|| format!("error {code}")), cut(message, LABEL_CHARS))
 }
 
+/// Builds the model one record at a time (see the module's docs).
 #[derive(Default)]
-struct Builder {
+pub struct Builder {
     lanes: Vec<Lane>,
     lane_of: HashMap<String, usize>,
     items: Vec<Item>,
-    item_of: Vec<Option<usize>>,
+    /// The first item of each record (`NONE`: none).
+    item_of: Vec<u32>,
+    linker: Linker,
+    /// Frames are not linked with their other version (a page of one side of two traces: `acp-replay diff`).
+    no_links: bool,
+    changed: Vec<Changed>,
+    bad: Vec<BadLine>,
+    end: f64,
     /// Client requests awaiting the shim's answer, and agent requests awaiting Coda's, by id text.
     client_asks: HashMap<String, usize>,
     agent_asks: HashMap<String, usize>,
@@ -193,12 +205,12 @@ impl Builder {
             changed: false,
             method: method.to_owned(),
             text: String::new(),
-            frames: vec![rec],
+            frames: vec![rec as u32],
             segs: Vec::new(),
             wait: String::new(),
         });
         let it = self.items.len() - 1;
-        self.item_of[rec].get_or_insert(it);
+        self.first_item(rec, it);
         if !matches!(kind, Kind::Text | Kind::Thinking | Kind::User) {
             self.last_text.remove(&lane);
         }
@@ -207,9 +219,19 @@ impl Builder {
 
     fn join(&mut self, it: usize, rec: usize, t: f64) {
         let item = &mut self.items[it];
-        item.frames.push(rec);
+        item.frames.push(rec as u32);
         item.end = Some(item.end.unwrap_or(item.t).max(t));
-        self.item_of[rec].get_or_insert(it);
+        self.first_item(rec, it);
+    }
+
+    fn first_item(&mut self, rec: usize, it: usize) {
+        if self.item_of[rec] == NONE {
+            self.item_of[rec] = it as u32;
+        }
+    }
+
+    fn item_of(&self, rec: usize) -> Option<usize> {
+        self.item_of.get(rec).filter(|&&it| it != NONE).map(|&it| it as usize)
     }
 
     fn record(&mut self, i: usize, rec: &Record) {
@@ -459,37 +481,74 @@ impl Builder {
         }
     }
 
-    /// Marks for the frames the shim edited, made, or did not pass on, in the lane's `shim` row.
-    fn shim_marks(&mut self, records: &[Record], links: &[Link]) {
-        for (i, (rec, link)) in records.iter().zip(links).enumerate() {
-            let Some(frame) = &rec.frame else { continue };
-            let method = str_at(frame, &["method"]).unwrap_or_default();
-            let outgoing = matches!(rec.dir, Dir::ShimToAgent | Dir::ShimToClient);
-            let what = match (link.fate, outgoing) {
-                (Fate::Edited, true) => "edited",
-                (Fate::Made, _) if method == "_coda/wait" => {
-                    continue;
+    /// A mark for a frame the shim edited, made, or did not pass on, in the lane's `shim` row.
+    fn shim_mark(&mut self, found: Found, current: Option<&Record>) {
+        let (i, pair, what, dir, t, frame, changes) = match found {
+            Found::Edited { out, inp, changes } => {
+                self.changed.push(Changed(inp, Fate::Edited.code(), out as i64, changes.clone()));
+                self.changed.push(Changed(out, Fate::Edited.code(), inp as i64, changes.clone()));
+                let Some(rec) = current else { return };
+                if !matches!(rec.dir, Dir::ShimToAgent | Dir::ShimToClient) {
+                    return;
                 }
-                (Fate::Made, _) => "made by the shim",
-                (Fate::NotPassed, _) => "not passed on",
-                _ => continue,
-            };
-            if let Some(it) = self.item_of[i].or_else(|| link.pair.and_then(|p| self.item_of[p])) {
-                self.items[it].changed = true;
+                (out, Some(inp), "edited", rec.dir, rec.t, rec.frame.as_ref(), changes)
             }
-            let lane = str_at(frame, &["params", "sessionId"])
-                .and_then(|s| self.lane_of.get(s).copied())
-                .or_else(|| self.item_of[i].map(|it| self.items[it].lane))
-                .or_else(|| link.pair.and_then(|p| self.item_of[p]).map(|it| self.items[it].lane))
-                .unwrap_or(0);
-            let name = if method.is_empty() { "answer" } else { method };
-            let label = format!("{what}: {name} ({})", rec.dir.as_str());
-            let it = self.add(lane, Kind::Shim, i, rec.t, label, method);
-            self.items[it].state = what.to_owned();
-            self.items[it].text = link.changes.join("\n");
-            if let Some(p) = link.pair {
-                self.items[it].frames.insert(0, p);
+            Found::Made { out } => {
+                self.changed.push(Changed(out, Fate::Made.code(), -1, Vec::new()));
+                let Some(rec) = current else { return };
+                if rec.frame.as_ref().and_then(|f| str_at(f, &["method"])) == Some("_coda/wait") {
+                    return;
+                }
+                (out, None, "made by the shim", rec.dir, rec.t, rec.frame.as_ref(), Vec::new())
             }
+            Found::NotPassed { inp, dir, t, frame } => {
+                self.changed.push(Changed(inp, Fate::NotPassed.code(), -1, Vec::new()));
+                self.not_passed_mark(inp, dir, t, frame.as_ref());
+                return;
+            }
+        };
+        self.mark(i, pair, what, dir, t, frame, changes);
+    }
+
+    fn not_passed_mark(&mut self, i: usize, dir: Dir, t: f64, frame: Option<&Value>) {
+        self.mark(i, None, "not passed on", dir, t, frame, Vec::new());
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mark(
+        &mut self,
+        i: usize,
+        pair: Option<usize>,
+        what: &str,
+        dir: Dir,
+        t: f64,
+        frame: Option<&Value>,
+        changes: Vec<String>,
+    ) {
+        let Some(frame) = frame else { return };
+        let method = str_at(frame, &["method"]).unwrap_or_default().to_owned();
+        if let Some(it) = self.item_of(i).or_else(|| pair.and_then(|p| self.item_of(p))) {
+            self.items[it].changed = true;
+        }
+        let lane = str_at(frame, &["params", "sessionId"])
+            .and_then(|s| self.lane_of.get(s).copied())
+            .or_else(|| self.item_of(i).map(|it| self.items[it].lane))
+            .or_else(|| pair.and_then(|p| self.item_of(p)).map(|it| self.items[it].lane))
+            .unwrap_or(0);
+        let name = if method.is_empty() { "answer" } else { method.as_str() };
+        let label = format!("{what}: {name} ({})", dir.as_str());
+        // The mark is not the record's own item: it must not take over `item_of` (or end a text span).
+        let keep = self.item_of[i];
+        let last_text = self.last_text.get(&lane).copied();
+        let it = self.add(lane, Kind::Shim, i, t, label, &method);
+        self.item_of[i] = keep;
+        if let Some(l) = last_text {
+            self.last_text.insert(lane, l);
+        }
+        self.items[it].state = what.to_owned();
+        self.items[it].text = changes.join("\n");
+        if let Some(p) = pair {
+            self.items[it].frames.insert(0, p as u32);
         }
     }
 
@@ -564,24 +623,103 @@ impl Builder {
     }
 }
 
-/// Builds the model of a trace.
-pub fn build(trace: Trace, links: &[Link]) -> Model {
-    let mut b = Builder { item_of: vec![None; trace.records.len()], ..Builder::default() };
-    b.lane("", 0.0);
-    for (i, rec) in trace.records.iter().enumerate() {
-        b.record(i, rec);
+const NONE: u32 = u32::MAX;
+
+impl Builder {
+    pub fn new() -> Builder {
+        let mut b = Builder::default();
+        b.lane("", 0.0);
+        b
     }
-    b.shim_marks(&trace.records, links);
-    let end = trace.records.iter().map(|r| r.t).fold(0.0, f64::max);
-    b.layout(end);
-    let frames = trace
-        .records
-        .into_iter()
-        .zip(links)
-        .map(|(r, l)| {
-            let pair = l.pair.map_or(-1, |p| p as i64);
-            FrameOut(r.line, r.t, r.dir.as_str(), l.fate.code(), pair, l.changes.clone(), r.raw)
-        })
-        .collect();
-    Model { clock: trace.clock, end, lanes: b.lanes, items: b.items, frames, bad: trace.bad }
+
+    /// Takes the next line of the trace.
+    pub fn push(&mut self, line: read::Line) {
+        match line {
+            read::Line::Bad(b) => self.bad.push(b),
+            read::Line::Record(rec) => {
+                let i = self.item_of.len();
+                self.item_of.push(NONE);
+                self.end = self.end.max(rec.t);
+                self.record(i, &rec);
+                if self.no_links {
+                    return;
+                }
+                for found in self.linker.push(i, &rec) {
+                    self.shim_mark(found, Some(&rec));
+                }
+            }
+        }
+    }
+
+    /// A builder for frames of one side only (what a peer sent and got), not linked to another version.
+    pub fn without_links() -> Builder {
+        Builder { no_links: true, ..Builder::new() }
+    }
+
+    /// The lane of `session` (made now when it is new), so lanes come in the order asked for.
+    pub fn lane_for(&mut self, session: &str) -> usize {
+        self.lane(session, 0.0)
+    }
+
+    /// Forgets the requests, turns, waits and text spans still open: the next records are of another trace.
+    pub fn next_trace(&mut self) {
+        self.client_asks.clear();
+        self.agent_asks.clear();
+        self.turns_running.clear();
+        self.waits.clear();
+        self.handling.clear();
+        self.own.clear();
+        self.tools.clear();
+        self.last_text.clear();
+    }
+
+    /// A mark of `kind` in `session`'s lane (made now when it is new) at `t`, for frames `frames` (record
+    /// indexes), in the lane's `shim` row: a difference `acp-replay diff` found.
+    pub fn add_mark(&mut self, session: &str, frames: &[usize], t: f64, label: String, state: &str, text: String) {
+        let Some(&first) = frames.first() else { return };
+        let lane = self.lane(session, t);
+        let keep = self.item_of.get(first).copied();
+        let last_text = self.last_text.get(&lane).copied();
+        let it = self.add(lane, Kind::Shim, first, t, label, "");
+        if let Some(k) = keep {
+            self.item_of[first] = k;
+        }
+        if let Some(l) = last_text {
+            self.last_text.insert(lane, l);
+        }
+        self.items[it].state = state.to_owned();
+        self.items[it].text = text;
+        self.items[it].red = true;
+        self.items[it].frames = frames.iter().map(|&f| f as u32).collect();
+        for &f in frames {
+            if let Some(other) = self.item_of(f) {
+                self.items[other].changed = true;
+            }
+        }
+    }
+
+    /// Records taken so far.
+    pub fn frames(&self) -> usize {
+        self.item_of.len()
+    }
+
+    /// The model, once every line is in.
+    pub fn finish(mut self, clock: Option<f64>) -> Model {
+        let linker = std::mem::take(&mut self.linker);
+        for found in linker.finish() {
+            self.shim_mark(found, None);
+        }
+        let end = self.end;
+        self.layout(end);
+        self.changed.sort_by_key(|c| c.0);
+        Model {
+            clock,
+            end,
+            frames: self.item_of.len(),
+            lanes: self.lanes,
+            items: self.items,
+            changed: self.changed,
+            bad: self.bad,
+        }
+    }
 }
