@@ -197,19 +197,38 @@ fn read_manifest(dir: &Path) -> Value {
 /// `/usr/bin:/bin:/usr/sbin:/sbin`, no `~/.cargo/bin`), with the shim installed where `cargo install` puts it
 /// (a link to the built binary in `$HOME/.cargo/bin`) and a stand-in CLI in its usual place. The stand-in
 /// writes down that it ran, so the whole chain sh -> shim -> CLI is shown to work.
+///
+/// A plugin with the npm dependency `coda-shim` (`<agent>-npm`) runs from its own folder, as Coda runs a
+/// plugin installed from a repository, with the shim where `npm install` puts it there
+/// (`node_modules/.bin/coda-<agent>` -> `../coda-shim/bin/coda-<agent>`, the binary after the package's
+/// install script; `scripts/npm-check` runs the same command after a real `npm install`).
 #[test]
 fn every_agent_has_a_manifest_that_runs_its_shim_from_a_gui_path() {
     let names: Vec<String> =
         plugins().iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, ["codex", "grok", "kimi", "opencode"]);
+    assert_eq!(names, ["codex", "grok", "kimi", "kimi-npm", "opencode"]);
     for dir in plugins() {
-        let agent = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let name = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let agent = name.trim_end_matches("-npm").to_owned();
         let manifest = read_manifest(&dir);
         let command = manifest.pointer("/contributes/agents/0/command").and_then(Value::as_str).expect("command");
-        let home = temp::TempDir::new(&format!("coda-manifest-{agent}"));
-        let cargo_bin = home.join(".cargo/bin");
-        std::fs::create_dir_all(&cargo_bin).expect("~/.cargo/bin");
-        std::os::unix::fs::symlink(shim::binary(&agent), cargo_bin.join(format!("coda-{agent}"))).expect("link");
+        let home = temp::TempDir::new(&format!("coda-manifest-{name}"));
+        let binary = format!("coda-{agent}");
+        let run_in = if manifest.pointer("/dependencies/coda-shim").is_some() {
+            let modules = home.join("plugin/node_modules");
+            std::fs::create_dir_all(modules.join(".bin")).expect("node_modules/.bin");
+            std::fs::create_dir_all(modules.join("coda-shim/bin")).expect("coda-shim/bin");
+            std::os::unix::fs::symlink(shim::binary(&agent), modules.join("coda-shim/bin").join(&binary))
+                .expect("binary");
+            std::os::unix::fs::symlink(format!("../coda-shim/bin/{binary}"), modules.join(".bin").join(&binary))
+                .expect("npm's link");
+            home.join("plugin")
+        } else {
+            let cargo_bin = home.join(".cargo/bin");
+            std::fs::create_dir_all(&cargo_bin).expect("~/.cargo/bin");
+            std::os::unix::fs::symlink(shim::binary(&agent), cargo_bin.join(&binary)).expect("link");
+            home.path().to_path_buf()
+        };
         let (folder, program) = match agent.as_str() {
             "codex" => (".local/bin", "codex-acp"),
             "grok" => (".grok/bin", "grok"),
@@ -223,6 +242,7 @@ fn every_agent_has_a_manifest_that_runs_its_shim_from_a_gui_path() {
             .env_clear()
             .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
             .env("HOME", home.path())
+            .current_dir(&run_in)
             .stdin(std::process::Stdio::null())
             .output()
             .expect("run sh");
@@ -230,6 +250,23 @@ fn every_agent_has_a_manifest_that_runs_its_shim_from_a_gui_path() {
         assert_eq!(out.status.code(), Some(0), "{agent}: {command}: {stderr}");
         let ran = std::fs::read_to_string(home.join("ran")).unwrap_or_default();
         assert_eq!(ran.trim_end(), cli.display().to_string(), "{agent}: {command}: {stderr}");
+    }
+}
+
+/// A plugin that gets its shim from npm depends on the version this repository builds (scripts/bump-version
+/// changes them together), and names the command npm links, not a path of one machine.
+#[test]
+fn an_npm_plugin_depends_on_this_version_of_coda_shim() {
+    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
+    let version = cargo.lines().find_map(|l| l.strip_prefix("version = \"")).and_then(|v| v.strip_suffix('"'));
+    let npm: Vec<PathBuf> =
+        plugins().into_iter().filter(|d| read_manifest(d).pointer("/dependencies/coda-shim").is_some()).collect();
+    assert!(!npm.is_empty(), "no example plugin depends on coda-shim");
+    for dir in npm {
+        let manifest = read_manifest(&dir);
+        assert_eq!(manifest.pointer("/dependencies/coda-shim").and_then(Value::as_str), version, "{}", dir.display());
+        let command = manifest.pointer("/contributes/agents/0/command").and_then(Value::as_str).expect("command");
+        assert!(command.starts_with("node_modules/.bin/coda-"), "{}: {command}", dir.display());
     }
 }
 

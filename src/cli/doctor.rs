@@ -97,10 +97,11 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
 }
 
 /// The plugin manifest's `command` for this machine: the running binary's absolute path, which `sh` runs
-/// whatever PATH Coda was started with.
+/// whatever PATH Coda was started with; for a binary from coda-shim's npm package, the command npm linked
+/// for it ([`npm_command`]).
 fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
     let exe = match exe {
-        Ok(exe) => exe,
+        Ok(exe) => npm_command(&exe).unwrap_or(exe),
         Err(e) => return row("manifest", Status::Warn, format!("cannot tell this binary's path: {e}"), ""),
     };
     let Some(text) = exe.to_str() else {
@@ -126,6 +127,44 @@ fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
         );
     }
     row("manifest", Status::Ok, line, "")
+}
+
+/// The command npm linked for `exe` when the npm package `coda-shim` installed it: `<prefix>/bin/<name>` for a
+/// global install (the package in `<prefix>/lib/node_modules`), `<folder>/node_modules/.bin/<name>` for a
+/// project's (a plugin's dependency). The binary itself lies inside a package folder: the main package's
+/// `bin/<name>`, where the install script linked it, or the platform package's, which the main package's
+/// sh launcher execs where install scripts did not run (`packaging/npm/`). npm keeps the link's path the
+/// same across updates. The link counts when it leads to `exe` itself or to `bin/<name>` of a package named
+/// `coda-shim` (the launcher); `None` when no such link is found.
+fn npm_command(exe: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(exe).ok()?;
+    let name = exe.file_name()?;
+    let ours = |link: &Path| {
+        let Ok(target) = std::fs::canonicalize(link) else { return false };
+        if target == real {
+            return true;
+        }
+        let package = target.parent().filter(|bin| bin.file_name() == Some("bin".as_ref())).and_then(Path::parent);
+        target.file_name() == Some(name) && package.is_some_and(|p| package_name(p).as_deref() == Some("coda-shim"))
+    };
+    for modules in real.ancestors().filter(|d| d.file_name() == Some("node_modules".as_ref())) {
+        let project = modules.join(".bin").join(name);
+        let global = modules
+            .parent()
+            .filter(|lib| lib.file_name() == Some("lib".as_ref()))
+            .and_then(Path::parent)
+            .map(|prefix| prefix.join("bin").join(name));
+        if let Some(link) = std::iter::once(project).chain(global).find(|link| ours(link)) {
+            return Some(link);
+        }
+    }
+    None
+}
+
+/// The `name` in `dir/package.json`.
+fn package_name(dir: &Path) -> Option<String> {
+    let manifest: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("package.json")).ok()?).ok()?;
+    manifest.get("name").and_then(Value::as_str).map(str::to_owned)
 }
 
 fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
@@ -407,6 +446,76 @@ mod tests {
         let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-demo".to_vec()))));
         assert_eq!(odd.status, Status::Warn);
         assert_eq!(manifest_row(Err(std::io::Error::other("gone"))).status, Status::Warn);
+    }
+
+    /// npm's layouts, as `npm install` leaves them (seen in scripts/npm-check): the package and its
+    /// platform package under `<prefix>/lib/node_modules`, the command a link in `<prefix>/bin`.
+    fn npm_layout(root: &Path, installed_by_script: bool) -> (PathBuf, PathBuf) {
+        let package = root.join("lib/node_modules/coda-shim");
+        let platform = package.join("node_modules/@coda-shim/linux-x64");
+        for (dir, name) in [(&package, "coda-shim"), (&platform, "@coda-shim/linux-x64")] {
+            std::fs::create_dir_all(dir.join("bin")).expect("package folder");
+            std::fs::write(dir.join("package.json"), format!(r#"{{"name": "{name}", "version": "0.1.0"}}"#))
+                .expect("package.json");
+        }
+        std::fs::write(platform.join("bin/coda-demo"), b"\x7fELF").expect("binary");
+        if installed_by_script {
+            std::fs::hard_link(platform.join("bin/coda-demo"), package.join("bin/coda-demo")).expect("link");
+        } else {
+            std::fs::write(package.join("bin/coda-demo"), "#!/bin/sh\n").expect("launcher");
+        }
+        std::fs::create_dir_all(root.join("bin")).expect("prefix/bin");
+        std::os::unix::fs::symlink("../lib/node_modules/coda-shim/bin/coda-demo", root.join("bin/coda-demo"))
+            .expect("npm's link");
+        (package.join("bin/coda-demo"), platform.join("bin/coda-demo"))
+    }
+
+    #[test]
+    fn an_npm_installed_binary_is_named_by_the_command_npm_linked() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let prefix = std::fs::canonicalize(dir.path()).expect("real path").join("global");
+        let (linked, platform_binary) = npm_layout(&prefix, true);
+        let want = format!("\"command\": \"{}\"", prefix.join("bin/coda-demo").display());
+        // Run through npm's link (what the kernel reports on Linux: the real file) and through the link itself
+        // (what macOS reports).
+        for exe in [linked.clone(), prefix.join("bin/coda-demo")] {
+            let row = manifest_row(Ok(exe));
+            assert_eq!((row.status, row.result.as_str()), (Status::Ok, want.as_str()));
+        }
+        // Without the install script: the launcher in the main package exec'd the platform package's binary.
+        let other = std::fs::canonicalize(dir.path()).expect("real path").join("no-scripts");
+        let (_, platform_binary_2) = npm_layout(&other, false);
+        let row = manifest_row(Ok(platform_binary_2));
+        assert_eq!(row.result, format!("\"command\": \"{}\"", other.join("bin/coda-demo").display()));
+        // A project's dependency (a plugin's): node_modules/.bin.
+        let project = std::fs::canonicalize(dir.path()).expect("real path").join("plugin");
+        let modules = project.join("node_modules");
+        std::fs::create_dir_all(modules.join(".bin")).expect(".bin");
+        std::fs::create_dir_all(modules.join("coda-shim/bin")).expect("package");
+        std::fs::write(modules.join("coda-shim/package.json"), r#"{"name": "coda-shim"}"#).expect("package.json");
+        std::fs::copy(&platform_binary, modules.join("coda-shim/bin/coda-demo")).expect("binary");
+        std::os::unix::fs::symlink("../coda-shim/bin/coda-demo", modules.join(".bin/coda-demo")).expect("link");
+        let row = manifest_row(Ok(modules.join("coda-shim/bin/coda-demo")));
+        assert_eq!(row.result, format!("\"command\": \"{}\"", modules.join(".bin/coda-demo").display()));
+    }
+
+    #[test]
+    fn a_link_of_the_same_name_to_another_package_is_not_taken() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let prefix = std::fs::canonicalize(dir.path()).expect("real path").join("global");
+        let (linked, _) = npm_layout(&prefix, false);
+        // The link leads to a package of another name: the binary's own path stays.
+        std::fs::write(
+            linked.parent().and_then(Path::parent).expect("package").join("package.json"),
+            r#"{"name": "other"}"#,
+        )
+        .expect("package.json");
+        let binary = prefix.join("lib/node_modules/coda-shim/node_modules/@coda-shim/linux-x64/bin/coda-demo");
+        assert_eq!(manifest_row(Ok(binary.clone())).result, format!("\"command\": \"{}\"", binary.display()));
+        // Outside node_modules nothing is looked for.
+        let plain = dir.path().join("coda-demo");
+        std::fs::write(&plain, b"\x7fELF").expect("binary");
+        assert_eq!(npm_command(&plain), None);
     }
 
     /// A made-up adapter: doctor reads every fact from the value, never from an agent's name.
