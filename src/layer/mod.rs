@@ -157,16 +157,18 @@ pub struct Cx<'a> {
     now: Instant,
     wall: SystemTime,
     /// `None` outside any stack.
-    stack: Option<InStack<'a>>,
+    stack: Option<(&'a mut Shared, usize)>,
 }
 
-/// What a context inside a stack reaches: the request table and the handled layer's wake-ups.
-struct InStack<'a> {
-    requests: &'a mut Requests,
+/// What the layers of a stack share, and what a context inside it reaches (with the handled layer's index).
+struct Shared {
+    requests: Requests,
     /// Wake-ups asked for so far across the stack (orders equal deadlines).
-    asked: &'a mut u64,
-    timers: &'a mut dyn AnyTimers,
-    layer: &'static str,
+    asked: u64,
+    /// Each layer's wake-ups, by index.
+    timers: Vec<Box<dyn AnyTimers>>,
+    /// Each layer's name, for errors.
+    names: Vec<&'static str>,
 }
 
 /// A context outside any stack (a layer driven by hand): the time is read once, here; what the layer asks
@@ -197,10 +199,10 @@ impl<'a> Cx<'a> {
 
     /// This layer's table of wake-ups, if its timers are of type `T` (else a loud error).
     fn timers<T: Timer>(&mut self) -> Option<&mut Timers<T>> {
-        let stack = self.stack.as_mut()?;
-        let table = stack.timers.as_any().downcast_mut::<Timers<T>>();
+        let (shared, at) = self.stack.as_mut()?;
+        let table = shared.timers[*at].as_any().downcast_mut::<Timers<T>>();
         if table.is_none() {
-            misrouted("a timer", std::any::type_name::<T>(), stack.layer);
+            misrouted("a timer", std::any::type_name::<T>(), shared.names[*at]);
         }
         table
     }
@@ -209,9 +211,9 @@ impl<'a> Cx<'a> {
     /// timer replaces the earlier wake-up: one pending wake-up per (layer, timer). Takes effect at once.
     pub fn after<T: Timer>(&mut self, delay: Duration, timer: T) {
         let at = self.now.checked_add(delay);
-        let Some(asked) = self.stack.as_mut().map(|s| {
-            *s.asked += 1;
-            *s.asked
+        let Some(asked) = self.stack.as_mut().map(|(s, _)| {
+            s.asked += 1;
+            s.asked
         }) else {
             return;
         };
@@ -281,18 +283,18 @@ impl<'a> Cx<'a> {
 
     /// The open client request with id `id`.
     pub fn request_of(&self, id: &Id) -> Option<&Request> {
-        self.stack.as_ref()?.requests.get(id)
+        self.stack.as_ref()?.0.requests.get(id)
     }
 
     /// The client requests the agent has not answered yet (sent, or held by a layer).
     pub fn open_requests(&self) -> impl Iterator<Item = &Request> + '_ {
-        self.stack.iter().flat_map(|s| s.requests.open())
+        self.stack.iter().flat_map(|(s, _)| s.requests.open())
     }
 
     /// Leaves a typed note on the open client request `id`, for the layers that handle its answer after this
     /// one ([`Request::note`]); one note per type. False when no such request is open.
     pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
-        self.stack.as_mut().is_some_and(|s| s.requests.note(id, note))
+        self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
 }
 
@@ -306,11 +308,8 @@ pub fn unreadable_answer(id: &Id, err: &json::Error, sender: &str) -> Frame {
 /// The layers of one binary, the client's requests, and the shim's own outstanding requests.
 pub struct Stack {
     layers: Vec<Box<dyn AnyLayer>>,
-    /// Each layer's wake-ups, by index.
-    timers: Vec<Box<dyn AnyTimers>>,
-    /// Wake-ups asked for so far (orders equal deadlines across layers).
-    asked: u64,
-    requests: Requests,
+    /// The request table and each layer's wake-ups.
+    shared: Shared,
     /// The shim's own requests to the agent: id -> (layer index, tag).
     own: HashMap<Id, (usize, Box<dyn Any + Send>)>,
     own_prefix: String,
@@ -332,10 +331,13 @@ pub struct Exits {
 impl Stack {
     pub fn new(layers: Vec<Box<dyn AnyLayer>>) -> Stack {
         Stack {
-            timers: layers.iter().map(|l| l.new_timers()).collect(),
+            shared: Shared {
+                requests: Requests::default(),
+                asked: 0,
+                timers: layers.iter().map(|l| l.new_timers()).collect(),
+                names: layers.iter().map(|l| l.name()).collect(),
+            },
             layers,
-            asked: 0,
-            requests: Requests::default(),
             own: HashMap::new(),
             own_prefix: format!("coda-shim-{}-", std::process::id()),
             next_own: 0,
@@ -353,17 +355,18 @@ impl Stack {
 
     /// The earliest pending wake-up.
     pub fn next_wake(&self) -> Option<Instant> {
-        self.timers.iter().filter_map(|t| t.first()).min()
+        self.shared.timers.iter().filter_map(|t| t.first()).min()
     }
 
     /// Runs every wake-up due at the current time (see [`Stack::set_time`]), in deadline order (equal
     /// deadlines in the order they were asked for). A wake-up asked for while these run waits for the next
     /// call, even when already due, so a layer that keeps asking cannot hold the stack here.
     pub fn wake_due(&mut self, exits: &mut Exits) {
-        let asked_before = self.asked;
+        let asked_before = self.shared.asked;
         loop {
             let now = self.now;
-            let due = self.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
+            let due =
+                self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
             let Some((key, layer)) = due.min() else { return };
             self.call(layer, exits, |l, cx| l.wake(key, cx));
         }
@@ -379,7 +382,7 @@ impl Stack {
 
     /// A frame read from the client.
     pub fn from_client(&mut self, frame: Frame, exits: &mut Exits) {
-        self.requests.opened(&frame, self.now, self.wall);
+        self.shared.requests.opened(&frame, self.now, self.wall);
         self.down(0, frame, exits);
     }
 
@@ -389,7 +392,7 @@ impl Stack {
             if let Some((layer, tag)) = self.own.remove(id) {
                 return self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
             }
-            self.requests.answered(id);
+            self.shared.requests.answered(id);
         }
         self.up(self.layers.len(), frame, exits);
     }
@@ -409,17 +412,17 @@ impl Stack {
 
     /// The client's requests not answered to the client yet.
     pub fn requests(&self) -> &Requests {
-        &self.requests
+        &self.shared.requests
     }
 
     /// The client requests the agent was sent and has not answered, in their order of arrival.
     pub fn owed(&self) -> Vec<Id> {
-        self.requests.owed()
+        self.shared.requests.owed()
     }
 
     /// Whether the agent was sent the client request `id` and has not answered it.
     pub fn owes(&self, id: &Id) -> bool {
-        self.requests.owes(id)
+        self.shared.requests.owes(id)
     }
 
     /// The layer at `at`, for tests that look inside it.
@@ -433,7 +436,7 @@ impl Stack {
             if let Kind::Request { id, .. } = frame.kind()
                 && !self.is_own(id)
             {
-                self.requests.sent(&frame, self.now, self.wall);
+                self.shared.requests.sent(&frame, self.now, self.wall);
             }
             return exits.to_agent.push(frame);
         }
@@ -445,7 +448,7 @@ impl Stack {
         match below.checked_sub(1) {
             None => {
                 if let Kind::Response { id } = frame.kind() {
-                    self.requests.closed(id);
+                    self.shared.requests.closed(id);
                 }
                 exits.to_client.push(frame)
             }
@@ -456,22 +459,17 @@ impl Stack {
     /// Hands layer `at` one input with a context whose buffer comes from the pool (no allocation per frame
     /// and layer), then sends on what it asked for.
     fn call(&mut self, at: usize, exits: &mut Exits, input: impl FnOnce(&mut dyn AnyLayer, &mut Cx)) {
-        let layer = &mut *self.layers[at];
-        let stack = InStack {
-            requests: &mut self.requests,
-            asked: &mut self.asked,
-            timers: &mut *self.timers[at],
-            layer: layer.name(),
-        };
-        let mut cx =
-            Cx { out: self.spare.pop().unwrap_or_default(), now: self.now, wall: self.wall, stack: Some(stack) };
-        input(layer, &mut cx);
+        let stack = Some((&mut self.shared, at));
+        let mut cx = Cx { out: self.spare.pop().unwrap_or_default(), now: self.now, wall: self.wall, stack };
+        input(&mut *self.layers[at], &mut cx);
         let outs = cx.out;
         self.emit(at, outs, exits);
     }
 
     fn emit(&mut self, at: usize, mut outs: Vec<Out>, exits: &mut Exits) {
-        for out in outs.drain(..) {
+        // In the order asked for, popped from the back (cheaper than a drain on the per-frame path).
+        outs.reverse();
+        while let Some(out) = outs.pop() {
             match out {
                 Out::ToAgent(frame) => self.down(at + 1, frame, exits),
                 Out::ToClient(frame) => self.up(at, frame, exits),
