@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::watchdog::Watchdog;
@@ -121,24 +121,35 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
     let stderr_tail = StderrTail::default();
     let tail = stderr_tail.clone();
     // Drained continuously: a child blocked on a full stderr pipe would stall the session.
-    let stderr_done = tokio::spawn(async move {
-        let mut lines = BufReader::new(stderr);
-        let mut line = Vec::new();
-        let mut err = tokio::io::stderr();
-        loop {
-            line.clear();
-            match lines.read_until(b'\n', &mut line).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let _ = err.write_all(&line).await;
-                    let text = String::from_utf8_lossy(&line);
-                    tail.push(text.trim_end_matches(['\n', '\r']).to_owned());
-                }
-            }
-        }
-        let _ = err.flush().await;
-    });
+    let stderr_done = tokio::spawn(drain_stderr(stderr, tokio::io::stderr(), tail));
     Ok(Agent { child, stdin, stdout, stderr_tail, stderr_done, pgid, watchdog })
+}
+
+/// Longest line of the child's stderr passed on and kept whole; of a longer one, only its start. Each
+/// line is cut out with the frame splitter, so an endless line holds no more than this.
+const STDERR_LINE: usize = 64 << 10;
+
+/// Copies the child's stderr to ours line by line and keeps its tail. A line over [`STDERR_LINE`] goes on
+/// as its first bytes and a note of its length; the rest of it is skipped, not held.
+async fn drain_stderr<R, W>(mut stderr: R, mut out: W, tail: StderrTail)
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut lines = crate::lines::Lines::new(STDERR_LINE);
+    while let Ok(Some(line)) = crate::lines::read_line(&mut stderr, &mut lines).await {
+        let text = match line {
+            crate::lines::Line::Text(bytes) => String::from_utf8_lossy(&bytes[..bytes.len() - 1]).into_owned(),
+            crate::lines::Line::TooLong { head, len } => format!(
+                "{}… [a line of {len} bytes, over the {} KiB kept of a stderr line]",
+                String::from_utf8_lossy(&head),
+                STDERR_LINE >> 10
+            ),
+        };
+        let _ = out.write_all(format!("{text}\n").as_bytes()).await;
+        tail.push(text);
+    }
+    let _ = out.flush().await;
 }
 
 /// A handle to signal the child's process group after its pipes have moved elsewhere. The default is no
@@ -192,5 +203,56 @@ pub fn describe(status: ExitStatus) -> String {
         (Some(code), _) => code.to_string(),
         (None, Some(sig)) => format!("{} (killed by signal {sig})", 128 + sig),
         (None, None) => "unknown".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An endless-looking line: `len` bytes of `x` made as they are read (none held by the test), then `rest`.
+    struct Endless {
+        len: usize,
+        rest: &'static [u8],
+    }
+
+    impl tokio::io::AsyncRead for Endless {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = self.len.min(buf.remaining()).min(1 << 20);
+            if n > 0 {
+                buf.put_slice(&vec![b'x'; n]);
+                self.len -= n;
+            } else {
+                let m = self.rest.len().min(buf.remaining());
+                buf.put_slice(&self.rest[..m]);
+                self.rest = &self.rest[m..];
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_endless_stderr_line_is_passed_on_as_its_start_and_the_next_lines_follow() {
+        let tail = StderrTail::default();
+        let mut out = Vec::new();
+        let stderr = Endless { len: 200 << 20, rest: "\nerror: quota 配额\nlast".as_bytes() };
+        drain_stderr(stderr, &mut out, tail.clone()).await;
+        let lines = tail.lines();
+        assert_eq!(lines.len(), 3, "{:?}", lines.iter().map(String::len).collect::<Vec<_>>());
+        assert!(lines[0].len() < 8 << 10 && lines[0].starts_with("xxxx"), "{} bytes kept", lines[0].len());
+        assert!(lines[0].ends_with(&format!("[a line of {} bytes, over the 64 KiB kept of a stderr line]", 200 << 20)));
+        assert_eq!(lines[1..], ["error: quota 配额", "last"]);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out, format!("{}\n{}\n{}\n", lines[0], lines[1], lines[2]));
+        // A line within the bound goes on whole.
+        let mut out = Vec::new();
+        let whole = "y".repeat(STDERR_LINE);
+        let stderr = std::io::Cursor::new(format!("{whole}\r\n"));
+        drain_stderr(stderr, &mut out, StderrTail::default()).await;
+        assert_eq!(out, format!("{whole}\n").into_bytes());
     }
 }

@@ -194,9 +194,10 @@ impl Frame {
     }
 
     /// Takes one line that ends in its `\n` as a frame, keeping the bytes where they are; hands the line
-    /// back on error (for the trace and the warning).
+    /// back on error (for the trace and the warning). A line without its `\n` gets one (a copy): the last
+    /// byte of a frame is its `\n`, in every build, so none of the line is lost.
     pub fn parse_wire(wire: Bytes) -> Result<Frame, (Bytes, Invalid)> {
-        debug_assert_eq!(wire.last(), Some(&b'\n'));
+        let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)]) {
             Ok((kind, update)) => Ok(Frame { wire, kind, update, shim: false }),
             Err(e) => Err((wire, e)),
@@ -498,6 +499,11 @@ fn first_non_space(bytes: &[u8]) -> Option<u8> {
 fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
     // Before any recursive parse: a line nested too deep would overflow the stack of the thread reading it.
     if let Some(at) = json::too_deep(bytes) {
+        if !json::brackets_close(bytes) {
+            let message =
+                format!("parse error: brackets or a string left open, deeper than {} levels", json::MAX_DEPTH);
+            return Err(Invalid { code: -32700, message, id: None, too_deep: false, has_method: false });
+        }
         let (id, has_method) = sniff(&bytes[..at]);
         let message = format!("invalid request: {}", json::Error::TooDeep(at));
         return Err(Invalid { code: -32600, message, id, too_deep: true, has_method });
@@ -711,6 +717,18 @@ mod tests {
             );
             assert!(r.is_shim());
         }
+    }
+
+    #[test]
+    fn a_line_handed_over_without_its_newline_loses_no_byte() {
+        let line = br#"{"jsonrpc":"2.0","method":"m","params":{"a":1}}"#;
+        let f = Frame::parse_wire(Bytes::from_static(line)).expect("a frame");
+        assert_eq!(f.bytes(), line);
+        assert_eq!(f.into_wire(), [&line[..], b"\n"].concat());
+        let (back, err) = Frame::parse_wire(Bytes::from_static(b"nope")).unwrap_err();
+        assert_eq!((&back[..], err.code), (&b"nope\n"[..], -32700));
+        // Empty stays a parse error, not a panic.
+        assert_eq!(Frame::parse_wire(Bytes::new()).unwrap_err().1.code, -32700);
     }
 
     #[test]

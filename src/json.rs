@@ -85,6 +85,35 @@ fn deepest(text: &[u8]) -> Option<usize> {
     None
 }
 
+/// Whether every bracket of `text` (outside strings) is closed and never closed twice, and every string
+/// ends: what any JSON text does. A line too deep to parse that fails this is not JSON at all (a parse
+/// error to its sender), rather than JSON over the limit. Walks the whole text: only for lines over the limit.
+pub fn brackets_close(text: &[u8]) -> bool {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'"' => loop {
+                i += 1;
+                let Some(at) = text.get(i..).and_then(|rest| memchr::memchr(b'"', rest)) else { return false };
+                i += at;
+                let backslashes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+                if backslashes % 2 == 0 {
+                    break;
+                }
+            },
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => match depth.checked_sub(1) {
+                Some(d) => depth = d,
+                None => return false,
+            },
+            _ => {}
+        }
+        i += 1;
+    }
+    depth == 0
+}
+
 /// Parses JSON from a peer or a file into `T` (a `serde_json::Value` most often): at most [`MAX_DEPTH`]
 /// deep, numbers kept with all their digits (serde_json's `arbitrary_precision`).
 pub fn from_slice<T: DeserializeOwned>(text: &[u8]) -> Result<T, Error> {
@@ -206,6 +235,17 @@ mod tests {
         // An unterminated string ends the walk: nothing after it can be parsed.
         assert_eq!(too_deep(format!("[\"{}", "[".repeat(5000)).as_bytes()), None);
         assert_eq!(too_deep(format!("{}\"{}\\", "[".repeat(10), "[".repeat(1000)).as_bytes()), None);
+    }
+
+    #[test]
+    fn tells_unclosed_brackets_and_strings_from_closed_ones() {
+        assert!(brackets_close(nest(MAX_DEPTH + 2).as_bytes()));
+        assert!(brackets_close(br#"{"a":"]]}{[\"","b":[]}"#));
+        assert!(!brackets_close("[".repeat(100_000).as_bytes()));
+        assert!(!brackets_close(format!("{}1", "{\"a\":".repeat(5000)).as_bytes()));
+        assert!(!brackets_close(b"[]]"));
+        assert!(!brackets_close(b"[\"abc]"));
+        assert!(!brackets_close(b"[\"abc\\\"]"));
     }
 
     #[test]

@@ -92,9 +92,12 @@ impl Lines {
             return;
         }
         let need = self.buf.len() + read;
+        // A long line doubles its buffer (up to what the limit lets a line reach), so it is copied a few
+        // times in all, not once per read: grown to the exact size, a 60 MB line cost seconds.
+        let grown = need.max(BUF).max((2 * self.buf.len()).min(self.max.saturating_add(2 + read)));
         let (mut next, size) = match self.spare.iter_mut().position(|b| b.try_reclaim(need)) {
             Some(i) => (self.spare.swap_remove(i), BUF),
-            None => (BytesMut::with_capacity(need.max(BUF)), need.max(BUF)),
+            None => (BytesMut::with_capacity(grown), grown),
         };
         next.extend_from_slice(&self.buf);
         let mut old = std::mem::replace(&mut self.buf, next);
@@ -310,6 +313,34 @@ mod tests {
         split.push(b"\n{}\n");
         assert_eq!(split.next_line(), Some(Line::TooLong { head: vec![b'x'; 100], len: 100_000 }));
         assert_eq!(split.next_line(), Some(text("{}")));
+    }
+
+    #[test]
+    fn a_long_line_grows_its_buffer_geometrically() {
+        // 32 MiB in a pipe's reads: the buffer is replaced a few times (doubling), not once per read.
+        let line = [vec![b'x'; 32 << 20], b"\n".to_vec()].concat();
+        let mut input = &line[..];
+        let mut split = Lines::new(DEFAULT_MAX_LINE);
+        let (mut reads, mut grown, mut capacity) = (0, 0, 0);
+        let mut got = None;
+        while got.is_none() && split.fill_blocking(&mut input).expect("read") > 0 {
+            reads += 1;
+            if split.buf.capacity() != capacity {
+                (grown, capacity) = (grown + 1, split.buf.capacity());
+            }
+            got = split.next_line();
+        }
+        assert!(matches!(got, Some(Line::Text(b)) if b.len() == line.len()));
+        assert!(reads > 500, "read in pipe-sized pieces ({reads} reads)");
+        assert!(grown <= 10, "the buffer was replaced {grown} times in {reads} reads");
+        // Never more than the limit lets a line reach (and one read), however it doubles.
+        let mut split = Lines::new(BUF * 3);
+        let long = vec![b'x'; BUF * 3];
+        let mut input = &long[..];
+        while split.fill_blocking(&mut input).expect("read") > 0 {
+            assert!(split.buf.capacity() <= BUF * 3 + 2 + READ_BLOCKING + READ, "{}", split.buf.capacity());
+            assert_eq!(split.next_line(), None);
+        }
     }
 
     #[test]

@@ -20,3 +20,14 @@ pub async fn signal(sig: &mut Option<Signal>) {
         None => std::future::pending().await,
     }
 }
+
+/// The next message on a channel that may be absent; never, without one or once its senders are gone.
+pub async fn recv<T>(rx: &mut Option<tokio::sync::mpsc::Receiver<T>>) -> T {
+    if let Some(r) = rx.as_mut()
+        && let Some(v) = r.recv().await
+    {
+        return v;
+    }
+    *rx = None;
+    std::future::pending().await
+}

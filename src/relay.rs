@@ -5,7 +5,9 @@
 //! The loop reads the clock once per wake-up and hands that time to the layers ([`Stack::set_time`]); it
 //! sleeps until the layers' next wake-up ([`Stack::next_wake`]) beside its other waits. The agent's side is
 //! an [`AgentSide`]: a child process, or any byte streams (in-memory pipes in tests). When the client
-//! leaves, the child is stopped with a ladder: its stdin closed, SIGTERM, then SIGKILL of all it started.
+//! leaves (its stdin ends or hangs up, a signal comes, or it stops reading), the child is stopped with a
+//! ladder that runs whatever the queues hold: its stdin closed once what is queued for it is taken (or
+//! dropped, with a warning, after a grace), SIGTERM, then SIGKILL of all it started.
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -20,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::child::{self, Agent, Group, StderrTail};
-use crate::frame::{self, Frame, Id};
+use crate::frame::{self, Frame};
 use crate::layer::{Event, Exits, Stack};
 use crate::maybe;
 use crate::trace::{Dir, Trace};
@@ -100,8 +102,10 @@ async fn exit(process: &mut Option<Process>) -> std::io::Result<ExitStatus> {
 /// The state of stopping the child after the client went away (or a signal came).
 enum Ladder {
     Running,
-    /// Stdin closed (or about to be); SIGTERM at the deadline.
-    StdinClosed(Instant),
+    /// The client has gone: the agent's stdin is closed once what is queued for it is handed over, and at
+    /// the deadline whatever it still holds is dropped, its stdin closed and SIGTERM sent, whatever the
+    /// queues hold (an agent that stops reading must not keep the shim, or itself, alive).
+    Stopping(Instant),
     /// SIGTERM sent; SIGKILL at the deadline.
     Termed(Instant),
     Killed,
@@ -146,19 +150,19 @@ impl Loop {
                 }
                 self.stack.from_client(f, &mut exits);
             }
-            Received::Invalid { line, err } => {
-                if let Some(t) = &mut self.trace {
-                    t.line(Dir::ClientToShim, &line);
+            bad => {
+                match &bad {
+                    Received::Invalid { line, err } => {
+                        if let Some(t) = &mut self.trace {
+                            t.line(Dir::ClientToShim, line);
+                        }
+                        tracing::warn!("client sent an invalid frame: {}", err.message);
+                    }
+                    Received::Refused { why, .. } => tracing::warn!("client sent a frame {why}; dropped"),
+                    Received::Frame(_) => {}
                 }
-                tracing::warn!("client sent an invalid frame: {}", err.message);
-                let id = err.id.clone().unwrap_or_else(Id::null);
-                self.send_client(frame::error_response(&id, err.code, &err.message, None));
-            }
-            Received::Refused { id, has_method, why } => {
-                tracing::warn!("client sent a frame {why}; dropped");
-                if let (Some(id), true) = (id, has_method) {
-                    let msg = format!("invalid request: message {why}");
-                    self.send_client(frame::error_response(&id, -32600, &msg, None));
+                if let Some(answer) = bad.answer() {
+                    self.send_client(answer);
                 }
             }
         }
@@ -186,20 +190,22 @@ impl Loop {
                 );
                 tracing::debug!("the line the agent wrote: {}", excerpt(&line));
             }
-            Received::Refused { id, has_method, why } => {
-                let msg = format!("message {why}");
+            Received::Refused { ref id, has_method, ref why } => {
                 tracing::warn!("agent sent a frame {why}; dropped");
                 match (id, has_method) {
-                    (Some(id), true) => {
-                        let f = frame::error_response(&id, -32600, &format!("invalid request: {msg}"), None);
-                        if let Some(t) = &mut self.trace {
-                            t.frame(Dir::ShimToAgent, f.bytes(), true);
+                    // A request is answered as a client's is; a line that names neither is not (the agent's
+                    // stray output, as for a line that is not JSON).
+                    (Some(_), true) => {
+                        if let Some(f) = input.answer() {
+                            if let Some(t) = &mut self.trace {
+                                t.frame(Dir::ShimToAgent, f.bytes(), true);
+                            }
+                            self.to_agent.push(f);
                         }
-                        self.to_agent.push(f);
                     }
-                    (Some(id), false) if self.stack.owes(&id) => {
-                        let msg = format!("the agent's answer was dropped: {msg}");
-                        self.stack.from_agent(frame::error_response(&id, -32603, &msg, None), &mut exits);
+                    (Some(id), false) if self.stack.owes(id) => {
+                        let msg = format!("the agent's answer was dropped: message {why}");
+                        self.stack.from_agent(frame::error_response(id, -32603, &msg, None), &mut exits);
                     }
                     _ => {}
                 }
@@ -289,7 +295,7 @@ async fn run_io(
     let group = agent.group();
     let AgentSide { reader, writer, mut process } = agent;
     let mut watchdog = process.as_mut().and_then(|p| p.watchdog.take());
-    let Link { input: mut client_in, output: client_tx, written: client_written } = client;
+    let Link { input: mut client_in, output: client_tx, written: client_written, hangup: mut client_hangup } = client;
     // Nothing waits for the agent's writer to finish: once the agent's output ends, the session has.
     let Link { input: mut agent_in, output: agent_tx, .. } = transport::streams(reader, writer, options.max_line);
     let mut agent_tx = Some(agent_tx);
@@ -315,6 +321,8 @@ async fn run_io(
         exits: Exits::default(),
     };
     let mut client_open = true;
+    // The client closed its end while unread input may still wait (see `transport::watch_hangup`).
+    let mut client_hung_up = false;
     let mut agent_open = true;
     let mut ladder = Ladder::Running;
     let mut exited: Option<ExitStatus> = None;
@@ -328,22 +336,21 @@ async fn run_io(
         // Once the client is gone and everything for the agent is handed to its writer, close its stdin.
         if !client_open && st.to_agent.is_empty() && agent_tx.is_some() {
             tracing::debug!("client closed its stdin; closing the agent's");
-            // What the agent started (also in sessions of its own) is recorded while the agent still runs,
-            // so that what it leaves behind when it exits goes too.
-            if let Some(w) = &mut watchdog {
-                w.session_ends();
-            }
-            agent_tx = None;
+            close_agent_stdin(&mut agent_tx, &mut watchdog);
         }
-        if agent_tx.is_none() && matches!(ladder, Ladder::Running) && exited.is_none() {
-            ladder = Ladder::StdinClosed(Instant::now() + child::STDIN_GRACE);
+        // The ladder runs from the moment the client is gone, whatever the queues hold.
+        if (!client_open || client_hung_up || agent_tx.is_none())
+            && matches!(ladder, Ladder::Running)
+            && exited.is_none()
+        {
+            ladder = Ladder::Stopping(Instant::now() + child::STDIN_GRACE);
         }
         if exited.is_some() && !agent_open {
             break;
         }
-        let (mut client_gone, mut agent_gone) = (false, false);
+        let (mut client_gone, mut agent_gone, mut give_up_feeding) = (false, false, false);
         let ladder_deadline = match ladder {
-            Ladder::StdinClosed(at) | Ladder::Termed(at) => Some(at),
+            Ladder::Stopping(at) | Ladder::Termed(at) => Some(at),
             _ => None,
         };
         let wake = st.stack.next_wake().map(Instant::from_std);
@@ -375,6 +382,10 @@ async fn run_io(
             _ = maybe::signal(&mut sigint) => shutdown_on_signal("SIGINT", &mut client_open),
             _ = maybe::signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
             _ = maybe::signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
+            () = maybe::recv(&mut client_hangup), if client_open => {
+                tracing::debug!("the client closed its end of stdin; stopping the agent");
+                client_hung_up = true;
+            }
             Some((layer, event)) = events.recv(), if !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
                 st.event(layer, event);
@@ -429,8 +440,22 @@ async fn run_io(
             }
             _ = maybe::sleep_until(ladder_deadline), if ladder_deadline.is_some() => {
                 ladder = match ladder {
-                    Ladder::StdinClosed(_) => {
-                        tracing::info!("agent still running {:?} after its stdin closed; sending SIGTERM", child::STDIN_GRACE);
+                    Ladder::Stopping(_) => {
+                        if !st.to_agent.is_empty() {
+                            tracing::warn!(
+                                "the agent did not read its last {} frames ({} bytes) within {:?} of the client leaving; dropped",
+                                st.to_agent.frames.len(),
+                                st.to_agent.bytes,
+                                child::STDIN_GRACE
+                            );
+                            st.to_agent.clear();
+                        }
+                        if client_open {
+                            tracing::warn!("the client left input unread that the agent could not take; not read");
+                            client_open = false;
+                        }
+                        give_up_feeding = true;
+                        tracing::info!("agent still running {:?} after the client left; sending SIGTERM", child::STDIN_GRACE);
                         group.signal(Signal::SIGTERM);
                         Ladder::Termed(Instant::now() + child::TERM_GRACE)
                     }
@@ -447,6 +472,9 @@ async fn run_io(
         }
         if agent_gone {
             agent_tx = None;
+        }
+        if give_up_feeding && agent_tx.is_some() {
+            close_agent_stdin(&mut agent_tx, &mut watchdog);
         }
         if !agent_open && process.is_none() && exited.is_none() {
             // An agent without a process has ended once its output has.
@@ -465,17 +493,32 @@ async fn run_io(
         st.fail_in_flight(status, stderr_tail);
     }
     tracing::info!("agent exited with status {}", child::describe(status));
-    // Hand everything left to the client's writer and let it flush.
-    if let Some(tx) = client_tx.take() {
-        while !st.to_client.is_empty() {
-            if tx.send(st.to_client.take_batch()).await.is_err() {
-                break;
+    // Hand everything left to the client's writer and let it flush. A client that stopped reading must not
+    // keep the shim alive: this waits 5 s at most.
+    let flushed = async {
+        if let Some(tx) = client_tx.take() {
+            while !st.to_client.is_empty() {
+                if tx.send(st.to_client.take_batch()).await.is_err() {
+                    break;
+                }
             }
         }
+        let _ = client_written.await;
+    };
+    if tokio::time::timeout(Duration::from_secs(5), flushed).await.is_err() {
+        tracing::warn!("the client did not read the shim's last output within 5 s; not written");
     }
-    // A client that stopped reading must not keep the shim alive.
-    let _ = tokio::time::timeout(Duration::from_secs(5), client_written).await;
     child::exit_code(status)
+}
+
+/// Closes the agent's stdin (once its writer has written what it holds). What the agent started (also in
+/// sessions of its own) is recorded while the agent still runs, so that what it leaves behind when it exits
+/// goes too.
+fn close_agent_stdin(agent_tx: &mut Option<mpsc::Sender<Batch>>, watchdog: &mut Option<Watchdog>) {
+    if let Some(w) = watchdog {
+        w.session_ends();
+    }
+    *agent_tx = None;
 }
 
 fn shutdown_on_signal(name: &str, client_open: &mut bool) {
@@ -538,7 +581,7 @@ fn excerpt(line: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::{Cx, Layer};
+    use crate::layer::{AnyLayer, Cx, Layer};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     /// Passes frames on; on the client's `later` asks for a wake-up, and then tells the client.
@@ -598,5 +641,90 @@ mod tests {
         agent_write.shutdown().await.unwrap();
         assert_eq!(relay.await.unwrap(), 0);
         assert_eq!(client_reads.next_line().await.unwrap(), None);
+    }
+
+    /// A relay on in-memory pipes with the given layers, and both peers' ends: (client reads, client writes,
+    /// agent reads, agent writes), and the relay's task.
+    #[allow(clippy::type_complexity)]
+    fn relay_on_memory(
+        layers: Vec<Box<dyn AnyLayer>>,
+        max_line: usize,
+    ) -> (
+        tokio::io::Lines<BufReader<tokio::io::ReadHalf<DuplexStream>>>,
+        tokio::io::WriteHalf<DuplexStream>,
+        tokio::io::Lines<BufReader<tokio::io::ReadHalf<DuplexStream>>>,
+        tokio::io::WriteHalf<DuplexStream>,
+        tokio::task::JoinHandle<i32>,
+    ) {
+        let (agent, agent_end) = AgentSide::memory();
+        let (client, client_end) = tokio::io::duplex(64 << 10);
+        let (client_read, client_write) = tokio::io::split(client);
+        let (_events_tx, events) = mpsc::unbounded_channel();
+        let options = Options { max_line, trace: None };
+        let relay =
+            tokio::spawn(run_with_client(Stack::new(layers), agent, events, options, client_read, client_write));
+        let (from_relay, to_relay) = tokio::io::split(client_end);
+        let (agent_read, agent_write) = tokio::io::split(agent_end);
+        (BufReader::new(from_relay).lines(), to_relay, BufReader::new(agent_read).lines(), agent_write, relay)
+    }
+
+    #[tokio::test]
+    async fn every_client_line_that_is_not_json_rpc_gets_one_answer_with_a_null_id() {
+        let (mut client_reads, mut to_relay, mut agent_reads, mut agent_write, relay) =
+            relay_on_memory(vec![], 1 << 20);
+        let deep = |open: &str, close: &str| format!("{}{}", open.repeat(100_000), close.repeat(100_000));
+        // (line, the code it gets, words its message has); each answered with id null.
+        let bad = [
+            ("[".repeat(100_000), -32700, "left open"),
+            ("{\"a\":".repeat(100_000), -32700, "left open"),
+            (
+                format!("{{\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":\"{}", "[".repeat(5000)),
+                -32700,
+                "parse error",
+            ),
+            (deep("[", "]"), -32600, "deeper than 1000"),
+            (format!("{{\"x\":{}}}", deep("[", "]")), -32600, "deeper than 1000"),
+            (format!("[{}1]", "1,".repeat(600_000)), -32600, "over the size limit"),
+            ("not json".to_owned(), -32700, "parse error"),
+            (r#"{"jsonrpc":"2.0","method":"m","params":"\u00"}"#.to_owned(), -32700, "parse error"),
+            ("[]".to_owned(), -32600, "empty batch"),
+            (r#"{"jsonrpc":"1.0","method":"m"}"#.to_owned(), -32600, "2.0"),
+        ];
+        // Refused but not answered: a notification over the limits (JSON-RPC answers no notification).
+        let notification = format!(r#"{{"jsonrpc":"2.0","method":"_x/note","params":{}}}"#, deep("{\"a\":", "}"));
+        let mut all = String::new();
+        for (line, _, _) in &bad {
+            all.push_str(line);
+            all.push('\n');
+        }
+        all.push_str(&notification);
+        all.push('\n');
+        let request = r#"{"jsonrpc":"2.0","id":7,"method":"after","params":{}}"#;
+        all.push_str(request);
+        all.push('\n');
+        let writer = tokio::spawn(async move {
+            to_relay.write_all(all.as_bytes()).await.unwrap();
+            to_relay
+        });
+        for (line, code, words) in &bad {
+            let got = tokio::time::timeout(Duration::from_secs(10), client_reads.next_line()).await;
+            let got = got.expect("an answer within 10 s").unwrap().expect("an answer");
+            let v: serde_json::Value = crate::json::from_str(&got).unwrap();
+            assert_eq!((&v["id"], &v["error"]["code"]), (&json!(null), &json!(code)), "for {:.60}: {got}", line);
+            assert!(v["error"]["message"].as_str().unwrap().contains(words), "for {:.60}: {got}", line);
+        }
+        // The shim goes on: the next request reaches the agent, and its answer is the next line the client
+        // gets (no second answer to any bad line, none to the notification).
+        let forwarded = tokio::time::timeout(Duration::from_secs(10), agent_reads.next_line()).await;
+        assert_eq!(forwarded.expect("relayed").unwrap().as_deref(), Some(request));
+        agent_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n").await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(10), client_reads.next_line()).await;
+        assert_eq!(next.unwrap().unwrap().as_deref(), Some(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#));
+        let mut to_relay = writer.await.unwrap();
+        to_relay.shutdown().await.unwrap();
+        assert_eq!(agent_reads.next_line().await.unwrap(), None);
+        agent_write.shutdown().await.unwrap();
+        assert_eq!(relay.await.unwrap(), 0);
+        assert_eq!(client_reads.next_line().await.unwrap(), None, "nothing more came");
     }
 }

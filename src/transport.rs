@@ -39,6 +39,25 @@ pub enum Received {
     },
 }
 
+impl Received {
+    /// The error answer JSON-RPC 2.0 prescribes for a line that is not a frame, once per line; `None` for a
+    /// frame, and for a line refused for its size or nesting that names a method but no id (a notification,
+    /// which is never answered) or an id but no method (an answer, which the relay loop deals with). Not
+    /// JSON: -32700; JSON but not a JSON-RPC message, or a request refused: -32600. Both carry the request's
+    /// id where it could be read, `null` otherwise. The one home of this rule for either peer.
+    pub fn answer(&self) -> Option<Frame> {
+        let (id, code, message) = match self {
+            Received::Frame(_) => return None,
+            Received::Invalid { err, .. } => (err.id.clone(), err.code, err.message.clone()),
+            Received::Refused { id, has_method, why } => match (id, has_method) {
+                (Some(_), false) | (None, true) => return None,
+                (id, _) => (id.clone(), -32600, format!("invalid request: message {why}")),
+            },
+        };
+        Some(frame::error_response(&id.unwrap_or_else(Id::null), code, &message, None))
+    }
+}
+
 fn received(line: Line) -> Received {
     match line {
         Line::Text(wire) => match Frame::parse_wire(wire) {
@@ -125,6 +144,9 @@ pub struct Link {
     pub input: mpsc::Receiver<Delivery>,
     pub output: mpsc::Sender<Batch>,
     pub written: tokio::sync::oneshot::Receiver<()>,
+    /// A message once the peer has closed its end of what we read, however much it left unread (see
+    /// [`watch_hangup`]); `None` where that cannot be watched (streams in the process).
+    pub hangup: Option<mpsc::Receiver<()>>,
 }
 
 /// The shim's own stdin and stdout, each on a thread of its own with blocking I/O: tokio's stdio
@@ -161,7 +183,53 @@ pub fn stdio(max: usize) -> std::io::Result<Link> {
         }
         let _ = done.send(());
     })?;
-    Ok(Link { input, output, written })
+    let (hung_up, hangup) = mpsc::channel(1);
+    let watched = std::io::stdin().as_fd().try_clone_to_owned()?;
+    std::thread::Builder::new().name("stdin-hangup".into()).spawn(move || watch_hangup(watched, hung_up))?;
+    Ok(Link { input, output, written, hangup: Some(hangup) })
+}
+
+/// Tells `hung_up` once the writer of `fd` (a pipe or a socket) has gone away, whatever it left unread.
+/// While the relay applies backpressure nothing reads the client's stdin, so its end would never be read;
+/// the kernel says it all the same. Linux reports a pipe's hang-up (`POLLHUP`) whatever is asked, and a
+/// socket's half-close as `POLLRDHUP`: the wait costs nothing until then. Elsewhere (macOS) a hang-up comes
+/// with readable data, so readable is asked for and looked at again after a pause while data waits.
+/// Anything else (a file, a terminal, `/dev/null`) is read to its end anyway and is not watched.
+fn watch_hangup(fd: std::os::fd::OwnedFd, hung_up: mpsc::Sender<()>) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    let file = std::fs::File::from(fd);
+    match file.metadata().map(|m| m.file_type()) {
+        Ok(t) if t.is_fifo() || t.is_socket() => {}
+        _ => return,
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let (events, pause) = (PollFlags::from_bits_retain(nix::libc::POLLRDHUP), None);
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let (events, pause) = (PollFlags::POLLIN, Some(std::time::Duration::from_millis(100)));
+    let gone = PollFlags::POLLHUP
+        | PollFlags::POLLERR
+        | PollFlags::from_bits_retain(events.bits() & !PollFlags::POLLIN.bits());
+    loop {
+        let mut fds = [PollFd::new(file.as_fd(), events)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return,
+        }
+        let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+        if revents.intersects(gone) {
+            let _ = hung_up.blocking_send(());
+            return;
+        }
+        if revents.contains(PollFlags::POLLNVAL) || hung_up.is_closed() {
+            return;
+        }
+        if let Some(pause) = pause {
+            std::thread::sleep(pause);
+        }
+    }
 }
 
 /// A peer on any byte streams (a child's pipes, an in-process client, in-memory pipes), with tasks doing
@@ -178,7 +246,7 @@ where
         let _ = write_frames(writer, out_rx).await;
         let _ = done.send(());
     });
-    Link { input, output, written }
+    Link { input, output, written, hangup: None }
 }
 
 /// Writes batches of frames (each ending in `\n`) with vectored writes, taking every batch already waiting

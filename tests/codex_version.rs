@@ -5,9 +5,8 @@
 
 mod support;
 
-use support::{shim, temp};
+use support::{executable, shim, temp};
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -16,9 +15,7 @@ use serde_json::{Value, json};
 const INIT: &str = r#"{"protocolVersion":1,"agentCapabilities":{"loadSession":true},"agentInfo":{"name":"@agentclientprotocol/codex-acp","title":"Codex","version":"2.6.0"}}"#;
 
 fn write_script(path: &Path, body: &str) {
-    std::fs::create_dir_all(path.parent().expect("a parent")).expect("make the folder");
-    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).expect("write the script");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("make it executable");
+    executable::write(path, &format!("#!/bin/sh\n{body}\n"));
 }
 
 /// A codex-acp stand-in: `cli -V` after `skip` leading arguments prints `codex-cli <asked>` (or fails when

@@ -69,7 +69,7 @@ fn ends_cleanly(mut s: shim::Shim) -> Vec<String> {
     s.close_stdin();
     let _ = s.rest();
     assert_eq!(s.wait(Duration::from_secs(15)).code(), Some(0), "the shim is alive and ends cleanly");
-    s.drain_stderr()
+    s.stderr_to_the_end()
 }
 
 #[test]
@@ -81,17 +81,23 @@ fn deep_frames_from_the_client_are_refused_like_over_size_ones_and_the_shim_live
         let e = s.recv_json();
         assert_eq!((&e["id"], &e["error"]["code"]), (&json!(1), &json!(-32600)), "{bin}: {e}");
         assert!(e["error"]["message"].as_str().unwrap().contains("deeper than 1000 levels"), "{bin}: {e}");
-        // A valid notification whose params nest 20,000 objects, and a bare line of `[`: dropped.
+        // A valid notification whose params nest 20,000 objects: dropped (JSON-RPC answers no notification).
         s.send(&format!(r#"{{"jsonrpc":"2.0","method":"_x/note","params":{}}}"#, deep_object(DEEP)));
+        // A bare line of `[`, never closed, is not JSON: -32700 with id null; 20,000 closed `[`, JSON but no
+        // JSON-RPC message: -32600 with id null. Each once.
         s.send(&"[".repeat(DEEP));
-        // The next frame is relayed, and nothing deep reached the agent.
+        s.send(&deep_array(DEEP));
         let (seen, before) = s.request(2, "_test/seen", json!({}));
-        assert!(before.is_empty(), "{bin}: no answer to a notification or to a line without a method");
+        let codes: Vec<_> = before.iter().map(|e| (e["id"].clone(), e["error"]["code"].clone())).collect();
+        assert_eq!(codes, [(json!(null), json!(-32700)), (json!(null), json!(-32600))], "{bin}: {before:?}");
+        // The next frame is relayed, and nothing deep reached the agent.
         let methods = seen["result"]["methods"].as_array().expect("the agent answered").clone();
         assert!(!methods.iter().any(|m| m == "_test/echo" || m == "_x/note"), "{bin}: {methods:?}");
         let stderr = ends_cleanly(s);
         let warnings = stderr.iter().filter(|l| l.contains("client sent a frame") && l.contains("deeper than 1000"));
         assert_eq!(warnings.count(), 3, "{bin}: one warning per deep frame: {stderr:?}");
+        let unclosed = stderr.iter().filter(|l| l.contains("client sent an invalid frame") && l.contains("left open"));
+        assert_eq!(unclosed.count(), 1, "{bin}: {stderr:?}");
     }
 }
 

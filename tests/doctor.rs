@@ -3,9 +3,8 @@
 
 mod support;
 
-use support::{shim, temp};
+use support::{executable, shim, temp};
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -87,8 +86,7 @@ fn doctor_tells_debians_grok_from_grok_build() {
     let bin = temp("debian-grok-bin");
     let home = temp("debian-grok-home");
     let grok = bin.join("grok");
-    std::fs::write(&grok, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\nexit 1\n").expect("fake grok");
-    std::fs::set_permissions(&grok, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    executable::write(&grok, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\nexit 1\n");
     let path = std::env::join_paths([bin.path(), Path::new("/usr/bin"), Path::new("/bin")]).expect("PATH");
     let mut cmd = Command::new(shim::binary("grok"));
     cmd.arg("doctor")

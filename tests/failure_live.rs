@@ -22,20 +22,6 @@ const TRAIL: Duration = Duration::from_millis(1500);
 /// Longest silence within one failed turn (a CLI's own retries can take minutes).
 const TURN: Duration = Duration::from_secs(600);
 
-use failures::CASES;
-
-fn enabled(agent: &str) -> bool {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped live failures of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
-        return false;
-    }
-    if let Err(why) = live::installed(agent) {
-        eprintln!("skipped live failures of {agent}: {why}");
-        return false;
-    }
-    true
-}
-
 fn only() -> Option<Vec<String>> {
     std::env::var("CODA_FAILURE_ONLY").ok().map(|s| s.split(',').map(|c| c.trim().to_owned()).collect())
 }
@@ -116,7 +102,7 @@ fn run_agent(agent: &str) -> Vec<Outcome> {
 
     let only = only();
     let mut outcomes = Vec::new();
-    for (case, marker) in CASES {
+    for (case, marker) in failures::cases(agent) {
         if only.as_ref().is_some_and(|o| !o.iter().any(|c| c == case)) {
             continue;
         }
@@ -161,7 +147,10 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
     let mut n = Normaliser::for_live_root(root);
     n.add(&live::live_root().display().to_string(), "LIVE");
     let records = replay::record(&text, files.as_deref(), &n).expect("normalise the trace");
-    let out = replay::render(&records);
+    let mut out = replay::render(&records);
+    // A reset time Codex gives without a day gets the day the shim received it: `{{TODAY}}` on replay.
+    let today = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    out = out.replace(&format!("<t:{today}T"), "<t:{{TODAY}}T");
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}: the recording still names {left:?}");
     let scratch = root.join("fixture");
@@ -184,7 +173,7 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
             _ => "opencode-ai@1.18.33",
         };
         let meta = json!({"agent": agent, "scenario": "upstream-failures", "cli": cli, "recorded_by": "tests/failure_live.rs",
-            "notes": "one prompt per upstream failure, in the order of CASES in tests/support/failures.rs (prompt ids 4-13)"});
+            "notes": format!("one prompt per upstream failure, in the order of failures::cases(\"{agent}\") in tests/support/failures.rs (prompt ids 4-{})", 3 + failures::cases(agent).len())});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).unwrap();
         eprintln!("wrote {}", dir.display());
     }
@@ -192,7 +181,7 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
 
 /// Runs every case against `agent` and checks what Coda received (README "Upstream failures").
 fn live(agent: &str) {
-    if !enabled(agent) {
+    if !live::wanted(agent, "live failures") {
         return;
     }
     let outcomes = run_agent(agent);

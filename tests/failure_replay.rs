@@ -21,8 +21,8 @@ fn replayed(agent: &str) -> (Vec<Value>, Vec<Value>) {
 fn check(agent: &str) {
     let (to_client, to_agent) = replayed(agent);
     let mut wrong = Vec::new();
-    for (case, _) in failures::CASES {
-        let id = failures::prompt_id(case);
+    for (case, _) in failures::cases(agent) {
+        let id = failures::prompt_id(agent, case);
         let answer = to_client.iter().find(|f| f["id"] == id && f.get("method").is_none()).cloned().unwrap_or_default();
         if let Err(e) = failures::check(agent, case, &answer) {
             wrong.push(e);
@@ -31,7 +31,7 @@ fn check(agent: &str) {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     // Every run the shim stopped was stopped with session/cancel, and nothing else was cancelled.
     let cancels = to_agent.iter().filter(|f| f["method"] == "session/cancel").count();
-    let stopped = failures::CASES.iter().filter(|(c, _)| failures::stopped(agent, c)).count();
+    let stopped = failures::cases(agent).iter().filter(|(c, _)| failures::stopped(agent, c)).count();
     assert_eq!(cancels, stopped, "{agent}: session/cancel sent {cancels} times for {stopped} stopped runs");
 }
 

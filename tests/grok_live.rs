@@ -1,15 +1,19 @@
-//! Live: Grok Build's background commands and subagents through coda-grok, recorded as fixtures.
+//! Live: Grok Build's background commands and subagents, and Coda's steering, through coda-grok, recorded as
+//! fixtures.
 //!
 //! Opt-in: `CODA_LIVE=1 cargo test --test grok_live` (after `scripts/install-clis grok`); with `CODA_RECORD=1`
-//! the recordings go to `fixtures/grok/<scenario>/`. Each scenario asserts the `_coda/wait` sequence Coda got
-//! from the real CLI, then replays its recording through the same shim.
+//! the recordings go to `fixtures/grok/<scenario>/`. Each activity scenario asserts the `_coda/wait` sequence
+//! Coda got from the real CLI, then replays its recording through the same shim. `live_grok_steering` (section
+//! 插话): a steer during a running tool call is answered `injected`, the model's next request carries its text
+//! exactly once, and the turn ends as one `session/prompt` answer; a steer between turns is answered
+//! `promptRequired` and Grok (and so the model) never sees it.
 
 mod support;
 
-use support::{fake_model, live, recorder as rig, temp};
+use support::{coda_text, fake_model, live, recorder as rig, replay as replay_support, shim, temp};
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rig::{Rec, keep};
 use serde_json::{Value, json};
@@ -31,7 +35,7 @@ fn scenario(root: &Path, lc: &live::LiveCommand, name: &str, notes: &str, run: i
 
 #[test]
 fn record_grok_activity() {
-    if !rig::enabled("grok") {
+    if !live::wanted("grok", "live Grok recordings") {
         return;
     }
     let model = fake_model::FakeModel::start();
@@ -141,6 +145,170 @@ fn record_grok_activity() {
         },
     );
 
+    drop(model);
+    drop(temp);
+}
+
+/// Longest wait for one answer in the steering scenario.
+const ANSWER: Duration = Duration::from_secs(120);
+/// What Coda steers in: several paragraphs, Markdown, Chinese, as a user types it.
+const DURING: &str = "STEER-7c1d: leave the tests alone.\n\n先别改测试,只看实现:\n- the link step\n- `build.rs`";
+const BETWEEN: &str = "STEER-9e2b: and after that, the iPhone target.";
+
+struct Client {
+    shim: shim::Shim,
+    received: Vec<Value>,
+}
+
+impl Client {
+    /// Reads one frame (answering permission requests with "allow once"); `None` after `wait` without one.
+    fn read(&mut self, wait: Duration) -> Option<Value> {
+        let line = self.shim.try_recv(wait)?;
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["method"] == "session/request_permission" {
+            let options = v.pointer("/params/options").and_then(Value::as_array).cloned().unwrap_or_default();
+            let allow = options.iter().find(|o| o["kind"] == "allow_once").or(options.first());
+            let option = allow.and_then(|o| o["optionId"].as_str()).unwrap_or("allow").to_owned();
+            let outcome = json!({"outcome": {"outcome": "selected", "optionId": option}});
+            self.shim.send_json(&json!({"jsonrpc": "2.0", "id": v["id"], "result": outcome}));
+        }
+        self.received.push(v.clone());
+        Some(v)
+    }
+
+    /// Reads until a frame for which `want` holds; panics after `within`.
+    fn until(&mut self, within: Duration, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(v) = self.read(Duration::from_millis(200))
+                && want(&v)
+            {
+                return v;
+            }
+        }
+        panic!("no {what} within {within:?}; stderr: {:?}", self.shim.drain_stderr());
+    }
+
+    fn send(&mut self, id: &str, method: &str, params: Value) {
+        self.shim.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+    }
+
+    fn call(&mut self, id: &str, method: &str, params: Value) -> Value {
+        self.send(id, method, params);
+        self.until(ANSWER, method, |v| v["id"] == id && v.get("method").is_none())
+    }
+
+    fn quiet(&mut self, gap: Duration) {
+        while self.read(gap).is_some() {}
+    }
+
+    fn answers_to(&self, id: &str) -> usize {
+        self.received.iter().filter(|v| v["id"] == id && v.get("method").is_none()).count()
+    }
+}
+
+fn steering(session: &str, text: &str) -> Value {
+    json!({"sessionId": session, "prompt": [{"type": "text", "text": text}],
+        "_meta": {"steering": {"idleBehavior": "promptRequired"}}})
+}
+
+/// How often `text` is in the model request's body (as the JSON string it is sent in).
+fn times_in(r: &fake_model::RecordedRequest, text: &str) -> usize {
+    let quoted = serde_json::to_string(text).expect("a string");
+    r.body.to_string().matches(quoted.trim_matches('"')).count()
+}
+
+#[test]
+fn live_grok_steering() {
+    if !live::wanted("grok", "live Grok steering") {
+        return;
+    }
+    let model = fake_model::FakeModel::start_with(fake_model::Options { log_requests: true, dump_dir: None });
+    let temp = temp::TempDir::new("coda-grok-steering");
+    let root = temp.path().to_path_buf();
+    let lc = live::prepare("grok", &model.base_url(), &root).expect("prepare Grok");
+    let trace = root.join("steering.jsonl");
+    let cmd = lc.shim_command(&replay_support::shim_binary("grok"));
+    let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
+    let mut c = Client { shim, received: Vec::new() };
+
+    let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+        "_meta": {"coda": {"waits": {}}}});
+    let init = c.call(
+        "init",
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "coda", "version": "1.0.0"}}),
+    );
+    assert_eq!(init["result"]["_meta"]["steering"], json!({"supported": true}), "{init}");
+    c.quiet(Duration::from_millis(1000));
+    let new = c.call(
+        "new",
+        "session/new",
+        json!({"cwd": lc.workdir.display().to_string(), "mcpServers": [],
+            "systemPrompt": coda_text::system_prompt(coda_text::INSTRUCTION)}),
+    );
+    let sid = new["result"]["sessionId"].as_str().expect("a session").to_owned();
+    c.quiet(Duration::from_millis(1500));
+
+    // During a running tool call.
+    let text = format!("{}\n\n[[sh:sleep 4; echo built]]", coda_text::FIRST_PROMPT);
+    c.send("turn-1", "session/prompt", shim::prompt_params(&sid, &text));
+    c.until(ANSWER, "the running command", |v| {
+        v.pointer("/params/update/sessionUpdate") == Some(&json!("tool_call_update"))
+            && v.pointer("/params/update/rawOutput/command").is_some()
+    });
+    let asked_before = model.model_requests().len();
+    let answer = c.call("steer-1", "_session/steering", steering(&sid, DURING));
+    assert_eq!(answer["result"], json!({"outcome": "injected"}), "{answer}");
+    let end = c.until(ANSWER, "the turn's answer", |v| v["id"] == "turn-1");
+    assert_eq!(end["result"]["stopReason"], "end_turn", "{end}");
+    c.quiet(Duration::from_millis(2000));
+    assert_eq!(c.answers_to("turn-1"), 1, "the turn ends as one session/prompt answer");
+    assert_eq!(c.answers_to("steer-1"), 1);
+    let steer_at = c.received.iter().position(|v| v["id"] == "steer-1").expect("answered");
+    let end_at = c.received.iter().position(|v| v["id"] == "turn-1").expect("answered");
+    assert!(steer_at < end_at, "injected is answered before the turn ends");
+    assert!(
+        !c.received.iter().any(|v| v["method"] == "_x.ai/session/interjection"),
+        "Grok's echo of the message is the shim's business"
+    );
+    let requests = model.model_requests();
+    let main: Vec<_> = requests[asked_before..].iter().filter(|r| r.origin == fake_model::Origin::Main).collect();
+    let next = main.first().expect("a model request after the steer");
+    assert_eq!(times_in(next, DURING), 1, "the model's next request carries the message once");
+    assert!(requests.iter().all(|r| times_in(r, DURING) <= 1), "no request carries it twice");
+
+    // Between turns.
+    let seen = model.model_requests().len();
+    let answer = c.call("steer-2", "_session/steering", steering(&sid, BETWEEN));
+    assert_eq!(answer["result"], json!({"outcome": "promptRequired", "reason": "noRunningTurn"}), "{answer}");
+    c.quiet(Duration::from_millis(3000));
+    let after = model.model_requests();
+    assert!(after.iter().all(|r| times_in(r, BETWEEN) == 0), "the model never sees it");
+    assert!(
+        after[seen..].iter().all(|r| r.origin != fake_model::Origin::Main),
+        "no turn of Grok's own started: {:?}",
+        after[seen..].iter().map(fake_model::summary_line).collect::<Vec<_>>()
+    );
+    assert!(
+        !c.received.iter().any(|v| v.to_string().contains("interject-fallback-")),
+        "Grok ran no turn of its own for a steering message"
+    );
+
+    c.shim.close_stdin();
+    let status = c.shim.wait(Duration::from_secs(30));
+    assert!(status.success(), "the shim exited with {status}");
+    for r in model.model_requests() {
+        eprintln!("{}", fake_model::summary_line(&r));
+    }
+    rig::keep(
+        "grok",
+        "steering",
+        &trace,
+        &root,
+        "a steer during a running command (injected: the model's next request carries it once, one prompt answer), \
+         then one between turns (promptRequired, Grok sees nothing)",
+    );
     drop(model);
     drop(temp);
 }

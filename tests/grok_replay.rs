@@ -136,3 +136,29 @@ fn stopping_a_subagent_cancels_it() {
     let w = waits(&frames);
     assert_eq!(states(&w, &w[0]["waitId"]), ["waiting", "cancelled"]);
 }
+
+/// Steering (section 插话): the steer during the running command is answered `injected` before the one
+/// answer of its turn, Grok's echo stays in the shim, and the steer between turns is `promptRequired` with
+/// nothing sent to Grok (one `_x.ai/interject` in the whole recording).
+#[test]
+fn steering_during_a_command_is_injected_and_between_turns_prompt_required() {
+    let frames = replayed("steering");
+    let init = frames.iter().find(|f| f["id"] == "init").expect("the initialize answer");
+    assert_eq!(init["result"]["_meta"]["steering"], serde_json::json!({"supported": true}));
+    let answer = |id: &str| position(&frames, |f| f["id"] == id && f.get("method").is_none());
+    assert_eq!(frames[answer("steer-1")]["result"], serde_json::json!({"outcome": "injected"}));
+    assert!(answer("steer-1") < answer("turn-1"), "injected is answered inside its turn");
+    assert_eq!(frames.iter().filter(|f| f["id"] == "turn-1").count(), 1, "one answer to the turn");
+    assert_eq!(
+        frames[answer("steer-2")]["result"],
+        serde_json::json!({"outcome": "promptRequired", "reason": "noRunningTurn"})
+    );
+    assert!(frames.iter().all(|f| f["method"] != "_x.ai/session/interjection"));
+    let dir = replay_support::fixtures_root().join("grok/steering");
+    let to_grok = replay_support::recorded_frames(&dir, Dir::ShimToAgent);
+    let interjections: Vec<_> = to_grok.iter().filter(|f| f["method"] == "_x.ai/interject").collect();
+    assert_eq!(interjections.len(), 1, "the steer between turns reaches Grok never");
+    let text = interjections[0]["params"]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("STEER-7c1d") && text.contains("先别改测试"), "{text}");
+    assert!(!to_grok.iter().any(|f| f.to_string().contains("STEER-9e2b")));
+}

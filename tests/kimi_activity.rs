@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::{shim, temp};
+use support::{shim, temp, wait};
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -34,6 +34,8 @@ struct Kimi {
     session_dir: PathBuf,
     /// Milliseconds for the next wire record's `time`.
     clock: u64,
+    /// Barriers sent so far (see [`Kimi::synced`]).
+    syncs: u64,
     /// Last: removed after the shim (and through it the stand-in) has stopped.
     root: temp::TempDir,
 }
@@ -41,21 +43,18 @@ struct Kimi {
 impl Kimi {
     /// coda-kimi with the stand-in, after initialize (Coda declares waits) and session/new.
     fn start(name: &str) -> Kimi {
-        Kimi::launch(name, false, |_| {})
+        Kimi::launch(name, |_| {})
     }
 
     /// The same, with `prepare(session folder)` run before Kimi's `session/new` answer (the folder and its main
     /// wire exist then).
     fn start_with(name: &str, prepare: impl FnOnce(&std::path::Path)) -> Kimi {
-        Kimi::launch(name, false, prepare)
+        Kimi::launch(name, prepare)
     }
 
-    /// The same, with the shim's file log (`CODA_KIMI_RECORD`: what its watcher read) in `files.log`.
-    fn start_recording(name: &str) -> Kimi {
-        Kimi::launch(name, true, |_| {})
-    }
-
-    fn launch(name: &str, record: bool, prepare: impl FnOnce(&std::path::Path)) -> Kimi {
+    /// Every shim runs with its file log (`CODA_KIMI_RECORD`: what the activity layer read, in the order it
+    /// handled it) in `files.log`: the test waits on it for the layer to have read what the test wrote.
+    fn launch(name: &str, prepare: impl FnOnce(&std::path::Path)) -> Kimi {
         let root = temp::TempDir::new(&format!("coda-kimi-activity-{name}"));
         std::fs::create_dir_all(root.join("home/.kimi-code")).unwrap();
         let script = root.join("fake-kimi.sh");
@@ -63,10 +62,7 @@ impl Kimi {
         let fifo_path = root.join("stdout.fifo");
         assert!(Command::new("mkfifo").arg(&fifo_path).status().unwrap().success(), "mkfifo");
         let mut cmd = Command::new(shim::binary("kimi"));
-        cmd.env_remove("CODA_KIMI_RECORD");
-        if record {
-            cmd.env("CODA_KIMI_RECORD", root.join("files.log"));
-        }
+        cmd.env("CODA_KIMI_RECORD", root.join("files.log"));
         let shim = shim::Builder::from_command(cmd)
             .env("CODA_KIMI_COMMAND", &format!("bash {}", script.display()))
             .env("KIMI_CODE_HOME", &root.join("home/.kimi-code").display().to_string())
@@ -78,7 +74,7 @@ impl Kimi {
         // Blocks until the stand-in opens the FIFO.
         let fifo = OpenOptions::new().write(true).open(&fifo_path).unwrap();
         let session_dir = root.join(format!("home/.kimi-code/sessions/wd_work_000000000000/{SESSION}"));
-        let mut k = Kimi { shim, fifo, session_dir, clock: 1_796_000_000_000, root };
+        let mut k = Kimi { shim, fifo, session_dir, clock: 1_796_000_000_000, syncs: 0, root };
         let caps = json!({"_meta": {"coda": {"waits": {}}}});
         k.client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}}));
         k.agent_gets(|v| v["method"] == "initialize");
@@ -105,8 +101,9 @@ impl Kimi {
         self.fifo.flush().unwrap();
     }
 
-    /// Appends records to `agents/<agent>/wire.jsonl` in one write, as Kimi flushes; `time` is set.
-    fn wire(&mut self, agent: &str, records: &[Value]) {
+    /// Appends records to `agents/<agent>/wire.jsonl` in one write, as Kimi flushes; `time` is set. Returns
+    /// what it wrote.
+    fn wire(&mut self, agent: &str, records: &[Value]) -> String {
         let path = self.session_dir.join(format!("agents/{agent}/wire.jsonl"));
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let mut text = String::new();
@@ -120,6 +117,43 @@ impl Kimi {
         }
         let mut f = OpenOptions::new().create(true).append(true).open(path).unwrap();
         f.write_all(text.as_bytes()).unwrap();
+        text
+    }
+
+    /// [`Kimi::wire`], then waits until the activity layer has read those records: what comes next (an answer
+    /// from Kimi, a prompt from Coda) then meets a layer that knows them, as it does when Kimi writes its wire
+    /// well before it answers (a model round trip), whatever the load on the machine.
+    fn wire_read(&mut self, agent: &str, records: &[Value]) {
+        let text = self.wire(agent, records);
+        self.layer_read(agent, &text);
+    }
+
+    /// Waits until the activity layer has read `text` from `agents/<agent>/wire.jsonl` (its file log holds it).
+    fn layer_read(&self, agent: &str, text: &str) {
+        let path = format!("{}/agents/{agent}/wire.jsonl", self.session_dir.display());
+        let read = || {
+            let log = std::fs::read_to_string(self.root.join("files.log")).unwrap_or_default();
+            log.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|r| r["path"] == path.as_str())
+                .filter_map(|r| r["data"].as_str().map(str::to_owned))
+                .collect::<String>()
+        };
+        wait::until(
+            shim::TIMEOUT,
+            || read().contains(text).then_some(()),
+            || format!("the layer never read {text:?} from {path}; it read {:?}", read()),
+        );
+    }
+
+    /// A barrier: a notification from Coda that the shim passes on, waited for at the stand-in. Whatever the shim
+    /// passed on before it is in the stand-in's log then (frames go to Kimi in order); returns that log.
+    fn synced(&mut self) -> Vec<Value> {
+        self.syncs += 1;
+        let n = self.syncs;
+        self.client(json!({"jsonrpc":"2.0","method":"_test/sync","params":{"n":n}}));
+        self.agent_gets(|v| v["method"] == "_test/sync" && v["params"]["n"] == n);
+        self.agent_log()
     }
 
     /// Writes `agents/<agent>/tasks/<id>.json` as Kimi does: a `<file>.tmp.<pid>.<8hex>` renamed over it
@@ -154,18 +188,28 @@ impl Kimi {
 
     /// Waits until the stand-in received a frame matching `want`.
     fn agent_gets(&self, want: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + shim::TIMEOUT;
-        loop {
-            if let Some(v) = self.agent_log().into_iter().find(&want) {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "the agent never received the frame; it got {:?}", self.agent_log());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait::until(
+            shim::TIMEOUT,
+            || self.agent_log().into_iter().find(&want),
+            || format!("the agent never received the frame; it got {:?}", self.agent_log()),
+        )
     }
 
     fn recv(&mut self) -> Value {
         self.shim.recv_json()
+    }
+
+    /// Ends the session (Coda closes the shim's stdin, the stand-in's stdout ends) and returns all the shim
+    /// wrote on stderr, once it has exited: nothing still on its way is missed.
+    fn finish(self) -> String {
+        let Kimi { mut shim, fifo, root, .. } = self;
+        shim.close_stdin();
+        drop(fifo);
+        shim.wait(shim::TIMEOUT);
+        let stderr = shim.stderr_to_the_end().join("\n");
+        drop(shim);
+        drop(root);
+        stderr
     }
 
     /// Nothing reaches the client for `quiet`.
@@ -210,7 +254,7 @@ fn kimi_in_its_own_turn(k: &mut Kimi) {
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 waiting");
     k.wire("main", &[task("task.terminated", "bash-aaaa1111", "completed")]);
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 handling");
-    k.wire("main", &[own_turn(1, "bash-aaaa1111")]);
+    k.wire_read("main", &[own_turn(1, "bash-aaaa1111")]);
 }
 
 #[test]
@@ -218,9 +262,8 @@ fn a_prompt_sent_while_kimi_runs_its_own_turn_is_held_until_that_turn_ends() {
     let mut k = Kimi::start("held");
     kimi_in_its_own_turn(&mut k);
     k.client(prompt(5, "next"));
-    std::thread::sleep(Duration::from_millis(400));
     assert!(
-        !k.agent_log().iter().any(|v| v["id"] == 5),
+        !k.synced().iter().any(|v| v["id"] == 5),
         "Kimi would answer it empty and run it unreported (fixtures/kimi/prompt-during-kimi-turn): it must not get it yet"
     );
     k.wire("main", &[text(1, "handled it"), turn_ended(1)]);
@@ -240,9 +283,8 @@ fn a_prompt_answer_waits_for_the_turn_end_on_the_wire_and_at_most_answer_hold() 
     let mut k = Kimi::start("answer");
     k.client(prompt(5, "go"));
     k.agent_gets(|v| v["id"] == 5);
-    k.wire("main", &[user_turn(0)]);
     // Kimi writes the turn's start long before it answers (at least one model round trip).
-    std::thread::sleep(Duration::from_millis(200));
+    k.wire_read("main", &[user_turn(0)]);
     // Kimi answers before it flushed the records of that turn (seen live: the tool call's records land
     // ~70 ms after the answer).
     k.agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
@@ -256,14 +298,11 @@ fn a_prompt_answer_waits_for_the_turn_end_on_the_wire_and_at_most_answer_hold() 
     // is shown on the engine's clock, driven by hand, in the layer's own tests), with a warning.
     k.client(prompt(6, "again"));
     k.agent_gets(|v| v["id"] == 6);
-    k.wire("main", &[user_turn(1)]);
-    std::thread::sleep(Duration::from_millis(200));
+    k.wire_read("main", &[user_turn(1)]);
     k.agent(json!({"jsonrpc":"2.0","id":6,"result":{"stopReason":"end_turn"}}));
     let answer = k.recv();
     assert_eq!(answer["id"], 6);
-    std::thread::sleep(Duration::from_millis(100));
-    let stderr = k.shim.drain_stderr().join("\n");
-    assert!(stderr.contains("has not shown that turn's end"), "{stderr}");
+    k.shim.stderr_with("has not shown that turn's end");
 }
 
 #[test]
@@ -275,23 +314,21 @@ fn wait_stop_is_refused_with_invalid_params() {
     let answer = k.recv();
     assert_eq!(answer["id"], 9);
     assert_eq!(answer["error"]["code"], -32602, "{answer}");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!k.agent_log().iter().any(|v| v["id"] == 9), "Kimi never sees Coda's stop");
+    assert!(!k.synced().iter().any(|v| v["id"] == 9), "Kimi never sees Coda's stop");
 }
 
 #[test]
 fn cancel_of_a_held_prompt_answers_it_cancelled_and_kimi_sees_neither() {
     let mut k = Kimi::start("cancel");
     kimi_in_its_own_turn(&mut k);
+    // The layer takes Coda's frames in order: the prompt is held before the cancel comes.
     k.client(prompt(7, "next"));
-    std::thread::sleep(Duration::from_millis(200));
     k.client(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":SESSION}}));
     assert_eq!(k.recv(), json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"cancelled"}}));
     // Kimi's own turn goes on and settles; the cancelled prompt is never sent.
     k.wire("main", &[turn_ended(1)]);
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa1111 done");
-    std::thread::sleep(Duration::from_millis(300));
-    let log = k.agent_log();
+    let log = k.synced();
     assert!(!log.iter().any(|v| v["id"] == 7 || v["method"] == "session/cancel"), "{log:?}");
 }
 
@@ -334,15 +371,15 @@ fn garbage_and_a_line_written_in_two_pieces_lose_no_wait() {
     f.write_all(b"this is not a record\n{\"type\":\n").unwrap();
     f.write_all(first.as_bytes()).unwrap();
     f.flush().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The layer reads the first half (a torn line) before the second is written.
+    k.layer_read("main", first);
     f.write_all(second.as_bytes()).unwrap();
     f.flush().unwrap();
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-cccc3333 waiting");
     k.wire("main", &[task("task.terminated", "bash-cccc3333", "completed"), turn_ended(0)]);
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-cccc3333 done");
     k.nothing_for(Duration::from_millis(300));
-    let stderr = k.shim.drain_stderr().join("\n");
-    assert!(stderr.contains("malformed"), "one warning per bad line: {stderr}");
+    k.shim.stderr_with("malformed");
 }
 
 #[test]
@@ -502,7 +539,7 @@ fn task_files_and_wire_records_out_of_order_report_each_state_once_and_never_go_
     k.agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
     assert_eq!(k.recv(), json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
     assert!(k.shim.child.try_wait().unwrap().is_none(), "the shim is still running");
-    let stderr = k.shim.drain_stderr().join("\n");
+    let stderr = k.finish();
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
@@ -511,7 +548,7 @@ fn task_files_and_wire_records_out_of_order_report_each_state_once_and_never_go_
 /// subagent's wire into a new `agents/agent-N/`. The watcher must read them anyway, without a later write.
 #[test]
 fn files_written_into_folders_just_made_are_read() {
-    let mut k = Kimi::start_recording("new-folders");
+    let mut k = Kimi::start("new-folders");
     k.wire("main", &[user_turn(0)]);
     let mut want = Vec::new();
     for i in 0..5 {
@@ -613,8 +650,7 @@ fn a_symlinked_session_folder_is_not_followed() {
     let note = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SESSION,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"still here"}}}});
     k.agent(note.clone());
     assert_eq!(k.recv(), note);
-    let stderr = k.shim.drain_stderr().join("\n");
-    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+    k.shim.stderr_with("is a symbolic link");
 }
 
 #[test]
@@ -642,14 +678,17 @@ fn a_symlinked_or_special_wire_file_is_not_read_and_no_content_is_logged() {
     k.wire("main", &[task("task.terminated", "bash-aaaa0003", "completed"), turn_ended(0)]);
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0003 done");
     k.nothing_for(Duration::from_millis(300));
-    let stderr = k.shim.drain_stderr().join("\n");
+    let refused =
+        ["agents/sub1/wire.jsonl is a symbolic link", "agents/main/tasks/bash-5ecre7aa.json is a symbolic link"];
+    let warned = "agents/sub2/wire.jsonl is not a regular file";
+    k.shim.stderr_until("the three warnings", |lines| {
+        refused.iter().chain([&warned]).all(|w| lines.iter().any(|l| l.contains(w)))
+    });
+    let stderr = k.finish();
     assert!(!stderr.contains("SECRET"), "file content on stderr at the default level: {stderr}");
-    for refused in
-        ["agents/sub1/wire.jsonl is a symbolic link", "agents/main/tasks/bash-5ecre7aa.json is a symbolic link"]
-    {
+    for refused in refused {
         assert_eq!(stderr.matches(refused).count(), 1, "warned once: {refused}; {stderr}");
     }
-    assert!(stderr.contains("agents/sub2/wire.jsonl is not a regular file"), "{stderr}");
 }
 
 /// Appends `total` bytes of ~1 KiB records (a tool's output, as Kimi records it) to `agents/main/wire.jsonl` in
@@ -703,9 +742,7 @@ fn one_huge_line_is_skipped_with_a_warning_that_quotes_nothing() {
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0005 waiting");
     k.wire("main", &[task("task.terminated", "bash-aaaa0005", "completed"), turn_ended(0)]);
     assert_eq!(wait_line(&k.recv()), "_coda/wait bash-aaaa0005 done");
-    std::thread::sleep(Duration::from_millis(100));
-    let stderr = k.shim.drain_stderr().join("\n");
-    assert!(stderr.contains("skipped a record"), "{stderr}");
+    let stderr = k.shim.stderr_with("skipped a record");
     assert!(!stderr.contains("SECRET"), "{stderr}");
     #[cfg(target_os = "linux")]
     {

@@ -3,23 +3,11 @@
 
 mod support;
 
-use support::{coda_text, fake_model, live, shim, temp};
+use support::{coda_text, fake_model, live, shim, temp, wait};
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
-
-fn enabled(agent: &str) -> bool {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped live {agent}: set CODA_LIVE=1 (after scripts/install-clis) to run it");
-        return false;
-    }
-    if let Err(why) = live::installed(agent) {
-        eprintln!("skipped live {agent}: {why}");
-        return false;
-    }
-    true
-}
 
 fn start(lc: &live::LiveCommand, agent: &str) -> shim::Shim {
     let cmd = lc.shim_command(&shim::binary(agent));
@@ -117,7 +105,7 @@ fn own_titles(s: &mut shim::Shim, cwd: &str, command: &str, prompt: &str) -> Vec
 /// titles and the session list, then load and resume in fresh processes and one more prompt. Every frame
 /// the client gets is searched for any part of the instruction.
 fn check(agent: &str, command: &str, instruction: &str) {
-    if !enabled(agent) {
+    if !live::wanted(agent, "live instruction") {
         return;
     }
     let model = fake_model::FakeModel::start();
@@ -273,7 +261,7 @@ fn live_kimi_instruction() {
 #[test]
 fn live_grok_queue_echo() {
     let agent = "grok";
-    if !enabled(agent) {
+    if !live::wanted(agent, "live instruction") {
         return;
     }
     let model = fake_model::FakeModel::start();
@@ -293,7 +281,19 @@ fn live_grok_queue_echo() {
             "params": {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}})
     };
     s.send_json(&prompt(2, &first));
-    std::thread::sleep(Duration::from_millis(1000));
+    // The second prompt comes while the first one's turn runs: once the model has been asked for it (it
+    // answers 3 s later).
+    let asked = || {
+        model
+            .model_requests()
+            .iter()
+            .any(|r| r.origin == fake_model::Origin::Main && r.body.to_string().contains("[[delay:3000]]"))
+    };
+    wait::until(
+        Duration::from_secs(60),
+        || asked().then_some(()),
+        || "the model was never asked for the first prompt".into(),
+    );
     s.send_json(&prompt(3, "and then this [[text:queued]]"));
     let mut answered = 0;
     while answered < 2 {

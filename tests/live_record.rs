@@ -3,7 +3,7 @@
 //! Opt-in: `CODA_LIVE=1 cargo test --test live_record` (after `scripts/install-clis`). Each scenario runs the
 //! shim with `--trace-file` against the pinned CLI (hermetic HOME, fake model), normalises the trace with
 //! `acp-replay`'s recorder and replays it through the same shim at once. With `CODA_RECORD=1` the fixture is
-//! also written to `fixtures/<agent>/<scenario>/` (review the diff before committing). `CODA_RECORD_ONLY=grok,…`
+//! also written to `fixtures/<agent>/<scenario>/` (review the diff before committing). `CODA_LIVE_AGENTS=grok,…`
 //! limits the agents.
 
 mod support;
@@ -19,24 +19,6 @@ use serde_json::{Value, json};
 /// How long the client listens after a turn for frames that trail its answer.
 const TRAIL: Duration = Duration::from_millis(1500);
 
-fn enabled(agent: &str) -> bool {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped live recording of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
-        return false;
-    }
-    if let Ok(only) = std::env::var("CODA_RECORD_ONLY")
-        && !only.split(',').any(|a| a.trim() == agent)
-    {
-        eprintln!("skipped live recording of {agent}: not in CODA_RECORD_ONLY");
-        return false;
-    }
-    if let Err(why) = live::installed(agent) {
-        eprintln!("skipped live recording of {agent}: {why}");
-        return false;
-    }
-    true
-}
-
 /// The slash command each CLI runs for the command-first turn (one it has, that needs no set-up).
 fn command(agent: &str) -> &'static str {
     match agent {
@@ -50,16 +32,6 @@ fn command(agent: &str) -> &'static str {
 /// The Codex CLI binary that codex-acp runs, from the pinned install.
 fn codex_binary() -> PathBuf {
     live::live_root().join("codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
-}
-
-/// The pinned package (as in `scripts/install-clis`), for `meta.json`.
-fn pinned(agent: &str) -> &'static str {
-    match agent {
-        "codex" => "@agentclientprotocol/codex-acp@2.6.0",
-        "kimi" => "@moonshot-ai/kimi-code@2.1.0",
-        "grok" => "@xai-official/grok@1.0.41",
-        _ => "opencode-ai@1.18.33",
-    }
 }
 
 /// Coda's real-size session instruction (`fixtures/coda-instruction.md`).
@@ -169,7 +141,7 @@ fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
         let dir: PathBuf = replay_support::fixtures_root().join(agent).join(scenario);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(replay::TRACE_FILE), &out).unwrap();
-        let meta = json!({"agent": agent, "scenario": scenario, "cli": pinned(agent),
+        let meta = json!({"agent": agent, "scenario": scenario, "cli": live::pinned(agent),
             "recorded_by": "tests/live_record.rs"});
         std::fs::write(dir.join("meta.json"), format!("{:#}\n", meta)).unwrap();
         eprintln!("wrote {}", dir.display());
@@ -177,7 +149,7 @@ fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
 }
 
 fn record_all(agent: &str) {
-    if !enabled(agent) {
+    if !live::wanted(agent, "live recording") {
         return;
     }
     let model = fake_model::FakeModel::start();

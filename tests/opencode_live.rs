@@ -75,7 +75,7 @@ fn keep(scenario: &str, trace: &Path, events: &Path, root: &Path, notes: &str) {
         let dir: PathBuf = replay_support::fixtures_root().join("opencode").join(scenario);
         std::fs::create_dir_all(&dir).expect("fixture dir");
         std::fs::write(dir.join(replay::TRACE_FILE), &out).expect("write the fixture");
-        let meta = json!({"agent": "opencode", "scenario": scenario, "cli": rig::pinned("opencode"),
+        let meta = json!({"agent": "opencode", "scenario": scenario, "cli": live::pinned("opencode"),
             "recorded_by": "tests/opencode_live.rs", "notes": notes});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).expect("write meta.json");
         eprintln!("wrote {}", dir.display());
@@ -98,7 +98,7 @@ struct Live {
 }
 
 fn live(name: &str) -> Option<Live> {
-    if !rig::enabled("opencode") {
+    if !live::wanted("opencode", "live OpenCode recordings") {
         return None;
     }
     let model = fake_model::FakeModel::start();

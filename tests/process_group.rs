@@ -4,6 +4,7 @@
 
 mod support;
 
+use support::wait::runs;
 use support::{fake_model, live, shim, temp};
 
 use std::time::{Duration, Instant};
@@ -33,12 +34,6 @@ fn running_in_group(pgid: i32) -> Vec<(i32, String)> {
 fn process_group_of(pid: i32) -> i32 {
     let out = std::process::Command::new("ps").args(["-o", "pgid=", "-p", &pid.to_string()]).output().expect("ps");
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a process group")
-}
-
-fn runs(pid: i32) -> bool {
-    let out = std::process::Command::new("ps").args(["-o", "stat=", "-p", &pid.to_string()]).output().expect("ps");
-    let stat = String::from_utf8_lossy(&out.stdout);
-    !stat.trim().is_empty() && !stat.trim().starts_with('Z')
 }
 
 /// Polls until nothing of the group and none of `pids` runs, or `GONE_WITHIN` has passed; returns what
@@ -210,20 +205,9 @@ fn live_commands_after(agent: &str, n: usize, ending: Ending) -> (Vec<Proc>, Vec
 /// shim's group, or closes stdin. Neither command may remain 2 s after the shim is gone.
 #[test]
 fn live_the_clis_commands_end_with_the_shim() {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis)");
-        return;
-    }
-    let agents: Vec<String> = match std::env::var("CODA_LIVE_AGENTS") {
-        Ok(list) => list.split(',').map(str::to_owned).collect(),
-        Err(_) => live::AGENTS.iter().map(|a| (*a).to_owned()).collect(),
-    };
+    let agents = live::selected_agents("the CLIs' commands ending with the shim");
     let mut failures = Vec::new();
     for (n, agent) in agents.iter().enumerate() {
-        if let Err(why) = live::installed(agent) {
-            eprintln!("{agent}: skipped: {why}");
-            continue;
-        }
         for (m, ending) in [Ending::KillShimsGroup, Ending::CloseStdin].into_iter().enumerate() {
             let (before, left) = live_commands_after(agent, 2 * n + 10 * m, ending);
             eprintln!(

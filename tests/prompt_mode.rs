@@ -4,11 +4,12 @@
 
 mod support;
 
-use support::{coda_text, fake_model, live, shim, temp};
+use support::{coda_text, fake_model, live, shim, temp, wait};
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -266,26 +267,60 @@ fn usage_errors_exit_2_and_help_lists_the_exit_statuses() {
     }
 }
 
-/// Starts prompt mode and waits until its transcript contains `mark`; returns the child and the transcript so far.
-fn start_until(cmd: &mut Command, mark: &str) -> (Child, Arc<Mutex<String>>) {
-    let mut child = cmd.spawn().expect("start the shim");
-    let mut out = child.stdout.take().expect("stdout");
-    let seen = Arc::new(Mutex::new(String::new()));
-    let sink = seen.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 {
-                break;
+/// What a child writes on stdout, read on a thread as it comes.
+struct Transcript {
+    text: Arc<Mutex<String>>,
+    /// Set once the child's stdout has closed.
+    ended: Arc<AtomicBool>,
+}
+
+impl Transcript {
+    fn read(mut out: impl Read + Send + 'static) -> Transcript {
+        let (text, ended) = (Arc::new(Mutex::new(String::new())), Arc::new(AtomicBool::new(false)));
+        let (sink, end) = (text.clone(), ended.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
             }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !seen.lock().unwrap().contains(mark) {
-        assert!(Instant::now() < deadline, "no {mark:?} in {:?}", seen.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
+            end.store(true, Ordering::SeqCst);
+        });
+        Transcript { text, ended }
     }
+
+    /// What has come so far (for a failure message).
+    fn so_far(&self) -> String {
+        self.text.lock().unwrap().clone()
+    }
+
+    /// Waits until `mark` has come.
+    fn wait_for(&self, mark: &str) {
+        wait::until(
+            wait::WITHIN,
+            || self.text.lock().unwrap().contains(mark).then_some(()),
+            || format!("no {mark:?} in {:?}", self.so_far()),
+        );
+    }
+
+    /// All of it, once the child has closed its stdout (after it exited: nothing still on its way is missed).
+    fn to_the_end(&self) -> String {
+        wait::until(
+            wait::WITHIN,
+            || self.ended.load(Ordering::SeqCst).then_some(()),
+            || format!("stdout still open; so far {:?}", self.so_far()),
+        );
+        self.so_far()
+    }
+}
+
+/// Starts `cmd` with its stdout read as it comes, and waits until `mark` has come.
+fn start_until(cmd: &mut Command, mark: &str) -> (Child, Transcript) {
+    let mut child = cmd.spawn().expect("start the shim");
+    let seen = Transcript::read(child.stdout.take().expect("stdout"));
+    seen.wait_for(mark);
     (child, seen)
 }
 
@@ -325,8 +360,7 @@ fn ctrl_c_sends_session_cancel_and_the_turn_ends_cancelled() {
         start_until(&mut prompt_command("grok", &dir, "wait !hang", &[]), "hanging until cancelled");
     sigint(&child);
     let status = wait_exit(&mut child, Duration::from_secs(15));
-    std::thread::sleep(Duration::from_millis(50));
-    let out = strip_ansi(&seen.lock().unwrap());
+    let out = strip_ansi(&seen.to_the_end());
     // The test agent answers `cancelled` only when session/cancel reached it.
     assert_eq!(status.code(), Some(6), "{out}");
     assert!(
@@ -345,29 +379,17 @@ fn a_second_ctrl_c_shuts_the_agent_down() {
     let agents = children_of(child.id());
     assert_eq!(agents.len(), 2, "two children: the agent and the watchdog of its group (src/watchdog.rs)");
     sigint(&child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !seen.lock().unwrap().contains("press Ctrl-C again") {
-        assert!(Instant::now() < deadline, "no cancel row: {:?}", seen.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    seen.wait_for("press Ctrl-C again");
     sigint(&child);
     let status = wait_exit(&mut child, Duration::from_secs(10));
-    let out = strip_ansi(&seen.lock().unwrap());
+    let out = strip_ansi(&seen.to_the_end());
     assert_eq!(status.code(), Some(130), "{out}");
     assert!(out.contains("^C stopping the agent\n"), "{out}");
     assert!(!out.contains("stop: "), "the deaf agent never ended the turn: {out}");
     // The watchdog dies by the group's SIGKILL too, but may not be reaped before the shim exits: a zombie
     // left to init is no process that runs. Polled, as it goes at the shim's exit, not before.
-    let running = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|stat| stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')))
-    };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while agents.iter().any(|&pid| running(pid)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
     for pid in agents {
-        assert!(!running(pid), "process {pid} is still there");
+        wait::gone(pid as i32, Duration::from_secs(2));
     }
 }
 
@@ -469,6 +491,8 @@ fn live_prompt_mode_on_the_real_clis() {
 #[test]
 fn on_a_terminal_permissions_are_asked_y_n_and_rows_are_coloured() {
     let Some(script) = ["/usr/bin/script", "/bin/script"].into_iter().map(Path::new).find(|p| p.is_file()) else {
+        // CI's machine has util-linux: there, a missing `script` is a failure, not a skip.
+        assert!(std::env::var_os("CI").is_none(), "CI is set but there is no `script` (util-linux)");
         eprintln!("skipped: no `script` (util-linux) to give prompt mode a terminal");
         return;
     };
@@ -492,28 +516,12 @@ fn on_a_terminal_permissions_are_asked_y_n_and_rows_are_coloured() {
         .spawn()
         .expect("start script");
     let mut stdin = child.stdin.take().expect("stdin");
-    let mut out = child.stdout.take().expect("stdout");
-    let seen = Arc::new(Mutex::new(String::new()));
-    let sink = seen.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = out.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !seen.lock().unwrap().contains("allow? [y/N]") {
-        assert!(Instant::now() < deadline, "no question in {:?}", seen.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let seen = Transcript::read(child.stdout.take().expect("stdout"));
+    seen.wait_for("allow? [y/N]");
     std::io::Write::write_all(&mut stdin, b"y\n").expect("answer");
     let status = wait_exit(&mut child, Duration::from_secs(15));
     drop(stdin);
-    let _ = reader.join();
-    let raw = seen.lock().unwrap().clone();
+    let raw = seen.to_the_end();
     let out = strip_ansi(&raw).replace('\r', "");
     assert_eq!(status.code(), Some(0), "{out}");
     assert!(raw.contains("\x1b[32mstop: end_turn\x1b[0m"), "coloured stop row: {raw:?}");

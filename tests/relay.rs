@@ -2,7 +2,7 @@
 
 mod support;
 
-use support::{shim, temp};
+use support::{executable, shim, temp, wait};
 
 use std::time::Duration;
 
@@ -72,7 +72,9 @@ fn grok_agent_info_is_built_from_its_meta() {
     let mut s = with_test_agent("grok").env("TEST_AGENT_INIT", init).start();
     let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
     assert_eq!(answer["result"]["agentInfo"], json!({"name": "grok", "version": "1.0.41"}));
-    assert_eq!(answer["result"]["_meta"], json!({"grokShell": true, "agentVersion": "1.0.41"}));
+    // Grok's own `_meta` is kept; coda-grok adds its steering declaration (adapters/grok/steering.rs).
+    let meta = json!({"grokShell": true, "agentVersion": "1.0.41", "steering": {"supported": true}});
+    assert_eq!(answer["result"]["_meta"], meta);
 }
 
 #[test]
@@ -109,13 +111,10 @@ fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
     let (answer, before) = s.request(2, "session/prompt", prompt_params(&sid, "!stray"));
     assert_eq!(answer["result"]["stopReason"], "end_turn");
     assert!(before.iter().all(|v| v["jsonrpc"] == "2.0"));
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        s.drain_stderr().iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
-            && s.stderr_lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line")),
-        "{:?}",
-        s.stderr_lines
-    );
+    s.stderr_until("the warning and, at debug, the line's text", |lines| {
+        lines.iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
+            && lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line"))
+    });
 }
 
 #[test]
@@ -165,14 +164,6 @@ fn child_exiting_before_initialize_answers_it_with_an_error() {
     }
 }
 
-/// Running (a zombie waiting for a reaper that is not us does not count).
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 #[test]
 fn shutdown_ladder_leaves_no_process_of_the_group() {
     let dir = temp::TempDir::new("coda-shim-ladder");
@@ -185,15 +176,15 @@ fn shutdown_ladder_leaves_no_process_of_the_group() {
     let prompt = format!("!grandchild {}", pidfile.display());
     s.request(2, "session/prompt", prompt_params(&sid, &prompt));
     let grandchild: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    assert!(alive(grandchild));
+    assert!(wait::runs(grandchild));
     let started = std::time::Instant::now();
     s.close_stdin();
     let status = s.wait(Duration::from_secs(15));
     let took = started.elapsed();
     assert_eq!(status.code(), Some(128 + 9), "the child was killed with SIGKILL after ignoring SIGTERM");
     assert!(took >= Duration::from_secs(7), "5 s after stdin closed, then 2 s after SIGTERM: took {took:?}");
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!alive(grandchild), "the grandchild is gone");
+    // The group's SIGKILL is sent before the shim exits; the grandchild's end is not waited for by anyone.
+    wait::gone(grandchild, Duration::from_secs(2));
 }
 
 #[test]
@@ -206,13 +197,90 @@ fn sigterm_to_the_shim_stops_a_cooperative_child_quickly() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// `coda-grok` with an agent that never reads its stdin (`sleep`), its pid written to `pidfile`, fed
+/// notifications until the shim applies backpressure (a write would block), up to 50 MB. Returns the shim
+/// and the agent's pid.
+fn shim_with_a_full_agent(pidfile: &std::path::Path) -> (shim::Shim, i32) {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let agent = format!("sh -c 'echo $$ > {}; exec sleep 1000'", pidfile.display());
+    let mut s = command("grok").arg("--agent-command").arg(&agent).env("CODA_SHIM_LOG", "info").start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|p| p.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdin = s.take_stdin();
+    let flags = nix::fcntl::fcntl(stdin.as_fd(), nix::fcntl::FcntlArg::F_GETFL).unwrap();
+    let nonblocking = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(stdin.as_fd(), nix::fcntl::FcntlArg::F_SETFL(nonblocking)).unwrap();
+    let frame = format!("{}\n", json!({"jsonrpc": "2.0", "method": "_x/fill", "params": {"t": "x".repeat(64 << 10)}}));
+    let (mut written, mut pending) = (0usize, frame.as_bytes());
+    // Written until a write would block for a while: everything between us and the agent is full.
+    let mut blocked_since = None;
+    while written < 50 << 20 {
+        match stdin.write(pending) {
+            Ok(n) => {
+                written += n;
+                pending = &pending[n..];
+                if pending.is_empty() {
+                    pending = frame.as_bytes();
+                }
+                blocked_since = None;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let since = *blocked_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > Duration::from_millis(500) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("write to the shim: {e}"),
+        }
+    }
+    assert!(written > 1 << 20 && written < 50 << 20, "the shim took {written} bytes before it pushed back");
+    s.give_stdin(stdin);
+    (s, pid)
+}
+
+#[test]
+fn a_client_that_closes_while_the_agent_reads_nothing_still_ends_the_session() {
+    let dir = temp::TempDir::new("coda-shim-backpressure-eof");
+    let (mut s, agent) = shim_with_a_full_agent(&dir.join("agent.pid"));
+    assert!(wait::runs(agent));
+    s.close_stdin();
+    // 5 s for the agent to take what is queued, then SIGTERM (which `sleep` obeys).
+    let status = s.wait(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(128 + 15), "the agent was stopped with SIGTERM");
+    wait::gone(agent, Duration::from_secs(5));
+    let stderr = s.stderr_to_the_end();
+    assert!(stderr.iter().any(|l| l.contains("did not read its last") && l.contains("dropped")), "{stderr:?}");
+}
+
+#[test]
+fn sigterm_sigint_or_sighup_to_the_shim_stops_an_agent_that_reads_nothing() {
+    use nix::sys::signal::Signal;
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        let dir = temp::TempDir::new("coda-shim-backpressure-signal");
+        let (mut s, agent) = shim_with_a_full_agent(&dir.join("agent.pid"));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.child.id() as i32), signal).unwrap();
+        let status = s.wait(Duration::from_secs(15));
+        assert_eq!(status.code(), Some(128 + 15), "{signal}: the agent was stopped with SIGTERM");
+        wait::gone(agent, Duration::from_secs(5));
+        let stderr = s.stderr_to_the_end();
+        assert!(stderr.iter().any(|l| l.contains("did not read its last") && l.contains("dropped")), "{stderr:?}");
+    }
+}
+
 #[test]
 fn missing_command_exits_with_one_clear_line() {
     let mut s = command("opencode").arg("--agent-command").arg("/nonexistent/opencode acp").start();
     let status = s.wait(Duration::from_secs(5));
     assert_eq!(status.code(), Some(127));
-    std::thread::sleep(Duration::from_millis(50));
-    let err = s.drain_stderr();
+    let err = s.stderr_to_the_end();
     assert_eq!(err.len(), 1, "{err:?}");
     assert!(err[0].contains("/nonexistent/opencode") && err[0].contains("--agent-command"), "{err:?}");
 }
@@ -220,10 +288,7 @@ fn missing_command_exits_with_one_clear_line() {
 #[test]
 fn a_grok_on_path_that_is_not_grok_build_is_refused() {
     let dir = temp::TempDir::new("coda-shim-fakegrok");
-    let fake = dir.join("grok");
-    std::fs::write(&fake, "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\n").unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(&fake).unwrap().permissions(), 0o755);
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    executable::write(&dir.join("grok"), "#!/bin/sh\necho 'Usage: grok [-d] -f configfile'\n");
     let mut s = command("grok")
         .env("PATH", &dir.path().display().to_string())
         .env("HOME", &dir.path().display().to_string())
@@ -232,8 +297,7 @@ fn a_grok_on_path_that_is_not_grok_build_is_refused() {
         .start();
     let status = s.wait(Duration::from_secs(5));
     assert_ne!(status.code(), Some(0));
-    std::thread::sleep(Duration::from_millis(50));
-    let err = s.drain_stderr().join("\n");
+    let err = s.stderr_to_the_end().join("\n");
     assert!(err.contains("is not Grok Build") && err.contains("@xai-official/grok"), "{err}");
 }
 

@@ -9,10 +9,10 @@ use std::convert::Infallible;
 
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Cx, Layer};
-use jiff::Zoned;
 use jiff::civil::Date;
 use jiff::fmt::strtime;
 use jiff::tz::TimeZone;
+use jiff::{Timestamp, Zoned};
 use serde_json::{Value, json};
 
 /// What a failed turn is for Coda.
@@ -40,8 +40,9 @@ pub fn classify(category: &str, actions: &[&str]) -> Verdict {
     }
 }
 
-/// The error frame Coda gets for a failed turn.
-pub fn error_for(id: &Id, verdict: &Verdict, message: &str, upstream: Option<Value>) -> Frame {
+/// The error frame Coda gets for a failed turn, `now` being when the shim got Codex's answer, in the zone
+/// Codex writes its local times in (`None`: no reset time is marked).
+pub fn error_for(id: &Id, verdict: &Verdict, message: &str, upstream: Option<Value>, now: Option<&Zoned>) -> Frame {
     let failure = match verdict {
         Verdict::Quota => Some(json!({"kind": "quota_exhausted"})),
         Verdict::Service => Some(json!({"kind": "service_unavailable", "input": "accepted"})),
@@ -65,7 +66,11 @@ pub fn error_for(id: &Id, verdict: &Verdict, message: &str, upstream: Option<Val
         }
         (None, upstream) => upstream,
     };
-    frame::error_response(id, -32603, &mark_reset_time(message, &TimeZone::system(), Zoned::now().date()), data)
+    let message = match now {
+        Some(now) => mark_reset_time(message, now.time_zone(), now.date()),
+        None => message.to_owned(),
+    };
+    frame::error_response(id, -32603, &message, data)
 }
 
 /// Codex writes when a limit resets in this machine's local time: "… try again at 5:49 AM." on the day
@@ -95,8 +100,8 @@ fn reset_instant(phrase: &str, tz: &TimeZone, today: Date) -> Option<jiff::Times
     local.to_zoned(tz.clone()).ok().map(|z| z.timestamp())
 }
 
-/// The answer Coda gets instead of `reply`, if `reply` ends a failed turn.
-pub fn translate(id: &Id, reply: &Value) -> Option<Frame> {
+/// The answer Coda gets instead of `reply`, if `reply` ends a failed turn (`now`: see [`error_for`]).
+pub fn translate(id: &Id, reply: &Value, now: Option<&Zoned>) -> Option<Frame> {
     if let Some(failure) = reply.pointer("/result/_meta/jetbrains/air/sessionFailure") {
         // A warning is a retry that was still under way; only an error ends the turn.
         if failure.get("severity").and_then(Value::as_str) != Some("error") {
@@ -115,7 +120,7 @@ pub fn translate(id: &Id, reply: &Value) -> Option<Frame> {
             (None, None) => format!("Codex failed ({category})"),
         };
         let upstream = json!({"codex": {"category": category, "actions": actions}});
-        return Some(error_for(id, &verdict, &message, Some(upstream)));
+        return Some(error_for(id, &verdict, &message, Some(upstream), now));
     }
     let error = reply.get("error")?;
     if error.get("code").and_then(Value::as_i64) != Some(-32603)
@@ -129,17 +134,20 @@ pub fn translate(id: &Id, reply: &Value) -> Option<Frame> {
         .filter(|m| !m.trim().is_empty())
         .or_else(|| error.get("message").and_then(Value::as_str))
         .unwrap_or("usage limit reached");
-    Some(error_for(id, &Verdict::Quota, message, error.get("data").cloned()))
+    Some(error_for(id, &Verdict::Quota, message, error.get("data").cloned(), now))
 }
 
 /// Watches `session/prompt` answers (the stack's request table says which answers those are) and rewrites
 /// failed ones.
-#[derive(Default)]
-pub struct Failure {}
+pub struct Failure {
+    /// The zone Codex writes local times in: the machine's, read once at set-up and handed in (Codex runs
+    /// as the shim's child, in its environment).
+    zone: TimeZone,
+}
 
 impl Failure {
-    pub fn new() -> Failure {
-        Failure::default()
+    pub fn new(zone: TimeZone) -> Failure {
+        Failure { zone }
     }
 }
 
@@ -161,7 +169,10 @@ impl Layer for Failure {
             Ok(v) => v,
             Err(e) => return cx.unreadable(frame, &e, false),
         };
-        match translate(&id, &v) {
+        // The day of a reset time Codex gives without one is the day the shim got the answer: the engine's
+        // wall time, in the zone handed in at set-up (a layer reads neither clock nor zone itself).
+        let now = Timestamp::try_from(cx.wall()).ok().map(|t| t.to_zoned(self.zone.clone()));
+        match translate(&id, &v, now.as_ref()) {
             Some(error) => cx.to_client(error),
             None => cx.to_client(frame),
         }
@@ -210,7 +221,7 @@ mod tests {
     fn usage_limit_is_quota_exhausted() {
         let r = reply(json!({"actions":[],"category":"limit","id":"t:error","revision":1,"severity":"error",
             "title":"You’ve hit your usage limit. Try again later."}));
-        let out = translate(&Id::from_json("3"), &r).expect("a failure");
+        let out = translate(&Id::from_json("3"), &r, None).expect("a failure");
         assert_eq!(
             error_of(&out),
             json!({"code":-32603,"message":"You’ve hit your usage limit. Try again later.",
@@ -224,7 +235,7 @@ mod tests {
             [("limit", json!(["retry"])), ("service", json!(["retry", "new_session"])), ("service", json!(["retry"]))]
         {
             let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":"busy"}));
-            let e = error_of(&translate(&Id::from_json("3"), &r).expect("a failure"));
+            let e = error_of(&translate(&Id::from_json("3"), &r, None).expect("a failure"));
             assert_eq!(e["code"], -32603);
             assert_eq!(e["message"], "busy");
             assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
@@ -235,7 +246,7 @@ mod tests {
     fn policy_bad_request_and_context_overrun_are_plain_errors_without_a_kind() {
         for (category, actions) in [("request", json!([])), ("limit", json!(["new_session"])), ("unknown", json!([]))] {
             let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":"no"}));
-            let e = error_of(&translate(&Id::from_json("3"), &r).expect("a failure"));
+            let e = error_of(&translate(&Id::from_json("3"), &r, None).expect("a failure"));
             assert_eq!(e["code"], -32603);
             assert!(e.pointer("/data/_meta/coda").is_none(), "{e}");
         }
@@ -244,26 +255,26 @@ mod tests {
     #[test]
     fn auth_is_never_a_quota() {
         let r = reply(json!({"actions":["login"],"category":"access","severity":"error","title":"log in"}));
-        let e = error_of(&translate(&Id::from_json("3"), &r).expect("a failure"));
+        let e = error_of(&translate(&Id::from_json("3"), &r, None).expect("a failure"));
         assert_eq!(e["code"], -32000);
         assert!(e.pointer("/data/_meta/coda").is_none());
         let plain = json!({"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"Authentication required"}});
-        assert!(translate(&Id::from_json("7"), &plain).is_none());
+        assert!(translate(&Id::from_json("7"), &plain, None).is_none());
     }
 
     #[test]
     fn a_warning_or_a_clean_turn_is_left_alone() {
         let r = reply(json!({"actions":[],"category":"connection","severity":"warning","title":"Reconnecting... 1/5"}));
-        assert!(translate(&Id::from_json("3"), &r).is_none());
+        assert!(translate(&Id::from_json("3"), &r, None).is_none());
         let ok = json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}});
-        assert!(translate(&Id::from_json("3"), &ok).is_none());
+        assert!(translate(&Id::from_json("3"), &ok, None).is_none());
     }
 
     #[test]
     fn usage_limit_error_without_session_failure_keeps_upstream_data() {
         let r = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error",
             "data":{"message":"You’ve hit your usage limit.","codexErrorInfo":"usageLimitExceeded"}}});
-        let e = error_of(&translate(&Id::from_json("4"), &r).expect("a failure"));
+        let e = error_of(&translate(&Id::from_json("4"), &r, None).expect("a failure"));
         assert_eq!(
             e,
             json!({"code":-32603,"message":"You’ve hit your usage limit.","data":{"message":"You’ve hit your usage limit.",
@@ -271,12 +282,35 @@ mod tests {
         );
         let other = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error",
             "data":{"codexErrorInfo":"badRequest"}}});
-        assert!(translate(&Id::from_json("4"), &other).is_none());
+        assert!(translate(&Id::from_json("4"), &other, None).is_none());
+    }
+
+    /// The day of a time-only reset comes from the engine's wall time and the zone handed in, never from this
+    /// machine's clock or zone: the harness's wall is 2026-01-01T00:00:00Z, which is still 2025-12-31 in Honolulu.
+    #[test]
+    fn a_reset_time_takes_its_day_from_the_engine_and_its_zone_from_set_up() {
+        let honolulu = TimeZone::get("Pacific/Honolulu").expect("the bundled tz database has it");
+        let title = "You’ve hit your usage limit. Upgrade to Pro or try again at 5:49 PM.";
+        let failed = reply(json!({"actions":[],"category":"limit","severity":"error","title":title})).to_string();
+        let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");
+        let prompt = r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#;
+        for (zone, days, want) in [
+            (honolulu.clone(), 0, "<t:2026-01-01T03:49:00.000Z>"),
+            (TimeZone::UTC, 0, "<t:2026-01-01T17:49:00.000Z>"),
+            (honolulu, 3, "<t:2026-01-04T03:49:00.000Z>"),
+        ] {
+            let mut h = crate::layer::testing::Harness::of(Failure::new(zone));
+            h.advance(std::time::Duration::from_secs(days * 86_400));
+            h.client_frame(parse(prompt));
+            h.agent_frame(parse(&failed));
+            let got = error_of(&h.take().to_client[0]);
+            assert_eq!(got["message"], title.replace("5:49 PM", want), "{days} days on");
+        }
     }
 
     #[test]
     fn only_prompt_answers_are_rewritten() {
-        let mut h = crate::layer::testing::Harness::of(Failure::new());
+        let mut h = crate::layer::testing::Harness::of(Failure::new(TimeZone::UTC));
         let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");
         h.client_frame(parse(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#));
         let failed = reply(json!({"actions":[],"category":"limit","severity":"error","title":"limit"})).to_string();

@@ -15,6 +15,7 @@ use crate::cli::program::{FindError, Found, installed, run_for_output};
 use crate::coda::identity::{Identity, Policy, Probed};
 use crate::coda::instruction::Instruction;
 use crate::layer::AnyLayer;
+use jiff::tz::TimeZone;
 
 /// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
 const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
@@ -83,14 +84,15 @@ fn layers(setup: &mut Setup) {
         // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    for layer in below_identity() {
+    for layer in below_identity(TimeZone::system()) {
         setup.push(layer);
     }
 }
 
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
-pub fn below_identity() -> Vec<Box<dyn AnyLayer>> {
-    vec![Box::new(air::Air::new()), Box::new(failure::Failure::new()), Box::new(Instruction::new(&[]))]
+/// `zone` is the one Codex writes local times in (the machine's: read once, at set-up).
+pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
+    vec![Box::new(air::Air::new()), Box::new(failure::Failure::new(zone)), Box::new(Instruction::new(&[]))]
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.
@@ -113,7 +115,9 @@ pub fn adapter() -> Adapter {
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
         default_command,
         version,
-        env_defaults: &[("INITIAL_AGENT_MODE", "read-only")],
+        // codex-acp asks the model for a suggested next message after every turn of an AIR client, at effort
+        // `high`, paid from the user's quota; Coda never shows it (`session_info_update._meta.promptSuggestions`).
+        env_defaults: &[("INITIAL_AGENT_MODE", "read-only"), ("CODEX_ACP_PROMPT_SUGGESTIONS", "false")],
         layers,
     }
 }

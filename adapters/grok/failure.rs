@@ -8,12 +8,20 @@
 //!   `Rate limited`, `data` = the reason. With a real `Retry-After` Grok waits it out silently (two hours for a
 //!   usage window); 500, 502, 503 and 529 are retried fifteen times with a backoff that grows to about 30 s
 //!   (over six minutes), silent over ACP.
+//! - For an upstream answer whose body is not an OpenAI error object (a 503 with a line of text), the reason is
+//!   Grok's own `API error (status 503 Service Unavailable): Grok is temporarily unavailable. Please try again in
+//!   a moment. (HTTP 503).`: the upstream's status, but none of its body. The body reaches only Grok's stderr
+//!   (`chat/completions API error status=503 Service Unavailable … body_preview=<body>`); its log file
+//!   (`$GROK_HOME/logs/unified.jsonl`, `shell.turn.inference_retry {attempt, max_retries, kind, reason}`) says
+//!   no more than `retry_state`, and the session's `chat_history.jsonl` nothing of the failure.
 //!
 //! So: a -32003 answer is classified by the upstream's own code in its reason (`insufficient_quota` ->
 //! `quota_exhausted`, `rate_limit_exceeded` -> `service_unavailable`); and once Grok's retries have kept a turn
 //! open for [`failure::retry_patience`] (a minute) the layer stops the run (`session/cancel`) and answers with the
-//! last retry's reason, classified the same way (a plain error where Grok quotes no code: its 5xx reasons). Grok
-//! does not say how long it meant to wait, so no `retryAfterMs`.
+//! last retry's reason, classified the same way. Where the reason quotes no code, the upstream's status 503 is
+//! itself the explicit reason (RFC 9110: the server is temporarily unable to handle the request, overloaded or in
+//! maintenance): `service_unavailable`. Other statuses without a code (500, 502) and a dropped connection stay
+//! plain errors. Grok does not say how long it meant to wait, so no `retryAfterMs`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -45,7 +53,9 @@ pub fn parse_reason(reason: &str) -> Reason {
     let Some(rest) = reason.strip_prefix("API error (status ") else {
         return Reason { status: None, code: None, text };
     };
-    let status = rest.get(..3).and_then(|s| s.parse().ok());
+    // Three digits, then the status text or the closing parenthesis.
+    let status =
+        rest.get(..3).filter(|_| matches!(rest.as_bytes().get(3), Some(b' ' | b')'))).and_then(|s| s.parse().ok());
     let after = rest.split_once("): ").map(|(_, a)| a).unwrap_or_default();
     let code = after
         .split_once(": ")
@@ -59,6 +69,19 @@ fn clip(s: &str) -> String {
     failure::clip(s, REASON_MAX)
 }
 
+/// The kind a reason names, in Grok's error answers and in the retries the shim stops: the upstream's code where
+/// Grok quotes one, else the upstream's status 503 (Service Unavailable: by definition a temporary failure of the
+/// server). A 429 without a code may be a quota or a rate limit and a status never names a quota; Grok's
+/// `error_type` and its own words for a body it could not read ("Grok is temporarily unavailable", for a 502 page
+/// too) are no upstream reason: so a 500 or 502 without a code stays a plain error.
+pub fn kind_of(reason: &Reason) -> Option<Kind> {
+    match (reason.code.as_deref().and_then(kind_of_code), reason.status) {
+        (Some(kind), _) => Some(kind),
+        (None, Some(503)) => Some(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None }),
+        (None, _) => None,
+    }
+}
+
 /// The kind an upstream code names, if it names one Coda knows.
 fn kind_of_code(code: &str) -> Option<Kind> {
     match code {
@@ -69,13 +92,6 @@ fn kind_of_code(code: &str) -> Option<Kind> {
         }
         _ => None,
     }
-}
-
-/// The kind of the failure of a run the shim stopped while Grok retried: only the upstream code Grok quotes
-/// names one. Grok quotes none for 5xx answers (a 502 page becomes Grok's own "temporarily unavailable"), and a
-/// status or Grok's `error_type` alone is no explicit reason, so those stay plain errors.
-pub fn kind_of_retry(reason: &Reason) -> Option<Kind> {
-    reason.code.as_deref().and_then(kind_of_code)
 }
 
 struct Turn {
@@ -152,7 +168,7 @@ impl GrokFailure {
              retries.",
             reason.text
         );
-        turn.stopped = Some((message, kind_of_retry(reason)));
+        turn.stopped = Some((message, kind_of(reason)));
         tracing::info!("stopping Grok's turn in session {session}: it has been retrying for over {:?}", self.patience);
         cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
     }
@@ -185,7 +201,7 @@ impl GrokFailure {
             return reply;
         }
         let reason = parse_reason(data);
-        let Some(kind) = reason.code.as_deref().and_then(kind_of_code) else { return reply };
+        let Some(kind) = kind_of(&reason) else { return reply };
         failure::answer(&id, &reason.text, Some(&kind), Some(json!({"grok": {"code": RATE_LIMITED, "data": data}})))
     }
 }
@@ -353,6 +369,48 @@ mod tests {
         assert_eq!(h.next_wake(), None);
     }
 
+    /// Grok's retry report for a 503 whose body is a line of text (no error object), as Grok 1.0.41 sends it.
+    const UNAVAILABLE: &str = "API error (status 503 Service Unavailable): Grok is temporarily unavailable. Please try again in a moment. (HTTP 503).";
+
+    fn retry_as_sent(attempt: u64, event: u64, reason: &str) -> Frame {
+        parse(json!({"jsonrpc":"2.0","method":"_x.ai/session_notification","params":{
+            "_meta":{"agentTimestampMs":1796156719966u64 + attempt * 1000,"eventId":format!("{S}-{event}")},
+            "sessionId":S,"update":{"attempt":attempt,"error_type":"api","max_retries":15,"reason":reason,
+            "sessionUpdate":"retry_state","type":"retrying"}}}))
+    }
+
+    #[test]
+    fn a_503_without_a_code_is_service_unavailable_when_its_retries_are_stopped() {
+        let mut h = harness();
+        h.client_frame(prompt(3));
+        h.take();
+        for attempt in 1..=6 {
+            h.agent_frame(retry_as_sent(attempt, attempt + 3, UNAVAILABLE));
+            h.advance(Duration::from_secs(10));
+        }
+        assert_eq!(h.to_agent(), vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}})]);
+        h.take();
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"cancelled","_meta":{"sessionId":S,
+            "requestId":"6b791075-2aa2-41d7-99a7-0065e697bf4a","promptId":"6b791075-2aa2-41d7-99a7-0065e697bf4a",
+            "totalTokens":2262,"modelId":"fake-model","cancellationCategory":"MidTurnAbort"}}}));
+        let e = error(&h.to_client()[0]);
+        assert_eq!(e["code"], -32603);
+        // Grok names no wait: no retryAfterMs.
+        assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
+        assert!(
+            e["message"].as_str().is_some_and(|m| m.starts_with(UNAVAILABLE) && m.contains("attempt 6 of 15")),
+            "{e}"
+        );
+        // The same words for a 502 page, or a 500 without a code: no explicit reason.
+        let page = "API error (status 502 Bad Gateway): Grok is temporarily unavailable. Please try again in a moment. (HTTP 502).";
+        assert_eq!(kind_of(&parse_reason(page)), None);
+        assert_eq!(kind_of(&parse_reason(SERVER)), None);
+        // A status only where Grok writes one: three digits, then its text.
+        assert_eq!(parse_reason("API error (status 5031 x): y").status, None);
+        assert_eq!(parse_reason("API error (status 503): y").status, Some(503));
+        assert_eq!(kind_of(&parse_reason("upstream said 503 Service Unavailable")), None);
+    }
+
     #[test]
     fn a_timer_of_an_earlier_turn_never_stops_a_later_one() {
         let mut layer = GrokFailure::new(Duration::from_secs(60));
@@ -383,8 +441,8 @@ mod tests {
         layer.from_agent(parse(chunk), &mut cx);
         layer.check(S, generation, &mut cx);
         assert!(layer.turns[S].stopped.is_none());
-        assert_eq!(kind_of_retry(&parse_reason("error sending request: connection reset")), None);
-        assert_eq!(kind_of_retry(&parse_reason(SERVER)), None);
-        assert_eq!(kind_of_retry(&parse_reason(QUOTA)), Some(Kind::Quota));
+        assert_eq!(kind_of(&parse_reason("error sending request: connection reset")), None);
+        assert_eq!(kind_of(&parse_reason(SERVER)), None);
+        assert_eq!(kind_of(&parse_reason(QUOTA)), Some(Kind::Quota));
     }
 }

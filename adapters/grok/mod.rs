@@ -1,5 +1,6 @@
 //! coda-grok: Grok Build (`grok agent --no-leader stdio`) with Coda's session instruction, agentInfo, and
-//! Grok's background commands and subagents as `_coda/wait` (see `activity.rs`).
+//! Grok's background commands and subagents as `_coda/wait` (see `activity.rs`), and Coda's steering through
+//! Grok's `_x.ai/interject` (see `steering.rs`).
 //!
 //! The instruction is injected into the first prompt, not passed as Grok's native `session/new`
 //! `_meta.rules`: live on 1.0.41 a session made with `_meta.rules` keeps them through one `session/load` or
@@ -8,6 +9,7 @@
 
 pub mod activity;
 pub mod failure;
+pub mod steering;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -84,6 +86,8 @@ fn layers(setup: &mut Setup) {
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
+    // Above the failure layer: it sees the turn's end as Coda will.
+    setup.add(|_| Box::new(steering::GrokSteering::new()));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
     let patience = crate::coda::failure::retry_patience();
     setup.add(move |_| Box::new(failure::GrokFailure::new(patience)));
@@ -107,7 +111,9 @@ pub fn adapter() -> Adapter {
         login_hint: "set XAI_API_KEY, or sign in with `grok`",
         default_command,
         version,
-        env_defaults: &[],
+        // Grok asks the model for a one-line summary after every turn (`last_turn_summary`, unused by Coda);
+        // with it off a turn costs one request (plus the session title on the first).
+        env_defaults: &[("GROK_TURN_SUMMARY", "0")],
         layers,
     }
 }

@@ -60,8 +60,8 @@ pub struct Activity {
     sessions: HashMap<String, Session>,
     /// Client prompts that are slash commands (Kimi runs them without a turn; see [`Failures`]).
     commands: HashSet<Id>,
-    /// Those of them whose turn has streamed no output yet: a failed turn ends that way in 0.1 s, before the watch
-    /// has read it, so their answers wait for the turn's end in the wire.
+    /// Those of them whose turn has streamed no output yet (in their own session): a failed turn ends that
+    /// way in 0.1 s, before the watch has read it, so their answers wait for the turn's end in the wire.
     quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
@@ -340,8 +340,14 @@ impl Layer for Activity {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         let Kind::Response { id } = frame.kind() else {
-            if frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
-                self.quiet.clear();
+            if !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
+                // Output ends the quiet of that session's prompts only: a quiet failed turn elsewhere keeps
+                // its hold (and so its failure kind). The session is read without parsing the chunk.
+                let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
+                if let Some(sid) = session.as_ref().and_then(|v| sonic_rs::JsonValueTrait::as_str(v)) {
+                    // Which session a quiet prompt is of: the stack's request table says.
+                    self.quiet.retain(|id| cx.request_of(id).and_then(|r| r.session()).is_none_or(|s| s != sid));
+                }
             }
             return cx.to_client(frame);
         };
@@ -575,6 +581,32 @@ mod tests {
         r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
         assert_eq!(r.to_client(), ["answer 6"]);
         assert_eq!(r.h.next_wake(), None);
+    }
+
+    #[test]
+    fn output_in_another_session_leaves_a_quiet_turn_its_hold() {
+        const OTHER: &str = "session_6b1d1f0e-0000-4000-8000-00000000b22f";
+        let mut r = Rig::new();
+        // A second session (its folder is not there: no activity for it, the relay goes on).
+        r.h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        r.h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":OTHER}}));
+        assert_eq!(r.to_client(), ["answer 2"]);
+        let chunk = |sid: &str| json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":sid,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"好"}}}});
+        r.h.from_client(prompt(5));
+        r.h.from_client(json!({"jsonrpc":"2.0","id":6,"method":"session/prompt","params":{"sessionId":OTHER,"prompt":[{"type":"text","text":"go"}]}}));
+        // The other session streams; this one's turn fails quietly (no output) and Kimi answers it at once.
+        r.h.from_agent(chunk(OTHER));
+        assert_eq!(r.to_client(), [format!("session/update {OTHER}")]);
+        r.at(100);
+        r.h.from_agent(end_turn(5));
+        assert!(r.to_client().is_empty(), "held for the turn's end on the wire, as with no other session");
+        r.wire("main", &[user_turn(0), turn_ended(0)]);
+        assert_eq!(r.to_client(), ["answer 5"]);
+        // Output in its own session does end a prompt's quiet: its answer then goes out at once.
+        r.h.from_client(prompt(7));
+        r.h.from_agent(chunk(SID));
+        r.h.from_agent(end_turn(7));
+        assert_eq!(r.to_client(), [format!("session/update {SID}"), "answer 7".to_owned()]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! One session's files as a stream of wire records: lines split from appends, parsed, merged by time.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::adapters::kimi::wire::{Entry, TaskInfo, parse_line};
 
@@ -77,10 +77,49 @@ pub struct Feed {
 #[derive(Default)]
 struct FileFeed {
     lines: Splitter,
-    /// Hashes of the lines delivered, to drop repeats after the file was replaced.
-    seen: HashSet<u64>,
-    /// The file is being read again from its start after it was replaced (see [`Feed::reread`]).
-    rereading: bool,
+    /// Where the records delivered from this file reached.
+    delivered: Delivered,
+    /// While the file is read again from its start after it was replaced (see [`Feed::reread`]): what of
+    /// it was delivered before, still to be passed over.
+    repeats: Option<Delivered>,
+}
+
+/// How far the records of one wire were delivered, in three numbers whatever its length: the latest
+/// `time` delivered, how many records of that time, and how many without a time (the metadata line).
+/// Kimi appends a wire's records in time order, so a replaced wire read again from its start repeats
+/// what was delivered as its records before that time, the first `at_latest` of that time and the first
+/// `untimed` without one; whatever follows is new, even when its text is the same as a record's before
+/// (remembered by content, a repeat would be dropped and two records could be taken for one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Delivered {
+    latest: u64,
+    at_latest: usize,
+    untimed: usize,
+}
+
+impl Delivered {
+    fn add(&mut self, time: u64) {
+        if time == 0 {
+            self.untimed += 1;
+        } else if time > self.latest {
+            (self.latest, self.at_latest) = (time, 1);
+        } else if time == self.latest {
+            self.at_latest += 1;
+        }
+    }
+
+    /// Whether a record of `time`, read again, is one of those delivered (and passes over it).
+    fn repeats(&mut self, time: u64) -> bool {
+        let left = match time {
+            0 => &mut self.untimed,
+            t if t < self.latest => return true,
+            t if t == self.latest => &mut self.at_latest,
+            _ => return false,
+        };
+        let repeat = *left > 0;
+        *left = left.saturating_sub(1);
+        repeat
+    }
 }
 
 /// What a chunk of a session file turned into.
@@ -89,13 +128,6 @@ pub enum Fed {
     Entries { agent: String, entries: Vec<Entry> },
     Task { agent: String, info: TaskInfo },
     Nothing,
-}
-
-fn line_hash(line: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    line.hash(&mut h);
-    h.finish()
 }
 
 /// `agents/<agent>/wire.jsonl` -> agent; `agents/<agent>/tasks/<id>.json` -> agent (task file).
@@ -122,13 +154,13 @@ impl Feed {
     pub fn reread(&mut self, file: &str) {
         let state = self.files.entry(file.to_owned()).or_default();
         state.lines.reset();
-        state.rereading = true;
+        state.repeats = Some(state.delivered);
     }
 
     /// The re-read of `file` reached the end of what the file held.
     pub fn caught_up(&mut self, file: &str) {
         if let Some(state) = self.files.get_mut(file) {
-            state.rereading = false;
+            state.repeats = None;
         }
     }
 
@@ -145,20 +177,20 @@ impl Feed {
             };
         }
         let state = self.files.entry(file.to_owned()).or_default();
-        let reread = state.rereading;
+        let reread = state.repeats.is_some();
         let mut entries = Vec::new();
         let lines = state.lines.push(bytes);
         for _ in 0..std::mem::take(&mut state.lines.skipped) {
             tracing::warn!("skipped a record of Kimi's {file} longer than {RECORD_MAX} bytes (not read)");
         }
         for line in lines {
-            let hash = line_hash(&line);
-            if !state.seen.insert(hash) && reread {
-                continue;
-            }
             match parse_line(&line) {
+                Ok(e) if state.repeats.as_mut().is_some_and(|r| r.repeats(e.time)) => {}
                 Ok(e) if reread && e.time != 0 && e.time < self.cutoff_ms => {}
-                Ok(e) => entries.push(e),
+                Ok(e) => {
+                    state.delivered.add(e.time);
+                    entries.push(e);
+                }
                 Err(why) => {
                     // The line may be anything (user data): where and how long at the default level, an
                     // excerpt only at debug.
@@ -190,6 +222,36 @@ pub fn merge(mut lists: Vec<(String, VecDeque<Entry>)>) -> Vec<(String, Entry)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn times(fed: Fed) -> Vec<u64> {
+        match fed {
+            Fed::Entries { entries, .. } => entries.iter().map(|e| e.time).collect(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_replaced_wire_repeats_nothing_and_loses_nothing_of_the_same_text() {
+        const WIRE: &str = "agents/main/wire.jsonl";
+        let rec = |t: u64| format!("{{\"type\":\"x.other\",\"agentId\":\"main\",\"time\":{t}}}\n");
+        let meta = "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n";
+        let mut feed = Feed::new(0);
+        let before = format!("{meta}{}{}{}", rec(5), rec(7), rec(7));
+        assert_eq!(times(feed.piece(WIRE, false, before.as_bytes())), [0, 5, 7, 7]);
+        // Replaced: the same records again, then new ones, two of them with the very text of earlier ones
+        // (Kimi may write one record twice in a millisecond): these are new and delivered.
+        feed.reread(WIRE);
+        let again = format!("{before}{}{}{}", rec(7), rec(7), rec(9));
+        assert_eq!(times(feed.piece(WIRE, false, again.as_bytes())), [7, 7, 9]);
+        feed.caught_up(WIRE);
+        // After the re-read, a record like any before it is an append like any other.
+        assert_eq!(times(feed.piece(WIRE, false, rec(5).as_bytes())), [5]);
+        // What is kept per wire is three numbers, however many records it delivered.
+        for t in 10..100_000 {
+            feed.piece(WIRE, false, rec(t).as_bytes());
+        }
+        assert_eq!(feed.files[WIRE].delivered, Delivered { latest: 99_999, at_latest: 1, untimed: 1 });
+    }
 
     #[test]
     fn lines_buffer_a_partial_last_line() {

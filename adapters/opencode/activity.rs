@@ -25,7 +25,7 @@
 //! stoppable). Failed turns are answered as Coda's failure kinds (`failure.rs`). Timers are the engine's
 //! (`Cx::after`); the server events handled are logged through a [`Record`] the set-up owns.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -63,22 +63,80 @@ struct Task {
     call: String,
     child: Option<String>,
     background: bool,
-    open: bool,
     /// OpenCode's server said the child went idle (its run ended).
     finished: bool,
     /// Order of registration, for picking the oldest.
     seq: u64,
 }
 
-/// The `task` calls seen, by (session, toolCallId) = (session, waitId).
+/// The `task` calls open, by (session, toolCallId) = (session, waitId). A call that closes leaves them
+/// (for [`Recent`]), so what is kept and looked through on each frame is what is open, however long the
+/// session runs.
 #[derive(Default)]
 struct Tasks {
     by_call: HashMap<(String, String), Task>,
+    /// The calls closed lately: their late updates say nothing (a call's `completed` update comes again).
+    closed: Recent<(String, String)>,
     /// Children named by OpenCode's server before their task call was seen over ACP.
     early: HashMap<(String, String), String>,
     /// Children announced as `waiting` (the permission bridge resumes them): their output is not the parent's.
-    followed: HashSet<String>,
+    followed: Recent<String>,
     next_seq: u64,
+}
+
+impl Tasks {
+    /// The call is over: it leaves the open calls.
+    fn close(&mut self, key: &(String, String)) {
+        if self.by_call.remove(key).is_some() {
+            self.closed.insert(key.clone());
+        }
+    }
+
+    /// Whether a background task is open (then OpenCode may start a turn of its own on its result).
+    fn background_open(&self) -> bool {
+        self.by_call.values().any(|t| t.background)
+    }
+}
+
+/// How many closed calls, and followed children, are remembered: far more than a session has open at
+/// once, so only ones long gone are forgotten (a day-long session keeps the same memory as an hour's).
+const RECENT: usize = 4096;
+
+/// A set that forgets its oldest members beyond [`RECENT`].
+struct Recent<K> {
+    set: HashSet<K>,
+    order: VecDeque<K>,
+}
+
+impl<K> Default for Recent<K> {
+    fn default() -> Self {
+        Recent { set: HashSet::new(), order: VecDeque::new() }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Recent<K> {
+    fn insert(&mut self, k: K) {
+        if self.set.insert(k.clone()) {
+            self.order.push_back(k);
+            if self.order.len() > RECENT
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains<Q: std::hash::Hash + Eq + ?Sized>(&self, k: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+    {
+        self.set.contains(k)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.set.len()
+    }
 }
 
 /// Which sessions run what: Coda's turns (the stack's request table's prompts), and OpenCode's own as its
@@ -178,6 +236,9 @@ impl OpenCodeActivity {
         let input = u.get("rawInput").filter(|i| i.get("subagent_type").is_some() && i.get("prompt").is_some());
         if !self.tasks.by_call.contains_key(&key) {
             let Some(input) = input else { return };
+            if self.tasks.closed.contains(&key) {
+                return;
+            }
             self.tasks.next_seq += 1;
             let early = self.tasks.early.remove(&key);
             let child = str_at(input, "task_id").map(str::to_owned).or(early);
@@ -192,7 +253,6 @@ impl OpenCodeActivity {
                 call: call.to_owned(),
                 child: child.clone(),
                 background: input.get("background").and_then(Value::as_bool) == Some(true),
-                open: true,
                 finished: false,
                 seq: self.tasks.next_seq,
             };
@@ -211,9 +271,6 @@ impl OpenCodeActivity {
         let child = meta.and_then(|m| str_at(m, "sessionId")).map(str::to_owned);
         let background = meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true);
         let Some(task) = self.tasks.by_call.get_mut(&key) else { return };
-        if !task.open {
-            return;
-        }
         if child.is_some() {
             task.child.clone_from(&child);
         }
@@ -227,7 +284,7 @@ impl OpenCodeActivity {
                 None => self.report(&w, cx),
             }
         } else {
-            task.open = false;
+            self.tasks.close(&key);
             w.state = Some(state);
             self.report(&w, cx);
         }
@@ -238,10 +295,12 @@ impl OpenCodeActivity {
         let key = (session, call);
         let Some(task) = self.tasks.by_call.get_mut(&key) else {
             // The call's own ACP update comes a moment later: announce the child with it.
-            self.tasks.early.insert(key, child);
+            if !self.tasks.closed.contains(&key) {
+                self.tasks.early.insert(key, child);
+            }
             return;
         };
-        if !task.open || task.child.as_deref().is_some_and(|c| c != child) {
+        if task.child.as_deref().is_some_and(|c| c != child) {
             return;
         }
         task.child = Some(child.clone());
@@ -287,7 +346,7 @@ impl OpenCodeActivity {
         if runs.coda_run.get(&session) == Some(&true) {
             runs.coda_run.remove(&session);
         }
-        if let Some(t) = self.tasks.by_call.values_mut().find(|t| t.open && t.child.as_deref() == Some(&session)) {
+        if let Some(t) = self.tasks.by_call.values_mut().find(|t| t.child.as_deref() == Some(&session)) {
             t.finished = true;
         }
         self.idle_check(&session, cx);
@@ -311,7 +370,7 @@ impl OpenCodeActivity {
                 .tasks
                 .by_call
                 .values()
-                .filter(|t| t.session == session && t.open && t.background)
+                .filter(|t| t.session == session && t.background)
                 .min_by_key(|t| (!t.finished, t.seq))
                 .map(|t| (t.session.clone(), t.call.clone()));
             let Some(key) = pick else { return };
@@ -334,9 +393,7 @@ impl OpenCodeActivity {
     fn settle(&mut self, session: &str, cx: &mut Cx) {
         self.runs.own_runs.remove(session);
         let Some(key) = self.handling.by_session.remove(session) else { return };
-        if let Some(t) = self.tasks.by_call.get_mut(&key) {
-            t.open = false;
-        }
+        self.tasks.close(&key);
         self.report(&Wait::new(&key.0, &key.1, State::Done), cx);
     }
 
@@ -468,8 +525,7 @@ impl Layer for OpenCodeActivity {
             Kind::Notification { method } if method == "session/update" => {
                 // Most updates are text chunks: parse only tool calls, or anything while a background
                 // subagent may wake the parent (its follow-up turn is output outside a Coda turn).
-                let watching =
-                    !self.handling.by_session.is_empty() || self.tasks.by_call.values().any(|t| t.open && t.background);
+                let watching = !self.handling.by_session.is_empty() || self.tasks.background_open();
                 if !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update")) {
                     return cx.to_client(frame);
                 }
@@ -793,5 +849,69 @@ mod tests {
         assert_eq!(rig.raw_agent(answer.clone()), (vec![], vec![]), "held for OpenCode's session.error");
         assert_eq!(rig.wake_in(), Some(ANSWER_HOLD));
         assert_eq!(rig.advance(ANSWER_HOLD).0, vec![answer]);
+    }
+
+    fn frame(v: Value) -> Frame {
+        Frame::parse(v.to_string().into_bytes()).expect("a frame")
+    }
+
+    #[test]
+    fn closed_calls_leave_the_open_ones_and_what_is_remembered_of_them_is_bounded() {
+        let mut a = OpenCodeActivity::new(None, Record::off(), Duration::from_secs(60));
+        let prompt = json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":P,"prompt":[]}});
+        a.from_client(frame(prompt), &mut Cx::default());
+        let calls = RECENT + 100;
+        for i in 0..calls {
+            let (call, child) = (format!("call_{i}"), format!("ses_child_{i}"));
+            a.from_agent(frame(task_running(&call, false, Some(&child))), &mut Cx::default());
+            assert_eq!(a.tasks.by_call.len(), 1, "open while it runs");
+            a.from_agent(frame(task_done(&call, false)), &mut Cx::default());
+            assert!(a.tasks.by_call.is_empty(), "a closed call is not kept among the open ones");
+        }
+        assert_eq!((a.tasks.closed.len(), a.tasks.followed.len()), (RECENT, RECENT));
+        // The last calls are still known as closed: their late updates say nothing and open nothing.
+        let last = format!("call_{}", calls - 1);
+        let mut cx = Cx::default();
+        a.from_agent(frame(task_running(&last, false, None)), &mut cx);
+        a.from_agent(frame(task_done(&last, false)), &mut cx);
+        assert!(a.tasks.by_call.is_empty());
+        let mut cx = Cx::default();
+        a.on_event(FromServer::Event(task_child(&last)), &mut cx);
+        assert!(a.tasks.early.is_empty(), "a closed call's child is not kept for a call still to come");
+    }
+
+    /// The soak of issue 22: one million `session/update`s through the OpenCode stack, a `task` call opened
+    /// and closed every 100, a background task open throughout (so every update is read): time and memory
+    /// per 100,000 updates, which stay flat. A measurement, not a test: `cargo test --lib soak -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "a measurement that prints figures"]
+    fn soak_a_million_updates() {
+        fn rss_kib() -> Option<u64> {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        }
+        let mut rig = Rig::started();
+        rig.prompt(2);
+        rig.agent(task_running("call_bg", true, None));
+        let chunk = chunk(P);
+        let mut block = std::time::Instant::now();
+        println!("| updates | ms per 100,000 | RSS KiB |");
+        println!("| --- | --- | --- |");
+        for i in 1..=1_000_000u32 {
+            if i % 100 == 0 {
+                let call = format!("call_{i}");
+                rig.h_agent(task_running(&call, false, Some(&format!("ses_c{i}"))));
+                rig.h_agent(task_done(&call, false));
+            } else {
+                rig.h_agent(chunk.clone());
+            }
+            if i % 100_000 == 0 {
+                let rss = rss_kib().map_or("n/a".to_owned(), |k| k.to_string());
+                println!("| {i} | {} | {rss} |", block.elapsed().as_millis());
+                block = std::time::Instant::now();
+            }
+        }
     }
 }

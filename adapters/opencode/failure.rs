@@ -13,12 +13,25 @@
 //! | `insufficient_quota`, `exceeded_current_quota_error` | `quota_exhausted` |
 //! | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | `service_unavailable`, `input: accepted` |
 //! | `invalid_api_key` (HTTP 401) | -32000 (a login problem) |
+//! | none, HTTP 503 (a body of plain text: "Service Unavailable: <body>") | `service_unavailable`, `input: accepted` |
 //! | none (a 502 page, a dropped connection) | the plain error |
+//!
+//! HTTP 503 is an explicit reason of its own (RFC 9110: the server is temporarily unable to handle the request,
+//! overloaded or in maintenance); no other status is (a 429 may be a quota or a rate limit, a status never names a
+//! quota).
 //!
 //! When a retry OpenCode scheduled would keep the turn retrying past [`failure::retry_patience`] (counted from
 //! its first retry of the turn to the attempt it scheduled), the layer stops the run (`session/cancel`) and
-//! answers with the reason and the time of the attempt OpenCode had planned. The retry names no upstream code,
-//! so that answer carries no kind (执行失败: a long wait without an explicit reason is a plain error).
+//! answers with the reason and the time of the attempt OpenCode had planned. All OpenCode says of a retry is
+//! `session.status {type: "retry", attempt, message, next}` (its bundle sets nothing else; seen live): no status,
+//! body or code. A stopped run brings no `session.error`; OpenCode's log file has only `stream error …
+//! error.error="AI_APICallError: <message>"` and its database nothing of the failure. The message is the
+//! upstream's own words (`You exceeded your current quota, …` for an `insufficient_quota`), except for a body
+//! whose message OpenCode could not read: then it starts with the status's standard text (Node's
+//! `STATUS_CODES[status]`), `Service Unavailable: <body>` for a 503. So a stopped run is `service_unavailable`
+//! (`input: accepted`, `retryAfterMs`: the wait OpenCode had planned) when its message starts with the text of a
+//! 503, and a plain error otherwise: the upstream's words are not read for a kind (执行失败: a long wait without
+//! an explicit reason is a plain error).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -48,8 +61,8 @@ struct Turn {
     prompt: Option<Id>,
     /// OpenCode's time (ms) of the first retry of the turn.
     retry_since: Option<u64>,
-    /// The shim stopped the run: the answer's message.
-    stopped: Option<String>,
+    /// The shim stopped the run: the answer's message and kind.
+    stopped: Option<(String, Option<Kind>)>,
     failed: Option<Upstream>,
     /// OpenCode's error answer, waiting for `session.error`, with its hold tag.
     held: Option<(Frame, u64)>,
@@ -87,12 +100,13 @@ impl Failures {
         let planned = jiff::Timestamp::from_millisecond(until.min(i64::MAX as u64) as i64)
             .map(failure::time_mark)
             .unwrap_or_else(|_| format!("in {} s", wait / 1000));
-        turn.stopped = Some(format!(
+        let text = format!(
             "{}\nOpenCode was retrying (attempt {attempt}) and had planned its next attempt for {planned}, {:.1} s \
              away: stopped after over a minute of retries.",
             clip(message),
             wait as f64 / 1000.0
-        ));
+        );
+        turn.stopped = Some((text, kind_of_retry(message, wait)));
         true
     }
 
@@ -132,8 +146,8 @@ impl Failures {
     fn answer_now(&mut self, session: &str, reply: Frame) -> Frame {
         let Some(turn) = self.turns.remove(session) else { return reply };
         let Some(id) = reply.id().cloned() else { return reply };
-        if let Some(message) = turn.stopped {
-            return failure::answer(&id, &message, None, Some(json!({"opencode": {"stopped": true}})));
+        if let Some((message, kind)) = turn.stopped {
+            return failure::answer(&id, &message, kind.as_ref(), Some(json!({"opencode": {"stopped": true}})));
         }
         let v = match reply.value() {
             Ok(v) => v,
@@ -143,10 +157,10 @@ impl Failures {
         let data =
             json!({"opencode": {"errorName": upstream.name, "statusCode": upstream.status, "code": upstream.code}});
         let message = error.get("message").and_then(Value::as_str).map(clip).unwrap_or_else(|| clip(&upstream.message));
-        match upstream.code.as_deref().map(kind_of) {
-            Some(Verdict::Kind(kind)) => failure::answer(&id, &message, Some(&kind), Some(data)),
-            Some(Verdict::Auth) => frame::error_response(&id, -32000, &message, Some(data)),
-            _ => reply,
+        match verdict(&upstream) {
+            Verdict::Kind(kind) => failure::answer(&id, &message, Some(&kind), Some(data)),
+            Verdict::Auth => frame::error_response(&id, -32000, &message, Some(data)),
+            Verdict::Plain => reply,
         }
     }
 }
@@ -156,6 +170,26 @@ enum Verdict {
     Auth,
     Plain,
 }
+
+/// What a failed run is for Coda: the upstream's code, else its status 503.
+fn verdict(upstream: &Upstream) -> Verdict {
+    match (upstream.code.as_deref().map(kind_of), upstream.status) {
+        (Some(v @ (Verdict::Kind(_) | Verdict::Auth)), _) => v,
+        (_, Some(503)) => Verdict::Kind(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None }),
+        _ => Verdict::Plain,
+    }
+}
+
+/// The kind of a run the shim stopped, from the message of OpenCode's last retry (see the module's notes): only
+/// the status text OpenCode writes for a 503 whose body it could not read names one.
+fn kind_of_retry(message: &str, wait_ms: u64) -> Option<Kind> {
+    let unavailable =
+        message.strip_prefix(SERVICE_UNAVAILABLE).is_some_and(|rest| rest.is_empty() || rest.starts_with(": "));
+    unavailable.then_some(Kind::Service { input: Some(Input::Accepted), retry_after_ms: Some(wait_ms) })
+}
+
+/// Node's `STATUS_CODES[503]`, which OpenCode writes for the status of a body it could not read.
+const SERVICE_UNAVAILABLE: &str = "Service Unavailable";
 
 fn kind_of(code: &str) -> Verdict {
     match code {
@@ -272,6 +306,100 @@ mod tests {
         let m = e["message"].as_str().unwrap_or_default();
         assert!(m.starts_with("You exceeded your current quota\nOpenCode was retrying (attempt 3)"), "{m}");
         assert!(m.contains("<t:1970-01-01T02:01:00.000Z>") && m.contains("7200.0 s away"), "{m}");
+    }
+
+    /// The layers of coda-opencode, with what OpenCode 1.18.33 sent for a 503 whose body is a line of text
+    /// (`[[error:503-text]]` of the live rig), frame for frame.
+    mod as_sent {
+        use super::*;
+        use crate::adapters::opencode::rig::{P, Rig};
+        use crate::adapters::opencode::server::{Reducer, ServerEvent};
+
+        const MESSAGE: &str = "Service Unavailable: the engine is currently overloaded";
+
+        fn answer(id: u64) -> Value {
+            json!({"jsonrpc":"2.0","id":id,"error":{"code":-32603,"message":format!("Internal error: {MESSAGE}"),
+                "data":{"service":"session","errorName":"APIError"}}})
+        }
+
+        /// OpenCode's server event, as its `/global/event` stream carries it.
+        fn session_error() -> ServerEvent {
+            let line = json!({"directory":"/w","project":"global","payload":{"id":"evt_2334cfc2e001wX1KCPmv509EiF",
+                "type":"session.error","properties":{"sessionID":P,"error":{"name":"APIError","data":{
+                "message":MESSAGE,"statusCode":503,"isRetryable":true,"responseHeaders":{"content-length":"34",
+                "content-type":"text/plain","date":"Tue, 01 Dec 2026 20:30:13 GMT","retry-after":"0",
+                "retry-after-ms":"100"},"responseBody":"the engine is currently overloaded",
+                "metadata":{"url":"http://127.0.0.1:34343/v1/chat/completions"}}}}}});
+            Reducer::default().reduce(&line).expect("a session.error")
+        }
+
+        fn retry(message: &str, wait_ms: u64) -> ServerEvent {
+            ServerEvent::Retry {
+                session: P.into(),
+                attempt: 1,
+                message: message.into(),
+                at_ms: 1796156810729,
+                wait_ms: Some(wait_ms),
+            }
+        }
+
+        /// OpenCode's answer to a prompt whose run was cancelled.
+        fn ended(id: u64) -> Value {
+            json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn",
+                "usage":{"inputTokens":0,"outputTokens":0,"totalTokens":0},"_meta":{}}})
+        }
+
+        fn error(out: &[Value]) -> Value {
+            out.first().and_then(|f| f.get("error")).cloned().unwrap_or(Value::Null)
+        }
+
+        #[test]
+        fn a_503_whose_body_has_no_code_is_service_unavailable_by_its_status() {
+            let mut rig = Rig::started();
+            rig.prompt(3);
+            assert_eq!(rig.raw_agent(answer(3)), (vec![], vec![]), "held for OpenCode's session.error");
+            let (to_client, _) = rig.server(session_error());
+            let e = error(&to_client);
+            assert_eq!(e["code"], -32603);
+            assert_eq!(e["message"], format!("Internal error: {MESSAGE}"));
+            assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
+            assert_eq!(e["data"]["opencode"], json!({"errorName":"APIError","statusCode":503,"code":null}));
+        }
+
+        #[test]
+        fn a_stopped_retry_of_a_503_is_service_unavailable_with_the_wait_opencode_planned() {
+            let mut rig = Rig::started();
+            rig.prompt(4);
+            // Retry-After: 90 -> OpenCode plans its next attempt 90 s on: the shim stops the run at once.
+            let (_, to_agent) = rig.server(retry(MESSAGE, 89_999));
+            assert_eq!(to_agent, vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":P}})]);
+            let e = error(&rig.raw_agent(ended(4)).0);
+            assert_eq!(e["code"], -32603);
+            assert_eq!(
+                e["data"]["_meta"]["coda"]["failure"],
+                json!({"kind":"service_unavailable","input":"accepted","retryAfterMs":89_999})
+            );
+            let m = e["message"].as_str().unwrap_or_default();
+            assert!(m.starts_with(&format!("{MESSAGE}\nOpenCode was retrying (attempt 1)")), "{m}");
+            assert!(m.contains("<t:2026-12-01T20:28:20.728Z>, 90.0 s away"), "{m}");
+
+            // A retry that names no 503 stays a plain error: OpenCode's retry carries only the upstream's words,
+            // for `insufficient_quota` with Retry-After 7200 (seen live) and for an OpenAI-shaped 503
+            // (`server_is_overloaded`, whose code it drops).
+            for message in [
+                "You exceeded your current quota, please check your plan and billing details.",
+                "The server is overloaded, please try again later.",
+                "Service Unavailable Soon",
+            ] {
+                let mut rig = Rig::started();
+                rig.prompt(5);
+                assert_eq!(rig.server(retry(message, 7_200_000)).1.len(), 1, "stopped");
+                let e = error(&rig.raw_agent(ended(5)).0);
+                assert_eq!(e["code"], -32603);
+                assert!(e.pointer("/data/_meta").is_none(), "{message}: {e}");
+                assert_eq!(e["data"]["opencode"]["stopped"], true);
+            }
+        }
     }
 
     #[test]

@@ -95,6 +95,12 @@ impl Rig {
         self.out()
     }
 
+    /// One agent frame, what it leads to dropped (a soak's pace).
+    pub fn h_agent(&mut self, v: Value) {
+        self.h.from_agent(v);
+        self.h.take();
+    }
+
     /// What reaches each side for one agent frame, which itself goes on first, untouched: the params of the
     /// frames after it, and what reached the agent.
     pub fn agent(&mut self, v: Value) -> Out {

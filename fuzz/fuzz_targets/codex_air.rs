@@ -60,7 +60,7 @@ fn frame(u: &mut Unstructured) -> Result<(bool, Vec<u8>)> {
 }
 
 fuzz_target!(|data: &[u8]| drive::drive(
-    Stack::new(vec![Box::new(Waits::new()), Box::new(air::Air::new()), Box::new(failure::Failure::new())]),
+    Stack::new(vec![Box::new(Waits::new()), Box::new(air::Air::new()), Box::new(failure::Failure::new(jiff::tz::TimeZone::UTC))]),
     data,
     frame
 ));

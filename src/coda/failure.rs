@@ -2,7 +2,8 @@
 //! `error.data._meta.coda.failure` names the kind, with the readable reason in `error.message`.
 //!
 //! Each adapter decides the kind from what its CLI says (only from an explicit upstream reason, never from a
-//! status code alone, never for a login problem); this module only writes the answer.
+//! status code alone but 503, which by definition says the server is temporarily unavailable; never for a login
+//! problem); this module only writes the answer.
 
 use std::time::Duration;
 

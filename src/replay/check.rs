@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::fixture::load;
 use super::homes;
@@ -33,6 +33,13 @@ pub struct CheckReport {
     pub sent: usize,
     pub received: usize,
     pub elapsed: Duration,
+}
+
+/// The placeholder for the UTC day on which the client received a frame, as `YYYY-MM-DD`.
+pub const TODAY: &str = "TODAY";
+
+fn utc_day(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t).map(|t| t.strftime("%Y-%m-%d").to_string()).unwrap_or_default()
 }
 
 /// Runs the shim with the player as its child, drives the recorded client frames and compares what the client
@@ -66,6 +73,9 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", bindings.get("HOME").unwrap_or_default())
         .env("TMPDIR", bindings.get("TMPDIR").unwrap_or_default())
+        // Fixtures are recorded in UTC (the live rig runs the CLIs so): a local time a CLI wrote means the same
+        // instant on every machine that replays it.
+        .env("TZ", "UTC")
         .envs(homes.iter().map(|h| (h.var, bindings.get(h.var).unwrap_or_default())))
         .env(adapter.command_env(), player)
         .current_dir(root.join("work"))
@@ -78,7 +88,16 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
     // The player's own account of a failure, whole even when the shim cuts its child's stderr short.
     let report_file = root.join("player-report.txt");
     cmd.env("ACP_REPLAY_REPORT", &report_file);
-    for key in ["CODA_SHIM_LOG", "ACP_REPLAY_FILE_SETTLE_MS"] {
+    // What the check runs under reaches the shim too: its log level, and a preloaded library such as
+    // libfaketime (the replays are run with the clock moved days ahead to show they mean the same every day).
+    for key in [
+        "CODA_SHIM_LOG",
+        "ACP_REPLAY_FILE_SETTLE_MS",
+        "LD_PRELOAD",
+        "FAKETIME",
+        "DYLD_INSERT_LIBRARIES",
+        "DYLD_FORCE_FLAT_NAMESPACE",
+    ] {
         if let Some(v) = std::env::var_os(key) {
             cmd.env(key, v);
         }
@@ -132,6 +151,7 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
                 }
                 Step::File { .. } => {}
                 Step::Expect => {
+                    let waited_from = utc_day(SystemTime::now());
                     let line = match rx.recv_timeout(opts.timeout) {
                         Ok(Ok(line)) if line.trim().is_empty() => continue,
                         Ok(Ok(line)) => line,
@@ -147,7 +167,16 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
                         }
                     };
                     received += 1;
-                    script.received(&line).map_err(|m| format!("the client {m}"))?;
+                    // `{{TODAY}}`: the day the frame was received (a reset time Codex gives without a day). The
+                    // shim read its clock a moment before the client did: across midnight, either day is right.
+                    let today = utc_day(SystemTime::now());
+                    script.bindings.set(TODAY, &today);
+                    if let Err(m) = script.received(&line) {
+                        script.bindings.set(TODAY, &waited_from);
+                        if waited_from == today || script.received(&line).is_err() {
+                            return Err(format!("the client {m}"));
+                        }
+                    }
                 }
                 Step::Done => return Ok(()),
             }

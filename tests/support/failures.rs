@@ -19,9 +19,26 @@ pub const CASES: [(&str, &str); 10] = [
     ("401", "[[error:401]]"),
 ];
 
-/// The JSON-RPC id of the prompt of `case` in a full run.
-pub fn prompt_id(case: &str) -> u64 {
-    4 + CASES.iter().position(|(c, _)| *c == case).expect("a known case") as u64
+/// Cases run against some CLIs only, after [`CASES`] (so the ids of those stay as every recording has them): a 503
+/// whose body is a line of text, no error object (no code to read), answered with the quick retry and with
+/// `Retry-After: 90`.
+const TEXT_503: [(&str, &str); 2] = [("503-text", "[[error:503-text]]"), ("503-text-long", "[[error:503-text~90]]")];
+
+/// The cases of `agent`, in the order the live suite prompts them (prompt ids 4, 5, ...).
+pub fn cases(agent: &str) -> Vec<(&'static str, &'static str)> {
+    let mut all = CASES.to_vec();
+    match agent {
+        "opencode" => all.extend(TEXT_503),
+        // Grok ignores Retry-After on a 5xx: the long case would be the same run again.
+        "grok" => all.push(TEXT_503[0]),
+        _ => {}
+    }
+    all
+}
+
+/// The JSON-RPC id of the prompt of `case` in a full run against `agent`.
+pub fn prompt_id(agent: &str, case: &str) -> u64 {
+    4 + cases(agent).iter().position(|(c, _)| *c == case).expect("a known case") as u64
 }
 
 /// What Coda must get.
@@ -41,8 +58,10 @@ pub enum Expect {
 pub fn stopped(agent: &str, case: &str) -> bool {
     match agent {
         "kimi" => matches!(case, "rate-limit" | "rate-limit-long" | "500" | "502" | "503" | "529" | "reset"),
-        "grok" => matches!(case, "quota-reset" | "rate-limit-long" | "500" | "502" | "503" | "529" | "reset"),
-        "opencode" => matches!(case, "quota-reset" | "rate-limit-long" | "reset"),
+        "grok" => {
+            matches!(case, "quota-reset" | "rate-limit-long" | "500" | "502" | "503" | "529" | "reset" | "503-text")
+        }
+        "opencode" => matches!(case, "quota-reset" | "rate-limit-long" | "reset" | "503-text-long"),
         _ => false,
     }
 }
@@ -56,17 +75,19 @@ pub fn expected(agent: &str, case: &str) -> Expect {
         ("kimi", "quota-reset") => Quota,
         ("kimi", "rate-limit" | "rate-limit-long" | "503" | "529" | "reset") => Service { retry_after: true },
         ("kimi", "500" | "502") => Plain,
-        // Grok: the upstream code it quotes (grok/failure.rs); it never says its wait.
+        // Grok: the upstream code it quotes, else a status 503 (grok/failure.rs); it never says its wait.
         ("grok", "quota-reset") => Quota,
-        ("grok", "rate-limit" | "rate-limit-long" | "503" | "529") => Service { retry_after: false },
+        ("grok", "rate-limit" | "rate-limit-long" | "503" | "529" | "503-text") => Service { retry_after: false },
         ("grok", "500" | "502" | "reset") => Plain,
         // Codex (live config: no retries of its own): codex-acp's failure categories (codex/failure.rs).
         ("codex", "quota-reset") => Quota,
         ("codex", "rate-limit" | "rate-limit-long" | "500" | "502" | "503" | "529" | "reset") => {
             Service { retry_after: false }
         }
-        // OpenCode: the upstream code in its server's session.error (opencode/failure.rs).
-        ("opencode", "rate-limit" | "500" | "503" | "529") => Service { retry_after: false },
+        // OpenCode: the upstream code in its server's session.error, else a status 503 (opencode/failure.rs); a
+        // stopped retry says only the upstream's words, or "Service Unavailable" for a 503 with a body of text.
+        ("opencode", "rate-limit" | "500" | "503" | "529" | "503-text") => Service { retry_after: false },
+        ("opencode", "503-text-long") => Service { retry_after: true },
         ("opencode", "quota-reset" | "rate-limit-long" | "502" | "reset") => Plain,
         _ => panic!("no expectation for {agent}/{case}"),
     }

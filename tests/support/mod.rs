@@ -1,7 +1,8 @@
 //! Support code of the binary tests, reached from each test the one way: `mod support;`.
 //!
 //! - [`shim`]: a shim binary run as Coda runs it, with the scripted test agent (`examples/test_agent.rs`) or any
-//!   command as child; [`temp`]: temporary folders;
+//!   command as child; [`temp`]: temporary folders; [`wait`]: waiting for an event with a deadline (no "sleep,
+//!   then look"); [`executable`]: scripts a test writes and runs, safe from ETXTBSY;
 //! - [`replay`]: fixtures replayed through the shim binaries with `acp-replay`; [`recorder`]: recording a live
 //!   session as a fixture; [`kimi_expected`]: what Coda received from coda-kimi, in `expected.txt` notation;
 //! - [`cdp`]: a headless Chromium driven over the DevTools protocol (the viewer's browser test);
@@ -15,11 +16,13 @@
 
 pub mod cdp;
 pub mod coda_text;
+pub mod executable;
 pub mod failures;
 pub mod kimi_expected;
 pub mod recorder;
 pub mod replay;
 pub mod shim;
 pub mod temp;
+pub mod wait;
 
 pub use live_rig::{fake_model, live};

@@ -13,24 +13,6 @@ use serde_json::{Value, json};
 use super::replay as replay_support;
 use super::{coda_text, live, shim};
 
-/// Whether live recording of `agent` is switched on and possible; says why not on stderr.
-pub fn enabled(agent: &str) -> bool {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped live activity recording of {agent}: set CODA_LIVE=1 (after scripts/install-clis)");
-        return false;
-    }
-    if let Err(why) = live::installed(agent) {
-        eprintln!("skipped live activity recording of {agent}: {why}");
-        return false;
-    }
-    true
-}
-
-/// The pinned package of `agent` (as `scripts/install-clis` installs it), for `meta.json`.
-pub fn pinned(agent: &str) -> String {
-    live_rig::cli::by_name(agent).map(live_rig::cli::Cli::pinned).unwrap_or_else(|| panic!("no pinned CLI {agent}"))
-}
-
 /// One shim process against the live CLI, tracing into a file; every frame Coda received is kept.
 pub struct Rec {
     shim: shim::Shim,
@@ -181,7 +163,7 @@ pub fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str)
         let dir: PathBuf = replay_support::fixtures_root().join(agent).join(scenario);
         std::fs::create_dir_all(&dir).expect("fixture dir");
         std::fs::write(dir.join(replay::TRACE_FILE), &out).expect("write the fixture");
-        let meta = json!({"agent": agent, "scenario": scenario, "cli": pinned(agent),
+        let meta = json!({"agent": agent, "scenario": scenario, "cli": live::pinned(agent),
             "recorded_by": format!("tests/{agent}_live.rs"), "notes": notes});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).expect("write meta.json");
         eprintln!("wrote {}", dir.display());

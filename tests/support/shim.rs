@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub const TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one frame or stderr line is waited for.
+pub use super::wait::WITHIN as TIMEOUT;
 
 /// The scripted ACP agent (`examples/test_agent.rs`), built by `cargo test` beside the binaries.
 pub fn test_agent() -> PathBuf {
@@ -217,6 +218,34 @@ impl Shim {
         self.stderr_lines.clone()
     }
 
+    /// Waits (up to [`TIMEOUT`]) until the stderr lines so far satisfy `done`, and returns them. The shim's
+    /// stderr is a pipe of its own, read on a thread: a warning written before a frame may arrive after it, so a
+    /// test waits for the line it checks rather than looking at what has come so far.
+    pub fn stderr_until(&mut self, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + TIMEOUT;
+        self.drain_stderr();
+        while !done(&self.stderr_lines) {
+            match self.stderr.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => self.stderr_lines.push(line),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no {what} on the shim's stderr within {TIMEOUT:?}; it wrote {:?}", self.stderr_lines)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("no {what} on the shim's stderr before it closed; it wrote {:?}", self.stderr_lines)
+                }
+            }
+        }
+        self.stderr_lines.clone()
+    }
+
+    /// Waits for a stderr line that contains `needle` (see [`Shim::stderr_until`]); returns all of stderr so far,
+    /// one string.
+    pub fn stderr_with(&mut self, needle: &str) -> String {
+        self.stderr_until(&format!("{needle:?}"), |lines| lines.iter().any(|l| l.contains(needle))).join("\n")
+    }
+
+    /// The stderr lines that have arrived so far, for a failure message (not for a check: see
+    /// [`Shim::stderr_until`] and [`Shim::stderr_to_the_end`]).
     pub fn drain_stderr(&mut self) -> Vec<String> {
         while let Ok(line) = self.stderr.try_recv() {
             self.stderr_lines.push(line);

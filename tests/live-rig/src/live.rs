@@ -12,6 +12,7 @@ use std::process::Command;
 
 use crate::cli::{self, Setup, path_string};
 pub use crate::cli::{AGENTS, MODEL};
+pub use crate::opt_in::{selected_agents, wanted};
 pub use crate::paths::{live_root, node22};
 
 /// A loopback port nothing listens on (the "discard" port), so proxied traffic fails at once.
@@ -96,27 +97,9 @@ pub fn installed(agent: &str) -> Result<PathBuf, String> {
     Ok(program)
 }
 
-/// The agents a live suite runs: none unless `CODA_LIVE=1` (saying so), only those named in
-/// `CODA_PROMPT_AGENTS=kimi,grok` when set (scripts/live-test runs one agent at a time), and only the installed
-/// ones (saying which are skipped and why). `what` names the suite in the skip message.
-pub fn selected_agents(what: &str) -> Vec<&'static str> {
-    if std::env::var_os("CODA_LIVE").is_none() {
-        eprintln!("skipped: set CODA_LIVE=1 (after scripts/install-clis) to run {what}");
-        return Vec::new();
-    }
-    let only = std::env::var("CODA_PROMPT_AGENTS").ok();
-    let wanted = |agent: &&str| only.as_deref().is_none_or(|only| only.split(',').any(|a| a == *agent));
-    AGENTS
-        .into_iter()
-        .filter(wanted)
-        .filter(|agent| match installed(agent) {
-            Ok(_) => true,
-            Err(why) => {
-                eprintln!("skipped live {agent}: {why}");
-                false
-            }
-        })
-        .collect()
+/// `package@version` of `agent`'s pinned CLI, as `scripts/install-clis` installs it (for a fixture's `meta.json`).
+pub fn pinned(agent: &str) -> String {
+    cli::by_name(agent).map(cli::Cli::pinned).unwrap_or_else(|| panic!("no pinned CLI {agent}"))
 }
 
 /// Writes a fresh hermetic HOME for `agent` under `temp` (which should be empty) with its config
@@ -141,7 +124,9 @@ pub fn prepare(agent: &str, base_url: &str, temp: &Path) -> Result<LiveCommand, 
 fn base_env(home: &Path, temp: &Path) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![
         ("HOME".into(), path_string(home)),
-        ("USER".into(), std::env::var("USER").unwrap_or_else(|_| "tester".into())),
+        // Nothing of the machine that ran the recording: its user, its zone (a CLI writes local times in it).
+        ("USER".into(), "tester".into()),
+        ("TZ".into(), "UTC".into()),
         ("PATH".into(), std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into())),
         ("LANG".into(), "C.UTF-8".into()),
         ("TMPDIR".into(), path_string(&temp.join("tmp"))),

@@ -16,7 +16,7 @@
 //! | `[[subagent-fg:PROMPT]]` | a foreground subagent spawn |
 //! | `[[resume:ID\|PROMPT]]` | a follow-up to subagent `ID` (`last`: the latest id a tool result named) |
 //! | `[[tool:NAME\|JSON]]` | a call of any tool the request offers, with these arguments; `$last_task` in JSON becomes the latest `task_id: X` a tool result named (Kimi's TaskStop, WaitFor) |
-//! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `502` (a proxy's HTML page), `503`, `529` (overloaded), `401`, or `reset` (the connection closed without an answer); `KIND~S` answers with `Retry-After: S` (seconds) instead of the quick retry; `KIND*N` fails only the first N attempts |
+//! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `502` (a proxy's HTML page), `503`, `503-text` (a 503 with a line of plain text, no error object), `529` (overloaded), `401`, or `reset` (the connection closed without an answer); `KIND~S` answers with `Retry-After: S` (seconds) instead of the quick retry; `KIND*N` fails only the first N attempts |
 //! | `[[delay:MS]]` | wait `MS` milliseconds before answering (combine with any other marker) |
 //!
 //! Several tool markers in one prompt become parallel tool calls. Markers may nest, so a subagent's

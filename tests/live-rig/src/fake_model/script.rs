@@ -23,7 +23,8 @@ pub const SIDE_TEXT: &str = "Fake title";
 pub(super) enum Reply {
     Text(String),
     Calls(Vec<Call>),
-    /// `body` is JSON, or a `Value::String` sent as an HTML page; `retry_after` in seconds (`~S`).
+    /// `body` is JSON, or a `Value::String` sent as an HTML page (plain text when it does not start with `<`);
+    /// `retry_after` in seconds (`~S`).
     Error {
         status: u16,
         body: Value,
@@ -262,6 +263,9 @@ fn resume_arguments(tool: &Tool, target: &str, prompt: &str) -> Value {
     args
 }
 
+/// The body of `[[error:503-text]]` (sent as `text/plain`).
+pub const OVERLOADED_TEXT: &str = "the engine is currently overloaded";
+
 /// HTTP status and body for `[[error:KIND]]`, in the shape each API's clients classify.
 fn error_reply(api: Api, kind: &str) -> Reply {
     let responses = api == Api::Responses;
@@ -274,6 +278,10 @@ fn error_reply(api: Api, kind: &str) -> Reply {
         "502" => {
             let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n</body>\r\n</html>\r\n";
             return Reply::Error { status: 502, body: Value::String(page.into()), retry_after };
+        }
+        // A server that answers 503 with a line of text and no error object (no code to read).
+        "503-text" => {
+            return Reply::Error { status: 503, body: Value::String(OVERLOADED_TEXT.into()), retry_after };
         }
         // Anthropic's overload answer, as gateways in front of Claude models pass it on.
         "529" => {
@@ -425,6 +433,10 @@ mod tests {
             Reply::Error { status: 529, body, .. } => assert_eq!(body["error"]["type"], "overloaded_error"),
             other => panic!("{other:?}"),
         }
+        assert_eq!(
+            ask("[[error:503-text~90]]"),
+            Reply::Error { status: 503, body: Value::String(OVERLOADED_TEXT.into()), retry_after: Some(90) }
+        );
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub(super) fn answer(
     let response = match (&reply, api) {
         (Reply::Error { status, body, retry_after }, _) => {
             let mut response = match body {
-                Value::String(page) => html_response(*status, page),
+                Value::String(page) => page_response(*status, page),
                 _ => json_response(*status, body),
             };
             let headers = response.headers_mut();
@@ -111,10 +111,12 @@ fn json_response(status: u16, body: &Value) -> Response<Full<Bytes>> {
     response
 }
 
-fn html_response(status: u16, page: &str) -> Response<Full<Bytes>> {
+/// An HTML page, or plain text.
+fn page_response(status: u16, page: &str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(page.to_owned())));
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/html"));
+    let kind = if page.trim_start().starts_with('<') { "text/html" } else { "text/plain" };
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
     response
 }
 

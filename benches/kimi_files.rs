@@ -1,16 +1,12 @@
-//! Measurements of coda-kimi's file reading (no timed assertion; they print numbers):
+//! Benchmarks of coda-kimi's file reading: they print figures and assert nothing (a bench, not a test).
 //! - latency of Kimi activity reports: from a wire record landing on disk to the `_coda/wait` frame on the
 //!   shim's stdout, against a baseline in the same run: a frame the child writes on its stdout, relayed to the
 //!   shim's stdout; also checks that the idle shim uses no CPU;
 //! - under a flood (issue #13 §4): peak memory and the round trip of an unrelated request while 200 MB of ~1 KiB
 //!   records land in `agents/main/wire.jsonl` as fast as the disk takes them, and for one 50 MB record.
 //!
-//! Run: `cargo test --release --test kimi_latency -- --ignored --nocapture --test-threads 1`; `CODA_KIMI_BIN=PATH`
-//! measures another build of coda-kimi (e.g. an older one, for a before/after comparison).
-
-mod support;
-
-use support::temp;
+//! Run: `cargo bench --bench kimi_files` (all sections), or name sections: `-- latency append line limit`.
+//! `CODA_KIMI_BIN=PATH` measures another build of coda-kimi (e.g. an older one, for a before/after comparison).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -99,8 +95,7 @@ fn cpu_ticks_at(stat: &std::path::Path) -> u64 {
         + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
 }
 
-#[test]
-#[ignore = "benchmark: run with --release --ignored --nocapture"]
+/// Section `latency`.
 fn wire_record_to_coda_wait_latency() {
     let Run { mut shim, stdin, rx, wire, fifo, _tmp: tmp } = start("kimi-latency", true);
     let mut pipe = std::fs::OpenOptions::new().write(true).open(fifo.expect("a FIFO")).unwrap();
@@ -150,9 +145,8 @@ fn wire_record_to_coda_wait_latency() {
     println!("wire record -> _coda/wait: p50 {f50:.3} ms, p99 {f99:.3} ms ({n} samples)");
     println!("baseline child frame -> relayed frame: p50 {r50:.3} ms, p99 {r99:.3} ms");
     println!("ratio file/baseline: p50 {:.2}x, p99 {:.2}x", f50 / r50, f99 / r99);
-    println!("CPU ticks used by the idle shim over 3 s: {idle_ticks}");
-    assert!(f99 < 100.0, "p99 {f99} ms is over the 100 ms target");
-    assert_eq!(idle_ticks, 0, "the idle shim used CPU");
+    println!("target p99 under 100 ms: {}", if f99 < 100.0 { "met" } else { "NOT met" });
+    println!("CPU ticks used by the idle shim over 3 s: {idle_ticks} (the goal: 0)");
 }
 
 fn peak_rss_mib(pid: u32) -> f64 {
@@ -174,16 +168,16 @@ struct Run {
     wire: std::path::PathBuf,
     /// `$BENCH_FIFO`, when asked for.
     fifo: Option<std::path::PathBuf>,
-    _tmp: temp::TempDir,
+    _tmp: tempfile::TempDir,
 }
 
 fn start(name: &str, with_fifo: bool) -> Run {
-    let tmp = temp::TempDir::new(name);
-    let agent = tmp.join("agent.sh");
+    let tmp = tempfile::Builder::new().prefix(&format!("{name}-")).tempdir().expect("a temporary folder");
+    let agent = tmp.path().join("agent.sh");
     std::fs::write(&agent, FAKE_AGENT).unwrap();
-    let home = tmp.join("kimi-home");
+    let home = tmp.path().join("kimi-home");
     let mut cmd = Command::new(binary());
-    let fifo = with_fifo.then(|| tmp.join("fifo"));
+    let fifo = with_fifo.then(|| tmp.path().join("fifo"));
     if let Some(fifo) = &fifo {
         assert!(Command::new("mkfifo").arg(fifo).status().unwrap().success());
         cmd.env("BENCH_FIFO", fifo);
@@ -263,8 +257,7 @@ impl Run {
     }
 }
 
-#[test]
-#[ignore = "measurement: run with --release --ignored --nocapture"]
+/// Section `append`.
 fn memory_and_an_unrelated_round_trip_while_200_mb_are_appended() {
     let mut run = start("kimi-load-append", false);
     let idle = run.ping_until_reported(Vec::new(), "bash-00000000", 1_000_000);
@@ -309,8 +302,7 @@ fn one_record(name: &str, what: &str, line: Vec<u8>) {
     let _ = run.shim.wait();
 }
 
-#[test]
-#[ignore = "measurement: run with --release --ignored --nocapture"]
+/// Section `line`.
 fn memory_for_one_50_mb_record() {
     let mut line = b"{\"type\":\"context.append_loop_event\",\"agentId\":\"main\",\"pad\":\"".to_vec();
     line.resize(line.len() + 50_000_000, b'y');
@@ -318,11 +310,32 @@ fn memory_for_one_50_mb_record() {
     one_record("kimi-load-line", "one 50 MB record (over the limit: skipped)", line);
 }
 
-#[test]
-#[ignore = "measurement: run with --release --ignored --nocapture"]
+/// Section `limit`.
 fn memory_for_one_record_just_under_the_limit() {
     let mut line = br#"{"type":"context.append_loop_event","agentId":"main","event":{"type":"tool.result","toolCallId":"c","result":{"output":""#.to_vec();
     line.resize(line.len() + 16_700_000, b'y');
     line.extend_from_slice(b"\"}},\"time\":5}\n");
     one_record("kimi-load-limit", "one 16.7 MB tool result (under the 16 MiB limit: read)", line);
+}
+
+const SECTIONS: [(&str, fn()); 4] = [
+    ("latency", wire_record_to_coda_wait_latency),
+    ("append", memory_and_an_unrelated_round_trip_while_200_mb_are_appended),
+    ("line", memory_for_one_50_mb_record),
+    ("limit", memory_for_one_record_just_under_the_limit),
+];
+
+fn main() {
+    // `cargo bench` passes `--bench`; every other argument names a section.
+    let asked: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if let Some(unknown) = asked.iter().find(|a| !SECTIONS.iter().any(|(name, _)| name == a)) {
+        eprintln!("unknown section {unknown:?}; the sections: latency append line limit");
+        std::process::exit(2);
+    }
+    for (name, run) in SECTIONS {
+        if asked.is_empty() || asked.iter().any(|a| a == name) {
+            println!("== {name}");
+            run();
+        }
+    }
 }
