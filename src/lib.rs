@@ -10,7 +10,7 @@
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
 //!   [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
 //!   reader and writer loops), [`relay`] (the loop that owns all state), [`layer`] (the layer contract, the
-//!   [`layer::Stack`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
+//!   [`layer::Stack`], its request table [`layer::requests`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
 //!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
@@ -43,6 +43,17 @@
 //! sleeps, reads the clock, or reads the environment after set-up; threads that do real I/O hand their
 //! results in through a [`layer::EventSender`]. A frame a layer must act on but cannot read is answered with
 //! an error ([`layer::Cx::unreadable`]), never passed on untouched.
+//!
+//! Each layer names its own types: its wake-ups ([`layer::Layer::Timer`], an enum of its own, never a number
+//! packed by hand), its events ([`layer::Layer::Event`]; the [`layer::EventSender`] the set-up hands it is
+//! typed by it) and the tags of its own requests ([`layer::Layer::Reply`]). The stack erases them in one place
+//! ([`layer::AnyLayer`]); a value of the wrong type is a loud error, never dropped in silence.
+//!
+//! The stack records every client request once (id, method, `params.sessionId`, time): a layer asks which
+//! request an answer answers ([`layer::Cx::answer_to`]) and which are open ([`layer::Cx::open_requests`]),
+//! and keeps no map of ids of its own; the relay asks it what the agent still owes. Layers tell each other
+//! things through typed notes on a request ([`layer::Cx::note`], e.g. [`coda::wait::WithholdWaits`]), never
+//! through keys written into frames.
 
 // The layer hooks are named for where a frame comes from (`from_client`, `from_agent`), not conversions.
 #![allow(clippy::wrong_self_convention)]

@@ -9,7 +9,7 @@
 //! ladder that runs whatever the queues hold: its stdin closed once what is queued for it is taken (or
 //! dropped, with a warning, after a grace), SIGTERM, then SIGKILL of all it started.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::child::{self, Agent, Group, StderrTail};
-use crate::frame::{self, Frame, Id, Kind};
+use crate::frame::{self, Frame};
 use crate::layer::{Event, Exits, Stack};
 use crate::maybe;
 use crate::trace::{Dir, Trace};
@@ -116,9 +116,6 @@ struct Loop {
     trace: Option<Trace>,
     to_client: Queue,
     to_agent: Queue,
-    /// Client requests the agent has not answered yet, with their order of arrival.
-    in_flight: HashMap<Id, u64>,
-    next_seq: u64,
     /// Reused between inputs, so routing a frame allocates nothing.
     exits: Exits,
 }
@@ -126,12 +123,6 @@ struct Loop {
 impl Loop {
     fn route(&mut self, mut exits: Exits) {
         for f in exits.to_agent.drain(..) {
-            if let Kind::Request { id, .. } = f.kind()
-                && !self.stack.is_own(id)
-            {
-                self.next_seq += 1;
-                self.in_flight.insert(id.clone(), self.next_seq);
-            }
             if let Some(t) = &mut self.trace {
                 t.frame(Dir::ShimToAgent, f.bytes(), f.is_shim());
             }
@@ -185,9 +176,6 @@ impl Loop {
                 if let Some(t) = &mut self.trace {
                     t.frame(Dir::AgentToShim, f.bytes(), false);
                 }
-                if let Kind::Response { id } = f.kind() {
-                    self.in_flight.remove(id);
-                }
                 self.stack.from_agent(f, &mut exits);
             }
             Received::Invalid { line, err } => {
@@ -215,7 +203,7 @@ impl Loop {
                             self.to_agent.push(f);
                         }
                     }
-                    (Some(id), false) if self.in_flight.remove(id).is_some() => {
+                    (Some(id), false) if self.stack.owes(id) => {
                         let msg = format!("the agent's answer was dropped: message {why}");
                         self.stack.from_agent(frame::error_response(id, -32603, &msg, None), &mut exits);
                     }
@@ -248,9 +236,8 @@ impl Loop {
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
-        let mut owed: Vec<(Id, u64)> = self.in_flight.drain().collect();
-        owed.sort_by_key(|(_, seq)| *seq);
-        for (id, _) in owed {
+        // The stack's request table says which, in their order of arrival.
+        for id in self.stack.owed() {
             let mut exits = std::mem::take(&mut self.exits);
             self.stack.from_agent(frame::error_response(&id, -32603, &message, Some(data.clone())), &mut exits);
             self.route(exits);
@@ -331,8 +318,6 @@ async fn run_io(
         trace: options.trace,
         to_client: Queue::default(),
         to_agent: Queue::default(),
-        in_flight: HashMap::new(),
-        next_seq: 0,
         exits: Exits::default(),
     };
     let mut client_open = true;
@@ -503,7 +488,7 @@ async fn run_io(
         let _ = tokio::time::timeout(Duration::from_millis(500), p.stderr_done).await;
         stderr_tail = p.stderr_tail.lines();
     }
-    if !st.in_flight.is_empty() {
+    if !st.stack.owed().is_empty() {
         st.set_time();
         st.fail_in_flight(status, stderr_tail);
     }
@@ -596,15 +581,18 @@ fn excerpt(line: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layer::{Cx, Layer};
+    use crate::layer::{AnyLayer, Cx, Layer};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
     /// Passes frames on; on the client's `later` asks for a wake-up, and then tells the client.
     struct Later;
     impl Layer for Later {
+        type Timer = u64;
+        type Event = std::convert::Infallible;
+        type Reply = std::convert::Infallible;
         fn from_client(&mut self, f: Frame, cx: &mut Cx) {
             if f.is_notification("later") {
-                cx.after(Duration::from_millis(5), 7);
+                cx.after(Duration::from_millis(5), 7u64);
             } else {
                 cx.to_agent(f);
             }
@@ -659,7 +647,7 @@ mod tests {
     /// agent reads, agent writes), and the relay's task.
     #[allow(clippy::type_complexity)]
     fn relay_on_memory(
-        layers: Vec<Box<dyn Layer>>,
+        layers: Vec<Box<dyn AnyLayer>>,
         max_line: usize,
     ) -> (
         tokio::io::Lines<BufReader<tokio::io::ReadHalf<DuplexStream>>>,

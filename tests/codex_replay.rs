@@ -13,7 +13,7 @@ use std::path::Path;
 use coda_shim::coda::identity::{Identity, Policy};
 use coda_shim::coda::waits::Waits;
 use coda_shim::frame::Frame;
-use coda_shim::layer::{Exits, Layer, Stack};
+use coda_shim::layer::{AnyLayer, Exits, Stack};
 use serde_json::{Value, json};
 
 /// The Codex CLI the recordings were made with (`@openai/codex` bundled by codex-acp 2.6.0).
@@ -105,7 +105,7 @@ fn replay(name: &str) -> Replay {
     // The shim's own request ids carry its pid; the stack in this process uses this pid.
     let text = text.replace("{{SHIM_PID}}", &std::process::id().to_string());
     // As the binary stacks them: the engine's Waits, Codex's identity (its version probed), Codex's layers.
-    let mut layers: Vec<Box<dyn Layer>> =
+    let mut layers: Vec<Box<dyn AnyLayer>> =
         vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(CODEX_VERSION.into())))];
     layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC));
     let mut stack = Stack::new(layers);

@@ -3,7 +3,8 @@
 //!
 //! - `initialize`: declares AIR `nativeSubagentSessions`, `asyncTasks`, `sessionFailure` to codex-acp; a
 //!   codex-acp whose answer does not report both subagents and tasks gets a warning, and waits are not
-//!   declared for it (the handshake itself is the engine's `Waits` layer; `agentInfo` is the identity layer's).
+//!   declared for it (a [`WithholdWaits`] note on the request; the handshake itself is the engine's `Waits`
+//!   layer; `agentInfo` is the identity layer's).
 //! - `async_task_*` and `subagent_*` updates become `_coda/wait` reports (through `wait::Register`, which
 //!   keeps Coda's rules for them); the AIR updates are consumed.
 //! - A continued subagent `X:generation:N` is session `X` for Coda, both ways.
@@ -11,10 +12,11 @@
 //!   `session/cancel` of a cancellable subagent.
 //! - `_session/steering` always asks for `promptRequired`, so codex-acp never opens a turn of its own.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::convert::Infallible;
 
-use crate::coda::wait::{self, Register, State, Wait};
-use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::coda::wait::{Register, State, Wait, WithholdWaits};
+use crate::frame::{self, Frame, Kind, Needle};
 use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
 
@@ -53,12 +55,21 @@ struct Subagent {
     parent: String,
 }
 
+/// The shim's own `_session/async_task/stop` (its answer is only logged).
+pub struct TaskStop;
+
+/// Whether a request replays a session's history.
+fn loads(method: &str) -> bool {
+    method == "session/load" || method == "session/resume"
+}
+
+/// Whether a `session/load` or `session/resume` is with codex-acp (the stack's request table says).
+fn loading(cx: &Cx) -> bool {
+    cx.open_requests().any(|r| loads(&r.method))
+}
+
 #[derive(Default)]
 pub struct Air {
-    /// `initialize` requests whose answer says which AIR capabilities codex-acp has.
-    initialize: HashSet<Id>,
-    /// `session/load` and `session/resume` requests in flight.
-    loading: HashSet<Id>,
     subagents: HashMap<String, Subagent>,
     /// Waits by `(upstream kind, upstream id = waitId)`.
     waits: HashMap<(WaitKind, String), Opened>,
@@ -68,7 +79,6 @@ pub struct Air {
     register: Register,
     /// Opening reports held during `session/load`, in arrival order.
     held: Vec<((WaitKind, String), Wait)>,
-    next_tag: u64,
 }
 
 impl Air {
@@ -89,8 +99,6 @@ impl Air {
     }
 
     fn client_initialize(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
-        self.initialize.insert(id);
         let mut value = match frame.value() {
             Ok(v) => v,
             Err(e) => return cx.unreadable(frame, &e, true),
@@ -142,8 +150,10 @@ impl Air {
             "{described} does not report subagents or background commands (JetBrains AIR); Coda will see no \
              activity. {AIR_BUILD} does"
         );
-        wait::withhold_waits(result);
-        cx.to_client(frame.rewritten(&value))
+        if let Some(id) = frame.id() {
+            cx.note(id, WithholdWaits);
+        }
+        cx.to_client(frame)
     }
 
     fn steering(&mut self, frame: Frame, cx: &mut Cx) {
@@ -191,9 +201,8 @@ impl Air {
         match kind {
             WaitKind::Task => {
                 // codex-acp looks tasks up among root sessions only (reference codex.md §1.5).
-                self.next_tag += 1;
                 let params = json!({"sessionId": self.root_of(&wait.session), "asyncTaskId": wait_id});
-                cx.request("_session/async_task/stop", params, self.next_tag);
+                cx.request("_session/async_task/stop", params, TaskStop);
             }
             WaitKind::Subagent => {
                 cx.to_agent(frame::notification("session/cancel", json!({"sessionId": wait_id})));
@@ -223,7 +232,7 @@ impl Air {
         self.by_wait.insert((wait.session_id.clone(), key.1.clone()), kind);
         self.waits.insert(key.clone(), Opened { session: wait.session_id.clone() });
         match self.held_at(&key) {
-            _ if self.loading.is_empty() => self.report(&wait, cx),
+            _ if !loading(cx) => self.report(&wait, cx),
             Some(at) => self.held[at].1 = wait,
             None => self.held.push((key, wait)),
         }
@@ -345,14 +354,13 @@ fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<Stri
 }
 
 impl Layer for Air {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = TaskStop;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         let method = match frame.kind() {
-            Kind::Request { method, id } => {
-                if method == "session/load" || method == "session/resume" {
-                    self.loading.insert(id.clone());
-                }
-                method.as_str()
-            }
+            Kind::Request { method, .. } => method.as_str(),
             Kind::Notification { method } => method.as_str(),
             _ => return cx.to_agent(frame),
         };
@@ -374,12 +382,12 @@ impl Layer for Air {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
-            Kind::Response { id } => {
-                let id = id.clone();
-                if self.initialize.remove(&id) {
+            Kind::Response { .. } => {
+                let request = cx.answer_to(&frame).map(|r| r.method.clone());
+                if request.as_deref() == Some("initialize") {
                     return self.initialized(frame, cx);
                 }
-                if self.loading.remove(&id) && self.loading.is_empty() {
+                if request.as_deref().is_some_and(loads) && !loading(cx) {
                     self.flush_held(cx);
                 }
                 cx.to_client(frame)
@@ -389,7 +397,7 @@ impl Layer for Air {
         }
     }
 
-    fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
+    fn on_reply(&mut self, _: TaskStop, reply: Frame, _cx: &mut Cx) {
         let value = reply.value().ok();
         match value.as_ref().and_then(|v| v.pointer("/result/stopped")).and_then(Value::as_bool) {
             Some(true) => tracing::debug!("codex-acp is stopping the background command"),

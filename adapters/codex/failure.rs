@@ -5,7 +5,7 @@
 //! limit is a `-32603` error with `data.codexErrorInfo: "usageLimitExceeded"`. Coda gets a JSON-RPC error
 //! with the upstream reason as `message` and, where the protocol allows one, `data._meta.coda.failure`.
 
-use std::collections::HashSet;
+use std::convert::Infallible;
 
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Cx, Layer};
@@ -137,9 +137,9 @@ pub fn translate(id: &Id, reply: &Value, now: Option<&Zoned>) -> Option<Frame> {
     Some(error_for(id, &Verdict::Quota, message, error.get("data").cloned(), now))
 }
 
-/// Watches `session/prompt` answers and rewrites failed ones.
+/// Watches `session/prompt` answers (the stack's request table says which answers those are) and rewrites
+/// failed ones.
 pub struct Failure {
-    prompts: HashSet<Id>,
     /// The zone Codex writes local times in: the machine's, read once at set-up and handed in (Codex runs
     /// as the shim's child, in its environment).
     zone: TimeZone,
@@ -147,23 +147,18 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(zone: TimeZone) -> Failure {
-        Failure { prompts: HashSet::new(), zone }
+        Failure { zone }
     }
 }
 
 impl Layer for Failure {
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Request { id, method } = frame.kind()
-            && method == "session/prompt"
-        {
-            self.prompts.insert(id.clone());
-        }
-        cx.to_agent(frame)
-    }
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Infallible;
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         let Kind::Response { id } = frame.kind() else { return cx.to_client(frame) };
-        if !self.prompts.remove(id) {
+        if !cx.answer_to(&frame).is_some_and(|r| r.is("session/prompt")) {
             return cx.to_client(frame);
         }
         if !frame.contains(b"sessionFailure") && !frame.contains(b"usageLimitExceeded") {

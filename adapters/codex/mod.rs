@@ -14,7 +14,7 @@ use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, run_for_output};
 use crate::coda::identity::{Identity, Policy, Probed};
 use crate::coda::instruction::Instruction;
-use crate::layer::Layer;
+use crate::layer::AnyLayer;
 use jiff::tz::TimeZone;
 
 /// Longest the initialize answer waits for the version probe when it is slower than codex-acp's start.
@@ -85,13 +85,13 @@ fn layers(setup: &mut Setup) {
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
     for layer in below_identity(TimeZone::system()) {
-        setup.add(move |_| layer);
+        setup.push(layer);
     }
 }
 
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
 /// `zone` is the one Codex writes local times in (the machine's: read once, at set-up).
-pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn Layer>> {
+pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
     vec![Box::new(air::Air::new()), Box::new(failure::Failure::new(zone)), Box::new(Instruction::new(&[]))]
 }
 

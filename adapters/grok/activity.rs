@@ -17,6 +17,7 @@
 //!   (rule 5), so the new one's frames are renamed to it both ways.
 
 use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
 
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
@@ -58,10 +59,10 @@ pub struct GrokActivity {
     spawn_calls: HashMap<String, VecDeque<String>>,
     /// Subagent id -> the call whose result named it.
     named_by: HashMap<String, String>,
-    /// `session/load` / `session/resume` in flight: replayed history is not activity.
-    loading: HashMap<Id, String>,
-    next_tag: u64,
 }
+
+/// What the shim's own stop request was (its answer is only logged).
+pub struct Stop;
 
 static SPAWN_SUBAGENT: Needle = crate::needle!(b"spawn_subagent");
 
@@ -85,8 +86,10 @@ impl GrokActivity {
         self.alias.get(grok_session).cloned().unwrap_or_else(|| grok_session.to_owned())
     }
 
-    fn is_loading(&self, session: &str) -> bool {
-        self.loading.values().any(|s| s == session)
+    /// Whether a `session/load` / `session/resume` of `session` is with Grok (the stack's request table says):
+    /// replayed history is not activity.
+    fn is_loading(cx: &Cx, session: &str) -> bool {
+        cx.open_requests().any(|r| (r.is("session/load") || r.is("session/resume")) && r.session() == Some(session))
     }
 
     /// Sends what `wait` changes (the `Waits` layer decides whether the client gets it).
@@ -293,12 +296,11 @@ impl GrokActivity {
             return cx.to_agent(frame);
         };
         if a.open && a.ended.is_none() {
-            self.next_tag += 1;
             match key.0 {
                 Item::Task => {
-                    cx.request("_x.ai/task/kill", json!({"sessionId": a.grok_session, "taskId": key.1}), self.next_tag)
+                    cx.request("_x.ai/task/kill", json!({"sessionId": a.grok_session, "taskId": key.1}), Stop)
                 }
-                Item::Subagent => cx.request("_x.ai/subagent/cancel", json!({"subagentId": key.1}), self.next_tag),
+                Item::Subagent => cx.request("_x.ai/subagent/cancel", json!({"subagentId": key.1}), Stop),
             }
         }
         // Under way (or already over); the `cancelled` report follows from Grok's own messages.
@@ -331,16 +333,17 @@ impl GrokActivity {
 }
 
 impl Layer for GrokActivity {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Stop;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if let Kind::Request { id, method } = frame.kind() {
             match method.as_str() {
                 "session/load" | "session/resume" => {
-                    let v = match frame.value() {
-                        Ok(v) => v,
-                        Err(e) => return cx.unreadable(frame, &e, true),
-                    };
-                    if let Some(sid) = v.pointer("/params/sessionId").and_then(Value::as_str) {
-                        self.loading.insert(id.clone(), sid.to_owned());
+                    // Its session is in the request table; one the shim cannot read is still not passed on.
+                    if let Err(e) = frame.value() {
+                        return cx.unreadable(frame, &e, true);
                     }
                 }
                 wait::STOP_METHOD => {
@@ -358,10 +361,7 @@ impl Layer for GrokActivity {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind().clone() {
-            Kind::Response { id } => {
-                self.loading.remove(&id);
-                cx.to_client(frame)
-            }
+            Kind::Response { .. } => cx.to_client(frame),
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
                 let v = match frame.value() {
                     Ok(v) => v,
@@ -370,7 +370,7 @@ impl Layer for GrokActivity {
                 cx.to_client(frame);
                 let params = v.get("params").unwrap_or(&Value::Null);
                 let Some(session) = str_at(params, "sessionId") else { return };
-                if self.is_loading(session) {
+                if Self::is_loading(cx, session) {
                     return;
                 }
                 if method == "_x.ai/queue/changed" {
@@ -394,7 +394,7 @@ impl Layer for GrokActivity {
                     };
                     if let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-                        && !self.is_loading(sid)
+                        && !Self::is_loading(cx, sid)
                     {
                         self.tool_update(sid, u);
                     }
@@ -406,7 +406,7 @@ impl Layer for GrokActivity {
         }
     }
 
-    fn on_reply(&mut self, _tag: u64, reply: Frame, _cx: &mut Cx) {
+    fn on_reply(&mut self, _: Stop, reply: Frame, _cx: &mut Cx) {
         if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
             tracing::warn!("Grok refused to stop an activity (error {code}; its message is logged at debug)");

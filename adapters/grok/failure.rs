@@ -24,6 +24,7 @@
 //! plain errors. Grok does not say how long it meant to wait, so no `retryAfterMs`.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::failure::{self, Input, Kind};
@@ -98,16 +99,21 @@ struct Turn {
     /// The latest retry report: its reason, attempt and Grok's limit.
     retry: Option<(Reason, u64, u64)>,
     /// Set anew (from the layer's counter) whenever the turn makes progress, so an older timer finds nothing to do.
-    /// A wake-up's token is the generation it checks.
+    /// A wake-up ([`Check`]) names the generation it checks.
     generation: u64,
     /// The shim stopped the run: the answer's message and kind.
     stopped: Option<(String, Option<Kind>)>,
 }
 
+/// The wake-up that checks whether the turn of `session` is still retrying since `generation`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Check {
+    session: String,
+    generation: u64,
+}
+
 pub struct GrokFailure {
     turns: HashMap<String, Turn>,
-    /// Prompt id -> session.
-    prompts: HashMap<Id, String>,
     patience: Duration,
     /// Generations handed out so far (never reused, so a timer of an earlier turn never matches a later one).
     generations: u64,
@@ -116,7 +122,7 @@ pub struct GrokFailure {
 impl GrokFailure {
     /// Stops a turn that has been retrying for `patience` (see [`failure::retry_patience`]).
     pub fn new(patience: Duration) -> GrokFailure {
-        GrokFailure { turns: HashMap::new(), prompts: HashMap::new(), patience, generations: 0 }
+        GrokFailure { turns: HashMap::new(), patience, generations: 0 }
     }
 
     /// A retry was reported, or the turn went on: (re)arms or disarms the check.
@@ -135,14 +141,14 @@ impl GrokFailure {
                 if first {
                     self.generations += 1;
                     turn.generation = self.generations;
-                    cx.after(self.patience, turn.generation);
+                    cx.after(self.patience, Check { session: session.to_owned(), generation: turn.generation });
                 }
             }
             ("retry_state", _) => {}
             // Output of the turn: an attempt went through.
             ("agent_message_chunk" | "agent_thought_chunk" | "tool_call", _) if turn.retry.is_some() => {
                 turn.retry = None;
-                cx.cancel(turn.generation);
+                cx.cancel(&Check { session: session.to_owned(), generation: turn.generation });
                 self.generations += 1;
                 turn.generation = self.generations;
             }
@@ -201,6 +207,10 @@ impl GrokFailure {
 }
 
 impl Layer for GrokFailure {
+    type Timer = Check;
+    type Event = Infallible;
+    type Reply = Infallible;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if let FrameKind::Request { id, method } = frame.kind()
             && method == "session/prompt"
@@ -209,7 +219,6 @@ impl Layer for GrokFailure {
                 .ok()
                 .and_then(|v| v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned))
         {
-            self.prompts.insert(id.clone(), session.clone());
             self.generations += 1;
             let turn = Turn { prompt: id.clone(), retry: None, generation: self.generations, stopped: None };
             self.turns.insert(session, turn);
@@ -220,11 +229,9 @@ impl Layer for GrokFailure {
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
             FrameKind::Response { id } => {
-                if let Some(session) = self.prompts.remove(id) {
-                    let answered = self.turns.get(&session).is_some_and(|t| &t.prompt == id);
-                    if answered {
-                        return cx.to_client(self.answer(&session, frame));
-                    }
+                // The turn of the prompt it answers (in the session as this layer saw it, below the renames).
+                if let Some(session) = self.turns.iter().find(|(_, t)| &t.prompt == id).map(|(s, _)| s.clone()) {
+                    return cx.to_client(self.answer(&session, frame));
                 }
             }
             FrameKind::Notification { method }
@@ -243,11 +250,8 @@ impl Layer for GrokFailure {
         cx.to_client(frame);
     }
 
-    fn on_timer(&mut self, generation: u64, cx: &mut Cx) {
-        let session = self.turns.iter().find(|(_, t)| t.generation == generation).map(|(s, _)| s.clone());
-        if let Some(session) = session {
-            self.check(&session, generation, cx);
-        }
+    fn on_timer(&mut self, check: Check, cx: &mut Cx) {
+        self.check(&check.session, check.generation, cx);
     }
 }
 

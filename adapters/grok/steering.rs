@@ -19,8 +19,13 @@
 //!   and runs it as its own turn: `startedNewTurn`.
 //! - One steering in flight per session: another one before Grok answered gets -32600.
 //! - The echo of a message steered through this layer is not passed on (Coda has the message).
+//!
+//! Which `session/prompt` runs in a session, and which answer answers `initialize` or a prompt, is the stack's
+//! request table's to say ([`Cx::open_requests`], [`Cx::answer_to`]); the interjection's answer comes back to
+//! [`Layer::on_reply`] with the steering request it was sent for ([`Interjection`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::convert::Infallible;
 
 use serde_json::{Map, Value, json};
 
@@ -37,24 +42,24 @@ const ECHOES_KEPT: usize = 8;
 
 /// A steering request sent to Grok and not answered yet.
 struct InFlight {
-    /// Coda's request id.
-    id: Id,
     /// The `session/prompt` it was sent into.
     turn: Id,
     /// Grok's answer to that turn, when it came before Grok's answer to the interjection.
     turn_end: Option<Frame>,
 }
 
+/// What an `_x.ai/interject` of this layer's carries back with Grok's answer: the steering request it is for.
+#[derive(Debug)]
+pub struct Interjection {
+    /// Coda's request id.
+    id: Id,
+    session: String,
+}
+
 #[derive(Default)]
 pub struct GrokSteering {
-    initialize: HashSet<Id>,
-    /// Coda's `session/prompt`s that Grok has not answered: request id -> session.
-    turns: HashMap<Id, String>,
     /// By session.
     in_flight: HashMap<String, InFlight>,
-    /// Our tags of `_x.ai/interject` -> session.
-    tags: HashMap<u64, String>,
-    next_tag: u64,
     /// Texts steered into a session whose echo has not come yet, oldest first.
     echoes: HashMap<String, Vec<String>>,
     /// Texts answered `injected` since the session's latest prompt began (to notice one Grok runs on its own).
@@ -104,8 +109,10 @@ impl GrokSteering {
         GrokSteering::default()
     }
 
-    fn running(&self, session: &str) -> Option<&Id> {
-        self.turns.iter().find(|(_, s)| s.as_str() == session).map(|(id, _)| id)
+    /// Coda's `session/prompt` of `session` that is with Grok and not answered by it (the request table says).
+    fn running(session: &str, cx: &Cx) -> Option<Id> {
+        let prompt = cx.open_requests().find(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session));
+        prompt.map(|r| r.id.clone())
     }
 
     fn steer(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
@@ -117,7 +124,7 @@ impl GrokSteering {
         let Some(session) = params.get("sessionId").and_then(Value::as_str) else {
             return cx.to_client(frame::error_response(&id, -32602, "`sessionId` must be a string", None));
         };
-        let Some(turn) = self.running(session).cloned() else {
+        let Some(turn) = GrokSteering::running(session, cx) else {
             let answer = json!({"outcome": "promptRequired", "reason": "noRunningTurn"});
             return cx.to_client(frame::result_response(&id, answer));
         };
@@ -129,22 +136,19 @@ impl GrokSteering {
             Ok(text) => text,
             Err(why) => return cx.to_client(frame::error_response(&id, -32602, &why, None)),
         };
-        self.next_tag += 1;
-        let tag = self.next_tag;
+        let tag = Interjection { id, session: session.to_owned() };
         cx.request(INTERJECT, json!({"sessionId": session, "text": text}), tag);
-        self.tags.insert(tag, session.to_owned());
         let echoes = self.echoes.entry(session.to_owned()).or_default();
         echoes.push(text);
         if echoes.len() > ECHOES_KEPT {
             echoes.remove(0);
         }
-        self.in_flight.insert(session.to_owned(), InFlight { id, turn, turn_end: None });
+        self.in_flight.insert(session.to_owned(), InFlight { turn, turn_end: None });
     }
 
-    /// Grok's answer to a `session/prompt` of Coda's: held while a steering answer is outstanding.
-    fn turn_ended(&mut self, id: &Id, frame: Frame, cx: &mut Cx) {
-        let Some(session) = self.turns.remove(id) else { return cx.to_client(frame) };
-        match self.in_flight.get_mut(&session) {
+    /// Grok's answer to a `session/prompt` of Coda's in `session`: held while a steering answer is outstanding.
+    fn turn_ended(&mut self, id: &Id, session: &str, frame: Frame, cx: &mut Cx) {
+        match self.in_flight.get_mut(session) {
             Some(steer) if steer.turn == *id => steer.turn_end = Some(frame),
             _ => cx.to_client(frame),
         }
@@ -196,6 +200,10 @@ impl GrokSteering {
 }
 
 impl Layer for GrokSteering {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Interjection;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         let Kind::Request { id, method } = frame.kind() else { return cx.to_agent(frame) };
         match method.as_str() {
@@ -203,19 +211,13 @@ impl Layer for GrokSteering {
                 let id = id.clone();
                 self.steer(id, frame, cx)
             }
-            "initialize" => {
-                self.initialize.insert(id.clone());
-                cx.to_agent(frame)
-            }
             "session/prompt" => {
-                let id = id.clone();
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
-                if let Some(session) = params_of(&v).get("sessionId").and_then(Value::as_str) {
+                // Its session is in the request table; one this layer cannot read is still not passed on.
+                if let Err(e) = frame.value() {
+                    return cx.unreadable(frame, &e, true);
+                }
+                if let Some(session) = cx.request_of(id).and_then(|r| r.session()) {
                     self.injected.remove(session);
-                    self.turns.insert(id, session.to_owned());
                 }
                 cx.to_agent(frame)
             }
@@ -225,11 +227,17 @@ impl Layer for GrokSteering {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
-            Kind::Response { id } if self.initialize.remove(id) => self.initialized(frame, cx),
-            Kind::Response { id } if self.turns.contains_key(id) => {
-                let id = id.clone();
-                self.turn_ended(&id, frame, cx)
-            }
+            Kind::Response { id } => match cx.answer_to(&frame) {
+                Some(r) if r.is("initialize") => self.initialized(frame, cx),
+                Some(r) if r.is("session/prompt") => match r.session().map(str::to_owned) {
+                    Some(session) => {
+                        let id = id.clone();
+                        self.turn_ended(&id, &session, frame, cx)
+                    }
+                    None => cx.to_client(frame),
+                },
+                _ => cx.to_client(frame),
+            },
             Kind::Notification { method } if method == ECHO || method == QUEUE_CHANGED => {
                 let method = method.clone();
                 self.notification(&method, frame, cx)
@@ -238,11 +246,11 @@ impl Layer for GrokSteering {
         }
     }
 
-    fn on_reply(&mut self, tag: u64, reply: Frame, cx: &mut Cx) {
-        let Some(session) = self.tags.remove(&tag) else { return };
-        let Some(steer) = self.in_flight.remove(&session) else { return };
+    fn on_reply(&mut self, tag: Interjection, reply: Frame, cx: &mut Cx) {
+        let Interjection { id, session } = tag;
+        let turn_end = self.in_flight.remove(&session).and_then(|steer| steer.turn_end);
         let answer = match reply.value() {
-            Err(e) => crate::layer::unreadable_answer(&steer.id, &e, "agent"),
+            Err(e) => crate::layer::unreadable_answer(&id, &e, "agent"),
             Ok(v) if v.get("error").is_some() => {
                 let err = &v["error"];
                 let code = err.get("code").and_then(Value::as_i64).unwrap_or(-32603);
@@ -251,12 +259,12 @@ impl Layer for GrokSteering {
                 let message = err.get("message").and_then(Value::as_str).unwrap_or("no message");
                 let message = format!("Grok refused the steering message: {message}");
                 self.echoes.get_mut(&session).map(Vec::pop);
-                frame::error_response(&steer.id, code, &message, None)
+                frame::error_response(&id, code, &message, None)
             }
             Ok(v) => {
                 let result = v.get("result").unwrap_or(&Value::Null);
                 let status = result.pointer("/result/status").or_else(|| result.get("status"));
-                let outcome = match (status.and_then(Value::as_str), steer.turn_end.is_some()) {
+                let outcome = match (status.and_then(Value::as_str), turn_end.is_some()) {
                     (Some("queued"), false) => {
                         let text = self.echoes.get(&session).and_then(|e| e.last()).cloned();
                         self.injected.entry(session.clone()).or_default().extend(text);
@@ -269,11 +277,11 @@ impl Layer for GrokSteering {
                         "failed"
                     }
                 };
-                frame::result_response(&steer.id, json!({"outcome": outcome}))
+                frame::result_response(&id, json!({"outcome": outcome}))
             }
         };
         cx.to_client(answer);
-        if let Some(end) = steer.turn_end {
+        if let Some(end) = turn_end {
             cx.to_client(end);
         }
     }

@@ -7,11 +7,12 @@
 //! turn's end. Its clock is the engine's: [`Cx::now`], [`Cx::wall`] and wake-ups through [`Cx::after`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Event, EventSender, Layer};
+use crate::layer::{Cx, EventSender, Layer};
 use serde_json::{Value, json};
 
 use crate::adapters::kimi::failure::Failures;
@@ -36,6 +37,10 @@ pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
 /// wire before it is settled without it (its progress, if any, would then follow the settlement).
 pub const RUN_END_GRACE: Duration = Duration::from_secs(2);
 
+/// A session's wake-up ([`Cx::after`]): look again at its held answers and unsettled runs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Look(String);
+
 struct Session {
     translator: Translator,
     /// Client prompts held while Kimi is busy with a turn of its own.
@@ -44,8 +49,6 @@ struct Session {
     /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
     /// time each was held, for [`ANSWER_HOLD`].
     answers: Vec<(Frame, Instant)>,
-    /// The token of this session's wake-up ([`Cx::after`]): look again at held answers and unsettled runs.
-    token: u64,
     /// Failed client turns, answered as Coda's failure kinds.
     failures: Failures,
     dir: String,
@@ -54,13 +57,8 @@ struct Session {
 
 pub struct Activity {
     start: Starter,
-    /// session/new|load|resume requests in flight: id -> sessionId asked for (None for new), and when the
-    /// request went by (the time of the recording's snapshot of the session's files).
-    setup: HashMap<Id, (Option<String>, SystemTime)>,
     sessions: HashMap<String, Session>,
-    /// Client prompts sent to Kimi: id -> session.
-    prompts: HashMap<Id, String>,
-    /// Those of them that are slash commands (Kimi runs them without a turn; see [`Failures`]).
+    /// Client prompts that are slash commands (Kimi runs them without a turn; see [`Failures`]).
     commands: HashSet<Id>,
     /// Those of them whose turn has streamed no output yet (in their own session): a failed turn ends that
     /// way in 0.1 s, before the watch has read it, so their answers wait for the turn's end in the wire.
@@ -68,14 +66,12 @@ pub struct Activity {
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     record: Option<FileLog>,
-    /// The token of the next session's wake-ups.
-    next_token: u64,
 }
 
 impl Activity {
     /// The real layer: watches the sessions under Kimi's data root `root` (inotify, FSEvents), with the file
     /// log `record` when one is kept (its records then start with a snapshot of each session's files).
-    pub fn new(events: EventSender, root: Option<PathBuf>, record: Option<FileLog>) -> Activity {
+    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, record: Option<FileLog>) -> Activity {
         let snapshot = record.is_some();
         let start: Starter = Box::new(move |session, cutoff| {
             let dir = watch::locate(root.as_deref(), session)?;
@@ -90,14 +86,11 @@ impl Activity {
     pub fn with_starter(start: Starter) -> Activity {
         Activity {
             start,
-            setup: HashMap::new(),
             sessions: HashMap::new(),
-            prompts: HashMap::new(),
             commands: HashSet::new(),
             quiet: HashSet::new(),
             off: HashSet::new(),
             record: None,
-            next_token: 0,
         }
     }
 
@@ -133,9 +126,10 @@ impl Activity {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
         };
+        let wake = Look(session.to_owned());
         match due {
-            Some(due) => cx.after(due.saturating_duration_since(cx.now()), s.token),
-            None => cx.cancel(s.token),
+            Some(due) => cx.after(due.saturating_duration_since(cx.now()), wake),
+            None => cx.cancel(&wake),
         }
     }
 
@@ -191,12 +185,10 @@ impl Activity {
             }
         }
         let translator = Translator::new(session, dir);
-        self.next_token += 1;
         let s = Session {
             translator,
             held: VecDeque::new(),
             answers: Vec::new(),
-            token: self.next_token,
             failures: Failures::default(),
             dir: dir.to_owned(),
             _handle: handle,
@@ -286,19 +278,18 @@ fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 impl Layer for Activity {
+    type Timer = Look;
+    type Event = Scan;
+    type Reply = Infallible;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind().clone() {
             Kind::Request { id, method } => match method.as_str() {
-                "session/new" => {
-                    self.setup.insert(id, (None, cx.wall()));
-                }
                 "session/load" | "session/resume" => {
-                    let v = match frame.value() {
-                        Ok(v) => v,
-                        Err(e) => return cx.unreadable(frame, &e, true),
-                    };
-                    let sid = param_str(&v, "sessionId").map(str::to_owned);
-                    self.setup.insert(id, (sid, cx.wall()));
+                    // Its session is in the request table; one the shim cannot read is still not passed on.
+                    if let Err(e) = frame.value() {
+                        return cx.unreadable(frame, &e, true);
+                    }
                 }
                 "session/prompt" => {
                     let v = match frame.value() {
@@ -312,9 +303,6 @@ impl Layer for Activity {
                         self.quiet.insert(id.clone());
                     }
                     let sid = param_str(&v, "sessionId").map(str::to_owned);
-                    if let Some(sid) = &sid {
-                        self.prompts.insert(id.clone(), sid.clone());
-                    }
                     if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
                         && (s.translator.main_busy() || !s.held.is_empty())
                     {
@@ -337,7 +325,6 @@ impl Layer for Activity {
                 {
                     for p in std::mem::take(&mut s.held) {
                         if let Some(id) = p.id() {
-                            self.prompts.remove(id);
                             self.commands.remove(id);
                             self.quiet.remove(id);
                             cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
@@ -358,14 +345,22 @@ impl Layer for Activity {
                 // its hold (and so its failure kind). The session is read without parsing the chunk.
                 let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
                 if let Some(sid) = session.as_ref().and_then(|v| sonic_rs::JsonValueTrait::as_str(v)) {
-                    let prompts = &self.prompts;
-                    self.quiet.retain(|id| prompts.get(id).is_none_or(|s| s != sid));
+                    // Which session a quiet prompt is of: the stack's request table says.
+                    self.quiet.retain(|id| cx.request_of(id).and_then(|r| r.session()).is_none_or(|s| s != sid));
                 }
             }
             return cx.to_client(frame);
         };
+        // The request it answers, as the stack recorded it: which session, and when it went by (the time of the
+        // recording's snapshot of a session's files).
+        let request = cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned), r.wall));
         let quiet = self.quiet.remove(id);
-        if let Some(sid) = self.prompts.remove(id)
+        let Some((method, asked, seen)) = request else {
+            self.commands.remove(id);
+            return cx.to_client(frame);
+        };
+        if method == "session/prompt"
+            && let Some(sid) = asked.clone()
             && let Some(s) = self.sessions.get_mut(&sid)
         {
             if s.translator.user_turn_open() || (quiet && pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
@@ -376,7 +371,8 @@ impl Layer for Activity {
             return cx.to_client(answer_of(&mut self.commands, &mut s.failures, frame));
         }
         self.commands.remove(id);
-        if let Some((asked, seen)) = self.setup.remove(id) {
+        if matches!(method.as_str(), "session/new" | "session/load" | "session/resume") {
+            let asked = if method == "session/new" { None } else { asked };
             let v = match frame.value() {
                 Ok(v) => v,
                 Err(e) => return cx.unreadable(frame, &e, false),
@@ -392,17 +388,12 @@ impl Layer for Activity {
         cx.to_client(frame);
     }
 
-    fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        if let Ok(scan) = event.downcast::<Scan>() {
-            self.on_scan(*scan, cx);
-        }
+    fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
+        self.on_scan(scan, cx);
     }
 
-    fn on_timer(&mut self, token: u64, cx: &mut Cx) {
-        let session = self.sessions.iter().find(|(_, s)| s.token == token).map(|(id, _)| id.clone());
-        if let Some(session) = session {
-            self.wake(&session, cx);
-        }
+    fn on_timer(&mut self, Look(session): Look, cx: &mut Cx) {
+        self.wake(&session, cx);
     }
 }
 
@@ -479,7 +470,7 @@ mod tests {
                 *opened.lock().unwrap() = Some(w);
                 Ok((started, None))
             });
-            let activity: Box<dyn Layer> = Box::new(Activity::with_starter(starter));
+            let activity: Box<dyn crate::layer::AnyLayer> = Box::new(Activity::with_starter(starter));
             let layers = match declared {
                 None => vec![activity],
                 Some(_) => vec![Box::new(crate::coda::waits::Waits::new()), activity],

@@ -11,13 +11,14 @@
 //! prompt part whose text Kimi rewrites in ways not reproduced here) goes out as `null`, never as the
 //! instruction.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use crate::coda::instruction;
-use crate::frame::{Frame, Id, Kind};
+use crate::frame::Frame;
 use crate::layer::{Cx, Layer};
 use regex::Regex;
 use serde_json::Value;
@@ -188,8 +189,6 @@ pub struct Title {
     /// Sessions whose instruction-carrying prompt was seen (here or in Kimi's files): the title Kimi makes
     /// from the user's own part of it, `None` when it makes none or it is not known.
     titles: HashMap<String, Option<String>>,
-    /// `session/list` requests in flight.
-    lists: HashSet<Id>,
     first_prompt: FirstPrompt,
 }
 
@@ -207,7 +206,7 @@ fn title_after_block(blocks: &[Value]) -> Option<String> {
 
 impl Title {
     pub fn new(first_prompt: FirstPrompt) -> Title {
-        Title { titles: HashMap::new(), lists: HashSet::new(), first_prompt }
+        Title { titles: HashMap::new(), first_prompt }
     }
 
     fn replacement(&mut self, session: Option<&str>) -> Value {
@@ -277,23 +276,19 @@ impl Title {
 }
 
 impl Layer for Title {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Infallible;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Request { id, method } = frame.kind() {
-            match method.as_str() {
-                "session/prompt" => self.prompt(&frame),
-                "session/list" => {
-                    self.lists.insert(id.clone());
-                }
-                _ => {}
-            }
+        if frame.is_request("session/prompt") {
+            self.prompt(&frame);
         }
         cx.to_agent(frame)
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Response { id } = frame.kind()
-            && self.lists.remove(id)
-        {
+        if cx.answer_to(&frame).is_some_and(|r| r.is("session/list")) {
             return self.list(frame, cx);
         }
         if frame.session_update() == Some("session_info_update") {

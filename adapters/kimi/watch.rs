@@ -527,7 +527,7 @@ pub fn start(
     session: &str,
     dir: &Path,
     cutoff: SystemTime,
-    events: EventSender,
+    events: EventSender<Scan>,
     snapshot: bool,
 ) -> Result<(Started, Handle), WatchError> {
     let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;

@@ -26,11 +26,12 @@
 //! (`Cx::after`); the server events handled are logged through a [`Record`] the set-up owns.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Event, Layer};
+use crate::frame::{self, Frame, Kind};
+use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
 use crate::adapters::opencode::failure::{ANSWER_HOLD, Failures, Upstream};
@@ -42,33 +43,15 @@ pub const QUIET: Duration = Duration::from_secs(10);
 /// After OpenCode's server says the parent is idle: its last frames may still be on their way over ACP.
 pub const IDLE_GRACE: Duration = Duration::from_millis(300);
 
-/// Wake-ups the layer asks for (its timer tokens), with the count of parent frames seen at the time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tick {
+/// Wake-ups the layer asks for, with the count of parent frames seen at the time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tick {
     /// [`QUIET`] passed: settle the handled waits if nothing came since.
     Quiet(u64),
     /// [`IDLE_GRACE`] after OpenCode said a handled parent is idle.
     Idle(u64),
     /// [`ANSWER_HOLD`] after an error answer to a prompt was held for OpenCode's `session.error`.
     Failure(u64),
-}
-
-impl Tick {
-    fn token(self) -> u64 {
-        match self {
-            Tick::Quiet(n) => n << 2,
-            Tick::Idle(n) => (n << 2) | 1,
-            Tick::Failure(tag) => (tag << 2) | 2,
-        }
-    }
-
-    fn of(token: u64) -> Tick {
-        match token & 3 {
-            0 => Tick::Quiet(token >> 2),
-            1 => Tick::Idle(token >> 2),
-            _ => Tick::Failure(token >> 2),
-        }
-    }
 }
 
 /// Starts reading OpenCode's server (a thread of the set-up's).
@@ -156,13 +139,10 @@ impl<K: std::hash::Hash + Eq + Clone> Recent<K> {
     }
 }
 
-/// Which sessions run what: Coda's turns, and OpenCode's own as its server reports them.
+/// Which sessions run what: Coda's turns (the stack's request table's prompts), and OpenCode's own as its
+/// server reports them.
 #[derive(Default)]
 struct Runs {
-    /// Client prompts in flight -> session.
-    prompts: HashMap<Id, String>,
-    /// `session/load` in flight -> session: its replayed history is not activity.
-    loading: HashMap<Id, String>,
     /// OpenCode's server: whether a session is running.
     busy: HashMap<String, bool>,
     /// Runs OpenCode's server saw start on a session outside Coda's turns (its own turns) since the last
@@ -173,11 +153,12 @@ struct Runs {
     coda_run: HashMap<String, bool>,
 }
 
-impl Runs {
-    fn in_turn(&self, session: &str) -> bool {
-        self.prompts.values().any(|s| s == session)
-    }
+/// Whether a client request `method` of `session` is with OpenCode (the stack's request table says).
+fn asked(cx: &Cx, method: &str, session: &str) -> bool {
+    cx.open_requests().any(|r| r.is(method) && r.session() == Some(session))
+}
 
+impl Runs {
     /// OpenCode's server says `session` ran a turn of its own and is idle now.
     fn own_turn_over(&self, session: &str) -> bool {
         self.busy.get(session) == Some(&false) && self.own_runs.get(session).is_some_and(|n| *n > 0)
@@ -198,7 +179,6 @@ struct Handling {
 /// Starts reading OpenCode's server once `initialize` is answered (its server is up by then; a connection
 /// made while it starts may hang).
 struct Reader {
-    initialize: Option<Id>,
     start: Option<StartReader>,
 }
 
@@ -227,7 +207,7 @@ impl OpenCodeActivity {
     /// events handled; `retry_patience` is how long OpenCode may retry a turn (`failure.rs`).
     pub fn new(start_reader: Option<StartReader>, record: Record, retry_patience: Duration) -> OpenCodeActivity {
         OpenCodeActivity {
-            reader: Reader { initialize: None, start: start_reader },
+            reader: Reader { start: start_reader },
             record,
             register: Register::new(),
             failures: Failures::new(retry_patience),
@@ -378,7 +358,7 @@ impl OpenCodeActivity {
         let h = &mut self.handling;
         if self.runs.own_turn_over(session) && h.by_session.contains_key(session) && !h.idle_pending {
             h.idle_pending = true;
-            cx.after(IDLE_GRACE, Tick::Idle(h.seen).token());
+            cx.after(IDLE_GRACE, Tick::Idle(h.seen));
         }
     }
 
@@ -401,7 +381,7 @@ impl OpenCodeActivity {
         h.seen += 1;
         if !h.quiet_pending {
             h.quiet_pending = true;
-            cx.after(QUIET, Tick::Quiet(h.seen).token());
+            cx.after(QUIET, Tick::Quiet(h.seen));
         }
         if started {
             // The server may have said the turn is over before its first frame arrived (seen live).
@@ -436,7 +416,7 @@ impl OpenCodeActivity {
         }
         if !self.handling.by_session.is_empty() {
             self.handling.quiet_pending = true;
-            cx.after(QUIET, Tick::Quiet(self.handling.seen).token());
+            cx.after(QUIET, Tick::Quiet(self.handling.seen));
         }
     }
 
@@ -450,34 +430,21 @@ impl OpenCodeActivity {
         if n != self.handling.seen {
             // Frames came after the idle: give them their grace again.
             self.handling.idle_pending = true;
-            return cx.after(IDLE_GRACE, Tick::Idle(self.handling.seen).token());
+            return cx.after(IDLE_GRACE, Tick::Idle(self.handling.seen));
         }
         for s in idle {
             self.settle(&s, cx);
         }
     }
 
-    /// A client request this layer acts on (already read).
-    fn client_request(&mut self, id: Id, method: &str, v: Option<&Value>, cx: &mut Cx) {
-        let param = |k: &str| v.and_then(|v| v.get("params")).and_then(|p| str_at(p, k)).map(str::to_owned);
-        match method {
-            "initialize" => self.reader.initialize = Some(id),
-            "session/load" => {
-                if let Some(sid) = param("sessionId") {
-                    self.runs.loading.insert(id, sid);
-                }
-            }
-            "session/prompt" => {
-                if let Some(sid) = param("sessionId") {
-                    // A Coda turn starts: OpenCode folds whatever it was doing on its own into it.
-                    self.settle(&sid, cx);
-                    self.runs.coda_run.insert(sid.clone(), false);
-                    self.failures.prompt(&id, &sid);
-                    self.runs.prompts.insert(id, sid);
-                }
-            }
-            _ => {}
-        }
+    /// A client prompt (the stack's request table has its session).
+    fn client_prompt(&mut self, frame: &Frame, cx: &mut Cx) {
+        let request = frame.id().and_then(|id| cx.request_of(id));
+        let Some((id, sid)) = request.and_then(|r| Some((r.id.clone(), r.session()?.to_owned()))) else { return };
+        // A Coda turn starts: OpenCode folds whatever it was doing on its own into it.
+        self.settle(&sid, cx);
+        self.runs.coda_run.insert(sid.clone(), false);
+        self.failures.prompt(&id, &sid);
     }
 
     /// A `session/update` (already read): `task` calls, and output of OpenCode's own turns.
@@ -487,29 +454,36 @@ impl OpenCodeActivity {
         else {
             return;
         };
-        if self.tasks.followed.contains(sid) || self.runs.loading.values().any(|s| s == sid) {
+        if self.tasks.followed.contains(sid) || asked(cx, "session/load", sid) {
             return;
         }
         let kind = u.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
         if matches!(kind, "tool_call" | "tool_call_update") {
             self.task_update(sid, u, cx);
         }
-        if is_turn_output(kind) && !self.runs.in_turn(sid) {
+        if is_turn_output(kind) && !asked(cx, "session/prompt", sid) {
             self.own_turn_output(sid, cx);
         }
     }
 }
 
 impl Layer for OpenCodeActivity {
+    type Timer = Tick;
+    type Event = FromServer;
+    type Reply = Infallible;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind().clone() {
-            Kind::Request { id, method } => {
-                let reads = matches!(method.as_str(), "session/load" | "session/prompt");
-                let v = match reads.then(|| frame.value()).transpose() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
-                self.client_request(id, &method, v.as_ref(), cx);
+            Kind::Request { method, .. } => {
+                // What it needs of them is in the request table; one it cannot read is still not passed on.
+                if matches!(method.as_str(), "session/load" | "session/prompt")
+                    && let Err(e) = frame.value()
+                {
+                    return cx.unreadable(frame, &e, true);
+                }
+                if method == "session/prompt" {
+                    self.client_prompt(&frame, cx);
+                }
             }
             Kind::Notification { method } if method == "session/cancel" => {
                 let v = match frame.value() {
@@ -528,17 +502,16 @@ impl Layer for OpenCodeActivity {
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         // Borrowed: most frames are streamed updates, which need nothing of the kind kept.
         match frame.kind() {
-            Kind::Response { id } => {
-                let id = id.clone();
-                if let Some(sid) = self.runs.prompts.remove(&id)
-                    && self.runs.coda_run.get(&sid) == Some(&false)
+            Kind::Response { .. } => {
+                let request = cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned)));
+                if let Some((method, Some(sid))) = &request
+                    && method == "session/prompt"
+                    && self.runs.coda_run.get(sid) == Some(&false)
                 {
                     // A turn that never ran (a swallowed command): nothing of Coda's is left to end.
-                    self.runs.coda_run.remove(&sid);
+                    self.runs.coda_run.remove(sid);
                 }
-                self.runs.loading.remove(&id);
-                if self.reader.initialize.as_ref() == Some(&id) {
-                    self.reader.initialize = None;
+                if request.is_some_and(|(method, _)| method == "initialize") {
                     if let Some(start) = self.reader.start.take() {
                         start();
                     }
@@ -546,7 +519,7 @@ impl Layer for OpenCodeActivity {
                 }
                 match self.failures.answer(frame) {
                     Ok(frame) => cx.to_client(frame),
-                    Err(tag) => cx.after(ANSWER_HOLD, Tick::Failure(tag).token()),
+                    Err(tag) => cx.after(ANSWER_HOLD, Tick::Failure(tag)),
                 }
             }
             Kind::Notification { method } if method == "session/update" => {
@@ -567,16 +540,15 @@ impl Layer for OpenCodeActivity {
         }
     }
 
-    fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        match event.downcast::<FromServer>().map(|b| *b) {
-            Ok(FromServer::Event(e)) => self.server_event(e, cx),
-            Ok(FromServer::Lost) => self.runs.busy.clear(),
-            Err(_) => {}
+    fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
+        match event {
+            FromServer::Event(e) => self.server_event(e, cx),
+            FromServer::Lost => self.runs.busy.clear(),
         }
     }
 
-    fn on_timer(&mut self, token: u64, cx: &mut Cx) {
-        match Tick::of(token) {
+    fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
+        match tick {
             Tick::Failure(tag) => {
                 if let Some(answer) = self.failures.hold_over(tag) {
                     cx.to_client(answer);
@@ -904,7 +876,7 @@ mod tests {
         a.from_agent(frame(task_done(&last, false)), &mut cx);
         assert!(a.tasks.by_call.is_empty());
         let mut cx = Cx::default();
-        a.on_event(Box::new(FromServer::Event(task_child(&last))), &mut cx);
+        a.on_event(FromServer::Event(task_child(&last)), &mut cx);
         assert!(a.tasks.early.is_empty(), "a closed call's child is not kept for a call still to come");
     }
 

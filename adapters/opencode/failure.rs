@@ -71,19 +71,17 @@ struct Turn {
 /// Failed turns of every session.
 pub struct Failures {
     turns: HashMap<String, Turn>,
-    prompts: HashMap<Id, String>,
     patience: Duration,
     next_tag: u64,
 }
 
 impl Failures {
     pub fn new(patience: Duration) -> Failures {
-        Failures { turns: HashMap::new(), prompts: HashMap::new(), patience, next_tag: 0 }
+        Failures { turns: HashMap::new(), patience, next_tag: 0 }
     }
 
     /// Coda sent prompt `id` of `session`.
     pub fn prompt(&mut self, id: &Id, session: &str) {
-        self.prompts.insert(id.clone(), session.to_owned());
         self.turns.insert(session.to_owned(), Turn { prompt: Some(id.clone()), ..Turn::default() });
     }
 
@@ -123,7 +121,9 @@ impl Failures {
     /// OpenCode's answer to a prompt (`Ok`: pass it on), or `Err(tag)`: held until `session.error` or
     /// [`Failures::hold_over`] with that tag.
     pub fn answer(&mut self, reply: Frame) -> Result<Frame, u64> {
-        let Some(session) = reply.id().and_then(|id| self.prompts.remove(id)) else { return Ok(reply) };
+        // The session whose turn the prompt it answers started.
+        let session = reply.id().and_then(|id| self.turns.iter().find(|(_, t)| t.prompt.as_ref() == Some(id)));
+        let Some(session) = session.map(|(s, _)| s.clone()) else { return Ok(reply) };
         let Some(turn) = self.turns.get_mut(&session) else { return Ok(reply) };
         let is_api_error =
             reply.value().is_ok_and(|v| v.pointer("/error/data/errorName").and_then(Value::as_str) == Some("APIError"));

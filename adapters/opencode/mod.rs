@@ -137,7 +137,10 @@ fn layers(setup: &mut Setup) {
 
 /// Hands each server event to the layer that acts on it: permission requests to the bridge, the rest to the
 /// activity layer. One queue: the layers handle them in the order they were read.
-fn route(activity: EventSender, bridge: EventSender) -> impl Fn(FromServer) -> bool + Send + 'static {
+fn route(
+    activity: EventSender<FromServer>,
+    bridge: EventSender<FromServer>,
+) -> impl Fn(FromServer) -> bool + Send + 'static {
     move |e| if for_bridge(&e) { bridge.send(e) } else { activity.send(e) }
 }
 

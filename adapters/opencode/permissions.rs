@@ -21,7 +21,7 @@ use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::coda::wait;
 use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Event, Layer};
+use crate::layer::{Cx, Layer};
 
 /// How long a child's permission request may stay unforwarded after the child was resumed before the shim
 /// asks Coda itself (OpenCode forwards one raised after the resume within milliseconds).
@@ -33,27 +33,18 @@ pub const ASK_ID: &str = "coda-opencode-ask-";
 /// Answers a permission request on OpenCode's server: (directory, request id, `once`|`always`|`reject`).
 pub type Replier = Box<dyn FnMut(&str, &str, &str) + Send>;
 
-/// Wake-ups this layer asks for (its timer tokens).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tick {
+/// Wake-ups this layer asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tick {
     /// [`ASK_GRACE`] after a child's permission requests became due (the count of such moments).
     Asks(u64),
     /// The resume delay of a test ran out: send the held `session/resume` with this tag.
     Resume(u64),
 }
 
-impl Tick {
-    fn token(self) -> u64 {
-        match self {
-            Tick::Asks(n) => n << 1,
-            Tick::Resume(tag) => (tag << 1) | 1,
-        }
-    }
-
-    fn of(token: u64) -> Tick {
-        if token & 1 == 0 { Tick::Asks(token >> 1) } else { Tick::Resume(token >> 1) }
-    }
-}
+/// The tag of the shim's own `session/resume` of a child, handed back with its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume(u64);
 
 /// A child's permission request seen on OpenCode's server.
 #[derive(Debug)]
@@ -73,8 +64,8 @@ struct Ask {
 /// Sessions' folders, and the children the layer resumes.
 #[derive(Default)]
 struct Children {
-    /// session/new|load|resume in flight -> (session asked for, cwd).
-    setup: HashMap<Id, (Option<String>, String)>,
+    /// session/new|load|resume in flight -> its cwd (the session asked for is the request table's).
+    setup: HashMap<Id, String>,
     /// Session -> its cwd (a child is resumed in its parent's).
     cwd: HashMap<String, String>,
     /// Children named by an activity report.
@@ -187,13 +178,13 @@ impl Permissions {
             self.send_resume(tag, &cwd, cx);
         } else {
             c.delayed.insert(tag, cwd);
-            cx.after(self.resume_delay, Tick::Resume(tag).token());
+            cx.after(self.resume_delay, Tick::Resume(tag));
         }
     }
 
     fn send_resume(&mut self, tag: u64, cwd: &str, cx: &mut Cx) {
         let Some(child) = self.children.resuming.get(&tag) else { return };
-        cx.request("session/resume", json!({"sessionId": child, "cwd": cwd, "mcpServers": []}), tag);
+        cx.request("session/resume", json!({"sessionId": child, "cwd": cwd, "mcpServers": []}), Resume(tag));
     }
 
     fn is_child(&self, session: &str) -> bool {
@@ -214,7 +205,7 @@ impl Permissions {
         }
         if any {
             a.next_tick += 1;
-            cx.after(ASK_GRACE, Tick::Asks(a.next_tick).token());
+            cx.after(ASK_GRACE, Tick::Asks(a.next_tick));
         }
     }
 
@@ -326,6 +317,10 @@ impl Permissions {
 }
 
 impl Layer for Permissions {
+    type Timer = Tick;
+    type Event = FromServer;
+    type Reply = Resume;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
             Kind::Request { id, method }
@@ -338,7 +333,7 @@ impl Layer for Permissions {
                 };
                 let param = |k: &str| v.get("params").and_then(|p| str_at(p, k)).map(str::to_owned);
                 if let Some(cwd) = param("cwd") {
-                    self.children.setup.insert(id, (param("sessionId"), cwd));
+                    self.children.setup.insert(id, cwd);
                 }
             }
             Kind::Response { id } => {
@@ -359,7 +354,8 @@ impl Layer for Permissions {
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
             Kind::Response { id } => {
-                if let Some((asked, cwd)) = self.children.setup.remove(id) {
+                if let Some(cwd) = self.children.setup.remove(id) {
+                    let asked = cx.answer_to(&frame).and_then(|r| r.session()).map(str::to_owned);
                     let sid = match frame.value() {
                         Ok(v) => v.pointer("/result/sessionId").cloned(),
                         Err(e) => return cx.unreadable(frame, &e, false),
@@ -386,7 +382,7 @@ impl Layer for Permissions {
         }
     }
 
-    fn on_reply(&mut self, tag: u64, reply: Frame, cx: &mut Cx) {
+    fn on_reply(&mut self, Resume(tag): Resume, reply: Frame, cx: &mut Cx) {
         let Some(child) = self.children.resuming.remove(&tag) else { return };
         if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
@@ -399,14 +395,14 @@ impl Layer for Permissions {
         self.asks_due(&child, cx);
     }
 
-    fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        if let Ok(FromServer::Event(e)) = event.downcast::<FromServer>().map(|b| *b) {
+    fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
+        if let FromServer::Event(e) = event {
             self.server_event(e, cx);
         }
     }
 
-    fn on_timer(&mut self, token: u64, cx: &mut Cx) {
-        match Tick::of(token) {
+    fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
+        match tick {
             Tick::Asks(n) => self.ask_overdue(n, cx),
             Tick::Resume(tag) => {
                 if let Some(cwd) = self.children.delayed.remove(&tag) {
@@ -542,12 +538,5 @@ mod tests {
         rig.server(asked("per_1", "call_28"));
         assert_eq!(rig.wake_in(), Some(ASK_GRACE));
         assert_eq!(rig.advance(ASK_GRACE).0[0]["method"], "session/request_permission");
-    }
-
-    #[test]
-    fn timer_tokens_keep_their_kind_and_count() {
-        for t in [Tick::Asks(0), Tick::Asks(7), Tick::Resume(1), Tick::Resume(1 << 40)] {
-            assert_eq!(Tick::of(t.token()), t);
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! Test rig for the OpenCode layers: the stack the binary runs, in the engine's harness (a clock driven by hand).
 //!
 //! The engine's waits layer, the permission bridge and the activity layer (the session instruction is left
-//! out: it is tested on its own).
+//! out: it is tested on its own), with OpenCode's server events handed to them by the set-up's own routing.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +27,8 @@ pub type Out = (Vec<Value>, Vec<Value>);
 pub struct Rig {
     h: Harness,
     pub replies: Replies,
+    /// The set-up's routing of server events to the layers' senders.
+    route: Box<dyn Fn(FromServer) -> bool>,
 }
 
 impl Rig {
@@ -39,7 +41,21 @@ impl Rig {
         });
         let bridge = Permissions::new(replier, record.clone(), resume_delay);
         let activity = OpenCodeActivity::new(None, record, Duration::from_secs(60));
-        Rig { h: Harness::new(vec![Box::new(Waits::new()), Box::new(bridge), Box::new(activity)]), replies }
+        let mut route = None;
+        let h = Harness::build(|layers| {
+            layers.push(Box::new(Waits::new()));
+            let mut bridge_events = None;
+            layers.add(|events| {
+                bridge_events = Some(events);
+                Box::new(bridge)
+            });
+            layers.add(|events| {
+                route = bridge_events.map(|bridge| crate::adapters::opencode::route(events, bridge));
+                Box::new(activity)
+            });
+        });
+        let route = Box::new(route.expect("both layers have senders"));
+        Rig { h, replies, route }
     }
 
     /// Initialized, with a session P in /w.
@@ -95,9 +111,8 @@ impl Rig {
 
     /// An event of OpenCode's server, handed to the layer the set-up routes it to.
     pub fn server(&mut self, e: ServerEvent) -> Out {
-        let e = FromServer::Event(e);
-        let layer = if crate::adapters::opencode::for_bridge(&e) { 1 } else { 2 };
-        self.h.event(layer, e);
+        assert!((self.route)(FromServer::Event(e)));
+        self.h.deliver();
         self.out()
     }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::child::{self, AgentCommand};
 use crate::cli::program::{FindError, Found, find_program};
-use crate::layer::{EventSender, Layer, Stack};
+use crate::layer::{AnyLayer, EventSender, Layer, Layers, Stack};
 
 pub struct Adapter {
     /// Short name: `codex`, `kimi`, `grok`, `opencode`. The binary is `coda-<agent>`.
@@ -106,15 +106,11 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
         .chain(crate::cli::locate::child_path_var(&found.command.program))
         .collect();
     let agent = child::spawn(&found.command, &env)?;
-    let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-    let mut setup = Setup {
-        command: &found.command,
-        version: found.version.clone(),
-        layers: vec![Box::new(crate::coda::waits::Waits::new())],
-        events: tx,
-    };
+    let (mut layers, events) = Layers::new();
+    layers.push(Box::new(crate::coda::waits::Waits::new()));
+    let mut setup = Setup { command: &found.command, version: found.version.clone(), layers };
     (adapter.layers)(&mut setup);
-    Ok(Started { agent, stack: Stack::new(setup.layers), events })
+    Ok(Started { agent, stack: setup.layers.stack(), events })
 }
 
 /// Handed to [`Adapter::layers`].
@@ -122,15 +118,18 @@ pub struct Setup<'a> {
     pub command: &'a AgentCommand,
     /// The wrapped CLI's version, when it was learnt while finding the command.
     pub version: Option<String>,
-    layers: Vec<Box<dyn Layer>>,
-    events: tokio::sync::mpsc::UnboundedSender<(usize, crate::layer::Event)>,
+    layers: Layers,
 }
 
 impl Setup<'_> {
-    /// Adds a layer below the ones added so far; it gets a sender for its own events.
-    pub fn add(&mut self, make: impl FnOnce(EventSender) -> Box<dyn Layer>) {
-        let sender = EventSender::new(self.layers.len(), self.events.clone());
-        self.layers.push(make(sender));
+    /// Adds a layer below the ones added so far; it gets a sender of its own event type.
+    pub fn add<L: Layer>(&mut self, make: impl FnOnce(EventSender<L::Event>) -> Box<L>) {
+        self.layers.add(make);
+    }
+
+    /// Adds a layer that takes no events below the ones added so far.
+    pub fn push(&mut self, layer: Box<dyn AnyLayer>) {
+        self.layers.push(layer);
     }
 }
 

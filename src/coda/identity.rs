@@ -4,13 +4,13 @@
 //! hands its result in as a [`Probed`] event; an initialize answer that comes first is held, with every
 //! agent frame after it (in order), until the probe answers or its deadline passes.
 
-use std::collections::HashSet;
+use std::convert::Infallible;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::frame::{Frame, Id, Kind};
-use crate::layer::{Cx, Event, Layer};
+use crate::frame::Frame;
+use crate::layer::{Cx, Layer};
 
 /// Which agentInfo the client sees.
 pub enum Policy {
@@ -27,7 +27,8 @@ pub enum Policy {
 pub struct Probed(pub Option<String>);
 
 /// The wake-up that gives up on the probe.
-const GIVE_UP: u64 = 1;
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GiveUp;
 
 pub struct Identity {
     name: &'static str,
@@ -36,7 +37,6 @@ pub struct Identity {
     /// Until this time an initialize answer waits for a probe that has not answered; `None` once it answered
     /// or was given up on.
     waiting_until: Option<Instant>,
-    initialize: HashSet<Id>,
     /// Agent frames from the initialize answer on, while it waits for the probe.
     held: Option<Vec<Frame>>,
 }
@@ -44,7 +44,7 @@ pub struct Identity {
 impl Identity {
     /// With the version already probed (or known to be unknown).
     pub fn new(name: &'static str, policy: Policy, probed: Option<String>) -> Identity {
-        Identity { name, policy, probed, waiting_until: None, initialize: HashSet::new(), held: None }
+        Identity { name, policy, probed, waiting_until: None, held: None }
     }
 
     /// With the version still being probed: its [`Probed`] event comes later, and an initialize answer waits
@@ -56,7 +56,7 @@ impl Identity {
     /// Lets the held frames go on, the initialize answer first.
     fn release(&mut self, cx: &mut Cx) {
         self.waiting_until = None;
-        cx.cancel(GIVE_UP);
+        cx.cancel(&GiveUp);
         let mut held = self.held.take().unwrap_or_default().into_iter();
         if let Some(answer) = held.next() {
             self.answered(answer, cx);
@@ -102,30 +102,22 @@ impl Identity {
 }
 
 impl Layer for Identity {
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Request { id, method } = frame.kind()
-            && method == "initialize"
-        {
-            self.initialize.insert(id.clone());
-        }
-        cx.to_agent(frame)
-    }
+    type Timer = GiveUp;
+    type Event = Probed;
+    type Reply = Infallible;
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         if let Some(held) = &mut self.held {
             return held.push(frame);
         }
-        let Kind::Response { id } = frame.kind() else {
-            return cx.to_client(frame);
-        };
-        if !self.initialize.remove(id) {
+        if !cx.answer_to(&frame).is_some_and(|r| r.is("initialize")) {
             return cx.to_client(frame);
         }
         if let Some(until) = self.waiting_until {
             let left = until.saturating_duration_since(cx.now());
             if !left.is_zero() {
                 self.held = Some(vec![frame]);
-                return cx.after(left, GIVE_UP);
+                return cx.after(left, GiveUp);
             }
             tracing::warn!("the version probe of {} is still running; answering initialize without it", self.name);
             self.waiting_until = None;
@@ -133,8 +125,7 @@ impl Layer for Identity {
         self.answered(frame, cx)
     }
 
-    fn on_event(&mut self, event: Event, cx: &mut Cx) {
-        let Ok(probed) = event.downcast::<Probed>() else { return };
+    fn on_event(&mut self, probed: Probed, cx: &mut Cx) {
         if self.waiting_until.is_none() && self.held.is_none() {
             // Given up on already: the answer went out without it.
             tracing::debug!("the version probe of {} answered after its deadline", self.name);
@@ -143,10 +134,7 @@ impl Layer for Identity {
         self.release(cx);
     }
 
-    fn on_timer(&mut self, token: u64, cx: &mut Cx) {
-        if token != GIVE_UP {
-            return;
-        }
+    fn on_timer(&mut self, _: GiveUp, cx: &mut Cx) {
         if self.held.is_some() {
             tracing::warn!("the version probe of {} is still running; answering initialize without it", self.name);
         }

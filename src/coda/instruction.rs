@@ -4,6 +4,7 @@
 //! untouched.
 
 use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
 
 use serde_json::{Value, json};
 
@@ -111,11 +112,10 @@ pub struct Instruction {
     audience: Option<&'static [&'static str]>,
     /// The child accepts `systemPrompt` itself.
     native: bool,
-    initialize: HashSet<Id>,
     /// `session/new` requests carrying an instruction, by id.
     creating: HashMap<Id, String>,
-    /// Prompts that carry the instruction: id -> session.
-    carrying: HashMap<Id, String>,
+    /// Prompts that carry the instruction (their session is the stack's request table's).
+    carrying: HashSet<Id>,
     sessions: HashMap<String, Session>,
     /// Commands named in the initialize answer (`_meta.availableCommands`, where an agent sends them), for every session.
     initial_commands: HashSet<String>,
@@ -127,9 +127,8 @@ impl Instruction {
             builtins,
             audience: None,
             native: false,
-            initialize: HashSet::new(),
             creating: HashMap::new(),
-            carrying: HashMap::new(),
+            carrying: HashSet::new(),
             sessions: HashMap::new(),
             initial_commands: HashSet::new(),
         }
@@ -226,7 +225,7 @@ impl Instruction {
         if let Some(s) = self.sessions.get_mut(&sid) {
             s.in_flight = true;
         }
-        self.carrying.insert(id, sid);
+        self.carrying.insert(id);
         cx.to_agent(frame.rewritten(&value));
     }
 
@@ -321,15 +320,15 @@ fn strip_value(v: &mut Value) -> bool {
 }
 
 impl Layer for Instruction {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Infallible;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Request { id, method } = frame.kind() else {
+        let Kind::Request { method, .. } = frame.kind() else {
             return cx.to_agent(frame);
         };
         match method.as_str() {
-            "initialize" => {
-                self.initialize.insert(id.clone());
-                cx.to_agent(frame)
-            }
             _ if self.native => cx.to_agent(frame),
             "session/new" | "session/load" | "session/resume" | "session/fork" => self.session_setup(frame, cx),
             "session/prompt" if self.sessions.values().any(|s| s.pending.is_some()) => self.prompt(frame, cx),
@@ -341,11 +340,15 @@ impl Layer for Instruction {
         match frame.kind() {
             Kind::Response { id } => {
                 let id = id.clone();
-                if self.initialize.remove(&id) {
+                let request = cx.answer_to(&frame);
+                if request.is_some_and(|r| r.is("initialize")) {
                     return self.initialized(frame, cx);
                 }
                 let creating = self.creating.remove(&id);
-                let carrying = self.carrying.remove(&id);
+                let carrying = match self.carrying.remove(&id) {
+                    true => request.and_then(|r| r.session()).map(str::to_owned),
+                    false => None,
+                };
                 if creating.is_some() || carrying.is_some() {
                     let value = match frame.value() {
                         Ok(value) => value,

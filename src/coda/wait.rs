@@ -127,22 +127,10 @@ pub fn declare_waits(result: &mut Value) {
     }
 }
 
-/// The mark a layer below [`crate::coda::waits::Waits`] leaves in an `initialize` result when its CLI
-/// reports nothing, so that waits are not declared; `Waits` removes it.
-const WITHHELD: &str = "_codaShimWithholdsWaits";
-
-/// Asks [`crate::coda::waits::Waits`] not to declare waits in this `initialize` result (the adapter found
-/// that its CLI reports no activity). Does nothing to a result that is not an object.
-pub fn withhold_waits(result: &mut Value) {
-    if let Some(result) = result.as_object_mut() {
-        result.insert(WITHHELD.into(), Value::Bool(true));
-    }
-}
-
-/// Removes the mark of [`withhold_waits`] from an `initialize` result; whether it was there.
-pub fn take_withheld(result: &mut Value) -> bool {
-    result.as_object_mut().and_then(|r| r.remove(WITHHELD)).is_some()
-}
+/// The note ([`crate::layer::Cx::note`]) a layer below [`crate::coda::waits::Waits`] leaves on the client's
+/// `initialize` request when its CLI reports no activity, so that `Waits` does not declare waits in the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WithholdWaits;
 
 #[derive(Default)]
 struct Known {

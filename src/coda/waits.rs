@@ -5,9 +5,10 @@
 //! in its answer. The engine puts [`Waits`] nearest the client in every stack, so the adapters' layers report
 //! their waits unconditionally and this layer alone decides what the client gets:
 //!
-//! - the client's `initialize`: remembers its id (any JSON type) and whether the client declared waits;
-//! - the agent's answer to it: declares waits, unless a layer below withheld the declaration
-//!   ([`crate::coda::wait::withhold_waits`]: the adapter found its CLI reports nothing);
+//! - the client's `initialize`: remembers whether the client declared waits;
+//! - the agent's answer to it (the stack's request table says which answer that is, whatever the id's JSON
+//!   type): declares waits, unless a layer below left the note [`crate::coda::wait::WithholdWaits`] on the
+//!   request (the adapter found its CLI reports nothing);
 //! - `_coda/wait` towards the client: passed on only to a client that declared waits. So are the
 //!   `session/update`s of a child session that the client could only know from a report's `childSessionId`
 //!   (field table, `childSessionId`); requests of such a session always pass, since they need an answer;
@@ -19,10 +20,11 @@
 //! dropped with a warning rather than passed on unseen.
 
 use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
 
 use serde_json::{Value, json};
 
-use crate::coda::wait::{self, State};
+use crate::coda::wait::{self, State, WithholdWaits};
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Cx, Layer};
 
@@ -36,8 +38,6 @@ struct Seen {
 /// Coda's waits handshake and stop routing (see the module docs).
 #[derive(Default)]
 pub struct Waits {
-    /// Ids of the client's `initialize` requests not answered yet.
-    initialize: HashSet<Id>,
     /// The client declared `_meta.coda.waits` in its latest `initialize`.
     declared: bool,
     /// By `(sessionId, waitId)`, from the reports that went up.
@@ -51,13 +51,12 @@ impl Waits {
         Waits::default()
     }
 
-    fn client_initialize(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
+    fn client_initialize(&mut self, frame: Frame, cx: &mut Cx) {
         let value = match frame.value() {
             Ok(v) => v,
             Err(e) => return cx.unreadable(frame, &e, true),
         };
         self.declared = value.get("params").is_some_and(wait::client_declares_waits);
-        self.initialize.insert(id);
         cx.to_agent(frame)
     }
 
@@ -68,9 +67,10 @@ impl Waits {
             Err(e) => return cx.unreadable(frame, &e, false),
         };
         let Some(result) = value.get_mut("result").filter(|r| r.is_object()) else { return cx.to_client(frame) };
-        if !wait::take_withheld(result) {
-            wait::declare_waits(result);
+        if cx.answer_to(&frame).is_some_and(|r| r.note::<WithholdWaits>().is_some()) {
+            return cx.to_client(frame);
         }
+        wait::declare_waits(result);
         cx.to_client(frame.rewritten(&value))
     }
 
@@ -148,12 +148,13 @@ impl Waits {
 }
 
 impl Layer for Waits {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Infallible;
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
-            Kind::Request { id, method } if method == "initialize" => {
-                let id = id.clone();
-                self.client_initialize(id, frame, cx)
-            }
+            Kind::Request { method, .. } if method == "initialize" => self.client_initialize(frame, cx),
             Kind::Request { id, method } if method == wait::STOP_METHOD => {
                 let id = id.clone();
                 self.stop(id, frame, cx)
@@ -164,7 +165,9 @@ impl Layer for Waits {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
-            Kind::Response { id } if self.initialize.remove(id) => self.initialized(frame, cx),
+            Kind::Response { .. } if cx.answer_to(&frame).is_some_and(|r| r.is("initialize")) => {
+                self.initialized(frame, cx)
+            }
             Kind::Notification { method } if method == wait::METHOD => self.report(frame, cx),
             Kind::Notification { .. } if !self.declared && self.child_update(&frame) => {
                 tracing::debug!("a child session's update withheld: the client did not declare _meta.coda.waits");
@@ -276,11 +279,29 @@ mod tests {
 
     #[test]
     fn a_declaration_withheld_below_is_not_made_and_the_mark_never_reaches_the_client() {
-        let mut rig = Rig::new();
-        let mut result = json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true}});
-        wait::withhold_waits(&mut result);
+        /// Withholds waits as an adapter's layer does when its CLI reports nothing: a note on the request.
+        struct Withholds;
+        impl Layer for Withholds {
+            type Timer = Infallible;
+            type Event = Infallible;
+            type Reply = Infallible;
+            fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+                if let Some(id) = cx.answer_to(&frame).filter(|r| r.is("initialize")).map(|r| r.id.clone()) {
+                    cx.note(&id, WithholdWaits);
+                }
+                cx.to_client(frame)
+            }
+        }
+        let mut rig = Rig { h: Harness::new(vec![Box::new(Waits::new()), Box::new(Withholds)]) };
+        let result = json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true}});
         let out = rig.handshake(json!(0), serde_json::from_str(CODA_CAPS).unwrap(), result);
         assert_eq!(out[0]["result"], json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true}}));
+        // A key of the agent's own is not a message between layers: it passes, and waits are declared.
+        let mut rig = Rig::new();
+        let result = json!({"protocolVersion":1,"_codaShimWithholdsWaits":true});
+        let out = rig.handshake(json!(0), serde_json::from_str(CODA_CAPS).unwrap(), result);
+        assert_eq!(out[0]["result"]["_codaShimWithholdsWaits"], true);
+        assert_eq!(out[0]["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}));
     }
 
     #[test]

@@ -13,9 +13,21 @@
 //! layer's constructor). Threads that do real I/O (a file watcher, an event stream, a probe) hand their
 //! results in through an [`EventSender`], in order with the frames. [`testing::Harness`] drives a stack by
 //! hand, with a clock that moves only when the test says so.
+//!
+//! Each layer names its own types ([`Layer::Timer`], [`Layer::Event`], [`Layer::Reply`]; `Infallible` where
+//! it has none): its wake-ups, events and request tags come back as the values it asked with. The stack
+//! erases them in one place ([`AnyLayer`]): an [`EventSender`] is typed by the layer it was made for, and a
+//! timer or tag of another type is a loud error (a panic in debug builds), never dropped in silence.
+//!
+//! The stack records every client request once ([`requests`]): a layer asks which request an answer answers
+//! ([`Cx::answer_to`]) and which are still open ([`Cx::open_requests`]) rather than keeping its own map of
+//! ids, and tells the layers above something about a request with a typed note ([`Cx::note`]), never with a
+//! key written into a frame. A layer may hold a client request (keep the frame and emit it later): it stays
+//! open, and not sent, until then.
 
-use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
@@ -23,12 +35,26 @@ use serde_json::Value;
 use crate::frame::{Frame, Id, Kind};
 use crate::json;
 
+pub mod requests;
 pub mod testing;
+mod timers;
 
-/// Something other than a frame that reaches a layer: a file change, a probe's result, ...
+pub use requests::{Request, Requests};
+pub use timers::Timer;
+use timers::{AnyTimers, Timers};
+
+/// Something other than a frame that reaches a layer (a file change, a probe's result), with its type
+/// erased on its way through the relay's one queue; [`AnyLayer`] gives it its type back.
 pub type Event = Box<dyn Any + Send>;
 
-pub trait Layer: Send {
+pub trait Layer: Send + 'static {
+    /// What this layer's wake-ups are ([`Cx::after`]): an enum of its own, or `Infallible` for none.
+    type Timer: Timer;
+    /// What this layer's [`EventSender`] carries; `Infallible` for none.
+    type Event: Send + 'static;
+    /// What this layer's own requests carry back with their answer ([`Cx::request`]); `Infallible` for none.
+    type Reply: Send + 'static;
+
     /// A frame travelling from the client towards the agent.
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         cx.to_agent(frame);
@@ -39,40 +65,127 @@ pub trait Layer: Send {
         cx.to_client(frame);
     }
 
-    /// The agent's answer to a request this layer sent with [`Cx::request`].
-    fn on_reply(&mut self, _tag: u64, _reply: Frame, _cx: &mut Cx) {}
+    /// The agent's answer to a request this layer sent with [`Cx::request`], with the tag it was sent with.
+    fn on_reply(&mut self, _tag: Self::Reply, _reply: Frame, _cx: &mut Cx) {}
 
     /// An event sent to this layer through its [`EventSender`].
-    fn on_event(&mut self, _event: Event, _cx: &mut Cx) {}
+    fn on_event(&mut self, _event: Self::Event, _cx: &mut Cx) {}
 
     /// A wake-up this layer asked for with [`Cx::after`].
-    fn on_timer(&mut self, _token: u64, _cx: &mut Cx) {}
+    fn on_timer(&mut self, _timer: Self::Timer, _cx: &mut Cx) {}
 }
 
-/// What a layer asks for while handling one input, and the time of that input.
-pub struct Cx {
+/// A layer with its types erased: what a [`Stack`] holds. Every [`Layer`] is one; this is the one place
+/// where events, tags and timers get their types back.
+pub trait AnyLayer: Send {
+    #[doc(hidden)]
+    fn client_frame(&mut self, frame: Frame, cx: &mut Cx);
+    #[doc(hidden)]
+    fn agent_frame(&mut self, frame: Frame, cx: &mut Cx);
+    #[doc(hidden)]
+    fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx);
+    #[doc(hidden)]
+    fn event(&mut self, event: Event, cx: &mut Cx);
+    #[doc(hidden)]
+    fn wake(&mut self, key: (Instant, u64), cx: &mut Cx);
+    #[doc(hidden)]
+    fn new_timers(&self) -> Box<dyn AnyTimers>;
+    #[doc(hidden)]
+    fn reply_type(&self) -> TypeId;
+    /// The layer's type, for errors.
+    fn name(&self) -> &'static str;
+    /// The layer itself, for tests that look inside it ([`testing::Harness::layer`]).
+    fn as_any(&mut self) -> &mut dyn Any;
+}
+
+impl<L: Layer> AnyLayer for L {
+    fn client_frame(&mut self, frame: Frame, cx: &mut Cx) {
+        Layer::from_client(self, frame, cx)
+    }
+
+    fn agent_frame(&mut self, frame: Frame, cx: &mut Cx) {
+        Layer::from_agent(self, frame, cx)
+    }
+
+    fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx) {
+        match tag.downcast::<L::Reply>() {
+            Ok(tag) => self.on_reply(*tag, reply, cx),
+            Err(_) => misrouted("a request tag", std::any::type_name::<L::Reply>(), self.name()),
+        }
+    }
+
+    fn event(&mut self, event: Event, cx: &mut Cx) {
+        match event.downcast::<L::Event>() {
+            Ok(event) => self.on_event(*event, cx),
+            Err(_) => misrouted("an event", std::any::type_name::<L::Event>(), self.name()),
+        }
+    }
+
+    fn wake(&mut self, key: (Instant, u64), cx: &mut Cx) {
+        if let Some(timer) = cx.timers::<L::Timer>().and_then(|t| t.take(key)) {
+            self.on_timer(timer, cx);
+        }
+    }
+
+    fn new_timers(&self) -> Box<dyn AnyTimers> {
+        Box::new(Timers::<L::Timer>::default())
+    }
+
+    fn reply_type(&self) -> TypeId {
+        TypeId::of::<L::Reply>()
+    }
+
+    fn name(&self) -> &'static str {
+        std::any::type_name::<L>()
+    }
+
+    fn as_any(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// A value of the wrong type reached a layer: a bug of the set-up or of a layer, said loudly (a panic in
+/// debug builds, so every test finds it), never dropped in silence.
+fn misrouted(what: &str, wanted: &str, layer: &str) {
+    tracing::error!("{what} of the wrong type reached {layer}, which takes {wanted}; dropped (a bug of the shim)");
+    debug_assert!(false, "{what} of the wrong type reached {layer}, which takes {wanted}");
+}
+
+/// What a layer asks for while handling one input, the time of that input, and the stack's request table.
+pub struct Cx<'a> {
     out: Vec<Out>,
     now: Instant,
     wall: SystemTime,
+    /// `None` outside any stack.
+    stack: Option<(&'a mut Shared, usize)>,
+}
+
+/// What the layers of a stack share, and what a context inside it reaches (with the handled layer's index).
+struct Shared {
+    requests: Requests,
+    /// Wake-ups asked for so far across the stack (orders equal deadlines).
+    asked: u64,
+    /// Each layer's wake-ups, by index.
+    timers: Vec<Box<dyn AnyTimers>>,
+    /// Each layer's name, for errors.
+    names: Vec<&'static str>,
 }
 
 /// A context outside any stack (a layer driven by hand): the time is read once, here; what the layer asks
-/// for is dropped with the context.
-impl Default for Cx {
-    fn default() -> Cx {
-        Cx { out: Vec::new(), now: Instant::now(), wall: SystemTime::now() }
+/// for is dropped with the context, and it sees no requests.
+impl Default for Cx<'_> {
+    fn default() -> Self {
+        Cx { out: Vec::new(), now: Instant::now(), wall: SystemTime::now(), stack: None }
     }
 }
 
 enum Out {
     ToAgent(Frame),
     ToClient(Frame),
-    Request { method: String, params: Value, tag: u64 },
-    After { at: Instant, token: u64 },
-    Cancel { token: u64 },
+    Request { method: String, params: Value, tag: Box<dyn Any + Send> },
 }
 
-impl Cx {
+impl<'a> Cx<'a> {
     /// The time the engine handed this input (monotonic). Layers never call `Instant::now()`.
     pub fn now(&self) -> Instant {
         self.now
@@ -84,19 +197,39 @@ impl Cx {
         self.wall
     }
 
-    /// Calls this layer's [`Layer::on_timer`] with `token` once `delay` has passed. Asking again for the same
-    /// token replaces the earlier wake-up: one pending wake-up per (layer, token).
-    pub fn after(&mut self, delay: Duration, token: u64) {
-        // A delay too long to add to an instant never comes: no wake-up.
-        match self.now.checked_add(delay) {
-            Some(at) => self.out.push(Out::After { at, token }),
-            None => self.out.push(Out::Cancel { token }),
+    /// This layer's table of wake-ups, if its timers are of type `T` (else a loud error).
+    fn timers<T: Timer>(&mut self) -> Option<&mut Timers<T>> {
+        let (shared, at) = self.stack.as_mut()?;
+        let table = shared.timers[*at].as_any().downcast_mut::<Timers<T>>();
+        if table.is_none() {
+            misrouted("a timer", std::any::type_name::<T>(), shared.names[*at]);
+        }
+        table
+    }
+
+    /// Calls this layer's [`Layer::on_timer`] with `timer` once `delay` has passed. Asking again for the same
+    /// timer replaces the earlier wake-up: one pending wake-up per (layer, timer). Takes effect at once.
+    pub fn after<T: Timer>(&mut self, delay: Duration, timer: T) {
+        let at = self.now.checked_add(delay);
+        let Some(asked) = self.stack.as_mut().map(|(s, _)| {
+            s.asked += 1;
+            s.asked
+        }) else {
+            return;
+        };
+        let Some(table) = self.timers::<T>() else { return };
+        match at {
+            Some(at) => table.set(timer, at, asked),
+            // A delay too long to add to an instant never comes: no wake-up.
+            None => table.cancel(&timer),
         }
     }
 
     /// Forgets a pending wake-up of this layer (no-op when there is none).
-    pub fn cancel(&mut self, token: u64) {
-        self.out.push(Out::Cancel { token });
+    pub fn cancel<T: Timer>(&mut self, timer: &T) {
+        if let Some(table) = self.timers::<T>() {
+            table.cancel(timer);
+        }
     }
 
     /// Pass a frame on towards the agent.
@@ -135,9 +268,33 @@ impl Cx {
     }
 
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's
-    /// [`Layer::on_reply`] with `tag`, and is never forwarded to the client.
-    pub fn request(&mut self, method: &str, params: Value, tag: u64) {
-        self.out.push(Out::Request { method: method.to_owned(), params, tag });
+    /// [`Layer::on_reply`] with `tag` (of the layer's [`Layer::Reply`] type), and is never forwarded to the client.
+    pub fn request<R: Send + 'static>(&mut self, method: &str, params: Value, tag: R) {
+        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag) });
+    }
+
+    /// The client request that `answer` (an answer on its way to the client) answers, while it is open.
+    pub fn answer_to(&self, answer: &Frame) -> Option<&Request> {
+        match answer.kind() {
+            Kind::Response { id } => self.request_of(id),
+            _ => None,
+        }
+    }
+
+    /// The open client request with id `id`.
+    pub fn request_of(&self, id: &Id) -> Option<&Request> {
+        self.stack.as_ref()?.0.requests.get(id)
+    }
+
+    /// The client requests the agent has not answered yet (sent, or held by a layer).
+    pub fn open_requests(&self) -> impl Iterator<Item = &Request> + '_ {
+        self.stack.iter().flat_map(|(s, _)| s.requests.open())
+    }
+
+    /// Leaves a typed note on the open client request `id`, for the layers that handle its answer after this
+    /// one ([`Request::note`]); one note per type. False when no such request is open.
+    pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
+        self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
 }
 
@@ -148,11 +305,13 @@ pub fn unreadable_answer(id: &Id, err: &json::Error, sender: &str) -> Frame {
     crate::frame::error_response(id, -32603, &msg, None)
 }
 
-/// The layers of one binary, and the shim's own outstanding requests.
+/// The layers of one binary, the client's requests, and the shim's own outstanding requests.
 pub struct Stack {
-    layers: Vec<Box<dyn Layer>>,
+    layers: Vec<Box<dyn AnyLayer>>,
+    /// The request table and each layer's wake-ups.
+    shared: Shared,
     /// The shim's own requests to the agent: id -> (layer index, tag).
-    own: HashMap<Id, (usize, u64)>,
+    own: HashMap<Id, (usize, Box<dyn Any + Send>)>,
     own_prefix: String,
     next_own: u64,
     /// Emptied output buffers, reused.
@@ -160,43 +319,6 @@ pub struct Stack {
     /// The time handed to layers with the next inputs.
     now: Instant,
     wall: SystemTime,
-    timers: Timers,
-}
-
-/// Pending wake-ups, by deadline and by (layer, token).
-#[derive(Default)]
-struct Timers {
-    /// (deadline, order of asking) -> (layer, token): the order breaks ties between equal deadlines.
-    queue: BTreeMap<(Instant, u64), (usize, u64)>,
-    /// (layer, token) -> its key in `queue`.
-    pending: HashMap<(usize, u64), (Instant, u64)>,
-    asked: u64,
-}
-
-impl Timers {
-    fn set(&mut self, layer: usize, token: u64, at: Instant) {
-        self.cancel(layer, token);
-        self.asked += 1;
-        self.queue.insert((at, self.asked), (layer, token));
-        self.pending.insert((layer, token), (at, self.asked));
-    }
-
-    fn cancel(&mut self, layer: usize, token: u64) {
-        if let Some(key) = self.pending.remove(&(layer, token)) {
-            self.queue.remove(&key);
-        }
-    }
-
-    /// The earliest wake-up due at `now` and asked for before `asked_before`, taken out.
-    fn pop_due(&mut self, now: Instant, asked_before: u64) -> Option<(usize, u64)> {
-        let (&(at, asked), _) = self.queue.iter().find(|((_, asked), _)| *asked <= asked_before)?;
-        if at > now {
-            return None;
-        }
-        let (layer, token) = self.queue.remove(&(at, asked))?;
-        self.pending.remove(&(layer, token));
-        Some((layer, token))
-    }
 }
 
 /// Where frames leave the stack.
@@ -207,8 +329,14 @@ pub struct Exits {
 }
 
 impl Stack {
-    pub fn new(layers: Vec<Box<dyn Layer>>) -> Stack {
+    pub fn new(layers: Vec<Box<dyn AnyLayer>>) -> Stack {
         Stack {
+            shared: Shared {
+                requests: Requests::default(),
+                asked: 0,
+                timers: layers.iter().map(|l| l.new_timers()).collect(),
+                names: layers.iter().map(|l| l.name()).collect(),
+            },
             layers,
             own: HashMap::new(),
             own_prefix: format!("coda-shim-{}-", std::process::id()),
@@ -216,7 +344,6 @@ impl Stack {
             spare: Vec::new(),
             now: Instant::now(),
             wall: SystemTime::now(),
-            timers: Timers::default(),
         }
     }
 
@@ -228,18 +355,20 @@ impl Stack {
 
     /// The earliest pending wake-up.
     pub fn next_wake(&self) -> Option<Instant> {
-        self.timers.queue.keys().next().map(|(at, _)| *at)
+        self.shared.timers.iter().filter_map(|t| t.first()).min()
     }
 
     /// Runs every wake-up due at the current time (see [`Stack::set_time`]), in deadline order (equal
     /// deadlines in the order they were asked for). A wake-up asked for while these run waits for the next
     /// call, even when already due, so a layer that keeps asking cannot hold the stack here.
     pub fn wake_due(&mut self, exits: &mut Exits) {
-        let asked_before = self.timers.asked;
-        while let Some((layer, token)) = self.timers.pop_due(self.now, asked_before) {
-            let mut cx = self.cx();
-            self.layers[layer].on_timer(token, &mut cx);
-            self.emit(layer, cx, exits);
+        let asked_before = self.shared.asked;
+        loop {
+            let now = self.now;
+            let due =
+                self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
+            let Some((key, layer)) = due.min() else { return };
+            self.call(layer, exits, |l, cx| l.wake(key, cx));
         }
     }
 
@@ -253,30 +382,27 @@ impl Stack {
 
     /// A frame read from the client.
     pub fn from_client(&mut self, frame: Frame, exits: &mut Exits) {
+        self.shared.requests.opened(&frame, self.now, self.wall);
         self.down(0, frame, exits);
     }
 
     /// A frame read from the agent.
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
-        if let Kind::Response { id } = frame.kind()
-            && let Some((layer, tag)) = self.own.remove(id)
-        {
-            let mut cx = self.cx();
-            self.layers[layer].on_reply(tag, frame, &mut cx);
-            self.emit(layer, cx, exits);
-            return;
+        if let Kind::Response { id } = frame.kind() {
+            if let Some((layer, tag)) = self.own.remove(id) {
+                return self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
+            }
+            self.shared.requests.answered(id);
         }
         self.up(self.layers.len(), frame, exits);
     }
 
-    /// An event for layer `layer`.
+    /// An event for layer `layer` (as its [`EventSender`] queued it).
     pub fn event(&mut self, layer: usize, event: Event, exits: &mut Exits) {
         if layer >= self.layers.len() {
-            return;
+            return misrouted("an event", "(no such layer)", "the stack");
         }
-        let mut cx = self.cx();
-        self.layers[layer].on_event(event, &mut cx);
-        self.emit(layer, cx, exits);
+        self.call(layer, exits, |l, cx| l.event(event, cx));
     }
 
     /// Whether `id` names one of the shim's own requests.
@@ -284,40 +410,74 @@ impl Stack {
         id.as_json().strip_prefix('"').is_some_and(|s| s.starts_with(&self.own_prefix))
     }
 
+    /// The client's requests not answered to the client yet.
+    pub fn requests(&self) -> &Requests {
+        &self.shared.requests
+    }
+
+    /// The client requests the agent was sent and has not answered, in their order of arrival.
+    pub fn owed(&self) -> Vec<Id> {
+        self.shared.requests.owed()
+    }
+
+    /// Whether the agent was sent the client request `id` and has not answered it.
+    pub fn owes(&self, id: &Id) -> bool {
+        self.shared.requests.owes(id)
+    }
+
+    /// The layer at `at`, for tests that look inside it.
+    pub fn layer_mut(&mut self, at: usize) -> Option<&mut (dyn AnyLayer + 'static)> {
+        self.layers.get_mut(at).map(|l| &mut **l)
+    }
+
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
         if from == self.layers.len() {
+            if let Kind::Request { id, .. } = frame.kind()
+                && !self.is_own(id)
+            {
+                self.shared.requests.sent(&frame, self.now, self.wall);
+            }
             return exits.to_agent.push(frame);
         }
-        let mut cx = self.cx();
-        self.layers[from].from_client(frame, &mut cx);
-        self.emit(from, cx, exits);
+        self.call(from, exits, |l, cx| l.client_frame(frame, cx));
     }
 
     /// Sends `frame` through layers `..below` (nearest first) towards the client.
     fn up(&mut self, below: usize, frame: Frame, exits: &mut Exits) {
         match below.checked_sub(1) {
-            None => exits.to_client.push(frame),
-            Some(at) => {
-                let mut cx = self.cx();
-                self.layers[at].from_agent(frame, &mut cx);
-                self.emit(at, cx, exits);
+            None => {
+                if let Kind::Response { id } = frame.kind() {
+                    self.shared.requests.closed(id);
+                }
+                exits.to_client.push(frame)
             }
+            Some(at) => self.call(at, exits, |l, cx| l.agent_frame(frame, cx)),
         }
     }
 
-    /// A context whose buffer comes from the pool: no allocation per frame and layer.
-    fn cx(&mut self) -> Cx {
-        Cx { out: self.spare.pop().unwrap_or_default(), now: self.now, wall: self.wall }
+    /// Hands layer `at` one input with a context whose buffer comes from the pool (no allocation per frame
+    /// and layer), then sends on what it asked for.
+    fn call(&mut self, at: usize, exits: &mut Exits, input: impl FnOnce(&mut dyn AnyLayer, &mut Cx)) {
+        let stack = Some((&mut self.shared, at));
+        let mut cx = Cx { out: self.spare.pop().unwrap_or_default(), now: self.now, wall: self.wall, stack };
+        input(&mut *self.layers[at], &mut cx);
+        let outs = cx.out;
+        self.emit(at, outs, exits);
     }
 
-    fn emit(&mut self, at: usize, cx: Cx, exits: &mut Exits) {
-        let mut outs = cx.out;
-        for out in outs.drain(..) {
+    fn emit(&mut self, at: usize, mut outs: Vec<Out>, exits: &mut Exits) {
+        // In the order asked for, popped from the back (cheaper than a drain on the per-frame path).
+        outs.reverse();
+        while let Some(out) = outs.pop() {
             match out {
                 Out::ToAgent(frame) => self.down(at + 1, frame, exits),
                 Out::ToClient(frame) => self.up(at, frame, exits),
                 Out::Request { method, params, tag } => {
+                    if (*tag).type_id() != self.layers[at].reply_type() {
+                        misrouted("a request tag", "its Reply type", self.layers[at].name());
+                        continue;
+                    }
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
                     self.own.insert(Id::string(&id), (at, tag));
@@ -326,8 +486,6 @@ impl Stack {
                     }));
                     self.down(at + 1, frame, exits);
                 }
-                Out::After { at: deadline, token } => self.timers.set(at, token, deadline),
-                Out::Cancel { token } => self.timers.cancel(at, token),
             }
         }
         self.spare.push(outs);
@@ -335,21 +493,61 @@ impl Stack {
 }
 
 /// Lets code outside the relay loop (a file watcher, a probe) hand events to one layer, in order with
-/// the frames the loop handles.
-#[derive(Clone)]
-pub struct EventSender {
+/// the frames the loop handles. Typed by the layer it was made for ([`Layers::add`]).
+pub struct EventSender<E> {
     layer: usize,
     tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
+    _event: PhantomData<fn(E)>,
 }
 
-impl EventSender {
-    pub(crate) fn new(layer: usize, tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>) -> EventSender {
-        EventSender { layer, tx }
+impl<E> Clone for EventSender<E> {
+    fn clone(&self) -> Self {
+        EventSender { layer: self.layer, tx: self.tx.clone(), _event: PhantomData }
+    }
+}
+
+impl<E: Send + 'static> EventSender<E> {
+    /// Queues an event; false once the relay has stopped.
+    pub fn send(&self, event: E) -> bool {
+        self.tx.send((self.layer, Box::new(event))).is_ok()
+    }
+}
+
+/// Builds a stack, nearest the client first, and gives each layer a sender of its own event type.
+pub struct Layers {
+    layers: Vec<Box<dyn AnyLayer>>,
+    events: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
+}
+
+impl Layers {
+    /// No layers yet, and the queue their events come in on (the relay's, or a harness's).
+    pub fn new() -> (Layers, tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>) {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Layers { layers: Vec::new(), events }, rx)
     }
 
-    /// Queues an event; false once the relay has stopped.
-    pub fn send<E: Any + Send>(&self, event: E) -> bool {
-        self.tx.send((self.layer, Box::new(event))).is_ok()
+    /// Adds a layer below the ones added so far; `make` gets the sender of the layer's own events.
+    pub fn add<L: Layer>(&mut self, make: impl FnOnce(EventSender<L::Event>) -> Box<L>) {
+        let sender = EventSender { layer: self.layers.len(), tx: self.events.clone(), _event: PhantomData };
+        let layer: Box<dyn AnyLayer> = make(sender);
+        self.layers.push(layer);
+    }
+
+    /// Adds a layer that takes no events below the ones added so far.
+    pub fn push(&mut self, layer: Box<dyn AnyLayer>) {
+        self.layers.push(layer);
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    pub fn stack(self) -> Stack {
+        Stack::new(self.layers)
     }
 }
 
@@ -358,15 +556,19 @@ mod tests {
     use super::testing::{Harness, WALL_START_SECS};
     use super::*;
     use serde_json::json;
+    use std::convert::Infallible;
 
     /// Answers `ping` itself, asks the agent `probe` on `ask`, and reports the reply to the client.
     struct Pinger;
     impl Layer for Pinger {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = u64;
         fn from_client(&mut self, f: Frame, cx: &mut Cx) {
             if f.is_request("ping") {
                 cx.to_client(crate::frame::result_response(f.id().unwrap(), "pong".into()));
             } else if f.is_notification("ask") {
-                cx.request("probe", json!({}), 9);
+                cx.request("probe", json!({}), 9u64);
             } else {
                 cx.to_agent(f);
             }
@@ -408,10 +610,13 @@ mod tests {
         pass: bool,
         base: Option<Instant>,
     }
-    fn sleeper(name: &'static str, pass: bool) -> Box<dyn Layer> {
+    fn sleeper(name: &'static str, pass: bool) -> Box<dyn AnyLayer> {
         Box::new(Sleeper { name, pass, base: None })
     }
     impl Layer for Sleeper {
+        type Timer = u64;
+        type Event = Infallible;
+        type Reply = Infallible;
         fn from_client(&mut self, f: Frame, cx: &mut Cx) {
             self.base.get_or_insert(cx.now());
             let v = f.value().unwrap();
@@ -423,7 +628,7 @@ mod tests {
                         cx.to_agent(f);
                     }
                 }
-                Some("cancel") => cx.cancel(token),
+                Some("cancel") => cx.cancel(&token),
                 _ => cx.to_agent(f),
             }
         }
@@ -434,7 +639,7 @@ mod tests {
             cx.to_client(crate::frame::notification("woke", params));
             if token == 99 {
                 // Asks again at once: waits for the next call of wake_due.
-                cx.after(Duration::ZERO, 99);
+                cx.after(Duration::ZERO, 99u64);
             }
         }
     }
@@ -532,11 +737,14 @@ mod tests {
     /// Asks for a wake-up at once, then replaces it with one past the end of time.
     struct Never;
     impl Layer for Never {
+        type Timer = u8;
+        type Event = Infallible;
+        type Reply = Infallible;
         fn from_client(&mut self, _: Frame, cx: &mut Cx) {
-            cx.after(Duration::ZERO, 1);
-            cx.after(Duration::MAX, 1);
+            cx.after(Duration::ZERO, 1u8);
+            cx.after(Duration::MAX, 1u8);
         }
-        fn on_timer(&mut self, _: u64, cx: &mut Cx) {
+        fn on_timer(&mut self, _: u8, cx: &mut Cx) {
             cx.to_client(crate::frame::notification("woke", json!({})));
         }
     }
@@ -553,10 +761,11 @@ mod tests {
     /// An event handed to a layer through the harness reaches its `on_event`.
     struct Echo;
     impl Layer for Echo {
-        fn on_event(&mut self, event: Event, cx: &mut Cx) {
-            if let Ok(n) = event.downcast::<u32>() {
-                cx.to_agent(crate::frame::notification("event", json!({"n": *n})));
-            }
+        type Timer = Infallible;
+        type Event = u32;
+        type Reply = Infallible;
+        fn on_event(&mut self, n: u32, cx: &mut Cx) {
+            cx.to_agent(crate::frame::notification("event", json!({"n": n})));
         }
     }
 
@@ -564,7 +773,117 @@ mod tests {
     fn events_reach_their_layer() {
         let mut h = Harness::new(vec![Box::new(Echo), Box::new(Echo)]);
         h.event(1, 7u32);
-        h.event(5, 8u32);
         assert_eq!(h.to_agent(), vec![json!({"jsonrpc":"2.0","method":"event","params":{"n":7}})]);
+    }
+
+    /// Two kinds of wake-up that carry the same count.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    enum Tick {
+        Quiet(u64),
+        Idle(u64),
+    }
+    struct Ticks;
+    impl Layer for Ticks {
+        type Timer = Tick;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, _: Frame, cx: &mut Cx) {
+            cx.after(Duration::from_millis(10), Tick::Quiet(1));
+            cx.after(Duration::from_millis(20), Tick::Idle(1));
+            cx.after(Duration::from_millis(30), Tick::Idle(1 << 62));
+            cx.cancel(&Tick::Quiet(1 << 62));
+        }
+        fn on_timer(&mut self, t: Tick, cx: &mut Cx) {
+            cx.to_client(crate::frame::notification("woke", json!(format!("{t:?}"))));
+        }
+    }
+
+    #[test]
+    fn a_layer_gets_back_the_timer_value_it_asked_with() {
+        let mut h = Harness::of(Ticks);
+        h.from_client(json!({"jsonrpc":"2.0","method":"x"}));
+        h.advance(Duration::from_millis(30));
+        let woke: Vec<Value> = h.to_client().iter().map(|v| v["params"].clone()).collect();
+        assert_eq!(woke, [json!("Quiet(1)"), json!("Idle(1)"), json!("Idle(4611686018427387904)")]);
+    }
+
+    #[test]
+    #[should_panic(expected = "an event of the wrong type reached")]
+    fn an_event_of_the_wrong_type_is_a_loud_error() {
+        let mut h = Harness::new(vec![Box::new(Echo)]);
+        h.event(0, 7u64);
+    }
+
+    #[test]
+    #[should_panic(expected = "a timer of the wrong type reached")]
+    fn a_timer_of_the_wrong_type_is_a_loud_error() {
+        // Outside a stack nothing is checked (or kept); inside, the layer's own type only.
+        Cx::default().after(Duration::ZERO, 1i32);
+        struct Wrong;
+        impl Layer for Wrong {
+            type Timer = u64;
+            type Event = Infallible;
+            type Reply = Infallible;
+            fn from_client(&mut self, _: Frame, cx: &mut Cx) {
+                cx.after(Duration::ZERO, 1i32);
+            }
+        }
+        Harness::of(Wrong).from_client(json!({"jsonrpc":"2.0","method":"x"}));
+    }
+
+    #[test]
+    #[should_panic(expected = "an event of the wrong type reached the stack")]
+    fn an_event_for_no_layer_is_a_loud_error() {
+        Harness::new(vec![Box::new(Echo)]).event(5, 8u32);
+    }
+
+    /// Tells the client, for each answer it passes, which request it answers; notes `Seen` on prompts.
+    struct Asker;
+    #[derive(Debug, PartialEq)]
+    struct Seen(&'static str);
+    impl Layer for Asker {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if let Some(id) = f.id().filter(|_| f.is_request("session/prompt")) {
+                assert!(cx.note(id, Seen("below")));
+            }
+            cx.to_agent(f)
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            let about = cx.answer_to(&f).map(|r| {
+                let open: Vec<String> = cx.open_requests().map(|r| r.method.to_string()).collect();
+                json!({"method": r.method.as_str(), "session": r.session(), "sent": r.is_sent(),
+                    "answered": r.is_answered(), "note": r.note::<Seen>().map(|s| s.0), "open": open})
+            });
+            cx.to_client(f);
+            if let Some(about) = about {
+                cx.to_client(crate::frame::notification("about", about));
+            }
+        }
+    }
+
+    #[test]
+    fn the_stack_records_each_request_once_and_layers_ask_it() {
+        // The note is left by the lower layer and read by the upper one.
+        let mut h = Harness::new(vec![Box::new(Asker), Box::new(Asker)]);
+        h.from_client(
+            json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s1","prompt":[]}}),
+        );
+        h.from_client(json!({"jsonrpc":"2.0","id":"n","method":"session/new","params":{"cwd":"/w"}}));
+        assert_eq!(h.to_agent().len(), 2);
+        assert_eq!(h.stack().owed(), vec![Id::from_json("1"), Id::string("n")], "in their order of arrival");
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        let out = h.to_client();
+        assert_eq!(out.len(), 3, "{out:?}");
+        let about = json!({"method":"session/prompt","session":"s1","sent":true,"answered":true,"note":"below",
+            "open":["session/new"]});
+        assert_eq!((&out[1]["params"], &out[2]["params"]), (&about, &about));
+        assert_eq!(h.stack().owed(), vec![Id::string("n")]);
+        // Answered to the client: forgotten. A second answer answers nothing known.
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        assert_eq!(h.to_client().len(), 1);
+        assert!(h.stack().requests().get(&Id::from_json("1")).is_none());
     }
 }

@@ -13,14 +13,20 @@
 //!
 //! /// Tells the client "late" a second after each prompt.
 //! struct Late;
+//! /// Its one wake-up.
+//! #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+//! struct Tick;
 //! impl Layer for Late {
+//!     type Timer = Tick;
+//!     type Event = std::convert::Infallible;
+//!     type Reply = std::convert::Infallible;
 //!     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
 //!         if frame.is_request("session/prompt") {
-//!             cx.after(Duration::from_secs(1), 0);
+//!             cx.after(Duration::from_secs(1), Tick);
 //!         }
 //!         cx.to_agent(frame);
 //!     }
-//!     fn on_timer(&mut self, _token: u64, cx: &mut Cx) {
+//!     fn on_timer(&mut self, _: Tick, cx: &mut Cx) {
 //!         cx.to_client(coda_shim::frame::notification("late", json!({})));
 //!     }
 //! }
@@ -38,8 +44,9 @@ use std::any::Any;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::{Exits, Layer, Stack};
+use super::{AnyLayer, Event, Exits, Layer, Layers, Stack};
 use crate::frame::Frame;
 
 /// The wall-clock time a harness starts at, in seconds since the epoch (2026-01-01T00:00:00Z), so that
@@ -57,15 +64,28 @@ pub struct Harness {
     start: Instant,
     now: Instant,
     exits: Exits,
+    /// Events queued through the senders of [`Harness::build`], handed in by [`Harness::deliver`].
+    events: Option<UnboundedReceiver<(usize, Event)>>,
 }
 
 impl Harness {
     /// `layers` as a binary stacks them: index 0 next to the client.
-    pub fn new(layers: Vec<Box<dyn Layer>>) -> Harness {
-        let mut stack = Stack::new(layers);
+    pub fn new(layers: Vec<Box<dyn AnyLayer>>) -> Harness {
+        Harness::with(Stack::new(layers), None)
+    }
+
+    /// The layers as a binary's set-up adds them ([`Layers::add`]), each with the sender of its own events:
+    /// what the senders queue reaches the layers at [`Harness::deliver`].
+    pub fn build(add: impl FnOnce(&mut Layers)) -> Harness {
+        let (mut layers, events) = Layers::new();
+        add(&mut layers);
+        Harness::with(layers.stack(), Some(events))
+    }
+
+    fn with(mut stack: Stack, events: Option<UnboundedReceiver<(usize, Event)>>) -> Harness {
         let start = Instant::now();
         stack.set_time(start, wall_start());
-        Harness { stack, start, now: start, exits: Exits::default() }
+        Harness { stack, start, now: start, exits: Exits::default(), events }
     }
 
     /// One layer alone.
@@ -93,9 +113,25 @@ impl Harness {
         self.stack.from_agent(frame, &mut self.exits);
     }
 
-    /// An event for the layer at `layer`, as its [`super::EventSender`] would hand it in.
+    /// An event for the layer at `layer`, as its [`super::EventSender`] would hand it in (one of another type
+    /// than the layer's is a loud error).
     pub fn event<E: Any + Send>(&mut self, layer: usize, event: E) {
         self.stack.event(layer, Box::new(event), &mut self.exits);
+    }
+
+    /// Hands the layers the events their senders queued, in the order they were sent, as the relay does.
+    pub fn deliver(&mut self) {
+        let Some(events) = &mut self.events else { return };
+        while let Ok((layer, event)) = events.try_recv() {
+            self.stack.event(layer, event, &mut self.exits);
+        }
+    }
+
+    /// The layer at `at`, as the type it is (for tests that look inside it); panics on another type.
+    pub fn layer<L: Layer>(&mut self, at: usize) -> &mut L {
+        let layer = self.stack.layer_mut(at).unwrap_or_else(|| panic!("no layer at {at}"));
+        let name = layer.name();
+        layer.as_any().downcast_mut::<L>().unwrap_or_else(|| panic!("layer {at} is {name}"))
     }
 
     /// Moves the clock on by `by` and runs the wake-ups due then, as the relay loop does when it wakes.
