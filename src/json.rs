@@ -85,6 +85,20 @@ fn deepest(text: &[u8]) -> Option<usize> {
     None
 }
 
+/// Where the string whose opening quote is at `open` ends: the index of its closing quote (one not escaped
+/// by an odd run of backslashes), or `None` when the text ends first.
+fn string_end(text: &[u8], open: usize) -> Option<usize> {
+    let mut i = open;
+    loop {
+        i += 1;
+        i += memchr::memchr(b'"', text.get(i..)?)?;
+        let backslashes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
+        if backslashes % 2 == 0 {
+            return Some(i);
+        }
+    }
+}
+
 /// Whether every bracket of `text` (outside strings) is closed and never closed twice, and every string
 /// ends: what any JSON text does. A line too deep to parse that fails this is not JSON at all (a parse
 /// error to its sender), rather than JSON over the limit. Walks the whole text: only for lines over the limit.
@@ -93,14 +107,9 @@ pub fn brackets_close(text: &[u8]) -> bool {
     let mut i = 0;
     while i < text.len() {
         match text[i] {
-            b'"' => loop {
-                i += 1;
-                let Some(at) = text.get(i..).and_then(|rest| memchr::memchr(b'"', rest)) else { return false };
-                i += at;
-                let backslashes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
-                if backslashes % 2 == 0 {
-                    break;
-                }
+            b'"' => match string_end(text, i) {
+                Some(end) => i = end,
+                None => return false,
             },
             b'[' | b'{' => depth += 1,
             b']' | b'}' => match depth.checked_sub(1) {
@@ -147,14 +156,9 @@ impl Spellings {
         let mut i = 0;
         while i < text.len() {
             match text[i] {
-                b'"' => loop {
-                    i += 1;
-                    let Some(at) = text.get(i..).and_then(|rest| memchr::memchr(b'"', rest)) else { return found };
-                    i += at;
-                    let backslashes = text[..i].iter().rev().take_while(|&&b| b == b'\\').count();
-                    if backslashes % 2 == 0 {
-                        break;
-                    }
+                b'"' => match string_end(text, i) {
+                    Some(end) => i = end,
+                    None => return found,
                 },
                 b'-' | b'0'..=b'9' => {
                     let start = i;
