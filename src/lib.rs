@@ -14,7 +14,9 @@
 //!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
-//!   agent's identity ([`coda::identity`]), failure kinds ([`coda::failure`]).
+//!   agent's identity ([`coda::identity`]), failure kinds ([`coda::failure`]), compaction on request
+//!   ([`coda::compact`]: the declaration, the answer, the gate that holds prompts) and the usage facts on
+//!   `usage_update` ([`coda::usage`]); how each CLI does them is its adapter's.
 //! - [`cli`]: what every binary shares: the [`Adapter`] value (an agent's facts and how its stack is built),
 //!   arguments, set-up, finding the CLI on a short PATH, prompt mode, `doctor`.
 //! - [`adapters`]: one module per wrapped CLI (`adapters/<agent>/`, mounted from the top-level folder): its
