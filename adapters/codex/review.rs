@@ -1,0 +1,360 @@
+//! Codex's automatic approval review as Coda's `_meta.coda.review` on the judged call (section 工具调用的审核).
+//!
+//! What codex-acp 2.6.0 does in mode `agent` (reviewer `auto_review`), seen live against the fake model
+//! (`fixtures/codex/auto-review`): a command that asks to leave the sandbox is reported as its own `tool_call`
+//! (`kind: "execute"`, `status: "in_progress"`, `rawInput: {command, cwd}`); right after it, the review is
+//! reported to an AIR client (the shim is one) as a second call `guardian_assessment:<reviewId>` (`kind:
+//! "think"`, title "Guardian Review", `rawInput: {action: {type: "command", source, command, cwd}}`), then a
+//! `tool_call_update` of it, `completed` (approved) or `failed` (denied, aborted, timed out), whose text says
+//! `Status: …`, `Risk: …`, `Authorization: …` and `Rationale: …` (the rationale last; lines without a value
+//! are left out). A denied command then gets `tool_call_update {status: "failed"}`. Nothing names the judged
+//! call: the action's command and cwd are what tie the two together.
+//!
+//! The rule this layer keeps:
+//! - No `guardian_assessment:` call reaches Coda (nor one of its frames this layer cannot read).
+//! - Its start is the judged call's `_meta.coda.review {state: "reviewing"}`, its end `approved` or `denied`
+//!   (aborted and timed-out reviews are `denied`), with `risk` (only `low`, `medium`, `high`, `critical`) and
+//!   `reason` (the rationale, at most [`REASON_MAX`] characters), as a `tool_call_update` of the judged call.
+//! - The judged call is the oldest call of the session, reported and not finished, with no review yet, whose
+//!   `rawInput` has the action's exact `command` and `cwd`. Two such calls at once are told apart by their
+//!   order only (Codex reviews one call at a time, in order).
+//! - A review whose call is not known yet waits for it: the call's own `tool_call` then carries the review (as
+//!   `status: "pending"` while the review runs). A review of what no call of its own stands for (network access,
+//!   a patch, an MCP call, a subcommand of a running command) is reported nowhere, and a review still waiting
+//!   when the turn ends is dropped: both with a warning that quotes nothing.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+
+use serde_json::{Map, Value, json};
+
+use crate::frame::{self, Frame, Kind, Needle};
+use crate::layer::{Cx, Layer};
+
+/// The id codex-acp gives a review's call: this, then the review id.
+const REVIEW_CALL: &str = "guardian_assessment:";
+static REVIEW_CALL_ID: Needle = crate::needle!(REVIEW_CALL.as_bytes());
+/// Longest `reason` Coda takes, in characters.
+pub const REASON_MAX: usize = 4000;
+/// Calls kept per session as what a review may judge, and reviews kept waiting for their call.
+const KEPT: usize = 64;
+const RISKS: [&str; 4] = ["low", "medium", "high", "critical"];
+
+/// A review's verdict so far, as Coda's `_meta.coda.review`.
+#[derive(Debug, Clone, PartialEq)]
+struct Verdict {
+    state: &'static str,
+    risk: Option<&'static str>,
+    reason: Option<String>,
+}
+
+impl Verdict {
+    fn to_value(&self) -> Value {
+        let mut review = Map::new();
+        review.insert("state".into(), json!(self.state));
+        if let Some(risk) = self.risk {
+            review.insert("risk".into(), json!(risk));
+        }
+        if let Some(reason) = &self.reason {
+            review.insert("reason".into(), json!(reason));
+        }
+        json!({"coda": {"review": review}})
+    }
+
+    fn is_final(&self) -> bool {
+        self.state != "reviewing"
+    }
+}
+
+/// A command call a review may judge.
+#[derive(Debug)]
+struct Call {
+    id: String,
+    command: String,
+    cwd: String,
+    reviewed: bool,
+}
+
+/// What a review's call id stands for.
+#[derive(Debug)]
+enum Review {
+    /// The call it judges.
+    Judges(String),
+    /// A command not reported yet: its latest verdict waits for the call.
+    Waiting { command: String, cwd: String, verdict: Verdict },
+    /// Nothing Coda can be told about (not a command); its frames are dropped.
+    Nowhere,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    /// Reported and not finished, oldest first.
+    calls: Vec<Call>,
+    /// By the review's call id, oldest first.
+    reviews: Vec<(String, Review)>,
+}
+
+#[derive(Default)]
+pub struct CodexReview {
+    sessions: HashMap<String, Session>,
+}
+
+/// `Status:`, `Risk:` and `Rationale:` of a review's text, and the ACP status of its frame, as a verdict.
+/// `None` when the frame says nothing of the review's state.
+fn verdict_of(update: &Value) -> Option<Verdict> {
+    let text = review_text(update);
+    let mut status = None;
+    let mut risk = None;
+    let mut rationale = None;
+    if let Some(text) = text.as_deref() {
+        let mut at = 0;
+        for line in text.split('\n') {
+            if line.starts_with("Rationale:") {
+                // The last line codex-acp writes: the rationale runs to the end of the text.
+                rationale = Some(text[at + "Rationale:".len()..].trim()).filter(|r| !r.is_empty());
+                break;
+            }
+            if let Some(s) = line.strip_prefix("Status:") {
+                status = Some(s.trim());
+            } else if let Some(r) = line.strip_prefix("Risk:") {
+                let r = r.trim();
+                risk = RISKS.into_iter().find(|k| *k == r);
+                if risk.is_none() {
+                    tracing::debug!("a Codex review names a risk Coda does not know; left out");
+                }
+            }
+            at += line.len() + 1;
+        }
+    }
+    let acp = update.get("status").and_then(Value::as_str);
+    let (state, why) = match (status, acp) {
+        (Some("Approved"), _) => ("approved", None),
+        (Some("Denied"), _) => ("denied", None),
+        (Some("Timed out"), _) => ("denied", Some("The automatic review timed out")),
+        (Some("Aborted"), _) => ("denied", Some("The automatic review was aborted")),
+        (Some("In progress"), _) => ("reviewing", None),
+        (_, Some("completed")) => ("approved", None),
+        (_, Some("failed")) => ("denied", None),
+        (_, Some("in_progress" | "pending")) => ("reviewing", None),
+        _ if update.get("sessionUpdate").and_then(Value::as_str) == Some("tool_call") => ("reviewing", None),
+        _ => return None,
+    };
+    let reason = match (why, rationale) {
+        (Some(why), Some(r)) => Some(format!("{why}: {r}")),
+        (Some(why), None) => Some(why.to_owned()),
+        (None, r) => r.map(str::to_owned),
+    };
+    Some(Verdict { state, risk, reason: reason.map(capped) })
+}
+
+/// The text block of a review's call that holds its verdict (`Status: …`).
+fn review_text(update: &Value) -> Option<String> {
+    let blocks = update.get("content").and_then(Value::as_array)?;
+    blocks.iter().find_map(|block| {
+        let text = block.pointer("/content/text").and_then(Value::as_str)?;
+        text.starts_with("Status:").then(|| text.to_owned())
+    })
+}
+
+/// `reason` cut to [`REASON_MAX`] characters, an ellipsis last when it was longer.
+fn capped(reason: String) -> String {
+    match reason.char_indices().nth(REASON_MAX) {
+        None => reason,
+        Some(_) => {
+            let end = reason.char_indices().nth(REASON_MAX - 1).map_or(reason.len(), |(at, _)| at);
+            format!("{}…", &reason[..end])
+        }
+    }
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+/// The review of the judged call `call`, as a `tool_call_update` of it.
+fn review_update(session: &str, call: &str, verdict: &Verdict) -> Frame {
+    let update = json!({"sessionUpdate": "tool_call_update", "toolCallId": call, "_meta": verdict.to_value()});
+    frame::notification("session/update", json!({"sessionId": session, "update": update}))
+}
+
+impl CodexReview {
+    pub fn new() -> CodexReview {
+        CodexReview::default()
+    }
+
+    /// A frame of a review's call: never passed on.
+    fn review_frame(&mut self, session: &str, review: &str, update: &Value, cx: &mut Cx) {
+        let known = self.sessions.get(session).is_some_and(|s| s.reviews.iter().any(|(k, _)| k == review));
+        if !known && update.get("sessionUpdate").and_then(Value::as_str) != Some("tool_call") {
+            tracing::warn!("codex-acp updated a review whose start the shim did not see; not reported");
+            return;
+        }
+        let Some(verdict) = verdict_of(update) else { return };
+        let s = self.sessions.entry(session.to_owned()).or_default();
+        if !known {
+            let action = update.pointer("/rawInput/action").unwrap_or(&Value::Null);
+            let command = (str_at(action, "/type") == Some("command"))
+                .then(|| (str_at(action, "/command"), str_at(action, "/cwd")));
+            let entry = match command {
+                Some((Some(command), Some(cwd))) => {
+                    match s.calls.iter_mut().find(|c| !c.reviewed && c.command == command && c.cwd == cwd) {
+                        Some(call) => {
+                            call.reviewed = true;
+                            Review::Judges(call.id.clone())
+                        }
+                        None => Review::Waiting { command: command.into(), cwd: cwd.into(), verdict: verdict.clone() },
+                    }
+                }
+                _ => {
+                    let what = str_at(action, "/type")
+                        .filter(|t| t.len() <= 32 && t.bytes().all(|b| b.is_ascii_alphanumeric()));
+                    tracing::warn!(
+                        "Codex reviewed an action of type {} that has no tool call of its own; its verdict is not reported",
+                        what.unwrap_or("(unknown)")
+                    );
+                    Review::Nowhere
+                }
+            };
+            if s.reviews.len() >= KEPT {
+                tracing::warn!("more than {KEPT} Codex reviews open in one session; the oldest is forgotten");
+                s.reviews.remove(0);
+            }
+            s.reviews.push((review.to_owned(), entry));
+        }
+        let final_ = verdict.is_final();
+        let at = s.reviews.iter().position(|(k, _)| k == review);
+        match at.map(|at| &mut s.reviews[at].1) {
+            Some(Review::Judges(call)) => cx.to_client(review_update(session, call, &verdict)),
+            Some(Review::Waiting { verdict: latest, .. }) => {
+                *latest = verdict;
+                // Kept until its call comes (or the turn ends), even when final.
+                return;
+            }
+            _ => {}
+        }
+        if let (true, Some(at)) = (final_, at) {
+            s.reviews.remove(at);
+        }
+    }
+
+    /// A tool call that is not a review's: remembered as what a review may judge; one a review waits for
+    /// carries that review.
+    fn call_started(&mut self, session: &str, update: &Value, frame: Frame, cx: &mut Cx) {
+        let id = str_at(update, "/toolCallId");
+        let command = str_at(update, "/rawInput/command");
+        let cwd = str_at(update, "/rawInput/cwd");
+        let (Some(id), Some(command), Some(cwd)) = (id, command, cwd) else { return cx.to_client(frame) };
+        let s = self.sessions.entry(session.to_owned()).or_default();
+        let waiting = s
+            .reviews
+            .iter()
+            .position(|(_, r)| matches!(r, Review::Waiting { command: c, cwd: d, .. } if c == command && d == cwd));
+        if s.calls.len() >= KEPT {
+            s.calls.remove(0);
+        }
+        s.calls.push(Call { id: id.into(), command: command.into(), cwd: cwd.into(), reviewed: waiting.is_some() });
+        let Some(at) = waiting else { return cx.to_client(frame) };
+        let (review, Review::Waiting { verdict, .. }) = s.reviews.remove(at) else { return cx.to_client(frame) };
+        if !verdict.is_final() {
+            s.reviews.push((review, Review::Judges(id.to_owned())));
+        }
+        let Ok(mut v) = frame.value() else { return cx.to_client(frame) };
+        if let Some(u) = v.pointer_mut("/params/update").and_then(Value::as_object_mut) {
+            if !verdict.is_final() {
+                u.insert("status".into(), json!("pending"));
+            }
+            let meta = u.entry("_meta").or_insert_with(|| json!({}));
+            if !meta.is_object() {
+                *meta = json!({});
+            }
+            let meta = meta.as_object_mut().expect("made an object above");
+            let coda = meta.entry("coda").or_insert_with(|| json!({}));
+            if !coda.is_object() {
+                *coda = json!({});
+            }
+            coda.as_object_mut()
+                .expect("made an object above")
+                .insert("review".into(), verdict.to_value()["coda"]["review"].clone());
+        }
+        cx.to_client(frame.rewritten(&v));
+    }
+
+    /// A finished call can no longer be judged.
+    fn call_updated(&mut self, session: &str, update: &Value) {
+        let finished = matches!(str_at(update, "/status"), Some("completed" | "failed"));
+        if let (true, Some(id), Some(s)) = (finished, str_at(update, "/toolCallId"), self.sessions.get_mut(session)) {
+            s.calls.retain(|c| c.id != id);
+        }
+    }
+
+    /// Whether a `tool_call_update` may be of a call this layer keeps (its id is in the frame).
+    fn may_be_kept(&self, frame: &Frame) -> bool {
+        self.sessions.values().flat_map(|s| &s.calls).any(|c| frame.contains(c.id.as_bytes()))
+    }
+
+    fn session_update(&mut self, frame: Frame, cx: &mut Cx) {
+        let kind = frame.session_update();
+        let is_start = kind == Some("tool_call");
+        let of_review = frame.has(&REVIEW_CALL_ID);
+        if !of_review && !is_start && !self.may_be_kept(&frame) {
+            return cx.to_client(frame);
+        }
+        let v = match frame.value() {
+            Ok(v) => v,
+            // A review's frame is never passed on; a call's the shim cannot read goes on as it came.
+            Err(e) if of_review => return cx.unreadable(frame, &e, false),
+            Err(_) => {
+                tracing::warn!("codex-acp sent a tool call the shim cannot read; a review of it cannot be reported");
+                return cx.to_client(frame);
+            }
+        };
+        let session = str_at(&v, "/params/sessionId").unwrap_or_default().to_owned();
+        let update = v.pointer("/params/update").unwrap_or(&Value::Null);
+        match str_at(update, "/toolCallId").and_then(|id| id.strip_prefix(REVIEW_CALL)) {
+            Some(_) => {
+                let review = str_at(update, "/toolCallId").unwrap_or_default().to_owned();
+                self.review_frame(&session, &review, update, cx)
+            }
+            None if is_start => self.call_started(&session, update, frame, cx),
+            None => {
+                self.call_updated(&session, update);
+                cx.to_client(frame)
+            }
+        }
+    }
+
+    /// The turn of `session` ended: reviews still waiting for their call will not get one.
+    fn turn_ended(&mut self, session: &str) {
+        let Some(s) = self.sessions.remove(session) else { return };
+        let waiting = s.reviews.iter().filter(|(_, r)| matches!(r, Review::Waiting { .. })).count();
+        if waiting > 0 {
+            tracing::warn!("{waiting} Codex review(s) of a command never reported as a tool call; not reported");
+        }
+    }
+}
+
+impl Layer for CodexReview {
+    type Timer = Infallible;
+    type Event = Infallible;
+    type Reply = Infallible;
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        match frame.kind() {
+            Kind::Notification { method } if method == "session/update" => match frame.session_update() {
+                Some("tool_call" | "tool_call_update") => self.session_update(frame, cx),
+                _ => cx.to_client(frame),
+            },
+            Kind::Response { .. } => {
+                if let Some(r) = cx.answer_to(&frame)
+                    && r.is("session/prompt")
+                    && let Some(session) = r.session()
+                {
+                    let session = session.to_owned();
+                    self.turn_ended(&session);
+                }
+                cx.to_client(frame)
+            }
+            _ => cx.to_client(frame),
+        }
+    }
+}
