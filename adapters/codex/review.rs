@@ -358,3 +358,267 @@ impl Layer for CodexReview {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::testing::Harness;
+
+    const CWD: &str = "/w";
+
+    fn update(update: Value) -> Value {
+        json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1", "update": update}})
+    }
+
+    /// codex-acp's report of command call `id` running `command`.
+    fn command_call(id: &str, command: &str) -> Value {
+        update(json!({"sessionUpdate": "tool_call", "toolCallId": id, "kind": "execute", "title": command,
+            "status": "in_progress", "rawInput": {"command": command, "cwd": CWD}}))
+    }
+
+    /// The start of review `review` of `action`, as codex-acp reports it to an AIR client.
+    fn review_start(review: &str, action: Value) -> Value {
+        update(json!({"sessionUpdate": "tool_call", "toolCallId": format!("{REVIEW_CALL}{review}"), "kind": "think",
+            "title": "Guardian Review", "status": "in_progress", "rawInput": {"action": action},
+            "content": [{"type": "content", "content": {"type": "text", "text": "Action: exec x"}},
+                {"type": "content", "content": {"type": "text", "text": "Status: In progress"}}]}))
+    }
+
+    fn command_action(command: &str) -> Value {
+        json!({"type": "command", "source": "unifiedExec", "command": command, "cwd": CWD})
+    }
+
+    /// The end of review `review`, with `status` and its verdict text.
+    fn review_end(review: &str, status: &str, text: &str) -> Value {
+        update(json!({"sessionUpdate": "tool_call_update", "toolCallId": format!("{REVIEW_CALL}{review}"),
+            "status": status, "content": [{"type": "content", "content": {"type": "text", "text": "Action: exec x"}},
+                {"type": "content", "content": {"type": "text", "text": text}}]}))
+    }
+
+    /// The review Coda gets on call `id`.
+    fn on_call(id: &str, review: Value) -> Value {
+        update(json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "_meta": {"coda": {"review": review}}}))
+    }
+
+    fn harness() -> Harness {
+        Harness::of(CodexReview::new())
+    }
+
+    /// The order seen live: the call, its review's start, the verdict, the call's end.
+    #[test]
+    fn a_denied_and_an_approved_command_carry_their_verdicts() {
+        let mut h = harness();
+        let call = command_call("call_2", "rm -rf ../x");
+        h.from_agent(call.clone());
+        h.from_agent(review_start("r1", command_action("rm -rf ../x")));
+        h.from_agent(review_end(
+            "r1",
+            "failed",
+            "Status: Denied\nRisk: high\nAuthorization: low\nRationale: Deletes x",
+        ));
+        let end = update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "call_2", "status": "failed"}));
+        h.from_agent(end.clone());
+        assert_eq!(
+            h.to_client(),
+            [
+                call,
+                on_call("call_2", json!({"state": "reviewing"})),
+                on_call("call_2", json!({"state": "denied", "risk": "high", "reason": "Deletes x"})),
+                end
+            ]
+        );
+        h.from_agent(command_call("call_3", "touch y"));
+        h.from_agent(review_start("r2", command_action("touch y")));
+        h.from_agent(review_end("r2", "completed", "Status: Approved\nRisk: low\nRationale: Asked for.\nTwo lines."));
+        let got = h.to_client();
+        assert_eq!(
+            got[2],
+            on_call("call_3", json!({"state": "approved", "risk": "low", "reason": "Asked for.\nTwo lines."}))
+        );
+        assert!(h.to_agent().is_empty());
+    }
+
+    #[test]
+    fn a_reason_over_4000_characters_is_cut_to_4000() {
+        let mut h = harness();
+        h.from_agent(command_call("c", "ls"));
+        h.from_agent(review_start("r", command_action("ls")));
+        h.to_client();
+        let long = "审".repeat(REASON_MAX + 10);
+        h.from_agent(review_end("r", "failed", &format!("Status: Denied\nRationale: {long}")));
+        let got = h.to_client();
+        let reason = got[0]["params"]["update"]["_meta"]["coda"]["review"]["reason"].as_str().expect("a reason");
+        assert_eq!(reason.chars().count(), REASON_MAX);
+        assert!(reason.ends_with('…') && reason.starts_with("审审"));
+        // Exactly 4000 is kept whole.
+        let exact = "a".repeat(REASON_MAX);
+        assert_eq!(capped(exact.clone()), exact);
+    }
+
+    #[test]
+    fn missing_lines_and_an_unknown_risk_leave_those_fields_out() {
+        let mut h = harness();
+        h.from_agent(command_call("c", "ls"));
+        h.from_agent(review_start("r", command_action("ls")));
+        h.to_client();
+        // Only codex-acp's own status says how it ended; the risk is not one Coda knows.
+        h.from_agent(review_end("r", "failed", "Status: Something new\nRisk: severe\nRationale:   "));
+        assert_eq!(h.to_client(), [on_call("c", json!({"state": "denied"}))]);
+        // No text at all.
+        h.from_agent(command_call("d", "ls"));
+        h.from_agent(review_start("q", command_action("ls")));
+        h.from_agent(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "guardian_assessment:q",
+            "status": "completed", "content": "not blocks"})));
+        let got = h.to_client();
+        assert_eq!(got[2], on_call("d", json!({"state": "approved"})));
+        // An update that says nothing of the state changes nothing, and is not passed on.
+        h.from_agent(command_call("e", "ls"));
+        h.from_agent(review_start("p", command_action("ls")));
+        h.to_client();
+        h.from_agent(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "guardian_assessment:p"})));
+        assert!(h.to_client().is_empty());
+    }
+
+    #[test]
+    fn timed_out_and_aborted_reviews_are_denied() {
+        let mut h = harness();
+        for (n, (text, reason)) in [
+            ("Status: Timed out", "The automatic review timed out"),
+            ("Status: Aborted\nRationale: cancelled", "The automatic review was aborted: cancelled"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (call, review) = (format!("c{n}"), format!("r{n}"));
+            h.from_agent(command_call(&call, "make"));
+            h.from_agent(review_start(&review, command_action("make")));
+            h.from_agent(review_end(&review, "failed", text));
+            let got = h.to_client();
+            assert_eq!(got[2], on_call(&call, json!({"state": "denied", "reason": reason})), "{text}");
+        }
+    }
+
+    #[test]
+    fn unreadable_frames_of_a_review_are_dropped_and_others_pass() {
+        let mut h = harness();
+        // A lone surrogate: accepted by the frame check, unreadable as a value.
+        let bad_review = br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"tool_call","toolCallId":"guardian_assessment:r","title":"\ud800"}}}"#;
+        h.agent_frame(Frame::parse(bad_review.to_vec()).expect("a frame"));
+        assert!(h.to_client().is_empty(), "a review's frame is never passed on");
+        let bad_call = br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"\ud800"}}}"#;
+        h.agent_frame(Frame::parse(bad_call.to_vec()).expect("a frame"));
+        let got = h.take().to_client;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].bytes(), bad_call);
+        // Other updates pass untouched, byte for byte (numbers keep their spelling).
+        let chunk = br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"agent_message_chunk","n":1e400}}}"#;
+        h.agent_frame(Frame::parse(chunk.to_vec()).expect("a frame"));
+        assert_eq!(h.take().to_client[0].bytes(), chunk);
+    }
+
+    #[test]
+    fn a_review_whose_call_never_came_is_reported_nowhere() {
+        let mut h = harness();
+        h.from_client(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+            "params": {"sessionId": "s1", "prompt": []}}));
+        h.to_agent();
+        h.from_agent(review_start("r", command_action("ls")));
+        h.from_agent(review_end("r", "failed", "Status: Denied\nRationale: no"));
+        assert!(h.to_client().is_empty());
+        let answer = json!({"jsonrpc": "2.0", "id": 3, "result": {"stopReason": "end_turn"}});
+        h.from_agent(answer.clone());
+        assert_eq!(h.to_client(), [answer]);
+        // The turn is over: a later call of the same command is not taken for the reviewed one.
+        let call = command_call("late", "ls");
+        h.from_agent(call.clone());
+        assert_eq!(h.to_client(), [call]);
+    }
+
+    #[test]
+    fn a_review_before_its_call_is_on_the_calls_own_report() {
+        let mut h = harness();
+        h.from_agent(review_start("r", command_action("ls")));
+        assert!(h.to_client().is_empty());
+        let call = br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"tool_call","toolCallId":"c","kind":"execute","status":"in_progress","rawInput":{"command":"ls","cwd":"/w","n":1e400}}}}"#;
+        h.agent_frame(Frame::parse(call.to_vec()).expect("a frame"));
+        let got = h.take().to_client;
+        let text = String::from_utf8(got[0].bytes().to_vec()).expect("utf-8");
+        assert!(text.contains("1e400"), "{text}");
+        let v = got[0].value().expect("json");
+        assert_eq!(v["params"]["update"]["status"], "pending");
+        assert_eq!(v["params"]["update"]["_meta"]["coda"]["review"], json!({"state": "reviewing"}));
+        h.from_agent(review_end("r", "completed", "Status: Approved"));
+        assert_eq!(h.to_client(), [on_call("c", json!({"state": "approved"}))]);
+        // A review that ended before its call came: the call carries the verdict, its status as it was.
+        h.from_agent(review_start("q", command_action("pwd")));
+        h.from_agent(review_end("q", "failed", "Status: Denied\nRisk: critical"));
+        h.from_agent(command_call("d", "pwd"));
+        let got = h.to_client();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["params"]["update"]["status"], "in_progress");
+        assert_eq!(
+            got[0]["params"]["update"]["_meta"]["coda"]["review"],
+            json!({"state": "denied", "risk": "critical"})
+        );
+    }
+
+    #[test]
+    fn two_identical_commands_are_judged_in_the_order_they_were_reported() {
+        let mut h = harness();
+        h.from_agent(command_call("a", "make"));
+        h.from_agent(command_call("b", "make"));
+        h.from_agent(review_start("r1", command_action("make")));
+        h.from_agent(review_start("r2", command_action("make")));
+        h.from_agent(review_end("r2", "completed", "Status: Approved"));
+        h.from_agent(review_end("r1", "failed", "Status: Denied"));
+        let got = h.to_client();
+        assert_eq!(
+            got[2..],
+            [
+                on_call("a", json!({"state": "reviewing"})),
+                on_call("b", json!({"state": "reviewing"})),
+                on_call("b", json!({"state": "approved"})),
+                on_call("a", json!({"state": "denied"})),
+            ]
+        );
+        // A finished call is judged no more; another cwd is another command.
+        h.from_agent(update(json!({"sessionUpdate": "tool_call_update", "toolCallId": "a", "status": "failed"})));
+        h.from_agent(command_call("c", "make"));
+        let mut elsewhere = command_action("make");
+        elsewhere["cwd"] = json!("/other");
+        h.from_agent(review_start("r3", elsewhere));
+        h.from_agent(review_start("r4", command_action("make")));
+        let got = h.to_client();
+        assert_eq!(got[2..], [on_call("c", json!({"state": "reviewing"}))]);
+    }
+
+    #[test]
+    fn a_review_of_what_has_no_call_reaches_no_one() {
+        let mut h = harness();
+        h.from_agent(command_call("c", "curl example.com"));
+        h.to_client();
+        let network = json!({"type": "networkAccess", "target": "https://example.com", "host": "example.com",
+            "protocol": "https", "port": 443});
+        h.from_agent(review_start("n", network));
+        h.from_agent(review_end("n", "failed", "Status: Denied\nRisk: medium\nRationale: exfiltration"));
+        h.from_agent(review_start("m", json!({"type": "execve", "source": "shell", "program": "/bin/ls", "argv": []})));
+        h.from_agent(review_start("o", Value::Null));
+        assert!(h.to_client().is_empty());
+        // An update of a review whose start never came is not passed on either.
+        h.from_agent(review_end("unknown", "completed", "Status: Approved"));
+        assert!(h.to_client().is_empty());
+    }
+
+    #[test]
+    fn a_session_keeps_a_bounded_number_of_calls_and_reviews() {
+        let mut h = harness();
+        for n in 0..(KEPT * 3) {
+            h.from_agent(command_call(&format!("c{n}"), "same"));
+            h.from_agent(review_start(&format!("w{n}"), command_action(&format!("never {n}"))));
+        }
+        h.to_client();
+        let layer = h.layer::<CodexReview>(0);
+        let s = layer.sessions.get("s1").expect("the session");
+        assert!(s.calls.len() <= KEPT && s.reviews.len() <= KEPT, "{} {}", s.calls.len(), s.reviews.len());
+    }
+}
