@@ -5,8 +5,8 @@
 //! `scripts/install-clis codex`); with `CODA_RECORD=1` the recording goes to `fixtures/codex/auto-review/`. The
 //! session is switched to mode `agent` (reviewer `auto_review`); each turn runs one command that asks to leave the
 //! sandbox, and the fake model, asked by Codex's reviewer, denies the first and approves the second
-//! (`[[review:…]]`). Coda must get each verdict on the command's own call and never the review's call, and the
-//! denied command must not have run.
+//! (`[[review:…]]`); a third turn runs two identical commands in parallel, both approved. Coda must get each
+//! verdict on the command's own call and never the review's call, and the denied command must not have run.
 
 mod support;
 
@@ -32,7 +32,8 @@ fn call_of(received: &[Value], title: &str) -> (String, String) {
         .find(|u| u["sessionUpdate"] == "tool_call" && u["title"].as_str().is_some_and(|t| t.starts_with(title)))
         .unwrap_or_else(|| panic!("Coda got no tool call `{title}`"));
     let id = start["toolCallId"].as_str().expect("a toolCallId").to_owned();
-    let status = updates.iter().filter(|u| u["toolCallId"] == id.as_str()).filter_map(|u| u["status"].as_str()).last();
+    let status =
+        updates.iter().filter(|u| u["toolCallId"] == id.as_str()).filter_map(|u| u["status"].as_str()).next_back();
     (id, status.unwrap_or_default().to_owned())
 }
 
@@ -70,11 +71,18 @@ fn live_codex_auto_review() {
     let answer = rec.prompt(allow);
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     rec.quiet(Duration::from_millis(1500));
+    // Two identical commands called in parallel: each gets its own review.
+    let twin = "[[tool:exec_command|{\"cmd\":\"touch twin.txt\",\"sandbox_permissions\":\"require_escalated\",\
+        \"justification\":\"twin\"}]]";
+    let answer =
+        rec.prompt(&format!("twins [[review:allow|medium|Both create one file in the workspace]] {twin} {twin}"));
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    rec.quiet(Duration::from_millis(1500));
     let received = rec.finish();
 
     let reviewer_requests = model.model_requests().iter().filter(|r| r.body.to_string().contains("\"deny\"")).count();
     eprintln!("the reviewer was asked {reviewer_requests} times");
-    assert_eq!(reviewer_requests, 2, "one review per command");
+    assert_eq!(reviewer_requests, 4, "one review per command");
     for f in &received {
         assert!(!f.to_string().contains("guardian_assessment"), "Coda got the review's own call: {f}");
     }
@@ -99,12 +107,23 @@ fn live_codex_auto_review() {
     );
     assert_eq!(status, "completed");
     assert!(made.exists(), "the approved command did not run");
+    let twins: Vec<&Value> = received
+        .iter()
+        .map(|f| &f["params"]["update"])
+        .filter(|u| u["sessionUpdate"] == "tool_call" && u["title"] == "touch twin.txt")
+        .collect();
+    assert_eq!(twins.len(), 2, "two twin calls");
+    for call in twins {
+        let id = call["toolCallId"].as_str().expect("a toolCallId");
+        let verdict = json!({"state": "approved", "risk": "medium", "reason": "Both create one file in the workspace"});
+        assert_eq!(reviews_of(&received, id), [json!({"state": "reviewing"}), verdict], "{id}");
+    }
 
     keep(
         "codex",
         "auto-review",
         &trace,
         &root,
-        "mode agent (auto_review): a command escalated out of the sandbox, denied by the reviewer; then one approved",
+        "mode agent (auto_review): a command escalated out of the sandbox, denied by the reviewer; then one approved; then two identical commands in parallel, both approved",
     );
 }

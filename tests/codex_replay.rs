@@ -267,7 +267,7 @@ fn auto_review_verdicts_are_on_the_judged_calls() {
     let raw =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex/auto-review/trace.jsonl"))
             .expect("fixture");
-    assert_eq!(raw.matches("\"toolCallId\":\"guardian_assessment:").count(), 4, "codex-acp reported two reviews");
+    assert_eq!(raw.matches("\"toolCallId\":\"guardian_assessment:").count(), 8, "codex-acp reported four reviews");
     for f in &r.to_client {
         assert!(!f.to_string().contains("guardian_assessment"), "Coda got the review's own call: {f}");
     }
@@ -286,7 +286,8 @@ fn auto_review_verdicts_are_on_the_judged_calls() {
         reviews,
         [
             json!({"state": "reviewing"}),
-            json!({"state": "denied", "risk": "high", "reason": "Deletes a file outside the workspace that the user never named"}),
+            json!({"state": "denied", "risk": "high",
+                "reason": "Deletes a file outside the workspace that the user never named"}),
         ]
     );
     assert_eq!(end, "failed");
@@ -299,4 +300,20 @@ fn auto_review_verdicts_are_on_the_judged_calls() {
         ]
     );
     assert_eq!(end, "completed");
+    // Two identical commands in parallel: each its own review.
+    let twins: Vec<String> = updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call" && u["title"] == "touch twin.txt")
+        .map(|u| u["toolCallId"].as_str().expect("an id").to_owned())
+        .collect();
+    assert_eq!(twins.len(), 2);
+    let verdict = json!({"state": "approved", "risk": "medium", "reason": "Both create one file in the workspace"});
+    for id in &twins {
+        let reviews: Vec<Value> = updates
+            .iter()
+            .filter(|u| u["toolCallId"] == id.as_str())
+            .filter_map(|u| u.pointer("/_meta/coda/review").cloned())
+            .collect();
+        assert_eq!(reviews, [json!({"state": "reviewing"}), verdict.clone()], "{id}");
+    }
 }

@@ -16,8 +16,9 @@
 //!   (aborted and timed-out reviews are `denied`), with `risk` (only `low`, `medium`, `high`, `critical`) and
 //!   `reason` (the rationale, at most [`REASON_MAX`] characters), as a `tool_call_update` of the judged call.
 //! - The judged call is the oldest call of the session, reported and not finished, with no review yet, whose
-//!   `rawInput` has the action's exact `command` and `cwd`. Two such calls at once are told apart by their
-//!   order only (Codex reviews one call at a time, in order).
+//!   `rawInput` has the action's exact `command` and `cwd`. Two such calls at once are told apart by order
+//!   only: codex-acp reports each review's start right after its call (seen live with two identical parallel
+//!   calls), so a review is bound when it starts.
 //! - A review whose call is not known yet waits for it: the call's own `tool_call` then carries the review (as
 //!   `status: "pending"` while the review runs). A review of what no call of its own stands for (network access,
 //!   a patch, an MCP call, a subcommand of a running command) is reported nowhere, and a review still waiting
@@ -39,6 +40,9 @@ pub const REASON_MAX: usize = 4000;
 /// Calls kept per session as what a review may judge, and reviews kept waiting for their call.
 const KEPT: usize = 64;
 const RISKS: [&str; 4] = ["low", "medium", "high", "critical"];
+/// The actions codex-acp 2.6.0's reviewer judges; only `command` is a call of its own.
+const ACTIONS: [&str; 7] =
+    ["command", "execve", "writeStdin", "applyPatch", "networkAccess", "mcpToolCall", "requestPermissions"];
 
 /// A review's verdict so far, as Coda's `_meta.coda.review`.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,11 +210,12 @@ impl CodexReview {
                     }
                 }
                 _ => {
-                    let what = str_at(action, "/type")
-                        .filter(|t| t.len() <= 32 && t.bytes().all(|b| b.is_ascii_alphanumeric()));
+                    // Named only when it is one codex-acp 2.6.0 knows: the log quotes no peer content.
+                    let what = str_at(action, "/type").and_then(|t| ACTIONS.into_iter().find(|a| *a == t));
                     tracing::warn!(
-                        "Codex reviewed an action of type {} that has no tool call of its own; its verdict is not reported",
-                        what.unwrap_or("(unknown)")
+                        "Codex reviewed an action ({}) that has no tool call of its own; its verdict is not \
+                         reported",
+                        what.unwrap_or("of an unknown type")
                     );
                     Review::Nowhere
                 }

@@ -34,8 +34,8 @@
 //!
 //! Split by job: `server` (HTTP, the running server), `record` (the requests it received), `request` (each
 //! API's request read as one conversation, the tools it offers), `markers`, `origin` (main, subagent or side
-//! request), `review` (Codex's approval reviewer), `script` (the scripted answer), `wire` (each API's answer format). Each CLI's tool names and
-//! title phrases are in [`crate::cli`].
+//! request), `review` (Codex's approval reviewer), `script` (the scripted answer), `wire` (each API's answer
+//! format). Each CLI's tool names and title phrases are in [`crate::cli`].
 
 mod markers;
 mod origin;

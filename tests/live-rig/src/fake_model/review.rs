@@ -32,7 +32,7 @@ pub(super) fn review_reply(api: Api, body: &Value) -> Reply {
             Marker::Review { outcome, risk, rationale } => Some((outcome, risk, rationale)),
             _ => None,
         })
-        .last();
+        .next_back();
     let (outcome, risk, rationale) =
         verdict.unwrap_or_else(|| ("allow".into(), "low".into(), "fake model: no review marker".into()));
     let answer = json!({"outcome": outcome, "risk_level": risk, "user_authorization": "high", "rationale": rationale});
