@@ -110,7 +110,7 @@ fn verdict_of(update: &Value) -> Option<Verdict> {
     let mut status = None;
     let mut risk = None;
     let mut rationale = None;
-    if let Some(text) = text.as_deref() {
+    if let Some(text) = text {
         let mut at = 0;
         for line in text.split('\n') {
             if line.starts_with("Rationale:") {
@@ -152,12 +152,11 @@ fn verdict_of(update: &Value) -> Option<Verdict> {
 }
 
 /// The text block of a review's call that holds its verdict (`Status: …`).
-fn review_text(update: &Value) -> Option<String> {
+fn review_text(update: &Value) -> Option<&str> {
     let blocks = update.get("content").and_then(Value::as_array)?;
-    blocks.iter().find_map(|block| {
-        let text = block.pointer("/content/text").and_then(Value::as_str)?;
-        text.starts_with("Status:").then(|| text.to_owned())
-    })
+    blocks
+        .iter()
+        .find_map(|block| block.pointer("/content/text").and_then(Value::as_str).filter(|t| t.starts_with("Status:")))
 }
 
 /// `reason` cut to [`REASON_MAX`] characters, an ellipsis last when it was longer.
