@@ -625,4 +625,62 @@ mod tests {
         let s = layer.sessions.get("s1").expect("the session");
         assert!(s.calls.len() <= KEPT && s.reviews.len() <= KEPT, "{} {}", s.calls.len(), s.reviews.len());
     }
+
+    /// Thousands of frames in a fixed pseudo-random order (calls, reviews of them and of other actions, ends,
+    /// turn ends, odd shapes): no review's frame reaches Coda, every other frame reaches it byte for byte, and
+    /// what the layer adds is a `tool_call_update` with a readable review.
+    #[test]
+    fn any_order_of_calls_and_reviews_keeps_the_rules() {
+        let mut h = harness();
+        h.from_client(json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt",
+            "params": {"sessionId": "s1", "prompt": []}}));
+        h.to_agent();
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let commands = ["ls", "make", "rm -rf /"];
+        let statuses = ["completed", "failed", "in_progress", "pending", "odd"];
+        let texts = ["Status: Approved\nRisk: low", "Status: Denied\nRationale: x", "Status: Timed out", "Risk: 3", ""];
+        for _ in 0..5000 {
+            let command = commands[next(3) as usize];
+            let (n, r) = (next(6), format!("r{}", next(8)));
+            let sent = match next(8) {
+                0 | 1 => command_call(&format!("c{n}"), command),
+                2 => review_start(&r, command_action(command)),
+                3 => review_start(&r, json!({"type": "networkAccess", "host": 1e300})),
+                4 => review_end(&r, statuses[next(5) as usize], texts[next(5) as usize]),
+                5 => update(json!({"sessionUpdate": "tool_call_update", "toolCallId": format!("c{n}"),
+                    "status": statuses[next(5) as usize]})),
+                6 => update(json!({"sessionUpdate": "tool_call", "toolCallId": format!("{REVIEW_CALL}{r}"),
+                    "rawInput": [1, {"action": null}], "content": {"content": 7}})),
+                _ => json!({"jsonrpc": "2.0", "id": 1, "result": {"stopReason": "end_turn"}}),
+            };
+            let of_review = sent.to_string().contains(REVIEW_CALL);
+            if sent.get("id").is_some() {
+                h.from_client(json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt",
+                    "params": {"sessionId": "s1", "prompt": []}}));
+                h.to_agent();
+            }
+            h.from_agent(sent.clone());
+            let mut passed = false;
+            for got in h.to_client() {
+                assert!(!got.to_string().contains(REVIEW_CALL), "{got}");
+                if got == sent {
+                    passed = true;
+                    continue;
+                }
+                let update = &got["params"]["update"];
+                let review = update.pointer("/_meta/coda/review").unwrap_or_else(|| panic!("{got}"));
+                assert!(["reviewing", "approved", "denied"].contains(&review["state"].as_str().unwrap_or("")), "{got}");
+                if update["sessionUpdate"] == "tool_call" {
+                    passed = true;
+                }
+            }
+            assert_eq!(passed, !of_review, "{sent}");
+        }
+    }
 }
