@@ -363,17 +363,18 @@ async fn run_io(
                 st.set_time();
                 st.wake_due();
             }
-            input = client_in.recv(), if lc.reads_client() && !st.to_agent.full() && !st.to_client.full() => match input {
-                Some(Ok(batch)) => {
-                    st.set_time();
-                    batch.into_iter().for_each(|input| st.from_client(input));
-                }
-                Some(Err(e)) => {
-                    tracing::warn!("cannot read stdin: {e}");
-                    lc.client_input_ended(Instant::now().into_std());
-                }
-                None => lc.client_input_ended(Instant::now().into_std()),
-            },
+            input = client_in.recv(), if lc.reads_client() && !st.to_agent.full() && !st.to_client.full() =>
+                match input {
+                    Some(Ok(batch)) => {
+                        st.set_time();
+                        batch.into_iter().for_each(|input| st.from_client(input));
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("cannot read stdin: {e}");
+                        lc.client_input_ended(Instant::now().into_std());
+                    }
+                    None => lc.client_input_ended(Instant::now().into_std()),
+                },
             input = agent_in.recv(), if lc.reads_agent() && !st.to_client.full() => match input {
                 Some(Ok(batch)) => {
                     st.set_time();
