@@ -267,3 +267,172 @@ impl GrokCompact {
         cx.to_client(frame.rewritten(&v));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::testing::Harness;
+    use std::time::Duration;
+
+    const S: &str = "01a2350d-04b9-7631-977e-821743ed1d2a";
+
+    fn started() -> Harness {
+        let mut h = Harness::of(GrokCompact::new());
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
+        h.to_agent();
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{"loadSession":true}}}));
+        let init = h.to_client();
+        assert_eq!(init[0]["result"]["agentCapabilities"]["_meta"]["coda"]["compact"], json!({}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.to_agent();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
+        h.to_client();
+        h
+    }
+
+    fn compact(h: &mut Harness, id: &str, session: &str) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":"_coda/session/compact","params":{"sessionId":session}}));
+    }
+
+    fn completed(before: u64, after: u64) -> Value {
+        json!({"jsonrpc":"2.0","method":NOTIFICATION,"params":{"_meta":{"agentTimestampMs":1_796_186_078_044u64},
+            "sessionId":S,"update":{"sessionUpdate":COMPLETED,"summary_preview":null,"tokens_before":before,
+            "tokens_after":after}}})
+    }
+
+    fn prompt(h: &mut Harness, id: i64) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":S,
+            "prompt":[{"type":"text","text":"next"}]}}));
+    }
+
+    #[test]
+    fn between_turns_it_compacts_with_groks_counts_and_holds_prompts_until_the_answer() {
+        let mut h = started();
+        compact(&mut h, "c", S);
+        let asked = h.to_agent();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0]["method"], COMPACT);
+        assert_eq!(asked[0]["params"], json!({"sessionId":S}));
+        prompt(&mut h, 7);
+        assert!(h.to_agent().is_empty(), "the prompt waits for the compaction");
+        // Grok's notification passes on.
+        h.from_agent(completed(15, 8));
+        assert_eq!(h.to_client()[0]["params"]["update"]["sessionUpdate"], COMPLETED);
+        h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}}));
+        assert_eq!(
+            h.to_client(),
+            vec![json!({"jsonrpc":"2.0","id":"c","result":{"compacted":true,"before":15,"after":8}})]
+        );
+        let sent = h.to_agent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0]["id"], 7);
+        assert!(h.next_wake().is_none(), "the deadline is gone");
+    }
+
+    #[test]
+    fn an_empty_session_is_compacted_with_equal_counts() {
+        let mut h = started();
+        compact(&mut h, "c", S);
+        let asked = h.to_agent();
+        h.from_agent(completed(2262, 2262));
+        h.to_client();
+        h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}}));
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":true,"before":2262,"after":2262}));
+    }
+
+    #[test]
+    fn refusals_go_to_coda_and_nothing_to_grok() {
+        let mut h = started();
+        compact(&mut h, "u", "another");
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":compact::NOT_RUNNING}));
+        // Coda's turn.
+        prompt(&mut h, 3);
+        h.to_agent();
+        compact(&mut h, "t", S);
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":compact::TURN_RUNNING}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}));
+        h.to_client();
+        // Grok's own turn (a wake after a background task).
+        h.from_agent(json!({"jsonrpc":"2.0","method":QUEUE_CHANGED,"params":{"sessionId":S,"entries":[],
+            "runningPromptId":"task-completed-t1","runningKind":"prompt"}}));
+        h.to_client();
+        compact(&mut h, "g", S);
+        assert_eq!(h.to_client()[0]["result"]["reason"], compact::TURN_RUNNING);
+        h.from_agent(json!({"jsonrpc":"2.0","method":QUEUE_CHANGED,"params":{"sessionId":S,"entries":[]}}));
+        h.to_client();
+        assert!(h.to_agent().is_empty());
+        compact(&mut h, "ok", S);
+        assert_eq!(h.to_agent()[0]["method"], COMPACT, "idle again");
+        compact(&mut h, "again", S);
+        assert_eq!(h.to_client()[0]["result"]["reason"], compact::ALREADY);
+    }
+
+    #[test]
+    fn a_failure_is_not_compacted_with_groks_message() {
+        let mut h = started();
+        compact(&mut h, "c", S);
+        let asked = h.to_agent();
+        prompt(&mut h, 4);
+        h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"error":{"code":-32603,"message":"Internal error",
+            "data":{"kind":"compact_failed","message":"degenerate summary (26 chars for ~2276 input tokens)"}}}));
+        assert_eq!(
+            h.to_client()[0]["result"],
+            json!({"compacted":false,"reason":"Grok could not compact: degenerate summary (26 chars for ~2276 input tokens)"})
+        );
+        assert_eq!(h.to_agent()[0]["id"], 4, "the held prompt goes on");
+    }
+
+    #[test]
+    fn grok_that_never_answers_is_cancelled_at_the_deadline_and_its_late_answer_dropped() {
+        let mut h = started();
+        compact(&mut h, "c", S);
+        let asked = h.to_agent();
+        prompt(&mut h, 5);
+        h.advance(compact::DEADLINE - Duration::from_secs(1));
+        assert!(h.to_client().is_empty());
+        h.advance(Duration::from_secs(1));
+        assert_eq!(
+            h.to_client(),
+            vec![json!({"jsonrpc":"2.0","id":"c","result":{"compacted":false,"reason":compact::TIMED_OUT}})]
+        );
+        let out = h.to_agent();
+        assert_eq!(out[0], json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}}));
+        assert_eq!(out[1]["id"], 5);
+        h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}}));
+        assert!(h.to_client().is_empty(), "a late answer is the shim's own, dropped");
+    }
+
+    #[test]
+    fn hostile_requests_and_answers() {
+        let mut h = started();
+        for params in [json!({}), json!({"sessionId": 7}), json!({"sessionId": ""}), json!([[[[]]]])] {
+            h.from_client(json!({"jsonrpc":"2.0","id":9,"method":"_coda/session/compact","params":params}));
+            assert_eq!(h.to_client()[0]["error"]["code"], -32602);
+        }
+        // A number too large for a float beside the session: read, answered by the shim, never passed on.
+        let huge = r#"{"jsonrpc":"2.0","id":9,"method":"_coda/session/compact","params":{"sessionId":"s","n":1e400}}"#;
+        h.client_frame(Frame::parse(huge.as_bytes().to_vec()).expect("a frame"));
+        assert_eq!(h.to_client()[0]["result"]["reason"], compact::NOT_RUNNING);
+        assert!(h.to_agent().is_empty());
+        // Nesting too deep to read never reaches a layer: the engine answers it (tests/depth.rs).
+        let n = crate::json::MAX_DEPTH + 5;
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"_coda/session/compact","params":{}{}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        );
+        assert!(Frame::parse(deep.into_bytes()).is_err());
+        // A result with a huge message and an unreadable update do not panic.
+        compact(&mut h, "c", S);
+        let asked = h.to_agent();
+        let bad = format!(
+            r#"{{"jsonrpc":"2.0","method":"{NOTIFICATION}","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"{COMPLETED}","tokens_before":1e400,"tokens_after":-3}}}}}}"#
+        );
+        h.agent_frame(Frame::parse(bad.into_bytes()).expect("a frame"));
+        assert_eq!(h.to_client().len(), 1, "Grok's frame passes on");
+        let long = "x".repeat(100_000);
+        h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"error":{"code":-32603,"message":long}}));
+        let reason = h.to_client()[0]["result"]["reason"].as_str().unwrap().to_owned();
+        assert!(reason.chars().count() < 600, "{}", reason.len());
+    }
+}

@@ -257,3 +257,190 @@ impl GrokUsage {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::testing::Harness;
+    use serde_json::json;
+
+    const S: &str = "01a23508-7405-7612-8cc8-1d2ec4083a1a";
+    const T0: u64 = 1_796_186_076_330;
+
+    fn started() -> Harness {
+        let mut h = Harness::of(GrokUsage::new());
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.to_agent();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S,"models":{"currentModelId":"fake",
+            "availableModels":[{"modelId":"grok-4.6","_meta":{"totalContextTokens":500000}},
+            {"modelId":"fake","_meta":{"totalContextTokens":32000}}]}}}));
+        h.to_client();
+        h
+    }
+
+    fn stamped(session: &str, update: &str, turn: u64, stream: u64, now: u64) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"_meta":{"agentTimestampMs":now,
+            "streamStartMs":stream,"turnStartMs":turn,"totalTokens":15},"sessionId":session,
+            "update":{"sessionUpdate":update,"toolCallId":"call_4"}}})
+    }
+
+    fn note(session: &str, update: Value, now: Option<u64>) -> Value {
+        let mut v = json!({"jsonrpc":"2.0","method":NOTIFICATION,"params":{"sessionId":session,"update":update}});
+        if let Some(now) = now {
+            v["params"]["_meta"] = json!({"agentTimestampMs": now});
+        }
+        v
+    }
+
+    fn response(input: u64, read: u64, created: u64, output: u64) -> Value {
+        json!({"sessionUpdate":"response_completed","usage":{"input_tokens":input,"cache_read_input_tokens":read,
+            "cache_creation_input_tokens":created,"output_tokens":output,"reasoning_tokens":0}})
+    }
+
+    /// Frames reaching the client for one agent frame: the frame itself first, untouched.
+    fn agent(h: &mut Harness, v: Value) -> Vec<Value> {
+        h.from_agent(v.clone());
+        let out = h.to_client();
+        assert_eq!(out.first(), Some(&v), "Grok's own frame goes on first and untouched");
+        out[1..].to_vec()
+    }
+
+    fn iso(ms: u64) -> String {
+        crate::coda::usage::iso(at(ms)).unwrap()
+    }
+
+    #[test]
+    fn a_tool_call_turn_ends_with_one_usage_update_carrying_the_last_requests_facts() {
+        let mut h = started();
+        // First request: sent at the turn's start; the stream began 12 ms later.
+        assert!(agent(&mut h, stamped(S, "tool_call", T0, T0 + 12, T0 + 14)).is_empty());
+        assert!(agent(&mut h, note(S, response(1000, 200, 30, 50), None)).is_empty());
+        assert!(agent(&mut h, stamped(S, "tool_call_update", T0, T0 + 12, T0 + 90)).is_empty());
+        // Second request: after the tool's result (the latest stamp), stream 4 ms later.
+        assert!(agent(&mut h, stamped(S, "agent_message_chunk", T0, T0 + 94, T0 + 95)).is_empty());
+        assert!(agent(&mut h, note(S, response(1300, 1000, 0, 20), None)).is_empty());
+        let out = agent(
+            &mut h,
+            note(
+                S,
+                json!({"sessionUpdate":"turn_completed","prompt_id":"p1","stop_reason":"end_turn"}),
+                Some(T0 + 120),
+            ),
+        );
+        assert_eq!(
+            out,
+            vec![json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,"update":{
+                "sessionUpdate":"usage_update","used":2320,"size":32000,
+                "_meta":{"coda":{"lastRequestAt":iso(T0 + 90),"contextTokens":2300}}}}})]
+        );
+    }
+
+    #[test]
+    fn the_first_request_of_a_turn_is_its_start_and_never_after_the_stream() {
+        let mut h = started();
+        agent(&mut h, stamped(S, "agent_message_chunk", T0, T0 + 5, T0 + 6));
+        agent(&mut h, note(S, response(10, 0, 0, 5), None));
+        let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0 + 9)));
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["lastRequestAt"], iso(T0));
+        // Stamps out of order (a later frame before the stream's start): capped at the stream.
+        let t1 = T0 + 1000;
+        agent(&mut h, stamped(S, "tool_call", t1, t1 + 10, t1 + 50));
+        agent(&mut h, stamped(S, "agent_message_chunk", t1, t1 + 20, t1 + 21));
+        let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(t1 + 30)));
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["lastRequestAt"], iso(t1 + 20));
+    }
+
+    #[test]
+    fn a_compaction_sends_one_with_compacted_at_and_groks_tokens_after() {
+        let mut h = started();
+        agent(&mut h, stamped(S, "agent_message_chunk", T0, T0 + 5, T0 + 6));
+        agent(&mut h, note(S, response(10, 0, 0, 5), None));
+        agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0 + 9)));
+        let done = json!({"sessionUpdate":"auto_compact_completed","tokens_before":15,"tokens_after":8});
+        let out = agent(&mut h, note(S, done, Some(T0 + 2000)));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["params"]["update"]["used"], 8);
+        assert_eq!(
+            out[0]["params"]["update"]["_meta"]["coda"],
+            json!({"lastRequestAt":iso(T0),"contextTokens":10,"compactedAt":iso(T0 + 2000)})
+        );
+        // It stays on the next turn's.
+        agent(&mut h, stamped(S, "agent_message_chunk", T0 + 3000, T0 + 3005, T0 + 3006));
+        let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0 + 3010)));
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["compactedAt"], iso(T0 + 2000));
+    }
+
+    #[test]
+    fn a_subagents_session_and_replayed_history_get_none() {
+        let mut h = started();
+        assert!(agent(&mut h, stamped("child-1", "agent_message_chunk", T0, T0 + 5, T0 + 6)).is_empty());
+        assert!(agent(&mut h, note("child-1", response(10, 0, 0, 5), None)).is_empty());
+        assert!(agent(&mut h, note("child-1", json!({"sessionUpdate":"turn_completed"}), Some(T0 + 9))).is_empty());
+        h.from_client(json!({"jsonrpc":"2.0","id":5,"method":"session/load","params":{"sessionId":"old","cwd":"/w"}}));
+        h.to_agent();
+        h.from_agent(json!({"jsonrpc":"2.0","id":5,"result":{"models":{"currentModelId":"fake",
+            "availableModels":[{"modelId":"fake","_meta":{"totalContextTokens":32000}}]}}}));
+        h.to_client();
+        h.from_client(json!({"jsonrpc":"2.0","id":6,"method":"session/load","params":{"sessionId":"old","cwd":"/w"}}));
+        h.to_agent();
+        assert!(agent(&mut h, note("old", json!({"sessionUpdate":"turn_completed"}), Some(T0))).is_empty());
+    }
+
+    #[test]
+    fn the_window_follows_the_model_coda_sets() {
+        let mut h = started();
+        agent(&mut h, note(S, response(10, 0, 0, 5), None));
+        h.from_client(
+            json!({"jsonrpc":"2.0","id":8,"method":"session/set_model","params":{"sessionId":S,"modelId":"grok-4.6"}}),
+        );
+        h.to_agent();
+        h.from_agent(json!({"jsonrpc":"2.0","id":8,"result":{}}));
+        h.to_client();
+        let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0)));
+        assert_eq!(out[0]["params"]["update"]["size"], 500000);
+        // A refused change changes nothing.
+        h.from_client(json!({"jsonrpc":"2.0","id":9,"method":"session/set_config_option","params":{"sessionId":S,
+            "configId":"model","value":"fake"}}));
+        h.to_agent();
+        h.from_agent(json!({"jsonrpc":"2.0","id":9,"error":{"code":-32602,"message":"no"}}));
+        h.to_client();
+        let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0)));
+        assert_eq!(out[0]["params"]["update"]["size"], 500000);
+    }
+
+    #[test]
+    fn hostile_stamps_and_counts_never_panic_or_lose_the_frame() {
+        let mut h = started();
+        for raw in [
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"streamStartMs":1e400}},"sessionId":"{S}","update":{{"sessionUpdate":"agent_message_chunk"}}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"streamStartMs":-5,"turnStartMs":"x"}},"sessionId":"{S}","update":{{"sessionUpdate":"agent_message_chunk"}}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"{NOTIFICATION}","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"response_completed","usage":{{"input_tokens":18446744073709551615,"cache_read_input_tokens":18446744073709551615,"output_tokens":"many"}}}}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"{NOTIFICATION}","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"turn_completed","x":"\xff"}}}}}}"#
+            ),
+        ] {
+            let Ok(frame) = Frame::parse(raw.clone().into_bytes()) else { continue };
+            h.agent_frame(frame);
+            let out = h.take().to_client;
+            assert_eq!(out[0].bytes(), raw.as_bytes(), "passed on as it came");
+        }
+        // Invalid UTF-8 inside a string: read or not, the frame goes on as it came.
+        let mut raw = format!(r#"{{"jsonrpc":"2.0","method":"{NOTIFICATION}","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"turn_completed","x":"#).into_bytes();
+        raw.extend_from_slice(b"\"\xff\xfe\"}}}");
+        if let Ok(frame) = Frame::parse(raw.clone()) {
+            h.agent_frame(frame);
+            let out = h.take().to_client;
+            assert_eq!(out[0].bytes(), &raw[..]);
+        }
+        // Saturated, not wrapped: the next update says the largest count.
+        let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0)));
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], u64::MAX);
+        assert!(out[0]["params"]["update"]["_meta"]["coda"].get("lastRequestAt").is_none(), "no stamp was readable");
+    }
+}
