@@ -1,4 +1,4 @@
-//! Live: Grok Build's background commands and subagents, and Coda's steering, through coda-grok, recorded as
+//! Live: Grok Build's background commands and subagents, Coda's steering and compaction, through coda-grok, recorded as
 //! fixtures.
 //!
 //! Opt-in: `CODA_LIVE=1 cargo test --test grok_live` (after `scripts/install-clis grok`); with `CODA_RECORD=1`
@@ -6,7 +6,10 @@
 //! Coda got from the real CLI, then replays its recording through the same shim. `live_grok_steering` (section
 //! 插话): a steer during a running tool call is answered `injected`, the model's next request carries its text
 //! exactly once, and the turn ends as one `session/prompt` answer; a steer between turns is answered
-//! `promptRequired` and Grok (and so the model) never sees it.
+//! `promptRequired` and Grok (and so the model) never sees it. `live_grok_compact_and_usage` (sections 压缩上下文,
+//! 用量里的数据): `_coda/session/compact` between turns compacts (the next model request is smaller) with a
+//! prompt sent during it run after it, during a turn and for an unknown session it is refused, and every root
+//! `usage_update` matches the fake model's log (`lastRequestAt` within 250 ms of the request's arrival).
 
 mod support;
 
