@@ -1,5 +1,5 @@
-//! Live: Grok Build's background commands and subagents, Coda's steering and compaction, through coda-grok, recorded as
-//! fixtures.
+//! Live: Grok Build's background commands and subagents, Coda's steering and compaction, through coda-grok,
+//! recorded as fixtures.
 //!
 //! Opt-in: `CODA_LIVE=1 cargo test --test grok_live` (after `scripts/install-clis grok`); with `CODA_RECORD=1`
 //! the recordings go to `fixtures/grok/<scenario>/`. Each activity scenario asserts the `_coda/wait` sequence
