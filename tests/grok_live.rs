@@ -374,7 +374,7 @@ fn check_usage(
     assert!(!updates.is_empty(), "no usage_update");
     for (received, u) in updates {
         let coda = &u["params"]["update"]["_meta"]["coda"];
-        let last = requests.iter().filter(|r| r.at <= *received).next_back().expect("a request before it");
+        let last = requests.iter().rfind(|r| r.at <= *received).expect("a request before it");
         let at = iso_ms(coda["lastRequestAt"].as_str().unwrap_or_else(|| panic!("no lastRequestAt: {u}")));
         errors.push(at - ms_of(last.at));
         assert_eq!(coda["contextTokens"], 10, "{u}");
