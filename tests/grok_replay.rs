@@ -272,3 +272,21 @@ fn compaction_during_a_turn_is_refused_and_grok_never_hears_of_it() {
     let update = position(&frames, |f| f.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")));
     assert!(update < end, "the usage_update is inside the turn it describes");
 }
+
+#[test]
+fn a_turn_grok_runs_by_itself_ends_with_a_usage_update_too() {
+    let frames = replayed("bg-task-wakes");
+    let wake_end = position(&frames, |f| {
+        f.pointer("/params/update/prompt_id").and_then(Value::as_str).is_some_and(|p| p.starts_with("task-completed-"))
+            && f["params"]["update"]["sessionUpdate"] == "turn_completed"
+    });
+    assert!(wake_end < usize::MAX, "Grok's own turn ended");
+    // Right after it (the wait's own report may come between).
+    let next = frames[wake_end + 1..]
+        .iter()
+        .take(2)
+        .find(|f| f.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")))
+        .unwrap_or_else(|| panic!("no usage_update after Grok's own turn: {:#?}", &frames[wake_end..]));
+    assert_eq!(next["params"]["sessionId"], the_session(&frames));
+    assert!(next["params"]["update"]["_meta"]["coda"]["lastRequestAt"].is_string(), "{next}");
+}
