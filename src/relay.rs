@@ -120,11 +120,14 @@ struct Loop {
     exits: Exits,
     /// Runs the jobs layers ask for off the loop; their results come back on the loop's `done` queue.
     pool: Pool,
+    /// Jobs handed to the pool whose results have not come back.
+    working: usize,
 }
 
 impl Loop {
     fn route(&mut self, mut exits: Exits) {
         for job in self.stack.take_work() {
+            self.working += 1;
             self.pool.run(job);
         }
         for f in exits.to_agent.drain(..) {
@@ -227,6 +230,7 @@ impl Loop {
 
     /// A layer's job is done: its result is the layer's next input.
     fn done(&mut self, done: Done) {
+        self.working = self.working.saturating_sub(1);
         let mut exits = std::mem::take(&mut self.exits);
         self.stack.done(done, &mut exits);
         self.route(exits);
@@ -336,6 +340,7 @@ async fn run_io(
         to_agent: Queue::default(),
         exits: Exits::default(),
         pool: Pool::from_env(done_tx),
+        working: 0,
     };
     let mut client_open = true;
     // The client closed its end while unread input may still wait (see `transport::watch_hangup`).
@@ -503,6 +508,24 @@ async fn run_io(
         }
     }
 
+    // Frames a layer holds for a job (a file being read) go out once it is done: waited for a little.
+    let jobs_deadline = Instant::now() + DRAIN_AFTER_EXIT;
+    while st.working > 0 {
+        match tokio::time::timeout_at(jobs_deadline, done_rx.recv()).await {
+            Ok(Some(done)) => {
+                st.set_time();
+                st.done(done);
+            }
+            Ok(None) => break,
+            Err(_) => {
+                tracing::warn!(
+                    "{} layer jobs were not done within {DRAIN_AFTER_EXIT:?} of the end; not waited for",
+                    st.working
+                );
+                break;
+            }
+        }
+    }
     let status = exited.unwrap_or_else(|| ExitStatus::from_raw(1 << 8));
     let mut stderr_tail = Vec::new();
     if let Some(p) = process {
