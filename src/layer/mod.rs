@@ -10,9 +10,25 @@
 //! peer, requests of its own to the agent ([`Cx::request`], answered in [`Layer::on_reply`]) and wake-ups
 //! ([`Cx::after`], run in [`Layer::on_timer`]). It never spawns a thread to sleep, reads the clock, or
 //! reads the environment after set-up (the adapter's set-up reads the environment and hands it to the
-//! layer's constructor). Threads that do real I/O (a file watcher, an event stream, a probe) hand their
-//! results in through an [`EventSender`], in order with the frames. [`testing::Harness`] drives a stack by
-//! hand, with a clock that moves only when the test says so.
+//! layer's constructor), and never touches a file or starts a thread. I/O it needs it asks for as a job
+//! ([`Cx::work`]): a closure that does the I/O and returns a value, and a method of the layer that takes that
+//! value; the engine runs the job off the relay loop ([`work::Pool`]) and calls the method with a `Cx` as one
+//! more input, in arrival order with frames, events and wake-ups:
+//!
+//! ```ignore
+//! fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+//!     let path = self.path.clone();
+//!     cx.work(move || std::fs::read(&path).ok(), Me::on_read); // the job owns what it needs
+//!     self.held.push(frame);                                    // what waits for it, the layer keeps
+//! }
+//! fn on_read(&mut self, bytes: Option<Vec<u8>>, cx: &mut Cx) { /* emit what was held */ }
+//! ```
+//!
+//! A layer that must hold frames for a job keeps the order of what depends on them (see
+//! `adapters/kimi/title.rs`: a session's frames wait, others go on). Threads set up with the stack (a file
+//! watcher, an event stream) hand their results in through an [`EventSender`], in order with the frames.
+//! [`testing::Harness`] drives a stack by hand, with a clock that moves only when the test says so, and runs
+//! jobs at once after the input that asked (or on demand: [`testing::Harness::hold_work`]).
 //!
 //! Each layer names its own types ([`Layer::Timer`], [`Layer::Event`], [`Layer::Reply`]; `Infallible` where
 //! it has none): its wake-ups, events and request tags come back as the values it asked with. The stack

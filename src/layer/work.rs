@@ -169,8 +169,25 @@ impl Drop for Pool {
     }
 }
 
+/// How much lower than the relay's a worker's scheduling priority is (its nice value, on Linux): a job that
+/// burns CPU (parsing a large file) gives way to the loop on a busy machine instead of sharing a core.
+const WORKER_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority (Linux, where a nice value is per thread; elsewhere nothing).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take and return plain integers; they touch no memory of ours.
+        let tid = unsafe { libc::gettid() };
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, WORKER_NICE) } != 0 {
+            tracing::debug!("cannot lower a worker's priority: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
 /// A worker: takes jobs until the pool is gone and the queue empty (or nobody takes results any more).
 fn work(shared: &Queue, results: &tokio::sync::mpsc::UnboundedSender<Done>) {
+    lower_priority();
     loop {
         let job = {
             let mut q = shared.lock();
