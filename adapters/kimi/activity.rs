@@ -36,9 +36,13 @@ pub struct Opened {
     result: Result<(Started, Option<watch::Handle>), WatchError>,
 }
 
-/// What reached the layer for a session whose watch is being started, handled once it is.
+/// What reached the layer for a session whose watch is being started, handled once it is, in order.
 enum Waiting {
-    Frame(Frame),
+    /// Kimi's answer that named the session: the client gets it once the watch has noted where the files
+    /// end, so that what the client causes after it is read as new.
+    Answer(Frame),
+    FromClient(Frame),
+    FromAgent(Frame),
     Scan(Scan),
 }
 
@@ -155,12 +159,15 @@ impl Activity {
     /// Starts the watch of a session's files, as a job (a few reads of folders and sizes; the watch itself
     /// runs on a thread of its own): the answer that named the session does not wait for it; the client's
     /// frames of that session do, so that its prompts are handled as the session's.
-    fn open_session(&mut self, session: &str, seen: SystemTime, cx: &mut Cx) {
-        if self.sessions.contains_key(session) || self.opening.contains_key(session) {
-            return;
+    fn open_session(&mut self, session: &str, seen: SystemTime, answer: Frame, cx: &mut Cx) {
+        if self.sessions.contains_key(session) {
+            return cx.to_client(answer);
+        }
+        if let Some(waiting) = self.opening.get_mut(session) {
+            return waiting.push_back(Waiting::Answer(answer));
         }
         self.off.remove(session);
-        self.opening.insert(session.to_owned(), VecDeque::new());
+        self.opening.insert(session.to_owned(), VecDeque::from([Waiting::Answer(answer)]));
         let (start, session) = (self.start.clone(), session.to_owned());
         cx.work(
             move || {
@@ -177,7 +184,9 @@ impl Activity {
         self.begin_watch(&session, seen, result);
         for w in waiting {
             match w {
-                Waiting::Frame(f) => self.from_client(f, cx),
+                Waiting::Answer(f) => cx.to_client(f),
+                Waiting::FromClient(f) => self.from_client(f, cx),
+                Waiting::FromAgent(f) => self.from_agent(f, cx),
                 Waiting::Scan(scan) => self.on_scan(scan, cx),
             }
         }
@@ -339,7 +348,7 @@ impl Layer for Activity {
                 .and_then(|v| sonic_rs::JsonValueTrait::as_str(v))
                 .and_then(|sid| self.opening.get_mut(sid))
             {
-                waiting.push_back(Waiting::Frame(frame));
+                waiting.push_back(Waiting::FromClient(frame));
                 return;
             }
         }
@@ -399,6 +408,18 @@ impl Layer for Activity {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        if !self.opening.is_empty() {
+            // Kimi's frames of a session whose watch is being started stay behind the answer that named it.
+            let session = match frame.kind() {
+                Kind::Response { .. } => cx.answer_to(&frame).and_then(|r| r.session()).map(str::to_owned),
+                _ => sonic_rs::get(frame.bytes(), &["params", "sessionId"])
+                    .ok()
+                    .and_then(|v| sonic_rs::JsonValueTrait::as_str(&v).map(str::to_owned)),
+            };
+            if let Some(waiting) = session.and_then(|sid| self.opening.get_mut(&sid)) {
+                return waiting.push_back(Waiting::FromAgent(frame));
+            }
+        }
         let Kind::Response { id } = frame.kind() else {
             if !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
                 // Output ends the quiet of that session's prompts only: a quiet failed turn elsewhere keeps
@@ -439,9 +460,9 @@ impl Layer for Activity {
             };
             let ok = v.get("result").is_some();
             let sid = v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
-            cx.to_client(frame);
-            if ok && let Some(sid) = sid.or(asked) {
-                self.open_session(&sid, seen, cx);
+            match sid.or(asked) {
+                Some(sid) if ok => self.open_session(&sid, seen, frame, cx),
+                _ => cx.to_client(frame),
             }
             return;
         }
