@@ -15,10 +15,13 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use super::{AnyLayer, Cx, Stack, misrouted};
 
+/// Hands a job's result to its layer.
+type Deliver = Box<dyn FnOnce(&mut dyn AnyLayer, &mut Cx) + Send>;
+
 /// The result of a job, ready to be handed to its layer.
 pub struct Done {
     pub(super) layer: usize,
-    pub(super) deliver: Box<dyn FnOnce(&mut dyn AnyLayer, &mut Cx) + Send>,
+    pub(super) deliver: Deliver,
 }
 
 /// A job a layer asked for: runs on any thread, once.
@@ -45,7 +48,7 @@ impl Job {
                     None => misrouted("the result of a job", std::any::type_name::<L>(), name),
                 }
             };
-            Done { layer, deliver: Box::new(deliver) as Box<dyn FnOnce(&mut dyn AnyLayer, &mut Cx) + Send> }
+            Done { layer, deliver: Box::new(deliver) as Deliver }
         };
         Job { layer, run: Box::new(run) }
     }
