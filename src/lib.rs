@@ -73,6 +73,7 @@ pub mod maybe;
 pub mod private_file;
 pub mod relay;
 pub mod replay;
+pub mod scan;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;
