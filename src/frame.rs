@@ -366,10 +366,8 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
             if let Some(at) = json::too_deep(bytes) {
                 if !json::brackets_close(bytes) {
-                    let message = format!(
-                        "parse error: brackets or a string left open, deeper than {} levels",
-                        json::MAX_DEPTH
-                    );
+                    let message =
+                        format!("parse error: brackets or a string left open, deeper than {} levels", json::MAX_DEPTH);
                     return Err(Invalid { code: -32700, message, id: None, too_deep: false, has_method: false });
                 }
                 let (id, has_method) = sniff(&bytes[..at]);

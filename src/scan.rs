@@ -27,10 +27,6 @@ impl Str {
             std::str::from_utf8(&line[self.start..self.end]).ok().map(std::borrow::Cow::Borrowed)
         }
     }
-
-    fn is(&self, line: &[u8], name: &str) -> bool {
-        if self.escaped { self.text(line).is_some_and(|t| t == name) } else { &line[self.start..self.end] == name.as_bytes() }
-    }
 }
 
 /// What the line is at its top.
@@ -38,7 +34,9 @@ impl Str {
 pub enum Top {
     Object,
     /// An array: a batch, or `[]`.
-    Array { empty: bool },
+    Array {
+        empty: bool,
+    },
     /// A string, number or literal.
     #[default]
     Other,
@@ -84,351 +82,434 @@ impl std::fmt::Display for Error {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Field {
-    Jsonrpc,
-    Id,
-    Method,
-    Result,
-    Error,
-    Params,
-    Other,
+    Jsonrpc = 0,
+    Id = 1,
+    Method = 2,
+    Result = 3,
+    Error = 4,
+    Params = 5,
+    Other = 6,
 }
 
-const FIELDS: [(&str, Field); 6] = [
-    ("jsonrpc", Field::Jsonrpc),
-    ("id", Field::Id),
-    ("method", Field::Method),
-    ("result", Field::Result),
-    ("error", Field::Error),
-    ("params", Field::Params),
+/// A key of at most 16 bytes as two little-endian words and its length (longer keys are no name looked for).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Packed(u64, u64, usize);
+
+const fn pack(name: &[u8]) -> Packed {
+    let (mut lo, mut hi, mut i) = (0u64, 0u64, 0);
+    while i < name.len() {
+        if i < 8 {
+            lo |= (name[i] as u64) << (8 * i);
+        } else {
+            hi |= (name[i] as u64) << (8 * (i - 8));
+        }
+        i += 1;
+    }
+    Packed(lo, hi, name.len())
+}
+
+const JSONRPC: Packed = pack(b"jsonrpc");
+const ID: Packed = pack(b"id");
+const METHOD: Packed = pack(b"method");
+const RESULT: Packed = pack(b"result");
+const ERROR: Packed = pack(b"error");
+const PARAMS: Packed = pack(b"params");
+const UPDATE: Packed = pack(b"update");
+const SESSION_UPDATE: Packed = pack(b"sessionUpdate");
+
+/// The raw bytes `line[start..end]` packed as [`pack`] does, cheaply: one or two word loads where the line
+/// has the room; `None` for a key longer than 16 bytes.
+fn packed(line: &[u8], start: usize, end: usize) -> Option<Packed> {
+    let len = end - start;
+    if len > 16 {
+        return None;
+    }
+    let word = |at: usize, n: usize| -> u64 {
+        if n == 0 {
+            return 0;
+        }
+        let n = n.min(8);
+        let w = match line.get(at..at + 8) {
+            Some(chunk) => u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
+            None => line[at..at + n].iter().rev().fold(0u64, |w, &c| w << 8 | u64::from(c)),
+        };
+        if n == 8 { w } else { w & ((1u64 << (8 * n)) - 1) }
+    };
+    Some(Packed(word(start, len), word(start + 8, len.saturating_sub(8)), len))
+}
+
+/// A key as [`Packed`], unescaped first when it has an escape.
+fn key_of(line: &[u8], key: &Str) -> Option<Packed> {
+    if !key.escaped {
+        return packed(line, key.start, key.end);
+    }
+    let text = key.text(line)?;
+    let t = text.as_bytes();
+    (t.len() <= 16).then(|| pack_runtime(t))
+}
+
+fn pack_runtime(t: &[u8]) -> Packed {
+    let mut p = Packed(0, 0, t.len());
+    for (i, &c) in t.iter().enumerate() {
+        if i < 8 {
+            p.0 |= u64::from(c) << (8 * i);
+        } else {
+            p.1 |= u64::from(c) << (8 * (i - 8));
+        }
+    }
+    p
+}
+
+/// Why the scan stopped, as a short code (kept small: it travels in registers); see [`WHY`].
+type Bad = u8;
+
+const WHY: [&str; 11] = [
+    "the text ends where a value should be",
+    "not a JSON value",
+    "expected a comma or the end of an array or object",
+    "the text ends inside an array or object",
+    "text after the JSON value",
+    "expected a string key",
+    "expected a colon after a key",
+    "a string is not closed",
+    "a control character in a string",
+    "a bad escape in a string",
+    "a bad number",
 ];
-
-struct Scanner<'a> {
-    b: &'a [u8],
-    i: usize,
-    depth: usize,
-    /// One bit per open container, set for an object.
-    objects: [u64; MAX_DEPTH / 64 + 1],
-    env: Envelope,
-    /// The top object's key whose value is being read.
-    field: Field,
-    seen: u8,
-    id_start: Option<usize>,
-    /// The container at depth 2 is `params`, an object; the one at depth 3 is its `update`, an object.
-    params: bool,
-    update: bool,
-    /// The last key read in `params` was `update`; the last in `update` was `sessionUpdate`.
-    update_key: bool,
-    kind_key: bool,
-}
-
-type Step<T = ()> = Result<T, Error>;
+const END_BEFORE_VALUE: Bad = 0;
+const NOT_A_VALUE: Bad = 1;
+const NO_COMMA: Bad = 2;
+const END_INSIDE: Bad = 3;
+const TRAILING: Bad = 4;
+const NO_KEY: Bad = 5;
+const NO_COLON: Bad = 6;
+const UNCLOSED: Bad = 7;
+const CONTROL: Bad = 8;
+const ESCAPE: Bad = 9;
+const NUMBER: Bad = 10;
+/// Not a syntax error: the nesting bound.
+const DEEP: Bad = 255;
 
 /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
     if let Err(e) = simdutf8::compat::from_utf8(line) {
         return Err(Error::Syntax("invalid UTF-8", e.valid_up_to()));
     }
-    let mut s = Scanner {
-        b: line,
-        i: 0,
-        depth: 0,
-        objects: [0; MAX_DEPTH / 64 + 1],
-        env: Envelope::default(),
-        field: Field::Other,
-        seen: 0,
-        id_start: None,
-        params: false,
-        update: false,
-        update_key: false,
-        kind_key: false,
-    };
-    s.run()?;
-    Ok(s.env)
+    let mut env = Envelope::default();
+    let mut at = 0;
+    match walk(line, &mut env, &mut at) {
+        Ok(()) => Ok(env),
+        Err(DEEP) => Err(Error::TooDeep(at)),
+        Err(why) => Err(Error::Syntax(WHY[usize::from(why)], at)),
+    }
 }
 
-impl Scanner<'_> {
-    fn run(&mut self) -> Step {
-        let b = self.b;
-        self.ws();
-        self.env.top = match b.get(self.i) {
-            Some(b'{') => Top::Object,
-            Some(b'[') => {
-                let mut j = self.i + 1;
-                while matches!(b.get(j), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-                    j += 1;
-                }
-                Top::Array { empty: b.get(j) == Some(&b']') }
+#[inline(always)]
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The walk itself; on failure `at` is where it stopped.
+fn walk(b: &[u8], env: &mut Envelope, at: &mut usize) -> Result<(), Bad> {
+    let mut i = skip_ws(b, 0);
+    env.top = match b.get(i) {
+        Some(b'{') => Top::Object,
+        Some(b'[') => Top::Array { empty: b.get(skip_ws(b, i + 1)) == Some(&b']') },
+        _ => Top::Other,
+    };
+    let top_object = env.top == Top::Object;
+    let mut depth = 0usize;
+    // Whether the innermost open container is an object.
+    let mut object = false;
+    // One bit per open container, set for an object.
+    let mut objects = [0u64; MAX_DEPTH / 64 + 1];
+    // The top object's key whose value comes next; where the id's value began.
+    let mut field = Field::Other;
+    let mut seen = 0u8;
+    let mut id_start = usize::MAX;
+    // The container at depth 2 is `params`, an object; the one at depth 3 is its `update`, an object; the
+    // last key read in `params` was `update`, the last in `update` `sessionUpdate`.
+    let (mut params, mut update, mut update_key, mut kind_key) = (false, false, false, false);
+
+    macro_rules! fail {
+        ($why:expr) => {{
+            *at = i;
+            return Err($why);
+        }};
+    }
+    // An object's key and its colon, at `i`; notes the keys the envelope is made of.
+    macro_rules! key {
+        () => {{
+            if b.get(i) != Some(&b'"') {
+                fail!(NO_KEY);
             }
-            _ => Top::Other,
-        };
-        'value: loop {
-            self.ws();
-            let Some(&c) = b.get(self.i) else { return Err(self.syntax("the text ends where a value should be")) };
-            let depth = self.depth;
-            if depth == 1 && self.env.top == Top::Object {
-                match self.field {
-                    Field::Id => self.id_start = Some(self.i),
-                    Field::Jsonrpc | Field::Method if c != b'"' => self.env.mistyped = true,
-                    _ => {}
+            let key = match string(b, i + 1, &mut env.lone_surrogate) {
+                Ok(s) => s,
+                Err(why) => fail!(why),
+            };
+            i = key.end + 1;
+            // Only the keys of the top object, of `params` and of `update` are looked at, and only one
+            // of a length some name has.
+            let len = key.end - key.start;
+            if depth == 1 && matches!(len, 2 | 5 | 6 | 7) || key.escaped && depth <= 3 {
+                if depth == 1 {
+                    field = match key_of(b, &key) {
+                        Some(JSONRPC) => Field::Jsonrpc,
+                        Some(ID) => Field::Id,
+                        Some(METHOD) => Field::Method,
+                        Some(RESULT) => Field::Result,
+                        Some(ERROR) => Field::Error,
+                        Some(PARAMS) => Field::Params,
+                        _ => Field::Other,
+                    };
+                    if field != Field::Other {
+                        let bit = 1u8 << (field as u8);
+                        env.duplicate |= seen & bit != 0;
+                        seen |= bit;
+                        env.result |= field == Field::Result;
+                        env.error |= field == Field::Error;
+                    }
                 }
+            } else if depth == 1 {
+                field = Field::Other;
             }
-            match c {
-                b'{' => {
-                    self.open(true)?;
-                    if depth == 1 && self.field == Field::Params && self.env.top == Top::Object {
-                        self.params = true;
-                    } else if depth == 2 && self.params && self.update_key {
-                        self.update = true;
-                    }
-                    self.ws();
-                    if b.get(self.i) == Some(&b'}') {
-                        self.i += 1;
-                        self.close();
-                    } else {
-                        self.key()?;
-                        continue 'value;
-                    }
+            if depth == 2 && params {
+                update_key = (len == 6 || key.escaped) && key_of(b, &key) == Some(UPDATE);
+                if update_key {
+                    env.update = None;
                 }
-                b'[' => {
-                    self.open(false)?;
-                    self.ws();
-                    if b.get(self.i) == Some(&b']') {
-                        self.i += 1;
-                        self.close();
-                    } else {
-                        continue 'value;
-                    }
-                }
-                b'"' => {
-                    let s = self.string()?;
-                    if depth == 1 && self.env.top == Top::Object {
-                        match self.field {
-                            Field::Jsonrpc => self.env.jsonrpc = Some(s),
-                            Field::Method => self.env.method = Some(s),
-                            _ => {}
-                        }
-                    } else if depth == 3 && self.update && self.kind_key {
-                        self.env.update = Some(s);
-                    }
-                }
-                b'-' | b'0'..=b'9' => self.number()?,
-                b't' => self.literal(b"true")?,
-                b'f' => self.literal(b"false")?,
-                b'n' => self.literal(b"null")?,
-                _ => return Err(self.syntax("not a JSON value")),
-            }
-            // After a value: a comma and the next, the end of containers, or the end of the text.
-            loop {
-                if self.depth == 1
-                    && let Some(start) = self.id_start.take()
-                {
-                    self.env.id = Some((start, self.i));
-                }
-                self.ws();
-                if self.depth == 0 {
-                    break 'value;
-                }
-                let object = self.in_object();
-                match b.get(self.i) {
-                    Some(b',') => {
-                        self.i += 1;
-                        if object {
-                            self.ws();
-                            self.key()?;
-                        }
-                        continue 'value;
-                    }
-                    Some(b'}') if object => {
-                        self.i += 1;
-                        self.close();
-                    }
-                    Some(b']') if !object => {
-                        self.i += 1;
-                        self.close();
-                    }
-                    Some(_) => return Err(self.syntax("expected a comma or the end of an array or object")),
-                    None => return Err(self.syntax("the text ends inside an array or object")),
+            } else if depth == 3 && update {
+                kind_key = (len == 13 || key.escaped) && key_of(b, &key) == Some(SESSION_UPDATE);
+                if kind_key {
+                    env.update = None;
                 }
             }
-        }
-        if self.i != b.len() {
-            return Err(self.syntax("text after the JSON value"));
-        }
-        Ok(())
+            if b.get(i) != Some(&b':') {
+                i = skip_ws(b, i);
+                if b.get(i) != Some(&b':') {
+                    fail!(NO_COLON);
+                }
+            }
+            i += 1;
+        }};
     }
 
-    fn syntax(&self, what: &'static str) -> Error {
-        Error::Syntax(what, self.i)
-    }
-
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
-            self.i += 1;
+    'value: loop {
+        if b.get(i).is_some_and(|&c| c <= b' ') {
+            i = skip_ws(b, i);
         }
-    }
-
-    fn in_object(&self) -> bool {
-        self.objects[self.depth / 64] & (1 << (self.depth % 64)) != 0
-    }
-
-    fn open(&mut self, object: bool) -> Step {
-        if self.depth == MAX_DEPTH {
-            return Err(Error::TooDeep(self.i));
+        let Some(&c) = b.get(i) else { fail!(END_BEFORE_VALUE) };
+        if depth == 1 && top_object {
+            match field {
+                Field::Id => id_start = i,
+                Field::Jsonrpc | Field::Method if c != b'"' => env.mistyped = true,
+                _ => {}
+            }
         }
-        self.i += 1;
-        self.depth += 1;
-        let (word, bit) = (self.depth / 64, 1u64 << (self.depth % 64));
-        if object { self.objects[word] |= bit } else { self.objects[word] &= !bit }
-        Ok(())
-    }
-
-    fn close(&mut self) {
-        match self.depth {
-            2 => self.params = false,
-            3 => self.update = false,
-            _ => {}
-        }
-        self.depth -= 1;
-    }
-
-    /// An object's key and its colon; notes the keys the envelope is made of.
-    fn key(&mut self) -> Step {
-        if self.b.get(self.i) != Some(&b'"') {
-            return Err(self.syntax("expected a string key"));
-        }
-        let key = self.string()?;
-        let b = self.b;
-        match self.depth {
-            1 => {
-                self.field = FIELDS.iter().find(|(name, _)| key.is(b, name)).map_or(Field::Other, |(_, f)| *f);
-                if self.field != Field::Other {
-                    let bit = 1u8 << (self.field as u8);
-                    self.env.duplicate |= self.seen & bit != 0;
-                    self.seen |= bit;
-                    match self.field {
-                        Field::Result => self.env.result = true,
-                        Field::Error => self.env.error = true,
+        match c {
+            b'{' | b'[' => {
+                if depth == MAX_DEPTH {
+                    fail!(DEEP);
+                }
+                object = c == b'{';
+                if object {
+                    if depth == 1 && field == Field::Params && top_object {
+                        params = true;
+                    } else if depth == 2 && params && update_key {
+                        update = true;
+                    }
+                }
+                depth += 1;
+                let (word, bit) = (depth / 64, 1u64 << (depth % 64));
+                if object {
+                    objects[word] |= bit;
+                } else {
+                    objects[word] &= !bit;
+                }
+                i = skip_ws(b, i + 1);
+                let close = if object { b'}' } else { b']' };
+                if b.get(i) == Some(&close) {
+                    i += 1;
+                    match depth {
+                        2 => params = false,
+                        3 => update = false,
                         _ => {}
                     }
+                    depth -= 1;
+                    object = objects[depth / 64] & (1 << (depth % 64)) != 0;
+                } else {
+                    if object {
+                        key!();
+                    }
+                    continue 'value;
                 }
             }
-            2 if self.params => {
-                self.update_key = key.is(b, "update");
-                if self.update_key {
-                    self.env.update = None;
+            b'"' => {
+                let s = match string(b, i + 1, &mut env.lone_surrogate) {
+                    Ok(s) => s,
+                    Err(why) => fail!(why),
+                };
+                i = s.end + 1;
+                if depth == 1 && top_object {
+                    match field {
+                        Field::Jsonrpc => env.jsonrpc = Some(s),
+                        Field::Method => env.method = Some(s),
+                        _ => {}
+                    }
+                } else if depth == 3 && update && kind_key {
+                    env.update = Some(s);
                 }
             }
-            3 if self.update => {
-                self.kind_key = key.is(b, "sessionUpdate");
-                if self.kind_key {
-                    self.env.update = None;
+            b'-' | b'0'..=b'9' => match number(b, i) {
+                Some(end) => i = end,
+                None => fail!(NUMBER),
+            },
+            b't' | b'f' | b'n' => {
+                let word: &[u8] = match c {
+                    b't' => b"true",
+                    b'f' => b"false",
+                    _ => b"null",
+                };
+                if !b[i..].starts_with(word) {
+                    fail!(NOT_A_VALUE);
                 }
+                i += word.len();
             }
-            _ => {}
+            _ => fail!(NOT_A_VALUE),
         }
-        self.ws();
-        if b.get(self.i) != Some(&b':') {
-            return Err(self.syntax("expected a colon after a key"));
-        }
-        self.i += 1;
-        Ok(())
-    }
-
-    /// The string whose opening quote is at `self.i`; leaves `self.i` after its closing quote.
-    fn string(&mut self) -> Step<Str> {
-        let b = self.b;
-        let start = self.i + 1;
-        let mut i = start;
-        let mut escaped = false;
+        // After a value: a comma and the next, the end of containers, or the end of the text.
         loop {
-            i = special(b, i).ok_or(Error::Syntax("a string is not closed", start - 1))?;
-            match b[i] {
-                b'"' => break,
-                b'\\' => {
-                    escaped = true;
-                    i = self.escape(i)?;
-                }
-                _ => return Err(Error::Syntax("a control character in a string", i)),
+            if depth == 1 && id_start != usize::MAX {
+                env.id = Some((id_start, i));
+                id_start = usize::MAX;
             }
-        }
-        self.i = i + 1;
-        Ok(Str { start, end: i, escaped })
-    }
-
-    /// The escape whose backslash is at `at`; returns where the string goes on.
-    fn escape(&mut self, at: usize) -> Step<usize> {
-        let b = self.b;
-        match b.get(at + 1) {
-            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(at + 2),
-            Some(b'u') => {
-                let unit = hex4(b, at + 2).ok_or(Error::Syntax("a bad \\u escape", at))?;
-                match unit {
-                    0xD800..=0xDBFF => {
-                        let low = match b.get(at + 6..at + 8) {
-                            Some(b"\\u") => hex4(b, at + 8),
-                            _ => None,
-                        };
-                        if low.is_some_and(|l| (0xDC00..=0xDFFF).contains(&l)) {
-                            Ok(at + 12)
-                        } else {
-                            self.env.lone_surrogate = true;
-                            Ok(at + 6)
+            if depth == 0 {
+                if skip_ws(b, i) != b.len() {
+                    fail!(TRAILING);
+                }
+                return Ok(());
+            }
+            let mut c = b.get(i).copied();
+            if c.is_some_and(|c| c <= b' ') {
+                i = skip_ws(b, i);
+                c = b.get(i).copied();
+            }
+            match c {
+                Some(b',') => {
+                    i += 1;
+                    if object {
+                        if b.get(i).is_some_and(|&c| c <= b' ') {
+                            i = skip_ws(b, i);
                         }
+                        key!();
                     }
-                    0xDC00..=0xDFFF => {
-                        self.env.lone_surrogate = true;
-                        Ok(at + 6)
-                    }
-                    _ => Ok(at + 6),
+                    continue 'value;
                 }
+                Some(b'}') if object => {}
+                Some(b']') if !object => {}
+                Some(_) => fail!(NO_COMMA),
+                None => fail!(END_INSIDE),
             }
-            _ => Err(Error::Syntax("a bad escape in a string", at)),
-        }
-    }
-
-    fn number(&mut self) -> Step {
-        let b = self.b;
-        let digits = |mut i: usize| {
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
-            i
-        };
-        let mut i = self.i + usize::from(b.get(self.i) == Some(&b'-'));
-        i = match b.get(i) {
-            Some(b'0') => i + 1,
-            Some(b'1'..=b'9') => digits(i + 1),
-            _ => return Err(Error::Syntax("a bad number", self.i)),
-        };
-        if b.get(i) == Some(&b'.') {
-            let end = digits(i + 1);
-            if end == i + 1 {
-                return Err(Error::Syntax("a bad number", self.i));
-            }
-            i = end;
-        }
-        if let Some(b'e' | b'E') = b.get(i) {
             i += 1;
-            if let Some(b'+' | b'-') = b.get(i) {
-                i += 1;
+            match depth {
+                2 => params = false,
+                3 => update = false,
+                _ => {}
             }
-            let end = digits(i);
-            if end == i {
-                return Err(Error::Syntax("a bad number", self.i));
-            }
-            i = end;
+            depth -= 1;
+            object = objects[depth / 64] & (1 << (depth % 64)) != 0;
         }
-        self.i = i;
-        Ok(())
     }
+}
 
-    fn literal(&mut self, word: &[u8]) -> Step {
-        if !self.b[self.i..].starts_with(word) {
-            return Err(self.syntax("not a JSON value"));
+/// The string whose text begins at `start` (after its opening quote).
+#[inline(always)]
+fn string(b: &[u8], start: usize, lone: &mut bool) -> Result<Str, Bad> {
+    let mut i = start;
+    let mut escaped = false;
+    loop {
+        i = match special(b, i) {
+            Some(at) => at,
+            None => return Err(UNCLOSED),
+        };
+        match b[i] {
+            b'"' => return Ok(Str { start, end: i, escaped }),
+            b'\\' => {
+                escaped = true;
+                i = escape(b, i, lone).ok_or(ESCAPE)?;
+            }
+            _ => return Err(CONTROL),
         }
-        self.i += word.len();
-        Ok(())
     }
+}
+
+/// The escape whose backslash is at `at`; returns where the string goes on.
+fn escape(b: &[u8], at: usize, lone: &mut bool) -> Option<usize> {
+    match b.get(at + 1)? {
+        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(at + 2),
+        b'u' => {
+            let unit = hex4(b, at + 2)?;
+            match unit {
+                0xD800..=0xDBFF => {
+                    let low = match b.get(at + 6..at + 8) {
+                        Some(b"\\u") => hex4(b, at + 8),
+                        _ => None,
+                    };
+                    if low.is_some_and(|l| (0xDC00..=0xDFFF).contains(&l)) {
+                        Some(at + 12)
+                    } else {
+                        *lone = true;
+                        Some(at + 6)
+                    }
+                }
+                0xDC00..=0xDFFF => {
+                    *lone = true;
+                    Some(at + 6)
+                }
+                _ => Some(at + 6),
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Where the number at `start` ends; `None` when it is not one by JSON's grammar.
+#[inline(always)]
+fn number(b: &[u8], start: usize) -> Option<usize> {
+    let digits = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = start + usize::from(b.get(start) == Some(&b'-'));
+    i = match b.get(i) {
+        Some(b'0') => i + 1,
+        Some(b'1'..=b'9') => digits(i + 1),
+        _ => return None,
+    };
+    if b.get(i) == Some(&b'.') {
+        let end = digits(i + 1);
+        if end == i + 1 {
+            return None;
+        }
+        i = end;
+    }
+    if let Some(b'e' | b'E') = b.get(i) {
+        i += 1;
+        if let Some(b'+' | b'-') = b.get(i) {
+            i += 1;
+        }
+        let end = digits(i);
+        if end == i {
+            return None;
+        }
+        i = end;
+    }
+    Some(i)
 }
 
 fn hex4(b: &[u8], at: usize) -> Option<u16> {
@@ -442,13 +523,16 @@ fn hex4(b: &[u8], at: usize) -> Option<u16> {
 
 /// The first `"`, `\` or control character at or after `i`: eight bytes per step (each test finds the lowest
 /// byte that matches exactly; a false match can only sit above a true one).
+#[inline(always)]
 fn special(b: &[u8], mut i: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     while let Some(chunk) = b.get(i..i + 8) {
         let w = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
         let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-        let hits = zero(w ^ (ONES * u64::from(b'"'))) | zero(w ^ (ONES * u64::from(b'\\'))) | (w.wrapping_sub(ONES * 0x20) & !w & HIGH);
+        let hits = zero(w ^ (ONES * u64::from(b'"')))
+            | zero(w ^ (ONES * u64::from(b'\\')))
+            | (w.wrapping_sub(ONES * 0x20) & !w & HIGH);
         if hits != 0 {
             return Some(i + (hits.trailing_zeros() / 8) as usize);
         }
@@ -469,7 +553,8 @@ mod tests {
     #[test]
     fn accepts_what_serde_json_accepts_and_refuses_the_rest() {
         for good in [
-            &br#"{"a":[1,-0,0.5,1e400,-2E-7,3.0e+2,true,false,null,"x\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00",{}],"b":{}}"#[..],
+            &br#"{"a":[1,-0,0.5,1e400,-2E-7,3.0e+2,true,false,null,"x\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00",{}],"b":{}}"#
+                [..],
             b" [ ] ",
             b"\"\xe4\xbd\xa0\xe5\xa5\xbd\"",
             b"0",
