@@ -360,8 +360,8 @@ pub fn notification(method: &str, params: Value) -> Frame {
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
 fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
-    let env = match scan::scan(bytes) {
-        Ok(env) => env,
+    let (line, env) = match scan::checked(bytes) {
+        Ok(checked) => checked,
         Err(e) => {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
             if let Some(at) = json::too_deep(bytes) {
@@ -377,7 +377,7 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
             return Err(parse_error(e));
         }
     };
-    let text = |s: &scan::Str| s.text(bytes);
+    let text = |s: &scan::Str| s.in_text(line);
     match env.top {
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
@@ -387,7 +387,7 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
     if env.mistyped {
         return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
     }
-    let id = env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
+    let id = env.id.map(|(start, end)| Id::from_json(line.get(start..end).unwrap_or("null")));
     if env.duplicate {
         return Err(invalid("a key of the envelope appears twice", id));
     }

@@ -8,7 +8,7 @@
 //! # Map
 //!
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
-//!   [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
+//!   [`scan`] (the one pass that checks every line and reads its envelope), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
 //!   reader and writer loops), [`relay`] (the loop that owns all state), [`layer`] (the layer contract, the
 //!   [`layer::Stack`], its request table [`layer::requests`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
 //!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).

@@ -19,6 +19,15 @@ pub struct Str {
 
 impl Str {
     /// The string's value, unescaped when it has to be; `None` only for a lone surrogate escape.
+    /// [`Str::text`] on the line as text (as [`checked`] hands it back): no second UTF-8 check.
+    pub fn in_text<'a>(&self, line: &'a str) -> Option<std::borrow::Cow<'a, str>> {
+        if self.escaped {
+            serde_json::from_str::<String>(line.get(self.start - 1..=self.end)?).ok().map(std::borrow::Cow::Owned)
+        } else {
+            line.get(self.start..self.end).map(std::borrow::Cow::Borrowed)
+        }
+    }
+
     pub fn text<'a>(&self, line: &'a [u8]) -> Option<std::borrow::Cow<'a, str>> {
         if self.escaped {
             let quoted = &line[self.start - 1..=self.end];
@@ -192,13 +201,19 @@ const DEEP: Bad = 255;
 
 /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
-    if let Err(e) = simdutf8::compat::from_utf8(line) {
-        return Err(Error::Syntax("invalid UTF-8", e.valid_up_to()));
-    }
+    checked(line).map(|(_, env)| env)
+}
+
+/// [`scan`], handing back the line as text too (it was checked to be UTF-8).
+pub fn checked(line: &[u8]) -> Result<(&str, Envelope), Error> {
+    let text = match simdutf8::compat::from_utf8(line) {
+        Ok(text) => text,
+        Err(e) => return Err(Error::Syntax("invalid UTF-8", e.valid_up_to())),
+    };
     let mut env = Envelope::default();
     let mut at = 0;
     match walk(line, &mut env, &mut at) {
-        Ok(()) => Ok(env),
+        Ok(()) => Ok((text, env)),
         Err(DEEP) => Err(Error::TooDeep(at)),
         Err(why) => Err(Error::Syntax(WHY[usize::from(why)], at)),
     }
@@ -521,13 +536,18 @@ fn hex4(b: &[u8], at: usize) -> Option<u16> {
     Some(n)
 }
 
-/// The first `"`, `\` or control character at or after `i`: eight bytes per step (each test finds the lowest
-/// byte that matches exactly; a false match can only sit above a true one).
+/// The first `"`, `\` or control character at or after `i`. Short strings (most keys and values) are searched
+/// eight bytes per step (each test finds the lowest byte that matches exactly; a false match can only sit
+/// above a true one); past 16 bytes, a SIMD search for the quote or backslash and a vectorised check that no
+/// control character lies before it.
 #[inline(always)]
 fn special(b: &[u8], mut i: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    while let Some(chunk) = b.get(i..i + 8) {
+    for _ in 0..2 {
+        let Some(chunk) = b.get(i..i + 8) else {
+            return b.get(i..)?.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).map(|p| i + p);
+        };
         let w = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
         let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
         let hits = zero(w ^ (ONES * u64::from(b'"')))
@@ -538,7 +558,13 @@ fn special(b: &[u8], mut i: usize) -> Option<usize> {
         }
         i += 8;
     }
-    b.get(i..)?.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).map(|p| i + p)
+    let found = memchr::memchr2(b'"', b'\\', &b[i..]).map(|p| i + p);
+    let before = &b[i..found.unwrap_or(b.len())];
+    let control = before.chunks(64).any(|c| c.iter().fold(false, |any, &x| any | (x < 0x20)));
+    if control {
+        return before.iter().position(|&c| c < 0x20).map(|p| i + p);
+    }
+    found
 }
 
 #[cfg(test)]
@@ -602,9 +628,9 @@ mod tests {
 
     #[test]
     fn finds_specials_at_every_offset() {
-        for at in 0..20 {
+        for at in 0..90 {
             for c in [b'"', b'\\', b'\n', 0x1f] {
-                let mut s = vec![b'x'; 24];
+                let mut s = vec![b'x'; 100];
                 s[at] = c;
                 assert_eq!(special(&s, 0), Some(at));
                 s[at] = 0x80;
