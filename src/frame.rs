@@ -284,7 +284,7 @@ impl Frame {
     /// Parses the whole frame. Only layers that look inside a frame pay for this.
     ///
     /// Reads whatever the frame check accepted (as deep, numbers of any size), so an error is rare (a lone
-    /// UTF-16 surrogate escape, which sonic-rs accepts and serde_json does not) but must not be ignored: a
+    /// UTF-16 surrogate escape, which JSON's grammar and the frame check accept and serde_json does not) but must not be ignored: a
     /// layer that must act on a frame it cannot read answers it with [`crate::layer::Cx::unreadable`], never passes it on.
     pub fn value(&self) -> Result<Value, json::Error> {
         json::from_slice(self.bytes())
