@@ -8,7 +8,7 @@
 //! # Map
 //!
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
-//!   [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
+//!   [`scan`] (the one pass that checks every line and reads its envelope), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
 //!   reader and writer loops), [`relay`] (the loop that owns all state), [`layer`] (the layer contract, the
 //!   [`layer::Stack`], its request table [`layer::requests`], the jobs it runs for layers [`layer::work`] and
 //!   [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
@@ -79,6 +79,7 @@ pub mod maybe;
 pub mod private_file;
 pub mod relay;
 pub mod replay;
+pub mod scan;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;
