@@ -331,9 +331,10 @@ fn iso_ms(text: &str) -> i64 {
 fn check_usage_facts(received: &[Value], model: &fake_model::FakeModel, session: &str, since: usize) -> Vec<i64> {
     let mains = main_requests(model, since);
     let mut errors = Vec::new();
-    for u in received.iter().filter(|f| {
-        f["params"]["sessionId"] == session && f["params"]["update"]["sessionUpdate"] == "usage_update"
-    }) {
+    for u in received
+        .iter()
+        .filter(|f| f["params"]["sessionId"] == session && f["params"]["update"]["sessionUpdate"] == "usage_update")
+    {
         let coda = &u["params"]["update"]["_meta"]["coda"];
         let at = iso_ms(coda["lastRequestAt"].as_str().unwrap_or_else(|| panic!("no lastRequestAt: {u}")));
         let tokens = coda["contextTokens"].as_u64().unwrap_or_else(|| panic!("no contextTokens: {u}"));

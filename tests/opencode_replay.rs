@@ -240,16 +240,18 @@ fn compaction_between_turns_answers_with_before_and_after_and_holds_the_prompt_s
         .records
         .iter()
         .enumerate()
-        .filter(|(_, rec)| rec.edge == Dir::ShimToAgent && matches!(&rec.body, Body::Frame(t) if t.contains("session/prompt")))
+        .filter(|(_, rec)| {
+            rec.edge == Dir::ShimToAgent && matches!(&rec.body, Body::Frame(t) if t.contains("session/prompt"))
+        })
         .map(|(i, _)| i)
         .collect();
-    let answered = r
+    let summarized = r
         .records
         .iter()
-        .position(|rec| rec.edge == Dir::ShimToClient && matches!(&rec.body, Body::Frame(t) if t.contains("\"compacted\"")))
-        .expect("the compact answer");
+        .position(|rec| matches!(&rec.body, Body::File(op) if op.data.as_deref().is_some_and(|d| d.contains("summarize.result"))))
+        .expect("OpenCode's server answered the compaction");
     assert_eq!(prompts.len(), 2);
-    assert!(prompts[1] > answered, "the second prompt went on after the answer");
+    assert!(prompts[1] > summarized, "the second prompt went on after the compaction");
     // The summary's text did not reach Coda; the shim's own usage update carries compactedAt.
     let summary = server_events(&r.records)
         .into_iter()

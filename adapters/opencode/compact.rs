@@ -85,7 +85,8 @@ struct Session {
 }
 
 pub struct OpenCodeCompact {
-    /// None: OpenCode's server is unknown, the capability is not declared.
+    /// None: OpenCode's server is unknown (an agent command without `--port`): requests are refused with the
+    /// reason. The capability is declared all the same: OpenCode compacts, and the default command has it.
     asker: Option<Asker>,
     record: Record,
     gate: Gate,
@@ -241,8 +242,7 @@ impl OpenCodeCompact {
             return false;
         }
         let Ok(v) = frame.value() else { return false };
-        let (Some(session), message) = (str_at(&v, "/params/sessionId"), str_at(&v, "/params/update/messageId"))
-        else {
+        let (Some(session), message) = (str_at(&v, "/params/sessionId"), str_at(&v, "/params/update/messageId")) else {
             return false;
         };
         if let Some(m) = message
@@ -291,7 +291,11 @@ impl Layer for OpenCodeCompact {
                     return cx.to_agent(frame);
                 }
             }
-            "session/new" | "session/load" | "session/resume" | "session/fork" | "session/set_config_option"
+            "session/new"
+            | "session/load"
+            | "session/resume"
+            | "session/fork"
+            | "session/set_config_option"
             | "session/set_model" => {
                 let v = match frame.value() {
                     Ok(v) => v,
@@ -323,7 +327,7 @@ impl Layer for OpenCodeCompact {
             Kind::Response { .. } => {
                 let request = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
                 match request {
-                    Some((m, _)) if m == "initialize" && self.asker.is_some() => {
+                    Some((m, _)) if m == "initialize" => {
                         if let Ok(mut v) = frame.value()
                             && let Some(result) = v.get_mut("result").and_then(Value::as_object_mut)
                         {
@@ -361,9 +365,8 @@ impl Layer for OpenCodeCompact {
     }
 
     fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
-        let find = |n: u64, running: &HashMap<String, Running>| {
-            running.iter().find(|(_, r)| r.n == n).map(|(s, _)| s.clone())
-        };
+        let find =
+            |n: u64, running: &HashMap<String, Running>| running.iter().find(|(_, r)| r.n == n).map(|(s, _)| s.clone());
         match tick {
             Tick::Settle(n) => {
                 if let Some(s) = find(n, &self.running) {
@@ -398,9 +401,11 @@ mod tests {
         let asker: Option<Asker> = server.then(|| Box::new(move |ask| a.lock().unwrap().push(ask)) as Asker);
         let mut h = Harness::of(OpenCodeCompact::new(asker, Record::off()));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
-        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}}));
+        h.from_agent(
+            json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}}),
+        );
         let init = h.to_client();
-        assert_eq!(init[0]["result"]["agentCapabilities"]["_meta"]["coda"].get("compact").is_some(), server);
+        assert_eq!(init[0]["result"]["agentCapabilities"]["_meta"]["coda"]["compact"], json!({}));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w d","mcpServers":[]}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S,"configOptions":[
             {"id":"mode","currentValue":"build"},{"id":"model","currentValue":"fake/fake-model"}]}}));
@@ -447,7 +452,10 @@ mod tests {
         compact(&mut h, 7);
         assert!(h.to_client().is_empty() && h.to_agent().is_empty(), "nothing over ACP");
         let ask = asked.lock().unwrap().pop().expect("asked");
-        assert_eq!(ask, Ask { session: S.into(), directory: "/w d".into(), provider: "fake".into(), model: "m2".into() });
+        assert_eq!(
+            ask,
+            Ask { session: S.into(), directory: "/w d".into(), provider: "fake".into(), model: "m2".into() }
+        );
         h.from_client(prompt(8));
         assert!(h.to_agent().is_empty(), "held while compacting");
         h.event(0, ev(ServerEvent::Summarized { session: S.into(), result: Summarized::Done }));
@@ -500,9 +508,15 @@ mod tests {
         assert_eq!(h.to_client()[0]["result"]["reason"], ALREADY);
         assert_eq!(asked.lock().unwrap().len(), 1);
         h.event(0, ev(ServerEvent::Summarized { session: S.into(), result: Summarized::Busy }));
-        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":5,"result":{"compacted":false,"reason":TURN_RUNNING}})]);
+        assert_eq!(
+            h.to_client(),
+            vec![json!({"jsonrpc":"2.0","id":5,"result":{"compacted":false,"reason":TURN_RUNNING}})]
+        );
         compact(&mut h, 9);
-        h.event(0, ev(ServerEvent::Summarized { session: S.into(), result: Summarized::Failed { why: "HTTP 500".into() } }));
+        h.event(
+            0,
+            ev(ServerEvent::Summarized { session: S.into(), result: Summarized::Failed { why: "HTTP 500".into() } }),
+        );
         assert_eq!(h.to_client()[0]["result"]["reason"], "OpenCode did not compact the session: HTTP 500");
         assert!(h.to_agent().is_empty());
     }
@@ -525,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn without_the_server_nothing_is_declared_and_a_request_is_refused() {
+    fn without_the_server_a_request_is_refused_with_the_reason() {
         let (mut h, _) = harness(false);
         compact(&mut h, 3);
         let r = &h.to_client()[0]["result"];
@@ -546,7 +560,9 @@ mod tests {
             assert!(h.to_client()[0]["error"]["code"].is_i64());
         }
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        let text = format!(r#"{{"jsonrpc":"2.0","id":4,"method":"_coda/session/compact","params":{{"sessionId":"{S}","x":{deep}}}}}"#);
+        let text = format!(
+            r#"{{"jsonrpc":"2.0","id":4,"method":"_coda/session/compact","params":{{"sessionId":"{S}","x":{deep}}}}}"#
+        );
         if let Ok(f) = Frame::parse(text.into_bytes()) {
             h.client_frame(f);
             let out = h.to_client();

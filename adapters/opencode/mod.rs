@@ -1,6 +1,8 @@
 //! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as `_coda/wait`.
 //!
-//! The layers, nearest the client first: the session instruction; the permission bridge (`permissions.rs`),
+//! The layers, nearest the client first: the session instruction; usage facts on root `usage_update`s
+//! (`usage.rs`); `_coda/session/compact` (`compact.rs`, whose HTTP calls `summarize.rs` makes on threads of
+//! the set-up's); the permission bridge (`permissions.rs`),
 //! which resumes the children the activity layer announces and answers their permission requests; the
 //! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
 //! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the
@@ -173,7 +175,7 @@ fn route_compaction(
 ) -> impl Fn(FromServer) -> bool + Send + 'static {
     move |e| match e {
         FromServer::Event(e @ (ServerEvent::Step(_) | ServerEvent::Compacted { .. })) => {
-            compact.send(FromServer::Event(e.clone())) && usage.send(FromServer::Event(e))
+            usage.send(FromServer::Event(e.clone())) && compact.send(FromServer::Event(e))
         }
         FromServer::Event(e @ ServerEvent::Summarized { .. }) => compact.send(FromServer::Event(e)),
         FromServer::Event(ServerEvent::SummarizeAsked { session }) => {

@@ -67,8 +67,10 @@ fn summarize(server: &Server, ask: &Ask) -> Summarized {
 
 /// Whether OpenCode's server says the session runs (`{"ses_…": {"type": "busy"}}`; idle ones are left out).
 fn busy(server: &Server, ask: &Ask) -> Result<bool, String> {
-    let mut req =
-        server.agent(Duration::from_secs(10), None).get(&server.url("/session/status")).query("directory", &ask.directory);
+    let mut req = server
+        .agent(Duration::from_secs(10), None)
+        .get(&server.url("/session/status"))
+        .query("directory", &ask.directory);
     if let Some(auth) = &server.auth {
         req = req.header("Authorization", auth);
     }
@@ -187,8 +189,9 @@ mod tests {
 
     #[test]
     fn a_busy_session_a_refusal_and_a_dead_server_are_said() {
-        let (server, _s) =
-            serve(vec!["HTTP/1.1 200 OK\r\ncontent-length: 25\r\nconnection: close\r\n\r\n{\"ses_1\":{\"type\":\"busy\"}}"]);
+        let (server, _s) = serve(vec![
+            "HTTP/1.1 200 OK\r\ncontent-length: 25\r\nconnection: close\r\n\r\n{\"ses_1\":{\"type\":\"busy\"}}",
+        ]);
         assert_eq!(summarize(&server, &ask()), Summarized::Busy);
         let (server, _s) = serve(vec![
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",

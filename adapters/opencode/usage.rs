@@ -242,8 +242,9 @@ impl OpenCodeUsage {
         s.compacted_at = Some(when);
         s.compacted_tokens = after;
         let size = s.size;
-        // Inside a turn OpenCode sends its own usage_update before the answer; between turns nothing comes.
-        let turn = cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session));
+        // Inside a turn OpenCode sends its own usage_update before the answer; between turns nothing comes (a
+        // prompt held while the session compacted has not gone to OpenCode yet).
+        let turn = cx.open_requests().any(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session));
         if !is_root || turn {
             return;
         }
@@ -290,11 +291,7 @@ impl Layer for OpenCodeUsage {
                 cx.to_client(frame)
             }
             Kind::Notification { method } if method == "session/update" => {
-                if frame.session_update() == Some("usage_update") {
-                    self.stamp(frame, cx)
-                } else {
-                    cx.to_client(frame)
-                }
+                if frame.session_update() == Some("usage_update") { self.stamp(frame, cx) } else { cx.to_client(frame) }
             }
             Kind::Notification { method } if method == "_coda/wait" => {
                 if let Ok(v) = frame.value()
@@ -443,7 +440,8 @@ mod tests {
             "update":{"sessionUpdate":"usage_update","used":-1,"size":1e300}}}));
         assert_eq!(h.to_client()[0]["params"]["update"]["_meta"], json!({"coda":{}}));
         // A frame that claims to be a usage update but cannot be read is dropped with a warning.
-        let bad = br#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"usage_update","used":"#;
+        let bad =
+            br#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"usage_update","used":"#;
         if let Ok(f) = Frame::parse(bad.to_vec()) {
             h.agent_frame(f);
             assert!(h.to_client().is_empty());
