@@ -1,10 +1,14 @@
 //! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity,
-//! its AIR subagents and background commands as `_coda/wait`, and failed turns as Coda's failure kinds.
+//! its AIR subagents and background commands as `_coda/wait`, failed turns as Coda's failure kinds,
+//! `_coda/session/compact` through Codex's `/compact`, and usage facts on its `usage_update`s.
 //! codex-acp >= 2.3 accepts `systemPrompt` itself, so the instruction layer passes it through; older or
 //! other builds get the first-prompt injection.
 
 pub mod air;
+pub mod compact;
 pub mod failure;
+pub mod roots;
+pub mod usage;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -92,7 +96,14 @@ fn layers(setup: &mut Setup) {
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
 /// `zone` is the one Codex writes local times in (the machine's: read once, at set-up).
 pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
-    vec![Box::new(air::Air::new()), Box::new(failure::Failure::new(zone)), Box::new(Instruction::new(&[]))]
+    vec![
+        Box::new(air::Air::new()),
+        Box::new(failure::Failure::new(zone)),
+        Box::new(Instruction::new(&[])),
+        // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
+        Box::new(compact::Compact::new()),
+        Box::new(usage::Usage::new()),
+    ]
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.
