@@ -13,8 +13,11 @@ use std::path::Path;
 use coda_shim::coda::identity::{Identity, Policy};
 use coda_shim::coda::waits::Waits;
 use coda_shim::frame::Frame;
+use coda_shim::layer::testing::wall_start;
 use coda_shim::layer::{AnyLayer, Exits, Stack};
+use coda_shim::replay::{Bindings, Normaliser, match_value};
 use serde_json::{Value, json};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The Codex CLI the recordings were made with (`@openai/codex` bundled by codex-acp 2.6.0).
 const CODEX_VERSION: &str = "0.166.0";
@@ -89,16 +92,101 @@ fn subagent_run(sid: &str, wait: &str, child: &str, title: &str, detail: &str) -
     ]
 }
 
-fn assert_frames(got: &[Frame], recorded: &[Value], name: &str, peer: &str) -> Vec<Value> {
+/// Compares what a peer got with the recording: placeholders in the recording (`{{AT_n}}`, the usage facts'
+/// instants) bind on first sight and must hold after.
+fn assert_frames(got: &[Frame], recorded: &[Value], name: &str, peer: &str, bind: &mut Bindings) -> Vec<Value> {
     let got: Vec<Value> = got.iter().map(|f| f.value().expect("json")).collect();
     assert_eq!(got.len(), recorded.len(), "{name}: number of frames {peer} got");
     for (i, (got, want)) in got.iter().zip(recorded).enumerate() {
-        assert_eq!(got, want, "{name}: frame {i} to {peer}");
+        if let Err(d) = match_value(want, got, bind) {
+            panic!("{name}: frame {i} to {peer}: {d}\n got: {got}\nwant: {want}");
+        }
     }
     got
 }
 
-/// Replays `fixtures/codex/<name>/trace.jsonl`; both peers must get exactly the recorded frames.
+/// The wall-clock time the replays start at: the recording's `t` (ms) is added to it, so that the usage facts'
+/// instants are the same on every run.
+fn replay_start() -> SystemTime {
+    wall_start()
+}
+
+/// The instant `ms` after the replay's start, as the usage facts write it.
+fn at(ms: u64) -> String {
+    coda_shim::coda::usage::iso(replay_start() + Duration::from_millis(ms)).expect("an instant")
+}
+
+/// A line of a fixture being derived anew: a recorded input, or what the stack sent out for it.
+enum Derived {
+    Input(String),
+    Output(&'static str, u64, Frame),
+}
+
+/// `value` without the usage facts (`_meta.coda` of a usage update, and a `_meta` left empty by that).
+fn without_facts(value: &Value) -> Value {
+    let mut v = value.clone();
+    if let Some(update) = v.pointer_mut("/params/update").and_then(Value::as_object_mut)
+        && let Some(meta) = update.get_mut("_meta").and_then(Value::as_object_mut)
+    {
+        meta.remove("coda");
+        if meta.is_empty() {
+            update.remove("_meta");
+        }
+    }
+    v
+}
+
+/// The same answer (its id), or the same kind of notification (method and update kind).
+fn same_message(a: &Value, b: &Value) -> bool {
+    let key = |v: &Value| (v.get("id").cloned(), v.get("method").cloned(), v.pointer("/params/update/sessionUpdate").cloned());
+    key(a) == key(b)
+}
+
+/// Writes the derived fixture: each output the recording has (equal, or equal but for the usage facts) keeps
+/// its recorded line or takes the derived frame; an output the recording lacks is added where it was sent.
+fn write_rederived(path: &Path, derived: Vec<Derived>, recorded: Vec<(&'static str, Value, String)>) {
+    let mut queues: std::collections::HashMap<&str, std::collections::VecDeque<(Value, String)>> =
+        Default::default();
+    for (dir, v, line) in recorded {
+        queues.entry(dir).or_default().push_back((v, line));
+    }
+    let mut lines = Vec::new();
+    for d in derived {
+        match d {
+            Derived::Input(line) => lines.push(line),
+            Derived::Output(dir, t, frame) => {
+                let got = frame.value().expect("json");
+                let shim = if frame.is_shim() { ",\"shim\":true" } else { "" };
+                let text = String::from_utf8(frame.bytes().to_vec()).expect("utf-8");
+                let ours = format!("{{\"t\":{t},\"dir\":\"{dir}\"{shim},\"frame\":{text}}}");
+                let recorded = queues.entry(dir).or_default();
+                match recorded.front() {
+                    Some((want, line)) if match_value(want, &got, &mut Bindings::default()).is_ok() => {
+                        lines.push(line.clone());
+                        recorded.pop_front();
+                    }
+                    Some((want, line)) if without_facts(&got) == *want || same_message(want, &got) => {
+                        // The recorded time, the frame as the shim sends it now.
+                        let t = serde_json::from_str::<Value>(line).expect("json")["t"].as_u64().unwrap_or(t);
+                        lines.push(format!("{{\"t\":{t},\"dir\":\"{dir}\",\"shim\":true,\"frame\":{text}}}"));
+                        recorded.pop_front();
+                    }
+                    _ => lines.push(ours),
+                }
+            }
+        }
+    }
+    let left: usize = queues.values().map(|q| q.len()).sum();
+    assert_eq!(left, 0, "the recording has outputs the stack did not send: derive by hand");
+    let normalised = Normaliser::default().apply(&lines.join("\n"));
+    let mut records = coda_shim::replay::parse_records(&normalised).expect("records");
+    coda_shim::replay::instants::placeholders(&mut records);
+    std::fs::write(path, coda_shim::replay::render(&records)).expect("write the fixture");
+}
+
+/// Replays `fixtures/codex/<name>/trace.jsonl`; both peers must get exactly the recorded frames. With
+/// `CODA_REDERIVE=<name>,…` (or `all`) the fixture's shim output is written anew from this stack (the recorded peers' frames
+/// kept as they are): for a change of the shim's output that needs no new recording; review the diff.
 fn replay(name: &str) -> Replay {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex").join(name).join("trace.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -111,9 +199,14 @@ fn replay(name: &str) -> Replay {
     let mut stack = Stack::new(layers);
     let mut exits = Exits::default();
     let (mut recorded_client, mut recorded_agent) = (Vec::new(), Vec::new());
+    let rederive = std::env::var("CODA_REDERIVE").is_ok_and(|n| n == "all" || n.split(',').any(|n| n == name));
+    let (mut derived, mut seen, mut recorded_lines) = (Vec::new(), (0, 0), Vec::new());
+    let start = Instant::now();
     for (n, line) in text.lines().enumerate() {
         let record: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{name} line {}: {e}", n + 1));
         let Some(f) = record.get("frame") else { continue };
+        let t = record["t"].as_u64().unwrap_or(0);
+        stack.set_time(start + Duration::from_millis(t), replay_start() + Duration::from_millis(t));
         match record["dir"].as_str() {
             Some("client->shim") => stack.from_client(frame(f), &mut exits),
             Some("agent->shim") => stack.from_agent(frame(f), &mut exits),
@@ -121,9 +214,31 @@ fn replay(name: &str) -> Replay {
             Some("shim->agent") => recorded_agent.push(f.clone()),
             other => panic!("{name} line {}: unexpected dir {other:?}", n + 1),
         }
+        if rederive {
+            match record["dir"].as_str() {
+                Some(dir @ ("shim->agent" | "shim->client")) => {
+                    let dir = if dir == "shim->agent" { "shim->agent" } else { "shim->client" };
+                    recorded_lines.push((dir, f.clone(), line.to_owned()))
+                }
+                _ => derived.push(Derived::Input(line.to_owned())),
+            }
+            for (dir, frames, from) in
+                [("shim->agent", &exits.to_agent, &mut seen.0), ("shim->client", &exits.to_client, &mut seen.1)]
+            {
+                for out in &frames[*from..] {
+                    derived.push(Derived::Output(dir, t, out.clone()));
+                }
+                *from = frames.len();
+            }
+        }
     }
-    assert_frames(&exits.to_agent, &recorded_agent, name, "codex-acp");
-    let r = Replay { to_client: assert_frames(&exits.to_client, &recorded_client, name, "Coda") };
+    if rederive {
+        write_rederived(&path, derived, recorded_lines);
+        panic!("{name}: rederived into {}; review the diff and run again", path.display());
+    }
+    let mut bind = Bindings::default();
+    assert_frames(&exits.to_agent, &recorded_agent, name, "codex-acp", &mut bind);
+    let r = Replay { to_client: assert_frames(&exits.to_client, &recorded_client, name, "Coda", &mut bind) };
     r.assert_air_consumed();
     r
 }
@@ -132,7 +247,7 @@ fn replay(name: &str) -> Replay {
 fn check_initialize(r: &Replay, id: u64) {
     let result = &r.answer(id)["result"];
     assert_eq!(result["agentInfo"], json!({"name":"codex","version":CODEX_VERSION}));
-    assert_eq!(result["agentCapabilities"]["_meta"]["coda"], json!({"waits":{}}));
+    assert_eq!(result["agentCapabilities"]["_meta"]["coda"], json!({"waits":{},"compact":{}}));
     assert_eq!(result["agentCapabilities"]["sessionCapabilities"]["systemPrompt"], json!({}));
     assert_eq!(result["_meta"]["steering"], json!({"supported":true}));
 }
@@ -259,4 +374,24 @@ fn child_session_updates_and_permission_request_reach_coda_as_the_child() {
             |f| f["params"]["sessionId"] == child.as_str() && f["params"]["update"]["sessionUpdate"] == "tool_call"
         )
     );
+}
+
+#[test]
+fn every_codex_fixture_replays_through_the_layers() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("fixtures/codex")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("trace.jsonl").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 14, "{names:?}");
+    let mut failed = Vec::new();
+    for name in &names {
+        if std::panic::catch_unwind(|| replay(name)).is_err() {
+            failed.push(name.clone());
+        }
+    }
+    assert!(failed.is_empty(), "{failed:?}");
 }
