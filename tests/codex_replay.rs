@@ -25,6 +25,10 @@ const CODEX_VERSION: &str = "0.166.0";
 struct Replay {
     /// What Coda received, in order.
     to_client: Vec<Value>,
+    /// What codex-acp received, in order.
+    to_agent: Vec<Value>,
+    /// The fixture's records (`t`, `dir`, `frame`).
+    records: Vec<Value>,
 }
 
 impl Replay {
@@ -45,6 +49,53 @@ impl Replay {
                 json!({"sessionId":sid,"waitId":task,"state":end}),
             ]
         );
+    }
+
+    /// The `t` of the first record seen at `dir` for which `is` holds.
+    fn t(&self, dir: &str, what: &str, is: impl Fn(&Value) -> bool) -> u64 {
+        let r = self.records.iter().find(|r| r["dir"] == dir && is(&r["frame"]));
+        r.and_then(|r| r["t"].as_u64()).unwrap_or_else(|| panic!("no {what} at {dir}"))
+    }
+
+    /// The `t` of the input (a client or agent frame) that made the shim send the first record at `dir` for
+    /// which `is` holds: the time the shim's layers were handed.
+    fn cause_t(&self, dir: &str, what: &str, is: impl Fn(&Value) -> bool) -> u64 {
+        let at = self.records.iter().position(|r| r["dir"] == dir && is(&r["frame"]));
+        let at = at.unwrap_or_else(|| panic!("no {what} at {dir}"));
+        let input = self.records[..at].iter().rev().find(|r| r["dir"] == "client->shim" || r["dir"] == "agent->shim");
+        input.and_then(|r| r["t"].as_u64()).expect("an input before it")
+    }
+
+    /// The `t`s of every record at `dir` for which `is` holds.
+    fn ts(&self, dir: &str, is: impl Fn(&Value) -> bool) -> Vec<u64> {
+        self.records.iter().filter(|r| r["dir"] == dir && is(&r["frame"])).filter_map(|r| r["t"].as_u64()).collect()
+    }
+
+    /// The root session's updates of kind `kind` Coda got: (index in what Coda got, update).
+    fn updates(&self, kind: &str) -> Vec<(usize, Value)> {
+        let sid = self.session();
+        let of = |f: &Value| f["params"]["sessionId"] == sid.as_str() && f["params"]["update"]["sessionUpdate"] == kind;
+        self.to_client
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| of(f))
+            .map(|(i, f)| (i, f["params"]["update"].clone()))
+            .collect()
+    }
+
+    /// Every root usage update carries contextTokens (Codex's `used`) and lastRequestAt; their facts in order.
+    fn facts(&self) -> Vec<Value> {
+        let updates = self.updates("usage_update");
+        assert!(!updates.is_empty());
+        updates
+            .iter()
+            .map(|(_, u)| {
+                let facts = u["_meta"]["coda"].clone();
+                assert_eq!(facts["contextTokens"], u["used"], "{u}");
+                assert!(facts["lastRequestAt"].is_string(), "{u}");
+                facts
+            })
+            .collect()
     }
 
     fn waits(&self) -> Vec<Value> {
@@ -138,15 +189,16 @@ fn without_facts(value: &Value) -> Value {
 
 /// The same answer (its id), or the same kind of notification (method and update kind).
 fn same_message(a: &Value, b: &Value) -> bool {
-    let key = |v: &Value| (v.get("id").cloned(), v.get("method").cloned(), v.pointer("/params/update/sessionUpdate").cloned());
+    let key = |v: &Value| {
+        (v.get("id").cloned(), v.get("method").cloned(), v.pointer("/params/update/sessionUpdate").cloned())
+    };
     key(a) == key(b)
 }
 
 /// Writes the derived fixture: each output the recording has (equal, or equal but for the usage facts) keeps
 /// its recorded line or takes the derived frame; an output the recording lacks is added where it was sent.
 fn write_rederived(path: &Path, derived: Vec<Derived>, recorded: Vec<(&'static str, Value, String)>) {
-    let mut queues: std::collections::HashMap<&str, std::collections::VecDeque<(Value, String)>> =
-        Default::default();
+    let mut queues: std::collections::HashMap<&str, std::collections::VecDeque<(Value, String)>> = Default::default();
     for (dir, v, line) in recorded {
         queues.entry(dir).or_default().push_back((v, line));
     }
@@ -161,7 +213,11 @@ fn write_rederived(path: &Path, derived: Vec<Derived>, recorded: Vec<(&'static s
                 let ours = format!("{{\"t\":{t},\"dir\":\"{dir}\"{shim},\"frame\":{text}}}");
                 let recorded = queues.entry(dir).or_default();
                 match recorded.front() {
-                    Some((want, line)) if match_value(want, &got, &mut Bindings::default()).is_ok() => {
+                    // A frame with usage facts is always the derived one (its instants are numbered anew below).
+                    Some((want, line))
+                        if got.pointer("/params/update/_meta/coda").is_none()
+                            && match_value(want, &got, &mut Bindings::default()).is_ok() =>
+                    {
                         lines.push(line.clone());
                         recorded.pop_front();
                     }
@@ -237,8 +293,10 @@ fn replay(name: &str) -> Replay {
         panic!("{name}: rederived into {}; review the diff and run again", path.display());
     }
     let mut bind = Bindings::default();
-    assert_frames(&exits.to_agent, &recorded_agent, name, "codex-acp", &mut bind);
-    let r = Replay { to_client: assert_frames(&exits.to_client, &recorded_client, name, "Coda", &mut bind) };
+    let to_agent = assert_frames(&exits.to_agent, &recorded_agent, name, "codex-acp", &mut bind);
+    let to_client = assert_frames(&exits.to_client, &recorded_client, name, "Coda", &mut bind);
+    let records = text.lines().map(|l| serde_json::from_str(l).expect("a record")).collect();
+    let r = Replay { to_client, to_agent, records };
     r.assert_air_consumed();
     r
 }
@@ -394,4 +452,115 @@ fn every_codex_fixture_replays_through_the_layers() {
         }
     }
     assert!(failed.is_empty(), "{failed:?}");
+}
+
+fn is_prompt(text: &'static str) -> impl Fn(&Value) -> bool {
+    move |f: &Value| f["method"] == "session/prompt" && f["params"]["prompt"][0]["text"].as_str() == Some(text)
+}
+
+fn is_update(kind: &'static str, status: &'static str) -> impl Fn(&Value) -> bool {
+    move |f: &Value| f["params"]["update"]["sessionUpdate"] == kind && f["params"]["update"]["status"] == status
+}
+
+#[test]
+fn compaction_between_turns_is_the_shims_own_prompt_and_the_prompt_sent_during_it_waits() {
+    let r = replay("compact-between-turns");
+    check_initialize(&r, 1);
+    let (compact, during, refused) = (4, 5, 7);
+    let answer = r.answer(compact)["result"].clone();
+    assert_eq!(answer["compacted"], true);
+    let before = answer["before"].as_u64().unwrap();
+    let after = answer["after"].as_u64().unwrap();
+    assert!(after < before, "{answer}");
+    // before: Codex's context when it started; after: its last figure before completed (its estimate).
+    let ci = r.at("compaction start", is_update("compaction_update", "in_progress"));
+    let cc = r.at("compaction end", is_update("compaction_update", "completed"));
+    let used_before: Vec<u64> =
+        r.updates("usage_update").iter().filter(|(i, _)| *i < ci).map(|(_, u)| u["used"].as_u64().unwrap()).collect();
+    assert_eq!(used_before.last(), Some(&before));
+    let used_inside: Vec<u64> = r
+        .updates("usage_update")
+        .iter()
+        .filter(|(i, _)| ci < *i && *i < cc)
+        .map(|(_, u)| u["used"].as_u64().unwrap())
+        .collect();
+    assert_eq!(used_inside.last(), Some(&after));
+    // No turn content of the shim's prompt reached Coda, nor its answer.
+    let answered = r.at("compact answer", |f| f["id"] == compact);
+    for f in &r.to_client[r.at("after the prompt", |f| f["id"] == 3) + 1..answered] {
+        let update = &f["params"]["update"];
+        let kind = update["sessionUpdate"].as_str().unwrap_or_default();
+        let turn = ["agent_message_chunk", "agent_thought_chunk", "tool_call", "tool_call_update", "plan"];
+        assert!(!turn.contains(&kind) && update.pointer("/_meta/codex/threadStatus").is_none(), "{f}");
+    }
+    assert!(r.to_client.iter().all(|f| f["result"]["stopReason"] != "end_turn" || f["id"].is_u64()));
+    // codex-acp got the shim's /compact, then (held until it was answered) Coda's prompt.
+    let own = r.to_agent.iter().position(is_prompt("/compact")).expect("the shim's /compact");
+    let held = r.to_agent.iter().position(|f| f["id"] == during).expect("the held prompt");
+    assert!(own < held);
+    assert!(
+        r.t("shim->agent", "the held prompt", |f| f["id"] == during)
+            >= r.t("agent->shim", "the compaction's end", is_update("compaction_update", "completed"))
+    );
+    assert!(answered < r.at("the held prompt's answer", |f| f["id"] == during));
+    // compactedAt: when Codex said completed, on the shim's own update right after it and every one after.
+    let completed_at = at(r.t("agent->shim", "completed", is_update("compaction_update", "completed")));
+    let own_update = &r.to_client[cc + 1]["params"]["update"];
+    assert_eq!(own_update["sessionUpdate"], "usage_update");
+    assert_eq!(own_update["used"], after);
+    assert_eq!(own_update["_meta"]["coda"]["compactedAt"], completed_at);
+    let facts = r.facts();
+    let from = facts.iter().position(|f| f.get("compactedAt").is_some()).unwrap();
+    assert!(facts[from..].iter().all(|f| f["compactedAt"] == completed_at));
+    // The first update of each turn names the request the forwarded prompt started.
+    for text in ["[[sh:seq 1 3000]]", "after [[text:done]]"] {
+        let sent = r.cause_t("shim->agent", text, is_prompt(text));
+        let first = r.updates("usage_update").into_iter().find(|(i, _)| r.ts("shim->client", |_| true)[*i] >= sent);
+        let (_, u) = first.expect("an update after the prompt");
+        assert_eq!(u["_meta"]["coda"]["lastRequestAt"], at(sent), "{text}");
+    }
+    // During a turn: refused at once, nothing sent to codex-acp for it.
+    assert_eq!(r.answer(refused)["result"], json!({"compacted":false,"reason":coda_shim::coda::compact::TURN_RUNNING}));
+    assert_eq!(r.to_agent.iter().filter(|f| is_prompt("/compact")(f)).count(), 1);
+}
+
+#[test]
+fn codex_compacting_by_itself_inside_a_turn_sets_compacted_at() {
+    let r = replay("compact-automatic");
+    let cc = r.at("compaction end", is_update("compaction_update", "completed"));
+    let prompt = r.at("the turn's answer", |f| f["id"] == 4);
+    assert!(
+        r.at("compaction start", is_update("compaction_update", "in_progress")) < cc && cc < prompt,
+        "inside the turn"
+    );
+    let completed_t = r.t("agent->shim", "completed", is_update("compaction_update", "completed"));
+    let own = &r.to_client[cc + 1]["params"]["update"];
+    assert_eq!(own["_meta"]["coda"]["compactedAt"], at(completed_t));
+    // The request Codex goes on with starts when the compaction completed.
+    let next = r.updates("usage_update").into_iter().find(|(i, _)| *i > cc + 1).expect("an update after it").1;
+    assert_eq!(
+        next["_meta"]["coda"],
+        json!({"lastRequestAt":at(completed_t),"contextTokens":next["used"],"compactedAt":at(completed_t)})
+    );
+    let facts = r.facts();
+    assert!(facts.iter().rev().take_while(|f| f.get("compactedAt").is_some()).count() >= 2);
+}
+
+#[test]
+fn usage_facts_over_turns_with_tool_calls_name_each_request() {
+    let r = replay("usage-tool-calls");
+    let facts = r.facts();
+    assert_eq!(facts.len(), 4, "one update per main-thread response: {facts:?}");
+    let first = r.cause_t("shim->agent", "the first prompt", is_prompt("[[sh:echo one]] [[sh:echo two]]"));
+    let second = r.cause_t("shim->agent", "the second prompt", is_prompt("[[sh:echo three]]"));
+    let ended = |after: u64, before: u64| {
+        let ts = r.ts("agent->shim", is_update("tool_call_update", "completed"));
+        ts.into_iter().filter(|t| *t > after && *t < before).max().expect("a tool ended")
+    };
+    // The first response of each turn answers the forwarded prompt; the second, the last tool's end.
+    assert_eq!(facts[0]["lastRequestAt"], at(first));
+    assert_eq!(facts[1]["lastRequestAt"], at(ended(first, second)));
+    assert_eq!(facts[2]["lastRequestAt"], at(second));
+    assert_eq!(facts[3]["lastRequestAt"], at(ended(second, u64::MAX)));
+    assert!(facts.iter().all(|f| f.get("compactedAt").is_none() && f.get("cacheTtl").is_none()));
 }

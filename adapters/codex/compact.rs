@@ -376,7 +376,9 @@ mod tests {
         // Coda's prompt meanwhile waits.
         h.from_client(prompt(8));
         assert!(h.to_agent().is_empty());
-        let thread = |t: &str| update(json!({"sessionUpdate":"session_info_update","_meta":{"codex":{"threadStatus":{"type":t}}}}));
+        let thread = |t: &str| {
+            update(json!({"sessionUpdate":"session_info_update","_meta":{"codex":{"threadStatus":{"type":t}}}}))
+        };
         h.from_agent(thread("active"));
         h.from_agent(compaction("in_progress"));
         h.from_agent(usage(10471));
@@ -391,7 +393,14 @@ mod tests {
             passed.iter().map(|f| f["params"]["update"]["sessionUpdate"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
-            ["compaction_update", "usage_update", "usage_update", "usage_update", "compaction_update", "session_info_update"]
+            [
+                "compaction_update",
+                "usage_update",
+                "usage_update",
+                "usage_update",
+                "compaction_update",
+                "session_info_update"
+            ]
         );
         assert_eq!(passed[5]["params"]["update"]["title"], "kept");
         let own = h.stack().requests().get(&Id::from_json("8")).map(|r| r.is_sent());
@@ -433,7 +442,8 @@ mod tests {
         let mut h = started();
         let own = ask(&mut h, 7)[0]["id"].clone();
         h.from_agent(compaction("in_progress"));
-        let failed = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"failed","error":"stream closed"});
+        let failed =
+            json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"failed","error":"stream closed"});
         h.from_agent(update(failed));
         h.to_client();
         h.from_agent(json!({"jsonrpc":"2.0","id":own,"result":{"stopReason":"end_turn"}}));
@@ -455,8 +465,10 @@ mod tests {
     fn without_session_compaction_the_compact_conversation_tool_call_tells_and_is_not_shown() {
         let mut h = started();
         let own = ask(&mut h, 7)[0]["id"].clone();
-        h.from_agent(update(json!({"sessionUpdate":"tool_call","toolCallId":"t","kind":"think","title":"Compact conversation",
-            "status":"in_progress","_meta":{"jetbrains":{"air":{"version":1,"contextCompaction":{"version":1}}}}})));
+        h.from_agent(update(
+            json!({"sessionUpdate":"tool_call","toolCallId":"t","kind":"think","title":"Compact conversation",
+            "status":"in_progress","_meta":{"jetbrains":{"air":{"version":1,"contextCompaction":{"version":1}}}}}),
+        ));
         h.from_agent(usage(8242));
         h.from_agent(update(json!({"sessionUpdate":"tool_call_update","toolCallId":"t","status":"completed"})));
         let shown = h.to_client();

@@ -3,11 +3,15 @@
 //!
 //! - `contextTokens`: the update's `used`, Codex's own measure of the context (the last model response's total
 //!   tokens: what the next request carries). Exact, as Codex counts.
-//! - `lastRequestAt`: Codex says when a response came, never when its request left. The request of the main
-//!   thread starts when the shim forwards a `session/prompt` (Coda's, or its own `/compact`), when a tool
-//!   call of the session ends (`tool_call_update` `completed` or `failed`: the result goes back to the model),
-//!   or when a compaction starts (its summarising request); the update that follows is stamped with the latest
-//!   of these. An estimate a little early: README gives the error measured against the fake model's log.
+//! - `lastRequestAt`: Codex says when a response came, never when its request left. A request of the main
+//!   thread starts when the shim forwards a `session/prompt` (Coda's, or its own `/compact`), when the last
+//!   open tool call of the session ends (`tool_call_update` `completed` or `failed`: the results go back to
+//!   the model), when a compaction starts (its summarising request), or when one inside a turn of Coda's
+//!   completes (Codex goes on at once). Codex reports parallel tool calls one after another, so a later end in
+//!   the same batch moves that start on. Codex sends one `usage_update` per response, sometimes after the
+//!   tools its response asked for have ended: so the starts wait in order, and each update takes the oldest
+//!   (an update with none waiting keeps the last). An estimate a little early: README gives the error measured
+//!   against the fake model's log.
 //! - `compactedAt`: when a compaction of the session completed, asked for or automatic: `compaction_update`
 //!   `completed` for a client that declared `session.compaction`, else the end (`completed`) of the "Compact
 //!   conversation" tool call (`_meta.jetbrains.air.contextCompaction`). Codex sends its `usage_update`s before
@@ -17,7 +21,7 @@
 //! Times are `cx.wall()` of the frame that tells them. A `usage_update` the shim cannot read is dropped with a
 //! warning (it must carry the facts); other frames it cannot read pass on, costing only a timing estimate.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::SystemTime;
 
@@ -28,16 +32,20 @@ use crate::coda::usage::Facts;
 use crate::frame::{Frame, Kind, Needle};
 use crate::layer::{Cx, Layer};
 
-/// A tool call that is Codex's compaction (what a client without `session.compaction` is shown).
-static COMPACTION_TOOL: Needle = crate::needle!(b"contextCompaction");
+/// More waiting request starts than any response count could need: the oldest are dropped.
+const STARTS_MAX: usize = 16;
+
 static STATUS: Needle = crate::needle!(b"\"status\"");
 
 /// What the shim knows of one root session.
 #[derive(Debug, Default)]
 struct Session {
     facts: Facts,
-    /// When the request the next response answers started, as the shim derives it.
-    request_at: Option<SystemTime>,
+    /// When the requests whose responses have not been counted yet started, oldest first; whether each was
+    /// started by a tool's end.
+    starts: VecDeque<(SystemTime, bool)>,
+    /// Tool calls running (by toolCallId): the next request starts when the last one ends.
+    open_tools: HashSet<String>,
     /// Codex's last `used` and `size`.
     used: Option<u64>,
     size: Option<u64>,
@@ -57,6 +65,38 @@ enum Compaction {
     Started,
     Completed,
     Failed,
+}
+
+impl Session {
+    fn started(&mut self, at: SystemTime) {
+        if self.starts.len() == STARTS_MAX {
+            self.starts.pop_front();
+        }
+        self.starts.push_back((at, false));
+    }
+
+    /// A tool's end starts the next request: a later end of the same batch (Codex reports parallel calls one
+    /// after another) moves that start on instead of adding one.
+    fn tool_ended(&mut self, at: SystemTime) {
+        match self.starts.back_mut() {
+            Some(back) if back.1 => back.0 = at,
+            _ => {
+                self.started(at);
+                if let Some(back) = self.starts.back_mut() {
+                    back.1 = true;
+                }
+            }
+        }
+    }
+
+    /// A new phase (a turn, a compaction) starts at `at`: what waited is no longer owed.
+    fn restart(&mut self, at: Option<SystemTime>) {
+        self.starts.clear();
+        self.open_tools.clear();
+        if let Some(at) = at {
+            self.started(at);
+        }
+    }
 }
 
 impl Usage {
@@ -86,7 +126,7 @@ impl Usage {
         });
         let wall = cx.wall();
         if let Some(s) = session.as_deref().and_then(|s| self.root(s)) {
-            s.request_at = Some(wall);
+            s.restart(Some(wall));
         }
     }
 
@@ -94,7 +134,7 @@ impl Usage {
         let kind = frame.session_update().unwrap_or_default();
         let wanted = match kind {
             "usage_update" | "compaction_update" => true,
-            "tool_call" => frame.has(&COMPACTION_TOOL),
+            "tool_call" => true,
             "tool_call_update" => frame.has(&STATUS),
             _ => false,
         };
@@ -121,21 +161,22 @@ impl Usage {
                 Some("failed") => Some(Compaction::Failed),
                 _ => None,
             },
-            "tool_call" if update.pointer("/_meta/jetbrains/air/contextCompaction").is_some() => {
-                if let Some(id) = update.get("toolCallId").and_then(Value::as_str) {
-                    session.compaction_tools.insert(id.to_owned());
-                }
-                Some(Compaction::Started)
-            }
-            "tool_call_update" => {
-                let id = update.get("toolCallId").and_then(Value::as_str).unwrap_or_default();
+            "tool_call" | "tool_call_update" => {
+                let id = update.get("toolCallId").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let ended = matches!(status, Some("completed" | "failed"));
-                if ended && session.compaction_tools.remove(id) {
+                if kind == "tool_call" && update.pointer("/_meta/jetbrains/air/contextCompaction").is_some() {
+                    session.compaction_tools.insert(id);
+                    Some(Compaction::Started)
+                } else if ended && session.compaction_tools.remove(&id) {
                     Some(if status == Some("completed") { Compaction::Completed } else { Compaction::Failed })
                 } else {
                     if ended {
-                        // Its result goes back to the model: the next request starts.
-                        session.request_at = Some(wall);
+                        // Once no tool runs, the results go back to the model: the next request starts.
+                        if session.open_tools.remove(&id) && session.open_tools.is_empty() {
+                            session.tool_ended(wall);
+                        }
+                    } else if matches!(status, Some("pending" | "in_progress")) {
+                        session.open_tools.insert(id);
                     }
                     None
                 }
@@ -150,21 +191,25 @@ impl Usage {
                 session.facts.context_tokens = used;
             }
             session.size = size.or(session.size);
-            if session.request_at.is_some() {
-                session.facts.last_request_at = session.request_at;
+            if let Some((at, _)) = session.starts.pop_front() {
+                session.facts.last_request_at = Some(at);
             }
             session.facts.stamp(&mut value);
             return cx.to_client(frame.rewritten(&value));
         }
         match compaction {
             // The summarising request starts.
-            Some(Compaction::Started) => session.request_at = Some(wall),
+            Some(Compaction::Started) => session.restart(Some(wall)),
             Some(Compaction::Completed) => {
                 session.facts.compacted_at = Some(wall);
                 let own = match (session.used, session.size) {
                     (Some(used), Some(size)) => Some(session.facts.update(&session_id, used, size)),
                     _ => None,
                 };
+                // Compacted inside a turn of Coda's: Codex goes on with a request on the compacted context.
+                let in_turn =
+                    cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session_id.as_str()));
+                session.restart(in_turn.then_some(wall));
                 cx.to_client(frame);
                 if let Some(own) = own {
                     cx.to_client(own);
@@ -193,6 +238,11 @@ impl Layer for Usage {
         match frame.kind() {
             Kind::Response { .. } => {
                 self.roots.learn(&frame, cx);
+                // A turn ended: nothing it started is owed any more.
+                let ended = cx.answer_to(&frame).filter(|r| r.is("session/prompt")).and_then(|r| r.session());
+                if let Some(s) = ended.map(str::to_owned).as_deref().and_then(|s| self.root(s)) {
+                    s.restart(None);
+                }
                 cx.to_client(frame)
             }
             Kind::Notification { method } if method == "session/update" => self.update(frame, cx),
@@ -241,24 +291,42 @@ mod tests {
     }
 
     #[test]
-    fn a_turn_with_a_tool_call_stamps_each_update_with_the_request_that_preceded_it() {
+    fn each_update_takes_the_oldest_request_start_and_the_last_of_parallel_tools_starts_the_next() {
         let mut h = started();
         advance(&mut h, 100);
         h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":S,"prompt":[]}}));
         assert_eq!(h.to_agent().len(), 1);
         advance(&mut h, 60);
-        h.from_agent(update(S, json!({"sessionUpdate":"tool_call","toolCallId":"c1","status":"in_progress"})));
-        h.from_agent(update(S, json!({"sessionUpdate":"tool_call_update","toolCallId":"c1","status":"completed"})));
+        let tool = |id: &str, status: &str| {
+            let kind = if status == "in_progress" { "tool_call" } else { "tool_call_update" };
+            update(S, json!({"sessionUpdate":kind,"toolCallId":id,"status":status}))
+        };
+        // Parallel calls as Codex reports them: one after the other.
+        h.from_agent(tool("c1", "in_progress"));
+        h.from_agent(tool("c1", "completed"));
+        h.from_agent(tool("c2", "in_progress"));
+        advance(&mut h, 5);
+        h.from_agent(tool("c2", "failed"));
+        // The response that asked for the tools is counted after they ended: it answers the prompt's request.
         h.from_agent(usage(S, json!(10386)));
         advance(&mut h, 30);
         h.from_agent(usage(S, json!(10471)));
+        // A repeat with no request waiting keeps the last.
+        h.from_agent(usage(S, json!(10471)));
         let out = h.to_client();
-        assert_eq!(out.len(), 4);
-        // The tool ended at 160 ms: the update after it answers the request that started then.
-        assert_eq!(coda(&out[2]), json!({"lastRequestAt":at(160),"contextTokens":10386}));
-        assert_eq!(coda(&out[3]), json!({"lastRequestAt":at(160),"contextTokens":10471}));
+        assert_eq!(out.len(), 7);
+        assert_eq!(coda(&out[4]), json!({"lastRequestAt":at(100),"contextTokens":10386}));
+        assert_eq!(coda(&out[5]), json!({"lastRequestAt":at(165),"contextTokens":10471}));
+        assert_eq!(coda(&out[6]), coda(&out[5]));
         // The tool frames pass as they came.
         assert!(out[0]["params"]["update"].get("_meta").is_none());
+        // The turn's answer forgets what was owed; the next prompt starts afresh.
+        h.from_agent(tool("c3", "in_progress"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        advance(&mut h, 100);
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":S,"prompt":[]}}));
+        h.from_agent(usage(S, json!(10500)));
+        assert_eq!(coda(h.to_client().last().unwrap())["lastRequestAt"], at(295));
     }
 
     #[test]
@@ -289,6 +357,24 @@ mod tests {
         // Later updates keep compactedAt.
         h.from_agent(usage(S, json!(7600)));
         assert_eq!(coda(&h.to_client()[0])["compactedAt"], at(2058));
+    }
+
+    #[test]
+    fn a_compaction_inside_a_turn_starts_the_next_request_when_it_completes() {
+        let mut h = started();
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":S,"prompt":[]}}));
+        h.from_agent(usage(S, json!(10387)));
+        advance(&mut h, 10);
+        h.from_agent(update(S, json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"in_progress"})));
+        h.from_agent(usage(S, json!(7548)));
+        advance(&mut h, 30);
+        h.from_agent(update(S, json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"completed"})));
+        let own = h.to_client().pop().unwrap();
+        // The shim's own update still names the summarising request.
+        assert_eq!(coda(&own), json!({"lastRequestAt":at(10),"contextTokens":7548,"compactedAt":at(40)}));
+        advance(&mut h, 20);
+        h.from_agent(usage(S, json!(10496)));
+        assert_eq!(coda(&h.to_client()[0]), json!({"lastRequestAt":at(40),"contextTokens":10496,"compactedAt":at(40)}));
     }
 
     #[test]
@@ -324,7 +410,14 @@ mod tests {
         h.from_agent(generation.clone());
         h.from_agent(update("child-thread", json!({"sessionUpdate":"compaction_update","status":"completed"})));
         let out = h.to_client();
-        assert_eq!(out, vec![child, generation, update("child-thread", json!({"sessionUpdate":"compaction_update","status":"completed"}))]);
+        assert_eq!(
+            out,
+            vec![
+                child,
+                generation,
+                update("child-thread", json!({"sessionUpdate":"compaction_update","status":"completed"}))
+            ]
+        );
         assert!(h.layer::<Usage>(0).facts("child-thread").is_none());
     }
 
