@@ -502,7 +502,9 @@ fn a_compaction_and_the_usage_facts_show_on_hover_and_click() {
     let first = |kind: &str, method: &str| {
         items.iter().find(|i| i["kind"] == kind && i["method"] == method).unwrap_or_else(|| panic!("no {kind}")).clone()
     };
-    // Hover: the page's tooltip names the facts.
+    // Hover: the page's tooltip names the facts. Zoomed in, so that a usage mark is not on the pixel of the
+    // update next to it.
+    b.eval(&session, "window.acpView.zoom(40, 0)");
     let usage = first("usage", "session/update");
     let place = place_of(&mut b, &session, usage["i"].as_u64().unwrap());
     assert_eq!(place["kind"], "usage", "{place}");
