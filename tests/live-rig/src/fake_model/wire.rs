@@ -91,8 +91,8 @@ pub(super) fn answer(
             response
         }
         (Reply::Reset, _) => json_response(500, &Value::Null),
-        (_, Api::Responses) => sse_response(responses_events(&reply)),
-        (_, _) if stream => sse_response(chat_events(&reply, model)),
+        (_, Api::Responses) => sse_response(responses_events(&reply, context_tokens(body))),
+        (_, _) if stream => sse_response(chat_events(&reply, model, context_tokens(body))),
         (_, _) => json_response(200, &chat_completion(&reply, model)),
     };
     Answer { response, reset: reply == Reply::Reset, summary, delay }
@@ -131,8 +131,10 @@ fn sse_response(body: String) -> Response<Full<Bytes>> {
 const USAGE_IN: u64 = 10;
 const USAGE_OUT: u64 = 5;
 
-/// Chat-completions stream: role, content or tool-call deltas, finish reason, usage, `[DONE]`.
-fn chat_events(reply: &Reply, model: &str) -> String {
+/// Chat-completions stream: role, content or tool-call deltas, finish reason, usage (`prompt_tokens` as given:
+/// the body at about 4 bytes a token, so the context a CLI measures grows and shrinks with its requests and
+/// Kimi compacts by itself once it nears a small `max_context_size`), `[DONE]`.
+fn chat_events(reply: &Reply, model: &str, prompt_tokens: u64) -> String {
     let id = format!("chatcmpl-{}", next_id());
     let chunk = |delta: Value, finish: Value| {
         json!({"id":id,"object":"chat.completion.chunk","created":0,"model":model,
@@ -162,7 +164,7 @@ fn chat_events(reply: &Reply, model: &str) -> String {
     };
     events.push(chunk(json!({}), json!(finish)));
     events.push(json!({"id":id,"object":"chat.completion.chunk","created":0,"model":model,"choices":[],
-        "usage":{"prompt_tokens":USAGE_IN,"completion_tokens":USAGE_OUT,"total_tokens":USAGE_IN + USAGE_OUT}}));
+        "usage":{"prompt_tokens":prompt_tokens,"completion_tokens":USAGE_OUT,"total_tokens":prompt_tokens + USAGE_OUT}}));
     let mut out: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
     out.push_str("data: [DONE]\n\n");
     out
@@ -186,8 +188,16 @@ fn chat_completion(reply: &Reply, model: &str) -> Value {
            "usage":{"prompt_tokens":USAGE_IN,"completion_tokens":USAGE_OUT,"total_tokens":USAGE_IN + USAGE_OUT}})
 }
 
-/// Responses API stream: `response.created`, one `output_item.done` per item, `response.completed`.
-fn responses_events(reply: &Reply) -> String {
+/// The input tokens the Responses API reports for a request: its body at about 4 bytes a token, so that the
+/// context a CLI measures grows with the conversation and shrinks when it compacts (Codex compacts by itself
+/// when it passes `model_auto_compact_token_limit`).
+pub(super) fn context_tokens(body: &Value) -> u64 {
+    body.to_string().len() as u64 / 4
+}
+
+/// Responses API stream: `response.created`, one `output_item.done` per item, `response.completed` (usage:
+/// `input_tokens` as given).
+fn responses_events(reply: &Reply, input_tokens: u64) -> String {
     let response_id = format!("resp_{}", next_id());
     let mut events = vec![json!({"type":"response.created","response":{"id":response_id}})];
     match reply {
@@ -213,8 +223,8 @@ fn responses_events(reply: &Reply) -> String {
         Reply::Error { .. } | Reply::Reset => {}
     }
     events.push(json!({"type":"response.completed","response":{"id":response_id,
-        "usage":{"input_tokens":USAGE_IN,"input_tokens_details":null,"output_tokens":USAGE_OUT,
-                 "output_tokens_details":null,"total_tokens":USAGE_IN + USAGE_OUT}}}));
+        "usage":{"input_tokens":input_tokens,"input_tokens_details":null,"output_tokens":USAGE_OUT,
+                 "output_tokens_details":null,"total_tokens":input_tokens + USAGE_OUT}}}));
     events
         .iter()
         .map(|e| format!("event: {}\ndata: {e}\n\n", e.get("type").and_then(Value::as_str).unwrap_or("message")))
