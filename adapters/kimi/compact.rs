@@ -376,3 +376,197 @@ impl Layer for Compact {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::kimi::wire::parse_line;
+    use crate::layer::testing::Harness;
+
+    const SID: &str = "session_6b1d1f0e-0000-4000-8000-0000000000c0";
+
+    fn rig() -> Harness {
+        let mut h = Harness::of(Compact::new());
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
+        h.from_agent(
+            json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}}),
+        );
+        let init = h.to_client();
+        assert_eq!(init[0]["result"]["agentCapabilities"], json!({"loadSession":true,"_meta":{"coda":{"compact":{}}}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        h.to_client();
+        h.to_agent();
+        h
+    }
+
+    fn wire(h: &mut Harness, records: &[Value]) {
+        let entries = records.iter().map(|r| parse_line(r.to_string().as_bytes()).unwrap()).collect();
+        h.event(0, WireFacts { session: SID.into(), entries });
+    }
+
+    fn compact(h: &mut Harness, id: i64) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":METHOD,"params":{"sessionId":SID}}));
+    }
+
+    const METHOD: &str = compact::METHOD;
+
+    fn chunk(text: &str) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":text}}}})
+    }
+
+    fn prompt(id: i64) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":SID,"prompt":[{"type":"text","text":"go"}]}})
+    }
+
+    /// The shim's `/compact` went to Kimi; its id.
+    fn asked(h: &mut Harness) -> Value {
+        let out = h.to_agent();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0]["params"]["prompt"], json!([{"type":"text","text":"/compact"}]));
+        out[0]["id"].clone()
+    }
+
+    fn begin_to_end(end: &str) -> Vec<Value> {
+        vec![
+            json!({"type":"full_compaction.begin","source":"manual","agentId":"main","time":10}),
+            json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":32720,"tokensAfter":22290,"time":11}),
+            json!({"type":end,"agentId":"main","time":12}),
+        ]
+    }
+
+    #[test]
+    fn between_turns_it_compacts_holds_codas_prompt_and_shows_nothing_of_the_shims_own() {
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_client(prompt(8));
+        assert!(h.to_agent().is_empty(), "Coda's prompt waits for the compaction");
+        h.from_agent(chunk("Context compaction started — it runs in the background …"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        let usage = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{"sessionUpdate":"usage_update","used":1,"size":2}}});
+        h.from_agent(usage.clone());
+        assert_eq!(h.to_client(), [usage], "only the usage update passes");
+        wire(&mut h, &begin_to_end("full_compaction.complete"));
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":7,"result":{"compacted":true,"before":32720,"after":22290}})]
+        );
+        assert_eq!(h.to_agent(), [prompt(8)]);
+        // Kimi's result text, later and outside any prompt: the shim's, dropped; Coda's turn's text passes.
+        h.from_agent(chunk(
+            "Compaction completed.\n- Messages compacted: 5\n- Tokens before: 32,720\n- Tokens after: 22,290",
+        ));
+        h.from_agent(chunk("Compaction completed. (the model's words)"));
+        assert_eq!(h.to_client().len(), 1);
+        assert_eq!(h.next_wake(), None);
+    }
+
+    #[test]
+    fn kimis_result_text_answers_when_it_comes_before_the_wire() {
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        wire(&mut h, &begin_to_end("full_compaction.complete")[..1]);
+        h.from_agent(chunk(
+            "Compaction completed.\n- Messages compacted: 5\n- Tokens before: 1,032,720\n- Tokens after: x",
+        ));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":7,"result":{"compacted":true,"before":1032720}})]);
+        wire(&mut h, &begin_to_end("full_compaction.complete")[1..]);
+        assert!(h.to_client().is_empty(), "answered once");
+    }
+
+    #[test]
+    fn it_is_refused_when_the_session_is_unknown_a_turn_runs_or_it_already_compacts() {
+        let mut h = rig();
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":METHOD,"params":{"sessionId":"session_x"}}));
+        let raw = format!(r#"{{"jsonrpc":"2.0","id":3,"method":"{METHOD}","params":{{"sessionId":1e400}}}}"#);
+        h.client_frame(Frame::parse(raw.into_bytes()).expect("a frame"));
+        let out = h.to_client();
+        assert_eq!(out[0]["result"], json!({"compacted":false,"reason":NOT_RUNNING}));
+        assert_eq!(out[1]["error"]["code"], -32602);
+        // Coda's turn is open.
+        h.from_client(prompt(4));
+        h.to_agent();
+        compact(&mut h, 5);
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":TURN_RUNNING}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{"stopReason":"end_turn"}}));
+        h.to_client();
+        // Kimi's own turn, then its own compaction, in the wire.
+        wire(&mut h, &[json!({"type":"turn.prompt","agentId":"main","turnId":1,"origin":{"kind":"task"},"time":20})]);
+        compact(&mut h, 6);
+        assert_eq!(h.to_client()[0]["result"]["reason"], TURN_RUNNING);
+        wire(
+            &mut h,
+            &[
+                json!({"type":"turn.ended","agentId":"main","turnId":1,"reason":"completed","time":21}),
+                json!({"type":"full_compaction.begin","source":"auto","agentId":"main","time":22}),
+            ],
+        );
+        compact(&mut h, 7);
+        assert_eq!(h.to_client()[0]["result"]["reason"], ALREADY);
+        // Kimi's own compaction ends: nothing to answer.
+        wire(&mut h, &[json!({"type":"full_compaction.complete","agentId":"main","time":23})]);
+        assert!(h.to_client().is_empty());
+        compact(&mut h, 8);
+        asked(&mut h);
+        compact(&mut h, 9);
+        assert_eq!(h.to_client()[0]["result"]["reason"], ALREADY);
+        assert!(h.to_agent().is_empty());
+    }
+
+    #[test]
+    fn kimis_refusals_and_cancel_are_compacted_false_with_a_reason() {
+        for (text, reason) in [
+            (
+                "/compact failed: Cannot compact while a turn is active. Wait for it to finish, then retry.",
+                TURN_RUNNING.to_owned(),
+            ),
+            ("A context compaction is already running.", ALREADY.to_owned()),
+            ("/compact failed: disk full", "Kimi could not compact: disk full".to_owned()),
+        ] {
+            let mut h = rig();
+            compact(&mut h, 7);
+            let id = asked(&mut h);
+            h.from_client(prompt(8));
+            h.from_agent(chunk(text));
+            h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+            assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":7,"result":{"compacted":false,"reason":reason}})]);
+            assert_eq!(h.to_agent(), [prompt(8)], "the held prompt goes on");
+        }
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"error":{"code":-32600,"message":"turn.agent_busy"}}));
+        assert_eq!(h.to_client()[0]["result"]["reason"], "Kimi refused to compact: turn.agent_busy");
+        // A cancel without a begin is not this compaction's end; the one after its begin is.
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        wire(&mut h, &[json!({"type":"full_compaction.cancel","agentId":"main","time":9})]);
+        assert!(h.to_client().is_empty());
+        wire(&mut h, &begin_to_end("full_compaction.cancel"));
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":CANCELLED}));
+        h.from_agent(chunk("Compaction cancelled."));
+        assert!(h.to_client().is_empty(), "its text is the shim's");
+    }
+
+    #[test]
+    fn a_kimi_that_never_ends_is_cancelled_before_codas_ten_minutes_and_codas_cancel_ends_held_prompts() {
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_client(prompt(8));
+        h.from_client(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":SID}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":8,"result":{"stopReason":"cancelled"}})]);
+        assert!(h.to_agent().is_empty(), "the compaction is not Coda's turn: not cancelled");
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.next_wake(), Some(DEADLINE));
+        assert!(DEADLINE < Duration::from_secs(600));
+        h.advance(DEADLINE);
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":TIMED_OUT}));
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
+    }
+}

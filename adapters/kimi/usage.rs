@@ -192,7 +192,8 @@ impl Usage {
             match entry.record {
                 Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_user()),
                 Record::TurnEnded { .. } => match s.turn.take() {
-                    Some(true) => s.ended += 1,
+                    // A client turn of a prompt not counted here (none is expected) counts for no later one.
+                    Some(true) => s.ended = (s.ended + 1).min(s.sent),
                     // Kimi sends no usage_update after a turn it started itself.
                     Some(false) => self.own_update(&session, cx),
                     None => {}
@@ -295,6 +296,162 @@ impl Layer for Usage {
                  with the facts known (they may be a turn old)"
             );
             self.release(true, cx);
+            // The turns that never showed count for no later update.
+            for s in self.sessions.values_mut() {
+                s.ended = s.sent;
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::kimi::wire::parse_line;
+    use crate::layer::testing::Harness;
+    use serde_json::json;
+
+    const SID: &str = "session_6b1d1f0e-0000-4000-8000-0000000000u5";
+
+    /// The usage layer alone, after `session/new` was answered.
+    fn rig() -> Harness {
+        let mut h = Harness::of(Usage::new());
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        assert_eq!(h.to_client().len(), 1);
+        h
+    }
+
+    fn wire(h: &mut Harness, records: &[Value]) {
+        let entries = records.iter().map(|r| parse_line(r.to_string().as_bytes()).unwrap()).collect();
+        h.event(0, WireFacts { session: SID.into(), entries });
+    }
+
+    fn prompt(id: i64, text: &str) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":SID,"prompt":[{"type":"text","text":text}]}})
+    }
+
+    fn usage_update(used: u64) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{"sessionUpdate":"usage_update","used":used,"size":131072}}})
+    }
+
+    fn turn(kind: &str, id: i64, request_at: u64, input: u64) -> Vec<Value> {
+        vec![
+            json!({"type":"turn.prompt","agentId":"main","turnId":id,"origin":{"kind":kind},"input":[],"time":request_at - 5}),
+            json!({"type":"llm.request","agentId":"main","kind":"loop","maxTokens":40000,"time":request_at}),
+            json!({"type":"usage.record","agentId":"main","usage":{"inputOther":input,"output":5,"inputCacheRead":0,"inputCacheCreation":0},"usageScope":"turn","time":request_at + 20}),
+            json!({"type":"token_counting.measured","agentId":"main","tokens":input + 5,"time":request_at + 21}),
+            json!({"type":"turn.ended","agentId":"main","turnId":id,"reason":"completed","time":request_at + 30}),
+        ]
+    }
+
+    fn iso_ms(ms: u64) -> String {
+        crate::coda::usage::iso(UNIX_EPOCH + Duration::from_millis(ms)).unwrap()
+    }
+
+    #[test]
+    fn kimis_update_waits_for_its_turn_in_the_wire_and_carries_that_turns_request() {
+        let mut h = rig();
+        h.from_client(prompt(2, "go"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        // Kimi's update came before the watch read the turn: it waits, and what follows waits behind it.
+        h.from_agent(usage_update(21869));
+        let after = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{"sessionUpdate":"available_commands_update","availableCommands":[]}}});
+        h.from_agent(after.clone());
+        let out = h.to_client();
+        assert_eq!(out.len(), 1, "the answer went on: {out:?}");
+        assert_eq!(h.next_wake(), Some(HOLD));
+        wire(&mut h, &turn("user", 0, 1_796_185_815_017, 21864));
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(
+            out[0]["params"]["update"]["_meta"],
+            json!({"coda":{"lastRequestAt": iso_ms(1_796_185_815_017),"contextTokens":21864}})
+        );
+        assert_eq!(out[0]["params"]["update"]["used"], 21869, "Kimi's own figures stay");
+        assert_eq!(out[1], after);
+        assert_eq!(h.next_wake(), None);
+        // Its next update, the wire caught up: at once.
+        h.from_agent(usage_update(21869));
+        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 21864);
+    }
+
+    #[test]
+    fn a_turn_that_never_shows_releases_the_update_after_the_hold() {
+        let mut h = rig();
+        wire(&mut h, &turn("user", 0, 1_000_000, 900));
+        h.from_client(prompt(2, "go"));
+        h.from_agent(usage_update(905));
+        assert!(h.to_client().is_empty());
+        h.advance(HOLD - Duration::from_millis(1));
+        assert!(h.to_client().is_empty());
+        h.advance(Duration::from_millis(1));
+        let out = h.to_client();
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 900, "the facts known");
+        // Builtin slash commands make no turn and a refused prompt none either: nothing waits for them.
+        h.from_client(prompt(3, "/status"));
+        h.from_client(prompt(4, "busy"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"error":{"code":-32600,"message":"turn.agent_busy"}}));
+        h.from_agent(usage_update(905));
+        assert_eq!(h.to_client().len(), 2, "the error and the update, at once");
+    }
+
+    #[test]
+    fn kimis_own_turn_and_a_compaction_between_turns_get_an_update_of_the_shims() {
+        let mut h = rig();
+        wire(&mut h, &turn("task", 0, 2_000_000, 22000));
+        let out = h.to_client();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            out[0]["params"]["update"],
+            json!({"sessionUpdate":"usage_update","used":22005,"size":40000,"_meta":{"coda":{
+                "lastRequestAt": iso_ms(2_000_000),"contextTokens":22000}}})
+        );
+        // `/compact`: its summary request is not the main thread's, its usage not the context.
+        wire(
+            &mut h,
+            &[
+                json!({"type":"full_compaction.begin","source":"manual","agentId":"main","time":2_100_000}),
+                json!({"type":"llm.request","agentId":"main","kind":"compaction","maxTokens":40000,"time":2_100_010}),
+                json!({"type":"usage.record","agentId":"main","usage":{"inputOther":23000,"output":5},"usageScope":"session","time":2_100_020}),
+                json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":32720,"tokensAfter":22290,"time":2_100_030}),
+                json!({"type":"token_counting.rebased","agentId":"main","tokens":22290,"time":2_100_031}),
+                json!({"type":"full_compaction.complete","agentId":"main","time":2_100_032}),
+            ],
+        );
+        let out = h.to_client();
+        assert_eq!(
+            out[0]["params"]["update"],
+            json!({"sessionUpdate":"usage_update","used":22290,"size":40000,"_meta":{"coda":{
+                "lastRequestAt": iso_ms(2_000_000),"contextTokens":22000,"compactedAt": iso_ms(2_100_030)}}})
+        );
+    }
+
+    #[test]
+    fn hostile_wire_records_change_no_fact_and_send_nothing() {
+        let mut h = rig();
+        wire(&mut h, &turn("task", 0, 3_000_000, 500));
+        assert_eq!(h.to_client().len(), 1);
+        wire(
+            &mut h,
+            &[
+                // Numbers that are no token counts, a cancel and a complete without a compaction, a time of 1e400.
+                json!({"type":"llm.request","agentId":"main","kind":"loop","time":3_100_000}),
+                json!({"type":"usage.record","agentId":"main","usage":{"inputOther":-4},"time":3_100_001}),
+                json!({"type":"full_compaction.cancel","agentId":"main","time":3_100_002}),
+                json!({"type":"full_compaction.complete","agentId":"main","time":3_100_003}),
+            ],
+        );
+        let line = br#"{"type":"context.apply_compaction","agentId":"main","tokensBefore":1e400,"time":1e400}"#;
+        h.event(0, WireFacts { session: SID.into(), entries: vec![parse_line(line).unwrap()] });
+        wire(&mut h, &[json!({"type":"full_compaction.complete","agentId":"main","time":3_100_004})]);
+        assert!(h.to_client().is_empty(), "nothing to say");
+        // Another session's records (not one Kimi answered) are not read.
+        h.event(0, WireFacts { session: "session_other".into(), entries: vec![] });
+        h.from_agent(usage_update(505));
+        assert_eq!(
+            h.to_client()[0]["params"]["update"]["_meta"]["coda"],
+            json!({"lastRequestAt": iso_ms(3_100_000), "contextTokens": 500})
+        );
     }
 }
