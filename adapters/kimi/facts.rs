@@ -93,4 +93,21 @@ mod tests {
         assert_eq!(pick("s", &fed), Some(WireFacts { session: "s".into(), entries: vec![request] }));
         assert_eq!(pick("s", &fed[1..]), None);
     }
+
+    #[test]
+    fn a_huge_record_gives_no_fact() {
+        use crate::adapters::kimi::feed::{Feed, RECORD_MAX};
+        const WIRE: &str = "agents/main/wire.jsonl";
+        let mut feed = Feed::new(0);
+        let huge = format!(
+            "{{\"type\":\"usage.record\",\"agentId\":\"main\",\"pad\":\"{}\",\"usage\":{{\"inputOther\":7}},\"time\":1}}\n",
+            "x".repeat(RECORD_MAX)
+        );
+        let fed = [feed.piece(WIRE, false, huge.as_bytes())];
+        assert_eq!(pick("s", &fed), None);
+        let next = r#"{"type":"usage.record","agentId":"main","usage":{"inputOther":8},"time":2}
+"#;
+        let fed = [feed.piece(WIRE, false, next.as_bytes())];
+        assert_eq!(pick("s", &fed).map(|f| f.entries[0].record.clone()), Some(Record::Usage { input: Some(8) }));
+    }
 }
