@@ -460,7 +460,9 @@ fn loop_requests(model: &fake_model::FakeModel) -> Vec<fake_model::RecordedReque
     model
         .model_requests()
         .into_iter()
-        .filter(|r| r.origin == fake_model::Origin::Main && !r.user_text().starts_with("You are about to run out of context"))
+        .filter(|r| {
+            r.origin == fake_model::Origin::Main && !r.user_text().starts_with("You are about to run out of context")
+        })
         .collect()
 }
 
@@ -485,7 +487,10 @@ fn check_usage_facts(scenario: &str, log: &[Value], model: &fake_model::FakeMode
         assert!((0..=200).contains(&seen), "{scenario}: lastRequestAt is {seen} ms off the fake model's log");
         worst = worst.max(seen);
     }
-    eprintln!("{scenario}: {} usage_updates, lastRequestAt at most {worst} ms before the fake model saw the request", updates.len());
+    eprintln!(
+        "{scenario}: {} usage_updates, lastRequestAt at most {worst} ms before the fake model saw the request",
+        updates.len()
+    );
     worst
 }
 
@@ -504,7 +509,10 @@ fn record_kimi_compaction_and_usage() {
         let (trace, files) = live.paths("compact-between-turns");
         let mut run = Run::start(&live.lc, &trace, &files);
         run.initialize();
-        let caps = run.log.iter().find_map(|v| v["result"]["agentCapabilities"]["_meta"]["coda"]["compact"].as_object().cloned());
+        let caps = run
+            .log
+            .iter()
+            .find_map(|v| v["result"]["agentCapabilities"]["_meta"]["coda"]["compact"].as_object().cloned());
         assert!(caps.is_some(), "coda-kimi declares agentCapabilities._meta.coda.compact");
         let sid = run.new_session(&live.cwd);
         // A tool's large output makes the context large enough for the summary to be smaller.
@@ -512,7 +520,10 @@ fn record_kimi_compaction_and_usage() {
         let before = loop_requests(&live.model).last().map(|r| (r.input_tokens, r.body.to_string().len())).unwrap();
         // Coda's prompt sent right after the request, while Kimi compacts: it runs after the compaction.
         let asked = run.send(COMPACT, json!({"sessionId": sid}));
-        let prompt = run.send("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": "after [[text:held until compacted]]"}]}));
+        let prompt = run.send(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": "after [[text:held until compacted]]"}]}),
+        );
         let answer = run.answer(asked);
         let at_answer = run.log.len();
         assert_eq!(answer["result"]["compacted"], true, "{answer}");
@@ -537,10 +548,19 @@ fn record_kimi_compaction_and_usage() {
         eprintln!("compact-between-turns: answer {answer}; next request {before:?} -> {after:?} (tokens, bytes)");
         run.settle(Duration::from_secs(5));
         let updates = usage_updates(&run.log);
-        assert!(updates.iter().any(|u| u["_meta"]["coda"]["compactedAt"].is_string()), "compactedAt after it: {updates:?}");
+        assert!(
+            updates.iter().any(|u| u["_meta"]["coda"]["compactedAt"].is_string()),
+            "compactedAt after it: {updates:?}"
+        );
         worst = worst.max(check_usage_facts("compact-between-turns", &run.log, &live.model));
         run.finish();
-        keep("compact-between-turns", &trace, &files, &live.root, "`_coda/session/compact` between turns, with Coda's prompt sent during it (held, then run)");
+        keep(
+            "compact-between-turns",
+            &trace,
+            &files,
+            &live.root,
+            "`_coda/session/compact` between turns, with Coda's prompt sent during it (held, then run)",
+        );
     }
 
     if wanted("compact-during-turn") {
@@ -548,7 +568,10 @@ fn record_kimi_compaction_and_usage() {
         let mut run = Run::start(&live.lc, &trace, &files);
         run.initialize();
         let sid = run.new_session(&live.cwd);
-        let prompt = run.send("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": "[[delay:1500]] slow"}]}));
+        let prompt = run.send(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": "[[delay:1500]] slow"}]}),
+        );
         run.until(long, |v| v["params"]["update"]["sessionUpdate"] == "session_info_update");
         let answer = run.call(COMPACT, json!({"sessionId": sid}));
         assert_eq!(answer["result"]["compacted"], false, "{answer}");
@@ -557,7 +580,13 @@ fn record_kimi_compaction_and_usage() {
         run.settle(Duration::from_secs(5));
         worst = worst.max(check_usage_facts("compact-during-turn", &run.log, &live.model));
         run.finish();
-        keep("compact-during-turn", &trace, &files, &live.root, "`_coda/session/compact` while Coda's turn runs: compacted false");
+        keep(
+            "compact-during-turn",
+            &trace,
+            &files,
+            &live.root,
+            "`_coda/session/compact` while Coda's turn runs: compacted false",
+        );
     }
 
     live.scenario(
@@ -582,7 +611,10 @@ fn record_kimi_compaction_and_usage() {
             .map(|r| r["frame"].clone())
             .collect();
         let updates = usage_updates(&log);
-        assert!(updates.len() >= 3, "Kimi's update after each prompt and the shim's after Kimi's own turn: {updates:?}");
+        assert!(
+            updates.len() >= 3,
+            "Kimi's update after each prompt and the shim's after Kimi's own turn: {updates:?}"
+        );
         worst = worst.max(check_usage_facts("usage-tool-calls", &log, &live.model));
     }
     let failed = FAILED.lock().unwrap().clone();
@@ -606,7 +638,13 @@ fn record_kimi_compaction_and_usage() {
         );
         worst = worst.max(check_usage_facts("compact-automatic", &run.log, &small.model));
         run.finish();
-        keep("compact-automatic", &trace, &files, &small.root, "Kimi's automatic compaction with a 40,000-token window, inside Coda's second turn");
+        keep(
+            "compact-automatic",
+            &trace,
+            &files,
+            &small.root,
+            "Kimi's automatic compaction with a 40,000-token window, inside Coda's second turn",
+        );
     }
     eprintln!("lastRequestAt: largest error against the fake model's log {worst} ms");
     let mut failed = failed;
