@@ -57,12 +57,14 @@ struct Session {
     turn: Option<bool>,
     /// A compaction applied that no `usage_update` has carried yet.
     unsent_compaction: bool,
+    /// The watch has handed in records of this session: without it (its files cannot be read) nothing waits.
+    wired: bool,
 }
 
 impl Session {
-    /// The wire has shown the end of every client turn Kimi was sent.
+    /// The wire has shown the end of every client turn Kimi was sent (or is not read).
     fn caught_up(&self) -> bool {
-        self.ended >= self.sent
+        !self.wired || self.ended >= self.sent
     }
 }
 
@@ -188,6 +190,7 @@ impl Usage {
         let session = facts.session;
         for entry in facts.entries {
             let Some(s) = self.sessions.get_mut(&session) else { break };
+            s.wired = true;
             let at = wire_time(entry.time);
             match entry.record {
                 Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_user()),
@@ -353,6 +356,8 @@ mod tests {
     fn kimis_update_waits_for_its_turn_in_the_wire_and_carries_that_turns_request() {
         let mut h = rig();
         h.from_client(prompt(2, "go"));
+        let records = turn("user", 0, 1_796_185_815_017, 21864);
+        wire(&mut h, &records[..1]);
         h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
         // Kimi's update came before the watch read the turn: it waits, and what follows waits behind it.
         h.from_agent(usage_update(21869));
@@ -361,7 +366,7 @@ mod tests {
         let out = h.to_client();
         assert_eq!(out.len(), 1, "the answer went on: {out:?}");
         assert_eq!(h.next_wake(), Some(HOLD));
-        wire(&mut h, &turn("user", 0, 1_796_185_815_017, 21864));
+        wire(&mut h, &records[1..]);
         let out = h.to_client();
         assert_eq!(out.len(), 2, "{out:?}");
         assert_eq!(
@@ -374,6 +379,15 @@ mod tests {
         // Its next update, the wire caught up: at once.
         h.from_agent(usage_update(21869));
         assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 21864);
+    }
+
+    #[test]
+    fn without_the_sessions_files_nothing_waits_and_nothing_is_stamped() {
+        let mut h = rig();
+        h.from_client(prompt(2, "go"));
+        h.from_agent(usage_update(15));
+        assert_eq!(h.to_client(), [usage_update(15)]);
+        assert_eq!(h.next_wake(), None);
     }
 
     #[test]
