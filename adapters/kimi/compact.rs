@@ -312,7 +312,7 @@ impl Layer for Compact {
                 };
                 if method == "initialize" {
                     compact::declare(result);
-                    return cx.to_client(Frame::from_value(&v));
+                    return cx.to_client(frame.rewritten(&v));
                 }
                 let named = result.get("sessionId").and_then(Value::as_str).map(str::to_owned);
                 if let Some(sid) = named.or(asked) {

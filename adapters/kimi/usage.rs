@@ -126,7 +126,7 @@ impl Usage {
         }
         s.unsent_compaction = false;
         s.facts.stamp(&mut v);
-        Frame::from_value(&v)
+        frame.rewritten(&v)
     }
 
     /// Sends on what was held, in order, up to a `usage_update` whose turn is still not shown (all of it
