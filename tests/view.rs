@@ -71,7 +71,7 @@ fn a_kimi_background_subagent_reads_as_lanes_turns_waits_and_changed_frames() {
     let path = fixtures_root().join("kimi/subagent-background/trace.jsonl");
     let recs = records(&path);
     let m = model_of(&path);
-    let parent = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let parent = "session_53ac1cc7-a747-4b71-a688-52409262cdcf";
 
     // The child lane starts where the wait announced it.
     let announced = recs
@@ -104,7 +104,7 @@ fn a_kimi_background_subagent_reads_as_lanes_turns_waits_and_changed_frames() {
     let waits = items(&m, Kind::Wait);
     assert_eq!(waits.len(), 1);
     let w = waits[0];
-    assert_eq!((w.lane, w.wait.as_str(), w.label.as_str()), (p, "agent-u4r13k73", "worker_1 task"));
+    assert_eq!((w.lane, w.wait.as_str(), w.label.as_str()), (p, "agent-qqvzhjwb", "worker_1 task"));
     assert!(w.text.starts_with("subagent "), "{}", w.text);
     assert_eq!(w.segs.iter().map(|(s, t)| (*t, s.as_str())).collect::<Vec<_>>(), states);
     assert_eq!((w.state.as_str(), w.end), ("done", Some(states[2].0)));

@@ -462,7 +462,7 @@ fn the_diff_page_draws_both_sides_lanes_in_pairs() {
     let g = b.eval(&session, GEOMETRY);
     let lanes: Vec<&str> = g["lanes"].as_array().unwrap().iter().map(|l| l["session"].as_str().unwrap()).collect();
     assert_eq!(&lanes[..2], ["A · connection", "B · connection"], "{lanes:?}");
-    let sid = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let sid = "session_53ac1cc7-a747-4b71-a688-52409262cdcf";
     let a = lanes.iter().position(|l| *l == format!("A · {sid}")).unwrap();
     assert_eq!(lanes[a + 1], format!("B · {sid}"), "{lanes:?}");
     let items = g["items"].as_array().unwrap();
