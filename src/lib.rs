@@ -8,7 +8,7 @@
 //! # Map
 //!
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
-//!   [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
+//!   [`scan`] (the one pass that checks every line and reads its envelope), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
 //!   reader and writer loops), [`relay`] (the loop that owns all state) and [`relay::lifecycle`] (the
 //!   session's lifecycle as a sans-IO state machine: which peer is still read, the stop ladder, the drain
 //!   deadline), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`],
@@ -80,6 +80,7 @@ pub mod maybe;
 pub mod private_file;
 pub mod relay;
 pub mod replay;
+pub mod scan;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;

@@ -61,7 +61,7 @@ fn strip_ansi(s: &str) -> String {
 
 fn header(dir: &Path, prompt: &str) -> String {
     format!(
-        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits\n\
+        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits, compact\n\
          session sess-1 (new) in {}; model not reported\n\
          no current model reported: Coda would refuse the turn (适配器未报告实际模型)\n\
          > {prompt}\n\

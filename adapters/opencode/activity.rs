@@ -330,6 +330,11 @@ impl OpenCodeActivity {
             ServerEvent::Status { session, busy } => self.status(session, busy, cx),
             // The permission bridge's (the set-up routes them there).
             ServerEvent::Asked { .. } | ServerEvent::Replied { .. } => {}
+            // Compaction's and usage facts' (`compact.rs`, `usage.rs`).
+            ServerEvent::Step(_)
+            | ServerEvent::Compacted { .. }
+            | ServerEvent::SummarizeAsked { .. }
+            | ServerEvent::Summarized { .. } => {}
         }
     }
 

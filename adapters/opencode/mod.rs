@@ -1,6 +1,8 @@
 //! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as `_coda/wait`.
 //!
-//! The layers, nearest the client first: the session instruction; the permission bridge (`permissions.rs`),
+//! The layers, nearest the client first: the session instruction; usage facts on root `usage_update`s
+//! (`usage.rs`); `_coda/session/compact` (`compact.rs`, whose HTTP calls `summarize.rs` makes on threads of
+//! the set-up's); the permission bridge (`permissions.rs`),
 //! which resumes the children the activity layer announces and answers their permission requests; the
 //! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
 //! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the
@@ -15,12 +17,15 @@
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
 pub mod activity;
+pub mod compact;
 pub mod failure;
 pub mod permissions;
 pub mod record;
 #[cfg(test)]
 mod rig;
 pub mod server;
+pub mod summarize;
+pub mod usage;
 
 use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, plain_version};
@@ -122,6 +127,24 @@ fn layers(setup: &mut Setup) {
             }
         }
     };
+    // Usage facts and `_coda/session/compact` (`usage.rs`, `compact.rs`; the HTTP side in `summarize.rs`).
+    let (mut usage_events, mut compact_events) = (None, None);
+    let usage_record = record.clone();
+    setup.add(|events| {
+        usage_events = Some(events);
+        Box::new(usage::OpenCodeUsage::new(usage_record))
+    });
+    let replay_gate = env.events.is_some().then(summarize::ReplayGate::default);
+    let compact_record = record.clone();
+    setup.add(|events: EventSender<FromServer>| {
+        let asker = match (&replay_gate, &server) {
+            (Some(gate), _) => Some(gate.asker()),
+            (None, Some(s)) => Some(summarize::live(s.clone(), events.clone())),
+            (None, None) => None,
+        };
+        compact_events = Some(events);
+        Box::new(compact::OpenCodeCompact::new(asker, compact_record))
+    });
     let mut bridge_events = None;
     let replier = replier(server.clone());
     let bridge_record = record.clone();
@@ -130,9 +153,39 @@ fn layers(setup: &mut Setup) {
         Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
     });
     setup.add(|events| {
-        let start = bridge_events.map(|bridge| reader(&env, server, route(events, bridge)));
-        Box::new(activity::OpenCodeActivity::new(start.flatten(), record, env.retry_patience))
+        let start = match (bridge_events, usage_events, compact_events) {
+            (Some(bridge), Some(usage), Some(compact)) => {
+                let send = route_compaction(route(events, bridge), usage, compact, replay_gate);
+                reader(&env, server, send)
+            }
+            _ => None,
+        };
+        Box::new(activity::OpenCodeActivity::new(start, record, env.retry_patience))
     });
+}
+
+/// The server events of compaction and usage facts go to their layers (steps and compactions to both), the
+/// rest on to `rest`. In a replay the ask the compaction layer logged holds the reader until the replayed
+/// layer has asked too (`summarize::ReplayGate`).
+fn route_compaction(
+    rest: impl Fn(FromServer) -> bool + Send + 'static,
+    usage: EventSender<FromServer>,
+    compact: EventSender<FromServer>,
+    gate: Option<summarize::ReplayGate>,
+) -> impl Fn(FromServer) -> bool + Send + 'static {
+    move |e| match e {
+        FromServer::Event(e @ (ServerEvent::Step(_) | ServerEvent::Compacted { .. })) => {
+            usage.send(FromServer::Event(e.clone())) && compact.send(FromServer::Event(e))
+        }
+        FromServer::Event(e @ ServerEvent::Summarized { .. }) => compact.send(FromServer::Event(e)),
+        FromServer::Event(ServerEvent::SummarizeAsked { session }) => {
+            if let Some(gate) = &gate {
+                gate.wait(&session);
+            }
+            true
+        }
+        other => rest(other),
+    }
 }
 
 /// Hands each server event to the layer that acts on it: permission requests to the bridge, the rest to the

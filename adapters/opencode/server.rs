@@ -73,6 +73,21 @@ pub enum ServerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
     },
+    /// An assistant message of `session` (one per model request, `message.updated`): created at `created_ms`
+    /// (Unix ms, OpenCode's clock, just before the request); once completed, the request's context
+    /// (`tokens`: input + cache read + cache write) and `output` tokens. `summary`: a compaction's summary.
+    #[serde(rename = "message.step")]
+    Step(crate::adapters::opencode::usage::Step),
+    /// OpenCode compacted `session` (`session.compacted`), asked for or automatically.
+    #[serde(rename = "session.compacted")]
+    Compacted { session: String },
+    /// The shim asked OpenCode's server to compact `session` (written to the record so that a replay
+    /// hands on what followed only once the replayed shim has asked too; never read from the server).
+    #[serde(rename = "summarize.asked")]
+    SummarizeAsked { session: String },
+    /// What OpenCode's server answered the shim's compaction of `session` (`compact::Summarized`).
+    #[serde(rename = "summarize.result")]
+    Summarized { session: String, result: crate::adapters::opencode::compact::Summarized },
 }
 
 /// What the reader hands the layer.
@@ -119,13 +134,13 @@ impl Server {
         Some(Server { host, port, auth })
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(super) fn url(&self, path: &str) -> String {
         format!("http://{}:{}{path}", self.host, self.port)
     }
 
     /// A client for this server: never through a proxy (it is local), HTTP errors as statuses, and
     /// `timeout` to connect and for the response's head.
-    fn agent(&self, timeout: Duration, per_read: Option<Duration>) -> ureq::Agent {
+    pub(super) fn agent(&self, timeout: Duration, per_read: Option<Duration>) -> ureq::Agent {
         ureq::Agent::config_builder()
             .proxy(None)
             .http_status_as_error(false)
@@ -236,6 +251,7 @@ pub struct Reducer {
     children: HashSet<(String, String)>,
     status: HashMap<String, bool>,
     connected: bool,
+    steps: crate::adapters::opencode::usage::StepReducer,
 }
 
 impl Reducer {
@@ -296,6 +312,8 @@ impl Reducer {
                 metadata: props.get("metadata").cloned().unwrap_or(Value::Null),
                 directory: s(v, "directory").unwrap_or_default(),
             }),
+            "message.updated" => self.steps.reduce(props),
+            "session.compacted" => Some(ServerEvent::Compacted { session: s(props, "sessionID")? }),
             "permission.replied" => {
                 Some(ServerEvent::Replied { session: s(props, "sessionID")?, id: s(props, "requestID")? })
             }
