@@ -81,6 +81,7 @@ fn transcript_shows_thinking_tools_plan_usage_and_the_stop_reason() {
            tool: Read README.md -> completed\n\
            plan:\n  [x] read\n  [ ] fix\n\
            usage: 1200 of 200000 tokens of context\n\
+           usage facts: contextTokens 1200\n\
            [{\"text\":\"hello !rich\",\"type\":\"text\"}]\n\
            stop: end_turn\n";
     assert_eq!(strip_ansi(&r.stdout), expected);
