@@ -174,6 +174,7 @@ impl Drop for Pool {
 
 /// How much lower than the relay's a worker's scheduling priority is (its nice value, on Linux): a job that
 /// burns CPU (parsing a large file) gives way to the loop on a busy machine instead of sharing a core.
+#[cfg(target_os = "linux")]
 const WORKER_NICE: i32 = 10;
 
 /// Lowers the calling thread's priority (Linux, where a nice value is per thread; elsewhere nothing).
