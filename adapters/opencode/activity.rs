@@ -330,6 +330,8 @@ impl OpenCodeActivity {
             ServerEvent::Status { session, busy } => self.status(session, busy, cx),
             // The permission bridge's (the set-up routes them there).
             ServerEvent::Asked { .. } | ServerEvent::Replied { .. } => {}
+            // The steering layer's.
+            ServerEvent::Step { .. } | ServerEvent::SteerCall { .. } => {}
         }
     }
 

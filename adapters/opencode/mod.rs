@@ -15,12 +15,14 @@
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
 pub mod activity;
+pub mod calls;
 pub mod failure;
 pub mod permissions;
 pub mod record;
 #[cfg(test)]
 mod rig;
 pub mod server;
+pub mod steering;
 
 use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, plain_version};
@@ -122,6 +124,18 @@ fn layers(setup: &mut Setup) {
             }
         }
     };
+    // Steering needs the server (or a replay's record of it): declared only then.
+    let mut steer_events = None;
+    let gate = env.events.is_some().then(calls::Gate::default);
+    let (steer_gate, steer_server, steer_record) = (gate.clone(), server.clone(), record.clone());
+    setup.add(|events| {
+        let caller = match steer_gate {
+            Some(g) => Some(g.caller()),
+            None => steer_server.map(|s| calls::caller(s, events.clone())),
+        };
+        steer_events = Some(events);
+        Box::new(steering::OpenCodeSteering::new(caller, steer_record))
+    });
     let mut bridge_events = None;
     let replier = replier(server.clone());
     let bridge_record = record.clone();
@@ -130,18 +144,32 @@ fn layers(setup: &mut Setup) {
         Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
     });
     setup.add(|events| {
-        let start = bridge_events.map(|bridge| reader(&env, server, route(events, bridge)));
+        let start = bridge_events.map(|bridge| reader(&env, server, gate, route(events, bridge, steer_events)));
         Box::new(activity::OpenCodeActivity::new(start.flatten(), record, env.retry_patience))
     });
 }
 
-/// Hands each server event to the layer that acts on it: permission requests to the bridge, the rest to the
-/// activity layer. One queue: the layers handle them in the order they were read.
+/// Hands each server event to the layer that acts on it: permission requests to the bridge, steps and the
+/// steering calls' outcomes to the steering layer (if any), run states and a lost stream to both it and the
+/// activity layer, the rest to the activity layer. One queue: the layers handle them in the order they were read.
 fn route(
     activity: EventSender<FromServer>,
     bridge: EventSender<FromServer>,
+    steering: Option<EventSender<FromServer>>,
 ) -> impl Fn(FromServer) -> bool + Send + 'static {
-    move |e| if for_bridge(&e) { bridge.send(e) } else { activity.send(e) }
+    move |e| {
+        if for_bridge(&e) {
+            return bridge.send(e);
+        }
+        let Some(steering) = &steering else { return activity.send(e) };
+        match &e {
+            FromServer::Event(ServerEvent::Step { .. } | ServerEvent::SteerCall { .. }) => steering.send(e),
+            FromServer::Event(ServerEvent::Status { .. }) | FromServer::Lost => {
+                steering.send(e.clone()) && activity.send(e)
+            }
+            _ => activity.send(e),
+        }
+    }
 }
 
 /// Whether a server event is the permission bridge's (else the activity layer's).
@@ -153,12 +181,14 @@ fn for_bridge(e: &FromServer) -> bool {
 fn reader(
     env: &Env,
     server: Option<server::Server>,
+    gate: Option<calls::Gate>,
     send: impl Fn(FromServer) -> bool + Send + 'static,
 ) -> Option<activity::StartReader> {
     match (&env.events, server) {
         (Some(path), _) => {
             let path = path.clone();
-            Some(Box::new(move || server::tail(path, send)))
+            let gate = gate.unwrap_or_default();
+            Some(Box::new(move || server::tail(path, gate.gated(send))))
         }
         (None, Some(s)) => Some(Box::new(move || server::follow(s, send))),
         (None, None) => {

@@ -61,6 +61,34 @@ pub enum ServerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ms: Option<u64>,
     },
+    /// A step of a run of `session` began: the assistant message `message` answers the user message `parent`
+    /// (`message.updated`, once per assistant message), with the agent and model it runs with.
+    #[serde(rename = "message.step")]
+    Step {
+        session: String,
+        message: String,
+        parent: String,
+        #[serde(default)]
+        agent: String,
+        #[serde(default)]
+        provider: String,
+        #[serde(default)]
+        model: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        variant: Option<String>,
+    },
+    /// The shim's own call on the server for steering (`steering.rs`) came back: `message` is the user
+    /// message it added to `session` (`POST /session/{id}/message`, `noReply`) or removed again (`DELETE`);
+    /// `error` says why the call failed.
+    #[serde(rename = "steer.call")]
+    SteerCall {
+        session: String,
+        call: SteerCallKind,
+        #[serde(default)]
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// A run of `session` failed (`session.error`): OpenCode's error name, the upstream's message, HTTP status
     /// and the error code of its answer body.
     #[serde(rename = "session.error")]
@@ -75,8 +103,16 @@ pub enum ServerEvent {
     },
 }
 
+/// Which of the steering layer's calls a [`ServerEvent::SteerCall`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SteerCallKind {
+    Post,
+    Delete,
+}
+
 /// What the reader hands the layer.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum FromServer {
     Event(ServerEvent),
     /// The event stream was lost: what it said about running sessions may be stale (never in a replay).
@@ -145,6 +181,48 @@ impl Server {
         }
         let body = serde_json::json!({ "reply": reply }).to_string();
         let answer = req.content_type("application/json").send(&body).map_err(|e| e.to_string())?;
+        match answer.status().as_u16() {
+            200..300 => Ok(()),
+            status => Err(format!("HTTP {status}")),
+        }
+    }
+}
+
+impl Server {
+    fn authorized<B>(&self, mut req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        if let Some(auth) = &self.auth {
+            req = req.header("Authorization", auth);
+        }
+        req
+    }
+
+    /// Adds a user message to `session` without starting a run of its own (`POST /session/{id}/message` with
+    /// `noReply: true` in `body`): a busy session's running loop takes it at its next step. The message's id.
+    pub fn post_message(&self, directory: &str, session: &str, body: &Value) -> Result<String, String> {
+        let url = self.url(&format!("/session/{}/message", utf8_percent_encode(session, NON_ALPHANUMERIC)));
+        let req = self.authorized(self.agent(Duration::from_secs(10), None).post(&url).query("directory", directory));
+        let mut answer =
+            req.content_type("application/json").send(body.to_string().as_str()).map_err(|e| e.to_string())?;
+        if !(200..300).contains(&answer.status().as_u16()) {
+            return Err(format!("HTTP {}", answer.status().as_u16()));
+        }
+        let text = answer.body_mut().with_config().limit(1 << 20).read_to_string().map_err(|e| e.to_string())?;
+        let v: Value = crate::json::from_str(&text).map_err(|e| format!("an answer that is no JSON ({e})"))?;
+        let id = v.pointer("/info/id").and_then(Value::as_str).filter(|id| !id.is_empty());
+        id.map(str::to_owned).ok_or_else(|| "an answer without `info.id`".to_owned())
+    }
+
+    /// Removes message `message` of `session` again (`DELETE /session/{id}/message/{messageId}`; OpenCode
+    /// refuses while the session is busy).
+    pub fn delete_message(&self, directory: &str, session: &str, message: &str) -> Result<(), String> {
+        let path = format!(
+            "/session/{}/message/{}",
+            utf8_percent_encode(session, NON_ALPHANUMERIC),
+            utf8_percent_encode(message, NON_ALPHANUMERIC)
+        );
+        let url = self.url(&path);
+        let req = self.authorized(self.agent(Duration::from_secs(10), None).delete(&url).query("directory", directory));
+        let answer = req.call().map_err(|e| e.to_string())?;
         match answer.status().as_u16() {
             200..300 => Ok(()),
             status => Err(format!("HTTP {status}")),
@@ -235,6 +313,8 @@ fn stream_events(server: &Server, reducer: &mut Reducer, send: &impl Fn(FromServ
 pub struct Reducer {
     children: HashSet<(String, String)>,
     status: HashMap<String, bool>,
+    /// Assistant messages announced as [`ServerEvent::Step`].
+    steps: HashSet<String>,
     connected: bool,
 }
 
@@ -287,6 +367,25 @@ impl Reducer {
                 let busy = props.pointer("/status/type").and_then(Value::as_str)? != "idle";
                 (self.status.insert(session.clone(), busy) != Some(busy))
                     .then_some(ServerEvent::Status { session, busy })
+            }
+            "message.updated" => {
+                let info = props.get("info")?;
+                if info.get("role")?.as_str()? != "assistant" {
+                    return None;
+                }
+                let message = s(info, "id")?;
+                if !self.steps.insert(message.clone()) {
+                    return None;
+                }
+                Some(ServerEvent::Step {
+                    session: s(info, "sessionID")?,
+                    message,
+                    parent: s(info, "parentID")?,
+                    agent: s(info, "agent").or_else(|| s(info, "mode")).unwrap_or_default(),
+                    provider: s(info, "providerID").unwrap_or_default(),
+                    model: s(info, "modelID").unwrap_or_default(),
+                    variant: s(info, "variant"),
+                })
             }
             "permission.asked" => Some(ServerEvent::Asked {
                 id: s(props, "id")?,
