@@ -525,6 +525,61 @@ mod tests {
         assert_eq!(server.reply_permission("/w", "per_2", "once"), Err("HTTP 404".into()));
     }
 
+    #[test]
+    fn a_steering_message_is_posted_and_deleted_on_encoded_paths() {
+        let body = r#"{"info":{"id":"msg_1","role":"user"},"parts":[]}"#;
+        let (server, served) = serve_once(format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+        let sent = json!({"noReply": true, "parts": [{"type": "text", "text": "x"}]});
+        assert_eq!(server.post_message("/w d", "ses 1", &sent), Ok("msg_1".into()));
+        let head = served.join().expect("server");
+        assert!(head.starts_with("POST /session/ses%201/message?directory=%2Fw%20d HTTP/1.1"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("authorization: basic"), "{head}");
+        // An answer that does not name the message, or is no JSON, or an HTTP error: no message.
+        for answer in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n1e400",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nnope{",
+            "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            let (server, _served) = serve_once(answer);
+            assert!(server.post_message("/w", "ses_1", &sent).is_err(), "{answer}");
+        }
+        let (server, served) = serve_once("HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ntrue");
+        server.delete_message("/w", "ses_1", "msg/1").expect("deleted");
+        let head = served.join().expect("server");
+        assert!(head.starts_with("DELETE /session/ses%5F1/message/msg%2F1?directory=%2Fw HTTP/1.1"), "{head}");
+        let (server, _served) = serve_once("HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(server.delete_message("/w", "ses_1", "msg_1"), Err("HTTP 400".into()));
+    }
+
+    #[test]
+    fn an_assistant_message_is_a_step_once() {
+        let mut r = Reducer::default();
+        let updated = |role: &str, id: &str| {
+            json!({"directory":"/w","payload":{"type":"message.updated","properties":{"sessionID":"ses_p","info":{
+                "id":id,"sessionID":"ses_p","role":role,"parentID":"msg_u","agent":"build","mode":"build",
+                "providerID":"fake","modelID":"fake-model","time":{"created":1}}}}})
+        };
+        let step = ServerEvent::Step {
+            session: "ses_p".into(),
+            message: "msg_a".into(),
+            parent: "msg_u".into(),
+            agent: "build".into(),
+            provider: "fake".into(),
+            model: "fake-model".into(),
+            variant: None,
+        };
+        assert_eq!(r.reduce(&updated("assistant", "msg_a")), Some(step));
+        assert_eq!(r.reduce(&updated("assistant", "msg_a")), None, "updated again as it runs: said once");
+        assert_eq!(r.reduce(&updated("user", "msg_u2")), None);
+        let no_parent = json!({"payload":{"type":"message.updated","properties":{"info":{"id":"msg_b",
+            "sessionID":"ses_p","role":"assistant"}}}});
+        assert_eq!(r.reduce(&no_parent), None);
+    }
+
     /// Shapes as OpenCode 1.18.33 sent them on `/global/event` (trimmed).
     #[test]
     fn bus_events_reduce_to_what_the_layer_needs_once() {

@@ -441,3 +441,381 @@ impl Layer for OpenCodeSteering {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::testing::Harness;
+    use std::sync::{Arc, Mutex};
+
+    const S: &str = "ses_dcaf2a434ffepMPb2u2iYLaUB1";
+    const M: &str = "msg_2350d73f1001wRZ2KVnte3BwHf";
+
+    type Calls = Arc<Mutex<Vec<Call>>>;
+
+    /// The layer with a caller that keeps the calls asked for, initialized, with session S opened in /w.
+    fn started() -> (Harness, Calls) {
+        let calls = Calls::default();
+        let kept = calls.clone();
+        let caller: Caller = Box::new(move |c| kept.lock().expect("lock").push(c));
+        let mut h = Harness::of(OpenCodeSteering::new(Some(caller), Record::off()));
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w d","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
+        h.to_client();
+        h.to_agent();
+        (h, calls)
+    }
+
+    fn taken(calls: &Calls) -> Vec<Call> {
+        std::mem::take(&mut *calls.lock().expect("lock"))
+    }
+
+    fn steer(h: &mut Harness, id: i64, text: &str) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":STEERING,"params":{"sessionId":S,
+            "prompt":[{"type":"text","text":text}],"_meta":{"steering":{"idleBehavior":"promptRequired"}}}}));
+    }
+
+    fn prompt(h: &mut Harness, id: i64) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":S,
+            "prompt":[{"type":"text","text":"run it"}]}}));
+        assert_eq!(h.to_agent().len(), 1, "the prompt goes on");
+    }
+
+    fn end(id: i64, reason: &str) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":reason,"_meta":{}}})
+    }
+
+    fn event(h: &mut Harness, e: ServerEvent) {
+        h.event(0, FromServer::Event(e));
+    }
+
+    fn status(h: &mut Harness, busy: bool) {
+        event(h, ServerEvent::Status { session: S.into(), busy });
+    }
+
+    fn step(h: &mut Harness, message: &str, parent: &str) {
+        event(
+            h,
+            ServerEvent::Step {
+                session: S.into(),
+                message: message.into(),
+                parent: parent.into(),
+                agent: "plan".into(),
+                provider: "fake".into(),
+                model: "fake-model".into(),
+                variant: None,
+            },
+        );
+    }
+
+    fn posted(h: &mut Harness, message: &str) {
+        let e = ServerEvent::SteerCall {
+            session: S.into(),
+            call: SteerCallKind::Post,
+            message: message.into(),
+            error: None,
+        };
+        event(h, e);
+    }
+
+    fn deleted(h: &mut Harness, message: &str, error: Option<&str>) {
+        let error = error.map(str::to_owned);
+        event(
+            h,
+            ServerEvent::SteerCall { session: S.into(), call: SteerCallKind::Delete, message: message.into(), error },
+        );
+    }
+
+    /// A turn with a step running (the agent and model of the turn known) and a steering message posted.
+    fn steered(h: &mut Harness, calls: &Calls) {
+        prompt(h, 2);
+        status(h, true);
+        step(h, "msg_a1", "msg_u1");
+        steer(h, 3, "Stop changing the tests.");
+        assert!(h.to_agent().is_empty() && h.to_client().is_empty(), "no answer before the server's");
+        assert_eq!(taken(calls).len(), 1);
+    }
+
+    fn required() -> Value {
+        json!({"outcome":"promptRequired","reason":"noRunningTurn"})
+    }
+
+    #[test]
+    fn initialize_declares_steering_only_with_a_server_to_call() {
+        let (mut h, _) = started();
+        h.from_client(json!({"jsonrpc":"2.0","id":9,"method":"initialize","params":{}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":9,"result":{"agentCapabilities":{},"_meta":{"x":1}}}));
+        assert_eq!(h.to_client()[0]["result"]["_meta"], json!({"x":1,"steering":{"supported":true}}));
+        // OpenCode's numbers keep their spelling; a `_meta` that is no object is replaced; errors pass.
+        h.from_client(json!({"jsonrpc":"2.0","id":10,"method":"initialize","params":{}}));
+        h.agent_frame(Frame::parse(br#"{"jsonrpc":"2.0","id":10,"result":{"n":1e400,"_meta":7}}"#.to_vec()).unwrap());
+        let text = String::from_utf8_lossy(h.take().to_client[0].bytes()).into_owned();
+        assert!(text.contains(r#""n":1e400"#) && text.contains(r#""_meta":{"steering":{"supported":true}}"#), "{text}");
+        h.from_client(json!({"jsonrpc":"2.0","id":11,"method":"initialize","params":{}}));
+        let error = json!({"jsonrpc":"2.0","id":11,"error":{"code":-32000,"message":"auth"}});
+        h.from_agent(error.clone());
+        assert_eq!(h.to_client(), vec![error]);
+
+        // Without OpenCode's server: nothing declared, and a steering request is OpenCode's to answer.
+        let mut h = Harness::of(OpenCodeSteering::new(None, Record::off()));
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
+        h.to_agent();
+        let plain = json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{}}});
+        h.from_agent(plain.clone());
+        assert_eq!(h.to_client(), vec![plain]);
+        prompt(&mut h, 2);
+        steer(&mut h, 3, "x");
+        assert_eq!(h.to_agent()[0]["method"], STEERING);
+        assert!(h.to_client().is_empty());
+    }
+
+    #[test]
+    fn between_turns_the_answer_is_prompt_required_and_opencode_sees_nothing() {
+        let (mut h, calls) = started();
+        steer(&mut h, 5, "先别改测试");
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":5,"result":required()})]);
+        assert!(h.to_agent().is_empty() && taken(&calls).is_empty());
+        // After a turn ended too, and in another session's turn.
+        prompt(&mut h, 6);
+        h.from_agent(end(6, "end_turn"));
+        h.to_client();
+        steer(&mut h, 7, "again");
+        assert_eq!(h.to_client()[0]["result"], required());
+        h.from_client(json!({"jsonrpc":"2.0","id":8,"method":"session/prompt","params":{"sessionId":"ses_other",
+            "prompt":[{"type":"text","text":"x"}]}}));
+        steer(&mut h, 9, "not that one");
+        assert_eq!(h.to_client()[0]["result"], required());
+        assert!(taken(&calls).is_empty());
+    }
+
+    #[test]
+    fn during_a_turn_the_message_is_posted_with_the_turns_agent_and_injected_once_a_step_answers_it() {
+        let (mut h, calls) = started();
+        prompt(&mut h, 2);
+        status(&mut h, true);
+        step(&mut h, "msg_a1", "msg_u1");
+        let text = "Stop changing the tests.\n\n只看实现\n- keep `main` green";
+        h.from_client(json!({"jsonrpc":"2.0","id":"steer-1","method":STEERING,"params":{"sessionId":S,
+            "prompt":[{"type":"text","text":text},{"type":"resource_link","uri":"file:///p/a.rs","name":"a.rs"}]}}));
+        assert!(h.to_agent().is_empty() && h.to_client().is_empty());
+        let body = json!({"noReply":true,"parts":[{"type":"text","text":format!("{text}\n\nfile:///p/a.rs")}],
+            "agent":"plan","model":{"providerID":"fake","modelID":"fake-model"}});
+        assert_eq!(taken(&calls), vec![Call::Post { session: S.into(), directory: "/w d".into(), body }]);
+        posted(&mut h, M);
+        assert!(h.to_client().is_empty(), "stored, not taken yet");
+        // A step answering another message is not it; the one answering it is.
+        step(&mut h, "msg_a2", "msg_u1");
+        assert!(h.to_client().is_empty());
+        step(&mut h, "msg_a3", M);
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":"steer-1","result":{"outcome":"injected"}})]);
+        status(&mut h, false);
+        h.from_agent(end(2, "end_turn"));
+        assert_eq!(h.to_client(), vec![end(2, "end_turn")], "the turn's one answer passes");
+        assert!(taken(&calls).is_empty(), "nothing deleted");
+    }
+
+    #[test]
+    fn a_step_seen_before_the_post_came_back_counts() {
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        step(&mut h, "msg_a2", M);
+        assert!(h.to_client().is_empty());
+        posted(&mut h, M);
+        assert_eq!(h.to_client()[0]["result"], json!({"outcome":"injected"}));
+    }
+
+    #[test]
+    fn stored_but_the_session_went_idle_first_is_deleted_and_prompt_required_before_the_turns_answer() {
+        // The turn ends just as the message is posted: idle before the post came back.
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        status(&mut h, false);
+        h.from_agent(end(2, "end_turn"));
+        assert!(h.to_client().is_empty(), "the turn's answer waits for the steering answer");
+        posted(&mut h, M);
+        assert_eq!(
+            taken(&calls),
+            vec![Call::Delete { session: S.into(), directory: "/w d".into(), message: M.into() }]
+        );
+        deleted(&mut h, M, None);
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":3,"result":required()}), end(2, "end_turn")]);
+        assert_eq!(h.next_wake(), None, "the hold is over");
+
+        // Idle after the post came back.
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        posted(&mut h, M);
+        assert!(taken(&calls).is_empty(), "busy: the loop takes it at its next step");
+        status(&mut h, false);
+        assert!(matches!(&taken(&calls)[..], [Call::Delete { .. }]));
+        deleted(&mut h, M, None);
+        assert_eq!(h.to_client()[0]["result"], required());
+    }
+
+    #[test]
+    fn the_turns_answer_before_the_idle_asks_for_the_delete_too() {
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        posted(&mut h, M);
+        h.from_agent(end(2, "end_turn"));
+        assert!(h.to_client().is_empty());
+        assert!(matches!(&taken(&calls)[..], [Call::Delete { .. }]));
+        // The idle that follows asks nothing more.
+        status(&mut h, false);
+        assert!(taken(&calls).is_empty());
+        deleted(&mut h, M, None);
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":3,"result":required()}), end(2, "end_turn")]);
+    }
+
+    #[test]
+    fn a_cancelled_turn_takes_the_message_back() {
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        posted(&mut h, M);
+        h.from_client(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}}));
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
+        status(&mut h, false);
+        assert!(matches!(&taken(&calls)[..], [Call::Delete { .. }]));
+        deleted(&mut h, M, None);
+        assert_eq!(h.to_client()[0]["result"], required());
+        h.from_agent(end(2, "cancelled"));
+        assert_eq!(h.to_client(), vec![end(2, "cancelled")]);
+    }
+
+    #[test]
+    fn failed_calls_are_errors_or_unknown_outcomes_never_injected() {
+        // The post failed (the server went away): an error, and the held turn's answer follows.
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        h.from_agent(end(2, "end_turn"));
+        let e = ServerEvent::SteerCall {
+            session: S.into(),
+            call: SteerCallKind::Post,
+            message: String::new(),
+            error: Some("Connection refused".into()),
+        };
+        event(&mut h, e);
+        let out = h.to_client();
+        assert_eq!(out[0]["id"], 3);
+        assert_eq!(out[0]["error"]["code"], -32603);
+        assert_eq!(out[1], end(2, "end_turn"));
+        // The delete was refused: the message stays stored, its fate for Coda unknown.
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        posted(&mut h, M);
+        status(&mut h, false);
+        taken(&calls);
+        deleted(&mut h, M, Some("HTTP 400"));
+        assert_eq!(h.to_client()[0]["result"], json!({"outcome":"failed"}));
+    }
+
+    #[test]
+    fn a_lost_event_stream_makes_the_outcome_unknown_and_nothing_is_deleted() {
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        posted(&mut h, M);
+        h.event(0, FromServer::Lost);
+        status(&mut h, true);
+        status(&mut h, false);
+        assert!(taken(&calls).is_empty(), "a step that took it may have gone unseen: no delete");
+        assert_eq!(h.to_client()[0]["result"], json!({"outcome":"failed"}));
+    }
+
+    #[test]
+    fn a_held_turn_answer_waits_no_longer_than_the_hold() {
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        h.from_agent(end(2, "end_turn"));
+        h.advance(TURN_HOLD - Duration::from_millis(1));
+        assert!(h.to_client().is_empty());
+        h.advance(Duration::from_millis(1));
+        assert_eq!(
+            h.to_client(),
+            vec![json!({"jsonrpc":"2.0","id":3,"result":{"outcome":"failed"}}), end(2, "end_turn")]
+        );
+        // What comes late changes nothing.
+        posted(&mut h, M);
+        step(&mut h, "msg_a9", M);
+        assert!(h.to_client().is_empty() && taken(&calls).is_empty());
+    }
+
+    #[test]
+    fn one_steering_in_flight_per_session() {
+        let (mut h, calls) = started();
+        steered(&mut h, &calls);
+        steer(&mut h, 4, "two");
+        assert_eq!(h.to_client()[0]["error"]["code"], -32600);
+        assert!(taken(&calls).is_empty());
+        posted(&mut h, M);
+        step(&mut h, "msg_a2", M);
+        assert_eq!(h.to_client()[0]["result"]["outcome"], "injected");
+        steer(&mut h, 5, "three");
+        assert_eq!(taken(&calls).len(), 1, "the next one goes once the first is answered");
+    }
+
+    #[test]
+    fn bad_steering_requests_get_clear_errors_and_reach_no_one() {
+        let (mut h, calls) = started();
+        prompt(&mut h, 2);
+        for (id, params) in [
+            (10, json!({"prompt":[{"type":"text","text":"x"}]})),
+            (11, json!({"sessionId":7,"prompt":[{"type":"text","text":"x"}]})),
+            (12, json!({"sessionId":S,"prompt":"x"})),
+            (13, json!({"sessionId":S,"prompt":[{"type":"image","data":"AAAA","mimeType":"image/png"}]})),
+            (14, json!({"sessionId":S,"prompt":[{"type":"text","text":"  \n"}]})),
+            (15, json!({"sessionId":S,"prompt":[{"text":"no type"}]})),
+            (16, json!({"sessionId":S,"prompt":[{"type":"text","text":7}]})),
+            (17, json!({"sessionId":S,"prompt":[{"type":"resource_link","name":"no uri"}]})),
+        ] {
+            h.from_client(json!({"jsonrpc":"2.0","id":id,"method":STEERING,"params":params}));
+            assert!(h.to_agent().is_empty(), "{id}");
+            assert_eq!(h.to_client()[0]["error"]["code"], -32602, "{id}");
+        }
+        assert!(taken(&calls).is_empty());
+        // Odd numbers and a huge message are the server's to take, spelled as they came.
+        let big = "x".repeat(1 << 20);
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":18,"method":"_session/steering","params":{{"sessionId":"{S}","n":1e400,"prompt":[{{"type":"text","text":"{big}"}}]}}}}"#
+        );
+        h.client_frame(Frame::parse(line.into_bytes()).unwrap());
+        let [Call::Post { body, .. }] = &taken(&calls)[..] else { panic!("one post") };
+        assert_eq!(body["parts"][0]["text"].as_str().map(str::len), Some(1 << 20));
+        // Nesting too deep to read never reaches a layer: the engine answers it (tests/depth.rs).
+        let n = crate::json::MAX_DEPTH + 5;
+        let deep = format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let line = format!(r#"{{"jsonrpc":"2.0","id":19,"method":"_session/steering","params":{deep}}}"#);
+        assert!(Frame::parse(line.into_bytes()).is_err());
+    }
+
+    #[test]
+    fn events_of_other_sessions_and_strays_change_nothing() {
+        let (mut h, calls) = started();
+        // Outcomes and steps nobody waits for.
+        posted(&mut h, M);
+        deleted(&mut h, M, None);
+        step(&mut h, "msg_a1", M);
+        assert!(h.to_client().is_empty() && taken(&calls).is_empty());
+        steered(&mut h, &calls);
+        posted(&mut h, M);
+        // Another session going idle, a step there answering the same id, a delete never asked for.
+        event(&mut h, ServerEvent::Status { session: "ses_other".into(), busy: false });
+        let other = ServerEvent::Step {
+            session: "ses_other".into(),
+            message: "msg_b".into(),
+            parent: M.into(),
+            agent: String::new(),
+            provider: String::new(),
+            model: String::new(),
+            variant: None,
+        };
+        event(&mut h, other);
+        deleted(&mut h, M, None);
+        // A second post outcome for the same steer is not a new message.
+        posted(&mut h, "msg_other");
+        assert!(h.to_client().is_empty() && taken(&calls).is_empty());
+        step(&mut h, "msg_a2", M);
+        assert_eq!(h.to_client()[0]["result"]["outcome"], "injected");
+    }
+}
