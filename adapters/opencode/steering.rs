@@ -189,6 +189,12 @@ impl OpenCodeSteering {
         let Some(turn) = OpenCodeSteering::running(session, cx) else {
             return cx.to_client(outcome(&id, "promptRequired"));
         };
+        // Not running in OpenCode (not yet, or no more): a message stored now would sit before the turn's own
+        // or after its end, seen by the model without a step answering it.
+        if self.busy.get(session) != Some(&true) {
+            tracing::debug!("a steering message while OpenCode's server does not say the session runs");
+            return cx.to_client(outcome(&id, "promptRequired"));
+        }
         if self.in_flight.contains_key(session) {
             let msg = "a steering message for this session is still waiting for OpenCode";
             return cx.to_client(frame::error_response(&id, -32600, msg, None));
@@ -577,6 +583,17 @@ mod tests {
         steer(&mut h, 5, "先别改测试");
         assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":5,"result":required()})]);
         assert!(h.to_agent().is_empty() && taken(&calls).is_empty());
+        // While OpenCode has not said the turn runs, or has said it is over.
+        prompt(&mut h, 4);
+        steer(&mut h, 5, "too early");
+        assert_eq!(h.to_client()[0]["result"], required());
+        status(&mut h, true);
+        status(&mut h, false);
+        steer(&mut h, 5, "too late");
+        assert_eq!(h.to_client()[0]["result"], required());
+        assert!(taken(&calls).is_empty());
+        h.from_agent(end(4, "end_turn"));
+        h.to_client();
         // After a turn ended too, and in another session's turn.
         prompt(&mut h, 6);
         h.from_agent(end(6, "end_turn"));
@@ -759,6 +776,7 @@ mod tests {
     fn bad_steering_requests_get_clear_errors_and_reach_no_one() {
         let (mut h, calls) = started();
         prompt(&mut h, 2);
+        status(&mut h, true);
         for (id, params) in [
             (10, json!({"prompt":[{"type":"text","text":"x"}]})),
             (11, json!({"sessionId":7,"prompt":[{"type":"text","text":"x"}]})),
