@@ -1,6 +1,8 @@
-//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as `_coda/wait`.
+//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction, its subagents as `_coda/wait`, and
+//! Coda's steering through OpenCode's own server.
 //!
-//! The layers, nearest the client first: the session instruction; the permission bridge (`permissions.rs`),
+//! The layers, nearest the client first: the session instruction; Coda's steering (`steering.rs`, whose calls
+//! on OpenCode's server `calls.rs` makes off the relay thread); the permission bridge (`permissions.rs`),
 //! which resumes the children the activity layer announces and answers their permission requests; the
 //! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
 //! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the

@@ -7,11 +7,14 @@
 //!   as the child session exists, before the child's first model request;
 //! - `session.status` says when a session goes `busy` and `idle` (the end of any run, OpenCode's own
 //!   follow-up turns included);
-//! - `permission.asked` / `permission.replied` name every permission request, a child's included.
+//! - `permission.asked` / `permission.replied` name every permission request, a child's included;
+//! - `message.updated` of an assistant message, first sent when its step starts, names the user message it
+//!   answers (`parentID`) and the agent and model of the step (for steering).
 //!
 //! The reader reduces these to [`ServerEvent`]s and hands them to the layers (the set-up in `mod.rs` routes
 //! each to the layer that acts on it); [`Server::reply_permission`] answers a permission request through
-//! `POST /permission/{id}/reply` for the permission bridge. For replays the
+//! `POST /permission/{id}/reply` for the permission bridge, [`Server::post_message`] and
+//! [`Server::delete_message`] add and remove a steering message (`steering.rs`, through `calls.rs`). For replays the
 //! events come from a file instead (one [`ServerEvent`] per line, see [`tail`]).
 
 use std::collections::{HashMap, HashSet};
