@@ -262,6 +262,8 @@ impl OpenCodeSteering {
 
     fn step(&mut self, session: String, parent: String, runs_with: RunsWith, cx: &mut Cx) {
         self.runs_with.insert(session.clone(), runs_with);
+        // A step runs only in a busy session (one busy since before Coda's prompt says so only this way).
+        self.busy.insert(session.clone(), true);
         let Some(steer) = self.in_flight.get_mut(&session) else { return };
         match &steer.message {
             Some(m) if *m == parent && !steer.deleting => self.settle(&session, |id| outcome(id, "injected"), cx),
@@ -593,6 +595,17 @@ mod tests {
         assert_eq!(h.to_client()[0]["result"], required());
         assert!(taken(&calls).is_empty());
         h.from_agent(end(4, "end_turn"));
+        h.to_client();
+        // OpenCode busy with a run of its own when Coda's prompt came: its step says the session runs.
+        prompt(&mut h, 20);
+        step(&mut h, "msg_a20", "msg_u20");
+        steer(&mut h, 21, "now");
+        assert!(matches!(&taken(&calls)[..], [Call::Post { .. }]));
+        h.from_agent(end(20, "end_turn"));
+        posted(&mut h, M);
+        taken(&calls);
+        deleted(&mut h, M, None);
+        assert_eq!(h.to_client()[0]["result"], required());
         h.to_client();
         // After a turn ended too, and in another session's turn.
         prompt(&mut h, 6);
