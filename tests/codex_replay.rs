@@ -260,3 +260,60 @@ fn child_session_updates_and_permission_request_reach_coda_as_the_child() {
         )
     );
 }
+
+#[test]
+fn auto_review_verdicts_are_on_the_judged_calls() {
+    let r = replay("auto-review");
+    let raw =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex/auto-review/trace.jsonl"))
+            .expect("fixture");
+    assert_eq!(raw.matches("\"toolCallId\":\"guardian_assessment:").count(), 8, "codex-acp reported four reviews");
+    for f in &r.to_client {
+        assert!(!f.to_string().contains("guardian_assessment"), "Coda got the review's own call: {f}");
+    }
+    let updates: Vec<&Value> =
+        r.to_client.iter().filter(|f| f["method"] == "session/update").map(|f| &f["params"]["update"]).collect();
+    let call = |title: &str| {
+        let start = updates.iter().position(|u| u["sessionUpdate"] == "tool_call" && u["title"] == title);
+        let start = start.unwrap_or_else(|| panic!("Coda got no call `{title}`"));
+        let id = updates[start]["toolCallId"].clone();
+        let of_it: Vec<&Value> = updates[start..].iter().copied().filter(|u| u["toolCallId"] == id).collect();
+        let reviews: Vec<Value> = of_it.iter().filter_map(|u| u.pointer("/_meta/coda/review").cloned()).collect();
+        (reviews, of_it.last().map(|u| u["status"].clone()).unwrap_or_default())
+    };
+    let (reviews, end) = call("rm -f ../victim.txt");
+    assert_eq!(
+        reviews,
+        [
+            json!({"state": "reviewing"}),
+            json!({"state": "denied", "risk": "high",
+                "reason": "Deletes a file outside the workspace that the user never named"}),
+        ]
+    );
+    assert_eq!(end, "failed");
+    let (reviews, end) = call("touch made.txt");
+    assert_eq!(
+        reviews,
+        [
+            json!({"state": "reviewing"}),
+            json!({"state": "approved", "risk": "low", "reason": "The user asked for this file in the workspace"}),
+        ]
+    );
+    assert_eq!(end, "completed");
+    // Two identical commands in parallel: each its own review.
+    let twins: Vec<String> = updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call" && u["title"] == "touch twin.txt")
+        .map(|u| u["toolCallId"].as_str().expect("an id").to_owned())
+        .collect();
+    assert_eq!(twins.len(), 2);
+    let verdict = json!({"state": "approved", "risk": "medium", "reason": "Both create one file in the workspace"});
+    for id in &twins {
+        let reviews: Vec<Value> = updates
+            .iter()
+            .filter(|u| u["toolCallId"] == id.as_str())
+            .filter_map(|u| u.pointer("/_meta/coda/review").cloned())
+            .collect();
+        assert_eq!(reviews, [json!({"state": "reviewing"}), verdict.clone()], "{id}");
+    }
+}

@@ -1,10 +1,12 @@
 //! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity,
-//! its AIR subagents and background commands as `_coda/wait`, and failed turns as Coda's failure kinds.
+//! its AIR subagents and background commands as `_coda/wait`, failed turns as Coda's failure kinds, and its
+//! automatic approval reviews as `_meta.coda.review` on the judged call.
 //! codex-acp >= 2.3 accepts `systemPrompt` itself, so the instruction layer passes it through; older or
 //! other builds get the first-prompt injection.
 
 pub mod air;
 pub mod failure;
+pub mod review;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -92,7 +94,12 @@ fn layers(setup: &mut Setup) {
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
 /// `zone` is the one Codex writes local times in (the machine's: read once, at set-up).
 pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
-    vec![Box::new(air::Air::new()), Box::new(failure::Failure::new(zone)), Box::new(Instruction::new(&[]))]
+    vec![
+        Box::new(air::Air::new()),
+        Box::new(failure::Failure::new(zone)),
+        Box::new(review::CodexReview::new()),
+        Box::new(Instruction::new(&[])),
+    ]
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.

@@ -5,11 +5,30 @@ pub(super) enum Marker {
     Text(String),
     Bg(String),
     Sh(String),
-    Subagent { name: Option<String>, prompt: String, background: bool },
-    Resume { target: String, prompt: String },
-    Tool { name: String, arguments: String },
-    Error { kind: String, times: Option<u32> },
+    Subagent {
+        name: Option<String>,
+        prompt: String,
+        background: bool,
+    },
+    Resume {
+        target: String,
+        prompt: String,
+    },
+    Tool {
+        name: String,
+        arguments: String,
+    },
+    Error {
+        kind: String,
+        times: Option<u32>,
+    },
     Delay(u64),
+    /// The verdict of Codex's approval reviewer (`[[review:OUTCOME|RISK|RATIONALE]]`), see `review.rs`.
+    Review {
+        outcome: String,
+        risk: String,
+        rationale: String,
+    },
 }
 
 /// Finds the top-level `[[name:arg]]` markers in `text`; an argument may hold nested markers.
@@ -81,6 +100,12 @@ fn marker_from(inner: &str) -> Option<Marker> {
             None => Marker::Error { kind: arg, times: None },
         },
         "delay" => Marker::Delay(arg.parse().unwrap_or(0)),
+        "review" => {
+            let mut parts = arg.splitn(3, '|').map(|p| p.trim().to_string());
+            let outcome = parts.next().unwrap_or_default();
+            let risk = parts.next().unwrap_or_default();
+            Marker::Review { outcome, risk, rationale: parts.next().unwrap_or_default() }
+        }
         _ => return None,
     })
 }

@@ -18,6 +18,7 @@
 //! | `[[tool:NAME\|JSON]]` | a call of any tool the request offers, with these arguments; `$last_task` in JSON becomes the latest `task_id: X` a tool result named (Kimi's TaskStop, WaitFor) |
 //! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `502` (a proxy's HTML page), `503`, `503-text` (a 503 with a line of plain text, no error object), `529` (overloaded), `401`, or `reset` (the connection closed without an answer); `KIND~S` answers with `Retry-After: S` (seconds) instead of the quick retry; `KIND*N` fails only the first N attempts |
 //! | `[[delay:MS]]` | wait `MS` milliseconds before answering (combine with any other marker) |
+//! | `[[review:OUTCOME\|RISK\|RATIONALE]]` | the verdict Codex's approval reviewer gets (`allow` or `deny`, `low`…`critical`; see `review`); other requests ignore it |
 //!
 //! Several tool markers in one prompt become parallel tool calls. Markers may nest, so a subagent's
 //! prompt can carry its own markers: `[[subagent:[[bg:sleep 2]]]]`. When the request ends with a tool
@@ -33,13 +34,14 @@
 //!
 //! Split by job: `server` (HTTP, the running server), `record` (the requests it received), `request` (each
 //! API's request read as one conversation, the tools it offers), `markers`, `origin` (main, subagent or side
-//! request), `script` (the scripted answer), `wire` (each API's answer format). Each CLI's tool names and
-//! title phrases are in [`crate::cli`].
+//! request), `review` (Codex's approval reviewer), `script` (the scripted answer), `wire` (each API's answer
+//! format). Each CLI's tool names and title phrases are in [`crate::cli`].
 
 mod markers;
 mod origin;
 mod record;
 mod request;
+mod review;
 mod script;
 mod server;
 mod wire;

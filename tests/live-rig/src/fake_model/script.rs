@@ -10,6 +10,7 @@ use super::origin::Origin;
 use super::request::{
     Api, Item, Tool, conversation, find_tool, forced_tool, latest_prompt, offered_tools, prompt_text,
 };
+use super::review;
 use crate::cli;
 
 /// Text of a plain answer when no marker asks for anything else.
@@ -44,6 +45,9 @@ pub(super) struct Call {
 /// Picks the reply for a model request. `prompts` holds every prompt seen so far, with the number
 /// of errors answered to it.
 pub(super) fn decide(api: Api, origin: Origin, body: &Value, prompts: &mut HashMap<String, u32>) -> (Reply, Duration) {
+    if review::is_review(body) {
+        return (review::review_reply(api, body), Duration::ZERO);
+    }
     if origin == Origin::Side {
         return (side_reply(body), Duration::ZERO);
     }
@@ -133,7 +137,7 @@ fn call_for(marker: &Marker, tools: &[Tool], items: &[Item], index: usize) -> Re
             };
             call(tool, arguments)
         }
-        Marker::Text(_) | Marker::Error { .. } | Marker::Delay(_) => return Ok(None),
+        Marker::Text(_) | Marker::Error { .. } | Marker::Delay(_) | Marker::Review { .. } => return Ok(None),
     }))
 }
 
