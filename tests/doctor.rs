@@ -121,3 +121,14 @@ fn doctor_says_how_to_install_a_missing_cli_and_checks_the_data_dir() {
     assert!(out.contains(&format!("FAIL  data dir  {} is not a directory\n", not_a_dir.display())), "{out}");
     assert!(out.contains("fix: move it away or set KIMI_CODE_HOME to a directory"), "{out}");
 }
+
+/// What coda-grok declares is its own layers' (compaction, steering) plus the engine's (waits), whatever the CLI
+/// says: doctor's handshake row lists them.
+#[test]
+fn doctor_lists_compact_among_what_coda_grok_declares() {
+    let home = temp("grok-home");
+    let (code, out) = doctor("grok", &["--agent-command", &test_agent_flag(), "doctor"], &[("GROK_HOME", home.path())]);
+    let handshake = out.lines().find(|l| l.contains("handshake")).unwrap_or_else(|| panic!("no handshake row: {out}"));
+    assert!(handshake.ends_with("declares: loadSession, systemPrompt, waits, compact, steering"), "{out}");
+    assert!(code == 0 || code == 1, "{out}");
+}

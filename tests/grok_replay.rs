@@ -8,7 +8,7 @@ mod support;
 use support::replay as replay_support;
 
 use coda_shim::replay::{self, Body, Dir};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Replays the fixture and returns the frames Coda received in the recording.
 fn replayed(scenario: &str) -> Vec<Value> {
@@ -161,4 +161,132 @@ fn steering_during_a_command_is_injected_and_between_turns_prompt_required() {
     let text = interjections[0]["params"]["text"].as_str().unwrap_or_default();
     assert!(text.starts_with("STEER-7c1d") && text.contains("先别改测试"), "{text}");
     assert!(!to_grok.iter().any(|f| f.to_string().contains("STEER-9e2b")));
+}
+
+/// The frames Grok sent the shim in the recording.
+fn from_grok(scenario: &str) -> Vec<Value> {
+    let dir = replay_support::fixtures_root().join("grok").join(scenario);
+    let records = replay::load(&dir.join(replay::TRACE_FILE)).unwrap_or_else(|e| panic!("{scenario}: {e}"));
+    records
+        .into_iter()
+        .filter(|r| r.edge == Dir::AgentToShim)
+        .filter_map(|r| match r.body {
+            Body::Frame(text) => serde_json::from_str(&text).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn usage_updates(frames: &[Value]) -> Vec<Value> {
+    frames
+        .iter()
+        .filter(|f| f.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")))
+        .cloned()
+        .collect()
+}
+
+fn ms(iso: &Value) -> i64 {
+    let t: jiff::Timestamp = iso.as_str().expect("a time").parse().expect("ISO 8601");
+    t.as_millisecond()
+}
+
+#[test]
+fn compaction_between_turns_answers_grok_counts_and_holds_the_prompt_sent_during_it() {
+    let frames = replayed("compact-between-turns");
+    let init = frames.iter().find(|f| f.pointer("/result/protocolVersion").is_some()).expect("initialize answer");
+    assert_eq!(init["result"]["agentCapabilities"]["_meta"]["coda"]["compact"], json!({}));
+    let unknown = frames.iter().find(|f| f["id"] == "c-unknown").expect("answered");
+    assert_eq!(unknown["result"], json!({"compacted": false, "reason": coda_shim::coda::compact::NOT_RUNNING}));
+    let grok = from_grok("compact-between-turns");
+    let done = grok
+        .iter()
+        .find(|f| f.pointer("/params/update/sessionUpdate") == Some(&json!("auto_compact_completed")))
+        .expect("Grok's auto_compact_completed");
+    let answer = frames.iter().find(|f| f["id"] == "compact").expect("answered");
+    assert_eq!(
+        answer["result"],
+        json!({"compacted": true, "before": done["params"]["update"]["tokens_before"],
+            "after": done["params"]["update"]["tokens_after"]})
+    );
+    // Not a turn: Grok's frames pass on, the one prompt sent during it is answered once, after it.
+    assert!(frames.iter().any(|f| f == done), "auto_compact_completed is passed on");
+    let at = |id: &str| position(&frames, |f| f["id"] == id && f.get("method").is_none());
+    assert!(at("compact") < at("turn-2") && at("turn-2") < usize::MAX);
+    assert_eq!(frames.iter().filter(|f| f["id"] == "turn-2").count(), 1);
+}
+
+#[test]
+fn usage_facts_come_after_each_turn_and_the_compaction_from_groks_stamps() {
+    let frames = replayed("compact-between-turns");
+    let sid = the_session(&frames);
+    let updates = usage_updates(&frames);
+    assert_eq!(updates.len(), 3, "after turn 1, after the compaction, after turn 2: {updates:#?}");
+    let grok = from_grok("compact-between-turns");
+    let stamp = |key: &str| -> Vec<i64> {
+        grok.iter().filter_map(|f| f.pointer(&format!("/params/_meta/{key}")).and_then(Value::as_i64)).collect()
+    };
+    let (turns, streams) = (stamp("turnStartMs"), stamp("streamStartMs"));
+    let compacted = grok
+        .iter()
+        .find(|f| f.pointer("/params/update/sessionUpdate") == Some(&json!("auto_compact_completed")))
+        .and_then(|f| f.pointer("/params/_meta/agentTimestampMs").and_then(Value::as_i64))
+        .expect("a stamped auto_compact_completed");
+    for (i, u) in updates.iter().enumerate() {
+        assert_eq!(u["params"]["sessionId"], sid);
+        let coda = &u["params"]["update"]["_meta"]["coda"];
+        assert_eq!(coda["contextTokens"], 10, "the fake model's input tokens: {u}");
+        assert_eq!(u["params"]["update"]["size"], 32000, "the fake model's window (totalContextTokens)");
+        let last = ms(&coda["lastRequestAt"]);
+        // Between a turn's start and the stream it started.
+        assert!(turns.iter().any(|t| *t <= last) && streams.iter().any(|s| *s >= last), "{u}");
+        if i == 0 {
+            assert!(coda.get("compactedAt").is_none());
+        } else {
+            assert_eq!(ms(&coda["compactedAt"]), compacted, "Grok's own time of the compaction: {u}");
+        }
+    }
+    assert_eq!(updates[1]["params"]["update"]["used"], json!(8), "after the compaction: Grok's tokens_after");
+    assert!(ms(&updates[2]["params"]["update"]["_meta"]["coda"]["lastRequestAt"]) > compacted);
+}
+
+#[test]
+fn compaction_during_a_turn_is_refused_and_grok_never_hears_of_it() {
+    let frames = replayed("compact-during-turn");
+    let answer = frames.iter().find(|f| f["id"] == "compact").expect("answered");
+    assert_eq!(answer["result"], json!({"compacted": false, "reason": coda_shim::coda::compact::TURN_RUNNING}));
+    let dir = replay_support::fixtures_root().join("grok").join("compact-during-turn");
+    let records = replay::load(&dir.join(replay::TRACE_FILE)).expect("trace");
+    let to_grok = records.iter().filter(|r| r.edge == Dir::ShimToAgent);
+    assert!(
+        !to_grok
+            .filter_map(|r| match &r.body {
+                Body::Frame(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .any(|t| t.contains("compact_conversation")),
+        "Grok is not asked"
+    );
+    let updates = usage_updates(&frames);
+    assert_eq!(updates.len(), 1, "one after the tool-call turn");
+    let end = position(&frames, |f| f["id"] == "turn-1" && f.get("result").is_some());
+    let update = position(&frames, |f| f.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")));
+    assert!(update < end, "the usage_update is inside the turn it describes");
+}
+
+#[test]
+fn a_turn_grok_runs_by_itself_ends_with_a_usage_update_too() {
+    let frames = replayed("bg-task-wakes");
+    let wake_end = position(&frames, |f| {
+        f.pointer("/params/update/prompt_id").and_then(Value::as_str).is_some_and(|p| p.starts_with("task-completed-"))
+            && f["params"]["update"]["sessionUpdate"] == "turn_completed"
+    });
+    assert!(wake_end < usize::MAX, "Grok's own turn ended");
+    // Right after it (the wait's own report may come between).
+    let next = frames[wake_end + 1..]
+        .iter()
+        .take(2)
+        .find(|f| f.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")))
+        .unwrap_or_else(|| panic!("no usage_update after Grok's own turn: {:#?}", &frames[wake_end..]));
+    assert_eq!(next["params"]["sessionId"], the_session(&frames));
+    assert!(next["params"]["update"]["_meta"]["coda"]["lastRequestAt"].is_string(), "{next}");
 }

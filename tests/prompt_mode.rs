@@ -528,3 +528,107 @@ fn on_a_terminal_permissions_are_asked_y_n_and_rows_are_coloured() {
     assert!(out.contains("  -> allowed: Allow once\n"), "{out}");
     assert!(out.contains(r#"permission outcome: {"outcome":{"optionId":"allow","outcome":"selected"}}"#), "{out}");
 }
+
+/// `--compact` under coda-grok with the test agent as Grok: the shim declares compaction and asks the agent,
+/// which has no `_x.ai/compact_conversation`; prompt mode prints the shim's answer and exits 11.
+#[test]
+fn compact_after_the_turn_prints_the_answer_and_not_compacted_has_its_exit_status() {
+    let (_temp, dir) = workdir("compact-refused");
+    let r = run(prompt_command("grok", &dir, "hello", &["--compact"]));
+    let out = strip_ansi(&r.stdout);
+    assert_eq!(r.status.code(), Some(11), "{out}\nstderr: {}", r.stderr);
+    let rows: Vec<&str> = out.lines().collect();
+    let stop = rows.iter().position(|l| *l == "stop: end_turn").expect("the turn ends first");
+    assert_eq!(rows[stop + 1], "> _coda/session/compact sess-1");
+    assert!(rows[stop + 2].starts_with("not compacted: Grok could not compact: "), "{out}");
+    // Without --prompt it is a usage error.
+    let mut bare = Command::new(shim::binary("grok"));
+    bare.arg("--compact").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let r = run(bare);
+    assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
+    assert!(r.stderr.contains("--compact needs --prompt"), "{}", r.stderr);
+}
+
+/// The prompt and compaction of `fixtures/grok/prompt-mode-compact` (recorded by the live test below).
+const COMPACT_PROMPT: &str = "Say hello.";
+
+fn compact_transcript_checks(out: &str) {
+    let rows: Vec<&str> = out.lines().collect();
+    let stop = rows.iter().position(|l| *l == "stop: end_turn").unwrap_or_else(|| panic!("no stop row: {out}"));
+    let ask = rows.iter().position(|l| l.starts_with("> _coda/session/compact ")).expect("the compaction");
+    assert!(stop < ask, "{out}");
+    let done = rows[ask + 1..].iter().find(|l| l.starts_with("compacted")).unwrap_or_else(|| panic!("{out}"));
+    let counts: Vec<u64> = done.trim_start_matches("compacted: ").split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(counts.len(), 2, "before and after: {done}");
+    let facts: Vec<&&str> = rows.iter().filter(|l| l.starts_with("usage facts: ")).collect();
+    assert!(facts[0].starts_with("usage facts: lastRequestAt 20") && facts[0].contains(", contextTokens "), "{out}");
+    let last = facts.last().expect("facts");
+    assert!(last.contains(", compactedAt 20"), "the facts after the compaction carry compactedAt: {out}");
+    assert!(rows.iter().rposition(|l| l.starts_with("usage facts:")) > Some(ask), "{out}");
+}
+
+/// The recording replays: prompt mode's own frames (initialize, session/new, the prompt, the compaction) are
+/// checked by the player, and the transcript shows Grok's counts and the usage facts as they changed.
+#[test]
+fn replayed_grok_compaction_gives_the_recorded_transcript() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/grok/prompt-mode-compact");
+    let expected = std::fs::read_to_string(fixture.join("transcript.txt")).expect("the fixture's transcript.txt");
+    let (_temp, dir) = workdir("replay-compact");
+    let player = PathBuf::from(env!("CARGO_BIN_EXE_acp-replay"));
+    let mut cmd = Command::new(shim::binary("grok"));
+    cmd.arg("--agent-command")
+        .arg(shell_words::join([player.display().to_string(), "play".into(), fixture.display().to_string()]))
+        .arg("--cwd")
+        .arg(&dir)
+        .args(["--prompt", COMPACT_PROMPT, "--compact"])
+        .env("CODA_SHIM_LOG", "warn")
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let r = run(cmd);
+    let got = strip_ansi(&r.stdout).replace(&dir.display().to_string(), "{{CWD}}");
+    assert_eq!(r.status.code(), Some(0), "stdout: {got}\nstderr: {}", r.stderr);
+    compact_transcript_checks(&got);
+    assert_eq!(got, expected);
+}
+
+/// Live (opt-in, `CODA_LIVE=1`, Grok): `--prompt … --compact` on the real Grok against the fake model compacts
+/// after the turn; with `CODA_RECORD=1` the run becomes `fixtures/grok/prompt-mode-compact`.
+#[test]
+fn live_prompt_mode_compact_on_grok() {
+    if !live::wanted("grok", "prompt mode --compact on Grok") {
+        return;
+    }
+    let model = fake_model::FakeModel::start();
+    let guard = temp::TempDir::new("coda-live-prompt-compact");
+    let root = guard.path().to_path_buf();
+    let lc = live::prepare("grok", &model.base_url(), &root).expect("prepare Grok");
+    let trace = root.join("prompt-mode-compact.jsonl");
+    let mut cmd = lc.shim_command(&shim::binary("grok"));
+    cmd.args(["--prompt", COMPACT_PROMPT, "--compact", "--cwd"])
+        .arg(&lc.workdir)
+        .arg("--trace-file")
+        .arg(&trace)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (status, out, err) = shim::finish(cmd.spawn().expect("start the shim"), Duration::from_secs(180));
+    let shown = strip_ansi(&out).replace(&lc.workdir.display().to_string(), "{{CWD}}");
+    println!("{shown}");
+    assert_eq!(status.code(), Some(0), "{shown}\nstderr: {err}");
+    compact_transcript_checks(&shown);
+    assert!(model.model_requests().iter().any(|r| r.body.to_string().contains("concise summary of the conversation")));
+    support::recorder::keep(
+        "grok",
+        "prompt-mode-compact",
+        &trace,
+        &root,
+        "coda-grok --prompt \"Say hello.\" --compact against the fake model; transcript.txt is what prompt mode \
+         prints for it (tests/prompt_mode.rs)",
+    );
+    if std::env::var_os("CODA_RECORD").is_some() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/grok/prompt-mode-compact");
+        std::fs::write(dir.join("transcript.txt"), &shown).expect("write transcript.txt");
+    }
+}

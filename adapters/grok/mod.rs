@@ -1,6 +1,7 @@
 //! coda-grok: Grok Build (`grok agent --no-leader stdio`) with Coda's session instruction, agentInfo, and
 //! Grok's background commands and subagents as `_coda/wait` (see `activity.rs`), and Coda's steering through
-//! Grok's `_x.ai/interject` (see `steering.rs`).
+//! Grok's `_x.ai/interject` (see `steering.rs`), Coda's `_coda/session/compact` through Grok's
+//! `_x.ai/compact_conversation` (see `compact.rs`), and usage facts Grok does not send (see `usage.rs`).
 //!
 //! The instruction is injected into the first prompt, not passed as Grok's native `session/new`
 //! `_meta.rules`: live on 1.0.41 a session made with `_meta.rules` keeps them through one `session/load` or
@@ -8,8 +9,10 @@
 //! prompt only at creation), while an injected block stays in the history.
 
 pub mod activity;
+pub mod compact;
 pub mod failure;
 pub mod steering;
+pub mod usage;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -85,7 +88,10 @@ fn layers(setup: &mut Setup) {
     let probed = setup.version.clone();
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
+    // Holds a compacting session's prompts after the instruction went into them.
+    setup.add(|_| Box::new(compact::GrokCompact::new()));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
+    setup.add(|_| Box::new(usage::GrokUsage::new()));
     // Above the failure layer: it sees the turn's end as Coda will.
     setup.add(|_| Box::new(steering::GrokSteering::new()));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.

@@ -4,7 +4,8 @@
 //! The client is in-process ([`crate::cli::client`]), under the same layers as under Coda. This side
 //! initializes with Coda's client capabilities (section ACP 部分), opens or loads a session with the
 //! instruction, sends the prompt, and prints a transcript of the turn ([`crate::cli::coda_view`],
-//! [`crate::cli::render`]); afterwards it keeps watching while `_coda/wait` items are open.
+//! [`crate::cli::render`]); afterwards it keeps watching while `_coda/wait` items are open, and with
+//! `--compact` asks `_coda/session/compact` as Coda's `compact-session` does (section 压缩上下文).
 //! The command line and exit statuses are in [`crate::cli::prompt_options`].
 
 use std::io::IsTerminal;
@@ -192,6 +193,51 @@ impl Turn<'_> {
             Ok(result) => self.stopped(&result),
             Err(e) => self.prompt_failed(&e),
         };
+        let code = self.waits(options, code).await?;
+        if options.compact {
+            let compacted = self.compact(&caps, &session).await?;
+            return Ok(if code == exit::END_TURN { compacted } else { code });
+        }
+        Ok(code)
+    }
+
+    /// `_coda/session/compact` of `session`, sent only when the agent declares it (as Coda does); prints the
+    /// answer. `END_TURN` when compacted, else `NOT_COMPACTED`.
+    async fn compact(&mut self, caps: &Value, session: &str) -> Result<i32, Stop> {
+        if !caps.pointer("/_meta/coda/compact").is_some_and(Value::is_object) {
+            self.c.r.row(
+                Tone::Yellow,
+                "the agent does not declare agentCapabilities._meta.coda.compact: Coda would not ask (not compacted)",
+            );
+            return Ok(exit::NOT_COMPACTED);
+        }
+        self.c.r.row(Tone::Bold, &format!("> _coda/session/compact {session}"));
+        let answer = self.c.call("_coda/session/compact", json!({"sessionId": session}), None).await?;
+        let result = match answer {
+            Ok(result) => result,
+            Err(e) => {
+                self.c.r.row(Tone::Red, &format!("compact: error {}: {}", e.code, e.message));
+                return Ok(exit::NOT_COMPACTED);
+            }
+        };
+        let count = |k: &str| result.get(k).and_then(Value::as_u64);
+        if result.get("compacted").and_then(Value::as_bool) == Some(true) {
+            let counts = match (count("before"), count("after")) {
+                (Some(b), Some(a)) => format!(": {b} -> {a} tokens of context"),
+                (Some(b), None) => format!(": {b} tokens of context before"),
+                (None, Some(a)) => format!(": {a} tokens of context after"),
+                (None, None) => String::new(),
+            };
+            self.c.r.row(Tone::Green, &format!("compacted{counts}"));
+            return Ok(exit::END_TURN);
+        }
+        let reason = result.get("reason").and_then(Value::as_str).unwrap_or("no reason given");
+        self.c.r.row(Tone::Yellow, &format!("not compacted: {reason}"));
+        Ok(exit::NOT_COMPACTED)
+    }
+
+    /// Watches open `_coda/wait` items after the turn until they settle or `--wait-timeout`.
+    async fn waits(&mut self, options: &Options, code: i32) -> Result<i32, Stop> {
         let open = self.c.view.open_waits();
         if open == 0 {
             return Ok(code);

@@ -18,6 +18,7 @@ pub mod exit {
     pub const NEEDS_LOGIN: i32 = 8;
     pub const AGENT_FAILED: i32 = 9;
     pub const WAITS_OPEN: i32 = 10;
+    pub const NOT_COMPACTED: i32 = 11;
     pub const NOT_FOUND: i32 = 127;
     pub const INTERRUPTED: i32 = 130;
 }
@@ -31,6 +32,8 @@ Prompt mode (run one turn by hand; the binary plays Coda and prints a transcript
   --load <SESSION_ID>           load this session (session/load) instead of opening a new one
   --json                        print every frame as JSONL (the --trace-file format) instead of a transcript
   --wait-timeout <DURATION>     how long to watch open _coda/wait items after the turn [default: 10m]
+  --compact                     after the turn, ask _coda/session/compact (as Coda's compact-session does) and
+                                print the answer
   Permission requests are asked y/n on a terminal and refused (outcome cancelled) otherwise.
   Ctrl-C sends session/cancel; a second Ctrl-C shuts the agent down.
 ";
@@ -43,7 +46,7 @@ Prompt mode exit status:
   4 stop reason max_turn_requests    5 stop reason refusal
   6 stop reason cancelled            7 a stop reason ACP does not define
   8 the agent needs a login (-32000) 9 initialize or the session failed, or the agent exited
-  10 _coda/wait items still open at --wait-timeout
+  10 _coda/wait items still open at --wait-timeout   11 --compact: not compacted (or compact not declared)
   127 the CLI cannot be found or started   130 stopped by a second Ctrl-C
 ";
 
@@ -59,6 +62,7 @@ pub struct Args {
     load: Option<String>,
     json: bool,
     wait_timeout: Option<Duration>,
+    compact: bool,
 }
 
 /// What prompt mode runs with.
@@ -71,12 +75,14 @@ pub struct Options {
     pub load: Option<String>,
     pub json: bool,
     pub wait_timeout: Duration,
+    /// Ask `_coda/session/compact` after the turn.
+    pub compact: bool,
 }
 
 impl Args {
     /// Whether `--name` is one of prompt mode's options.
     pub(crate) fn takes(name: &str) -> bool {
-        matches!(name, "prompt" | "cwd" | "system-prompt" | "load" | "json" | "wait-timeout")
+        matches!(name, "prompt" | "cwd" | "system-prompt" | "load" | "json" | "wait-timeout" | "compact")
     }
 
     pub(crate) fn set(&mut self, name: &str, parser: &mut lexopt::Parser) -> Result<(), lexopt::Error> {
@@ -86,6 +92,7 @@ impl Args {
             "system-prompt" => self.system_prompt = Some(parser.value()?.string()?),
             "load" => self.load = Some(parser.value()?.string()?),
             "json" => self.json = true,
+            "compact" => self.compact = true,
             "wait-timeout" => {
                 let text = parser.value()?.string()?;
                 self.wait_timeout = Some(parse_duration(&text).ok_or_else(|| {
@@ -106,6 +113,7 @@ impl Args {
                 (self.load.is_some(), "--load"),
                 (self.json, "--json"),
                 (self.wait_timeout.is_some(), "--wait-timeout"),
+                (self.compact, "--compact"),
             ];
             return match stray.iter().find(|(given, _)| *given) {
                 Some((_, name)) => Err(lexopt::Error::from(format!("{name} needs --prompt"))),
@@ -119,6 +127,7 @@ impl Args {
             load: self.load,
             json: self.json,
             wait_timeout: self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT),
+            compact: self.compact,
         }))
     }
 }

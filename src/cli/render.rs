@@ -64,6 +64,8 @@ pub struct Renderer<W: Write> {
     tool_status: HashMap<String, String>,
     /// The last command list shown.
     last_commands: Option<String>,
+    /// The last usage facts shown (`usage_update` `_meta.coda`).
+    last_facts: Option<String>,
 }
 
 impl<W: Write> Renderer<W> {
@@ -78,6 +80,7 @@ impl<W: Write> Renderer<W> {
             tools: HashMap::new(),
             tool_status: HashMap::new(),
             last_commands: None,
+            last_facts: None,
         }
     }
 
@@ -274,6 +277,14 @@ impl<W: Write> Renderer<W> {
                     .and_then(|c| Some(format!(", cost {} {}", c.get("amount")?, c.get("currency")?.as_str()?)))
                     .unwrap_or_default();
                 self.row(Tone::Dim, &format!("{prefix}usage: {used} of {size} tokens of context{cost}"));
+                // Coda keeps the latest `_meta.coda`; shown when it changed.
+                if let Some(facts) = usage_facts(update) {
+                    let row = format!("{prefix}usage facts: {facts}");
+                    if self.last_facts.as_deref() != Some(row.as_str()) {
+                        self.row(Tone::Dim, &row);
+                        self.last_facts = Some(row);
+                    }
+                }
             }
             "available_commands_update" => {
                 let names: Vec<String> = update
@@ -325,6 +336,27 @@ impl<W: Write> Renderer<W> {
 }
 
 /// The tool call's review (`_meta.coda.review`), as a suffix.
+/// `usage_update` `_meta.coda` as one line (`lastRequestAt …, contextTokens …, compactedAt …, cacheTtl …`),
+/// keys Coda's workflows read first, then any other; `None` when there is none (or it is not an object).
+fn usage_facts(update: &Value) -> Option<String> {
+    let coda = update.pointer("/_meta/coda")?.as_object()?;
+    const KNOWN: [&str; 4] = ["lastRequestAt", "contextTokens", "compactedAt", "cacheTtl"];
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut parts: Vec<String> =
+        KNOWN.iter().filter_map(|k| coda.get(*k).map(|v| format!("{k} {}", text(v)))).collect();
+    parts.extend(coda.iter().filter(|(k, _)| !KNOWN.contains(&k.as_str())).map(|(k, v)| format!("{k} {}", text(v))));
+    let line = parts.join(", ");
+    // Coda drops a `_meta.coda` over 4 KiB; a row shows its start.
+    Some(match line.len() {
+        0 => "none".into(),
+        n if n > 400 => format!("{}…", crate::coda::wait::truncate_chars(&line, 400)),
+        _ => line,
+    })
+}
+
 fn review(update: &Value) -> String {
     let Some(review) = update.pointer("/_meta/coda/review") else {
         return String::new();
@@ -384,6 +416,35 @@ mod tests {
         f(&mut r);
         r.finish();
         String::from_utf8(r.into_inner()).unwrap()
+    }
+
+    #[test]
+    fn usage_facts_show_when_they_change() {
+        let usage = |coda: Value| json!({"sessionUpdate":"usage_update","used":15,"size":32000,"_meta":{"coda":coda}});
+        let out = render(false, |r| {
+            let first = json!({"contextTokens":10,"lastRequestAt":"2026-12-02T04:34:36.389Z"});
+            r.update("", &usage(first.clone()));
+            r.update("", &usage(first));
+            r.update(
+                "",
+                &usage(json!({"lastRequestAt":"2026-12-02T04:34:36.389Z","contextTokens":10,
+                "compactedAt":"2026-12-02T04:34:38.044Z","extra":[1]})),
+            );
+            r.update("", &json!({"sessionUpdate":"usage_update","used":1,"size":2,"_meta":{"coda":"no"}}));
+            r.update("", &usage(json!({"x": "y".repeat(5000)})));
+        });
+        let rows: Vec<&str> = out.lines().collect();
+        assert_eq!(rows[0], "usage: 15 of 32000 tokens of context");
+        assert_eq!(rows[1], "usage facts: lastRequestAt 2026-12-02T04:34:36.389Z, contextTokens 10");
+        assert_eq!(rows[2], "usage: 15 of 32000 tokens of context", "the same facts again: no row");
+        assert_eq!(
+            rows[4],
+            "usage facts: lastRequestAt 2026-12-02T04:34:36.389Z, contextTokens 10, compactedAt \
+             2026-12-02T04:34:38.044Z, extra [1]"
+        );
+        assert_eq!(rows[5], "usage: 1 of 2 tokens of context", "a _meta.coda that is no object: no facts row");
+        assert!(rows[7].starts_with("usage facts: x yyy") && rows[7].chars().count() < 450, "{}", rows[7].len());
+        assert_eq!(rows.len(), 8);
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! | `[[error:KIND]]` | an HTTP error: `429-usage`, `429-rate`, `500`, `502` (a proxy's HTML page), `503`, `503-text` (a 503 with a line of plain text, no error object), `529` (overloaded), `401`, or `reset` (the connection closed without an answer); `KIND~S` answers with `Retry-After: S` (seconds) instead of the quick retry; `KIND*N` fails only the first N attempts |
 //! | `[[delay:MS]]` | wait `MS` milliseconds before answering (combine with any other marker) |
 //! | `[[review:OUTCOME\|RISK\|RATIONALE]]` | the verdict Codex's approval reviewer gets (`allow` or `deny`, `low`…`critical`; see `review`); other requests ignore it |
+//! | (a request for a summary of the conversation so far: Grok's compaction) | a numbered summary ([`COMPACTION_SUMMARY`]) |
 //!
 //! Several tool markers in one prompt become parallel tool calls. Markers may nest, so a subagent's
 //! prompt can carry its own markers: `[[subagent:[[bg:sleep 2]]]]`. When the request ends with a tool
@@ -49,5 +50,5 @@ mod wire;
 pub use origin::Origin;
 pub use record::{RecordedRequest, summary_line};
 pub use request::Api;
-pub use script::{AFTER_TOOL_TEXT, DEFAULT_TEXT, SIDE_TEXT};
+pub use script::{AFTER_TOOL_TEXT, COMPACTION_SUMMARY, DEFAULT_TEXT, SIDE_TEXT};
 pub use server::{FakeModel, Options};

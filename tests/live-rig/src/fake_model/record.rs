@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
@@ -24,6 +25,10 @@ pub struct RecordedRequest {
     pub origin: Origin,
     /// A one-line description of what the server answered.
     pub reply: String,
+    /// When the request's head arrived (wall clock): what the shim's `lastRequestAt` is measured against.
+    pub at: SystemTime,
+    /// The input tokens the server reported for it (Responses API: the body at about 4 bytes a token).
+    pub input_tokens: u64,
 }
 
 impl RecordedRequest {

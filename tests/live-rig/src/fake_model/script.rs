@@ -19,6 +19,15 @@ pub const DEFAULT_TEXT: &str = "Hello from the fake model.";
 pub const AFTER_TOOL_TEXT: &str = "The tool call is done.";
 /// Text answered to title and summary side requests.
 pub const SIDE_TEXT: &str = "Fake title";
+/// What a request for a summary of the whole conversation (Grok's compaction) starts with.
+const COMPACTION_ASK: &str = "produce a faithful, concise summary of the conversation so far";
+/// The summary answered to it: Grok refuses one far shorter than the conversation ("degenerate summary").
+pub const COMPACTION_SUMMARY: &str = "<summary>\n1. Primary Request and Intent: the user ran shell commands through \
+    the assistant to test it against a fake model; no other request.\n2. Key Technical Concepts: a shell tool, its \
+    output, a fake model server.\n3. Files and Code Sections: None.\n4. Errors and Fixes: None.\n5. Problem Solving: \
+    None.\n6. All User Messages: the prompts that asked for the commands.\n7. Pending Tasks: None.\n8. Current \
+    Work: the last command finished and its output was read.\n9. Optional Next Step: wait for the user's next \
+    message.\n</summary>";
 
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Reply {
@@ -53,6 +62,9 @@ pub(super) fn decide(api: Api, origin: Origin, body: &Value, prompts: &mut HashM
     }
     let items = conversation(api, body);
     let prompt = latest_prompt(&prompt_text(&items).unwrap_or_default(), prompts);
+    if prompt.contains(COMPACTION_ASK) {
+        return (Reply::Text(COMPACTION_SUMMARY.into()), Duration::ZERO);
+    }
     let markers = parse_markers(&prompt);
     let delay = markers
         .iter()

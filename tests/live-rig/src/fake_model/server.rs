@@ -152,6 +152,7 @@ async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, mut stopped
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    let at = std::time::SystemTime::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let mut headers = BTreeMap::new();
@@ -177,6 +178,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         Err(_) => answer(api, origin, &method, &body, &mut HashMap::new()),
     };
     let seq = shared.seq.fetch_add(1, Ordering::SeqCst) + 1;
+    let input_tokens = super::wire::context_tokens(&body);
     let record = RecordedRequest {
         seq,
         method: method.to_string(),
@@ -186,6 +188,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         api,
         origin,
         reply: answer.summary.clone(),
+        at,
+        input_tokens,
     };
     if shared.options.log_requests {
         eprintln!("{}", summary_line(&record));

@@ -91,7 +91,7 @@ pub(super) fn answer(
             response
         }
         (Reply::Reset, _) => json_response(500, &Value::Null),
-        (_, Api::Responses) => sse_response(responses_events(&reply)),
+        (_, Api::Responses) => sse_response(responses_events(&reply, context_tokens(body))),
         (_, _) if stream => sse_response(chat_events(&reply, model)),
         (_, _) => json_response(200, &chat_completion(&reply, model)),
     };
@@ -186,8 +186,16 @@ fn chat_completion(reply: &Reply, model: &str) -> Value {
            "usage":{"prompt_tokens":USAGE_IN,"completion_tokens":USAGE_OUT,"total_tokens":USAGE_IN + USAGE_OUT}})
 }
 
-/// Responses API stream: `response.created`, one `output_item.done` per item, `response.completed`.
-fn responses_events(reply: &Reply) -> String {
+/// The input tokens the Responses API reports for a request: its body at about 4 bytes a token, so that the
+/// context a CLI measures grows with the conversation and shrinks when it compacts (Codex compacts by itself
+/// when it passes `model_auto_compact_token_limit`).
+pub(super) fn context_tokens(body: &Value) -> u64 {
+    body.to_string().len() as u64 / 4
+}
+
+/// Responses API stream: `response.created`, one `output_item.done` per item, `response.completed` (usage:
+/// `input_tokens` as given).
+fn responses_events(reply: &Reply, input_tokens: u64) -> String {
     let response_id = format!("resp_{}", next_id());
     let mut events = vec![json!({"type":"response.created","response":{"id":response_id}})];
     match reply {
@@ -213,8 +221,8 @@ fn responses_events(reply: &Reply) -> String {
         Reply::Error { .. } | Reply::Reset => {}
     }
     events.push(json!({"type":"response.completed","response":{"id":response_id,
-        "usage":{"input_tokens":USAGE_IN,"input_tokens_details":null,"output_tokens":USAGE_OUT,
-                 "output_tokens_details":null,"total_tokens":USAGE_IN + USAGE_OUT}}}));
+        "usage":{"input_tokens":input_tokens,"input_tokens_details":null,"output_tokens":USAGE_OUT,
+                 "output_tokens_details":null,"total_tokens":input_tokens + USAGE_OUT}}}));
     events
         .iter()
         .map(|e| format!("event: {}\ndata: {e}\n\n", e.get("type").and_then(Value::as_str).unwrap_or("message")))
