@@ -8,11 +8,9 @@ use std::fmt;
 
 use bytes::Bytes;
 use compact_str::CompactString;
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
-use sonic_rs::LazyValue;
 
-use crate::json;
+use crate::{json, scan};
 
 /// A method name. Names are short, so they live inline: no allocation per frame.
 pub type Method = CompactString;
@@ -286,7 +284,7 @@ impl Frame {
     /// Parses the whole frame. Only layers that look inside a frame pay for this.
     ///
     /// Reads whatever the frame check accepted (as deep, numbers of any size), so an error is rare (a lone
-    /// UTF-16 surrogate escape, which sonic-rs accepts and serde_json does not) but must not be ignored: a
+    /// UTF-16 surrogate escape, which JSON's grammar and the frame check accept and serde_json does not) but must not be ignored: a
     /// layer that must act on a frame it cannot read answers it with [`crate::layer::Cx::unreadable`], never passes it on.
     pub fn value(&self) -> Result<Value, json::Error> {
         json::from_slice(self.bytes())
@@ -359,193 +357,66 @@ pub fn notification(method: &str, params: Value) -> Frame {
     Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
-/// A field that may be absent, distinct from one that is present and `null`, kept as its JSON text.
-#[derive(Default)]
-struct Present<'a>(Option<LazyValue<'a>>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Present<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        LazyValue::deserialize(d).map(|raw| Present(Some(raw)))
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct Envelope<'a> {
-    #[serde(default)]
-    jsonrpc: Option<Text>,
-    #[serde(default, borrow)]
-    id: Present<'a>,
-    #[serde(default)]
-    method: Option<Text>,
-    #[serde(default, borrow)]
-    result: Present<'a>,
-    #[serde(default, borrow)]
-    error: Present<'a>,
-    #[serde(default)]
-    params: UpdateKind,
-}
-
-/// A string field kept inline when short (as `jsonrpc` and most method names are): a `Cow` would be
-/// handed an owned `String` by the parser, two allocations per frame.
-struct Text(CompactString);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_str(TextVisitor)
-    }
-}
-
-struct TextVisitor;
-
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = Text;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string")
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Text, E> {
-        Ok(Text(CompactString::from(v)))
-    }
-}
-
-/// `update.sessionUpdate` inside params, when params is an object that has it; any other params are
-/// skipped (still checked to be JSON).
-#[derive(Default)]
-struct UpdateKind(Option<CompactString>);
-
-impl<'de> Deserialize<'de> for UpdateKind {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Find(&["update", "sessionUpdate"]))
-    }
-}
-
-/// Follows a path of object keys down to a string; any other shape is skipped and yields nothing.
-#[derive(Clone, Copy)]
-struct Find(&'static [&'static str]);
-
-impl<'de> serde::de::DeserializeSeed<'de> for Find {
-    type Value = UpdateKind;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<UpdateKind, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Find {
-    type Value = UpdateKind;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UpdateKind, A::Error> {
-        let mut found = UpdateKind(None);
-        let next = self.0.first().copied().unwrap_or_default();
-        while let Some(hit) = map.next_key_seed(KeyIs(next))? {
-            if hit && !self.0.is_empty() {
-                found = map.next_value_seed(Find(&self.0[1..]))?;
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(found)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<UpdateKind, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(UpdateKind(None))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<UpdateKind, E> {
-        Ok(UpdateKind(self.0.is_empty().then(|| CompactString::from(v))))
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<UpdateKind, E> {
-        Ok(UpdateKind(None))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<UpdateKind, E> {
-        Ok(UpdateKind(None))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<UpdateKind, E> {
-        Ok(UpdateKind(None))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<UpdateKind, E> {
-        Ok(UpdateKind(None))
-    }
-    fn visit_unit<E>(self) -> Result<UpdateKind, E> {
-        Ok(UpdateKind(None))
-    }
-}
-
-/// Whether an object key is the one looked for (escaped or not), without allocating.
-struct KeyIs(&'static str);
-
-impl<'de> serde::de::DeserializeSeed<'de> for KeyIs {
-    type Value = bool;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeyIs {
-    type Value = bool;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a key")
-    }
-    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
-        Ok(v == self.0)
-    }
-}
-
-fn first_non_space(bytes: &[u8]) -> Option<u8> {
-    bytes.iter().copied().find(|b| !b.is_ascii_whitespace())
-}
-
-/// Reads the envelope of one line. The JSON parser (sonic-rs: SIMD skipping of what the envelope does
-/// not need) checks the whole line, UTF-8 included, so nothing invalid is ever passed on.
+/// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
+/// ([`crate::scan`]), so nothing invalid is ever passed on.
 fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
-    // Before any recursive parse: a line nested too deep would overflow the stack of the thread reading it.
-    if let Some(at) = json::too_deep(bytes) {
-        if !json::brackets_close(bytes) {
-            let message =
-                format!("parse error: brackets or a string left open, deeper than {} levels", json::MAX_DEPTH);
-            return Err(Invalid { code: -32700, message, id: None, too_deep: false, has_method: false });
+    let (line, env) = match scan::checked(bytes) {
+        Ok(checked) => checked,
+        Err(e) => {
+            // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
+            if let Some(at) = json::too_deep(bytes) {
+                if !json::brackets_close(bytes) {
+                    let message =
+                        format!("parse error: brackets or a string left open, deeper than {} levels", json::MAX_DEPTH);
+                    return Err(Invalid { code: -32700, message, id: None, too_deep: false, has_method: false });
+                }
+                let (id, has_method) = sniff(&bytes[..at]);
+                let message = format!("invalid request: {}", json::Error::TooDeep(at));
+                return Err(Invalid { code: -32600, message, id, too_deep: true, has_method });
+            }
+            return Err(parse_error(e));
         }
-        let (id, has_method) = sniff(&bytes[..at]);
-        let message = format!("invalid request: {}", json::Error::TooDeep(at));
-        return Err(Invalid { code: -32600, message, id, too_deep: true, has_method });
-    }
-    if first_non_space(bytes) == Some(b'[') {
-        let items: Vec<IgnoredAny> = sonic_rs::from_slice(bytes).map_err(parse_error)?;
-        if items.is_empty() {
-            return Err(invalid("an empty batch is not a JSON-RPC request", None));
-        }
-        return Ok((Kind::Batch, None));
-    }
-    let env: Envelope = match sonic_rs::from_slice(bytes) {
-        Ok(env) => env,
-        Err(e) if e.is_unmatched_type() => {
-            return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
-        }
-        Err(e) => return Err(parse_error(e)),
     };
-    let id = env.id.0.as_ref().map(|raw| Id::from_json(raw.as_raw_str()));
-    if env.jsonrpc.as_ref().map(|t| t.0.as_str()) != Some("2.0") {
+    let text = |s: &scan::Str| s.in_text(line);
+    match env.top {
+        scan::Top::Object => {}
+        scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
+        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None)),
+        scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
+    }
+    if env.mistyped {
+        return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
+    }
+    let id = env.id.map(|(start, end)| Id::from_json(line.get(start..end).unwrap_or("null")));
+    if env.duplicate {
+        return Err(invalid("a key of the envelope appears twice", id));
+    }
+    if env.jsonrpc.as_ref().and_then(text).as_deref() != Some("2.0") {
         return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
     }
-    if let Some(raw) = &env.id.0 {
-        let first = first_non_space(raw.as_raw_str().as_bytes());
-        if matches!(first, Some(b'{') | Some(b'[') | Some(b't') | Some(b'f')) {
+    if let Some(id) = &id {
+        if matches!(id.as_json().as_bytes().first(), Some(b'{') | Some(b'[') | Some(b't') | Some(b'f')) {
             return Err(invalid("\"id\" must be a number, a string or null", None));
         }
     }
-    let kind = match (env.method, id, env.result.0.is_some() || env.error.0.is_some()) {
-        (Some(Text(method)), Some(id), false) => Kind::Request { id, method },
-        (Some(Text(method)), None, false) => Kind::Notification { method },
+    let method = match &env.method {
+        Some(m) => match text(m) {
+            Some(m) => Some(Method::from(m.as_ref())),
+            None => return Err(invalid("the method name holds a lone UTF-16 surrogate escape", id)),
+        },
+        None => None,
+    };
+    let kind = match (method, id, env.result || env.error) {
+        (Some(method), Some(id), false) => Kind::Request { id, method },
+        (Some(method), None, false) => Kind::Notification { method },
         (None, Some(id), true) => Kind::Response { id },
         (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
     };
-    Ok((kind, env.params.0))
+    Ok((kind, env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()))))
 }
 
-fn parse_error(e: sonic_rs::Error) -> Invalid {
-    // The parser's message goes on with an excerpt of the input on further lines: keep the first.
-    let e = e.to_string();
-    let first = e.lines().next().unwrap_or_default();
-    Invalid { code: -32700, message: format!("parse error: {first}"), id: None, too_deep: false, has_method: false }
+fn parse_error(e: scan::Error) -> Invalid {
+    Invalid { code: -32700, message: format!("parse error: {e}"), id: None, too_deep: false, has_method: false }
 }
 
 fn invalid(message: &str, id: Option<Id>) -> Invalid {

@@ -1,6 +1,6 @@
 //! Reading JSON that a peer or a file supplied, with one bound on nesting for the whole shim.
 //!
-//! The parsers (sonic-rs for the envelope, serde_json for layers, files and records) recurse once per
+//! The parsers (sonic-rs for a field of a request, serde_json for layers, files and records) recurse once per
 //! array or object level, and so do dropping and serialising a `serde_json::Value`. A line far under the
 //! size limit (20 KB of `[`) would overflow a thread's stack and abort the process, so every line is
 //! measured here before any recursive parser sees it. [`MAX_DEPTH`] levels fit a 2 MiB thread stack

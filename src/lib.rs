@@ -8,9 +8,10 @@
 //! # Map
 //!
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
-//!   [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
+//!   [`scan`] (the one pass that checks every line and reads its envelope), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
 //!   reader and writer loops), [`relay`] (the loop that owns all state), [`layer`] (the layer contract, the
-//!   [`layer::Stack`], its request table [`layer::requests`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
+//!   [`layer::Stack`], its request table [`layer::requests`], the jobs it runs for layers [`layer::work`] and
+//!   [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
 //!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
@@ -30,7 +31,9 @@
 //! Coda --stdin--> reader --Frame--> relay loop --Frame--> writer --stdin--> CLI
 //! Coda <-stdout-- writer <--Frame-- relay loop <--Frame-- reader <-stdout-- CLI
 //!                                    |    ^
-//!                      layers (Stack) +    +-- events (file watcher, event stream, probe), wake-ups
+//!                      layers (Stack) +    +-- events (file watcher, event stream, probe), wake-ups,
+//!                                    |         results of jobs
+//!                                    +--> jobs (Cx::work) --> worker threads (layer::work)
 //! ```
 //!
 //! One task owns every layer and handles frames, events and wake-ups strictly in arrival order; readers and
@@ -41,10 +44,13 @@
 //!
 //! A layer is a sans-IO state machine (see [`layer`]): it is handed one input at a time (a frame from either
 //! side, an answer to its own request, an event, a wake-up) with a [`layer::Cx`] carrying the time, and it
-//! asks for output through that `Cx`: frames towards either peer, requests of its own, wake-ups. It never
-//! sleeps, reads the clock, or reads the environment after set-up; threads that do real I/O hand their
-//! results in through a [`layer::EventSender`]. A frame a layer must act on but cannot read is answered with
-//! an error ([`layer::Cx::unreadable`]), never passed on untouched.
+//! asks for output through that `Cx`: frames towards either peer, requests of its own, wake-ups, and work.
+//! It never sleeps, reads the clock, reads the environment after set-up, touches a file or starts a thread:
+//! I/O it needs (read a session file, start a watcher, write a record) it asks the engine for as a job
+//! ([`layer::Cx::work`]), which runs off the relay loop on the engine's workers ([`layer::work`]) and comes
+//! back to the layer as one more input, so nothing a layer calls can hold up the loop; threads set up with
+//! the stack hand their results in through a [`layer::EventSender`]. A frame a layer must act on but cannot
+//! read is answered with an error ([`layer::Cx::unreadable`]), never passed on untouched.
 //!
 //! Each layer names its own types: its wake-ups ([`layer::Layer::Timer`], an enum of its own, never a number
 //! packed by hand), its events ([`layer::Layer::Event`]; the [`layer::EventSender`] the set-up hands it is
@@ -73,6 +79,7 @@ pub mod maybe;
 pub mod private_file;
 pub mod relay;
 pub mod replay;
+pub mod scan;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;

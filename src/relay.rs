@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::child::{self, Agent, Group, StderrTail};
 use crate::frame::{self, Frame};
-use crate::layer::{Event, Exits, Stack};
+use crate::layer::{Done, Event, Exits, Pool, Stack};
 use crate::maybe;
 use crate::trace::{Dir, Trace};
 use crate::transport::{self, BATCH, BATCH_BYTES, Batch, Link, Received};
@@ -118,10 +118,18 @@ struct Loop {
     to_agent: Queue,
     /// Reused between inputs, so routing a frame allocates nothing.
     exits: Exits,
+    /// Runs the jobs layers ask for off the loop; their results come back on the loop's `done` queue.
+    pool: Pool,
+    /// Jobs handed to the pool whose results have not come back.
+    working: usize,
 }
 
 impl Loop {
     fn route(&mut self, mut exits: Exits) {
+        for job in self.stack.take_work() {
+            self.working += 1;
+            self.pool.run(job);
+        }
         for f in exits.to_agent.drain(..) {
             if let Some(t) = &mut self.trace {
                 t.frame(Dir::ShimToAgent, f.bytes(), f.is_shim());
@@ -220,6 +228,14 @@ impl Loop {
         self.route(exits);
     }
 
+    /// A layer's job is done: its result is the layer's next input.
+    fn done(&mut self, done: Done) {
+        self.working = self.working.saturating_sub(1);
+        let mut exits = std::mem::take(&mut self.exits);
+        self.stack.done(done, &mut exits);
+        self.route(exits);
+    }
+
     /// Hands the layers the time of this wake-up of the loop: read once per wake-up, not per frame.
     fn set_time(&mut self) {
         self.stack.set_time(Instant::now().into_std(), std::time::SystemTime::now());
@@ -313,12 +329,18 @@ async fn run_io(
         (sigint, sigterm, sighup) = (Some(int), Some(term), Some(hup));
     }
 
+    // Layers' jobs run on the pool's threads; the loop never waits for one.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut stack = stack;
+    stack.keep_work();
     let mut st = Loop {
         stack,
         trace: options.trace,
         to_client: Queue::default(),
         to_agent: Queue::default(),
         exits: Exits::default(),
+        pool: Pool::from_env(done_tx),
+        working: 0,
     };
     let mut client_open = true;
     // The client closed its end while unread input may still wait (see `transport::watch_hangup`).
@@ -389,6 +411,10 @@ async fn run_io(
             Some((layer, event)) = events.recv(), if !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
                 st.event(layer, event);
+            }
+            Some(done) = done_rx.recv(), if !st.to_client.full() && !st.to_agent.full() => {
+                st.set_time();
+                st.done(done);
             }
             _ = &mut layer_timer, if wake.is_some() && !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
@@ -482,6 +508,24 @@ async fn run_io(
         }
     }
 
+    // Frames a layer holds for a job (a file being read) go out once it is done: waited for a little.
+    let jobs_deadline = Instant::now() + DRAIN_AFTER_EXIT;
+    while st.working > 0 {
+        match tokio::time::timeout_at(jobs_deadline, done_rx.recv()).await {
+            Ok(Some(done)) => {
+                st.set_time();
+                st.done(done);
+            }
+            Ok(None) => break,
+            Err(_) => {
+                tracing::warn!(
+                    "{} layer jobs were not done within {DRAIN_AFTER_EXIT:?} of the end; not waited for",
+                    st.working
+                );
+                break;
+            }
+        }
+    }
     let status = exited.unwrap_or_else(|| ExitStatus::from_raw(1 << 8));
     let mut stderr_tail = Vec::new();
     if let Some(p) = process {
@@ -641,6 +685,60 @@ mod tests {
         agent_write.shutdown().await.unwrap();
         assert_eq!(relay.await.unwrap(), 0);
         assert_eq!(client_reads.next_line().await.unwrap(), None);
+    }
+
+    /// On the client's `slow`, asks for a job that waits until the test lets it go (10 s at most), then tells
+    /// the client whether it was let go and on which thread it ran.
+    struct Slow {
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+    }
+    impl Slow {
+        fn finished(&mut self, (released, thread): (bool, Option<String>), cx: &mut Cx) {
+            cx.to_client(frame::notification("finished", json!({ "released": released, "thread": thread })));
+        }
+    }
+    impl Layer for Slow {
+        type Timer = std::convert::Infallible;
+        type Event = std::convert::Infallible;
+        type Reply = std::convert::Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if !f.is_notification("slow") {
+                return cx.to_agent(f);
+            }
+            let gate = self.gate.take().expect("one slow job");
+            cx.work(
+                move || {
+                    let released = gate.recv_timeout(Duration::from_secs(10)).is_ok();
+                    (released, std::thread::current().name().map(str::to_owned))
+                },
+                Slow::finished,
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_layers_job_runs_off_the_loop_while_frames_go_on() {
+        let (release, gate) = std::sync::mpsc::channel();
+        let (mut client_reads, mut to_relay, mut agent_reads, mut agent_write, relay) =
+            relay_on_memory(vec![Box::new(Slow { gate: Some(gate) })], 1 << 20);
+        to_relay.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"slow\"}\n").await.unwrap();
+        // While the job waits, a request goes to the agent and its answer comes back to the client: the loop
+        // did not wait for the job (run on the loop, the job would keep both until its 10 s are up).
+        let request = r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{}}"#;
+        to_relay.write_all(format!("{request}\n").as_bytes()).await.unwrap();
+        assert_eq!(agent_reads.next_line().await.unwrap().as_deref(), Some(request));
+        agent_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n").await.unwrap();
+        assert_eq!(client_reads.next_line().await.unwrap().as_deref(), Some(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        release.send(()).unwrap();
+        let finished = client_reads.next_line().await.unwrap().unwrap();
+        let v: serde_json::Value = crate::json::from_str(&finished).unwrap();
+        assert_eq!(v["method"], "finished");
+        assert_eq!(v["params"]["released"], true, "the job was let go after the round trip: {finished}");
+        assert!(v["params"]["thread"].as_str().is_some_and(|t| t.starts_with("coda-work-")), "{finished}");
+        to_relay.shutdown().await.unwrap();
+        assert_eq!(agent_reads.next_line().await.unwrap(), None);
+        agent_write.shutdown().await.unwrap();
+        assert_eq!(relay.await.unwrap(), 0);
     }
 
     /// A relay on in-memory pipes with the given layers, and both peers' ends: (client reads, client writes,

@@ -166,7 +166,7 @@ fn session_instruction_is_checked_stripped_and_injected_whatever_else_the_params
 
 #[test]
 fn a_frame_a_layer_must_act_on_but_cannot_read_is_answered_with_an_error_not_passed_on() {
-    // A lone UTF-16 surrogate escape: valid for the frame check (sonic-rs), unreadable for serde_json.
+    // A lone UTF-16 surrogate escape: valid for the frame check (`src/scan.rs`), unreadable for serde_json.
     let sp = json!({"mode": "append", "content": [{"type": "text", "text": instruction()}]});
     for bin in INJECTING {
         let dir = temp::TempDir::new("depth-unreadable");

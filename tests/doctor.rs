@@ -48,7 +48,7 @@ ok    CLI        {} (from --agent-command)
 warn  version    OpenCode 9.9.9; tested with 1.18.33
                  fix: works if its ACP did not change; to match the tests: npm install -g opencode-ai@1.18.33
 ok    data dir   {} is readable
-ok    handshake  (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits
+ok    handshake  (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits, compact
 ok    login      session/new works (no login needed, or logged in)
 warn  model      session/new reports no current model: Coda refuses the turn
                  fix: configure a default model in the CLI

@@ -377,7 +377,7 @@ fn check_usage(
         let last = requests.iter().rfind(|r| r.at <= *received).expect("a request before it");
         let at = iso_ms(coda["lastRequestAt"].as_str().unwrap_or_else(|| panic!("no lastRequestAt: {u}")));
         errors.push(at - ms_of(last.at));
-        assert_eq!(coda["contextTokens"], 10, "{u}");
+        assert_eq!(coda["contextTokens"], last.input_tokens, "the fake model reports the body's size: {u}");
         assert_eq!(u["params"]["update"]["size"], 32000, "the fake model's context window: {u}");
         match compacted {
             Some((asked, answered)) if asked <= *received => {

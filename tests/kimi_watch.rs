@@ -142,7 +142,7 @@ fn run(files: &str, seed: u64, inotify: bool) -> Vec<String> {
     let slot: Arc<Mutex<Option<Watch>>> = Arc::default();
     let opened = slot.clone();
     let root = home.clone();
-    let starter: activity::Starter = Box::new(move |session, cutoff| {
+    let starter: activity::Starter = Arc::new(move |session, cutoff| {
         let dir = watch::locate(Some(root.as_path()), session)?;
         let (w, started) = Watch::open(session, &dir, cutoff, false).map_err(watch::WatchError::Failed)?;
         *opened.lock().unwrap() = Some(w);

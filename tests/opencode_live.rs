@@ -380,7 +380,7 @@ fn times_in(r: &fake_model::RecordedRequest, text: &str) -> usize {
     r.body.to_string().matches(quoted.trim_matches('"')).count()
 }
 
-fn main_requests(requests: &[fake_model::RecordedRequest]) -> Vec<&fake_model::RecordedRequest> {
+fn of_main(requests: &[fake_model::RecordedRequest]) -> Vec<&fake_model::RecordedRequest> {
     requests.iter().filter(|r| r.origin == fake_model::Origin::Main).collect()
 }
 
@@ -435,7 +435,7 @@ fn live_opencode_steering() {
     assert_eq!(c.answers_to("steer-1"), 1);
     assert!(c.position("steer-1") < c.position("turn-1"), "injected is answered before the turn ends");
     let requests = model.model_requests();
-    let after = main_requests(&requests[asked_before..]);
+    let after = of_main(&requests[asked_before..]);
     let next = after.first().expect("a model request after the steer");
     assert_eq!(times_in(next, DURING), 1, "the model's next request carries the message once");
     assert!(requests.iter().all(|r| times_in(r, DURING) <= 1), "no request carries it twice");
@@ -471,7 +471,7 @@ fn live_opencode_steering() {
     assert_eq!(next["result"]["stopReason"], "end_turn", "{next}");
     c.quiet(Duration::from_millis(1500));
     let requests = model.model_requests();
-    let third = main_requests(&requests[seen..]);
+    let third = of_main(&requests[seen..]);
     assert!(!third.is_empty(), "the next turn asked the model");
     assert!(requests.iter().all(|r| times_in(r, CANCELLED) == 0), "the model never sees the removed message");
     assert!(requests.iter().all(|r| times_in(r, BETWEEN) == 0), "nor the one steered between turns");
@@ -492,4 +492,235 @@ fn live_opencode_steering() {
          (deleted again, promptRequired, the next turn's request does not carry it)",
     );
     let _ = std::fs::remove_dir_all(&root);
+}
+
+// ---- Issue 24: `_coda/session/compact` and usage facts, through OpenCode's server. ----
+
+/// About 1,000 tokens of text, so that compacting visibly shrinks the context.
+fn big_text() -> String {
+    "lorem ipsum dolor sit amet ".repeat(150)
+}
+
+fn is_summary_request(r: &fake_model::RecordedRequest) -> bool {
+    r.body.to_string().contains("context summarization agent")
+}
+
+/// The main requests the fake model received after the first `since` requests.
+fn main_requests(model: &fake_model::FakeModel, since: usize) -> Vec<fake_model::RecordedRequest> {
+    model.requests().into_iter().skip(since).filter(|r| r.origin == fake_model::Origin::Main).collect()
+}
+
+fn ms(t: std::time::SystemTime) -> i64 {
+    t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn iso_ms(text: &str) -> i64 {
+    let t = humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("not an ISO time {text:?}: {e}"));
+    ms(t)
+}
+
+/// Each root `usage_update` Coda received, checked against the fake model's log (the requests after the
+/// first `since`): `lastRequestAt` is that of a main request (within `LAST_REQUEST_SLACK_MS`, or
+/// `FIRST_REQUEST_SLACK_MS` early for the process's first), `contextTokens` is exactly the input tokens of
+/// that request. Returns the errors (ms, the fake model's time minus the shim's) measured.
+fn check_usage_facts(received: &[Value], model: &fake_model::FakeModel, session: &str, since: usize) -> Vec<i64> {
+    let mains = main_requests(model, since);
+    let mut errors = Vec::new();
+    for u in received
+        .iter()
+        .filter(|f| f["params"]["sessionId"] == session && f["params"]["update"]["sessionUpdate"] == "usage_update")
+    {
+        let coda = &u["params"]["update"]["_meta"]["coda"];
+        let at = iso_ms(coda["lastRequestAt"].as_str().unwrap_or_else(|| panic!("no lastRequestAt: {u}")));
+        let tokens = coda["contextTokens"].as_u64().unwrap_or_else(|| panic!("no contextTokens: {u}"));
+        // The latest main request received by the time OpenCode said its usage (it precedes the update).
+        let (first, request) = mains
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| ms(r.at) <= at + FIRST_REQUEST_SLACK_MS)
+            .min_by_key(|(_, r)| (ms(r.at) - at).abs())
+            .unwrap_or_else(|| panic!("no main request for {u}"));
+        let error = ms(request.at) - at;
+        errors.push(error);
+        let slack = if first == 0 { FIRST_REQUEST_SLACK_MS } else { LAST_REQUEST_SLACK_MS };
+        assert!(
+            error.abs() < slack || (first == 0 && (0..slack).contains(&error)),
+            "lastRequestAt {at} vs the request at {}: {u}",
+            ms(request.at)
+        );
+        if u.get("id").is_none() && coda.get("compactedAt").is_none() {
+            assert_eq!(tokens, request.input_tokens, "contextTokens is the request's context: {u}");
+        }
+    }
+    errors
+}
+
+/// How far `lastRequestAt` (OpenCode's creation time of the request's message) may be from when the fake
+/// model received the request (README: measured tens of ms).
+const LAST_REQUEST_SLACK_MS: i64 = 1000;
+/// The first request of an OpenCode process: its message is created before OpenCode loads its providers
+/// (README: measured about 5 s early).
+const FIRST_REQUEST_SLACK_MS: i64 = 15_000;
+
+#[test]
+fn record_opencode_compaction_and_usage() {
+    let Some(l) = live("compact") else { return };
+    let lc = with_server(&l.lc);
+    let root = &l.root;
+    let model = &l._model;
+
+    scenario(
+        root,
+        &lc,
+        "usage-tool-turn",
+        "a turn with two tool calls: the usage_update before the answer carries _meta.coda.lastRequestAt (the last model request of the turn, from OpenCode's server) and contextTokens (its context)",
+        |rec| {
+            let since = model.requests().len();
+            let session = rec.new_session(true);
+            rec.prompt("run these [[sh:echo one]] [[sh:echo two]]");
+            rec.quiet(Duration::from_millis(1500));
+            let errors = check_usage_facts(&rec.received, model, &session, since);
+            eprintln!("usage-tool-turn: lastRequestAt errors (fake model minus shim, ms): {errors:?}");
+            assert!(!errors.is_empty(), "a usage_update reached Coda");
+        },
+    );
+
+    scenario(
+        root,
+        &lc,
+        "compact-between-turns",
+        "_coda/session/compact between turns: the shim asks OpenCode's server to summarize; a prompt sent meanwhile waits and runs after it; the summary's text does not reach Coda; the next model request is smaller; a usage_update of the shim's carries compactedAt",
+        |rec| {
+            let since = model.requests().len();
+            let session = rec.new_session(true);
+            rec.prompt(&format!("read this [[sh:echo hi]] {}", big_text()));
+            rec.quiet(Duration::from_millis(1500));
+            let last = main_requests(model, since).last().cloned().expect("a main request");
+            let compacting = Instant::now();
+            let compact = rec.send("_coda/session/compact", json!({"sessionId": session}));
+            let prompt = rec.send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "after compaction"}]}),
+            );
+            let answer = rec.answer(compact, Duration::from_secs(120));
+            eprintln!("compact-between-turns: answered in {:?}: {answer}", compacting.elapsed());
+            let result = &answer["result"];
+            assert_eq!(result["compacted"], true, "{answer}");
+            assert_eq!(result["before"].as_u64(), Some(last.input_tokens), "before = the last request's context");
+            let done = rec.answer(prompt, Duration::from_secs(120));
+            assert_eq!(done["result"]["stopReason"], "end_turn");
+            rec.quiet(Duration::from_millis(1500));
+            let at = |f: &dyn Fn(&Value) -> bool| rec.received.iter().position(f).expect("received");
+            assert!(at(&|f| f["id"] == compact) < at(&|f| f["id"] == prompt));
+            // The fake model: the summary request, then the prompt's request, smaller than the one before.
+            let all: Vec<_> = model.requests().into_iter().skip(since).collect();
+            let summary = all.iter().position(is_summary_request).expect("a summary request");
+            let next = all
+                .iter()
+                .position(|r| r.origin == fake_model::Origin::Main && r.user_text().contains("after compaction"))
+                .expect("the prompt's request");
+            assert!(summary < next, "the held prompt ran after the compaction");
+            let after = all[next].input_tokens;
+            assert!(after + 500 < last.input_tokens, "the context shrank: {} -> {after}", last.input_tokens);
+            let estimate = result["after"].as_u64().expect("an estimate");
+            eprintln!(
+                "compact-between-turns: before {} (exact), after estimated {estimate}, next request {after} (error {})",
+                last.input_tokens,
+                after as i64 - estimate as i64
+            );
+            // The summary's text ("Fake title", as the fake model answers side requests) is not Coda's.
+            let leaked = rec.received.iter().any(|f| {
+                f["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+                    && f["params"]["update"]["content"]["text"] == fake_model::SIDE_TEXT
+            });
+            assert!(!leaked, "a summary chunk reached Coda");
+            let own = rec
+                .received
+                .iter()
+                .find(|f| f["params"]["update"]["_meta"]["coda"]["compactedAt"].is_string())
+                .expect("a usage_update with compactedAt");
+            let compacted_at = iso_ms(own["params"]["update"]["_meta"]["coda"]["compactedAt"].as_str().unwrap());
+            let summary_at = ms(all[summary].at);
+            eprintln!("compact-between-turns: compactedAt - summary request = {} ms", compacted_at - summary_at);
+            assert!(compacted_at >= summary_at && compacted_at - summary_at < 5_000);
+            let errors = check_usage_facts(&rec.received, model, &session, since);
+            eprintln!("compact-between-turns: lastRequestAt errors (ms): {errors:?}");
+        },
+    );
+
+    scenario(
+        root,
+        &lc,
+        "compact-during-turn",
+        "_coda/session/compact while a turn runs a tool: answered compacted false at once (OpenCode would stop the turn and lose the tool's result); the turn ends normally and the tool's result reaches the model",
+        |rec| {
+            let since = model.requests().len();
+            let session = rec.new_session(true);
+            let prompt = rec.send(
+                "session/prompt",
+                json!({"sessionId": session, "prompt": [{"type": "text", "text": "slow [[sh:sleep 2; echo slept]]"}]}),
+            );
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !rec.received.iter().any(|f| f["params"]["update"]["sessionUpdate"] == "tool_call") {
+                assert!(Instant::now() < deadline, "no tool call");
+                rec.quiet(Duration::from_millis(100));
+            }
+            let compact = rec.send("_coda/session/compact", json!({"sessionId": session}));
+            let answer = rec.answer(compact, Duration::from_secs(10));
+            assert_eq!(answer["result"]["compacted"], false, "{answer}");
+            assert!(answer["result"]["reason"].as_str().is_some_and(|r| r.contains("turn")), "{answer}");
+            let done = rec.answer(prompt, Duration::from_secs(120));
+            assert_eq!(done["result"]["stopReason"], "end_turn");
+            rec.quiet(Duration::from_millis(1500));
+            let requests: Vec<_> = model.requests().into_iter().skip(since).collect();
+            let got_result = requests.iter().any(|r| r.body.to_string().contains("slept"));
+            assert!(got_result, "the tool's result reached the model");
+            assert!(!requests.iter().any(is_summary_request), "nothing was summarized");
+        },
+    );
+}
+
+/// OpenCode compacts by itself when a request nears the model's context window (11,000 tokens here, with
+/// 1,000 for output; its system prompt and tools are about 7,700): inside the third turn.
+#[test]
+fn record_opencode_automatic_compaction() {
+    let Some(l) = live("auto-compact") else { return };
+    let path = l.lc.home.join(".config/opencode/opencode.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("JSON");
+    config["provider"]["fake"]["models"][live::MODEL]["limit"] = json!({"context": 11000, "output": 1000});
+    std::fs::write(&path, config.to_string()).expect("write the config");
+    let lc = with_server(&l.lc);
+    let model = &l._model;
+    scenario(
+        &l.root,
+        &lc,
+        "compact-automatic",
+        "OpenCode's own compaction inside a turn (a small context window): the summary's text does not reach Coda, and the usage_update before the answer carries compactedAt",
+        |rec| {
+            let session = rec.new_session(true);
+            for n in ["one", "two", "three"] {
+                rec.prompt(&format!("{n} {}", big_text()));
+            }
+            rec.quiet(Duration::from_millis(1500));
+            let all = model.requests();
+            let summary = all.iter().find(|r| is_summary_request(r)).expect("OpenCode compacted by itself");
+            let last = rec
+                .received
+                .iter()
+                .rev()
+                .find(|f| f["params"]["update"]["sessionUpdate"] == "usage_update")
+                .expect("a usage_update");
+            let coda = &last["params"]["update"]["_meta"]["coda"];
+            let compacted_at = iso_ms(coda["compactedAt"].as_str().expect("compactedAt after OpenCode's compaction"));
+            eprintln!("compact-automatic: compactedAt - summary request = {} ms", compacted_at - ms(summary.at));
+            assert!(compacted_at >= ms(summary.at));
+            let leaked = rec.received.iter().any(|f| {
+                f["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+                    && f["params"]["update"]["content"]["text"] == fake_model::SIDE_TEXT
+            });
+            assert!(!leaked, "a summary chunk reached Coda");
+            let errors = check_usage_facts(&rec.received, model, &session, 0);
+            eprintln!("compact-automatic: lastRequestAt errors (ms): {errors:?}");
+        },
+    );
 }

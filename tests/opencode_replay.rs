@@ -216,3 +216,124 @@ fn steering_joins_the_running_turn_and_is_taken_back_when_the_turn_ends_first() 
     assert!(events[posted..deleted].iter().any(|(_, e)| idle(e)), "deleted once the session was idle");
     assert!(!events[posted..].iter().any(|(_, e)| e["parent"] == calls[1]["message"]), "no step took it");
 }
+
+// ---- Issue 24: `_coda/session/compact` and usage facts (`fixtures/opencode/compact-*`, `usage-*`). ----
+
+fn usage_updates(frames: &[Value]) -> Vec<&Value> {
+    frames.iter().filter(|f| f["params"]["update"]["sessionUpdate"] == "usage_update").collect()
+}
+
+/// The `_meta.coda` a usage update carries.
+fn coda(update: &Value) -> &Value {
+    &update["params"]["update"]["_meta"]["coda"]
+}
+
+/// The events file's assistant steps (OpenCode's server), non-summary ones.
+fn steps(records: &[Record]) -> Vec<Value> {
+    server_events(records)
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| e["type"] == "message.step" && e["summary"] != true)
+        .collect()
+}
+
+fn iso(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    coda_shim::coda::usage::iso(t).expect("a time")
+}
+
+/// Every usage update Coda got says when the last request of the turn went out (OpenCode's own time of the
+/// step's message, from the recording, so the same on any day) and its context.
+#[test]
+fn usage_over_a_turn_with_tool_calls_names_the_last_request_and_its_context() {
+    let r = replayed("usage-tool-turn");
+    let updates = usage_updates(&r.to_client);
+    assert_eq!(updates.len(), 1, "one per prompt answer");
+    let u = updates[0];
+    let steps = steps(&r.records);
+    assert!(steps.len() >= 3, "two tool steps and the closing text: {steps:?}");
+    let last = steps.iter().filter(|s| s["created_ms"].is_u64()).max_by_key(|s| s["created_ms"].as_u64()).unwrap();
+    assert_eq!(coda(u)["lastRequestAt"], iso(last["created_ms"].as_u64().unwrap()));
+    assert_eq!(coda(u)["contextTokens"], u["params"]["update"]["used"], "the context of that request");
+    let completed = steps.iter().rev().find(|s| s["tokens"].is_u64()).expect("a completed step");
+    assert_eq!(coda(u)["contextTokens"], completed["tokens"]);
+    assert!(coda(u).get("compactedAt").is_none());
+    assert!(serde_json::to_string(coda(u)).unwrap().len() < 4096);
+}
+
+#[test]
+fn compaction_between_turns_answers_with_before_and_after_and_holds_the_prompt_sent_meanwhile() {
+    let r = replayed("compact-between-turns");
+    let init = r.to_client.iter().find(|f| f.pointer("/result/protocolVersion").is_some()).expect("initialize");
+    assert_eq!(init["result"]["agentCapabilities"]["_meta"]["coda"]["compact"], serde_json::json!({}));
+    let answer = position(&r.to_client, |f| f["result"]["compacted"].is_boolean());
+    let result = &r.to_client[answer]["result"];
+    assert_eq!(result["compacted"], true);
+    let before = usage_updates(&r.to_client)[0]["params"]["update"]["used"].clone();
+    assert_eq!(result["before"], before, "before: the context of the last request");
+    assert!(result["after"].as_u64().is_some_and(|a| a < before.as_u64().unwrap()), "{result}");
+    // The prompt sent during it reached OpenCode only after the compaction ended.
+    let prompts: Vec<usize> = r
+        .records
+        .iter()
+        .enumerate()
+        .filter(|(_, rec)| {
+            rec.edge == Dir::ShimToAgent && matches!(&rec.body, Body::Frame(t) if t.contains("session/prompt"))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let summarized = r
+        .records
+        .iter()
+        .position(|rec| matches!(&rec.body, Body::File(op) if op.data.as_deref().is_some_and(|d| d.contains("summarize.result"))))
+        .expect("OpenCode's server answered the compaction");
+    assert_eq!(prompts.len(), 2);
+    assert!(prompts[1] > summarized, "the second prompt went on after the compaction");
+    // The summary's text did not reach Coda; the shim's own usage update carries compactedAt.
+    let summary = server_events(&r.records)
+        .into_iter()
+        .map(|(_, e)| e)
+        .find(|e| e["type"] == "message.step" && e["summary"] == true && e["completed_ms"].is_u64())
+        .expect("the summary step");
+    let summary_id = summary["message"].as_str().unwrap();
+    assert!(!r.to_client.iter().any(|f| f["params"]["update"]["messageId"] == summary_id), "a summary chunk leaked");
+    let own = usage_updates(&r.to_client)
+        .into_iter()
+        .find(|u| coda(u).get("compactedAt").is_some())
+        .expect("a usage update with compactedAt");
+    assert_eq!(coda(own)["compactedAt"], iso(summary["completed_ms"].as_u64().unwrap()));
+    assert_eq!(coda(own)["contextTokens"], result["after"], "the estimate until OpenCode says its own");
+    let last = usage_updates(&r.to_client).into_iter().last().unwrap();
+    assert_eq!(coda(last)["compactedAt"], coda(own)["compactedAt"], "kept on the next turn's update");
+}
+
+#[test]
+fn compaction_during_a_turn_is_refused_and_the_turn_ends_normally() {
+    let r = replayed("compact-during-turn");
+    let answer = r.to_client.iter().find(|f| f["result"]["compacted"].is_boolean()).expect("the compact answer");
+    assert_eq!(answer["result"]["compacted"], false);
+    assert_eq!(answer["result"]["reason"], coda_shim::coda::compact::TURN_RUNNING);
+    assert!(!server_events(&r.records).iter().any(|(_, e)| e["type"] == "summarize.asked"), "OpenCode was not asked");
+    let end = r.to_client.iter().any(|f| f["result"]["stopReason"] == "end_turn");
+    assert!(end);
+}
+
+#[test]
+fn opencodes_own_compaction_inside_a_turn_shows_in_the_usage_facts_and_its_summary_does_not() {
+    let r = replayed("compact-automatic");
+    let events = server_events(&r.records);
+    let summary = events
+        .iter()
+        .map(|(_, e)| e)
+        .find(|e| e["type"] == "message.step" && e["summary"] == true && e["completed_ms"].is_u64())
+        .expect("OpenCode summarized by itself");
+    assert!(events.iter().any(|(_, e)| e["type"] == "session.compacted"));
+    let summary_id = summary["message"].as_str().unwrap();
+    assert!(!r.to_client.iter().any(|f| f["params"]["update"]["messageId"] == summary_id), "a summary chunk leaked");
+    let after = usage_updates(&r.to_client)
+        .into_iter()
+        .find(|u| coda(u).get("compactedAt").is_some())
+        .expect("a usage update after the compaction");
+    assert_eq!(coda(after)["compactedAt"], iso(summary["completed_ms"].as_u64().unwrap()));
+    assert!(coda(after)["lastRequestAt"].is_string() && coda(after)["contextTokens"].is_u64());
+}

@@ -61,7 +61,7 @@ fn strip_ansi(s: &str) -> String {
 
 fn header(dir: &Path, prompt: &str) -> String {
     format!(
-        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits\n\
+        "agent: (no agentInfo) (protocol 1); declares: loadSession, systemPrompt, waits, compact\n\
          session sess-1 (new) in {}; model not reported\n\
          no current model reported: Coda would refuse the turn (适配器未报告实际模型)\n\
          > {prompt}\n\
@@ -81,6 +81,7 @@ fn transcript_shows_thinking_tools_plan_usage_and_the_stop_reason() {
            tool: Read README.md -> completed\n\
            plan:\n  [x] read\n  [ ] fix\n\
            usage: 1200 of 200000 tokens of context\n\
+           usage facts: contextTokens 1200\n\
            [{\"text\":\"hello !rich\",\"type\":\"text\"}]\n\
            stop: end_turn\n";
     assert_eq!(strip_ansi(&r.stdout), expected);

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::frame::{self, Frame, Id, Kind};
@@ -24,8 +25,26 @@ use crate::adapters::kimi::wire::{self, KNOWN_PROTOCOLS};
 
 /// Finds a session's folder and starts watching it: notes where its files end (records older than the time
 /// handed in are history when a replaced file is read again) and sets up the watch on a thread of its own;
-/// tests hand scans in themselves (no handle). All of the layer's file-system work is here.
-pub type Starter = Box<dyn FnMut(&str, SystemTime) -> Result<(Started, Option<watch::Handle>), WatchError> + Send>;
+/// tests hand scans in themselves (no handle). All of the layer's file-system work is here, and the layer
+/// runs it as a job of the engine's ([`Cx::work`]), off the relay loop.
+pub type Starter = Arc<dyn Fn(&str, SystemTime) -> Result<(Started, Option<watch::Handle>), WatchError> + Send + Sync>;
+
+/// What [`Starter`] made of a session, back from its job.
+pub struct Opened {
+    session: String,
+    seen: SystemTime,
+    result: Result<(Started, Option<watch::Handle>), WatchError>,
+}
+
+/// What reached the layer for a session whose watch is being started, handled once it is, in order.
+enum Waiting {
+    /// Kimi's answer that named the session: the client gets it once the watch has noted where the files
+    /// end, so that what the client causes after it is read as new.
+    Answer(Frame),
+    FromClient(Frame),
+    FromAgent(Frame),
+    Scan(Scan),
+}
 
 /// Longest hold of a prompt answer waiting for the wire to show the turn's end. Kimi writes `turn.ended`
 /// before it answers, so the watch normally sees it within milliseconds; when it never shows (a watch that
@@ -65,6 +84,9 @@ pub struct Activity {
     quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
+    /// Sessions whose watch is being started: the client's frames of that session and the watch's scans
+    /// wait, in order, until it is.
+    opening: HashMap<String, VecDeque<Waiting>>,
     record: Option<FileLog>,
 }
 
@@ -73,7 +95,7 @@ impl Activity {
     /// log `record` when one is kept (its records then start with a snapshot of each session's files).
     pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, record: Option<FileLog>) -> Activity {
         let snapshot = record.is_some();
-        let start: Starter = Box::new(move |session, cutoff| {
+        let start: Starter = Arc::new(move |session, cutoff| {
             let dir = watch::locate(root.as_deref(), session)?;
             watch::start(session, &dir, cutoff, events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
         });
@@ -90,6 +112,7 @@ impl Activity {
             commands: HashSet::new(),
             quiet: HashSet::new(),
             off: HashSet::new(),
+            opening: HashMap::new(),
             record: None,
         }
     }
@@ -133,14 +156,49 @@ impl Activity {
         }
     }
 
-    /// Starts the watch of a session's files: here only a few reads of folders and sizes; the watch itself is
-    /// set up on the watch's own thread, so the answer that named the session does not wait for it.
-    fn open_session(&mut self, session: &str, seen: SystemTime) {
+    /// Starts the watch of a session's files, as a job (a few reads of folders and sizes; the watch itself
+    /// runs on a thread of its own): the answer that named the session does not wait for it; the client's
+    /// frames of that session do, so that its prompts are handled as the session's.
+    fn open_session(&mut self, session: &str, seen: SystemTime, answer: Frame, cx: &mut Cx) {
         if self.sessions.contains_key(session) {
-            return;
+            return cx.to_client(answer);
+        }
+        if let Some(waiting) = self.opening.get_mut(session) {
+            return waiting.push_back(Waiting::Answer(answer));
         }
         self.off.remove(session);
-        match (self.start)(session, seen) {
+        self.opening.insert(session.to_owned(), VecDeque::from([Waiting::Answer(answer)]));
+        let (start, session) = (self.start.clone(), session.to_owned());
+        cx.work(
+            move || {
+                let result = start(&session, seen);
+                Opened { session, seen, result }
+            },
+            Activity::opened,
+        );
+    }
+
+    /// The watch of a session is started (or cannot be): what waited for it is handled, in order.
+    fn opened(&mut self, Opened { session, seen, result }: Opened, cx: &mut Cx) {
+        let waiting = self.opening.remove(&session).unwrap_or_default();
+        self.begin_watch(&session, seen, result);
+        for w in waiting {
+            match w {
+                Waiting::Answer(f) => cx.to_client(f),
+                Waiting::FromClient(f) => self.from_client(f, cx),
+                Waiting::FromAgent(f) => self.from_agent(f, cx),
+                Waiting::Scan(scan) => self.on_scan(scan, cx),
+            }
+        }
+    }
+
+    fn begin_watch(
+        &mut self,
+        session: &str,
+        seen: SystemTime,
+        result: Result<(Started, Option<watch::Handle>), WatchError>,
+    ) {
+        match result {
             Ok((start, handle)) => {
                 // What the files held when the session was found: the recording's starting state.
                 if let Some(log) = &mut self.record {
@@ -283,6 +341,17 @@ impl Layer for Activity {
     type Reply = Infallible;
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        if !self.opening.is_empty() {
+            let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
+            if let Some(waiting) = session
+                .as_ref()
+                .and_then(|v| sonic_rs::JsonValueTrait::as_str(v))
+                .and_then(|sid| self.opening.get_mut(sid))
+            {
+                waiting.push_back(Waiting::FromClient(frame));
+                return;
+            }
+        }
         match frame.kind().clone() {
             Kind::Request { id, method } => match method.as_str() {
                 "session/load" | "session/resume" => {
@@ -339,6 +408,18 @@ impl Layer for Activity {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        if !self.opening.is_empty() {
+            // Kimi's frames of a session whose watch is being started stay behind the answer that named it.
+            let session = match frame.kind() {
+                Kind::Response { .. } => cx.answer_to(&frame).and_then(|r| r.session()).map(str::to_owned),
+                _ => sonic_rs::get(frame.bytes(), &["params", "sessionId"])
+                    .ok()
+                    .and_then(|v| sonic_rs::JsonValueTrait::as_str(&v).map(str::to_owned)),
+            };
+            if let Some(waiting) = session.and_then(|sid| self.opening.get_mut(&sid)) {
+                return waiting.push_back(Waiting::FromAgent(frame));
+            }
+        }
         let Kind::Response { id } = frame.kind() else {
             if !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
                 // Output ends the quiet of that session's prompts only: a quiet failed turn elsewhere keeps
@@ -379,9 +460,9 @@ impl Layer for Activity {
             };
             let ok = v.get("result").is_some();
             let sid = v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
-            cx.to_client(frame);
-            if ok && let Some(sid) = sid.or(asked) {
-                self.open_session(&sid, seen);
+            match sid.or(asked) {
+                Some(sid) if ok => self.open_session(&sid, seen, frame, cx),
+                _ => cx.to_client(frame),
             }
             return;
         }
@@ -399,6 +480,9 @@ impl Layer for Activity {
 
 impl Activity {
     fn on_scan(&mut self, scan: Scan, cx: &mut Cx) {
+        if let Some(waiting) = self.opening.get_mut(&scan.session) {
+            return waiting.push_back(Waiting::Scan(scan));
+        }
         if let Some(log) = &mut self.record
             && let Some(s) = self.sessions.get(&scan.session)
         {
@@ -464,7 +548,7 @@ mod tests {
             .unwrap();
             let slot: Arc<Mutex<Option<Watch>>> = Arc::default();
             let opened = slot.clone();
-            let starter: Starter = Box::new(move |session, cutoff| {
+            let starter: Starter = Arc::new(move |session, cutoff| {
                 let dir = watch::locate(Some(root.as_path()), session)?;
                 let (w, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
                 *opened.lock().unwrap() = Some(w);

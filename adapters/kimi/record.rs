@@ -2,7 +2,9 @@
 //!
 //! One JSON line per file operation, in the order the activity layer handled them (fixtures/README.md, "Kimi
 //! session files"): `{ts, op, path, data|base64}`, and `at: "open"` on the records of what the files held
-//! when the session was found. The time of each record is the one the engine handed the layer.
+//! when the session was found. The time of each record is the one the engine handed the layer. The layer only
+//! makes the lines; a thread of the log's own (started at set-up) writes them, in order, so the relay loop
+//! never waits on the disk.
 
 use std::io::Write;
 use std::path::Path;
@@ -13,9 +15,10 @@ use serde_json::json;
 
 use crate::adapters::kimi::watch::{Chunk, Op};
 
-/// Where the records go.
+/// Where the records go: the writer thread's queue.
 pub struct FileLog {
-    out: Box<dyn Write + Send>,
+    lines: Option<std::sync::mpsc::Sender<Vec<u8>>>,
+    writer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl FileLog {
@@ -31,9 +34,25 @@ impl FileLog {
         }
     }
 
-    /// The log written to `out` (tests).
-    pub fn to(out: Box<dyn Write + Send>) -> FileLog {
-        FileLog { out }
+    /// The log written to `out`, by a thread of its own (None, with a warning, when none can start).
+    pub fn to(mut out: Box<dyn Write + Send>) -> FileLog {
+        let (lines, queue) = std::sync::mpsc::channel::<Vec<u8>>();
+        let writer = std::thread::Builder::new().name("kimi-record".into()).spawn(move || {
+            for line in queue {
+                if let Err(e) = out.write_all(&line) {
+                    tracing::warn!("cannot write CODA_KIMI_RECORD: {e}; no more records");
+                    return;
+                }
+            }
+            let _ = out.flush();
+        });
+        match writer {
+            Ok(writer) => FileLog { lines: Some(lines), writer: Some(writer) },
+            Err(e) => {
+                tracing::warn!("cannot start the thread that writes CODA_KIMI_RECORD: {e}; nothing is recorded");
+                FileLog { lines: None, writer: None }
+            }
+        }
     }
 
     /// Writes the records of one scan, or of the snapshot taken when the session was found (`open`), with the
@@ -58,7 +77,19 @@ impl FileLog {
             }
             let mut line = rec.to_string().into_bytes();
             line.push(b'\n');
-            let _ = self.out.write_all(&line);
+            if let Some(lines) = &self.lines {
+                let _ = lines.send(line);
+            }
+        }
+    }
+}
+
+/// The log ends with the layer: what is queued is written first.
+impl Drop for FileLog {
+    fn drop(&mut self) {
+        self.lines = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
         }
     }
 }
@@ -92,6 +123,8 @@ mod tests {
         ];
         log.chunks("/s/x", &chunks, at, true);
         log.chunks("/s/x", &chunks[..1], at, false);
+        // Written by the log's thread: all of it once the log is dropped.
+        drop(log);
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 3);

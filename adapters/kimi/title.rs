@@ -7,18 +7,20 @@
 //! prompt as Kimi gets it, works out the title Kimi makes from the prompt without the block, and puts it in
 //! place of every title that echoes the block: `session_info_update` and `session/list` results. For a session
 //! whose first prompt went by in an earlier process, the prompt is read from Kimi's own record of it (the
-//! first client `turn.prompt` in the session's main wire). A title it cannot work out (no such record, a
+//! first client `turn.prompt` in the session's main wire), by a job of the engine's ([`Cx::work`]) off the
+//! relay loop: the frame that needs it, and later frames of the same session, wait for it; other frames go
+//! on meanwhile. A title it cannot work out (no such record, a
 //! prompt part whose text Kimi rewrites in ways not reproduced here) goes out as `null`, never as the
 //! instruction.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use crate::coda::instruction;
-use crate::frame::Frame;
+use crate::frame::{Frame, Kind};
 use crate::layer::{Cx, Layer};
 use regex::Regex;
 use serde_json::Value;
@@ -71,7 +73,8 @@ pub enum Made {
 
 /// The parts of a session's first client prompt as Kimi recorded them, for a session this process did not
 /// see prompted (`None`: not found).
-pub type FirstPrompt = Box<dyn FnMut(&str) -> Option<Vec<Value>> + Send>;
+/// It does I/O: the layer runs it as a job of the engine's ([`Cx::work`]), off the relay loop.
+pub type FirstPrompt = Arc<dyn Fn(&str) -> Option<Vec<Value>> + Send + Sync>;
 
 /// Most bytes of a main wire read looking for its first client prompt (it is among the first records).
 const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
@@ -79,7 +82,7 @@ const MAX_WIRE_SCAN: u64 = 8 * 1024 * 1024;
 /// [`FirstPrompt`] from Kimi's files under `root`: the `input` of the first `turn.prompt` of origin `user`
 /// in `<root>/sessions/*/<session>/agents/main/wire.jsonl`.
 pub fn first_prompt_from_files(root: Option<PathBuf>) -> FirstPrompt {
-    Box::new(move |session| {
+    Arc::new(move |session| {
         let dir = crate::adapters::kimi::watch::find_session(root.as_ref()?, session)?;
         let file = std::fs::File::open(dir.join("agents/main/wire.jsonl")).ok()?;
         let mut lines = BufReader::new(file.take(MAX_WIRE_SCAN));
@@ -189,7 +192,38 @@ pub struct Title {
     /// Sessions whose instruction-carrying prompt was seen (here or in Kimi's files): the title Kimi makes
     /// from the user's own part of it, `None` when it makes none or it is not known.
     titles: HashMap<String, Option<String>>,
+    /// Sessions whose record of the first prompt is being read (a job of the engine's, off the relay loop).
+    reading: HashSet<String>,
+    /// Frames towards the client that wait for a title being read, and those of the same sessions behind
+    /// them (a session's frames keep their order; other frames go on meanwhile).
+    held: VecDeque<Held>,
     first_prompt: FirstPrompt,
+}
+
+/// What the layer does with a frame from the agent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Handling {
+    /// A `session_info_update`: its title may echo the block.
+    Info,
+    /// A `session/list` result: its entries' titles may.
+    List,
+    /// Anything else: passed on.
+    Pass,
+}
+
+struct Held {
+    frame: Frame,
+    handling: Handling,
+    /// The sessions whose titles it waits for.
+    needs: Vec<String>,
+    /// The sessions it is of (those it waits for among them): later frames of these wait behind it.
+    sessions: Vec<String>,
+}
+
+/// Kimi's record of a session's first prompt, read by a job: what [`FirstPrompt`] found for `session`.
+pub struct Recorded {
+    session: String,
+    blocks: Option<Vec<Value>>,
 }
 
 /// The title for a prompt whose first block is the injected one: made from the rest.
@@ -206,17 +240,12 @@ fn title_after_block(blocks: &[Value]) -> Option<String> {
 
 impl Title {
     pub fn new(first_prompt: FirstPrompt) -> Title {
-        Title { titles: HashMap::new(), first_prompt }
+        Title { titles: HashMap::new(), reading: HashSet::new(), held: VecDeque::new(), first_prompt }
     }
 
-    fn replacement(&mut self, session: Option<&str>) -> Value {
-        let Some(session) = session else { return Value::Null };
-        if !self.titles.contains_key(session) {
-            // Prompted in an earlier process: Kimi's record of the prompt says what the user wrote.
-            let title = (self.first_prompt)(session).and_then(|blocks| title_after_block(&blocks));
-            self.titles.insert(session.to_owned(), title);
-        }
-        self.titles.get(session).cloned().flatten().map_or(Value::Null, Value::String)
+    /// The title that goes out in place of an echo (known by now: frames that need one wait for it).
+    fn replacement(&self, session: Option<&str>) -> Value {
+        session.and_then(|s| self.titles.get(s)).cloned().flatten().map_or(Value::Null, Value::String)
     }
 
     fn prompt(&mut self, frame: &Frame) {
@@ -235,6 +264,90 @@ impl Title {
                 Made::None | Made::Unknown => None,
             };
             self.titles.insert(session.to_owned(), made);
+        }
+    }
+
+    /// The sessions a frame is of, and those of them whose titles it needs and that are not known yet. One
+    /// the layer cannot read needs nothing: it is answered as unreadable when its turn comes.
+    fn look(&self, frame: &Frame, handling: Handling, cx: &Cx) -> (Vec<String>, Vec<String>) {
+        let (sessions, echoed): (Vec<String>, Vec<String>) = match handling {
+            Handling::Pass => {
+                let of = match frame.kind() {
+                    Kind::Response { .. } => cx.answer_to(frame).and_then(|r| r.session()).map(str::to_owned),
+                    _ => sonic_rs::get(frame.bytes(), &["params", "sessionId"])
+                        .ok()
+                        .and_then(|v| sonic_rs::JsonValueTrait::as_str(&v).map(str::to_owned)),
+                };
+                (of.into_iter().collect(), Vec::new())
+            }
+            Handling::Info => {
+                let v = frame.value().ok();
+                let session = v.as_ref().and_then(|v| v.pointer("/params/sessionId")).and_then(Value::as_str);
+                let title = v.as_ref().and_then(|v| v.pointer("/params/update/title")).and_then(Value::as_str);
+                let echo = title.is_some_and(echoes_instruction);
+                let session: Vec<String> = session.map(str::to_owned).into_iter().collect();
+                (session.clone(), if echo { session } else { Vec::new() })
+            }
+            Handling::List => {
+                let v = frame.value().ok();
+                let entries = v.as_ref().and_then(|v| v.pointer("/result/sessions")).and_then(Value::as_array);
+                let echoed: Vec<String> = entries
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e.get("title").and_then(Value::as_str).is_some_and(echoes_instruction))
+                    .filter_map(|e| e.get("sessionId").and_then(Value::as_str).map(str::to_owned))
+                    .collect();
+                (echoed.clone(), echoed)
+            }
+        };
+        let needs = echoed.into_iter().filter(|s| !self.titles.contains_key(s)).collect();
+        (sessions, needs)
+    }
+
+    /// Whether a frame of these sessions must wait behind one held.
+    fn behind_held(&self, sessions: &[String]) -> bool {
+        self.held.iter().any(|h| h.sessions.iter().any(|s| sessions.contains(s)))
+    }
+
+    /// Asks the engine to read Kimi's record of `session`'s first prompt (off the relay loop).
+    fn read_record(&mut self, session: &str, cx: &mut Cx) {
+        if !self.reading.insert(session.to_owned()) {
+            return;
+        }
+        let (first_prompt, session) = (self.first_prompt.clone(), session.to_owned());
+        cx.work(
+            move || {
+                let blocks = first_prompt(&session);
+                Recorded { session, blocks }
+            },
+            Title::recorded,
+        );
+    }
+
+    /// A record was read: its session's title is known; what waited for it goes on, in order.
+    fn recorded(&mut self, Recorded { session, blocks }: Recorded, cx: &mut Cx) {
+        self.reading.remove(&session);
+        let title = blocks.and_then(|b| title_after_block(&b));
+        // A prompt seen meanwhile says it as well as the record.
+        self.titles.entry(session).or_insert(title);
+        let mut stuck: HashSet<String> = HashSet::new();
+        for h in std::mem::take(&mut self.held) {
+            let ready =
+                h.needs.iter().all(|s| self.titles.contains_key(s)) && !h.sessions.iter().any(|s| stuck.contains(s));
+            if ready {
+                self.handle(h.frame, h.handling, cx);
+            } else {
+                stuck.extend(h.sessions.iter().cloned());
+                self.held.push_back(h);
+            }
+        }
+    }
+
+    fn handle(&mut self, frame: Frame, handling: Handling, cx: &mut Cx) {
+        match handling {
+            Handling::Info => self.info_update(frame, cx),
+            Handling::List => self.list(frame, cx),
+            Handling::Pass => cx.to_client(frame),
         }
     }
 
@@ -288,13 +401,26 @@ impl Layer for Title {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        if cx.answer_to(&frame).is_some_and(|r| r.is("session/list")) {
-            return self.list(frame, cx);
+        let handling = if cx.answer_to(&frame).is_some_and(|r| r.is("session/list")) {
+            Handling::List
+        } else if frame.session_update() == Some("session_info_update") {
+            Handling::Info
+        } else {
+            Handling::Pass
+        };
+        if handling == Handling::Pass && self.held.is_empty() {
+            return cx.to_client(frame);
         }
-        if frame.session_update() == Some("session_info_update") {
-            return self.info_update(frame, cx);
+        let (sessions, needs) = self.look(&frame, handling, cx);
+        if needs.is_empty() && !self.behind_held(&sessions) {
+            return self.handle(frame, handling, cx);
         }
-        cx.to_client(frame)
+        // Prompted in an earlier process: Kimi's record of the prompt says what the user wrote. It is read off
+        // the relay loop; this frame, and later ones of its sessions, wait for it.
+        for s in &needs {
+            self.read_record(s, cx);
+        }
+        self.held.push_back(Held { frame, handling, needs, sessions });
     }
 }
 
@@ -360,7 +486,7 @@ mod tests {
     }
 
     fn harness() -> Harness {
-        Harness::of(Title::new(Box::new(|_| None)))
+        Harness::of(Title::new(Arc::new(|_| None)))
     }
 
     fn prompt(session: &str, blocks: Value) -> Value {
@@ -408,11 +534,51 @@ mod tests {
     fn a_session_prompted_in_an_earlier_process_gets_its_title_from_kimis_record() {
         let block = instruction::wrap("be brief");
         let recorded = json!([text(&block), text("fix\nthe build")]);
-        let lookup: FirstPrompt = Box::new(move |s| (s == "old").then(|| recorded.as_array().cloned()).flatten());
+        let lookup: FirstPrompt = Arc::new(move |s| (s == "old").then(|| recorded.as_array().cloned()).flatten());
         let mut h = Harness::of(Title::new(lookup));
         h.from_agent(info("old", "<coda-session-instruction> be brief </coda-session-instruction> fix"));
         h.from_agent(info("gone", "<coda-session-instruction> # Coda client"));
         assert_eq!(titles(&mut h), [json!("fix the build"), Value::Null]);
+    }
+
+    #[test]
+    fn a_frame_waits_for_its_record_with_those_of_its_session_and_others_go_on() {
+        let block = instruction::wrap("be brief");
+        let recorded = json!([text(&block), text("fix it")]);
+        let lookup: FirstPrompt = Arc::new(move |s| (s == "old").then(|| recorded.as_array().cloned()).flatten());
+        let mut h = Harness::of(Title::new(lookup));
+        h.hold_work();
+        h.from_client(json!({"jsonrpc": "2.0", "id": 1, "method": "session/load", "params": {"sessionId": "old"}}));
+        h.from_client(json!({"jsonrpc": "2.0", "id": 2, "method": "x", "params": {"sessionId": "other"}}));
+        h.from_client(json!({"jsonrpc": "2.0", "id": 3, "method": "session/list", "params": {}}));
+        h.to_agent();
+        h.from_agent(info("old", "<coda-session-instruction> be brief </coda-session-instruction> fix"));
+        let chunk = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "old",
+            "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}}}});
+        h.from_agent(chunk.clone());
+        let list = json!({"jsonrpc": "2.0", "id": 3, "result": {"sessions": [
+            {"sessionId": "old", "title": "<coda-session-instruction> be"}]}});
+        h.from_agent(list);
+        // Of the same session: the load's answer, by the request table.
+        h.from_agent(json!({"jsonrpc": "2.0", "id": 1, "result": {}}));
+        // Of another session, and of none: on at once, before the record is read.
+        let other = json!({"jsonrpc": "2.0", "id": 2, "result": {}});
+        h.from_agent(other.clone());
+        let plain = json!({"jsonrpc": "2.0", "method": "_x/note", "params": {}});
+        h.from_agent(plain.clone());
+        assert_eq!(h.to_client(), [other, plain]);
+        assert_eq!(h.work_waiting(), 1, "one read for the session, however many frames wait for it");
+        h.run_work();
+        let out = h.to_client();
+        assert_eq!(out.len(), 4, "{out:?}");
+        assert_eq!(out[0]["params"]["update"]["title"], "fix it");
+        assert_eq!(out[1], chunk);
+        assert_eq!(out[2]["result"]["sessions"][0]["title"], "fix it");
+        assert_eq!(out[3]["id"], 1);
+        // Known now: no more waiting.
+        h.from_agent(info("old", "<coda-session-instruction> be"));
+        assert_eq!(h.work_waiting(), 0);
+        assert_eq!(titles(&mut h), [json!("fix it")]);
     }
 
     #[test]
@@ -430,7 +596,7 @@ mod tests {
         ];
         let wire: String = lines.iter().map(|l| format!("{l}\n")).collect();
         std::fs::write(dir.join("wire.jsonl"), format!("not json\n{wire}")).expect("the wire");
-        let mut first = first_prompt_from_files(Some(root.path().to_path_buf()));
+        let first = first_prompt_from_files(Some(root.path().to_path_buf()));
         let blocks = first("session_1").expect("found");
         assert_eq!(title_after_block(&blocks).as_deref(), Some("hello [image]"));
         assert_eq!(first("session_2"), None);

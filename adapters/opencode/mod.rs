@@ -1,8 +1,10 @@
 //! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction, its subagents as `_coda/wait`, and
 //! Coda's steering through OpenCode's own server.
 //!
-//! The layers, nearest the client first: the session instruction; Coda's steering (`steering.rs`, whose calls
-//! on OpenCode's server `calls.rs` makes off the relay thread); the permission bridge (`permissions.rs`),
+//! The layers, nearest the client first: the session instruction; usage facts on root `usage_update`s
+//! (`usage.rs`); `_coda/session/compact` (`compact.rs`, whose HTTP calls `summarize.rs` makes on threads of
+//! the set-up's); Coda's steering (`steering.rs`, whose calls on OpenCode's server `calls.rs` makes off the
+//! relay thread); the permission bridge (`permissions.rs`),
 //! which resumes the children the activity layer announces and answers their permission requests; the
 //! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
 //! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the
@@ -18,6 +20,7 @@
 
 pub mod activity;
 pub mod calls;
+pub mod compact;
 pub mod failure;
 pub mod permissions;
 pub mod record;
@@ -25,6 +28,8 @@ pub mod record;
 mod rig;
 pub mod server;
 pub mod steering;
+pub mod summarize;
+pub mod usage;
 
 use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, plain_version};
@@ -126,12 +131,30 @@ fn layers(setup: &mut Setup) {
             }
         }
     };
+    // Usage facts and `_coda/session/compact` (`usage.rs`, `compact.rs`; the HTTP side in `summarize.rs`).
+    let (mut usage_events, mut compact_events) = (None, None);
+    let usage_record = record.clone();
+    setup.add(|events| {
+        usage_events = Some(events);
+        Box::new(usage::OpenCodeUsage::new(usage_record))
+    });
+    let replay_gate = env.events.is_some().then(summarize::ReplayGate::default);
+    let compact_record = record.clone();
+    setup.add(|events: EventSender<FromServer>| {
+        let asker = match (&replay_gate, &server) {
+            (Some(gate), _) => Some(gate.asker()),
+            (None, Some(s)) => Some(summarize::live(s.clone(), events.clone())),
+            (None, None) => None,
+        };
+        compact_events = Some(events);
+        Box::new(compact::OpenCodeCompact::new(asker, compact_record))
+    });
     // Steering needs the server (or a replay's record of it): declared only then.
     let mut steer_events = None;
-    let gate = env.events.is_some().then(calls::Gate::default);
-    let (steer_gate, steer_server, steer_record) = (gate.clone(), server.clone(), record.clone());
+    let steer_gate = env.events.is_some().then(calls::Gate::default);
+    let (caller_gate, steer_server, steer_record) = (steer_gate.clone(), server.clone(), record.clone());
     setup.add(|events| {
-        let caller = match steer_gate {
+        let caller = match caller_gate {
             Some(g) => Some(g.caller()),
             None => steer_server.map(|s| calls::caller(s, events.clone())),
         };
@@ -146,9 +169,44 @@ fn layers(setup: &mut Setup) {
         Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
     });
     setup.add(|events| {
-        let start = bridge_events.map(|bridge| reader(&env, server, gate, route(events, bridge, steer_events)));
-        Box::new(activity::OpenCodeActivity::new(start.flatten(), record, env.retry_patience))
+        let start = match (bridge_events, usage_events, compact_events) {
+            (Some(bridge), Some(usage), Some(compact)) => {
+                let rest = route(events, bridge, steer_events);
+                reader(&env, server, steer_gate, route_compaction(rest, usage, compact, replay_gate))
+            }
+            _ => None,
+        };
+        Box::new(activity::OpenCodeActivity::new(start, record, env.retry_patience))
     });
+}
+
+/// The server events of compaction and usage facts go to their layers (steps and compactions to both, steps
+/// then on to `rest` for the steering layer), the rest on to `rest`. In a replay the ask the compaction layer
+/// logged holds the reader until the replayed layer has asked too (`summarize::ReplayGate`).
+fn route_compaction(
+    rest: impl Fn(FromServer) -> bool + Send + 'static,
+    usage: EventSender<FromServer>,
+    compact: EventSender<FromServer>,
+    gate: Option<summarize::ReplayGate>,
+) -> impl Fn(FromServer) -> bool + Send + 'static {
+    move |e| match e {
+        FromServer::Event(e @ ServerEvent::Step(_)) => {
+            usage.send(FromServer::Event(e.clone()))
+                && compact.send(FromServer::Event(e.clone()))
+                && rest(FromServer::Event(e))
+        }
+        FromServer::Event(e @ ServerEvent::Compacted { .. }) => {
+            usage.send(FromServer::Event(e.clone())) && compact.send(FromServer::Event(e))
+        }
+        FromServer::Event(e @ ServerEvent::Summarized { .. }) => compact.send(FromServer::Event(e)),
+        FromServer::Event(ServerEvent::SummarizeAsked { session }) => {
+            if let Some(gate) = &gate {
+                gate.wait(&session);
+            }
+            true
+        }
+        other => rest(other),
+    }
 }
 
 /// Hands each server event to the layer that acts on it: permission requests to the bridge, steps and the
@@ -165,7 +223,7 @@ fn route(
         }
         let Some(steering) = &steering else { return activity.send(e) };
         match &e {
-            FromServer::Event(ServerEvent::Step { .. } | ServerEvent::SteerCall { .. }) => steering.send(e),
+            FromServer::Event(ServerEvent::Step(_) | ServerEvent::SteerCall { .. }) => steering.send(e),
             FromServer::Event(ServerEvent::Status { .. }) | FromServer::Lost => {
                 steering.send(e.clone()) && activity.send(e)
             }

@@ -64,22 +64,6 @@ pub enum ServerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ms: Option<u64>,
     },
-    /// A step of a run of `session` began: the assistant message `message` answers the user message `parent`
-    /// (`message.updated`, once per assistant message), with the agent and model it runs with.
-    #[serde(rename = "message.step")]
-    Step {
-        session: String,
-        message: String,
-        parent: String,
-        #[serde(default)]
-        agent: String,
-        #[serde(default)]
-        provider: String,
-        #[serde(default)]
-        model: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        variant: Option<String>,
-    },
     /// The shim's own call on the server for steering (`steering.rs`) came back: `message` is the user
     /// message it added to `session` (`POST /session/{id}/message`, `noReply`) or removed again (`DELETE`);
     /// `error` says why the call failed.
@@ -104,6 +88,23 @@ pub enum ServerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
     },
+    /// An assistant message of `session` (one per model request, `message.updated`), said when it is created
+    /// and once more when completed: created at `created_ms` (Unix ms, OpenCode's clock, just before the
+    /// request); the user message `parent` it answers and the agent and model it runs with (for steering);
+    /// once completed, the request's context (`tokens`: input + cache read + cache write) and `output` tokens
+    /// (for usage facts and compaction). `summary`: a compaction's summary.
+    #[serde(rename = "message.step")]
+    Step(Box<crate::adapters::opencode::usage::Step>),
+    /// OpenCode compacted `session` (`session.compacted`), asked for or automatically.
+    #[serde(rename = "session.compacted")]
+    Compacted { session: String },
+    /// The shim asked OpenCode's server to compact `session` (written to the record so that a replay
+    /// hands on what followed only once the replayed shim has asked too; never read from the server).
+    #[serde(rename = "summarize.asked")]
+    SummarizeAsked { session: String },
+    /// What OpenCode's server answered the shim's compaction of `session` (`compact::Summarized`).
+    #[serde(rename = "summarize.result")]
+    Summarized { session: String, result: crate::adapters::opencode::compact::Summarized },
 }
 
 /// Which of the steering layer's calls a [`ServerEvent::SteerCall`] answers.
@@ -158,13 +159,13 @@ impl Server {
         Some(Server { host, port, auth })
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(super) fn url(&self, path: &str) -> String {
         format!("http://{}:{}{path}", self.host, self.port)
     }
 
     /// A client for this server: never through a proxy (it is local), HTTP errors as statuses, and
     /// `timeout` to connect and for the response's head.
-    fn agent(&self, timeout: Duration, per_read: Option<Duration>) -> ureq::Agent {
+    pub(super) fn agent(&self, timeout: Duration, per_read: Option<Duration>) -> ureq::Agent {
         ureq::Agent::config_builder()
             .proxy(None)
             .http_status_as_error(false)
@@ -316,9 +317,8 @@ fn stream_events(server: &Server, reducer: &mut Reducer, send: &impl Fn(FromServ
 pub struct Reducer {
     children: HashSet<(String, String)>,
     status: HashMap<String, bool>,
-    /// Assistant messages announced as [`ServerEvent::Step`].
-    steps: HashSet<String>,
     connected: bool,
+    steps: crate::adapters::opencode::usage::StepReducer,
 }
 
 impl Reducer {
@@ -371,25 +371,6 @@ impl Reducer {
                 (self.status.insert(session.clone(), busy) != Some(busy))
                     .then_some(ServerEvent::Status { session, busy })
             }
-            "message.updated" => {
-                let info = props.get("info")?;
-                if info.get("role")?.as_str()? != "assistant" {
-                    return None;
-                }
-                let message = s(info, "id")?;
-                if !self.steps.insert(message.clone()) {
-                    return None;
-                }
-                Some(ServerEvent::Step {
-                    session: s(info, "sessionID")?,
-                    message,
-                    parent: s(info, "parentID")?,
-                    agent: s(info, "agent").or_else(|| s(info, "mode")).unwrap_or_default(),
-                    provider: s(info, "providerID").unwrap_or_default(),
-                    model: s(info, "modelID").unwrap_or_default(),
-                    variant: s(info, "variant"),
-                })
-            }
             "permission.asked" => Some(ServerEvent::Asked {
                 id: s(props, "id")?,
                 session: s(props, "sessionID")?,
@@ -398,6 +379,8 @@ impl Reducer {
                 metadata: props.get("metadata").cloned().unwrap_or(Value::Null),
                 directory: s(v, "directory").unwrap_or_default(),
             }),
+            "message.updated" => self.steps.reduce(props),
+            "session.compacted" => Some(ServerEvent::Compacted { session: s(props, "sessionID")? }),
             "permission.replied" => {
                 Some(ServerEvent::Replied { session: s(props, "sessionID")?, id: s(props, "requestID")? })
             }
@@ -559,28 +542,37 @@ mod tests {
     }
 
     #[test]
-    fn an_assistant_message_is_a_step_once() {
+    fn an_assistant_message_is_a_step_with_what_steering_needs() {
         let mut r = Reducer::default();
         let updated = |role: &str, id: &str| {
             json!({"directory":"/w","payload":{"type":"message.updated","properties":{"sessionID":"ses_p","info":{
                 "id":id,"sessionID":"ses_p","role":role,"parentID":"msg_u","agent":"build","mode":"build",
                 "providerID":"fake","modelID":"fake-model","time":{"created":1}}}}})
         };
-        let step = ServerEvent::Step {
+        let step = ServerEvent::Step(Box::new(crate::adapters::opencode::usage::Step {
             session: "ses_p".into(),
             message: "msg_a".into(),
-            parent: "msg_u".into(),
-            agent: "build".into(),
-            provider: "fake".into(),
-            model: "fake-model".into(),
+            created_ms: 1,
+            completed_ms: None,
+            tokens: None,
+            output: None,
+            summary: false,
+            provider: Some("fake".into()),
+            model: Some("fake-model".into()),
+            parent: Some("msg_u".into()),
+            agent: Some("build".into()),
             variant: None,
-        };
+        }));
         assert_eq!(r.reduce(&updated("assistant", "msg_a")), Some(step));
         assert_eq!(r.reduce(&updated("assistant", "msg_a")), None, "updated again as it runs: said once");
         assert_eq!(r.reduce(&updated("user", "msg_u2")), None);
-        let no_parent = json!({"payload":{"type":"message.updated","properties":{"info":{"id":"msg_b",
-            "sessionID":"ses_p","role":"assistant"}}}});
-        assert_eq!(r.reduce(&no_parent), None);
+        let mode_only = json!({"payload":{"type":"message.updated","properties":{"info":{"id":"msg_b",
+            "sessionID":"ses_p","role":"assistant","mode":"plan","variant":"high","time":{"created":2}}}}});
+        let Some(ServerEvent::Step(s)) = r.reduce(&mode_only) else { panic!("a step") };
+        assert_eq!((s.parent, s.agent.as_deref(), s.variant.as_deref()), (None, Some("plan"), Some("high")));
+        let no_time = json!({"payload":{"type":"message.updated","properties":{"info":{"id":"msg_c",
+            "sessionID":"ses_p","role":"assistant","parentID":"msg_u"}}}});
+        assert_eq!(r.reduce(&no_time), None);
     }
 
     /// Shapes as OpenCode 1.18.33 sent them on `/global/event` (trimmed).

@@ -260,15 +260,21 @@ impl OpenCodeSteering {
         self.call(Call::Delete { session: session.to_owned(), directory, message });
     }
 
-    fn step(&mut self, session: String, parent: String, runs_with: RunsWith, cx: &mut Cx) {
+    /// A step of `session`: begun (said when created) or completed (said again), answering `parent`.
+    fn step(&mut self, session: String, parent: Option<String>, begun: bool, runs_with: RunsWith, cx: &mut Cx) {
         self.runs_with.insert(session.clone(), runs_with);
-        // A step runs only in a busy session (one busy since before Coda's prompt says so only this way).
-        self.busy.insert(session.clone(), true);
+        // A step begins only in a busy session (one busy since before Coda's prompt says so only this way);
+        // its completion may be said after the session went idle.
+        if begun {
+            self.busy.insert(session.clone(), true);
+        }
+        let Some(parent) = parent else { return };
         let Some(steer) = self.in_flight.get_mut(&session) else { return };
         match &steer.message {
             Some(m) if *m == parent && !steer.deleting => self.settle(&session, |id| outcome(id, "injected"), cx),
             Some(_) => {}
-            None => steer.answered.push(parent),
+            None if !steer.answered.contains(&parent) => steer.answered.push(parent),
+            None => {}
         }
     }
 
@@ -319,13 +325,20 @@ impl OpenCodeSteering {
     }
 
     fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
-        if matches!(e, ServerEvent::Step { .. } | ServerEvent::SteerCall { .. }) {
-            // Status events are the activity layer's to log.
+        if matches!(e, ServerEvent::SteerCall { .. }) {
+            // Status events are the activity layer's to log, steps the usage layer's.
             self.record.handled(&e, cx.wall());
         }
         match e {
-            ServerEvent::Step { session, parent, agent, provider, model, variant, .. } => {
-                self.step(session, parent, RunsWith { agent, provider, model, variant }, cx)
+            // A compaction's summary is no step of the turn's loop (and runs with no agent of the user's).
+            ServerEvent::Step(s) if !s.summary => {
+                let runs_with = RunsWith {
+                    agent: s.agent.unwrap_or_default(),
+                    provider: s.provider.unwrap_or_default(),
+                    model: s.model.unwrap_or_default(),
+                    variant: s.variant,
+                };
+                self.step(s.session, s.parent, s.completed_ms.is_none(), runs_with, cx)
             }
             ServerEvent::SteerCall { session, call, message, error } => {
                 self.call_back(session, call, message, error, cx)
@@ -453,6 +466,7 @@ impl Layer for OpenCodeSteering {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapters::opencode::usage::Step;
     use crate::layer::testing::Harness;
     use std::sync::{Arc, Mutex};
 
@@ -504,18 +518,24 @@ mod tests {
     }
 
     fn step(h: &mut Harness, message: &str, parent: &str) {
-        event(
-            h,
-            ServerEvent::Step {
-                session: S.into(),
-                message: message.into(),
-                parent: parent.into(),
-                agent: "plan".into(),
-                provider: "fake".into(),
-                model: "fake-model".into(),
-                variant: None,
-            },
-        );
+        event(h, ServerEvent::Step(Box::new(step_of(S, message, parent, "plan"))));
+    }
+
+    fn step_of(session: &str, message: &str, parent: &str, agent: &str) -> Step {
+        Step {
+            session: session.into(),
+            message: message.into(),
+            created_ms: 1,
+            completed_ms: None,
+            tokens: None,
+            output: None,
+            summary: false,
+            provider: Some("fake".into()),
+            model: Some("fake-model".into()),
+            parent: Some(parent.into()),
+            agent: (!agent.is_empty()).then(|| agent.into()),
+            variant: None,
+        }
     }
 
     fn posted(h: &mut Harness, message: &str) {
@@ -832,15 +852,7 @@ mod tests {
         posted(&mut h, M);
         // Another session going idle, a step there answering the same id, a delete never asked for.
         event(&mut h, ServerEvent::Status { session: "ses_other".into(), busy: false });
-        let other = ServerEvent::Step {
-            session: "ses_other".into(),
-            message: "msg_b".into(),
-            parent: M.into(),
-            agent: String::new(),
-            provider: String::new(),
-            model: String::new(),
-            variant: None,
-        };
+        let other = ServerEvent::Step(Box::new(step_of("ses_other", "msg_b", M, "")));
         event(&mut h, other);
         deleted(&mut h, M, None);
         // A second post outcome for the same steer is not a new message.

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(frame) => {
             let v = match full {
                 Ok(v) => v,
-                // A lone UTF-16 surrogate escape: sonic-rs takes it, serde_json does not; a layer that
+                // A lone UTF-16 surrogate escape: the frame check takes it, serde_json does not; a layer that
                 // must act on such a frame answers it with an error (Cx::unreadable).
                 Err(e) if e.to_string().contains("surrogate") || e.to_string().contains("hex escape") => return,
                 Err(e) => panic!("the envelope accepted what is not JSON: {e}"),

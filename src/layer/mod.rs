@@ -10,9 +10,25 @@
 //! peer, requests of its own to the agent ([`Cx::request`], answered in [`Layer::on_reply`]) and wake-ups
 //! ([`Cx::after`], run in [`Layer::on_timer`]). It never spawns a thread to sleep, reads the clock, or
 //! reads the environment after set-up (the adapter's set-up reads the environment and hands it to the
-//! layer's constructor). Threads that do real I/O (a file watcher, an event stream, a probe) hand their
-//! results in through an [`EventSender`], in order with the frames. [`testing::Harness`] drives a stack by
-//! hand, with a clock that moves only when the test says so.
+//! layer's constructor), and never touches a file or starts a thread. I/O it needs it asks for as a job
+//! ([`Cx::work`]): a closure that does the I/O and returns a value, and a method of the layer that takes that
+//! value; the engine runs the job off the relay loop ([`work::Pool`]) and calls the method with a `Cx` as one
+//! more input, in arrival order with frames, events and wake-ups:
+//!
+//! ```ignore
+//! fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+//!     let path = self.path.clone();
+//!     cx.work(move || std::fs::read(&path).ok(), Me::on_read); // the job owns what it needs
+//!     self.held.push(frame);                                    // what waits for it, the layer keeps
+//! }
+//! fn on_read(&mut self, bytes: Option<Vec<u8>>, cx: &mut Cx) { /* emit what was held */ }
+//! ```
+//!
+//! A layer that must hold frames for a job keeps the order of what depends on them (see
+//! `adapters/kimi/title.rs`: a session's frames wait, others go on). Threads set up with the stack (a file
+//! watcher, an event stream) hand their results in through an [`EventSender`], in order with the frames.
+//! [`testing::Harness`] drives a stack by hand, with a clock that moves only when the test says so, and runs
+//! jobs at once after the input that asked (or on demand: [`testing::Harness::hold_work`]).
 //!
 //! Each layer names its own types ([`Layer::Timer`], [`Layer::Event`], [`Layer::Reply`]; `Infallible` where
 //! it has none): its wake-ups, events and request tags come back as the values it asked with. The stack
@@ -38,10 +54,12 @@ use crate::json;
 pub mod requests;
 pub mod testing;
 mod timers;
+pub mod work;
 
 pub use requests::{Request, Requests};
 pub use timers::Timer;
 use timers::{AnyTimers, Timers};
+pub use work::{Done, Job, Pool};
 
 /// Something other than a frame that reaches a layer (a file change, a probe's result), with its type
 /// erased on its way through the relay's one queue; [`AnyLayer`] gives it its type back.
@@ -92,6 +110,8 @@ pub trait AnyLayer: Send {
     fn new_timers(&self) -> Box<dyn AnyTimers>;
     #[doc(hidden)]
     fn reply_type(&self) -> TypeId;
+    #[doc(hidden)]
+    fn layer_type(&self) -> TypeId;
     /// The layer's type, for errors.
     fn name(&self) -> &'static str;
     /// The layer itself, for tests that look inside it ([`testing::Harness::layer`]).
@@ -133,6 +153,10 @@ impl<L: Layer> AnyLayer for L {
 
     fn reply_type(&self) -> TypeId {
         TypeId::of::<L::Reply>()
+    }
+
+    fn layer_type(&self) -> TypeId {
+        TypeId::of::<L>()
     }
 
     fn name(&self) -> &'static str {
@@ -183,6 +207,7 @@ enum Out {
     ToAgent(Frame),
     ToClient(Frame),
     Request { method: String, params: Value, tag: Box<dyn Any + Send> },
+    Work(Job, TypeId),
 }
 
 impl<'a> Cx<'a> {
@@ -291,6 +316,24 @@ impl<'a> Cx<'a> {
         self.stack.iter().flat_map(|(s, _)| s.requests.open())
     }
 
+    /// Asks the engine to run `job` (the I/O this layer needs: read a file, start a watcher, write a record)
+    /// off the relay loop, and to hand what it returns to `done`, on this layer, as one more input (in its
+    /// order of arrival among frames, events and wake-ups). `L` is this layer's type; `done` is usually one
+    /// of its methods (`cx.work(move || read(&path), Me::on_read)`). The job owns what it needs (it runs on
+    /// another thread, maybe while the layer handles other inputs) and must not block for ever: jobs share a
+    /// few worker threads. Nothing is done outside a stack; a stack without a relay runs the job at once,
+    /// after this input ([`work`]).
+    pub fn work<L, T, J, D>(&mut self, job: J, done: D)
+    where
+        L: Layer,
+        T: Send + 'static,
+        J: FnOnce() -> T + Send + 'static,
+        D: FnOnce(&mut L, T, &mut Cx) + Send + 'static,
+    {
+        let Some((_, at)) = &self.stack else { return };
+        self.out.push(Out::Work(Job::new::<L, T, J, D>(*at, job, done), TypeId::of::<L>()));
+    }
+
     /// Leaves a typed note on the open client request `id`, for the layers that handle its answer after this
     /// one ([`Request::note`]); one note per type. False when no such request is open.
     pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
@@ -319,6 +362,10 @@ pub struct Stack {
     /// The time handed to layers with the next inputs.
     now: Instant,
     wall: SystemTime,
+    /// Jobs asked for and not yet taken ([`work`]).
+    jobs: Vec<Job>,
+    /// Whether jobs wait for [`Stack::take_work`] (else they run after each input).
+    keep_work: bool,
 }
 
 /// Where frames leave the stack.
@@ -344,6 +391,8 @@ impl Stack {
             spare: Vec::new(),
             now: Instant::now(),
             wall: SystemTime::now(),
+            jobs: Vec::new(),
+            keep_work: false,
         }
     }
 
@@ -367,9 +416,10 @@ impl Stack {
             let now = self.now;
             let due =
                 self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
-            let Some((key, layer)) = due.min() else { return };
+            let Some((key, layer)) = due.min() else { break };
             self.call(layer, exits, |l, cx| l.wake(key, cx));
         }
+        self.settle(exits);
     }
 
     pub fn len(&self) -> usize {
@@ -384,17 +434,20 @@ impl Stack {
     pub fn from_client(&mut self, frame: Frame, exits: &mut Exits) {
         self.shared.requests.opened(&frame, self.now, self.wall);
         self.down(0, frame, exits);
+        self.settle(exits);
     }
 
     /// A frame read from the agent.
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
             if let Some((layer, tag)) = self.own.remove(id) {
-                return self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
+                self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
+                return self.settle(exits);
             }
             self.shared.requests.answered(id);
         }
         self.up(self.layers.len(), frame, exits);
+        self.settle(exits);
     }
 
     /// An event for layer `layer` (as its [`EventSender`] queued it).
@@ -403,6 +456,7 @@ impl Stack {
             return misrouted("an event", "(no such layer)", "the stack");
         }
         self.call(layer, exits, |l, cx| l.event(event, cx));
+        self.settle(exits);
     }
 
     /// Whether `id` names one of the shim's own requests.
@@ -473,6 +527,13 @@ impl Stack {
             match out {
                 Out::ToAgent(frame) => self.down(at + 1, frame, exits),
                 Out::ToClient(frame) => self.up(at, frame, exits),
+                Out::Work(job, layer_type) => {
+                    if layer_type != self.layers[at].layer_type() {
+                        misrouted("a job", "its own type as the job's layer", self.layers[at].name());
+                        continue;
+                    }
+                    self.jobs.push(job);
+                }
                 Out::Request { method, params, tag } => {
                     if (*tag).type_id() != self.layers[at].reply_type() {
                         misrouted("a request tag", "its Reply type", self.layers[at].name());

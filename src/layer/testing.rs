@@ -2,7 +2,9 @@
 //!
 //! Tests of a layer (unit tests, integration tests, fuzz targets) send frames from either peer as JSON,
 //! read what left the stack on each side, and move the clock to run the wake-ups that fall due, the way the
-//! relay loop does, with no runtime, thread or process:
+//! relay loop does, with no runtime, thread or process. The jobs layers ask for ([`super::Cx::work`]) run at
+//! once, after the input that asked for them, unless [`Harness::hold_work`] keeps them for
+//! [`Harness::run_work`]:
 //!
 //! ```
 //! use coda_shim::layer::testing::Harness;
@@ -66,6 +68,8 @@ pub struct Harness {
     exits: Exits,
     /// Events queued through the senders of [`Harness::build`], handed in by [`Harness::deliver`].
     events: Option<UnboundedReceiver<(usize, Event)>>,
+    /// Jobs kept for [`Harness::run_work`].
+    held_work: Vec<super::Job>,
 }
 
 impl Harness {
@@ -85,7 +89,7 @@ impl Harness {
     fn with(mut stack: Stack, events: Option<UnboundedReceiver<(usize, Event)>>) -> Harness {
         let start = Instant::now();
         stack.set_time(start, wall_start());
-        Harness { stack, start, now: start, exits: Exits::default(), events }
+        Harness { stack, start, now: start, exits: Exits::default(), events, held_work: Vec::new() }
     }
 
     /// One layer alone.
@@ -125,6 +129,32 @@ impl Harness {
         while let Ok((layer, event)) = events.try_recv() {
             self.stack.event(layer, event, &mut self.exits);
         }
+    }
+
+    /// Keeps the jobs layers ask for ([`super::Cx::work`]) until [`Harness::run_work`], to look at what
+    /// happens before they are done. Without it each job runs at once, after the input that asked for it.
+    pub fn hold_work(&mut self) {
+        self.stack.keep_work();
+        self.held_work.extend(self.stack.take_work());
+    }
+
+    /// How many jobs wait, once [`Harness::hold_work`] keeps them.
+    pub fn work_waiting(&mut self) -> usize {
+        self.held_work.extend(self.stack.take_work());
+        self.held_work.len()
+    }
+
+    /// Runs the jobs kept so far, in the order asked, and hands each result to its layer (those asked for
+    /// meanwhile wait for the next call); how many ran.
+    pub fn run_work(&mut self) -> usize {
+        self.held_work.extend(self.stack.take_work());
+        let jobs = std::mem::take(&mut self.held_work);
+        let n = jobs.len();
+        for job in jobs {
+            let done = job.run();
+            self.stack.done(done, &mut self.exits);
+        }
+        n
     }
 
     /// The layer at `at`, as the type it is (for tests that look inside it); panics on another type.

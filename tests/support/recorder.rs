@@ -91,6 +91,31 @@ impl Rec {
         panic!("no answer to {method} within 120 s; stderr: {:?}", self.shim.drain_stderr());
     }
 
+    /// Sends a request without waiting for its answer ([`Rec::answer`]); its id.
+    pub fn send(&mut self, method: &str, params: Value) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.shim.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        id
+    }
+
+    /// The answer to request `id`, read now or already received.
+    pub fn answer(&mut self, id: i64, within: Duration) -> Value {
+        let is = |v: &Value| v.get("id") == Some(&Value::from(id)) && v.get("method").is_none();
+        if let Some(v) = self.received.iter().find(|v| is(v)) {
+            return v.clone();
+        }
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(v) = self.read(Duration::from_millis(200))
+                && is(&v)
+            {
+                return v;
+            }
+        }
+        panic!("no answer to request {id} within {within:?}; stderr: {:?}", self.shim.drain_stderr());
+    }
+
     pub fn prompt(&mut self, text: &str) -> Value {
         let answer =
             self.call("session/prompt", json!({"sessionId": self.session, "prompt": [{"type": "text", "text": text}]}));

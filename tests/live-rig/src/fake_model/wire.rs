@@ -92,7 +92,7 @@ pub(super) fn answer(
         }
         (Reply::Reset, _) => json_response(500, &Value::Null),
         (_, Api::Responses) => sse_response(responses_events(&reply, context_tokens(body))),
-        (_, _) if stream => sse_response(chat_events(&reply, model)),
+        (_, _) if stream => sse_response(chat_events(&reply, model, context_tokens(body))),
         (_, _) => json_response(200, &chat_completion(&reply, model)),
     };
     Answer { response, reset: reply == Reply::Reset, summary, delay }
@@ -131,8 +131,10 @@ fn sse_response(body: String) -> Response<Full<Bytes>> {
 const USAGE_IN: u64 = 10;
 const USAGE_OUT: u64 = 5;
 
-/// Chat-completions stream: role, content or tool-call deltas, finish reason, usage, `[DONE]`.
-fn chat_events(reply: &Reply, model: &str) -> String {
+/// Chat-completions stream: role, content or tool-call deltas, finish reason, usage (`prompt_tokens` as given:
+/// the body at about 4 bytes a token, so the context a CLI measures grows and shrinks with its requests and
+/// Kimi compacts by itself once it nears a small `max_context_size`), `[DONE]`.
+fn chat_events(reply: &Reply, model: &str, prompt_tokens: u64) -> String {
     let id = format!("chatcmpl-{}", next_id());
     let chunk = |delta: Value, finish: Value| {
         json!({"id":id,"object":"chat.completion.chunk","created":0,"model":model,
@@ -162,7 +164,7 @@ fn chat_events(reply: &Reply, model: &str) -> String {
     };
     events.push(chunk(json!({}), json!(finish)));
     events.push(json!({"id":id,"object":"chat.completion.chunk","created":0,"model":model,"choices":[],
-        "usage":{"prompt_tokens":USAGE_IN,"completion_tokens":USAGE_OUT,"total_tokens":USAGE_IN + USAGE_OUT}}));
+        "usage":{"prompt_tokens":prompt_tokens,"completion_tokens":USAGE_OUT,"total_tokens":prompt_tokens + USAGE_OUT}}));
     let mut out: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
     out.push_str("data: [DONE]\n\n");
     out
