@@ -1,8 +1,8 @@
 //! The wrapped CLI as a child process, in a process group of its own.
 //!
 //! Spawned without a shell, guarded by a watchdog that kills the group if the shim dies
-//! ([`crate::watchdog`]), its stderr drained and its tail kept, and stopped with a ladder (in the relay
-//! loop) that leaves no process of the group behind.
+//! ([`crate::watchdog`]), its stderr drained and its tail kept, and stopped with a ladder (its steps
+//! decided in [`crate::relay::lifecycle`], sent by the relay loop) that leaves no process of the group behind.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;

@@ -7,7 +7,11 @@
 //! an [`AgentSide`]: a child process, or any byte streams (in-memory pipes in tests). When the client
 //! leaves (its stdin ends or hangs up, a signal comes, or it stops reading), the child is stopped with a
 //! ladder that runs whatever the queues hold: its stdin closed once what is queued for it is taken (or
-//! dropped, with a warning, after a grace), SIGTERM, then SIGKILL of all it started.
+//! dropped, with a warning, after a grace), SIGTERM, then SIGKILL of all it started. That lifecycle (which
+//! peer is still read, the ladder, the drain deadline after the child exits) is a sans-IO state machine,
+//! [`lifecycle::Lifecycle`]; the loop feeds it what happened and does what it says.
+
+pub mod lifecycle;
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -28,13 +32,12 @@ use crate::maybe;
 use crate::trace::{Dir, Trace};
 use crate::transport::{self, BATCH, BATCH_BYTES, Batch, Link, Received};
 use crate::watchdog::Watchdog;
+use lifecycle::{Action, DRAIN_AFTER_EXIT, Lifecycle};
 
 /// Frames, and bytes, queued per direction before the loop stops reading that direction's source. With
 /// the channels on either side this bounds what the shim holds: a slow peer applies backpressure.
 const HIGH_WATER: usize = 64;
 const HIGH_WATER_BYTES: usize = 1 << 20;
-/// How long to wait for the child's last output once it has exited.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 pub struct Options {
     pub max_line: usize,
@@ -97,18 +100,6 @@ async fn exit(process: &mut Option<Process>) -> std::io::Result<ExitStatus> {
         Some(p) => p.child.wait().await,
         None => std::future::pending().await,
     }
-}
-
-/// The state of stopping the child after the client went away (or a signal came).
-enum Ladder {
-    Running,
-    /// The client has gone: the agent's stdin is closed once what is queued for it is handed over, and at
-    /// the deadline whatever it still holds is dropped, its stdin closed and SIGTERM sent, whatever the
-    /// queues hold (an agent that stops reading must not keep the shim, or itself, alive).
-    Stopping(Instant),
-    /// SIGTERM sent; SIGKILL at the deadline.
-    Termed(Instant),
-    Killed,
 }
 
 struct Loop {
@@ -342,39 +333,20 @@ async fn run_io(
         pool: Pool::from_env(done_tx),
         working: 0,
     };
-    let mut client_open = true;
-    // The client closed its end while unread input may still wait (see `transport::watch_hangup`).
-    let mut client_hung_up = false;
-    let mut agent_open = true;
-    let mut ladder = Ladder::Running;
-    let mut exited: Option<ExitStatus> = None;
-    let mut drain_deadline: Option<Instant> = None;
+    let mut lc = Lifecycle::new(process.is_some());
     // One timer for the layers' wake-ups, moved only when the earliest one changes: a loop wake-up with a
     // wake-up pending registers no timer anew.
     let mut layer_timer = Box::pin(tokio::time::sleep_until(Instant::now()));
     let mut layer_timer_at: Option<Instant> = None;
 
-    loop {
-        // Once the client is gone and everything for the agent is handed to its writer, close its stdin.
-        if !client_open && st.to_agent.is_empty() && agent_tx.is_some() {
-            tracing::debug!("client closed its stdin; closing the agent's");
-            close_agent_stdin(&mut agent_tx, &mut watchdog);
+    let status = loop {
+        lc.before_wait(Instant::now().into_std(), st.to_agent.is_empty());
+        apply(&mut lc, &mut st.to_agent, &mut agent_tx, &mut watchdog, group);
+        if let Some(status) = lc.finished() {
+            break status;
         }
-        // The ladder runs from the moment the client is gone, whatever the queues hold.
-        if (!client_open || client_hung_up || agent_tx.is_none())
-            && matches!(ladder, Ladder::Running)
-            && exited.is_none()
-        {
-            ladder = Ladder::Stopping(Instant::now() + child::STDIN_GRACE);
-        }
-        if exited.is_some() && !agent_open {
-            break;
-        }
-        let (mut client_gone, mut agent_gone, mut give_up_feeding) = (false, false, false);
-        let ladder_deadline = match ladder {
-            Ladder::Stopping(at) | Ladder::Termed(at) => Some(at),
-            _ => None,
-        };
+        let (mut client_gone, mut agent_gone) = (false, false);
+        let lifecycle_deadline = lc.poll_timeout().map(Instant::from_std);
         let wake = st.stack.next_wake().map(Instant::from_std);
         if let Some(at) = wake
             && layer_timer_at != wake
@@ -388,10 +360,9 @@ async fn run_io(
                 Some(p) => p.send(st.to_client.take_batch()),
                 None => {
                     // Nobody reads our stdout any more: nothing we write can arrive. Treat as the client leaving.
-                    tracing::debug!("client stopped reading; shutting down");
                     st.to_client.clear();
                     client_gone = true;
-                    client_open = false;
+                    lc.client_stopped_reading(Instant::now().into_std());
                 }
             },
             permit = reserve(&agent_tx), if !st.to_agent.is_empty() => match permit {
@@ -399,15 +370,13 @@ async fn run_io(
                 None => {
                     st.to_agent.clear();
                     agent_gone = true;
+                    lc.agent_stopped_reading(Instant::now().into_std());
                 }
             },
-            _ = maybe::signal(&mut sigint) => shutdown_on_signal("SIGINT", &mut client_open),
-            _ = maybe::signal(&mut sigterm) => shutdown_on_signal("SIGTERM", &mut client_open),
-            _ = maybe::signal(&mut sighup) => shutdown_on_signal("SIGHUP", &mut client_open),
-            () = maybe::recv(&mut client_hangup), if client_open => {
-                tracing::debug!("the client closed its end of stdin; stopping the agent");
-                client_hung_up = true;
-            }
+            _ = maybe::signal(&mut sigint) => lc.signal("SIGINT", Instant::now().into_std()),
+            _ = maybe::signal(&mut sigterm) => lc.signal("SIGTERM", Instant::now().into_std()),
+            _ = maybe::signal(&mut sighup) => lc.signal("SIGHUP", Instant::now().into_std()),
+            () = maybe::recv(&mut client_hangup), if lc.reads_client() => lc.client_hung_up(Instant::now().into_std()),
             Some((layer, event)) = events.recv(), if !st.to_client.full() && !st.to_agent.full() => {
                 st.set_time();
                 st.event(layer, event);
@@ -420,29 +389,30 @@ async fn run_io(
                 st.set_time();
                 st.wake_due();
             }
-            input = client_in.recv(), if client_open && !st.to_agent.full() && !st.to_client.full() => match input {
-                Some(Ok(batch)) => {
-                    st.set_time();
-                    batch.into_iter().for_each(|input| st.from_client(input));
-                }
-                Some(Err(e)) => {
-                    tracing::warn!("cannot read stdin: {e}");
-                    client_open = false;
-                }
-                None => client_open = false,
-            },
-            input = agent_in.recv(), if agent_open && !st.to_client.full() => match input {
+            input = client_in.recv(), if lc.reads_client() && !st.to_agent.full() && !st.to_client.full() =>
+                match input {
+                    Some(Ok(batch)) => {
+                        st.set_time();
+                        batch.into_iter().for_each(|input| st.from_client(input));
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("cannot read stdin: {e}");
+                        lc.client_input_ended(Instant::now().into_std());
+                    }
+                    None => lc.client_input_ended(Instant::now().into_std()),
+                },
+            input = agent_in.recv(), if lc.reads_agent() && !st.to_client.full() => match input {
                 Some(Ok(batch)) => {
                     st.set_time();
                     batch.into_iter().for_each(|input| st.from_agent(input));
                 }
                 Some(Err(e)) => {
                     tracing::warn!("cannot read the agent's stdout: {e}");
-                    agent_open = false;
+                    lc.agent_output_ended(Instant::now().into_std());
                 }
-                None => agent_open = false,
+                None => lc.agent_output_ended(Instant::now().into_std()),
             },
-            status = exit(&mut process), if exited.is_none() => {
+            status = exit(&mut process), if lc.awaits_exit() => {
                 let status = match status {
                     Ok(s) => s,
                     Err(e) => {
@@ -450,47 +420,10 @@ async fn run_io(
                         ExitStatus::from_raw(1 << 8)
                     }
                 };
-                // Whatever the child left in its group (a grandchild holding the pipes), and what it started
-                // elsewhere and was marked when the session ended, goes with it.
-                if let Some(w) = &mut watchdog {
-                    w.exited();
-                }
-                child::kill_all(group, &mut watchdog);
-                exited = Some(status);
-                drain_deadline = Some(Instant::now() + DRAIN_AFTER_EXIT);
-                ladder = Ladder::Killed;
+                lc.process_exited(status, Instant::now().into_std());
             }
-            _ = maybe::sleep_until(drain_deadline), if exited.is_some() && agent_open => {
-                tracing::warn!("the agent's stdout stayed open after it exited; giving up on its last output");
-                agent_open = false;
-            }
-            _ = maybe::sleep_until(ladder_deadline), if ladder_deadline.is_some() => {
-                ladder = match ladder {
-                    Ladder::Stopping(_) => {
-                        if !st.to_agent.is_empty() {
-                            tracing::warn!(
-                                "the agent did not read its last {} frames ({} bytes) within {:?} of the client leaving; dropped",
-                                st.to_agent.frames.len(),
-                                st.to_agent.bytes,
-                                child::STDIN_GRACE
-                            );
-                            st.to_agent.clear();
-                        }
-                        if client_open {
-                            tracing::warn!("the client left input unread that the agent could not take; not read");
-                            client_open = false;
-                        }
-                        give_up_feeding = true;
-                        tracing::info!("agent still running {:?} after the client left; sending SIGTERM", child::STDIN_GRACE);
-                        group.signal(Signal::SIGTERM);
-                        Ladder::Termed(Instant::now() + child::TERM_GRACE)
-                    }
-                    _ => {
-                        tracing::warn!("agent ignored SIGTERM for {:?}; sending SIGKILL", child::TERM_GRACE);
-                        child::kill_all(group, &mut watchdog);
-                        Ladder::Killed
-                    }
-                };
+            _ = maybe::sleep_until(lifecycle_deadline), if lifecycle_deadline.is_some() => {
+                lc.handle_timeout(Instant::now().into_std());
             }
         }
         if client_gone {
@@ -499,14 +432,8 @@ async fn run_io(
         if agent_gone {
             agent_tx = None;
         }
-        if give_up_feeding && agent_tx.is_some() {
-            close_agent_stdin(&mut agent_tx, &mut watchdog);
-        }
-        if !agent_open && process.is_none() && exited.is_none() {
-            // An agent without a process has ended once its output has.
-            exited = Some(ExitStatus::from_raw(0));
-        }
-    }
+        apply(&mut lc, &mut st.to_agent, &mut agent_tx, &mut watchdog, group);
+    };
 
     // Frames a layer holds for a job (a file being read) go out once it is done: waited for a little.
     let jobs_deadline = Instant::now() + DRAIN_AFTER_EXIT;
@@ -526,7 +453,6 @@ async fn run_io(
             }
         }
     }
-    let status = exited.unwrap_or_else(|| ExitStatus::from_raw(1 << 8));
     let mut stderr_tail = Vec::new();
     if let Some(p) = process {
         let _ = tokio::time::timeout(Duration::from_millis(500), p.stderr_done).await;
@@ -565,9 +491,38 @@ fn close_agent_stdin(agent_tx: &mut Option<mpsc::Sender<Batch>>, watchdog: &mut 
     *agent_tx = None;
 }
 
-fn shutdown_on_signal(name: &str, client_open: &mut bool) {
-    tracing::info!("{name} received; stopping the agent");
-    *client_open = false;
+/// Does what the lifecycle asks, in its order.
+fn apply(
+    lc: &mut Lifecycle,
+    to_agent: &mut Queue,
+    agent_tx: &mut Option<mpsc::Sender<Batch>>,
+    watchdog: &mut Option<Watchdog>,
+    group: Group,
+) {
+    while let Some(action) = lc.poll_action() {
+        match action {
+            Action::CloseAgentStdin => close_agent_stdin(agent_tx, watchdog),
+            Action::DropAgentQueue => {
+                if !to_agent.is_empty() {
+                    tracing::warn!(
+                        "the agent did not read its last {} frames ({} bytes) within {:?} of the client leaving; dropped",
+                        to_agent.frames.len(),
+                        to_agent.bytes,
+                        child::STDIN_GRACE
+                    );
+                    to_agent.clear();
+                }
+            }
+            Action::Terminate => group.signal(Signal::SIGTERM),
+            Action::KillAll => child::kill_all(group, watchdog),
+            Action::KillLeftovers => {
+                if let Some(w) = watchdog {
+                    w.exited();
+                }
+                child::kill_all(group, watchdog);
+            }
+        }
+    }
 }
 
 /// Frames on their way to one peer, and their size.

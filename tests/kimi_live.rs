@@ -215,7 +215,7 @@ struct Live {
     lc: live::LiveCommand,
     root: PathBuf,
     cwd: String,
-    _model: fake_model::FakeModel,
+    model: fake_model::FakeModel,
 }
 
 impl Live {
@@ -233,13 +233,27 @@ impl Live {
         let _ = std::fs::remove_dir_all(&root);
         let lc = live::prepare("kimi", &model.base_url(), &root).expect("prepare kimi");
         let cwd = lc.workdir.display().to_string();
-        Some(Live { lc, root, cwd, _model: model })
+        Some(Live { lc, root, cwd, model })
     }
 
     fn paths(&self, scenario: &str) -> (PathBuf, PathBuf) {
         let dir = self.root.join("traces");
         std::fs::create_dir_all(&dir).unwrap();
         (dir.join(format!("{scenario}.trace.jsonl")), dir.join(format!("{scenario}.files.jsonl")))
+    }
+
+    /// Kimi's model with a context window of `tokens` (its config.toml, written by the rig, edited).
+    fn with_window(self, tokens: u64) -> Live {
+        let config = self.lc.home.join(".kimi-code/config.toml");
+        let text = std::fs::read_to_string(&config).expect("the rig's Kimi config");
+        assert!(text.contains("max_context_size = 131072"), "the rig's Kimi config changed: {text}");
+        std::fs::write(&config, text.replace("max_context_size = 131072", &format!("max_context_size = {tokens}")))
+            .unwrap();
+        self
+    }
+
+    fn new_session_in(&self, run: &mut Run) -> String {
+        run.new_session(&self.cwd)
     }
 
     /// A fresh process with a new session: runs `script`, then keeps the recording.
@@ -425,4 +439,215 @@ fn links_in_a_live_session_folder_are_not_followed() {
     let stderr = run.shim.stderr_to_the_end().join("\n");
     assert!(status.success(), "the shim exited with {status}; stderr: {stderr}");
     assert!(!stderr.contains("SECRET"), "{stderr}");
+}
+
+/// The root `usage_update`s Coda received, with their `_meta.coda`.
+fn usage_updates(log: &[Value]) -> Vec<Value> {
+    log.iter()
+        .filter(|v| v["method"] == "session/update" && v["params"]["update"]["sessionUpdate"] == "usage_update")
+        .map(|v| v["params"]["update"].clone())
+        .collect()
+}
+
+/// Milliseconds since the epoch of an ISO 8601 time of `_meta.coda`.
+fn iso_ms(v: &Value) -> Option<i128> {
+    let t: jiff::Timestamp = v.as_str()?.parse().ok()?;
+    Some(t.as_millisecond() as i128)
+}
+
+/// The fake model's main-thread requests that are Kimi's own steps (not its compaction summaries).
+fn loop_requests(model: &fake_model::FakeModel) -> Vec<fake_model::RecordedRequest> {
+    model
+        .model_requests()
+        .into_iter()
+        .filter(|r| {
+            r.origin == fake_model::Origin::Main && !r.user_text().starts_with("You are about to run out of context")
+        })
+        .collect()
+}
+
+/// Every root usage_update carries `lastRequestAt` and `contextTokens`, and they are those of a main-thread
+/// request of the fake model's log: the same input tokens, `lastRequestAt` at most `tolerance` ms before the
+/// server saw it. Returns the largest error (ms) seen, for the README.
+fn check_usage_facts(scenario: &str, log: &[Value], model: &fake_model::FakeModel) -> i128 {
+    let requests = loop_requests(model);
+    let updates = usage_updates(log);
+    assert!(!updates.is_empty(), "{scenario}: no usage_update");
+    let mut worst = 0;
+    for u in &updates {
+        let coda = &u["_meta"]["coda"];
+        let at = iso_ms(&coda["lastRequestAt"]).unwrap_or_else(|| panic!("{scenario}: no lastRequestAt in {u}"));
+        let tokens = coda["contextTokens"].as_u64().unwrap_or_else(|| panic!("{scenario}: no contextTokens in {u}"));
+        let seen = requests
+            .iter()
+            .filter(|r| r.input_tokens == tokens)
+            .map(|r| r.at.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i128 - at)
+            .min_by_key(|d| d.abs())
+            .unwrap_or_else(|| panic!("{scenario}: no request of {tokens} input tokens in the fake model's log ({u})"));
+        assert!((0..=200).contains(&seen), "{scenario}: lastRequestAt is {seen} ms off the fake model's log");
+        worst = worst.max(seen);
+    }
+    eprintln!(
+        "{scenario}: {} usage_updates, lastRequestAt at most {worst} ms before the fake model saw the request",
+        updates.len()
+    );
+    worst
+}
+
+const COMPACT: &str = "_coda/session/compact";
+
+/// Issue 24 on the real Kimi: `_coda/session/compact` between turns (and a prompt sent during it), during a
+/// turn, an automatic compaction with a small window, and usage facts over a turn with tool calls and a turn
+/// Kimi starts itself; each recorded (`CODA_RECORD=1`) and replayed through coda-kimi.
+#[test]
+fn record_kimi_compaction_and_usage() {
+    let Some(live) = Live::start_named("coda-kimi-live-compact") else { return };
+    let long = Duration::from_secs(40);
+    let mut worst = 0;
+
+    if wanted("compact-between-turns") {
+        let (trace, files) = live.paths("compact-between-turns");
+        let mut run = Run::start(&live.lc, &trace, &files);
+        run.initialize();
+        let caps = run
+            .log
+            .iter()
+            .find_map(|v| v["result"]["agentCapabilities"]["_meta"]["coda"]["compact"].as_object().cloned());
+        assert!(caps.is_some(), "coda-kimi declares agentCapabilities._meta.coda.compact");
+        let sid = run.new_session(&live.cwd);
+        // A tool's large output makes the context large enough for the summary to be smaller.
+        run.prompt(&sid, "[[sh:seq 1 9000]]");
+        let before = loop_requests(&live.model).last().map(|r| (r.input_tokens, r.body.to_string().len())).unwrap();
+        // Coda's prompt sent right after the request, while Kimi compacts: it runs after the compaction.
+        let asked = run.send(COMPACT, json!({"sessionId": sid}));
+        let prompt = run.send(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": "after [[text:held until compacted]]"}]}),
+        );
+        let answer = run.answer(asked);
+        let at_answer = run.log.len();
+        assert_eq!(answer["result"]["compacted"], true, "{answer}");
+        let (b, a) = (answer["result"]["before"].as_u64(), answer["result"]["after"].as_u64());
+        assert!(b.is_some() && a.is_some(), "Kimi's estimates before and after: {answer}");
+        let done = run.answer(prompt);
+        assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+        let text: Vec<&Value> = run.log[at_answer..]
+            .iter()
+            .filter(|v| v["params"]["update"]["content"]["text"] == "held until compacted")
+            .collect();
+        assert_eq!(text.len(), 1, "the held prompt ran as Coda's turn after the compaction");
+        let shown: Vec<&str> = run
+            .log
+            .iter()
+            .filter_map(|v| v["params"]["update"]["content"]["text"].as_str())
+            .filter(|t| t.contains("ompaction"))
+            .collect();
+        assert!(shown.is_empty(), "the shim's /compact shows nothing in Coda: {shown:?}");
+        let after = loop_requests(&live.model).last().map(|r| (r.input_tokens, r.body.to_string().len())).unwrap();
+        assert!(after.0 < before.0 && after.1 < before.1, "the next request is smaller: {before:?} -> {after:?}");
+        eprintln!("compact-between-turns: answer {answer}; next request {before:?} -> {after:?} (tokens, bytes)");
+        run.settle(Duration::from_secs(5));
+        let updates = usage_updates(&run.log);
+        assert!(
+            updates.iter().any(|u| u["_meta"]["coda"]["compactedAt"].is_string()),
+            "compactedAt after it: {updates:?}"
+        );
+        worst = worst.max(check_usage_facts("compact-between-turns", &run.log, &live.model));
+        run.finish();
+        keep(
+            "compact-between-turns",
+            &trace,
+            &files,
+            &live.root,
+            "`_coda/session/compact` between turns, with Coda's prompt sent during it (held, then run)",
+        );
+    }
+
+    if wanted("compact-during-turn") {
+        let (trace, files) = live.paths("compact-during-turn");
+        let mut run = Run::start(&live.lc, &trace, &files);
+        run.initialize();
+        let sid = run.new_session(&live.cwd);
+        let prompt = run.send(
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": "[[delay:1500]] slow"}]}),
+        );
+        run.until(long, |v| v["params"]["update"]["sessionUpdate"] == "session_info_update");
+        let answer = run.call(COMPACT, json!({"sessionId": sid}));
+        assert_eq!(answer["result"]["compacted"], false, "{answer}");
+        assert!(answer["result"]["reason"].as_str().is_some_and(|r| r.contains("turn")), "{answer}");
+        run.answer(prompt);
+        run.settle(Duration::from_secs(5));
+        worst = worst.max(check_usage_facts("compact-during-turn", &run.log, &live.model));
+        run.finish();
+        keep(
+            "compact-during-turn",
+            &trace,
+            &files,
+            &live.root,
+            "`_coda/session/compact` while Coda's turn runs: compacted false",
+        );
+    }
+
+    live.scenario(
+        "usage-tool-calls",
+        "usage facts over a turn with two tool calls in sequence, then Kimi's own turn on a background command (the shim's usage_update)",
+        |run, sid| {
+            run.prompt(sid, "[[sh:echo one]]");
+            run.prompt(sid, "[[bg:sleep 1; echo two]]");
+            run.settle(long);
+            assert!(run.log.iter().any(|v| v["params"]["update"]["sessionUpdate"] == "usage_update"
+                && v["params"]["update"]["_meta"]["coda"]["lastRequestAt"].is_string()));
+        },
+    );
+    if wanted("usage-tool-calls") {
+        // The last scenario's frames: read back from its trace.
+        let (trace, _) = live.paths("usage-tool-calls");
+        let log: Vec<Value> = std::fs::read_to_string(&trace)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["dir"] == "shim->client")
+            .map(|r| r["frame"].clone())
+            .collect();
+        let updates = usage_updates(&log);
+        assert!(
+            updates.len() >= 3,
+            "Kimi's update after each prompt and the shim's after Kimi's own turn: {updates:?}"
+        );
+        worst = worst.max(check_usage_facts("usage-tool-calls", &log, &live.model));
+    }
+    let failed = FAILED.lock().unwrap().clone();
+    drop(live);
+
+    if wanted("compact-automatic") {
+        let Some(small) = Live::start_named("coda-kimi-live-autocompact") else { return };
+        let small = small.with_window(40_000);
+        let (trace, files) = small.paths("compact-automatic");
+        let mut run = Run::start(&small.lc, &trace, &files);
+        run.initialize();
+        let sid = small.new_session_in(&mut run);
+        run.prompt(&sid, "[[sh:seq 1 9000]]");
+        run.prompt(&sid, "next [[text:three]]");
+        run.prompt(&sid, "more [[text:four]]");
+        run.settle(Duration::from_secs(5));
+        let updates = usage_updates(&run.log);
+        assert!(
+            updates.iter().any(|u| u["_meta"]["coda"]["compactedAt"].is_string()),
+            "Kimi compacted by itself and the next usage_update says when: {updates:?}"
+        );
+        worst = worst.max(check_usage_facts("compact-automatic", &run.log, &small.model));
+        run.finish();
+        keep(
+            "compact-automatic",
+            &trace,
+            &files,
+            &small.root,
+            "Kimi's automatic compaction with a 40,000-token window, inside Coda's second turn",
+        );
+    }
+    eprintln!("lastRequestAt: largest error against the fake model's log {worst} ms");
+    let mut failed = failed;
+    failed.extend(FAILED.lock().unwrap().iter().cloned());
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }

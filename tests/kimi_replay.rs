@@ -15,7 +15,7 @@ use coda_shim::adapters::kimi::translate;
 use support::kimi_expected as kimi_common;
 
 use coda_shim::frame::Frame;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn show(f: &Frame, session: &str) -> String {
     kimi_common::show(&f.value().unwrap_or(Value::Null), true, session).unwrap_or_default()
@@ -104,11 +104,124 @@ fn kimi_recordings_replay_to_the_expected_frames() {
             failed.push(format!("{}: expected.txt is not what the trace received:\n{received}", dir.display()));
         }
         let files = std::fs::read_to_string(dir.join("files.jsonl")).unwrap();
-        let got = replay(&files).join("\n") + "\n";
+        let got: String = replay(&files).iter().map(|l| format!("{l}\n")).collect();
         let want = kimi_common::activity_expected(&expected);
         if got != want {
             failed.push(format!("{}:\n--- expected\n{want}--- got\n{got}", dir.display()));
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The recorded frames and file reads of a Kimi fixture through the usage layer alone: what the layers above
+/// it sent to Kimi (`shim->agent`), what Kimi answered (`agent->shim`) and its wire as the watch read it
+/// (`files.jsonl`, one scan per `ts`), in the order of their times. Returns the `usage_update`s it sent
+/// towards Coda.
+fn replay_usage(dir: &std::path::Path) -> Vec<Value> {
+    use coda_shim::adapters::kimi::{facts, usage};
+    use coda_shim::layer::testing::Harness;
+    let read = |name: &str| -> Vec<Value> {
+        std::fs::read_to_string(dir.join(name))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let mut inputs: Vec<(String, Value)> = read("trace.jsonl")
+        .into_iter()
+        .filter(|r| r["dir"] == "shim->agent" || r["dir"] == "agent->shim")
+        .map(|r| (r["ts"].as_str().unwrap_or("").to_owned(), r))
+        .collect();
+    inputs.extend(
+        read("files.jsonl")
+            .into_iter()
+            .filter(|r| r["at"] != "open")
+            .map(|r| (r["ts"].as_str().unwrap_or("").to_owned(), json!({"dir": "file", "file": r}))),
+    );
+    // RFC 3339 UTC times of one width: their text sorts as their time; a stable sort keeps each log's order.
+    inputs.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut h = Harness::of(usage::Usage::new());
+    let mut feed = feed::Feed::new(0);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < inputs.len() {
+        let (ts, r) = &inputs[i];
+        if r["dir"] != "file" {
+            let frame = serde_json::to_string(&r["frame"]).unwrap();
+            let frame = coda_shim::frame::Frame::parse(frame.into_bytes()).expect("a recorded frame");
+            if r["dir"] == "shim->agent" {
+                h.client_frame(frame)
+            } else {
+                h.agent_frame(frame)
+            }
+            i += 1;
+        } else {
+            // One scan: the file reads of one time.
+            let mut fed = Vec::new();
+            let mut session = String::new();
+            while i < inputs.len() && inputs[i].1["dir"] == "file" && &inputs[i].0 == ts {
+                let c = &inputs[i].1["file"];
+                let path = c["path"].as_str().unwrap_or("");
+                let mut parts = path.splitn(5, '/');
+                let (_, _, _, sid, file) = (parts.next(), parts.next(), parts.next(), parts.next(), parts.next());
+                if let (Some(sid), Some(file)) = (sid, file) {
+                    session = sid.to_owned();
+                    fed.push(feed.piece(file, c["op"] == "replace", c["data"].as_str().unwrap_or("").as_bytes()));
+                }
+                i += 1;
+            }
+            if let Some(facts) = facts::pick(&session, &fed) {
+                h.event(0, facts);
+            }
+        }
+        out.extend(h.to_client().into_iter().filter(|v| v["params"]["update"]["sessionUpdate"] == "usage_update"));
+    }
+    out
+}
+
+/// Usage facts and compactions recorded from the real Kimi: the usage layer, fed the recording, sends Coda
+/// exactly the `usage_update`s (Kimi's stamped, and the shim's own) the live run sent, whatever the day.
+#[test]
+fn kimi_usage_facts_replay_from_the_recorded_wire() {
+    let mut checked = 0;
+    for dir in kimi_common::recordings() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("compact-") || name.starts_with("usage-")) {
+            continue;
+        }
+        let trace = std::fs::read_to_string(dir.join("trace.jsonl")).unwrap();
+        let sent: Vec<Value> = trace
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|r| r["dir"] == "shim->client" && r["frame"]["params"]["update"]["sessionUpdate"] == "usage_update")
+            .map(|r| r["frame"].clone())
+            .collect();
+        assert!(!sent.is_empty(), "{name}: no usage_update recorded");
+        for u in &sent {
+            let coda = &u["params"]["update"]["_meta"]["coda"];
+            assert!(coda["lastRequestAt"].is_string() && coda["contextTokens"].is_u64(), "{name}: {u}");
+        }
+        assert_eq!(replay_usage(&dir), sent, "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 4, "the compaction and usage recordings are missing");
+}
+
+/// Kimi's result text and the shim's `/compact` frames never reach Coda; the answer carries Kimi's estimates.
+#[test]
+fn kimi_compaction_recordings_show_coda_no_turn_of_the_shims() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kimi/compact-between-turns");
+    let records: Vec<Value> = std::fs::read_to_string(dir.join("trace.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let to_coda: Vec<&Value> = records.iter().filter(|r| r["dir"] == "shim->client").map(|r| &r["frame"]).collect();
+    let from_kimi: Vec<&Value> = records.iter().filter(|r| r["dir"] == "agent->shim").map(|r| &r["frame"]).collect();
+    let text = |v: &&Value| v["params"]["update"]["content"]["text"].as_str().unwrap_or("").to_owned();
+    assert!(from_kimi.iter().any(|v| text(v).starts_with("Compaction completed.")), "Kimi sent its result text");
+    assert!(!to_coda.iter().any(|v| text(v).contains("ompaction")), "none of it reached Coda");
+    let answer = to_coda.iter().find(|v| v["result"]["compacted"].is_boolean()).expect("the compact answer");
+    let result = answer["result"].as_object().unwrap();
+    assert_eq!(result.keys().collect::<Vec<_>>(), ["after", "before", "compacted"]);
 }

@@ -182,7 +182,7 @@ fn the_html_page_has_both_sides_lanes_and_a_mark_per_difference() {
     let json = &body[body.find('>').unwrap() + 1..body.find("</script>").unwrap()];
     let m: serde_json::Value = serde_json::from_str(json).unwrap();
     let lanes: Vec<&str> = m["lanes"].as_array().unwrap().iter().map(|l| l["session"].as_str().unwrap()).collect();
-    let sid = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let sid = "session_53ac1cc7-a747-4b71-a688-52409262cdcf";
     let (la, lb) = (
         lanes.iter().position(|l| *l == format!("A · {sid}")).expect("A's lane"),
         lanes.iter().position(|l| *l == format!("B · {sid}")).expect("B's lane"),

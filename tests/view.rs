@@ -71,7 +71,7 @@ fn a_kimi_background_subagent_reads_as_lanes_turns_waits_and_changed_frames() {
     let path = fixtures_root().join("kimi/subagent-background/trace.jsonl");
     let recs = records(&path);
     let m = model_of(&path);
-    let parent = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let parent = "session_53ac1cc7-a747-4b71-a688-52409262cdcf";
 
     // The child lane starts where the wait announced it.
     let announced = recs
@@ -104,7 +104,7 @@ fn a_kimi_background_subagent_reads_as_lanes_turns_waits_and_changed_frames() {
     let waits = items(&m, Kind::Wait);
     assert_eq!(waits.len(), 1);
     let w = waits[0];
-    assert_eq!((w.lane, w.wait.as_str(), w.label.as_str()), (p, "agent-u4r13k73", "worker_1 task"));
+    assert_eq!((w.lane, w.wait.as_str(), w.label.as_str()), (p, "agent-qqvzhjwb", "worker_1 task"));
     assert!(w.text.starts_with("subagent "), "{}", w.text);
     assert_eq!(w.segs.iter().map(|(s, t)| (*t, s.as_str())).collect::<Vec<_>>(), states);
     assert_eq!((w.state.as_str(), w.end), ("done", Some(states[2].0)));
@@ -311,4 +311,97 @@ fn the_view_command_writes_a_private_page() {
         .output()
         .unwrap();
     assert!(!refused.status.success(), "a symlink is not followed");
+}
+
+/// A compaction on the session's lane: Coda's `_coda/session/compact` as a span to its answer (compacted, with
+/// before → after; refused, with the reason), the agent's `compaction_update`s as one span from `in_progress`
+/// to `completed`; each `usage_update` a mark whose hover text (kind · state) and detail carry the facts.
+#[test]
+fn compactions_and_usage_facts_are_drawn_on_the_sessions_lane() {
+    let path = fixtures_root().join("codex/compact-between-turns/trace.jsonl");
+    let recs = records(&path);
+    let m = model_of(&path);
+    let sid = recs.iter().find_map(|(_, d, f)| (d == "shim->client").then(|| str_at(f, "/result/sessionId")).flatten());
+    let (lane, l) = lane_of(&m, sid.expect("a session"));
+    let asked: Vec<&Item> =
+        items(&m, Kind::Compact).into_iter().filter(|i| i.method == "_coda/session/compact").collect();
+    assert_eq!(asked.len(), 2, "{asked:#?}");
+    let answer = |id: u64| {
+        recs.iter().find(|(_, d, f)| d == "shim->client" && f["id"] == id && f.get("method").is_none()).unwrap()
+    };
+    let (end, _, a) = answer(4);
+    assert_eq!((asked[0].lane, asked[0].end, asked[0].state.as_str()), (lane, Some(*end), "compacted"));
+    let (before, after) = (a["result"]["before"].as_u64().unwrap(), a["result"]["after"].as_u64().unwrap());
+    assert_eq!(asked[0].label, format!("compacted {before} → {after} tokens"));
+    assert!(asked[0].text.contains("\"compacted\": true"));
+    assert_eq!(asked[1].state, "not compacted");
+    assert!(asked[1].label.starts_with("not compacted: a turn is running"), "{}", asked[1].label);
+    assert!(!asked[0].red && !asked[1].red, "a refusal is no error");
+    // The agent's report: one span, inside Coda's request, in a row of its own.
+    let reported: Vec<&Item> = items(&m, Kind::Compact).into_iter().filter(|i| i.method == "session/update").collect();
+    assert_eq!(reported.len(), 1, "{reported:#?}");
+    let r = reported[0];
+    assert_eq!((r.lane, r.state.as_str(), r.open, r.frames.len()), (lane, "completed", false, 2));
+    assert!(asked[0].t <= r.t && r.end.unwrap() <= asked[0].end.unwrap());
+    assert_eq!(l.rows[r.row], "compact");
+    assert_eq!(l.rows[asked[0].row], "turns");
+    // Usage: one mark per update Coda got, its facts in the state (the hover) and the detail.
+    let usage = items(&m, Kind::Usage);
+    let sent: Vec<&Value> = recs
+        .iter()
+        .filter(|(_, d, f)| d == "shim->client" && f["params"]["update"]["sessionUpdate"] == "usage_update")
+        .map(|(_, _, f)| f)
+        .collect();
+    assert_eq!(usage.len(), sent.len());
+    for (mark, f) in usage.iter().zip(&sent) {
+        let u = &f["params"]["update"];
+        assert_eq!(mark.label, format!("usage {} / {}", u["used"], u["size"]));
+        let facts = &u["_meta"]["coda"];
+        assert!(mark.state.contains(&format!("contextTokens {}", facts["contextTokens"])), "{}", mark.state);
+        assert!(mark.state.contains(&format!("lastRequestAt {}", facts["lastRequestAt"].as_str().unwrap())));
+        let detail: Value = serde_json::from_str(&mark.text).unwrap();
+        assert_eq!(&detail, facts);
+    }
+    assert!(usage.iter().any(|u| u.state.contains("compactedAt")));
+}
+
+/// Codex compacting by itself: the reported span sits inside the turn that ran it.
+#[test]
+fn an_automatic_compaction_is_drawn_inside_its_turn() {
+    let m = model_of(&fixtures_root().join("codex/compact-automatic/trace.jsonl"));
+    let reported = items(&m, Kind::Compact);
+    assert_eq!(reported.len(), 1);
+    let c = reported[0];
+    let turn = items(&m, Kind::Turn).into_iter().find(|t| t.t <= c.t && c.end <= t.end).expect("a turn around it");
+    assert_eq!((turn.lane, c.state.as_str()), (c.lane, "completed"));
+}
+
+/// Hostile compaction frames: no id, a status that is no string, facts that are no object, a failed
+/// compaction, an error answer, a request never answered. Nothing panics; each is drawn as what it is.
+#[test]
+fn hostile_compaction_and_usage_frames_are_drawn_as_they_are() {
+    let lines = [
+        r#"{"t":0,"dir":"client->shim","frame":{"jsonrpc":"2.0","id":1,"method":"_coda/session/compact","params":{"sessionId":"s"}}}"#,
+        r#"{"t":1,"dir":"shim->client","frame":{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"no"}}}"#,
+        r#"{"t":2,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"compaction_update","status":{"x":1}}}}}"#,
+        r#"{"t":3,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"compaction_update","compactionId":"k","status":"in_progress"}}}}"#,
+        r#"{"t":4,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"compaction_update","compactionId":"k","status":"failed","error":"boom"}}}}"#,
+        r#"{"t":5,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"usage_update","used":1e400,"size":"x","_meta":{"coda":"no"}}}}}"#,
+        r#"{"t":6,"dir":"shim->client","frame":{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"usage_update","_meta":{"coda":{"lastRequestAt":"<b>x</b>","contextTokens":[1,2]}}}}}}"#,
+        r#"{"t":7,"dir":"client->shim","frame":{"jsonrpc":"2.0","id":2,"method":"_coda/session/compact","params":{"sessionId":"s"}}}"#,
+    ];
+    let m = view::model(lines.join("\n").as_bytes());
+    let compact = items(&m, Kind::Compact);
+    assert_eq!(compact.len(), 4, "{compact:#?}");
+    assert!(compact[0].red && compact[0].state.starts_with("error"), "an error answer");
+    assert_eq!((compact[1].state.as_str(), compact[1].open), ("", true), "a status that is no string");
+    assert_eq!((compact[2].state.as_str(), compact[2].red, compact[2].text.as_str()), ("failed", true, "error: boom"));
+    assert!(compact[3].open, "never answered");
+    let usage = items(&m, Kind::Usage);
+    assert_eq!(usage[0].label, "usage 1e+400 / \"x\"", "the number as the viewer reads it");
+    assert!(usage[0].red);
+    assert_eq!(usage[1].label, "usage ? / ?");
+    assert!(usage[1].state.contains("lastRequestAt <b>x</b>") && usage[1].state.contains("contextTokens [1,2]"));
+    let (page, _) = view::page(lines.join("\n").as_bytes(), "t");
+    assert!(!page.contains("<b>x</b>"), "peer text never becomes markup");
 }

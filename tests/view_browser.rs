@@ -462,7 +462,7 @@ fn the_diff_page_draws_both_sides_lanes_in_pairs() {
     let g = b.eval(&session, GEOMETRY);
     let lanes: Vec<&str> = g["lanes"].as_array().unwrap().iter().map(|l| l["session"].as_str().unwrap()).collect();
     assert_eq!(&lanes[..2], ["A · connection", "B · connection"], "{lanes:?}");
-    let sid = "session_76bfd077-07f8-49d3-aa06-d48588f59f0a";
+    let sid = "session_53ac1cc7-a747-4b71-a688-52409262cdcf";
     let a = lanes.iter().position(|l| *l == format!("A · {sid}")).unwrap();
     assert_eq!(lanes[a + 1], format!("B · {sid}"), "{lanes:?}");
     let items = g["items"].as_array().unwrap();
@@ -477,6 +477,57 @@ fn the_diff_page_draws_both_sides_lanes_in_pairs() {
     let shown = click(&mut b, &session, &place["x"], &place["y"]);
     assert!(shown["h2"].as_str().unwrap().contains("differs"), "{shown}");
     assert_eq!(shown["frames"], json!(2), "both sides' frames: {shown}");
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+}
+
+/// A compaction and the usage facts in the page: the compaction's span and each usage mark are drawn on the
+/// session's lane; hovering a usage mark names its facts, clicking it shows them, clicking the compaction
+/// shows how it ended.
+#[test]
+fn a_compaction_and_the_usage_facts_show_on_hover_and_click() {
+    let Some(chromium) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let trace = fixtures_root().join("codex/compact-between-turns/trace.jsonl");
+    let page = write_page(&trace, dir.path());
+    let mut b = Browser::launch(&chromium);
+    let session = open(&mut b, &page);
+    let (turns, _) = check_page(&mut b, &session, &trace);
+    assert_eq!(turns, 3);
+    let model = b.eval(
+        &session,
+        "window.acpView.model.items.map((it, i) => ({i, kind: it.kind, state: it.state || '', method: it.method}))",
+    );
+    let items = model.as_array().unwrap();
+    let first = |kind: &str, method: &str| {
+        items.iter().find(|i| i["kind"] == kind && i["method"] == method).unwrap_or_else(|| panic!("no {kind}")).clone()
+    };
+    // Hover: the page's tooltip names the facts. Zoomed in, so that a usage mark is not on the pixel of the
+    // update next to it.
+    b.eval(&session, "window.acpView.zoom(40, 0)");
+    let usage = first("usage", "session/update");
+    let place = place_of(&mut b, &session, usage["i"].as_u64().unwrap());
+    assert_eq!(place["kind"], "usage", "{place}");
+    let ev = json!({"type": "mouseMoved", "x": place["x"], "y": place["y"]});
+    b.call(Some(&session), "Input.dispatchMouseEvent", ev);
+    let title = b.eval(&session, "document.getElementById('scroll').title");
+    let title = title.as_str().unwrap();
+    assert!(title.starts_with("usage · contextTokens ") && title.contains("lastRequestAt "), "{title}");
+    // Click: the facts as JSON in the detail.
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert!(shown["h2"].as_str().unwrap().starts_with("usage"), "{shown}");
+    let facts = b.eval(&session, "document.querySelector('#detail-body > pre').textContent");
+    let facts: Value = serde_json::from_str(facts.as_str().unwrap()).unwrap();
+    assert!(facts["contextTokens"].is_u64() && facts["lastRequestAt"].is_string(), "{facts}");
+    // The agent's compaction: completed, on the same lane.
+    let compaction = first("compact", "session/update");
+    let place = place_of(&mut b, &session, compaction["i"].as_u64().unwrap());
+    assert_eq!(place["kind"], "compact", "{place}");
+    let shown = click(&mut b, &session, &place["x"], &place["y"]);
+    assert_eq!(shown["h2"], "compact · completed: compaction", "{shown}");
+    // Coda's request: compacted, before → after.
+    let asked = first("compact", "_coda/session/compact");
+    assert_eq!(asked["state"], "compacted");
     let errors = b.errors();
     assert!(errors.is_empty(), "{errors:#?}");
 }

@@ -1,12 +1,16 @@
 //! coda-codex: Codex through `codex-acp` (npm `@agentclientprotocol/codex-acp`), reporting Codex's identity,
-//! its AIR subagents and background commands as `_coda/wait`, failed turns as Coda's failure kinds, and its
-//! automatic approval reviews as `_meta.coda.review` on the judged call.
+//! its AIR subagents and background commands as `_coda/wait`, failed turns as Coda's failure kinds, its
+//! automatic approval reviews as `_meta.coda.review` on the judged call, `_coda/session/compact` through
+//! Codex's `/compact`, and usage facts on its `usage_update`s.
 //! codex-acp >= 2.3 accepts `systemPrompt` itself, so the instruction layer passes it through; older or
 //! other builds get the first-prompt injection.
 
 pub mod air;
+pub mod compact;
 pub mod failure;
 pub mod review;
+pub mod roots;
+pub mod usage;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -99,6 +103,9 @@ pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
         Box::new(failure::Failure::new(zone)),
         Box::new(review::CodexReview::new()),
         Box::new(Instruction::new(&[])),
+        // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
+        Box::new(compact::Compact::new()),
+        Box::new(usage::Usage::new()),
     ]
 }
 

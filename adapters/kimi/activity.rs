@@ -16,6 +16,7 @@ use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Cx, EventSender, Layer};
 use serde_json::{Value, json};
 
+use crate::adapters::kimi::facts::Tap;
 use crate::adapters::kimi::failure::Failures;
 use crate::adapters::kimi::feed::{self, Fed};
 use crate::adapters::kimi::record::FileLog;
@@ -93,11 +94,12 @@ pub struct Activity {
 impl Activity {
     /// The real layer: watches the sessions under Kimi's data root `root` (inotify, FSEvents), with the file
     /// log `record` when one is kept (its records then start with a snapshot of each session's files).
-    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, record: Option<FileLog>) -> Activity {
+    /// The watch hands the main agent's usage and compaction records to the layers on `tap`.
+    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, record: Option<FileLog>, tap: Tap) -> Activity {
         let snapshot = record.is_some();
         let start: Starter = Arc::new(move |session, cutoff| {
             let dir = watch::locate(root.as_deref(), session)?;
-            watch::start(session, &dir, cutoff, events.clone(), snapshot).map(|(s, h)| (s, Some(h)))
+            watch::start(session, &dir, cutoff, events.clone(), snapshot, tap.clone()).map(|(s, h)| (s, Some(h)))
         });
         let mut a = Activity::with_starter(start);
         a.record = record;

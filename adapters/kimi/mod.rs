@@ -1,16 +1,20 @@
 //! coda-kimi's adapter: what it wraps (`kimi acp`), how it finds it, and the layers it stacks.
 //!
 //! Kimi Code CLI with Coda's session instruction, Kimi's background tasks and subagents (from its session
-//! files) as `_coda/wait`, and its failed turns as Coda's failure kinds.
+//! files) as `_coda/wait`, its failed turns as Coda's failure kinds, `_coda/session/compact` through its
+//! `/compact`, and Coda's usage facts from its wire.
 
 pub mod activity;
+pub mod compact;
 pub mod events;
+pub mod facts;
 pub mod failure;
 pub mod feed;
 pub mod inside;
 pub mod record;
 pub mod title;
 pub mod translate;
+pub mod usage;
 pub mod watch;
 pub mod wire;
 
@@ -20,8 +24,8 @@ use crate::coda::instruction::Instruction;
 
 const INSTALL: &str = "npm install -g @moonshot-ai/kimi-code (needs Node >= 22.19)";
 
-/// Kimi runs these locally whether or not the latest command list names them.
-const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
+/// Kimi runs these locally whether or not the latest command list names them (no turn).
+pub const BUILTINS: &[&str] = &["compact", "status", "usage", "mcp", "tasks", "help"];
 
 fn default_command() -> Result<Found, FindError> {
     installed("kimi", &["acp"], "Kimi Code CLI", INSTALL)
@@ -38,7 +42,18 @@ fn layers(setup: &mut Setup) {
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
     let first_prompt = title::first_prompt_from_files(root.clone());
     setup.add(|_| Box::new(title::Title::new(first_prompt)));
-    setup.add(|events| Box::new(activity::Activity::new(events, root, record)));
+    // The watch the activity layer starts hands the main agent's usage and compaction records to the two
+    // layers below it (next to Kimi, so Kimi's frames reach them first).
+    let tap = facts::Tap::default();
+    setup.add(|events| Box::new(activity::Activity::new(events, root, record, tap.clone())));
+    setup.add(|events| {
+        tap.add(events);
+        Box::new(compact::Compact::new())
+    });
+    setup.add(|events| {
+        tap.add(events);
+        Box::new(usage::Usage::new())
+    });
 }
 
 /// What `coda-kimi` is: the CLI it wraps, how it finds it, and its layers.

@@ -27,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::layer::EventSender;
 
 use crate::adapters::kimi::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
+use crate::adapters::kimi::facts::{self, Tap};
 use crate::adapters::kimi::feed::{Fed, Feed};
 use crate::adapters::kimi::inside::{Folder, Kind, Meta, Refused};
 
@@ -522,13 +523,15 @@ impl Drop for Handle {
 
 /// Starts watching the session folder `dir`: notes where its files end ([`Watch::open`], a few reads of folders
 /// and sizes, so nothing Kimi writes after the answer that named the session is taken for history), then sets
-/// up the watch and reads on a thread of its own, which sends [`Scan`]s through `events`.
+/// up the watch and reads on a thread of its own, which sends [`Scan`]s through `events` and, after each, the
+/// main agent's usage and compaction records through `tap`.
 pub fn start(
     session: &str,
     dir: &Path,
     cutoff: SystemTime,
     events: EventSender<Scan>,
     snapshot: bool,
+    tap: Tap,
 ) -> Result<(Started, Handle), WatchError> {
     let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
     let (tx, rx) = mpsc::channel();
@@ -546,9 +549,10 @@ pub fn start(
             }
         };
         let mut send = |mut scan: Scan| {
+            let facts = facts::pick(&scan.session, &scan.fed);
             let Some(credit) = credits.take(&stop) else { return false };
             scan._credit = Some(credit);
-            events.send(scan)
+            events.send(scan) && tap.send(facts)
         };
         // The first look watches every folder, then reads what changed since the notes.
         if !watch.rescan(source.as_mut(), &mut send) {

@@ -60,6 +60,35 @@ pub enum Record {
         subagent_id: String,
         outcome: Outcome,
     },
+    /// `llm.request`: the agent sent a request to the model. `kind` is `loop` for the agent's own steps and
+    /// `compaction` for a summary; `max_tokens` is the model's context window (`maxTokens`).
+    LlmRequest {
+        kind: String,
+        max_tokens: Option<u64>,
+    },
+    /// `usage.record`: the tokens of a model answer; `input` = inputOther + inputCacheRead +
+    /// inputCacheCreation (the context of that request), `None` when one of them is not a token count.
+    Usage {
+        input: Option<u64>,
+    },
+    /// `token_counting.measured` / `.rebased` / `.turn_recorded`: Kimi's own count of its context, the `used`
+    /// of its `usage_update`.
+    TokenCount {
+        tokens: u64,
+    },
+    /// `full_compaction.begin`: `source` `manual` (`/compact`) or `auto`.
+    CompactionBegin {
+        source: String,
+    },
+    /// `context.apply_compaction`: Kimi's estimates of the context before and after.
+    CompactionApplied {
+        before: Option<u64>,
+        after: Option<u64>,
+    },
+    /// `full_compaction.complete` (true) or `full_compaction.cancel` (false).
+    CompactionEnded {
+        completed: bool,
+    },
     /// Anything else (still carries its time for ordering).
     Other,
 }
@@ -294,6 +323,31 @@ pub fn parse_line(line: &[u8]) -> Result<Entry, String> {
                 _ => Outcome::Cancelled,
             },
         },
+        "llm.request" => Record::LlmRequest {
+            kind: s(&v, "kind").unwrap_or_default(),
+            max_tokens: v.get("maxTokens").and_then(Value::as_u64),
+        },
+        "usage.record" => {
+            let u = v.get("usage");
+            let count = |k: &str| u.and_then(|u| u.get(k)).map_or(Some(0), Value::as_u64);
+            let input = [count("inputOther"), count("inputCacheRead"), count("inputCacheCreation")]
+                .into_iter()
+                .try_fold(0u64, |sum, n| sum.checked_add(n?));
+            Record::Usage { input: input.filter(|_| u.is_some_and(Value::is_object)) }
+        }
+        "token_counting.measured" | "token_counting.rebased" | "token_counting.turn_recorded" => {
+            match v.get("tokens").and_then(Value::as_u64) {
+                Some(tokens) => Record::TokenCount { tokens },
+                None => Record::Other,
+            }
+        }
+        "full_compaction.begin" => Record::CompactionBegin { source: s(&v, "source").unwrap_or_default() },
+        "context.apply_compaction" => Record::CompactionApplied {
+            before: v.get("tokensBefore").and_then(Value::as_u64),
+            after: v.get("tokensAfter").and_then(Value::as_u64),
+        },
+        "full_compaction.complete" => Record::CompactionEnded { completed: true },
+        "full_compaction.cancel" => Record::CompactionEnded { completed: false },
         _ => Record::Other,
     };
     Ok(Entry { time, record })
@@ -321,6 +375,42 @@ mod tests {
         let Record::TaskTerminated(info) = e.record else { panic!() };
         assert!(info.suppressed);
         assert_eq!(info.status, "killed");
+    }
+
+    #[test]
+    fn usage_and_compaction_records_and_bad_numbers_in_them() {
+        let e = parse_line(br#"{"type":"llm.request","agentId":"main","kind":"loop","maxTokens":131072,"time":9}"#)
+            .unwrap();
+        assert_eq!((e.time, e.record), (9, Record::LlmRequest { kind: "loop".into(), max_tokens: Some(131072) }));
+        let usage = |u: &str| {
+            let line =
+                format!(r#"{{"type":"usage.record","agentId":"main","usage":{u},"usageScope":"turn","time":1}}"#);
+            parse_line(line.as_bytes()).unwrap().record
+        };
+        assert_eq!(
+            usage(r#"{"inputOther":21864,"output":5,"inputCacheRead":100,"inputCacheCreation":7}"#),
+            Record::Usage { input: Some(21971) }
+        );
+        // A count that is missing is none; one that is no count (negative, fractional, 1e400, text, a sum past
+        // u64) makes the context unknown, never a wrong number.
+        assert_eq!(usage(r#"{"inputOther":3}"#), Record::Usage { input: Some(3) });
+        for bad in [
+            r#"{"inputOther":-1}"#,
+            r#"{"inputOther":1.5}"#,
+            r#"{"inputOther":1e400}"#,
+            r#"{"inputOther":"12"}"#,
+            r#"{"inputOther":18446744073709551615,"inputCacheRead":1}"#,
+            r#"[1,2]"#,
+            r#"null"#,
+        ] {
+            assert_eq!(usage(bad), Record::Usage { input: None }, "{bad}");
+        }
+        let e = parse_line(br#"{"type":"context.apply_compaction","agentId":"main","tokensBefore":21196,"tokensAfter":1e400,"time":3}"#).unwrap();
+        assert_eq!(e.record, Record::CompactionApplied { before: Some(21196), after: None });
+        let e = parse_line(br#"{"type":"full_compaction.cancel","agentId":"main","time":4}"#).unwrap();
+        assert_eq!(e.record, Record::CompactionEnded { completed: false });
+        let e = parse_line(br#"{"type":"token_counting.rebased","agentId":"main","tokens":-5,"time":4}"#).unwrap();
+        assert_eq!(e.record, Record::Other);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //!
 //! By job: [`format`](mod@format) (records: parse, render), [`fixture`] (a fixture folder, loaded), [`placeholder`]
 //! (matching and filling `{{NAME}}`), [`script`] (the state machine of one side), [`file_op`] (session-file
-//! writes), [`normalise`] (trace to fixture), [`check`](mod@check) (a shim binary against a fixture), [`view`]
+//! writes), [`normalise`] (trace to fixture), [`instants`] (the usage facts' times as `{{AT_n}}`), [`check`](mod@check) (a shim binary against a fixture), [`view`]
 //! (a trace as an HTML timeline), [`diff`] (two traces side by side), [`redact`] (a trace safe to share).
 
 pub mod check;
@@ -16,6 +16,7 @@ pub mod file_op;
 pub mod fixture;
 pub mod format;
 pub mod homes;
+pub mod instants;
 pub mod normalise;
 pub mod placeholder;
 pub mod redact;

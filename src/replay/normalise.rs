@@ -248,6 +248,7 @@ pub fn record(trace: &str, files: Option<&str>, n: &Normaliser) -> Result<Vec<Re
             }
         };
     }
+    super::instants::placeholders(&mut out);
     Ok(out)
 }
 

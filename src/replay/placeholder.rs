@@ -97,6 +97,10 @@ fn match_segs(segs: &[Seg], text: &str, b: &mut Bindings) -> bool {
             // Learn the shortest non-empty value that lets the rest match.
             let ends = text.char_indices().skip(1).map(|(i, _)| i).chain(std::iter::once(text.len()));
             for end in ends.filter(|&e| e > 0) {
+                // An instant's placeholder (`{{AT_n}}`) binds only to an instant.
+                if name.starts_with(super::instants::PREFIX) && !super::instants::is_instant(&text[..end]) {
+                    continue;
+                }
                 let mut trial = b.clone();
                 trial.set(name, &text[..end]);
                 if match_segs(rest, &text[end..], &mut trial) {

@@ -69,12 +69,13 @@ pub fn recordings() -> Vec<std::path::PathBuf> {
     dirs
 }
 
-/// `expected.txt` without what the activity layer does not produce: the prompt answers, and Kimi's session
-/// title (the title layer's, checked by tests/fixture_instruction.rs and the binary replay).
+/// `expected.txt` without what the activity layer does not produce: the prompt answers, Kimi's session
+/// title (the title layer's, checked by tests/fixture_instruction.rs and the binary replay) and the usage
+/// updates (the usage layer's, replayed by tests/kimi_replay.rs on their own).
 pub fn activity_expected(expected: &str) -> String {
     expected
         .lines()
-        .filter(|l| !l.starts_with("answer ") && !l.contains(" session_info_update"))
+        .filter(|l| !l.starts_with("answer ") && !l.contains(" session_info_update") && !l.contains(" usage_update"))
         .map(|l| format!("{l}\n"))
         .collect()
 }

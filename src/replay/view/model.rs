@@ -43,6 +43,11 @@ pub enum Kind {
     Wait,
     /// `_coda/wait/stop` → its answer.
     Stop,
+    /// A compaction: Coda's `_coda/session/compact` → its answer (`compacted`, `before` → `after`), or the
+    /// agent's `compaction_update`s from `in_progress` to `completed` or `failed` (asked for or automatic).
+    Compact,
+    /// A `usage_update`: `used` of `size`, and the usage facts (`_meta.coda`) on hover and in the detail.
+    Usage,
     /// A frame the shim edited, made, or did not pass on.
     Shim,
     /// A session file the CLI wrote.
@@ -147,6 +152,11 @@ fn content_text(v: Option<&Value>) -> String {
     }
 }
 
+/// A value as a person reads it: a string without its quotes.
+fn plain(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+}
+
 /// An error answer as `(state, message)`: Coda's failure kind when it has one.
 fn error_state(err: &Value) -> (String, String) {
     let kind = str_at(err, &["data", "_meta", "coda", "failure", "kind"]);
@@ -177,6 +187,8 @@ pub struct Builder {
     handling: HashMap<usize, HashSet<String>>,
     own: HashMap<usize, usize>,
     tools: HashMap<(usize, String), usize>,
+    /// Compactions the agent reported, by (lane, compactionId).
+    compactions: HashMap<(usize, String), usize>,
     /// The last event item of a lane, while text chunks may still join it.
     last_text: HashMap<usize, usize>,
 }
@@ -313,6 +325,7 @@ impl Builder {
                 self.items[it].wait = wait;
                 it
             }
+            "_coda/session/compact" => self.add(lane, Kind::Compact, i, t, "compact".into(), method),
             _ => self.add(lane, Kind::Request, i, t, method.to_owned(), method),
         };
         self.client_asks.insert(id, it);
@@ -334,6 +347,21 @@ impl Builder {
             item.red = true;
             item.state = state;
             item.text = format!("{} {message}", item.text);
+        } else if item.kind == Kind::Compact {
+            let result = frame.get("result").cloned().unwrap_or_default();
+            let n = |k: &str| result.get(k).and_then(Value::as_u64).map_or("?".to_owned(), |n| n.to_string());
+            if result.get("compacted") == Some(&Value::Bool(true)) {
+                item.state = "compacted".into();
+                item.label = match (result.get("before"), result.get("after")) {
+                    (None, None) => "compacted".into(),
+                    _ => format!("compacted {} → {} tokens", n("before"), n("after")),
+                };
+            } else {
+                item.state = "not compacted".into();
+                let reason = str_at(&result, &["reason"]).unwrap_or("no reason given");
+                item.label = cut(&format!("not compacted: {reason}"), LABEL_CHARS);
+            }
+            item.text = cut(&serde_json::to_string_pretty(&result).unwrap_or_default(), TEXT_CHARS);
         } else if let Some(stop) = str_at(frame, &["result", "stopReason"]) {
             item.state = stop.to_owned();
             item.red = !PLAIN_STOPS.contains(&stop);
@@ -411,7 +439,68 @@ impl Builder {
             }
             return;
         }
-        self.add(lane, Kind::Update, i, t, kind_name.to_owned(), "session/update");
+        match kind_name {
+            "compaction_update" => self.compaction(i, t, lane, &update),
+            "usage_update" => self.usage(i, t, lane, &update),
+            _ => {
+                self.add(lane, Kind::Update, i, t, kind_name.to_owned(), "session/update");
+            }
+        }
+    }
+
+    /// A `compaction_update`: a span per `compactionId` from its first report to `completed` or `failed`.
+    fn compaction(&mut self, i: usize, t: f64, lane: usize, update: &Value) {
+        let id = str_at(update, &["compactionId"]).unwrap_or_default().to_owned();
+        let status = str_at(update, &["status"]).unwrap_or_default();
+        let key = (lane, id);
+        let it = match self.compactions.get(&key) {
+            Some(&it) => {
+                self.join(it, i, t);
+                it
+            }
+            None => {
+                let it = self.add(lane, Kind::Compact, i, t, "compaction".into(), "session/update");
+                self.items[it].open = true;
+                self.compactions.insert(key.clone(), it);
+                it
+            }
+        };
+        let item = &mut self.items[it];
+        item.state = cut(status, LABEL_CHARS);
+        if matches!(status, "completed" | "failed") {
+            item.open = false;
+            item.end = Some(item.end.unwrap_or(t).max(t));
+            item.red = status == "failed";
+            if let Some(e) = update.get("error") {
+                let e = e.as_str().map_or_else(|| e.to_string(), str::to_owned);
+                item.text = cut(&format!("error: {e}"), TEXT_CHARS);
+            }
+            self.compactions.remove(&key);
+        }
+    }
+
+    /// A `usage_update`: a mark whose label says `used` of `size` and whose state and text carry the usage
+    /// facts (`_meta.coda`), shown on hover and in the detail panel.
+    fn usage(&mut self, i: usize, t: f64, lane: usize, update: &Value) {
+        let n = |k: &str| update.get(k).map_or("?".to_owned(), |v| cut(&v.to_string(), 24));
+        let label = format!("usage {} / {}", n("used"), n("size"));
+        let it = self.add(lane, Kind::Usage, i, t, label, "session/update");
+        let Some(facts) = update.pointer("/_meta/coda") else { return };
+        let item = &mut self.items[it];
+        match facts.as_object() {
+            Some(map) => {
+                let shown: Vec<String> = ["contextTokens", "lastRequestAt", "compactedAt", "cacheTtl"]
+                    .iter()
+                    .filter_map(|k| Some(format!("{k} {}", cut(&plain(map.get(*k)?), 40))))
+                    .collect();
+                item.state = cut(&shown.join(" · "), LABEL_CHARS * 2);
+                item.text = cut(&serde_json::to_string_pretty(facts).unwrap_or_default(), TEXT_CHARS);
+            }
+            None => {
+                item.state = "usage facts that are no object".into();
+                item.red = true;
+            }
+        }
     }
 
     fn wait(&mut self, i: usize, t: f64, lane: usize, frame: &Value) {
@@ -558,14 +647,20 @@ impl Builder {
         let mut wait_row_of: HashMap<(usize, String), usize> = HashMap::new();
         let mut order: Vec<usize> = (0..self.items.len()).collect();
         order.sort_by(|&a, &b| self.items[a].t.total_cmp(&self.items[b].t));
-        let base = ["turns", "own", "events", "shim", "files"];
+        let base = ["turns", "own", "compact", "events", "shim", "files"];
         for &it in &order {
             let item = &mut self.items[it];
             if item.end.is_none() && matches!(item.kind, Kind::Turn | Kind::Wait | Kind::Own | Kind::Permission) {
                 item.open = true;
             }
+            if item.kind == Kind::Compact && item.end.is_none() {
+                item.open = true;
+            }
             let name = match item.kind {
                 Kind::Turn | Kind::Cancel => "turns",
+                // Coda's request beside its turns; what the agent reported in a row of its own.
+                Kind::Compact if item.method == "_coda/session/compact" => "turns",
+                Kind::Compact => "compact",
                 Kind::Own => "own",
                 Kind::Shim => "shim",
                 Kind::File => "files",
@@ -586,7 +681,7 @@ impl Builder {
                 }
                 _ => "events",
             };
-            item.row = base.iter().position(|b| *b == name).unwrap_or(2);
+            item.row = base.iter().position(|b| *b == name).unwrap_or(3);
         }
         for item in &mut self.items {
             if item.kind == Kind::Stop

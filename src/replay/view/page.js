@@ -62,7 +62,7 @@
     height += laneH[i];
   });
   const tops = shown.map((i) => laneTop[i]);
-  const POINTS = { cancel: 1, update: 1, other: 1, shim: 1, file: 1, bad: 1 };
+  const POINTS = { cancel: 1, update: 1, usage: 1, other: 1, shim: 1, file: 1, bad: 1 };
   const ends = new Float64Array(M.items.length);
   const point = new Uint8Array(M.items.length);
   const rowsOf = M.lanes.map((l) => Array.from({ length: Math.max(l.rows.length, 1) }, () => []));
@@ -108,7 +108,7 @@
   const COLOR = {
     turn: C("turn"), own: C("own"), cancel: C("red"), text: C("text"), thinking: C("thinking"), user: "#7a8a9a",
     tool: C("tool"), permission: C("perm"), request: "#6b7280", update: "#b8b8bc", other: "#b8b8bc",
-    file: "#b8b8bc", stop: C("ink"), shim: C("shim"), bad: C("red"),
+    file: "#b8b8bc", stop: C("ink"), shim: C("shim"), bad: C("red"), compact: C("compact"), usage: C("usage"),
   };
   const STATE = {
     waiting: C("waiting"), handling: C("handling"), done: C("done"), completed: C("done"), failed: C("failed"),
@@ -116,7 +116,8 @@
   };
   [
     ["turn", "--turn"], ["agent's own turn", "--own"], ["text", "--text"], ["thinking", "--thinking"],
-    ["tool call", "--tool"], ["permission", "--perm"], ["waiting", "--waiting"], ["handling", "--handling"],
+    ["tool call", "--tool"], ["permission", "--perm"], ["compaction", "--compact"], ["usage", "--usage"],
+    ["waiting", "--waiting"], ["handling", "--handling"],
     ["done", "--done"], ["failed / error", "--failed"], ["cancelled", "--cancelled"], ["shim changed", "--shim"],
   ].forEach(([name, v]) => {
     const s = el("span", "", name);

@@ -1,0 +1,574 @@
+//! coda-kimi's `_coda/session/compact` (Coda's 压缩上下文): Kimi's builtin `/compact`, sent as a prompt of the
+//! shim's own, answered when Kimi's wire says the compaction ended.
+//!
+//! What Kimi 2.1.0 does (seen live, fixtures/kimi/compact-*): `/compact` as a prompt answers `end_turn` at
+//! once with the text "Context compaction started …"; the compaction runs afterwards, outside any prompt: the
+//! main wire shows `full_compaction.begin`, an `llm.request` of kind `compaction`, `context.apply_compaction`
+//! {tokensBefore, tokensAfter} and `full_compaction.complete` (or `.cancel`, when its summary request failed),
+//! and Kimi sends the result as a text outside any prompt ("Compaction completed. … Tokens before: …"). During
+//! a turn it answers with "/compact failed: Cannot compact while a turn is active …"; while it compacts,
+//! "A context compaction is already running."; a prompt sent while it compacts is answered empty at once and
+//! run unreported later.
+//!
+//! So: Coda's request is refused here when the session is not known, a turn is running (Coda's prompt open,
+//! or a turn in the wire, Kimi's own included) or a compaction is; else the gate closes (Coda's prompts for
+//! the session wait), the shim sends `/compact`, drops what Kimi streams for that prompt and its later result
+//! text (the shim's, not a turn of Coda's; `usage_update`s pass), and answers `{compacted: true, before,
+//! after}` (Kimi's estimates) on `full_compaction.complete`, `{compacted: false}` on `.cancel` or Kimi's
+//! refusal. The result text answers too when it comes first (it carries the same numbers). Kimi that says
+//! nothing within [`DEADLINE`] is asked to cancel and Coda gets `compacted: false`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::adapters::kimi::facts::WireFacts;
+use crate::adapters::kimi::wire::Record;
+use crate::coda::compact::{self, ALREADY, DEADLINE, Gate, NOT_RUNNING, Outcome, TIMED_OUT, TURN_RUNNING};
+use crate::frame::{self, Frame, Id, Kind};
+use crate::layer::{Cx, Layer};
+
+/// Kimi cancelled the compaction (`full_compaction.cancel`: its summary request failed, or it was stopped).
+pub const CANCELLED: &str = "Kimi cancelled the compaction (its summary request failed or was stopped)";
+
+/// How long after Coda was answered the shim still drops Kimi's result text of that compaction.
+pub const RESULT_TEXT_WAIT: Duration = Duration::from_secs(30);
+
+/// The texts Kimi 2.1.0 writes for `/compact` (prefixes).
+const FAILED: &str = "/compact failed:";
+const BUSY: &str = "A context compaction is already running";
+const DONE_TEXT: &str = "Compaction completed.";
+const CANCELLED_TEXT: &str = "Compaction cancelled.";
+
+/// Updates that are a turn's output: what Kimi streams for the shim's `/compact` is dropped.
+const TURN_OUTPUT: &[&str] =
+    &["agent_message_chunk", "agent_thought_chunk", "user_message_chunk", "tool_call", "tool_call_update", "plan"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Wake {
+    /// Kimi has not ended the session's compaction within [`DEADLINE`].
+    Deadline(String),
+    /// Kimi's result text of the session's compaction is no longer waited for.
+    Forget(String),
+}
+
+/// The shim's `/compact` prompt of a session.
+#[derive(Debug)]
+pub struct Asked(String);
+
+struct Job {
+    /// Coda's request.
+    coda: Id,
+    /// The shim's `/compact` prompt is not answered yet.
+    prompt_open: bool,
+    /// Coda has its answer.
+    answered: bool,
+    /// Why Kimi would not compact, from its text.
+    refused: Option<String>,
+    /// The wire shows it began.
+    begun: bool,
+    before: Option<u64>,
+    after: Option<u64>,
+}
+
+#[derive(Default)]
+struct Wire {
+    /// A main turn is running.
+    turn: bool,
+    /// Kimi compacts (begun, not ended), asked for or by itself.
+    compacting: bool,
+}
+
+#[derive(Default)]
+pub struct Compact {
+    sessions: HashSet<String>,
+    wire: HashMap<String, Wire>,
+    gate: Gate,
+    jobs: HashMap<String, Job>,
+    /// Sessions whose compaction's result text Kimi has still to send (dropped when it comes).
+    results: HashSet<String>,
+}
+
+fn text_of(v: &Value) -> Option<&str> {
+    v.pointer("/params/update/content/text").and_then(Value::as_str)
+}
+
+/// `- Tokens before: 21,196` in Kimi's result text.
+fn count_in(text: &str, label: &str) -> Option<u64> {
+    let line = text.lines().find_map(|l| l.trim_start_matches(['-', ' ']).strip_prefix(label))?;
+    let digits: String = line.trim().chars().filter(|c| *c != ',').collect();
+    digits.parse().ok()
+}
+
+/// Kimi's result text as an outcome.
+fn result_text(text: &str) -> Option<Outcome> {
+    if text.starts_with(DONE_TEXT) {
+        let (before, after) = (count_in(text, "Tokens before:"), count_in(text, "Tokens after:"));
+        return Some(Outcome::Compacted { before, after });
+    }
+    text.starts_with(CANCELLED_TEXT).then(|| Outcome::not(CANCELLED))
+}
+
+/// Why Kimi refused, from the text it answered `/compact` with (None: it started).
+fn refusal(text: &str) -> Option<String> {
+    if let Some(why) = text.strip_prefix(FAILED) {
+        let why = why.trim();
+        return Some(if why.starts_with("Cannot compact while a turn is active") {
+            TURN_RUNNING.to_owned()
+        } else {
+            format!("Kimi could not compact: {why}")
+        });
+    }
+    text.starts_with(BUSY).then(|| ALREADY.to_owned())
+}
+
+impl Compact {
+    pub fn new() -> Compact {
+        Compact::default()
+    }
+
+    /// Why the session cannot compact now (None: it can).
+    fn refuse(&self, session: &str, cx: &Cx) -> Option<&'static str> {
+        if !self.sessions.contains(session) {
+            return Some(NOT_RUNNING);
+        }
+        let wire = self.wire.get(session);
+        if self.gate.is_closed(session) || self.jobs.contains_key(session) || wire.is_some_and(|w| w.compacting) {
+            return Some(ALREADY);
+        }
+        let prompt_open =
+            cx.open_requests().any(|r| r.method.as_ref() as &str == "session/prompt" && r.session() == Some(session));
+        (prompt_open || wire.is_some_and(|w| w.turn)).then_some(TURN_RUNNING)
+    }
+
+    fn ask(&mut self, id: &Id, session: String, cx: &mut Cx) {
+        if let Some(reason) = self.refuse(&session, cx) {
+            return cx.to_client(Outcome::not(reason).answer(id));
+        }
+        self.gate.close(&session);
+        let job = Job {
+            coda: id.clone(),
+            prompt_open: true,
+            answered: false,
+            refused: None,
+            begun: false,
+            before: None,
+            after: None,
+        };
+        self.jobs.insert(session.clone(), job);
+        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": "/compact"}]});
+        cx.request("session/prompt", params, Asked(session.clone()));
+        cx.after(DEADLINE, Wake::Deadline(session));
+    }
+
+    /// Coda gets its answer, the prompts it sent meanwhile go on; the job ends once the shim's prompt is
+    /// answered too.
+    fn finish(&mut self, session: &str, outcome: Outcome, cx: &mut Cx) {
+        let Some(job) = self.jobs.get_mut(session) else { return };
+        if job.answered {
+            return;
+        }
+        job.answered = true;
+        cx.to_client(outcome.answer(&job.coda));
+        cx.cancel(&Wake::Deadline(session.to_owned()));
+        if !job.prompt_open {
+            self.jobs.remove(session);
+        }
+        for held in self.gate.open(session) {
+            cx.to_agent(held);
+        }
+    }
+
+    /// One of Kimi's updates while the shim compacts the session: dropped (true) when it is the shim's.
+    fn shims(&mut self, session: &str, v: &Value, cx: &mut Cx) -> bool {
+        let kind = v.pointer("/params/update/sessionUpdate").and_then(Value::as_str).unwrap_or("");
+        if let Some(job) = self.jobs.get_mut(session)
+            && job.prompt_open
+        {
+            if !TURN_OUTPUT.contains(&kind) {
+                return false;
+            }
+            if let Some(text) = text_of(v) {
+                job.refused = job.refused.take().or_else(|| refusal(text));
+            }
+            return true;
+        }
+        if kind != "agent_message_chunk" || !self.results.contains(session) {
+            return false;
+        }
+        let Some(outcome) = text_of(v).and_then(result_text) else { return false };
+        self.results.remove(session);
+        cx.cancel(&Wake::Forget(session.to_owned()));
+        if self.jobs.get(session).is_some_and(|j| !j.answered) {
+            self.finish(session, outcome, cx);
+        }
+        true
+    }
+
+    pub fn facts(&mut self, facts: WireFacts, cx: &mut Cx) {
+        let session = facts.session;
+        for entry in facts.entries {
+            let wire = self.wire.entry(session.clone()).or_default();
+            match entry.record {
+                Record::TurnPrompt { .. } => wire.turn = true,
+                Record::TurnEnded { .. } => wire.turn = false,
+                Record::CompactionBegin { .. } => {
+                    wire.compacting = true;
+                    if let Some(job) = self.jobs.get_mut(&session) {
+                        job.begun = true;
+                        self.results.insert(session.clone());
+                    }
+                }
+                Record::CompactionApplied { before, after } => {
+                    if let Some(job) = self.jobs.get_mut(&session) {
+                        (job.before, job.after) = (before, after);
+                    }
+                }
+                Record::CompactionEnded { completed } => {
+                    let began = std::mem::take(&mut wire.compacting);
+                    let Some(job) = self.jobs.get(&session).filter(|j| j.begun && !j.answered) else {
+                        if !began {
+                            tracing::debug!("Kimi's wire ended a compaction of session {session} it never began");
+                        }
+                        continue;
+                    };
+                    let outcome = if completed {
+                        Outcome::Compacted { before: job.before, after: job.after }
+                    } else {
+                        Outcome::not(CANCELLED)
+                    };
+                    self.finish(&session, outcome, cx);
+                    if self.results.contains(&session) {
+                        cx.after(RESULT_TEXT_WAIT, Wake::Forget(session.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Layer for Compact {
+    type Timer = Wake;
+    type Event = WireFacts;
+    type Reply = Asked;
+
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        let method = match frame.kind() {
+            Kind::Request { method, .. } | Kind::Notification { method } => method.to_string(),
+            _ => return cx.to_agent(frame),
+        };
+        if !matches!(method.as_str(), compact::METHOD | "session/prompt" | "session/cancel") {
+            return cx.to_agent(frame);
+        }
+        let v = match frame.value() {
+            Ok(v) => v,
+            Err(e) => return cx.unreadable(frame, &e, true),
+        };
+        let session = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        match (method.as_str(), frame.kind()) {
+            (compact::METHOD, Kind::Request { id, .. }) => {
+                let id = id.clone();
+                match compact::session_of(&v, &id) {
+                    Ok(session) => self.ask(&id, session, cx),
+                    Err(answer) => cx.to_client(answer),
+                }
+            }
+            ("session/prompt", _) => {
+                let Some(sid) = session else { return cx.to_agent(frame) };
+                if let Some(frame) = self.gate.hold(&sid, frame) {
+                    cx.to_agent(frame);
+                }
+            }
+            ("session/cancel", _) => {
+                let Some(sid) = session.filter(|s| self.gate.is_closed(s)) else { return cx.to_agent(frame) };
+                // Coda's prompts waiting for the compaction end here; the compaction is not Coda's turn.
+                for held in self.gate.open(&sid) {
+                    if let Some(id) = held.id() {
+                        cx.to_client(frame::result_response(id, json!({"stopReason": "cancelled"})));
+                    }
+                }
+                self.gate.close(&sid);
+            }
+            _ => cx.to_agent(frame),
+        }
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        match frame.kind() {
+            Kind::Response { .. } => {
+                let method = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
+                let Some((method, asked)) = method else { return cx.to_client(frame) };
+                if !matches!(method.as_str(), "initialize" | "session/new" | "session/load" | "session/resume") {
+                    return cx.to_client(frame);
+                }
+                let mut v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, false),
+                };
+                let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
+                    return cx.to_client(frame);
+                };
+                if method == "initialize" {
+                    compact::declare(result);
+                    return cx.to_client(frame.rewritten(&v));
+                }
+                let named = result.get("sessionId").and_then(Value::as_str).map(str::to_owned);
+                if let Some(sid) = named.or(asked) {
+                    self.sessions.insert(sid);
+                }
+                cx.to_client(frame);
+            }
+            Kind::Notification { .. }
+                if frame.session_update().is_some() && (!self.jobs.is_empty() || !self.results.is_empty()) =>
+            {
+                let v = match frame.value() {
+                    Ok(v) => v,
+                    Err(e) => return cx.unreadable(frame, &e, false),
+                };
+                let session = v.pointer("/params/sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
+                if !self.shims(&session, &v, cx) {
+                    cx.to_client(frame);
+                }
+            }
+            _ => cx.to_client(frame),
+        }
+    }
+
+    fn on_reply(&mut self, Asked(session): Asked, reply: Frame, cx: &mut Cx) {
+        let Some(job) = self.jobs.get_mut(&session) else { return };
+        job.prompt_open = false;
+        let refused = match reply.value() {
+            Ok(v) if v.get("result").is_some() => job.refused.take(),
+            Ok(v) => {
+                let why = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("an error");
+                Some(format!("Kimi refused to compact: {why}"))
+            }
+            Err(_) => Some("Kimi's answer to /compact could not be read".to_owned()),
+        };
+        if job.answered {
+            self.jobs.remove(&session);
+        } else if let Some(reason) = refused {
+            self.finish(&session, Outcome::NotCompacted(reason), cx);
+        } else {
+            // Kimi started: the wire ends it, or its result text (also when the session's files cannot be read).
+            self.results.insert(session);
+        }
+    }
+
+    fn on_event(&mut self, facts: WireFacts, cx: &mut Cx) {
+        self.facts(facts, cx);
+    }
+
+    fn on_timer(&mut self, wake: Wake, cx: &mut Cx) {
+        match wake {
+            Wake::Deadline(session) => {
+                if self.jobs.get(&session).is_some_and(|j| !j.answered) {
+                    tracing::warn!(
+                        "Kimi did not end the compaction of session {session} within {DEADLINE:?}; cancelling"
+                    );
+                    cx.to_agent(frame::notification("session/cancel", json!({"sessionId": session})));
+                    self.finish(&session, Outcome::not(TIMED_OUT), cx);
+                }
+            }
+            Wake::Forget(session) => {
+                self.results.remove(&session);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapters::kimi::wire::parse_line;
+    use crate::layer::testing::Harness;
+
+    const SID: &str = "session_6b1d1f0e-0000-4000-8000-0000000000c0";
+
+    fn rig() -> Harness {
+        let mut h = Harness::of(Compact::new());
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
+        h.from_agent(
+            json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}}),
+        );
+        let init = h.to_client();
+        assert_eq!(init[0]["result"]["agentCapabilities"], json!({"loadSession":true,"_meta":{"coda":{"compact":{}}}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        h.to_client();
+        h.to_agent();
+        h
+    }
+
+    fn wire(h: &mut Harness, records: &[Value]) {
+        let entries = records.iter().map(|r| parse_line(r.to_string().as_bytes()).unwrap()).collect();
+        h.event(0, WireFacts { session: SID.into(), entries });
+    }
+
+    fn compact(h: &mut Harness, id: i64) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":METHOD,"params":{"sessionId":SID}}));
+    }
+
+    const METHOD: &str = compact::METHOD;
+
+    fn chunk(text: &str) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":text}}}})
+    }
+
+    fn prompt(id: i64) -> Value {
+        json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":SID,"prompt":[{"type":"text","text":"go"}]}})
+    }
+
+    /// The shim's `/compact` went to Kimi; its id.
+    fn asked(h: &mut Harness) -> Value {
+        let out = h.to_agent();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0]["params"]["prompt"], json!([{"type":"text","text":"/compact"}]));
+        out[0]["id"].clone()
+    }
+
+    fn begin_to_end(end: &str) -> Vec<Value> {
+        vec![
+            json!({"type":"full_compaction.begin","source":"manual","agentId":"main","time":10}),
+            json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":32720,"tokensAfter":22290,"time":11}),
+            json!({"type":end,"agentId":"main","time":12}),
+        ]
+    }
+
+    #[test]
+    fn between_turns_it_compacts_holds_codas_prompt_and_shows_nothing_of_the_shims_own() {
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_client(prompt(8));
+        assert!(h.to_agent().is_empty(), "Coda's prompt waits for the compaction");
+        h.from_agent(chunk("Context compaction started — it runs in the background …"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        let usage = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{"sessionUpdate":"usage_update","used":1,"size":2}}});
+        h.from_agent(usage.clone());
+        assert_eq!(h.to_client(), [usage], "only the usage update passes");
+        wire(&mut h, &begin_to_end("full_compaction.complete"));
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":7,"result":{"compacted":true,"before":32720,"after":22290}})]
+        );
+        assert_eq!(h.to_agent(), [prompt(8)]);
+        // Kimi's result text, later and outside any prompt: the shim's, dropped; Coda's turn's text passes.
+        h.from_agent(chunk(
+            "Compaction completed.\n- Messages compacted: 5\n- Tokens before: 32,720\n- Tokens after: 22,290",
+        ));
+        h.from_agent(chunk("Compaction completed. (the model's words)"));
+        assert_eq!(h.to_client().len(), 1);
+        assert_eq!(h.next_wake(), None);
+    }
+
+    #[test]
+    fn kimis_result_text_answers_when_it_comes_before_the_wire() {
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        // No wire record read yet (or none readable): the text ends it.
+        h.from_agent(chunk(
+            "Compaction completed.\n- Messages compacted: 5\n- Tokens before: 1,032,720\n- Tokens after: x",
+        ));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":7,"result":{"compacted":true,"before":1032720}})]);
+        wire(&mut h, &begin_to_end("full_compaction.complete")[1..]);
+        assert!(h.to_client().is_empty(), "answered once");
+    }
+
+    #[test]
+    fn it_is_refused_when_the_session_is_unknown_a_turn_runs_or_it_already_compacts() {
+        let mut h = rig();
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":METHOD,"params":{"sessionId":"session_x"}}));
+        let raw = format!(r#"{{"jsonrpc":"2.0","id":3,"method":"{METHOD}","params":{{"sessionId":1e400}}}}"#);
+        h.client_frame(Frame::parse(raw.into_bytes()).expect("a frame"));
+        let out = h.to_client();
+        assert_eq!(out[0]["result"], json!({"compacted":false,"reason":NOT_RUNNING}));
+        assert_eq!(out[1]["error"]["code"], -32602);
+        // Coda's turn is open.
+        h.from_client(prompt(4));
+        h.to_agent();
+        compact(&mut h, 5);
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":TURN_RUNNING}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{"stopReason":"end_turn"}}));
+        h.to_client();
+        // Kimi's own turn, then its own compaction, in the wire.
+        wire(&mut h, &[json!({"type":"turn.prompt","agentId":"main","turnId":1,"origin":{"kind":"task"},"time":20})]);
+        compact(&mut h, 6);
+        assert_eq!(h.to_client()[0]["result"]["reason"], TURN_RUNNING);
+        wire(
+            &mut h,
+            &[
+                json!({"type":"turn.ended","agentId":"main","turnId":1,"reason":"completed","time":21}),
+                json!({"type":"full_compaction.begin","source":"auto","agentId":"main","time":22}),
+            ],
+        );
+        compact(&mut h, 7);
+        assert_eq!(h.to_client()[0]["result"]["reason"], ALREADY);
+        // Kimi's own compaction ends: nothing to answer.
+        wire(&mut h, &[json!({"type":"full_compaction.complete","agentId":"main","time":23})]);
+        assert!(h.to_client().is_empty());
+        compact(&mut h, 8);
+        asked(&mut h);
+        compact(&mut h, 9);
+        assert_eq!(h.to_client()[0]["result"]["reason"], ALREADY);
+        assert!(h.to_agent().is_empty());
+    }
+
+    #[test]
+    fn kimis_refusals_and_cancel_are_compacted_false_with_a_reason() {
+        for (text, reason) in [
+            (
+                "/compact failed: Cannot compact while a turn is active. Wait for it to finish, then retry.",
+                TURN_RUNNING.to_owned(),
+            ),
+            ("A context compaction is already running.", ALREADY.to_owned()),
+            ("/compact failed: disk full", "Kimi could not compact: disk full".to_owned()),
+        ] {
+            let mut h = rig();
+            compact(&mut h, 7);
+            let id = asked(&mut h);
+            h.from_client(prompt(8));
+            h.from_agent(chunk(text));
+            h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+            assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":7,"result":{"compacted":false,"reason":reason}})]);
+            assert_eq!(h.to_agent(), [prompt(8)], "the held prompt goes on");
+        }
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"error":{"code":-32600,"message":"turn.agent_busy"}}));
+        assert_eq!(h.to_client()[0]["result"]["reason"], "Kimi refused to compact: turn.agent_busy");
+        // A cancel without a begin is not this compaction's end; the one after its begin is.
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        wire(&mut h, &[json!({"type":"full_compaction.cancel","agentId":"main","time":9})]);
+        assert!(h.to_client().is_empty());
+        wire(&mut h, &begin_to_end("full_compaction.cancel"));
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":CANCELLED}));
+        h.from_agent(chunk("Compaction cancelled."));
+        assert!(h.to_client().is_empty(), "its text is the shim's");
+    }
+
+    #[test]
+    fn a_kimi_that_never_ends_is_cancelled_before_codas_ten_minutes_and_codas_cancel_ends_held_prompts() {
+        let mut h = rig();
+        compact(&mut h, 7);
+        let id = asked(&mut h);
+        h.from_client(prompt(8));
+        h.from_client(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":SID}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":8,"result":{"stopReason":"cancelled"}})]);
+        assert!(h.to_agent().is_empty(), "the compaction is not Coda's turn: not cancelled");
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.next_wake(), Some(DEADLINE));
+        assert!(DEADLINE < Duration::from_secs(600));
+        h.advance(DEADLINE);
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":TIMED_OUT}));
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
+    }
+}
