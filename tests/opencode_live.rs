@@ -299,6 +299,201 @@ fn without_opencodes_server_a_foreground_childs_permission_request_hangs_the_tur
     s.wait(Duration::from_secs(30));
 }
 
+/// Longest wait for one answer in the steering scenario.
+const ANSWER: Duration = Duration::from_secs(120);
+/// What Coda steers in: several paragraphs, Markdown, Chinese, as a user types it.
+const DURING: &str = "STEER-4a8f: leave the tests alone.\n\n先别改测试,只看实现:\n- the link step\n- `build.rs`";
+const BETWEEN: &str = "STEER-b71c: and after that, the iPhone target.";
+const CANCELLED: &str = "STEER-e05d: never mind this one.";
+
+/// Plays Coda in the steering scenario: answers permission requests with "allow once", keeps every frame.
+struct Client {
+    shim: shim::Shim,
+    received: Vec<Value>,
+}
+
+impl Client {
+    fn read(&mut self, wait: Duration) -> Option<Value> {
+        let line = self.shim.try_recv(wait)?;
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if v["method"] == "session/request_permission" {
+            let options = v.pointer("/params/options").and_then(Value::as_array).cloned().unwrap_or_default();
+            let allow = options.iter().find(|o| o["kind"] == "allow_once").or(options.first());
+            let option = allow.and_then(|o| o["optionId"].as_str()).unwrap_or("once").to_owned();
+            let outcome = json!({"outcome": {"outcome": "selected", "optionId": option}});
+            self.shim.send_json(&json!({"jsonrpc": "2.0", "id": v["id"], "result": outcome}));
+        }
+        self.received.push(v.clone());
+        Some(v)
+    }
+
+    fn until(&mut self, within: Duration, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(v) = self.read(Duration::from_millis(200))
+                && want(&v)
+            {
+                return v;
+            }
+        }
+        panic!("no {what} within {within:?}; stderr: {:?}", self.shim.drain_stderr());
+    }
+
+    fn send(&mut self, id: &str, method: &str, params: Value) {
+        self.shim.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+    }
+
+    fn call(&mut self, id: &str, method: &str, params: Value) -> Value {
+        self.send(id, method, params);
+        self.until(ANSWER, method, |v| v["id"] == id && v.get("method").is_none())
+    }
+
+    fn quiet(&mut self, gap: Duration) {
+        while self.read(gap).is_some() {}
+    }
+
+    fn answers_to(&self, id: &str) -> usize {
+        self.received.iter().filter(|v| v["id"] == id && v.get("method").is_none()).count()
+    }
+
+    fn position(&self, id: &str) -> usize {
+        self.received.iter().position(|v| v["id"] == id && v.get("method").is_none()).expect("answered")
+    }
+
+    /// Waits for the running update of a `bash` call.
+    fn running_command(&mut self) {
+        self.until(ANSWER, "the running command", |v| {
+            v.pointer("/params/update/sessionUpdate") == Some(&json!("tool_call_update"))
+                && v.pointer("/params/update/status") == Some(&json!("in_progress"))
+        });
+    }
+}
+
+fn steering(session: &str, text: &str) -> Value {
+    json!({"sessionId": session, "prompt": [{"type": "text", "text": text}],
+        "_meta": {"steering": {"idleBehavior": "promptRequired"}}})
+}
+
+/// How often `text` is in the model request's body (as the JSON string it is sent in).
+fn times_in(r: &fake_model::RecordedRequest, text: &str) -> usize {
+    let quoted = serde_json::to_string(text).expect("a string");
+    r.body.to_string().matches(quoted.trim_matches('"')).count()
+}
+
+fn of_main(requests: &[fake_model::RecordedRequest]) -> Vec<&fake_model::RecordedRequest> {
+    requests.iter().filter(|r| r.origin == fake_model::Origin::Main).collect()
+}
+
+/// Section 插话 on the real OpenCode: a steer during a running tool call is answered `injected`, the model's
+/// next request carries it once, and the turn ends as one `session/prompt` answer; a steer between turns is
+/// answered `promptRequired` and OpenCode sees nothing; a steer whose turn Coda cancels before it took the
+/// message is answered `promptRequired` too, and the message is gone from the session (the next turn's
+/// request does not carry it).
+#[test]
+fn live_opencode_steering() {
+    if !live::wanted("opencode", "live OpenCode steering") {
+        return;
+    }
+    let model = fake_model::FakeModel::start_with(fake_model::Options { log_requests: true, dump_dir: None });
+    let root = std::env::temp_dir().join(format!("coda-opencode-steering-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let lc = live::prepare("opencode", &model.base_url(), &root).expect("prepare OpenCode");
+    let mut lc = with_server(&lc);
+    let trace = root.join("traces").join("steering.jsonl");
+    let events = trace.with_extension("files.jsonl");
+    std::fs::create_dir_all(trace.parent().expect("dir")).expect("traces dir");
+    lc.env.push(("CODA_OPENCODE_RECORD".into(), events.display().to_string()));
+    let cmd = lc.shim_command(&replay_support::shim_binary("opencode"));
+    let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
+    let mut c = Client { shim, received: Vec::new() };
+
+    let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+        "_meta": {"coda": {"waits": {}}}});
+    let init = c.call(
+        "init",
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "coda", "version": "1.0.0"}}),
+    );
+    assert_eq!(init["result"]["_meta"]["steering"], json!({"supported": true}), "{init}");
+    c.quiet(Duration::from_millis(1000));
+    let new = c.call("new", "session/new", json!({"cwd": lc.workdir.display().to_string(), "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().expect("a session").to_owned();
+    c.quiet(Duration::from_millis(1500));
+
+    // During a running tool call.
+    c.send("turn-1", "session/prompt", shim::prompt_params(&sid, "build it [[sh:sleep 4; echo built]]"));
+    c.running_command();
+    let asked_before = model.model_requests().len();
+    let steered_at = Instant::now();
+    let answer = c.call("steer-1", "_session/steering", steering(&sid, DURING));
+    eprintln!("steering: injected answered {:?} after the steer", steered_at.elapsed());
+    assert_eq!(answer["result"], json!({"outcome": "injected"}), "{answer}");
+    let end = c.until(ANSWER, "the turn's answer", |v| v["id"] == "turn-1");
+    assert_eq!(end["result"]["stopReason"], "end_turn", "{end}");
+    c.quiet(Duration::from_millis(2000));
+    assert_eq!(c.answers_to("turn-1"), 1, "the turn ends as one session/prompt answer");
+    assert_eq!(c.answers_to("steer-1"), 1);
+    assert!(c.position("steer-1") < c.position("turn-1"), "injected is answered before the turn ends");
+    let requests = model.model_requests();
+    let after = of_main(&requests[asked_before..]);
+    let next = after.first().expect("a model request after the steer");
+    assert_eq!(times_in(next, DURING), 1, "the model's next request carries the message once");
+    assert!(requests.iter().all(|r| times_in(r, DURING) <= 1), "no request carries it twice");
+    assert_eq!(after.len(), 1, "the steered text is answered in the same turn, by one more request");
+
+    // Between turns.
+    let seen = model.model_requests().len();
+    let answer = c.call("steer-2", "_session/steering", steering(&sid, BETWEEN));
+    assert_eq!(answer["result"], json!({"outcome": "promptRequired", "reason": "noRunningTurn"}), "{answer}");
+    c.quiet(Duration::from_millis(3000));
+    let now = model.model_requests();
+    assert!(
+        now[seen..].is_empty(),
+        "OpenCode ran nothing: {:?}",
+        now[seen..].iter().map(fake_model::summary_line).collect::<Vec<_>>()
+    );
+
+    // Into a turn Coda cancels before the running command ends: the message never joins it, and is removed.
+    c.send("turn-2", "session/prompt", shim::prompt_params(&sid, "wait [[sh:sleep 30]]"));
+    c.running_command();
+    c.send("steer-3", "_session/steering", steering(&sid, CANCELLED));
+    // The post is on its way or back (OpenCode takes it only after the command): cancel the turn now.
+    c.quiet(Duration::from_millis(1500));
+    assert_eq!(c.answers_to("steer-3"), 0, "not taken while the command runs");
+    c.shim.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}));
+    let answer = c.until(ANSWER, "the steering answer", |v| v["id"] == "steer-3");
+    assert_eq!(answer["result"], json!({"outcome": "promptRequired", "reason": "noRunningTurn"}), "{answer}");
+    let end = c.until(ANSWER, "the cancelled turn's answer", |v| v["id"] == "turn-2");
+    assert_eq!(end["result"]["stopReason"], "cancelled", "{end}");
+    c.quiet(Duration::from_millis(1500));
+    let seen = model.model_requests().len();
+    let next = c.call("turn-3", "session/prompt", shim::prompt_params(&sid, "and now? [[text:fine]]"));
+    assert_eq!(next["result"]["stopReason"], "end_turn", "{next}");
+    c.quiet(Duration::from_millis(1500));
+    let requests = model.model_requests();
+    let third = of_main(&requests[seen..]);
+    assert!(!third.is_empty(), "the next turn asked the model");
+    assert!(requests.iter().all(|r| times_in(r, CANCELLED) == 0), "the model never sees the removed message");
+    assert!(requests.iter().all(|r| times_in(r, BETWEEN) == 0), "nor the one steered between turns");
+
+    c.shim.close_stdin();
+    let status = c.shim.wait(Duration::from_secs(30));
+    assert!(status.success(), "the shim exited with {status}");
+    for r in model.model_requests() {
+        eprintln!("{}", fake_model::summary_line(&r));
+    }
+    keep(
+        "steering",
+        &trace,
+        &events,
+        &root,
+        "a steer during a running command (injected: the model's next request carries it once, one prompt answer); one \
+         between turns (promptRequired, OpenCode sees nothing); one into a turn Coda cancels before the command ends \
+         (deleted again, promptRequired, the next turn's request does not carry it)",
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 // ---- Issue 24: `_coda/session/compact` and usage facts, through OpenCode's server. ----
 
 /// About 1,000 tokens of text, so that compacting visibly shrinks the context.

@@ -180,6 +180,43 @@ fn follow_up_is_a_new_wait_on_the_same_child_session() {
     assert_eq!(r.to_agent.iter().filter(|f| is_resume_of(child)(f)).count(), 1, "resumed once for both runs");
 }
 
+/// Section 插话 (`fixtures/opencode/steering`): a steer during a running command is answered `injected` once
+/// OpenCode's server says a step answers the message the shim posted, before the turn's one answer; a steer
+/// between turns is answered `promptRequired` with nothing posted; one into a turn Coda cancels is deleted
+/// again once the session is idle, and answered `promptRequired`.
+#[test]
+fn steering_joins_the_running_turn_and_is_taken_back_when_the_turn_ends_first() {
+    let r = replayed("steering");
+    let init = r.to_client.iter().find(|f| f["id"] == "init").expect("initialize answer");
+    assert_eq!(init["result"]["_meta"]["steering"], serde_json::json!({"supported": true}));
+    let answer = |id: &str| position(&r.to_client, |f| f["id"] == id && f.get("method").is_none());
+    let outcome = |id: &str| r.to_client[answer(id)]["result"].clone();
+    assert_eq!(outcome("steer-1"), serde_json::json!({"outcome": "injected"}));
+    assert!(answer("steer-1") < answer("turn-1"), "injected is answered inside the turn");
+    assert_eq!(r.to_client.iter().filter(|f| f["id"] == "turn-1").count(), 1, "one answer to the turn");
+    let required = serde_json::json!({"outcome": "promptRequired", "reason": "noRunningTurn"});
+    assert_eq!(outcome("steer-2"), required);
+    assert_eq!(outcome("steer-3"), required);
+    assert!(answer("steer-3") < answer("turn-2"), "the steering answer comes first");
+    assert_eq!(r.to_client[answer("turn-2")]["result"]["stopReason"], "cancelled");
+    // OpenCode got none of them over ACP: the shim went through its server.
+    assert!(!r.to_agent.iter().any(|f| f["method"] == "_session/steering"));
+    assert_eq!(r.to_agent.iter().filter(|f| f["method"] == "session/prompt").count(), 3);
+    // What the server said: the posted message is the parent of the step that answered steer-1; steer-3's
+    // message was deleted after the session went idle; steer-2 posted nothing.
+    let events = server_events(&r.records);
+    let calls: Vec<&Value> = events.iter().map(|(_, e)| e).filter(|e| e["type"] == "steer.call").collect();
+    assert_eq!(calls.iter().map(|c| c["call"].as_str().unwrap_or("")).collect::<Vec<_>>(), ["post", "post", "delete"]);
+    let first = calls[0]["message"].as_str().expect("the posted message");
+    assert!(events.iter().any(|(_, e)| e["type"] == "message.step" && e["parent"] == first));
+    assert_eq!(calls[2]["message"], calls[1]["message"], "the message deleted is the one posted into turn-2");
+    let posted = events.iter().rposition(|(_, e)| e["call"] == "post").expect("the second post");
+    let deleted = events.iter().position(|(_, e)| e["call"] == "delete").expect("the delete");
+    let idle = |e: &Value| e["type"] == "session.status" && e["busy"] == false;
+    assert!(events[posted..deleted].iter().any(|(_, e)| idle(e)), "deleted once the session was idle");
+    assert!(!events[posted..].iter().any(|(_, e)| e["parent"] == calls[1]["message"]), "no step took it");
+}
+
 // ---- Issue 24: `_coda/session/compact` and usage facts (`fixtures/opencode/compact-*`, `usage-*`). ----
 
 fn usage_updates(frames: &[Value]) -> Vec<&Value> {

@@ -330,11 +330,12 @@ impl OpenCodeActivity {
             ServerEvent::Status { session, busy } => self.status(session, busy, cx),
             // The permission bridge's (the set-up routes them there).
             ServerEvent::Asked { .. } | ServerEvent::Replied { .. } => {}
-            // Compaction's and usage facts' (`compact.rs`, `usage.rs`).
+            // Compaction's, usage facts' and steering's (`compact.rs`, `usage.rs`, `steering.rs`).
             ServerEvent::Step(_)
             | ServerEvent::Compacted { .. }
             | ServerEvent::SummarizeAsked { .. }
-            | ServerEvent::Summarized { .. } => {}
+            | ServerEvent::Summarized { .. }
+            | ServerEvent::SteerCall { .. } => {}
         }
     }
 

@@ -419,7 +419,7 @@ mod tests {
     }
 
     fn step(message: &str, tokens: u64, summary: bool) -> FromServer {
-        FromServer::Event(ServerEvent::Step(Step {
+        FromServer::Event(ServerEvent::Step(Box::new(Step {
             session: S.into(),
             message: message.into(),
             created_ms: 1,
@@ -429,7 +429,10 @@ mod tests {
             summary,
             provider: Some("fake".into()),
             model: Some("m2".into()),
-        }))
+            parent: None,
+            agent: None,
+            variant: None,
+        })))
     }
 
     fn ev(e: ServerEvent) -> FromServer {

@@ -1,8 +1,10 @@
-//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction and its subagents as `_coda/wait`.
+//! coda-opencode: OpenCode (`opencode acp`) with Coda's session instruction, its subagents as `_coda/wait`, and
+//! Coda's steering through OpenCode's own server.
 //!
 //! The layers, nearest the client first: the session instruction; usage facts on root `usage_update`s
 //! (`usage.rs`); `_coda/session/compact` (`compact.rs`, whose HTTP calls `summarize.rs` makes on threads of
-//! the set-up's); the permission bridge (`permissions.rs`),
+//! the set-up's); Coda's steering (`steering.rs`, whose calls on OpenCode's server `calls.rs` makes off the
+//! relay thread); the permission bridge (`permissions.rs`),
 //! which resumes the children the activity layer announces and answers their permission requests; the
 //! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
 //! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the
@@ -17,6 +19,7 @@
 //! part that still reaches the model and comes back marked on `session/load` (checked live on 1.18.33).
 
 pub mod activity;
+pub mod calls;
 pub mod compact;
 pub mod failure;
 pub mod permissions;
@@ -24,6 +27,7 @@ pub mod record;
 #[cfg(test)]
 mod rig;
 pub mod server;
+pub mod steering;
 pub mod summarize;
 pub mod usage;
 
@@ -145,6 +149,18 @@ fn layers(setup: &mut Setup) {
         compact_events = Some(events);
         Box::new(compact::OpenCodeCompact::new(asker, compact_record))
     });
+    // Steering needs the server (or a replay's record of it): declared only then.
+    let mut steer_events = None;
+    let steer_gate = env.events.is_some().then(calls::Gate::default);
+    let (caller_gate, steer_server, steer_record) = (steer_gate.clone(), server.clone(), record.clone());
+    setup.add(|events| {
+        let caller = match caller_gate {
+            Some(g) => Some(g.caller()),
+            None => steer_server.map(|s| calls::caller(s, events.clone())),
+        };
+        steer_events = Some(events);
+        Box::new(steering::OpenCodeSteering::new(caller, steer_record))
+    });
     let mut bridge_events = None;
     let replier = replier(server.clone());
     let bridge_record = record.clone();
@@ -155,8 +171,8 @@ fn layers(setup: &mut Setup) {
     setup.add(|events| {
         let start = match (bridge_events, usage_events, compact_events) {
             (Some(bridge), Some(usage), Some(compact)) => {
-                let send = route_compaction(route(events, bridge), usage, compact, replay_gate);
-                reader(&env, server, send)
+                let rest = route(events, bridge, steer_events);
+                reader(&env, server, steer_gate, route_compaction(rest, usage, compact, replay_gate))
             }
             _ => None,
         };
@@ -164,9 +180,9 @@ fn layers(setup: &mut Setup) {
     });
 }
 
-/// The server events of compaction and usage facts go to their layers (steps and compactions to both), the
-/// rest on to `rest`. In a replay the ask the compaction layer logged holds the reader until the replayed
-/// layer has asked too (`summarize::ReplayGate`).
+/// The server events of compaction and usage facts go to their layers (steps and compactions to both, steps
+/// then on to `rest` for the steering layer), the rest on to `rest`. In a replay the ask the compaction layer
+/// logged holds the reader until the replayed layer has asked too (`summarize::ReplayGate`).
 fn route_compaction(
     rest: impl Fn(FromServer) -> bool + Send + 'static,
     usage: EventSender<FromServer>,
@@ -174,7 +190,12 @@ fn route_compaction(
     gate: Option<summarize::ReplayGate>,
 ) -> impl Fn(FromServer) -> bool + Send + 'static {
     move |e| match e {
-        FromServer::Event(e @ (ServerEvent::Step(_) | ServerEvent::Compacted { .. })) => {
+        FromServer::Event(e @ ServerEvent::Step(_)) => {
+            usage.send(FromServer::Event(e.clone()))
+                && compact.send(FromServer::Event(e.clone()))
+                && rest(FromServer::Event(e))
+        }
+        FromServer::Event(e @ ServerEvent::Compacted { .. }) => {
             usage.send(FromServer::Event(e.clone())) && compact.send(FromServer::Event(e))
         }
         FromServer::Event(e @ ServerEvent::Summarized { .. }) => compact.send(FromServer::Event(e)),
@@ -188,13 +209,27 @@ fn route_compaction(
     }
 }
 
-/// Hands each server event to the layer that acts on it: permission requests to the bridge, the rest to the
-/// activity layer. One queue: the layers handle them in the order they were read.
+/// Hands each server event to the layer that acts on it: permission requests to the bridge, steps and the
+/// steering calls' outcomes to the steering layer (if any), run states and a lost stream to both it and the
+/// activity layer, the rest to the activity layer. One queue: the layers handle them in the order they were read.
 fn route(
     activity: EventSender<FromServer>,
     bridge: EventSender<FromServer>,
+    steering: Option<EventSender<FromServer>>,
 ) -> impl Fn(FromServer) -> bool + Send + 'static {
-    move |e| if for_bridge(&e) { bridge.send(e) } else { activity.send(e) }
+    move |e| {
+        if for_bridge(&e) {
+            return bridge.send(e);
+        }
+        let Some(steering) = &steering else { return activity.send(e) };
+        match &e {
+            FromServer::Event(ServerEvent::Step(_) | ServerEvent::SteerCall { .. }) => steering.send(e),
+            FromServer::Event(ServerEvent::Status { .. }) | FromServer::Lost => {
+                steering.send(e.clone()) && activity.send(e)
+            }
+            _ => activity.send(e),
+        }
+    }
 }
 
 /// Whether a server event is the permission bridge's (else the activity layer's).
@@ -206,12 +241,14 @@ fn for_bridge(e: &FromServer) -> bool {
 fn reader(
     env: &Env,
     server: Option<server::Server>,
+    gate: Option<calls::Gate>,
     send: impl Fn(FromServer) -> bool + Send + 'static,
 ) -> Option<activity::StartReader> {
     match (&env.events, server) {
         (Some(path), _) => {
             let path = path.clone();
-            Some(Box::new(move || server::tail(path, send)))
+            let gate = gate.unwrap_or_default();
+            Some(Box::new(move || server::tail(path, gate.gated(send))))
         }
         (None, Some(s)) => Some(Box::new(move || server::follow(s, send))),
         (None, None) => {

@@ -50,7 +50,7 @@ impl Rig {
                 Box::new(bridge)
             });
             layers.add(|events| {
-                route = bridge_events.map(|bridge| crate::adapters::opencode::route(events, bridge));
+                route = bridge_events.map(|bridge| crate::adapters::opencode::route(events, bridge, None));
                 Box::new(activity)
             });
         });

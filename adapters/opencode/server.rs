@@ -7,11 +7,14 @@
 //!   as the child session exists, before the child's first model request;
 //! - `session.status` says when a session goes `busy` and `idle` (the end of any run, OpenCode's own
 //!   follow-up turns included);
-//! - `permission.asked` / `permission.replied` name every permission request, a child's included.
+//! - `permission.asked` / `permission.replied` name every permission request, a child's included;
+//! - `message.updated` of an assistant message, first sent when its step starts, names the user message it
+//!   answers (`parentID`) and the agent and model of the step (for steering).
 //!
 //! The reader reduces these to [`ServerEvent`]s and hands them to the layers (the set-up in `mod.rs` routes
 //! each to the layer that acts on it); [`Server::reply_permission`] answers a permission request through
-//! `POST /permission/{id}/reply` for the permission bridge. For replays the
+//! `POST /permission/{id}/reply` for the permission bridge, [`Server::post_message`] and
+//! [`Server::delete_message`] add and remove a steering message (`steering.rs`, through `calls.rs`). For replays the
 //! events come from a file instead (one [`ServerEvent`] per line, see [`tail`]).
 
 use std::collections::{HashMap, HashSet};
@@ -61,6 +64,18 @@ pub enum ServerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait_ms: Option<u64>,
     },
+    /// The shim's own call on the server for steering (`steering.rs`) came back: `message` is the user
+    /// message it added to `session` (`POST /session/{id}/message`, `noReply`) or removed again (`DELETE`);
+    /// `error` says why the call failed.
+    #[serde(rename = "steer.call")]
+    SteerCall {
+        session: String,
+        call: SteerCallKind,
+        #[serde(default)]
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
     /// A run of `session` failed (`session.error`): OpenCode's error name, the upstream's message, HTTP status
     /// and the error code of its answer body.
     #[serde(rename = "session.error")]
@@ -73,11 +88,13 @@ pub enum ServerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
     },
-    /// An assistant message of `session` (one per model request, `message.updated`): created at `created_ms`
-    /// (Unix ms, OpenCode's clock, just before the request); once completed, the request's context
-    /// (`tokens`: input + cache read + cache write) and `output` tokens. `summary`: a compaction's summary.
+    /// An assistant message of `session` (one per model request, `message.updated`), said when it is created
+    /// and once more when completed: created at `created_ms` (Unix ms, OpenCode's clock, just before the
+    /// request); the user message `parent` it answers and the agent and model it runs with (for steering);
+    /// once completed, the request's context (`tokens`: input + cache read + cache write) and `output` tokens
+    /// (for usage facts and compaction). `summary`: a compaction's summary.
     #[serde(rename = "message.step")]
-    Step(crate::adapters::opencode::usage::Step),
+    Step(Box<crate::adapters::opencode::usage::Step>),
     /// OpenCode compacted `session` (`session.compacted`), asked for or automatically.
     #[serde(rename = "session.compacted")]
     Compacted { session: String },
@@ -90,8 +107,16 @@ pub enum ServerEvent {
     Summarized { session: String, result: crate::adapters::opencode::compact::Summarized },
 }
 
+/// Which of the steering layer's calls a [`ServerEvent::SteerCall`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SteerCallKind {
+    Post,
+    Delete,
+}
+
 /// What the reader hands the layer.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum FromServer {
     Event(ServerEvent),
     /// The event stream was lost: what it said about running sessions may be stale (never in a replay).
@@ -160,6 +185,48 @@ impl Server {
         }
         let body = serde_json::json!({ "reply": reply }).to_string();
         let answer = req.content_type("application/json").send(&body).map_err(|e| e.to_string())?;
+        match answer.status().as_u16() {
+            200..300 => Ok(()),
+            status => Err(format!("HTTP {status}")),
+        }
+    }
+}
+
+impl Server {
+    fn authorized<B>(&self, mut req: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        if let Some(auth) = &self.auth {
+            req = req.header("Authorization", auth);
+        }
+        req
+    }
+
+    /// Adds a user message to `session` without starting a run of its own (`POST /session/{id}/message` with
+    /// `noReply: true` in `body`): a busy session's running loop takes it at its next step. The message's id.
+    pub fn post_message(&self, directory: &str, session: &str, body: &Value) -> Result<String, String> {
+        let url = self.url(&format!("/session/{}/message", utf8_percent_encode(session, NON_ALPHANUMERIC)));
+        let req = self.authorized(self.agent(Duration::from_secs(10), None).post(&url).query("directory", directory));
+        let mut answer =
+            req.content_type("application/json").send(body.to_string().as_str()).map_err(|e| e.to_string())?;
+        if !(200..300).contains(&answer.status().as_u16()) {
+            return Err(format!("HTTP {}", answer.status().as_u16()));
+        }
+        let text = answer.body_mut().with_config().limit(1 << 20).read_to_string().map_err(|e| e.to_string())?;
+        let v: Value = crate::json::from_str(&text).map_err(|e| format!("an answer that is no JSON ({e})"))?;
+        let id = v.pointer("/info/id").and_then(Value::as_str).filter(|id| !id.is_empty());
+        id.map(str::to_owned).ok_or_else(|| "an answer without `info.id`".to_owned())
+    }
+
+    /// Removes message `message` of `session` again (`DELETE /session/{id}/message/{messageId}`; OpenCode
+    /// refuses while the session is busy).
+    pub fn delete_message(&self, directory: &str, session: &str, message: &str) -> Result<(), String> {
+        let path = format!(
+            "/session/{}/message/{}",
+            utf8_percent_encode(session, NON_ALPHANUMERIC),
+            utf8_percent_encode(message, NON_ALPHANUMERIC)
+        );
+        let url = self.url(&path);
+        let req = self.authorized(self.agent(Duration::from_secs(10), None).delete(&url).query("directory", directory));
+        let answer = req.call().map_err(|e| e.to_string())?;
         match answer.status().as_u16() {
             200..300 => Ok(()),
             status => Err(format!("HTTP {status}")),
@@ -442,6 +509,70 @@ mod tests {
         assert!(head.starts_with("POST /permission/per%201/reply?directory=%2Fw%20d%2F%C3%BC HTTP/1.1"), "{head}");
         let (server, _served) = serve_once("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n");
         assert_eq!(server.reply_permission("/w", "per_2", "once"), Err("HTTP 404".into()));
+    }
+
+    #[test]
+    fn a_steering_message_is_posted_and_deleted_on_encoded_paths() {
+        let body = r#"{"info":{"id":"msg_1","role":"user"},"parts":[]}"#;
+        let (server, served) = serve_once(format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ));
+        let sent = json!({"noReply": true, "parts": [{"type": "text", "text": "x"}]});
+        assert_eq!(server.post_message("/w d", "ses 1", &sent), Ok("msg_1".into()));
+        let head = served.join().expect("server");
+        assert!(head.starts_with("POST /session/ses%201/message?directory=%2Fw%20d HTTP/1.1"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("authorization: basic"), "{head}");
+        // An answer that does not name the message, or is no JSON, or an HTTP error: no message.
+        for answer in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n1e400",
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nnope{",
+            "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            let (server, _served) = serve_once(answer);
+            assert!(server.post_message("/w", "ses_1", &sent).is_err(), "{answer}");
+        }
+        let (server, served) = serve_once("HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\ntrue");
+        server.delete_message("/w", "ses_1", "msg/1").expect("deleted");
+        let head = served.join().expect("server");
+        assert!(head.starts_with("DELETE /session/ses%5F1/message/msg%2F1?directory=%2Fw HTTP/1.1"), "{head}");
+        let (server, _served) = serve_once("HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        assert_eq!(server.delete_message("/w", "ses_1", "msg_1"), Err("HTTP 400".into()));
+    }
+
+    #[test]
+    fn an_assistant_message_is_a_step_with_what_steering_needs() {
+        let mut r = Reducer::default();
+        let updated = |role: &str, id: &str| {
+            json!({"directory":"/w","payload":{"type":"message.updated","properties":{"sessionID":"ses_p","info":{
+                "id":id,"sessionID":"ses_p","role":role,"parentID":"msg_u","agent":"build","mode":"build",
+                "providerID":"fake","modelID":"fake-model","time":{"created":1}}}}})
+        };
+        let step = ServerEvent::Step(Box::new(crate::adapters::opencode::usage::Step {
+            session: "ses_p".into(),
+            message: "msg_a".into(),
+            created_ms: 1,
+            completed_ms: None,
+            tokens: None,
+            output: None,
+            summary: false,
+            provider: Some("fake".into()),
+            model: Some("fake-model".into()),
+            parent: Some("msg_u".into()),
+            agent: Some("build".into()),
+            variant: None,
+        }));
+        assert_eq!(r.reduce(&updated("assistant", "msg_a")), Some(step));
+        assert_eq!(r.reduce(&updated("assistant", "msg_a")), None, "updated again as it runs: said once");
+        assert_eq!(r.reduce(&updated("user", "msg_u2")), None);
+        let mode_only = json!({"payload":{"type":"message.updated","properties":{"info":{"id":"msg_b",
+            "sessionID":"ses_p","role":"assistant","mode":"plan","variant":"high","time":{"created":2}}}}});
+        let Some(ServerEvent::Step(s)) = r.reduce(&mode_only) else { panic!("a step") };
+        assert_eq!((s.parent, s.agent.as_deref(), s.variant.as_deref()), (None, Some("plan"), Some("high")));
+        let no_time = json!({"payload":{"type":"message.updated","properties":{"info":{"id":"msg_c",
+            "sessionID":"ses_p","role":"assistant","parentID":"msg_u"}}}});
+        assert_eq!(r.reduce(&no_time), None);
     }
 
     /// Shapes as OpenCode 1.18.33 sent them on `/global/event` (trimmed).

@@ -51,6 +51,15 @@ pub struct Step {
     pub provider: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The user message this one answers (what steering waits for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The agent it runs with (`agent`, else `mode`) and the model's variant, if any (steering's `POST`s
+    /// run with the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 /// A count as OpenCode writes it (a JSON number), if it is one: no negative, fractional part dropped,
@@ -95,7 +104,7 @@ impl StepReducer {
             let cache = count(t.pointer("/cache/read")).unwrap_or(0) + count(t.pointer("/cache/write")).unwrap_or(0);
             Some(input + cache)
         });
-        Some(ServerEvent::Step(Step {
+        Some(ServerEvent::Step(Box::new(Step {
             session,
             message,
             created_ms,
@@ -105,7 +114,10 @@ impl StepReducer {
             summary: info.get("summary").and_then(Value::as_bool) == Some(true),
             provider: text("providerID"),
             model: text("modelID"),
-        }))
+            parent: text("parentID"),
+            agent: text("agent").or_else(|| text("mode")),
+            variant: text("variant"),
+        })))
     }
 }
 
@@ -335,7 +347,7 @@ mod tests {
     const S: &str = "ses_root";
 
     fn step(message: &str, created: u64, done: Option<(u64, u64)>, summary: bool) -> FromServer {
-        FromServer::Event(ServerEvent::Step(Step {
+        FromServer::Event(ServerEvent::Step(Box::new(Step {
             session: S.into(),
             message: message.into(),
             created_ms: created,
@@ -345,7 +357,10 @@ mod tests {
             summary,
             provider: Some("fake".into()),
             model: Some("fake-model".into()),
-        }))
+            parent: None,
+            agent: None,
+            variant: None,
+        })))
     }
 
     fn usage(session: &str, used: u64) -> Value {
@@ -495,6 +510,9 @@ mod tests {
             summary,
             provider: None,
             model: None,
+            parent: None,
+            agent: None,
+            variant: None,
         };
         assert_eq!(c.after(S), None);
         c.step(&s("a", 7678, false, 5));
