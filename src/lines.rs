@@ -147,7 +147,12 @@ impl Lines {
                     let head = self.buf[..HEAD.min(self.buf.len())].to_vec();
                     let last = self.buf.last().copied().unwrap_or_default();
                     self.skip = Some(Skip { head, len: self.buf.len(), last });
-                    self.buf.clear();
+                    if self.size == BUF {
+                        self.buf.clear();
+                    } else {
+                        // Freed, not cleared: the memory the line grew goes back at once.
+                        (self.buf, self.size) = (BytesMut::new(), 0);
+                    }
                     self.scanned = 0;
                 }
                 return None;
@@ -166,6 +171,12 @@ impl Lines {
                 return Some(Line::Text(line.freeze()));
             }
         }
+    }
+
+    /// Bytes held now, and the room of the buffer holding them (tests of what a splitter keeps).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> (usize, usize) {
+        (self.buf.len(), self.buf.capacity())
     }
 
     /// End of stream: the last line, if it had no newline.

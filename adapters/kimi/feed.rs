@@ -2,7 +2,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use bytes::Bytes;
+
 use crate::adapters::kimi::wire::{Entry, TaskInfo, parse_line};
+use crate::lines::{Line, Lines};
 
 /// The longest wire record read; a longer one is skipped with a warning. Kimi 2.1.0 bounds what it writes into
 /// one record (read in Kimi 2.1.0's bundle): a prompt image is recompressed to at most 3.75 MiB (5 MiB as base64), an
@@ -11,49 +14,38 @@ use crate::adapters::kimi::wire::{Entry, TaskInfo, parse_line};
 /// largest of these with room for the rest of the record; a record beyond it is not one Kimi writes.
 pub const RECORD_MAX: usize = 16 << 20;
 
-/// Splits appended bytes into whole lines, keeping a partial last line for the next append; a line over
-/// [`RECORD_MAX`] is dropped as soon as it is known to be over (not kept until its end).
-#[derive(Default)]
+/// Bytes handed to the engine's splitter at once: beyond a line of [`RECORD_MAX`], it holds at most this much.
+const CHUNK: usize = 1 << 20;
+
+/// Splits appended bytes into whole lines with the engine's splitter ([`Lines`], limit [`RECORD_MAX`]),
+/// keeping a partial last line for the next append. A line over the limit is skipped in bounded memory (its
+/// bytes dropped as they come, the buffer it grew freed) and counted in `skipped` once its end is read.
 pub struct Splitter {
-    partial: Vec<u8>,
-    /// Inside a line over the limit: its bytes are dropped until its end.
-    skipping: bool,
+    lines: Lines,
     /// Lines dropped for their size since the last look.
     pub skipped: usize,
 }
 
+impl Default for Splitter {
+    fn default() -> Splitter {
+        Splitter { lines: Lines::new(RECORD_MAX), skipped: 0 }
+    }
+}
+
 impl Splitter {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+    /// The whole lines `bytes` ends, without their line end (`\r\n` or `\n`); blank lines are skipped.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Bytes> {
         let mut out = Vec::new();
-        let mut rest = bytes;
-        while let Some(at) = memchr::memchr(b'\n', rest) {
-            let piece = &rest[..at];
-            rest = &rest[at + 1..];
-            if std::mem::take(&mut self.skipping) {
-                continue;
-            }
-            if self.partial.len() + piece.len() > RECORD_MAX {
-                self.partial = Vec::new();
-                self.skipped += 1;
-                continue;
-            }
-            let mut line = std::mem::take(&mut self.partial);
-            line.extend_from_slice(piece);
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            if !line.iter().all(u8::is_ascii_whitespace) {
-                out.push(line);
-            }
-        }
-        if !self.skipping {
-            if self.partial.len() + rest.len() > RECORD_MAX {
-                // Freed, not cleared: the memory of a huge line goes back at once.
-                self.partial = Vec::new();
-                self.skipping = true;
-                self.skipped += 1;
-            } else {
-                self.partial.extend_from_slice(rest);
+        for chunk in bytes.chunks(CHUNK) {
+            self.lines.push(chunk);
+            while let Some(line) = self.lines.next_line() {
+                match line {
+                    Line::Text(mut line) => {
+                        line.truncate(line.len() - 1);
+                        out.push(line);
+                    }
+                    Line::TooLong { .. } => self.skipped += 1,
+                }
             }
         }
         out
@@ -61,8 +53,7 @@ impl Splitter {
 
     /// Forgets a partial line (the file was replaced).
     pub fn reset(&mut self) {
-        self.partial = Vec::new();
-        self.skipping = false;
+        self.lines = Lines::new(RECORD_MAX);
     }
 }
 
@@ -256,24 +247,35 @@ mod tests {
     #[test]
     fn lines_buffer_a_partial_last_line() {
         let mut l = Splitter::default();
-        assert_eq!(l.push(b"{\"a\":1}\n{\"b\""), vec![b"{\"a\":1}".to_vec()]);
-        assert_eq!(l.push(b":2}\n\n"), vec![b"{\"b\":2}".to_vec()]);
+        assert_eq!(l.push(b"{\"a\":1}\n{\"b\""), [&b"{\"a\":1}"[..]]);
+        assert_eq!(l.push(b":2}\r\n\n \n"), [&b"{\"b\":2}"[..]]);
         assert!(l.push(b"").is_empty());
+        // A replaced file: its partial line is forgotten.
+        assert!(l.push(b"{\"c\"").is_empty());
+        l.reset();
+        assert_eq!(l.push(b"{\"d\":4}\n"), [&b"{\"d\":4}"[..]]);
     }
 
     #[test]
     fn a_line_over_the_limit_is_dropped_as_soon_as_it_is_over_and_the_next_one_is_read() {
         let mut l = Splitter::default();
         let piece = vec![b'x'; 1 << 20];
-        assert_eq!(l.push(b"{\"a\":1}\n{\"huge\":\""), vec![b"{\"a\":1}".to_vec()]);
+        assert_eq!(l.push(b"{\"a\":1}\n{\"huge\":\""), [&b"{\"a\":1}"[..]]);
         for _ in 0..(RECORD_MAX >> 20) + 2 {
             assert!(l.push(&piece).is_empty());
-            assert!(l.partial.len() <= RECORD_MAX, "kept {} bytes", l.partial.len());
+            let (held, room) = l.lines.held();
+            assert!(held <= RECORD_MAX + 1, "kept {held} bytes");
+            assert!(room <= RECORD_MAX + 2 * CHUNK, "kept room for {room} bytes");
         }
+        // Once over, the bytes of the line are dropped as they come, and the memory it grew is given back.
+        assert!(l.lines.held().1 <= CHUNK, "kept room for {} bytes", l.lines.held().1);
+        // One whole piece larger than the limit as well.
+        assert_eq!(l.push(b"\"}\n{\"b\":2}\n"), [&b"{\"b\":2}"[..]]);
         assert_eq!(l.skipped, 1);
-        assert!(l.partial.capacity() == 0 && l.skipping);
-        assert_eq!(l.push(b"\"}\n{\"b\":2}\n"), vec![b"{\"b\":2}".to_vec()]);
-        assert_eq!(l.skipped, 1);
+        let mut whole = vec![b'y'; RECORD_MAX + CHUNK + 7];
+        whole.extend_from_slice(b"\n{\"c\":3}\n");
+        assert_eq!(l.push(&whole), [&b"{\"c\":3}"[..]]);
+        assert_eq!(l.skipped, 2);
         // Exactly at the limit is kept; one byte more is not, also when the line ends in the same piece.
         let mut at_limit = vec![b' '; RECORD_MAX - 2];
         at_limit.splice(0..0, *b"{}");
@@ -283,6 +285,6 @@ mod tests {
         over.splice(0..0, *b"{}");
         over.push(b'\n');
         assert!(l.push(&over).is_empty());
-        assert_eq!(l.skipped, 2);
+        assert_eq!(l.skipped, 3);
     }
 }

@@ -54,7 +54,9 @@ pub enum Tick {
     Failure(u64),
 }
 
-/// Starts reading OpenCode's server (a thread of the set-up's).
+/// Starts reading OpenCode's server (or a replay's events file) on a thread of its own and returns: the set-up's
+/// (`mod.rs`), which the layer runs once as a job ([`Cx::work`]), so that no thread is started and no socket
+/// opened on the relay loop. What the reader reads reaches the layers as their events.
 pub type StartReader = Box<dyn FnOnce() + Send>;
 
 #[derive(Debug)]
@@ -216,6 +218,9 @@ impl OpenCodeActivity {
             handling: Handling::default(),
         }
     }
+
+    /// The job that starts the reader is done: what it reads comes as events; nothing to do here.
+    fn reader_started(&mut self, (): (), _: &mut Cx) {}
 
     fn report(&mut self, w: &Wait, cx: &mut Cx) {
         if let Some(f) = self.register.report(w) {
@@ -519,7 +524,7 @@ impl Layer for OpenCodeActivity {
                 }
                 if request.is_some_and(|(method, _)| method == "initialize") {
                     if let Some(start) = self.reader.start.take() {
-                        start();
+                        cx.work(start, OpenCodeActivity::reader_started);
                     }
                     return cx.to_client(frame);
                 }

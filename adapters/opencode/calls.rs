@@ -1,34 +1,21 @@
-//! The steering layer's calls on OpenCode's server (`steering.rs`), made off the relay thread.
+//! The steering layer's calls on OpenCode's server (`steering.rs`), made off the relay loop.
 //!
-//! Live, each [`Call`] is an HTTP request on a thread of its own ([`caller`]), whose outcome goes back to the
-//! layer as a [`ServerEvent::SteerCall`]. In a replay there is no server: the outcomes are in the recording's
-//! events file, where the player writes them in the order they came live. The [`Gate`] stands in for the
-//! server: the layer's calls open it, and the file's reader hands the layer each recorded outcome (and so
-//! everything recorded after it) only once the layer has asked for that call, as it had live.
+//! Live, each [`Call`] is an HTTP request ([`caller`]) that the layer runs as a job ([`crate::layer::Cx::work`]):
+//! on the engine's workers, its outcome, a [`ServerEvent::SteerCall`], the job's result. In a replay there is no
+//! server: the outcomes are in the recording's events file, where the player writes them in the order they came
+//! live. The [`Gate`] stands in for the server: the layer's calls open it, and the file's reader hands the layer
+//! each recorded outcome (and so everything recorded after it) only once the layer has asked for that call, as
+//! it had live.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::adapters::opencode::server::{FromServer, Server, ServerEvent, SteerCallKind};
 use crate::adapters::opencode::steering::{Call, Caller};
-use crate::layer::EventSender;
 
-/// Makes each call on `server` on a thread of its own; the outcome goes to `events`.
-pub fn caller(server: Server, events: EventSender<FromServer>) -> Caller {
-    Box::new(move |call: Call| {
-        let (server, to_layer) = (server.clone(), events.clone());
-        let failed = (call.session().to_owned(), call.kind());
-        let spawned = std::thread::Builder::new().name("opencode-steer".into()).spawn(move || {
-            to_layer.send(FromServer::Event(make(&server, call)));
-        });
-        if let Err(e) = spawned {
-            let (session, call) = failed;
-            let error = Some(format!("cannot start a thread for the call: {e}"));
-            // The relay gone is the only way this send fails: then no one is waiting.
-            let _ =
-                events.send(FromServer::Event(ServerEvent::SteerCall { session, call, message: String::new(), error }));
-        }
-    })
+/// Makes each call on `server` (blocking, on the job's thread) and gives its outcome.
+pub fn caller(server: Server) -> Caller {
+    Arc::new(move |call: Call| Some(make(&server, call)))
 }
 
 fn make(server: &Server, call: Call) -> ServerEvent {
@@ -46,21 +33,6 @@ fn make(server: &Server, call: Call) -> ServerEvent {
     }
 }
 
-impl Call {
-    fn session(&self) -> &str {
-        match self {
-            Call::Post { session, .. } | Call::Delete { session, .. } => session,
-        }
-    }
-
-    fn kind(&self) -> SteerCallKind {
-        match self {
-            Call::Post { .. } => SteerCallKind::Post,
-            Call::Delete { .. } => SteerCallKind::Delete,
-        }
-    }
-}
-
 /// How long the replay's reader waits for the layer to ask for a call whose outcome is next in the file.
 pub const GATE_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -69,13 +41,14 @@ pub const GATE_PATIENCE: Duration = Duration::from_secs(30);
 pub struct Gate(Arc<(Mutex<u64>, Condvar)>);
 
 impl Gate {
-    /// What the layer calls in a replay: counts the call.
+    /// What the layer calls in a replay: counts the call; its outcome is the file's.
     pub fn caller(&self) -> Caller {
         let gate = self.clone();
-        Box::new(move |_| {
+        Arc::new(move |_| {
             let (asked, woken) = &*gate.0;
             *asked.lock().unwrap_or_else(|p| p.into_inner()) += 1;
             woken.notify_all();
+            None
         })
     }
 
@@ -117,8 +90,8 @@ mod tests {
     fn a_recorded_outcome_waits_for_its_call() {
         let gate = Gate::default();
         assert!(!gate.release(Duration::from_millis(10)), "nothing asked yet");
-        let mut call = gate.caller();
-        call(Call::Delete { session: "s".into(), directory: "/w".into(), message: "m".into() });
+        let call = gate.caller();
+        assert_eq!(call(Call::Delete { session: "s".into(), directory: "/w".into(), message: "m".into() }), None);
         assert!(gate.release(Duration::from_millis(10)));
         assert!(!gate.release(Duration::from_millis(10)), "one outcome per call");
         let waiting = {

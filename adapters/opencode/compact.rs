@@ -6,19 +6,21 @@
 //!   `summary: true`, and OpenCode's ACP bridge streams its text as `agent_message_chunk`s (with that
 //!   message's `messageId`) outside any prompt: the layer drops them, they are not a reply to anyone.
 //! - Run during a turn it stopped that turn's loop and the running tool's result never reached the model:
-//!   the layer refuses while a Coda turn of the session is open, and the set-up's thread asks
+//!   the layer refuses while a Coda turn of the session is open, and the ask (`summarize.rs`) asks
 //!   `GET /session/status` first (OpenCode's own turns on a background result are busy too).
 //! - The session's model is needed: the latest said by `session/new`, `load`, `resume` (`configOptions`
 //!   `model`, `provider/model`), `set_config_option`, `set_model`, or a step on OpenCode's server.
 //!
-//! The layer does no HTTP: it hands an [`Ask`] to the set-up's [`Asker`] (a thread, `summarize.rs`) and gets
-//! the answer back as a [`ServerEvent::Summarized`] event. `before` is the context of the latest step (exact,
+//! The layer does no HTTP: it runs the set-up's [`Asker`] (`summarize.rs`) on an [`Ask`] as a job
+//! ([`Cx::work`], off the relay loop) and gets the answer back as the job's result, handled as a
+//! [`ServerEvent::Summarized`] (in a replay that event comes from the recording's events file instead). `before` is the context of the latest step (exact,
 //! OpenCode's own count); `after` an estimate (`usage::Contexts::after`). A `session/prompt` that comes
 //! during it waits in the [`Gate`]; Coda's request is answered `compacted: false` after [`DEADLINE`], and the
 //! summary is then cancelled (`session/cancel`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -43,7 +45,7 @@ pub enum Summarized {
     Failed { why: String },
 }
 
-/// A compaction the set-up's thread is to ask OpenCode's server for.
+/// A compaction to ask OpenCode's server for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ask {
     pub session: String,
@@ -53,8 +55,10 @@ pub struct Ask {
     pub model: String,
 }
 
-/// Hands an [`Ask`] to the thread that makes the HTTP calls; its answer comes back as an event.
-pub type Asker = Box<dyn FnMut(Ask) + Send>;
+/// Asks OpenCode's server for a compaction and gives its answer, or `None` when the answer comes another way (a
+/// replay's events file, `summarize::ReplayGate`). HTTP requests, the summary a model request of minutes: the
+/// layer runs it as a job ([`Cx::work`]), which holds one of the engine's few workers meanwhile.
+pub type Asker = Arc<dyn Fn(Ask) -> Option<Summarized> + Send + Sync>;
 
 /// After OpenCode's server answered `true`: how long to wait for its `session.compacted` (and the summary's
 /// tokens) before answering with what is known.
@@ -162,7 +166,7 @@ impl OpenCodeCompact {
             return refuse("OpenCode has not said which model this session uses; send a prompt first", cx);
         };
         let directory = known.cwd.clone();
-        let Some(asker) = self.asker.as_mut() else {
+        let Some(asker) = self.asker.clone() else {
             return refuse("OpenCode's server is not known to the shim, and only it compacts", cx);
         };
         self.next += 1;
@@ -172,8 +176,22 @@ impl OpenCodeCompact {
         let before = self.contexts.before(&session);
         self.running.insert(session.clone(), Running { id, n, before });
         self.record.handled(&ServerEvent::SummarizeAsked { session: session.clone() }, cx.wall());
-        asker(Ask { session, directory, provider, model });
+        let ask = Ask { session, directory, provider, model };
+        cx.work(
+            move || {
+                let session = ask.session.clone();
+                asker(ask).map(|result| ServerEvent::Summarized { session, result })
+            },
+            OpenCodeCompact::asked,
+        );
         cx.after(DEADLINE, Tick::Deadline(n));
+    }
+
+    /// OpenCode's server answered an ask (none: a replay's events file brings the answer).
+    fn asked(&mut self, answer: Option<ServerEvent>, cx: &mut Cx) {
+        if let Some(e) = answer {
+            self.server_event(e, cx);
+        }
     }
 
     /// The compaction of `session` ended: Coda's answer, then the prompts held meanwhile.
@@ -398,7 +416,12 @@ mod tests {
     fn harness(server: bool) -> (Harness, Asked) {
         let asked = Asked::default();
         let a = asked.clone();
-        let asker: Option<Asker> = server.then(|| Box::new(move |ask| a.lock().unwrap().push(ask)) as Asker);
+        let asker: Option<Asker> = server.then(|| {
+            Arc::new(move |ask| {
+                a.lock().unwrap().push(ask);
+                None
+            }) as Asker
+        });
         let mut h = Harness::of(OpenCodeCompact::new(asker, Record::off()));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(

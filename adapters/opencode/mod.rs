@@ -2,13 +2,17 @@
 //! Coda's steering through OpenCode's own server.
 //!
 //! The layers, nearest the client first: the session instruction; usage facts on root `usage_update`s
-//! (`usage.rs`); `_coda/session/compact` (`compact.rs`, whose HTTP calls `summarize.rs` makes on threads of
-//! the set-up's); Coda's steering (`steering.rs`, whose calls on OpenCode's server `calls.rs` makes off the
-//! relay thread); the permission bridge (`permissions.rs`),
+//! (`usage.rs`); `_coda/session/compact` (`compact.rs`, whose HTTP calls are `summarize.rs`'s); Coda's steering
+//! (`steering.rs`, whose calls on OpenCode's server are `calls.rs`'s); the permission bridge (`permissions.rs`),
 //! which resumes the children the activity layer announces and answers their permission requests; the
-//! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). This file is
-//! their set-up: it reads the environment once, owns the event record's file (`record.rs`) and starts the
-//! reader of OpenCode's server (`server.rs`), whose events it routes to the layer that acts on them.
+//! activity layer (`activity.rs`: `task` calls as waits, OpenCode's own turns, failed turns). The layers do no
+//! I/O: each HTTP call, and the start of the reader of OpenCode's server (`server.rs`), is a job a layer asks
+//! the engine for (`Cx::work`), run off the relay loop, its result one more input of that layer.
+//!
+//! This file is their set-up, and the one place of the adapter that reads the environment (once, in
+//! [`Env::read`] and `server::Server::from_args`); it owns the event record's file and its writer thread
+//! (`record.rs`), and builds what the jobs run: the calls on the server, or a replay's stand-ins for them, and
+//! the reader, whose events it routes to the layer that acts on them.
 //!
 //! `opencode acp` always starts OpenCode's HTTP server (default port 4096, else any). The default command
 //! gives it a free port, so the activity layer can read the server's events (`server.rs`): the only place
@@ -22,6 +26,8 @@ pub mod activity;
 pub mod calls;
 pub mod compact;
 pub mod failure;
+#[cfg(test)]
+mod off_loop;
 pub mod permissions;
 pub mod record;
 #[cfg(test)]
@@ -86,6 +92,7 @@ use crate::layer::EventSender;
 use record::Record;
 use server::{FromServer, ServerEvent};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Everything the layers need from the environment, read once at set-up.
@@ -143,7 +150,7 @@ fn layers(setup: &mut Setup) {
     setup.add(|events: EventSender<FromServer>| {
         let asker = match (&replay_gate, &server) {
             (Some(gate), _) => Some(gate.asker()),
-            (None, Some(s)) => Some(summarize::live(s.clone(), events.clone())),
+            (None, Some(s)) => Some(summarize::live(s.clone())),
             (None, None) => None,
         };
         compact_events = Some(events);
@@ -156,7 +163,7 @@ fn layers(setup: &mut Setup) {
     setup.add(|events| {
         let caller = match caller_gate {
             Some(g) => Some(g.caller()),
-            None => steer_server.map(|s| calls::caller(s, events.clone())),
+            None => steer_server.map(calls::caller),
         };
         steer_events = Some(events);
         Box::new(steering::OpenCodeSteering::new(caller, steer_record))
@@ -262,24 +269,11 @@ fn reader(
     }
 }
 
-/// Answers a permission request on OpenCode's server, on a thread of its own (an HTTP request).
+/// Answers a permission request on OpenCode's server (an HTTP request: the bridge runs it as a job).
 fn replier(server: Option<server::Server>) -> permissions::Replier {
     match server {
-        Some(s) => Box::new(move |directory, id, reply| {
-            let (s, directory, id, reply) = (s.clone(), directory.to_owned(), id.to_owned(), reply.to_owned());
-            let spawned = std::thread::Builder::new().name("opencode-reply".into()).spawn(move || {
-                if let Err(e) = s.reply_permission(&directory, &id, &reply) {
-                    tracing::warn!("OpenCode did not take the answer to permission request {id}: {e}");
-                }
-            });
-            if let Err(e) = spawned {
-                tracing::warn!("cannot answer permission request: {e}");
-            }
-        }),
-        None => Box::new(|_, id, reply| {
-            tracing::warn!("cannot pass the answer to OpenCode's permission request {id}: its server is unknown");
-            tracing::debug!("the answer: {reply:?}");
-        }),
+        Some(s) => Arc::new(move |directory: &str, id: &str, reply: &str| s.reply_permission(directory, id, reply)),
+        None => Arc::new(|_: &str, _: &str, _: &str| Err("OpenCode's server is unknown to the shim".to_owned())),
     }
 }
 

@@ -13,6 +13,7 @@
 //!   OpenCode forwards late gets Coda's answer instead of a second question.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -30,8 +31,16 @@ pub const ASK_GRACE: Duration = Duration::from_secs(1);
 /// Ids of the shim's own permission requests to Coda.
 pub const ASK_ID: &str = "coda-opencode-ask-";
 
-/// Answers a permission request on OpenCode's server: (directory, request id, `once`|`always`|`reject`).
-pub type Replier = Box<dyn FnMut(&str, &str, &str) + Send>;
+/// Answers a permission request on OpenCode's server: (directory, request id, `once`|`always`|`reject`); the
+/// error says why OpenCode did not take it. An HTTP request (`mod.rs`): the layer runs it as a job
+/// ([`Cx::work`]), off the relay loop.
+pub type Replier = Arc<dyn Fn(&str, &str, &str) -> Result<(), String> + Send + Sync>;
+
+/// What became of an answer to a permission request on OpenCode's server (the result of its job).
+struct Replied {
+    id: String,
+    result: Result<(), String>,
+}
 
 /// Wake-ups this layer asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -258,7 +267,21 @@ impl Permissions {
             }
             _ => "reject",
         };
-        (self.replier)(&ask.directory, &id, reply);
+        let (replier, directory, reply) = (self.replier.clone(), ask.directory, reply.to_owned());
+        cx.work(
+            move || {
+                let result = replier(&directory, &id, &reply);
+                Replied { id, result }
+            },
+            Permissions::replied,
+        );
+    }
+
+    /// OpenCode's server took Coda's answer to a permission request, or did not.
+    fn replied(&mut self, Replied { id, result }: Replied, _: &mut Cx) {
+        if let Err(e) = result {
+            tracing::warn!("OpenCode did not take the answer to permission request {id}: {e}");
+        }
     }
 
     /// OpenCode's own forward of a permission request: passed on, unless Coda has (or had) the shim's copy.
@@ -439,7 +462,11 @@ mod tests {
         assert!(rig.advance(ASK_GRACE).0.is_empty(), "asked once");
         let answer = json!({"jsonrpc":"2.0","id":"coda-opencode-ask-1",
             "result":{"outcome":{"outcome":"selected","optionId":"once"}}});
+        // The answer on OpenCode's server is a job, made off the loop: not before it runs.
+        rig.hold_work();
         assert_eq!(rig.client(answer), (vec![], vec![]), "Coda's answer is the shim's");
+        assert!(rig.replies().is_empty(), "not answered on the relay loop");
+        assert_eq!(rig.run_work(), (vec![], vec![]));
         assert_eq!(rig.replies(), vec![("/w".into(), "per_1".into(), "once".into())]);
         // OpenCode's copy turning up after all gets the same answer, not a second question.
         let (to_client, to_agent) = rig.raw_agent(forwarded(5, "call_28"));

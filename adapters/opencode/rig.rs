@@ -36,8 +36,9 @@ impl Rig {
     pub fn new(resume_delay: Duration, record: Record) -> Rig {
         let replies = Replies::default();
         let r = replies.clone();
-        let replier = Box::new(move |d: &str, id: &str, reply: &str| {
-            r.lock().expect("lock").push((d.into(), id.into(), reply.into()))
+        let replier = Arc::new(move |d: &str, id: &str, reply: &str| {
+            r.lock().expect("lock").push((d.into(), id.into(), reply.into()));
+            Ok(())
         });
         let bridge = Permissions::new(replier, record.clone(), resume_delay);
         let activity = OpenCodeActivity::new(None, record, Duration::from_secs(60));
@@ -133,6 +134,17 @@ impl Rig {
         assert_eq!(resume["params"], json!({"sessionId":C,"cwd":"/w","mcpServers":[]}));
         let (to_client, _) = self.raw_agent(json!({"jsonrpc":"2.0","id":resume["id"],"result":{"configOptions":[]}}));
         assert!(to_client.is_empty(), "the shim's own resume is not Coda's");
+    }
+
+    /// Keeps the layers' jobs (their calls on OpenCode's server) until [`Rig::run_work`].
+    pub fn hold_work(&mut self) {
+        self.h.hold_work();
+    }
+
+    /// Runs the jobs kept: what their results sent.
+    pub fn run_work(&mut self) -> Out {
+        self.h.run_work();
+        self.out()
     }
 
     pub fn replies(&self) -> Vec<(String, String, String)> {

@@ -134,6 +134,7 @@ pub struct Server {
 
 impl Server {
     /// The server named by an `opencode acp` command line (`--port N`, `--hostname H`), if it names a port.
+    /// Set-up only (`mod.rs`): it reads the environment (`OPENCODE_SERVER_PASSWORD`, `OPENCODE_SERVER_USERNAME`).
     pub fn from_args(args: &[String]) -> Option<Server> {
         let value = |name: &str| {
             let mut found = None;

@@ -24,11 +24,13 @@
 //!   answer is outstanding, so Coda always gets the steering answer first.
 //! - One steering in flight per session: another one before the first is answered gets -32600.
 //!
-//! The layer does no I/O: it asks for each HTTP call through its [`Caller`] (a thread of the set-up's, see
-//! `mod.rs`), whose outcome comes back as a [`ServerEvent::SteerCall`] through its event sender, in order
-//! with the server's events (routed here by the set-up); it logs the events it handled to the [`Record`].
+//! The layer does no I/O: each HTTP call is a job ([`Cx::work`]) that runs its [`Caller`] (`calls.rs`) off the
+//! relay loop; the call's outcome comes back to the layer as the job's result, a [`ServerEvent::SteerCall`]
+//! handled like the server's events (routed here by the set-up). In a replay the outcome comes from the
+//! recording's events file instead. The layer logs the events it handled to the [`Record`].
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -53,8 +55,10 @@ pub enum Call {
     Delete { session: String, directory: String, message: String },
 }
 
-/// Makes a [`Call`] off the relay thread; its outcome comes back as a [`ServerEvent::SteerCall`].
-pub type Caller = Box<dyn FnMut(Call) + Send>;
+/// Makes a [`Call`] on OpenCode's server and gives its outcome (a [`ServerEvent::SteerCall`]), or `None` when
+/// the outcome comes another way (a replay's events file, `calls::Gate`). An HTTP request: the layer runs it
+/// as a job ([`Cx::work`]), off the relay loop.
+pub type Caller = Arc<dyn Fn(Call) -> Option<ServerEvent> + Send + Sync>;
 
 /// Wake-ups: [`TURN_HOLD`] after Coda's answer to the turn of a steering message (by session) was held.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -171,9 +175,18 @@ impl OpenCodeSteering {
         prompt.map(|r| r.id.clone())
     }
 
-    fn call(&mut self, call: Call) {
-        if let Some(caller) = self.caller.as_mut() {
-            caller(call);
+    /// Asks the engine to make `call` off the relay loop ([`Cx::work`]); its outcome comes back to
+    /// [`OpenCodeSteering::called`].
+    fn call(&mut self, call: Call, cx: &mut Cx) {
+        if let Some(caller) = self.caller.clone() {
+            cx.work(move || caller(call), OpenCodeSteering::called);
+        }
+    }
+
+    /// The outcome of a call, as the server's events are handled (none: a replay's file brings it).
+    fn called(&mut self, outcome: Option<ServerEvent>, cx: &mut Cx) {
+        if let Some(e) = outcome {
+            self.server_event(e, cx);
         }
     }
 
@@ -228,7 +241,7 @@ impl OpenCodeSteering {
             turn_end: None,
         };
         self.in_flight.insert(session.to_owned(), steer);
-        self.call(Call::Post { session: session.to_owned(), directory, body });
+        self.call(Call::Post { session: session.to_owned(), directory, body }, cx);
     }
 
     /// Answers the steering message of `session` and lets the turn's answer follow it.
@@ -257,7 +270,7 @@ impl OpenCodeSteering {
         }
         steer.deleting = true;
         let directory = steer.directory.clone();
-        self.call(Call::Delete { session: session.to_owned(), directory, message });
+        self.call(Call::Delete { session: session.to_owned(), directory, message }, cx);
     }
 
     /// A step of `session`: begun (said when created) or completed (said again), answering `parent`.
@@ -479,7 +492,10 @@ mod tests {
     fn started() -> (Harness, Calls) {
         let calls = Calls::default();
         let kept = calls.clone();
-        let caller: Caller = Box::new(move |c| kept.lock().expect("lock").push(c));
+        let caller: Caller = Arc::new(move |c| {
+            kept.lock().expect("lock").push(c);
+            None
+        });
         let mut h = Harness::of(OpenCodeSteering::new(Some(caller), Record::off()));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}));

@@ -1,8 +1,8 @@
-//! The HTTP side of a compaction (`compact.rs`): set-up threads, never a layer.
+//! The HTTP side of a compaction (`compact.rs`): what the layer's jobs run, never the layer.
 //!
-//! Live, each [`Ask`] gets a thread of its own that asks OpenCode's server `GET /session/status` (a busy
-//! session is not compacted: OpenCode would stop its turn) and then `POST /session/{id}/summarize`, and hands
-//! the answer to the compaction layer as a [`ServerEvent::Summarized`] event.
+//! Live, each [`Ask`] is a job of the compaction layer's ([`crate::layer::Cx::work`], on the engine's workers)
+//! that asks OpenCode's server `GET /session/status` (a busy session is not compacted: OpenCode would stop its
+//! turn) and then `POST /session/{id}/summarize`; the answer is the job's result.
 //!
 //! In a replay no server runs: the answer comes from the recording's events file, like every server event.
 //! The layer logged its ask there ([`ServerEvent::SummarizeAsked`]), and the file reader waits at that line
@@ -17,24 +17,17 @@ use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use crate::adapters::opencode::compact::{Ask, Asker, Summarized};
-use crate::adapters::opencode::server::{FromServer, Server, ServerEvent};
+use crate::adapters::opencode::server::Server;
 use crate::coda::compact::DEADLINE;
-use crate::layer::EventSender;
 
-/// Asks OpenCode's server, one thread per ask.
-pub fn live(server: Server, events: EventSender<FromServer>) -> Asker {
-    Box::new(move |ask: Ask| {
-        let (server, events) = (server.clone(), events.clone());
-        let spawned = std::thread::Builder::new().name("opencode-summarize".into()).spawn(move || {
-            let result = summarize(&server, &ask);
-            if let Summarized::Failed { why } = &result {
-                tracing::warn!("OpenCode did not compact session {}: {why}", ask.session);
-            }
-            events.send(FromServer::Event(ServerEvent::Summarized { session: ask.session, result }));
-        });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot ask OpenCode to compact: {e}");
+/// Asks OpenCode's server (blocking, on the job's thread) and gives its answer.
+pub fn live(server: Server) -> Asker {
+    Arc::new(move |ask: Ask| {
+        let result = summarize(&server, &ask);
+        if let Summarized::Failed { why } = &result {
+            tracing::warn!("OpenCode did not compact session {}: {why}", ask.session);
         }
+        Some(result)
     })
 }
 
@@ -97,13 +90,14 @@ pub struct ReplayGate {
 const REPLAY_WAIT: Duration = Duration::from_secs(30);
 
 impl ReplayGate {
-    /// The layer's asker: each ask is counted, nothing else happens.
+    /// The layer's asker: each ask is counted, nothing else happens (the answer is the file's).
     pub fn asker(&self) -> Asker {
         let gate = self.clone();
-        Box::new(move |ask: Ask| {
+        Arc::new(move |ask: Ask| {
             let (asks, asked) = &*gate.asks;
             *asks.lock().unwrap_or_else(|p| p.into_inner()).entry(ask.session).or_default() += 1;
             asked.notify_all();
+            None
         })
     }
 
@@ -208,12 +202,12 @@ mod tests {
     #[test]
     fn the_replay_gate_lets_the_reader_on_once_per_ask() {
         let gate = ReplayGate::default();
-        let mut asker = gate.asker();
+        let asker = gate.asker();
         let waiting = {
             let gate = gate.clone();
             std::thread::spawn(move || gate.wait("ses_1"))
         };
-        asker(ask());
+        assert_eq!(asker(ask()), None, "the answer is the file's");
         assert!(waiting.join().expect("reader"), "let on by the ask");
         asker(ask());
         assert!(gate.wait("ses_1"));
