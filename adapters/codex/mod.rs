@@ -72,6 +72,8 @@ fn codex_package_version(dir: &Path) -> Option<String> {
     value.get("version")?.as_str().map(str::to_owned)
 }
 
+/// The stack. Set-up, like all of this file (the layers are not): the clock (the probe's deadline), the time
+/// zone, the environment and the CLI's version (on a thread started here) are read here, once; the layers get values.
 fn layers(setup: &mut Setup) {
     let command = setup.command.clone();
     let give_up_at = Instant::now() + VERSION_DEADLINE;

@@ -84,6 +84,8 @@ fn default_command() -> Result<Found, FindError> {
     })
 }
 
+/// The stack. Set-up, like all of this file (the layers are not): the environment (Grok's home, the retry
+/// patience) is read here, once; the layers get values.
 fn layers(setup: &mut Setup) {
     let probed = setup.version.clone();
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));

@@ -92,7 +92,7 @@ pub struct Started {
     pub snapshot: Vec<Chunk>,
 }
 
-/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`.
+/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`. Set-up only (`mod.rs`): it reads the environment.
 pub fn data_root() -> Option<PathBuf> {
     if let Some(home) = std::env::var_os("KIMI_CODE_HOME").filter(|h| !h.is_empty()) {
         return Some(PathBuf::from(home));

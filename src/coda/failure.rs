@@ -16,7 +16,7 @@ use crate::frame::{self, Frame, Id};
 pub const RETRY_PATIENCE: Duration = Duration::from_secs(60);
 
 /// [`RETRY_PATIENCE`], or `CODA_SHIM_RETRY_PATIENCE_MS` where set (replays of a stopped run use a shorter one,
-/// so they need not wait a real minute).
+/// so they need not wait a real minute). Set-up only (an adapter's `mod.rs`): it reads the environment.
 pub fn retry_patience() -> Duration {
     std::env::var("CODA_SHIM_RETRY_PATIENCE_MS")
         .ok()
