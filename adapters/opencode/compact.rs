@@ -13,8 +13,9 @@
 //!
 //! The layer does no HTTP: it runs the set-up's [`Asker`] (`summarize.rs`) on an [`Ask`] as a job
 //! ([`Cx::work`], off the relay loop) and gets the answer back as the job's result, handled as a
-//! [`ServerEvent::Summarized`] (in a replay that event comes from the recording's events file instead). `before` is the context of the latest step (exact,
-//! OpenCode's own count); `after` an estimate (`usage::Contexts::after`). A `session/prompt` that comes
+//! [`ServerEvent::Summarized`] (in a replay that event comes from the recording's events file instead).
+//! `before` is the context of the latest step (exact, OpenCode's own count); `after` an estimate
+//! (`usage::Contexts::after`). A `session/prompt` that comes
 //! during it waits in the [`Gate`]; Coda's request is answered `compacted: false` after [`DEADLINE`], and the
 //! summary is then cancelled (`session/cancel`).
 

@@ -9,8 +9,8 @@
 //! I/O: each HTTP call, and the start of the reader of OpenCode's server (`server.rs`), is a job a layer asks
 //! the engine for (`Cx::work`), run off the relay loop, its result one more input of that layer.
 //!
-//! This file is their set-up, and the one place of the adapter that reads the environment (once, in
-//! [`Env::read`] and `server::Server::from_args`); it owns the event record's file and its writer thread
+//! This file is their set-up, and the one place of the adapter that reads the environment (once, while it
+//! builds the stack: `Env::read`, `server::Server::from_args`); it owns the event record's file and its writer thread
 //! (`record.rs`), and builds what the jobs run: the calls on the server, or a replay's stand-ins for them, and
 //! the reader, whose events it routes to the layer that acts on them.
 //!
