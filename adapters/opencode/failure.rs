@@ -13,7 +13,7 @@
 //! | `insufficient_quota`, `exceeded_current_quota_error` | `quota_exhausted` |
 //! | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | `service_unavailable`, `input: accepted` |
 //! | `invalid_api_key` (HTTP 401) | -32000 (a login problem) |
-//! | none, HTTP 503 (a body of plain text: "Service Unavailable: <body>") | `service_unavailable`, `input: accepted` |
+//! | none, HTTP 503 (a body of plain text: "Service Unavailable: `<body>`") | `service_unavailable`, `input: accepted` |
 //! | none (a 502 page, a dropped connection) | the plain error |
 //!
 //! HTTP 503 is an explicit reason of its own (RFC 9110: the server is temporarily unable to handle the request,

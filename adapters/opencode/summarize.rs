@@ -6,8 +6,10 @@
 //!
 //! In a replay no server runs: the answer comes from the recording's events file, like every server event.
 //! The layer logged its ask there ([`ServerEvent::SummarizeAsked`]), and the file reader waits at that line
-//! until the replayed layer has asked too ([`ReplayGate`]), so that what OpenCode did after the ask reaches
-//! the layers after the ask, as it did live.
+//! until the replayed layer's job has asked too ([`ReplayGate`]), so that what OpenCode did after the ask
+//! reaches the layers after the ask, as it did live.
+//!
+//! [`ServerEvent::SummarizeAsked`]: crate::adapters::opencode::server::ServerEvent::SummarizeAsked
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -102,7 +104,7 @@ impl ReplayGate {
     }
 
     /// Waits until the layer has asked to compact `session` (once per recorded ask); false after
-    /// [`REPLAY_WAIT`] without it.
+    /// `REPLAY_WAIT` without it.
     pub fn wait(&self, session: &str) -> bool {
         let (asks, asked) = &*self.asks;
         let guard = asks.lock().unwrap_or_else(|p| p.into_inner());
