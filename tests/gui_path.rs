@@ -27,7 +27,9 @@ const CLIS: [(&str, &str); 4] = [("codex", "codex-acp"), ("kimi", "kimi"), ("gro
 const NODE: &str = "fakenode";
 
 /// `<dir>/<program>` as npm would install it, with its `fakenode` beside it. Asked `--version` (Grok's check
-/// of a `grok` outside its own folder), it answers like Grok Build; otherwise it writes its report and exits.
+/// of a `grok` outside its own folder, Kimi's and OpenCode's version probe), it answers like Grok Build; asked
+/// `cli -V` (coda-codex's probe of the Codex version, which runs beside the agent and may outlive the shim), it
+/// answers like codex-acp. Otherwise it writes its report whole (written aside, then renamed) and exits.
 fn install_fake(dir: &Path, program: &str) -> PathBuf {
     let cli = dir.join(program);
     executable(&cli, &format!("#!/usr/bin/env {NODE}\n// the CLI's script\n"));
@@ -35,7 +37,9 @@ fn install_fake(dir: &Path, program: &str) -> PathBuf {
         &dir.join(NODE),
         "#!/bin/sh\n\
          if [ \"$2\" = --version ]; then echo 'grok 1.0.41 (fake)'; exit 0; fi\n\
-         printf '%s\\n%s\\n' \"$1\" \"$PATH\" > \"$CODA_TEST_REPORT\"\n",
+         if [ \"$2\" = cli ]; then echo 'codex-cli 0.0.0-fake'; exit 0; fi\n\
+         printf '%s\\n%s\\n' \"$1\" \"$PATH\" > \"$CODA_TEST_REPORT.$$\"\n\
+         mv \"$CODA_TEST_REPORT.$$\" \"$CODA_TEST_REPORT\"\n",
     );
     cli
 }
