@@ -679,13 +679,22 @@ mod tests {
         to_relay.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"slow\"}\n").await.unwrap();
         // While the job waits, a request goes to the agent and its answer comes back to the client: the loop
         // did not wait for the job (run on the loop, the job would keep both until its 10 s are up).
+        // Each wait has a deadline shorter than the job's 10 s, so a loop held by the job fails here, at once.
+        let within = |what: &'static str| move |r: Result<_, tokio::time::error::Elapsed>| r.expect(what);
+        let deadline = Duration::from_secs(5);
         let request = r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{}}"#;
         to_relay.write_all(format!("{request}\n").as_bytes()).await.unwrap();
-        assert_eq!(agent_reads.next_line().await.unwrap().as_deref(), Some(request));
+        let forwarded = tokio::time::timeout(deadline, agent_reads.next_line()).await;
+        assert_eq!(within("the request reached the agent within 5 s")(forwarded).unwrap().as_deref(), Some(request));
         agent_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n").await.unwrap();
-        assert_eq!(client_reads.next_line().await.unwrap().as_deref(), Some(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
+        let answered = tokio::time::timeout(deadline, client_reads.next_line()).await;
+        assert_eq!(
+            within("the answer reached the client within 5 s")(answered).unwrap().as_deref(),
+            Some(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#)
+        );
         release.send(()).unwrap();
-        let finished = client_reads.next_line().await.unwrap().unwrap();
+        let finished = tokio::time::timeout(deadline, client_reads.next_line()).await;
+        let finished = within("the job's frame reached the client within 5 s")(finished).unwrap().unwrap();
         let v: serde_json::Value = crate::json::from_str(&finished).unwrap();
         assert_eq!(v["method"], "finished");
         assert_eq!(v["params"]["released"], true, "the job was let go after the round trip: {finished}");

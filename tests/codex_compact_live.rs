@@ -1,12 +1,12 @@
 //! Live: coda-codex's `_coda/session/compact` and usage facts against the real codex-acp 2.6.0, offline (issue 24).
 //!
-//! Opt-in: `CODA_LIVE=1 CODA_LIVE_AGENTS=codex cargo test --test codex_compact_live -- --nocapture` (after
+//! Opt-in: `CODA_LIVE=1 CODA_LIVE_AGENTS=codex cargo test --test all codex_compact_live:: -- --nocapture` (after
 //! `scripts/install-clis codex`; `scripts/live-test codex` runs it). Each scenario drives the shim as Coda does
 //! (declaring `session.compaction`), checks what Coda got against the fake model's request log, prints the
 //! error of `lastRequestAt`, and records its trace as a fixture (`CODA_RECORD=1` writes
 //! `fixtures/codex/<scenario>/`), replayed at once through the same binary.
 
-mod support;
+use crate::support;
 
 use support::{fake_model, live, recorder, shim, temp};
 

@@ -1,14 +1,14 @@
 //! Live: Codex's automatic approval review through coda-codex (section 工具调用的审核), recorded as
 //! `fixtures/codex/auto-review`.
 //!
-//! Opt-in: `CODA_LIVE=1 CODA_LIVE_AGENTS=codex cargo test --test codex_live -- --nocapture` (after
+//! Opt-in: `CODA_LIVE=1 CODA_LIVE_AGENTS=codex cargo test --test all codex_live:: -- --nocapture` (after
 //! `scripts/install-clis codex`); with `CODA_RECORD=1` the recording goes to `fixtures/codex/auto-review/`. The
 //! session is switched to mode `agent` (reviewer `auto_review`); each turn runs one command that asks to leave the
 //! sandbox, and the fake model, asked by Codex's reviewer, denies the first and approves the second
 //! (`[[review:…]]`); a third turn runs two identical commands in parallel, both approved. Coda must get each
 //! verdict on the command's own call and never the review's call, and the denied command must not have run.
 
-mod support;
+use crate::support;
 
 use support::{fake_model, live, recorder as rig, temp};
 

@@ -3,7 +3,7 @@
 //! `npx`-style command, or `CODEX_PATH`. Each stand-in runs the scripted test agent for ACP and answers
 //! `cli -V` the way codex-acp 2.6.0 does (`codex-cli 0.166.0`).
 
-mod support;
+use crate::support;
 
 use support::{executable, shim, temp};
 

@@ -3,7 +3,7 @@
 //! lives on; a frame a layer must rewrite is read whatever the frame check accepted (a number beyond f64,
 //! 200 levels of nesting), so it is rewritten, never passed on untouched.
 
-mod support;
+use crate::support;
 
 use support::{shim, temp};
 

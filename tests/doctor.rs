@@ -1,7 +1,7 @@
 //! `coda-<agent> doctor`: the checks and their table, with the scripted test agent (or a stand-in program)
 //! as the wrapped CLI.
 
-mod support;
+use crate::support;
 
 use support::{executable, shim, temp};
 

@@ -1,13 +1,13 @@
 //! Live: each upstream failure against the real CLIs, as Coda receives it through the shim (section 执行失败),
 //! recorded as `fixtures/<agent>/upstream-failures/` and replayed at once.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test failure_live -- --nocapture --test-threads 1` (after
+//! Opt-in: `CODA_LIVE=1 cargo test --test all failure_live:: -- --nocapture --test-threads 1` (after
 //! `scripts/install-clis`). `CODA_RECORD=1` also writes the fixtures; `CODA_FAILURE_ONLY=503,reset` limits the
 //! cases (then nothing is written). One shim process and one session per agent; each case is one prompt whose
 //! marker makes the fake model answer with that failure in the OpenAI shape the CLI's provider speaks. Prints, per
 //! case, what Coda received and how long the turn took (the measurements in README's failure table).
 
-mod support;
+use crate::support;
 
 use support::{failures, fake_model, live, replay as replay_support, shim, temp};
 

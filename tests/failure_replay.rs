@@ -4,7 +4,7 @@
 //! (section 执行失败: the kind only from an explicit upstream reason, a login problem -32000, retries the CLI
 //! would keep up for over a minute stopped with the failure).
 
-mod support;
+use crate::support;
 
 use support::{failures, replay as replay_support};
 

@@ -1,7 +1,7 @@
 //! Bad input and misbehaving peers (issue: hardening): the shim answers or warns, never panics, never
 //! loses or reorders a frame, and keeps memory bounded under backpressure.
 
-mod support;
+use crate::support;
 
 use support::shim;
 

@@ -3,7 +3,7 @@
 //! `fixtures/coda-instruction.md`), the recorded prompts carried it, and Kimi's title is the one Kimi
 //! makes from the user's own first prompt. `tests/replay.rs` replays the same fixtures through the binaries.
 
-mod support;
+use crate::support;
 
 use support::{coda_text, replay as replay_support};
 

@@ -1,7 +1,7 @@
 //! Live: Grok Build's background commands and subagents, Coda's steering and compaction, through coda-grok,
 //! recorded as fixtures.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test grok_live` (after `scripts/install-clis grok`); with `CODA_RECORD=1`
+//! Opt-in: `CODA_LIVE=1 cargo test --test all grok_live::` (after `scripts/install-clis grok`); with `CODA_RECORD=1`
 //! the recordings go to `fixtures/grok/<scenario>/`. Each activity scenario asserts the `_coda/wait` sequence
 //! Coda got from the real CLI, then replays its recording through the same shim. `live_grok_steering` (section
 //! 插话): a steer during a running tool call is answered `injected`, the model's next request carries its text
@@ -11,7 +11,7 @@
 //! prompt sent during it run after it, during a turn and for an unknown session it is refused, and every root
 //! `usage_update` matches the fake model's log (`lastRequestAt` within 250 ms of the request's arrival).
 
-mod support;
+use crate::support;
 
 use support::{coda_text, fake_model, live, recorder as rig, replay as replay_support, shim, temp};
 

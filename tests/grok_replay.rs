@@ -3,7 +3,7 @@
 //! sends Coda exactly what it sent live; the assertions spell out what those frames had to be by Coda's
 //! rules ("Agent 活动").
 
-mod support;
+use crate::support;
 
 use support::replay as replay_support;
 

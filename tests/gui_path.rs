@@ -7,7 +7,7 @@
 //! Homebrew's `/opt/homebrew/bin` and `/usr/local/bin` are system folders a test may not write to; their place
 //! in the order is checked by src/locate.rs's unit tests.
 
-mod support;
+use crate::support;
 
 use support::executable::write as executable;
 use support::{shim, temp};

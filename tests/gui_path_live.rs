@@ -7,7 +7,7 @@
 //! npm does for a Node installed in the same prefix. The machine's own `/usr/bin/node` (on that PATH) may be
 //! older than Kimi's minimum (22.19): the run only works when the child's PATH starts with the CLI's folder.
 
-mod support;
+use crate::support;
 
 use support::{fake_model, live, shim, temp};
 

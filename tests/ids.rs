@@ -2,7 +2,7 @@
 //! exactly as the client sent it. Ids equal in value are one id: the test agent (serde_json, like Node's
 //! JSON.parse) answers a request sent as `1e0` with `1e+0` (Node's would be `1`).
 
-mod support;
+use crate::support;
 
 use support::shim;
 

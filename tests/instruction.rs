@@ -1,6 +1,6 @@
 //! Section 会话指令 of Coda's protocol, checked on the real binaries against the scripted test agent.
 
-mod support;
+use crate::support;
 
 use support::shim;
 

@@ -7,7 +7,7 @@
 //! thousands of tasks, the folder deleted, a wire replaced, task files and wire records out of order) and in its
 //! data folder (symbolic links out of the session folder, a FIFO for a wire, a huge append, one huge line).
 
-mod support;
+use crate::support;
 
 use support::{shim, temp, wait};
 

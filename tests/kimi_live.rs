@@ -1,13 +1,13 @@
 //! Live: records the Kimi activity fixtures (`fixtures/kimi/<scenario>/`) from the real Kimi Code CLI and
 //! proves each recording replays through coda-kimi with `acp-replay` re-creating Kimi's file writes.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test kimi_live -- --nocapture` (after `scripts/install-clis kimi`).
+//! Opt-in: `CODA_LIVE=1 cargo test --test all kimi_live:: -- --nocapture` (after `scripts/install-clis kimi`).
 //! `CODA_RECORD=1` also writes the fixtures (review the diff before committing); `CODA_KIMI_ONLY=a,b` limits
 //! the scenarios. Each scenario runs coda-kimi with `--trace-file` and `CODA_KIMI_RECORD` (the watcher's file
 //! log, with the session's files as found when it opened) against `kimi acp` and the fake model, and prints
 //! what Coda received (`expected.txt` notation, see tests/support/kimi_expected.rs).
 
-mod support;
+use crate::support;
 
 use support::{coda_text, fake_model, kimi_expected as kimi_common, live, replay as replay_support, shim};
 

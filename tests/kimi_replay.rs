@@ -6,9 +6,9 @@
 //! `tests/replay.rs` (`kimi_fixtures_replay`), asserting every frame exactly.
 //!
 //! `expected.txt`: see tests/support/kimi_expected.rs (`answer` lines are the prompt answers, and `session_info_update`
-//! lines Kimi's title rewritten by the title layer, which this layer-level replay does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test kimi_replay`.
+//! lines Kimi's title rewritten by the title layer, which this layer-level replay does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test all kimi_replay::`.
 
-mod support;
+use crate::support;
 
 use coda_shim::adapters::kimi::feed;
 use coda_shim::adapters::kimi::translate;

@@ -6,7 +6,7 @@
 //! reordered). The watch's scans go through the real activity layer; every schedule must give what Coda received
 //! in the live run (`expected.txt`, as in `tests/kimi_replay.rs`).
 
-mod support;
+use crate::support;
 
 use std::collections::VecDeque;
 use std::io::Write;

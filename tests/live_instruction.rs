@@ -1,7 +1,7 @@
 //! Live: the session instruction on the real CLIs, checked on both sides: what the client gets and
 //! what the model receives. Opt-in (`CODA_LIVE=1`, after `scripts/install-clis`); skipped otherwise.
 
-mod support;
+use crate::support;
 
 use support::{coda_text, fake_model, live, shim, temp, wait};
 

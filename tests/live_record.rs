@@ -1,12 +1,12 @@
 //! Live: records the base fixtures from the real CLIs and proves each recording replays.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test live_record` (after `scripts/install-clis`). Each scenario runs the
+//! Opt-in: `CODA_LIVE=1 cargo test --test all live_record::` (after `scripts/install-clis`). Each scenario runs the
 //! shim with `--trace-file` against the pinned CLI (hermetic HOME, fake model), normalises the trace with
 //! `acp-replay`'s recorder and replays it through the same shim at once. With `CODA_RECORD=1` the fixture is
 //! also written to `fixtures/<agent>/<scenario>/` (review the diff before committing). `CODA_LIVE_AGENTS=grok,…`
 //! limits the agents.
 
-mod support;
+use crate::support;
 
 use support::{coda_text, fake_model, live, replay as replay_support, shim, temp};
 

@@ -6,7 +6,7 @@
 //! so a schema change cannot make the test pass by being ignored. Patterns are the schema's own, run with
 //! the `regex` crate; the one lookahead the schemas use, `(?=.*\S)` ("not blank"), is checked directly.
 
-mod support;
+use crate::support;
 
 use support::{executable, shim, temp};
 

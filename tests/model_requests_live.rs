@@ -4,10 +4,10 @@
 //! Grok writes an "ultra-short dashboard line" about every turn (`last_turn_summary`, which Coda does not use);
 //! coda-grok turns that off with `GROK_TURN_SUMMARY=0` unless the user set it.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test model_requests_live -- --nocapture` (after `scripts/install-clis
+//! Opt-in: `CODA_LIVE=1 cargo test --test all model_requests_live:: -- --nocapture` (after `scripts/install-clis
 //! codex`). Each run counts, per turn, the requests the fake model received, and prints them.
 
-mod support;
+use crate::support;
 
 use support::{coda_text, fake_model, live, shim, temp};
 

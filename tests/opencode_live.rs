@@ -1,13 +1,13 @@
 //! Live: OpenCode's subagents (the `task` tool) through coda-opencode, recorded as fixtures.
 //!
-//! Opt-in: `CODA_LIVE=1 cargo test --test opencode_live -- --test-threads 1` (after `scripts/install-clis
+//! Opt-in: `CODA_LIVE=1 cargo test --test all opencode_live:: -- --test-threads 1` (after `scripts/install-clis
 //! opencode`); with `CODA_RECORD=1` the recordings go to `fixtures/opencode/<scenario>/`. The hermetic config
 //! asks before every `bash` call, so a subagent's shell command raises a permission request inside its child
 //! session. OpenCode runs with `--port` as coda-opencode's default command does, so the shim reads OpenCode's
 //! own server; the events it handled are logged (`CODA_OPENCODE_RECORD`) and merged into the fixture, where
 //! the replay player writes them back for the shim to read.
 
-mod support;
+use crate::support;
 
 use support::{fake_model, live, recorder as rig, replay as replay_support, shim};
 

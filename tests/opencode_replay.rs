@@ -5,7 +5,7 @@
 //! as `agent->file` records, which the player writes where the shim reads them (`CODA_OPENCODE_EVENTS`). The
 //! assertions spell out what Coda's rules ask of the recorded sequences.
 
-mod support;
+use crate::support;
 
 use support::replay as replay_support;
 

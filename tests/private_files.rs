@@ -3,7 +3,7 @@
 //! target left alone. Every writer: `--trace-file` / `CODA_SHIM_TRACE`, `CODA_OPENCODE_RECORD`,
 //! `CODA_KIMI_RECORD`, `acp-replay record`'s fixture and `ACP_REPLAY_REPORT`.
 
-mod support;
+use crate::support;
 
 use support::{shim, temp};
 

@@ -2,7 +2,7 @@
 //! 30 s after a cancelled turn that has not ended (protocol "处理" item 3, "进程结束"), and a shim may be
 //! SIGKILLed any time; the CLI runs in a group of its own, which a watchdog kills when the shim is gone.
 
-mod support;
+use crate::support;
 
 use support::wait::runs;
 use support::{fake_model, live, shim, temp};

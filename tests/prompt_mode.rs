@@ -2,7 +2,7 @@
 //! recording) as child, with stdin not a terminal, and the transcript, the exit status, the refusal of
 //! permission requests and Ctrl-C are checked. A live run on the real CLIs is opt-in (`CODA_LIVE=1`).
 
-mod support;
+use crate::support;
 
 use support::{coda_text, fake_model, live, shim, temp, wait};
 

@@ -2,7 +2,7 @@
 //! data. Every bad input here carries a marker; at the default level (and at info) stderr names where and
 //! how long, never the marker. At debug the marker is there, so the test can see it.
 
-mod support;
+use crate::support;
 
 use support::{shim, temp};
 

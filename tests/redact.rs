@@ -8,7 +8,7 @@ use coda_shim::replay::diff::{self, Which};
 use coda_shim::replay::view;
 use serde_json::{Value, json};
 
-mod support;
+use crate::support;
 use support::replay::{fixtures, fixtures_root};
 
 /// What is planted; none of it may be in a redacted copy (compared without case).

@@ -1,6 +1,6 @@
 //! The relay itself: lossless passthrough, agentInfo, errors, child exit and the shutdown ladder.
 
-mod support;
+use crate::support;
 
 use support::{executable, shim, temp, wait};
 

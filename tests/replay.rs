@@ -1,7 +1,7 @@
 //! Every committed fixture replayed through its shim binary, with `acp-replay` as the CLI; and the
 //! record -> replay pipeline itself, on a trace of the scripted test agent.
 
-mod support;
+use crate::support;
 
 use support::{replay as replay_support, shim};
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use coda_shim::replay::diff::{self, Change, Which};
 use coda_shim::replay::view::read::Dir;
 
-mod support;
+use crate::support;
 use support::replay::{check_with_env, fixtures_root};
 
 /// One fixture of each binary, with waits, a child session or the instruction.

@@ -6,7 +6,7 @@ use std::path::Path;
 use coda_shim::replay::view::{self, Item, Kind, Model};
 use serde_json::Value;
 
-mod support;
+use crate::support;
 use support::replay::{fixtures, fixtures_root};
 
 /// A trace's records as the test reads them itself: `(ms since the first record, dir, frame)`.

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 #[path = "support/big_trace.rs"]
 mod big_trace;
-mod support;
+use crate::support;
 use support::cdp::{self, Browser};
 use support::replay::{check_with_env, fixtures_root};
 

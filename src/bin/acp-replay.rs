@@ -24,7 +24,7 @@ Usage:
 
   acp-replay check <FIXTURE> --shim <coda-BINARY> [--agent NAME] [--timeout SECS] [--env KEY=VALUE]...
       Run the shim with this player as its child, send the recorded client frames, compare what the
-      client receives with the recording (what `cargo test --test replay` does). The shim gets a clean
+      client receives with the recording (what `cargo test --test all replay::` does). The shim gets a clean
       environment (PATH, HOME, TMPDIR{SESSION_HOMES} of a fresh temp dir) plus --env: what each shim needs
       under the player (the recorded CLI version, say) is in tests/support/replay.rs.
 

@@ -1,4 +1,5 @@
-//! Support code of the binary tests, reached from each test the one way: `mod support;`.
+//! Support code of the integration tests (tests/all.rs), reached from each test module the one way:
+//! `use crate::support;`.
 //!
 //! - [`shim`]: a shim binary run as Coda runs it, with the scripted test agent (`examples/test_agent.rs`) or any
 //!   command as child; [`temp`]: temporary folders; [`wait`]: waiting for an event with a deadline (no "sleep,
