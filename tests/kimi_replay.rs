@@ -3,7 +3,7 @@
 //! The recordings (`fixtures/kimi/*/files.jsonl`, the watcher's file log of fixtures/README.md "Kimi session files", one scan per `ts`) through the shim's parsing and translation
 //! alone (no processes, no timing), compared with `expected.txt`, which is what Coda received in the live run
 //! (checked here against the fixture's own `trace.jsonl`). The whole binary replays the same fixtures in
-//! `tests/replay.rs` (`kimi_fixtures_replay`), asserting every frame exactly.
+//! `tests/replay.rs` (`kimi_fixtures_replay_*`), asserting every frame exactly.
 //!
 //! `expected.txt`: see tests/support/kimi_expected.rs (`answer` lines are the prompt answers, and `session_info_update`
 //! lines Kimi's title rewritten by the title layer, which this layer-level replay does not produce). Regenerate from the traces: `KIMI_REPLAY_BLESS=1 cargo test --test all kimi_replay::`.

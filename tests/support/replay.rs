@@ -69,7 +69,13 @@ pub fn check_with_env(agent: &str, fixture: &Path, extra: &[(&str, &str)]) -> Re
 
 /// Replays every fixture of `agent`; panics listing every failure. Returns how many replayed.
 pub fn check_all(agent: &str) -> usize {
-    let fixtures = fixtures(agent);
+    check_part(agent, 0, 1)
+}
+
+/// [`check_all`] of every `parts`-th fixture from the `part`-th on (0-based), so that the replays of a CLI with
+/// many fixtures run as several tests, side by side.
+pub fn check_part(agent: &str, part: usize, parts: usize) -> usize {
+    let fixtures: Vec<PathBuf> = fixtures(agent).into_iter().skip(part).step_by(parts).collect();
     let mut failures = Vec::new();
     for f in &fixtures {
         match check(agent, f) {
