@@ -11,9 +11,6 @@
 //!   failure cases and what Coda must get for each;
 //! - [`fake_model`] and [`live`]: the fake model server and the hermetic set-up of each real CLI, from the
 //!   `live-rig` package (shared with the examples; it needs no shim binary).
-// Each test binary compiles this module and uses part of it: what one binary leaves unused (an item, or the
-// rig's modules re-exported below) is used by another, so neither is dead code here.
-#![allow(dead_code, unused_imports)]
 
 pub mod cdp;
 pub mod coda_text;
