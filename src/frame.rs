@@ -195,8 +195,14 @@ impl Frame {
     /// back on error (for the trace and the warning). A line without its `\n` gets one (a copy): the last
     /// byte of a frame is its `\n`, in every build, so none of the line is lost.
     pub fn parse_wire(wire: Bytes) -> Result<Frame, (Bytes, Invalid)> {
+        Frame::read(wire, &mut scan::Scanner::default())
+    }
+
+    /// [`Frame::parse_wire`] for the next line of a stream, whose `scanner` has seen the lines before it
+    /// (see [`scan::Scanner`]: a streamed chunk is checked from where it stops repeating the line before).
+    pub fn read(wire: Bytes, scanner: &mut scan::Scanner) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
-        match classify(&wire[..wire.len().saturating_sub(1)]) {
+        match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
             Ok((kind, update)) => Ok(Frame { wire, kind, update, shim: false }),
             Err(e) => Err((wire, e)),
         }
@@ -219,7 +225,7 @@ impl Frame {
 
     /// A frame from the JSON text of one message the shim built.
     fn built(mut bytes: Vec<u8>) -> Frame {
-        let classified = classify(&bytes);
+        let classified = classify(&bytes, &mut scan::Scanner::default());
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
         match classified {
@@ -255,6 +261,13 @@ impl Frame {
     /// `params.update.sessionUpdate` of a `session/update` (or any frame whose params have one).
     pub fn session_update(&self) -> Option<&str> {
         self.update.as_deref()
+    }
+
+    /// Whether this is a `session/update` of the model's streamed words (`agent_message_chunk`,
+    /// `agent_thought_chunk`): the bulk of all traffic, which most layers only pass on.
+    pub fn is_streamed_chunk(&self) -> bool {
+        matches!(self.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"))
+            && self.is_notification("session/update")
     }
 
     /// The method of a request or notification.
@@ -359,8 +372,8 @@ pub fn notification(method: &str, params: Value) -> Frame {
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
-    let (line, env) = match scan::checked(bytes) {
+fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<CompactString>), Invalid> {
+    let (line, env) = match scanner.checked(bytes) {
         Ok(checked) => checked,
         Err(e) => {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.

@@ -52,7 +52,7 @@ pub enum Top {
 }
 
 /// The envelope of one valid JSON text.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Envelope {
     pub top: Top,
     pub jsonrpc: Option<Str>,
@@ -89,7 +89,7 @@ impl std::fmt::Display for Error {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Field {
     Jsonrpc = 0,
     Id = 1,
@@ -201,21 +201,109 @@ const DEEP: Bad = 255;
 
 /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
-    checked(line).map(|(_, env)| env)
+    Scanner::default().checked(line).map(|(_, env)| env)
 }
 
-/// [`scan`], handing back the line as text too (it was checked to be UTF-8).
-pub fn checked(line: &[u8]) -> Result<(&str, Envelope), Error> {
-    let text = match simdutf8::compat::from_utf8(line) {
-        Ok(text) => text,
-        Err(e) => return Err(Error::Syntax("invalid UTF-8", e.valid_up_to())),
+/// Where a walk stood at the opening quote of a string value, nested less than 64 deep: all it needs to go
+/// on from there.
+#[derive(Debug, Clone, Copy)]
+struct Resume {
+    /// The quote's byte; `usize::MAX` for no such point.
+    i: usize,
+    depth: usize,
+    object: bool,
+    /// The bits of the open containers (`objects[0]` of the walk: the rest are zero below 64).
+    objects: u64,
+    field: Field,
+    seen: u8,
+    id_start: usize,
+    top_object: bool,
+    params: bool,
+    update: bool,
+    update_key: bool,
+    kind_key: bool,
+    env: Envelope,
+}
+
+impl Resume {
+    const NONE: Resume = Resume {
+        i: usize::MAX,
+        depth: 0,
+        object: false,
+        objects: 0,
+        field: Field::Other,
+        seen: 0,
+        id_start: usize::MAX,
+        top_object: false,
+        params: false,
+        update: false,
+        update_key: false,
+        kind_key: false,
+        env: Envelope {
+            top: Top::Other,
+            jsonrpc: None,
+            id: None,
+            method: None,
+            result: false,
+            error: false,
+            update: None,
+            mistyped: false,
+            duplicate: false,
+            lone_surrogate: false,
+        },
     };
-    let mut env = Envelope::default();
-    let mut at = 0;
-    match walk(line, &mut env, &mut at) {
-        Ok(()) => Ok((text, env)),
-        Err(DEEP) => Err(Error::TooDeep(at)),
-        Err(why) => Err(Error::Syntax(WHY[usize::from(why)], at)),
+}
+
+/// Prefixes longer than this are not kept: the memo is for the short envelope before a chunk's text.
+const MEMO_MAX: usize = 4096;
+
+/// [`scan`] for the lines of one stream, remembering where the last full walk stood at its last string
+/// value. Streamed chunks repeat the line before them up to their text (`{"jsonrpc":"2.0","method":
+/// "session/update","params":{"sessionId":…,"update":{"sessionUpdate":"agent_message_chunk","content":
+/// {"type":"text","text":"`): when a line's bytes up to that point are the remembered ones, the walk over
+/// them would be the same walk, so it goes on from the remembered state and walks only the rest (UTF-8 is
+/// checked for the whole line, by SIMD: cheaper than checking the envelope's strings one by one). The same
+/// result as a walk from the start, for every line (the unit tests compare the two).
+#[derive(Debug)]
+pub struct Scanner {
+    /// The bytes up to and including the remembered quote.
+    prefix: Vec<u8>,
+    at: Resume,
+}
+
+impl Default for Scanner {
+    fn default() -> Scanner {
+        Scanner { prefix: Vec::new(), at: Resume::NONE }
+    }
+}
+
+impl Scanner {
+    /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope;
+    /// hands back the line as text too.
+    pub fn checked<'a>(&mut self, line: &'a [u8]) -> Result<(&'a str, Envelope), Error> {
+        let text = match simdutf8::compat::from_utf8(line) {
+            Ok(text) => text,
+            Err(e) => return Err(Error::Syntax("invalid UTF-8", e.valid_up_to())),
+        };
+        let mut at = 0;
+        let mut save = Resume::NONE;
+        let resume = self.at.i;
+        let walked = if resume < line.len() && line[..=resume] == self.prefix[..] {
+            walk(line, Some(&self.at), &mut save, &mut at)
+        } else {
+            let walked = walk(line, None, &mut save, &mut at);
+            if walked.is_ok() && save.i < MEMO_MAX {
+                self.prefix.clear();
+                self.prefix.extend_from_slice(&line[..=save.i]);
+                self.at = save;
+            }
+            walked
+        };
+        match walked {
+            Ok(env) => Ok((text, env)),
+            Err(DEEP) => Err(Error::TooDeep(at)),
+            Err(why) => Err(Error::Syntax(WHY[usize::from(why)], at)),
+        }
     }
 }
 
@@ -227,27 +315,34 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// The walk itself; on failure `at` is where it stopped.
-fn walk(b: &[u8], env: &mut Envelope, at: &mut usize) -> Result<(), Bad> {
-    let mut i = skip_ws(b, 0);
-    env.top = match b.get(i) {
-        Some(b'{') => Top::Object,
-        Some(b'[') => Top::Array { empty: b.get(skip_ws(b, i + 1)) == Some(&b']') },
-        _ => Top::Other,
-    };
-    let top_object = env.top == Top::Object;
-    let mut depth = 0usize;
+/// The walk itself, from the start or from `from`; notes in `save` where it stood at its last string value
+/// nested less than 64 deep. On failure `at` is where it stopped.
+fn walk(b: &[u8], from: Option<&Resume>, save: &mut Resume, at: &mut usize) -> Result<Envelope, Bad> {
+    let r = from.copied().unwrap_or(Resume::NONE);
+    let mut env = r.env;
+    let mut i = r.i;
+    if from.is_none() {
+        i = skip_ws(b, 0);
+        env.top = match b.get(i) {
+            Some(b'{') => Top::Object,
+            Some(b'[') => Top::Array { empty: b.get(skip_ws(b, i + 1)) == Some(&b']') },
+            _ => Top::Other,
+        };
+    }
+    let top_object = from.map_or(env.top == Top::Object, |r| r.top_object);
+    let mut depth = r.depth;
     // Whether the innermost open container is an object.
-    let mut object = false;
+    let mut object = r.object;
     // One bit per open container, set for an object.
     let mut objects = [0u64; MAX_DEPTH / 64 + 1];
+    objects[0] = r.objects;
     // The top object's key whose value comes next; where the id's value began.
-    let mut field = Field::Other;
-    let mut seen = 0u8;
-    let mut id_start = usize::MAX;
+    let mut field = r.field;
+    let mut seen = r.seen;
+    let mut id_start = r.id_start;
     // The container at depth 2 is `params`, an object; the one at depth 3 is its `update`, an object; the
     // last key read in `params` was `update`, the last in `update` `sessionUpdate`.
-    let (mut params, mut update, mut update_key, mut kind_key) = (false, false, false, false);
+    let (mut params, mut update, mut update_key, mut kind_key) = (r.params, r.update, r.update_key, r.kind_key);
 
     macro_rules! fail {
         ($why:expr) => {{
@@ -363,6 +458,23 @@ fn walk(b: &[u8], env: &mut Envelope, at: &mut usize) -> Result<(), Bad> {
                 }
             }
             b'"' => {
+                if depth < 64 {
+                    *save = Resume {
+                        i,
+                        depth,
+                        object,
+                        objects: objects[0],
+                        field,
+                        seen,
+                        id_start,
+                        top_object,
+                        params,
+                        update,
+                        update_key,
+                        kind_key,
+                        env,
+                    };
+                }
                 let s = match string(b, i + 1, &mut env.lone_surrogate) {
                     Ok(s) => s,
                     Err(why) => fail!(why),
@@ -405,7 +517,7 @@ fn walk(b: &[u8], env: &mut Envelope, at: &mut usize) -> Result<(), Bad> {
                 if skip_ws(b, i) != b.len() {
                     fail!(TRAILING);
                 }
-                return Ok(());
+                return Ok(env);
             }
             let mut c = b.get(i).copied();
             if c.is_some_and(|c| c <= b' ') {
@@ -676,5 +788,91 @@ mod tests {
         assert!(scan(br#"{"jsonrpc":2,"method":"m"}"#).unwrap().mistyped);
         assert_eq!(scan(b"[]").unwrap().top, Top::Array { empty: true });
         assert_eq!(scan(b"[{}]").unwrap().top, Top::Array { empty: false });
+    }
+
+    /// Lines a stream may send after one another: streamed chunks, and lines that share some of a chunk's
+    /// start and then go wrong in every way the walk knows.
+    fn corpus() -> Vec<Vec<u8>> {
+        let chunk = |text: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+            )
+            .into_bytes()
+        };
+        let mut lines = vec![
+            chunk("hello"),
+            chunk("你好, world \u{1F600}"),
+            chunk(r#"a \"quoted\" \\ \u00e9 \ud800 word"#),
+            chunk(""),
+            br#"{"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}"#.to_vec(),
+            br#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"x","sessionUpdate":"y"}}}"#
+                .to_vec(),
+            br#"{"jsonrpc":"2.0","id":"a","method":"m","params":[1,{"k":"v"},"s"]}"#.to_vec(),
+            b"[\"a\",\"b\"]".to_vec(),
+            b"\"just a string\"".to_vec(),
+            br#"{"jsonrpc":"2.0","id":["a","b"],"method":"m"}"#.to_vec(),
+        ];
+        let base = chunk("text of the chunk");
+        let suffixes: [&[u8]; 20] = [
+            b"more\"}}}}",
+            b"x\"]}",
+            b"x\"}}},\"method\":\"again\"}",
+            b"x\"},\"id\":1}",
+            b"x\"},\"jsonrpc\":\"2.0\"}",
+            b"\"}}}}",
+            b"x\"}}}} ",
+            b"x\"}}}}}",
+            b"x\"}}}",
+            b"x\"}}}},1",
+            b"x\\ud800\"}}}}",
+            b"x\\q\"}}}}",
+            b"x\x01\"}}}}",
+            b"\xff\xfe\"}}}}",
+            b"\xe4\xbd\xa0\"}}}}",
+            b"x\",\"id\":1}}}}",
+            b"x\"},\"sessionUpdate\":\"late\"}},\"id\":9,\"result\":1}",
+            b"x\",\"deep\":[[[[[[[[[[]]]]]]]]]]}}}}",
+            b"x",
+            b"",
+        ];
+        for line in [base.clone(), lines[4].clone(), lines[6].clone(), lines[9].clone()] {
+            for cut in 0..=line.len() {
+                for suffix in suffixes {
+                    lines.push([&line[..cut], suffix].concat());
+                }
+            }
+        }
+        let deep = "[".repeat(MAX_DEPTH) + "\"s\"" + &"]".repeat(MAX_DEPTH);
+        lines.push(deep.clone().into_bytes());
+        lines.push(("[".repeat(MAX_DEPTH + 1) + "\"s\"" + &"]".repeat(MAX_DEPTH + 1)).into_bytes());
+        lines.push(("[".repeat(70) + "\"s\"" + &"]".repeat(70)).into_bytes());
+        lines.push(("[".repeat(70) + "\"t\"" + &"]".repeat(69)).into_bytes());
+        lines
+    }
+
+    #[test]
+    fn a_stream_scanner_reads_every_line_as_a_walk_from_the_start_would() {
+        let lines = corpus();
+        let fresh: Vec<_> = lines.iter().map(|l| scan(l)).collect();
+        // Each line after each other line, through one scanner: what it remembered of the one before never
+        // changes what it makes of the next.
+        let mut scanner = Scanner::default();
+        let mut resumed = 0;
+        for (i, next) in lines.iter().enumerate() {
+            for before in lines.iter().step_by(61) {
+                let _ = scanner.checked(before);
+                let (at, prefix) = (scanner.at.i, scanner.prefix.clone());
+                let got = scanner.checked(next).map(|(_, env)| env);
+                resumed += usize::from(at < next.len() && next[..=at] == prefix[..]);
+                assert_eq!(
+                    got,
+                    fresh[i],
+                    "{} after {}",
+                    String::from_utf8_lossy(next),
+                    String::from_utf8_lossy(before)
+                );
+            }
+        }
+        assert!(resumed > 1_000, "the memo was used ({resumed} times)");
     }
 }

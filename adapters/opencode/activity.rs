@@ -551,6 +551,17 @@ impl Layer for OpenCodeActivity {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } if method == "session/update" => {
+                let watching = !self.handling.by_session.is_empty() || self.tasks.background_open();
+                !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update"))
+            }
+            Kind::Notification { .. } => true,
+            _ => false,
+        }
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),

@@ -377,6 +377,13 @@ impl Layer for OpenCodeCompact {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        // A chunk is looked at only while a summary may be streaming (see `is_summary_chunk`).
+        matches!(frame.kind(), Kind::Notification { .. })
+            && (!frame.is_streamed_chunk()
+                || (self.window.is_empty() && !self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()))))
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         if let FromServer::Event(e) = event {
             self.server_event(e, cx)

@@ -405,6 +405,10 @@ impl Layer for Permissions {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD)
+    }
+
     fn on_reply(&mut self, Resume(tag): Resume, reply: Frame, cx: &mut Cx) {
         let Some(child) = self.children.resuming.remove(&tag) else { return };
         if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {

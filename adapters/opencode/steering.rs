@@ -453,6 +453,10 @@ impl Layer for OpenCodeSteering {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        !matches!(frame.kind(), Kind::Response { .. })
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),

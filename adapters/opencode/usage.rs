@@ -319,6 +319,10 @@ impl Layer for OpenCodeUsage {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        frame.is_notification("session/update") && frame.session_update() != Some("usage_update")
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         let FromServer::Event(e) = event else { return };
         match &e {

@@ -410,6 +410,10 @@ impl Layer for Instruction {
         }
         cx.to_client(frame)
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        frame.is_streamed_chunk()
+    }
 }
 
 #[cfg(test)]

@@ -175,6 +175,11 @@ impl Layer for Waits {
             _ => cx.to_client(frame),
         }
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD)
+            && (self.declared || self.children.is_empty())
+    }
 }
 
 #[cfg(test)]

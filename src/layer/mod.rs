@@ -83,6 +83,16 @@ pub trait Layer: Send + 'static {
         cx.to_client(frame);
     }
 
+    /// Whether [`Layer::from_agent`] would do nothing with `frame` but pass it on to the client unchanged:
+    /// ask for nothing, emit nothing else, change none of the layer's state. The stack then skips the layer
+    /// for that frame (most agent frames are streamed chunks that no layer reads). A layer answers from its
+    /// state and the frame's envelope, cheaply, and `false` (the default) is always right. Debug builds
+    /// check every `true` by calling [`Layer::from_agent`] anyway and panicking unless it only passed the
+    /// frame on.
+    fn passes_from_agent(&self, _frame: &Frame) -> bool {
+        false
+    }
+
     /// The agent's answer to a request this layer sent with [`Cx::request`], with the tag it was sent with.
     fn on_reply(&mut self, _tag: Self::Reply, _reply: Frame, _cx: &mut Cx) {}
 
@@ -100,6 +110,8 @@ pub trait AnyLayer: Send {
     fn client_frame(&mut self, frame: Frame, cx: &mut Cx);
     #[doc(hidden)]
     fn agent_frame(&mut self, frame: Frame, cx: &mut Cx);
+    #[doc(hidden)]
+    fn passes_agent_frame(&self, frame: &Frame) -> bool;
     #[doc(hidden)]
     fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx);
     #[doc(hidden)]
@@ -125,6 +137,10 @@ impl<L: Layer> AnyLayer for L {
 
     fn agent_frame(&mut self, frame: Frame, cx: &mut Cx) {
         Layer::from_agent(self, frame, cx)
+    }
+
+    fn passes_agent_frame(&self, frame: &Frame) -> bool {
+        Layer::passes_from_agent(self, frame)
     }
 
     fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx) {
@@ -497,8 +513,14 @@ impl Stack {
         self.call(from, exits, |l, cx| l.client_frame(frame, cx));
     }
 
-    /// Sends `frame` through layers `..below` (nearest first) towards the client.
-    fn up(&mut self, below: usize, frame: Frame, exits: &mut Exits) {
+    /// Sends `frame` through layers `..below` (nearest first) towards the client, past the layers that
+    /// say they would only pass it on ([`Layer::passes_from_agent`]).
+    fn up(&mut self, mut below: usize, frame: Frame, exits: &mut Exits) {
+        while below > 0 && self.layers[below - 1].passes_agent_frame(&frame) {
+            #[cfg(debug_assertions)]
+            self.check_passes(below - 1, &frame);
+            below -= 1;
+        }
         match below.checked_sub(1) {
             None => {
                 if let Kind::Response { id } = frame.kind() {
@@ -508,6 +530,15 @@ impl Stack {
             }
             Some(at) => self.call(at, exits, |l, cx| l.agent_frame(frame, cx)),
         }
+    }
+
+    /// Debug builds: layer `at` said it would only pass `frame` on; calls it to see that it does.
+    #[cfg(debug_assertions)]
+    fn check_passes(&mut self, at: usize, frame: &Frame) {
+        let mut cx = Cx { out: Vec::new(), now: self.now, wall: self.wall, stack: Some((&mut self.shared, at)) };
+        self.layers[at].agent_frame(frame.clone(), &mut cx);
+        let passed = matches!(cx.out.as_slice(), [Out::ToClient(f)] if f == frame);
+        assert!(passed, "{} said it passes a frame on but did otherwise", self.layers[at].name());
     }
 
     /// Hands layer `at` one input with a context whose buffer comes from the pool (no allocation per frame
@@ -662,6 +693,38 @@ mod tests {
         assert_eq!(answered.len(), 1);
         assert_eq!(answered[0]["method"], "answered");
         assert_eq!(answered[0]["params"]["tag"], 9);
+    }
+
+    /// Says it passes every notification on, but drops those named `drop`.
+    struct Liar;
+    impl Layer for Liar {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            if !f.is_notification("drop") {
+                cx.to_client(f);
+            }
+        }
+        fn passes_from_agent(&self, f: &Frame) -> bool {
+            matches!(f.kind(), Kind::Notification { .. })
+        }
+    }
+
+    #[test]
+    fn layers_that_pass_a_frame_are_skipped_and_what_they_say_is_checked() {
+        let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Liar)]);
+        h.from_agent(json!({"jsonrpc":"2.0","method":"keep"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","method":"keep"})]);
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{}}));
+        assert_eq!(h.to_client().len(), 1, "an answer is not said to pass: the layer sees it");
+        // Debug builds call the layer anyway and see that it did not pass the frame on.
+        if cfg!(debug_assertions) {
+            let lied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                h.from_agent(json!({"jsonrpc":"2.0","method":"drop"}));
+            }));
+            assert!(lied.is_err(), "a layer that said it passes a frame but dropped it is caught");
+        }
     }
 
     /// Asks for wake-ups on `after` / `cancel` notifications (passing `after` on when `pass`); reports each
