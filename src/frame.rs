@@ -173,8 +173,9 @@ pub struct Invalid {
 /// layer has read it.
 ///
 /// A lone UTF-16 surrogate escape (`"\ud800"`, a low half first, a high half without its low one) is valid
-/// JSON and passes the frame check, but is no Unicode text. The frame is kept and forwarded byte for byte
-/// while no layer edits it; its [`Frame::value`] reads each lone half as U+FFFD REPLACEMENT CHARACTER
+/// JSON and passes the frame check, but is no Unicode text. The check notes it where it first reads the
+/// line ([`scan::Envelope::lone_surrogate`]); the frame is kept and forwarded byte for byte while no layer
+/// edits it; its [`Frame::value`] reads each lone half as U+FFFD REPLACEMENT CHARACTER
 /// ([`json::mend_surrogates`]), so reading a frame cannot fail, and a layer that rewrites it writes U+FFFD
 /// there. A lone surrogate in the method name is refused where the line is checked (there it would change
 /// what the frame asks for).
@@ -188,6 +189,8 @@ pub struct Frame {
     update: Option<CompactString>,
     /// Built or edited by the shim, rather than read from a peer.
     shim: bool,
+    /// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
+    lone_surrogate: bool,
     /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
     value: OnceCell<Arc<Value>>,
 }
@@ -195,7 +198,11 @@ pub struct Frame {
 /// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
 impl PartialEq for Frame {
     fn eq(&self, other: &Frame) -> bool {
-        self.wire == other.wire && self.kind == other.kind && self.update == other.update && self.shim == other.shim
+        self.wire == other.wire
+            && self.kind == other.kind
+            && self.update == other.update
+            && self.shim == other.shim
+            && self.lone_surrogate == other.lone_surrogate
     }
 }
 
@@ -220,7 +227,9 @@ impl Frame {
     pub fn parse_wire(wire: Bytes) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)]) {
-            Ok((kind, update)) => Ok(Frame { wire, kind, update, shim: false, value: OnceCell::new() }),
+            Ok((kind, update, lone_surrogate)) => {
+                Ok(Frame { wire, kind, update, shim: false, lone_surrogate, value: OnceCell::new() })
+            }
             Err(e) => Err((wire, e)),
         }
     }
@@ -251,7 +260,8 @@ impl Frame {
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
         let (kind, update) = match classified {
-            Ok(envelope) => envelope,
+            // serde_json writes no lone surrogate (a Rust string is Unicode text).
+            Ok((kind, update, _)) => (kind, update),
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
@@ -259,7 +269,7 @@ impl Frame {
                 (Kind::Notification { method: Method::default() }, None)
             }
         };
-        Frame { wire, kind, update, shim: true, value: OnceCell::new() }
+        Frame { wire, kind, update, shim: true, lone_surrogate: false, value: OnceCell::new() }
     }
 
     /// Whether the shim built or edited this frame.
@@ -317,7 +327,7 @@ impl Frame {
     /// UTF-16 surrogate escape, which JSON's grammar and the frame check accept and serde_json does not, as
     /// U+FFFD (see [`Frame`]). The bytes of a frame no layer rewrites are forwarded as they came.
     pub fn value(&self) -> &Value {
-        self.value.get_or_init(|| Arc::new(read(self.bytes())))
+        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate)))
     }
 
     /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
@@ -331,7 +341,7 @@ impl Frame {
     pub fn to_value(&self) -> Value {
         match self.value.get() {
             Some(value) => Value::clone(value),
-            None => read(self.bytes()),
+            None => read(self.bytes(), self.lone_surrogate),
         }
     }
 
@@ -365,11 +375,15 @@ macro_rules! needle {
 }
 
 /// Parses a frame's line. The frame check accepted it, so serde_json reads it unless it holds a lone
-/// surrogate escape: only then (a failed parse, rare) it is mended and read again.
-fn read(line: &[u8]) -> Value {
-    let mended = match json::from_slice(line) {
-        Ok(value) => return value,
-        Err(_) => json::mend_surrogates(line),
+/// surrogate escape, which the check noted (`lone`): only then (rare) it is mended first. A line that still
+/// fails is mended and read again all the same.
+fn read(line: &[u8], lone: bool) -> Value {
+    let mended = match lone {
+        true => json::mend_surrogates(line),
+        false => match json::from_slice(line) {
+            Ok(value) => return value,
+            Err(_) => json::mend_surrogates(line),
+        },
     };
     json::from_slice(&mended).unwrap_or_else(|e| {
         // Not reached: a frame is what the frame check accepted or what serde_json wrote.
@@ -418,7 +432,8 @@ pub fn notification(method: &str, params: Value) -> Frame {
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
+/// The frame's kind, its `sessionUpdate`, and whether a string holds a lone surrogate escape.
+fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>, bool), Invalid> {
     let (line, env) = match scan::checked(bytes) {
         Ok(checked) => checked,
         Err(e) => {
@@ -440,7 +455,7 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
     match env.top {
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
-        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None)),
+        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None, env.lone_surrogate)),
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
     if env.mistyped {
@@ -471,7 +486,8 @@ fn classify(bytes: &[u8]) -> Result<(Kind, Option<CompactString>), Invalid> {
         (None, Some(id), true) => Kind::Response { id },
         (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
     };
-    Ok((kind, env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()))))
+    let update = env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()));
+    Ok((kind, update, env.lone_surrogate))
 }
 
 fn parse_error(e: scan::Error) -> Invalid {
@@ -693,12 +709,14 @@ mod tests {
         let line = r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"x\ud800","b":"\ud83d\ude00","c":1e400}}"#;
         assert!(json::from_str::<Value>(line).is_err(), "serde_json alone refuses it");
         let f = Frame::parse(line.as_bytes().to_vec()).expect("valid JSON-RPC");
+        assert!(f.lone_surrogate, "noted where the line is checked");
         assert_eq!(f.value()["params"]["a"], "x\u{FFFD}");
         assert_eq!(f.value()["params"]["b"], "😀");
         assert_eq!(f.bytes(), line.as_bytes(), "the wire stays as it came");
         let mut v = f.to_value();
         v["params"]["d"] = Value::from(2);
         let out = f.rewritten(v);
+        assert!(!out.lone_surrogate);
         let text = std::str::from_utf8(out.bytes()).unwrap();
         assert_eq!(text, r#"{"id":1,"jsonrpc":"2.0","method":"m","params":{"a":"x�","b":"😀","c":1e400,"d":2}}"#);
         // In the method name it would change what the frame asks for: refused where the line is checked.
