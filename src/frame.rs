@@ -327,13 +327,16 @@ impl Frame {
     /// UTF-16 surrogate escape, which JSON's grammar and the frame check accept and serde_json does not, as
     /// U+FFFD (see [`Frame`]). The bytes of a frame no layer rewrites are forwarded as they came.
     pub fn value(&self) -> &Value {
-        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate)))
+        self.read_once()
     }
 
     /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
     pub fn shared_value(&self) -> Arc<Value> {
-        self.value();
-        Arc::clone(self.value.get().expect("set by Frame::value"))
+        Arc::clone(self.read_once())
+    }
+
+    fn read_once(&self) -> &Arc<Value> {
+        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate)))
     }
 
     /// The frame's value to edit (and hand to [`Frame::rewritten`]): a copy of the shared one when a layer
