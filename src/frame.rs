@@ -1,10 +1,13 @@
 //! One line of newline-delimited JSON-RPC 2.0, kept as the bytes it came in, plus a cheap view of its envelope.
 //!
-//! A frame that no layer edits is written out exactly as it was read. Only a layer that rewrites a frame
-//! parses it into a `serde_json::Value` and serialises that one frame again.
+//! A frame that no layer edits is written out exactly as it was read. A layer that looks inside a frame reads
+//! its `serde_json::Value` ([`Frame::value`]), parsed once per frame and shared by every layer after it; only
+//! a layer that rewrites a frame serialises that one frame again.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use compact_str::CompactString;
@@ -166,7 +169,17 @@ pub struct Invalid {
     pub has_method: bool,
 }
 
-#[derive(Clone, PartialEq, Eq)]
+/// One JSON-RPC message: its line as it came (or as the shim built it), its envelope, and its value once a
+/// layer has read it.
+///
+/// A lone UTF-16 surrogate escape (`"\ud800"`, a low half first, a high half without its low one) is valid
+/// JSON and passes the frame check, but is no Unicode text. The check notes it where it first reads the
+/// line ([`scan::Envelope::lone_surrogate`]); the frame is kept and forwarded byte for byte while no layer
+/// edits it; its [`Frame::value`] reads each lone half as U+FFFD REPLACEMENT CHARACTER
+/// ([`json::mend_surrogates`]), so reading a frame cannot fail, and a layer that rewrites it writes U+FFFD
+/// there. A lone surrogate in the method name is refused where the line is checked (there it would change
+/// what the frame asks for).
+#[derive(Clone)]
 pub struct Frame {
     /// The line with its `\n`: a slice of the buffer it was read into, written out as it is.
     wire: Bytes,
@@ -176,7 +189,24 @@ pub struct Frame {
     update: Option<CompactString>,
     /// Built or edited by the shim, rather than read from a peer.
     shim: bool,
+    /// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
+    lone_surrogate: bool,
+    /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
+    value: OnceCell<Arc<Value>>,
 }
+
+/// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
+impl PartialEq for Frame {
+    fn eq(&self, other: &Frame) -> bool {
+        self.wire == other.wire
+            && self.kind == other.kind
+            && self.update == other.update
+            && self.shim == other.shim
+            && self.lone_surrogate == other.lone_surrogate
+    }
+}
+
+impl Eq for Frame {}
 
 impl fmt::Debug for Frame {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -203,7 +233,9 @@ impl Frame {
     pub fn read(wire: Bytes, scanner: &mut scan::Scanner) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok((kind, update)) => Ok(Frame { wire, kind, update, shim: false }),
+            Ok((kind, update, lone_surrogate)) => {
+                Ok(Frame { wire, kind, update, shim: false, lone_surrogate, value: OnceCell::new() })
+            }
             Err(e) => Err((wire, e)),
         }
     }
@@ -213,14 +245,19 @@ impl Frame {
         Frame::built(serde_json::to_vec(value).expect("a serde_json::Value always serialises"))
     }
 
-    /// The frame a layer made by editing this frame's [`Frame::value`]: every number it left as it was keeps
-    /// the peer's exact spelling (`1e400` stays `1e400`, not serde_json's `1e+400`).
-    pub fn rewritten(&self, value: &Value) -> Frame {
+    /// The frame a layer made by editing this frame's value ([`Frame::to_value`]): every number it left as it
+    /// was keeps the peer's exact spelling (`1e400` stays `1e400`, not serde_json's `1e+400`). The new frame
+    /// keeps `value` as its own, so the layers after this one do not parse it again.
+    pub fn rewritten(&self, value: Value) -> Frame {
         let spellings = json::Spellings::of(self.bytes());
-        if spellings.is_empty() {
-            return Frame::from_value(value);
-        }
-        Frame::built(json::to_vec_spelled(value, &spellings))
+        let bytes = if spellings.is_empty() {
+            serde_json::to_vec(&value).expect("a serde_json::Value always serialises")
+        } else {
+            json::to_vec_spelled(&value, &spellings)
+        };
+        let frame = Frame::built(bytes);
+        let _ = frame.value.set(Arc::new(value));
+        frame
     }
 
     /// A frame from the JSON text of one message the shim built.
@@ -228,15 +265,17 @@ impl Frame {
         let classified = classify(&bytes, &mut scan::Scanner::default());
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        match classified {
-            Ok((kind, update)) => Frame { wire, kind, update, shim: true },
+        let (kind, update) = match classified {
+            // serde_json writes no lone surrogate (a Rust string is Unicode text).
+            Ok((kind, update, _)) => (kind, update),
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                Frame { wire, kind: Kind::Notification { method: Method::default() }, update: None, shim: true }
+                (Kind::Notification { method: Method::default() }, None)
             }
-        }
+        };
+        Frame { wire, kind, update, shim: true, lone_surrogate: false, value: OnceCell::new() }
     }
 
     /// Whether the shim built or edited this frame.
@@ -294,13 +333,32 @@ impl Frame {
         matches!(&self.kind, Kind::Notification { method } if method == m)
     }
 
-    /// Parses the whole frame. Only layers that look inside a frame pay for this.
+    /// The whole frame as a value, parsed the first time a layer asks and shared from then on (with every
+    /// layer after it, and with the frame's clones). Only frames a layer looks inside pay for a parse.
     ///
-    /// Reads whatever the frame check accepted (as deep, numbers of any size), so an error is rare (a lone
-    /// UTF-16 surrogate escape, which JSON's grammar and the frame check accept and serde_json does not) but must not be ignored: a
-    /// layer that must act on a frame it cannot read answers it with [`crate::layer::Cx::unreadable`], never passes it on.
-    pub fn value(&self) -> Result<Value, json::Error> {
-        json::from_slice(self.bytes())
+    /// Never fails: it reads whatever the frame check accepted (as deep, numbers of any size), and a lone
+    /// UTF-16 surrogate escape, which JSON's grammar and the frame check accept and serde_json does not, as
+    /// U+FFFD (see [`Frame`]). The bytes of a frame no layer rewrites are forwarded as they came.
+    pub fn value(&self) -> &Value {
+        self.read_once()
+    }
+
+    /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
+    pub fn shared_value(&self) -> Arc<Value> {
+        Arc::clone(self.read_once())
+    }
+
+    fn read_once(&self) -> &Arc<Value> {
+        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate)))
+    }
+
+    /// The frame's value to edit (and hand to [`Frame::rewritten`]): a copy of the shared one when a layer
+    /// read it already, else parsed for this layer alone (the frame it edits is replaced).
+    pub fn to_value(&self) -> Value {
+        match self.value.get() {
+            Some(value) => Value::clone(value),
+            None => read(self.bytes(), self.lone_surrogate),
+        }
     }
 
     /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing). On the per-frame
@@ -330,6 +388,24 @@ macro_rules! needle {
     ($bytes:expr) => {
         $crate::frame::Needle::new(|| ::memchr::memmem::Finder::new($bytes))
     };
+}
+
+/// Parses a frame's line. The frame check accepted it, so serde_json reads it unless it holds a lone
+/// surrogate escape, which the check noted (`lone`): only then (rare) it is mended first. A line that still
+/// fails is mended and read again all the same.
+fn read(line: &[u8], lone: bool) -> Value {
+    let mended = match lone {
+        true => json::mend_surrogates(line),
+        false => match json::from_slice(line) {
+            Ok(value) => return value,
+            Err(_) => json::mend_surrogates(line),
+        },
+    };
+    json::from_slice(&mended).unwrap_or_else(|e| {
+        // Not reached: a frame is what the frame check accepted or what serde_json wrote.
+        tracing::error!(error = %e, len = line.len(), "a frame the frame check accepted does not parse");
+        Value::Null
+    })
 }
 
 /// Builds a JSON-RPC error response.
@@ -372,7 +448,8 @@ pub fn notification(method: &str, params: Value) -> Frame {
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<CompactString>), Invalid> {
+/// The frame's kind, its `sessionUpdate`, and whether a string holds a lone surrogate escape.
+fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<CompactString>, bool), Invalid> {
     let (line, env) = match scanner.checked(bytes) {
         Ok(checked) => checked,
         Err(e) => {
@@ -394,7 +471,7 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
     match env.top {
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
-        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None)),
+        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None, env.lone_surrogate)),
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
     if env.mistyped {
@@ -425,7 +502,8 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
         (None, Some(id), true) => Kind::Response { id },
         (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
     };
-    Ok((kind, env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()))))
+    let update = env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()));
+    Ok((kind, update, env.lone_surrogate))
 }
 
 fn parse_error(e: scan::Error) -> Invalid {
@@ -613,6 +691,53 @@ mod tests {
         assert_eq!((&back[..], err.code), (&b"nope\n"[..], -32700));
         // Empty stays a parse error, not a panic.
         assert_eq!(Frame::parse_wire(Bytes::new()).unwrap_err().1.code, -32700);
+    }
+
+    #[test]
+    fn a_frame_is_parsed_once_and_its_value_shared() {
+        let f = Frame::parse(br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":[1,2]}}"#.to_vec()).unwrap();
+        let unread = f.clone();
+        let first: *const Value = f.value();
+        assert!(std::ptr::eq(first, f.value()), "read once, then the same value");
+        assert!(std::ptr::eq(first, &*f.shared_value()));
+        let clone = f.clone();
+        assert!(std::ptr::eq(first, clone.value()), "a clone shares what was read");
+        assert_eq!(f, unread, "whether a frame was read is no difference");
+        // An edit is a copy: the frame it came from is unchanged.
+        let mut edited = f.to_value();
+        edited["params"]["b"] = Value::from(true);
+        assert_eq!(f.value()["params"].get("b"), None);
+        // The rewritten frame keeps the value it was written from, and its bytes read back as that value.
+        let out = f.rewritten(edited.clone());
+        assert!(out.is_shim());
+        assert_eq!(out.value(), &edited);
+        assert_eq!(&json::from_slice::<Value>(out.bytes()).unwrap(), out.value());
+        // Read on a reader's thread and handled on the relay's: a frame is Send.
+        fn send<T: Send>() {}
+        send::<Frame>();
+        // Moved through every layer: the cache is one pointer (112 bytes without it, on 64-bit targets).
+        assert!(std::mem::size_of::<Frame>() <= 120, "{}", std::mem::size_of::<Frame>());
+        assert_eq!(std::mem::size_of::<OnceCell<Arc<Value>>>(), 8);
+    }
+
+    #[test]
+    fn a_lone_surrogate_reads_as_u_fffd_is_kept_on_the_wire_and_rewritten_as_u_fffd() {
+        let line = r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"x\ud800","b":"\ud83d\ude00","c":1e400}}"#;
+        assert!(json::from_str::<Value>(line).is_err(), "serde_json alone refuses it");
+        let f = Frame::parse(line.as_bytes().to_vec()).expect("valid JSON-RPC");
+        assert!(f.lone_surrogate, "noted where the line is checked");
+        assert_eq!(f.value()["params"]["a"], "x\u{FFFD}");
+        assert_eq!(f.value()["params"]["b"], "😀");
+        assert_eq!(f.bytes(), line.as_bytes(), "the wire stays as it came");
+        let mut v = f.to_value();
+        v["params"]["d"] = Value::from(2);
+        let out = f.rewritten(v);
+        assert!(!out.lone_surrogate);
+        let text = std::str::from_utf8(out.bytes()).unwrap();
+        assert_eq!(text, r#"{"id":1,"jsonrpc":"2.0","method":"m","params":{"a":"x�","b":"😀","c":1e400,"d":2}}"#);
+        // In the method name it would change what the frame asks for: refused where the line is checked.
+        let named = r#"{"jsonrpc":"2.0","id":2,"method":"session/\ud800"}"#;
+        assert_eq!(Frame::parse(named.as_bytes().to_vec()).unwrap_err().code, -32600);
     }
 
     #[test]

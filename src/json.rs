@@ -142,6 +142,50 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
     from_slice(text.as_bytes())
 }
 
+/// `text` with every UTF-16 surrogate escape that is not half of a pair (`\ud800` alone, a low half first, a
+/// high half followed by anything but a low one) written `\ufffd`, U+FFFD REPLACEMENT CHARACTER, as a
+/// decoder of UTF-16 would; pairs, and everything else, kept. Each escape is as long as its replacement,
+/// so every byte stays where it was. JSON's grammar allows lone surrogate escapes and serde_json refuses
+/// them: this is what [`crate::frame::Frame::value`] reads such a frame as. Borrowed when there is none.
+///
+/// Escapes are read as a JSON string reads them: `\\ud800` is an escaped backslash and the text `ud800`.
+/// Outside strings there are no backslashes in JSON; in text that is not JSON nothing panics.
+pub fn mend_surrogates(text: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    // The code unit of the `\uXXXX` escape at `at`, if there is one.
+    let unit = |at: usize| -> Option<u16> {
+        match text.get(at..at + 6)? {
+            [b'\\', b'u', hex @ ..] if hex.iter().all(u8::is_ascii_hexdigit) => {
+                Some(hex.iter().fold(0u16, |n, &h| n << 4 | (h as char).to_digit(16).unwrap_or(0) as u16))
+            }
+            _ => None,
+        }
+    };
+    let mut mended: Option<Vec<u8>> = None;
+    let mut i = 0;
+    while let Some(at) = text.get(i..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        i += at;
+        let Some(u) = unit(i) else {
+            // Any other escape is two bytes (`\\`, `\"`, `\n`, …): its second byte opens no escape.
+            i += 2;
+            continue;
+        };
+        let low = |u: u16| (0xDC00..=0xDFFF).contains(&u);
+        let width = match u {
+            0xD800..=0xDBFF if unit(i + 6).is_some_and(low) => 12,
+            0xD800..=0xDFFF => {
+                mended.get_or_insert_with(|| text.to_vec())[i..i + 6].copy_from_slice(b"\\ufffd");
+                6
+            }
+            _ => 6,
+        };
+        i += width;
+    }
+    match mended {
+        Some(m) => std::borrow::Cow::Owned(m),
+        None => std::borrow::Cow::Borrowed(text),
+    }
+}
+
 /// How the numbers of a peer's text were spelled where serde_json spells them otherwise. Reading keeps every
 /// digit (`arbitrary_precision`) but writes an exponent one way (`1e400` and `1E400` become `1e+400`); a frame a
 /// layer rewrites gets back the peer's spelling of each number it did not change through [`to_vec_spelled`].
@@ -277,7 +321,7 @@ mod tests {
             .stack_size(2 << 20)
             .spawn(move || {
                 let frame = crate::frame::Frame::parse(text.clone().into_bytes()).expect("a frame at the limit");
-                let v: Value = frame.value().expect("readable");
+                let v: Value = frame.value().clone();
                 let again = serde_json::to_string(&v).unwrap();
                 drop(v);
                 again == text
@@ -299,6 +343,48 @@ mod tests {
             r#"{"a":1e400,"b":[2E5,-3.50e-7,7e+1,"1e9"],"c":1.50,"d":-0,"e":123456789012345678901234567890,"f":"added"}"#
         );
         assert!(Spellings::of(br#"{"a":1,"b":"1e5","c":1e+5}"#).is_empty());
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_are_mended_and_pairs_kept() {
+        let mend = |text: &str| String::from_utf8(mend_surrogates(text.as_bytes()).into_owned()).unwrap();
+        for (text, mended) in [
+            // Pairs, either case, and every other escape, kept (and borrowed).
+            (r#"["\ud83d\ude00"]"#, r#"["\ud83d\ude00"]"#),
+            (r#"["\uD83D\uDE00","\uDbFf\uDfFf"]"#, r#"["\uD83D\uDE00","\uDbFf\uDfFf"]"#),
+            (r#"["\u00e9\n\"\\\/","\uFFFD","\ud7ff\ue000"]"#, r#"["\u00e9\n\"\\\/","\uFFFD","\ud7ff\ue000"]"#),
+            // A lone high half, a lone low half, either case, anywhere in the string.
+            (r#"["\ud800"]"#, r#"["\ufffd"]"#),
+            (r#"["a\uDC00b"]"#, r#"["a\ufffdb"]"#),
+            (r#"{"\udbff":"\uDFFF"}"#, r#"{"\ufffd":"\ufffd"}"#),
+            // A reversed pair is two lone halves; a high half before another high half is lone.
+            (r#"["\udc00\ud800"]"#, r#"["\ufffd\ufffd"]"#),
+            (r#"["\ud800\ud800\udc00"]"#, r#"["\ufffd\ud800\udc00"]"#),
+            // A high half followed by text, by another escape, or by the end of the string.
+            (r#"["\ud800x\udc00"]"#, r#"["\ufffdx\ufffd"]"#),
+            (r#"["\ud800\n","\ud800\u0041"]"#, r#"["\ufffd\n","\ufffd\u0041"]"#),
+            (r#"["\ud800","\udc00"]"#, r#"["\ufffd","\ufffd"]"#),
+            // An escaped backslash followed by `ud800` is text, not an escape; after it, an escape is one.
+            (r#"["\\ud800"]"#, r#"["\\ud800"]"#),
+            (r#"["\\\ud800","\\\\ud800"]"#, r#"["\\\ufffd","\\\\ud800"]"#),
+            (r#"["\\\\\ud800\\"]"#, r#"["\\\\\ufffd\\"]"#),
+        ] {
+            assert_eq!(mend(text), mended, "{text}");
+            let value: Value = from_str(&mend(text)).expect("serde_json reads what is mended");
+            assert_eq!(value.to_string().contains('\u{FFFD}'), mended.to_lowercase().contains("ufffd"), "{text}");
+            if text == mended {
+                assert!(matches!(mend_surrogates(text.as_bytes()), std::borrow::Cow::Borrowed(_)), "{text}");
+            }
+        }
+        // Text that is not JSON, cut anywhere, never panics.
+        for text in
+            [r#"["\ud800\ud"#, r#"["\ud8"#, "\\", "\\u", r#""\ud800\"#, r#"\\\"#, r#"\u+fff"#, r#"\ud800\u+c00"#]
+        {
+            let mended = mend_surrogates(text.as_bytes());
+            assert_eq!(mended.len(), text.len(), "{text}");
+        }
+        assert_eq!(&*mend_surrogates(br"\ud800\u+c00"), br"\ufffd\u+c00");
+        assert_eq!(&*mend_surrogates(br"\ud800\ud"), br"\ufffd\ud");
     }
 
     #[test]

@@ -50,8 +50,10 @@
 //! I/O it needs (read a session file, start a watcher, write a record) it asks the engine for as a job
 //! ([`layer::Cx::work`]), which runs off the relay loop on the engine's workers ([`layer::work`]) and comes
 //! back to the layer as one more input, so nothing a layer calls can hold up the loop; threads set up with
-//! the stack hand their results in through a [`layer::EventSender`]. A frame a layer must act on but cannot
-//! read is answered with an error ([`layer::Cx::unreadable`]), never passed on untouched.
+//! the stack hand their results in through a [`layer::EventSender`]. A layer reads a frame through
+//! [`frame::Frame::value`], which cannot fail and parses each frame at most once, the result shared with the
+//! layers after it; a layer that edits one takes a copy ([`frame::Frame::to_value`]) and hands it to
+//! [`frame::Frame::rewritten`], whose frame keeps it. A lone UTF-16 surrogate escape reads as U+FFFD.
 //!
 //! Each layer names its own types: its wake-ups ([`layer::Layer::Timer`], an enum of its own, never a number
 //! packed by hand), its events ([`layer::Layer::Event`]; the [`layer::EventSender`] the set-up hands it is

@@ -1,7 +1,7 @@
 //! Issue 13, sections 1 and 2, on the four binaries against the scripted test agent: a line nested far
 //! too deep (20,000 levels, 20-140 KB) from either peer is refused like an over-size frame and the shim
 //! lives on; a frame a layer must rewrite is read whatever the frame check accepted (a number beyond f64,
-//! 200 levels of nesting), so it is rewritten, never passed on untouched.
+//! 200 levels of nesting, a lone UTF-16 surrogate escape), so it is rewritten, never passed on untouched.
 
 use crate::support;
 
@@ -164,24 +164,78 @@ fn session_instruction_is_checked_stripped_and_injected_whatever_else_the_params
     }
 }
 
+/// The frames the shim writes until the answer to `id`, as JSON (a line with a lone surrogate escape read as
+/// the shim reads it), and that answer.
+fn until_answer(s: &mut shim::Shim, id: u64) -> (Value, Vec<Value>) {
+    let mut before = Vec::new();
+    loop {
+        let line = s.recv();
+        let v: Value = coda_shim::json::from_slice(&coda_shim::json::mend_surrogates(line.as_bytes()))
+            .unwrap_or_else(|e| panic!("the shim wrote a line that is not JSON ({e}): {line:.300}"));
+        if v["id"] == json!(id) && v.get("method").is_none() {
+            return (v, before);
+        }
+        before.push(v);
+    }
+}
+
 #[test]
-fn a_frame_a_layer_must_act_on_but_cannot_read_is_answered_with_an_error_not_passed_on() {
-    // A lone UTF-16 surrogate escape: valid for the frame check (`src/scan.rs`), unreadable for serde_json.
+fn a_lone_surrogate_is_read_as_u_fffd_and_the_frame_is_acted_on() {
+    // A lone UTF-16 surrogate escape: valid for the frame check (`src/scan.rs`), refused by serde_json alone;
+    // the shim reads it as U+FFFD, and a frame it rewrites carries U+FFFD (the test agent reads only that).
     let sp = json!({"mode": "append", "content": [{"type": "text", "text": instruction()}]});
     for bin in INJECTING {
-        let dir = temp::TempDir::new("depth-unreadable");
+        let dir = temp::TempDir::new("depth-lone-surrogate");
         let log = dir.join("received.jsonl");
         let mut s = with_test_agent(bin).env("TEST_AGENT_LOG", log.to_str().unwrap()).start();
         s.send(&init_line(0, "{}"));
         let _ = s.recv_json();
+        // session/new: its systemPrompt is checked and stripped, the rest kept, the lone half as U+FFFD.
         s.send(&format!(
-            r#"{{"jsonrpc":"2.0","id":1,"method":"session/new","params":{{"cwd":"/w","mcpServers":[],"systemPrompt":{sp},"_meta":{{"s":"\ud800"}}}}}}"#
+            r#"{{"jsonrpc":"2.0","id":1,"method":"session/new","params":{{"cwd":"/w","mcpServers":[],"systemPrompt":{sp},"_meta":{{"s":"\ud800","pair":"\ud83d\ude00"}}}}}}"#
         ));
-        let e = s.recv_json();
-        assert_eq!((&e["id"], &e["error"]["code"]), (&json!(1), &json!(-32600)), "{bin}: {e}");
-        assert!(e["error"]["message"].as_str().unwrap().contains("cannot read"), "{bin}: {e}");
-        assert!(received_method(&log, "session/new").is_empty(), "{bin}: not forwarded");
+        let (answer, _) = until_answer(&mut s, 1);
+        let sid = answer["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{bin}: a session: {answer}"));
+        let sid = sid.to_owned();
+        let got = received_method(&log, "session/new");
+        let (line, v) = got.last().expect("the child got session/new");
+        assert!(v["params"].get("systemPrompt").is_none(), "{bin}: stripped: {line:.300}");
+        assert_eq!(v["params"]["_meta"], json!({"s": "\u{FFFD}", "pair": "😀"}), "{bin}: {line:.300}");
+        // session/prompt: the lone half in the user's text, which a layer must rewrite to inject the instruction.
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[{{"type":"text","text":"hello \udc00 there"}}]}}}}"#
+        ));
+        let (answer, before) = until_answer(&mut s, 3);
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{bin}: handled as any prompt: {answer}");
+        let prompt = received_prompt(&before);
+        let first = prompt[0]["text"].as_str().unwrap_or_default();
+        assert!(first.starts_with("<coda-session-instruction>\n## 工作方式 🧭"), "{bin}: injected: {prompt}");
+        assert_eq!(prompt[1]["text"], "hello \u{FFFD} there", "{bin}: {prompt}");
         ends_cleanly(s);
+    }
+}
+
+#[test]
+fn a_frame_with_a_lone_surrogate_no_layer_rewrites_goes_on_byte_for_byte() {
+    for bin in BINARIES {
+        let dir = temp::TempDir::new("depth-lone-surrogate-kept");
+        let log = dir.join("received.jsonl");
+        let mut s = with_test_agent(bin).env("TEST_AGENT_LOG", log.to_str().unwrap()).start();
+        // From the client: a notification no layer edits reaches the agent as it was sent, escapes and all.
+        let note = r#"{"jsonrpc":"2.0","method":"_x/note","params":{"a":"x\ud800y","b":"\udc00\ud800","pair":"\uD83D\uDE00","text":"\\ud800"}}"#;
+        s.send(note);
+        // The agent (which cannot read the note) answers the next request: by then it logged the note.
+        let (seen, _) = s.request(1, "_test/seen", json!({}));
+        assert!(seen["result"]["methods"].is_array(), "{bin}: {seen}");
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(logged.lines().find(|l| l.contains("_x/note")), Some(note), "{bin}: byte for byte");
+        // From the agent: a streamed chunk no layer edits reaches the client as the agent wrote it.
+        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s-x","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"\udbff end \ud800"}}}}"#;
+        s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "_test/emit", "params": {"line": chunk}}));
+        assert_eq!(s.recv(), chunk, "{bin}: byte for byte");
+        assert_eq!(s.recv_json(), json!({"jsonrpc": "2.0", "id": 2, "result": {}}), "{bin}");
+        let stderr = ends_cleanly(s);
+        assert!(!stderr.iter().any(|l| l.contains("cannot read")), "{bin}: no warning: {stderr:?}");
     }
 }
 

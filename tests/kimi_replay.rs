@@ -18,7 +18,7 @@ use coda_shim::frame::Frame;
 use serde_json::{Value, json};
 
 fn show(f: &Frame, session: &str) -> String {
-    kimi_common::show(&f.value().unwrap_or(Value::Null), true, session).unwrap_or_default()
+    kimi_common::show(f.value(), true, session).unwrap_or_default()
 }
 
 /// Replays one recording; returns the client frames in the `expected.txt` notation.

@@ -223,7 +223,7 @@ fn run(files: &str, seed: u64, inotify: bool) -> Vec<String> {
     for w in &source.0.lock().unwrap().watched {
         assert!(w.starts_with(&session_dir), "watched outside the session: {}", w.display());
     }
-    exits.to_client.iter().filter_map(|f| kimi_common::show(&f.value().unwrap_or(Value::Null), true, &sid)).collect()
+    exits.to_client.iter().filter_map(|f| kimi_common::show(f.value(), true, &sid)).collect()
 }
 
 fn fixtures() -> Vec<(PathBuf, String, String)> {

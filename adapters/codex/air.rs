@@ -99,10 +99,7 @@ impl Air {
     }
 
     fn client_initialize(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let mut value = frame.to_value();
         let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
             return cx.to_agent(frame);
         };
@@ -121,15 +118,12 @@ impl Air {
             air.insert("version".into(), json!(1));
         }
         air.insert("capabilities".into(), Value::Array(names));
-        cx.to_agent(frame.rewritten(&value))
+        cx.to_agent(frame.rewritten(value))
     }
 
     /// codex-acp's `initialize` answer: without AIR reports, a warning and no waits declared.
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let Some(result) = value.get_mut("result").filter(|r| r.is_object()) else {
             return cx.to_client(frame);
         };
@@ -157,10 +151,7 @@ impl Air {
     }
 
     fn steering(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let mut value = frame.to_value();
         let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
             return cx.to_agent(frame);
         };
@@ -169,7 +160,7 @@ impl Air {
         if !steering.contains_key("idleBehavior") {
             steering.insert("idleBehavior".into(), json!("promptRequired"));
         }
-        cx.to_agent(frame.rewritten(&value))
+        cx.to_agent(frame.rewritten(value))
     }
 
     /// Points `params.sessionId` = `X` at the current generation of subagent `X`. True when changed.
@@ -188,10 +179,7 @@ impl Air {
     /// not report goes on to codex-acp.
     fn stop(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
-        let params = match frame.value() {
-            Ok(v) => v.get("params").cloned().unwrap_or(Value::Null),
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let params = frame.value().get("params").cloned().unwrap_or(Value::Null);
         let text = |key: &str| params.get(key).and_then(Value::as_str).unwrap_or_default();
         let (session, wait_id) = (text("sessionId"), text("waitId"));
         let key = self.by_wait.get(&(session.to_owned(), wait_id.to_owned())).map(|&kind| (kind, wait_id.to_owned()));
@@ -320,10 +308,7 @@ impl Air {
         if !air && !frame.has(&GENERATION_ID) {
             return cx.to_client(frame);
         }
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let sid = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         if air
             && let (Some(sid), Some(update)) = (&sid, value.pointer("/params/update"))
@@ -334,7 +319,7 @@ impl Air {
         match sid {
             Some(sid) if stable(&sid) != sid => {
                 value["params"]["sessionId"] = json!(stable(&sid));
-                cx.to_client(frame.rewritten(&value))
+                cx.to_client(frame.rewritten(value))
             }
             _ => cx.to_client(frame),
         }
@@ -369,12 +354,9 @@ impl Layer for Air {
             "_coda/wait/stop" => self.stop(frame, cx),
             "_session/steering" => self.steering(frame, cx),
             _ if self.subagents.values().any(|s| s.current.contains(GENERATION)) => {
-                let mut value = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
+                let mut value = frame.to_value();
                 let changed = value.get_mut("params").and_then(Value::as_object_mut).is_some_and(|p| self.address(p));
-                if changed { cx.to_agent(frame.rewritten(&value)) } else { cx.to_agent(frame) }
+                if changed { cx.to_agent(frame.rewritten(value)) } else { cx.to_agent(frame) }
             }
             _ => cx.to_agent(frame),
         }
@@ -398,12 +380,12 @@ impl Layer for Air {
     }
 
     fn on_reply(&mut self, _: TaskStop, reply: Frame, _cx: &mut Cx) {
-        let value = reply.value().ok();
-        match value.as_ref().and_then(|v| v.pointer("/result/stopped")).and_then(Value::as_bool) {
+        let value = reply.value();
+        match value.pointer("/result/stopped").and_then(Value::as_bool) {
             Some(true) => tracing::debug!("codex-acp is stopping the background command"),
             _ => {
                 tracing::warn!("codex-acp did not stop the background command (its answer is logged at debug)");
-                tracing::debug!("codex-acp's answer to the stop: {}", value.map(|v| v.to_string()).unwrap_or_default());
+                tracing::debug!("codex-acp's answer to the stop: {value}");
             }
         }
     }

@@ -11,7 +11,7 @@
 //! call: the action's command and cwd are what tie the two together.
 //!
 //! The rule this layer keeps:
-//! - No `guardian_assessment:` call reaches Coda (nor one of its frames this layer cannot read).
+//! - No `guardian_assessment:` call reaches Coda.
 //! - Its start is the judged call's `_meta.coda.review {state: "reviewing"}`, its end `approved` or `denied`
 //!   (aborted and timed-out reviews are `denied`), with `risk` (only `low`, `medium`, `high`, `critical`) and
 //!   `reason` (the rationale, at most [`REASON_MAX`] characters), as a `tool_call_update` of the judged call.
@@ -262,7 +262,7 @@ impl CodexReview {
         if !verdict.is_final() {
             s.reviews.push((review, Review::Judges(id.to_owned())));
         }
-        let Ok(mut v) = frame.value() else { return cx.to_client(frame) };
+        let mut v = frame.to_value();
         if let Some(u) = v.pointer_mut("/params/update").and_then(Value::as_object_mut) {
             if !verdict.is_final() {
                 u.insert("status".into(), json!("pending"));
@@ -280,7 +280,7 @@ impl CodexReview {
                 .expect("made an object above")
                 .insert("review".into(), verdict.to_value()["coda"]["review"].clone());
         }
-        cx.to_client(frame.rewritten(&v));
+        cx.to_client(frame.rewritten(v));
     }
 
     /// A finished call can no longer be judged.
@@ -303,15 +303,7 @@ impl CodexReview {
         if !of_review && !is_start && !self.may_be_kept(&frame) {
             return cx.to_client(frame);
         }
-        let v = match frame.value() {
-            Ok(v) => v,
-            // A review's frame is never passed on; a call's the shim cannot read goes on as it came.
-            Err(e) if of_review => return cx.unreadable(frame, &e, false),
-            Err(_) => {
-                tracing::warn!("codex-acp sent a tool call the shim cannot read; a review of it cannot be reported");
-                return cx.to_client(frame);
-            }
-        };
+        let v = frame.shared_value();
         let session = str_at(&v, "/params/sessionId").unwrap_or_default().to_owned();
         let update = v.pointer("/params/update").unwrap_or(&Value::Null);
         match str_at(update, "/toolCallId").and_then(|id| id.strip_prefix(REVIEW_CALL)) {
@@ -503,9 +495,9 @@ mod tests {
     }
 
     #[test]
-    fn unreadable_frames_of_a_review_are_dropped_and_others_pass() {
+    fn frames_with_a_lone_surrogate_are_read_a_reviews_kept_back_and_others_pass_byte_for_byte() {
         let mut h = harness();
-        // A lone surrogate: accepted by the frame check, unreadable as a value.
+        // A lone surrogate: accepted by the frame check, read as U+FFFD.
         let bad_review = br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"tool_call","toolCallId":"guardian_assessment:r","title":"\ud800"}}}"#;
         h.agent_frame(Frame::parse(bad_review.to_vec()).expect("a frame"));
         assert!(h.to_client().is_empty(), "a review's frame is never passed on");
@@ -548,7 +540,7 @@ mod tests {
         let got = h.take().to_client;
         let text = String::from_utf8(got[0].bytes().to_vec()).expect("utf-8");
         assert!(text.contains("1e400"), "{text}");
-        let v = got[0].value().expect("json");
+        let v = got[0].value();
         assert_eq!(v["params"]["update"]["status"], "pending");
         assert_eq!(v["params"]["update"]["_meta"]["coda"]["review"], json!({"state": "reviewing"}));
         h.from_agent(review_end("r", "completed", "Status: Approved"));

@@ -25,9 +25,7 @@ impl Roots {
         if !matches!(method, "session/new" | "session/fork" | "session/load" | "session/resume") {
             return;
         }
-        // An answer that cannot be read opens nothing (the layers above handle it).
-        let Ok(answer) = frame.value() else { return };
-        let Some(result) = answer.get("result") else { return };
+        let Some(result) = frame.value().get("result") else { return };
         let id = match method {
             "session/new" | "session/fork" => result.get("sessionId").and_then(Value::as_str).map(str::to_owned),
             _ => named,

@@ -18,8 +18,7 @@
 //!   `completed`, so the shim sends one of its own right after it, with the facts and Codex's last figures.
 //! - `cacheTtl`: Codex does not say it, so it is never sent.
 //!
-//! Times are `cx.wall()` of the frame that tells them. A `usage_update` the shim cannot read is dropped with a
-//! warning (it must carry the facts); other frames it cannot read pass on, costing only a timing estimate.
+//! Times are `cx.wall()` of the frame that tells them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -120,10 +119,8 @@ impl Usage {
     fn prompt(&mut self, frame: &Frame, cx: &Cx) {
         let from_table = frame.id().and_then(|id| cx.request_of(id)).and_then(|r| r.session().map(str::to_owned));
         // The shim's own prompts (its `/compact`) are in no table: read them.
-        let session = from_table.or_else(|| {
-            let v = frame.value().ok()?;
-            v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned)
-        });
+        let session = from_table
+            .or_else(|| frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned));
         let wall = cx.wall();
         if let Some(s) = session.as_deref().and_then(|s| self.root(s)) {
             s.restart(Some(wall));
@@ -141,14 +138,7 @@ impl Usage {
         if !wanted {
             return cx.to_client(frame);
         }
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) if kind == "usage_update" => return cx.unreadable(frame, &e, false),
-            Err(e) => {
-                tracing::warn!("codex-acp sent a {kind} the shim cannot read ({e}); passed on, its timing unknown");
-                return cx.to_client(frame);
-            }
-        };
+        let value = frame.shared_value();
         let session_id = value.pointer("/params/sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
         let wall = cx.wall();
         let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
@@ -194,8 +184,9 @@ impl Usage {
             if let Some((at, _)) = session.starts.pop_front() {
                 session.facts.last_request_at = Some(at);
             }
+            let mut value = Value::clone(&value);
             session.facts.stamp(&mut value);
-            return cx.to_client(frame.rewritten(&value));
+            return cx.to_client(frame.rewritten(value));
         }
         match compaction {
             // The summarising request starts.
@@ -447,14 +438,19 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_usage_update_is_dropped_with_a_warning_and_an_unreadable_tool_update_passes() {
+    fn a_lone_surrogate_is_read_as_u_fffd_a_usage_update_gets_its_facts_and_a_tool_update_passes_as_it_came() {
         let mut h = started();
-        // A lone surrogate escape: the frame check accepts it, serde_json does not.
+        // A lone surrogate escape: the frame check accepts it, serde_json alone does not.
         let usage = format!(
             r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"usage_update","used":1,"x":"\ud800"}}}}}}"#
         );
         h.agent_frame(Frame::parse(usage.into_bytes()).unwrap());
-        assert!(h.take().to_client.is_empty());
+        let out = h.take().to_client;
+        assert_eq!(out.len(), 1);
+        let v = out[0].value();
+        assert_eq!(v["params"]["update"]["_meta"]["coda"]["contextTokens"], 1, "{v}");
+        assert_eq!(v["params"]["update"]["x"], "\u{FFFD}");
+        assert!(std::str::from_utf8(out[0].bytes()).unwrap().contains('\u{FFFD}'), "rewritten with U+FFFD");
         let tool = format!(
             r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"tool_call_update","status":"completed","x":"\ud800"}}}}}}"#
         );

@@ -283,10 +283,7 @@ impl GrokActivity {
     /// A stop `Waits` passed on (the wait is open and stoppable as far as the reports say); one this layer
     /// did not report goes on to Grok.
     fn stop(&mut self, id: &Id, frame: Frame, cx: &mut Cx) {
-        let params = match frame.value() {
-            Ok(v) => v.get("params").cloned().unwrap_or(Value::Null),
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let params = frame.value().get("params").cloned().unwrap_or(Value::Null);
         let (session, wait_id) = (str_at(&params, "sessionId"), str_at(&params, "waitId").unwrap_or_default());
         let found = [Item::Task, Item::Subagent]
             .into_iter()
@@ -316,16 +313,13 @@ impl GrokActivity {
         if !map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes())) {
             return pass(cx, frame);
         }
-        let mut v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, !to_visible),
-        };
+        let mut v = frame.to_value();
         let Some(Value::String(sid)) = v.pointer_mut("/params/sessionId") else { return pass(cx, frame) };
         let renamed = if to_visible { self.alias.get(sid.as_str()) } else { self.current.get(sid.as_str()) }.cloned();
         match renamed {
             Some(new) => {
                 *sid = new;
-                pass(cx, frame.rewritten(&v))
+                pass(cx, frame.rewritten(v))
             }
             None => pass(cx, frame),
         }
@@ -338,20 +332,11 @@ impl Layer for GrokActivity {
     type Reply = Stop;
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Request { id, method } = frame.kind() {
-            match method.as_str() {
-                "session/load" | "session/resume" => {
-                    // Its session is in the request table; one the shim cannot read is still not passed on.
-                    if let Err(e) = frame.value() {
-                        return cx.unreadable(frame, &e, true);
-                    }
-                }
-                wait::STOP_METHOD => {
-                    let id = id.clone();
-                    return self.stop(&id, frame, cx);
-                }
-                _ => {}
-            }
+        if let Kind::Request { id, method } = frame.kind()
+            && method == wait::STOP_METHOD
+        {
+            let id = id.clone();
+            return self.stop(&id, frame, cx);
         }
         if matches!(frame.method(), Some("session/cancel" | "session/prompt")) {
             return self.rename(frame, false, cx);
@@ -363,10 +348,7 @@ impl Layer for GrokActivity {
         match frame.kind().clone() {
             Kind::Response { .. } => cx.to_client(frame),
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, false),
-                };
+                let v = frame.shared_value();
                 cx.to_client(frame);
                 let params = v.get("params").unwrap_or(&Value::Null);
                 let Some(session) = str_at(params, "sessionId") else { return };
@@ -388,10 +370,7 @@ impl Layer for GrokActivity {
                     _ => false,
                 };
                 if interesting {
-                    let v = match frame.value() {
-                        Ok(v) => v,
-                        Err(e) => return cx.unreadable(frame, &e, false),
-                    };
+                    let v = frame.value();
                     if let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
                         && !Self::is_loading(cx, sid)
@@ -407,7 +386,7 @@ impl Layer for GrokActivity {
     }
 
     fn on_reply(&mut self, _: Stop, reply: Frame, _cx: &mut Cx) {
-        if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
+        if let Some(err) = reply.value().get("error") {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
             tracing::warn!("Grok refused to stop an activity (error {code}; its message is logged at debug)");
             tracing::debug!("Grok's answer to the stop: {err}");

@@ -84,11 +84,8 @@ impl GrokCompact {
     }
 
     fn compact(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
-        let session = match compact::session_of(&v, &id) {
+        let v = frame.value();
+        let session = match compact::session_of(v, &id) {
             Ok(s) => s,
             Err(answer) => return cx.to_client(answer),
         };
@@ -126,7 +123,7 @@ impl GrokCompact {
 
     /// Grok's answer to a session's `session/new`, `session/load` or `session/resume`: Grok has it now.
     fn answered(&mut self, method: &str, request_session: Option<&str>, frame: &Frame) {
-        let Ok(v) = frame.value() else { return };
+        let v = frame.value();
         if v.get("result").is_none() {
             return;
         }
@@ -140,10 +137,7 @@ impl GrokCompact {
     }
 
     fn notification(&mut self, method: &str, frame: &Frame) {
-        let Ok(v) = frame.value() else {
-            // Only read here; passed on as it is by the caller (and by the layers that act on it).
-            return;
-        };
+        let v = frame.value();
         let params = v.get("params").unwrap_or(&Value::Null);
         let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
         if method == QUEUE_CHANGED {
@@ -221,13 +215,8 @@ impl Layer for GrokCompact {
             tracing::debug!("Grok answered a compaction that was already given up; dropped");
             return;
         }
-        let outcome = match reply.value() {
-            Err(e) => {
-                tracing::warn!("Grok's answer to a compaction cannot be read ({e}); answered not compacted");
-                Outcome::not(format!("Grok's answer cannot be read: {e}"))
-            }
-            Ok(v) if v.get("error").is_some() => {
-                let err = &v["error"];
+        let outcome = match reply.value().get("error") {
+            Some(err) => {
                 let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
                 tracing::warn!("Grok could not compact (error {code}; its message is logged at debug)");
                 tracing::debug!("Grok's answer to the compaction: {err}");
@@ -238,7 +227,7 @@ impl Layer for GrokCompact {
                     .unwrap_or("no message");
                 Outcome::not(format!("Grok could not compact: {}", crate::coda::wait::truncate_chars(message, 500)))
             }
-            Ok(_) => {
+            None => {
                 let run = &self.running[&tag.session];
                 Outcome::Compacted { before: run.before, after: run.after }
             }
@@ -258,13 +247,10 @@ impl Layer for GrokCompact {
 
 impl GrokCompact {
     fn initialized(&self, frame: Frame, cx: &mut Cx) {
-        let mut v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut v = frame.to_value();
         let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else { return cx.to_client(frame) };
         compact::declare(result);
-        cx.to_client(frame.rewritten(&v));
+        cx.to_client(frame.rewritten(v));
     }
 }
 

@@ -186,10 +186,7 @@ impl GrokFailure {
         if let Some((message, kind)) = turn.stopped {
             return failure::answer(&id, &message, kind.as_ref(), Some(json!({"grok": {"stopped": true}})));
         }
-        let v = match reply.value() {
-            Ok(v) => v,
-            Err(e) => return crate::layer::unreadable_answer(&id, &e, "agent"),
-        };
+        let v = reply.value();
         let Some(error) = v.get("error") else { return reply };
         let Some(data) = error.get("data").and_then(Value::as_str) else { return reply };
         // Seen live: a 401 is `-32603 "Internal error"` with `Unauthorized (401) from <url>: …`: a login problem.
@@ -214,10 +211,7 @@ impl Layer for GrokFailure {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if let FrameKind::Request { id, method } = frame.kind()
             && method == "session/prompt"
-            && let Some(session) = frame
-                .value()
-                .ok()
-                .and_then(|v| v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned))
+            && let Some(session) = frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned)
         {
             self.generations += 1;
             let turn = Turn { prompt: id.clone(), retry: None, generation: self.generations, stopped: None };
@@ -238,9 +232,9 @@ impl Layer for GrokFailure {
                 if !self.turns.is_empty()
                     && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
             {
-                if let Ok(v) = frame.value()
-                    && let (Some(session), Some(update)) =
-                        (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
+                let v = frame.value();
+                if let (Some(session), Some(update)) =
+                    (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
                 {
                     self.progress(session, update, cx);
                 }

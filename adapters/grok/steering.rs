@@ -116,11 +116,8 @@ impl GrokSteering {
     }
 
     fn steer(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
-        let params = params_of(&v);
+        let v = frame.value();
+        let params = params_of(v);
         let Some(session) = params.get("sessionId").and_then(Value::as_str) else {
             return cx.to_client(frame::error_response(&id, -32602, "`sessionId` must be a string", None));
         };
@@ -155,23 +152,17 @@ impl GrokSteering {
     }
 
     fn initialized(&self, frame: Frame, cx: &mut Cx) {
-        let mut v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut v = frame.to_value();
         let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else { return cx.to_client(frame) };
         object_at(object_at(result, "_meta"), "steering").insert("supported".into(), json!(true));
-        cx.to_client(frame.rewritten(&v));
+        cx.to_client(frame.rewritten(v));
     }
 
     /// Grok's notifications this layer reads: the echo (dropped when it is of a message steered here), and the
     /// queue naming a turn Grok runs on its own for a message answered `injected` (the race at a turn's end).
     fn notification(&mut self, method: &str, frame: Frame, cx: &mut Cx) {
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
-        let params = params_of(&v);
+        let v = frame.value();
+        let params = params_of(v);
         let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default();
         if method == ECHO {
             let text = params.get("text").and_then(Value::as_str);
@@ -212,10 +203,6 @@ impl Layer for GrokSteering {
                 self.steer(id, frame, cx)
             }
             "session/prompt" => {
-                // Its session is in the request table; one this layer cannot read is still not passed on.
-                if let Err(e) = frame.value() {
-                    return cx.unreadable(frame, &e, true);
-                }
                 if let Some(session) = cx.request_of(id).and_then(|r| r.session()) {
                     self.injected.remove(session);
                 }
@@ -249,36 +236,32 @@ impl Layer for GrokSteering {
     fn on_reply(&mut self, tag: Interjection, reply: Frame, cx: &mut Cx) {
         let Interjection { id, session } = tag;
         let turn_end = self.in_flight.remove(&session).and_then(|steer| steer.turn_end);
-        let answer = match reply.value() {
-            Err(e) => crate::layer::unreadable_answer(&id, &e, "agent"),
-            Ok(v) if v.get("error").is_some() => {
-                let err = &v["error"];
-                let code = err.get("code").and_then(Value::as_i64).unwrap_or(-32603);
-                tracing::warn!("Grok refused a steering message (error {code}; its message is logged at debug)");
-                tracing::debug!("Grok's answer to the interjection: {err}");
-                let message = err.get("message").and_then(Value::as_str).unwrap_or("no message");
-                let message = format!("Grok refused the steering message: {message}");
-                self.echoes.get_mut(&session).map(Vec::pop);
-                frame::error_response(&id, code, &message, None)
-            }
-            Ok(v) => {
-                let result = v.get("result").unwrap_or(&Value::Null);
-                let status = result.pointer("/result/status").or_else(|| result.get("status"));
-                let outcome = match (status.and_then(Value::as_str), turn_end.is_some()) {
-                    (Some("queued"), false) => {
-                        let text = self.echoes.get(&session).and_then(|e| e.last()).cloned();
-                        self.injected.entry(session.clone()).or_default().extend(text);
-                        "injected"
-                    }
-                    // Grok ended the turn before it took the message: it runs it as a turn of its own.
-                    (Some("queued"), true) => "startedNewTurn",
-                    _ => {
-                        tracing::warn!("Grok answered a steering message with no `queued` status");
-                        "failed"
-                    }
-                };
-                frame::result_response(&id, json!({"outcome": outcome}))
-            }
+        let v = reply.value();
+        let answer = if let Some(err) = v.get("error") {
+            let code = err.get("code").and_then(Value::as_i64).unwrap_or(-32603);
+            tracing::warn!("Grok refused a steering message (error {code}; its message is logged at debug)");
+            tracing::debug!("Grok's answer to the interjection: {err}");
+            let message = err.get("message").and_then(Value::as_str).unwrap_or("no message");
+            let message = format!("Grok refused the steering message: {message}");
+            self.echoes.get_mut(&session).map(Vec::pop);
+            frame::error_response(&id, code, &message, None)
+        } else {
+            let result = v.get("result").unwrap_or(&Value::Null);
+            let status = result.pointer("/result/status").or_else(|| result.get("status"));
+            let outcome = match (status.and_then(Value::as_str), turn_end.is_some()) {
+                (Some("queued"), false) => {
+                    let text = self.echoes.get(&session).and_then(|e| e.last()).cloned();
+                    self.injected.entry(session.clone()).or_default().extend(text);
+                    "injected"
+                }
+                // Grok ended the turn before it took the message: it runs it as a turn of its own.
+                (Some("queued"), true) => "startedNewTurn",
+                _ => {
+                    tracing::warn!("Grok answered a steering message with no `queued` status");
+                    "failed"
+                }
+            };
+            frame::result_response(&id, json!({"outcome": outcome}))
         };
         cx.to_client(answer);
         if let Some(end) = turn_end {

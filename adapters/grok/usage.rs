@@ -130,7 +130,7 @@ impl GrokUsage {
         let Some(r) = cx.answer_to(frame) else { return };
         let method = r.method.to_string();
         let (session, asked) = (r.session().map(str::to_owned), r.note::<ModelAsked>().map(|m| m.0.clone()));
-        let Ok(v) = frame.value() else { return };
+        let v = frame.value();
         let Some(result) = v.get("result") else { return };
         match method.as_str() {
             "session/new" => {
@@ -151,7 +151,7 @@ impl GrokUsage {
     }
 
     fn notification(&mut self, frame: &Frame, cx: &mut Cx) {
-        let Ok(v) = frame.value() else { return };
+        let v = frame.value();
         let params = v.get("params").unwrap_or(&Value::Null);
         let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
         if !self.roots.contains_key(session) || GrokUsage::is_loading(cx, session) {
@@ -193,9 +193,8 @@ impl Layer for GrokUsage {
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if let Kind::Request { id, method } = frame.kind()
             && matches!(method.as_str(), "session/set_model" | "session/set_config_option")
-            && let Ok(v) = frame.value()
         {
-            let p = v.get("params").unwrap_or(&Value::Null);
+            let p = frame.value().get("params").unwrap_or(&Value::Null);
             let model = match method.as_str() {
                 "session/set_model" => p.get("modelId"),
                 _ => p.get("value").filter(|_| p.get("configId").and_then(Value::as_str) == Some("model")),
@@ -229,10 +228,9 @@ impl Layer for GrokUsage {
                     return self.stamp(frame, cx);
                 }
                 if frame.has(&STREAM_START)
-                    && let Ok(v) = frame.value()
-                    && let Some(s) = v.pointer("/params/sessionId").and_then(Value::as_str)
+                    && let Some(s) = frame.value().pointer("/params/sessionId").and_then(Value::as_str)
                     && !GrokUsage::is_loading(cx, s)
-                    && let (Some(root), Some(meta)) = (self.roots.get_mut(s), v.pointer("/params/_meta"))
+                    && let (Some(root), Some(meta)) = (self.roots.get_mut(s), frame.value().pointer("/params/_meta"))
                 {
                     root.stamped(meta);
                 }
@@ -246,13 +244,10 @@ impl Layer for GrokUsage {
 impl GrokUsage {
     /// A `usage_update` of Grok's own (1.0.41 sends none): a root session's gets the facts.
     fn stamp(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut v = frame.to_value();
         let session = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         match session.and_then(|s| self.roots.get(&s)) {
-            Some(root) if root.facts.stamp(&mut v) => cx.to_client(frame.rewritten(&v)),
+            Some(root) if root.facts.stamp(&mut v) => cx.to_client(frame.rewritten(v)),
             _ => cx.to_client(frame),
         }
     }

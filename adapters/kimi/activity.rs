@@ -321,7 +321,7 @@ const TURN_OUTPUT: &[&str] = &["agent_message_chunk", "agent_thought_chunk", "to
 /// Whether Kimi's answer `a` pairs with a turn end in the wire: a result to a prompt that is not a slash
 /// command (an error answer means Kimi refused the prompt).
 fn pairs(commands: &HashSet<Id>, a: &Frame) -> bool {
-    a.id().is_some_and(|id| !commands.contains(id)) && a.value().is_ok_and(|v| v.get("result").is_some())
+    a.id().is_some_and(|id| !commands.contains(id)) && a.value().get("result").is_some()
 }
 
 /// The answer Coda gets for Kimi's prompt answer `a` once its turn's end is known (or the hold ran out).
@@ -355,42 +355,27 @@ impl Layer for Activity {
             }
         }
         match frame.kind().clone() {
-            Kind::Request { id, method } => match method.as_str() {
-                "session/load" | "session/resume" => {
-                    // Its session is in the request table; one the shim cannot read is still not passed on.
-                    if let Err(e) = frame.value() {
-                        return cx.unreadable(frame, &e, true);
-                    }
+            Kind::Request { id, method } if method == "session/prompt" => {
+                let v = frame.value();
+                let first = v.pointer("/params/prompt/0/text").and_then(Value::as_str);
+                if first.is_some_and(|t| t.starts_with('/')) {
+                    self.commands.insert(id.clone());
+                } else {
+                    self.quiet.insert(id.clone());
                 }
-                "session/prompt" => {
-                    let v = match frame.value() {
-                        Ok(v) => v,
-                        Err(e) => return cx.unreadable(frame, &e, true),
-                    };
-                    let first = v.pointer("/params/prompt/0/text").and_then(Value::as_str);
-                    if first.is_some_and(|t| t.starts_with('/')) {
-                        self.commands.insert(id.clone());
-                    } else {
-                        self.quiet.insert(id.clone());
-                    }
-                    let sid = param_str(&v, "sessionId").map(str::to_owned);
-                    if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
-                        && (s.translator.main_busy() || !s.held.is_empty())
-                    {
-                        tracing::debug!("holding a prompt while Kimi runs a turn of its own");
-                        s.held.push_back(frame);
-                        return;
-                    }
+                let sid = param_str(v, "sessionId").map(str::to_owned);
+                if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
+                    && (s.translator.main_busy() || !s.held.is_empty())
+                {
+                    tracing::debug!("holding a prompt while Kimi runs a turn of its own");
+                    s.held.push_back(frame);
+                    return;
                 }
-                _ => {}
-            },
+            }
             Kind::Notification { method } if method == "session/cancel" => {
                 // A held prompt is Coda's turn: stopping it answers it; Kimi never saw it.
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
-                let sid = param_str(&v, "sessionId").map(str::to_owned);
+                let v = frame.value();
+                let sid = param_str(v, "sessionId").map(str::to_owned);
                 if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
                     && !s.held.is_empty()
                 {
@@ -456,10 +441,7 @@ impl Layer for Activity {
         self.commands.remove(id);
         if matches!(method.as_str(), "session/new" | "session/load" | "session/resume") {
             let asked = if method == "session/new" { None } else { asked };
-            let v = match frame.value() {
-                Ok(v) => v,
-                Err(e) => return cx.unreadable(frame, &e, false),
-            };
+            let v = frame.value();
             let ok = v.get("result").is_some();
             let sid = v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
             match sid.or(asked) {

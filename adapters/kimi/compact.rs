@@ -262,15 +262,12 @@ impl Layer for Compact {
         if !matches!(method.as_str(), compact::METHOD | "session/prompt" | "session/cancel") {
             return cx.to_agent(frame);
         }
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let v = frame.value();
         let session = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         match (method.as_str(), frame.kind()) {
             (compact::METHOD, Kind::Request { id, .. }) => {
                 let id = id.clone();
-                match compact::session_of(&v, &id) {
+                match compact::session_of(v, &id) {
                     Ok(session) => self.ask(&id, session, cx),
                     Err(answer) => cx.to_client(answer),
                 }
@@ -303,16 +300,13 @@ impl Layer for Compact {
                 if !matches!(method.as_str(), "initialize" | "session/new" | "session/load" | "session/resume") {
                     return cx.to_client(frame);
                 }
-                let mut v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, false),
-                };
+                let mut v = frame.to_value();
                 let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
                     return cx.to_client(frame);
                 };
                 if method == "initialize" {
                     compact::declare(result);
-                    return cx.to_client(frame.rewritten(&v));
+                    return cx.to_client(frame.rewritten(v));
                 }
                 let named = result.get("sessionId").and_then(Value::as_str).map(str::to_owned);
                 if let Some(sid) = named.or(asked) {
@@ -323,12 +317,9 @@ impl Layer for Compact {
             Kind::Notification { .. }
                 if frame.session_update().is_some() && (!self.jobs.is_empty() || !self.results.is_empty()) =>
             {
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, false),
-                };
+                let v = frame.value();
                 let session = v.pointer("/params/sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
-                if !self.shims(&session, &v, cx) {
+                if !self.shims(&session, v, cx) {
                     cx.to_client(frame);
                 }
             }
@@ -339,13 +330,12 @@ impl Layer for Compact {
     fn on_reply(&mut self, Asked(session): Asked, reply: Frame, cx: &mut Cx) {
         let Some(job) = self.jobs.get_mut(&session) else { return };
         job.prompt_open = false;
-        let refused = match reply.value() {
-            Ok(v) if v.get("result").is_some() => job.refused.take(),
-            Ok(v) => {
-                let why = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("an error");
-                Some(format!("Kimi refused to compact: {why}"))
-            }
-            Err(_) => Some("Kimi's answer to /compact could not be read".to_owned()),
+        let v = reply.value();
+        let refused = if v.get("result").is_some() {
+            job.refused.take()
+        } else {
+            let why = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("an error");
+            Some(format!("Kimi refused to compact: {why}"))
         };
         if job.answered {
             self.jobs.remove(&session);

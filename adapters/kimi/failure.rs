@@ -110,11 +110,9 @@ impl Failures {
         };
         let Some(verdict) = verdict else { return reply };
         let Some(id) = reply.id().cloned() else { return reply };
-        match reply.value() {
-            Err(e) => return crate::layer::unreadable_answer(&id, &e, "agent"),
-            // Kimi's own error answer stays as it is.
-            Ok(v) if v.get("result").is_none() => return reply,
-            Ok(_) => {}
+        // Kimi's own error answer stays as it is.
+        if reply.value().get("result").is_none() {
+            return reply;
         }
         if verdict.auth {
             return frame::error_response(&id, -32000, &verdict.message, Some(json!({ "kimi": verdict.data })));
@@ -217,7 +215,7 @@ mod tests {
     }
 
     fn error(f: &Frame) -> Value {
-        f.value().ok().and_then(|v| v.get("error").cloned()).unwrap_or(Value::Null)
+        f.value().get("error").cloned().unwrap_or(Value::Null)
     }
 
     const QUOTA: &str = r#"{"code":"provider.api_error","message":"429 You exceeded your current quota, please check your plan and billing details.","name":"APIProviderQuotaExhaustedError","details":{"statusCode":429,"requestId":null,"traceId":null},"retryable":false}"#;
@@ -233,7 +231,7 @@ mod tests {
         assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"quota_exhausted"}));
         assert_eq!(e["data"]["kimi"]["name"], "APIProviderQuotaExhaustedError");
         // Taken once: the next clean answer is left alone.
-        assert_eq!(f.answer(end_turn(5)).value().ok(), end_turn(5).value().ok());
+        assert_eq!(f.answer(end_turn(5)).value(), end_turn(5).value());
     }
 
     #[test]
@@ -271,13 +269,13 @@ mod tests {
         let mut f = Failures::default();
         f.record(&prompt(0));
         f.record(&entry(r#"{"type":"turn.ended","agentId":"main","turnId":0,"reason":"completed","time":3}"#));
-        assert_eq!(f.answer(end_turn(4)).value().ok(), end_turn(4).value().ok());
+        assert_eq!(f.answer(end_turn(4)).value(), end_turn(4).value());
         // A failure of a turn Kimi started itself (a task notification) is not a client prompt's.
         f.record(&entry(
             r#"{"type":"turn.prompt","agentId":"main","turnId":1,"origin":{"kind":"task","taskId":"t"},"time":4}"#,
         ));
         f.record(&ended(1, QUOTA));
-        assert_eq!(f.answer(end_turn(5)).value().ok(), end_turn(5).value().ok());
+        assert_eq!(f.answer(end_turn(5)).value(), end_turn(5).value());
     }
 
     #[test]
@@ -328,6 +326,6 @@ mod tests {
         let mut f = Failures::default();
         f.record(&prompt(5));
         f.record(&entry(r#"{"type":"turn.ended","agentId":"main","turnId":5,"reason":"failed","error":"x","time":1}"#));
-        assert_eq!(f.answer(end_turn(9)).value().ok(), end_turn(9).value().ok());
+        assert_eq!(f.answer(end_turn(9)).value(), end_turn(9).value());
     }
 }

@@ -249,7 +249,7 @@ impl Title {
     }
 
     fn prompt(&mut self, frame: &Frame) {
-        let Ok(value) = frame.value() else { return };
+        let value = frame.value();
         let (Some(session), Some(blocks)) = (
             value.pointer("/params/sessionId").and_then(Value::as_str),
             value.pointer("/params/prompt").and_then(Value::as_array),
@@ -267,8 +267,7 @@ impl Title {
         }
     }
 
-    /// The sessions a frame is of, and those of them whose titles it needs and that are not known yet. One
-    /// the layer cannot read needs nothing: it is answered as unreadable when its turn comes.
+    /// The sessions a frame is of, and those of them whose titles it needs and that are not known yet.
     fn look(&self, frame: &Frame, handling: Handling, cx: &Cx) -> (Vec<String>, Vec<String>) {
         let (sessions, echoed): (Vec<String>, Vec<String>) = match handling {
             Handling::Pass => {
@@ -281,16 +280,15 @@ impl Title {
                 (of.into_iter().collect(), Vec::new())
             }
             Handling::Info => {
-                let v = frame.value().ok();
-                let session = v.as_ref().and_then(|v| v.pointer("/params/sessionId")).and_then(Value::as_str);
-                let title = v.as_ref().and_then(|v| v.pointer("/params/update/title")).and_then(Value::as_str);
+                let v = frame.value();
+                let session = v.pointer("/params/sessionId").and_then(Value::as_str);
+                let title = v.pointer("/params/update/title").and_then(Value::as_str);
                 let echo = title.is_some_and(echoes_instruction);
                 let session: Vec<String> = session.map(str::to_owned).into_iter().collect();
                 (session.clone(), if echo { session } else { Vec::new() })
             }
             Handling::List => {
-                let v = frame.value().ok();
-                let entries = v.as_ref().and_then(|v| v.pointer("/result/sessions")).and_then(Value::as_array);
+                let entries = frame.value().pointer("/result/sessions").and_then(Value::as_array);
                 let echoed: Vec<String> = entries
                     .into_iter()
                     .flatten()
@@ -353,25 +351,19 @@ impl Title {
 
     /// A `session_info_update` whose title echoes the block gets the user's title, or none.
     fn info_update(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let session = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         let Some(title) = value.pointer_mut("/params/update/title") else { return cx.to_client(frame) };
         if !title.as_str().is_some_and(echoes_instruction) {
             return cx.to_client(frame);
         }
         *title = self.replacement(session.as_deref());
-        cx.to_client(frame.rewritten(&value));
+        cx.to_client(frame.rewritten(value));
     }
 
     /// A `session/list` result: each entry's title as in [`Title::info_update`].
     fn list(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let Some(sessions) = value.pointer_mut("/result/sessions").and_then(Value::as_array_mut) else {
             return cx.to_client(frame);
         };
@@ -384,7 +376,7 @@ impl Title {
             entry["title"] = self.replacement(session.as_deref());
             changed = true;
         }
-        cx.to_client(if changed { frame.rewritten(&value) } else { frame })
+        cx.to_client(if changed { frame.rewritten(value) } else { frame })
     }
 }
 

@@ -580,7 +580,7 @@ mod tests {
 
     /// `wait <session> <waitId> <state> [kind] [child]` or `update <session> <kind> <text|id>`.
     fn show(f: &Frame) -> String {
-        let v = f.value().unwrap();
+        let v = f.value();
         let p = &v["params"];
         let s = |k: &str| p[k].as_str().unwrap_or("").to_owned();
         match v["method"].as_str() {

@@ -110,23 +110,22 @@ impl Usage {
         if frame.session_update() != Some("usage_update") {
             return None;
         }
-        let v = frame.value().ok()?;
-        session_of(&v).filter(|s| self.sessions.contains_key(s))
+        session_of(frame.value()).filter(|s| self.sessions.contains_key(s))
     }
 
     /// Kimi's `usage_update` with the facts written in (its `size` remembered).
     fn stamped(&mut self, frame: Frame, session: &str) -> Frame {
         let Some(s) = self.sessions.get_mut(session) else { return frame };
-        let Ok(mut v) = frame.value() else { return frame };
-        if let Some(size) = v.pointer("/params/update/size").and_then(Value::as_u64) {
+        if let Some(size) = frame.value().pointer("/params/update/size").and_then(Value::as_u64) {
             s.size = Some(size);
         }
         if s.facts.is_empty() {
             return frame;
         }
         s.unsent_compaction = false;
+        let mut v = frame.to_value();
         s.facts.stamp(&mut v);
-        frame.rewritten(&v)
+        frame.rewritten(v)
     }
 
     /// Sends on what was held, in order, up to a `usage_update` whose turn is still not shown (all of it
@@ -238,12 +237,9 @@ impl Layer for Usage {
         if let Kind::Request { id, method } = frame.kind()
             && method.as_ref() as &str == "session/prompt"
         {
-            let v = match frame.value() {
-                Ok(v) => v,
-                Err(e) => return cx.unreadable(frame, &e, true),
-            };
-            if let Some(sid) = session_of(&v)
-                && makes_turn(&v)
+            let v = frame.value();
+            if let Some(sid) = session_of(v)
+                && makes_turn(v)
                 && let Some(s) = self.sessions.get_mut(&sid)
             {
                 s.sent += 1;
@@ -262,10 +258,7 @@ impl Layer for Usage {
                     .as_ref()
                     .is_some_and(|(m, _)| matches!(m.as_str(), "session/new" | "session/load" | "session/resume"));
             if needs_value {
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, false),
-                };
+                let v = frame.value();
                 let refused = v.get("result").is_none();
                 if let Some(sid) = counted
                     && refused

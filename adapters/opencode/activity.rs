@@ -485,22 +485,9 @@ impl Layer for OpenCodeActivity {
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind().clone() {
-            Kind::Request { method, .. } => {
-                // What it needs of them is in the request table; one it cannot read is still not passed on.
-                if matches!(method.as_str(), "session/load" | "session/prompt")
-                    && let Err(e) = frame.value()
-                {
-                    return cx.unreadable(frame, &e, true);
-                }
-                if method == "session/prompt" {
-                    self.client_prompt(&frame, cx);
-                }
-            }
+            Kind::Request { method, .. } if method == "session/prompt" => self.client_prompt(&frame, cx),
             Kind::Notification { method } if method == "session/cancel" => {
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
+                let v = frame.value();
                 if let Some(sid) = v.pointer("/params/sessionId").and_then(Value::as_str) {
                     self.settle(sid, cx);
                 }
@@ -540,10 +527,7 @@ impl Layer for OpenCodeActivity {
                 if !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update")) {
                     return cx.to_client(frame);
                 }
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, false),
-                };
+                let v = frame.shared_value();
                 cx.to_client(frame);
                 self.update(&v, cx);
             }

@@ -147,11 +147,8 @@ impl OpenCodeCompact {
 
     fn compact(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(id) = frame.id().cloned() else { return };
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
-        let session = match coda::session_of(&v, &id) {
+        let v = frame.value();
+        let session = match coda::session_of(v, &id) {
             Ok(s) => s,
             Err(answer) => return cx.to_client(answer),
         };
@@ -260,8 +257,8 @@ impl OpenCodeCompact {
         if !maybe && self.window.is_empty() {
             return false;
         }
-        let Ok(v) = frame.value() else { return false };
-        let (Some(session), message) = (str_at(&v, "/params/sessionId"), str_at(&v, "/params/update/messageId")) else {
+        let v = frame.value();
+        let (Some(session), message) = (str_at(v, "/params/sessionId"), str_at(v, "/params/update/messageId")) else {
             return false;
         };
         if let Some(m) = message
@@ -276,7 +273,7 @@ impl OpenCodeCompact {
     fn setup_answer(&mut self, method: &str, session: Option<String>, frame: &Frame) {
         let Some(id) = frame.id() else { return };
         let cwd = self.setups.remove(id);
-        let Ok(v) = frame.value() else { return };
+        let v = frame.value();
         let Some(result) = v.get("result") else { return };
         let session = match method {
             "session/new" | "session/fork" => str_at(result, "/sessionId").map(str::to_owned),
@@ -316,21 +313,18 @@ impl Layer for OpenCodeCompact {
             | "session/fork"
             | "session/set_config_option"
             | "session/set_model" => {
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
-                if let Some(cwd) = str_at(&v, "/params/cwd") {
+                let v = frame.value();
+                if let Some(cwd) = str_at(v, "/params/cwd") {
                     self.setups.insert(id.clone(), cwd.to_owned());
                 }
                 let model = match method.as_str() {
-                    "session/set_model" => str_at(&v, "/params/modelId"),
-                    "session/set_config_option" if str_at(&v, "/params/configId") == Some("model") => {
-                        str_at(&v, "/params/value")
+                    "session/set_model" => str_at(v, "/params/modelId"),
+                    "session/set_config_option" if str_at(v, "/params/configId") == Some("model") => {
+                        str_at(v, "/params/value")
                     }
                     _ => None,
                 };
-                if let (Some(s), Some(m)) = (str_at(&v, "/params/sessionId"), model.and_then(split_model))
+                if let (Some(s), Some(m)) = (str_at(v, "/params/sessionId"), model.and_then(split_model))
                     && let Some(known) = self.sessions.get_mut(s)
                 {
                     known.model = Some(m);
@@ -347,11 +341,10 @@ impl Layer for OpenCodeCompact {
                 let request = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
                 match request {
                     Some((m, _)) if m == "initialize" => {
-                        if let Ok(mut v) = frame.value()
-                            && let Some(result) = v.get_mut("result").and_then(Value::as_object_mut)
-                        {
+                        let mut v = frame.to_value();
+                        if let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) {
                             coda::declare(result);
-                            return cx.to_client(frame.rewritten(&v));
+                            return cx.to_client(frame.rewritten(v));
                         }
                     }
                     Some((m, session))

@@ -286,10 +286,7 @@ impl Permissions {
 
     /// OpenCode's own forward of a permission request: passed on, unless Coda has (or had) the shim's copy.
     fn forwarded(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let v = frame.value();
         let at = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_owned);
         if let (Some(session), Some(call)) = (at("/params/sessionId"), at("/params/toolCall/toolCallId")) {
             let key = (session, call);
@@ -350,10 +347,7 @@ impl Layer for Permissions {
                 if matches!(method.as_str(), "session/new" | "session/load" | "session/resume") =>
             {
                 let id = id.clone();
-                let v = match frame.value() {
-                    Ok(v) => v,
-                    Err(e) => return cx.unreadable(frame, &e, true),
-                };
+                let v = frame.value();
                 let param = |k: &str| v.get("params").and_then(|p| str_at(p, k)).map(str::to_owned);
                 if let Some(cwd) = param("cwd") {
                     self.children.setup.insert(id, cwd);
@@ -362,11 +356,7 @@ impl Layer for Permissions {
             Kind::Response { id } => {
                 if let Some(own) = id.to_value().as_str().filter(|s| s.starts_with(ASK_ID)) {
                     let own = own.to_owned();
-                    let answer = frame.value().unwrap_or_else(|e| {
-                        tracing::warn!("cannot read the client's answer to a permission request ({e}); taken as none");
-                        Value::Null
-                    });
-                    return self.asked_answered(&own, &answer, cx);
+                    return self.asked_answered(&own, frame.value(), cx);
                 }
             }
             _ => {}
@@ -379,11 +369,8 @@ impl Layer for Permissions {
             Kind::Response { id } => {
                 if let Some(cwd) = self.children.setup.remove(id) {
                     let asked = cx.answer_to(&frame).and_then(|r| r.session()).map(str::to_owned);
-                    let sid = match frame.value() {
-                        Ok(v) => v.pointer("/result/sessionId").cloned(),
-                        Err(e) => return cx.unreadable(frame, &e, false),
-                    };
-                    if let Some(sid) = sid.as_ref().and_then(Value::as_str).map(str::to_owned).or(asked) {
+                    let sid = frame.value().pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
+                    if let Some(sid) = sid.or(asked) {
                         self.children.cwd.insert(sid, cwd);
                     }
                 }
@@ -395,11 +382,9 @@ impl Layer for Permissions {
             }
             Kind::Notification { method } if method == wait::METHOD => {
                 // The report goes first: Coda takes a child's frames only once it is announced.
-                let report = frame.value();
+                let report = frame.shared_value();
                 cx.to_client(frame);
-                if let Ok(v) = report {
-                    self.report_seen(&v, cx);
-                }
+                self.report_seen(&report, cx);
             }
             _ => cx.to_client(frame),
         }
@@ -411,7 +396,7 @@ impl Layer for Permissions {
 
     fn on_reply(&mut self, Resume(tag): Resume, reply: Frame, cx: &mut Cx) {
         let Some(child) = self.children.resuming.remove(&tag) else { return };
-        if let Some(err) = reply.value().ok().and_then(|v| v.get("error").cloned()) {
+        if let Some(err) = reply.value().get("error") {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
             tracing::warn!("OpenCode did not resume subagent session {child} (error {code}); its output stays hidden");
             tracing::debug!("OpenCode's answer to the resume: {err}");

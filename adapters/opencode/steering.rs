@@ -191,11 +191,8 @@ impl OpenCodeSteering {
     }
 
     fn steer(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
-        let params = params_of(&v);
+        let v = frame.value();
+        let params = params_of(v);
         let Some(session) = params.get("sessionId").and_then(Value::as_str) else {
             return cx.to_client(frame::error_response(&id, -32602, "`sessionId` must be a string", None));
         };
@@ -378,23 +375,19 @@ impl OpenCodeSteering {
     }
 
     fn initialized(&self, frame: Frame, cx: &mut Cx) {
-        let mut v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut v = frame.to_value();
         let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else { return cx.to_client(frame) };
         object_at(object_at(result, "_meta"), "steering").insert("supported".into(), json!(true));
-        cx.to_client(frame.rewritten(&v));
+        cx.to_client(frame.rewritten(v));
     }
 
     /// A session's cwd, from the `session/new|load|resume` that opened it (OpenCode's server is asked in it).
     fn opened(&mut self, id: &Id, frame: &Frame, cx: &Cx) {
         let Some(cwd) = self.opening.remove(id) else { return };
         let session = match cx.request_of(id) {
-            Some(r) if r.is("session/new") => frame
-                .value()
-                .ok()
-                .and_then(|v| v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned)),
+            Some(r) if r.is("session/new") => {
+                frame.value().pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned)
+            }
             Some(r) => r.session().map(str::to_owned),
             None => None,
         };
@@ -424,9 +417,8 @@ impl Layer for OpenCodeSteering {
                 cx.to_agent(frame)
             }
             "session/new" | "session/load" | "session/resume" => {
-                let cwd = frame.value().ok().and_then(|v| {
-                    v.pointer("/params/cwd").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_owned)
-                });
+                let cwd = frame.value().pointer("/params/cwd").and_then(Value::as_str);
+                let cwd = cwd.filter(|c| !c.is_empty()).map(str::to_owned);
                 if let Some(cwd) = cwd {
                     self.opening.insert(id.clone(), cwd);
                 }

@@ -224,10 +224,7 @@ impl OpenCodeUsage {
 
     /// A `usage_update` on its way to Coda: stamped when it is a root session's.
     fn stamp(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut v = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut v = frame.to_value();
         let Some(session) = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned) else {
             return cx.to_client(frame);
         };
@@ -242,7 +239,7 @@ impl OpenCodeUsage {
         }
         let facts = self.facts(&session, used);
         facts.stamp(&mut v);
-        cx.to_client(frame.rewritten(&v));
+        cx.to_client(frame.rewritten(v));
     }
 
     /// A compaction of `session` ended (asked for or OpenCode's own).
@@ -282,10 +279,7 @@ impl Layer for OpenCodeUsage {
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if matches!(frame.method(), Some("session/load" | "session/resume")) && frame.id().is_some() {
-            match frame.value() {
-                Ok(v) => self.opened(&v),
-                Err(e) => return cx.unreadable(frame, &e, true),
-            }
+            self.opened(frame.value());
         }
         cx.to_agent(frame)
     }
@@ -294,10 +288,7 @@ impl Layer for OpenCodeUsage {
         match frame.kind() {
             Kind::Response { .. } => {
                 let opened = cx.answer_to(&frame).is_some_and(|r| r.is("session/new") || r.is("session/fork"));
-                if opened
-                    && let Ok(v) = frame.value()
-                    && let Some(s) = v.pointer("/result/sessionId").and_then(Value::as_str)
-                {
+                if opened && let Some(s) = frame.value().pointer("/result/sessionId").and_then(Value::as_str) {
                     self.roots.entry(s.to_owned()).or_default();
                 }
                 cx.to_client(frame)
@@ -306,9 +297,7 @@ impl Layer for OpenCodeUsage {
                 if frame.session_update() == Some("usage_update") { self.stamp(frame, cx) } else { cx.to_client(frame) }
             }
             Kind::Notification { method } if method == "_coda/wait" => {
-                if let Ok(v) = frame.value()
-                    && let Some(child) = v.pointer("/params/childSessionId").and_then(Value::as_str)
-                {
+                if let Some(child) = frame.value().pointer("/params/childSessionId").and_then(Value::as_str) {
                     self.children.insert(child.to_owned());
                     self.roots.remove(child);
                     self.contexts.forget(child);

@@ -67,10 +67,7 @@ impl Identity {
     }
 
     fn answered(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(value) => value,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
             return cx.to_client(frame);
         };
@@ -97,7 +94,7 @@ impl Identity {
                 result.remove("agentInfo");
             }
         }
-        cx.to_client(frame.rewritten(&value))
+        cx.to_client(frame.rewritten(value))
     }
 }
 

@@ -9,7 +9,6 @@ use std::convert::Infallible;
 use serde_json::{Value, json};
 
 use crate::frame::{self, Frame, Id, Kind, Needle};
-use crate::json;
 use crate::layer::{Cx, Layer};
 
 /// Opening and closing marker lines around the injected block.
@@ -153,10 +152,7 @@ impl Instruction {
         let (Some(id), Some(method)) = (frame.id().cloned(), frame.method()) else {
             return cx.to_agent(frame);
         };
-        let mut value = match frame.value() {
-            Ok(value) => value,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let mut value = frame.to_value();
         let params = value.get_mut("params").and_then(Value::as_object_mut);
         let Some(params) = params else {
             return cx.to_agent(frame);
@@ -170,7 +166,7 @@ impl Instruction {
             None => cx.to_agent(frame),
             Some(Value::Null) => {
                 params.remove("systemPrompt");
-                cx.to_agent(frame.rewritten(&value));
+                cx.to_agent(frame.rewritten(value));
             }
             Some(sp) => match validate(sp) {
                 Err(why) => {
@@ -184,7 +180,7 @@ impl Instruction {
                     if is_new {
                         self.creating.insert(id, text);
                     }
-                    cx.to_agent(frame.rewritten(&value));
+                    cx.to_agent(frame.rewritten(value));
                 }
             },
         }
@@ -194,10 +190,7 @@ impl Instruction {
         let Some(id) = frame.id().cloned() else {
             return cx.to_agent(frame);
         };
-        let mut value = match frame.value() {
-            Ok(value) => value,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let mut value = frame.to_value();
         let Some(sid) = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned) else {
             return cx.to_agent(frame);
         };
@@ -226,14 +219,11 @@ impl Instruction {
             s.in_flight = true;
         }
         self.carrying.insert(id);
-        cx.to_agent(frame.rewritten(&value));
+        cx.to_agent(frame.rewritten(value));
     }
 
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(value) => value,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) else {
             return cx.to_client(frame);
         };
@@ -264,25 +254,24 @@ impl Instruction {
             return cx.to_client(frame);
         }
         caps.insert("systemPrompt".into(), json!({}));
-        cx.to_client(frame.rewritten(&value));
+        cx.to_client(frame.rewritten(value));
     }
 
-    /// Reads a session's command list; an error when the frame cannot be read.
-    fn commands_update(&mut self, frame: &Frame) -> Result<(), json::Error> {
-        let value = frame.value()?;
+    /// Reads a session's command list.
+    fn commands_update(&mut self, frame: &Frame) {
+        let value = frame.value();
         let Some(update) = value.pointer("/params/update") else {
-            return Ok(());
+            return;
         };
         if update.get("sessionUpdate").and_then(Value::as_str) != Some("available_commands_update") {
-            return Ok(());
+            return;
         }
         let (Some(sid), Some(commands)) =
             (value.pointer("/params/sessionId").and_then(Value::as_str), update.get("availableCommands"))
         else {
-            return Ok(());
+            return;
         };
         self.sessions.entry(sid.to_owned()).or_default().commands = Some(command_names(commands));
-        Ok(())
     }
 }
 
@@ -350,15 +339,7 @@ impl Layer for Instruction {
                     false => None,
                 };
                 if creating.is_some() || carrying.is_some() {
-                    let value = match frame.value() {
-                        Ok(value) => value,
-                        Err(e) => {
-                            if let Some(s) = carrying.and_then(|sid| self.sessions.get_mut(&sid)) {
-                                s.in_flight = false;
-                            }
-                            return cx.unreadable(frame, &e, false);
-                        }
-                    };
+                    let value = frame.value();
                     if let Some(text) = creating
                         && let Some(sid) = value.pointer("/result/sessionId").and_then(Value::as_str)
                     {
@@ -381,9 +362,7 @@ impl Layer for Instruction {
             Kind::Notification { method }
                 if method == "session/update" && frame.session_update() == Some("available_commands_update") =>
             {
-                if let Err(e) = self.commands_update(&frame) {
-                    return cx.unreadable(frame, &e, false);
-                }
+                self.commands_update(&frame);
             }
             _ => {}
         }
@@ -391,10 +370,7 @@ impl Layer for Instruction {
         // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
         let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
         if !streamed && frame.has(&TOKEN) {
-            let mut value = match frame.value() {
-                Ok(value) => value,
-                Err(e) => return cx.unreadable(frame, &e, false),
-            };
+            let mut value = frame.to_value();
             if !strip_value(&mut value) {
                 return cx.to_client(frame);
             }
@@ -404,7 +380,7 @@ impl Layer for Instruction {
                 == Some("user_message_chunk")
                 && update.and_then(|u| u.pointer("/content/text")).and_then(Value::as_str) == Some("");
             if !empty_chunk {
-                cx.to_client(frame.rewritten(&value));
+                cx.to_client(frame.rewritten(value));
             }
             return;
         }
@@ -474,7 +450,7 @@ mod tests {
             "prompt":[{"type":"text","text":"hi"}]}})),
             &mut exits,
         );
-        let sent = exits.to_agent.last().and_then(|f| f.value().ok()).unwrap_or_default();
+        let sent = exits.to_agent.last().map(|f| f.value().clone()).unwrap_or_default();
         assert_eq!(
             sent["params"]["prompt"],
             json!([{"type":"text","text":wrap("be brief"),"annotations":{"audience":["assistant"]}},{"type":"text","text":"hi"}])
@@ -495,7 +471,7 @@ mod tests {
             stack.from_agent(update(kind, &echo), &mut exits);
         }
         let texts: Vec<Value> =
-            exits.to_client.iter().map(|f| f.value().unwrap()["params"]["update"]["content"]["text"].clone()).collect();
+            exits.to_client.iter().map(|f| f.value()["params"]["update"]["content"]["text"].clone()).collect();
         assert_eq!(texts, [json!("hello"), json!(echo), json!(echo), json!("hello")]);
     }
 
@@ -508,7 +484,7 @@ mod tests {
                 "prompt":[{"type":"text","text":"hi"}]}}))
         };
         let carries = |exits: &Exits| {
-            let sent = exits.to_agent.last().and_then(|f| f.value().ok()).unwrap_or_default();
+            let sent = exits.to_agent.last().map(|f| f.value().clone()).unwrap_or_default();
             sent["params"]["prompt"].as_array().map_or(0, Vec::len) == 2
         };
         let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]))]);

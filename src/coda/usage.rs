@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn the_shims_own_update_has_acps_fields_and_the_facts() {
         let f = Facts { context_tokens: Some(900), ..Facts::default() };
-        let v = f.update("s9", 900, 128_000).value().unwrap();
+        let v = f.update("s9", 900, 128_000).value().clone();
         assert_eq!(v["params"]["sessionId"], "s9");
         assert_eq!(
             v["params"]["update"],

@@ -106,13 +106,10 @@ pub fn client_declares_waits(initialize_params: &Value) -> bool {
 /// Sends the client the agent's `initialize` answer with `agentCapabilities._meta.coda.waits: {}`
 /// declared; the frame as it came when it is not an answer with a result.
 pub fn declare_waits_in(answer: Frame, cx: &mut Cx) {
-    let mut v = match answer.value() {
-        Ok(v) => v,
-        Err(e) => return cx.unreadable(answer, &e, false),
-    };
+    let mut v = answer.to_value();
     let Some(result) = v.get_mut("result") else { return cx.to_client(answer) };
     declare_waits(result);
-    cx.to_client(answer.rewritten(&v))
+    cx.to_client(answer.rewritten(v))
 }
 
 pub fn declare_waits(result: &mut Value) {
@@ -199,7 +196,7 @@ mod tests {
     use super::*;
 
     fn params(f: &Frame) -> Value {
-        f.value().unwrap()["params"].clone()
+        f.value()["params"].clone()
     }
 
     #[test]

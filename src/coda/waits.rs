@@ -16,8 +16,7 @@
 //!   params, no such wait, not `stoppable`: -32602; already ended: `{}`); an open stoppable wait's stop goes
 //!   on down, where the layer that reported the wait stops it and answers.
 //!
-//! Every report is read on its way (they are the shim's own or few), so a report this layer cannot read is
-//! dropped with a warning rather than passed on unseen.
+//! Every report is read on its way (they are the shim's own or few).
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
@@ -52,34 +51,25 @@ impl Waits {
     }
 
     fn client_initialize(&mut self, frame: Frame, cx: &mut Cx) {
-        let value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let value = frame.value();
         self.declared = value.get("params").is_some_and(wait::client_declares_waits);
         cx.to_agent(frame)
     }
 
     /// The agent's `initialize` answer: declares waits unless withheld; anything but a result passes as it is.
     fn initialized(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let mut value = frame.to_value();
         let Some(result) = value.get_mut("result").filter(|r| r.is_object()) else { return cx.to_client(frame) };
         if cx.answer_to(&frame).is_some_and(|r| r.note::<WithholdWaits>().is_some()) {
             return cx.to_client(frame);
         }
         wait::declare_waits(result);
-        cx.to_client(frame.rewritten(&value))
+        cx.to_client(frame.rewritten(value))
     }
 
     /// A `_coda/wait` on its way to the client: remembered, then passed on if the client declared waits.
     fn report(&mut self, frame: Frame, cx: &mut Cx) {
-        let value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, false),
-        };
+        let value = frame.value();
         let params = value.get("params").unwrap_or(&Value::Null);
         let text = |key: &str| params.get(key).and_then(Value::as_str);
         if let (Some(session), Some(wait_id)) = (text("sessionId"), text("waitId")) {
@@ -115,16 +105,12 @@ impl Waits {
         if !frame.is_notification("session/update") || !self.children.iter().any(|c| frame.contains(c.as_bytes())) {
             return false;
         }
-        let value = frame.value().ok();
-        let session = value.as_ref().and_then(|v| v.pointer("/params/sessionId")).and_then(Value::as_str);
+        let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str);
         session.is_some_and(|s| self.children.contains(s))
     }
 
     fn stop(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let value = match frame.value() {
-            Ok(v) => v,
-            Err(e) => return cx.unreadable(frame, &e, true),
-        };
+        let value = frame.value();
         let params = value.get("params").unwrap_or(&Value::Null);
         let text = |key: &str| params.get(key).and_then(Value::as_str);
         let (Some(session), Some(wait_id)) = (text("sessionId"), text("waitId")) else {
@@ -189,10 +175,12 @@ mod tests {
 
     const CODA_CAPS: &str = r#"{"_meta":{"coda":{"waits":{}}},"fs":{"readTextFile":true}}"#;
 
-    /// A frame whose envelope reads but whose value does not (a lone UTF-16 surrogate escape).
-    fn unreadable(text: &str) -> Frame {
-        let frame = Frame::parse(text.as_bytes().to_vec()).expect("an envelope");
-        assert!(frame.value().is_err());
+    /// A frame holding a lone UTF-16 surrogate escape, which serde_json alone does not read: its value has
+    /// U+FFFD there.
+    fn lone(text: &str) -> Frame {
+        assert!(crate::json::from_str::<Value>(text).is_err(), "serde_json refuses {text}");
+        let frame = Frame::parse(text.as_bytes().to_vec()).expect("a frame");
+        assert!(frame.value().to_string().contains('\u{FFFD}'));
         frame
     }
 
@@ -343,22 +331,28 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_initialize_is_answered_with_an_error_and_never_passed_on() {
+    fn an_initialize_with_a_lone_surrogate_is_read_and_passed_on_byte_for_byte() {
         let mut rig = Rig::new();
-        let frame = unreadable(r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"x":"\ud800"}}"#);
-        let (to_agent, out) = rig.client_frame(frame);
-        assert!(to_agent.is_empty());
-        assert_eq!(out[0]["id"], "i");
-        assert_eq!(out[0]["error"]["code"], -32600);
+        let text = r#"{"jsonrpc":"2.0","id":"i","method":"initialize","params":{"clientCapabilities":{"_meta":{"coda":{"waits":{}}}},"x":"\ud800"}}"#;
+        rig.h.client_frame(lone(text));
+        let exits = rig.h.take();
+        assert!(exits.to_client.is_empty());
+        assert_eq!(exits.to_agent.len(), 1);
+        assert_eq!(exits.to_agent[0].bytes(), text.as_bytes(), "not rewritten: the peer's bytes go on");
+        // Read, not refused: the client declared waits, so the agent's answer says so.
+        let out = rig.agent(json!({"jsonrpc":"2.0","id":"i","result":{"protocolVersion":1}}));
+        assert_eq!(out[0]["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}), "{out:?}");
     }
 
     #[test]
-    fn an_unreadable_initialize_answer_becomes_an_error_answer() {
+    fn an_initialize_answer_with_a_lone_surrogate_is_rewritten_with_u_fffd() {
         let mut rig = Rig::new();
         rig.client(json!({"jsonrpc":"2.0","id":4,"method":"initialize","params":{}}));
-        let out = rig.agent_frame(unreadable(r#"{"jsonrpc":"2.0","id":4,"result":{"x":"\ud800"}}"#));
+        let out = rig.agent_frame(lone(r#"{"jsonrpc":"2.0","id":4,"result":{"x":"\ud800","y":"\ud83d\ude00"}}"#));
         assert_eq!(out[0]["id"], 4);
-        assert_eq!(out[0]["error"]["code"], -32603);
+        assert_eq!(out[0]["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}));
+        assert_eq!(out[0]["result"]["x"], "\u{FFFD}");
+        assert_eq!(out[0]["result"]["y"], "😀", "a pair is kept");
     }
 
     #[test]
@@ -412,11 +406,16 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_report_is_dropped_not_passed_on() {
+    fn a_report_with_a_lone_surrogate_is_read_and_passed_on_byte_for_byte() {
         let mut rig = declared();
-        let frame =
-            unreadable(r#"{"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":"s","waitId":"\ud800"}}"#);
-        assert!(rig.agent_frame(frame).is_empty());
+        let text = r#"{"jsonrpc":"2.0","method":"_coda/wait","params":{"sessionId":"s","waitId":"\ud800","state":"waiting","stoppable":true}}"#;
+        rig.h.agent_frame(lone(text));
+        let exits = rig.h.take();
+        assert_eq!(exits.to_client.len(), 1);
+        assert_eq!(exits.to_client[0].bytes(), text.as_bytes());
+        // Remembered under the name it reads as: its stop goes down to the layer that reported it.
+        let (to_agent, to_client) = rig.stop(2, json!({"sessionId":"s","waitId":"\u{FFFD}"}));
+        assert_eq!((to_agent.len(), to_client.len()), (1, 0));
     }
 
     #[test]
@@ -474,12 +473,17 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_stop_is_answered_with_an_error() {
+    fn a_stop_with_a_lone_surrogate_is_read_and_answered_for_what_it_asks() {
         let mut rig = declared();
-        let frame =
-            unreadable(r#"{"jsonrpc":"2.0","id":5,"method":"_coda/wait/stop","params":{"sessionId":"\ud800"}}"#);
+        let frame = lone(r#"{"jsonrpc":"2.0","id":5,"method":"_coda/wait/stop","params":{"sessionId":"\ud800"}}"#);
         let (to_agent, to_client) = rig.client_frame(frame);
         assert!(to_agent.is_empty());
-        assert_eq!(to_client[0]["error"]["code"], -32600);
+        assert_eq!(to_client[0]["id"], 5);
+        assert_eq!(to_client[0]["error"]["code"], -32602, "no waitId: invalid params, not an unreadable frame");
+        let frame =
+            lone(r#"{"jsonrpc":"2.0","id":6,"method":"_coda/wait/stop","params":{"sessionId":"s","waitId":"\udc00"}}"#);
+        let (_, to_client) = rig.client_frame(frame);
+        let message = to_client[0]["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("no wait \"\u{FFFD}\""), "{message}");
     }
 }

@@ -49,7 +49,6 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 
 use crate::frame::{Frame, Id, Kind};
-use crate::json;
 
 pub mod requests;
 pub mod testing;
@@ -283,31 +282,6 @@ impl<'a> Cx<'a> {
         self.out.push(Out::ToClient(frame));
     }
 
-    /// Handles a frame this layer must act on but cannot read ([`Frame::value`] failed), instead of passing
-    /// it on untouched: a request is answered with an error where it came from, an answer becomes an error
-    /// answer for the same request, a notification is dropped; each with a warning.
-    pub fn unreadable(&mut self, frame: Frame, err: &json::Error, from_client: bool) {
-        let (sender, receiver) = if from_client { ("client", "agent") } else { ("agent", "client") };
-        match frame.kind() {
-            Kind::Request { id, .. } => {
-                tracing::warn!("the {sender} sent a request the shim cannot read ({err}); answered with an error");
-                let msg = format!("invalid request: the shim cannot read it: {err}");
-                let answer = crate::frame::error_response(id, -32600, &msg, None);
-                if from_client { self.to_client(answer) } else { self.to_agent(answer) }
-            }
-            Kind::Response { id } => {
-                tracing::warn!(
-                    "the {sender} sent an answer the shim cannot read ({err}); the {receiver} gets an error"
-                );
-                let answer = unreadable_answer(id, err, sender);
-                if from_client { self.to_agent(answer) } else { self.to_client(answer) }
-            }
-            Kind::Notification { .. } | Kind::Batch => {
-                tracing::warn!("the {sender} sent a notification the shim cannot read ({err}); dropped");
-            }
-        }
-    }
-
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's
     /// [`Layer::on_reply`] with `tag` (of the layer's [`Layer::Reply`] type), and is never forwarded to the client.
     pub fn request<R: Send + 'static>(&mut self, method: &str, params: Value, tag: R) {
@@ -355,13 +329,6 @@ impl<'a> Cx<'a> {
     pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
         self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
-}
-
-/// What goes on in place of an answer (from `sender`) that a layer must act on but cannot read: an error
-/// answer for the same request.
-pub fn unreadable_answer(id: &Id, err: &json::Error, sender: &str) -> Frame {
-    let msg = format!("the {sender}'s answer was dropped: the shim cannot read it: {err}");
-    crate::frame::error_response(id, -32603, &msg, None)
 }
 
 /// The layers of one binary, the client's requests, and the shim's own outstanding requests.
@@ -743,7 +710,7 @@ mod tests {
         type Reply = Infallible;
         fn from_client(&mut self, f: Frame, cx: &mut Cx) {
             self.base.get_or_insert(cx.now());
-            let v = f.value().unwrap();
+            let v = f.value();
             let token = v["params"]["token"].as_u64().unwrap_or(0);
             match f.method() {
                 Some("after") => {

@@ -156,7 +156,10 @@ fn session_of(frame: &Frame) -> Option<String> {
     if !inner.contains('\\') {
         return Some(inner.to_owned());
     }
-    crate::json::from_str::<String>(text).ok()
+    // A lone surrogate escape reads as U+FFFD, as in `Frame::value`.
+    crate::json::from_str::<String>(text)
+        .or_else(|_| crate::json::from_slice(&crate::json::mend_surrogates(text.as_bytes())))
+        .ok()
 }
 
 #[cfg(test)]
@@ -196,7 +199,7 @@ mod tests {
             (1, r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"sessionId":"\u0073\"x"}}"#, Some("s\"x")),
             (2, r#"{"jsonrpc":"2.0","id":2,"method":"m","params":{"sessionId":7}}"#, None),
             (3, r#"{"jsonrpc":"2.0","id":3,"method":"m","sessionId":"top"}"#, None),
-            (4, r#"{"jsonrpc":"2.0","id":4,"method":"m","params":{"sessionId":"\ud800"}}"#, None),
+            (4, r#"{"jsonrpc":"2.0","id":4,"method":"m","params":{"sessionId":"\ud800"}}"#, Some("\u{fffd}")),
         ] {
             t.opened(&Frame::parse(text.as_bytes().to_vec()).unwrap(), now, wall);
             assert_eq!(t.get(&Id::from_json(&n.to_string())).and_then(Request::session), want, "{text}");

@@ -282,7 +282,7 @@ mod tests {
         type Reply = Infallible;
         fn from_client(&mut self, f: Frame, cx: &mut Cx) {
             if f.is_notification("read") {
-                let n = f.value().unwrap()["params"].as_u64().unwrap();
+                let n = f.value()["params"].as_u64().unwrap();
                 cx.work(move || n * 2, Doubler::doubled);
             }
             cx.to_agent(f);
@@ -376,7 +376,7 @@ mod tests {
         while got.len() < 6 {
             let done = rx.blocking_recv().expect("a result");
             stack.done(done, &mut exits);
-            got.extend(exits.to_client.drain(..).map(|f| f.value().unwrap()["params"].as_u64().unwrap()));
+            got.extend(exits.to_client.drain(..).map(|f| f.value()["params"].as_u64().unwrap()));
         }
         got.sort();
         assert_eq!(got, [1, 2, 3, 4, 5, 6]);
