@@ -6,7 +6,9 @@
 //! and a load agent (this program again, env `CODA_BENCH_AGENT=1`, not counted) that answers one prompt with
 //! N `session/update` frames of 200 B. The count of a flood of 20,000 frames is taken from that of 60,000,
 //! and the difference divided by 40,000: start-up and shut-down cancel out, what is left is the cost of one
-//! frame. Run with `cargo bench --bench instructions` (needs valgrind; env `CODA_BENCH_FRAMES=<small>,<large>`
+//! frame. Each path takes two floods: streamed chunks that repeat the line before them up to their text (as
+//! agents stream them, which the shim's scanner makes use of), and frames whose start differs (`_meta.t`
+//! counted up), which it cannot. Run with `cargo bench --bench instructions` (needs valgrind; env `CODA_BENCH_FRAMES=<small>,<large>`
 //! changes the two floods, `CODA_BENCH_SIZE` the frame size, `CODA_BENCH_KEEP=<dir>` keeps callgrind's
 //! files there for `callgrind_annotate`). Nothing here asserts a count.
 
@@ -43,9 +45,15 @@ fn agent() {
                 let load = msg.pointer("/params/_meta/load").cloned().unwrap_or_default();
                 let count = load.get("count").and_then(|v| v.as_u64()).unwrap_or(0);
                 let size = load.get("size").and_then(|v| v.as_u64()).unwrap_or(200) as usize;
-                let frame = update_frame(size);
-                for _ in 0..count {
-                    let _ = out.write_all(frame.as_bytes());
+                let vary = load.get("vary").and_then(|v| v.as_bool()).unwrap_or(false);
+                let mut frame = update_frame(size).into_bytes();
+                // `_meta.t`, early in the frame, as 19 digits: counted up per frame when `vary`.
+                let t = memchr::memmem::find(&frame, STAMP.as_bytes()).expect("the stamp");
+                for n in 0..count {
+                    if vary {
+                        frame[t..t + STAMP.len()].copy_from_slice(format!("{:019}", STAMP_START + n).as_bytes());
+                    }
+                    let _ = out.write_all(&frame);
                 }
                 let _ = writeln!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":{{"stopReason":"end_turn"}}}}"#);
             }
@@ -55,11 +63,14 @@ fn agent() {
     }
 }
 
+const STAMP: &str = "1764633600000000000";
+const STAMP_START: u64 = 1_764_633_600_000_000_000;
+
 /// One `session/update` of exactly `size` bytes with its `\n` (at least 150), shaped as `benches/relay.rs`'s.
 fn update_frame(size: usize) -> String {
     let frame = |text: &str| {
         format!(
-            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"t":1764633600000000000}},"sessionId":"load","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"_meta":{{"t":{STAMP}}},"sessionId":"load","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
         ) + "\n"
     };
     let bare = frame("").len();
@@ -115,7 +126,7 @@ enum Middle {
 }
 
 /// Instructions the middle process ran for one session whose prompt is answered by `count` frames.
-fn count(middle: &Middle, frames: u64, size: usize, out_dir: &Path, tag: &str) -> u64 {
+fn count(middle: &Middle, frames: u64, size: usize, vary: bool, out_dir: &Path, tag: &str) -> u64 {
     let me = std::env::current_exe().expect("current exe");
     let out_file = out_dir.join(format!("callgrind.{tag}.{frames}"));
     let mut cmd = Command::new("valgrind");
@@ -165,7 +176,7 @@ fn count(middle: &Middle, frames: u64, size: usize, out_dir: &Path, tag: &str) -
         3,
         "session/prompt",
         serde_json::json!({"sessionId": "load", "prompt": [{"type": "text", "text": "go"}],
-            "_meta": {"load": {"count": frames, "size": size}}}),
+            "_meta": {"load": {"count": frames, "size": size, "vary": vary}}}),
     );
     let seen = answer(&mut line, br#""stopReason""#);
     assert_eq!(seen, frames, "every frame reached the client ({tag})");
@@ -215,15 +226,21 @@ fn main() {
         floods[0],
         floods[1] - floods[0]
     );
-    println!("| path | instructions per frame | / raw line copy |");
-    println!("| --- | --- | --- |");
-    let mut copy = None;
+    println!(
+        "Two floods each: streamed chunks, each the line before it up to its text (as an agent streams them), \
+         and frames whose start differs (`_meta.t` counted up per frame).\n"
+    );
+    println!("| path | chunks: instructions per frame | / raw line copy | starts differ | / raw line copy |");
+    println!("| --- | --- | --- | --- | --- |");
+    let mut copy: Option<[f64; 2]> = None;
     for (i, (name, middle)) in middles.iter().enumerate() {
-        let tag = format!("m{i}");
-        let small = count(middle, floods[0], size, dir.path(), &tag);
-        let large = count(middle, floods[1], size, dir.path(), &tag);
-        let per = large.saturating_sub(small) as f64 / (floods[1] - floods[0]) as f64;
+        let per = [false, true].map(|vary| {
+            let tag = format!("m{i}{}", if vary { "v" } else { "" });
+            let small = count(middle, floods[0], size, vary, dir.path(), &tag);
+            let large = count(middle, floods[1], size, vary, dir.path(), &tag);
+            large.saturating_sub(small) as f64 / (floods[1] - floods[0]) as f64
+        });
         let base = *copy.get_or_insert(per);
-        println!("| {name} | {per:.0} | {:.2} |", per / base);
+        println!("| {name} | {:.0} | {:.2} | {:.0} | {:.2} |", per[0], per[0] / base[0], per[1], per[1] / base[1]);
     }
 }

@@ -128,26 +128,28 @@ const SESSION_UPDATE: Packed = pack(b"sessionUpdate");
 
 /// The raw bytes `line[start..end]` packed as [`pack`] does, cheaply: one or two word loads where the line
 /// has the room; `None` for a key longer than 16 bytes.
+#[inline(always)]
 fn packed(line: &[u8], start: usize, end: usize) -> Option<Packed> {
     let len = end - start;
     if len > 16 {
         return None;
     }
-    let word = |at: usize, n: usize| -> u64 {
-        if n == 0 {
-            return 0;
-        }
-        let n = n.min(8);
-        let w = match line.get(at..at + 8) {
-            Some(chunk) => u64::from_le_bytes(chunk.try_into().unwrap_or_default()),
-            None => line[at..at + n].iter().rev().fold(0u64, |w, &c| w << 8 | u64::from(c)),
-        };
-        if n == 8 { w } else { w & ((1u64 << (8 * n)) - 1) }
-    };
-    Some(Packed(word(start, len), word(start + 8, len.saturating_sub(8)), len))
+    let high = if len > 8 { word(line, start + 8, len - 8) } else { 0 };
+    Some(Packed(word(line, start, len.min(8)), high, len))
+}
+
+/// The `n` (at most 8) bytes at `at` as a little-endian word, one load where the line has eight bytes there.
+#[inline(always)]
+fn word(line: &[u8], at: usize, n: usize) -> u64 {
+    let mask = if n >= 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+    match line.get(at..at + 8) {
+        Some(chunk) => u64::from_le_bytes(chunk.try_into().unwrap_or_default()) & mask,
+        None => line[at..at + n].iter().rev().fold(0u64, |w, &c| w << 8 | u64::from(c)),
+    }
 }
 
 /// A key as [`Packed`], unescaped first when it has an escape.
+#[inline(always)]
 fn key_of(line: &[u8], key: &Str) -> Option<Packed> {
     if !key.escaped {
         return packed(line, key.start, key.end);
@@ -204,8 +206,8 @@ pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
     Scanner::default().checked(line).map(|(_, env)| env)
 }
 
-/// Where a walk stood at the opening quote of a string value, nested less than 64 deep: all it needs to go
-/// on from there.
+/// Where a walk stood at the opening quote of a line's last value, a string nested less than 64 deep: all
+/// it needs to go on from there.
 #[derive(Debug, Clone, Copy)]
 struct Resume {
     /// The quote's byte; `usize::MAX` for no such point.
@@ -257,8 +259,8 @@ impl Resume {
 /// Prefixes longer than this are not kept: the memo is for the short envelope before a chunk's text.
 const MEMO_MAX: usize = 4096;
 
-/// [`scan`] for the lines of one stream, remembering where the last full walk stood at its last string
-/// value. Streamed chunks repeat the line before them up to their text (`{"jsonrpc":"2.0","method":
+/// [`scan`] for the lines of one stream, remembering where the last full walk stood at its line's last
+/// value, when that was a string. Streamed chunks repeat the line before them up to their text (`{"jsonrpc":"2.0","method":
 /// "session/update","params":{"sessionId":…,"update":{"sessionUpdate":"agent_message_chunk","content":
 /// {"type":"text","text":"`): when a line's bytes up to that point are the remembered ones, the walk over
 /// them would be the same walk, so it goes on from the remembered state and walks only the rest (UTF-8 is
@@ -315,8 +317,8 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// The walk itself, from the start or from `from`; notes in `save` where it stood at its last string value
-/// nested less than 64 deep. On failure `at` is where it stopped.
+/// The walk itself, from the start or from `from`; notes in `save` where it stood at the line's last value
+/// when that is a string nested less than 64 deep. On failure `at` is where it stopped.
 fn walk(b: &[u8], from: Option<&Resume>, save: &mut Resume, at: &mut usize) -> Result<Envelope, Bad> {
     let r = from.copied().unwrap_or(Resume::NONE);
     let mut env = r.env;
@@ -458,7 +460,16 @@ fn walk(b: &[u8], from: Option<&Resume>, save: &mut Resume, at: &mut usize) -> R
                 }
             }
             b'"' => {
-                if depth < 64 {
+                let lone_before = env.lone_surrogate;
+                let s = match string(b, i + 1, &mut env.lone_surrogate) {
+                    Ok(s) => s,
+                    Err(why) => fail!(why),
+                };
+                // The line's last value, when it is a string (a chunk's text): where the next line may
+                // go on from. The state is the one at the quote, before the string was read.
+                if depth < 64 && from.is_none() && closers_only(b, s.end + 1) {
+                    let mut env = env;
+                    env.lone_surrogate = lone_before;
                     *save = Resume {
                         i,
                         depth,
@@ -475,10 +486,6 @@ fn walk(b: &[u8], from: Option<&Resume>, save: &mut Resume, at: &mut usize) -> R
                         env,
                     };
                 }
-                let s = match string(b, i + 1, &mut env.lone_surrogate) {
-                    Ok(s) => s,
-                    Err(why) => fail!(why),
-                };
                 i = s.end + 1;
                 if depth == 1 && top_object {
                     match field {
@@ -550,6 +557,13 @@ fn walk(b: &[u8], from: Option<&Resume>, save: &mut Resume, at: &mut usize) -> R
             object = objects[depth / 64] & (1 << (depth % 64)) != 0;
         }
     }
+}
+
+/// Whether nothing but the ends of arrays and objects (and space) follows `at`: the value before it was the
+/// line's last. Most values are followed by a comma, and this stops at the first byte.
+#[inline(always)]
+fn closers_only(b: &[u8], at: usize) -> bool {
+    b.get(at..).is_some_and(|rest| rest.iter().all(|c| matches!(c, b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')))
 }
 
 /// The string whose text begins at `start` (after its opening quote).
