@@ -8,7 +8,8 @@
 //! # Map
 //!
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
-//!   [`scan`] (the one pass that checks every line and reads its envelope), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
+//!   [`scan`] (the one pass that checks every line and reads its envelope; a stream's [`scan::Scanner`] goes
+//!   on from where a line stops repeating the one before), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
 //!   reader and writer loops), [`relay`] (the loop that owns all state) and [`relay::lifecycle`] (the
 //!   session's lifecycle as a sans-IO state machine: which peer is still read, the stop ladder, the drain
 //!   deadline), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`],
@@ -53,7 +54,9 @@
 //! the stack hand their results in through a [`layer::EventSender`]. A layer reads a frame through
 //! [`frame::Frame::value`], which cannot fail and parses each frame at most once, the result shared with the
 //! layers after it; a layer that edits one takes a copy ([`frame::Frame::to_value`]) and hands it to
-//! [`frame::Frame::rewritten`], whose frame keeps it. A lone UTF-16 surrogate escape reads as U+FFFD.
+//! [`frame::Frame::rewritten`], whose frame keeps it. A lone UTF-16 surrogate escape reads as U+FFFD. A layer
+//! that would only pass an agent frame on says so ([`layer::Layer::passes_from_agent`]) and is skipped for it
+//! (debug builds check that it would have).
 //!
 //! Each layer names its own types: its wake-ups ([`layer::Layer::Timer`], an enum of its own, never a number
 //! packed by hand), its events ([`layer::Layer::Event`]; the [`layer::EventSender`] the set-up hands it is
