@@ -19,7 +19,7 @@ pub struct Str {
 
 impl Str {
     /// The string's value, unescaped when it has to be; `None` only for a lone surrogate escape.
-    /// [`Str::text`] on the line as text (as [`checked`] hands it back): no second UTF-8 check.
+    /// [`Str::text`] on the line as text (as [`Scanner::checked`] hands it back): no second UTF-8 check.
     pub fn in_text<'a>(&self, line: &'a str) -> Option<std::borrow::Cow<'a, str>> {
         if self.escaped {
             serde_json::from_str::<String>(line.get(self.start - 1..=self.end)?).ok().map(std::borrow::Cow::Owned)

@@ -147,7 +147,7 @@ pub struct Link {
     pub output: mpsc::Sender<Batch>,
     pub written: tokio::sync::oneshot::Receiver<()>,
     /// A message once the peer has closed its end of what we read, however much it left unread (see
-    /// [`watch_hangup`]); `None` where that cannot be watched (streams in the process).
+    /// `watch_hangup`); `None` where that cannot be watched (streams in the process).
     pub hangup: Option<mpsc::Receiver<()>>,
 }
 

@@ -103,7 +103,7 @@ struct Waiting {
 }
 
 /// Links frames to their other version one record at a time, keeping only the newest unmatched frames of
-/// each side ([`KEPT`]); a frame that falls out of that window unmatched was not passed on.
+/// each side (`KEPT`); a frame that falls out of that window unmatched was not passed on.
 #[derive(Default)]
 pub struct Linker {
     /// Per side: unmatched incoming frames, oldest first (`None`: matched since).
