@@ -89,20 +89,41 @@ pub struct Activity {
     /// wait, in order, until it is.
     opening: HashMap<String, VecDeque<Waiting>>,
     record: Option<FileLog>,
+    /// The took log of `CODA_KIMI_TOOK`: each watch started, and how far each scan handled read each file.
+    took: Option<FileLog>,
+    /// Where each scan's usage and compaction records go once the scan is handled.
+    tap: Tap,
+}
+
+/// The logs the activity layer writes, each when its variable names a file (opened at set-up).
+#[derive(Default)]
+pub struct Logs {
+    /// `CODA_KIMI_RECORD`: what the shim read of the session files, for recordings ([`FileLog::chunks`]).
+    pub record: Option<FileLog>,
+    /// `CODA_KIMI_TOOK`: how far the shim has taken in each file, for the replay player (fixtures/README.md).
+    pub took: Option<FileLog>,
 }
 
 impl Activity {
     /// The real layer: watches the sessions under Kimi's data root `root` (inotify, FSEvents), with the file
-    /// log `record` when one is kept (its records then start with a snapshot of each session's files).
-    /// The watch hands the main agent's usage and compaction records to the layers on `tap`.
-    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, record: Option<FileLog>, tap: Tap) -> Activity {
-        let snapshot = record.is_some();
+    /// log when one is kept (its records then start with a snapshot of each session's files) and the took
+    /// log. Once a scan is handled, the main agent's usage and compaction records it read go to the layers on
+    /// `tap`, in the engine's one queue: no frame is handled between the two.
+    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, logs: Logs, tap: Tap) -> Activity {
+        let snapshot = logs.record.is_some();
+        let took = logs.took.as_ref().map(FileLog::direct);
         let start: Starter = Arc::new(move |session, cutoff| {
             let dir = watch::locate(root.as_deref(), session)?;
-            watch::start(session, &dir, cutoff, events.clone(), snapshot, tap.clone()).map(|(s, h)| (s, Some(h)))
+            let started = watch::start(session, &dir, cutoff, events.clone(), snapshot, took.is_some())?;
+            if let Some(took) = &took {
+                // Written by the job, so before the answer that named the session reaches the client: each write
+                // of the files it reads under `dir` shows in a scan from now on.
+                took.record(&json!({ "watch": started.0.dir, "reads": watch::READS }));
+            }
+            Ok((started.0, Some(started.1)))
         });
         let mut a = Activity::with_starter(start);
-        a.record = record;
+        (a.record, a.took, a.tap) = (logs.record, logs.took, tap);
         a
     }
 
@@ -116,6 +137,8 @@ impl Activity {
             off: HashSet::new(),
             opening: HashMap::new(),
             record: None,
+            took: None,
+            tap: Tap::default(),
         }
     }
 
@@ -473,8 +496,18 @@ impl Activity {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
             log.chunks(&s.dir, &scan.chunks, cx.wall(), false);
         }
-        let Scan { session, fed, .. } = scan;
+        let Scan { session, fed, took, facts, .. } = scan;
         self.scan(&session, fed, cx);
+        // The layers below act on the same records after this layer (before any frame: events go first).
+        self.tap.send(facts);
+        if let Some(log) = &mut self.took
+            && let Some(s) = self.sessions.get(&session)
+        {
+            // Everything this scan made is handled, or queued before any frame that comes after this line.
+            for (file, len) in took {
+                log.record(&json!({ "took": format!("{}/{file}", s.dir), "len": len }));
+            }
+        }
     }
 }
 
