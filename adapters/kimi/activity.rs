@@ -771,6 +771,78 @@ mod tests {
         r.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0","time":1}), turn_ended(2)]);
     }
 
+    /// Takes the facts the activity layer hands on: how many records each carried.
+    struct Below(Arc<Mutex<Vec<usize>>>);
+
+    impl Layer for Below {
+        type Timer = Infallible;
+        type Event = crate::adapters::kimi::facts::WireFacts;
+        type Reply = Infallible;
+
+        fn on_event(&mut self, facts: Self::Event, _cx: &mut Cx) {
+            self.0.lock().unwrap().push(facts.entries.len());
+        }
+    }
+
+    #[test]
+    fn a_scans_facts_go_below_once_it_is_handled_and_the_took_log_follows_its_reads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("kimi-home");
+        let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
+        std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+        let wire = dir.join("agents/main/wire.jsonl");
+        std::fs::write(&wire, "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n").unwrap();
+        let starter: Starter = Arc::new(move |session, cutoff| {
+            let dir = watch::locate(Some(root.as_path()), session)?;
+            let (_, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
+            Ok((started, None))
+        });
+        // The test's own watch of the same folder makes the scans.
+        let (watch, _) = Watch::open(SID, &dir, SystemTime::now(), false).unwrap();
+        let mut watch = watch.with_took();
+        assert!(watch.rescan(&mut Quiet, &mut |_| true));
+        let (tap, got) = (Tap::default(), Arc::new(Mutex::new(Vec::new())));
+        let took = tmp.path().join("took.jsonl");
+        let mut h = Harness::build(|layers| {
+            let mut a = Activity::with_starter(starter);
+            a.tap = tap.clone();
+            a.took = FileLog::open("CODA_KIMI_TOOK", &took);
+            layers.add(|_| Box::new(a));
+            layers.add(|events| {
+                tap.add(events);
+                Box::new(Below(got.clone()))
+            });
+        });
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.hold_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&wire).unwrap();
+        writeln!(f, "{}", user_turn(0)).unwrap();
+        writeln!(f, "{}", json!({"type":"llm.request","agentId":"main","kind":"loop","time":5})).unwrap();
+        let mut scans = Vec::new();
+        assert!(watch.rescan(&mut Quiet, &mut |s| {
+            scans.push(s);
+            true
+        }));
+        assert_eq!(scans.len(), 1);
+        let len = std::fs::metadata(&wire).unwrap().len();
+        assert_eq!(scans[0].took, [("agents/main/wire.jsonl".to_owned(), len)]);
+        assert!(scans[0].facts.is_some(), "picked with the scan");
+        // While the session's watch is starting the scan waits, and its facts with it.
+        h.event(0, scans.pop().unwrap());
+        h.deliver();
+        assert!(got.lock().unwrap().is_empty(), "not before the activity layer handled the scan");
+        assert_eq!(h.run_work(), 1);
+        assert_eq!(h.to_client().len(), 1, "the answer");
+        h.deliver();
+        assert_eq!(*got.lock().unwrap(), [2], "the turn's prompt and the request");
+        // The took log, written by its thread: whole once the layer is gone.
+        drop(h);
+        let text = std::fs::read_to_string(&took).unwrap();
+        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(records, [json!({"took": format!("{}/agents/main/wire.jsonl", dir.display()), "len": len})]);
+    }
+
     #[test]
     fn reports_go_out_only_to_a_client_that_declared_waits() {
         let all = [

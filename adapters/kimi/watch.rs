@@ -234,6 +234,12 @@ impl Watch {
         Ok((w, started))
     }
 
+    /// Scans say how far they read each file ([`Scan::took`]), as with `CODA_KIMI_TOOK`.
+    pub fn with_took(mut self) -> Watch {
+        self.took = true;
+        self
+    }
+
     /// Warns once about an entry that is not read.
     fn refuse(&mut self, rel: &str, why: Refused) {
         if self.warned.insert(rel.to_owned()) {
@@ -369,7 +375,8 @@ impl Watch {
                     continue 'look;
                 }
                 if !scan.fed.is_empty() || !scan.chunks.is_empty() || !scan.took.is_empty() {
-                    let full = std::mem::replace(&mut scan, self.empty_scan());
+                    let mut full = std::mem::replace(&mut scan, self.empty_scan());
+                    full.facts = facts::pick(&full.session, &full.fed);
                     if !send(full) {
                         return false;
                     }
@@ -570,8 +577,8 @@ pub fn start(
     snapshot: bool,
     took: bool,
 ) -> Result<(Started, Handle), WatchError> {
-    let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
-    watch.took = took;
+    let (watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
+    let mut watch = if took { watch.with_took() } else { watch };
     let (tx, rx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let credits = Arc::new(Credits { used: Mutex::new(0), freed: Condvar::new() });
@@ -587,9 +594,8 @@ pub fn start(
             }
         };
         let mut send = |mut scan: Scan| {
-            // One event: the facts reach the layers below through the activity layer, when it handles the
-            // scan, so no frame is handled between the two.
-            scan.facts = facts::pick(&scan.session, &scan.fed);
+            // One event, with its facts: they reach the layers below through the activity layer, when it
+            // handles the scan, so no frame is handled between the two.
             let Some(credit) = credits.take(&stop) else { return false };
             scan._credit = Some(credit);
             events.send(scan)
