@@ -230,6 +230,12 @@ impl Activity {
                     log.chunks(&start.dir, &start.snapshot, seen, true);
                 }
                 self.begin(session, &start.dir, &start.header, handle);
+                if let Some(log) = &mut self.took
+                    && !self.sessions.contains_key(session)
+                {
+                    // Announced by the job, but not read after all: nothing to wait for there.
+                    log.record(&json!({ "unwatch": start.dir }));
+                }
             }
             Err(why) => {
                 match why {

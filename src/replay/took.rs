@@ -3,8 +3,9 @@
 //! Two logs, both appended to by the shim as it goes, read here from where the last look stopped:
 //!
 //! - the took log of a shim that watches session files (`CODA_KIMI_TOOK`, given to the player as
-//!   `ACP_REPLAY_TOOK`): `{"watch": DIR, "reads": [PATTERN…]}` when the shim starts watching a session folder,
-//!   then `{"took": PATH, "len": N}` for each file a scan read, once everything that scan made is handled
+//!   `ACP_REPLAY_TOOK`): `{"watch": DIR, "reads": [PATTERN…]}` when the shim starts watching a session folder
+//!   (`{"unwatch": DIR}` when it then does not read it after all), then `{"took": PATH, "len": N}` for each file
+//!   a scan read, once everything that scan made is handled
 //!   (fixtures/README.md, "Waiting for the shim");
 //! - the shim's trace (`CODA_SHIM_TRACE`): one `agent->shim` record per frame of the player's and one
 //!   `client->shim` record per frame of the client's, written when the relay loop handles it.
@@ -99,6 +100,8 @@ impl Took {
                 let reads = v.get("reads").and_then(Value::as_array).into_iter().flatten();
                 let reads = reads.filter_map(Value::as_str).map(str::to_owned).collect();
                 self.watched.push((dir.trim_end_matches('/').to_owned(), reads));
+            } else if let Some(dir) = v.get("unwatch").and_then(Value::as_str) {
+                self.watched.retain(|(d, _)| d != dir.trim_end_matches('/'));
             } else if let (Some(path), Some(len)) =
                 (v.get("took").and_then(Value::as_str), v.get("len").and_then(Value::as_u64))
             {
@@ -206,6 +209,12 @@ mod tests {
         took.read(tail.lines());
         assert!(took.has_taken(&replace));
         assert_eq!(took.bad, 1);
+        // A folder announced and then left unread: its writes are not waited for.
+        let later = Written { path: wire.into(), len: 20, after: None };
+        assert!(!took.has_taken(&later));
+        writeln!(f, r#"{{"unwatch":"/s/x"}}"#).unwrap();
+        took.read(tail.lines());
+        assert!(took.has_taken(&later));
     }
 
     #[test]
