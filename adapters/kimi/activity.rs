@@ -89,20 +89,41 @@ pub struct Activity {
     /// wait, in order, until it is.
     opening: HashMap<String, VecDeque<Waiting>>,
     record: Option<FileLog>,
+    /// The took log of `CODA_KIMI_TOOK`: each watch started, and how far each scan handled read each file.
+    took: Option<FileLog>,
+    /// Where each scan's usage and compaction records go once the scan is handled.
+    tap: Tap,
+}
+
+/// The logs the activity layer writes, each when its variable names a file (opened at set-up).
+#[derive(Default)]
+pub struct Logs {
+    /// `CODA_KIMI_RECORD`: what the shim read of the session files, for recordings ([`FileLog::chunks`]).
+    pub record: Option<FileLog>,
+    /// `CODA_KIMI_TOOK`: how far the shim has taken in each file, for the replay player (fixtures/README.md).
+    pub took: Option<FileLog>,
 }
 
 impl Activity {
     /// The real layer: watches the sessions under Kimi's data root `root` (inotify, FSEvents), with the file
-    /// log `record` when one is kept (its records then start with a snapshot of each session's files).
-    /// The watch hands the main agent's usage and compaction records to the layers on `tap`.
-    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, record: Option<FileLog>, tap: Tap) -> Activity {
-        let snapshot = record.is_some();
+    /// log when one is kept (its records then start with a snapshot of each session's files) and the took
+    /// log. Once a scan is handled, the main agent's usage and compaction records it read go to the layers on
+    /// `tap`, in the engine's one queue: no frame is handled between the two.
+    pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, logs: Logs, tap: Tap) -> Activity {
+        let snapshot = logs.record.is_some();
+        let took = logs.took.as_ref().map(FileLog::direct);
         let start: Starter = Arc::new(move |session, cutoff| {
             let dir = watch::locate(root.as_deref(), session)?;
-            watch::start(session, &dir, cutoff, events.clone(), snapshot, tap.clone()).map(|(s, h)| (s, Some(h)))
+            let started = watch::start(session, &dir, cutoff, events.clone(), snapshot, took.is_some())?;
+            if let Some(took) = &took {
+                // Written by the job, so before the answer that named the session reaches the client: each write
+                // of the files it reads under `dir` shows in a scan from now on.
+                took.record(&json!({ "watch": started.0.dir, "reads": watch::READS }));
+            }
+            Ok((started.0, Some(started.1)))
         });
         let mut a = Activity::with_starter(start);
-        a.record = record;
+        (a.record, a.took, a.tap) = (logs.record, logs.took, tap);
         a
     }
 
@@ -116,6 +137,8 @@ impl Activity {
             off: HashSet::new(),
             opening: HashMap::new(),
             record: None,
+            took: None,
+            tap: Tap::default(),
         }
     }
 
@@ -207,6 +230,12 @@ impl Activity {
                     log.chunks(&start.dir, &start.snapshot, seen, true);
                 }
                 self.begin(session, &start.dir, &start.header, handle);
+                if let Some(log) = &mut self.took
+                    && !self.sessions.contains_key(session)
+                {
+                    // Announced by the job, but not read after all: nothing to wait for there.
+                    log.record(&json!({ "unwatch": start.dir }));
+                }
             }
             Err(why) => {
                 match why {
@@ -473,8 +502,18 @@ impl Activity {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
             log.chunks(&s.dir, &scan.chunks, cx.wall(), false);
         }
-        let Scan { session, fed, .. } = scan;
+        let Scan { session, fed, took, facts, .. } = scan;
         self.scan(&session, fed, cx);
+        // The layers below act on the same records after this layer (before any frame: events go first).
+        self.tap.send(facts);
+        if let Some(log) = &mut self.took
+            && let Some(s) = self.sessions.get(&session)
+        {
+            // Everything this scan made is handled, or queued before any frame that comes after this line.
+            for (file, len) in took {
+                log.record(&json!({ "took": format!("{}/{file}", s.dir), "len": len }));
+            }
+        }
     }
 }
 
@@ -736,6 +775,78 @@ mod tests {
             ],
         );
         r.wire("main", &[json!({"type":"subagent.completed","subagentId":"agent-0","time":1}), turn_ended(2)]);
+    }
+
+    /// Takes the facts the activity layer hands on: how many records each carried.
+    struct Below(Arc<Mutex<Vec<usize>>>);
+
+    impl Layer for Below {
+        type Timer = Infallible;
+        type Event = crate::adapters::kimi::facts::WireFacts;
+        type Reply = Infallible;
+
+        fn on_event(&mut self, facts: Self::Event, _cx: &mut Cx) {
+            self.0.lock().unwrap().push(facts.entries.len());
+        }
+    }
+
+    #[test]
+    fn a_scans_facts_go_below_once_it_is_handled_and_the_took_log_follows_its_reads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("kimi-home");
+        let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
+        std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+        let wire = dir.join("agents/main/wire.jsonl");
+        std::fs::write(&wire, "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n").unwrap();
+        let starter: Starter = Arc::new(move |session, cutoff| {
+            let dir = watch::locate(Some(root.as_path()), session)?;
+            let (_, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
+            Ok((started, None))
+        });
+        // The test's own watch of the same folder makes the scans.
+        let (watch, _) = Watch::open(SID, &dir, SystemTime::now(), false).unwrap();
+        let mut watch = watch.with_took();
+        assert!(watch.rescan(&mut Quiet, &mut |_| true));
+        let (tap, got) = (Tap::default(), Arc::new(Mutex::new(Vec::new())));
+        let took = tmp.path().join("took.jsonl");
+        let mut h = Harness::build(|layers| {
+            let mut a = Activity::with_starter(starter);
+            a.tap = tap.clone();
+            a.took = FileLog::open("CODA_KIMI_TOOK", &took);
+            layers.add(|_| Box::new(a));
+            layers.add(|events| {
+                tap.add(events);
+                Box::new(Below(got.clone()))
+            });
+        });
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.hold_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&wire).unwrap();
+        writeln!(f, "{}", user_turn(0)).unwrap();
+        writeln!(f, "{}", json!({"type":"llm.request","agentId":"main","kind":"loop","time":5})).unwrap();
+        let mut scans = Vec::new();
+        assert!(watch.rescan(&mut Quiet, &mut |s| {
+            scans.push(s);
+            true
+        }));
+        assert_eq!(scans.len(), 1);
+        let len = std::fs::metadata(&wire).unwrap().len();
+        assert_eq!(scans[0].took, [("agents/main/wire.jsonl".to_owned(), len)]);
+        assert!(scans[0].facts.is_some(), "picked with the scan");
+        // While the session's watch is starting the scan waits, and its facts with it.
+        h.event(0, scans.pop().unwrap());
+        h.deliver();
+        assert!(got.lock().unwrap().is_empty(), "not before the activity layer handled the scan");
+        assert_eq!(h.run_work(), 1);
+        assert_eq!(h.to_client().len(), 1, "the answer");
+        h.deliver();
+        assert_eq!(*got.lock().unwrap(), [2], "the turn's prompt and the request");
+        // The took log, written by its thread: whole once the layer is gone.
+        drop(h);
+        let text = std::fs::read_to_string(&took).unwrap();
+        let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(records, [json!({"took": format!("{}/agents/main/wire.jsonl", dir.display()), "len": len})]);
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub trait EventSource: Send {
     fn watch(&mut self, folder: &Path) -> Result<(), String>;
     /// Blocks until something may have changed, `timeout` passed or the watch is to end.
     fn wait(&mut self, timeout: Duration) -> Wake;
+    /// Without waiting: whether something may have changed since the last [`EventSource::wait`] (a request to
+    /// end the watch seen here is left to the watch's stop flag, which is set before it is sent).
+    fn more(&mut self) -> bool {
+        false
+    }
 }
 
 /// The real event source: `notify`'s recommended watcher (inotify on Linux, FSEvents on macOS), one
@@ -85,6 +90,17 @@ impl EventSource for NotifySource {
                 return Wake::Changed;
             }
         }
+    }
+
+    fn more(&mut self) -> bool {
+        let mut changed = false;
+        while let Ok(msg) = self.rx.try_recv() {
+            match msg {
+                Msg::Stop => return false,
+                Msg::Fs(ev) => changed |= may_be_a_change(&ev),
+            }
+        }
+        changed
     }
 }
 

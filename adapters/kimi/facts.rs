@@ -2,9 +2,11 @@
 //! of the watch and handed to them as typed events ([`Tap`]).
 //!
 //! The watch ([`crate::adapters::kimi::watch`]) reads Kimi's session files for the activity layer; the same
-//! scan also carries the main agent's turns, model requests, token counts and compactions. The watch's thread
-//! hands them on after the activity layer's scan, in the engine's one queue, so a layer below the activity
-//! layer sees them after the activity layer has acted on the same records.
+//! scan also carries the main agent's turns, model requests, token counts and compactions, picked on the
+//! watch's thread ([`crate::adapters::kimi::watch::Scan::facts`]). The activity layer hands them on when it
+//! has handled the scan, in the engine's one queue, so a layer below it sees them after it has acted on the
+//! same records, and no frame of Kimi's is handled between the two (the relay loop takes events before
+//! frames).
 
 use std::sync::{Arc, Mutex};
 

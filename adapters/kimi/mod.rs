@@ -34,18 +34,21 @@ fn default_command() -> Result<Found, FindError> {
 /// The environment is read here, once: the layers get what it says.
 fn layers(setup: &mut Setup) {
     let root = watch::data_root();
-    let record = std::env::var_os("CODA_KIMI_RECORD")
-        .filter(|p| !p.is_empty())
-        .and_then(|p| record::FileLog::open(std::path::Path::new(&p)));
+    let log = |var: &str| {
+        std::env::var_os(var)
+            .filter(|p| !p.is_empty())
+            .and_then(|p| record::FileLog::open(var, std::path::Path::new(&p)))
+    };
+    let logs = activity::Logs { record: log("CODA_KIMI_RECORD"), took: log("CODA_KIMI_TOOK") };
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
     let first_prompt = title::first_prompt_from_files(root.clone());
     setup.add(|_| Box::new(title::Title::new(first_prompt)));
-    // The watch the activity layer starts hands the main agent's usage and compaction records to the two
-    // layers below it (next to Kimi, so Kimi's frames reach them first).
+    // The activity layer hands the main agent's usage and compaction records of each scan of the watch it
+    // starts to the two layers below it (next to Kimi, so Kimi's frames reach them first).
     let tap = facts::Tap::default();
-    setup.add(|events| Box::new(activity::Activity::new(events, root, record, tap.clone())));
+    setup.add(|events| Box::new(activity::Activity::new(events, root, logs, tap.clone())));
     setup.add(|events| {
         tap.add(events);
         Box::new(compact::Compact::new())

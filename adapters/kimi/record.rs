@@ -1,4 +1,6 @@
-//! The file log of `CODA_KIMI_RECORD`: what coda-kimi read of Kimi's session files, for recordings.
+//! The file log of `CODA_KIMI_RECORD`: what coda-kimi read of Kimi's session files, for recordings; and the
+//! took log of `CODA_KIMI_TOOK`, written the same way: how far the shim has taken in each file, for the
+//! replay player (fixtures/README.md, "Waiting for the shim").
 //!
 //! One JSON line per file operation, in the order the activity layer handled them (fixtures/README.md, "Kimi
 //! session files"): `{ts, op, path, data|base64}`, and `at: "open"` on the records of what the files held
@@ -8,6 +10,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use base64::Engine as _;
@@ -19,40 +22,68 @@ use crate::adapters::kimi::watch::{Chunk, Op};
 pub struct FileLog {
     lines: Option<std::sync::mpsc::Sender<Vec<u8>>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    out: Shared,
+}
+
+type Shared = Arc<Mutex<Box<dyn Write + Send>>>;
+
+/// Writes records to a log at once, from a job of the layer's (off the relay loop), in between the lines the
+/// writer thread writes.
+#[derive(Clone)]
+pub struct Direct(Shared);
+
+impl Direct {
+    pub fn record(&self, rec: &serde_json::Value) {
+        let mut line = rec.to_string().into_bytes();
+        line.push(b'\n');
+        let mut out = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = out.write_all(&line) {
+            tracing::warn!("cannot write a log record: {e}");
+        }
+    }
 }
 
 impl FileLog {
-    /// The log in `path` (appended to; private to the user, no symbolic link followed); None, with a warning,
-    /// when it cannot be opened.
-    pub fn open(path: &Path) -> Option<FileLog> {
+    /// The log in `path` (appended to; private to the user, no symbolic link followed) named by the variable
+    /// `var`; None, with a warning, when it cannot be opened.
+    pub fn open(var: &str, path: &Path) -> Option<FileLog> {
         match crate::private_file::open(path, crate::private_file::Write::Append) {
-            Ok(f) => Some(FileLog::to(Box::new(f))),
+            Ok(f) => Some(FileLog::to(var, Box::new(f))),
             Err(e) => {
-                tracing::warn!("cannot open CODA_KIMI_RECORD {}: {e}", path.display());
+                tracing::warn!("cannot open {var} {}: {e}", path.display());
                 None
             }
         }
     }
 
     /// The log written to `out`, by a thread of its own (None, with a warning, when none can start).
-    pub fn to(mut out: Box<dyn Write + Send>) -> FileLog {
+    pub fn to(var: &str, out: Box<dyn Write + Send>) -> FileLog {
         let (lines, queue) = std::sync::mpsc::channel::<Vec<u8>>();
+        let name = var.to_owned();
+        let out: Shared = Arc::new(Mutex::new(out));
+        let shared = out.clone();
         let writer = std::thread::Builder::new().name("kimi-record".into()).spawn(move || {
             for line in queue {
+                let mut out = shared.lock().unwrap_or_else(|p| p.into_inner());
                 if let Err(e) = out.write_all(&line) {
-                    tracing::warn!("cannot write CODA_KIMI_RECORD: {e}; no more records");
+                    tracing::warn!("cannot write {name}: {e}; no more records");
                     return;
                 }
             }
-            let _ = out.flush();
+            let _ = shared.lock().unwrap_or_else(|p| p.into_inner()).flush();
         });
         match writer {
-            Ok(writer) => FileLog { lines: Some(lines), writer: Some(writer) },
+            Ok(writer) => FileLog { lines: Some(lines), writer: Some(writer), out },
             Err(e) => {
-                tracing::warn!("cannot start the thread that writes CODA_KIMI_RECORD: {e}; nothing is recorded");
-                FileLog { lines: None, writer: None }
+                tracing::warn!("cannot start the thread that writes {var}: {e}; nothing is recorded");
+                FileLog { lines: None, writer: None, out }
             }
         }
+    }
+
+    /// A handle that writes records at once, for the layer's jobs.
+    pub fn direct(&self) -> Direct {
+        Direct(self.out.clone())
     }
 
     /// Writes the records of one scan, or of the snapshot taken when the session was found (`open`), with the
@@ -75,11 +106,16 @@ impl FileLog {
             if open {
                 rec["at"] = json!("open");
             }
-            let mut line = rec.to_string().into_bytes();
-            line.push(b'\n');
-            if let Some(lines) = &self.lines {
-                let _ = lines.send(line);
-            }
+            self.record(&rec);
+        }
+    }
+
+    /// Writes one record as a line.
+    pub fn record(&mut self, rec: &serde_json::Value) {
+        let mut line = rec.to_string().into_bytes();
+        line.push(b'\n');
+        if let Some(lines) = &self.lines {
+            let _ = lines.send(line);
         }
     }
 }
@@ -97,7 +133,6 @@ impl Drop for FileLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
 
     #[derive(Clone, Default)]
     struct Shared(Arc<Mutex<Vec<u8>>>);
@@ -115,7 +150,7 @@ mod tests {
     #[test]
     fn records_carry_the_time_handed_in_and_bytes_that_are_not_text_as_base64() {
         let out = Shared::default();
-        let mut log = FileLog::to(Box::new(out.clone()));
+        let mut log = FileLog::to("CODA_KIMI_RECORD", Box::new(out.clone()));
         let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(1_796_000_000_123_456);
         let chunks = [
             Chunk { file: "agents/main/wire.jsonl".into(), op: Op::Append, bytes: b"{}\n".to_vec() },

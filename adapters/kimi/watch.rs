@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::layer::EventSender;
 
 use crate::adapters::kimi::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
-use crate::adapters::kimi::facts::{self, Tap};
+use crate::adapters::kimi::facts;
 use crate::adapters::kimi::feed::{Fed, Feed};
 use crate::adapters::kimi::inside::{Folder, Kind, Meta, Refused};
 
@@ -40,6 +40,8 @@ pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// inotify and FSEvents say when they lost events (notify hands that on as an event, which leads to a look at
 /// once), and a folder added to the watch is looked at right after.
 pub const RESCAN_IDLE: Duration = Duration::from_secs(30);
+/// Looks again within one scan at changes reported while it read, at most.
+pub const MORE_LOOKS: usize = 4;
 /// Bytes read from a file at a time.
 pub const READ_PIECE: usize = 256 << 10;
 /// Bytes of one wire handed over in one scan; the rest follows in the next scan.
@@ -50,6 +52,10 @@ pub const IN_FLIGHT: usize = 2;
 pub const TASK_FILE_MAX: u64 = 1 << 20;
 /// Agent folders read in one session (Kimi makes one per subagent run: a session has a few, or dozens).
 pub const MAX_AGENTS: usize = 1000;
+
+/// The files of a session folder the watch reads, as `/`-separated patterns (`*` stands for any part of one
+/// name), as the took log of `CODA_KIMI_TOOK` states them (fixtures/README.md).
+pub const READS: &[&str] = &["agents/*/wire.jsonl", "agents/*/tasks/*.json"];
 
 /// What happened to one file (the file log of `CODA_KIMI_RECORD`, fixtures/README.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +84,12 @@ pub struct Scan {
     pub fed: Vec<Fed>,
     /// The bytes read, for the file log; only when recording.
     pub chunks: Vec<Chunk>,
+    /// How far this scan read each file it read (relative path, bytes from the start: a wire's offset, a task
+    /// file's size), for the took log of `CODA_KIMI_TOOK`; only when that log is kept.
+    pub took: Vec<(String, u64)>,
+    /// The main agent's usage and compaction records of this scan, for the layers below the activity layer
+    /// (handed on by it, once it has acted on the same records: [`facts::Tap`]).
+    pub facts: Option<facts::WireFacts>,
     /// Frees a place for the next scan when this one is dropped (handled).
     _credit: Option<Credit>,
 }
@@ -167,6 +179,8 @@ pub struct Watch {
     watch_failed: bool,
     feed: Feed,
     record: bool,
+    /// Scans say how far they read each file ([`Scan::took`]).
+    took: bool,
 }
 
 impl Watch {
@@ -189,6 +203,7 @@ impl Watch {
             watch_failed: false,
             feed: Feed::new(cutoff_ms),
             record: snapshot,
+            took: false,
         };
         let agents = w.agents(None);
         let mut taken = Vec::new();
@@ -217,6 +232,12 @@ impl Watch {
         }
         let started = Started { dir: dir.to_string_lossy().into_owned(), header, snapshot: taken };
         Ok((w, started))
+    }
+
+    /// Scans say how far they read each file ([`Scan::took`]), as with `CODA_KIMI_TOOK`.
+    pub fn with_took(mut self) -> Watch {
+        self.took = true;
+        self
     }
 
     /// Warns once about an entry that is not read.
@@ -318,38 +339,51 @@ impl Watch {
         out
     }
 
-    /// Looks at every known file and hands over what is new, as scans, through `send` (false: stop).
+    /// Looks at every known file and hands over what is new, as scans, through `send` (false: stop). Changes
+    /// reported while it read (up to [`MORE_LOOKS`] times) are read into the same scan: files written together
+    /// (a parent's wire and its subagent's) reach the activity layer together.
     pub fn rescan(&mut self, source: &mut dyn EventSource, send: &mut dyn FnMut(Scan) -> bool) -> bool {
-        let agents = self.agents(Some(source));
         let mut scan = self.empty_scan();
-        // Task files first: Kimi writes one before the wire record that ends its task.
-        for agent in &agents {
-            for (rel, meta) in self.task_files(agent) {
-                if self.tasks.get(&rel) == Some(&meta) {
-                    continue;
-                }
-                self.tasks.insert(rel.clone(), meta);
-                let Some(bytes) = self.open_file(&rel).and_then(|f| read_small(f, &rel)) else { continue };
-                scan.fed.push(self.feed.piece(&rel, true, &bytes));
-                if self.record {
-                    scan.chunks.push(Chunk { file: rel, op: Op::Replace, bytes });
-                }
-            }
-        }
-        // Then the wires, a round of at most ROUND_BYTES of each per scan, until all are read to their end.
-        loop {
-            let mut more = false;
+        let mut looks = 0;
+        'look: loop {
+            let agents = self.agents(Some(source));
+            // Task files first: Kimi writes one before the wire record that ends its task.
             for agent in &agents {
-                more |= self.read_wire(agent, &mut scan);
-            }
-            if !scan.fed.is_empty() || !scan.chunks.is_empty() {
-                let full = std::mem::replace(&mut scan, self.empty_scan());
-                if !send(full) {
-                    return false;
+                for (rel, meta) in self.task_files(agent) {
+                    if self.tasks.get(&rel) == Some(&meta) {
+                        continue;
+                    }
+                    self.tasks.insert(rel.clone(), meta);
+                    let Some(bytes) = self.open_file(&rel).and_then(|f| read_small(f, &rel)) else { continue };
+                    scan.fed.push(self.feed.piece(&rel, true, &bytes));
+                    if self.took {
+                        scan.took.push((rel.clone(), bytes.len() as u64));
+                    }
+                    if self.record {
+                        scan.chunks.push(Chunk { file: rel, op: Op::Replace, bytes });
+                    }
                 }
             }
-            if !more {
-                return true;
+            // Then the wires, a round of at most ROUND_BYTES of each per scan, until all are read to their end.
+            loop {
+                let mut more = false;
+                for agent in &agents {
+                    more |= self.read_wire(agent, &mut scan);
+                }
+                if !more && looks < MORE_LOOKS && source.more() {
+                    looks += 1;
+                    continue 'look;
+                }
+                if !scan.fed.is_empty() || !scan.chunks.is_empty() || !scan.took.is_empty() {
+                    let mut full = std::mem::replace(&mut scan, self.empty_scan());
+                    full.facts = facts::pick(&full.session, &full.fed);
+                    if !send(full) {
+                        return false;
+                    }
+                }
+                if !more {
+                    return true;
+                }
             }
         }
     }
@@ -374,7 +408,14 @@ impl Watch {
     }
 
     fn empty_scan(&self) -> Scan {
-        Scan { session: self.session.clone(), fed: Vec::new(), chunks: Vec::new(), _credit: None }
+        Scan {
+            session: self.session.clone(),
+            fed: Vec::new(),
+            chunks: Vec::new(),
+            took: Vec::new(),
+            facts: None,
+            _credit: None,
+        }
     }
 
     /// Reads up to ROUND_BYTES of what is new in `agent`'s wire into `scan`; true when more is left.
@@ -428,6 +469,9 @@ impl Watch {
         }
         if !entries.is_empty() {
             scan.fed.push(Fed::Entries { agent: agent.to_owned(), entries });
+        }
+        if self.took && offset > start {
+            scan.took.push((rel.clone(), offset));
         }
         if self.record && offset > start {
             let op = if rereading && start == 0 { Op::Reopen } else { Op::Append };
@@ -523,17 +567,18 @@ impl Drop for Handle {
 
 /// Starts watching the session folder `dir`: notes where its files end ([`Watch::open`], a few reads of folders
 /// and sizes, so nothing Kimi writes after the answer that named the session is taken for history), then sets
-/// up the watch and reads on a thread of its own, which sends [`Scan`]s through `events` and, after each, the
-/// main agent's usage and compaction records through `tap`.
+/// up the watch and reads on a thread of its own, which sends [`Scan`]s through `events`, each with the main
+/// agent's usage and compaction records it read ([`Scan::facts`]) and, with `took`, how far it read each file.
 pub fn start(
     session: &str,
     dir: &Path,
     cutoff: SystemTime,
     events: EventSender<Scan>,
     snapshot: bool,
-    tap: Tap,
+    took: bool,
 ) -> Result<(Started, Handle), WatchError> {
-    let (mut watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
+    let (watch, started) = Watch::open(session, dir, cutoff, snapshot).map_err(WatchError::Failed)?;
+    let mut watch = if took { watch.with_took() } else { watch };
     let (tx, rx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let credits = Arc::new(Credits { used: Mutex::new(0), freed: Condvar::new() });
@@ -549,10 +594,11 @@ pub fn start(
             }
         };
         let mut send = |mut scan: Scan| {
-            let facts = facts::pick(&scan.session, &scan.fed);
+            // One event, with its facts: they reach the layers below through the activity layer, when it
+            // handles the scan, so no frame is handled between the two.
             let Some(credit) = credits.take(&stop) else { return false };
             scan._credit = Some(credit);
-            events.send(scan) && tap.send(facts)
+            events.send(scan)
         };
         // The first look watches every folder, then reads what changed since the notes.
         if !watch.rescan(source.as_mut(), &mut send) {

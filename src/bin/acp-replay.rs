@@ -11,11 +11,16 @@ use coda_shim::replay::{self, Bindings, CheckOptions, Normaliser, Script, Step};
 const HELP: &str = "acp-replay: stands in for an ACP agent CLI by replaying a recording (see fixtures/README.md).
 
 Usage:
-  acp-replay [play] <FIXTURE | TRACE.jsonl> [--speed X] [--file-settle MS]
+  acp-replay [play] <FIXTURE | TRACE.jsonl> [--speed X] [--took FILE] [--file-settle MS]
       Be the CLI: answer the frames of the shim with the recorded agent frames, re-create recorded
       session-file writes. A frame the recording does not have here: message on stderr, exit 3.
       --speed X          keep the recorded gaps between agent frames, divided by X (default: no gaps)
-      --file-settle MS   pause after file writes before the next frame [default: 100, env ACP_REPLAY_FILE_SETTLE_MS]
+      --took FILE        the shim's took log (CODA_KIMI_TOOK) [env ACP_REPLAY_TOOK]: after file writes, wait
+                         (up to 5 s, then a warning) until the shim has taken them in before the next frame; and,
+                         by the shim's trace (CODA_SHIM_TRACE), until it has handled the frames sent before a
+                         write and the client frames recorded before each frame
+      --file-settle MS   without a took log: pause after file writes before the next frame, and before a write
+                         that follows frames [default: 100, env ACP_REPLAY_FILE_SETTLE_MS]
       Placeholders come from ACP_REPLAY_BIND_<NAME>, the received frames, or HOME/{HOMES}/TMPDIR/cwd.
 
   acp-replay record <TRACE.jsonl> <FIXTURE-DIR> --root DIR [--files FILE] [--subst PATH=NAME]... [--allow-paths]
@@ -101,6 +106,7 @@ fn play(args: &[String]) -> i32 {
     let mut fixture = None;
     let mut speed: Option<f64> = None;
     let mut settle = std::env::var("ACP_REPLAY_FILE_SETTLE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(100u64);
+    let mut took = std::env::var_os("ACP_REPLAY_TOOK").filter(|v| !v.is_empty()).map(PathBuf::from);
     let mut i = 0;
     while i < args.len() {
         let parsed: Result<(), String> = match args[i].as_str() {
@@ -109,6 +115,7 @@ fn play(args: &[String]) -> i32 {
                 speed = (x > 0.0).then_some(x);
                 Ok(())
             }),
+            "--took" => value(args, &mut i, "--took").map(|v| took = Some(PathBuf::from(v))),
             "--file-settle" => value(args, &mut i, "--file-settle").and_then(|v| {
                 settle = v.parse().map_err(|_| format!("--file-settle {v:?} is not a number"))?;
                 Ok(())
@@ -139,6 +146,19 @@ fn play(args: &[String]) -> i32 {
     let file_times: std::collections::HashMap<usize, Option<u64>> =
         records.iter().filter(|r| matches!(r.body, replay::Body::File(_))).map(|r| (r.lineno, r.t)).collect();
     let mut last_file_t: Option<Option<u64>> = None;
+    // How many client frames the recording has before each agent frame: the shim handled those first.
+    let mut clients = 0;
+    let client_before: std::collections::HashMap<usize, usize> = records
+        .iter()
+        .filter_map(|r| match r.edge {
+            replay::Dir::ClientToShim => {
+                clients += 1;
+                None
+            }
+            replay::Dir::AgentToShim => Some((r.lineno, clients)),
+            _ => None,
+        })
+        .collect();
     let mut script = Script::agent(records, Bindings::from_env());
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
@@ -148,25 +168,50 @@ fn play(args: &[String]) -> i32 {
     let mut wrote_files = false;
     let mut sent_frames = false;
     let name = fixture.display().to_string();
+    let trace = std::env::var_os("CODA_SHIM_TRACE").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut shim = Shim::new(took, trace, Duration::from_millis(settle), name.clone());
+    let mut queued = std::collections::VecDeque::new();
     loop {
-        let step = script.next_step();
+        let mut step = queued.pop_front().unwrap_or_else(|| script.next_step());
+        if shim.waits()
+            && queued.is_empty()
+            && let Step::File { lineno, .. } = &step
+        {
+            // The writes recorded at the same time as this one: the shim read them in one scan, in this order.
+            let t = file_times.get(lineno).copied().flatten();
+            let mut group = vec![step];
+            loop {
+                let next = script.next_step();
+                match &next {
+                    Step::File { lineno, .. } if file_times.get(lineno).copied().flatten() == t => group.push(next),
+                    _ => {
+                        queued.push_back(next);
+                        break;
+                    }
+                }
+            }
+            for s in write_order(group).into_iter().rev() {
+                queued.push_front(s);
+            }
+            step = queued.pop_front().unwrap_or(Step::Done);
+        }
         if wrote_files && !matches!(step, Step::File { .. }) {
-            // Let the shim's file watcher see the writes before the frames that followed them.
+            // The shim's file watcher takes in the writes before the frames that followed them.
             let _ = out.flush();
-            std::thread::sleep(Duration::from_millis(settle));
+            shim.wait_taken();
             wrote_files = false;
         }
         if sent_frames && matches!(step, Step::File { .. }) {
-            // And let the shim read the frames sent before a write before the watcher reports the write.
+            // And the shim handles the frames sent before a write before the watcher reports the write.
             let _ = out.flush();
-            std::thread::sleep(Duration::from_millis(settle));
+            shim.wait_handled();
         }
         if let Step::File { lineno, .. } = &step {
             let t = file_times.get(lineno).copied().flatten();
             if wrote_files && last_file_t.is_some_and(|last| last != t) {
-                // A later read of the shim's watcher when recording: let this one see the earlier writes alone.
+                // A later read of the shim's watcher when recording: this one takes in the earlier writes alone.
                 let _ = out.flush();
-                std::thread::sleep(Duration::from_millis(settle));
+                shim.wait_taken();
             }
             last_file_t = Some(t);
         }
@@ -180,14 +225,21 @@ fn play(args: &[String]) -> i32 {
                         std::thread::sleep(wait);
                     }
                 }
+                if let Some(&n) = client_before.get(&lineno) {
+                    let _ = out.flush();
+                    shim.wait_client(n);
+                }
                 if let Err(e) = out.write_all(line.as_bytes()).and_then(|_| out.write_all(b"\n")) {
                     return fail(4, format!("{name}: cannot write the frame of line {lineno}: {e}"));
                 }
+                shim.sent += 1;
             }
             Step::File { op, lineno } => {
+                let before = shim.before_write();
                 if let Err(e) = replay::apply_file_op(&op) {
                     return fail(5, format!("{name}: the file write of line {lineno} failed: {e}"));
                 }
+                shim.wrote(&op, lineno, before);
                 wrote_files = true;
             }
             Step::Expect | Step::Done => {
@@ -230,16 +282,191 @@ fn play(args: &[String]) -> i32 {
     0
 }
 
-/// Reports a failed replay on stderr and, when `ACP_REPLAY_REPORT` names a file, there too (the shim may
-/// cut its child's stderr short); returns the exit status.
-fn fail(code: i32, msg: String) -> i32 {
+/// The order to write a group of writes the shim read in one scan: the files in reverse (each file's writes in
+/// their order), so that a scan that sees the first file's write, which it reads first, sees all of them.
+fn write_order(group: Vec<Step>) -> Vec<Step> {
+    let mut files: Vec<(String, Vec<Step>)> = Vec::new();
+    for step in group {
+        let path = match &step {
+            Step::File { op, .. } => op.path.clone(),
+            _ => String::new(),
+        };
+        match files.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, steps)) => steps.push(step),
+            None => files.push((path, vec![step])),
+        }
+    }
+    files.into_iter().rev().flat_map(|(_, steps)| steps).collect()
+}
+
+/// The longest wait for the shim to take in a write or handle the frames sent before one.
+const SHIM_WAIT: Duration = Duration::from_secs(5);
+
+/// What the player knows of the shim's progress: with a took log, it waits for the shim's own account
+/// ([`replay::took`]); without one, it pauses `settle` instead.
+struct Shim {
+    took: Option<(replay::took::Tail, replay::took::Took)>,
+    trace: Option<(replay::took::Tail, replay::took::Handled)>,
+    settle: Duration,
+    /// Writes not known to be taken in yet, with the line of each.
+    pending: Vec<(replay::took::Written, usize)>,
+    /// Frames written to the shim.
+    sent: usize,
+    name: String,
+    bad_reported: bool,
+}
+
+impl Shim {
+    fn new(took: Option<PathBuf>, trace: Option<PathBuf>, settle: Duration, name: String) -> Shim {
+        let took = took.map(|p| (replay::took::Tail::new(p), replay::took::Took::default()));
+        // The trace only counts with a took log: without one the player pauses, as before.
+        let trace = trace.filter(|_| took.is_some()).map(|p| (replay::took::Tail::new(p), Default::default()));
+        Shim { took, trace, settle, pending: Vec::new(), sent: 0, name, bad_reported: false }
+    }
+
+    /// Whether the player waits on the shim's logs (else it pauses).
+    fn waits(&self) -> bool {
+        self.took.is_some()
+    }
+
+    /// Reads what the took log says now; the number of its records so far.
+    fn read_took(&mut self) -> u64 {
+        let Some((tail, took)) = &mut self.took else { return 0 };
+        took.read(tail.lines());
+        if took.bad > 0 && !std::mem::replace(&mut self.bad_reported, true) {
+            warn(format!("{}: warning: {} has lines that are not took records", self.name, tail.path().display()));
+        }
+        took.seen()
+    }
+
+    fn before_write(&mut self) -> u64 {
+        self.read_took()
+    }
+
+    /// Notes a write to wait for (`before`: took records read before it).
+    fn wrote(&mut self, op: &replay::FileOp, lineno: usize, before: u64) {
+        use replay::FileOpKind::*;
+        if self.took.is_none() {
+            return;
+        }
+        let (path, whole) = match op.op {
+            Append => (&op.path, false),
+            Write | Replace => (&op.path, true),
+            Rename => match &op.to {
+                Some(to) => (to, true),
+                None => return,
+            },
+            Mkdir | Remove => return,
+        };
+        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let w = replay::took::Written { path: path.clone(), len, after: whole.then_some(before) };
+        self.pending.push((w, lineno));
+    }
+
+    /// Until the shim has taken in every write noted (or [`SHIM_WAIT`] passed: a warning).
+    fn wait_taken(&mut self) {
+        if self.took.is_none() {
+            return std::thread::sleep(self.settle);
+        }
+        let deadline = Instant::now() + SHIM_WAIT;
+        loop {
+            self.read_took();
+            let Some((_, took)) = &self.took else { return };
+            self.pending.retain(|(w, _)| !took.has_taken(w));
+            if self.pending.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let lines: Vec<String> =
+                    self.pending.iter().map(|(w, l)| format!("line {l} ({}, {} bytes)", w.path, w.len)).collect();
+                warn(format!(
+                    "{}: warning: the shim has not taken in the write(s) of {} within {SHIM_WAIT:?} (its took log                      does not show them read); going on",
+                    self.name,
+                    lines.join(", ")
+                ));
+                self.pending.clear();
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Until the shim's trace shows every frame sent so far handled (or [`SHIM_WAIT`] passed: a warning);
+    /// without a took log or a trace, the pause.
+    fn wait_handled(&mut self) {
+        let Some((tail, handled)) = &mut self.trace else {
+            return std::thread::sleep(self.settle);
+        };
+        let deadline = Instant::now() + SHIM_WAIT;
+        loop {
+            handled.read(tail.lines());
+            if handled.agent >= self.sent {
+                return;
+            }
+            if Instant::now() >= deadline {
+                return warn(format!(
+                    "{}: warning: the shim's trace {} shows {} of the {} frames sent handled after {SHIM_WAIT:?}; \
+                     writing the next file anyway",
+                    self.name,
+                    tail.path().display(),
+                    handled.agent,
+                    self.sent
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Until the shim's trace shows `n` frames of the client's handled (the recording has that many before the
+    /// next frame of the agent's), or [`SHIM_WAIT`] passed (a warning); nothing without a trace.
+    fn wait_client(&mut self, n: usize) {
+        let Some((tail, handled)) = &mut self.trace else { return };
+        let deadline = Instant::now() + SHIM_WAIT;
+        loop {
+            handled.read(tail.lines());
+            if handled.client >= n {
+                return;
+            }
+            if Instant::now() >= deadline {
+                // Counted as handled from now on: the wait is not repeated for every later frame.
+                let seen = std::mem::replace(&mut handled.client, n);
+                return warn(format!(
+                    "{}: warning: the shim's trace {} shows {} of the {n} client frames the recording has before the \
+                     next agent frame handled after {SHIM_WAIT:?}; sending it anyway",
+                    self.name,
+                    tail.path().display(),
+                    seen
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// How often a wait looks at the shim's logs.
+const POLL: Duration = Duration::from_millis(1);
+
+/// A warning on stderr and in the `ACP_REPLAY_REPORT` file (see [`fail`]).
+fn warn(msg: String) {
     let msg = format!("acp-replay: {}\n", msg.trim_end());
     eprint!("{msg}");
+    report(&msg);
+}
+
+fn report(msg: &str) {
     if let Some(path) = std::env::var_os("ACP_REPLAY_REPORT")
         && let Ok(mut f) = private_file::open(Path::new(&path), private_file::Write::Append)
     {
         let _ = f.write_all(msg.as_bytes());
     }
+}
+
+/// Reports a failed replay on stderr and, when `ACP_REPLAY_REPORT` names a file, there too (the shim may
+/// cut its child's stderr short); returns the exit status.
+fn fail(code: i32, msg: String) -> i32 {
+    let msg = format!("acp-replay: {}\n", msg.trim_end());
+    eprint!("{msg}");
+    report(&msg);
     code
 }
 

@@ -26,7 +26,10 @@
 //!
 //! A layer that must hold frames for a job keeps the order of what depends on them (see
 //! `adapters/kimi/title.rs`: a session's frames wait, others go on). Threads set up with the stack (a file
-//! watcher, an event stream) hand their results in through an [`EventSender`], in order with the frames.
+//! watcher, an event stream) hand their results in through an [`EventSender`], in order with the frames; a
+//! layer may hand an event on to another layer's sender while it handles one (`adapters/kimi/activity.rs`
+//! passes each scan's usage facts below it): the relay takes queued events before the next frame, so no frame
+//! comes between the two.
 //! [`testing::Harness`] drives a stack by hand, with a clock that moves only when the test says so, and runs
 //! jobs at once after the input that asked (or on demand: [`testing::Harness::hold_work`]).
 //!

@@ -8,7 +8,8 @@
 //! By job: [`format`](mod@format) (records: parse, render), [`fixture`] (a fixture folder, loaded), [`placeholder`]
 //! (matching and filling `{{NAME}}`), [`script`] (the state machine of one side), [`file_op`] (session-file
 //! writes), [`normalise`] (trace to fixture), [`instants`] (the usage facts' times as `{{AT_n}}`), [`check`](mod@check) (a shim binary against a fixture), [`view`]
-//! (a trace as an HTML timeline), [`diff`] (two traces side by side), [`redact`] (a trace safe to share).
+//! (a trace as an HTML timeline), [`diff`] (two traces side by side), [`redact`] (a trace safe to share), [`took`] (what the player waits on:
+//! the shim's account of the writes it has taken in).
 
 pub mod check;
 pub mod diff;
@@ -21,6 +22,7 @@ pub mod normalise;
 pub mod placeholder;
 pub mod redact;
 pub mod script;
+pub mod took;
 pub mod view;
 
 pub use crate::trace::Dir;

@@ -44,10 +44,14 @@ fn agent_env(agent: &str) -> Vec<(String, String)> {
         "grok" => vec![("CODA_SHIM_RETRY_PATIENCE_MS".into(), "1000".into())],
         "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
         "opencode" => vec![("CODA_OPENCODE_EVENTS".into(), "../tmp/coda-opencode-events.jsonl".into())],
-        // The player pauses after each file write so that coda-kimi's watch sees it before the next frame; the
-        // default 100 ms was too short on a loaded 2-core machine (`subagent-resumed-twice` failed about one
-        // run in four). A stopgap: the pause should become a wait for the shim's scan.
-        "kimi" => vec![("ACP_REPLAY_FILE_SETTLE_MS".into(), "300".into())],
+        // coda-kimi's took log says how far it has taken in each session file, and its trace which of the
+        // player's frames it has handled: the player waits on them (not a pause) so that the shim handles each
+        // write and each frame in the recorded order (fixtures/README.md, "Waiting for the shim").
+        "kimi" => vec![
+            ("CODA_KIMI_TOOK".into(), "../tmp/kimi-took.jsonl".into()),
+            ("ACP_REPLAY_TOOK".into(), "../tmp/kimi-took.jsonl".into()),
+            ("CODA_SHIM_TRACE".into(), "../tmp/shim-trace.jsonl".into()),
+        ],
         _ => Vec::new(),
     });
     env
