@@ -11,7 +11,10 @@
 //! peer is still read, the ladder, the drain deadline after the child exits) is a sans-IO state machine,
 //! [`lifecycle::Lifecycle`]; the loop feeds it what happened and does what it says.
 
+#[cfg(test)]
+mod behaviour;
 pub mod lifecycle;
+pub mod testing;
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -268,7 +271,7 @@ pub async fn run(
             return 1;
         }
     };
-    run_io(stack, agent, events, options, client, true).await
+    run_io(stack, agent, events, options, client, true, Work::Pool).await
 }
 
 /// Like [`run`], with the client on the given byte streams instead of stdin/stdout: an in-process client
@@ -287,7 +290,17 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let client = transport::streams(client_reader, client_writer, options.max_line);
-    run_io(stack, agent.into(), events, options, client, false).await
+    run_io(stack, agent.into(), events, options, client, false, Work::Pool).await
+}
+
+/// Where the loop runs layers' jobs.
+#[derive(Clone, Copy)]
+enum Work {
+    /// On the engine's worker threads ([`Pool::from_env`]).
+    Pool,
+    /// On the loop itself, at once ([`Pool::inline`]): [`testing::Pair`], whose virtual clock must not move
+    /// on while a job runs on a thread it does not see.
+    Inline,
 }
 
 async fn run_io(
@@ -297,6 +310,7 @@ async fn run_io(
     options: Options,
     client: Link,
     handle_signals: bool,
+    work: Work,
 ) -> i32 {
     let mut events = events;
     let group = agent.group();
@@ -330,7 +344,10 @@ async fn run_io(
         to_client: Queue::default(),
         to_agent: Queue::default(),
         exits: Exits::default(),
-        pool: Pool::from_env(done_tx),
+        pool: match work {
+            Work::Pool => Pool::from_env(done_tx),
+            Work::Inline => Pool::inline(done_tx),
+        },
         working: 0,
     };
     let mut lc = Lifecycle::new(process.is_some());

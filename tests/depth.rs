@@ -2,6 +2,8 @@
 //! too deep (20,000 levels, 20-140 KB) from either peer is refused like an over-size frame and the shim
 //! lives on; a frame a layer must rewrite is read whatever the frame check accepted (a number beyond f64,
 //! 200 levels of nesting, a lone UTF-16 surrogate escape), so it is rewritten, never passed on untouched.
+//! Deep frames from either peer and a lone surrogate no layer rewrites are tested with each binary's stack on
+//! the in-memory relay, `src/relay/behaviour.rs`.
 
 use crate::support;
 
@@ -15,18 +17,12 @@ use shim::{prompt_params, received_prompt, with_test_agent};
 const BINARIES: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
 /// The binaries that inject the session instruction themselves (codex-acp takes it natively).
 const INJECTING: [&str; 3] = ["kimi", "grok", "opencode"];
-/// Far over the shim's limit (1,000): this deep used to overflow a thread's stack and abort the shim.
-const DEEP: usize = 20_000;
 
 /// Coda's session instruction as it really comes: paragraphs of Markdown with CJK text and emoji, > 2 KB.
 fn instruction() -> String {
     let paragraph =
         "## 工作方式 🧭\n\n- 先读代码，再改代码；每一步都说明原因。✅\n- Keep answers short, cite files by path.\n\n";
     paragraph.repeat(16)
-}
-
-fn deep_array(levels: usize) -> String {
-    format!("{}{}", "[".repeat(levels), "]".repeat(levels))
 }
 
 fn deep_object(levels: usize) -> String {
@@ -70,61 +66,6 @@ fn ends_cleanly(mut s: shim::Shim) -> Vec<String> {
     let _ = s.rest();
     assert_eq!(s.wait(Duration::from_secs(15)).code(), Some(0), "the shim is alive and ends cleanly");
     s.stderr_to_the_end()
-}
-
-#[test]
-fn deep_frames_from_the_client_are_refused_like_over_size_ones_and_the_shim_lives_on() {
-    for bin in BINARIES {
-        let mut s = with_test_agent(bin).start();
-        // A request: -32600 with its id (read cheaply before the deep part).
-        s.send(&format!(r#"{{"jsonrpc":"2.0","id":1,"method":"_test/echo","params":{}}}"#, deep_array(DEEP)));
-        let e = s.recv_json();
-        assert_eq!((&e["id"], &e["error"]["code"]), (&json!(1), &json!(-32600)), "{bin}: {e}");
-        assert!(e["error"]["message"].as_str().unwrap().contains("deeper than 1000 levels"), "{bin}: {e}");
-        // A valid notification whose params nest 20,000 objects: dropped (JSON-RPC answers no notification).
-        s.send(&format!(r#"{{"jsonrpc":"2.0","method":"_x/note","params":{}}}"#, deep_object(DEEP)));
-        // A bare line of `[`, never closed, is not JSON: -32700 with id null; 20,000 closed `[`, JSON but no
-        // JSON-RPC message: -32600 with id null. Each once.
-        s.send(&"[".repeat(DEEP));
-        s.send(&deep_array(DEEP));
-        let (seen, before) = s.request(2, "_test/seen", json!({}));
-        let codes: Vec<_> = before.iter().map(|e| (e["id"].clone(), e["error"]["code"].clone())).collect();
-        assert_eq!(codes, [(json!(null), json!(-32700)), (json!(null), json!(-32600))], "{bin}: {before:?}");
-        // The next frame is relayed, and nothing deep reached the agent.
-        let methods = seen["result"]["methods"].as_array().expect("the agent answered").clone();
-        assert!(!methods.iter().any(|m| m == "_test/echo" || m == "_x/note"), "{bin}: {methods:?}");
-        let stderr = ends_cleanly(s);
-        let warnings = stderr.iter().filter(|l| l.contains("client sent a frame") && l.contains("deeper than 1000"));
-        assert_eq!(warnings.count(), 3, "{bin}: one warning per deep frame: {stderr:?}");
-        let unclosed = stderr.iter().filter(|l| l.contains("client sent an invalid frame") && l.contains("left open"));
-        assert_eq!(unclosed.count(), 1, "{bin}: {stderr:?}");
-    }
-}
-
-#[test]
-fn deep_frames_from_the_agent_are_dropped_and_the_request_they_answer_gets_an_error() {
-    for bin in BINARIES {
-        let mut s = with_test_agent(bin).start();
-        for (id, object) in [(3, false), (4, true)] {
-            let mut params = json!({"depth": DEEP});
-            if object {
-                params["object"] = json!(true);
-            }
-            let (answer, _) = s.request(id, "_test/nest", params);
-            assert_eq!(answer["error"]["code"], -32603, "{bin}: {answer}");
-            let message = answer["error"]["message"].as_str().unwrap();
-            assert!(message.contains("dropped") && message.contains("deeper than 1000 levels"), "{bin}: {message}");
-        }
-        // A valid notification nesting 20,000 objects from the agent: dropped; the agent's answer after it comes.
-        let update = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{}}}"#, deep_object(DEEP));
-        let (answer, before) = s.request(5, "_test/emit", json!({ "line": update }));
-        assert_eq!((answer["result"].clone(), before.len()), (json!({}), 0), "{bin}: {answer}");
-        // Within the limit, a deep answer passes as it came.
-        s.send_json(&json!({"jsonrpc": "2.0", "id": 6, "method": "_test/nest", "params": {"depth": 900}}));
-        assert_eq!(s.recv(), format!(r#"{{"jsonrpc":"2.0","id":6,"result":{}1{}}}"#, "[".repeat(900), "]".repeat(900)));
-        let stderr = ends_cleanly(s);
-        assert!(stderr.iter().filter(|l| l.contains("agent sent a frame")).count() >= 3, "{bin}: {stderr:?}");
-    }
 }
 
 #[test]
@@ -212,30 +153,6 @@ fn a_lone_surrogate_is_read_as_u_fffd_and_the_frame_is_acted_on() {
         assert!(first.starts_with("<coda-session-instruction>\n## 工作方式 🧭"), "{bin}: injected: {prompt}");
         assert_eq!(prompt[1]["text"], "hello \u{FFFD} there", "{bin}: {prompt}");
         ends_cleanly(s);
-    }
-}
-
-#[test]
-fn a_frame_with_a_lone_surrogate_no_layer_rewrites_goes_on_byte_for_byte() {
-    for bin in BINARIES {
-        let dir = temp::TempDir::new("depth-lone-surrogate-kept");
-        let log = dir.join("received.jsonl");
-        let mut s = with_test_agent(bin).env("TEST_AGENT_LOG", log.to_str().unwrap()).start();
-        // From the client: a notification no layer edits reaches the agent as it was sent, escapes and all.
-        let note = r#"{"jsonrpc":"2.0","method":"_x/note","params":{"a":"x\ud800y","b":"\udc00\ud800","pair":"\uD83D\uDE00","text":"\\ud800"}}"#;
-        s.send(note);
-        // The agent (which cannot read the note) answers the next request: by then it logged the note.
-        let (seen, _) = s.request(1, "_test/seen", json!({}));
-        assert!(seen["result"]["methods"].is_array(), "{bin}: {seen}");
-        let logged = std::fs::read_to_string(&log).unwrap_or_default();
-        assert_eq!(logged.lines().find(|l| l.contains("_x/note")), Some(note), "{bin}: byte for byte");
-        // From the agent: a streamed chunk no layer edits reaches the client as the agent wrote it.
-        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s-x","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"\udbff end \ud800"}}}}"#;
-        s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "_test/emit", "params": {"line": chunk}}));
-        assert_eq!(s.recv(), chunk, "{bin}: byte for byte");
-        assert_eq!(s.recv_json(), json!({"jsonrpc": "2.0", "id": 2, "result": {}}), "{bin}");
-        let stderr = ends_cleanly(s);
-        assert!(!stderr.iter().any(|l| l.contains("cannot read")), "{bin}: no warning: {stderr:?}");
     }
 }
 
