@@ -1,6 +1,6 @@
-//! The relay as a process: agentInfo, child exit and its status, the shutdown ladder and the process group,
+//! The relay as a process: child exit and its status, the shutdown ladder and the process group,
 //! signals, backpressure on real pipes, `--version` and the trace file. What frames do (byte for byte, batches,
-//! order, errors for bad lines, stray agent output) is tested on the in-memory relay, `src/relay/behaviour.rs`.
+//! order, errors for bad lines, stray agent output, agentInfo) is tested on the in-memory relay, `src/relay/behaviour.rs`.
 
 use crate::support;
 
@@ -10,28 +10,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shim::{command, prompt_params, with_test_agent};
-
-#[test]
-fn grok_agent_info_is_built_from_its_meta() {
-    let init = r#"{"protocolVersion":1,"agentCapabilities":{},"_meta":{"grokShell":true,"agentVersion":"1.0.41"}}"#;
-    let mut s = with_test_agent("grok").env("TEST_AGENT_INIT", init).start();
-    let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
-    assert_eq!(answer["result"]["agentInfo"], json!({"name": "grok", "version": "1.0.41"}));
-    // Grok's own `_meta` is kept; coda-grok adds its steering declaration (adapters/grok/steering.rs).
-    let meta = json!({"grokShell": true, "agentVersion": "1.0.41", "steering": {"supported": true}});
-    assert_eq!(answer["result"]["_meta"], meta);
-}
-
-#[test]
-fn opencode_and_kimi_keep_their_own_agent_info() {
-    for agent in ["opencode", "kimi"] {
-        let init =
-            r#"{"protocolVersion":1,"agentCapabilities":{},"agentInfo":{"name":"OpenCode","version":"1.18.33"}}"#;
-        let mut s = with_test_agent(agent).env("TEST_AGENT_INIT", init).start();
-        let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
-        assert_eq!(answer["result"]["agentInfo"], json!({"name": "OpenCode", "version": "1.18.33"}));
-    }
-}
 
 #[test]
 fn child_exit_answers_every_request_in_flight_and_passes_its_status_on() {

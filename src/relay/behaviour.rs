@@ -1,7 +1,8 @@
 //! The relay's behaviour with the binaries' own stacks (coda-opencode's, or each of the four), on in-memory
 //! pipes and virtual time ([`super::testing::Pair`]): what frames do, which needs no process. What only a
-//! process shows (signals, process groups, pipes, stderr, exit codes, memory) stays in `tests/relay.rs`,
-//! `tests/faults.rs` and `tests/depth.rs`.
+//! process shows (signals, process groups, pipes, stderr, exit codes, memory) stays in `tests/relay.rs` and
+//! `tests/faults.rs`. The frames that nest too deep, the lone surrogate escapes and the hostile `_meta` beside
+//! frames the layers rewrite (issue 13, sections 1 and 2) run on each binary's stack.
 
 use serde_json::{Value, json};
 
@@ -345,5 +346,191 @@ async fn a_frame_with_a_lone_surrogate_no_layer_rewrites_goes_on_byte_for_byte()
         assert_eq!(s.close().await, 0, "{bin}");
         let logs = s.logs();
         assert!(!logs.iter().any(|l| l.contains("cannot read")), "{bin}: no warning: {logs:?}");
+    }
+}
+
+/// The binaries that inject the session instruction themselves (codex-acp takes it natively).
+const INJECTING: [&str; 3] = ["kimi", "grok", "opencode"];
+
+/// Coda's session instruction as it really comes: paragraphs of Markdown with CJK text and emoji, > 2 KB.
+fn instruction() -> String {
+    let paragraph =
+        "## 工作方式 🧭\n\n- 先读代码，再改代码；每一步都说明原因。✅\n- Keep answers short, cite files by path.\n\n";
+    paragraph.repeat(16)
+}
+
+/// `_meta` that a layer cannot read with serde_json's defaults: a number beyond f64, an exact decimal
+/// and 200 levels of objects.
+fn hostile_meta() -> String {
+    format!(r#"{{"n":1e400,"exact":1.50,"deep":{}}}"#, deep_object(200))
+}
+
+/// What `hostile_meta` must still say after a rewrite: each number exactly as the peer spelled it (serde_json
+/// alone would write 1e400 as 1e+400).
+fn assert_meta_kept(line: &str, meta: &Value) {
+    let n_kept = [",", "}"].iter().any(|end| line.contains(&format!(r#""n":1e400{end}"#)));
+    assert!(n_kept && line.contains(r#""exact":1.50"#), "numbers kept: {line:.300}");
+    assert_eq!(meta["deep"], json(&deep_object(200)), "the deep part is kept");
+}
+
+fn init_line(id: u64, params_meta: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{{"_meta":{{"coda":{{"waits":{{}}}}}}}},"_meta":{params_meta}}}}}"#
+    )
+}
+
+/// The lines among `lines` (what the agent received) of `method`, with each as JSON.
+fn of_method(lines: &[String], method: &str) -> Vec<(String, Value)> {
+    let read = lines.iter().map(|l| (l.clone(), json(l)));
+    read.filter(|(_, v)| v["method"] == method).collect()
+}
+
+/// The prompt array the test agent reports it received (its agent_message_chunk).
+fn received_prompt(before: &[Value]) -> Value {
+    let chunk = before.iter().rev().find(|v| is_chunk(v)).expect("the agent reported the prompt it received");
+    let report = chunk.pointer("/params/update/content/text").and_then(Value::as_str).expect("text");
+    json(&report.replace("&lt;", "<"))
+}
+
+/// The first text block of a prompt starts with Coda's instruction, as the layers inject it.
+fn assert_injected(bin: &str, prompt: &Value) {
+    let first = prompt[0]["text"].as_str().unwrap_or_default();
+    assert!(first.starts_with("<coda-session-instruction>\n## 工作方式 🧭"), "{bin}: injected: {prompt}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn session_instruction_is_checked_stripped_and_injected_whatever_else_the_params_hold() {
+    let sp = json!({"mode": "append", "content": [{"type": "text", "text": instruction()}]});
+    for bin in INJECTING {
+        let mut s = shim(bin);
+        s.send(&init_line(0, "{}"));
+        s.answer_to(&json!(0)).await;
+        let new = |id: u64, sp: &Value, meta: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd":"/w","mcpServers":[],"systemPrompt":{sp},"_meta":{meta}}}}}"#
+            )
+        };
+        // An invalid systemPrompt is refused, not answered by the child.
+        s.send(&new(1, &json!("NOT-AN-OBJECT"), &hostile_meta()));
+        let (e, _, to_agent) = s.answer_to(&json!(1)).await;
+        assert_eq!((&e["id"], &e["error"]["code"]), (&json!(1), &json!(-32602)), "{bin}: {e}");
+        assert!(of_method(&to_agent, "session/new").is_empty(), "{bin}: not forwarded");
+        // A valid one is taken out of what the child gets, and the rest kept.
+        s.send(&new(2, &sp, &hostile_meta()));
+        let (answer, _, to_agent) = s.answer_to(&json!(2)).await;
+        let sid = answer["result"]["sessionId"].as_str().expect("a session").to_owned();
+        let got = of_method(&to_agent, "session/new");
+        let (line, v) = got.last().expect("the child got session/new");
+        assert!(v["params"].get("systemPrompt").is_none(), "{bin}: stripped");
+        assert_meta_kept(line, &v["params"]["_meta"]);
+        // And injected into the first prompt.
+        let (_, before) = s.request(3, "session/prompt", prompt_params(&sid, "hello")).await;
+        let prompt = received_prompt(&before);
+        assert_injected(bin, &prompt);
+        assert_eq!(prompt[1]["text"], "hello");
+        assert_eq!(s.close().await, 0, "{bin}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_surrogate_is_read_as_u_fffd_and_the_frame_is_acted_on() {
+    // A lone UTF-16 surrogate escape: valid for the frame check (`src/scan.rs`), refused by serde_json alone;
+    // the shim reads it as U+FFFD, and a frame it rewrites carries U+FFFD (the test agent reads only that).
+    let sp = json!({"mode": "append", "content": [{"type": "text", "text": instruction()}]});
+    for bin in INJECTING {
+        let mut s = shim(bin);
+        s.send(&init_line(0, "{}"));
+        s.answer_to(&json!(0)).await;
+        // session/new: its systemPrompt is checked and stripped, the rest kept, the lone half as U+FFFD.
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"session/new","params":{{"cwd":"/w","mcpServers":[],"systemPrompt":{sp},"_meta":{{"s":"\ud800","pair":"\ud83d\ude00"}}}}}}"#
+        ));
+        let (answer, _, to_agent) = s.answer_to(&json!(1)).await;
+        let sid = answer["result"]["sessionId"].as_str().unwrap_or_else(|| panic!("{bin}: a session: {answer}"));
+        let sid = sid.to_owned();
+        let got = of_method(&to_agent, "session/new");
+        let (line, v) = got.last().expect("the child got session/new");
+        assert!(v["params"].get("systemPrompt").is_none(), "{bin}: stripped: {line:.300}");
+        assert_eq!(v["params"]["_meta"], json!({"s": "\u{FFFD}", "pair": "😀"}), "{bin}: {line:.300}");
+        // session/prompt: the lone half in the user's text, which a layer must rewrite to inject the instruction.
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{{"sessionId":"{sid}","prompt":[{{"type":"text","text":"hello \udc00 there"}}]}}}}"#
+        ));
+        let (answer, before, _) = s.answer_to(&json!(3)).await;
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{bin}: handled as any prompt: {answer}");
+        let prompt = received_prompt(&before);
+        assert_injected(bin, &prompt);
+        assert_eq!(prompt[1]["text"], "hello \u{FFFD} there", "{bin}: {prompt}");
+        assert_eq!(s.close().await, 0, "{bin}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn initialize_is_rewritten_both_ways_whatever_else_it_holds() {
+    let answer = format!(
+        r#"{{"protocolVersion":1,"agentCapabilities":{{"loadSession":true}},"agentInfo":{{"name":"@agentclientprotocol/codex-acp","version":"2.6.0"}},"_meta":{{"jetbrains":{{"air":{{"version":1,"capabilities":["nativeSubagentSessions","asyncTasks"]}}}},"n":1e400,"exact":1.50,"deep":{}}}}}"#,
+        deep_object(200)
+    );
+    for bin in BINARIES {
+        let mut s = shim_with(bin, crate::lines::DEFAULT_MAX_LINE, TestAgent::default().with_init(&answer));
+        s.send(&init_line(0, &hostile_meta()));
+        let got = s.drive().await;
+        assert_eq!(got.to_client.len(), 1, "{bin}: {got:?}");
+        let (line, v) = (&got.to_client[0], &got.client_json()[0]);
+        // Every binary that reports activity declares it (Coda's 等待 handshake) in the rewritten answer.
+        assert_eq!(v["result"]["agentCapabilities"]["_meta"]["coda"]["waits"], json!({}), "{bin}: {line:.400}");
+        assert_meta_kept(line, &v["result"]["_meta"]);
+        if bin == "codex" {
+            // Codex's layer names the agent (or, with no Codex CLI found here, leaves the adapter's name out),
+            // and asks codex-acp for AIR reports in the request it forwards.
+            assert!(v["result"].get("agentInfo").is_none_or(|i| i["name"] == "codex"), "{line:.400}");
+            let sent = of_method(&got.to_agent, "initialize");
+            let (sent, request) = sent.last().expect("the child got initialize");
+            let air = &request["params"]["clientCapabilities"]["_meta"]["jetbrains"]["air"]["capabilities"];
+            assert!(air.as_array().is_some_and(|c| !c.is_empty()), "{sent:.300}");
+            assert_meta_kept(sent, &request["params"]["_meta"]);
+        } else {
+            assert_eq!(v["result"]["agentCapabilities"]["sessionCapabilities"]["systemPrompt"], json!({}), "{bin}");
+        }
+        assert_eq!(s.close().await, 0, "{bin}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn codex_failure_is_classified_whatever_else_the_answer_holds() {
+    let failure = r#"{"actions":[],"category":"limit","id":"t:error","revision":1,"severity":"error","title":"You’ve hit your usage limit. Try again later."}"#;
+    let result = format!(
+        r#"{{"stopReason":"end_turn","usage":null,"_meta":{{"jetbrains":{{"air":{{"version":1,"sessionFailure":{failure}}}}},"n":1e400,"deep":{}}}}}"#,
+        deep_object(200)
+    );
+    let mut s = shim_with("codex", crate::lines::DEFAULT_MAX_LINE, TestAgent::default().with_prompt_result(&result));
+    let sid = new_session(&mut s, 1).await;
+    let (answer, _) = s.request(2, "session/prompt", prompt_params(&sid, "hello")).await;
+    assert!(answer.get("result").is_none(), "the failure became an error: {answer:.300}");
+    assert!(answer["error"].to_string().contains("quota_exhausted"), "{answer:.300}");
+    assert_eq!(s.close().await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grok_agent_info_is_built_from_its_meta() {
+    let init = r#"{"protocolVersion":1,"agentCapabilities":{},"_meta":{"grokShell":true,"agentVersion":"1.0.41"}}"#;
+    let mut s = shim_with("grok", crate::lines::DEFAULT_MAX_LINE, TestAgent::default().with_init(init));
+    let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1})).await;
+    assert_eq!(answer["result"]["agentInfo"], json!({"name": "grok", "version": "1.0.41"}));
+    // Grok's own `_meta` is kept; coda-grok adds its steering declaration (adapters/grok/steering.rs).
+    let meta = json!({"grokShell": true, "agentVersion": "1.0.41", "steering": {"supported": true}});
+    assert_eq!(answer["result"]["_meta"], meta);
+    assert_eq!(s.close().await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn opencode_and_kimi_keep_their_own_agent_info() {
+    for agent in ["opencode", "kimi"] {
+        let init =
+            r#"{"protocolVersion":1,"agentCapabilities":{},"agentInfo":{"name":"OpenCode","version":"1.18.33"}}"#;
+        let mut s = shim_with(agent, crate::lines::DEFAULT_MAX_LINE, TestAgent::default().with_init(init));
+        let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1})).await;
+        assert_eq!(answer["result"]["agentInfo"], json!({"name": "OpenCode", "version": "1.18.33"}), "{agent}");
+        assert_eq!(s.close().await, 0, "{agent}");
     }
 }

@@ -67,10 +67,21 @@ pub struct Driven {
 }
 
 impl Driven {
-    /// The client's lines as JSON.
+    /// The client's lines as JSON (a lone surrogate escape read as U+FFFD, as the shim reads it).
     pub fn client_json(&self) -> Vec<Value> {
-        self.to_client.iter().map(|l| crate::json::from_str(l).expect("the relay wrote JSON")).collect()
+        self.to_client.iter().map(|l| read(l)).collect()
     }
+
+    /// The agent's lines as JSON, with each line.
+    pub fn agent_json(&self) -> Vec<(&str, Value)> {
+        self.to_agent.iter().map(|l| (l.as_str(), read(l))).collect()
+    }
+}
+
+/// A line the relay wrote, as JSON.
+fn read(line: &str) -> Value {
+    crate::json::from_slice(&crate::json::mend_surrogates(line.as_bytes()))
+        .unwrap_or_else(|e| panic!("the relay wrote a line that is not JSON ({e}): {line:.300}"))
 }
 
 /// Lines received by one side, and a count of lines received by either (what [`Pair::drive`] watches).
@@ -241,16 +252,22 @@ impl Pair {
     /// Panics if no answer came.
     pub async fn request(&mut self, id: i64, method: &str, params: Value) -> (Value, Vec<Value>) {
         self.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let (answer, before, _) = self.answer_to(&json!(id)).await;
+        (answer, before)
+    }
+
+    /// Drives the session; returns the answer to `id`, the client's frames before it, and the lines the
+    /// agent received. What the client got after the answer is the next drive's. Panics if no answer came.
+    pub async fn answer_to(&mut self, id: &Value) -> (Value, Vec<Value>, Vec<String>) {
         let mut got = self.drive().await;
         let mut before = got.client_json();
-        let at = before.iter().position(|v| v.get("id") == Some(&json!(id)) && v.get("method").is_none());
+        let at = before.iter().position(|v| v.get("id") == Some(id) && v.get("method").is_none());
         let at = at.unwrap_or_else(|| panic!("no answer to {id}: the client got {before:?}"));
-        // What came after the answer is the next drive's.
         let after = got.to_client.split_off(at + 1);
         self.client.lines.lock().expect("lock").splice(0..0, after);
         before.truncate(at + 1);
         let answer = before.pop().expect("the answer");
-        (answer, before)
+        (answer, before, got.to_agent)
     }
 
     /// What the relay logged so far, a line each.
@@ -277,16 +294,31 @@ impl Pair {
 /// answers to `initialize` ([`TestAgent::init`], else a plain v1 answer), `session/new` (`sess-N`, then an
 /// `available_commands_update` naming `init` and `review`), `session/prompt` (one `agent_message_chunk`
 /// whose text is the prompt array it received, `<` written `&lt;`, then `end_turn`; `!stray` writes a line
-/// that is not JSON first, `!flood N SIZE` N updates of SIZE bytes), `_test/echo` (`{"line": <the exact
+/// that is not JSON first, `!flood N SIZE` N updates of SIZE bytes; [`TestAgent::with_prompt_result`] another
+/// answer), `_test/echo` (`{"line": <the exact
 /// line>}`), `_test/emit` (writes `params.line` verbatim, then `{}`), `_test/seen` (the methods received so
 /// far; a batch as `batch of N`), `_test/nest` (a result of `params.depth` nested arrays, objects with
 /// `params.object`); other requests get -32601.
 #[derive(Debug, Default)]
 pub struct TestAgent {
-    /// The result `initialize` gets, as its exact text (the process agent's `TEST_AGENT_INIT`).
-    pub init: Option<String>,
+    init: Option<String>,
+    prompt_result: Option<String>,
     seen: Vec<String>,
     sessions: usize,
+}
+
+impl TestAgent {
+    /// `initialize` gets `result`, as its exact text (the process agent's `TEST_AGENT_INIT`).
+    pub fn with_init(mut self, result: &str) -> TestAgent {
+        self.init = Some(result.to_owned());
+        self
+    }
+
+    /// Every `session/prompt` gets `result`, as its exact text (`TEST_AGENT_PROMPT_RESULT`).
+    pub fn with_prompt_result(mut self, result: &str) -> TestAgent {
+        self.prompt_result = Some(result.to_owned());
+        self
+    }
 }
 
 impl Agent for TestAgent {
@@ -351,7 +383,10 @@ impl Agent for TestAgent {
                 }
                 let report = json!({"type": "text", "text": prompt.to_string().replace('<', "&lt;")});
                 out.push(update(&sid, json!({"sessionUpdate": "agent_message_chunk", "content": report})));
-                out.push(result(json!({"stopReason": "end_turn"})));
+                out.push(match &self.prompt_result {
+                    Some(text) => format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{text}}}"#),
+                    None => result(json!({"stopReason": "end_turn"})),
+                });
                 out
             }
             "_test/nest" => {
