@@ -291,7 +291,7 @@ impl Pair {
 }
 
 /// The scripted agent of the binary tests (`examples/test_agent.rs`), for what needs no process: the same
-/// answers to `initialize` ([`TestAgent::init`], else a plain v1 answer), `session/new` (`sess-N`, then an
+/// answers to `initialize` ([`TestAgent::with_init`], else a plain v1 answer), `session/new` (`sess-N`, then an
 /// `available_commands_update` naming `init` and `review`), `session/prompt` (one `agent_message_chunk`
 /// whose text is the prompt array it received, `<` written `&lt;`, then `end_turn`; `!stray` writes a line
 /// that is not JSON first, `!flood N SIZE` N updates of SIZE bytes; [`TestAgent::with_prompt_result`] another
