@@ -84,7 +84,7 @@ fn read(line: &str) -> Value {
         .unwrap_or_else(|e| panic!("the relay wrote a line that is not JSON ({e}): {line:.300}"))
 }
 
-/// Lines received by one side, and a count of lines received by either (what [`Pair::drive`] watches).
+/// Lines received by one side, and the count of lines received by either side (what [`Pair::drive`] watches).
 #[derive(Clone, Default)]
 struct Received {
     lines: Arc<Mutex<Vec<String>>>,
@@ -123,6 +123,8 @@ pub struct Pair {
     to_relay: Option<mpsc::UnboundedSender<Vec<u8>>>,
     client: Received,
     agent: Received,
+    /// Lines received by either side so far.
+    progress: Arc<AtomicUsize>,
     relay: Option<JoinHandle<i32>>,
     logs: LogBuffer,
     _log_guard: tracing::subscriber::DefaultGuard,
@@ -162,7 +164,7 @@ impl Pair {
 
         let progress = Arc::new(AtomicUsize::new(0));
         let client_got = Received { lines: Arc::default(), progress: progress.clone() };
-        let agent_got = Received { lines: Arc::default(), progress };
+        let agent_got = Received { lines: Arc::default(), progress: progress.clone() };
         let (from_relay, mut client_write) = tokio::io::split(client_end);
         let (to_relay, mut writes) = mpsc::unbounded_channel::<Vec<u8>>();
         tokio::spawn(async move {
@@ -201,6 +203,7 @@ impl Pair {
             to_relay: Some(to_relay),
             client: client_got,
             agent: agent_got,
+            progress,
             relay: Some(relay),
             logs,
             _log_guard: log_guard,
@@ -228,13 +231,13 @@ impl Pair {
         let real = std::time::Instant::now();
         let start = tokio::time::Instant::now();
         loop {
-            let before = self.client.progress.load(Ordering::SeqCst);
+            let before = self.progress.load(Ordering::SeqCst);
             tokio::time::sleep(QUIET).await;
             assert!(
                 real.elapsed() < QUIET,
                 "Pair::drive waited in real time: run the test on a paused clock (start_paused = true)"
             );
-            if self.client.progress.load(Ordering::SeqCst) == before {
+            if self.progress.load(Ordering::SeqCst) == before {
                 break;
             }
             assert!(start.elapsed() < BUSY_LIMIT, "the session was never idle in {BUSY_LIMIT:?} of virtual time");
