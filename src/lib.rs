@@ -10,9 +10,11 @@
 //! - The engine, which knows no agent by name: [`frame`] (one line's bytes and a cheap envelope view),
 //!   [`scan`] (the one pass that checks every line and reads its envelope; a stream's [`scan::Scanner`] goes
 //!   on from where a line stops repeating the one before), [`json`] (the one bounded parser of peer and file data), [`lines`] (the splitter), [`transport`] (the
-//!   reader and writer loops), [`relay`] (the loop that owns all state) and [`relay::lifecycle`] (the
+//!   reader and writer loops), [`relay`] (the loop that owns all state), [`relay::lifecycle`] (the
 //!   session's lifecycle as a sans-IO state machine: which peer is still read, the stop ladder, the drain
-//!   deadline), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`],
+//!   deadline) and [`relay::testing`] (the loop on in-memory pipes and virtual time with an in-process
+//!   scripted agent: a `Pair` whose `drive()` runs both sides until idle, for behaviour tests that need no
+//!   process), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`],
 //!   the jobs it runs for layers [`layer::work`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
 //!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them

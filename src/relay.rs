@@ -11,7 +11,10 @@
 //! peer is still read, the ladder, the drain deadline after the child exits) is a sans-IO state machine,
 //! [`lifecycle::Lifecycle`]; the loop feeds it what happened and does what it says.
 
+#[cfg(test)]
+mod behaviour;
 pub mod lifecycle;
+pub mod testing;
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -268,7 +271,7 @@ pub async fn run(
             return 1;
         }
     };
-    run_io(stack, agent, events, options, client, true).await
+    run_io(stack, agent, events, options, client, true, Work::Pool).await
 }
 
 /// Like [`run`], with the client on the given byte streams instead of stdin/stdout: an in-process client
@@ -287,7 +290,17 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let client = transport::streams(client_reader, client_writer, options.max_line);
-    run_io(stack, agent.into(), events, options, client, false).await
+    run_io(stack, agent.into(), events, options, client, false, Work::Pool).await
+}
+
+/// Where the loop runs layers' jobs.
+#[derive(Clone, Copy)]
+enum Work {
+    /// On the engine's worker threads ([`Pool::from_env`]).
+    Pool,
+    /// On the loop itself, at once ([`Pool::inline`]): [`testing::Pair`], whose virtual clock must not move
+    /// on while a job runs on a thread it does not see.
+    Inline,
 }
 
 async fn run_io(
@@ -297,6 +310,7 @@ async fn run_io(
     options: Options,
     client: Link,
     handle_signals: bool,
+    work: Work,
 ) -> i32 {
     let mut events = events;
     let group = agent.group();
@@ -330,7 +344,10 @@ async fn run_io(
         to_client: Queue::default(),
         to_agent: Queue::default(),
         exits: Exits::default(),
-        pool: Pool::from_env(done_tx),
+        pool: match work {
+            Work::Pool => Pool::from_env(done_tx),
+            Work::Inline => Pool::inline(done_tx),
+        },
         working: 0,
     };
     let mut lc = Lifecycle::new(process.is_some());
@@ -730,10 +747,10 @@ mod tests {
         (BufReader::new(from_relay).lines(), to_relay, BufReader::new(agent_read).lines(), agent_write, relay)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn every_client_line_that_is_not_json_rpc_gets_one_answer_with_a_null_id() {
-        let (mut client_reads, mut to_relay, mut agent_reads, mut agent_write, relay) =
-            relay_on_memory(vec![], 1 << 20);
+        let (stack, events) = (Stack::new(vec![]), mpsc::unbounded_channel().1);
+        let mut s = testing::Pair::with(stack, events, 1 << 20, testing::TestAgent::default());
         let deep = |open: &str, close: &str| format!("{}{}", open.repeat(100_000), close.repeat(100_000));
         // (line, the code it gets, words its message has); each answered with id null.
         let bad = [
@@ -752,41 +769,25 @@ mod tests {
             ("[]".to_owned(), -32600, "empty batch"),
             (r#"{"jsonrpc":"1.0","method":"m"}"#.to_owned(), -32600, "2.0"),
         ];
-        // Refused but not answered: a notification over the limits (JSON-RPC answers no notification).
-        let notification = format!(r#"{{"jsonrpc":"2.0","method":"_x/note","params":{}}}"#, deep("{\"a\":", "}"));
-        let mut all = String::new();
         for (line, _, _) in &bad {
-            all.push_str(line);
-            all.push('\n');
+            s.send(line);
         }
-        all.push_str(&notification);
-        all.push('\n');
-        let request = r#"{"jsonrpc":"2.0","id":7,"method":"after","params":{}}"#;
-        all.push_str(request);
-        all.push('\n');
-        let writer = tokio::spawn(async move {
-            to_relay.write_all(all.as_bytes()).await.unwrap();
-            to_relay
-        });
-        for (line, code, words) in &bad {
-            let got = tokio::time::timeout(Duration::from_secs(10), client_reads.next_line()).await;
-            let got = got.expect("an answer within 10 s").unwrap().expect("an answer");
-            let v: serde_json::Value = crate::json::from_str(&got).unwrap();
-            assert_eq!((&v["id"], &v["error"]["code"]), (&json!(null), &json!(code)), "for {:.60}: {got}", line);
-            assert!(v["error"]["message"].as_str().unwrap().contains(words), "for {:.60}: {got}", line);
+        // Refused but not answered: a notification over the limits (JSON-RPC answers no notification).
+        s.send(&format!(r#"{{"jsonrpc":"2.0","method":"_x/note","params":{}}}"#, deep("{\"a\":", "}")));
+        let request = r#"{"jsonrpc":"2.0","id":7,"method":"_test/echo","params":{}}"#;
+        s.send(request);
+        let got = s.drive().await;
+        let answers = got.client_json();
+        assert_eq!(answers.len(), bad.len() + 1, "one answer a bad line, then the request's: {:.600?}", got.to_client);
+        for ((line, code, words), v) in bad.iter().zip(&answers) {
+            assert_eq!((&v["id"], &v["error"]["code"]), (&json!(null), &json!(code)), "for {:.60}: {v}", line);
+            assert!(v["error"]["message"].as_str().unwrap().contains(words), "for {:.60}: {v}", line);
         }
         // The shim goes on: the next request reaches the agent, and its answer is the next line the client
         // gets (no second answer to any bad line, none to the notification).
-        let forwarded = tokio::time::timeout(Duration::from_secs(10), agent_reads.next_line()).await;
-        assert_eq!(forwarded.expect("relayed").unwrap().as_deref(), Some(request));
-        agent_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n").await.unwrap();
-        let next = tokio::time::timeout(Duration::from_secs(10), client_reads.next_line()).await;
-        assert_eq!(next.unwrap().unwrap().as_deref(), Some(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#));
-        let mut to_relay = writer.await.unwrap();
-        to_relay.shutdown().await.unwrap();
-        assert_eq!(agent_reads.next_line().await.unwrap(), None);
-        agent_write.shutdown().await.unwrap();
-        assert_eq!(relay.await.unwrap(), 0);
-        assert_eq!(client_reads.next_line().await.unwrap(), None, "nothing more came");
+        assert_eq!(got.to_agent, [request]);
+        assert_eq!(answers[bad.len()]["id"], 7);
+        assert_eq!(answers[bad.len()]["result"]["line"], request);
+        assert_eq!(s.close().await, 0);
     }
 }

@@ -11,7 +11,6 @@ mod codex_compact_live;
 mod codex_live;
 mod codex_replay;
 mod codex_version;
-mod depth;
 mod doctor;
 mod failure_live;
 mod failure_replay;

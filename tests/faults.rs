@@ -1,5 +1,7 @@
-//! Bad input and misbehaving peers (issue: hardening): the shim answers or warns, never panics, never
-//! loses or reorders a frame, and keeps memory bounded under backpressure.
+//! Misbehaving peers (issue: hardening) where only a process shows it: the shim never loses a frame and keeps
+//! its memory bounded under backpressure, and a client leaving mid-turn still ends the session. What bad
+//! frames get (over-size, invalid UTF-8, order across sessions) is tested on the in-memory relay,
+//! `src/relay/behaviour.rs`.
 
 use crate::support;
 
@@ -24,50 +26,6 @@ fn is_chunk(v: &Value) -> bool {
 fn new_session(s: &mut shim::Shim) -> String {
     let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
     new["result"]["sessionId"].as_str().unwrap().to_owned()
-}
-
-#[test]
-fn over_size_request_gets_an_error_and_over_size_notification_a_warning() {
-    let mut s = with_test_agent("opencode").arg("--max-frame-bytes").arg("1000").start();
-    let big = "x".repeat(2000);
-    s.send_json(&json!({"jsonrpc": "2.0", "id": 5, "method": "_test/echo", "params": {"s": big}}));
-    let e = s.recv_json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!(5), json!(-32600)));
-    s.send_json(&json!({"jsonrpc": "2.0", "method": "_x/note", "params": {"s": big}}));
-    let (seen, _) = s.request(6, "_test/seen", json!({}));
-    assert_eq!(seen["result"]["methods"], json!(["_test/seen"]), "neither over-size frame was forwarded");
-    // One warning per dropped frame, the notification's too. Stderr is a pipe of its own: the warnings may come
-    // after the answer above.
-    s.stderr_until("two over-size warnings", |lines| {
-        lines.iter().filter(|l| l.contains("client sent a frame of") && l.contains("over the size limit")).count() == 2
-    });
-}
-
-#[test]
-fn over_size_answer_from_the_agent_becomes_an_error_for_its_request() {
-    let mut s = with_test_agent("opencode").arg("--max-frame-bytes").arg("1000").start();
-    // Each \" in the request (2 bytes) comes back as \\\" (4 bytes): the echo is over the limit.
-    let quotes = "\"".repeat(300);
-    let (answer, _) = s.request(7, "_test/echo", json!({ "s": quotes }));
-    assert_eq!(answer["error"]["code"], -32603, "{answer}");
-    assert!(answer["error"]["message"].as_str().unwrap().contains("over the size limit"));
-    // An over-size update from the agent is dropped; what follows still comes.
-    let sid = new_session(&mut s);
-    let (done, before) = s.request(8, "session/prompt", prompt_params(&sid, "!flood 1 2000"));
-    assert_eq!(done["result"]["stopReason"], "end_turn");
-    let chunks =
-        before.iter().filter(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("agent_message_chunk")));
-    assert_eq!(chunks.count(), 1, "only the agent's small report came; the 2000-byte chunk was dropped");
-}
-
-#[test]
-fn invalid_utf8_is_a_parse_error_not_a_panic() {
-    let mut s = with_test_agent("opencode").start();
-    s.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\xfe\"}\n");
-    let e = s.recv_json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (Value::Null, json!(-32700)));
-    s.send_raw(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"_test/seen\"}\r\n");
-    assert_eq!(s.recv_json()["result"]["methods"], json!(["_test/seen"]), "CRLF is tolerated");
 }
 
 #[test]
@@ -139,33 +97,4 @@ fn client_closing_stdin_mid_turn_still_gets_the_answer_and_the_shim_exits() {
     assert_eq!(rest.last().unwrap()["result"]["stopReason"], "end_turn", "{rest:?}");
     assert_eq!(s.wait(Duration::from_secs(10)).code(), Some(0));
     assert!(started.elapsed() < Duration::from_secs(5), "the agent exits on EOF; no need to escalate");
-}
-
-#[test]
-fn many_sessions_and_requests_interleaved_keep_order_per_direction() {
-    let mut s = with_test_agent("opencode").start();
-    let sessions: Vec<String> = (0..5)
-        .map(|i| {
-            let (new, _) = s.request(100 + i, "session/new", json!({"cwd": "/w", "mcpServers": []}));
-            new["result"]["sessionId"].as_str().unwrap().to_owned()
-        })
-        .collect();
-    for (i, sid) in sessions.iter().enumerate() {
-        s.send_json(&json!({"jsonrpc": "2.0", "id": i, "method": "session/prompt", "params": prompt_params(sid, &format!("!flood 50 100 n{i}"))}));
-    }
-    // The agent handles prompts one after the other: each answer comes after its own 50 updates.
-    for (i, sid) in sessions.iter().enumerate() {
-        let mut updates = 0;
-        loop {
-            let v = s.recv_json();
-            if v.get("id") == Some(&json!(i)) {
-                break;
-            }
-            if is_chunk(&v) {
-                assert_eq!(v["params"]["sessionId"], json!(sid));
-                updates += 1;
-            }
-        }
-        assert_eq!(updates, 51);
-    }
 }

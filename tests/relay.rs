@@ -1,4 +1,6 @@
-//! The relay itself: lossless passthrough, agentInfo, errors, child exit and the shutdown ladder.
+//! The relay as a process: child exit and its status, the shutdown ladder and the process group,
+//! signals, backpressure on real pipes, `--version` and the trace file. What frames do (byte for byte, batches,
+//! order, errors for bad lines, stray agent output, agentInfo) is tested on the in-memory relay, `src/relay/behaviour.rs`.
 
 use crate::support;
 
@@ -8,114 +10,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use shim::{command, prompt_params, with_test_agent};
-
-#[test]
-fn unchanged_frames_pass_byte_for_byte_both_ways() {
-    let mut s = with_test_agent("opencode").start();
-    // Odd number formats, key order, escapes and unicode, a null id: all kept.
-    let odd = r#"{"jsonrpc":"2.0","id":1.0e0,"method":"_test/echo","params":{"z":1.50,"a":[-0.0,1E+2,123456789012345678901234],"s":"\u00e9\ud83d\ude00\/","_meta":{"x.ai/k":[]}}}"#;
-    s.send(odd);
-    let answer: Value = serde_json::from_str(&s.recv()).unwrap();
-    assert_eq!(answer["result"]["line"], odd, "the agent got the exact bytes");
-
-    let weird = r#"{"method":"_x.ai/session_notification","params":{"b":2,"a":"\u0041","n":10.000},"jsonrpc":"2.0"}"#;
-    s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "_test/emit", "params": {"line": weird}}));
-    assert_eq!(s.recv(), weird, "the client got the exact bytes");
-    let _ = s.recv();
-
-    let null_id = r#"{"jsonrpc":"2.0","id":null,"method":"_test/echo"}"#;
-    s.send(null_id);
-    let answer: Value = serde_json::from_str(&s.recv()).unwrap();
-    assert_eq!(answer["id"], Value::Null);
-    assert_eq!(answer["result"]["line"], null_id);
-}
-
-#[test]
-fn batches_are_forwarded_whole() {
-    let mut s = with_test_agent("opencode").start();
-    let batch = r#"[{"jsonrpc":"2.0","method":"_x/one"},{"jsonrpc":"2.0","method":"_x/two"}]"#;
-    s.send(batch);
-    let (seen, _) = s.request(1, "_test/seen", json!({}));
-    assert_eq!(seen["result"]["methods"], json!(["batch of 2", "_test/seen"]), "the agent got the batch whole");
-    let emitted = r#"[{"jsonrpc":"2.0","method":"_x/a"}]"#;
-    s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "_test/emit", "params": {"line": emitted}}));
-    assert_eq!(s.recv(), emitted);
-}
-
-#[test]
-fn many_requests_in_flight_and_order_kept() {
-    let mut s = with_test_agent("opencode").start();
-    for id in 0..200 {
-        s.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": "_test/echo", "params": {"n": id}}));
-    }
-    for id in 0..200 {
-        assert_eq!(s.recv_json()["id"], id);
-    }
-}
-
-#[test]
-fn updates_are_never_overtaken_by_the_response() {
-    let mut s = with_test_agent("opencode").start();
-    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
-    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
-    let (_, before) = s.request(2, "session/prompt", prompt_params(&sid, "!flood 500 3000"));
-    let chunks = before
-        .iter()
-        .filter(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("agent_message_chunk")))
-        .count();
-    assert_eq!(chunks, 501, "every update of the turn arrived before its response");
-}
-
-#[test]
-fn grok_agent_info_is_built_from_its_meta() {
-    let init = r#"{"protocolVersion":1,"agentCapabilities":{},"_meta":{"grokShell":true,"agentVersion":"1.0.41"}}"#;
-    let mut s = with_test_agent("grok").env("TEST_AGENT_INIT", init).start();
-    let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
-    assert_eq!(answer["result"]["agentInfo"], json!({"name": "grok", "version": "1.0.41"}));
-    // Grok's own `_meta` is kept; coda-grok adds its steering declaration (adapters/grok/steering.rs).
-    let meta = json!({"grokShell": true, "agentVersion": "1.0.41", "steering": {"supported": true}});
-    assert_eq!(answer["result"]["_meta"], meta);
-}
-
-#[test]
-fn opencode_and_kimi_keep_their_own_agent_info() {
-    for agent in ["opencode", "kimi"] {
-        let init =
-            r#"{"protocolVersion":1,"agentCapabilities":{},"agentInfo":{"name":"OpenCode","version":"1.18.33"}}"#;
-        let mut s = with_test_agent(agent).env("TEST_AGENT_INIT", init).start();
-        let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1}));
-        assert_eq!(answer["result"]["agentInfo"], json!({"name": "OpenCode", "version": "1.18.33"}));
-    }
-}
-
-#[test]
-fn not_json_from_the_client_gets_a_parse_error_and_the_session_goes_on() {
-    let mut s = with_test_agent("opencode").start();
-    s.send("this is not json");
-    let e = s.recv_json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (Value::Null, json!(-32700)));
-    s.send(r#"{"id":7,"method":"x"}"#);
-    let e = s.recv_json();
-    assert_eq!((e["id"].clone(), e["error"]["code"].clone()), (json!(7), json!(-32600)));
-    s.send("\r");
-    s.send(r#"{"jsonrpc":"2.0","id":8,"method":"_test/seen"}"#);
-    assert_eq!(s.recv_json()["result"]["methods"], json!(["_test/seen"]), "invalid lines were not forwarded");
-}
-
-#[test]
-fn a_stray_line_from_the_agent_is_dropped_with_a_warning() {
-    // Its text shows at debug only (tests/quiet_logs.rs checks the default level).
-    let mut s = with_test_agent("opencode").env("CODA_SHIM_LOG", "debug").start();
-    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
-    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
-    let (answer, before) = s.request(2, "session/prompt", prompt_params(&sid, "!stray"));
-    assert_eq!(answer["result"]["stopReason"], "end_turn");
-    assert!(before.iter().all(|v| v["jsonrpc"] == "2.0"));
-    s.stderr_until("the warning and, at debug, the line's text", |lines| {
-        lines.iter().any(|l| l.contains("WARN") && l.contains("line of 33 bytes that is not JSON-RPC"))
-            && lines.iter().any(|l| l.contains("DEBUG") && l.contains("stray log line"))
-    });
-}
 
 #[test]
 fn child_exit_answers_every_request_in_flight_and_passes_its_status_on() {

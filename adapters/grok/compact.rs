@@ -400,7 +400,7 @@ mod tests {
         h.client_frame(Frame::parse(huge.as_bytes().to_vec()).expect("a frame"));
         assert_eq!(h.to_client()[0]["result"]["reason"], compact::NOT_RUNNING);
         assert!(h.to_agent().is_empty());
-        // Nesting too deep to read never reaches a layer: the engine answers it (tests/depth.rs).
+        // Nesting too deep to read never reaches a layer: the engine answers it (src/relay/behaviour.rs).
         let n = crate::json::MAX_DEPTH + 5;
         let deep = format!(
             r#"{{"jsonrpc":"2.0","id":9,"method":"_coda/session/compact","params":{}{}}}"#,

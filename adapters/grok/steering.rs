@@ -442,7 +442,7 @@ mod tests {
             assert_eq!(h.to_client()[0]["error"]["code"], -32602, "{id}");
         }
         let line = format!(r#"{{"jsonrpc":"2.0","id":15,"method":"_session/steering","params":{}}}"#, deep());
-        // Nesting too deep to read never reaches a layer: the engine answers it (tests/depth.rs).
+        // Nesting too deep to read never reaches a layer: the engine answers it (src/relay/behaviour.rs).
         assert!(Frame::parse(line.into_bytes()).is_err());
     }
 

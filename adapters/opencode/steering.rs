@@ -845,7 +845,7 @@ mod tests {
         h.client_frame(Frame::parse(line.into_bytes()).unwrap());
         let [Call::Post { body, .. }] = &taken(&calls)[..] else { panic!("one post") };
         assert_eq!(body["parts"][0]["text"].as_str().map(str::len), Some(1 << 20));
-        // Nesting too deep to read never reaches a layer: the engine answers it (tests/depth.rs).
+        // Nesting too deep to read never reaches a layer: the engine answers it (src/relay/behaviour.rs).
         let n = crate::json::MAX_DEPTH + 5;
         let deep = format!("{}{}", "[".repeat(n), "]".repeat(n));
         let line = format!(r#"{{"jsonrpc":"2.0","id":19,"method":"_session/steering","params":{deep}}}"#);

@@ -106,11 +106,8 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
         .chain(crate::cli::locate::child_path_var(&found.command.program))
         .collect();
     let agent = child::spawn(&found.command, &env)?;
-    let (mut layers, events) = Layers::new();
-    layers.push(Box::new(crate::coda::waits::Waits::new()));
-    let mut setup = Setup { command: &found.command, version: found.version.clone(), layers };
-    (adapter.layers)(&mut setup);
-    Ok(Started { agent, stack: setup.layers.stack(), events })
+    let (stack, events) = adapter.stack(&found.command, found.version.clone());
+    Ok(Started { agent, stack, events })
 }
 
 /// Handed to [`Adapter::layers`].
@@ -134,6 +131,21 @@ impl Setup<'_> {
 }
 
 impl Adapter {
+    /// The layers a binary stacks over a CLI run as `command` (nothing is started): the handshake's
+    /// [`crate::coda::waits::Waits`] at the top, then the adapter's own; with the receiver of their events.
+    /// What the relay runs (`start`), and what in-memory tests drive ([`crate::relay::testing`]).
+    pub fn stack(
+        &self,
+        command: &AgentCommand,
+        version: Option<String>,
+    ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+        let (mut layers, events) = Layers::new();
+        layers.push(Box::new(crate::coda::waits::Waits::new()));
+        let mut setup = Setup { command, version, layers };
+        (self.layers)(&mut setup);
+        (setup.layers.stack(), events)
+    }
+
     pub fn binary(&self) -> String {
         format!("coda-{}", self.agent)
     }

@@ -138,12 +138,6 @@ impl Shim {
         stdin.flush().expect("flush");
     }
 
-    pub fn send_raw(&mut self, bytes: &[u8]) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(bytes).expect("write to shim");
-        stdin.flush().expect("flush");
-    }
-
     /// Takes the shim's stdin, e.g. to write from another thread; see [`Shim::give_stdin`].
     pub fn take_stdin(&mut self) -> ChildStdin {
         self.stdin.take().expect("stdin open")
