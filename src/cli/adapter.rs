@@ -134,11 +134,14 @@ pub(crate) fn nowhere(version: Option<&str>) -> Found {
 /// `n` streamed chunks of `session`, messages and thoughts in turn, each with `meta` as its `params._meta`.
 #[cfg(test)]
 pub(crate) fn chunks(session: &str, n: usize, meta: &serde_json::Value) -> Vec<serde_json::Value> {
+    use serde_json::json;
     let kinds = ["agent_message_chunk", "agent_thought_chunk"];
     (0..n)
         .map(|i| {
-            let update = serde_json::json!({"sessionUpdate": kinds[i % 2], "content": {"type": "text", "text": format!("wörd {i}\n")}});
-            serde_json::json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": update, "_meta": meta}})
+            let content = json!({"type": "text", "text": format!("wörd {i}\n")});
+            let params = json!({"sessionId": session, "update": {"sessionUpdate": kinds[i % 2], "content": content},
+                "_meta": meta});
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": params})
         })
         .collect()
 }
