@@ -2,15 +2,18 @@
 //! raw line copy measured in the same run.
 //!
 //! Each path in the middle (a raw line copy, `coda-opencode`, and the build named by env
-//! `CODA_BENCH_BASELINE` when set) runs under `valgrind --tool=callgrind` between this program (the client)
-//! and a load agent (this program again, env `CODA_BENCH_AGENT=1`, not counted) that answers one prompt with
-//! N `session/update` frames of 200 B. The count of a flood of 20,000 frames is taken from that of 60,000,
-//! and the difference divided by 40,000: start-up and shut-down cancel out, what is left is the cost of one
-//! frame. Each path takes two floods: streamed chunks that repeat the line before them up to their text (as
-//! agents stream them, which the shim's scanner makes use of), and frames whose start differs (`_meta.t`
-//! counted up), which it cannot. Run with `cargo bench --bench instructions` (needs valgrind; env `CODA_BENCH_FRAMES=<small>,<large>`
-//! changes the two floods, `CODA_BENCH_SIZE` the frame size, `CODA_BENCH_KEEP=<dir>` keeps callgrind's
-//! files there for `callgrind_annotate`). Nothing here asserts a count.
+//! `CODA_BENCH_BASELINE` when set; with env `CODA_BENCH_SHIMS=codex,grok,kimi` those binaries too, and the
+//! baseline's `coda-<agent>` beside it where there is one) runs under `valgrind --tool=callgrind` between
+//! this program (the client) and a load agent (this program again, env `CODA_BENCH_AGENT=1`, not counted)
+//! that answers one prompt with N `session/update` frames of 200 B. The count of a flood of 20,000 frames is
+//! taken from that of 60,000, and the difference divided by 40,000: start-up and shut-down cancel out, what
+//! is left is the cost of one frame. Each path takes two floods: streamed chunks that repeat the line before
+//! them up to their text (as agents stream them, which the shim's scanner makes use of), and frames whose
+//! start differs (`_meta.t` counted up), which it cannot. Run with `cargo bench --bench instructions` (needs
+//! valgrind; env `CODA_BENCH_FRAMES=<small>,<large>` changes the two floods, `CODA_BENCH_SIZE` the frame
+//! size, `CODA_BENCH_KEEP=<dir>` keeps callgrind's files there for `callgrind_annotate`). The shims run with
+//! `KIMI_CODE_HOME` pointing at an empty folder (coda-kimi finds no session files there and reports no
+//! activity); coda-codex's version probe finds nothing in the load agent. Nothing here asserts a count.
 
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -141,6 +144,8 @@ fn count(middle: &Middle, frames: u64, size: usize, vary: bool, out_dir: &Path, 
         Middle::Shim(bin) => {
             cmd.arg(bin).arg("--agent-command").arg(shell_words::quote(&me.display().to_string()).into_owned());
             cmd.env("CODA_BENCH_AGENT", "1");
+            // coda-kimi looks for the session's files there (and finds none): nothing of the user's is read.
+            cmd.env("KIMI_CODE_HOME", out_dir.join("kimi-home"));
         }
     }
     let mut child =
@@ -211,13 +216,32 @@ fn main() {
         .filter(|v: &Vec<u64>| v.len() == 2 && v[0] < v[1])
         .unwrap_or(vec![20_000, 60_000]);
     let size: usize = std::env::var("CODA_BENCH_SIZE").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
-    let mut middles = vec![
-        ("raw line copy", Middle::Copy),
-        ("coda-opencode", Middle::Shim(PathBuf::from(env!("CARGO_BIN_EXE_coda-opencode")))),
-    ];
-    if let Some(base) = std::env::var_os("CODA_BENCH_BASELINE") {
-        println!("baseline: {} (CODA_BENCH_BASELINE)", PathBuf::from(&base).display());
-        middles.push(("baseline coda-opencode", Middle::Shim(PathBuf::from(base))));
+    let base = std::env::var_os("CODA_BENCH_BASELINE").map(PathBuf::from);
+    if let Some(base) = &base {
+        println!("baseline: {} (CODA_BENCH_BASELINE)", base.display());
+    }
+    let shims = std::env::var("CODA_BENCH_SHIMS").unwrap_or_default();
+    let mut middles = vec![("raw line copy".to_owned(), Middle::Copy)];
+    for agent in std::iter::once("opencode").chain(shims.split(',').map(str::trim).filter(|a| *a != "opencode")) {
+        let bin = match agent {
+            "opencode" => env!("CARGO_BIN_EXE_coda-opencode"),
+            "codex" => env!("CARGO_BIN_EXE_coda-codex"),
+            "grok" => env!("CARGO_BIN_EXE_coda-grok"),
+            "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
+            "" => continue,
+            other => {
+                println!("CODA_BENCH_SHIMS: no binary coda-{other}; left out");
+                continue;
+            }
+        };
+        middles.push((format!("coda-{agent}"), Middle::Shim(PathBuf::from(bin))));
+        // The baseline names its coda-opencode; the other shims of that build are beside it.
+        let old = base
+            .as_ref()
+            .map(|b| if agent == "opencode" { b.clone() } else { b.with_file_name(format!("coda-{agent}")) });
+        if let Some(old) = old.filter(|o| o.is_file()) {
+            middles.push((format!("baseline coda-{agent}"), Middle::Shim(old)));
+        }
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
     println!(

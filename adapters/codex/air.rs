@@ -303,8 +303,7 @@ impl Air {
     }
 
     fn agent_message(&mut self, frame: Frame, cx: &mut Cx) {
-        let air = frame.is_notification("session/update")
-            && frame.session_update().is_some_and(|k| k.starts_with("subagent_") || k.starts_with("async_task_"));
+        let air = is_air_update(&frame);
         if !air && !frame.has(&GENERATION_ID) {
             return cx.to_client(frame);
         }
@@ -324,6 +323,12 @@ impl Air {
             _ => cx.to_client(frame),
         }
     }
+}
+
+/// Whether a frame is one of AIR's own updates (a task's or a subagent's), which become reports.
+fn is_air_update(frame: &Frame) -> bool {
+    frame.is_notification("session/update")
+        && frame.session_update().is_some_and(|k| k.starts_with("subagent_") || k.starts_with("async_task_"))
 }
 
 /// `map[key]` as an object, replacing whatever non-object was there.
@@ -377,6 +382,11 @@ impl Layer for Air {
             Kind::Request { .. } | Kind::Notification { .. } => self.agent_message(frame, cx),
             Kind::Batch => cx.to_client(frame),
         }
+    }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        // What `agent_message` leaves as it is: no AIR update, no continued subagent's session to rename.
+        !matches!(frame.kind(), Kind::Response { .. }) && !is_air_update(frame) && !frame.has(&GENERATION_ID)
     }
 
     fn on_reply(&mut self, _: TaskStop, reply: Frame, _cx: &mut Cx) {

@@ -278,6 +278,17 @@ impl Layer for Compact {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            // `update` reads usage figures always, the rest only while a compaction runs.
+            Kind::Notification { method } if method == "session/update" => {
+                self.running.is_empty() && frame.session_update() != Some("usage_update")
+            }
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
+
     fn on_reply(&mut self, own: Own, reply: Frame, cx: &mut Cx) {
         let Own(session) = own;
         let Some(run) = self.running.get(&session) else {

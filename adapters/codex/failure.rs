@@ -174,6 +174,10 @@ impl Layer for Failure {
             None => cx.to_client(frame),
         }
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        !matches!(frame.kind(), Kind::Response { .. })
+    }
 }
 
 #[cfg(test)]

@@ -137,3 +137,40 @@ pub fn adapter() -> Adapter {
         layers,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::adapter::{bytes_of, chunks, harness, nowhere, stream};
+    use serde_json::json;
+
+    #[test]
+    fn chunks_go_through_the_whole_stack_untouched_unless_a_layer_holds_or_drops_them() {
+        let mut h = harness(&nowhere(None), super::adapter().layers);
+        let caps = json!({"_meta": {"coda": {"waits": {}}}});
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":caps}}));
+        h.to_agent();
+        // The version probe is not handed in: the answer waits for it, and the chunks behind the answer too.
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}}));
+        let early = chunks("s", 2, &json!({}));
+        assert!(stream(&mut h, &early).is_empty(), "held behind the initialize answer");
+        h.advance(super::VERSION_DEADLINE);
+        let out: Vec<Vec<u8>> = h.take().to_client.iter().map(|f| f.bytes().to_vec()).collect();
+        assert_eq!(out.len(), 3, "the answer, then the chunks");
+        assert_eq!(out[1..], bytes_of(&early));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}));
+        h.take();
+        // While the shim's `/compact` runs, what Codex streams for it is dropped.
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"_coda/session/compact","params":{"sessionId":"s"}}));
+        let own = h.to_agent().pop().expect("the shim's /compact");
+        assert_eq!(own["params"]["prompt"][0]["text"], "/compact");
+        assert!(stream(&mut h, &chunks("s", 4, &json!({}))).is_empty(), "the compaction's output is no turn");
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.to_client()[0]["id"], 2, "Coda's compaction is answered");
+        // A turn's chunks reach the client as Codex sent them.
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}));
+        h.take();
+        let turn = chunks("s", 40, &json!({"k": 1}));
+        assert_eq!(stream(&mut h, &turn), bytes_of(&turn));
+    }
+}

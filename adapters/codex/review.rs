@@ -353,6 +353,16 @@ impl Layer for CodexReview {
             _ => cx.to_client(frame),
         }
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } if method == "session/update" => {
+                !matches!(frame.session_update(), Some("tool_call" | "tool_call_update"))
+            }
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
 }
 
 #[cfg(test)]

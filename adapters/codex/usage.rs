@@ -240,6 +240,18 @@ impl Layer for Usage {
             _ => cx.to_client(frame),
         }
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            // The updates `update` reads (a `tool_call_update` only with a status, but it may have one).
+            Kind::Notification { method } if method == "session/update" => !matches!(
+                frame.session_update(),
+                Some("usage_update" | "compaction_update" | "tool_call" | "tool_call_update")
+            ),
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
 }
 
 #[cfg(test)]

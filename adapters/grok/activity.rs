@@ -304,13 +304,27 @@ impl GrokActivity {
         cx.to_client(frame::result_response(id, json!({})));
     }
 
+    /// Whether a frame names a session [`GrokActivity::rename`] renames (towards the client when `to_visible`).
+    fn may_rename(&self, frame: &Frame, to_visible: bool) -> bool {
+        let map = if to_visible { &self.alias } else { &self.current };
+        map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes()))
+    }
+
+    /// Whether a `session/update` is a tool call this layer learns from: a spawn, or what may follow one.
+    fn tool_news(&self, frame: &Frame) -> bool {
+        match frame.session_update() {
+            Some("tool_call") => frame.has(&SPAWN_SUBAGENT),
+            Some("tool_call_update") => self.spawn_calls.values().any(|c| !c.is_empty()),
+            _ => false,
+        }
+    }
+
     /// Renames a continued subagent's Grok session to the one Coda knows, in `params.sessionId`, and
     /// passes the frame on (towards the client when `to_visible`).
     fn rename(&self, frame: Frame, to_visible: bool, cx: &mut Cx) {
         let pass = |cx: &mut Cx, f: Frame| if to_visible { cx.to_client(f) } else { cx.to_agent(f) };
         // Parse only a frame that names a session to rename (a byte search is far cheaper than a parse).
-        let map = if to_visible { &self.alias } else { &self.current };
-        if !map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes())) {
+        if !self.may_rename(&frame, to_visible) {
             return pass(cx, frame);
         }
         let mut v = frame.to_value();
@@ -364,12 +378,7 @@ impl Layer for GrokActivity {
             }
             Kind::Notification { method } if method == "session/update" => {
                 // Only tool calls matter, and of those only a spawn or what follows one.
-                let interesting = match frame.session_update() {
-                    Some("tool_call") => frame.has(&SPAWN_SUBAGENT),
-                    Some("tool_call_update") => self.spawn_calls.values().any(|c| !c.is_empty()),
-                    _ => false,
-                };
-                if interesting {
+                if self.tool_news(&frame) {
                     let v = frame.value();
                     if let (Some(sid), Some(u)) =
                         (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
@@ -382,6 +391,17 @@ impl Layer for GrokActivity {
             }
             Kind::Request { method, .. } if method == "session/request_permission" => self.rename(frame, true, cx),
             _ => cx.to_client(frame),
+        }
+    }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } if method.starts_with("_x.ai/") => false,
+            Kind::Notification { method } if method == "session/update" => {
+                !self.tool_news(frame) && !self.may_rename(frame, true)
+            }
+            Kind::Request { method, .. } if method == "session/request_permission" => !self.may_rename(frame, true),
+            _ => true,
         }
     }
 

@@ -210,6 +210,16 @@ impl Layer for GrokCompact {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } => {
+                method != QUEUE_CHANGED && !(method == NOTIFICATION && frame.session_update() == Some(COMPLETED))
+            }
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
+
     fn on_reply(&mut self, tag: Asked, reply: Frame, cx: &mut Cx) {
         if self.running.get(&tag.session).is_none_or(|r| r.round != tag.round) {
             tracing::debug!("Grok answered a compaction that was already given up; dropped");

@@ -244,6 +244,26 @@ impl Layer for GrokFailure {
         cx.to_client(frame);
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            FrameKind::Response { id } => !self.turns.values().any(|t| &t.prompt == id),
+            FrameKind::Notification { method }
+                if !self.turns.is_empty()
+                    && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
+            {
+                // `progress` changes a turn only on a retry report, or on output while it retries.
+                match frame.session_update() {
+                    Some("retry_state") => false,
+                    Some("agent_message_chunk" | "agent_thought_chunk" | "tool_call") => {
+                        self.turns.values().all(|t| t.retry.is_none())
+                    }
+                    _ => true,
+                }
+            }
+            _ => true,
+        }
+    }
+
     fn on_timer(&mut self, check: Check, cx: &mut Cx) {
         self.check(&check.session, check.generation, cx);
     }

@@ -135,4 +135,36 @@ mod tests {
         assert_eq!(super::parse_version("Usage: grok [-d] -f configfile"), None);
         assert_eq!(super::parse_version(""), None);
     }
+
+    #[test]
+    fn chunks_go_through_the_whole_stack_untouched_and_output_still_ends_a_retry() {
+        use crate::cli::adapter::{bytes_of, chunks, harness, nowhere, stream};
+        use serde_json::json;
+        let mut h = harness(&nowhere(Some("1.0.41")), super::adapter().layers);
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"g"}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"g","prompt":[]}}));
+        h.take();
+        // Plain, and stamped as Grok stamps them (the usage layer reads those, and passes them on).
+        let stamps = json!({"agentTimestampMs": 1_796_186_852_464_u64, "streamStartMs": 1_796_186_852_464_u64,
+            "turnStartMs": 1_796_186_848_405_u64});
+        let turn = [chunks("g", 20, &json!({})), chunks("g", 20, &stamps)].concat();
+        assert_eq!(stream(&mut h, &turn), bytes_of(&turn));
+        // A retry, then output: the attempt went through, so the turn is not stopped later.
+        let retry = json!({"jsonrpc":"2.0","method":"_x.ai/session_notification","params":{"sessionId":"g",
+            "update":{"sessionUpdate":"retry_state","type":"retrying","attempt":1,"max_retries":15,
+            "reason":"API error (status 503 Service Unavailable): busy"}}});
+        let after = chunks("g", 3, &json!({}));
+        let sent = [vec![retry.clone()], after].concat();
+        assert_eq!(stream(&mut h, &sent), bytes_of(&sent));
+        let patience = crate::coda::failure::retry_patience();
+        h.advance(patience);
+        assert!(h.to_agent().is_empty(), "output ended the retry");
+        // Retries with no output are stopped.
+        assert_eq!(stream(&mut h, std::slice::from_ref(&retry)), bytes_of(&[retry]));
+        h.advance(patience);
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
+    }
 }

@@ -233,6 +233,14 @@ impl Layer for GrokSteering {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } => method != ECHO && method != QUEUE_CHANGED,
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
+
     fn on_reply(&mut self, tag: Interjection, reply: Frame, cx: &mut Cx) {
         let Interjection { id, session } = tag;
         let turn_end = self.in_flight.remove(&session).and_then(|steer| steer.turn_end);

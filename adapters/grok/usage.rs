@@ -239,6 +239,21 @@ impl Layer for GrokUsage {
             _ => cx.to_client(frame),
         }
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } if method == NOTIFICATION => !matches!(
+                frame.session_update(),
+                Some("response_completed" | "auto_compact_completed" | "turn_completed")
+            ),
+            // A stamped update (Grok stamps its chunks too) may move a root's request time.
+            Kind::Notification { method } if method == "session/update" => {
+                frame.session_update() != Some("usage_update") && !frame.has(&STREAM_START)
+            }
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
 }
 
 impl GrokUsage {

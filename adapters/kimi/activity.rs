@@ -482,6 +482,12 @@ impl Layer for Activity {
         cx.to_client(frame);
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        // A turn's first output ends the quiet of its session's prompts.
+        let ends_quiet = !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u));
+        !matches!(frame.kind(), Kind::Response { .. }) && self.opening.is_empty() && !ends_quiet
+    }
+
     fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
         self.on_scan(scan, cx);
     }

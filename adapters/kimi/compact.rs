@@ -327,6 +327,17 @@ impl Layer for Compact {
         }
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            // Updates are read only while a `/compact` of the shim's runs or its result text is due.
+            Kind::Notification { .. } => {
+                frame.session_update().is_none() || (self.jobs.is_empty() && self.results.is_empty())
+            }
+            Kind::Response { .. } => false,
+            _ => true,
+        }
+    }
+
     fn on_reply(&mut self, Asked(session): Asked, reply: Frame, cx: &mut Cx) {
         let Some(job) = self.jobs.get_mut(&session) else { return };
         job.prompt_open = false;

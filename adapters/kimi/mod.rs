@@ -40,6 +40,11 @@ fn layers(setup: &mut Setup) {
             .and_then(|p| record::FileLog::open(var, std::path::Path::new(&p)))
     };
     let logs = activity::Logs { record: log("CODA_KIMI_RECORD"), took: log("CODA_KIMI_TOOK") };
+    stack(setup, root, logs);
+}
+
+/// The layers over Kimi's data root `root`, with the logs `logs`.
+fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Logs) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
@@ -80,5 +85,35 @@ pub fn adapter() -> Adapter {
         version: plain_version,
         env_defaults: &[],
         layers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::adapter::{bytes_of, chunks, harness, nowhere, stream};
+    use serde_json::json;
+
+    #[test]
+    fn chunks_go_through_the_whole_stack_untouched_unless_the_shims_compaction_drops_them() {
+        // A data root without the session: its activity is not reported, and nothing outside the test is read.
+        let root = tempfile::tempdir().unwrap();
+        let found = nowhere(None);
+        let mut h = harness(&found, |s| super::stack(s, Some(root.path().to_path_buf()), Default::default()));
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"k"}}));
+        assert_eq!(h.to_client().len(), 2, "both answers");
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"k","prompt":[]}}));
+        h.take();
+        // The first ends the prompt's quiet (the activity layer reads it), the rest no layer reads.
+        let turn = chunks("k", 40, &json!({}));
+        assert_eq!(stream(&mut h, &turn), bytes_of(&turn));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.to_client()[0]["id"], 2);
+        // While the shim's `/compact` runs, what Kimi streams for it is dropped.
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"_coda/session/compact","params":{"sessionId":"k"}}));
+        assert_eq!(h.to_agent()[0]["params"]["prompt"][0]["text"], "/compact");
+        assert!(stream(&mut h, &chunks("k", 4, &json!({}))).is_empty(), "the compaction's output is no turn");
     }
 }

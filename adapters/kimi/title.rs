@@ -414,6 +414,13 @@ impl Layer for Title {
         }
         self.held.push_back(Held { frame, handling, needs, sessions });
     }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        // `Handling::Pass` with nothing held (a `session/list` result is an answer).
+        self.held.is_empty()
+            && !matches!(frame.kind(), Kind::Response { .. })
+            && frame.session_update() != Some("session_info_update")
+    }
 }
 
 #[cfg(test)]

@@ -281,6 +281,13 @@ impl Layer for Usage {
         self.emit(frame, cx);
     }
 
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        // What `emit` neither holds nor stamps.
+        self.held.is_empty()
+            && !matches!(frame.kind(), Kind::Response { .. })
+            && frame.session_update() != Some("usage_update")
+    }
+
     fn on_event(&mut self, facts: WireFacts, cx: &mut Cx) {
         self.facts(facts, cx);
     }

@@ -110,12 +110,65 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
     Ok(Started { agent, stack, events })
 }
 
+/// The engine's waits layer, then what `add` (an adapter's [`Adapter::layers`]) stacks under it.
+fn stack_up(command: &AgentCommand, version: Option<String>, layers: &mut Layers, add: impl FnOnce(&mut Setup)) {
+    layers.push(Box::new(crate::coda::waits::Waits::new()));
+    add(&mut Setup { command, version, layers });
+}
+
+/// The stack [`start`] builds, over no child: what `add` stacks for `found`, in a harness (tests of a
+/// binary's whole stack).
+#[cfg(test)]
+pub(crate) fn harness(found: &Found, add: impl FnOnce(&mut Setup)) -> crate::layer::testing::Harness {
+    crate::layer::testing::Harness::build(|layers| stack_up(&found.command, found.version.clone(), layers, add))
+}
+
+/// A found command that is nowhere (a probe of it finds nothing), for [`harness`].
+#[cfg(test)]
+pub(crate) fn nowhere(version: Option<&str>) -> Found {
+    let command = AgentCommand { program: PathBuf::from("/nonexistent/agent"), args: Vec::new() };
+    Found { command, version: version.map(str::to_owned), how: "a test's".into() }
+}
+
+/// `n` streamed chunks of `session`, messages and thoughts in turn, each with `meta` as its `params._meta`.
+#[cfg(test)]
+pub(crate) fn chunks(session: &str, n: usize, meta: &serde_json::Value) -> Vec<serde_json::Value> {
+    use serde_json::json;
+    let kinds = ["agent_message_chunk", "agent_thought_chunk"];
+    (0..n)
+        .map(|i| {
+            let content = json!({"type": "text", "text": format!("wörd {i}\n")});
+            let params = json!({"sessionId": session, "update": {"sessionUpdate": kinds[i % 2], "content": content},
+                "_meta": meta});
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": params})
+        })
+        .collect()
+}
+
+/// Sends `frames` from the agent; what reached the client, byte for byte, and checks that nothing reached the
+/// agent.
+#[cfg(test)]
+pub(crate) fn stream(h: &mut crate::layer::testing::Harness, frames: &[serde_json::Value]) -> Vec<Vec<u8>> {
+    for f in frames {
+        h.agent_frame(crate::frame::Frame::from_value(f));
+    }
+    let out = h.take();
+    assert!(out.to_agent.is_empty(), "nothing goes to the agent for a chunk");
+    out.to_client.iter().map(|f| f.bytes().to_vec()).collect()
+}
+
+/// `frames` as [`stream`] sends them.
+#[cfg(test)]
+pub(crate) fn bytes_of(frames: &[serde_json::Value]) -> Vec<Vec<u8>> {
+    frames.iter().map(|f| crate::frame::Frame::from_value(f).bytes().to_vec()).collect()
+}
+
 /// Handed to [`Adapter::layers`].
 pub struct Setup<'a> {
     pub command: &'a AgentCommand,
     /// The wrapped CLI's version, when it was learnt while finding the command.
     pub version: Option<String>,
-    layers: Layers,
+    layers: &'a mut Layers,
 }
 
 impl Setup<'_> {
@@ -140,10 +193,8 @@ impl Adapter {
         version: Option<String>,
     ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
         let (mut layers, events) = Layers::new();
-        layers.push(Box::new(crate::coda::waits::Waits::new()));
-        let mut setup = Setup { command, version, layers };
-        (self.layers)(&mut setup);
-        (setup.layers.stack(), events)
+        stack_up(command, version, &mut layers, self.layers);
+        (layers.stack(), events)
     }
 
     pub fn binary(&self) -> String {

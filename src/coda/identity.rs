@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::frame::Frame;
+use crate::frame::{Frame, Kind};
 use crate::layer::{Cx, Layer};
 
 /// Which agentInfo the client sees.
@@ -120,6 +120,11 @@ impl Layer for Identity {
             self.waiting_until = None;
         }
         self.answered(frame, cx)
+    }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        // Only answers are looked at (`answer_to` finds no request for anything else), unless frames are held.
+        self.held.is_none() && !matches!(frame.kind(), Kind::Response { .. })
     }
 
     fn on_event(&mut self, probed: Probed, cx: &mut Cx) {
