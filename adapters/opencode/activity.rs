@@ -34,6 +34,7 @@ use crate::frame::{self, Frame, Kind};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
+use crate::adapters::kimi::record::FileLog;
 use crate::adapters::opencode::failure::{ANSWER_HOLD, Failures, Upstream};
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
@@ -187,6 +188,8 @@ struct Reader {
 pub struct OpenCodeActivity {
     reader: Reader,
     record: Record,
+    /// The took log of `CODA_OPENCODE_TOOK` and the events file it names: how far the layers have handled it.
+    took: Option<(FileLog, String)>,
     register: Register,
     /// Failed Coda turns, answered as Coda's failure kinds.
     failures: Failures,
@@ -211,12 +214,20 @@ impl OpenCodeActivity {
         OpenCodeActivity {
             reader: Reader { start: start_reader },
             record,
+            took: None,
             register: Register::new(),
             failures: Failures::new(retry_patience),
             tasks: Tasks::default(),
             runs: Runs::default(),
             handling: Handling::default(),
         }
+    }
+
+    /// Writes `{"took": events, "len": N}` to `log` for each [`FromServer::Read`] handled (fixtures/README.md,
+    /// "Waiting for the shim"); the set-up has written the log's `watch` line.
+    pub fn with_took(mut self, log: FileLog, events: String) -> OpenCodeActivity {
+        self.took = Some((log, events));
+        self
     }
 
     /// The job that starts the reader is done: what it reads comes as events; nothing to do here.
@@ -550,6 +561,12 @@ impl Layer for OpenCodeActivity {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),
             FromServer::Lost => self.runs.busy.clear(),
+            // Queued after the events read before it: every layer has handled them.
+            FromServer::Read(len) => {
+                if let Some((log, events)) = &mut self.took {
+                    log.record(&json!({ "took": events, "len": len }));
+                }
+            }
         }
     }
 

@@ -121,6 +121,10 @@ pub enum FromServer {
     Event(ServerEvent),
     /// The event stream was lost: what it said about running sessions may be stale (never in a replay).
     Lost,
+    /// A replay's events file was read up to this length, and every event in it before that sent (only with a
+    /// took log, `CODA_OPENCODE_TOOK`): sent after those events, so the layers have handled them all by the
+    /// time the one it goes to handles it.
+    Read(u64),
 }
 
 /// Where OpenCode's server listens, and how to authenticate.
@@ -391,11 +395,13 @@ impl Reducer {
 }
 
 /// Replays: reads [`ServerEvent`]s appended to `path` (one JSON object a line), as the replay player writes
-/// them where the live run read them from OpenCode's server.
-pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
+/// them where the live run read them from OpenCode's server. With `took`, after the events of each read a
+/// [`FromServer::Read`] with the length of the whole lines read so far.
+pub fn tail(path: PathBuf, took: bool, send: impl Fn(FromServer) -> bool + Send + 'static) {
     let spawned = std::thread::Builder::new().name("opencode-events-file".into()).spawn(move || {
         let mut offset = 0u64;
         let mut partial = String::new();
+        let mut told = 0u64;
         loop {
             if let Ok(mut f) = std::fs::File::open(&path) {
                 use std::io::Seek;
@@ -433,6 +439,13 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                         );
                         tracing::debug!("the line ({e}): {}", line.trim());
                     }
+                }
+            }
+            let whole = offset - partial.len() as u64;
+            if took && whole > told {
+                told = whole;
+                if !send(FromServer::Read(whole)) {
+                    return;
                 }
             }
             std::thread::sleep(Duration::from_millis(10));

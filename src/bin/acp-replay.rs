@@ -359,7 +359,7 @@ impl Shim {
             Mkdir | Remove => return,
         };
         let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let w = replay::took::Written { path: path.clone(), len, after: whole.then_some(before) };
+        let w = replay::took::Written { path: replay::took::os_spelling(path), len, after: whole.then_some(before) };
         self.pending.push((w, lineno));
     }
 

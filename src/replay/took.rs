@@ -65,6 +65,17 @@ fn matches(pattern: &str, rel: &str) -> bool {
         })
 }
 
+/// `path` as the OS spells it: its folder with symbolic links resolved (as it is when that fails), so that a
+/// path the shim names and the one the player wrote compare equal however each was reached.
+pub fn os_spelling(path: &str) -> String {
+    let p = Path::new(path);
+    let canon = match (p.parent().filter(|d| !d.as_os_str().is_empty()), p.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).map(|d| d.join(name)),
+        _ => std::fs::canonicalize(p),
+    };
+    canon.map_or_else(|_| path.to_owned(), |c| c.to_string_lossy().into_owned())
+}
+
 /// What the took log has said so far.
 #[derive(Default)]
 pub struct Took {
@@ -81,6 +92,7 @@ pub struct Took {
 /// A write the player waits to see taken in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
+    /// As [`os_spelling`] has it.
     pub path: String,
     /// The file's length after the write.
     pub len: u64,
@@ -99,14 +111,15 @@ impl Took {
             if let Some(dir) = v.get("watch").and_then(Value::as_str) {
                 let reads = v.get("reads").and_then(Value::as_array).into_iter().flatten();
                 let reads = reads.filter_map(Value::as_str).map(str::to_owned).collect();
-                self.watched.push((dir.trim_end_matches('/').to_owned(), reads));
+                self.watched.push((os_spelling(dir.trim_end_matches('/')), reads));
             } else if let Some(dir) = v.get("unwatch").and_then(Value::as_str) {
-                self.watched.retain(|(d, _)| d != dir.trim_end_matches('/'));
+                let dir = os_spelling(dir.trim_end_matches('/'));
+                self.watched.retain(|(d, _)| *d != dir);
             } else if let (Some(path), Some(len)) =
                 (v.get("took").and_then(Value::as_str), v.get("len").and_then(Value::as_u64))
             {
                 self.seen += 1;
-                self.latest.insert(path.to_owned(), (len, self.seen));
+                self.latest.insert(os_spelling(path), (len, self.seen));
             } else {
                 self.bad += 1;
             }
