@@ -903,6 +903,32 @@ mod tests {
         assert!(a.tasks.early.is_empty(), "a closed call's child is not kept for a call still to come");
     }
 
+    #[test]
+    fn a_read_handled_goes_to_the_took_log_naming_the_events_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let took = dir.path().join("took.jsonl");
+        let log = FileLog::open("CODA_OPENCODE_TOOK", &took).expect("open");
+        let mut a = OpenCodeActivity::new(None, Record::off(), Duration::from_secs(60))
+            .with_took(log, "/t/coda-opencode-events.jsonl".into());
+        let mut cx = Cx::default();
+        a.on_event(FromServer::Read(273), &mut cx);
+        a.on_event(FromServer::Event(status(P, false)), &mut cx);
+        a.on_event(FromServer::Read(395), &mut cx);
+        // Written by the log's thread: whole once the layer is gone.
+        drop(a);
+        let text = std::fs::read_to_string(&took).expect("read");
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+        assert_eq!(
+            lines,
+            [
+                json!({"took": "/t/coda-opencode-events.jsonl", "len": 273}),
+                json!({"took": "/t/coda-opencode-events.jsonl", "len": 395})
+            ]
+        );
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&took).expect("meta").permissions().mode() & 0o777, 0o600);
+    }
+
     /// The soak of issue 22: one million `session/update`s through the OpenCode stack, a `task` call opened
     /// and closed every 100, a background task open throughout (so every update is read): time and memory
     /// per 100,000 updates, which stay flat. A measurement, not a test: `cargo test --lib soak -- --ignored

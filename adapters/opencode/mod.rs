@@ -328,3 +328,33 @@ pub fn adapter() -> Adapter {
         layers,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_took_log_starts_with_the_watch_of_the_events_files_folder_as_the_os_spells_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir(dir.path().join("tmp")).expect("tmp");
+        let took = dir.path().join("took.jsonl");
+        let env = |took: Option<PathBuf>| Env {
+            // Reached through another folder, as `../tmp/…` from the work dir.
+            events: Some(dir.path().join("work/../tmp").join(EVENTS_FILE)),
+            record: None,
+            took,
+            resume_delay: Duration::ZERO,
+            retry_patience: Duration::ZERO,
+        };
+        std::fs::create_dir(dir.path().join("work")).expect("work");
+        assert!(took_log(&env(None)).is_none(), "no took log without CODA_OPENCODE_TOOK");
+        let (log, events) = took_log(&env(Some(took.clone()))).expect("a took log");
+        let folder = std::fs::canonicalize(dir.path().join("tmp")).expect("canon").display().to_string();
+        assert_eq!(events, format!("{folder}/{EVENTS_FILE}"));
+        // On disk at once, before any line of the log's thread.
+        let text = std::fs::read_to_string(&took).expect("read");
+        let watch: serde_json::Value = serde_json::from_str(text.trim()).expect("json");
+        assert_eq!(watch, serde_json::json!({"watch": folder, "reads": [EVENTS_FILE]}));
+        drop(log);
+    }
+}

@@ -462,6 +462,28 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_replays_reader_says_how_far_it_read_after_the_events_of_those_lines() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("events.jsonl");
+        let mut f = std::fs::File::create(&path).expect("create");
+        let busy = r#"{"type":"session.status","session":"s","busy":true}"#;
+        let idle = r#"{"type":"session.status","session":"s","busy":false}"#;
+        // A whole line and half of the next: the reader says only the whole one read.
+        write!(f, "{busy}\n{}", &idle[..10]).expect("write");
+        let (tx, rx) = std::sync::mpsc::channel();
+        tail(path, true, move |e| tx.send(e).is_ok());
+        let next = || rx.recv_timeout(Duration::from_secs(10)).expect("the reader sends on");
+        assert!(matches!(next(), FromServer::Event(ServerEvent::Status { busy: true, .. })));
+        assert!(matches!(next(), FromServer::Read(n) if n == busy.len() as u64 + 1));
+        writeln!(f, "{}", &idle[10..]).expect("write");
+        assert!(matches!(next(), FromServer::Event(ServerEvent::Status { busy: false, .. })));
+        assert!(matches!(next(), FromServer::Read(n) if n == (busy.len() + idle.len()) as u64 + 2));
+        // Nothing more while nothing is written: no second report of the same length.
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+    }
+
+    #[test]
     fn the_port_and_host_come_from_the_command_line() {
         let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         let s = Server::from_args(&args(&["acp", "--hostname", "127.0.0.1", "--port", "4711"])).expect("a server");

@@ -2,8 +2,8 @@
 //!
 //! Two logs, both appended to by the shim as it goes, read here from where the last look stopped:
 //!
-//! - the took log of a shim that watches session files (`CODA_KIMI_TOOK`, given to the player as
-//!   `ACP_REPLAY_TOOK`): `{"watch": DIR, "reads": [PATTERN…]}` when the shim starts watching a session folder
+//! - the took log of a shim that watches session files (`CODA_KIMI_TOOK`, or `CODA_OPENCODE_TOOK` for the
+//!   events file of OpenCode's server; given to the player as `ACP_REPLAY_TOOK`): `{"watch": DIR, "reads": [PATTERN…]}` when the shim starts watching a session folder
 //!   (`{"unwatch": DIR}` when it then does not read it after all), then `{"took": PATH, "len": N}` for each file
 //!   a scan read, once everything that scan made is handled
 //!   (fixtures/README.md, "Waiting for the shim");
@@ -228,6 +228,24 @@ mod tests {
         writeln!(f, r#"{{"unwatch":"/s/x"}}"#).unwrap();
         took.read(tail.lines());
         assert!(took.has_taken(&later));
+    }
+
+    #[test]
+    fn a_folder_named_through_a_link_or_dot_dot_is_the_folder_it_reaches() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("tmp");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let mut took = Took::default();
+        let watched = format!("{}/sub/../", link.display());
+        took.read(vec![format!(r#"{{"watch":"{watched}","reads":["e.jsonl"]}}"#).into_bytes()]);
+        let written = os_spelling(&real.join("e.jsonl").to_string_lossy());
+        assert!(took.reads(&written));
+        let w = Written { path: written, len: 5, after: None };
+        assert!(!took.has_taken(&w));
+        took.read(vec![format!(r#"{{"took":"{}/e.jsonl","len":5}}"#, link.display()).into_bytes()]);
+        assert!(took.has_taken(&w));
     }
 
     #[test]
