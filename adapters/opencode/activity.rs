@@ -34,6 +34,7 @@ use crate::frame::{self, Frame, Kind};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
+use crate::adapters::kimi::record::FileLog;
 use crate::adapters::opencode::failure::{ANSWER_HOLD, Failures, Upstream};
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
@@ -187,6 +188,8 @@ struct Reader {
 pub struct OpenCodeActivity {
     reader: Reader,
     record: Record,
+    /// The took log of `CODA_OPENCODE_TOOK` and the events file it names: how far the layers have handled it.
+    took: Option<(FileLog, String)>,
     register: Register,
     /// Failed Coda turns, answered as Coda's failure kinds.
     failures: Failures,
@@ -211,12 +214,20 @@ impl OpenCodeActivity {
         OpenCodeActivity {
             reader: Reader { start: start_reader },
             record,
+            took: None,
             register: Register::new(),
             failures: Failures::new(retry_patience),
             tasks: Tasks::default(),
             runs: Runs::default(),
             handling: Handling::default(),
         }
+    }
+
+    /// Writes `{"took": events, "len": N}` to `log` for each [`FromServer::Read`] handled (fixtures/README.md,
+    /// "Waiting for the shim"); the set-up has written the log's `watch` line.
+    pub fn with_took(mut self, log: FileLog, events: String) -> OpenCodeActivity {
+        self.took = Some((log, events));
+        self
     }
 
     /// The job that starts the reader is done: what it reads comes as events; nothing to do here.
@@ -550,6 +561,12 @@ impl Layer for OpenCodeActivity {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),
             FromServer::Lost => self.runs.busy.clear(),
+            // Queued after the events read before it: every layer has handled them.
+            FromServer::Read(len) => {
+                if let Some((log, events)) = &mut self.took {
+                    log.record(&json!({ "took": events, "len": len }));
+                }
+            }
         }
     }
 
@@ -884,6 +901,32 @@ mod tests {
         let mut cx = Cx::default();
         a.on_event(FromServer::Event(task_child(&last)), &mut cx);
         assert!(a.tasks.early.is_empty(), "a closed call's child is not kept for a call still to come");
+    }
+
+    #[test]
+    fn a_read_handled_goes_to_the_took_log_naming_the_events_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let took = dir.path().join("took.jsonl");
+        let log = FileLog::open("CODA_OPENCODE_TOOK", &took).expect("open");
+        let mut a = OpenCodeActivity::new(None, Record::off(), Duration::from_secs(60))
+            .with_took(log, "/t/coda-opencode-events.jsonl".into());
+        let mut cx = Cx::default();
+        a.on_event(FromServer::Read(273), &mut cx);
+        a.on_event(FromServer::Event(status(P, false)), &mut cx);
+        a.on_event(FromServer::Read(395), &mut cx);
+        // Written by the log's thread: whole once the layer is gone.
+        drop(a);
+        let text = std::fs::read_to_string(&took).expect("read");
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+        assert_eq!(
+            lines,
+            [
+                json!({"took": "/t/coda-opencode-events.jsonl", "len": 273}),
+                json!({"took": "/t/coda-opencode-events.jsonl", "len": 395})
+            ]
+        );
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&took).expect("meta").permissions().mode() & 0o777, 0o600);
     }
 
     /// The soak of issue 22: one million `session/update`s through the OpenCode stack, a `task` call opened

@@ -79,6 +79,10 @@ fn free_port() -> std::io::Result<u16> {
 
 /// Env: read OpenCode's server events from this file instead of its server (replays).
 pub const EVENTS_ENV: &str = "CODA_OPENCODE_EVENTS";
+/// Env: the took log of a replay (fixtures/README.md, "Waiting for the shim"): a `watch` line for the events
+/// file of [`EVENTS_ENV`] at set-up, then `{"took": <events file>, "len": N}` once the layers have handled
+/// every event of its first N bytes. Only with [`EVENTS_ENV`].
+pub const TOOK_ENV: &str = "CODA_OPENCODE_TOOK";
 /// Env: log the server events the layers handled to this file, as `acp-replay record --files` takes them.
 pub const RECORD_ENV: &str = "CODA_OPENCODE_RECORD";
 /// Env, for live tests only: send the `session/resume` of a child this many milliseconds late, so that the
@@ -88,6 +92,7 @@ pub const RESUME_DELAY_ENV: &str = "CODA_OPENCODE_RESUME_DELAY_MS";
 pub const EVENTS_FILE: &str = "coda-opencode-events.jsonl";
 
 // What the set-up below uses.
+use crate::adapters::kimi::record as record_log;
 use crate::layer::EventSender;
 use record::Record;
 use server::{FromServer, ServerEvent};
@@ -101,6 +106,8 @@ struct Env {
     events: Option<PathBuf>,
     /// [`RECORD_ENV`]: where to log the events handled.
     record: Option<PathBuf>,
+    /// [`TOOK_ENV`]: the took log of a replay.
+    took: Option<PathBuf>,
     resume_delay: Duration,
     retry_patience: Duration,
 }
@@ -111,6 +118,7 @@ impl Env {
         Env {
             events: path(EVENTS_ENV),
             record: path(RECORD_ENV),
+            took: path(TOOK_ENV),
             resume_delay: std::env::var(RESUME_DELAY_ENV)
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
@@ -175,16 +183,35 @@ fn layers(setup: &mut Setup) {
         bridge_events = Some(events);
         Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
     });
+    let took = took_log(&env);
     setup.add(|events| {
         let start = match (bridge_events, usage_events, compact_events) {
             (Some(bridge), Some(usage), Some(compact)) => {
                 let rest = route(events, bridge, steer_events);
-                reader(&env, server, steer_gate, route_compaction(rest, usage, compact, replay_gate))
+                reader(&env, server, steer_gate, took.is_some(), route_compaction(rest, usage, compact, replay_gate))
             }
             _ => None,
         };
-        Box::new(activity::OpenCodeActivity::new(start, record, env.retry_patience))
+        let activity = activity::OpenCodeActivity::new(start, record, env.retry_patience);
+        Box::new(match took {
+            Some((log, events)) => activity.with_took(log, events),
+            None => activity,
+        })
     });
+}
+
+/// The took log of a replay ([`TOOK_ENV`], with [`EVENTS_ENV`]) and the events file as it names it, its
+/// `watch` line written (at set-up: before the shim answers anything, so before the player writes an event).
+/// The folder is named as the OS spells it (symbolic links resolved), the player's writes likewise.
+fn took_log(env: &Env) -> Option<(record_log::FileLog, String)> {
+    let (Some(events), Some(took)) = (&env.events, &env.took) else { return None };
+    let log = record_log::FileLog::open(TOOK_ENV, took)?;
+    let dir = events.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let dir = std::fs::canonicalize(dir).or_else(|_| std::path::absolute(dir)).unwrap_or_else(|_| dir.to_owned());
+    let name = events.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = dir.display().to_string();
+    log.direct().record(&serde_json::json!({ "watch": dir, "reads": [name] }));
+    Some((log, format!("{dir}/{name}")))
 }
 
 /// The server events of compaction and usage facts go to their layers (steps and compactions to both, steps
@@ -249,13 +276,14 @@ fn reader(
     env: &Env,
     server: Option<server::Server>,
     gate: Option<calls::Gate>,
+    took: bool,
     send: impl Fn(FromServer) -> bool + Send + 'static,
 ) -> Option<activity::StartReader> {
     match (&env.events, server) {
         (Some(path), _) => {
             let path = path.clone();
             let gate = gate.unwrap_or_default();
-            Some(Box::new(move || server::tail(path, gate.gated(send))))
+            Some(Box::new(move || server::tail(path, took, gate.gated(send))))
         }
         (None, Some(s)) => Some(Box::new(move || server::follow(s, send))),
         (None, None) => {
@@ -298,5 +326,35 @@ pub fn adapter() -> Adapter {
         version: plain_version,
         env_defaults: &[],
         layers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_took_log_starts_with_the_watch_of_the_events_files_folder_as_the_os_spells_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir(dir.path().join("tmp")).expect("tmp");
+        let took = dir.path().join("took.jsonl");
+        let env = |took: Option<PathBuf>| Env {
+            // Reached through another folder, as `../tmp/…` from the work dir.
+            events: Some(dir.path().join("work/../tmp").join(EVENTS_FILE)),
+            record: None,
+            took,
+            resume_delay: Duration::ZERO,
+            retry_patience: Duration::ZERO,
+        };
+        std::fs::create_dir(dir.path().join("work")).expect("work");
+        assert!(took_log(&env(None)).is_none(), "no took log without CODA_OPENCODE_TOOK");
+        let (log, events) = took_log(&env(Some(took.clone()))).expect("a took log");
+        let folder = std::fs::canonicalize(dir.path().join("tmp")).expect("canon").display().to_string();
+        assert_eq!(events, format!("{folder}/{EVENTS_FILE}"));
+        // On disk at once, before any line of the log's thread.
+        let text = std::fs::read_to_string(&took).expect("read");
+        let watch: serde_json::Value = serde_json::from_str(text.trim()).expect("json");
+        assert_eq!(watch, serde_json::json!({"watch": folder, "reads": [EVENTS_FILE]}));
+        drop(log);
     }
 }

@@ -121,6 +121,10 @@ pub enum FromServer {
     Event(ServerEvent),
     /// The event stream was lost: what it said about running sessions may be stale (never in a replay).
     Lost,
+    /// A replay's events file was read up to this length, and every event in it before that sent (only with a
+    /// took log, `CODA_OPENCODE_TOOK`): sent after those events, so the layers have handled them all by the
+    /// time the one it goes to handles it.
+    Read(u64),
 }
 
 /// Where OpenCode's server listens, and how to authenticate.
@@ -391,11 +395,13 @@ impl Reducer {
 }
 
 /// Replays: reads [`ServerEvent`]s appended to `path` (one JSON object a line), as the replay player writes
-/// them where the live run read them from OpenCode's server.
-pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
+/// them where the live run read them from OpenCode's server. With `took`, after the events of each read a
+/// [`FromServer::Read`] with the length of the whole lines read so far.
+pub fn tail(path: PathBuf, took: bool, send: impl Fn(FromServer) -> bool + Send + 'static) {
     let spawned = std::thread::Builder::new().name("opencode-events-file".into()).spawn(move || {
         let mut offset = 0u64;
         let mut partial = String::new();
+        let mut told = 0u64;
         loop {
             if let Ok(mut f) = std::fs::File::open(&path) {
                 use std::io::Seek;
@@ -435,6 +441,13 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
                     }
                 }
             }
+            let whole = offset - partial.len() as u64;
+            if took && whole > told {
+                told = whole;
+                if !send(FromServer::Read(whole)) {
+                    return;
+                }
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     });
@@ -447,6 +460,28 @@ pub fn tail(path: PathBuf, send: impl Fn(FromServer) -> bool + Send + 'static) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_replays_reader_says_how_far_it_read_after_the_events_of_those_lines() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("events.jsonl");
+        let mut f = std::fs::File::create(&path).expect("create");
+        let busy = r#"{"type":"session.status","session":"s","busy":true}"#;
+        let idle = r#"{"type":"session.status","session":"s","busy":false}"#;
+        // A whole line and half of the next: the reader says only the whole one read.
+        write!(f, "{busy}\n{}", &idle[..10]).expect("write");
+        let (tx, rx) = std::sync::mpsc::channel();
+        tail(path, true, move |e| tx.send(e).is_ok());
+        let next = || rx.recv_timeout(Duration::from_secs(10)).expect("the reader sends on");
+        assert!(matches!(next(), FromServer::Event(ServerEvent::Status { busy: true, .. })));
+        assert!(matches!(next(), FromServer::Read(n) if n == busy.len() as u64 + 1));
+        writeln!(f, "{}", &idle[10..]).expect("write");
+        assert!(matches!(next(), FromServer::Event(ServerEvent::Status { busy: false, .. })));
+        assert!(matches!(next(), FromServer::Read(n) if n == (busy.len() + idle.len()) as u64 + 2));
+        // Nothing more while nothing is written: no second report of the same length.
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+    }
 
     #[test]
     fn the_port_and_host_come_from_the_command_line() {

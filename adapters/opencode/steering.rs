@@ -458,6 +458,7 @@ impl Layer for OpenCodeSteering {
                     steer.blind = true;
                 }
             }
+            FromServer::Read(_) => {}
         }
     }
 

@@ -15,10 +15,10 @@ Usage:
       Be the CLI: answer the frames of the shim with the recorded agent frames, re-create recorded
       session-file writes. A frame the recording does not have here: message on stderr, exit 3.
       --speed X          keep the recorded gaps between agent frames, divided by X (default: no gaps)
-      --took FILE        the shim's took log (CODA_KIMI_TOOK) [env ACP_REPLAY_TOOK]: after file writes, wait
-                         (up to 5 s, then a warning) until the shim has taken them in before the next frame; and,
-                         by the shim's trace (CODA_SHIM_TRACE), until it has handled the frames sent before a
-                         write and the client frames recorded before each frame
+      --took FILE        the shim's took log (CODA_KIMI_TOOK, CODA_OPENCODE_TOOK) [env ACP_REPLAY_TOOK]: after
+                         file writes, wait (up to 5 s, then a warning) until the shim has taken them in before
+                         the next frame; and, by the shim's trace (CODA_SHIM_TRACE), until it has handled the
+                         frames sent before a write and the client frames recorded before each frame
       --file-settle MS   without a took log: pause after file writes before the next frame, and before a write
                          that follows frames [default: 100, env ACP_REPLAY_FILE_SETTLE_MS]
       Placeholders come from ACP_REPLAY_BIND_<NAME>, the received frames, or HOME/{HOMES}/TMPDIR/cwd.
@@ -359,7 +359,7 @@ impl Shim {
             Mkdir | Remove => return,
         };
         let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let w = replay::took::Written { path: path.clone(), len, after: whole.then_some(before) };
+        let w = replay::took::Written { path: replay::took::os_spelling(path), len, after: whole.then_some(before) };
         self.pending.push((w, lineno));
     }
 

@@ -2,8 +2,8 @@
 //!
 //! Two logs, both appended to by the shim as it goes, read here from where the last look stopped:
 //!
-//! - the took log of a shim that watches session files (`CODA_KIMI_TOOK`, given to the player as
-//!   `ACP_REPLAY_TOOK`): `{"watch": DIR, "reads": [PATTERN…]}` when the shim starts watching a session folder
+//! - the took log of a shim that watches session files (`CODA_KIMI_TOOK`, or `CODA_OPENCODE_TOOK` for the
+//!   events file of OpenCode's server; given to the player as `ACP_REPLAY_TOOK`): `{"watch": DIR, "reads": [PATTERN…]}` when the shim starts watching a session folder
 //!   (`{"unwatch": DIR}` when it then does not read it after all), then `{"took": PATH, "len": N}` for each file
 //!   a scan read, once everything that scan made is handled
 //!   (fixtures/README.md, "Waiting for the shim");
@@ -65,6 +65,17 @@ fn matches(pattern: &str, rel: &str) -> bool {
         })
 }
 
+/// `path` as the OS spells it: its folder with symbolic links resolved (as it is when that fails), so that a
+/// path the shim names and the one the player wrote compare equal however each was reached.
+pub fn os_spelling(path: &str) -> String {
+    let p = Path::new(path);
+    let canon = match (p.parent().filter(|d| !d.as_os_str().is_empty()), p.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir).map(|d| d.join(name)),
+        _ => std::fs::canonicalize(p),
+    };
+    canon.map_or_else(|_| path.to_owned(), |c| c.to_string_lossy().into_owned())
+}
+
 /// What the took log has said so far.
 #[derive(Default)]
 pub struct Took {
@@ -81,6 +92,7 @@ pub struct Took {
 /// A write the player waits to see taken in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
+    /// As [`os_spelling`] has it.
     pub path: String,
     /// The file's length after the write.
     pub len: u64,
@@ -99,14 +111,15 @@ impl Took {
             if let Some(dir) = v.get("watch").and_then(Value::as_str) {
                 let reads = v.get("reads").and_then(Value::as_array).into_iter().flatten();
                 let reads = reads.filter_map(Value::as_str).map(str::to_owned).collect();
-                self.watched.push((dir.trim_end_matches('/').to_owned(), reads));
+                self.watched.push((os_spelling(dir.trim_end_matches('/')), reads));
             } else if let Some(dir) = v.get("unwatch").and_then(Value::as_str) {
-                self.watched.retain(|(d, _)| d != dir.trim_end_matches('/'));
+                let dir = os_spelling(dir.trim_end_matches('/'));
+                self.watched.retain(|(d, _)| *d != dir);
             } else if let (Some(path), Some(len)) =
                 (v.get("took").and_then(Value::as_str), v.get("len").and_then(Value::as_u64))
             {
                 self.seen += 1;
-                self.latest.insert(path.to_owned(), (len, self.seen));
+                self.latest.insert(os_spelling(path), (len, self.seen));
             } else {
                 self.bad += 1;
             }
@@ -215,6 +228,24 @@ mod tests {
         writeln!(f, r#"{{"unwatch":"/s/x"}}"#).unwrap();
         took.read(tail.lines());
         assert!(took.has_taken(&later));
+    }
+
+    #[test]
+    fn a_folder_named_through_a_link_or_dot_dot_is_the_folder_it_reaches() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("tmp");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let mut took = Took::default();
+        let watched = format!("{}/sub/../", link.display());
+        took.read(vec![format!(r#"{{"watch":"{watched}","reads":["e.jsonl"]}}"#).into_bytes()]);
+        let written = os_spelling(&real.join("e.jsonl").to_string_lossy());
+        assert!(took.reads(&written));
+        let w = Written { path: written, len: 5, after: None };
+        assert!(!took.has_taken(&w));
+        took.read(vec![format!(r#"{{"took":"{}/e.jsonl","len":5}}"#, link.display()).into_bytes()]);
+        assert!(took.has_taken(&w));
     }
 
     #[test]

@@ -43,17 +43,16 @@ fn agent_env(agent: &str) -> Vec<(String, String)> {
         // times the CLI recorded): the replay need not wait that minute.
         "grok" => vec![("CODA_SHIM_RETRY_PATIENCE_MS".into(), "1000".into())],
         "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
-        // coda-opencode writes no took log yet: the player pauses after each write of OpenCode's server events so
-        // that the shim's reader has them before the next frame. 100 ms (the default) was too short once on a
-        // loaded 2-core machine (`task-foreground-child-permission`: a usage_update stamped with the step
-        // before); a stopgap until coda-opencode says what it has taken in, as coda-kimi does.
+        // coda-opencode's took log says how far its layers have handled the events file, coda-kimi's how far it
+        // has taken in each session file, and their traces which of the player's frames they have handled: the
+        // player waits on them (not a pause) so that the shim handles each write and each frame in the recorded
+        // order (fixtures/README.md, "Waiting for the shim").
         "opencode" => vec![
             ("CODA_OPENCODE_EVENTS".into(), "../tmp/coda-opencode-events.jsonl".into()),
-            ("ACP_REPLAY_FILE_SETTLE_MS".into(), "300".into()),
+            ("CODA_OPENCODE_TOOK".into(), "../tmp/opencode-took.jsonl".into()),
+            ("ACP_REPLAY_TOOK".into(), "../tmp/opencode-took.jsonl".into()),
+            ("CODA_SHIM_TRACE".into(), "../tmp/shim-trace.jsonl".into()),
         ],
-        // coda-kimi's took log says how far it has taken in each session file, and its trace which of the
-        // player's frames it has handled: the player waits on them (not a pause) so that the shim handles each
-        // write and each frame in the recorded order (fixtures/README.md, "Waiting for the shim").
         "kimi" => vec![
             ("CODA_KIMI_TOOK".into(), "../tmp/kimi-took.jsonl".into()),
             ("ACP_REPLAY_TOOK".into(), "../tmp/kimi-took.jsonl".into()),
