@@ -62,7 +62,7 @@ impl FileLog {
         let name = var.to_owned();
         let out: Shared = Arc::new(Mutex::new(out));
         let shared = out.clone();
-        let writer = std::thread::Builder::new().name("kimi-record".into()).spawn(move || {
+        let writer = std::thread::Builder::new().name("file-log".into()).spawn(move || {
             for line in queue {
                 let mut out = shared.lock().unwrap_or_else(|p| p.into_inner());
                 if let Err(e) = out.write_all(&line) {
