@@ -16,7 +16,7 @@
 //!   scripted agent: a `Pair` whose `drive()` runs both sides until idle, for behaviour tests that need no
 //!   process), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`],
 //!   the jobs it runs for layers [`layer::work`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
-//!   it), [`trace`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
+//!   it), [`trace`], [`file_log`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
 //!   agent's identity ([`coda::identity`]), failure kinds ([`coda::failure`]), compaction on request
@@ -79,6 +79,7 @@ pub mod adapters;
 pub mod child;
 pub mod cli;
 pub mod coda;
+pub mod file_log;
 pub mod frame;
 pub mod json;
 pub mod layer;

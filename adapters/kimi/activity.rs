@@ -19,10 +19,11 @@ use serde_json::{Value, json};
 use crate::adapters::kimi::facts::Tap;
 use crate::adapters::kimi::failure::Failures;
 use crate::adapters::kimi::feed::{self, Fed};
-use crate::adapters::kimi::record::FileLog;
+use crate::adapters::kimi::record;
 use crate::adapters::kimi::translate::{self, Translator};
 use crate::adapters::kimi::watch::{self, Scan, Started, WatchError};
 use crate::adapters::kimi::wire::{self, KNOWN_PROTOCOLS};
+use crate::file_log::FileLog;
 
 /// Finds a session's folder and starts watching it: notes where its files end (records older than the time
 /// handed in are history when a replaced file is read again) and sets up the watch on a thread of its own;
@@ -98,7 +99,7 @@ pub struct Activity {
 /// The logs the activity layer writes, each when its variable names a file (opened at set-up).
 #[derive(Default)]
 pub struct Logs {
-    /// `CODA_KIMI_RECORD`: what the shim read of the session files, for recordings ([`FileLog::chunks`]).
+    /// `CODA_KIMI_RECORD`: what the shim read of the session files, for recordings ([`record::chunks`]).
     pub record: Option<FileLog>,
     /// `CODA_KIMI_TOOK`: how far the shim has taken in each file, for the replay player (fixtures/README.md).
     pub took: Option<FileLog>,
@@ -227,7 +228,7 @@ impl Activity {
             Ok((start, handle)) => {
                 // What the files held when the session was found: the recording's starting state.
                 if let Some(log) = &mut self.record {
-                    log.chunks(&start.dir, &start.snapshot, seen, true);
+                    record::chunks(log, &start.dir, &start.snapshot, seen, true);
                 }
                 self.begin(session, &start.dir, &start.header, handle);
                 if let Some(log) = &mut self.took
@@ -506,7 +507,7 @@ impl Activity {
             && let Some(s) = self.sessions.get(&scan.session)
         {
             // The file log of fixtures/README.md ("Kimi session files"), in the order the shim read it.
-            log.chunks(&s.dir, &scan.chunks, cx.wall(), false);
+            record::chunks(log, &s.dir, &scan.chunks, cx.wall(), false);
         }
         let Scan { session, fed, took, facts, .. } = scan;
         self.scan(&session, fed, cx);

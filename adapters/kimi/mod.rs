@@ -37,7 +37,7 @@ fn layers(setup: &mut Setup) {
     let log = |var: &str| {
         std::env::var_os(var)
             .filter(|p| !p.is_empty())
-            .and_then(|p| record::FileLog::open(var, std::path::Path::new(&p)))
+            .and_then(|p| crate::file_log::FileLog::open(var, std::path::Path::new(&p)))
     };
     let logs = activity::Logs { record: log("CODA_KIMI_RECORD"), took: log("CODA_KIMI_TOOK") };
     stack(setup, root, logs);

@@ -34,10 +34,10 @@ use crate::frame::{self, Frame, Kind};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
-use crate::adapters::kimi::record::FileLog;
 use crate::adapters::opencode::failure::{ANSWER_HOLD, Failures, Upstream};
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
+use crate::file_log::FileLog;
 
 /// Without OpenCode's server: how long the parent must stay quiet before its own turn counts as over.
 pub const QUIET: Duration = Duration::from_secs(10);

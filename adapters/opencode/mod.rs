@@ -92,7 +92,7 @@ pub const RESUME_DELAY_ENV: &str = "CODA_OPENCODE_RESUME_DELAY_MS";
 pub const EVENTS_FILE: &str = "coda-opencode-events.jsonl";
 
 // What the set-up below uses.
-use crate::adapters::kimi::record as record_log;
+use crate::file_log as record_log;
 use crate::layer::EventSender;
 use record::Record;
 use server::{FromServer, ServerEvent};
