@@ -827,8 +827,10 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":["a","b"],"method":"m"}"#.to_vec(),
         ];
         let base = chunk("text of the chunk");
-        let suffixes: [&[u8]; 20] = [
+        let suffixes: [&[u8]; 22] = [
             b"more\"}}}}",
+            b"x\",\"n\":1e400}}}}",
+            b"x\",\"n\":-0.5E-999,\"m\":01}}}}",
             b"x\"]}",
             b"x\"}}},\"method\":\"again\"}",
             b"x\"},\"id\":1}",
@@ -856,6 +858,10 @@ mod tests {
                 }
             }
         }
+        // A prefix longer than the memo keeps, before a chunk's text.
+        let long = format!("{{\"pad\":\"{}\",\"text\":\"", "あ".repeat(MEMO_MAX));
+        lines.push(format!("{long}a\"}}").into_bytes());
+        lines.push(format!("{long}b\"}}").into_bytes());
         let deep = "[".repeat(MAX_DEPTH) + "\"s\"" + &"]".repeat(MAX_DEPTH);
         lines.push(deep.clone().into_bytes());
         lines.push(("[".repeat(MAX_DEPTH + 1) + "\"s\"" + &"]".repeat(MAX_DEPTH + 1)).into_bytes());
