@@ -89,6 +89,7 @@ pub mod private_file;
 pub mod relay;
 pub mod replay;
 pub mod scan;
+pub mod text;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;

@@ -251,7 +251,7 @@ fn replay(name: &str) -> Replay {
     // As the binary stacks them: the engine's Waits, Codex's identity (its version probed), Codex's layers.
     let mut layers: Vec<Box<dyn AnyLayer>> =
         vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(CODEX_VERSION.into())))];
-    layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC));
+    layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC, coda_shim::coda::failure::RETRY_PATIENCE));
     let mut stack = Stack::new(layers);
     let mut exits = Exits::default();
     let (mut recorded_client, mut recorded_agent) = (Vec::new(), Vec::new());
@@ -385,11 +385,14 @@ fn upstream_errors_become_coda_failure_kinds() {
     assert_eq!(r.answer(3)["error"]["code"], -32603);
     assert!(r.answer(3)["error"]["message"].as_str().is_some_and(|m| m.contains("usage limit")));
     assert_eq!(failure(3), json!({"kind":"quota_exhausted"}));
-    // 429 rate limit, 500, 503: the turn ran, the service failed.
-    for (id, text) in [(4, "429 Too Many Requests"), (5, "high demand"), (6, "at capacity")] {
+    // 503: Codex's overloaded server, a temporary failure of the service.
+    assert!(r.answer(6)["error"]["message"].as_str().is_some_and(|m| m.contains("at capacity")));
+    assert_eq!(failure(6), json!({"kind":"service_unavailable","input":"accepted"}));
+    // 429 rate limit (any 429: it may be a quota), 500 (any): no explicit reason, plain errors Coda never retries.
+    for (id, text) in [(4, "429 Too Many Requests"), (5, "high demand")] {
         assert_eq!(r.answer(id)["error"]["code"], -32603);
         assert!(r.answer(id)["error"]["message"].as_str().is_some_and(|m| m.contains(text)), "{id}");
-        assert_eq!(failure(id), json!({"kind":"service_unavailable","input":"accepted"}), "{id}");
+        assert_eq!(failure(id), Value::Null, "{id}");
     }
     // 401 stays auth_required, never a quota.
     assert_eq!(

@@ -92,17 +92,18 @@ fn layers(setup: &mut Setup) {
         // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    for layer in below_identity(TimeZone::system()) {
+    for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience()) {
         setup.push(layer);
     }
 }
 
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
-/// `zone` is the one Codex writes local times in (the machine's: read once, at set-up).
-pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
+/// `zone` is the one Codex writes local times in (the machine's: read once, at set-up); `patience` how long Codex
+/// may retry a turn (`coda::failure`).
+pub fn below_identity(zone: TimeZone, patience: Duration) -> Vec<Box<dyn AnyLayer>> {
     vec![
         Box::new(air::Air::new()),
-        Box::new(failure::Failure::new(zone)),
+        Box::new(failure::layer(zone, patience)),
         Box::new(review::CodexReview::new()),
         Box::new(Instruction::new(&[])),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.

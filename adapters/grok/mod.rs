@@ -98,7 +98,7 @@ fn layers(setup: &mut Setup) {
     setup.add(|_| Box::new(steering::GrokSteering::new()));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
     let patience = crate::coda::failure::retry_patience();
-    setup.add(move |_| Box::new(failure::GrokFailure::new(patience)));
+    setup.add(move |_| Box::new(failure::layer(patience)));
 }
 
 /// What `coda-grok` is: the CLI it wraps, how it finds it, and its layers.

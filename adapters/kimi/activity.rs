@@ -12,12 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::frame::{self, Frame, Id, Kind};
+use crate::frame::{self, Frame, Kind};
 use crate::layer::{Cx, EventSender, Layer};
 use serde_json::{Value, json};
 
-use crate::adapters::kimi::facts::Tap;
-use crate::adapters::kimi::failure::Failures;
+use crate::adapters::kimi::facts::{Tap, WireFacts};
 use crate::adapters::kimi::feed::{self, Fed};
 use crate::adapters::kimi::record;
 use crate::adapters::kimi::translate::{self, Translator};
@@ -70,8 +69,6 @@ struct Session {
     /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
     /// time each was held, for [`ANSWER_HOLD`].
     answers: Vec<(Frame, Instant)>,
-    /// Failed client turns, answered as Coda's failure kinds.
-    failures: Failures,
     dir: String,
     _handle: Option<watch::Handle>,
 }
@@ -79,11 +76,6 @@ struct Session {
 pub struct Activity {
     start: Starter,
     sessions: HashMap<String, Session>,
-    /// Client prompts that are slash commands (Kimi runs them without a turn; see [`Failures`]).
-    commands: HashSet<Id>,
-    /// Those of them whose turn has streamed no output yet (in their own session): a failed turn ends that
-    /// way in 0.1 s, before the watch has read it, so their answers wait for the turn's end in the wire.
-    quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     /// Sessions whose watch is being started: the client's frames of that session and the watch's scans
@@ -133,8 +125,6 @@ impl Activity {
         Activity {
             start,
             sessions: HashMap::new(),
-            commands: HashSet::new(),
-            quiet: HashSet::new(),
             off: HashSet::new(),
             opening: HashMap::new(),
             record: None,
@@ -160,7 +150,7 @@ impl Activity {
                 "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
                  {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
             );
-            cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
+            cx.to_client(a);
         }
         self.release(session, cx);
         self.schedule(session, cx);
@@ -275,15 +265,11 @@ impl Activity {
             }
         }
         let translator = Translator::new(session, dir);
-        let s = Session {
-            translator,
-            held: VecDeque::new(),
-            answers: Vec::new(),
-            failures: Failures::default(),
-            dir: dir.to_owned(),
-            _handle: handle,
-        };
+        let s =
+            Session { translator, held: VecDeque::new(), answers: Vec::new(), dir: dir.to_owned(), _handle: handle };
         self.sessions.insert(session.to_owned(), s);
+        // The layers below learn that this session's wire is read: its turns' ends will show.
+        self.tap.send(Some(WireFacts { session: session.to_owned(), entries: Vec::new() }));
     }
 
     /// What the watch read, parsed: order by the wire records, translate.
@@ -302,32 +288,16 @@ impl Activity {
                 _ => {}
             }
         }
-        let mut stop = false;
         for (agent, entry) in feed::merge(lists) {
-            if agent == translate::MAIN && s.failures.record(&entry) {
-                stop = true;
-            }
             s.translator.entry(&agent, entry, &mut out);
-        }
-        if stop {
-            // Kimi's retries would keep the turn open past a minute: stop the run; its end carries the failure.
-            tracing::info!("stopping Kimi's turn in session {session}: its retries would outlast a minute");
-            cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
         }
         s.translator.drained(cx.now(), &mut out);
         for f in out {
             cx.to_client(f);
         }
         if !s.translator.user_turn_open() {
-            let mut held = std::mem::take(&mut s.answers).into_iter();
-            while let Some((a, at)) = held.next() {
-                if pairs(&self.commands, &a) && !s.failures.turn_ended() {
-                    // Its turn's end is not in the wire yet.
-                    s.answers.push((a, at));
-                    s.answers.extend(held);
-                    break;
-                }
-                cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
+            for (a, _) in std::mem::take(&mut s.answers) {
+                cx.to_client(a);
             }
         }
         self.release(session, cx);
@@ -343,24 +313,6 @@ impl Activity {
             cx.to_agent(p);
         }
     }
-}
-
-/// Updates that show a turn produced output.
-const TURN_OUTPUT: &[&str] = &["agent_message_chunk", "agent_thought_chunk", "tool_call", "tool_call_update", "plan"];
-
-/// Whether Kimi's answer `a` pairs with a turn end in the wire: a result to a prompt that is not a slash
-/// command (an error answer means Kimi refused the prompt).
-fn pairs(commands: &HashSet<Id>, a: &Frame) -> bool {
-    a.id().is_some_and(|id| !commands.contains(id)) && a.value().get("result").is_some()
-}
-
-/// The answer Coda gets for Kimi's prompt answer `a` once its turn's end is known (or the hold ran out).
-fn answer_of(commands: &mut HashSet<Id>, failures: &mut Failures, a: Frame) -> Frame {
-    let paired = pairs(commands, &a);
-    if let Some(id) = a.id() {
-        commands.remove(id);
-    }
-    if paired { failures.answer(a) } else { a }
 }
 
 fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -385,14 +337,8 @@ impl Layer for Activity {
             }
         }
         match frame.kind().clone() {
-            Kind::Request { id, method } if method == "session/prompt" => {
+            Kind::Request { method, .. } if method == "session/prompt" => {
                 let v = frame.value();
-                let first = v.pointer("/params/prompt/0/text").and_then(Value::as_str);
-                if first.is_some_and(|t| t.starts_with('/')) {
-                    self.commands.insert(id.clone());
-                } else {
-                    self.quiet.insert(id.clone());
-                }
                 let sid = param_str(v, "sessionId").map(str::to_owned);
                 if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
                     && (s.translator.main_busy() || !s.held.is_empty())
@@ -411,8 +357,6 @@ impl Layer for Activity {
                 {
                     for p in std::mem::take(&mut s.held) {
                         if let Some(id) = p.id() {
-                            self.commands.remove(id);
-                            self.quiet.remove(id);
                             cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
                         }
                     }
@@ -437,38 +381,26 @@ impl Layer for Activity {
                 return waiting.push_back(Waiting::FromAgent(frame));
             }
         }
-        let Kind::Response { id } = frame.kind() else {
-            if !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
-                // Output ends the quiet of that session's prompts only: a quiet failed turn elsewhere keeps
-                // its hold (and so its failure kind). The session is read without parsing the chunk.
-                let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
-                if let Some(sid) = session.as_ref().and_then(|v| sonic_rs::JsonValueTrait::as_str(v)) {
-                    // Which session a quiet prompt is of: the stack's request table says.
-                    self.quiet.retain(|id| cx.request_of(id).and_then(|r| r.session()).is_none_or(|s| s != sid));
-                }
-            }
+        let Kind::Response { .. } = frame.kind() else {
             return cx.to_client(frame);
         };
         // The request it answers, as the stack recorded it: which session, and when it went by (the time of the
         // recording's snapshot of a session's files).
         let request = cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned), r.wall));
-        let quiet = self.quiet.remove(id);
         let Some((method, asked, seen)) = request else {
-            self.commands.remove(id);
             return cx.to_client(frame);
         };
         if method == "session/prompt"
             && let Some(sid) = asked.clone()
             && let Some(s) = self.sessions.get_mut(&sid)
         {
-            if s.translator.user_turn_open() || (quiet && pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
+            if s.translator.user_turn_open() {
                 s.answers.push((frame, cx.now()));
                 self.schedule(&sid, cx);
                 return;
             }
-            return cx.to_client(answer_of(&mut self.commands, &mut s.failures, frame));
+            return cx.to_client(frame);
         }
-        self.commands.remove(id);
         if matches!(method.as_str(), "session/new" | "session/load" | "session/resume") {
             let asked = if method == "session/new" { None } else { asked };
             let v = frame.value();
@@ -484,9 +416,7 @@ impl Layer for Activity {
     }
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
-        // A turn's first output ends the quiet of its session's prompts.
-        let ends_quiet = !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u));
-        !matches!(frame.kind(), Kind::Response { .. }) && self.opening.is_empty() && !ends_quiet
+        !matches!(frame.kind(), Kind::Response { .. }) && self.opening.is_empty()
     }
 
     fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
@@ -698,32 +628,6 @@ mod tests {
     }
 
     #[test]
-    fn output_in_another_session_leaves_a_quiet_turn_its_hold() {
-        const OTHER: &str = "session_6b1d1f0e-0000-4000-8000-00000000b22f";
-        let mut r = Rig::new();
-        // A second session (its folder is not there: no activity for it, the relay goes on).
-        r.h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
-        r.h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":OTHER}}));
-        assert_eq!(r.to_client(), ["answer 2"]);
-        let chunk = |sid: &str| json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":sid,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"好"}}}});
-        r.h.from_client(prompt(5));
-        r.h.from_client(json!({"jsonrpc":"2.0","id":6,"method":"session/prompt","params":{"sessionId":OTHER,"prompt":[{"type":"text","text":"go"}]}}));
-        // The other session streams; this one's turn fails quietly (no output) and Kimi answers it at once.
-        r.h.from_agent(chunk(OTHER));
-        assert_eq!(r.to_client(), [format!("session/update {OTHER}")]);
-        r.at(100);
-        r.h.from_agent(end_turn(5));
-        assert!(r.to_client().is_empty(), "held for the turn's end on the wire, as with no other session");
-        r.wire("main", &[user_turn(0), turn_ended(0)]);
-        assert_eq!(r.to_client(), ["answer 5"]);
-        // Output in its own session does end a prompt's quiet: its answer then goes out at once.
-        r.h.from_client(prompt(7));
-        r.h.from_agent(chunk(SID));
-        r.h.from_agent(end_turn(7));
-        assert_eq!(r.to_client(), [format!("session/update {SID}"), "answer 7".to_owned()]);
-    }
-
-    #[test]
     fn a_subagent_run_whose_turn_end_never_shows_is_settled_after_the_grace() {
         let mut r = Rig::new();
         r.wire("main", &[user_turn(0)]);
@@ -848,7 +752,8 @@ mod tests {
         assert_eq!(h.run_work(), 1);
         assert_eq!(h.to_client().len(), 1, "the answer");
         h.deliver();
-        assert_eq!(*got.lock().unwrap(), [2], "the turn's prompt and the request");
+        // First that the session's wire is read (no records), then the turn's prompt and the request.
+        assert_eq!(*got.lock().unwrap(), [0, 2], "the watch's start, then the turn's prompt and the request");
         // The took log, written by its thread: whole once the layer is gone.
         drop(h);
         let text = std::fs::read_to_string(&took).unwrap();

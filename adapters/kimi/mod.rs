@@ -50,10 +50,17 @@ fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Lo
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
     let first_prompt = title::first_prompt_from_files(root.clone());
     setup.add(|_| Box::new(title::Title::new(first_prompt)));
-    // The activity layer hands the main agent's usage and compaction records of each scan of the watch it
-    // starts to the two layers below it (next to Kimi, so Kimi's frames reach them first).
+    // The activity layer hands the main agent's failure, usage and compaction records of each scan of the watch
+    // it starts to the layers below it (next to Kimi, so Kimi's frames reach them first).
     let tap = facts::Tap::default();
     setup.add(|events| Box::new(activity::Activity::new(events, root, logs, tap.clone())));
+    // Failure kinds from the wire's turn ends and retries, next below: Kimi's answers reach it before the
+    // activity layer, which then sees the answer Coda gets.
+    let patience = crate::coda::failure::retry_patience();
+    setup.add(|events| {
+        tap.add(events);
+        Box::new(failure::layer(patience))
+    });
     setup.add(|events| {
         tap.add(events);
         Box::new(compact::Compact::new())

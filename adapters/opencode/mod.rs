@@ -97,7 +97,7 @@ use crate::layer::EventSender;
 use record::Record;
 use server::{FromServer, ServerEvent};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Everything the layers need from the environment, read once at set-up.
@@ -109,7 +109,6 @@ struct Env {
     /// [`TOOK_ENV`]: the took log of a replay.
     took: Option<PathBuf>,
     resume_delay: Duration,
-    retry_patience: Duration,
 }
 
 impl Env {
@@ -123,7 +122,6 @@ impl Env {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(Duration::ZERO, Duration::from_millis),
-            retry_patience: crate::coda::failure::retry_patience(),
         }
     }
 }
@@ -184,19 +182,27 @@ fn layers(setup: &mut Setup) {
         Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
     });
     let took = took_log(&env);
+    // The failure layer is added below the activity layer, whose reader routes to it: its sender, once made.
+    let failures = Arc::new(OnceLock::new());
     setup.add(|events| {
         let start = match (bridge_events, usage_events, compact_events) {
             (Some(bridge), Some(usage), Some(compact)) => {
-                let rest = route(events, bridge, steer_events);
+                let rest = route(events, bridge, steer_events, failures.clone());
                 reader(&env, server, steer_gate, took.is_some(), route_compaction(rest, usage, compact, replay_gate))
             }
             _ => None,
         };
-        let activity = activity::OpenCodeActivity::new(start, record, env.retry_patience);
+        let activity = activity::OpenCodeActivity::new(start, record);
         Box::new(match took {
             Some((log, events)) => activity.with_took(log, events),
             None => activity,
         })
+    });
+    // Failure kinds, next to OpenCode: its answers reach them first.
+    let patience = crate::coda::failure::retry_patience();
+    setup.add(|events| {
+        let _ = failures.set(events);
+        Box::new(failure::layer(patience))
     });
 }
 
@@ -243,17 +249,25 @@ fn route_compaction(
     }
 }
 
-/// Hands each server event to the layer that acts on it: permission requests to the bridge, steps and the
-/// steering calls' outcomes to the steering layer (if any), run states and a lost stream to both it and the
-/// activity layer, the rest to the activity layer. One queue: the layers handle them in the order they were read.
+/// Hands each server event to the layer that acts on it: permission requests to the bridge, retries and run
+/// failures to the failure layer (once it has a sender) and the activity layer, steps and the steering calls'
+/// outcomes to the steering layer (if any), run states and a lost stream to both it and the activity layer, the
+/// rest to the activity layer. One queue: the layers handle them in the order they were read.
 fn route(
     activity: EventSender<FromServer>,
     bridge: EventSender<FromServer>,
     steering: Option<EventSender<FromServer>>,
+    failures: Arc<OnceLock<EventSender<FromServer>>>,
 ) -> impl Fn(FromServer) -> bool + Send + 'static {
     move |e| {
         if for_bridge(&e) {
             return bridge.send(e);
+        }
+        if matches!(e, FromServer::Event(ServerEvent::Retry { .. } | ServerEvent::Failed { .. }))
+            && let Some(failures) = failures.get()
+            && !failures.send(e.clone())
+        {
+            return false;
         }
         let Some(steering) = &steering else { return activity.send(e) };
         match &e {
@@ -344,7 +358,6 @@ mod tests {
             record: None,
             took,
             resume_delay: Duration::ZERO,
-            retry_patience: Duration::ZERO,
         };
         std::fs::create_dir(dir.path().join("work")).expect("work");
         assert!(took_log(&env(None)).is_none(), "no took log without CODA_OPENCODE_TOOK");

@@ -1,7 +1,7 @@
 //! Test rig for the OpenCode layers: the stack the binary runs, in the engine's harness (a clock driven by hand).
 //!
-//! The engine's waits layer, the permission bridge and the activity layer (the session instruction is left
-//! out: it is tested on its own), with OpenCode's server events handed to them by the set-up's own routing.
+//! The engine's waits layer, the permission bridge, the activity layer and the failure layer (the session
+//! instruction is left out: it is tested on its own), with OpenCode's server events handed to them by the set-up's own routing.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,7 +41,7 @@ impl Rig {
             Ok(())
         });
         let bridge = Permissions::new(replier, record.clone(), resume_delay);
-        let activity = OpenCodeActivity::new(None, record, Duration::from_secs(60));
+        let activity = OpenCodeActivity::new(None, record);
         let mut route = None;
         let h = Harness::build(|layers| {
             layers.push(Box::new(Waits::new()));
@@ -50,9 +50,15 @@ impl Rig {
                 bridge_events = Some(events);
                 Box::new(bridge)
             });
+            let failures = std::sync::Arc::new(std::sync::OnceLock::new());
             layers.add(|events| {
-                route = bridge_events.map(|bridge| crate::adapters::opencode::route(events, bridge, None));
+                route = bridge_events
+                    .map(|bridge| crate::adapters::opencode::route(events, bridge, None, failures.clone()));
                 Box::new(activity)
+            });
+            layers.add(|events| {
+                let _ = failures.set(events);
+                Box::new(crate::adapters::opencode::failure::layer(Duration::from_secs(60)))
             });
         });
         let route = Box::new(route.expect("both layers have senders"));
