@@ -14,8 +14,8 @@
 //!   session's lifecycle as a sans-IO state machine: which peer is still read, the stop ladder, the drain
 //!   deadline) and [`relay::testing`] (the loop on in-memory pipes and virtual time with an in-process
 //!   scripted agent: a `Pair` whose `drive()` runs both sides until idle, for behaviour tests that need no
-//!   process), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`],
-//!   the jobs it runs for layers [`layer::work`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
+//!   process), [`layer`] (the layer contract, the [`layer::Stack`], its request table [`layer::requests`] and
+//!   session table [`layer::sessions`], the jobs it runs for layers [`layer::work`] and [`layer::testing`]), [`child`] and [`watchdog`] (the CLI's process and what stops
 //!   it), [`trace`], [`file_log`] and [`private_file`] (what the shim writes), [`maybe`] (small async helpers).
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
@@ -67,7 +67,11 @@
 //!
 //! The stack records every client request once (id, method, `params.sessionId`, time): a layer asks which
 //! request an answer answers ([`layer::Cx::answer_to`]) and which are open ([`layer::Cx::open_requests`]),
-//! and keeps no map of ids of its own; the relay asks it what the agent still owes. Layers tell each other
+//! and keeps no map of ids of its own; the relay asks it what the agent still owes. Beside it the stack keeps
+//! the session table ([`layer::sessions`], read through [`layer::Cx::session`] and [`layer::Cx::turn`]): the
+//! root sessions Coda opened, the children layers named, whose turn runs in each (Coda's, the shim's own
+//! request, the CLI's own), a compaction, the prompts held behind it and a steering message in flight. No
+//! layer keeps its own copy of those. Layers tell each other
 //! things through typed notes on a request ([`layer::Cx::note`], e.g. [`coda::wait::WithholdWaits`]), never
 //! through keys written into frames.
 

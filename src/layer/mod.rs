@@ -43,6 +43,10 @@
 //! ids, and tells the layers above something about a request with a typed note ([`Cx::note`]), never with a
 //! key written into a frame. A layer may hold a client request (keep the frame and emit it later): it stays
 //! open, and not sent, until then.
+//!
+//! Beside it the stack keeps the session table ([`sessions`]): the sessions Coda opened (learnt from the agent's
+//! answers before any layer sees them), the children layers name ([`Cx::add_child`]), whose turn runs in each
+//! ([`Cx::turn`]), and the marks of the compaction and steering machines ([`Cx::session_mut`]).
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -54,11 +58,13 @@ use serde_json::Value;
 use crate::frame::{Frame, Id, Kind};
 
 pub mod requests;
+pub mod sessions;
 pub mod testing;
 mod timers;
 pub mod work;
 
 pub use requests::{Request, Requests};
+pub use sessions::{Session, Sessions, Turn};
 pub use timers::Timer;
 use timers::{AnyTimers, Timers};
 pub use work::{Done, Job, Pool};
@@ -205,6 +211,7 @@ pub struct Cx<'a> {
 /// What the layers of a stack share, and what a context inside it reaches (with the handled layer's index).
 struct Shared {
     requests: Requests,
+    sessions: Sessions,
     /// Wake-ups asked for so far across the stack (orders equal deadlines).
     asked: u64,
     /// Each layer's wake-ups, by index.
@@ -332,6 +339,46 @@ impl<'a> Cx<'a> {
     pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
         self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
+
+    /// The stack's session table ([`sessions`]); `None` outside a stack.
+    pub fn sessions(&self) -> Option<&Sessions> {
+        self.stack.as_ref().map(|(s, _)| &s.sessions)
+    }
+
+    /// The session `id` of the table: a root Coda opened on this connection, or a child a layer named.
+    pub fn session(&self, id: &str) -> Option<&Session> {
+        self.sessions()?.get(id)
+    }
+
+    /// The session `id`, to record what a layer knows of it ([`Session::set_busy`], and the compaction and
+    /// steering machines' marks). Takes effect at once, for the layers after this one.
+    pub fn session_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.stack.as_mut()?.0.sessions.get_mut(id)
+    }
+
+    /// Tells the table that `child` is a session the agent runs for `parent` (a subagent's), as this layer
+    /// learnt. A root stays a root.
+    pub fn add_child(&mut self, child: &str, parent: Option<&str>) {
+        if let Some((s, _)) = self.stack.as_mut() {
+            s.sessions.add_child(child, parent);
+        }
+    }
+
+    /// Whose turn runs in `session` ([`Turn`]): Coda's open `session/prompt` (one the agent has before one a
+    /// layer holds), else the shim's own request about it the agent owes, else the CLI's own when it said the
+    /// session is busy; `None` when none runs.
+    pub fn turn(&self, session: &str) -> Option<Turn> {
+        let (shared, _) = self.stack.as_ref()?;
+        let prompts = shared.requests.open().filter(|r| r.is("session/prompt") && r.session() == Some(session));
+        let coda = prompts.max_by_key(|r| (r.is_sent(), std::cmp::Reverse(r.seq())));
+        if let Some(r) = coda {
+            return Some(Turn::Coda { prompt: r.id.clone(), sent: r.is_sent() });
+        }
+        if let Some(method) = shared.sessions.own_request(session) {
+            return Some(Turn::Shim { method: method.clone() });
+        }
+        (shared.sessions.get(session)?.busy() == Some(true)).then_some(Turn::Cli)
+    }
 }
 
 /// The layers of one binary, the client's requests, and the shim's own outstanding requests.
@@ -366,6 +413,7 @@ impl Stack {
         Stack {
             shared: Shared {
                 requests: Requests::default(),
+                sessions: Sessions::default(),
                 asked: 0,
                 timers: layers.iter().map(|l| l.new_timers()).collect(),
                 names: layers.iter().map(|l| l.name()).collect(),
@@ -427,10 +475,20 @@ impl Stack {
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
             if let Some((layer, tag)) = self.own.remove(id) {
+                self.shared.sessions.own_answered(id);
                 self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
                 return self.settle(exits);
             }
-            self.shared.requests.answered(id);
+            if self.is_own(id) {
+                // An answer to a request of the shim's that was answered already (or never sent): Coda never
+                // sent that id, so it is no answer of Coda's.
+                return tracing::warn!("the agent answered one of the shim's own requests twice; dropped");
+            }
+            let Shared { requests, sessions, .. } = &mut self.shared;
+            if let Some(r) = requests.get(id).filter(|r| !r.is_answered()) {
+                sessions.answered(&r.method, r.session(), &frame);
+            }
+            requests.answered(id);
         }
         self.up(self.layers.len(), frame, exits);
         self.settle(exits);
@@ -455,6 +513,11 @@ impl Stack {
         &self.shared.requests
     }
 
+    /// The session table ([`sessions`]).
+    pub fn sessions(&self) -> &Sessions {
+        &self.shared.sessions
+    }
+
     /// The client requests the agent was sent and has not answered, in their order of arrival.
     pub fn owed(&self) -> Vec<Id> {
         self.shared.requests.owed()
@@ -473,10 +536,15 @@ impl Stack {
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
         if from == self.layers.len() {
-            if let Kind::Request { id, .. } = frame.kind()
+            if let Kind::Request { id, method } = frame.kind()
                 && !self.is_own(id)
             {
                 self.shared.requests.sent(&frame, self.now, self.wall);
+                if method == "session/prompt"
+                    && let Some(session) = self.shared.requests.get(id).and_then(Request::session)
+                {
+                    self.shared.sessions.prompt_sent(session);
+                }
             }
             return exits.to_agent.push(frame);
         }
@@ -494,7 +562,9 @@ impl Stack {
         match below.checked_sub(1) {
             None => {
                 if let Kind::Response { id } = frame.kind() {
-                    self.shared.requests.closed(id);
+                    let Shared { requests, sessions, .. } = &mut self.shared;
+                    sessions.closed(id, requests.get(id).and_then(Request::session));
+                    requests.closed(id);
                 }
                 exits.to_client.push(frame)
             }
@@ -542,6 +612,7 @@ impl Stack {
                     }
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
+                    self.shared.sessions.own_sent(&Id::string(&id), &method, &params);
                     self.own.insert(Id::string(&id), (at, tag));
                     let frame = Frame::from_value(&serde_json::json!({
                         "jsonrpc": "2.0", "id": id, "method": method, "params": params
@@ -929,6 +1000,86 @@ mod tests {
     #[should_panic(expected = "an event of the wrong type reached the stack")]
     fn an_event_for_no_layer_is_a_loud_error() {
         Harness::new(vec![Box::new(Echo)]).event(5, 8u32);
+    }
+
+    /// Reports what the session table says of `params.sessionId` on `look`; asks the agent `own` for it.
+    struct Looker;
+    impl Layer for Looker {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = ();
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let session = f.value()["params"]["sessionId"].as_str().unwrap_or_default().to_owned();
+            match f.method() {
+                Some("look") => {
+                    let s = cx.session(&session);
+                    let about = json!({"root": s.is_some_and(Session::is_root), "child": s.is_some_and(|s| !s.is_root()),
+                        "turn": format!("{:?}", cx.turn(&session)), "started": s.is_some_and(Session::started)});
+                    cx.to_client(crate::frame::notification("about", about));
+                }
+                Some("own") => cx.request("session/prompt", json!({"sessionId": session}), ()),
+                Some("busy") => {
+                    if let Some(s) = cx.session_mut(&session) {
+                        s.set_busy(f.value()["params"]["busy"] == true);
+                    }
+                }
+                Some("child") => cx.add_child(&session, Some("r")),
+                _ => cx.to_agent(f),
+            }
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            // The table knows a session before any layer handles the answer that opened it.
+            if let Some(id) = f.value()["result"]["sessionId"].as_str() {
+                assert!(cx.session(id).is_some_and(Session::is_root));
+            }
+            cx.to_client(f)
+        }
+        fn on_reply(&mut self, _: (), reply: Frame, cx: &mut Cx) {
+            cx.to_client(crate::frame::notification("replied", reply.value()["result"].clone()));
+        }
+    }
+
+    fn look(h: &mut Harness, session: &str) -> Value {
+        h.from_client(json!({"jsonrpc":"2.0","method":"look","params":{"sessionId":session}}));
+        h.to_client().pop().expect("an answer")["params"].clone()
+    }
+
+    #[test]
+    fn the_session_table_knows_roots_children_and_whose_turn_runs() {
+        let mut h = Harness::of(Looker);
+        assert_eq!(look(&mut h, "r"), json!({"root":false,"child":false,"turn":"None","started":false}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"r"}}));
+        h.to_client();
+        assert_eq!(look(&mut h, "r"), json!({"root":true,"child":false,"turn":"None","started":false}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"child","params":{"sessionId":"c"}}));
+        assert_eq!(look(&mut h, "c")["child"], true);
+        // The CLI's own turn, then Coda's prompt: busy from before the prompt is no start of it.
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":true}}));
+        assert_eq!(look(&mut h, "r")["turn"], "Some(Cli)");
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"r"}}));
+        assert_eq!(
+            look(&mut h, "r"),
+            json!({"root":true,"child":false,"turn":"Some(Coda { prompt: Id(\"2\"), sent: true })","started":false})
+        );
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":true}}));
+        assert_eq!(look(&mut h, "r")["started"], true);
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":false}}));
+        // The shim's own request about the session is a turn of the shim's while the agent owes its answer.
+        h.from_client(json!({"jsonrpc":"2.0","method":"own","params":{"sessionId":"r"}}));
+        let own = h.to_agent().pop().expect("the shim's request");
+        assert_eq!(look(&mut h, "r")["turn"], "Some(Shim { method: \"session/prompt\" })");
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"n":1}}));
+        assert_eq!(h.to_client()[0]["method"], "replied");
+        assert_eq!(look(&mut h, "r")["turn"], "None");
+        // Answered twice: the second answer is nobody's, and Coda never sees it.
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"n":2}}));
+        assert!(h.to_client().is_empty());
+        // Closed: forgotten.
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/close","params":{"sessionId":"r"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+        assert_eq!(look(&mut h, "r")["root"], false);
     }
 
     /// Tells the client, for each answer it passes, which request it answers; notes `Seen` on prompts.

@@ -52,6 +52,11 @@ impl Request {
         self.method == method
     }
 
+    /// Its place in the order of arrival of the client's requests.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// Whether it has left the stack towards the agent (a layer may hold it back first).
     pub fn is_sent(&self) -> bool {
         self.sent
