@@ -108,7 +108,7 @@ pub fn below_identity(zone: TimeZone, patience: Duration) -> Vec<Box<dyn AnyLaye
         Box::new(Instruction::new(&[])),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
         Box::new(compact::Compact::new()),
-        Box::new(usage::Usage::new()),
+        Box::new(usage::layer()),
     ]
 }
 

@@ -93,7 +93,7 @@ fn layers(setup: &mut Setup) {
     // Holds a compacting session's prompts after the instruction went into them.
     setup.add(|_| Box::new(compact::GrokCompact::new()));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
-    setup.add(|_| Box::new(usage::GrokUsage::new()));
+    setup.add(|_| Box::new(usage::layer()));
     // Above the failure layer: it sees the turn's end as Coda will.
     setup.add(|_| Box::new(steering::GrokSteering::new()));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.

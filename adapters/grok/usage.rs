@@ -1,6 +1,6 @@
-//! Coda's usage facts (section 用量里的数据) for Grok Build, which sends no `usage_update` at all: this layer
-//! sends one of the shim's ([`Facts::update`]) for a root session at the end of each turn (Grok's own turns
-//! too) and after each compaction, with `_meta.coda`.
+//! Where Grok Build's usage facts are (section 用量里的数据; the rules are [`crate::coda::usage`]'s). Grok sends
+//! no `usage_update` at all: the shim sends one of its own ([`Fact::Send`]) for a root session at the end of each
+//! turn (Grok's own turns too) and after each compaction.
 //!
 //! Where each fact comes from (Grok 1.0.41, seen live against the fake model):
 //! - `contextTokens`: the last main-thread `_x.ai/session_notification` `response_completed` of the session:
@@ -17,21 +17,20 @@
 //!   live: README, "Compaction and usage facts".
 //! - `compactedAt`: `auto_compact_completed`'s `_meta.agentTimestampMs` (asked for or Grok's own), then a
 //!   `usage_update` with `used = tokens_after`.
-//! - `cacheTtl`: Grok says none; left out.
+//! - `cacheTtl`: Grok says none.
+//! - At load: Grok keeps a session's requests in its folder (`$GROK_HOME/sessions/<cwd>/<id>/events.jsonl`,
+//!   `phase_changed`); the shim does not read it yet, so a session loaded in a fresh process starts with no facts.
 //!
-//! Only sessions this process created, loaded or resumed are roots: a subagent's session never gets one. Times
-//! are Grok's own stamps (its clock), so a replay gives the same facts on any day. Nothing during a
-//! `session/load`/`session/resume` (replayed history).
+//! Times are Grok's own stamps (its clock), so a replay gives the same facts on any day.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::coda::usage::Facts;
+use crate::coda::usage::{Fact, Said, Source, UsageFacts};
 use crate::frame::{Frame, Kind, Needle};
-use crate::layer::{Cx, Layer};
+use crate::layer::Cx;
 
 const NOTIFICATION: &str = "_x.ai/session_notification";
 static STREAM_START: Needle = crate::needle!(b"\"streamStartMs\"");
@@ -41,9 +40,6 @@ struct ModelAsked(String);
 
 #[derive(Default)]
 struct Root {
-    facts: Facts,
-    /// `used` of the next `usage_update`.
-    used: Option<u64>,
     /// Context window by model id, and the current model.
     sizes: HashMap<String, u64>,
     model: Option<String>,
@@ -72,8 +68,8 @@ impl Root {
         }
     }
 
-    /// A stamped frame of Grok's (`session/update` `_meta`).
-    fn stamped(&mut self, meta: &Value) {
+    /// A stamped frame of Grok's (`session/update` `_meta`): the time of a new request, if it starts one.
+    fn stamped(&mut self, meta: &Value) -> Option<SystemTime> {
         let ms = |k: &str| meta.get(k).and_then(Value::as_u64);
         if let Some(turn) = ms("turnStartMs")
             && self.turn_start != Some(turn)
@@ -81,16 +77,18 @@ impl Root {
             self.turn_start = Some(turn);
             self.stream = None;
         }
+        let mut request = None;
         if let Some(stream) = ms("streamStartMs")
             && self.stream != Some(stream)
         {
             self.stream = Some(stream);
             let before = self.turn_start.max(self.latest).unwrap_or(stream);
-            self.facts.last_request_at = Some(at(before.min(stream)));
+            request = Some(at(before.min(stream)));
         }
         if let Some(now) = ms("agentTimestampMs") {
             self.latest = self.latest.max(Some(now));
         }
+        request
     }
 }
 
@@ -98,99 +96,32 @@ fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-#[derive(Default)]
-pub struct GrokUsage {
-    roots: HashMap<String, Root>,
-}
-
 fn u64_at(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
 
-impl GrokUsage {
-    pub fn new() -> GrokUsage {
-        GrokUsage::default()
-    }
+/// Where Grok's facts are (see the module's docs).
+#[derive(Default)]
+pub struct Grok {
+    roots: HashMap<String, Root>,
+}
 
-    fn is_loading(cx: &Cx, session: &str) -> bool {
-        cx.open_requests().any(|r| (r.is("session/load") || r.is("session/resume")) && r.session() == Some(session))
-    }
-
-    /// The shim's `usage_update` for `session`, after the frame that changed its facts.
-    fn update(&self, session: &str, cx: &mut Cx) {
-        let Some(root) = self.roots.get(session) else { return };
-        let (Some(used), Some(size)) = (root.used.or(root.facts.context_tokens), root.size()) else {
-            tracing::debug!("no usage_update yet: Grok has not said the context or its window");
-            return;
-        };
-        cx.to_client(root.facts.update(session, used, size));
-    }
-
-    fn answered(&mut self, frame: &Frame, cx: &mut Cx) {
-        let Some(r) = cx.answer_to(frame) else { return };
-        let method = r.method.to_string();
-        let (session, asked) = (r.session().map(str::to_owned), r.note::<ModelAsked>().map(|m| m.0.clone()));
-        let v = frame.value();
-        let Some(result) = v.get("result") else { return };
-        match method.as_str() {
-            "session/new" => {
-                let Some(s) = result.get("sessionId").and_then(Value::as_str) else { return };
-                self.roots.entry(s.to_owned()).or_default().models(result);
-            }
-            "session/load" | "session/resume" => {
-                let Some(s) = session else { return };
-                self.roots.entry(s).or_default().models(result);
-            }
-            "session/set_model" | "session/set_config_option" => {
-                if let (Some(root), Some(model)) = (session.and_then(|s| self.roots.get_mut(&s)), asked) {
-                    root.model = Some(model);
-                }
-            }
-            _ => {}
+impl Grok {
+    fn root(&mut self, session: &str, cx: &Cx) -> Option<&mut Root> {
+        if !cx.session(session).is_some_and(|s| s.is_root()) {
+            return None;
         }
-    }
-
-    fn notification(&mut self, frame: &Frame, cx: &mut Cx) {
-        let v = frame.value();
-        let params = v.get("params").unwrap_or(&Value::Null);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
-        if !self.roots.contains_key(session) || GrokUsage::is_loading(cx, session) {
-            return;
+        if !self.roots.contains_key(session) {
+            self.roots.retain(|s, _| cx.session(s).is_some_and(|s| s.is_root()));
         }
-        let root = self.roots.get_mut(session).expect("checked");
-        let update = params.get("update").unwrap_or(&Value::Null);
-        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
-        match update.get("sessionUpdate").and_then(Value::as_str) {
-            Some("response_completed") => {
-                let Some(u) = update.get("usage") else { return };
-                let context = u64_at(u, "input_tokens")
-                    .saturating_add(u64_at(u, "cache_read_input_tokens"))
-                    .saturating_add(u64_at(u, "cache_creation_input_tokens"));
-                root.facts.context_tokens = Some(context);
-                root.used = Some(context.saturating_add(u64_at(u, "output_tokens")));
-            }
-            Some("auto_compact_completed") => {
-                root.facts.compacted_at = Some(stamp.map(at).unwrap_or_else(|| cx.wall()));
-                if let Some(after) = update.get("tokens_after").and_then(Value::as_u64) {
-                    root.used = Some(after);
-                }
-                self.update(session, cx);
-            }
-            Some("turn_completed") => {
-                root.latest = root.latest.max(stamp);
-                self.update(session, cx);
-            }
-            _ => {}
-        }
+        Some(self.roots.entry(session.to_owned()).or_default())
     }
 }
 
-impl Layer for GrokUsage {
-    type Timer = Infallible;
-    type Event = Infallible;
-    type Reply = Infallible;
+impl Source for Grok {
+    type Event = std::convert::Infallible;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+    fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
         if let Kind::Request { id, method } = frame.kind()
             && matches!(method.as_str(), "session/set_model" | "session/set_config_option")
         {
@@ -203,69 +134,89 @@ impl Layer for GrokUsage {
                 cx.note(&id.clone(), ModelAsked(m.to_owned()));
             }
         }
-        cx.to_agent(frame)
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                self.answered(&frame, cx);
-                cx.to_client(frame)
-            }
-            Kind::Notification { method } if method == NOTIFICATION => {
-                // Grok's own notification goes first; the shim's usage_update follows it.
-                let copy = frame.clone();
-                cx.to_client(frame);
-                if matches!(
-                    copy.session_update(),
-                    Some("response_completed" | "auto_compact_completed" | "turn_completed")
-                ) {
-                    self.notification(&copy, cx);
-                }
-            }
-            Kind::Notification { method } if method == "session/update" => {
-                if frame.session_update() == Some("usage_update") {
-                    return self.stamp(frame, cx);
-                }
-                if frame.has(&STREAM_START)
-                    && let Some(s) = frame.value().pointer("/params/sessionId").and_then(Value::as_str)
-                    && !GrokUsage::is_loading(cx, s)
-                    && let (Some(root), Some(meta)) = (self.roots.get_mut(s), frame.value().pointer("/params/_meta"))
-                {
-                    root.stamped(meta);
-                }
-                cx.to_client(frame)
-            }
-            _ => cx.to_client(frame),
+    fn answered(&mut self, answer: &Frame, cx: &mut Cx, out: &mut Said) {
+        let Some(r) = cx.answer_to(answer) else { return };
+        let (method, named) = (r.method.to_string(), r.session().map(str::to_owned));
+        let asked = r.note::<ModelAsked>().map(|m| m.0.clone());
+        let v = answer.value();
+        let Some(result) = v.get("result") else { return };
+        let session = match method.as_str() {
+            "session/new" => result.get("sessionId").and_then(Value::as_str).map(str::to_owned),
+            "session/load" | "session/resume" | "session/set_model" | "session/set_config_option" => named,
+            _ => None,
+        };
+        let Some(session) = session else { return };
+        let Some(root) = self.root(&session, cx) else { return };
+        match asked {
+            Some(model) => root.model = Some(model),
+            None => root.models(result),
+        }
+        if let Some(size) = root.size() {
+            out.push((session, Fact::Size(size)));
         }
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
+    fn wants(&self, frame: &Frame) -> bool {
         match frame.kind() {
-            Kind::Notification { method } if method == NOTIFICATION => !matches!(
-                frame.session_update(),
-                Some("response_completed" | "auto_compact_completed" | "turn_completed")
-            ),
-            // A stamped update (Grok stamps its chunks too) may move a root's request time.
-            Kind::Notification { method } if method == "session/update" => {
-                frame.session_update() != Some("usage_update") && !frame.has(&STREAM_START)
+            Kind::Notification { method } if method == NOTIFICATION => {
+                matches!(
+                    frame.session_update(),
+                    Some("response_completed" | "auto_compact_completed" | "turn_completed")
+                )
             }
-            Kind::Response { .. } => false,
-            _ => true,
+            // A stamped update (Grok stamps its chunks too) may start a root's request.
+            Kind::Notification { method } if method == "session/update" => frame.has(&STREAM_START),
+            _ => false,
+        }
+    }
+
+    fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
+        let v = frame.value();
+        let params = v.get("params").unwrap_or(&Value::Null);
+        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
+        let wall = cx.wall();
+        let Some(root) = self.root(session, cx) else { return };
+        let mut say = |fact| out.push((session.to_owned(), fact));
+        if frame.is_notification("session/update") {
+            if let Some(request) = params.get("_meta").and_then(|meta| root.stamped(meta)) {
+                say(Fact::Request(request));
+            }
+            return;
+        }
+        let update = params.get("update").unwrap_or(&Value::Null);
+        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
+        match update.get("sessionUpdate").and_then(Value::as_str) {
+            Some("response_completed") => {
+                let Some(u) = update.get("usage") else { return };
+                let context = u64_at(u, "input_tokens")
+                    .saturating_add(u64_at(u, "cache_read_input_tokens"))
+                    .saturating_add(u64_at(u, "cache_creation_input_tokens"));
+                say(Fact::Context(context));
+                say(Fact::Used(context.saturating_add(u64_at(u, "output_tokens"))));
+            }
+            Some("auto_compact_completed") => {
+                say(Fact::Compacted(stamp.map(at).unwrap_or(wall)));
+                if let Some(after) = update.get("tokens_after").and_then(Value::as_u64) {
+                    say(Fact::Used(after));
+                }
+                say(Fact::Send);
+            }
+            Some("turn_completed") => {
+                root.latest = root.latest.max(stamp);
+                say(Fact::Send);
+            }
+            _ => {}
         }
     }
 }
 
-impl GrokUsage {
-    /// A `usage_update` of Grok's own (1.0.41 sends none): a root session's gets the facts.
-    fn stamp(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut v = frame.to_value();
-        let session = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
-        match session.and_then(|s| self.roots.get(&s)) {
-            Some(root) if root.facts.stamp(&mut v) => cx.to_client(frame.rewritten(v)),
-            _ => cx.to_client(frame),
-        }
-    }
+/// coda-grok's usage facts layer.
+pub type GrokUsage = UsageFacts<Grok>;
+
+pub fn layer() -> GrokUsage {
+    UsageFacts::new(Grok::default())
 }
 
 #[cfg(test)]
@@ -278,7 +229,7 @@ mod tests {
     const T0: u64 = 1_796_186_076_330;
 
     fn started() -> Harness {
-        let mut h = Harness::of(GrokUsage::new());
+        let mut h = Harness::of(layer());
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S,"models":{"currentModelId":"fake",

@@ -49,6 +49,7 @@ fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Lo
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
     let first_prompt = title::first_prompt_from_files(root.clone());
+    let root_for_usage = root.clone();
     setup.add(|_| Box::new(title::Title::new(first_prompt)));
     // The activity layer hands the main agent's failure, usage and compaction records of each scan of the watch
     // it starts to the layers below it (next to Kimi, so Kimi's frames reach them first).
@@ -67,7 +68,7 @@ fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Lo
     });
     setup.add(|events| {
         tap.add(events);
-        Box::new(usage::Usage::new())
+        Box::new(usage::layer(root_for_usage))
     });
 }
 

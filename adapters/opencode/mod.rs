@@ -149,7 +149,7 @@ fn layers(setup: &mut Setup) {
     let usage_record = record.clone();
     setup.add(|events| {
         usage_events = Some(events);
-        Box::new(usage::OpenCodeUsage::new(usage_record))
+        Box::new(usage::layer(usage_record))
     });
     let replay_gate = env.events.is_some().then(summarize::ReplayGate::default);
     let compact_record = record.clone();
