@@ -218,8 +218,9 @@ fn live_codex_compact_between_turns() {
     let answer = coda.answer(compact);
     let result = &answer["result"];
     assert_eq!(result["compacted"], true, "{answer}");
-    let (before, after) = (result["before"].as_u64().unwrap(), result["after"].as_u64().unwrap());
-    assert!(after < before, "{answer}");
+    let before = result["before"].as_u64().unwrap();
+    // No after: Codex says the compacted context only as its own estimate, not in the measure of before.
+    assert!(result.get("after").is_none(), "{answer}");
     assert_eq!(coda.answer(prompt)["result"]["stopReason"], "end_turn");
     assert!(coda.answer_at(compact) < coda.answer_at(prompt));
     // The fake model: the summarising request, then the prompt's, which is smaller than the last one before.
@@ -228,7 +229,7 @@ fn live_codex_compact_between_turns() {
     assert!(new[0].origin == Origin::Side && !new[0].body.to_string().contains("after [[text:done]]"), "{new:?}");
     let next = new.iter().find(|r| r.origin == Origin::Main).expect("the prompt's request");
     assert!(next.user_text().contains("after [[text:done]]"));
-    eprintln!("compact-between-turns: {before} -> {after} tokens; next request {} < {biggest}", next.input_tokens);
+    eprintln!("compact-between-turns: before {before} tokens; next request {} < {biggest}", next.input_tokens);
     assert!(next.input_tokens < biggest, "the next request is smaller ({} vs {biggest})", next.input_tokens);
     // Coda saw the compaction (it declared session.compaction) and no turn of the shim's.
     let statuses: Vec<Value> = coda.updates("compaction_update").iter().map(|(_, _, u)| u["status"].clone()).collect();

@@ -476,9 +476,9 @@ fn compaction_between_turns_is_the_shims_own_prompt_and_the_prompt_sent_during_i
     let answer = r.answer(compact)["result"].clone();
     assert_eq!(answer["compacted"], true);
     let before = answer["before"].as_u64().unwrap();
-    let after = answer["after"].as_u64().unwrap();
-    assert!(after < before, "{answer}");
-    // before: Codex's context when it started; after: its last figure before completed (its estimate).
+    // before: Codex's context when it started (as the model reported it); no after: Codex's figure after the
+    // compaction is its own estimate, another measure.
+    assert!(answer.get("after").is_none(), "{answer}");
     let ci = r.at("compaction start", is_update("compaction_update", "in_progress"));
     let cc = r.at("compaction end", is_update("compaction_update", "completed"));
     let used_before: Vec<u64> =
@@ -490,7 +490,8 @@ fn compaction_between_turns_is_the_shims_own_prompt_and_the_prompt_sent_during_i
         .filter(|(i, _)| ci < *i && *i < cc)
         .map(|(_, u)| u["used"].as_u64().unwrap())
         .collect();
-    assert_eq!(used_inside.last(), Some(&after));
+    let after = *used_inside.last().expect("Codex's estimate after");
+    assert!(after < before);
     // No turn content of the shim's prompt reached Coda, nor its answer.
     let answered = r.at("compact answer", |f| f["id"] == compact);
     for f in &r.to_client[r.at("after the prompt", |f| f["id"] == 3) + 1..answered] {
