@@ -17,6 +17,7 @@ use std::convert::Infallible;
 
 use crate::coda::wait::{Register, State, Wait, WithholdWaits};
 use crate::frame::{self, Frame, Kind, Needle};
+use crate::json::object_at;
 use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
 
@@ -332,17 +333,6 @@ fn is_air_update(frame: &Frame) -> bool {
 }
 
 /// `map[key]` as an object, replacing whatever non-object was there.
-fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let entry = map.entry(key).or_insert_with(|| json!({}));
-    if !entry.is_object() {
-        *entry = json!({});
-    }
-    match entry {
-        Value::Object(m) => m,
-        _ => unreachable!("made an object above"),
-    }
-}
-
 impl Layer for Air {
     type Timer = Infallible;
     type Event = Infallible;

@@ -187,6 +187,9 @@ mod tests {
     /// The layer, with the session's wire read (its watch started).
     fn kimi() -> Harness {
         let mut h = Harness::of(layer(failure::RETRY_PATIENCE));
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"sessionId":S}}));
+        h.take();
         wire(&mut h, vec![]);
         h
     }

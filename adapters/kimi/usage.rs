@@ -110,6 +110,8 @@ impl Source for Kimi {
         let id = id.clone();
         if let Some(s) = self.session(&sid, cx) {
             s.sent += 1;
+            // Bounded by the client's open requests: one Kimi never answers is forgotten with it.
+            self.counted.retain(|id, _| cx.request_of(id).is_some());
             self.counted.insert(id, sid);
         }
     }

@@ -743,7 +743,7 @@ mod tests {
     fn server_events_are_logged_for_replays_in_the_order_handled() {
         let dir = tempfile::tempdir().expect("dir");
         let log = dir.path().join("files.jsonl");
-        let record = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("log");
+        let record = Record::to_file("TEST", &log, "/t/coda-opencode-events.jsonl".into()).expect("log");
         let mut rig = Rig::new(Duration::ZERO, record);
         rig.server(status(P, true));
         rig.server(rig::asked("per_1", "call_9"));

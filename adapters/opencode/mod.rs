@@ -135,13 +135,7 @@ fn layers(setup: &mut Setup) {
         None => Record::off(),
         Some(log) => {
             let events_path = env.events.clone().unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
-            match Record::to_file(log, events_path.display().to_string()) {
-                Ok(record) => record,
-                Err(e) => {
-                    tracing::warn!("cannot open {RECORD_ENV} {}: {e}", log.display());
-                    Record::off()
-                }
-            }
+            Record::to_file(RECORD_ENV, log, events_path.display().to_string()).unwrap_or_else(Record::off)
         }
     };
     // Usage facts and `_coda/session/compact` (`usage.rs`, `compact.rs`; the HTTP side in `summarize.rs`).

@@ -177,6 +177,11 @@ impl Contexts {
     pub fn forget(&mut self, session: &str) {
         self.by_session.remove(session);
     }
+
+    /// Keeps the sessions `keep` says.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.by_session.retain(|s, _| keep(s));
+    }
 }
 
 fn at_ms(ms: u64) -> Option<SystemTime> {
@@ -224,6 +229,10 @@ impl Source for OpenCode {
                 self.record.handled(&e, cx.wall());
                 // Only a root's steps (a subagent's child session is never one).
                 if cx.session(&s.session).is_some_and(|s| s.is_root()) {
+                    // One context per root: a closed session's is forgotten when a new one comes.
+                    if self.contexts.of(&s.session).is_none() {
+                        self.contexts.retain(|session| cx.session(session).is_some_and(|s| s.is_root()));
+                    }
                     self.contexts.step(s);
                 }
             }

@@ -275,7 +275,8 @@ pub struct FailureKinds<S: Signals> {
     /// table: a turn whose prompt is no longer open there (and whose answer is not held here) is forgotten.
     turns: Vec<Turn<S::Record>>,
     /// Per session: records still to come for answers that went out without theirs (the hold ran out), which
-    /// belong to no later turn. At most one per such answer; a session's entry goes with its last.
+    /// belong to no later turn. At most one per such answer; a session's entry goes with its last, or with the
+    /// session (the engine's table).
     skip: HashMap<String, usize>,
     /// Prompts the shim answered itself after stopping their run, newest last ([`ANSWERED_MAX`] at most).
     answered: VecDeque<Id>,
@@ -308,6 +309,7 @@ impl<S: Signals> FailureKinds<S> {
     /// Forgets turns whose prompt is no longer open (answered by another layer, or the client went away).
     fn prune(&mut self, cx: &Cx) {
         self.turns.retain(|t| t.held.is_some() || cx.request_of(&t.id).is_some());
+        self.skip.retain(|s, _| cx.session(s).is_some());
     }
 
     fn handle(&mut self, signals: Vec<Signal<S::Record>>, cx: &mut Cx) {

@@ -25,7 +25,7 @@
 //!   short duration is left out.
 //!
 //! Bounds: one entry per root session (forgotten with the root), the frames held behind one update (released
-//! within [`HOLD`] or [`LOAD_HOLD`]).
+//! within [`HOLD`] or [`LOAD_HOLD`], and at most [`HELD_MAX`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime};
@@ -40,6 +40,9 @@ pub const HOLD: Duration = Duration::from_secs(2);
 
 /// The longest a loaded session's updates wait for what the CLI keeps of it ([`Source::at_load`]).
 pub const LOAD_HOLD: Duration = Duration::from_secs(5);
+
+/// The most frames held behind an update: past it the hold is given up (a CLI that floods while the shim waits).
+pub const HELD_MAX: usize = 10_000;
 
 /// What Coda's workflows read of a session. `None` is a fact not known (left out, never guessed).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -409,7 +412,12 @@ impl<S: Source> Layer for UsageFacts<S> {
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         if !self.held.is_empty() {
-            return self.held.push_back(Held::Frame(frame));
+            self.held.push_back(Held::Frame(frame));
+            if self.held.len() > HELD_MAX {
+                tracing::warn!("over {HELD_MAX} frames of the CLI waited behind a usage_update: it goes on");
+                self.release(true, cx);
+            }
+            return;
         }
         // A load that failed opens no session: nothing waits for what the CLI kept.
         if let Some(r) = cx.answer_to(&frame).filter(|r| r.is("session/load") || r.is("session/resume"))

@@ -130,11 +130,7 @@ const TERMINAL: [&str; 4] = ["done", "failed", "cancelled", "stopped"];
 const PLAIN_STOPS: [&str; 5] = ["end_turn", "cancelled", "max_tokens", "max_turn_requests", "refusal"];
 
 fn cut(s: &str, n: usize) -> String {
-    let mut out: String = s.chars().take(n).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out
+    crate::text::cut(s, n, crate::text::Unit::Chars).into_owned()
 }
 
 fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
