@@ -20,8 +20,10 @@
 //! - [`coda`]: Coda's contract, once: `_coda/wait` rules ([`coda::wait`]) and the handshake that gates them
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
 //!   agent's identity ([`coda::identity`]), failure kinds ([`coda::failure`]), compaction on request
-//!   ([`coda::compact`]: the declaration, the answer, the gate that holds prompts) and the usage facts on
-//!   `usage_update` ([`coda::usage`]); how each CLI does them is its adapter's.
+//!   ([`coda::compact`]: the machine [`coda::compact::Compaction`] keeps every rule of the section, over the
+//!   small [`coda::compact::Compactor`] an adapter writes for how its CLI compacts) and the usage facts on
+//!   `usage_update` ([`coda::usage`]); how each CLI does them is its adapter's. The feature suites (`coda::suite`,
+//!   tests only) run the same scenarios on every binary's stack over a scripted stand-in for each CLI.
 //! - [`cli`]: what every binary shares: the [`Adapter`] value (an agent's facts and how its stack is built),
 //!   arguments, set-up, finding the CLI on a short PATH, prompt mode, `doctor`.
 //! - [`adapters`]: one module per wrapped CLI (`adapters/<agent>/`, mounted from the top-level folder): its
@@ -40,7 +42,9 @@
 //!                                    +--> jobs (Cx::work) --> worker threads (layer::work)
 //! ```
 //!
-//! One task owns every layer and handles frames, events and wake-ups strictly in arrival order; readers and
+//! A source several layers read (OpenCode's server events) reaches each of them through the engine
+//! ([`layer::Broadcast`]), not through a fan-out of its adapter's. One task owns every layer and handles frames,
+//! events and wake-ups strictly in arrival order; readers and
 //! writers are joined to it by bounded channels, so a slow peer applies backpressure. A frame nobody changes
 //! leaves byte for byte.
 //!

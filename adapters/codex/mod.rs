@@ -107,7 +107,7 @@ pub fn below_identity(zone: TimeZone, patience: Duration) -> Vec<Box<dyn AnyLaye
         Box::new(review::CodexReview::new()),
         Box::new(Instruction::new(&[])),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
-        Box::new(compact::Compact::new()),
+        Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
         Box::new(usage::layer()),
     ]
 }

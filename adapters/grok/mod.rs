@@ -91,7 +91,7 @@ fn layers(setup: &mut Setup) {
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Holds a compacting session's prompts after the instruction went into them.
-    setup.add(|_| Box::new(compact::GrokCompact::new()));
+    setup.add(|_| Box::new(crate::coda::compact::Compaction::new(compact::GrokCompact::new())));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
     setup.add(|_| Box::new(usage::layer()));
     // Above the failure layer: it sees the turn's end as Coda will.

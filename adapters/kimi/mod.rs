@@ -64,7 +64,7 @@ fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Lo
     });
     setup.add(|events| {
         tap.add(events);
-        Box::new(compact::Compact::new())
+        Box::new(crate::coda::compact::Compaction::new(compact::KimiCompact::new()))
     });
     setup.add(|events| {
         tap.add(events);

@@ -320,7 +320,16 @@ impl OpenCodeActivity {
     }
 
     fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
-        self.record.handled(&e, cx.wall());
+        // Every layer hears every event; each kind is logged by the layer it is for.
+        if matches!(
+            e,
+            ServerEvent::TaskChild { .. }
+                | ServerEvent::Retry { .. }
+                | ServerEvent::Failed { .. }
+                | ServerEvent::Status { .. }
+        ) {
+            self.record.handled(&e, cx.wall());
+        }
         match e {
             ServerEvent::TaskChild { session, call, child } => self.task_child(session, call, child, cx),
             // A retry is a run (the failure layer reads it for failure kinds, as it reads `Failed`).
@@ -331,7 +340,7 @@ impl OpenCodeActivity {
             }
             ServerEvent::Failed { .. } => {}
             ServerEvent::Status { session, busy } => self.status(session, busy, cx),
-            // The permission bridge's (the set-up routes them there).
+            // The permission bridge's.
             ServerEvent::Asked { .. } | ServerEvent::Replied { .. } => {}
             // Compaction's, usage facts' and steering's (`compact.rs`, `usage.rs`, `steering.rs`).
             ServerEvent::Step(_)

@@ -5,6 +5,8 @@ pub mod compact;
 pub mod failure;
 pub mod identity;
 pub mod instruction;
+#[cfg(test)]
+pub mod suite;
 pub mod usage;
 pub mod wait;
 pub mod waits;

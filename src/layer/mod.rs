@@ -132,6 +132,8 @@ pub trait AnyLayer: Send {
     fn reply_type(&self) -> TypeId;
     #[doc(hidden)]
     fn layer_type(&self) -> TypeId;
+    #[doc(hidden)]
+    fn event_type(&self) -> TypeId;
     /// The layer's type, for errors.
     fn name(&self) -> &'static str;
     /// The layer itself, for tests that look inside it ([`testing::Harness::layer`]).
@@ -181,6 +183,10 @@ impl<L: Layer> AnyLayer for L {
 
     fn layer_type(&self) -> TypeId {
         TypeId::of::<L>()
+    }
+
+    fn event_type(&self) -> TypeId {
+        TypeId::of::<L::Event>()
     }
 
     fn name(&self) -> &'static str {
@@ -494,8 +500,21 @@ impl Stack {
         self.settle(exits);
     }
 
-    /// An event for layer `layer` (as its [`EventSender`] queued it).
+    /// An event for layer `layer` (as its [`EventSender`] queued it), or for every layer that takes its type
+    /// (as a [`Broadcast`] queued it).
     pub fn event(&mut self, layer: usize, event: Event, exits: &mut Exits) {
+        if layer == EVERY {
+            let Ok(fanout) = event.downcast::<Fanout>() else {
+                return misrouted("a broadcast", "a Fanout", "the stack");
+            };
+            for at in 0..self.layers.len() {
+                if self.layers[at].event_type() == fanout.event_type {
+                    let copy = (fanout.copy)(&*fanout.value);
+                    self.call(at, exits, |l, cx| l.event(copy, cx));
+                }
+            }
+            return self.settle(exits);
+        }
         if layer >= self.layers.len() {
             return misrouted("an event", "(no such layer)", "the stack");
         }
@@ -521,6 +540,11 @@ impl Stack {
     /// The client requests the agent was sent and has not answered, in their order of arrival.
     pub fn owed(&self) -> Vec<Id> {
         self.shared.requests.owed()
+    }
+
+    /// The client requests the agent has not answered, sent or held by a layer, in their order of arrival.
+    pub fn unanswered(&self) -> Vec<Id> {
+        self.shared.requests.unanswered()
     }
 
     /// Whether the agent was sent the client request `id` and has not answered it.
@@ -646,6 +670,41 @@ impl<E: Send + 'static> EventSender<E> {
     }
 }
 
+/// The layer index a [`Broadcast`] queues its events with: every layer that takes their type.
+const EVERY: usize = usize::MAX;
+
+/// An event on its way to every layer that takes its type, with how to copy it for each.
+struct Fanout {
+    value: Box<dyn Any + Send>,
+    event_type: TypeId,
+    copy: fn(&(dyn Any + Send)) -> Event,
+}
+
+/// Hands each event to every layer of the stack whose [`Layer::Event`] is `E`, in stack order (nearest the
+/// client first), as one input of the relay, in order with the frames: for a source several layers read (a
+/// server's event stream), so that no set-up fans events out by hand. Made by [`Layers::broadcast`].
+pub struct Broadcast<E> {
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
+    _event: PhantomData<fn(E)>,
+}
+
+impl<E> Clone for Broadcast<E> {
+    fn clone(&self) -> Self {
+        Broadcast { tx: self.tx.clone(), _event: PhantomData }
+    }
+}
+
+impl<E: Clone + Send + 'static> Broadcast<E> {
+    /// Queues an event for every layer that takes `E`; false once the relay has stopped.
+    pub fn send(&self, event: E) -> bool {
+        fn copy<E: Clone + Send + 'static>(value: &(dyn Any + Send)) -> Event {
+            Box::new(value.downcast_ref::<E>().expect("a fanout holds its own type").clone())
+        }
+        let fanout = Fanout { value: Box::new(event), event_type: TypeId::of::<E>(), copy: copy::<E> };
+        self.tx.send((EVERY, Box::new(fanout))).is_ok()
+    }
+}
+
 /// Builds a stack, nearest the client first, and gives each layer a sender of its own event type.
 pub struct Layers {
     layers: Vec<Box<dyn AnyLayer>>,
@@ -669,6 +728,11 @@ impl Layers {
     /// Adds a layer that takes no events below the ones added so far.
     pub fn push(&mut self, layer: Box<dyn AnyLayer>) {
         self.layers.push(layer);
+    }
+
+    /// A sender of events of type `E` to every layer of the stack that takes them ([`Broadcast`]).
+    pub fn broadcast<E: Clone + Send + 'static>(&self) -> Broadcast<E> {
+        Broadcast { tx: self.events.clone(), _event: PhantomData }
     }
 
     pub fn len(&self) -> usize {
@@ -970,6 +1034,21 @@ mod tests {
         h.advance(Duration::from_millis(30));
         let woke: Vec<Value> = h.to_client().iter().map(|v| v["params"].clone()).collect();
         assert_eq!(woke, [json!("Quiet(1)"), json!("Idle(1)"), json!("Idle(4611686018427387904)")]);
+    }
+
+    #[test]
+    fn a_broadcast_reaches_every_layer_of_its_type_in_stack_order() {
+        let mut h = Harness::build(|layers| {
+            layers.add(|_| Box::new(Echo));
+            layers.push(Box::new(Pinger));
+            layers.add(|_| Box::new(Echo));
+            let bus = layers.broadcast::<u32>();
+            assert!(bus.send(3));
+            assert!(layers.broadcast::<u64>().send(4), "one nobody takes reaches nobody");
+        });
+        h.deliver();
+        let out = h.to_agent();
+        assert_eq!(out, vec![json!({"jsonrpc":"2.0","method":"event","params":{"n":3}}); 2]);
     }
 
     #[test]

@@ -144,6 +144,13 @@ impl Requests {
         owed.into_iter().map(|r| r.id.clone()).collect()
     }
 
+    /// The requests the agent has not answered (sent, or held by a layer), in their order of arrival.
+    pub fn unanswered(&self) -> Vec<Id> {
+        let mut open: Vec<&Request> = self.open.values().filter(|r| !r.answered).collect();
+        open.sort_by_key(|r| r.seq);
+        open.into_iter().map(|r| r.id.clone()).collect()
+    }
+
     /// Leaves `note` on the open request `id`, replacing a note of the same type; false without such a request.
     pub(super) fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
         let Some(r) = self.open.get_mut(id) else { return false };
