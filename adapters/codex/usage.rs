@@ -29,7 +29,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Said, Source, UsageFacts};
+use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
 use crate::frame::{Frame, Needle};
 use crate::layer::Cx;
 
@@ -100,13 +100,7 @@ pub struct Codex {
 
 impl Codex {
     fn root(&mut self, session: &str, cx: &Cx) -> Option<&mut Session> {
-        if !cx.session(session).is_some_and(|s| s.is_root()) {
-            return None;
-        }
-        if !self.sessions.contains_key(session) {
-            self.sessions.retain(|s, _| cx.session(s).is_some_and(|s| s.is_root()));
-        }
-        Some(self.sessions.entry(session.to_owned()).or_default())
+        per_root(&mut self.sessions, session, cx, |_| false)
     }
 }
 

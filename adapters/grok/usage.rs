@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Said, Source, UsageFacts};
+use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
 use crate::frame::{Frame, Kind, Needle};
 use crate::layer::Cx;
 
@@ -108,13 +108,7 @@ pub struct Grok {
 
 impl Grok {
     fn root(&mut self, session: &str, cx: &Cx) -> Option<&mut Root> {
-        if !cx.session(session).is_some_and(|s| s.is_root()) {
-            return None;
-        }
-        if !self.roots.contains_key(session) {
-            self.roots.retain(|s, _| cx.session(s).is_some_and(|s| s.is_root()));
-        }
-        Some(self.roots.entry(session.to_owned()).or_default())
+        per_root(&mut self.roots, session, cx, |_| false)
     }
 }
 

@@ -95,6 +95,7 @@ impl Signals for Kimi {
             match &entry.record {
                 Record::TurnPrompt { turn_id, origin } if origin.is_user() => {
                     self.turns.insert(session.clone(), *turn_id);
+                    out.push(Signal::Began { session: session.clone(), turn: *turn_id });
                 }
                 Record::TurnPrompt { .. } => {
                     self.turns.remove(&session);
@@ -105,7 +106,7 @@ impl Signals for Kimi {
                 Record::TurnEnded { turn_id, reason, error } if Some(*turn_id) == running => {
                     self.turns.remove(&session);
                     let failure = error.as_ref().filter(|_| reason == "failed").map(classify);
-                    out.push(Signal::Ended { session: session.clone(), record: failure });
+                    out.push(Signal::Ended { session: session.clone(), turn: Some(*turn_id), record: failure });
                 }
                 _ => {}
             }
@@ -122,10 +123,6 @@ impl Signals for Kimi {
     /// A result (an error answer means Kimi refused the prompt: no turn) of a session whose wire is read.
     fn awaits_record(&self, session: &str, answer: &Frame) -> bool {
         self.wired.contains(session) && answer.value().get("result").is_some()
-    }
-
-    fn records_turns(&self, session: &str) -> bool {
-        self.wired.contains(session)
     }
 
     /// Kimi's answer ends the turn its record says failed (Kimi's own error answer stays as it is).

@@ -28,7 +28,7 @@ use crate::adapters::kimi::BUILTINS;
 use crate::adapters::kimi::facts::WireFacts;
 use crate::adapters::kimi::inside::Folder;
 use crate::adapters::kimi::wire::{self, Record};
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, per_root};
 use crate::frame::{Frame, Id, Kind};
 use crate::layer::Cx;
 
@@ -88,13 +88,7 @@ impl Kimi {
     }
 
     fn session(&mut self, session: &str, cx: &Cx) -> Option<&mut Session> {
-        if !cx.session(session).is_some_and(|s| s.is_root()) {
-            return None;
-        }
-        if !self.sessions.contains_key(session) {
-            self.sessions.retain(|s, _| cx.session(s).is_some_and(|s| s.is_root()));
-        }
-        Some(self.sessions.entry(session.to_owned()).or_default())
+        per_root(&mut self.sessions, session, cx, |_| false)
     }
 }
 

@@ -126,7 +126,7 @@ impl Signals for OpenCode {
                 out.push(Signal::Retrying { session, retry });
             }
             FromServer::Event(ServerEvent::Failed { session, name, message, status, code }) => {
-                out.push(Signal::Ended { session, record: Upstream { name, message, status, code } });
+                out.push(Signal::Ended { session, turn: None, record: Upstream { name, message, status, code } });
             }
             _ => {}
         }

@@ -43,7 +43,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Longest reason kept in an answer (upstream messages may quote whole response bodies).
 pub const REASON_MAX: usize = 2000;
 
-/// How many prompts the shim answered itself are remembered, to drop the CLI's late answers to them.
+/// How many answered prompts are remembered, to drop the CLI's second or late answers to them.
 const ANSWERED_MAX: usize = 64;
 
 /// [`RETRY_PATIENCE`], or `CODA_SHIM_RETRY_PATIENCE_MS` where set (replays of a stopped run use a shorter one,
@@ -180,9 +180,13 @@ pub struct Retry {
 pub enum Signal<R> {
     /// The CLI retries a failed model request of the session's running turn.
     Retrying { session: String, retry: Retry },
-    /// The CLI's own record of how the session's running turn ended (Kimi's wire, OpenCode's server), which
-    /// [`Signals::failure`] reads with the answer.
-    Ended { session: String, record: R },
+    /// A turn of the CLI's, numbered `turn` by it, began for the session's oldest prompt that has none (Kimi's
+    /// `turn.prompt` of a client turn): its record names it.
+    Began { session: String, turn: i64 },
+    /// The CLI's own record of how a turn of the session ended (Kimi's wire, OpenCode's server), which
+    /// [`Signals::failure`] reads with the answer: of the CLI's turn `turn`, or (`None`, a CLI that numbers
+    /// none) of the session's oldest prompt without a record.
+    Ended { session: String, turn: Option<i64>, record: R },
 }
 
 /// Where one CLI's failure signals are: all an adapter writes for failure kinds.
@@ -212,12 +216,6 @@ pub trait Signals: Send + 'static {
     /// Whether `answer`, to a prompt of `session` that has no record yet, waits for one (at most
     /// [`ANSWER_HOLD`]).
     fn awaits_record(&self, _session: &str, _answer: &Frame) -> bool {
-        false
-    }
-
-    /// Whether the CLI records the end of every turn of `session` it runs (Kimi's wire): a turn answered without
-    /// its record leaves that record to come, for no later turn.
-    fn records_turns(&self, _session: &str) -> bool {
         false
     }
 
@@ -252,6 +250,8 @@ struct Turn<R> {
     id: Id,
     session: String,
     makes_turn: bool,
+    /// The CLI's number for the turn it runs for this prompt ([`Signal::Began`]).
+    cli_turn: Option<i64>,
     retrying: Option<Retrying>,
     /// Moves on whenever the turn makes progress: a wake-up of an older generation finds nothing to do.
     generation: u64,
@@ -278,7 +278,8 @@ pub struct FailureKinds<S: Signals> {
     /// belong to no later turn. At most one per such answer; a session's entry goes with its last, or with the
     /// session (the engine's table).
     skip: HashMap<String, usize>,
-    /// Prompts the shim answered itself after stopping their run, newest last ([`ANSWERED_MAX`] at most).
+    /// Prompts answered to Coda, newest last ([`ANSWERED_MAX`] at most): a CLI's second answer to one (or its late
+    /// answer to a run the shim stopped and answered) is dropped. A new request with the same id takes it out.
     answered: VecDeque<Id>,
     /// Keys and generations handed out so far (never reused).
     counter: u64,
@@ -316,7 +317,18 @@ impl<S: Signals> FailureKinds<S> {
         for signal in signals {
             match signal {
                 Signal::Retrying { session, retry } => self.retry(&session, retry, cx),
-                Signal::Ended { session, record } => self.ended(&session, record, cx),
+                Signal::Began { session, turn } => {
+                    // A turn whose prompt was answered before it began (the hold ran out) is no later prompt's.
+                    if self.skipped(&session) {
+                        continue;
+                    }
+                    let unbegun =
+                        self.turns.iter_mut().find(|t| t.session == session && t.makes_turn && t.cli_turn.is_none());
+                    if let Some(t) = unbegun {
+                        t.cli_turn = Some(turn);
+                    }
+                }
+                Signal::Ended { session, turn, record } => self.ended(&session, turn, record, cx),
             }
         }
     }
@@ -374,17 +386,21 @@ impl<S: Signals> FailureKinds<S> {
         cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": turn.session })));
     }
 
-    /// The CLI's record of how the session's running turn ended: kept for its answer, or released with it.
-    fn ended(&mut self, session: &str, record: S::Record, cx: &mut Cx) {
-        if let Some(n) = self.skip.get_mut(session) {
-            *n -= 1;
-            if *n == 0 {
-                self.skip.remove(session);
+    /// The CLI's record of how a turn of the session ended: kept for its answer, or released with it. A
+    /// numbered turn's record is that turn's (none: its answer went out without it); an unnumbered one is the
+    /// oldest prompt's without a record, unless an answer that went out without its record is owed one.
+    fn ended(&mut self, session: &str, number: Option<i64>, record: S::Record, cx: &mut Cx) {
+        let turn = match number {
+            Some(n) => self.turns.iter_mut().find(|t| t.session == session && t.cli_turn == Some(n)),
+            None => {
+                if self.skipped(session) {
+                    return;
+                }
+                self.turns.iter_mut().find(|t| t.session == session && t.makes_turn && !t.recorded)
             }
-            return;
-        }
-        let Some(turn) = self.turns.iter_mut().find(|t| t.session == session && t.makes_turn && !t.recorded) else {
-            return;
+        };
+        let Some(turn) = turn.filter(|t| !t.recorded) else {
+            return tracing::debug!("the CLI's record of a turn whose prompt was answered already; dropped");
         };
         turn.recorded = true;
         turn.record = Some(record);
@@ -402,6 +418,7 @@ impl<S: Signals> FailureKinds<S> {
         self.leave(&turn, true);
         if let Some(held) = turn.held.take() {
             let out = self.answer(&mut turn, held, cx);
+            self.answered_now(&turn.id);
             cx.to_client(out);
         }
     }
@@ -421,7 +438,7 @@ impl<S: Signals> FailureKinds<S> {
 
     fn from_cli_answer(&mut self, id: &Id, frame: Frame, cx: &mut Cx) {
         if self.answered.contains(id) {
-            tracing::debug!("dropped the CLI's late answer to a prompt the shim answered after stopping its run");
+            tracing::warn!("the CLI answered a prompt that was answered already; dropped");
             return;
         }
         let Some(at) = self.turns.iter().position(|t| &t.id == id && t.held.is_none()) else {
@@ -437,13 +454,33 @@ impl<S: Signals> FailureKinds<S> {
         let mut turn = self.turns.remove(at);
         self.leave(&turn, awaited);
         let out = self.answer(&mut turn, frame, cx);
+        self.answered_now(&turn.id);
         cx.to_client(out);
     }
 
-    /// `turn` is answered: a record of it still to come (`awaited`) is skipped when it comes, so that no later
-    /// turn takes it.
+    /// Remembers that Coda got its answer to prompt `id`.
+    fn answered_now(&mut self, id: &Id) {
+        if self.answered.len() == ANSWERED_MAX {
+            self.answered.pop_front();
+        }
+        self.answered.push_back(id.clone());
+    }
+
+    /// Whether the next record of `session` (a [`Signal::Began`], or an unnumbered [`Signal::Ended`]) is one to
+    /// skip; counts it.
+    fn skipped(&mut self, session: &str) -> bool {
+        let Some(n) = self.skip.get_mut(session) else { return false };
+        *n -= 1;
+        if *n == 0 {
+            self.skip.remove(session);
+        }
+        true
+    }
+
+    /// `turn` is answered: a record of it still to come (`awaited`: its unnumbered end, or the beginning of a
+    /// numbered one) is skipped when it comes, so that no later turn takes it.
     fn leave(&mut self, turn: &Turn<S::Record>, awaited: bool) {
-        if !turn.recorded && awaited {
+        if !turn.recorded && awaited && turn.cli_turn.is_none() {
             *self.skip.entry(turn.session.clone()).or_default() += 1;
         }
     }
@@ -474,6 +511,8 @@ impl<S: Signals> Layer for FailureKinds<S> {
         if let FrameKind::Request { id, method } = frame.kind()
             && method == "session/prompt"
         {
+            // A request that reuses the id of an answered one is a new one.
+            self.answered.retain(|a| a != id);
             // A prompt that names no session is the CLI's to refuse; its answer is still this turn's.
             let session = cx.request_of(id).and_then(|r| r.session()).unwrap_or_default().to_owned();
             self.prune(cx);
@@ -484,6 +523,7 @@ impl<S: Signals> Layer for FailureKinds<S> {
                 id: id.clone(),
                 session,
                 makes_turn,
+                cli_turn: None,
                 retrying: None,
                 generation,
                 stopped: None,
@@ -550,20 +590,15 @@ impl<S: Signals> Layer for FailureKinds<S> {
             Check::Unanswered(turn) => {
                 let Some(at) = self.turns.iter().position(|t| t.key == turn && t.held.is_none()) else { return };
                 let turn = self.turns.remove(at);
-                // The run was under way: a CLI that records every turn's end will record this one's.
-                let awaited = turn.makes_turn && self.cli.records_turns(&turn.session);
-                self.leave(&turn, awaited);
                 let Some(stopped) = &turn.stopped else { return };
                 tracing::warn!(
                     "the CLI did not answer the run of session {} the shim stopped within {STOP_GRACE:?}; answering \
                      it with the failure",
                     turn.session
                 );
-                if self.answered.len() == ANSWERED_MAX {
-                    self.answered.pop_front();
-                }
-                self.answered.push_back(turn.id.clone());
-                cx.to_client(stopped.answer(&turn.id));
+                let answer = stopped.answer(&turn.id);
+                self.answered_now(&turn.id);
+                cx.to_client(answer);
             }
         }
     }

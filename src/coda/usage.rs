@@ -227,6 +227,24 @@ fn is_root(cx: &Cx, session: &str) -> bool {
     cx.session(session).is_some_and(|s| s.is_root())
 }
 
+/// The entry of root session `session` in a table kept per root (made when missing; None for a session that is
+/// no root): a source's, or this layer's. The table follows the engine's: a root it forgot (closed) is dropped
+/// when a new one comes, so it holds at most the engine's roots (and those `keep` says).
+pub fn per_root<'a, T: Default>(
+    table: &'a mut HashMap<String, T>,
+    session: &str,
+    cx: &Cx,
+    keep: impl Fn(&T) -> bool,
+) -> Option<&'a mut T> {
+    if !is_root(cx, session) {
+        return None;
+    }
+    if !table.contains_key(session) {
+        table.retain(|s, t| keep(t) || is_root(cx, s));
+    }
+    Some(table.entry(session.to_owned()).or_default())
+}
+
 impl<S: Source> UsageFacts<S> {
     pub fn new(cli: S) -> UsageFacts<S> {
         UsageFacts { cli, sessions: HashMap::new(), held: VecDeque::new(), holds: 0, loads: 0 }
@@ -243,14 +261,7 @@ impl<S: Source> UsageFacts<S> {
     }
 
     fn entry(&mut self, session: &str, cx: &Cx) -> Option<&mut Entry> {
-        if !is_root(cx, session) {
-            return None;
-        }
-        if !self.sessions.contains_key(session) {
-            // A root the engine forgot (closed) leaves its entry here: the table follows the engine's.
-            self.sessions.retain(|s, e| e.loading.is_some() || is_root(cx, s));
-        }
-        Some(self.sessions.entry(session.to_owned()).or_default())
+        per_root(&mut self.sessions, session, cx, |e| e.loading.is_some())
     }
 
     /// Applies what the source said; an update of the shim's goes out now, or behind what is held.

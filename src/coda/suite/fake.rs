@@ -242,7 +242,7 @@ impl Fake {
 
 impl State {
     /// OpenCode's server says `event`.
-    fn event(&mut self, event: crate::adapters::opencode::server::FromServer) {
+    pub fn event(&mut self, event: crate::adapters::opencode::server::FromServer) {
         match &self.reader {
             Some(send) => {
                 send(event);

@@ -3,12 +3,17 @@
 //! scripted stand-in for each CLI ([`fake`]) that behaves as the real one does in the recordings.
 //!
 //! - [`compact`]: 压缩上下文 on the four binaries.
+//! - [`failure`]: 执行失败 on the four binaries, and [`usage`]: 用量里的数据 on the four, over the CLIs' signals
+//!   as [`signals`] scripts them.
 //! - [`steering`]: 插话 on the three that declare it (coda-kimi does not: Kimi cannot steer over ACP).
 
 pub mod fake;
 
 mod compact;
+mod failure;
+pub mod signals;
 // mod steering;
+mod usage;
 
 use serde_json::{Value, json};
 
@@ -63,6 +68,11 @@ impl Shim {
         let (stack, events) = stack(agent, &fake);
         let f = fake.clone();
         let pair = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, move |line: &str| f.answer(line));
+        Shim::initialized(agent, pair, fake).await
+    }
+
+    /// `pair` (a binary's stack over `fake`), initialized as Coda initializes, with no session yet.
+    pub async fn initialized(agent: &'static str, pair: Pair, fake: Fake) -> Shim {
         let mut shim = Shim { agent, pair, fake, session: String::new(), next_id: 100 };
         let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
             "session": {"compaction": true}, "_meta": {"coda": {"waits": {}}}});

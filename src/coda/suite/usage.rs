@@ -1,0 +1,235 @@
+//! 用量里的数据 on every binary: roots only, never an empty `_meta.coda`, the facts of a turn, one meaning per
+//! fact across a compaction, a compaction's before and after in one measure, facts at load in a fresh process,
+//! a hold that runs out for one session only, and hostile updates. Each CLI's facts as [`super::signals`]
+//! scripts them.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::signals::CLI_CLOCK;
+use super::{Shim, answer, every};
+use crate::coda::usage::HOLD;
+
+/// The four binaries: each reports usage facts.
+const REPORTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
+
+/// The usage updates of `session` Coda got, in order.
+fn updates(got: &crate::relay::testing::Driven, session: &str) -> Vec<Value> {
+    got.client_json()
+        .into_iter()
+        .filter(|v| v["params"]["update"]["sessionUpdate"] == "usage_update" && v["params"]["sessionId"] == session)
+        .map(|v| v["params"]["update"].clone())
+        .collect()
+}
+
+fn coda(update: &Value) -> Option<&Value> {
+    update.pointer("/_meta/coda")
+}
+
+fn usage_line(session: &str, used: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"usage_update","used":{used},"size":32000}}}}}}"#
+    )
+}
+
+/// Has the CLI write `line` as it is; what Coda got.
+async fn emit(shim: &mut Shim, line: &str) -> crate::relay::testing::Driven {
+    shim.send("_fake/emit", json!({"line": line}));
+    shim.drive().await
+}
+
+/// A turn of one model request with `context` tokens; the facts of the last usage update Coda got for it.
+async fn turn(shim: &mut Shim, context: u64) -> Value {
+    let prompt = shim.prompt(&format!("a turn [[turn:{context}]]"));
+    let got = shim.drive().await;
+    assert!(answer(&got, prompt).is_some(), "{}: the turn ends: {:?}", shim.agent, got.to_client);
+    let updates = updates(&got, &shim.session);
+    let last = updates.last().unwrap_or_else(|| panic!("{}: a usage update: {:?}", shim.agent, got.to_client));
+    coda(last).cloned().unwrap_or_else(|| panic!("{}: facts on {last}", shim.agent))
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_a_session_coda_opened_gets_facts() {
+    every(&REPORTING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        turn(&mut shim, 1234).await;
+        // A session nobody opened on this connection (a subagent's), and one whose load failed.
+        let load = shim.send("session/load", json!({"sessionId": "gone", "cwd": "/work/app", "mcpServers": []}));
+        let got = shim.drive().await;
+        assert!(answer(&got, load).is_some_and(|a| a.get("error").is_some()), "{agent}: {:?}", got.to_client);
+        for session in ["child-1", "gone"] {
+            let line = usage_line(session, "300");
+            let got = emit(&mut shim, &line).await;
+            let passed = crate::json::from_str::<Value>(&line).expect("json");
+            assert!(
+                got.client_json().contains(&passed),
+                "{agent}: {session}'s update passes as it came: {:?}",
+                got.to_client
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_update_with_no_fact_known_carries_no_empty_object() {
+    every(&REPORTING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        let session = shim.session.clone();
+        // Before any request, with a `used` that is no count.
+        let got = emit(&mut shim, &usage_line(&session, "-1")).await;
+        let updates = updates(&got, &session);
+        assert_eq!(updates.len(), 1, "{agent}: {:?}", got.to_client);
+        assert_eq!(updates[0].get("_meta"), None, "{agent}: {}", updates[0]);
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_names_its_request_and_the_context_that_request_carried() {
+    every(&REPORTING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        let facts = turn(&mut shim, 1234).await;
+        assert_eq!(facts["contextTokens"], 1234, "{agent}: {facts}");
+        assert!(facts["lastRequestAt"].as_str().is_some_and(crate::replay::instants::is_instant), "{agent}: {facts}");
+        assert_eq!(facts.get("compactedAt"), None);
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_compaction_the_facts_still_name_the_last_request_of_the_main_thread() {
+    every(&REPORTING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        let before = turn(&mut shim, 1234).await;
+        let session = shim.session.clone();
+        // The CLI compacts by itself between turns: its summarising request (9999 tokens) is none of the main
+        // thread's, its estimate after (50) no request's context.
+        shim.send("_fake/compact_alone", json!({"sessionId": session}));
+        let got = shim.drive().await;
+        let updates = updates(&got, &session);
+        let compacted = updates
+            .iter()
+            .filter_map(coda)
+            .find(|f| f.get("compactedAt").is_some())
+            .unwrap_or_else(|| panic!("{agent}: an update with compactedAt: {:?}", got.to_client));
+        assert_eq!(compacted["lastRequestAt"], before["lastRequestAt"], "{agent}: {compacted}");
+        assert_eq!(compacted["contextTokens"], 1234, "{agent}: {compacted}");
+        for f in updates.iter().filter_map(coda) {
+            assert_ne!(f["contextTokens"], 9999, "{agent}: the summarising request is no context: {f}");
+        }
+        // The next turn names its own request, and keeps the compaction.
+        let after = turn(&mut shim, 777).await;
+        assert_eq!(after["contextTokens"], 777);
+        assert_eq!(after["compactedAt"], compacted["compactedAt"], "{agent}: {after}");
+    })
+    .await;
+}
+
+/// Codex says its context before a compaction as the model reported it, and after it only as its own estimate:
+/// the answer says before, in that measure, and no after.
+#[tokio::test(start_paused = true)]
+async fn a_compactions_before_and_after_come_from_one_measure() {
+    every(&["codex"], |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        turn(&mut shim, 1234).await;
+        let session = shim.session.clone();
+        let compact = shim.send(crate::coda::compact::METHOD, json!({"sessionId": session}));
+        shim.drive().await;
+        let got = shim.fake("_fake/compacted").await;
+        let answered = answer(&got, compact).expect("answered");
+        assert_eq!(answered["result"], json!({"compacted": true, "before": 1234}), "{answered}");
+    })
+    .await;
+}
+
+/// A session Kimi compacted in an earlier process: its first update after `session/load` says so.
+#[tokio::test(start_paused = true)]
+async fn facts_after_session_load_in_a_fresh_process_come_from_what_the_cli_kept() {
+    every(&["kimi"], |agent| async move {
+        let root = tempfile::tempdir().expect("a data root");
+        let session = "session_7c0ffee0-0000-4000-8000-000000000001";
+        let dir = root.path().join("sessions/wd_app_0123456789ab").join(session).join("agents/main");
+        std::fs::create_dir_all(&dir).expect("the session folder");
+        let at = CLI_CLOCK - 3_600_000;
+        let wire = [
+            json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
+            json!({"type":"llm.request","agentId":"main","kind":"loop","maxTokens":32000,"time":at}),
+            json!({"type":"usage.record","agentId":"main","usage":{"inputOther":4000,"output":5},"time":at + 10}),
+            json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":4000,"tokensAfter":900,"time":at + 60_000}),
+        ];
+        let text: String = wire.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(dir.join("wire.jsonl"), text).expect("the wire");
+        let (mut shim, _cli) = Shim::scripted_with(agent, Some(root.path().to_path_buf())).await;
+        let params = json!({"sessionId": session, "cwd": "/work/app", "mcpServers": [],
+            "systemPrompt": super::system_prompt()});
+        let load = shim.call("session/load", params).await;
+        assert!(load.get("result").is_some(), "{load}");
+        shim.session = session.to_owned();
+        let facts = turn(&mut shim, 1234).await;
+        let compacted_at = crate::coda::usage::iso(std::time::UNIX_EPOCH + Duration::from_millis(at + 60_000));
+        assert_eq!(facts["compactedAt"].as_str(), compacted_at.as_deref(), "{facts}");
+        assert_eq!(facts["contextTokens"], 1234, "the live turn's, not the history's: {facts}");
+    })
+    .await;
+}
+
+/// Kimi's update waits for its turn's end in the wire; when one session's never shows, the others still wait
+/// for theirs.
+#[tokio::test(start_paused = true)]
+async fn a_hold_that_runs_out_gives_up_on_its_own_session_only() {
+    every(&["kimi"], |agent| async move {
+        let (mut shim, cli) = Shim::scripted(agent).await;
+        let a = shim.session.clone();
+        let new = shim.call("session/new", json!({"cwd": "/work/other", "mcpServers": []})).await;
+        let b = new["result"]["sessionId"].as_str().expect("a second session").to_owned();
+        // Both sessions' wires are read (a turn each shows in them).
+        turn(&mut shim, 5).await;
+        shim.session = b.clone();
+        turn(&mut shim, 6).await;
+        shim.session = a.clone();
+        // Then both turns are answered before the wire shows them.
+        cli.late_ends(true);
+        let pa = shim.prompt("one [[turn:11]]");
+        shim.session = b.clone();
+        let pb = shim.prompt("two [[turn:22]]");
+        let got = shim.pair.drive_for(HOLD + Duration::from_millis(500)).await;
+        assert!(answer(&got, pa).is_some(), "{:?}", got.to_client);
+        assert_eq!(updates(&got, &a).len(), 1, "a's hold ran out: sent with the facts known");
+        assert!(updates(&got, &b).is_empty(), "b's update still waits for its turn's end: {:?}", got.to_client);
+        cli.late_ends(false);
+        cli.end_turn(&b);
+        let got = shim.drive().await;
+        assert!(answer(&got, pb).is_some(), "{:?}", got.to_client);
+        let ub = updates(&got, &b);
+        assert_eq!(ub.len(), 1, "{:?}", got.to_client);
+        assert_eq!(coda(&ub[0]).map(|f| &f["contextTokens"]), Some(&json!(22)), "{}", ub[0]);
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn hostile_updates_pass_on_and_never_panic() {
+    every(&REPORTING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        turn(&mut shim, 1234).await;
+        let session = shim.session.clone();
+        let deep = format!("{}{}", "[".repeat(500), "]".repeat(500));
+        for line in [
+            usage_line(&session, "1e400"),
+            usage_line(&session, "184467440737095516160"),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"usage_update","used":5,"size":6,"x":"\ud800","deep":{deep},"_meta":"not an object"}}}}}}"#
+            ),
+        ] {
+            let got = emit(&mut shim, &line).await;
+            let updates = updates(&got, &session);
+            assert_eq!(updates.len(), 1, "{agent}: {line:.100}: {:?}", got.to_client);
+            let facts = coda(&updates[0]).unwrap_or_else(|| panic!("{agent}: stamped: {}", updates[0]));
+            assert!(facts["lastRequestAt"].is_string(), "{agent}: {facts}");
+            assert!(serde_json::to_string(facts).expect("json").len() < 4096);
+        }
+    })
+    .await;
+}
