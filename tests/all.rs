@@ -12,6 +12,7 @@ mod codex_live;
 mod codex_replay;
 mod codex_version;
 mod doctor;
+mod facts_live;
 mod failure_live;
 mod failure_replay;
 mod faults;

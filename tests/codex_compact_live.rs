@@ -131,7 +131,8 @@ fn instant(v: &Value) -> SystemTime {
 }
 
 /// Every root `usage_update` carries the facts; each outside a compaction names the main-thread request it
-/// answers (the fake model's, of that context) within [`EARLY_AT_MOST`], and its context. Returns how early each `lastRequestAt` was, in ms.
+/// answers (the fake model's, of that context) within [`EARLY_AT_MOST`], and its context; those about a
+/// compaction keep the last request's. Returns how early each `lastRequestAt` was, in ms.
 fn check_usage(coda: &Coda, model: &FakeModel) -> Vec<u128> {
     let main: Vec<RecordedRequest> = model.model_requests().into_iter().filter(|r| r.origin == Origin::Main).collect();
     let compacting: Vec<(usize, usize)> = {
@@ -143,18 +144,25 @@ fn check_usage(coda: &Coda, model: &FakeModel) -> Vec<u128> {
     let mut early = Vec::new();
     let updates = coda.updates("usage_update");
     assert!(!updates.is_empty());
+    let mut last: Option<&Value> = None;
     for (i, came, u) in &updates {
         let facts = &u["_meta"]["coda"];
+        // Updates about a compaction (the summarising request's, Codex's estimate after it) and the shim's own
+        // after it name no request: the facts stay the last main-thread request's.
+        let own_after = {
+            let before = &coda.got[i - 1].1["params"]["update"];
+            before["sessionUpdate"] == "compaction_update" && before["status"] == "completed"
+        };
+        if compacting.iter().any(|(s, e)| s < i && i <= e) || own_after {
+            if let Some(last) = last {
+                assert_eq!(facts["lastRequestAt"], last["lastRequestAt"], "{u}");
+                assert_eq!(facts["contextTokens"], last["contextTokens"], "{u}");
+            }
+            continue;
+        }
         assert_eq!(facts["contextTokens"], u["used"], "contextTokens is Codex's used: {u}");
+        last = Some(facts);
         let at = instant(&facts["lastRequestAt"]);
-        if compacting.iter().any(|(s, e)| s < i && i <= e) {
-            continue;
-        }
-        // The shim's own update after a compaction repeats Codex's last figures; it answers no request.
-        let before = &coda.got[i - 1].1["params"]["update"];
-        if before["sessionUpdate"] == "compaction_update" && before["status"] == "completed" {
-            continue;
-        }
         // The request this response answers: the latest main-thread one of that context (the next may already be
         // on its way when the update reaches Coda).
         let used = u["used"].as_u64().expect("used");

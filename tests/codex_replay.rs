@@ -254,7 +254,7 @@ fn replay(name: &str) -> Replay {
     // As the binary stacks them: the engine's Waits, Codex's identity (its version probed), Codex's layers.
     let mut layers: Vec<Box<dyn AnyLayer>> =
         vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(CODEX_VERSION.into())))];
-    layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC, coda_shim::coda::failure::RETRY_PATIENCE));
+    layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC, coda_shim::coda::failure::RETRY_PATIENCE, None));
     let mut stack = Stack::new(layers);
     let mut exits = Exits::default();
     let (mut recorded_client, mut recorded_agent) = (Vec::new(), Vec::new());

@@ -9,7 +9,6 @@ pub mod air;
 pub mod compact;
 pub mod failure;
 pub mod review;
-pub mod roots;
 pub mod usage;
 
 use std::path::Path;
@@ -92,15 +91,16 @@ fn layers(setup: &mut Setup) {
         // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience()) {
+    let home = Some(adapter().data_home.dir());
+    for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience(), home) {
         setup.push(layer);
     }
 }
 
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
 /// `zone` is the one Codex writes local times in (the machine's: read once, at set-up); `patience` how long Codex
-/// may retry a turn (`coda::failure`).
-pub fn below_identity(zone: TimeZone, patience: Duration) -> Vec<Box<dyn AnyLayer>> {
+/// may retry a turn (`coda::failure`); `home` Codex's data folder, where a loaded session's facts are.
+pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path::PathBuf>) -> Vec<Box<dyn AnyLayer>> {
     vec![
         Box::new(air::Air::new()),
         Box::new(failure::layer(zone, patience)),
@@ -108,7 +108,7 @@ pub fn below_identity(zone: TimeZone, patience: Duration) -> Vec<Box<dyn AnyLaye
         Box::new(Instruction::new(&[])),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
         Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
-        Box::new(usage::layer()),
+        Box::new(usage::layer(home)),
     ]
 }
 

@@ -19,17 +19,20 @@
 //!   conversation" tool call (`_meta.jetbrains.air.contextCompaction`). Codex sends its `usage_update`s before
 //!   `completed`, so the shim sends one of its own right after it.
 //! - `cacheTtl`: Codex does not say it.
-//! - At load: Codex keeps every thread in its rollout file (`$CODEX_HOME/sessions/…/rollout-…-<thread>.jsonl`);
-//!   the shim does not read it yet, so a session loaded in a fresh process starts with no facts.
+//! - At load: Codex keeps every thread in its rollout file (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl`,
+//!   the thread being the ACP session): its last `compacted` line's `timestamp` is `compactedAt` ([`history`]).
+//!   The file says when responses came, not when requests left: `lastRequestAt` and `contextTokens` come with the
+//!   session's next request.
 //!
 //! Times are `cx.wall()` of the frame that tells them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Needle};
 use crate::layer::Cx;
 
@@ -95,7 +98,54 @@ impl Session {
 /// Where Codex's facts are (see the module's docs).
 #[derive(Default)]
 pub struct Codex {
+    /// Codex's data folder (`$CODEX_HOME`), where a loaded session's rollout file is.
+    home: Option<PathBuf>,
     sessions: HashMap<String, Session>,
+}
+
+/// The rollout file of thread `session` under Codex's data folder `home`: `sessions/YYYY/MM/DD/` (or
+/// `archived_sessions/`), named `rollout-<time>-<session>.jsonl`; a link is no rollout.
+fn rollout(home: &Path, session: &str) -> Option<PathBuf> {
+    if session.is_empty() || session.contains(['/', '\\']) || session.starts_with('.') {
+        return None;
+    }
+    let suffix = format!("-{session}.jsonl");
+    let entries = |dir: &Path| -> Vec<PathBuf> {
+        let Ok(read) = std::fs::read_dir(dir) else { return Vec::new() };
+        read.filter_map(Result::ok).map(|e| e.path()).collect()
+    };
+    let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let mut days = vec![home.join("archived_sessions")];
+    for year in entries(&home.join("sessions")).into_iter().filter(|p| is_dir(p)) {
+        for month in entries(&year).into_iter().filter(|p| is_dir(p)) {
+            days.extend(entries(&month).into_iter().filter(|p| is_dir(p)));
+        }
+    }
+    days.iter().flat_map(|d| entries(d)).find(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rollout-") && n.ends_with(&suffix))
+            && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())
+    })
+}
+
+/// What thread `session`'s rollout file under `home` keeps of its facts: the time of its last compaction.
+pub fn history(home: &Path, session: &str) -> Facts {
+    let Some(file) = rollout(home, session).and_then(|p| std::fs::File::open(p).ok()) else { return Facts::default() };
+    let mut facts = Facts::default();
+    for line in history_lines(file) {
+        // Only the compactions' lines are parsed.
+        if memchr::memmem::find(&line, b"\"compacted\"").is_none() {
+            continue;
+        }
+        let Ok(record) = crate::json::from_slice::<Value>(&line) else { continue };
+        if record.get("type").and_then(Value::as_str) != Some("compacted") {
+            continue;
+        }
+        let at = record.get("timestamp").and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        if let Some(at) = at {
+            facts.compacted_at = Some(SystemTime::from(at));
+        }
+    }
+    facts
 }
 
 impl Codex {
@@ -106,6 +156,11 @@ impl Codex {
 
 impl Source for Codex {
     type Event = std::convert::Infallible;
+
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        let (home, session) = (self.home.clone()?, session.to_owned());
+        Some(Box::new(move || history(&home, &session)))
+    }
 
     /// Coda's prompt on its way to codex-acp: the main thread's request starts now (the shim's own `/compact`
     /// starts a summarising request, no request of the main thread).
@@ -208,8 +263,9 @@ impl Source for Codex {
 /// coda-codex's usage facts layer.
 pub type Usage = UsageFacts<Codex>;
 
-pub fn layer() -> Usage {
-    UsageFacts::new(Codex::default())
+/// The layer over Codex's data folder `home` (`$CODEX_HOME`, read at set-up; None: nothing is read at load).
+pub fn layer(home: Option<PathBuf>) -> Usage {
+    UsageFacts::new(Codex { home, sessions: HashMap::new() })
 }
 
 #[cfg(test)]
@@ -227,7 +283,7 @@ mod tests {
     }
 
     fn started() -> Harness {
-        let mut h = Harness::of(layer());
+        let mut h = Harness::of(layer(None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.to_client();
@@ -431,5 +487,35 @@ mod tests {
         );
         h.agent_frame(Frame::parse(tool.clone().into_bytes()).unwrap());
         assert_eq!(h.take().to_client[0].bytes(), tool.as_bytes());
+    }
+
+    /// A rollout file as Codex 0.166 writes it (its lines' shapes, from a live run).
+    #[test]
+    fn a_loaded_threads_last_compaction_is_read_from_its_rollout_file() {
+        let home = tempfile::tempdir().unwrap();
+        let id = "01a23ee2-229d-7e22-ad36-a46ef6f094ad";
+        let day = home.path().join("sessions/2026/12/04");
+        std::fs::create_dir_all(&day).unwrap();
+        let lines = [
+            json!({"timestamp":"2026-12-04T02:28:58.173Z","type":"session_meta","payload":{"id":id}}),
+            json!({"timestamp":"2026-12-04T02:28:58.372Z","type":"event_msg","payload":{"type":"token_count"}}),
+            json!({"timestamp":"2026-12-04T02:29:00.020Z","type":"compacted","payload":{"message":"a summary"}}),
+            json!({"timestamp":"2026-12-04T02:29:00.068Z","type":"event_msg","payload":{"type":"token_count"}}),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(day.join(format!("rollout-2026-12-04T02-28-57-{id}.jsonl")), text).unwrap();
+        let facts = history(home.path(), id);
+        assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T02:29:00.020Z"));
+        assert_eq!((facts.last_request_at, facts.context_tokens), (None, None), "Codex keeps no request time");
+        // Another thread, a name that is a path, a rollout that is a link: nothing.
+        assert_eq!(history(home.path(), "01a23ee2-0000"), Facts::default());
+        assert_eq!(history(home.path(), "../x"), Facts::default());
+        let other = "01a23ee2-1111-7e22-ad36-a46ef6f094ad";
+        std::os::unix::fs::symlink(
+            day.join(format!("rollout-2026-12-04T02-28-57-{id}.jsonl")),
+            day.join(format!("rollout-2026-12-04T02-29-57-{other}.jsonl")),
+        )
+        .unwrap();
+        assert_eq!(history(home.path(), other), Facts::default());
     }
 }

@@ -93,7 +93,8 @@ fn layers(setup: &mut Setup) {
     // Holds a compacting session's prompts after the instruction went into them.
     setup.add(|_| Box::new(crate::coda::compact::Compaction::new(compact::GrokCompact::new())));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
-    setup.add(|_| Box::new(usage::layer()));
+    let home = Some(adapter().data_home.dir());
+    setup.add(|_| Box::new(usage::layer(home)));
     // Above the failure layer: it sees the turn's end as Coda will.
     setup.add(|_| Box::new(steering::GrokSteering::new()));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.

@@ -18,17 +18,20 @@
 //! - `compactedAt`: `auto_compact_completed`'s `_meta.agentTimestampMs` (asked for or Grok's own), then a
 //!   `usage_update` with `used = tokens_after`.
 //! - `cacheTtl`: Grok says none.
-//! - At load: Grok keeps a session's requests in its folder (`$GROK_HOME/sessions/<cwd>/<id>/events.jsonl`,
-//!   `phase_changed`); the shim does not read it yet, so a session loaded in a fresh process starts with no facts.
+//! - At load: Grok keeps what it said of a session in its folder (`$GROK_HOME/sessions/<cwd>/<id>/updates.jsonl`):
+//!   the stamped updates (the same stamps as live: `lastRequestAt`) and `auto_compact_completed` (`compactedAt`)
+//!   ([`history`]). It keeps no request's context (its `response_completed` is not in that file): `contextTokens`
+//!   comes with the session's next request.
 //!
 //! Times are Grok's own stamps (its clock), so a replay gives the same facts on any day.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Kind, Needle};
 use crate::layer::Cx;
 
@@ -103,7 +106,46 @@ fn u64_at(v: &Value, key: &str) -> u64 {
 /// Where Grok's facts are (see the module's docs).
 #[derive(Default)]
 pub struct Grok {
+    /// Grok's data folder (`$GROK_HOME`), where a loaded session's folder is.
+    home: Option<PathBuf>,
     roots: HashMap<String, Root>,
+}
+
+/// What Grok keeps of `session` under its data folder `home` (`sessions/<cwd>/<session>/updates.jsonl`; links are
+/// not followed): the last request, by the same stamps as live, and the last compaction.
+pub fn history(home: &Path, session: &str) -> Facts {
+    let mut facts = Facts::default();
+    if session.is_empty() || session.contains(['/', '\\']) || session.starts_with('.') {
+        return facts;
+    }
+    let Ok(cwds) = std::fs::read_dir(home.join("sessions")) else { return facts };
+    let folder = cwds
+        .filter_map(Result::ok)
+        .map(|e| e.path().join(session))
+        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
+    let path = folder.map(|f| f.join("updates.jsonl"));
+    let Some(file) = path
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
+        .and_then(|p| std::fs::File::open(p).ok())
+    else {
+        return facts;
+    };
+    let mut root = Root::default();
+    for line in history_lines(file) {
+        let Ok(record) = crate::json::from_slice::<Value>(&line) else { continue };
+        let Some(params) = record.get("params") else { continue };
+        let update = params.pointer("/update/sessionUpdate").and_then(Value::as_str);
+        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
+        match update {
+            Some("auto_compact_completed") => facts.compacted_at = stamp.map(at).or(facts.compacted_at),
+            _ => {
+                if let Some(request) = params.get("_meta").and_then(|m| root.stamped(m)) {
+                    facts.last_request_at = Some(request);
+                }
+            }
+        }
+    }
+    facts
 }
 
 impl Grok {
@@ -114,6 +156,11 @@ impl Grok {
 
 impl Source for Grok {
     type Event = std::convert::Infallible;
+
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        let (home, session) = (self.home.clone()?, session.to_owned());
+        Some(Box::new(move || history(&home, &session)))
+    }
 
     fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
         if let Kind::Request { id, method } = frame.kind()
@@ -209,8 +256,9 @@ impl Source for Grok {
 /// coda-grok's usage facts layer.
 pub type GrokUsage = UsageFacts<Grok>;
 
-pub fn layer() -> GrokUsage {
-    UsageFacts::new(Grok::default())
+/// The layer over Grok's data folder `home` (`$GROK_HOME`, read at set-up; None: nothing is read at load).
+pub fn layer(home: Option<PathBuf>) -> GrokUsage {
+    UsageFacts::new(Grok { home, roots: HashMap::new() })
 }
 
 #[cfg(test)]
@@ -223,7 +271,7 @@ mod tests {
     const T0: u64 = 1_796_186_076_330;
 
     fn started() -> Harness {
-        let mut h = Harness::of(layer());
+        let mut h = Harness::of(layer(None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S,"models":{"currentModelId":"fake",
@@ -397,5 +445,33 @@ mod tests {
         let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0)));
         assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], u64::MAX);
         assert!(out[0]["params"]["update"]["_meta"]["coda"].get("lastRequestAt").is_none(), "no stamp was readable");
+    }
+
+    /// A session folder's `updates.jsonl` as Grok 1.0.41 writes it (its lines' shapes, from a live run).
+    #[test]
+    fn a_loaded_sessions_last_request_and_compaction_are_read_from_its_folder() {
+        let home = tempfile::tempdir().unwrap();
+        let folder = home.path().join("sessions/%2Fwork%2Fapp").join(S);
+        std::fs::create_dir_all(&folder).unwrap();
+        let stamped = |turn: u64, stream: u64, now: u64| {
+            json!({"timestamp":1796351380,"method":"session/update",
+            "params":{"sessionId":S,"_meta":{"agentTimestampMs":now,"streamStartMs":stream,"turnStartMs":turn},
+            "update":{"sessionUpdate":"agent_message_chunk"}}})
+        };
+        let lines = [
+            stamped(T0, T0 + 12, T0 + 14),
+            json!({"timestamp":1796351381,"method":"_x.ai/session/update","params":{"sessionId":S,
+                "_meta":{"agentTimestampMs":T0 + 500},"update":{"sessionUpdate":"auto_compact_completed",
+                "tokens_before":18980,"tokens_after":10332}}}),
+            stamped(T0 + 1000, T0 + 1010, T0 + 1011),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(folder.join("updates.jsonl"), text).unwrap();
+        let facts = history(home.path(), S);
+        assert_eq!(facts.compacted_at, Some(at(T0 + 500)));
+        assert_eq!(facts.last_request_at, Some(at(T0 + 1000)), "the turn's start, as live");
+        assert_eq!(facts.context_tokens, None);
+        assert_eq!(history(home.path(), "other"), Facts::default());
+        assert_eq!(history(home.path(), ".."), Facts::default());
     }
 }

@@ -18,7 +18,6 @@
 //! Kimi's subagents never reach ACP, and their wires are not read here.
 
 use std::collections::HashMap;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,12 +27,9 @@ use crate::adapters::kimi::BUILTINS;
 use crate::adapters::kimi::facts::WireFacts;
 use crate::adapters::kimi::inside::Folder;
 use crate::adapters::kimi::wire::{self, Record};
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Id, Kind};
 use crate::layer::Cx;
-
-/// The most of a main wire's history read at load: its last 64 MiB (a record cut at the start is skipped).
-const HISTORY_MAX: u64 = 64 << 20;
 
 #[derive(Default)]
 struct Session {
@@ -192,28 +188,20 @@ impl Source for Kimi {
         }
     }
 
-    fn at_load(&self, session: &str) -> Option<LoadJob> {
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
         let dir = crate::adapters::kimi::watch::locate(self.root.as_deref(), session).ok()?;
         Some(Box::new(move || history(&dir).unwrap_or_default()))
     }
 }
 
-/// The facts in the history of the main wire of the session folder `dir` (its last [`HISTORY_MAX`]): the last
+/// The facts in the history of the main wire of the session folder `dir` (its last
+/// [`crate::coda::usage::HISTORY_MAX`]): the last
 /// request of the agent's loop and its context, the last compaction. Links are not followed.
 pub fn history(dir: &std::path::Path) -> Option<Facts> {
-    let mut file = Folder::open(dir).ok()?.file("agents/main/wire.jsonl").ok()?;
-    let len = file.seek(SeekFrom::End(0)).ok()?;
-    let from = len.saturating_sub(HISTORY_MAX);
-    file.seek(SeekFrom::Start(from)).ok()?;
-    let mut text = Vec::new();
-    file.take(HISTORY_MAX).read_to_end(&mut text).ok()?;
-    let mut lines = text.split(|b| *b == b'\n');
-    if from > 0 {
-        lines.next();
-    }
+    let file = Folder::open(dir).ok()?.file("agents/main/wire.jsonl").ok()?;
     let (mut facts, mut after_loop) = (Facts::default(), false);
-    for line in lines.filter(|l| !l.is_empty()) {
-        let Ok(entry) = wire::parse_line(line) else { continue };
+    for line in history_lines(file) {
+        let Ok(entry) = wire::parse_line(&line) else { continue };
         let at = wire_time(entry.time);
         match entry.record {
             Record::LlmRequest { kind, .. } => {

@@ -14,10 +14,12 @@
 //! `cacheTtl` is never said. After a compaction outside a turn the shim sends a `usage_update` of its own, its
 //! `used` the estimate of the compacted context ([`Contexts::after`]).
 //!
-//! At load: OpenCode keeps its sessions in its own database (SQLite) and says them over its server; the shim
-//! does not read them yet, so a session loaded in a fresh process starts with no facts.
+//! At load: OpenCode keeps its sessions in its own database and says their messages over its server
+//! (`GET /session/{id}/message`): the latest assistant message that is no summary (`lastRequestAt`, its context),
+//! the latest completed summary (`compactedAt`) ([`facts_of_messages`]). A replay has no server: nothing is read.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -25,7 +27,7 @@ use serde_json::Value;
 
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
-use crate::coda::usage::{Fact, Said, Source, UsageFacts};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts};
 use crate::layer::Cx;
 
 /// One assistant message of OpenCode's (a model request), as the server's `message.updated` says it.
@@ -188,15 +190,51 @@ fn at_ms(ms: u64) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_millis(ms))
 }
 
+/// What OpenCode keeps of a session (its server's messages of session, directory): made at set-up from the
+/// server (none in a replay), run as a job at load.
+pub type History = Arc<dyn Fn(&str, &str) -> Facts + Send + Sync>;
+
+/// The facts in OpenCode's messages of a session (`GET /session/{id}/message`: `[{info, parts}]`): the latest
+/// assistant message that is no summary (created: the request; its tokens once completed) and the latest
+/// completed summary.
+pub fn facts_of_messages(messages: &Value) -> Facts {
+    let mut facts = Facts::default();
+    let (mut last, mut compacted) = (None::<u64>, None::<u64>);
+    for info in messages.as_array().into_iter().flatten().filter_map(|m| m.get("info")) {
+        if info.get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let completed = count(info.pointer("/time/completed"));
+        if info.get("summary").and_then(Value::as_bool) == Some(true) {
+            compacted = compacted.max(completed);
+            continue;
+        }
+        let Some(created) = count(info.pointer("/time/created")) else { continue };
+        if last.is_none_or(|l| created >= l) {
+            last = Some(created);
+            let tokens = info.get("tokens").filter(|_| completed.is_some()).and_then(|t| {
+                let cache =
+                    count(t.pointer("/cache/read")).unwrap_or(0) + count(t.pointer("/cache/write")).unwrap_or(0);
+                Some(count(t.get("input"))? + cache)
+            });
+            facts.context_tokens = tokens;
+        }
+    }
+    facts.last_request_at = last.and_then(at_ms);
+    facts.compacted_at = compacted.and_then(at_ms);
+    facts
+}
+
 /// Where OpenCode's facts are (see the module's docs).
 pub struct OpenCode {
     record: Record,
     contexts: Contexts,
+    history: Option<History>,
 }
 
 impl OpenCode {
-    pub fn new(record: Record) -> OpenCode {
-        OpenCode { record, contexts: Contexts::default() }
+    pub fn new(record: Record, history: Option<History>) -> OpenCode {
+        OpenCode { record, contexts: Contexts::default(), history }
     }
 
     /// The latest request of `session` and its context, as the steps say them.
@@ -213,6 +251,12 @@ impl OpenCode {
 
 impl Source for OpenCode {
     type Event = FromServer;
+
+    fn at_load(&self, session: &str, params: &Value) -> Option<LoadJob> {
+        let history = self.history.clone()?;
+        let (session, directory) = (session.to_owned(), params.get("cwd").and_then(Value::as_str)?.to_owned());
+        Some(Box::new(move || history(&session, &directory)))
+    }
 
     /// OpenCode's `used` is the context of its latest assistant message: that request's.
     fn usage_update(&mut self, session: &str, update: &Value, _: &mut Cx, out: &mut Said) {
@@ -265,8 +309,9 @@ impl Source for OpenCode {
 /// coda-opencode's usage facts layer; `record` logs the server events it handles (recordings).
 pub type OpenCodeUsage = UsageFacts<OpenCode>;
 
-pub fn layer(record: Record) -> OpenCodeUsage {
-    UsageFacts::new(OpenCode::new(record))
+/// The layer; `history` reads what OpenCode keeps of a session Coda loads.
+pub fn layer(record: Record, history: Option<History>) -> OpenCodeUsage {
+    UsageFacts::new(OpenCode::new(record, history))
 }
 
 #[cfg(test)]
@@ -301,7 +346,7 @@ mod tests {
     }
 
     fn opened() -> Harness {
-        let mut h = Harness::of(layer(Record::off()));
+        let mut h = Harness::of(layer(Record::off(), None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.to_client();
@@ -456,5 +501,23 @@ mod tests {
         c.step(&s("c", 578, true, 40));
         assert_eq!(c.after(S), Some(7718));
         assert_eq!(c.before(S), Some(9000), "a summary is not a step of the session's own");
+    }
+
+    /// OpenCode's messages of a session, as its server says them (the fields the facts read).
+    #[test]
+    fn a_loaded_sessions_facts_are_read_from_its_messages() {
+        let messages = json!([
+            {"info":{"id":"msg_u1","role":"user","time":{"created":1_000}}},
+            {"info":{"id":"msg_a1","role":"assistant","time":{"created":1_100,"completed":1_900},
+                "tokens":{"input":7678,"output":5,"cache":{"read":10,"write":2}}}},
+            {"info":{"id":"msg_s","role":"assistant","summary":true,"time":{"created":2_000,"completed":2_500},
+                "tokens":{"input":9000,"output":40}}},
+            {"info":{"id":"msg_a2","role":"assistant","time":{"created":-5}}},
+        ]);
+        let facts = facts_of_messages(&messages);
+        assert_eq!(facts.last_request_at, at_ms(1_100));
+        assert_eq!(facts.context_tokens, Some(7690), "the request's context, not the summary's");
+        assert_eq!(facts.compacted_at, at_ms(2_500));
+        assert_eq!(facts_of_messages(&json!({"error":"x"})), Facts::default());
     }
 }

@@ -173,10 +173,33 @@ pub trait Source: Send + 'static {
     /// The wait for `session`'s facts ran out: what was awaited counts as come.
     fn waited_out(&mut self, _session: &str) {}
 
-    /// The job that reads what the CLI keeps of `session`, which Coda loads or resumes (None: nothing).
-    fn at_load(&self, _session: &str) -> Option<LoadJob> {
+    /// The job that reads what the CLI keeps of `session`, which Coda loads or resumes with `params` (its
+    /// `sessionId`, `cwd`); None: nothing to read.
+    fn at_load(&self, _session: &str, _params: &Value) -> Option<LoadJob> {
         None
     }
+}
+
+/// The most of a CLI's record of a session read at load: its last 64 MiB.
+pub const HISTORY_MAX: u64 = 64 << 20;
+
+/// The lines of `file`'s last [`HISTORY_MAX`] bytes (a line cut at the start left out), for a [`LoadJob`].
+pub fn history_lines(mut file: std::fs::File) -> Vec<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(len) = file.seek(SeekFrom::End(0)) else { return Vec::new() };
+    let from = len.saturating_sub(HISTORY_MAX);
+    if file.seek(SeekFrom::Start(from)).is_err() {
+        return Vec::new();
+    }
+    let mut text = Vec::new();
+    if file.take(HISTORY_MAX).read_to_end(&mut text).is_err() {
+        return Vec::new();
+    }
+    let mut lines: Vec<Vec<u8>> = text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    if from > 0 && !lines.is_empty() {
+        lines.remove(0);
+    }
+    lines
 }
 
 /// Per root session.
@@ -405,7 +428,7 @@ impl<S: Source> Layer for UsageFacts<S> {
         if matches!(frame.method(), Some("session/load" | "session/resume"))
             && frame.id().is_some()
             && let Some(session) = session_of(frame.value()).map(str::to_owned)
-            && let Some(job) = self.cli.at_load(&session)
+            && let Some(job) = self.cli.at_load(&session, frame.value().get("params").unwrap_or(&Value::Null))
         {
             // Read while the CLI loads; the session is a root once the CLI's answer is in.
             self.loads += 1;
@@ -570,7 +593,7 @@ mod tests {
         fn waited_out(&mut self, session: &str) {
             self.waiting.remove(session);
         }
-        fn at_load(&self, _: &str) -> Option<LoadJob> {
+        fn at_load(&self, _: &str, _: &Value) -> Option<LoadJob> {
             let loaded = self.loaded.clone()?;
             Some(Box::new(move || loaded))
         }

@@ -58,6 +58,7 @@ fn opencode_side(fake: &Fake) -> crate::adapters::opencode::ServerSide {
         caller: Some(Arc::new(move |call| f2.state().steer_call(call))),
         replier: Arc::new(|_: &str, _: &str, _: &str| Ok(())),
         reader: Some(Box::new(move |send| f3.state().read_by(send))),
+        history: None,
     }
 }
 
