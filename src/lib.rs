@@ -21,7 +21,9 @@
 //!   ([`coda::waits`], at the top of every stack), the session instruction ([`coda::instruction`]), the
 //!   agent's identity ([`coda::identity`]), failure kinds ([`coda::failure`]), compaction on request
 //!   ([`coda::compact`]: the machine [`coda::compact::Compaction`] keeps every rule of the section, over the
-//!   small [`coda::compact::Compactor`] an adapter writes for how its CLI compacts) and the usage facts on
+//!   small [`coda::compact::Compactor`] an adapter writes for how its CLI compacts), steering ([`coda::steering`]:
+//!   the machine [`coda::steering::Steering`] over an adapter's [`coda::steering::Steerer`], or a CLI's own
+//!   `_session/steering`) and the usage facts on
 //!   `usage_update` ([`coda::usage`]); how each CLI does them is its adapter's. The feature suites (`coda::suite`,
 //!   tests only) run the same scenarios on every binary's stack over a scripted stand-in for each CLI.
 //! - [`cli`]: what every binary shares: the [`Adapter`] value (an agent's facts and how its stack is built),

@@ -247,8 +247,13 @@ impl Loop {
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
-        // The stack's request table says which, in their order of arrival.
+        // The stack's request table says which, in their order of arrival; the layers hold nothing more for it.
+        self.stack.agent_gone();
         for id in self.stack.unanswered() {
+            // Answered meanwhile by a layer (with the answer to another one).
+            if self.stack.requests().get(&id).is_none_or(|r| r.is_answered()) {
+                continue;
+            }
             let mut exits = std::mem::take(&mut self.exits);
             self.stack.from_agent(frame::error_response(&id, -32603, &message, Some(data.clone())), &mut exits);
             self.route(exits);

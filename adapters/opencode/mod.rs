@@ -203,7 +203,9 @@ fn stack(
     });
     // Steering needs the server (or a replay's record of it): declared only then.
     let steer_record = record.clone();
-    setup.add(|_: EventSender<FromServer>| Box::new(steering::OpenCodeSteering::new(caller, steer_record)));
+    setup.add(|_: EventSender<FromServer>| {
+        Box::new(crate::coda::steering::Steering::new(steering::OpenCodeSteering::new(caller, steer_record)))
+    });
     let bridge_record = record.clone();
     setup.add(|_: EventSender<FromServer>| {
         Box::new(permissions::Permissions::new(replier, bridge_record, resume_delay))

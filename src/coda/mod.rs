@@ -5,6 +5,8 @@ pub mod compact;
 pub mod failure;
 pub mod identity;
 pub mod instruction;
+pub mod machine;
+pub mod steering;
 #[cfg(test)]
 pub mod suite;
 pub mod usage;

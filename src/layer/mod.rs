@@ -218,6 +218,8 @@ pub struct Cx<'a> {
 struct Shared {
     requests: Requests,
     sessions: Sessions,
+    /// The agent is gone: what it still owes comes as the engine's errors, and nothing more after them.
+    agent_gone: bool,
     /// Wake-ups asked for so far across the stack (orders equal deadlines).
     asked: u64,
     /// Each layer's wake-ups, by index.
@@ -346,6 +348,12 @@ impl<'a> Cx<'a> {
         self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
 
+    /// Whether the agent is gone (its process ended): the answers that come now are the engine's errors for
+    /// what it still owed, and nothing comes after them, so a layer holds nothing more (no wake-up will come).
+    pub fn agent_gone(&self) -> bool {
+        self.stack.as_ref().is_some_and(|(s, _)| s.agent_gone)
+    }
+
     /// The stack's session table ([`sessions`]); `None` outside a stack.
     pub fn sessions(&self) -> Option<&Sessions> {
         self.stack.as_ref().map(|(s, _)| &s.sessions)
@@ -420,6 +428,7 @@ impl Stack {
             shared: Shared {
                 requests: Requests::default(),
                 sessions: Sessions::default(),
+                agent_gone: false,
                 asked: 0,
                 timers: layers.iter().map(|l| l.new_timers()).collect(),
                 names: layers.iter().map(|l| l.name()).collect(),
@@ -530,6 +539,11 @@ impl Stack {
     /// The client's requests not answered to the client yet.
     pub fn requests(&self) -> &Requests {
         &self.shared.requests
+    }
+
+    /// The agent is gone ([`Cx::agent_gone`]).
+    pub fn agent_gone(&mut self) {
+        self.shared.agent_gone = true;
     }
 
     /// The session table ([`sessions`]).

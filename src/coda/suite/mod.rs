@@ -8,7 +8,7 @@
 pub mod fake;
 
 mod compact;
-// mod steering;
+mod steering;
 
 use serde_json::{Value, json};
 
