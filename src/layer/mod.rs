@@ -499,6 +499,12 @@ impl Stack {
                 // sent that id, so it is no answer of Coda's.
                 return tracing::warn!("the agent answered one of the shim's own requests twice; dropped");
             }
+            if self.shared.requests.was_answered(id) {
+                // Coda has its answer: a second one would answer nothing it asked.
+                return tracing::warn!(
+                    "the agent answered a request of the client's that was answered already; dropped"
+                );
+            }
             let Shared { requests, sessions, .. } = &mut self.shared;
             if let Some(r) = requests.get(id).filter(|r| !r.is_answered()) {
                 sessions.answered(&r.method, r.session(), &frame);
@@ -1219,9 +1225,15 @@ mod tests {
             "open":["session/new"]});
         assert_eq!((&out[1]["params"], &out[2]["params"]), (&about, &about));
         assert_eq!(h.stack().owed(), vec![Id::string("n")]);
-        // Answered to the client: forgotten. A second answer answers nothing known.
+        // Answered to the client: forgotten. A second answer answers nothing Coda asks: dropped.
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
-        assert_eq!(h.to_client().len(), 1);
+        assert!(h.to_client().is_empty());
         assert!(h.stack().requests().get(&Id::from_json("1")).is_none());
+        // Until Coda sends a request with that id again; an answer to an id Coda never sent passes.
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s1"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        assert_eq!(h.to_client().len(), 3);
+        h.from_agent(json!({"jsonrpc":"2.0","id":77,"result":{}}));
+        assert_eq!(h.to_client().len(), 1);
     }
 }
