@@ -628,7 +628,10 @@ mod tests {
             out["result"]["sessions"].as_array().expect("sessions").iter().map(|e| &e["title"]).collect();
         assert_eq!(got, [&json!("hello"), &Value::Null, &json!("plain title")]);
         // The same answer to any other request is not touched.
-        h.from_agent(list.clone());
-        assert_eq!(h.to_client(), [list]);
+        h.from_client(json!({"jsonrpc": "2.0", "id": "m", "method": "_x/other", "params": {}}));
+        let mut other = list.clone();
+        other["id"] = json!("m");
+        h.from_agent(other.clone());
+        assert_eq!(h.to_client(), [other]);
     }
 }
