@@ -530,10 +530,10 @@ mod tests {
             data_home: DataHome { var: "DEMO_HOME", default: ".demo", sub: "" },
             session_files: None,
             login_hint: "run `demo sign-in`",
-            default_command: || Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
-            version: |_| None,
+            default_command: &|| Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
+            version: &|_| None,
             env_defaults: &[],
-            layers: |_| {},
+            layers: &|_| {},
         }
     }
 
