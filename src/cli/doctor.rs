@@ -180,6 +180,13 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
     let (what, install) = (tested.what, tested.install);
     let tested = tested.version;
     match version {
+        // A profile of `coda-acp` that was never run here.
+        Some(v) if tested.is_empty() => rows.push(row(
+            "version",
+            Status::Warn,
+            format!("{what} {v}; not tested with this binary"),
+            format!("its ACP may differ from what this binary expects ({install})"),
+        )),
         Some(v) if v == tested => rows.push(row("version", Status::Ok, format!("{what} {v} (tested)"), "")),
         Some(v) => rows.push(row(
             "version",
@@ -215,7 +222,7 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
 
 /// The version in the `package.json` of npm package `name` that the command's program or first argument
 /// (a script run by `node`) belongs to.
-fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<String> {
+pub(crate) fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<String> {
     let paths = std::iter::once(cmd.program.clone()).chain(cmd.args.first().map(PathBuf::from));
     for path in paths.filter_map(|p| std::fs::canonicalize(p).ok()) {
         for dir in path.ancestors().skip(1) {
