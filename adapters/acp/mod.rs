@@ -80,7 +80,8 @@ pub fn adapter(profile: Option<Profile>) -> Adapter {
     let given = profile.is_some();
     let p = profile.unwrap_or_else(bare);
     let cli_name = keep(p.display_name.clone());
-    let install = keep(p.install.clone().unwrap_or_else(|| format!("install {} (see its documentation)", p.display_name)));
+    let install =
+        keep(p.install.clone().unwrap_or_else(|| format!("install {} (see its documentation)", p.display_name)));
     let package: Option<&'static str> = p.package.clone().map(keep);
     let tested = Tested {
         what: cli_name,
@@ -122,7 +123,14 @@ pub fn adapter(profile: Option<Profile>) -> Adapter {
         Box::leak(Box::new(move |command: &AgentCommand| {
             let own = package.and_then(|name| crate::cli::doctor::package_version_near(command, name)).or_else(|| {
                 // A Node script given as `node script.js`: ask the script, not Node.
-                let args: Vec<&str> = command.args.first().map(String::as_str).filter(|a| a.ends_with(".js") || a.ends_with(".mjs")).into_iter().chain(["--version"]).collect();
+                let args: Vec<&str> = command
+                    .args
+                    .first()
+                    .map(String::as_str)
+                    .filter(|a| a.ends_with(".js") || a.ends_with(".mjs"))
+                    .into_iter()
+                    .chain(["--version"])
+                    .collect();
                 version_word(&run_for_output(&command.program, &args, Duration::from_secs(10))?)
             });
             match from {
@@ -205,7 +213,9 @@ pub fn take_profile(args: Vec<std::ffi::OsString>) -> Result<(Option<Profile>, V
         }
         let value = match inline {
             Some(v) => v,
-            None => args.next().map(|v| v.to_string_lossy().into_owned()).ok_or_else(|| format!("{flag} needs a value"))?,
+            None => {
+                args.next().map(|v| v.to_string_lossy().into_owned()).ok_or_else(|| format!("{flag} needs a value"))?
+            }
         };
         chosen = Some(match flag.as_str() {
             "--profile" => profile::built_in(&value)?,

@@ -119,7 +119,8 @@ pub fn parse(text: &str, what: &str) -> Result<Profile, String> {
 impl Profile {
     /// The command split into program and arguments.
     pub fn words(&self) -> Result<(String, Vec<String>), String> {
-        let words = shell_words::split(&self.command).map_err(|e| format!("cannot split command {:?}: {e}", self.command))?;
+        let words =
+            shell_words::split(&self.command).map_err(|e| format!("cannot split command {:?}: {e}", self.command))?;
         let (program, args) = words.split_first().ok_or("command is empty")?;
         Ok((program.clone(), args.to_vec()))
     }

@@ -65,7 +65,8 @@ mod tests {
 
     #[test]
     fn a_title_cut_from_the_instruction_is_blanked_a_whole_block_and_other_text_are_left() {
-        let cut: String = wrap("# Coda client\n\nYour replies are shown in Coda… 回复").chars().take(200).collect::<String>();
+        let cut: String =
+            wrap("# Coda client\n\nYour replies are shown in Coda… 回复").chars().take(200).collect::<String>();
         let cut = format!("{}...", &cut[..cut.len().min(60)]);
         assert!(is_cut_echo(&cut));
         let mut h = Harness::of(TruncatedTitles);

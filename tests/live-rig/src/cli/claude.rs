@@ -24,7 +24,11 @@ fn ready() -> Result<(), String> {
 
 fn setup(s: &mut Setup) -> std::io::Result<()> {
     let config = s.home.join(".claude");
-    write(&config.join("settings.json"), r#"{"autoUpdates": false, "includeCoAuthoredBy": false}"#)?;
+    // `defaultMode: default` asks before edits and commands (its `auto` asks a classifier model first).
+    write(
+        &config.join("settings.json"),
+        r#"{"autoUpdates": false, "includeCoAuthoredBy": false, "permissions": {"defaultMode": "default"}}"#,
+    )?;
     s.set("CLAUDE_CONFIG_DIR", path_string(&config));
     // The SDK's client adds `/v1/messages` itself.
     s.set("ANTHROPIC_BASE_URL", s.base_url.trim_end_matches("/v1"));

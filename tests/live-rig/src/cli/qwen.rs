@@ -43,6 +43,8 @@ fn setup(s: &mut Setup) -> std::io::Result<()> {
 fn settings() -> String {
     let settings = serde_json::json!({
         "security": {"auth": {"selectedType": "openai"}},
+        // Ask before edits and commands (its default `auto` asks an LLM classifier first).
+        "tools": {"approvalMode": "default"},
         "model": {"name": MODEL, "generationConfig": {"contextWindowSize": 32000}},
         "privacy": {"usageStatisticsEnabled": false},
         "telemetry": {"enabled": false},
