@@ -7,6 +7,7 @@
 
 mod support;
 
+mod acp_live;
 mod codex_compact_live;
 mod codex_live;
 mod codex_replay;

@@ -77,6 +77,15 @@ pub(super) fn conversation(api: Api, body: &Value) -> Vec<Item> {
                 let text = content_text(message.get("content"));
                 match role {
                     "system" | "developer" => items.push(Item::System(text)),
+                    // Qwen Code sends its reminders, the injected instruction and the prompt as parts of one
+                    // user message: each part is a text of its own, so the prompt is the last one.
+                    "user" if message.get("content").is_some_and(Value::is_array) => {
+                        for part in message.get("content").and_then(Value::as_array).into_iter().flatten() {
+                            if let Some(t) = part.get("text").and_then(Value::as_str) {
+                                items.push(Item::User(t.to_string()));
+                            }
+                        }
+                    }
                     "user" => items.push(Item::User(text)),
                     "assistant" => {
                         items.push(Item::Assistant);
