@@ -8,6 +8,8 @@
 //! the slash commands it runs unadvertised, and whether it titles sessions with a cut-short first prompt
 //! ([`titles`]). The facts behind the built-in profiles are in docs/acp-agents.md.
 
+#[cfg(test)]
+mod behaviour;
 pub mod profile;
 pub mod titles;
 
