@@ -79,6 +79,13 @@ fn version_word(out: &str) -> Option<String> {
 
 /// The adapter of `coda-acp` for `profile` (`None`: an agent given by `--agent-command` alone).
 pub fn adapter(profile: Option<Profile>) -> Adapter {
+    adapter_for(profile, &[])
+}
+
+/// [`adapter`], with the arguments that chose the profile (for the manifest line `doctor` prints).
+pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
+    let manifest_args: &'static [&'static str] =
+        Box::leak(chosen_by.iter().map(|a| keep(a.clone())).collect::<Vec<_>>().into_boxed_slice());
     let given = profile.is_some();
     let p = profile.unwrap_or_else(bare);
     let cli_name = keep(p.display_name.clone());
@@ -177,6 +184,7 @@ pub fn adapter(profile: Option<Profile>) -> Adapter {
         version,
         env_defaults,
         layers,
+        manifest_args,
     }
 }
 
@@ -197,8 +205,15 @@ coda-acp runs any ACP agent; say which:
 /// `coda-acp`'s own options taken out of `args`: the profile it names (`None` for none), and the arguments
 /// left for the shared parser. An `Err` is a usage error, said in full.
 pub fn take_profile(args: Vec<std::ffi::OsString>) -> Result<(Option<Profile>, Vec<std::ffi::OsString>), String> {
+    take_profile_with(args).map(|(p, rest, _)| (p, rest))
+}
+
+/// [`take_profile`], with the arguments that chose the profile as a manifest would pass them (a profile file
+/// by its absolute path).
+fn take_profile_with(args: Vec<std::ffi::OsString>) -> Result<Chosen, String> {
     let mut rest = Vec::new();
     let mut chosen: Option<Profile> = None;
+    let mut chosen_by = Vec::new();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let text = arg.to_string_lossy().into_owned();
@@ -223,14 +238,24 @@ pub fn take_profile(args: Vec<std::ffi::OsString>) -> Result<(Option<Profile>, V
             "--profile" => profile::built_in(&value)?,
             _ => profile::read(Path::new(&value))?,
         });
+        let value = match flag.as_str() {
+            "--profile-file" => std::fs::canonicalize(&value).map_or(value, |p| p.display().to_string()),
+            _ => value,
+        };
+        chosen_by = vec![flag, value];
     }
-    Ok((chosen, rest))
+    Ok((chosen, rest, chosen_by))
 }
+
+/// A profile (if any), the arguments left, and the arguments that chose the profile.
+type Chosen = (Option<Profile>, Vec<std::ffi::OsString>, Vec<String>);
 
 /// The program of `coda-acp`.
 pub fn main() -> ! {
-    match take_profile(std::env::args_os().skip(1).collect()) {
-        Ok((profile, rest)) => crate::cli::binary::main_with(adapter(profile), rest, &help()),
+    match take_profile_with(std::env::args_os().skip(1).collect()) {
+        Ok((profile, rest, chosen_by)) => {
+            crate::cli::binary::main_with(adapter_for(profile, &chosen_by), rest, &help())
+        }
         Err(why) => {
             eprintln!("coda-acp: {why}\nTry `coda-acp --help`.");
             std::process::exit(2)

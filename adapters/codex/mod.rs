@@ -135,6 +135,7 @@ pub fn adapter() -> Adapter {
         // `high`, paid from the user's quota; Coda never shows it (`session_info_update._meta.promptSuggestions`).
         env_defaults: &[("INITIAL_AGENT_MODE", "read-only"), ("CODEX_ACP_PROMPT_SUGGESTIONS", "false")],
         layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -123,6 +123,7 @@ pub fn adapter() -> Adapter {
         // with it off a turn costs one request (plus the session title on the first).
         env_defaults: &[("GROK_TURN_SUMMARY", "0")],
         layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -85,6 +85,7 @@ pub fn adapter() -> Adapter {
         version: &plain_version,
         env_defaults: &[],
         layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -326,6 +326,7 @@ pub fn adapter() -> Adapter {
         version: &plain_version,
         env_defaults: &[],
         layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -37,6 +37,8 @@ pub struct Adapter {
     pub env_defaults: &'static [(&'static str, &'static str)],
     /// Builds the layer stack, nearest the client first.
     pub layers: &'static (dyn Fn(&mut Setup) + Send + Sync),
+    /// Arguments the plugin manifest's command passes the binary (`coda-acp`'s `--profile qwen`), for `doctor`.
+    pub manifest_args: &'static [&'static str],
 }
 
 /// A version the shim was tested with, and how to install it.
