@@ -31,6 +31,7 @@ pub fn binary(agent: &str) -> PathBuf {
         "opencode" => env!("CARGO_BIN_EXE_coda-opencode"),
         "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
         "codex" => env!("CARGO_BIN_EXE_coda-codex"),
+        "acp" => env!("CARGO_BIN_EXE_coda-acp"),
         other => panic!("no binary for {other}"),
     })
 }
