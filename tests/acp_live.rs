@@ -139,6 +139,13 @@ fn live_acp_claude_subagents() {
     assert_eq!(started["stoppable"], true, "Claude Agent ACP grants cancel");
     let wait_id = started["waitId"].as_str().expect("a waitId").to_owned();
     rec.until_wait(Duration::from_secs(10), |w| w["waitId"] == wait_id.as_str() && w["state"] == "done");
+    let models: Vec<Value> = rec
+        .waits()
+        .iter()
+        .filter(|w| w["waitId"] == wait_id.as_str())
+        .filter_map(|w| w.get("model").cloned())
+        .collect();
+    assert_eq!(models, [json!(live::MODEL)], "the child's model, from its config_option_update");
     let of_child = |v: &Value, kind: &str| {
         v["method"] == "session/update"
             && v.pointer("/params/sessionId") == Some(&json!(child))

@@ -20,6 +20,8 @@
 //! - the child going `idle` ends the wait: `done`, or `cancelled` for the stop reason `cancelled`, `failed` for
 //!   `error`. A child that works again later (ACP lets a parent reuse a child) is a new run of the same child
 //!   (rule 5): a new `waitId`, the same `childSessionId`. `state: null` and `unknown` change nothing;
+//! - the child's model, the `currentValue` of the `category: model` option of its `config_option_update`s, is
+//!   the wait's `model`;
 //! - the child's traffic already carries the child's `sessionId` and reaches the client as that child's; the
 //!   `session_message` that gives a child its task (on the child, with the child as recipient) becomes the
 //!   child's `user_message_chunk`s, one per content block, the way Coda shows a subagent's input;
@@ -55,6 +57,8 @@ struct Child {
     title: Option<String>,
     description: Option<String>,
     stoppable: bool,
+    /// The `currentValue` of the child's `category: model` config option, from its `config_option_update`.
+    model: Option<String>,
     /// Runs started so far.
     runs: u32,
     /// The `waitId` of the run in progress.
@@ -70,6 +74,7 @@ impl Child {
         wait.title = Some(self.title.clone().or_else(|| self.description.clone()).unwrap_or_else(|| "Subagent".into()));
         wait.detail = self.description.clone().filter(|_| self.title.is_some());
         wait.stoppable = Some(self.stoppable);
+        wait.model = self.model.clone();
         wait
     }
 }
@@ -170,6 +175,29 @@ impl Subagents {
             (_, Some(open)) => Some(child.wait(open, State::Waiting)),
             _ => None,
         };
+        if let Some(frame) = report.and_then(|w| self.register.report(&w)) {
+            cx.to_client(frame);
+        }
+    }
+
+    /// A child's `config_option_update`: its model, for the wait of the run in progress. Passed on as it came.
+    fn config(&mut self, frame: Frame, cx: &mut Cx) {
+        let value = frame.value();
+        let session = value.pointer("/params/sessionId").and_then(Value::as_str);
+        let model = value
+            .pointer("/params/update/configOptions")
+            .and_then(Value::as_array)
+            .and_then(|options| options.iter().find(|o| o.get("category").and_then(Value::as_str) == Some("model")))
+            .and_then(|o| o.get("currentValue"))
+            .and_then(Value::as_str);
+        let report = match (session.and_then(|s| self.children.get_mut(s)), model) {
+            (Some(child), Some(model)) => {
+                child.model = Some(model.to_owned());
+                child.open.clone().map(|open| child.wait(&open, State::Waiting))
+            }
+            _ => None,
+        };
+        cx.to_client(frame);
         if let Some(frame) = report.and_then(|w| self.register.report(&w)) {
             cx.to_client(frame);
         }
@@ -289,6 +317,7 @@ impl Layer for Subagents {
                     }
                 }
                 Some("session_message") => self.message(frame, cx),
+                Some("config_option_update") if !self.children.is_empty() => self.config(frame, cx),
                 _ => cx.to_client(frame),
             },
             Kind::Response { .. } => {
@@ -311,9 +340,11 @@ impl Layer for Subagents {
             return true;
         }
         match frame.kind() {
-            Kind::Notification { method } if method == "session/update" => {
-                !matches!(frame.session_update(), Some(UPDATE | "session_message"))
-            }
+            Kind::Notification { method } if method == "session/update" => match frame.session_update() {
+                Some(UPDATE | "session_message") => false,
+                Some("config_option_update") => self.children.is_empty(),
+                _ => true,
+            },
             Kind::Response { .. } => self.children.is_empty(),
             _ => true,
         }
@@ -428,6 +459,27 @@ mod tests {
         assert_eq!(h.to_client()[0]["params"]["stoppable"], false);
         h.from_agent(update("s", json!({"sessionId":"c","title":"t"})));
         assert_eq!(h.to_client()[0]["params"]["title"], "t");
+    }
+
+    #[test]
+    fn the_childs_model_goes_on_its_wait_and_its_config_update_goes_on_too() {
+        let mut h = translating();
+        h.from_agent(update("s", json!({"sessionId":"c","state":{"state":"running"}})));
+        h.to_client();
+        let config = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"c","update":{
+            "sessionUpdate":"config_option_update","configOptions":[{"id":"agent","currentValue":"general-purpose"},
+            {"id":"model","category":"model","currentValue":"fake-model","type":"select"}]}}});
+        h.from_agent(config.clone());
+        let out = h.to_client();
+        assert_eq!(out[0], config);
+        assert_eq!(out[1]["params"], json!({"sessionId":"s","waitId":"c","state":"waiting","model":"fake-model"}));
+        // The same model again: nothing new to report. Another session's options: only passed on.
+        h.from_agent(config.clone());
+        assert_eq!(h.to_client(), vec![config]);
+        let root = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{
+            "sessionUpdate":"config_option_update","configOptions":[{"id":"model","category":"model","currentValue":"m2"}]}}});
+        h.from_agent(root.clone());
+        assert_eq!(h.to_client(), vec![root]);
     }
 
     #[test]
