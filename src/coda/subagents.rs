@@ -499,6 +499,41 @@ mod tests {
     }
 
     #[test]
+    fn races_of_a_stop_with_the_childs_own_end_and_with_a_close() {
+        // The child ends on its own while the stop is on its way: the run is done, not cancelled, and the
+        // client's stop still got its `{}` (a stop only says it was received).
+        let mut h = translating();
+        h.from_agent(update("s", json!({"sessionId":"c","capabilities":{"cancel":{}},"state":{"state":"running"}})));
+        h.to_client();
+        h.from_client(
+            json!({"jsonrpc":"2.0","id":1,"method":"_coda/wait/stop","params":{"sessionId":"s","waitId":"c"}}),
+        );
+        assert_eq!(h.to_agent().len(), 1);
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":1,"result":{}})]);
+        h.from_agent(update("s", json!({"sessionId":"c","state":{"state":"idle","stopReason":"end_turn"}})));
+        assert_eq!(h.to_client()[0]["params"]["state"], "done");
+        // A stop of the ended run goes on down (the engine's waits layer above answers it `{}`).
+        let late = json!({"jsonrpc":"2.0","id":2,"method":"_coda/wait/stop","params":{"sessionId":"s","waitId":"c"}});
+        h.from_client(late.clone());
+        assert_eq!(h.to_agent(), vec![late]);
+        // The session closes while a stop of its child is on its way: the close ends the run; the cancelled
+        // child's own late `idle` changes nothing.
+        h.from_agent(update("s", json!({"sessionId":"c","state":{"state":"running"}})));
+        h.to_client();
+        h.from_client(
+            json!({"jsonrpc":"2.0","id":3,"method":"_coda/wait/stop","params":{"sessionId":"s","waitId":"c#2"}}),
+        );
+        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"session/close","params":{"sessionId":"s"}}));
+        h.to_agent();
+        h.to_client();
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{}}));
+        let out = h.to_client();
+        assert_eq!(out[1]["params"], json!({"sessionId":"s","waitId":"c#2","state":"cancelled"}));
+        h.from_agent(update("s", json!({"sessionId":"c","state":{"state":"idle","stopReason":"cancelled"}})));
+        assert!(h.to_client().is_empty(), "the child was forgotten with its session");
+    }
+
+    #[test]
     fn the_childs_task_becomes_its_user_message_other_messages_pass() {
         let mut h = translating();
         h.from_agent(update("s", json!({"sessionId":"c","state":{"state":"running"}})));
