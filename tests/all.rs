@@ -39,6 +39,7 @@ mod quiet_logs;
 mod redact;
 mod relay;
 mod replay;
+mod sim;
 mod replay_diff;
 mod view;
 mod view_browser;

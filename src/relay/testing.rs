@@ -43,6 +43,13 @@ use crate::layer::{Event, Stack};
 /// Longer than any layer's wake-up that a test waits for (a longer one: [`Pair::drive_for`]).
 pub const QUIET: Duration = Duration::from_secs(60);
 
+/// The layers' wall time ([`crate::layer::Cx::wall`]) when a [`Pair`]'s relay starts: 2027-01-15T08:00:00Z. It
+/// moves with the virtual clock, so a session's timestamps (a usage fact's `lastRequestAt`) are the same in
+/// every run of it.
+pub fn wall_start() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
 /// How long, in virtual time, [`Pair::drive`] drives a session that never goes idle before it panics.
 pub const BUSY_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
