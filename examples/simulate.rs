@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --example simulate -- --seeds 1000000..1010000 [--agent grok] [--for 10m] [--keep-going]
 //! cargo run --release --example simulate -- --seeds 42 --agent kimi --transcript
+//! cargo run --release --example simulate -- --seeds 0..100000 --keep-going --no-shrink   # seeds/s, no shrinking
 //! ```
 
 use std::process::ExitCode;
@@ -17,18 +18,29 @@ struct Args {
     duration: Option<Duration>,
     transcript: bool,
     keep_going: bool,
+    no_shrink: bool,
 }
 
 fn parse() -> Result<Args, lexopt::Error> {
     use lexopt::prelude::*;
-    let mut args = Args { seeds: 0..100, agents: Vec::new(), duration: None, transcript: false, keep_going: false };
+    let mut args = Args {
+        seeds: 0..100,
+        agents: Vec::new(),
+        duration: None,
+        transcript: false,
+        keep_going: false,
+        no_shrink: false,
+    };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
         match arg {
             Long("seeds") => {
                 let text: String = parser.value()?.parse()?;
                 args.seeds = match text.split_once("..") {
-                    Some((a, b)) => a.parse().map_err(|_| "a seed range: START..END")?..b.parse().map_err(|_| "a seed range: START..END")?,
+                    Some((a, b)) => {
+                        a.parse().map_err(|_| "a seed range: START..END")?
+                            ..b.parse().map_err(|_| "a seed range: START..END")?
+                    }
                     None => {
                         let one: u64 = text.parse().map_err(|_| "a seed or START..END")?;
                         one..one + 1
@@ -48,9 +60,10 @@ fn parse() -> Result<Args, lexopt::Error> {
             }
             Long("transcript") => args.transcript = true,
             Long("keep-going") => args.keep_going = true,
+            Long("no-shrink") => args.no_shrink = true,
             Long("help") | Short('h') => {
                 println!(
-                    "simulate [--seeds N | START..END] [--agent codex|grok|kimi|opencode]... [--for 10m] [--keep-going] [--transcript]"
+                    "simulate [--seeds N | START..END] [--agent codex|grok|kimi|opencode]... [--for 10m] [--keep-going] [--no-shrink] [--transcript]"
                 );
                 std::process::exit(0);
             }
@@ -99,7 +112,18 @@ fn main() -> ExitCode {
                 break;
             }
             count += 1;
-            if let Err(f) = check_seed(agent, seed) {
+            if args.no_shrink {
+                if let Some((v, step, at)) = run(agent, &generate(agent, seed)).violation {
+                    failed += 1;
+                    println!(
+                        "coda-{agent} seed {seed}: rule `{}` broken after step {step} at {at} ms: {}",
+                        v.rule, v.detail
+                    );
+                    if !args.keep_going {
+                        break;
+                    }
+                }
+            } else if let Err(f) = check_seed(agent, seed) {
                 failed += 1;
                 println!("{f}");
                 if !args.keep_going {

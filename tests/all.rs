@@ -39,8 +39,8 @@ mod quiet_logs;
 mod redact;
 mod relay;
 mod replay;
-mod sim;
 mod replay_diff;
+mod sim;
 mod view;
 mod view_browser;
 

@@ -73,7 +73,9 @@ impl Checker {
             if truth.prompts.contains_key(m) {
                 return broke(
                     "held-cancel",
-                    format!("Coda's prompt ⟦p{m}⟧ of session {session} was cancelled before it reached the CLI, and reached it afterwards"),
+                    format!(
+                        "Coda's prompt ⟦p{m}⟧ of session {session} was cancelled before it reached the CLI, and reached it afterwards"
+                    ),
                 );
             }
         }
@@ -105,7 +107,10 @@ impl Checker {
             if id.is_null() {
                 return None; // An error for a frame that could not be read (JSON-RPC answers it with id null).
             }
-            return broke("answer-once", format!("Coda got an answer to {key}, which it has no open request of: {v:.300}"));
+            return broke(
+                "answer-once",
+                format!("Coda got an answer to {key}, which it has no open request of: {v:.300}"),
+            );
         };
         let open = coda.open.remove(at);
         if coda.open.iter().any(|o| o.id == key) || self.ambiguous.contains(&key) {
@@ -135,10 +140,15 @@ impl Checker {
             "session/prompt" => return check_failure(truth, &key, v),
             "_coda/session/compact" => {
                 if let Some(r) = result.and_then(Value::as_object) {
-                    let odd: Vec<&String> =
-                        r.keys().filter(|k| !["compacted", "reason", "before", "after"].contains(&k.as_str())).collect();
+                    let odd: Vec<&String> = r
+                        .keys()
+                        .filter(|k| !["compacted", "reason", "before", "after"].contains(&k.as_str()))
+                        .collect();
                     if !odd.is_empty() || !r.get("compacted").is_some_and(Value::is_boolean) {
-                        return broke("compact-answer", format!("a compaction answer not in the protocol's shape: {v}"));
+                        return broke(
+                            "compact-answer",
+                            format!("a compaction answer not in the protocol's shape: {v}"),
+                        );
                     }
                 }
             }
@@ -166,7 +176,10 @@ impl Checker {
             if let Some(text) = p.get(field).and_then(Value::as_str)
                 && utf16(text) > max
             {
-                return broke("waits", format!("`_coda/wait` {field} of {} UTF-16 units (at most {max}): Coda drops it", utf16(text)));
+                return broke(
+                    "waits",
+                    format!("`_coda/wait` {field} of {} UTF-16 units (at most {max}): Coda drops it", utf16(text)),
+                );
             }
         }
         let key = (session.to_owned(), wait.to_owned());
@@ -193,7 +206,10 @@ impl Checker {
             let root = coda.sessions.iter().any(|s| s == session) && !coda.children.iter().any(|c| c == session);
             let size = facts.to_string().len();
             if !facts.is_object() || facts.as_object().is_some_and(|o| o.is_empty()) || size > 4096 || !root {
-                return broke("usage", format!("usage facts that are empty, not an object, over 4 KiB or not on a root session: {v:.300}"));
+                return broke(
+                    "usage",
+                    format!("usage facts that are empty, not an object, over 4 KiB or not on a root session: {v:.300}"),
+                );
             }
         }
         if let Some(n) = u.pointer("/content/text").and_then(Value::as_str).and_then(chunk_marker) {
@@ -210,7 +226,10 @@ impl Checker {
         let written: HashMap<u64, usize> = truth.chunks.iter().enumerate().map(|(i, (n, _, _))| (*n, i)).collect();
         for (n, session, must) in &truth.chunks {
             if *must && !self.got_set.contains(n) {
-                return broke("frames", format!("chunk «{n}» of session {session}, part of a turn, never reached Coda"));
+                return broke(
+                    "frames",
+                    format!("chunk «{n}» of session {session}, part of a turn, never reached Coda"),
+                );
             }
         }
         let mut last: HashMap<&str, usize> = HashMap::new();
@@ -219,7 +238,10 @@ impl Checker {
             if let Some(before) = last.insert(session, *i)
                 && before > *i
             {
-                return broke("frames", format!("Coda got chunk «{n}» of session {session} before one the CLI wrote earlier"));
+                return broke(
+                    "frames",
+                    format!("Coda got chunk «{n}» of session {session} before one the CLI wrote earlier"),
+                );
             }
         }
         None
@@ -264,7 +286,10 @@ fn check_failure(truth: &Truth, id: &str, v: &Value) -> Option<Violation> {
         ("quota_exhausted", Some(Failure::FailQuota)) | ("service_unavailable", Some(Failure::FailService))
     );
     if !fits {
-        return broke("failure", format!("Coda got failure kind {kind} for a turn that ended with {cause:?}: {v:.400}"));
+        return broke(
+            "failure",
+            format!("Coda got failure kind {kind} for a turn that ended with {cause:?}: {v:.400}"),
+        );
     }
     None
 }

@@ -160,7 +160,9 @@ impl Coda {
                 if !hostile && (!self.steering_declared || self.open_prompt(&s).is_none()) {
                     return None;
                 }
-                if !hostile && self.open.iter().any(|o| o.method == "_session/steering" && o.session.as_ref() == Some(&s)) {
+                if !hostile
+                    && self.open.iter().any(|o| o.method == "_session/steering" && o.session.as_ref() == Some(&s))
+                {
                     return None; // One steering message in flight per session.
                 }
                 let (text, m) = self.prompt_text(*text);

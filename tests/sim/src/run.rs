@@ -94,9 +94,10 @@ impl Sim {
                         (Step::Compaction { how, .. }, _) => {
                             m.expect_compact(sent.session.as_deref().unwrap_or(""), how.clone())
                         }
-                        (Step::Hostile { .. }, Some(marker)) => {
-                            m.expect_prompt(marker, Turn { chunks: 1, ms: 100, permission: false, end: crate::plan::End::EndTurn })
-                        }
+                        (Step::Hostile { .. }, Some(marker)) => m.expect_prompt(
+                            marker,
+                            Turn { chunks: 1, ms: 100, permission: false, end: crate::plan::End::EndTurn },
+                        ),
                         _ => {}
                     }
                     if let (Step::Cancel { .. }, Some(s)) = (step, &sent.session) {

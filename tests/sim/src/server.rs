@@ -129,11 +129,8 @@ fn route(method: &str, path: &str, model: &Mutex<Model>) -> (u16, String) {
     let decode = |s: &str| s.replace("%5F", "_").replace("%2D", "-");
     match (method, parts.as_slice()) {
         ("GET", ["session", "status"]) => {
-            let busy: serde_json::Map<String, serde_json::Value> = m
-                .running_sessions()
-                .into_iter()
-                .map(|s| (s, json!({"type": "busy"})))
-                .collect();
+            let busy: serde_json::Map<String, serde_json::Value> =
+                m.running_sessions().into_iter().map(|s| (s, json!({"type": "busy"}))).collect();
             (200, serde_json::Value::Object(busy).to_string())
         }
         ("POST", ["session", id, "summarize"]) => {

@@ -240,7 +240,8 @@ impl Model {
                     self.sessions.push(session.clone());
                 }
                 // History is replayed before the answer (Coda does not take it).
-                let old = json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "earlier"}});
+                let old =
+                    json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "earlier"}});
                 self.at(soon, update(&session, old), None, None);
                 self.at(now + 50, result(&id, self.flavor.session_result(&session, true)), None, None);
             }
@@ -262,7 +263,8 @@ impl Model {
                     CompactOutcome::CompactOk(ms) => {
                         let done = json!({"sessionUpdate": "auto_compact_completed", "tokens_before": 15,
                             "tokens_after": 8, "summary_preview": null});
-                        let n = notification("_x.ai/session_notification", json!({"sessionId": session, "update": done}));
+                        let n =
+                            notification("_x.ai/session_notification", json!({"sessionId": session, "update": done}));
                         self.at(now + ms as u64, n, None, None);
                         self.at(now + ms as u64 + 1, result(&id, json!({})), None, None);
                     }
@@ -322,7 +324,8 @@ impl Model {
         for n in self.flavor.turn_start(session, no, text) {
             self.at(now + 1, n, tag.clone(), None);
         }
-        self.running.insert(session.to_owned(), Run { id: id.clone(), no, kind: kind.clone(), waiting: None, never: false });
+        self.running
+            .insert(session.to_owned(), Run { id: id.clone(), no, kind: kind.clone(), waiting: None, never: false });
         match kind {
             Kind::Coda => {
                 let script = marker_of(text).and_then(|m| self.prompt_scripts.remove(&m));
@@ -353,8 +356,11 @@ impl Model {
             Kind::Compact => {
                 let how = self.compact_script(session);
                 let progress = |status: &str| {
-                    update(session, json!({"sessionUpdate": "compaction_update", "compactionId": format!("c{no}"),
-                        "status": status}))
+                    update(
+                        session,
+                        json!({"sessionUpdate": "compaction_update", "compactionId": format!("c{no}"),
+                        "status": status}),
+                    )
                 };
                 self.at(now + 2, progress("in_progress"), tag.clone(), None);
                 if let Some(u) = self.flavor.usage(session, 13_498) {
@@ -488,7 +494,9 @@ impl Model {
                 Some(Kind::Own) => "while the CLI ran a turn of its own",
                 _ => "while no turn ran",
             };
-            self.truth.broken.push(("steering-in-turn", format!("a steering message reached the CLI {what} (session {session})")));
+            self.truth
+                .broken
+                .push(("steering-in-turn", format!("a steering message reached the CLI {what} (session {session})")));
         }
         let answer = marker_of(text).and_then(|m| self.steer_scripts.remove(&m)).unwrap_or(SteerAnswer::SteerTaken(5));
         let Some(id) = id else { return };

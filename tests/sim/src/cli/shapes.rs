@@ -100,7 +100,10 @@ impl Flavor {
                 .iter()
                 .map(|phase| {
                     let s = if *phase == "auth" { Value::Null } else { json!(session) };
-                    notification("_x.ai/session/setup", json!({"method": "session/new", "phase": phase, "sessionId": s}))
+                    notification(
+                        "_x.ai/session/setup",
+                        json!({"method": "session/new", "phase": phase, "sessionId": s}),
+                    )
                 })
                 .collect(),
             _ => Vec::new(),
@@ -118,8 +121,11 @@ impl Flavor {
     pub fn turn_start(self, session: &str, turn: u64, text: &str) -> Vec<Value> {
         match self {
             Flavor::Codex => vec![thread_status(session, "active")],
-            Flavor::Grok => vec![notification("_x.ai/queue/changed", json!({"sessionId": session, "entries": [],
-                "runningPromptId": format!("prompt-{turn}"), "runningText": text, "runningKind": "prompt"}))],
+            Flavor::Grok => vec![notification(
+                "_x.ai/queue/changed",
+                json!({"sessionId": session, "entries": [],
+                "runningPromptId": format!("prompt-{turn}"), "runningText": text, "runningKind": "prompt"}),
+            )],
             _ => Vec::new(),
         }
     }
@@ -139,8 +145,11 @@ impl Flavor {
     pub fn usage(self, session: &str, used: u64) -> Option<Value> {
         match self {
             Flavor::Grok => None,
-            Flavor::OpenCode => Some(update(session, json!({"sessionUpdate": "usage_update", "used": used,
-                "size": 32000, "cost": {"amount": 0, "currency": "USD"}}))),
+            Flavor::OpenCode => Some(update(
+                session,
+                json!({"sessionUpdate": "usage_update", "used": used,
+                "size": 32000, "cost": {"amount": 0, "currency": "USD"}}),
+            )),
             _ => Some(update(session, json!({"sessionUpdate": "usage_update", "used": used, "size": 258400}))),
         }
     }
@@ -151,8 +160,11 @@ impl Flavor {
             Flavor::Codex => vec![thread_status(session, "idle")],
             Flavor::Grok => vec![
                 notification("_x.ai/queue/changed", json!({"sessionId": session, "entries": []})),
-                notification("_x.ai/session/prompt_complete", json!({"sessionId": session,
-                    "promptId": format!("prompt-{turn}"), "stopReason": reason, "agentResult": null})),
+                notification(
+                    "_x.ai/session/prompt_complete",
+                    json!({"sessionId": session,
+                    "promptId": format!("prompt-{turn}"), "stopReason": reason, "agentResult": null}),
+                ),
             ],
             _ => Vec::new(),
         }
@@ -221,7 +233,10 @@ pub fn update(session: &str, update: Value) -> Value {
 }
 
 pub fn thread_status(session: &str, status: &str) -> Value {
-    update(session, json!({"sessionUpdate": "session_info_update", "_meta": {"codex": {"threadStatus": {"type": status}}}}))
+    update(
+        session,
+        json!({"sessionUpdate": "session_info_update", "_meta": {"codex": {"threadStatus": {"type": status}}}}),
+    )
 }
 
 pub fn result(id: &Value, result: Value) -> Value {
@@ -235,7 +250,8 @@ pub fn error(id: &Value, error: Value) -> Value {
 /// Kimi's text for its `/compact` (prefixes as `adapters/kimi/compact.rs` reads them).
 pub const KIMI_STARTED: &str =
     "Context compaction started — it runs in the background and the compacted context applies once it finishes.";
-pub const KIMI_DONE: &str = "Compaction completed.\n- Messages compacted: 5\n- Tokens before: 32,720\n- Tokens after: 22,290";
+pub const KIMI_DONE: &str =
+    "Compaction completed.\n- Messages compacted: 5\n- Tokens before: 32,720\n- Tokens after: 22,290";
 pub const KIMI_CANCELLED: &str = "Compaction cancelled.";
 pub const KIMI_BUSY: &str = "A context compaction is already running.";
 pub const KIMI_DURING_TURN: &str = "/compact failed: Cannot compact while a turn is active.";
