@@ -267,7 +267,7 @@ impl Checker {
 /// `_meta.coda.failure` on a prompt's error: only from an explicit reason of the CLI's, of that kind, in shape.
 fn check_failure(truth: &Truth, id: &str, v: &Value) -> Option<Violation> {
     use crate::plan::Failure;
-    let Some(f) = v.pointer("/error/data/_meta/coda/failure") else { return None };
+    let f = v.pointer("/error/data/_meta/coda/failure")?;
     let kind = f.get("kind").and_then(Value::as_str).unwrap_or("");
     let shape_ok = match kind {
         "quota_exhausted" => true,
