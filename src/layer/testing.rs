@@ -259,12 +259,16 @@ pub fn loud_error<T>(expected: &str, f: impl FnOnce() -> T) -> Option<T> {
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or_default();
-            assert!(cfg!(debug_assertions), "a release build panicked: {message}");
+            if !cfg!(debug_assertions) {
+                panic!("a release build panicked: {message}");
+            }
             assert!(message.contains(expected), "panicked with {message:?}, not {expected:?}");
             None
         }
         Ok(out) => {
-            assert!(!cfg!(debug_assertions), "a debug build did not panic ({expected:?})");
+            if cfg!(debug_assertions) {
+                panic!("a debug build did not panic ({expected:?})");
+            }
             assert!(
                 logged.lines().any(|l| l.contains("ERROR") && l.contains(expected)),
                 "no error holding {expected:?} was logged: {logged:?}"
