@@ -11,6 +11,7 @@ mod codex_compact_live;
 mod codex_live;
 mod codex_replay;
 mod codex_version;
+mod docs;
 mod doctor;
 mod failure_live;
 mod failure_replay;
