@@ -12,6 +12,7 @@ mod codex_compact_live;
 mod codex_live;
 mod codex_replay;
 mod codex_version;
+mod docs;
 mod doctor;
 mod failure_live;
 mod failure_replay;
@@ -41,6 +42,7 @@ mod redact;
 mod relay;
 mod replay;
 mod replay_diff;
+mod sim;
 mod view;
 mod view_browser;
 
