@@ -103,7 +103,8 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
     };
     let data_home = match &p.data_home {
         Some(h) => DataHome { var: keep(h.var.clone()), default: keep(h.default.clone()), sub: keep(h.sub.clone()) },
-        None => DataHome { var: "CODA_ACP_DATA_HOME", default: keep(format!(".{}", p.name)), sub: "" },
+        // A profile that says nothing: `~/.<name>`, moved by no variable of its own.
+        None => DataHome { var: "HOME", default: "", sub: keep(format!(".{}", p.name)) },
     };
     let env_defaults: &'static [(&'static str, &'static str)] =
         Box::leak(p.env.iter().map(|(k, v)| (keep(k.clone()), keep(v.clone()))).collect::<Vec<_>>().into_boxed_slice());
