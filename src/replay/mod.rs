@@ -21,8 +21,10 @@ pub mod instants;
 pub mod normalise;
 pub mod placeholder;
 pub mod redact;
+pub mod rpc;
 pub mod script;
 pub mod took;
+pub mod validate;
 pub mod view;
 
 pub use crate::trace::Dir;
