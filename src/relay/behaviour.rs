@@ -254,7 +254,7 @@ async fn a_layers_wake_up_runs_on_virtual_time_and_drive_waits_for_it() {
             }
         }
         fn on_timer(&mut self, (): (), cx: &mut Cx) {
-            cx.to_client(frame::notification("woke", json!({})));
+            cx.to_client(frame::notification("_test/woke", json!({})));
         }
     }
     // An agent of the test's own: a closure that answers nothing (it is handed nothing here).
@@ -265,10 +265,10 @@ async fn a_layers_wake_up_runs_on_virtual_time_and_drive_waits_for_it() {
     // Quiet for 60 s of virtual time: idle before the wake-up.
     assert_eq!(s.drive().await, Default::default());
     let got = s.drive_for(std::time::Duration::from_secs(600)).await;
-    assert_eq!(got.to_client, [r#"{"jsonrpc":"2.0","method":"woke","params":{}}"#]);
+    assert_eq!(got.to_client, [r#"{"jsonrpc":"2.0","method":"_test/woke","params":{}}"#]);
     assert!(start.elapsed() >= std::time::Duration::from_secs(600));
     assert!(real.elapsed() < std::time::Duration::from_secs(5), "virtual time: {:?}", real.elapsed());
-    assert_eq!(json(&got.to_client[0])["method"], "woke");
+    assert_eq!(json(&got.to_client[0])["method"], "_test/woke");
     assert_eq!(s.close().await, 0);
 }
 

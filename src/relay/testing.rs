@@ -301,10 +301,8 @@ impl Pair {
         // Its writer task writes what is queued, then shuts the pipe.
         self.to_relay = None;
         let relay = self.relay.take().expect("the relay runs");
-        let code = tokio::time::timeout(BUSY_LIMIT, relay)
-            .await
-            .expect("the session ended")
-            .expect("the relay did not panic");
+        let code =
+            tokio::time::timeout(BUSY_LIMIT, relay).await.expect("the session ended").expect("the relay did not panic");
         self.check_schema();
         code
     }

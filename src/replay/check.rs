@@ -109,7 +109,7 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
     cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
     // The shim's own trace of the replay, for the schema check: the one the options name (the player reads
     // it too), else one of the check's (an argument, so the player does not see it).
-    let trace = match opts.env.iter().find(|(k, _)| k == "CODA_SHIM_TRACE") {
+    let trace = match opts.env.iter().rev().find(|(k, _)| k == "CODA_SHIM_TRACE") {
         Some((_, p)) => root.join("work").join(p),
         None => {
             let p = root.join("shim-trace.jsonl");

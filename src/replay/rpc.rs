@@ -44,10 +44,18 @@ pub fn side_of(dir: Dir) -> Option<(Side, Party)> {
 /// What a frame is, by its members.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Shape<'v> {
-    Request { id: &'v Value, method: &'v str },
-    Notification { method: &'v str },
+    Request {
+        id: &'v Value,
+        method: &'v str,
+    },
+    Notification {
+        method: &'v str,
+    },
     /// An answer: `result` (or `error` when `ok` is false).
-    Answer { id: &'v Value, ok: bool },
+    Answer {
+        id: &'v Value,
+        ok: bool,
+    },
     /// Not an object: a batch (an array) or a scalar.
     NotAnObject,
     /// An object that is none of the above (a `method` that is not a string, an answer with both or
@@ -122,6 +130,11 @@ impl Requests {
 
     pub fn len(&self) -> usize {
         self.open.len()
+    }
+
+    /// The requests still open.
+    pub fn open_requests(&self) -> impl Iterator<Item = &Open> {
+        self.open.values()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -116,15 +116,7 @@ impl Builder {
                 }
             }
         });
-        Shim {
-            stdin: child.stdin.take(),
-            child,
-            lines,
-            stderr,
-            stderr_lines: Vec::new(),
-            trace,
-            _trace_dir: trace_dir,
-        }
+        Shim { stdin: child.stdin.take(), child, lines, stderr, stderr_lines: Vec::new(), trace, _trace_dir: trace_dir }
     }
 
     /// The trace this run writes (`--trace-file`, `CODA_SHIM_TRACE`, or one in a temp dir of its own when the

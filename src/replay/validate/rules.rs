@@ -76,7 +76,13 @@ pub fn check(s: &Schemas, frame: &Value, sender: Party, answering: Option<Answer
         Shape::Notification { method } => params(s, frame, Kind::Notification, sender, method, &mut out),
         Shape::Answer { id, ok } => {
             check_at(s, "RequestId", "/id", id, &mut out);
+            // JSON-RPC answers a request it could not read with an error: id null, or the id of a line the relay
+            // refused whole (over the size or depth limit), which a trace does not record.
+            let unreadable = !ok
+                && (id.is_null()
+                    || matches!(frame.pointer("/error/code").and_then(Value::as_i64), Some(-32700 | -32600)));
             match answering {
+                Some(Answering::Nothing) | None if unreadable => error(s, frame, "", &mut out),
                 Some(Answering::Nothing) | None => out.push(brk(
                     "/id",
                     ANSWERS_NOTHING,
@@ -202,13 +208,23 @@ mod tests {
         let prompt = Some(Answering::Method("session/prompt"));
         assert_eq!(rules(&answer, Party::Agent, prompt)[0].0, "/result/stopReason");
         assert_eq!(rules(&answer, Party::Agent, Some(Answering::Nothing)), [("/id".into(), ANSWERS_NOTHING.into())]);
+        // The answer to a line that could not be read as a request.
+        let parse = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "parse error"}});
+        assert!(rules(&parse, Party::Agent, Some(Answering::Nothing)).is_empty());
+        let refused = json!({"jsonrpc": "2.0", "id": 5, "error": {"code": -32600, "message": "over the size limit"}});
+        assert!(rules(&refused, Party::Agent, Some(Answering::Nothing)).is_empty());
+        let stray = json!({"jsonrpc": "2.0", "id": 5, "error": {"code": -32603, "message": "m"}});
+        assert_eq!(rules(&stray, Party::Agent, Some(Answering::Nothing)), [("/id".into(), ANSWERS_NOTHING.into())]);
         // An extension's answer is free.
         assert!(rules(&answer, Party::Agent, Some(Answering::Method("_x/y"))).is_empty());
         let failure = json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "m",
             "data": {"_meta": {"coda": {"failure": {"kind": "quota_exhausted", "retryAfterMs": -1}}}}}});
         assert_eq!(
             rules(&failure, Party::Agent, prompt),
-            [("/error/data/_meta/coda/failure/retryAfterMs".into(), "coda#/$defs/CodaFailure/properties/retryAfterMs/minimum".into())]
+            [(
+                "/error/data/_meta/coda/failure/retryAfterMs".into(),
+                "coda#/$defs/CodaFailure/properties/retryAfterMs/minimum".into()
+            )]
         );
     }
 
@@ -242,6 +258,9 @@ mod tests {
         let ext = json!({"jsonrpc": "2.0", "method": "_kimi/anything", "params": {"x": [1, 2]}});
         assert!(rules(&ext, Party::Agent, None).is_empty());
         let wait = json!({"jsonrpc": "2.0", "method": "_coda/wait", "params": {"sessionId": "s", "waitId": "w"}});
-        assert_eq!(rules(&wait, Party::Agent, None), [("/params".into(), "coda#/$defs/CodaWaitNotification/required".into())]);
+        assert_eq!(
+            rules(&wait, Party::Agent, None),
+            [("/params".into(), "coda#/$defs/CodaWaitNotification/required".into())]
+        );
     }
 }

@@ -264,8 +264,14 @@ mod tests {
         assert_eq!(s.def_for(Kind::Response, Party::Agent, "session/prompt"), Some("PromptResponse"));
         assert_eq!(s.def_for(Kind::Request, Party::Agent, "session/prompt"), None);
         assert_eq!(s.def_for(Kind::Notification, Party::Agent, "session/update"), Some("SessionNotification"));
-        assert_eq!(s.def_for(Kind::Request, Party::Agent, "session/request_permission"), Some("RequestPermissionRequest"));
-        assert_eq!(s.def_for(Kind::Response, Party::Client, "session/request_permission"), Some("RequestPermissionResponse"));
+        assert_eq!(
+            s.def_for(Kind::Request, Party::Agent, "session/request_permission"),
+            Some("RequestPermissionRequest")
+        );
+        assert_eq!(
+            s.def_for(Kind::Response, Party::Client, "session/request_permission"),
+            Some("RequestPermissionResponse")
+        );
         for p in [Party::Client, Party::Agent] {
             assert_eq!(s.def_for(Kind::Notification, p, "$/cancel_request"), Some("CancelRequestNotification"));
         }
@@ -300,12 +306,19 @@ mod tests {
         let wait = json!({"sessionId": "s", "waitId": "w", "state": "sleeping"});
         let breaks = s.check("CodaWaitNotification", &wait);
         assert_eq!(breaks.len(), 1, "{breaks:?}");
-        assert_eq!((breaks[0].at.as_str(), breaks[0].rule.as_str()), ("/state", "coda#/$defs/CodaWaitNotification/properties/state/enum"));
+        assert_eq!(
+            (breaks[0].at.as_str(), breaks[0].rule.as_str()),
+            ("/state", "coda#/$defs/CodaWaitNotification/properties/state/enum")
+        );
         let at = json!({"sessionId": "s", "waitId": "w", "state": "waiting", "at": "tomorrow"});
         assert_eq!(s.check("CodaWaitNotification", &at)[0].at, "/at");
-        let ok = json!({"sessionId": "s", "waitId": "w", "state": "waiting", "kind": "timer", "at": "2026-10-12T10:00:00Z"});
+        let ok =
+            json!({"sessionId": "s", "waitId": "w", "state": "waiting", "kind": "timer", "at": "2026-10-12T10:00:00Z"});
         assert!(s.check("CodaWaitNotification", &ok).is_empty());
-        assert_eq!(s.check("CodaCompactResponse", &json!({"compacted": true, "extra": 1}))[0].rule, "coda#/$defs/CodaCompactResponse/additionalProperties");
+        assert_eq!(
+            s.check("CodaCompactResponse", &json!({"compacted": true, "extra": 1}))[0].rule,
+            "coda#/$defs/CodaCompactResponse/additionalProperties"
+        );
         // A steering prompt is ACP's content.
         let steer = json!({"sessionId": "s", "prompt": [{"type": "text"}]});
         assert_eq!(s.check("SteeringRequest", &steer)[0].at, "/prompt/0");
@@ -314,8 +327,10 @@ mod tests {
     #[test]
     fn numbers_beyond_f64_are_read_not_refused() {
         let s = schemas();
-        let v: Value = crate::json::from_str(r#"{"sessionId":"s","update":{"sessionUpdate":"usage_update","used":1e400,"size":5}}"#)
-            .expect("parses");
+        let v: Value = crate::json::from_str(
+            r#"{"sessionId":"s","update":{"sessionUpdate":"usage_update","used":1e400,"size":5}}"#,
+        )
+        .expect("parses");
         let breaks = s.check("SessionNotification", &v);
         assert!(breaks.iter().all(|b| b.at == "/update/used"), "{breaks:?}");
     }
