@@ -40,6 +40,7 @@ mod redact;
 mod relay;
 mod replay;
 mod replay_diff;
+mod validate;
 mod view;
 mod view_browser;
 
