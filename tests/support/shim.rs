@@ -155,11 +155,25 @@ pub fn check_trace(path: &std::path::Path, start: u64) {
     }
     let report = coda_shim::replay::validate::validate(BufReader::new(file));
     let (shims, peers): (Vec<_>, Vec<_>) = report.findings.iter().partition(|f| f.is_shims());
-    for f in peers.iter().take(5) {
-        eprintln!("schema warning: {}: {f}", path.display());
+    // Each kind of break once, with how often: the CLI's are facts to report, not failures.
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for f in &peers {
+        let kind = format!(
+            "{} {} {} {}: {} [{}]",
+            f.whose.as_str(),
+            f.dir.as_str(),
+            f.method.as_deref().unwrap_or("-"),
+            f.at,
+            f.message,
+            f.rule
+        );
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
     }
-    if peers.len() > 5 {
-        eprintln!("schema warning: {}: {} more", path.display(), peers.len() - 5);
+    for (kind, n) in &kinds {
+        eprintln!("schema warning: {}: {n} x {kind}", path.display());
     }
     let list: Vec<String> = shims.iter().map(ToString::to_string).collect();
     assert!(
