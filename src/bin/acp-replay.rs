@@ -39,7 +39,7 @@ Usage:
       environment (PATH, HOME, TMPDIR{SESSION_HOMES} of a fresh temp dir) plus --env: what each shim needs
       under the player (the recorded CLI version, say) is in tests/support/replay.rs.
 
-  acp-replay view <TRACE.jsonl | FIXTURE> [-o PAGE.html] [--open]
+  acp-replay view <TRACE.jsonl | FIXTURE> [-o|--output PAGE.html] [--open]
       Write the trace as one self-contained HTML page: a lane per session, turns, tool calls, waits,
       the frames the shim changed; click a mark for its frames. Default PAGE: the trace's name with
       .html, beside it. --open: show it in the default browser. Bad lines are listed in the page.
@@ -51,12 +51,13 @@ Usage:
       trace alone: its agent side against its client side (what the shim changed). --html: the viewer's
       page with both sides' lanes. Exit 0: alike, 1: they differ, 2: bad arguments or an unreadable file.
 
-  acp-replay redact <TRACE.jsonl | FIXTURE> [-o OUT.jsonl] [--keep prompts,agent,tools,files|all]
+  acp-replay redact <TRACE.jsonl | FIXTURE> [-o|--output OUT.jsonl] [--keep prompts,agent,tools,files|all]
       Write a copy safe to share: prompts, the instruction, messages, file contents and tool output become
       placeholders of the same shape and length class; the user name is replaced in paths and words;
       API keys, bearer tokens and other secrets are masked everywhere. Records, methods, ids, times and
       numbers are kept, so view and diff work on the copy. --keep: texts kept as they are (secrets and
-      user names masked still). Default OUT: the trace's name with .redacted.jsonl, beside it.
+      user names masked still); --keep-texts is --keep all. Default OUT: the trace's name with
+      .redacted.jsonl, beside it.
 
   acp-replay validate <TRACE.jsonl | FIXTURE> [--shim-only]
       Check every frame against ACP's JSON Schema ({SCHEMA}) and Coda's shapes (fixtures/schema/): each
@@ -69,6 +70,9 @@ Usage:
       Per side (what Coda saw, what the CLI saw) and method: requests, notifications, answers, requests
       never answered, and the time from request to answer (p50, p90, p99, max); then what the shim added:
       frames it made or changed, and frames of a peer it did not pass on as they came, per method.
+
+  acp-replay -V | --version        print the version
+  acp-replay -h | --help           print this help
 ";
 
 /// The help, with the data-folder variables of the adapters and the schema's version.
