@@ -5,12 +5,24 @@
 //! requests and the other answers them; [`Conversation`] keeps the open ones, bounded, so an answer is matched
 //! to its request's method and time. `acp-replay validate` and `stats` read a trace through it.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
 use serde_json::Value;
 
 use super::validate::schema::Party;
+use super::view::read::Record;
 use crate::trace::Dir;
+
+/// A record's frame as the shim reads it: a lone UTF-16 surrogate escape (valid JSON, not valid Unicode) as
+/// U+FFFD. `None` for a record without a frame, or one that is not JSON.
+pub fn frame_of(rec: &Record) -> Option<Cow<'_, Value>> {
+    match &rec.frame {
+        Some(v) => Some(Cow::Borrowed(v)),
+        None if rec.not_json || rec.dir == Dir::AgentToFile => None,
+        None => crate::json::from_slice(&crate::json::mend_surrogates(rec.raw.as_bytes())).ok().map(Cow::Owned),
+    }
+}
 
 /// Which conversation of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,7 +108,10 @@ pub const MAX_OPEN: usize = 1 << 16;
 /// The requests one party sent and the other has not answered yet.
 #[derive(Debug, Default)]
 pub struct Requests {
-    open: HashMap<String, Open>,
+    /// By id: the open requests with it, oldest first (a peer may reuse an id still open; each gets its answer).
+    open: HashMap<String, VecDeque<Open>>,
+    /// Requests open in all.
+    count: usize,
     /// Ids in the order sent, for dropping the oldest past [`MAX_OPEN`] (answered ones are skipped then).
     order: VecDeque<String>,
 }
@@ -107,38 +122,55 @@ fn key(id: &Value) -> String {
 }
 
 impl Requests {
-    /// A request was sent. `false`: a request with this id is still open (the new one takes its place).
+    /// A request was sent. `false`: a request with this id is still open (both are kept, answered in order).
     pub fn sent(&mut self, id: &Value, method: &str, t: f64, line: usize) -> bool {
         let k = key(id);
-        let fresh = self.open.insert(k.clone(), Open { method: method.to_owned(), t, line }).is_none();
+        let same = self.open.entry(k.clone()).or_default();
+        let fresh = same.is_empty();
+        same.push_back(Open { method: method.to_owned(), t, line });
+        self.count += 1;
         self.order.push_back(k);
         if self.order.len() > 2 * MAX_OPEN {
             let open = &self.open;
             self.order.retain(|k| open.contains_key(k));
         }
-        while self.open.len() > MAX_OPEN {
+        while self.count > MAX_OPEN {
             let Some(old) = self.order.pop_front() else { break };
-            self.open.remove(&old);
+            self.take(&old);
         }
         fresh
     }
 
-    /// The request `id` answers, no longer open; `None` if no open request has that id.
+    /// The request `id` answers (the oldest open one with that id), no longer open; `None` if no open request
+    /// has that id.
     pub fn answered(&mut self, id: &Value) -> Option<Open> {
-        self.open.remove(&key(id))
+        self.take(&key(id))
+    }
+
+    /// The oldest open request with the id whose JSON text is `k`, no longer open.
+    fn take(&mut self, k: &str) -> Option<Open> {
+        let same = self.open.get_mut(k)?;
+        let open = same.pop_front();
+        if same.is_empty() {
+            self.open.remove(k);
+        }
+        if open.is_some() {
+            self.count -= 1;
+        }
+        open
     }
 
     pub fn len(&self) -> usize {
-        self.open.len()
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
     }
 
     /// The requests still open.
     pub fn open_requests(&self) -> impl Iterator<Item = &Open> {
-        self.open.values()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
+        self.open.values().flatten()
     }
 }
 
@@ -181,6 +213,8 @@ mod tests {
         assert!(r.sent(&json!(1), "a", 0.0, 1));
         assert!(r.sent(&json!("1"), "b", 1.0, 2));
         assert!(!r.sent(&json!(1), "c", 2.0, 3), "a duplicate of an open id");
+        // Each gets an answer, the oldest first.
+        assert_eq!(r.answered(&json!(1)).map(|o| o.method), Some("a".into()));
         assert_eq!(r.answered(&json!(1)).map(|o| o.method), Some("c".into()));
         assert_eq!(r.answered(&json!(1)), None);
         assert_eq!(r.answered(&json!("1")).map(|o| o.line), Some(2));

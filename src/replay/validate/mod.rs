@@ -133,7 +133,7 @@ impl Checker {
             (true, Party::Agent, _) => Some(Whose::Agent),
         };
         let conversation = &mut self.conversations[usize::from(side == Side::Agent)];
-        let Some(frame) = &rec.frame else {
+        let Some(frame) = super::rpc::frame_of(rec) else {
             let Some(whose) = whose else { return Vec::new() };
             self.checked += 1;
             let message = "the frame is not JSON".to_owned();
@@ -141,6 +141,7 @@ impl Checker {
         };
         // Follow the conversation, whoever's frame it is.
         let mut duplicate = None;
+        let frame = frame.as_ref();
         let (method, answering) = match shape(frame) {
             Shape::Request { id, method } => {
                 if !conversation.requests(sender).sent(id, method, rec.t, rec.line) {

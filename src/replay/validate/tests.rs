@@ -114,3 +114,20 @@ fn a_hostile_trace_is_read_to_its_end_and_every_bad_frame_named() {
     assert_eq!(r.checked, 8, "the frame after the huge line is read too");
     assert!(r.text(false).contains("4 unreadable lines"));
 }
+
+#[test]
+fn a_request_with_a_lone_surrogate_is_read_as_the_shim_reads_it() {
+    // Valid JSON, not valid Unicode: the shim reads it with U+FFFD, and so does the check; its answer answers it.
+    let prompt = r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"a \ud800 b"}]}}"#;
+    let trace = [
+        rec("client->shim", false, prompt),
+        rec(
+            "shim->client",
+            true,
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"agent process exited"}}"#,
+        ),
+    ];
+    let r = report(&trace);
+    assert!(r.findings.is_empty(), "{}", r.text(false));
+    assert_eq!(r.checked, 2);
+}
