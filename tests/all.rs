@@ -43,6 +43,7 @@ mod relay;
 mod replay;
 mod replay_diff;
 mod sim;
+mod validate;
 mod view;
 mod view_browser;
 
