@@ -25,7 +25,7 @@
 //! - Coda waits at most 10 minutes. At [`DEADLINE`] Coda is answered `compacted: false` ([`TIMED_OUT`]) and the
 //!   CLI is asked to stop ([`Compactor::stop`]); the held prompts still wait, since the CLI may still be
 //!   compacting, until the CLI says its compaction ended ([`Ctl::ended`]) or [`GRACE`] passed. Past the grace
-//!   each held prompt is answered as not accepted ([`not_sent`]) and none is sent.
+//!   each held prompt is answered with an error saying it was not sent ([`not_sent`]), and none is sent.
 //!
 //! The session table holds the compaction ([`crate::layer::sessions::Compaction`]) and the held prompts; the
 //! machine keeps no copy of either. A CLI that dies meanwhile: the engine answers every request still open.
@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::coda::failure;
 use crate::coda::machine::Machine;
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::sessions::Compaction as Mark;
@@ -83,11 +82,11 @@ pub fn session_of(request: &Value, id: &Id) -> Result<String, Frame> {
     }
 }
 
-/// The answer to a prompt `id` that waited behind a compaction the CLI never ended: not sent, so Coda may send
-/// it again (`service_unavailable`, `input: not_accepted`, section 执行失败).
+/// The answer to a prompt `id` that waited behind a compaction the CLI never ended: a plain error saying it was
+/// not sent. No failure kind: a CLI stuck in its compaction is no upstream's temporary failure (section 执行失败
+/// asks for an explicit upstream reason), so Coda does not send it again by itself.
 pub fn not_sent(id: &Id) -> Frame {
-    let kind = failure::Kind::Service { input: Some(failure::Input::NotAccepted), retry_after_ms: None };
-    failure::answer(id, NOT_SENT, Some(&kind), None)
+    frame::error_response(id, -32603, NOT_SENT, None)
 }
 
 /// How a compaction ended.
@@ -602,10 +601,7 @@ mod tests {
         h.advance(Duration::from_millis(1));
         let out = h.to_client();
         assert_eq!(out[0]["id"], 10);
-        assert_eq!(
-            out[0]["error"]["data"]["_meta"]["coda"]["failure"],
-            json!({"kind":"service_unavailable","input":"not_accepted"})
-        );
+        assert_eq!(out[0]["error"], json!({"code":-32603,"message":NOT_SENT}), "no failure kind: no upstream failed");
         assert!(h.to_agent().is_empty(), "never sent");
         assert!(h.stack().sessions().get(S).is_some_and(|s| s.compaction().is_none() && s.held().is_empty()));
         // The late end of that compaction changes nothing.

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod instruction;
 pub mod machine;
 pub mod steering;
+pub mod subagents;
 #[cfg(test)]
 pub mod suite;
 pub mod usage;

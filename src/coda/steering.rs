@@ -293,7 +293,12 @@ impl<B: Steerer> Steering<B> {
                     cx.after(START_WAIT, Tick::<B::Timer>::Start(session, round));
                 }
             }
-            // No turn of Coda's runs: a native CLI judges itself; else the message is not taken.
+            // No turn of Coda's runs. While the CLI compacts, or runs a request of the shim's, nothing goes to it
+            // (the message would land in that); else a native CLI judges itself, and for the others it is not
+            // taken.
+            _ if compacting || matches!(turn, Some(Turn::Shim { .. })) => {
+                cx.to_client(Outcome::PromptRequired.answer(&id))
+            }
             _ if B::NATIVE => {
                 self.rounds += 1;
                 let flight = InFlight {
