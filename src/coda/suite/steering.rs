@@ -115,6 +115,21 @@ async fn a_steer_while_the_prompt_waits_behind_a_compaction_never_reaches_the_co
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_steer_while_the_session_compacts_and_no_prompt_waits_is_prompt_required_and_reaches_no_one() {
+    every(&STEERING, |agent| async move {
+        let mut shim = Shim::start(agent, Compacts::Never).await;
+        shim.send("_coda/session/compact", json!({"sessionId": shim.session}));
+        shim.drive().await;
+        let steer = steer(&mut shim, "STEER-compacting: nothing of Coda's runs");
+        let got = shim.drive().await;
+        assert!(!steered_the_cli(&methods(&got)), "{agent}: nothing goes into the compaction: {:?}", got.to_agent);
+        let outcome = answer(&got, steer).expect("answered at once");
+        assert_eq!(outcome["result"], json!({"outcome": "promptRequired", "reason": "noRunningTurn"}), "{outcome}");
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_message_the_cli_takes_after_the_turns_last_safe_point_is_never_answered_injected() {
     every(&STEERING, |agent| async move {
         let mut shim = Shim::start(agent, Compacts::Ends).await;
