@@ -106,10 +106,23 @@ pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path
         Box::new(failure::layer(zone, patience)),
         Box::new(review::CodexReview::new()),
         Box::new(Instruction::new(&[])),
+        // Steering is codex-acp's own (`_session/steering`; the AIR layer asks it for `promptRequired`): the
+        // machine keeps Coda's rules around it.
+        Box::new(crate::coda::steering::Steering::new(CodexSteering)),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
         Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
         Box::new(usage::layer(home)),
     ]
+}
+
+/// codex-acp takes `_session/steering` itself.
+pub struct CodexSteering;
+
+impl crate::coda::steering::Steerer for CodexSteering {
+    type Event = std::convert::Infallible;
+    type Reply = std::convert::Infallible;
+    type Timer = std::convert::Infallible;
+    const NATIVE: bool = true;
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.
@@ -130,12 +143,13 @@ pub fn adapter() -> Adapter {
         data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
         session_files: None,
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
-        default_command,
-        version,
+        default_command: &default_command,
+        version: &version,
         // codex-acp asks the model for a suggested next message after every turn of an AIR client, at effort
         // `high`, paid from the user's quota; Coda never shows it (`session_info_update._meta.promptSuggestions`).
         env_defaults: &[("INITIAL_AGENT_MODE", "read-only"), ("CODEX_ACP_PROMPT_SUGGESTIONS", "false")],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

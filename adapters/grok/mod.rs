@@ -96,7 +96,7 @@ fn layers(setup: &mut Setup) {
     let home = Some(adapter().data_home.dir());
     setup.add(|_| Box::new(usage::layer(home)));
     // Above the failure layer: it sees the turn's end as Coda will.
-    setup.add(|_| Box::new(steering::GrokSteering::new()));
+    setup.add(|_| Box::new(crate::coda::steering::Steering::new(steering::GrokSteering::new())));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
     let patience = crate::coda::failure::retry_patience();
     setup.add(move |_| Box::new(failure::layer(patience)));
@@ -118,12 +118,13 @@ pub fn adapter() -> Adapter {
         data_home: DataHome { var: "GROK_HOME", default: ".grok", sub: "" },
         session_files: None,
         login_hint: "set XAI_API_KEY, or sign in with `grok`",
-        default_command,
-        version,
+        default_command: &default_command,
+        version: &version,
         // Grok asks the model for a one-line summary after every turn (`last_turn_summary`, unused by Coda);
         // with it off a turn costs one request (plus the session title on the first).
         env_defaults: &[("GROK_TURN_SUMMARY", "0")],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -174,9 +174,10 @@ impl OpenCodeCompact {
             let named = message.as_ref().is_some_and(|m| w.replies.contains(m));
             if summary {
                 tracing::debug!("dropped a chunk of OpenCode's compaction summary");
-            } else if all || named || w.summary_known {
+            } else if (all || named || w.summary_known) && w.held.is_empty() {
                 cx.to_client(frame);
             } else {
+                // Still unnamed, or behind one that is: in order.
                 w.held.push(frame);
             }
         }
@@ -251,7 +252,9 @@ impl OpenCodeCompact {
         }
         let coda_turn = matches!(ctl.cx.turn(session), Some(Turn::Coda { sent: true, .. }));
         let Some(w) = self.windows.get_mut(session) else { return true };
-        if coda_turn || w.summary_known || message.is_some_and(|m| w.replies.contains(m)) {
+        // Behind a held chunk any chunk of the session waits too: they go on in the order they came.
+        let known = coda_turn || w.summary_known || message.is_some_and(|m| w.replies.contains(m));
+        if known && w.held.is_empty() {
             return true;
         }
         if w.held.len() >= HELD_CHUNKS {
@@ -539,9 +542,12 @@ mod tests {
         // OpenCode's own turn (a background result) before its step: held, then passed on, in order.
         h.from_agent(chunk("msg_own"));
         h.from_agent(chunk("msg_own"));
+        // A chunk of a message the server did name waits behind them: the session's chunks keep their order.
+        h.event(0, step("msg_r", 120, false));
+        h.from_agent(chunk("msg_r"));
         assert!(h.to_client().is_empty());
         h.event(0, step("msg_s", 578, true));
-        assert_eq!(h.to_client(), vec![chunk("msg_own"), chunk("msg_own")]);
+        assert_eq!(h.to_client(), vec![chunk("msg_own"), chunk("msg_own"), chunk("msg_r")]);
         h.event(0, ev(ServerEvent::Summarized { session: S.into(), result: Summarized::Done }));
         h.advance(SETTLE);
         assert_eq!(h.to_client()[0]["result"], json!({"compacted":true,"before":100,"after":140}));

@@ -203,7 +203,9 @@ fn stack(
     });
     // Steering needs the server (or a replay's record of it): declared only then.
     let steer_record = record.clone();
-    setup.add(|_: EventSender<FromServer>| Box::new(steering::OpenCodeSteering::new(caller, steer_record)));
+    setup.add(|_: EventSender<FromServer>| {
+        Box::new(crate::coda::steering::Steering::new(steering::OpenCodeSteering::new(caller, steer_record)))
+    });
     let bridge_record = record.clone();
     setup.add(|_: EventSender<FromServer>| {
         Box::new(permissions::Permissions::new(replier, bridge_record, resume_delay))
@@ -320,10 +322,11 @@ pub fn adapter() -> Adapter {
         data_home: DataHome { var: "XDG_DATA_HOME", default: ".local/share", sub: "opencode" },
         session_files: None,
         login_hint: "run `opencode auth login`",
-        default_command,
-        version: plain_version,
+        default_command: &default_command,
+        version: &plain_version,
         env_defaults: &[],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

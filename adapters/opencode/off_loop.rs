@@ -100,7 +100,7 @@ async fn a_blocked_reader_start_compaction_or_steering_call_holds_up_no_frame() 
     let mut steering_events: Option<EventSender<FromServer>> = None;
     layers.add(|events| {
         steering_events = Some(events);
-        Box::new(OpenCodeSteering::new(Some(caller), Record::off()))
+        Box::new(crate::coda::steering::Steering::new(OpenCodeSteering::new(Some(caller), Record::off())))
     });
     let r = reader.clone();
     let start = Box::new(move || {

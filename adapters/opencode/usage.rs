@@ -9,9 +9,9 @@
 //!   a compaction's summary is one with `summary: true`; `session.compacted` when a compaction ended.
 //!
 //! So: `lastRequestAt` is the creation time of the session's latest step that is not a summary (OpenCode's
-//! own clock; the error against the fake model's log is in README), `contextTokens` that step's context (the
-//! `used` of the `usage_update` being stamped), `compactedAt` the completion time of the latest summary.
-//! `cacheTtl` is never said. After a compaction outside a turn the shim sends a `usage_update` of its own, its
+//! own clock; the error against the fake model's log is in docs/opencode.md), `contextTokens` that step's
+//! context (the `used` of the `usage_update` being stamped), `compactedAt` the completion time of the latest
+//! summary. `cacheTtl` is never said. After a compaction outside a turn the shim sends a `usage_update` of its own, its
 //! `used` the estimate of the compacted context ([`Contexts::after`]).
 //!
 //! At load: OpenCode keeps its sessions in its own database and says their messages over its server

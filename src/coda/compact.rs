@@ -25,17 +25,16 @@
 //! - Coda waits at most 10 minutes. At [`DEADLINE`] Coda is answered `compacted: false` ([`TIMED_OUT`]) and the
 //!   CLI is asked to stop ([`Compactor::stop`]); the held prompts still wait, since the CLI may still be
 //!   compacting, until the CLI says its compaction ended ([`Ctl::ended`]) or [`GRACE`] passed. Past the grace
-//!   each held prompt is answered as not accepted ([`not_sent`]) and none is sent.
+//!   each held prompt is answered with an error saying it was not sent ([`not_sent`]), and none is sent.
 //!
 //! The session table holds the compaction ([`crate::layer::sessions::Compaction`]) and the held prompts; the
 //! machine keeps no copy of either. A CLI that dies meanwhile: the engine answers every request still open.
 
-use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::coda::failure;
+use crate::coda::machine::Machine;
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::sessions::Compaction as Mark;
 use crate::layer::{Cx, Layer, Session, Timer};
@@ -83,11 +82,11 @@ pub fn session_of(request: &Value, id: &Id) -> Result<String, Frame> {
     }
 }
 
-/// The answer to a prompt `id` that waited behind a compaction the CLI never ended: not sent, so Coda may send
-/// it again (`service_unavailable`, `input: not_accepted`, section 执行失败).
+/// The answer to a prompt `id` that waited behind a compaction the CLI never ended: a plain error saying it was
+/// not sent. No failure kind: a CLI stuck in its compaction is no upstream's temporary failure (section 执行失败
+/// asks for an explicit upstream reason), so Coda does not send it again by itself.
 pub fn not_sent(id: &Id) -> Frame {
-    let kind = failure::Kind::Service { input: Some(failure::Input::NotAccepted), retry_after_ms: None };
-    failure::answer(id, NOT_SENT, Some(&kind), None)
+    frame::error_response(id, -32603, NOT_SENT, None)
 }
 
 /// How a compaction ended.
@@ -176,56 +175,19 @@ pub trait Compactor: Send + Sized + 'static {
     fn on_timer(&mut self, _timer: Self::Timer, _ctl: &mut Ctl<Self>) {}
 }
 
-/// What a backend is handed with each input: the layer's [`Cx`], and where it reports a compaction's end.
-pub struct Ctl<'c, 'a, B: Compactor> {
-    pub cx: &'c mut Cx<'a>,
-    ended: Vec<(String, u64, Outcome)>,
-    _backend: PhantomData<fn(B)>,
-}
+/// What a compaction backend is handed with each input ([`crate::coda::machine::Ctl`]).
+pub type Ctl<'c, 'a, B> = crate::coda::machine::Ctl<'c, 'a, Compaction<B>>;
 
-impl<'c, 'a, B: Compactor> Ctl<'c, 'a, B> {
-    fn new(cx: &'c mut Cx<'a>) -> Self {
-        Ctl { cx, ended: Vec::new(), _backend: PhantomData }
-    }
-
+impl<B: Compactor> Ctl<'_, '_, B> {
     /// The CLI's compaction `round` of `session` ended with `outcome` (one of an earlier round, or of no
     /// compaction the machine runs, is ignored).
     pub fn ended(&mut self, session: &str, round: u64, outcome: Outcome) {
-        self.ended.push((session.to_owned(), round, outcome));
+        self.report((session.to_owned(), round, outcome));
     }
 
     /// The round of the compaction `session` runs now (the session table's).
     pub fn round(&self, session: &str) -> Option<u64> {
         self.cx.session(session).and_then(Session::compaction).map(|c| c.round)
-    }
-
-    /// A request of the shim's own to the CLI; its answer comes back to [`Compactor::on_reply`] with `tag`.
-    pub fn request(&mut self, method: &str, params: Value, tag: B::Reply) {
-        self.cx.request(method, params, tag);
-    }
-
-    /// [`Compactor::on_timer`] with `timer` once `delay` has passed.
-    pub fn after(&mut self, delay: Duration, timer: B::Timer) {
-        self.cx.after(delay, Tick::<B::Timer>::Backend(timer));
-    }
-
-    pub fn cancel(&mut self, timer: B::Timer) {
-        self.cx.cancel(&Tick::<B::Timer>::Backend(timer));
-    }
-
-    /// Runs `job` off the relay loop ([`Cx::work`]) and hands its result to `done`, on the backend.
-    pub fn work<T, J, D>(&mut self, job: J, done: D)
-    where
-        T: Send + 'static,
-        J: FnOnce() -> T + Send + 'static,
-        D: FnOnce(&mut B, T, &mut Ctl<B>) + Send + 'static,
-    {
-        self.cx.work::<Compaction<B>, T, J, _>(job, move |layer: &mut Compaction<B>, value, cx| {
-            let mut ctl = Ctl::new(cx);
-            done(&mut layer.backend, value, &mut ctl);
-            let ended = ctl.ended;
-            layer.apply(ended, cx);
-        });
     }
 }
 
@@ -257,20 +219,6 @@ impl<B: Compactor> Compaction<B> {
 
     pub fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
-    }
-
-    /// Calls the backend with a [`Ctl`], then does what it reported.
-    fn with_backend(&mut self, cx: &mut Cx, call: impl FnOnce(&mut B, &mut Ctl<B>)) {
-        let mut ctl = Ctl::new(cx);
-        call(&mut self.backend, &mut ctl);
-        let ended = ctl.ended;
-        self.apply(ended, cx);
-    }
-
-    fn apply(&mut self, ended: Vec<(String, u64, Outcome)>, cx: &mut Cx) {
-        for (session, round, outcome) in ended {
-            self.end(&session, round, outcome, cx);
-        }
     }
 
     fn request(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
@@ -386,6 +334,26 @@ fn compacting(frame: &Frame, cx: &Cx) -> Option<String> {
         _ => None,
     }?;
     cx.session(session)?.compaction().is_some().then(|| session.to_owned())
+}
+
+impl<B: Compactor> Machine for Compaction<B> {
+    type Backend = B;
+    type Report = (String, u64, Outcome);
+    type BackendTimer = B::Timer;
+
+    fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    fn apply(&mut self, ended: Vec<(String, u64, Outcome)>, cx: &mut Cx) {
+        for (session, round, outcome) in ended {
+            self.end(&session, round, outcome, cx);
+        }
+    }
+
+    fn backend_timer(timer: B::Timer) -> Tick<B::Timer> {
+        Tick::Backend(timer)
+    }
 }
 
 impl<B: Compactor> Layer for Compaction<B> {
@@ -633,10 +601,7 @@ mod tests {
         h.advance(Duration::from_millis(1));
         let out = h.to_client();
         assert_eq!(out[0]["id"], 10);
-        assert_eq!(
-            out[0]["error"]["data"]["_meta"]["coda"]["failure"],
-            json!({"kind":"service_unavailable","input":"not_accepted"})
-        );
+        assert_eq!(out[0]["error"], json!({"code":-32603,"message":NOT_SENT}), "no failure kind: no upstream failed");
         assert!(h.to_agent().is_empty(), "never sent");
         assert!(h.stack().sessions().get(S).is_some_and(|s| s.compaction().is_none() && s.held().is_empty()));
         // The late end of that compaction changes nothing.

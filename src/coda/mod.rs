@@ -5,6 +5,9 @@ pub mod compact;
 pub mod failure;
 pub mod identity;
 pub mod instruction;
+pub mod machine;
+pub mod steering;
+pub mod subagents;
 #[cfg(test)]
 pub mod suite;
 pub mod usage;

@@ -233,3 +233,56 @@ fn values(frames: Vec<Frame>) -> Vec<Value> {
         })
         .collect()
 }
+
+/// Runs `f`, which must make a bug of the shim loud the way each build does (see `misrouted`): a debug build
+/// panics with a message holding `expected`, a release build logs an error holding it and goes on. Returns
+/// what `f` returned in a release build (`None` in a debug build), for the caller to check what was dropped.
+/// Panics when `f` did neither.
+pub fn loud_error<T>(expected: &str, f: impl FnOnce() -> T) -> Option<T> {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Buffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::ERROR)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let run =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tracing::subscriber::with_default(subscriber, f)));
+    let logged = String::from_utf8_lossy(&logs.0.lock().expect("lock")).into_owned();
+    match run {
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            if !cfg!(debug_assertions) {
+                panic!("a release build panicked: {message}");
+            }
+            assert!(message.contains(expected), "panicked with {message:?}, not {expected:?}");
+            None
+        }
+        Ok(out) => {
+            if cfg!(debug_assertions) {
+                panic!("a debug build did not panic ({expected:?})");
+            }
+            assert!(
+                logged.lines().any(|l| l.contains("ERROR") && l.contains(expected)),
+                "no error holding {expected:?} was logged: {logged:?}"
+            );
+            Some(out)
+        }
+    }
+}

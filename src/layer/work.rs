@@ -336,7 +336,6 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "a job of the wrong type reached")]
     fn a_job_for_another_layer_type_is_a_loud_error() {
         struct Other;
         impl Layer for Other {
@@ -347,7 +346,12 @@ mod tests {
                 cx.work(|| 1u64, Doubler::doubled);
             }
         }
-        Harness::of(Other).from_client(read(1));
+        let mut h = Harness::of(Other);
+        // A release build logs it and runs no job: nothing comes of it.
+        if super::super::testing::loud_error("a job of the wrong type reached", || h.from_client(read(1))).is_some() {
+            assert_eq!(h.run_work(), 0);
+            assert!(h.to_client().is_empty() && h.to_agent().is_empty());
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod fake;
 mod compact;
 mod failure;
 pub mod signals;
-// mod steering;
+mod steering;
 mod usage;
 
 use serde_json::{Value, json};
