@@ -74,6 +74,11 @@ fn codex_package_version(dir: &Path) -> Option<String> {
 /// The stack. Set-up, like all of this file (the layers are not): the clock (the probe's deadline), the time
 /// zone, the environment and the CLI's version (on a thread started here) are read here, once; the layers get values.
 fn layers(setup: &mut Setup) {
+    layers_over(setup, Some(adapter().data_home.dir()));
+}
+
+/// [`layers`] over Codex's data folder `home` (where a loaded session's facts are; None: none are read).
+fn layers_over(setup: &mut Setup, home: Option<std::path::PathBuf>) {
     let command = setup.command.clone();
     let give_up_at = Instant::now() + VERSION_DEADLINE;
     setup.add(move |events| {
@@ -91,7 +96,6 @@ fn layers(setup: &mut Setup) {
         // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    let home = Some(adapter().data_home.dir());
     for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience(), home) {
         setup.push(layer);
     }
@@ -113,6 +117,15 @@ pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path
         Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
         Box::new(usage::layer(home)),
     ]
+}
+
+/// coda-codex's stack over Codex's data folder `home` (a test's; None: nothing is read at load).
+#[cfg(test)]
+pub(crate) fn test_stack(
+    command: &AgentCommand,
+    home: Option<std::path::PathBuf>,
+) -> (crate::layer::Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+    crate::cli::adapter::stack_with(command, None, |setup| layers_over(setup, home))
 }
 
 /// codex-acp takes `_session/steering` itself.

@@ -95,6 +95,8 @@ pub struct State {
     pub steer_silent: bool,
     /// The CLI answers a steering call twice.
     pub steer_twice: bool,
+    /// OpenCode: what its server keeps of each session, as `GET /session/{id}/message` answers.
+    pub kept: Vec<(String, Value)>,
 }
 
 /// One CLI, scripted (see the module docs).
@@ -142,6 +144,7 @@ impl Fake {
             late_busy: false,
             steer_silent: false,
             steer_twice: false,
+            kept: Vec::new(),
         })))
     }
 
@@ -252,6 +255,12 @@ impl State {
     }
 
     /// The shim started reading OpenCode's server events: what was said so far, then each as it comes.
+    /// OpenCode's server's answer to `GET /session/{id}/message`: the messages it keeps of `session`.
+    pub fn messages(&self, session: &str) -> Value {
+        let kept = self.kept.iter().find(|(s, _)| s == session);
+        kept.map_or_else(|| json!([]), |(_, messages)| messages.clone())
+    }
+
     pub fn read_by(&mut self, send: ServerSend) {
         for e in self.events.drain(..) {
             send(e);

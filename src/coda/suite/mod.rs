@@ -15,6 +15,8 @@ pub mod signals;
 mod steering;
 mod usage;
 
+use std::path::PathBuf;
+
 use serde_json::{Value, json};
 
 use crate::child::AgentCommand;
@@ -39,26 +41,36 @@ pub struct Shim {
     next_id: i64,
 }
 
-/// The stack of `coda-<agent>` over `fake` (for coda-opencode, its server side too).
-fn stack(agent: &str, fake: &Fake) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>) {
+/// The stack of `coda-<agent>` over `fake` (for coda-opencode, its server side too). What the CLI keeps of its
+/// sessions is read under `home` (Codex's, Grok's data folder; Kimi's is [`signals`]'), or from the fake's
+/// server (OpenCode's): never this machine's own.
+fn stack(
+    agent: &str,
+    fake: &Fake,
+    home: Option<PathBuf>,
+) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>) {
     let command = AgentCommand { program: "fake-cli".into(), args: Vec::new() };
-    if agent == "opencode" {
-        return crate::adapters::opencode::test_stack(&command, opencode_side(fake));
+    match agent {
+        "opencode" => crate::adapters::opencode::test_stack(&command, opencode_side(fake)),
+        "codex" => crate::adapters::codex::test_stack(&command, home),
+        "grok" => crate::adapters::grok::test_stack(&command, home),
+        "kimi" => crate::adapters::kimi::test_stack(&command, Default::default(), None),
+        other => panic!("no stack for {other}"),
     }
-    let adapter = crate::adapters::by_agent(agent).expect("an adapter");
-    adapter.stack(&command, None)
 }
 
 /// OpenCode's server, played by `fake`.
 fn opencode_side(fake: &Fake) -> crate::adapters::opencode::ServerSide {
     use std::sync::Arc;
-    let (f1, f2, f3) = (fake.clone(), fake.clone(), fake.clone());
+    let (f1, f2, f3, f4) = (fake.clone(), fake.clone(), fake.clone(), fake.clone());
     crate::adapters::opencode::ServerSide {
         asker: Some(Arc::new(move |ask: crate::adapters::opencode::compact::Ask| f1.state().summarize(&ask.session))),
         caller: Some(Arc::new(move |call| f2.state().steer_call(call))),
         replier: Arc::new(|_: &str, _: &str, _: &str| Ok(())),
         reader: Some(Box::new(move |send| f3.state().read_by(send))),
-        history: None,
+        history: Some(Arc::new(move |session: &str, _: &str| {
+            crate::adapters::opencode::usage::facts_of_messages(&f4.state().messages(session))
+        })),
     }
 }
 
@@ -66,7 +78,7 @@ impl Shim {
     /// Initialized as Coda initializes, with no session yet.
     pub async fn bare(agent: &'static str, compacts: Compacts) -> Shim {
         let fake = Fake::new(Cli::by_agent(agent), compacts);
-        let (stack, events) = stack(agent, &fake);
+        let (stack, events) = stack(agent, &fake, None);
         let f = fake.clone();
         let pair = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, move |line: &str| f.answer(line));
         Shim::initialized(agent, pair, fake).await

@@ -452,15 +452,15 @@ impl Scripted {
                 let line = params.get("line").and_then(Value::as_str).unwrap_or_default().to_owned();
                 return vec![line, result(&id, json!({}))];
             }
-            ("session/new", Some(_)) if s.cli == Cli::Grok => {
+            ("session/new" | "session/load" | "session/resume", Some(_)) if s.cli == Cli::Grok => {
                 drop(s);
-                // Grok names each model's window in `session/new`.
+                // Grok names each model's window in its answer to `session/new`, `load` and `resume`.
                 return self
                     .fake
                     .answer(line)
                     .into_iter()
                     .map(|l| match crate::json::from_str::<Value>(&l) {
-                        Ok(mut v) if v.pointer("/result/sessionId").is_some() => {
+                        Ok(mut v) if v.get("result").is_some_and(Value::is_object) => {
                             v["result"]["models"] = json!({"currentModelId":"fake","availableModels":[
                                 {"modelId":"fake","_meta":{"totalContextTokens":WINDOW}}]});
                             v.to_string()
@@ -477,15 +477,15 @@ impl Scripted {
 }
 
 impl Shim {
-    /// `coda-<agent>` over a scripted CLI ([`Scripted`]), initialized as Coda initializes; `history` is Kimi's
-    /// data root for what a load reads.
-    pub async fn scripted_with(agent: &'static str, history: Option<std::path::PathBuf>) -> (Shim, Scripted) {
+    /// `coda-<agent>` over a scripted CLI ([`Scripted`]), initialized as Coda initializes; `home` is the CLI's
+    /// data folder, where a load reads what it keeps of a session (OpenCode's is its server: [`super::fake::State::kept`]).
+    pub async fn scripted_with(agent: &'static str, home: Option<std::path::PathBuf>) -> (Shim, Scripted) {
         let tap = Tap::default();
         let scripted = Scripted::new(Cli::by_agent(agent), tap.clone());
         let command = crate::child::AgentCommand { program: "fake-cli".into(), args: Vec::new() };
         let (stack, events) = match agent {
-            "kimi" => crate::adapters::kimi::test_stack(&command, tap, history),
-            _ => super::stack(agent, &scripted.fake),
+            "kimi" => crate::adapters::kimi::test_stack(&command, tap, home),
+            _ => super::stack(agent, &scripted.fake, home),
         };
         let s = scripted.clone();
         let pair = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, move |line: &str| s.answer(line));

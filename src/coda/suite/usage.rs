@@ -144,33 +144,110 @@ async fn a_compactions_before_and_after_come_from_one_measure() {
     .await;
 }
 
-/// A session Kimi compacted in an earlier process: its first update after `session/load` says so.
+/// What the CLI keeps of a session it compacted at `at` (ms, its clock) in an earlier process, in the shapes the
+/// real CLIs write (their live runs): Codex's rollout file, Kimi's main wire, Grok's session folder under the data
+/// folder `home`, OpenCode's messages on its server (`fake`). The session's id, in the CLI's own form.
+fn keep(agent: &str, home: &std::path::Path, fake: &super::fake::Fake, at: u64) -> &'static str {
+    let lines = |path: std::path::PathBuf, records: &[Value]| {
+        std::fs::create_dir_all(path.parent().expect("a folder")).expect("the session folder");
+        let text: String = records.iter().map(|r| format!("{r}\n")).collect();
+        std::fs::write(path, text).expect("the record");
+    };
+    let iso = |ms: u64| crate::coda::usage::iso(std::time::UNIX_EPOCH + Duration::from_millis(ms)).expect("a time");
+    match agent {
+        "codex" => {
+            let id = "01a23ee2-229d-7e22-ad36-a46ef6f094ad";
+            lines(
+                home.join(format!("sessions/2026/12/02/rollout-2026-12-02T03-39-00-{id}.jsonl")),
+                &[
+                    json!({"timestamp":iso(at - 60_000),"type":"session_meta","payload":{"id":id}}),
+                    json!({"timestamp":iso(at - 50_000),"type":"event_msg","payload":{"type":"token_count"}}),
+                    json!({"timestamp":iso(at),"type":"compacted","payload":{"message":"a summary"}}),
+                    json!({"timestamp":iso(at + 40),"type":"event_msg","payload":{"type":"token_count"}}),
+                ],
+            );
+            id
+        }
+        "kimi" => {
+            let id = "session_7c0ffee0-0000-4000-8000-000000000001";
+            lines(
+                home.join("sessions/wd_app_0123456789ab").join(id).join("agents/main/wire.jsonl"),
+                &[
+                    json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
+                    json!({"type":"llm.request","agentId":"main","kind":"loop","maxTokens":32000,"time":at - 60_000}),
+                    json!({"type":"usage.record","agentId":"main","usage":{"inputOther":4000,"output":5},"time":at - 59_990}),
+                    json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":4000,"tokensAfter":900,"time":at}),
+                ],
+            );
+            id
+        }
+        "grok" => {
+            let id = "019ae2f1-7c0f-7fee-8000-000000000001";
+            let stamps = json!({"agentTimestampMs":at - 59_000,"streamStartMs":at - 59_900,"turnStartMs":at - 60_000});
+            lines(
+                home.join("sessions/%2Fwork%2Fapp").join(id).join("updates.jsonl"),
+                &[
+                    json!({"timestamp":(at - 59_000) / 1000,"method":"session/update","params":{"sessionId":id,
+                    "_meta":stamps,"update":{"sessionUpdate":"agent_message_chunk"}}}),
+                    json!({"timestamp":at / 1000,"method":"_x.ai/session/update","params":{"sessionId":id,
+                    "_meta":{"agentTimestampMs":at},"update":{"sessionUpdate":"auto_compact_completed",
+                    "tokens_before":4000,"tokens_after":900}}}),
+                ],
+            );
+            id
+        }
+        _ => {
+            let id = "ses_7c0ffee0000kept";
+            let messages = json!([
+                {"info":{"id":"msg_u1","sessionID":id,"role":"user","time":{"created":at - 61_000}}},
+                {"info":{"id":"msg_a1","sessionID":id,"role":"assistant","time":{"created":at - 60_000,
+                    "completed":at - 59_000},"tokens":{"input":4000,"output":5,"cache":{"read":0,"write":0}}}},
+                {"info":{"id":"msg_s1","sessionID":id,"role":"assistant","summary":true,"time":{"created":at - 1000,
+                    "completed":at},"tokens":{"input":4000,"output":40,"cache":{"read":0,"write":0}}}},
+            ]);
+            fake.state().kept.push((id.to_owned(), messages));
+            id
+        }
+    }
+}
+
+/// A session the CLI compacted in an earlier process: the first facts after `session/load` in a fresh process
+/// name that compaction, read from what the CLI keeps; the live turn's facts win over the kept ones.
 #[tokio::test(start_paused = true)]
 async fn facts_after_session_load_in_a_fresh_process_come_from_what_the_cli_kept() {
-    every(&["kimi"], |agent| async move {
-        let root = tempfile::tempdir().expect("a data root");
-        let session = "session_7c0ffee0-0000-4000-8000-000000000001";
-        let dir = root.path().join("sessions/wd_app_0123456789ab").join(session).join("agents/main");
-        std::fs::create_dir_all(&dir).expect("the session folder");
+    every(&REPORTING, |agent| async move {
+        let home = tempfile::tempdir().expect("a data folder");
+        let (mut shim, cli) = Shim::scripted_with(agent, Some(home.path().to_path_buf())).await;
         let at = CLI_CLOCK - 3_600_000;
-        let wire = [
-            json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
-            json!({"type":"llm.request","agentId":"main","kind":"loop","maxTokens":32000,"time":at}),
-            json!({"type":"usage.record","agentId":"main","usage":{"inputOther":4000,"output":5},"time":at + 10}),
-            json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":4000,"tokensAfter":900,"time":at + 60_000}),
-        ];
-        let text: String = wire.iter().map(|r| format!("{r}\n")).collect();
-        std::fs::write(dir.join("wire.jsonl"), text).expect("the wire");
-        let (mut shim, _cli) = Shim::scripted_with(agent, Some(root.path().to_path_buf())).await;
+        let session = keep(agent, home.path(), &cli.fake, at);
         let params = json!({"sessionId": session, "cwd": "/work/app", "mcpServers": [],
             "systemPrompt": super::system_prompt()});
         let load = shim.call("session/load", params).await;
-        assert!(load.get("result").is_some(), "{load}");
+        assert!(load.get("result").is_some(), "{agent}: {load}");
         shim.session = session.to_owned();
         let facts = turn(&mut shim, 1234).await;
-        let compacted_at = crate::coda::usage::iso(std::time::UNIX_EPOCH + Duration::from_millis(at + 60_000));
-        assert_eq!(facts["compactedAt"].as_str(), compacted_at.as_deref(), "{facts}");
-        assert_eq!(facts["contextTokens"], 1234, "the live turn's, not the history's: {facts}");
+        let compacted_at = crate::coda::usage::iso(std::time::UNIX_EPOCH + Duration::from_millis(at));
+        assert_eq!(facts["compactedAt"].as_str(), compacted_at.as_deref(), "{agent}: {facts}");
+        assert_eq!(facts["contextTokens"], 1234, "{agent}: the live turn's, not the history's: {facts}");
+        let kept = crate::coda::usage::iso(std::time::UNIX_EPOCH + Duration::from_millis(at - 60_000));
+        assert_ne!(facts["lastRequestAt"].as_str(), kept.as_deref(), "{agent}: the live turn's request: {facts}");
+    })
+    .await;
+}
+
+/// A session the CLI keeps nothing of (a load in a fresh process): no fact is made up, and the live ones come.
+#[tokio::test(start_paused = true)]
+async fn a_loaded_session_the_cli_kept_nothing_of_gets_only_live_facts() {
+    every(&REPORTING, |agent| async move {
+        let home = tempfile::tempdir().expect("an empty data folder");
+        let (mut shim, _cli) = Shim::scripted_with(agent, Some(home.path().to_path_buf())).await;
+        let params = json!({"sessionId": "kept-nowhere", "cwd": "/work/app", "mcpServers": []});
+        let load = shim.call("session/load", params).await;
+        assert!(load.get("result").is_some(), "{agent}: {load}");
+        shim.session = "kept-nowhere".to_owned();
+        let facts = turn(&mut shim, 1234).await;
+        assert_eq!(facts.get("compactedAt"), None, "{agent}: {facts}");
+        assert_eq!(facts["contextTokens"], 1234, "{agent}: {facts}");
     })
     .await;
 }

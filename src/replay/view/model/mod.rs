@@ -356,6 +356,8 @@ impl Builder {
                 item.state = "compacted".into();
                 item.label = match (result.get("before"), result.get("after")) {
                     (None, None) => "compacted".into(),
+                    (Some(_), None) => format!("compacted from {} tokens", n("before")),
+                    (None, Some(_)) => format!("compacted to {} tokens", n("after")),
                     _ => format!("compacted {} → {} tokens", n("before"), n("after")),
                 };
             } else {
