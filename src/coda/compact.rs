@@ -254,7 +254,7 @@ impl<B: Compactor> Compaction<B> {
         if let Outcome::NotCompacted(why) = &outcome {
             tracing::info!("the session was not compacted: {why}");
         }
-        if let Some(id) = &mark.coda {
+        if let Some(id) = mark.coda.as_ref().filter(|id| cx.request_of(id).is_some()) {
             cx.to_client(outcome.answer(id));
         }
         self.release(session, round, cx, |held, cx| cx.to_agent(held));
@@ -281,7 +281,8 @@ impl<B: Compactor> Compaction<B> {
         mark.overdue = true;
         let coda = mark.coda.take();
         tracing::warn!("the CLI did not finish compacting within {DEADLINE:?}; it is asked to stop");
-        if let Some(id) = coda {
+        // Still open (the engine answers it with an error when the agent is gone).
+        if let Some(id) = coda.filter(|id| cx.request_of(id).is_some()) {
             cx.to_client(Outcome::not(TIMED_OUT).answer(&id));
         }
         cx.after(GRACE, Tick::<B::Timer>::Grace(session.clone(), round));
@@ -297,7 +298,7 @@ impl<B: Compactor> Compaction<B> {
             "the CLI never ended its compaction after it was asked to stop; the prompts held for it end unsent"
         );
         self.release(&session, round, cx, |held, cx| {
-            if let Some(id) = held.id() {
+            if let Some(id) = held.id().filter(|id| cx.request_of(id).is_some()) {
                 cx.to_client(not_sent(id));
             }
         });

@@ -69,6 +69,9 @@ pub use timers::Timer;
 use timers::{AnyTimers, Timers};
 pub use work::{Done, Job, Pool};
 
+/// How many rounds of wake-ups [`Stack::wake_all`] runs at the end (a wake-up that asks for another is one more).
+pub const END_ROUNDS: usize = 8;
+
 /// Something other than a frame that reaches a layer (a file change, a probe's result), with its type
 /// erased on its way through the relay's one queue; [`AnyLayer`] gives it its type back.
 pub type Event = Box<dyn Any + Send>;
@@ -460,15 +463,37 @@ impl Stack {
     /// deadlines in the order they were asked for). A wake-up asked for while these run waits for the next
     /// call, even when already due, so a layer that keeps asking cannot hold the stack here.
     pub fn wake_due(&mut self, exits: &mut Exits) {
-        let asked_before = self.shared.asked;
-        loop {
-            let now = self.now;
-            let due =
-                self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
-            let Some((key, layer)) = due.min() else { break };
-            self.call(layer, exits, |l, cx| l.wake(key, cx));
+        self.wake(Some(self.now), exits);
+        self.settle(exits);
+    }
+
+    /// The agent is gone ([`Cx::agent_gone`]) and the session ends: every pending wake-up runs now, in deadline
+    /// order, so that what a layer holds until one (an answer waiting for the CLI's record of its turn, an update
+    /// waiting for its facts) still reaches the client: nothing it waits for comes any more. Wake-ups asked for
+    /// while these run run too, for [`END_ROUNDS`] rounds at most.
+    pub fn wake_all(&mut self, exits: &mut Exits) {
+        self.shared.agent_gone = true;
+        for _ in 0..END_ROUNDS {
+            if !self.wake(None, exits) {
+                break;
+            }
         }
         self.settle(exits);
+    }
+
+    /// Runs the wake-ups due at `now` (None: all) that were asked for before this call; whether any ran. One
+    /// asked for while these run waits for the next call, even when already due, so a layer that keeps asking
+    /// cannot hold the stack here.
+    fn wake(&mut self, now: Option<Instant>, exits: &mut Exits) -> bool {
+        let asked_before = self.shared.asked;
+        let mut ran = false;
+        loop {
+            let due =
+                self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
+            let Some((key, layer)) = due.min() else { return ran };
+            ran = true;
+            self.call(layer, exits, |l, cx| l.wake(key, cx));
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -607,6 +632,11 @@ impl Stack {
             None => {
                 if let Kind::Response { id } = frame.kind() {
                     let Shared { requests, sessions, .. } = &mut self.shared;
+                    if requests.was_answered(id) {
+                        // A layer answered a request the client has had its answer to (a hold's deadline that
+                        // ran after the agent was gone, say): the client gets one answer.
+                        return tracing::warn!("a second answer to a request of the client's; dropped");
+                    }
                     sessions.closed(id, requests.get(id).and_then(Request::session));
                     requests.closed(id);
                 }
@@ -969,6 +999,22 @@ mod tests {
     }
 
     #[test]
+    fn at_the_end_every_wake_up_runs_at_once_in_deadline_order_and_one_that_keeps_asking_is_bounded() {
+        let mut h = sleeping();
+        ask(&mut h, "after", 3, 600_000);
+        ask(&mut h, "after", 1, 10);
+        ask(&mut h, "after", 99, 20);
+        assert_eq!(at(&mut h, 5), vec![]);
+        h.end();
+        let woke: Vec<u64> = h.to_client().iter().map(|v| v["params"]["token"].as_u64().unwrap()).collect();
+        // 99 asks again each time it runs: once per round.
+        let mut want = vec![1, 99, 3];
+        want.extend(std::iter::repeat_n(99, END_ROUNDS - 1));
+        assert_eq!(woke, want, "all of them, the clock unmoved, then 99 for the rounds left");
+        assert_eq!(h.elapsed(), Duration::from_millis(5));
+    }
+
+    #[test]
     fn wake_ups_are_per_layer_and_a_huge_delay_is_no_panic() {
         let mut h = Harness::new(vec![sleeper("high", true), sleeper("low", false)]);
         // Both layers ask for token 1; only the upper one cancels it.
@@ -1188,6 +1234,31 @@ mod tests {
         h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/close","params":{"sessionId":"r"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
         assert_eq!(look(&mut h, "r")["root"], false);
+    }
+
+    /// Answers every request itself, twice.
+    struct Twice;
+    impl Layer for Twice {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if let Some(id) = f.id() {
+                for n in [1, 2] {
+                    cx.to_client(crate::frame::result_response(id, json!({"n": n})));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_layers_second_answer_to_a_request_never_reaches_the_client() {
+        let mut h = Harness::new(vec![Box::new(Twice)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"x","params":{}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":1,"result":{"n":1}})]);
+        // A new request with the same id is answered again.
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"x","params":{}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":1,"result":{"n":1}})]);
     }
 
     /// Tells the client, for each answer it passes, which request it answers; notes `Seen` on prompts.

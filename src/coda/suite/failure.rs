@@ -145,17 +145,46 @@ async fn a_cli_that_dies_while_it_retries_leaves_no_turn_open() {
     .await;
 }
 
-/// Grok runs a second prompt of a session as a turn of its own after the first: each keeps its own record.
+/// A failed turn whose answer waits for the CLI's record of it (Kimi's wire, OpenCode's server), when the CLI
+/// dies before the record comes: Coda still gets the answer, as the CLI gave it.
+#[tokio::test(start_paused = true)]
+async fn an_answer_waiting_for_the_clis_record_reaches_coda_when_the_cli_dies() {
+    every(&["kimi", "opencode"], |agent| async move {
+        let (mut shim, cli) = Shim::scripted(agent).await;
+        // The session's records are read (a turn shows in them).
+        let first = run(&mut shim, "[[turn:5]]").await;
+        assert!(first.get("result").is_some(), "{first}");
+        cli.late_ends(true);
+        let prompt = shim.prompt("[[fail:quota]]");
+        let got = shim.pair.drive_for(Duration::from_millis(100)).await;
+        assert_eq!(answers(&got, prompt), 0, "the answer waits for the record: {:?}", got.to_client);
+        shim.send("_fake/die", json!({}));
+        let got = shim.drive().await;
+        assert_eq!(answers(&got, prompt), 1, "{:?}", got.to_client);
+        let answered = answer(&got, prompt).expect("answered");
+        assert_eq!(failure(&answered), None, "no record, no kind: {answered}");
+    })
+    .await;
+}
+
+/// A second prompt in a session while the first retries: Grok runs it as a turn of its own after the first, Kimi
+/// refuses it (`turn.agent_busy`). Each prompt ends with its own outcome, never the other's record.
 #[tokio::test(start_paused = true)]
 async fn two_prompts_in_one_session_each_end_with_their_own_failure() {
-    every(&["grok"], |agent| async move {
+    every(&["grok", "kimi"], |agent| async move {
         let (mut shim, _cli) = Shim::scripted(agent).await;
         let first = shim.prompt("[[retry]]");
         let second = shim.prompt("[[fail:quota]]");
         retry(&mut shim, 90_000);
         let got = shim.drive().await;
         let second = answer(&got, second).expect("the second prompt's answer");
-        assert_eq!(failure(&second), Some(&json!({"kind": "quota_exhausted"})), "{second}");
+        match agent {
+            "kimi" => {
+                assert_eq!(second["error"]["code"], -32600, "{second}");
+                assert_eq!(failure(&second), None, "a refusal names no kind: {second}");
+            }
+            _ => assert_eq!(failure(&second), Some(&json!({"kind": "quota_exhausted"})), "{second}"),
+        }
         let first = answer(&got, first).unwrap_or_else(|| panic!("the first turn ends: {:?}", got.to_client));
         assert!(first["error"]["message"].as_str().is_some_and(|m| m.contains("was retrying")), "{first}");
     })

@@ -57,7 +57,8 @@ struct Script {
     turns: i64,
     /// OpenCode's assistant messages.
     messages: u64,
-    /// Kimi: the wire shows records only when the test says (`end_turn`), and those waiting.
+    /// Kimi: the wire shows records only when the test says (`end_turn`), and those waiting; OpenCode: the
+    /// server says no failure.
     late: bool,
     waiting: Vec<(String, Vec<Value>)>,
 }
@@ -199,13 +200,17 @@ impl Script {
                     "service" => (Some("rate_limit_exceeded"), 429),
                     _ => (None, 502),
                 };
-                fake.state().event(FromServer::Event(ServerEvent::Failed {
+                let failed = ServerEvent::Failed {
                     session: session.to_owned(),
                     name: "APIError".into(),
                     message: "upstream said no".into(),
                     status: Some(status),
                     code: code.map(str::to_owned),
-                }));
+                };
+                // With `late` the server's record of the failure never comes (its event stream is lost).
+                if !self.late {
+                    fake.state().event(FromServer::Event(failed));
+                }
                 let error_v = json!({"code":-32603,"message":"Internal error: upstream said no",
                     "data":{"service":"session","errorName":"APIError"}});
                 vec![error(id, error_v)]
@@ -312,7 +317,11 @@ impl Script {
                 vec![done, usage(session, context + 5)]
             }
             Cli::OpenCode => {
+                // The server says the session busy, the turn's step, then idle just before the answer.
+                let status = |busy| FromServer::Event(ServerEvent::Status { session: session.to_owned(), busy });
+                fake.state().event(status(true));
                 self.opencode_step(fake, session, Some(context), false);
+                fake.state().event(status(false));
                 vec![usage(session, context), done]
             }
         }
@@ -337,15 +346,7 @@ impl Script {
                 )]
             }
             Cli::Kimi => {
-                let (begin, request, answer, applied) = (self.tick(), self.tick(), self.tick(), self.tick());
-                self.wire(session, &[
-                    json!({"type":"full_compaction.begin","source":"auto","agentId":"main","time":begin}),
-                    json!({"type":"llm.request","agentId":"main","kind":"compaction","maxTokens":WINDOW,"time":request}),
-                    json!({"type":"usage.record","agentId":"main","usage":{"inputOther":9999,"output":5},"time":answer}),
-                    json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":9999,"tokensAfter":50,"time":applied}),
-                    json!({"type":"token_counting.rebased","agentId":"main","tokens":50,"time":applied}),
-                    json!({"type":"full_compaction.complete","agentId":"main","time":applied}),
-                ]);
+                self.compacted(session, "auto");
                 Vec::new()
             }
             Cli::OpenCode => {
@@ -354,6 +355,21 @@ impl Script {
                 Vec::new()
             }
         }
+    }
+}
+
+impl Script {
+    /// Kimi's wire records of a compaction (`source`: `manual` for `/compact`, `auto` for its own).
+    fn compacted(&mut self, session: &str, source: &str) {
+        let (begin, request, answer, applied) = (self.tick(), self.tick(), self.tick(), self.tick());
+        self.wire(session, &[
+            json!({"type":"full_compaction.begin","source":source,"agentId":"main","time":begin}),
+            json!({"type":"llm.request","agentId":"main","kind":"compaction","maxTokens":WINDOW,"time":request}),
+            json!({"type":"usage.record","agentId":"main","usage":{"inputOther":9999,"output":5},"time":answer}),
+            json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":9999,"tokensAfter":50,"time":applied}),
+            json!({"type":"token_counting.rebased","agentId":"main","tokens":50,"time":applied}),
+            json!({"type":"full_compaction.complete","agentId":"main","time":applied}),
+        ]);
     }
 }
 
@@ -372,7 +388,8 @@ impl Scripted {
         Scripted { fake: Fake::new(cli, Compacts::Ends), script: Arc::new(Mutex::new(script)) }
     }
 
-    /// Kimi: from now on (`true`) the wire shows a session's records only at [`Scripted::end_turn`].
+    /// From now on (`true`) Kimi's wire shows a session's records only at [`Scripted::end_turn`], and OpenCode's
+    /// server never says a failure.
     pub fn late_ends(&self, late: bool) {
         self.script.lock().expect("lock").late = late;
     }
@@ -398,6 +415,10 @@ impl Scripted {
         let mut s = self.script.lock().expect("lock");
         match (method.as_str(), id) {
             ("session/prompt", Some(id)) => {
+                // Kimi refuses a second prompt while a turn runs (Grok queues it, this script runs it at once).
+                if s.cli == Cli::Kimi && s.held.iter().any(|h| h.session == session) {
+                    return vec![error(&id, json!({"code":-32600,"message":"turn.agent_busy"}))];
+                }
                 let text = text_of(params.get("prompt").unwrap_or(&Value::Null));
                 if let Some(what) = marker(&text, "fail") {
                     return s.fail(&self.fake, &id, &session, what);
@@ -437,6 +458,10 @@ impl Scripted {
                 let mut out = s.retry(&self.fake, &session, wait);
                 out.push(result(&id, json!({})));
                 return out;
+            }
+            // Kimi's wire shows the compaction it was asked for (`/compact`) as it ends.
+            ("_fake/compacted", Some(_)) if s.cli == Cli::Kimi => {
+                s.compacted(&session, "manual");
             }
             ("_fake/compact_alone", Some(id)) => {
                 let mut out = s.compact_alone(&self.fake, &session);

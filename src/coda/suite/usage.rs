@@ -14,13 +14,14 @@ use crate::coda::usage::HOLD;
 /// The four binaries: each reports usage facts.
 const REPORTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
 
-/// The usage updates of `session` Coda got, in order.
+/// The usage updates of `session` Coda got, in order. None of any session carries an empty `_meta.coda`.
 fn updates(got: &crate::relay::testing::Driven, session: &str) -> Vec<Value> {
-    got.client_json()
-        .into_iter()
-        .filter(|v| v["params"]["update"]["sessionUpdate"] == "usage_update" && v["params"]["sessionId"] == session)
-        .map(|v| v["params"]["update"].clone())
-        .collect()
+    let all: Vec<Value> =
+        got.client_json().into_iter().filter(|v| v["params"]["update"]["sessionUpdate"] == "usage_update").collect();
+    for v in &all {
+        assert_ne!(v.pointer("/params/update/_meta/coda"), Some(&json!({})), "never an empty object: {v}");
+    }
+    all.into_iter().filter(|v| v["params"]["sessionId"] == session).map(|v| v["params"]["update"].clone()).collect()
 }
 
 fn coda(update: &Value) -> Option<&Value> {
@@ -123,6 +124,35 @@ async fn after_a_compaction_the_facts_still_name_the_last_request_of_the_main_th
         let after = turn(&mut shim, 777).await;
         assert_eq!(after["contextTokens"], 777);
         assert_eq!(after["compactedAt"], compacted["compactedAt"], "{agent}: {after}");
+    })
+    .await;
+}
+
+/// A compaction Coda asks for between turns: its summarising request is none of the main thread's, and the
+/// facts after it say the compaction and still the last request of the main thread.
+#[tokio::test(start_paused = true)]
+async fn after_a_compaction_coda_asked_for_the_facts_still_name_the_last_request_of_the_main_thread() {
+    every(&REPORTING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        let before = turn(&mut shim, 1234).await;
+        let session = shim.session.clone();
+        let compact = shim.send(crate::coda::compact::METHOD, json!({"sessionId": session}));
+        let mut got = shim.drive().await;
+        got.to_client.extend(shim.fake("_fake/compacted").await.to_client);
+        let answered = answer(&got, compact).unwrap_or_else(|| panic!("{agent}: {:?}", got.to_client));
+        assert_eq!(answered["result"]["compacted"], true, "{agent}: {answered}");
+        let updates = updates(&got, &session);
+        let compacted = updates
+            .iter()
+            .filter_map(coda)
+            .find(|f| f.get("compactedAt").is_some())
+            .unwrap_or_else(|| panic!("{agent}: an update with compactedAt: {:?}", got.to_client));
+        assert_eq!(compacted["lastRequestAt"], before["lastRequestAt"], "{agent}: {compacted}");
+        assert_eq!(compacted["contextTokens"], 1234, "{agent}: {compacted}");
+        let after = turn(&mut shim, 777).await;
+        assert_eq!(after["contextTokens"], 777, "{agent}: {after}");
+        assert_eq!(after["compactedAt"], compacted["compactedAt"], "{agent}: {after}");
+        assert_ne!(after["lastRequestAt"], before["lastRequestAt"], "{agent}: {after}");
     })
     .await;
 }
@@ -282,6 +312,27 @@ async fn a_hold_that_runs_out_gives_up_on_its_own_session_only() {
         let ub = updates(&got, &b);
         assert_eq!(ub.len(), 1, "{:?}", got.to_client);
         assert_eq!(coda(&ub[0]).map(|f| &f["contextTokens"]), Some(&json!(22)), "{}", ub[0]);
+    })
+    .await;
+}
+
+/// Kimi's update waits for its turn's end in the wire; when Kimi dies meanwhile, what was held still reaches Coda,
+/// in the order Kimi wrote it.
+#[tokio::test(start_paused = true)]
+async fn a_cli_that_dies_while_an_update_waits_leaves_nothing_held() {
+    every(&["kimi"], |agent| async move {
+        let (mut shim, cli) = Shim::scripted(agent).await;
+        turn(&mut shim, 5).await;
+        cli.late_ends(true);
+        let prompt = shim.prompt("one [[turn:11]]");
+        shim.send("_fake/die", json!({}));
+        let got = shim.drive().await;
+        let session = shim.session.clone();
+        let at = |f: &dyn Fn(&Value) -> bool| got.client_json().iter().position(f);
+        let answered = at(&|v| v["id"] == prompt && v.get("method").is_none());
+        let update = at(&|v| v["params"]["update"]["sessionUpdate"] == "usage_update");
+        assert!(answered.is_some() && answered < update, "the answer, then the update: {:?}", got.to_client);
+        assert_eq!(updates(&got, &session).len(), 1, "{:?}", got.to_client);
     })
     .await;
 }
