@@ -28,6 +28,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+
+use crate::inside::{Folder, Kind};
 use std::time::SystemTime;
 
 use serde_json::Value;
@@ -104,32 +106,44 @@ pub struct Codex {
 }
 
 /// The rollout file of thread `session` under Codex's data folder `home`: `sessions/YYYY/MM/DD/` (or
-/// `archived_sessions/`), named `rollout-<time>-<session>.jsonl`; a link is no rollout.
-fn rollout(home: &Path, session: &str) -> Option<PathBuf> {
+/// `archived_sessions/`), named `rollout-<time>-<session>.jsonl`, opened inside `home` only ([`crate::inside`]: a
+/// link on the way is no folder and no rollout).
+fn rollout(home: &Path, session: &str) -> Option<std::fs::File> {
     if session.is_empty() || session.contains(['/', '\\']) || session.starts_with('.') {
         return None;
     }
     let suffix = format!("-{session}.jsonl");
-    let entries = |dir: &Path| -> Vec<PathBuf> {
-        let Ok(read) = std::fs::read_dir(dir) else { return Vec::new() };
-        read.filter_map(Result::ok).map(|e| e.path()).collect()
+    let in_day = |day: &Folder| {
+        let entries = day.entries().into_iter();
+        let mut rollouts =
+            entries.filter(|(n, m)| m.kind == Kind::File && n.starts_with("rollout-") && n.ends_with(&suffix));
+        rollouts.find_map(|(name, _)| day.file(&name).ok())
     };
-    let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
-    let mut days = vec![home.join("archived_sessions")];
-    for year in entries(&home.join("sessions")).into_iter().filter(|p| is_dir(p)) {
-        for month in entries(&year).into_iter().filter(|p| is_dir(p)) {
-            days.extend(entries(&month).into_iter().filter(|p| is_dir(p)));
+    let folders = |f: &Folder| {
+        let names: Vec<String> =
+            f.entries().into_iter().filter(|(_, m)| m.kind == Kind::Folder).map(|(n, _)| n).collect();
+        names.into_iter().filter_map(|n| f.folder(&n).ok()).collect::<Vec<_>>()
+    };
+    let home = Folder::open(&std::fs::canonicalize(home).ok()?).ok()?;
+    if let Some(file) = home.folder("archived_sessions").ok().and_then(|d| in_day(&d)) {
+        return Some(file);
+    }
+    let sessions = home.folder("sessions").ok()?;
+    for year in folders(&sessions) {
+        for month in folders(&year) {
+            for name in month.entries().into_iter().filter(|(_, m)| m.kind == Kind::Folder).map(|(n, _)| n) {
+                if let Some(file) = month.folder(&name).ok().and_then(|d| in_day(&d)) {
+                    return Some(file);
+                }
+            }
         }
     }
-    days.iter().flat_map(|d| entries(d)).find(|p| {
-        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rollout-") && n.ends_with(&suffix))
-            && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())
-    })
+    None
 }
 
 /// What thread `session`'s rollout file under `home` keeps of its facts: the time of its last compaction.
 pub fn history(home: &Path, session: &str) -> Facts {
-    let Some(file) = rollout(home, session).and_then(|p| std::fs::File::open(p).ok()) else { return Facts::default() };
+    let Some(file) = rollout(home, session) else { return Facts::default() };
     let mut facts = Facts::default();
     for line in history_lines(file) {
         // Only the compactions' lines are parsed.
@@ -517,5 +531,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(history(home.path(), other), Facts::default());
+        // A day folder that is a link to a folder outside, and a FIFO named as a rollout (never waited on).
+        let outside = tempfile::tempdir().unwrap();
+        let third = "01a23ee2-2222-7e22-ad36-a46ef6f094ad";
+        std::fs::write(outside.path().join(format!("rollout-2026-12-05T00-00-00-{third}.jsonl")), lines[2].to_string())
+            .unwrap();
+        std::os::unix::fs::symlink(outside.path(), home.path().join("sessions/2026/12/05")).unwrap();
+        assert_eq!(history(home.path(), third), Facts::default());
+        let fourth = "01a23ee2-3333-7e22-ad36-a46ef6f094ad";
+        let fifo = day.join(format!("rollout-2026-12-04T03-00-00-{fourth}.jsonl"));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+        assert_eq!(history(home.path(), fourth), Facts::default());
     }
 }

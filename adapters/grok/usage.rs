@@ -33,6 +33,7 @@ use serde_json::Value;
 
 use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Kind, Needle};
+use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
 
 const NOTIFICATION: &str = "_x.ai/session_notification";
@@ -118,15 +119,12 @@ pub fn history(home: &Path, session: &str) -> Facts {
     if session.is_empty() || session.contains(['/', '\\']) || session.starts_with('.') {
         return facts;
     }
-    let Ok(cwds) = std::fs::read_dir(home.join("sessions")) else { return facts };
-    let folder = cwds
-        .filter_map(Result::ok)
-        .map(|e| e.path().join(session))
-        .find(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
-    let path = folder.map(|f| f.join("updates.jsonl"));
-    let Some(file) = path
-        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
-        .and_then(|p| std::fs::File::open(p).ok())
+    // Inside `home` only ([`crate::inside`]): a link on the way is not followed.
+    let sessions = std::fs::canonicalize(home).ok().and_then(|h| Folder::open(&h).ok()?.folder("sessions").ok());
+    let Some(sessions) = sessions else { return facts };
+    let cwds = sessions.entries().into_iter().filter(|(_, m)| m.kind == Entry::Folder);
+    let Some(file) =
+        cwds.into_iter().find_map(|(cwd, _)| sessions.file(&format!("{cwd}/{session}/updates.jsonl")).ok())
     else {
         return facts;
     };
@@ -473,5 +471,14 @@ mod tests {
         assert_eq!(facts.context_tokens, None);
         assert_eq!(history(home.path(), "other"), Facts::default());
         assert_eq!(history(home.path(), ".."), Facts::default());
+        // A session folder reached through a link to a folder outside is not read.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("linked")).unwrap();
+        std::fs::copy(folder.join("updates.jsonl"), outside.path().join("linked/updates.jsonl")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), home.path().join("sessions/%2Felsewhere")).unwrap();
+        assert_eq!(history(home.path(), "linked"), Facts::default());
+        std::os::unix::fs::symlink(outside.path().join("linked"), home.path().join("sessions/%2Fwork%2Fapp/linked"))
+            .unwrap();
+        assert_eq!(history(home.path(), "linked"), Facts::default());
     }
 }

@@ -10,7 +10,6 @@ pub mod events;
 pub mod facts;
 pub mod failure;
 pub mod feed;
-pub mod inside;
 pub mod record;
 pub mod title;
 pub mod translate;

@@ -25,10 +25,10 @@ use serde_json::Value;
 
 use crate::adapters::kimi::BUILTINS;
 use crate::adapters::kimi::facts::WireFacts;
-use crate::adapters::kimi::inside::Folder;
 use crate::adapters::kimi::wire::{self, Record};
 use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Id, Kind};
+use crate::inside::Folder;
 use crate::layer::Cx;
 
 #[derive(Default)]

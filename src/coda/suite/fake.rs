@@ -119,6 +119,24 @@ fn notification(method: &str, params: Value) -> String {
     json!({"jsonrpc":"2.0","method":method,"params":params}).to_string()
 }
 
+/// A line the CLI read: its method (empty for an answer), id (as JSON text), params and `sessionId`.
+pub struct Read {
+    pub method: String,
+    pub id: Option<String>,
+    pub params: Value,
+    pub session: String,
+}
+
+/// The line, if it is JSON.
+pub fn read(line: &str) -> Option<Read> {
+    let msg = crate::json::from_str::<Value>(line).ok()?;
+    let method = msg.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let id = msg.get("id").map(Value::to_string);
+    let params = msg.get("params").cloned().unwrap_or(Value::Null);
+    let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
+    Some(Read { method, id, params, session })
+}
+
 /// The text blocks of a prompt, joined.
 pub fn text_of(prompt: &Value) -> String {
     let blocks = prompt.as_array().into_iter().flatten();
@@ -154,11 +172,7 @@ impl Fake {
 
     /// What it writes for one line it reads.
     pub fn answer(&self, line: &str) -> Vec<String> {
-        let Ok(msg) = crate::json::from_str::<Value>(line) else { return Vec::new() };
-        let method = msg.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let id = msg.get("id").map(Value::to_string);
-        let params = msg.get("params").cloned().unwrap_or(Value::Null);
-        let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let Some(Read { method, id, params, session }) = read(line) else { return Vec::new() };
         let mut s = self.state();
         let Some(id) = id else {
             return match method.as_str() {
@@ -237,7 +251,7 @@ impl Fake {
             }
             _ => {
                 let error = json!({"code": -32601, "message": format!("Method not found: {method}")});
-                vec![json!({"jsonrpc": "2.0", "id": msg["id"], "error": error}).to_string()]
+                vec![format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)]
             }
         }
     }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::fake::{Cli, Compacts, Fake, text_of};
+use super::fake::{Cli, Compacts, Fake, Read, read, text_of};
 use super::{Shim, system_prompt};
 use crate::adapters::kimi::facts::{Tap, WireFacts};
 use crate::adapters::kimi::wire::parse_line;
@@ -407,11 +407,7 @@ impl Scripted {
 
     /// What the CLI writes for one line it reads.
     pub fn answer(&self, line: &str) -> Vec<String> {
-        let Ok(msg) = crate::json::from_str::<Value>(line) else { return Vec::new() };
-        let method = msg.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let id = msg.get("id").map(Value::to_string);
-        let params = msg.get("params").cloned().unwrap_or(Value::Null);
-        let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let Some(Read { method, id, params, session }) = read(line) else { return Vec::new() };
         let mut s = self.script.lock().expect("lock");
         match (method.as_str(), id) {
             ("session/prompt", Some(id)) => {

@@ -109,23 +109,32 @@ async fn after_a_compaction_the_facts_still_name_the_last_request_of_the_main_th
         // thread's, its estimate after (50) no request's context.
         shim.send("_fake/compact_alone", json!({"sessionId": session}));
         let got = shim.drive().await;
-        let updates = updates(&got, &session);
-        let compacted = updates
-            .iter()
-            .filter_map(coda)
-            .find(|f| f.get("compactedAt").is_some())
-            .unwrap_or_else(|| panic!("{agent}: an update with compactedAt: {:?}", got.to_client));
-        assert_eq!(compacted["lastRequestAt"], before["lastRequestAt"], "{agent}: {compacted}");
-        assert_eq!(compacted["contextTokens"], 1234, "{agent}: {compacted}");
-        for f in updates.iter().filter_map(coda) {
-            assert_ne!(f["contextTokens"], 9999, "{agent}: the summarising request is no context: {f}");
-        }
-        // The next turn names its own request, and keeps the compaction.
-        let after = turn(&mut shim, 777).await;
-        assert_eq!(after["contextTokens"], 777);
-        assert_eq!(after["compactedAt"], compacted["compactedAt"], "{agent}: {after}");
+        the_facts_after_a_compaction(&mut shim, &before, &got).await;
     })
     .await;
+}
+
+/// What Coda got while a compaction ran (`got`) says it, and still names the main thread's last request
+/// (`before`'s): the summarising request (9999 tokens) is none of the main thread's, the estimate after it no
+/// request's context. The next turn names its own request and keeps the compaction.
+async fn the_facts_after_a_compaction(shim: &mut Shim, before: &Value, got: &crate::relay::testing::Driven) {
+    let agent = shim.agent;
+    let updates = updates(got, &shim.session);
+    let compacted = updates
+        .iter()
+        .filter_map(coda)
+        .find(|f| f.get("compactedAt").is_some())
+        .unwrap_or_else(|| panic!("{agent}: an update with compactedAt: {:?}", got.to_client))
+        .clone();
+    assert_eq!(compacted["lastRequestAt"], before["lastRequestAt"], "{agent}: {compacted}");
+    assert_eq!(compacted["contextTokens"], 1234, "{agent}: {compacted}");
+    for f in updates.iter().filter_map(coda) {
+        assert_ne!(f["contextTokens"], 9999, "{agent}: the summarising request is no context: {f}");
+    }
+    let after = turn(shim, 777).await;
+    assert_eq!(after["contextTokens"], 777, "{agent}: {after}");
+    assert_eq!(after["compactedAt"], compacted["compactedAt"], "{agent}: {after}");
+    assert_ne!(after["lastRequestAt"], before["lastRequestAt"], "{agent}: {after}");
 }
 
 /// A compaction Coda asks for between turns: its summarising request is none of the main thread's, and the
@@ -141,18 +150,7 @@ async fn after_a_compaction_coda_asked_for_the_facts_still_name_the_last_request
         got.to_client.extend(shim.fake("_fake/compacted").await.to_client);
         let answered = answer(&got, compact).unwrap_or_else(|| panic!("{agent}: {:?}", got.to_client));
         assert_eq!(answered["result"]["compacted"], true, "{agent}: {answered}");
-        let updates = updates(&got, &session);
-        let compacted = updates
-            .iter()
-            .filter_map(coda)
-            .find(|f| f.get("compactedAt").is_some())
-            .unwrap_or_else(|| panic!("{agent}: an update with compactedAt: {:?}", got.to_client));
-        assert_eq!(compacted["lastRequestAt"], before["lastRequestAt"], "{agent}: {compacted}");
-        assert_eq!(compacted["contextTokens"], 1234, "{agent}: {compacted}");
-        let after = turn(&mut shim, 777).await;
-        assert_eq!(after["contextTokens"], 777, "{agent}: {after}");
-        assert_eq!(after["compactedAt"], compacted["compactedAt"], "{agent}: {after}");
-        assert_ne!(after["lastRequestAt"], before["lastRequestAt"], "{agent}: {after}");
+        the_facts_after_a_compaction(&mut shim, &before, &got).await;
     })
     .await;
 }
