@@ -15,19 +15,16 @@
 //!   (`$GROK_HOME/logs/unified.jsonl`, `shell.turn.inference_retry {attempt, max_retries, kind, reason}`) says
 //!   no more than `retry_state`, and the session's `chat_history.jsonl` nothing of the failure.
 //!
-//! So: a -32003 answer is classified by the upstream's own code in its reason (`insufficient_quota` ->
-//! `quota_exhausted`, `rate_limit_exceeded` -> `service_unavailable`); each `retrying` report is a retry of the
-//! running turn, and output of the turn is its progress, for the engine's one-minute rule
-//! ([`crate::coda::failure`]), which stops the run and answers with the last retry's reason, classified the same
-//! way. Where the reason quotes no code, the upstream's status 503 is
-//! itself the explicit reason (RFC 9110: the server is temporarily unable to handle the request, overloaded or in
-//! maintenance): `service_unavailable`. Other statuses without a code (500, 502) and a dropped connection stay
-//! plain errors. Grok does not say how long it meant to wait, so no `retryAfterMs`.
+//! So: the upstream's code and status in a reason (a -32003 answer's `data`, a retry's `reason`) are what Grok
+//! passes on of the upstream's reason, read by the rule all binaries share ([`failure::upstream`]); each
+//! `retrying` report is a retry of the running turn, and output of the turn is its progress, for the engine's
+//! one-minute rule ([`crate::coda::failure`]), which stops the run and answers with the last retry's reason. Grok
+//! does not say how long it meant to wait, so no `retryAfterMs`.
 
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
-use crate::coda::failure::{self, Failure, Kind, REASON_MAX, Retry, Signal, Signals, Verdict};
+use crate::coda::failure::{self, Failure, REASON_MAX, Retry, Signal, Signals, Verdict};
 use crate::frame::Frame;
 use serde_json::{Value, json};
 
@@ -45,7 +42,7 @@ pub struct Reason {
 
 /// Reads `API error (status 429 Too Many Requests): insufficient_quota: You exceeded …`.
 pub fn parse_reason(reason: &str) -> Reason {
-    let text = failure::clip(reason, REASON_MAX);
+    let text = reason.to_owned();
     let Some(rest) = reason.strip_prefix("API error (status ") else {
         return Reason { status: None, code: None, text };
     };
@@ -61,31 +58,11 @@ pub fn parse_reason(reason: &str) -> Reason {
     Reason { status, code, text }
 }
 
-/// The kind a reason names, in Grok's error answers and in the retries the shim stops: the upstream's code where
-/// Grok quotes one, else the upstream's status 503 (Service Unavailable: by definition a temporary failure of the
-/// server). A 429 without a code may be a quota or a rate limit and a status never names a quota; Grok's
-/// `error_type` and its own words for a body it could not read ("Grok is temporarily unavailable", for a 502 page
-/// too) are no upstream reason: so a 500 or 502 without a code stays a plain error.
-pub fn kind_of(reason: &Reason) -> Option<Kind> {
-    match (reason.code.as_deref().and_then(kind_of_code), reason.status) {
-        (Some(kind), _) => Some(kind),
-        (None, Some(503)) => Some(Kind::SERVICE),
-        (None, _) => None,
-    }
-}
-
-/// The kind an upstream code names, if it names one Coda knows.
-fn kind_of_code(code: &str) -> Option<Kind> {
-    match code {
-        // OpenAI's and Moonshot's quota codes.
-        "insufficient_quota" | "exceeded_current_quota_error" => Some(Kind::Quota),
-        "rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error" => Some(Kind::SERVICE),
-        _ => None,
-    }
-}
-
-fn verdict(reason: &Reason) -> Verdict {
-    kind_of(reason).map_or(Verdict::Plain, Verdict::Kind)
+/// What a reason names ([`failure::upstream`]): the upstream's code where Grok quotes one, else the upstream's
+/// status. Grok's `error_type` and its own words for a body it could not read ("Grok is temporarily unavailable",
+/// for a 502 page too) are no upstream reason: so a 500 or 502 without a code stays a plain error.
+pub fn verdict(reason: &Reason) -> Verdict {
+    failure::upstream(reason.code.as_deref(), reason.status.map(u64::from))
 }
 
 /// Where Grok's failure signals are: its `retry_state` notifications and its error answers.
@@ -131,7 +108,7 @@ impl Signals for Grok {
         let data = error.get("data").and_then(Value::as_str)?;
         // Seen live: a 401 is `-32603 "Internal error"` with `Unauthorized (401) from <url>: …`: a login problem.
         if data.starts_with("Unauthorized (401)") {
-            let message = failure::clip(data.lines().next().unwrap_or(data), REASON_MAX);
+            let message = data.lines().next().unwrap_or(data).to_owned();
             let data = Some(json!({"grok": {"data": failure::clip(data, REASON_MAX)}}));
             return Some(Failure { verdict: Verdict::Auth, message, data });
         }
@@ -139,9 +116,9 @@ impl Signals for Grok {
             return None;
         }
         let reason = parse_reason(data);
-        let kind = kind_of(&reason)?;
-        let data = Some(json!({"grok": {"code": RATE_LIMITED, "data": data}}));
-        Some(Failure { verdict: Verdict::Kind(kind), message: reason.text, data })
+        let verdict = verdict(&reason);
+        let data = Some(json!({"grok": {"code": RATE_LIMITED, "data": failure::clip(data, REASON_MAX)}}));
+        (verdict != Verdict::Plain).then_some(Failure { verdict, message: reason.text, data })
     }
 
     fn retrying(&self, retry: &Retry, _: Duration) -> String {
@@ -204,7 +181,7 @@ mod tests {
         // Bad input: a short or odd prefix, a 20 KB reason, non-ASCII.
         assert_eq!(parse_reason("API error (status 4").status, None);
         let long = format!("API error (status 503 x): {}", "é".repeat(10_000));
-        assert!(parse_reason(&long).text.len() <= REASON_MAX + 3);
+        assert_eq!(parse_reason(&long).status, Some(503));
     }
 
     #[test]
@@ -306,12 +283,12 @@ mod tests {
         );
         // The same words for a 502 page, or a 500 without a code: no explicit reason.
         let page = "API error (status 502 Bad Gateway): Grok is temporarily unavailable. Please try again in a moment. (HTTP 502).";
-        assert_eq!(kind_of(&parse_reason(page)), None);
-        assert_eq!(kind_of(&parse_reason(SERVER)), None);
+        assert_eq!(verdict(&parse_reason(page)), Verdict::Plain);
+        assert_eq!(verdict(&parse_reason(SERVER)), Verdict::Plain);
         // A status only where Grok writes one: three digits, then its text.
         assert_eq!(parse_reason("API error (status 5031 x): y").status, None);
         assert_eq!(parse_reason("API error (status 503): y").status, Some(503));
-        assert_eq!(kind_of(&parse_reason("upstream said 503 Service Unavailable")), None);
+        assert_eq!(verdict(&parse_reason("upstream said 503 Service Unavailable")), Verdict::Plain);
     }
 
     #[test]
@@ -343,8 +320,8 @@ mod tests {
         h.advance(Duration::from_secs(120));
         assert!(h.to_agent().is_empty(), "output ended the retries");
         assert_eq!(h.next_wake(), None);
-        assert_eq!(kind_of(&parse_reason("error sending request: connection reset")), None);
-        assert_eq!(kind_of(&parse_reason(SERVER)), None);
-        assert_eq!(kind_of(&parse_reason(QUOTA)), Some(Kind::Quota));
+        assert_eq!(verdict(&parse_reason("error sending request: connection reset")), Verdict::Plain);
+        assert_eq!(verdict(&parse_reason(SERVER)), Verdict::Plain);
+        assert_eq!(verdict(&parse_reason(QUOTA)), Verdict::Kind(failure::Kind::Quota));
     }
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::adapters::kimi::facts::WireFacts;
 use crate::adapters::kimi::wire::{Record, Retrying};
-use crate::coda::failure::{self, Failure, Kind, REASON_MAX, Retry, Signal, Signals, Verdict};
+use crate::coda::failure::{self, Failure, Kind, Retry, Signal, Signals, Verdict};
 use crate::frame::Frame;
 use serde_json::{Value, json};
 
@@ -49,7 +49,7 @@ fn verdict_of(name: &str, code: &str) -> Verdict {
 /// A `turn.ended` error payload.
 pub fn classify(error: &Value) -> Failure {
     let (name, code) = (text(error, "name"), text(error, "code"));
-    let mut message = failure::clip(&text(error, "message"), REASON_MAX);
+    let mut message = text(error, "message");
     if message.trim().is_empty() {
         message = format!("Kimi's turn failed ({})", if name.is_empty() { &code } else { &name });
     }
@@ -384,7 +384,7 @@ mod tests {
         );
         h.from_agent(end_turn(9));
         let e = error(&h.to_client()[0]);
-        assert!(e["message"].as_str().is_some_and(|m| m.len() <= REASON_MAX + 3 && m.ends_with('…')));
+        assert!(e["message"].as_str().is_some_and(|m| m.len() <= failure::REASON_MAX + 3 && m.ends_with('…')));
         // A turn end with bad UTF-8 in its message is no record (the feed skips it with a warning).
         let mut line = br#"{"type":"turn.ended","agentId":"main","turnId":4,"reason":"failed","error":{"name":"APIProviderQuotaExhaustedError","message":"#.to_vec();
         line.extend_from_slice(b"\"bad \xff\xfe\"},\"time\":1}");

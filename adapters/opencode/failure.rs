@@ -5,20 +5,9 @@
 //! (a two-hour wait for a usage window is waited out); when the retries end, the prompt is answered with
 //! `-32603 "Internal error: <upstream message>"`, `data: {errorName: "APIError"}`: no status, no upstream code.
 //! The server's `session.error` carries them (`error.data.statusCode`, `responseBody`), so the layer classifies
-//! by the upstream's own error code in that body; the engine's failure layer holds an error answer until that
-//! event has come (at most [`failure::ANSWER_HOLD`]):
-//!
-//! | upstream code (`error.code` or `error.type` of the body) | Coda |
-//! | --- | --- |
-//! | `insufficient_quota`, `exceeded_current_quota_error` | `quota_exhausted` |
-//! | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | `service_unavailable`, `input: accepted` |
-//! | `invalid_api_key` (HTTP 401) | -32000 (a login problem) |
-//! | none, HTTP 503 (a body of plain text: "Service Unavailable: `<body>`") | `service_unavailable`, `input: accepted` |
-//! | none (a 502 page, a dropped connection) | the plain error |
-//!
-//! HTTP 503 is an explicit reason of its own (RFC 9110: the server is temporarily unable to handle the request,
-//! overloaded or in maintenance); no other status is (a 429 may be a quota or a rate limit, a status never names a
-//! quota).
+//! by the upstream's own error code in that body, else its status, by the rule all binaries share
+//! ([`failure::upstream`]); the engine's failure layer holds an error answer until that event has come (at most
+//! [`failure::ANSWER_HOLD`]). Without either (a 502 page, a dropped connection) the answer stays the plain error.
 //!
 //! Each retry is one for the engine's one-minute rule ([`crate::coda::failure`]), stamped with the time it was
 //! read and the wait to the attempt OpenCode scheduled; a run the rule stops is answered with the reason and the
@@ -36,7 +25,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
-use crate::coda::failure::{self, Failure, Kind, REASON_MAX, Retry, Signal, Signals, Verdict};
+use crate::coda::failure::{self, Failure, Kind, Retry, Signal, Signals, Verdict};
 use crate::frame::Frame;
 use serde_json::{Value, json};
 
@@ -50,13 +39,9 @@ pub struct Upstream {
     pub code: Option<String>,
 }
 
-/// What a failed run is for Coda: the upstream's code, else its status 503.
+/// What a failed run is for Coda: what the upstream's code, else its status, names ([`failure::upstream`]).
 fn verdict(upstream: &Upstream) -> Verdict {
-    match (upstream.code.as_deref().map(kind_of), upstream.status) {
-        (Some(v @ (Verdict::Kind(_) | Verdict::Auth)), _) => v,
-        (_, Some(503)) => Verdict::Kind(Kind::SERVICE),
-        _ => Verdict::Plain,
-    }
+    failure::upstream(upstream.code.as_deref(), upstream.status)
 }
 
 /// The kind of a run the shim stopped, from the message of OpenCode's last retry (see the module's notes): only
@@ -69,17 +54,6 @@ fn kind_of_retry(message: &str) -> Verdict {
 
 /// Node's `STATUS_CODES[503]`, which OpenCode writes for the status of a body it could not read.
 const SERVICE_UNAVAILABLE: &str = "Service Unavailable";
-
-fn kind_of(code: &str) -> Verdict {
-    match code {
-        "insufficient_quota" | "exceeded_current_quota_error" => Verdict::Kind(Kind::Quota),
-        "rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error" => {
-            Verdict::Kind(Kind::SERVICE)
-        }
-        "invalid_api_key" => Verdict::Auth,
-        _ => Verdict::Plain,
-    }
-}
 
 /// Reads `session.error`'s `error` (`{name, data: {message, statusCode, responseBody}}`); the body is the
 /// upstream's answer as text, read for its `error.code` or `error.type` (bounded: bodies over 64 KiB are not read).
@@ -145,11 +119,7 @@ impl Signals for OpenCode {
         let message = error.get("message").and_then(Value::as_str).unwrap_or(&upstream.message);
         let verdict = verdict(&upstream);
         // Without an explicit reason the answer stays as OpenCode gave it.
-        (verdict != Verdict::Plain).then(|| Failure {
-            verdict,
-            message: failure::clip(message, REASON_MAX),
-            data: Some(data),
-        })
+        (verdict != Verdict::Plain).then(|| Failure { verdict, message: message.to_owned(), data: Some(data) })
     }
 
     fn retrying(&self, r: &Retry, _: Duration) -> String {
@@ -393,7 +363,7 @@ mod tests {
         let u = upstream_of(&json!({"name":"APIError","data":{"responseBody":huge,"statusCode":1e300}}));
         assert_eq!((u.code, u.status), (None, None));
         let u = upstream_of(&json!({"data":{"responseBody":"{\"error\":{\"code\":\"\u{fffd}bad\"}}"}}));
-        assert!(matches!(kind_of(u.code.as_deref().unwrap_or_default()), Verdict::Plain));
+        assert_eq!(verdict(&u), Verdict::Plain);
         let u = upstream_of(&json!("not an object"));
         assert_eq!(u.name, "");
         let mut h = harness();
@@ -401,6 +371,6 @@ mod tests {
         assert_eq!(retry(&mut h, 5, 1, &"é".repeat(20_000), Some(u64::MAX)).len(), 1, "stopped");
         h.from_agent(json!({"jsonrpc":"2.0","id":9,"result":{"stopReason":"cancelled"}}));
         let e = error_v(&h.to_client()[0]);
-        assert!(e["message"].as_str().is_some_and(|m| m.len() < REASON_MAX + 200), "{e}");
+        assert!(e["message"].as_str().is_some_and(|m| m.len() < failure::REASON_MAX + 200), "{e}");
     }
 }

@@ -117,13 +117,39 @@ pub struct Failure {
 }
 
 impl Failure {
-    /// The answer to prompt `id`.
+    /// The answer to prompt `id`: the reason cut to [`REASON_MAX`].
     pub fn answer(&self, id: &Id) -> Frame {
+        let message = clip(&self.message, REASON_MAX);
         match &self.verdict {
-            Verdict::Kind(kind) => answer(id, &self.message, Some(kind), self.data.clone()),
-            Verdict::Auth => frame::error_response(id, -32000, &self.message, self.data.clone()),
-            Verdict::Plain => answer(id, &self.message, None, self.data.clone()),
+            Verdict::Kind(kind) => answer(id, &message, Some(kind), self.data.clone()),
+            Verdict::Auth => frame::error_response(id, -32000, &message, self.data.clone()),
+            Verdict::Plain => answer(id, &message, None, self.data.clone()),
         }
+    }
+}
+
+/// What an upstream's own reason names, as a CLI passes it on: its error code (`error.code`, else `error.type`,
+/// of an OpenAI-shaped error body, which OpenAI, Moonshot and xAI write) first, else its HTTP status 503 (RFC
+/// 9110: the server is temporarily unable to handle the request, overloaded or in maintenance). No other status
+/// names a kind: a 429 may be a quota or a rate limit, a 403 a login problem (额度不足: never from a status
+/// alone). A rejected key is a login problem, never a kind.
+///
+/// | upstream code | status | what it is |
+/// | --- | --- | --- |
+/// | `insufficient_quota`, `exceeded_current_quota_error` | any | `quota_exhausted` |
+/// | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | any | `service_unavailable` |
+/// | `invalid_api_key` | any | a login problem (-32000) |
+/// | another, or none | 503 | `service_unavailable` |
+/// | another, or none | another, or none | a plain error |
+pub fn upstream(code: Option<&str>, status: Option<u64>) -> Verdict {
+    match code {
+        Some("insufficient_quota" | "exceeded_current_quota_error") => Verdict::Kind(Kind::Quota),
+        Some("rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error") => {
+            Verdict::Kind(Kind::SERVICE)
+        }
+        Some("invalid_api_key") => Verdict::Auth,
+        _ if status == Some(503) => Verdict::Kind(Kind::SERVICE),
+        _ => Verdict::Plain,
     }
 }
 
@@ -370,10 +396,11 @@ impl<S: Signals> FailureKinds<S> {
             }
             other => other.clone(),
         };
+        // Both parts cut so that the whole stays within [`REASON_MAX`] and its last line is said.
         let message = format!(
             "{}\n{}: stopped after over a minute of retries.",
-            clip(&last.reason, REASON_MAX),
-            self.cli.retrying(&last, waited)
+            clip(&last.reason, REASON_MAX / 2),
+            clip(&self.cli.retrying(&last, waited), REASON_MAX / 4)
         );
         turn.stopped = Some(Failure { verdict, message, data: last.data });
         cx.cancel(&Check::Patience { turn: key, generation: turn.generation });
@@ -636,6 +663,29 @@ mod tests {
         assert_eq!(e["data"]["_meta"], json!({"coda": {"failure": {"kind": "quota_exhausted"}}}));
         let auth = Failure { verdict: Verdict::Auth, message: "log in".into(), data: None };
         assert_eq!(error(&auth.answer(&Id::from_json("2"))), json!({"code": -32000, "message": "log in"}));
+    }
+
+    #[test]
+    fn an_upstream_code_names_the_kind_and_of_the_statuses_only_503_does() {
+        assert_eq!(upstream(Some("insufficient_quota"), Some(429)), Verdict::Kind(Kind::Quota));
+        assert_eq!(upstream(Some("rate_limit_exceeded"), Some(429)), Verdict::Kind(Kind::SERVICE));
+        assert_eq!(upstream(Some("invalid_api_key"), Some(503)), Verdict::Auth);
+        assert_eq!(upstream(None, Some(503)), Verdict::Kind(Kind::SERVICE));
+        assert_eq!(upstream(Some("context_length_exceeded"), Some(503)), Verdict::Kind(Kind::SERVICE));
+        for status in [None, Some(429), Some(403), Some(500), Some(502), Some(529)] {
+            assert_eq!(upstream(None, status), Verdict::Plain, "{status:?}");
+            assert_eq!(upstream(Some("unknown_code"), status), Verdict::Plain, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_in_every_answer() {
+        let long = "é".repeat(10_000);
+        for verdict in [Verdict::Kind(Kind::Quota), Verdict::Auth, Verdict::Plain] {
+            let f = Failure { verdict, message: long.clone(), data: None };
+            let m = error(&f.answer(&Id::from_json("1")))["message"].as_str().unwrap_or_default().to_owned();
+            assert!(m.len() <= REASON_MAX + 3 && m.ends_with('…'), "{}", m.len());
+        }
     }
 
     #[test]
