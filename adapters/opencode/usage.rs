@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, per_root};
 use crate::layer::Cx;
 
 /// One assistant message of OpenCode's (a model request), as the server's `message.updated` says it.
@@ -141,9 +141,9 @@ pub struct Contexts {
     by_session: HashMap<String, Context>,
 }
 
-impl Contexts {
-    pub fn step(&mut self, s: &Step) {
-        let c = self.by_session.entry(s.session.clone()).or_default();
+impl Context {
+    fn step(&mut self, s: &Step) {
+        let c = self;
         if s.summary {
             if let Some(done) = s.completed_ms {
                 c.summary_ms = Some(done);
@@ -157,6 +157,19 @@ impl Contexts {
         }
         if let Some(t) = s.tokens.filter(|t| *t > 0) {
             c.baseline = Some(c.baseline.map_or(t, |b| b.min(t)));
+        }
+    }
+}
+
+impl Contexts {
+    pub fn step(&mut self, s: &Step) {
+        self.by_session.entry(s.session.clone()).or_default().step(s);
+    }
+
+    /// A step of a root session only: the table follows the engine's roots ([`per_root`]).
+    pub fn root_step(&mut self, s: &Step, cx: &Cx) {
+        if let Some(c) = per_root(&mut self.by_session, &s.session, cx, |_| false) {
+            c.step(s);
         }
     }
 
@@ -176,14 +189,6 @@ impl Contexts {
         Some(c.baseline? + c.summary_output?)
     }
 
-    pub fn forget(&mut self, session: &str) {
-        self.by_session.remove(session);
-    }
-
-    /// Keeps the sessions `keep` says.
-    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.by_session.retain(|s, _| keep(s));
-    }
 }
 
 fn at_ms(ms: u64) -> Option<SystemTime> {
@@ -272,19 +277,10 @@ impl Source for OpenCode {
             ServerEvent::Step(s) => {
                 self.record.handled(&e, cx.wall());
                 // Only a root's steps (a subagent's child session is never one).
-                if cx.session(&s.session).is_some_and(|s| s.is_root()) {
-                    // One context per root: a closed session's is forgotten when a new one comes.
-                    if self.contexts.of(&s.session).is_none() {
-                        self.contexts.retain(|session| cx.session(session).is_some_and(|s| s.is_root()));
-                    }
-                    self.contexts.step(s);
-                }
+                self.contexts.root_step(s, cx);
             }
             ServerEvent::Compacted { session } => {
                 self.record.handled(&e, cx.wall());
-                if !cx.session(session).is_some_and(|s| s.is_root()) {
-                    return;
-                }
                 let when = self.contexts.of(session).and_then(|c| c.summary_ms).and_then(at_ms).unwrap_or(cx.wall());
                 out.push((session.clone(), Fact::Compacted(when)));
                 // The estimate of the compacted context is OpenCode's count from now on (`used`), until it says
