@@ -1,7 +1,8 @@
 //! Live: usage facts after `session/load` in a fresh process (section 用量里的数据), on each real CLI against the
 //! fake model. One shim process makes a session, runs a turn and compacts it; a second loads it and runs a turn:
 //! the first `_meta.coda` Coda gets from the second names the compaction the first made, read from what the CLI
-//! keeps (Codex's rollout file, Kimi's wire, Grok's session folder, OpenCode's server).
+//! keeps (Codex's rollout file, Kimi's wire, Grok's session folder, OpenCode's server), and the second turn's own
+//! request.
 //!
 //! Opt-in: `CODA_LIVE=1 cargo test --test all facts_live:: -- --nocapture --test-threads 1` (after
 //! `scripts/install-clis`); `CODA_LIVE_AGENTS` limits the agents.
@@ -138,6 +139,9 @@ fn run(agent: &str) {
         "{agent}: compactedAt live {live_at}, after the load {loaded_at} ({off} ms apart); first facts {first_facts}"
     );
     assert!(off.abs() < 2000, "{agent}: the same compaction");
+    // The turn after the load sent its own request, after the compaction: never the one kept from before it.
+    let request = first_facts.get("lastRequestAt").unwrap_or_else(|| panic!("{agent}: {first_facts}"));
+    assert!(instant_ms(request) > instant_ms(&live_at), "{agent}: the turn's own request: {first_facts}");
     second.end();
 }
 

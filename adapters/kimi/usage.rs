@@ -129,9 +129,10 @@ impl Source for Kimi {
     fn on_event(&mut self, facts: WireFacts, cx: &mut Cx, out: &mut Said) {
         let session = facts.session;
         let Some(s) = self.session(&session, cx) else { return };
+        // The watch reads this session's wire (its first hand-off may hold no record): its turns' ends will show.
+        s.wired = true;
         let mut say = |fact| out.push((session.clone(), fact));
         for entry in facts.entries {
-            s.wired = true;
             let at = wire_time(entry.time);
             match entry.record {
                 Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_user()),

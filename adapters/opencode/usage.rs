@@ -188,7 +188,6 @@ impl Contexts {
         let c = self.of(session)?;
         Some(c.baseline? + c.summary_output?)
     }
-
 }
 
 fn at_ms(ms: u64) -> Option<SystemTime> {

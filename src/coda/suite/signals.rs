@@ -61,6 +61,8 @@ struct Script {
     /// server says no failure.
     late: bool,
     waiting: Vec<(String, Vec<Value>)>,
+    /// Kimi: the sessions whose watch has begun.
+    watched: Vec<String>,
 }
 
 /// A fake CLI ([`Fake`]) with the script's failures and usage facts.
@@ -384,6 +386,7 @@ impl Scripted {
             messages: 0,
             late: false,
             waiting: Vec::new(),
+            watched: Vec::new(),
         };
         Scripted { fake: Fake::new(cli, Compacts::Ends), script: Arc::new(Mutex::new(script)) }
     }
@@ -411,6 +414,12 @@ impl Scripted {
         let mut s = self.script.lock().expect("lock");
         match (method.as_str(), id) {
             ("session/prompt", Some(id)) => {
+                // Kimi: coda-kimi's watch of the session has begun (with no record read yet), as its activity
+                // layer tells the layers below once the session is open.
+                if s.cli == Cli::Kimi && !s.watched.contains(&session) {
+                    s.watched.push(session.clone());
+                    s.tap.send(Some(WireFacts { session: session.clone(), entries: Vec::new() }));
+                }
                 // Kimi refuses a second prompt while a turn runs (Grok queues it, this script runs it at once).
                 if s.cli == Cli::Kimi && s.held.iter().any(|h| h.session == session) {
                     return vec![error(&id, json!({"code":-32600,"message":"turn.agent_busy"}))];
@@ -469,6 +478,7 @@ impl Scripted {
             ("session/load", Some(id)) if session == "gone" => {
                 return vec![error(&id, json!({"code":-32603,"message":"Resource not found: gone"}))];
             }
+
             ("_fake/emit", Some(id)) => {
                 let line = params.get("line").and_then(Value::as_str).unwrap_or_default().to_owned();
                 return vec![line, result(&id, json!({}))];

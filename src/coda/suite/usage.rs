@@ -263,6 +263,36 @@ async fn facts_after_session_load_in_a_fresh_process_come_from_what_the_cli_kept
     .await;
 }
 
+/// Kimi's wire shows the first turn after a load a little after Kimi answers it: that turn's update waits for it
+/// and names the turn's own request, never the one kept from before the load.
+#[tokio::test(start_paused = true)]
+async fn the_first_turn_after_a_load_names_its_own_request_when_the_records_come_late() {
+    every(&["kimi"], |agent| async move {
+        let home = tempfile::tempdir().expect("a data folder");
+        let (mut shim, cli) = Shim::scripted_with(agent, Some(home.path().to_path_buf())).await;
+        let at = CLI_CLOCK - 3_600_000;
+        let session = keep(agent, home.path(), &cli.fake, at);
+        let params = json!({"sessionId": session, "cwd": "/work/app", "mcpServers": []});
+        let load = shim.call("session/load", params).await;
+        assert!(load.get("result").is_some(), "{agent}: {load}");
+        shim.session = session.to_owned();
+        cli.late_ends(true);
+        let prompt = shim.prompt("a turn [[turn:1234]]");
+        let got = shim.pair.drive_for(Duration::from_millis(100)).await;
+        assert!(updates(&got, session).is_empty(), "{agent}: the update waits for the wire: {:?}", got.to_client);
+        cli.late_ends(false);
+        cli.end_turn(session);
+        let got = shim.drive().await;
+        assert!(answer(&got, prompt).is_some(), "{agent}: {:?}", got.to_client);
+        let updates = updates(&got, session);
+        let facts = updates.first().and_then(coda).unwrap_or_else(|| panic!("{agent}: {:?}", got.to_client));
+        assert_eq!(facts["contextTokens"], 1234, "{agent}: {facts}");
+        let kept = crate::coda::usage::iso(std::time::UNIX_EPOCH + Duration::from_millis(at - 60_000));
+        assert_ne!(facts["lastRequestAt"].as_str(), kept.as_deref(), "{agent}: {facts}");
+    })
+    .await;
+}
+
 /// A session the CLI keeps nothing of (a load in a fresh process): no fact is made up, and the live ones come.
 #[tokio::test(start_paused = true)]
 async fn a_loaded_session_the_cli_kept_nothing_of_gets_only_live_facts() {
