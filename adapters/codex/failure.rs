@@ -57,7 +57,7 @@ pub fn mark_reset_time(message: &str, tz: &TimeZone, today: Date) -> String {
     let end = rest.find(['.', '\n']).unwrap_or(rest.len());
     let phrase = rest[..end].trim();
     let Some(utc) = reset_instant(phrase, tz, today) else { return message.to_owned() };
-    format!("{}<t:{}>{}", &message[..at], utc.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"), &rest[end..])
+    format!("{}{}{}", &message[..at], crate::coda::failure::time_mark(utc), &rest[end..])
 }
 
 fn reset_instant(phrase: &str, tz: &TimeZone, today: Date) -> Option<jiff::Timestamp> {

@@ -135,7 +135,7 @@ impl Source for Kimi {
         for entry in facts.entries {
             let at = wire_time(entry.time);
             match entry.record {
-                Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_user()),
+                Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_client()),
                 Record::TurnEnded { .. } => match s.turn.take() {
                     // A client turn of a prompt not counted here (none is expected) counts for no later one.
                     Some(true) => s.ended = (s.ended + 1).min(s.sent),
@@ -329,6 +329,23 @@ mod tests {
         h.from_agent(json!({"jsonrpc":"2.0","id":4,"error":{"code":-32600,"message":"turn.agent_busy"}}));
         h.from_agent(usage_update(905));
         assert_eq!(h.to_client().len(), 2, "the error and the update, at once");
+    }
+
+    /// A skill's slash command runs a turn of origin `skill_activation` for the prompt: Kimi's own update follows
+    /// it, which waits for that turn as for any prompt's, and the shim sends none of its own.
+    #[test]
+    fn a_skills_turn_is_the_prompts_turn() {
+        let mut h = rig();
+        wire(&mut h, &[]);
+        h.from_client(prompt(2, "/skill:review the diff"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        h.from_agent(usage_update(905));
+        assert_eq!(h.to_client().len(), 1, "the update waits for the skill's turn");
+        wire(&mut h, &turn("skill_activation", 0, 3_000_000, 900));
+        let out = h.to_client();
+        assert_eq!(out.len(), 1, "Kimi's update, stamped; no update of the shim's: {out:?}");
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 900);
+        assert_eq!(h.next_wake(), None);
     }
 
     #[test]
