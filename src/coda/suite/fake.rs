@@ -129,7 +129,8 @@ pub struct Read {
 
 /// The line, if it is JSON.
 pub fn read(line: &str) -> Option<Read> {
-    let msg = crate::json::from_str::<Value>(line).ok()?;
+    // Read as a CLI in JavaScript reads it: a lone surrogate escape is a character.
+    let msg = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(line.as_bytes())).ok()?;
     let method = msg.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
     let id = msg.get("id").map(Value::to_string);
     let params = msg.get("params").cloned().unwrap_or(Value::Null);

@@ -365,6 +365,40 @@ async fn a_cli_that_dies_while_an_update_waits_leaves_nothing_held() {
     .await;
 }
 
+/// Loads of session ids that are paths out of the CLI's data folder to a session kept beside it, huge, or hold a
+/// lone surrogate: what the CLI keeps is read inside its data folder only, and nothing is made of them.
+#[tokio::test(start_paused = true)]
+async fn hostile_session_ids_at_load_read_nothing_outside_and_never_panic() {
+    every(&REPORTING, |agent| async move {
+        let home = tempfile::tempdir().expect("a data folder");
+        let (mut shim, cli) = Shim::scripted_with(agent, Some(home.path().join("data"))).await;
+        std::fs::create_dir_all(home.path().join("data")).expect("a data folder");
+        let kept = keep(agent, &home.path().join("data"), &cli.fake, CLI_CLOCK - 3_600_000);
+        std::fs::rename(home.path().join("data"), home.path().join("outside")).expect("moved out");
+        std::fs::create_dir_all(home.path().join("data/sessions/wd_app_0123456789ab")).expect("an empty data folder");
+        let mut ids = vec!["s".repeat(100_000), r"\ud800".to_owned()];
+        for dots in ["../", "../../", "../../../"] {
+            for within in ["", "sessions/", "sessions/wd_app_0123456789ab/", "sessions/%2Fwork%2Fapp/"] {
+                ids.push(format!("{dots}outside/{within}{kept}"));
+            }
+        }
+        for id in ids {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":"load","method":"session/load","params":{{"sessionId":"{id}","cwd":"/work/app","mcpServers":[]}}}}"#
+            );
+            shim.pair.send(&line);
+            let got = shim.drive().await;
+            let answered = got.client_json().into_iter().find(|v| v["id"] == "load");
+            assert!(answered.is_some_and(|a| a.get("result").is_some()), "{agent}: {id:.60}: {:?}", got.to_client);
+            let got = emit(&mut shim, &usage_line(&id, "5")).await;
+            let kept = got.client_json().into_iter().find_map(|v| v.pointer("/params/update/_meta/coda").cloned());
+            let compacted = kept.as_ref().and_then(|f| f.get("compactedAt"));
+            assert_eq!(compacted, None, "{agent}: {id:.60}: nothing read outside the data folder: {kept:?}");
+        }
+    })
+    .await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn hostile_updates_pass_on_and_never_panic() {
     every(&REPORTING, |agent| async move {
