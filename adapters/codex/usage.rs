@@ -34,7 +34,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::{Frame, Needle};
 use crate::layer::Cx;
 
@@ -109,9 +109,6 @@ pub struct Codex {
 /// `archived_sessions/`), named `rollout-<time>-<session>.jsonl`, opened inside `home` only ([`crate::inside`]: a
 /// link on the way is no folder and no rollout).
 fn rollout(home: &Path, session: &str) -> Option<std::fs::File> {
-    if session.is_empty() || session.contains(['/', '\\']) || session.starts_with('.') {
-        return None;
-    }
     let suffix = format!("-{session}.jsonl");
     let in_day = |day: &Folder| {
         let entries = day.entries().into_iter();
@@ -172,8 +169,7 @@ impl Source for Codex {
     type Event = std::convert::Infallible;
 
     fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
-        let (home, session) = (self.home.clone()?, session.to_owned());
-        Some(Box::new(move || history(&home, &session)))
+        in_folder(self.home.as_deref(), session, history)
     }
 
     /// Coda's prompt on its way to codex-acp: the main thread's request starts now (the shim's own `/compact`

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::{Frame, Kind, Needle};
 use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
@@ -116,9 +116,6 @@ pub struct Grok {
 /// not followed): the last request, by the same stamps as live, and the last compaction.
 pub fn history(home: &Path, session: &str) -> Facts {
     let mut facts = Facts::default();
-    if session.is_empty() || session.contains(['/', '\\']) || session.starts_with('.') {
-        return facts;
-    }
     // Inside `home` only ([`crate::inside`]): a link on the way is not followed.
     let sessions = std::fs::canonicalize(home).ok().and_then(|h| Folder::open(&h).ok()?.folder("sessions").ok());
     let Some(sessions) = sessions else { return facts };
@@ -156,8 +153,7 @@ impl Source for Grok {
     type Event = std::convert::Infallible;
 
     fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
-        let (home, session) = (self.home.clone()?, session.to_owned());
-        Some(Box::new(move || history(&home, &session)))
+        in_folder(self.home.as_deref(), session, history)
     }
 
     fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {

@@ -180,6 +180,22 @@ pub trait Source: Send + 'static {
     }
 }
 
+/// The [`LoadJob`] that reads with `read` what a CLI keeps of `session` under its data folder `home`; None without
+/// a folder, or for an id that is no plain file name (empty, over 255 bytes, a path, or `.`-led): that is never
+/// looked for.
+pub fn in_folder(
+    home: Option<&std::path::Path>,
+    session: &str,
+    read: fn(&std::path::Path, &str) -> Facts,
+) -> Option<LoadJob> {
+    let plain = !session.is_empty()
+        && session.len() <= 255
+        && !session.contains(['/', '\\', '\0'])
+        && !session.starts_with('.');
+    let (home, session) = (home?.to_path_buf(), plain.then(|| session.to_owned())?);
+    Some(Box::new(move || read(&home, &session)))
+}
+
 /// The most of a CLI's record of a session read at load: its last 64 MiB.
 pub const HISTORY_MAX: u64 = 64 << 20;
 
@@ -545,6 +561,20 @@ mod tests {
         assert_eq!(f.to_json().get("cacheTtl"), Some(&json!("PT1H")));
         f.cache_ttl = Some("x".repeat(5000));
         assert!(f.to_json().get("cacheTtl").is_none());
+    }
+
+    #[test]
+    fn only_a_plain_file_name_is_looked_for_in_a_data_folder() {
+        fn kept(_: &std::path::Path, _: &str) -> Facts {
+            Facts { context_tokens: Some(1), ..Facts::default() }
+        }
+        let home = std::path::Path::new("/nowhere");
+        assert!(in_folder(None, "s1", kept).is_none(), "no folder");
+        for bad in ["", ".", "..", ".hidden", "a/b", "../x", "a\\b", "a\0b", &"s".repeat(256)] {
+            assert!(in_folder(Some(home), bad, kept).is_none(), "{bad:.20}");
+        }
+        let job = in_folder(Some(home), "019ae2f1-7c0f-7fee-8000-000000000001", kept).expect("a plain name");
+        assert_eq!(job().context_tokens, Some(1));
     }
 
     #[test]
