@@ -4,10 +4,16 @@
 //!
 //! - [`compact`]: 压缩上下文 on the four binaries.
 //! - [`steering`]: 插话 on the three that declare it (coda-kimi does not: Kimi cannot steer over ACP).
+//! - [`cancel`]: ACP's `$/cancel_request` where a layer holds, answers or makes a request, on every binary.
+//! - [`close`]: `session/close` ends the session's work in the shim too, on every binary.
+//! - [`instruction`]: `systemPrompt` as ACP now specifies it, on every binary.
 
 pub mod fake;
 
+mod cancel;
+mod close;
 mod compact;
+mod instruction;
 mod steering;
 
 use serde_json::{Value, json};
@@ -20,6 +26,8 @@ use fake::{Cli, Compacts, Fake};
 /// Coda's real-size session instruction.
 pub const INSTRUCTION: &str = include_str!("../../../fixtures/coda-instruction.md");
 
+/// Every binary (coda-acp over an agent with the standard methods only).
+pub const EVERY: [&str; 5] = ["codex", "kimi", "grok", "opencode", "acp"];
 /// The binaries that declare compaction, and steering.
 pub const COMPACTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
 pub const STEERING: [&str; 3] = ["codex", "grok", "opencode"];
@@ -31,6 +39,8 @@ pub struct Shim {
     pub fake: Fake,
     /// The session opened by [`Shim::start`].
     pub session: String,
+    /// The answer to Coda's `initialize`.
+    pub init: Value,
     next_id: i64,
 }
 
@@ -39,6 +49,9 @@ fn stack(agent: &str, fake: &Fake) -> (Stack, tokio::sync::mpsc::UnboundedReceiv
     let command = AgentCommand { program: "fake-cli".into(), args: Vec::new() };
     if agent == "opencode" {
         return crate::adapters::opencode::test_stack(&command, opencode_side(fake));
+    }
+    if agent == "acp" {
+        return crate::adapters::acp::adapter(None).stack(&command, None);
     }
     let adapter = crate::adapters::by_agent(agent).expect("an adapter");
     adapter.stack(&command, None)
@@ -59,11 +72,17 @@ fn opencode_side(fake: &Fake) -> crate::adapters::opencode::ServerSide {
 impl Shim {
     /// Initialized as Coda initializes, with no session yet.
     pub async fn bare(agent: &'static str, compacts: Compacts) -> Shim {
+        Shim::bare_with(agent, compacts, None).await
+    }
+
+    /// [`Shim::bare`] over a CLI whose `initialize` result is `init` (else its own).
+    pub async fn bare_with(agent: &'static str, compacts: Compacts, init: Option<Value>) -> Shim {
         let fake = Fake::new(Cli::by_agent(agent), compacts);
+        fake.state().init = init;
         let (stack, events) = stack(agent, &fake);
         let f = fake.clone();
         let pair = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, move |line: &str| f.answer(line));
-        let mut shim = Shim { agent, pair, fake, session: String::new(), next_id: 100 };
+        let mut shim = Shim { agent, pair, fake, session: String::new(), init: Value::Null, next_id: 100 };
         let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
             "session": {"compaction": true}, "_meta": {"coda": {"waits": {}}}});
         let init = shim
@@ -74,6 +93,7 @@ impl Shim {
             )
             .await;
         assert!(init.get("result").is_some(), "{agent}: {init}");
+        shim.init = init;
         shim
     }
 
