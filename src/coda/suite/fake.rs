@@ -187,8 +187,10 @@ impl Fake {
             && matches!(method.as_str(), "session/new" | "session/load" | "session/resume")
             && let Some(sp) = params.get("systemPrompt").filter(|sp| !sp.is_null())
         {
-            // codex-acp 2.6.0, live: anything but append with text blocks is -32602, on new, load and resume.
-            let texts = sp["content"].as_array().is_some_and(|c| !c.is_empty() && c.iter().all(|b| b["type"] == "text"));
+            // codex-acp 2.6.0, live: anything but append with text blocks is -32602, on new, load and resume (its
+            // schema check: no object, no mode, a block without `text`; its own: override, non-text, empty).
+            let text = |b: &Value| b["type"] == "text" && b["text"].is_string();
+            let texts = sp["content"].as_array().is_some_and(|c| !c.is_empty() && c.iter().all(text));
             if sp["mode"] != "append" || !texts {
                 let error = json!({"code": -32602, "message": "Invalid params: systemPrompt requires append mode and text content"});
                 return vec![json!({"jsonrpc": "2.0", "id": msg["id"], "error": error}).to_string()];
