@@ -150,7 +150,10 @@ fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
             panic!("{agent}/{scenario}: the client saw part of the instruction: {leak}");
         }
     }
-    let out = replay::render(&records);
+    let mut out = replay::render(&records);
+    // A reset time Codex gives without a day gets the day the shim received it: `{{TODAY}}` on replay.
+    let today = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    out = out.replace(&format!("<t:{today}T"), "<t:{{TODAY}}T");
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
     let scratch = root.join("fixture").join(scenario);
