@@ -36,8 +36,7 @@ fn codex_binary() -> PathBuf {
 
 /// The newer Codex CLI `scripts/install-clis codex-cli` installs, run by codex-acp through `CODEX_PATH`.
 fn codex_cli_171() -> PathBuf {
-    live::live_root()
-        .join("codex-cli/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
+    live::live_root().join("codex-cli/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
 }
 
 /// Coda's real-size session instruction (`fixtures/coda-instruction.md`).

@@ -757,7 +757,10 @@ mod tests {
         assert!(r.h.to_agent().is_empty(), "held while Kimi runs its own turn");
         // Withdrawn: answered cancelled at once; neither it nor its withdrawal reaches Kimi.
         r.h.from_client(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":6}}));
-        assert_eq!(r.h.to_client(), [json!({"jsonrpc":"2.0","id":6,"error":{"code":-32800,"message":"Request cancelled"}})]);
+        assert_eq!(
+            r.h.to_client(),
+            [json!({"jsonrpc":"2.0","id":6,"error":{"code":-32800,"message":"Request cancelled"}})]
+        );
         assert!(r.h.to_agent().is_empty());
         // Closed: the other held prompt is stopped as a `session/cancel` stops it; the close goes on to Kimi.
         r.h.from_client(json!({"jsonrpc":"2.0","id":8,"method":"session/close","params":{"sessionId":SID}}));

@@ -569,7 +569,10 @@ mod tests {
         let (newer, pinned, other) = (row("1.4.0"), row("1.2.3"), row("2.0.0"));
         assert_eq!(
             (newer.result.as_str(), pinned.result.as_str()),
-            ("Demo CLI 1.4.0 (tested; tested with 1.2.3 and 1.4.0)", "Demo CLI 1.2.3 (tested; tested with 1.2.3 and 1.4.0)")
+            (
+                "Demo CLI 1.4.0 (tested; tested with 1.2.3 and 1.4.0)",
+                "Demo CLI 1.2.3 (tested; tested with 1.2.3 and 1.4.0)"
+            )
         );
         assert!(matches!(newer.status, Status::Ok) && matches!(other.status, Status::Warn));
         assert_eq!(other.result, "Demo CLI 2.0.0; tested with 1.2.3 and 1.4.0");

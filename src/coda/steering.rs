@@ -342,7 +342,8 @@ impl<B: Steerer> Steering<B> {
     /// answered as it ends: it may have joined the turn already.
     fn withdrawn(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(id) = cancel::target(&frame) else { return cx.to_agent(frame) };
-        let found = self.in_flight.iter().find(|(_, f)| f.id == id).map(|(s, f)| (s.clone(), f.round, f.waiting.is_some()));
+        let found =
+            self.in_flight.iter().find(|(_, f)| f.id == id).map(|(s, f)| (s.clone(), f.round, f.waiting.is_some()));
         let Some((session, round, waiting)) = found else { return cx.to_agent(frame) };
         if waiting {
             tracing::debug!("Coda withdrew a steering message that waited for its turn; it is not sent");
@@ -540,7 +541,9 @@ impl<B: Steerer> Layer for Steering<B> {
     fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
         for session in closed {
             if let Some(round) = self.in_flight.get(session).map(|f| f.round) {
-                tracing::debug!("the session was closed while a steering message was in flight: its outcome is unknown");
+                tracing::debug!(
+                    "the session was closed while a steering message was in flight: its outcome is unknown"
+                );
                 self.settle(session, round, Outcome::Unknown, cx);
             }
             self.backend.session_closed(session);

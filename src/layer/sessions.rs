@@ -5,8 +5,11 @@
 //!
 //! - **Root sessions**, the ones Coda opened on this connection: the stack records one when the agent's
 //!   result to `session/new` or `session/fork` (its `sessionId`), or to `session/load` or `session/resume`
-//!   (the request's `sessionId`) comes in, before any layer sees that answer; it forgets one when the agent
-//!   answers its `session/close` with a result. An error answer opens nothing.
+//!   (the request's `sessionId`) comes in, before any layer sees that answer. When the agent answers its
+//!   `session/close` with a result, every layer's [`super::Layer::session_closed`] ends what it runs for the
+//!   session and its children ([`Sessions::family`]) before that answer goes up, and once it has left the stack
+//!   the table forgets them and remembers them as closed ([`Sessions::was_closed`]). An error answer opens (or
+//!   closes) nothing.
 //! - **Children**: sessions the agent runs for a root (a subagent's), as the layer that learns of them says
 //!   ([`super::Cx::add_child`]); never a root.
 //! - **Whose turn runs** ([`super::Cx::turn`]): Coda's (an open `session/prompt` of the session, from the
@@ -19,7 +22,8 @@
 //!   steering message in flight** ([`Session::steering`]): the compaction and steering machines of
 //!   [`crate::coda`] write them, every other layer reads them.
 //!
-//! Bounds: a root is forgotten on its `session/close`, and everything with the process (the table lives in the
+//! Bounds: a root is forgotten on its `session/close` (with its children), at most [`CLOSED_KEPT`] closed ones
+//! are remembered, and everything with the process (the table lives in the
 //! stack). At most [`MAX_ROOTS`] roots are kept (past that the oldest with nothing running or held is dropped,
 //! with a warning), at most [`MAX_CHILDREN`] children (the oldest dropped first), and at most [`MAX_OWN`] of
 //! the shim's own requests (one the agent never answers is dropped oldest first). Held prompts are client

@@ -115,7 +115,8 @@ async fn override_is_passed_on_only_to_an_agent_that_declares_it_and_refused_oth
             }
         }
         // Append is always taken.
-        let ok = shim.call("session/new", json!({"cwd": "/work/app", "mcpServers": [], "systemPrompt": system_prompt()}));
+        let ok =
+            shim.call("session/new", json!({"cwd": "/work/app", "mcpServers": [], "systemPrompt": system_prompt()}));
         assert!(ok.await.get("result").is_some(), "{declares}");
     }
 }
