@@ -654,7 +654,7 @@ impl Stack {
         if !own.is_empty() {
             own.sort_by(|a, b| a.as_json().cmp(b.as_json()));
             tracing::debug!("the client withdrew a request the shim asks the agent for: withdrawn by the shim's id");
-            let frames: Vec<Frame> = own.into_iter().map(|id| cancel::withdraw(id)).collect();
+            let frames: Vec<Frame> = own.into_iter().map(cancel::withdraw).collect();
             return exits.to_agent.extend(frames);
         }
         let requests = &self.shared.requests;
