@@ -388,6 +388,16 @@ impl Layer for Activity {
     type Reply = Infallible;
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        // A request waiting for its session's watch to start, withdrawn: answered, never sent.
+        if !self.opening.is_empty()
+            && let Some(id) = cancel::target(&frame)
+        {
+            let queued = |w: &Waiting| matches!(w, Waiting::FromClient(f) if f.id() == Some(&id));
+            if let Some(waiting) = self.opening.values_mut().find(|q| q.iter().any(queued)) {
+                waiting.retain(|w| !queued(w));
+                return cx.to_client(cancel::cancelled(&id));
+            }
+        }
         if !self.opening.is_empty() {
             let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
             if let Some(waiting) = session
@@ -773,6 +783,33 @@ mod tests {
         assert_eq!(out.last().map(|v| v["id"].clone()), Some(json!(8)), "{out:?}");
         assert!(r.h.layer::<Activity>(r.layer).sessions.is_empty(), "the session's watch and tables are gone");
         assert_eq!(r.h.next_wake(), None);
+    }
+
+    #[test]
+    fn a_prompt_waiting_for_its_sessions_watch_to_start_is_answered_when_withdrawn() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("kimi-home");
+        let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
+        std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+        let starter: Starter = Arc::new(move |session, cutoff| {
+            let dir = watch::locate(Some(root.as_path()), session)?;
+            let (_, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
+            Ok((started, None))
+        });
+        let mut h = Harness::build(|layers| layers.add(|_| Box::new(Activity::with_starter(starter))));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.hold_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        h.from_client(prompt(2));
+        h.from_client(prompt(3));
+        h.from_client(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":2}}));
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":2,"error":{"code":-32800,"message":"Request cancelled"}})]
+        );
+        h.run_work();
+        let sent: Vec<Value> = h.to_agent().into_iter().filter(|v| v["method"] == "session/prompt").collect();
+        assert_eq!(sent, [prompt(3)], "the withdrawn prompt never reaches Kimi, the other goes once the watch runs");
     }
 
     #[test]
