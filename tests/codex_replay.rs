@@ -243,6 +243,15 @@ fn write_rederived(path: &Path, derived: Vec<Derived>, recorded: Vec<(&'static s
     std::fs::write(path, coda_shim::replay::render(&records)).expect("write the fixture");
 }
 
+/// The Codex CLI version of a fixture recorded on another Codex than codex-acp's own: its `codex-cli` stand-in
+/// says it (`echo "codex-cli 0.171.0"`).
+fn fixture_codex_version(trace: &Path) -> Option<String> {
+    let stand_in = std::fs::read_to_string(trace.parent()?.join("codex-cli")).ok()?;
+    let line = stand_in.lines().find(|l| l.starts_with("echo "))?;
+    let version = line.trim_start_matches("echo ").trim_matches('"').strip_prefix("codex-cli ")?;
+    Some(version.to_owned())
+}
+
 /// Replays `fixtures/codex/<name>/trace.jsonl`; both peers must get exactly the recorded frames. With
 /// `CODA_REDERIVE=<name>,…` (or `all`) the fixture's shim output is written anew from this stack (the recorded peers' frames
 /// kept as they are): for a change of the shim's output that needs no new recording; review the diff.
@@ -252,8 +261,9 @@ fn replay(name: &str) -> Replay {
     // The shim's own request ids carry its pid; the stack in this process uses this pid.
     let text = text.replace("{{SHIM_PID}}", &std::process::id().to_string());
     // As the binary stacks them: the engine's Waits, Codex's identity (its version probed), Codex's layers.
+    let version = fixture_codex_version(&path).unwrap_or_else(|| CODEX_VERSION.into());
     let mut layers: Vec<Box<dyn AnyLayer>> =
-        vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(CODEX_VERSION.into())))];
+        vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(version)))];
     layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC, coda_shim::coda::failure::RETRY_PATIENCE, None));
     let mut stack = Stack::new(layers);
     let mut exits = Exits::default();

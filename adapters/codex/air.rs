@@ -379,6 +379,17 @@ impl Layer for Air {
         !matches!(frame.kind(), Kind::Response { .. }) && !is_air_update(frame) && !frame.has(&GENERATION_ID)
     }
 
+    /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of
+    /// its subagents, goes.
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        let gone = |s: &str| closed.iter().any(|c| c == s);
+        self.subagents.retain(|id, s| !gone(id) && !gone(&s.parent));
+        self.waits.retain(|_, w| !gone(&w.session));
+        self.by_wait.retain(|(session, _), _| !gone(session));
+        self.held.retain(|(_, w)| !gone(&w.session_id));
+        self.register.forget(gone);
+    }
+
     fn on_reply(&mut self, _: TaskStop, reply: Frame, _cx: &mut Cx) {
         let value = reply.value();
         match value.pointer("/result/stopped").and_then(Value::as_bool) {

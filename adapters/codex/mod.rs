@@ -27,6 +27,9 @@ const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
 /// Longest a version probe may run (`--version` waits for it; initialize only [`VERSION_DEADLINE`]).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
+/// The newer Codex CLI tested through `CODEX_PATH`.
+const INSTALL_171: &str = "npm install -g @openai/codex@0.171.0, then CODEX_PATH=<its codex binary>";
+
 /// The tested codex-acp, which brings the tested Codex CLI with it.
 const INSTALL_TESTED: &str = "npm install -g @agentclientprotocol/codex-acp@2.6.0";
 
@@ -147,12 +150,16 @@ pub fn adapter() -> Adapter {
         // What answers is the Codex CLI that codex-acp runs (its version is found by `version`, not by a
         // package beside the command); codex-acp itself is checked where its package is found.
         tested: Tested { what: "Codex CLI", version: "0.166.0", package: None, install: INSTALL_TESTED },
-        also_tested: &[Tested {
-            what: "codex-acp",
-            version: "2.6.0",
-            package: Some("@agentclientprotocol/codex-acp"),
-            install: INSTALL_TESTED,
-        }],
+        also_tested: &[
+            Tested {
+                what: "codex-acp",
+                version: "2.6.0",
+                package: Some("@agentclientprotocol/codex-acp"),
+                install: INSTALL_TESTED,
+            },
+            // codex-acp 2.6.0 pins ^0.166.0; a newer Codex CLI runs through `CODEX_PATH` (checked live).
+            Tested { what: "Codex CLI", version: "0.171.0", package: None, install: INSTALL_171 },
+        ],
         data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
         session_files: None,
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::frame::{self, Frame, Kind};
-use crate::layer::{Cx, EventSender, Layer};
+use crate::layer::{Cx, EventSender, Layer, cancel};
 use serde_json::{Value, json};
 
 use crate::adapters::kimi::facts::{Tap, WireFacts};
@@ -315,6 +315,19 @@ impl Activity {
     }
 }
 
+impl Activity {
+    /// Answers the prompts held for `session` `cancelled` (Kimi never saw them); whether there were any.
+    fn stop_held(&mut self, session: &str, cx: &mut Cx) -> bool {
+        let Some(s) = self.sessions.get_mut(session).filter(|s| !s.held.is_empty()) else { return false };
+        for p in std::mem::take(&mut s.held) {
+            if let Some(id) = p.id() {
+                cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
+            }
+        }
+        true
+    }
+}
+
 fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get("params").and_then(|p| p.get(key)).and_then(Value::as_str)
 }
@@ -325,6 +338,16 @@ impl Layer for Activity {
     type Reply = Infallible;
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        // A request waiting for its session's watch to start, withdrawn: answered, never sent.
+        if !self.opening.is_empty()
+            && let Some(id) = cancel::target(&frame)
+        {
+            let queued = |w: &Waiting| matches!(w, Waiting::FromClient(f) if f.id() == Some(&id));
+            if let Some(waiting) = self.opening.values_mut().find(|q| q.iter().any(queued)) {
+                waiting.retain(|w| !queued(w));
+                return cx.to_client(cancel::cancelled(&id));
+            }
+        }
         if !self.opening.is_empty() {
             let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
             if let Some(waiting) = session
@@ -352,15 +375,23 @@ impl Layer for Activity {
                 // A held prompt is Coda's turn: stopping it answers it; Kimi never saw it.
                 let v = frame.value();
                 let sid = param_str(v, "sessionId").map(str::to_owned);
-                if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
-                    && !s.held.is_empty()
-                {
-                    for p in std::mem::take(&mut s.held) {
-                        if let Some(id) = p.id() {
-                            cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
-                        }
-                    }
+                if sid.is_some_and(|sid| self.stop_held(&sid, cx)) {
                     return;
+                }
+            }
+            // A closed session's held prompts are stopped the same way; Kimi closes the rest.
+            Kind::Request { method, .. } if method == "session/close" => {
+                if let Some(sid) = param_str(frame.value(), "sessionId").map(str::to_owned) {
+                    self.stop_held(&sid, cx);
+                }
+            }
+            // Coda withdrew a held prompt: answered cancelled, never sent (Kimi never saw it, nor its withdrawal).
+            Kind::Notification { method } if method == cancel::METHOD => {
+                if let Some(id) = cancel::target(&frame)
+                    && let Some(s) = self.sessions.values_mut().find(|s| s.held.iter().any(|p| p.id() == Some(&id)))
+                {
+                    s.held.retain(|p| p.id() != Some(&id));
+                    return cx.to_client(cancel::cancelled(&id));
                 }
             }
             _ => {}
@@ -421,6 +452,19 @@ impl Layer for Activity {
 
     fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
         self.on_scan(scan, cx);
+    }
+
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        for sid in closed {
+            self.stop_held(sid, cx);
+            cx.cancel(&Look(sid.clone()));
+            // Its watch ends with it; prompt answers still held for its wire go out now.
+            if let Some(mut s) = self.sessions.remove(sid) {
+                for (answer, _) in std::mem::take(&mut s.answers) {
+                    cx.to_client(answer);
+                }
+            }
+        }
     }
 
     fn on_timer(&mut self, Look(session): Look, cx: &mut Cx) {
@@ -625,6 +669,74 @@ mod tests {
         r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
         assert_eq!(r.to_client(), ["answer 6"]);
         assert_eq!(r.h.next_wake(), None);
+    }
+
+    /// Kimi is busy with a turn of its own (a background task ended after Coda's turn): Coda's prompts wait.
+    fn kimis_own_turn(r: &mut Rig) {
+        let task = |kind: &str, status: &str| {
+            json!({"type":kind,"agentId":"main","info":{"taskId":"bash-1","kind":"process","status":status,
+                "description":"d","command":"sleep 1"},"time":1})
+        };
+        r.h.from_client(prompt(5));
+        r.wire("main", &[user_turn(0), task("task.started", "running")]);
+        r.h.from_agent(end_turn(5));
+        r.wire("main", &[turn_ended(0), task("task.terminated", "completed")]);
+        assert_eq!(r.to_client(), ["wait bash-1 waiting", "wait bash-1 handling", "answer 5"]);
+        r.h.to_agent();
+    }
+
+    #[test]
+    fn a_held_prompt_withdrawn_or_closed_is_answered_and_never_reaches_kimi() {
+        let mut r = Rig::new();
+        kimis_own_turn(&mut r);
+        r.h.from_client(prompt(6));
+        r.h.from_client(prompt(7));
+        assert!(r.h.to_agent().is_empty(), "held while Kimi runs its own turn");
+        // Withdrawn: answered cancelled at once; neither it nor its withdrawal reaches Kimi.
+        r.h.from_client(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":6}}));
+        assert_eq!(
+            r.h.to_client(),
+            [json!({"jsonrpc":"2.0","id":6,"error":{"code":-32800,"message":"Request cancelled"}})]
+        );
+        assert!(r.h.to_agent().is_empty());
+        // Closed: the other held prompt is stopped as a `session/cancel` stops it; the close goes on to Kimi.
+        r.h.from_client(json!({"jsonrpc":"2.0","id":8,"method":"session/close","params":{"sessionId":SID}}));
+        assert_eq!(r.h.to_client(), [json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"cancelled"}})]);
+        let sent = r.h.to_agent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0]["method"], "session/close");
+        r.h.from_agent(json!({"jsonrpc":"2.0","id":8,"result":{}}));
+        let out = r.h.to_client();
+        assert_eq!(out.last().map(|v| v["id"].clone()), Some(json!(8)), "{out:?}");
+        assert!(r.h.layer::<Activity>(r.layer).sessions.is_empty(), "the session's watch and tables are gone");
+        assert_eq!(r.h.next_wake(), None);
+    }
+
+    #[test]
+    fn a_prompt_waiting_for_its_sessions_watch_to_start_is_answered_when_withdrawn() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("kimi-home");
+        let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
+        std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+        let starter: Starter = Arc::new(move |session, cutoff| {
+            let dir = watch::locate(Some(root.as_path()), session)?;
+            let (_, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
+            Ok((started, None))
+        });
+        let mut h = Harness::build(|layers| layers.add(|_| Box::new(Activity::with_starter(starter))));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.hold_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        h.from_client(prompt(2));
+        h.from_client(prompt(3));
+        h.from_client(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":2}}));
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":2,"error":{"code":-32800,"message":"Request cancelled"}})]
+        );
+        h.run_work();
+        let sent: Vec<Value> = h.to_agent().into_iter().filter(|v| v["method"] == "session/prompt").collect();
+        assert_eq!(sent, [prompt(3)], "the withdrawn prompt never reaches Kimi, the other goes once the watch runs");
     }
 
     #[test]

@@ -549,6 +549,19 @@ impl Layer for OpenCodeActivity {
         }
     }
 
+    /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of its calls,
+    /// runs and handled waits goes.
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        let gone = |s: &str| closed.iter().any(|c| c == s);
+        self.tasks.by_call.retain(|(session, _), _| !gone(session));
+        self.tasks.early.retain(|(session, _), _| !gone(session));
+        self.runs.busy.retain(|session, _| !gone(session));
+        self.runs.own_runs.retain(|session, _| !gone(session));
+        self.runs.coda_run.retain(|session, _| !gone(session));
+        self.handling.by_session.retain(|session, _| !gone(session));
+        self.register.forget(gone);
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),

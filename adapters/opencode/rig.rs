@@ -25,7 +25,7 @@ pub type Replies = Arc<Mutex<Vec<(String, String, String)>>>;
 pub type Out = (Vec<Value>, Vec<Value>);
 
 pub struct Rig {
-    h: Harness,
+    pub h: Harness,
     pub replies: Replies,
     /// Server events to every layer that takes them, as the set-up sends them.
     route: Box<dyn Fn(FromServer) -> bool>,

@@ -57,6 +57,7 @@ use serde_json::Value;
 
 use crate::frame::{Frame, Id, Kind};
 
+pub mod cancel;
 pub mod requests;
 pub mod sessions;
 pub mod testing;
@@ -112,6 +113,13 @@ pub trait Layer: Send + 'static {
 
     /// A wake-up this layer asked for with [`Cx::after`].
     fn on_timer(&mut self, _timer: Self::Timer, _cx: &mut Cx) {}
+
+    /// Coda's `session/close` of `closed[0]` succeeded (the agent answered it with a result): that session and
+    /// its children (`closed[1..]`, the ones the session table knows) are over. The layer ends what it still
+    /// runs or holds for them (what it says to Coda reaches Coda before the answer to the close) and forgets
+    /// them. Called for every layer, nearest the agent first, before the answer goes up; the session table
+    /// forgets them once the answer has left the stack.
+    fn session_closed(&mut self, _closed: &[String], _cx: &mut Cx) {}
 }
 
 /// A layer with its types erased: what a [`Stack`] holds. Every [`Layer`] is one; this is the one place
@@ -129,6 +137,8 @@ pub trait AnyLayer: Send {
     fn event(&mut self, event: Event, cx: &mut Cx);
     #[doc(hidden)]
     fn wake(&mut self, key: (Instant, u64), cx: &mut Cx);
+    #[doc(hidden)]
+    fn closed(&mut self, closed: &[String], cx: &mut Cx);
     #[doc(hidden)]
     fn new_timers(&self) -> Box<dyn AnyTimers>;
     #[doc(hidden)]
@@ -174,6 +184,10 @@ impl<L: Layer> AnyLayer for L {
         if let Some(timer) = cx.timers::<L::Timer>().and_then(|t| t.take(key)) {
             self.on_timer(timer, cx);
         }
+    }
+
+    fn closed(&mut self, closed: &[String], cx: &mut Cx) {
+        self.session_closed(closed, cx)
     }
 
     fn new_timers(&self) -> Box<dyn AnyTimers> {
@@ -242,7 +256,7 @@ impl Default for Cx<'_> {
 enum Out {
     ToAgent(Frame),
     ToClient(Frame),
-    Request { method: String, params: Value, tag: Box<dyn Any + Send> },
+    Request { method: String, params: Value, tag: Box<dyn Any + Send>, on_behalf: Option<Id> },
     Work(Job, TypeId),
 }
 
@@ -306,7 +320,15 @@ impl<'a> Cx<'a> {
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's
     /// [`Layer::on_reply`] with `tag` (of the layer's [`Layer::Reply`] type), and is never forwarded to the client.
     pub fn request<R: Send + 'static>(&mut self, method: &str, params: Value, tag: R) {
-        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag) });
+        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag), on_behalf: None });
+    }
+
+    /// [`Cx::request`], made to answer the client's request `client` (the layer answers it from this one's
+    /// answer): when the client withdraws `client` (`$/cancel_request`), the stack withdraws this request
+    /// from the agent by the shim's id ([`cancel`]).
+    pub fn request_for<R: Send + 'static>(&mut self, client: &Id, method: &str, params: Value, tag: R) {
+        let on_behalf = Some(client.clone());
+        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag), on_behalf });
     }
 
     /// The client request that `answer` (an answer on its way to the client) answers, while it is open.
@@ -403,8 +425,8 @@ pub struct Stack {
     layers: Vec<Box<dyn AnyLayer>>,
     /// The request table and each layer's wake-ups.
     shared: Shared,
-    /// The shim's own requests to the agent: id -> (layer index, tag).
-    own: HashMap<Id, (usize, Box<dyn Any + Send>)>,
+    /// The shim's own requests to the agent: id -> (layer index, tag, the client request it was made for).
+    own: HashMap<Id, Own>,
     own_prefix: String,
     next_own: u64,
     /// Emptied output buffers, reused.
@@ -416,6 +438,14 @@ pub struct Stack {
     jobs: Vec<Job>,
     /// Whether jobs wait for [`Stack::take_work`] (else they run after each input).
     keep_work: bool,
+}
+
+/// One of the shim's own requests to the agent, until the agent answers it.
+struct Own {
+    layer: usize,
+    tag: Box<dyn Any + Send>,
+    /// The client request it was made to answer ([`Cx::request_for`]).
+    on_behalf: Option<Id>,
 }
 
 /// Where frames leave the stack.
@@ -514,7 +544,7 @@ impl Stack {
     /// A frame read from the agent.
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
-            if let Some((layer, tag)) = self.own.remove(id) {
+            if let Some(Own { layer, tag, .. }) = self.own.remove(id) {
                 self.shared.sessions.own_answered(id);
                 self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
                 return self.settle(exits);
@@ -531,10 +561,26 @@ impl Stack {
                 );
             }
             let Shared { requests, sessions, .. } = &mut self.shared;
-            if let Some(r) = requests.get(id).filter(|r| !r.is_answered()) {
-                sessions.answered(&r.method, r.session(), &frame);
-            }
+            let closing = match requests.get(id).filter(|r| !r.is_answered()) {
+                Some(r) if r.is("session/close") => r.session().filter(|_| frame.value().get("result").is_some()),
+                Some(r) => {
+                    sessions.answered(&r.method, r.session(), &frame);
+                    None
+                }
+                None => None,
+            };
+            let closed = closing.map(|s| sessions.family(s));
             requests.answered(id);
+            if let Some(closed) = closed.filter(|c| !c.is_empty()) {
+                // Every layer ends what it runs for the sessions, nearest the agent first; then the answer goes
+                // up, and the table forgets them.
+                for at in (0..self.layers.len()).rev() {
+                    self.call(at, exits, |l, cx| l.closed(&closed, cx));
+                }
+                self.up(self.layers.len(), frame, exits);
+                self.shared.sessions.forget(&closed);
+                return self.settle(exits);
+            }
         }
         self.up(self.layers.len(), frame, exits);
         self.settle(exits);
@@ -605,6 +651,9 @@ impl Stack {
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
         if from == self.layers.len() {
+            if let Some(withdrawn) = cancel::target(&frame) {
+                return self.withdraw(withdrawn, frame, exits);
+            }
             if let Kind::Request { id, method } = frame.kind()
                 && !self.is_own(id)
             {
@@ -618,6 +667,26 @@ impl Stack {
             return exits.to_agent.push(frame);
         }
         self.call(from, exits, |l, cx| l.client_frame(frame, cx));
+    }
+
+    /// The client's `$/cancel_request` of `withdrawn` leaves the stack: as it came when the agent has that
+    /// request; as the withdrawal of each of the shim's own requests made for it ([`Cx::request_for`]) the
+    /// agent still owes; nowhere when the agent never saw the request (a layer held it, or answered it) and no
+    /// request was made for it. One of an id the stack does not know goes on as it came.
+    fn withdraw(&mut self, withdrawn: Id, frame: Frame, exits: &mut Exits) {
+        let mut own: Vec<&Id> =
+            self.own.iter().filter(|(_, o)| o.on_behalf.as_ref() == Some(&withdrawn)).map(|(id, _)| id).collect();
+        if !own.is_empty() {
+            own.sort_by(|a, b| a.as_json().cmp(b.as_json()));
+            tracing::debug!("the client withdrew a request the shim asks the agent for: withdrawn by the shim's id");
+            let frames: Vec<Frame> = own.into_iter().map(cancel::withdraw).collect();
+            return exits.to_agent.extend(frames);
+        }
+        let requests = &self.shared.requests;
+        if requests.owes(&withdrawn) || (requests.get(&withdrawn).is_none() && !requests.was_answered(&withdrawn)) {
+            return exits.to_agent.push(frame);
+        }
+        tracing::debug!("the client withdrew a request the agent never saw; not passed on");
     }
 
     /// Sends `frame` through layers `..below` (nearest first) towards the client, past the layers that
@@ -679,7 +748,7 @@ impl Stack {
                     }
                     self.jobs.push(job);
                 }
-                Out::Request { method, params, tag } => {
+                Out::Request { method, params, tag, on_behalf } => {
                     if (*tag).type_id() != self.layers[at].reply_type() {
                         misrouted("a request tag", "its Reply type", self.layers[at].name());
                         continue;
@@ -687,7 +756,7 @@ impl Stack {
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
                     self.shared.sessions.own_sent(&Id::string(&id), &method, &params);
-                    self.own.insert(Id::string(&id), (at, tag));
+                    self.own.insert(Id::string(&id), Own { layer: at, tag, on_behalf });
                     let frame = Frame::from_value(&serde_json::json!({
                         "jsonrpc": "2.0", "id": id, "method": method, "params": params
                     }));

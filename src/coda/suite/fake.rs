@@ -36,6 +36,8 @@ pub enum Cli {
     Kimi,
     Grok,
     OpenCode,
+    /// Any ACP agent under coda-acp: the standard methods only.
+    Acp,
 }
 
 impl Cli {
@@ -45,6 +47,7 @@ impl Cli {
             "kimi" => Cli::Kimi,
             "grok" => Cli::Grok,
             "opencode" => Cli::OpenCode,
+            "acp" => Cli::Acp,
             other => panic!("no fake for {other}"),
         }
     }
@@ -97,6 +100,12 @@ pub struct State {
     pub steer_twice: bool,
     /// OpenCode: what its server keeps of each session, as `GET /session/{id}/message` answers.
     pub kept: Vec<(String, Value)>,
+    /// The ids the CLI was asked to withdraw (`$/cancel_request`), as JSON text.
+    pub withdrawn: Vec<String>,
+    /// Sessions the CLI closed.
+    pub closed: Vec<String>,
+    /// The `initialize` result, instead of the CLI's own.
+    pub init: Option<Value>,
 }
 
 /// One CLI, scripted (see the module docs).
@@ -164,6 +173,9 @@ impl Fake {
             steer_silent: false,
             steer_twice: false,
             kept: Vec::new(),
+            withdrawn: Vec::new(),
+            closed: Vec::new(),
+            init: None,
         })))
     }
 
@@ -178,11 +190,29 @@ impl Fake {
         let Some(id) = id else {
             return match method.as_str() {
                 "session/cancel" => s.cancel(&session),
+                "$/cancel_request" => {
+                    let withdrawn = params.get("requestId").map(Value::to_string).unwrap_or_default();
+                    s.withdrawn.push(withdrawn);
+                    Vec::new()
+                }
                 _ => Vec::new(),
             };
         };
         if method.is_empty() {
             return Vec::new();
+        }
+        if s.cli == Cli::Codex
+            && matches!(method.as_str(), "session/new" | "session/load" | "session/resume")
+            && let Some(sp) = params.get("systemPrompt").filter(|sp| !sp.is_null())
+        {
+            // codex-acp 2.6.0, live: anything but append with text blocks is -32602, on new, load and resume (its
+            // schema check: no object, no mode, a block without `text`; its own: override, non-text, empty).
+            let text = |b: &Value| b["type"] == "text" && b["text"].is_string();
+            let texts = sp["content"].as_array().is_some_and(|c| !c.is_empty() && c.iter().all(text));
+            if sp["mode"] != "append" || !texts {
+                let error = json!({"code": -32602, "message": "Invalid params: systemPrompt requires append mode and text content"});
+                return vec![format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)];
+            }
         }
         match method.as_str() {
             "initialize" => vec![result(&id, s.initialized())],
@@ -203,6 +233,23 @@ impl Fake {
                 vec![result(&id, answer)]
             }
             "session/prompt" => s.prompt(&id, &session, &text_of(params.get("prompt").unwrap_or(&Value::Null))),
+            // ACP: the agent cancels the session's work as `session/cancel` does, then frees it.
+            "session/close" => {
+                let mut out = s.cancel(&session);
+                s.compacting.retain(|(c, _)| *c != session);
+                s.closed.push(session.clone());
+                out.push(result(&id, json!({})));
+                out
+            }
+            // Writes `params.line` as it is (a request of the CLI's, its withdrawal), then answers.
+            "_fake/emit" => {
+                vec![params.get("line").and_then(Value::as_str).unwrap_or_default().to_owned(), result(&id, json!({}))]
+            }
+            // A report of the CLI's own (an agent that speaks Coda's `_coda/wait`), for the engine's rules.
+            "_fake/wait" => {
+                let wait = params.get("wait").cloned().unwrap_or(Value::Null);
+                vec![notification("_coda/wait", wait), result(&id, json!({}))]
+            }
             "_x.ai/compact_conversation" if s.cli == Cli::Grok => s.grok_compact(&id, &session),
             "_x.ai/interject" if s.cli == Cli::Grok => {
                 let text = params.get("text").and_then(Value::as_str).unwrap_or_default();
@@ -284,8 +331,12 @@ impl State {
     }
 
     fn initialized(&self) -> Value {
+        if let Some(init) = &self.init {
+            return init.clone();
+        }
         match self.cli {
-            Cli::Codex => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true},
+            Cli::Codex => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"close":{},"resume":{},"systemPrompt":{}}},
                 "agentInfo":{"name":"codex-acp","version":"2.6.0"},
                 "_meta":{"steering":{"supported":true},
                     "jetbrains":{"air":{"version":1,"capabilities":["nativeSubagentSessions","asyncTasks"]}}}}),
@@ -295,6 +346,8 @@ impl State {
                 "_meta":{"agentVersion":"1.0.41"}}),
             Cli::OpenCode => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true},
                 "agentInfo":{"name":"OpenCode","version":"1.18.33"}}),
+            Cli::Acp => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"close":{}}},"agentInfo":{"name":"fake-acp","version":"1.0.0"}}),
         }
     }
 
@@ -578,6 +631,8 @@ impl State {
                     out.push(result(&id, json!({})));
                 }
             }
+            // It compacts nothing of its own.
+            Cli::Acp => {}
             Cli::OpenCode => {
                 if !self.compacting.iter().any(|(s, _)| s == session) {
                     return out;

@@ -6,11 +6,17 @@
 //! - [`failure`]: 执行失败 on the four binaries, and [`usage`]: 用量里的数据 on the four, over the CLIs' signals
 //!   as [`signals`] scripts them.
 //! - [`steering`]: 插话 on the three that declare it (coda-kimi does not: Kimi cannot steer over ACP).
+//! - [`cancel`]: ACP's `$/cancel_request` where a layer holds, answers or makes a request, on every binary.
+//! - [`close`]: `session/close` ends the session's work in the shim too, on every binary.
+//! - [`instruction`]: `systemPrompt` as ACP now specifies it, on every binary.
 
 pub mod fake;
 
+mod cancel;
+mod close;
 mod compact;
 mod failure;
+mod instruction;
 pub mod signals;
 mod steering;
 mod usage;
@@ -27,6 +33,8 @@ use fake::{Cli, Compacts, Fake};
 /// Coda's real-size session instruction.
 pub const INSTRUCTION: &str = include_str!("../../../fixtures/coda-instruction.md");
 
+/// Every binary (coda-acp over an agent with the standard methods only).
+pub const EVERY: [&str; 5] = ["codex", "kimi", "grok", "opencode", "acp"];
 /// The binaries that declare compaction, and steering.
 pub const COMPACTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
 pub const STEERING: [&str; 3] = ["codex", "grok", "opencode"];
@@ -38,6 +46,8 @@ pub struct Shim {
     pub fake: Fake,
     /// The session opened by [`Shim::start`].
     pub session: String,
+    /// The answer to Coda's `initialize`.
+    pub init: Value,
     next_id: i64,
 }
 
@@ -55,6 +65,7 @@ fn stack(
         "codex" => crate::adapters::codex::test_stack(&command, home),
         "grok" => crate::adapters::grok::test_stack(&command, home),
         "kimi" => crate::adapters::kimi::test_stack(&command, Default::default(), None),
+        "acp" => crate::adapters::acp::adapter(None).stack(&command, None),
         other => panic!("no stack for {other}"),
     }
 }
@@ -77,7 +88,13 @@ fn opencode_side(fake: &Fake) -> crate::adapters::opencode::ServerSide {
 impl Shim {
     /// Initialized as Coda initializes, with no session yet.
     pub async fn bare(agent: &'static str, compacts: Compacts) -> Shim {
+        Shim::bare_with(agent, compacts, None).await
+    }
+
+    /// [`Shim::bare`] over a CLI whose `initialize` result is `init` (else its own).
+    pub async fn bare_with(agent: &'static str, compacts: Compacts, init: Option<Value>) -> Shim {
         let fake = Fake::new(Cli::by_agent(agent), compacts);
+        fake.state().init = init;
         let (stack, events) = stack(agent, &fake, None);
         let f = fake.clone();
         let pair = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, move |line: &str| f.answer(line));
@@ -86,7 +103,7 @@ impl Shim {
 
     /// `pair` (a binary's stack over `fake`), initialized as Coda initializes, with no session yet.
     pub async fn initialized(agent: &'static str, pair: Pair, fake: Fake) -> Shim {
-        let mut shim = Shim { agent, pair, fake, session: String::new(), next_id: 100 };
+        let mut shim = Shim { agent, pair, fake, session: String::new(), init: Value::Null, next_id: 100 };
         let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
             "session": {"compaction": true}, "_meta": {"coda": {"waits": {}}}});
         let init = shim
@@ -97,6 +114,7 @@ impl Shim {
             )
             .await;
         assert!(init.get("result").is_some(), "{agent}: {init}");
+        shim.init = init;
         shim
     }
 
