@@ -109,7 +109,7 @@ pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
         // machine keeps Coda's rules around it.
         Box::new(crate::coda::steering::Steering::new(CodexSteering)),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
-        Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
+        Box::new(crate::coda::compact::Compaction::new(compact::codex_compact())),
         Box::new(usage::Usage::new()),
     ]
 }
