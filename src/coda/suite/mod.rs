@@ -2,8 +2,9 @@
 //! feature, the real relay loop on in-memory pipes and virtual time ([`crate::relay::testing::Pair`]), with a
 //! scripted stand-in for each CLI ([`fake`]) that behaves as the real one does in the recordings.
 //!
-//! - [`compact`]: 压缩上下文 on the four binaries.
-//! - [`steering`]: 插话 on the three that declare it (coda-kimi does not: Kimi cannot steer over ACP).
+//! - [`compact`]: 压缩上下文 on the four binaries and coda-acp's Qwen Code and Claude Agent ACP (`acp-<profile>`).
+//! - [`steering`]: 插话 on those that declare it (coda-kimi does not: Kimi cannot steer over ACP; nor coda-acp's
+//!   Gemini CLI).
 
 pub mod fake;
 
@@ -21,8 +22,8 @@ use fake::{Cli, Compacts, Fake};
 pub const INSTRUCTION: &str = include_str!("../../../fixtures/coda-instruction.md");
 
 /// The binaries that declare compaction, and steering.
-pub const COMPACTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
-pub const STEERING: [&str; 3] = ["codex", "grok", "opencode"];
+pub const COMPACTING: [&str; 6] = ["codex", "kimi", "grok", "opencode", "acp-qwen", "acp-claude"];
+pub const STEERING: [&str; 5] = ["codex", "grok", "opencode", "acp-qwen", "acp-claude"];
 
 /// A binary's stack over a fake CLI, with Coda's side driven by the test.
 pub struct Shim {
@@ -39,6 +40,10 @@ fn stack(agent: &str, fake: &Fake) -> (Stack, tokio::sync::mpsc::UnboundedReceiv
     let command = AgentCommand { program: "fake-cli".into(), args: Vec::new() };
     if agent == "opencode" {
         return crate::adapters::opencode::test_stack(&command, opencode_side(fake));
+    }
+    if let Some(profile) = agent.strip_prefix("acp-") {
+        let profile = crate::adapters::acp::profile::built_in(profile).expect("a built-in profile");
+        return crate::adapters::acp::adapter(Some(profile)).stack(&command, None);
     }
     let adapter = crate::adapters::by_agent(agent).expect("an adapter");
     adapter.stack(&command, None)
