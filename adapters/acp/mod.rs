@@ -58,9 +58,10 @@ fn bare() -> Profile {
 
 /// `claudeCodeVersion` of the `@anthropic-ai/claude-agent-sdk` that `command` runs with: the SDK's
 /// `package.json` in a `node_modules` beside the command's script (npm hoists it, or nests it below the
-/// adapter's own folder).
+/// adapter's own folder). The script is the program or any argument that names a file (a replay's player
+/// plays a fixture with the SDK's manifest beside it: `fixtures/acp-claude/node_modules`).
 pub fn claude_code_version(command: &AgentCommand) -> Option<String> {
-    let paths = std::iter::once(command.program.clone()).chain(command.args.first().map(PathBuf::from));
+    let paths = std::iter::once(command.program.clone()).chain(command.args.iter().map(PathBuf::from));
     for path in paths.filter_map(|p| std::fs::canonicalize(p).ok()) {
         for dir in path.ancestors().skip(1) {
             let manifest = dir.join("node_modules/@anthropic-ai/claude-agent-sdk/package.json");
