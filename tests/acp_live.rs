@@ -123,10 +123,13 @@ fn live_acp_claude_basics() {
 
 #[test]
 fn live_acp_claude_subagents() {
-    if !live::wanted("claude", "coda-acp subagents on Claude Agent ACP") {
-        return;
+    if live::wanted("claude", "coda-acp subagents on Claude Agent ACP") {
+        let notes = "a foreground subagent as a wait with its child's traffic; a background one stopped by Coda";
+        recorded("claude", "subagents", notes, claude_subagents);
     }
-    let (model, _temp, _lc, mut rec) = start("claude", "coda-acp-claude-subagents");
+}
+
+fn claude_subagents(model: &fake_model::FakeModel, rec: &mut Rec) {
     let session = rec.new_session(true);
 
     // A foreground subagent: a wait with its child session, the child's task and output as the child's.
@@ -183,10 +186,6 @@ fn live_acp_claude_subagents() {
     assert_eq!(end["state"], "cancelled", "{end}; waits: {:?}", rec.waits());
     let answer = rec.answer(turn, Duration::from_secs(20));
     assert!(answer.get("result").is_some(), "{answer}");
-    rec.quiet(Duration::from_millis(1500));
-    for frame in rec.finish() {
-        assert_eq!(coda_text::leak(&frame), None, "a client frame shows the instruction: {frame}");
-    }
 }
 
 /// Records one scenario of `coda-acp --profile <agent>` as `fixtures/acp-<agent>/<scenario>` (with
@@ -252,6 +251,21 @@ fn live_acp_gemini_record() {
 fn live_acp_claude_record() {
     if live::wanted("claude", "coda-acp fixtures of Claude Agent ACP") {
         record_base("claude");
+    }
+}
+
+#[test]
+fn live_acp_gemini_quota() {
+    if live::wanted("gemini", "coda-acp on Gemini CLI's exhausted daily quota") {
+        let notes = "an upstream 429 RESOURCE_EXHAUSTED with a per-day quota: Gemini CLI answers at once";
+        recorded("gemini", "upstream-quota", notes, |_, rec| {
+            rec.new_session(true);
+            let answer = rec.call(
+                "session/prompt",
+                json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": "Go. [[error:429-usage]]"}]}),
+            );
+            assert_eq!(answer["error"]["code"], 429, "{answer}");
+        });
     }
 }
 
