@@ -117,7 +117,7 @@ pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path
         // machine keeps Coda's rules around it.
         Box::new(crate::coda::steering::Steering::new(CodexSteering)),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
-        Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
+        Box::new(crate::coda::compact::Compaction::new(compact::codex_compact())),
         Box::new(usage::layer(home)),
     ]
 }

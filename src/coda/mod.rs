@@ -13,6 +13,7 @@ pub mod failure;
 pub mod identity;
 pub mod instruction;
 pub mod machine;
+pub mod slash_compact;
 pub mod steering;
 pub mod subagents;
 #[cfg(test)]

@@ -177,6 +177,37 @@ pub trait Steerer: Send + Sized + 'static {
     fn on_timer(&mut self, _timer: Self::Timer, _ctl: &mut Ctl<Self>) {}
 }
 
+/// The backend of an agent that takes `_session/steering` itself where it declares it (`_meta.steering.supported:
+/// true` in its `initialize` result, as Claude Agent ACP does): Coda's request goes to it as it is, and the
+/// machine keeps the rules around it; an agent that declares nothing is not declared for, and gets nothing.
+#[derive(Debug, Default)]
+pub struct AsDeclared {
+    declared: bool,
+}
+
+impl Steerer for AsDeclared {
+    type Event = std::convert::Infallible;
+    type Reply = std::convert::Infallible;
+    type Timer = std::convert::Infallible;
+    const NATIVE: bool = true;
+
+    fn declares(&self) -> bool {
+        self.declared
+    }
+
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        if matches!(frame.kind(), Kind::Response { .. }) && ctl.cx.answer_to(frame).is_some_and(|r| r.is("initialize"))
+        {
+            self.declared = frame.value().pointer("/result/_meta/steering/supported") == Some(&Value::Bool(true));
+        }
+        true
+    }
+
+    fn ignores(&self, frame: &Frame) -> bool {
+        !matches!(frame.kind(), Kind::Response { .. })
+    }
+}
+
 /// What a steering backend is handed with each input ([`crate::coda::machine::Ctl`]).
 pub type Ctl<'c, 'a, B> = crate::coda::machine::Ctl<'c, 'a, Steering<B>>;
 

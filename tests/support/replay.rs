@@ -61,6 +61,9 @@ fn agent_env(agent: &str, fixture: &Path) -> Vec<(String, String)> {
             ("ACP_REPLAY_TOOK".into(), "../tmp/kimi-took.jsonl".into()),
             ("CODA_SHIM_TRACE".into(), "../tmp/shim-trace.jsonl".into()),
         ],
+        // coda-acp keeps no took log: its trace alone says which client frames it handled, so that the agent's
+        // next frame reaches it in the recorded order.
+        a if a.starts_with("acp-") => vec![("CODA_SHIM_TRACE".into(), "../tmp/shim-trace.jsonl".into())],
         _ => Vec::new(),
     });
     env

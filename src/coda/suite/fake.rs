@@ -38,6 +38,10 @@ pub enum Cli {
     OpenCode,
     /// Any ACP agent under coda-acp: the standard methods only.
     Acp,
+    /// Qwen Code under `coda-acp --profile qwen`.
+    Qwen,
+    /// Claude Agent ACP under `coda-acp --profile claude`.
+    Claude,
 }
 
 impl Cli {
@@ -48,6 +52,8 @@ impl Cli {
             "grok" => Cli::Grok,
             "opencode" => Cli::OpenCode,
             "acp" => Cli::Acp,
+            "acp-qwen" => Cli::Qwen,
+            "acp-claude" => Cli::Claude,
             other => panic!("no fake for {other}"),
         }
     }
@@ -106,6 +112,8 @@ pub struct State {
     pub closed: Vec<String>,
     /// The `initialize` result, instead of the CLI's own.
     pub init: Option<Value>,
+    /// Qwen: its drain requests sent so far.
+    drains: u32,
 }
 
 /// One CLI, scripted (see the module docs).
@@ -176,6 +184,7 @@ impl Fake {
             withdrawn: Vec::new(),
             closed: Vec::new(),
             init: None,
+            drains: 0,
         })))
     }
 
@@ -199,6 +208,12 @@ impl Fake {
             };
         };
         if method.is_empty() {
+            // Qwen: the client's answer to its drain; what it carries joins the running turn.
+            let msg = crate::json::from_str::<Value>(line).unwrap_or_default();
+            if let Some(items) = msg.pointer("/result/items").and_then(Value::as_array) {
+                let texts = items.iter().map(|i| text_of(i.get("content").unwrap_or(&Value::Null)));
+                s.joined.extend(texts);
+            }
             return Vec::new();
         }
         if s.cli == Cli::Codex
@@ -255,7 +270,7 @@ impl Fake {
                 let text = params.get("text").and_then(Value::as_str).unwrap_or_default();
                 s.interject(&id, &session, text)
             }
-            "_session/steering" if s.cli == Cli::Codex => {
+            "_session/steering" if matches!(s.cli, Cli::Codex | Cli::Claude) => {
                 let running = s.turns.iter().any(|(t, _)| *t == session);
                 let answer = if running {
                     let text = text_of(params.get("prompt").unwrap_or(&Value::Null));
@@ -348,6 +363,13 @@ impl State {
                 "agentInfo":{"name":"OpenCode","version":"1.18.33"}}),
             Cli::Acp => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
                 "sessionCapabilities":{"close":{}}},"agentInfo":{"name":"fake-acp","version":"1.0.0"}}),
+            Cli::Qwen => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"list":{},"resume":{}}},
+                "agentInfo":{"name":"qwen-code","title":"Qwen Code","version":"0.24.4"}}),
+            Cli::Claude => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"close":{},"systemPrompt":{"mode":{"override":{}}}}},
+                "agentInfo":{"name":"@agentclientprotocol/claude-agent-acp","version":"0.101.0"},
+                "_meta":{"steering":{"supported":true}}}),
         }
     }
 
@@ -387,6 +409,13 @@ impl State {
                 ));
                 out
             }
+            // Qwen asks for queued messages after a tool batch (unless told to stay silent).
+            Cli::Qwen if !self.steer_silent => {
+                self.drains += 1;
+                let drain = json!({"jsonrpc":"2.0","id":format!("drain-{}", self.drains),
+                    "method":"craft/drainMidTurnQueue","params":{"sessionId":session,"todoStopGuardWatchQueuedPrompt":true}});
+                vec![drain.to_string()]
+            }
             Cli::OpenCode => {
                 let (taken, rest): (Vec<_>, Vec<_>) = self.stored.drain(..).partition(|(s, _)| s == session);
                 self.stored = rest;
@@ -422,7 +451,7 @@ impl State {
     }
 
     fn prompt(&mut self, id: &str, session: &str, text: &str) -> Vec<String> {
-        if text == "/compact" {
+        if text == "/compact" || (text == "/compress" && self.cli == Cli::Qwen) {
             return self.slash_compact(id, session);
         }
         if self.compacting(session) {
@@ -549,7 +578,7 @@ impl State {
         if let Some(at) = self.turns.iter().position(|(s, t)| s == session && !(t.compact && never)) {
             let (_, turn) = self.turns.remove(at);
             self.busy(session, false);
-            if turn.compact {
+            if turn.compact && self.cli != Cli::Qwen {
                 out.push(update(
                     session,
                     json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"failed",
@@ -568,6 +597,15 @@ impl State {
                 self.turns.push((session.to_owned(), Turn { id: id.to_owned(), compact: true, last: false }));
                 let status = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"in_progress"});
                 vec![codex_thread(session, "active"), update(session, status), codex_used(session, 13498)]
+            }
+            Cli::Claude => {
+                self.turns.push((session.to_owned(), Turn { id: id.to_owned(), compact: true, last: false }));
+                let status = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"in_progress"});
+                vec![update(session, status)]
+            }
+            Cli::Qwen => {
+                self.turns.push((session.to_owned(), Turn { id: id.to_owned(), compact: true, last: false }));
+                vec![qwen_compression(session, "Compressing context...", json!({"phase":"progress"}))]
             }
             Cli::Kimi => {
                 self.compacting.push((session.to_owned(), None));
@@ -605,6 +643,25 @@ impl State {
                 let (_, turn) = self.turns.remove(at);
                 let status = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"completed"});
                 out.extend([codex_used(session, 7548), update(session, status), codex_thread(session, "idle")]);
+                out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
+                if twice {
+                    out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
+                }
+            }
+            Cli::Claude | Cli::Qwen => {
+                let Some(at) = self.turns.iter().position(|(s, t)| s == session && t.compact) else { return out };
+                let (_, turn) = self.turns.remove(at);
+                out.push(match self.cli {
+                    Cli::Qwen => qwen_compression(
+                        session,
+                        "Context compressed (20389 -> 18039).",
+                        json!({"phase":"done","originalTokenCount":20389,"newTokenCount":18039}),
+                    ),
+                    _ => update(
+                        session,
+                        json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"completed"}),
+                    ),
+                });
                 out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
                 if twice {
                     out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
@@ -702,6 +759,15 @@ impl State {
             }
         }
     }
+}
+
+/// Qwen's message about its `/compress`, with its `_meta.contextCompression`.
+fn qwen_compression(session: &str, text: &str, compression: Value) -> String {
+    update(
+        session,
+        json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":text},
+        "_meta":{"contextCompression":compression}}),
+    )
 }
 
 fn codex_thread(session: &str, status: &str) -> String {

@@ -2,10 +2,11 @@
 //! feature, the real relay loop on in-memory pipes and virtual time ([`crate::relay::testing::Pair`]), with a
 //! scripted stand-in for each CLI ([`fake`]) that behaves as the real one does in the recordings.
 //!
-//! - [`compact`]: 压缩上下文 on the four binaries.
+//! - [`compact`]: 压缩上下文 on the four binaries and coda-acp's Qwen Code and Claude Agent ACP (`acp-<profile>`).
 //! - [`failure`]: 执行失败 on the four binaries, and [`usage`]: 用量里的数据 on the four, over the CLIs' signals
 //!   as [`signals`] scripts them.
-//! - [`steering`]: 插话 on the three that declare it (coda-kimi does not: Kimi cannot steer over ACP).
+//! - [`steering`]: 插话 on those that declare it (coda-kimi does not: Kimi cannot steer over ACP; nor coda-acp's
+//!   Gemini CLI).
 //! - [`cancel`]: ACP's `$/cancel_request` where a layer holds, answers or makes a request, on every binary.
 //! - [`close`]: `session/close` ends the session's work in the shim too, on every binary.
 //! - [`instruction`]: `systemPrompt` as ACP now specifies it, on every binary.
@@ -36,8 +37,8 @@ pub const INSTRUCTION: &str = include_str!("../../../fixtures/coda-instruction.m
 /// Every binary (coda-acp over an agent with the standard methods only).
 pub const EVERY: [&str; 5] = ["codex", "kimi", "grok", "opencode", "acp"];
 /// The binaries that declare compaction, and steering.
-pub const COMPACTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
-pub const STEERING: [&str; 3] = ["codex", "grok", "opencode"];
+pub const COMPACTING: [&str; 6] = ["codex", "kimi", "grok", "opencode", "acp-qwen", "acp-claude"];
+pub const STEERING: [&str; 5] = ["codex", "grok", "opencode", "acp-qwen", "acp-claude"];
 
 /// A binary's stack over a fake CLI, with Coda's side driven by the test.
 pub struct Shim {
@@ -66,6 +67,11 @@ fn stack(
         "grok" => crate::adapters::grok::test_stack(&command, home),
         "kimi" => crate::adapters::kimi::test_stack(&command, Default::default(), None),
         "acp" => crate::adapters::acp::adapter(None).stack(&command, None),
+        profile if profile.starts_with("acp-") => {
+            let profile =
+                crate::adapters::acp::profile::built_in(&profile["acp-".len()..]).expect("a built-in profile");
+            crate::adapters::acp::adapter(Some(profile)).stack(&command, None)
+        }
         other => panic!("no stack for {other}"),
     }
 }

@@ -157,7 +157,7 @@ impl Script {
     /// A failed run of prompt `id`: what the CLI writes (and records) for it.
     fn fail(&mut self, fake: &Fake, id: &str, session: &str, what: &str) -> Vec<String> {
         match self.cli {
-            Cli::Acp => panic!("signals are scripted for the four wrapped CLIs"),
+            Cli::Acp | Cli::Qwen | Cli::Claude => panic!("signals are scripted for the four wrapped CLIs"),
             Cli::Codex => {
                 let (category, actions, title) = match what {
                     "quota" => ("limit", json!([]), "You’ve hit your usage limit."),
@@ -228,7 +228,7 @@ impl Script {
         let attempt = self.held[at].attempt;
         let reason = "API error (status 503 Service Unavailable): the engine is overloaded";
         match self.cli {
-            Cli::Acp => panic!("signals are scripted for the four wrapped CLIs"),
+            Cli::Acp | Cli::Qwen | Cli::Claude => panic!("signals are scripted for the four wrapped CLIs"),
             Cli::Codex => {
                 let failure = json!({"id":"t:error","revision":attempt,"category":"connection","severity":"warning",
                     "title":format!("Reconnecting... {attempt}/5"),"actions":[]});
@@ -277,7 +277,7 @@ impl Script {
     fn turn(&mut self, fake: &Fake, id: &str, session: &str, context: u64) -> Vec<String> {
         let done = result(id, json!({"stopReason":"end_turn"}));
         match self.cli {
-            Cli::Acp => panic!("signals are scripted for the four wrapped CLIs"),
+            Cli::Acp | Cli::Qwen | Cli::Claude => panic!("signals are scripted for the four wrapped CLIs"),
             Cli::Codex => vec![
                 update(
                     session,
@@ -335,7 +335,7 @@ impl Script {
     /// A compaction the CLI runs by itself between turns.
     fn compact_alone(&mut self, fake: &Fake, session: &str) -> Vec<String> {
         match self.cli {
-            Cli::Acp => panic!("signals are scripted for the four wrapped CLIs"),
+            Cli::Acp | Cli::Qwen | Cli::Claude => panic!("signals are scripted for the four wrapped CLIs"),
             Cli::Codex => {
                 let status = |s: &str| {
                     update(session, json!({"sessionUpdate":"compaction_update","compactionId":"k","status":s}))

@@ -250,6 +250,10 @@ impl Builder {
 
     fn record(&mut self, i: usize, rec: &Record) {
         let t = rec.t;
+        if rec.dir == Dir::Shim {
+            // Which shim recorded the trace: no frame of either conversation.
+            return;
+        }
         if rec.dir == Dir::AgentToFile {
             let v: Value = serde_json::from_str(&rec.raw).unwrap_or_default();
             let label =
