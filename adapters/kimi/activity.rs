@@ -57,6 +57,10 @@ pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
 /// wire before it is settled without it (its progress, if any, would then follow the settlement).
 pub const RUN_END_GRACE: Duration = Duration::from_secs(2);
 
+/// The most of Kimi's frames that wait behind a session's held answer: past it the answer goes on without the
+/// wire's turn end (a Kimi that floods while the shim waits).
+pub const BEHIND_MAX: usize = 10_000;
+
 /// A session's wake-up ([`Cx::after`]): look again at its held answers and unsettled runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Look(String);
@@ -69,6 +73,9 @@ struct Session {
     /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
     /// time each was held, for [`ANSWER_HOLD`].
     answers: Vec<(Frame, Instant)>,
+    /// Kimi's frames of the session that came after a held answer, in order: they go on behind it (what Kimi
+    /// wrote after its answer is not inside the turn), at most [`BEHIND_MAX`].
+    behind: VecDeque<Frame>,
     dir: String,
     _handle: Option<watch::Handle>,
 }
@@ -152,8 +159,39 @@ impl Activity {
             );
             cx.to_client(a);
         }
+        self.go_on(session, cx);
         self.release(session, cx);
         self.schedule(session, cx);
+    }
+
+    /// Once no answer of the session is held, Kimi's frames that waited behind one go on, in order, each handled
+    /// as it goes (an answer among them may be held in turn: the rest wait behind it).
+    fn go_on(&mut self, session: &str, cx: &mut Cx) {
+        let Some(s) = self.sessions.get_mut(session).filter(|s| s.answers.is_empty()) else { return };
+        for frame in std::mem::take(&mut s.behind) {
+            Layer::from_agent(self, frame, cx);
+        }
+    }
+
+    /// Whether a frame of Kimi's of `session` waits behind a held answer; keeps it there if so.
+    fn behind(&mut self, session: Option<&str>, frame: Frame, cx: &mut Cx) -> Option<Frame> {
+        let Some(sid) = session else { return Some(frame) };
+        let Some(s) = self.sessions.get_mut(sid).filter(|s| !s.answers.is_empty() || !s.behind.is_empty()) else {
+            return Some(frame);
+        };
+        s.behind.push_back(frame);
+        if s.behind.len() > BEHIND_MAX {
+            tracing::warn!(
+                "over {BEHIND_MAX} frames of Kimi's waited behind a prompt answer of session {sid}: it goes on"
+            );
+            for (a, _) in std::mem::take(&mut s.answers) {
+                cx.to_client(a);
+            }
+            let sid = sid.to_owned();
+            self.go_on(&sid, cx);
+            self.schedule(&sid, cx);
+        }
+        None
     }
 
     /// Asks for the session's wake-up at the earliest deadline something waits on (none: forgets it).
@@ -265,8 +303,14 @@ impl Activity {
             }
         }
         let translator = Translator::new(session, dir);
-        let s =
-            Session { translator, held: VecDeque::new(), answers: Vec::new(), dir: dir.to_owned(), _handle: handle };
+        let s = Session {
+            translator,
+            held: VecDeque::new(),
+            answers: Vec::new(),
+            behind: VecDeque::new(),
+            dir: dir.to_owned(),
+            _handle: handle,
+        };
         self.sessions.insert(session.to_owned(), s);
         // The layers below learn that this session's wire is read: its turns' ends will show.
         self.tap.send(Some(WireFacts { session: session.to_owned(), entries: Vec::new() }));
@@ -300,6 +344,7 @@ impl Activity {
                 cx.to_client(a);
             }
         }
+        self.go_on(session, cx);
         self.release(session, cx);
         self.schedule(session, cx);
     }
@@ -400,18 +445,19 @@ impl Layer for Activity {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        if !self.opening.is_empty() {
-            // Kimi's frames of a session whose watch is being started stay behind the answer that named it.
-            let session = match frame.kind() {
-                Kind::Response { .. } => cx.answer_to(&frame).and_then(|r| r.session()).map(str::to_owned),
-                _ => sonic_rs::get(frame.bytes(), &["params", "sessionId"])
-                    .ok()
-                    .and_then(|v| sonic_rs::JsonValueTrait::as_str(&v).map(str::to_owned)),
-            };
-            if let Some(waiting) = session.and_then(|sid| self.opening.get_mut(&sid)) {
-                return waiting.push_back(Waiting::FromAgent(frame));
-            }
+        let waits = !self.opening.is_empty() || self.sessions.values().any(|s| !s.answers.is_empty());
+        let session = match frame.kind() {
+            _ if !waits => None,
+            Kind::Response { .. } => cx.answer_to(&frame).and_then(|r| r.session()).map(str::to_owned),
+            _ => sonic_rs::get(frame.bytes(), &["params", "sessionId"])
+                .ok()
+                .and_then(|v| sonic_rs::JsonValueTrait::as_str(&v).map(str::to_owned)),
+        };
+        // Kimi's frames of a session whose watch is being started stay behind the answer that named it.
+        if let Some(waiting) = session.as_deref().and_then(|sid| self.opening.get_mut(sid)) {
+            return waiting.push_back(Waiting::FromAgent(frame));
         }
+        let Some(frame) = self.behind(session.as_deref(), frame, cx) else { return };
         let Kind::Response { .. } = frame.kind() else {
             return cx.to_client(frame);
         };
@@ -447,7 +493,9 @@ impl Layer for Activity {
     }
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
-        !matches!(frame.kind(), Kind::Response { .. }) && self.opening.is_empty()
+        !matches!(frame.kind(), Kind::Response { .. })
+            && self.opening.is_empty()
+            && self.sessions.values().all(|s| s.answers.is_empty())
     }
 
     fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
@@ -462,6 +510,9 @@ impl Layer for Activity {
             if let Some(mut s) = self.sessions.remove(sid) {
                 for (answer, _) in std::mem::take(&mut s.answers) {
                     cx.to_client(answer);
+                }
+                for frame in std::mem::take(&mut s.behind) {
+                    cx.to_client(frame);
                 }
             }
         }
@@ -669,6 +720,35 @@ mod tests {
         r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
         assert_eq!(r.to_client(), ["answer 6"]);
         assert_eq!(r.h.next_wake(), None);
+    }
+
+    /// Kimi writes a `usage_update` after its answer (as in the recordings): it reaches Coda after the answer
+    /// the layer holds for the wire, never inside the turn; another session's frames do not wait.
+    #[test]
+    fn what_kimi_writes_after_a_held_answer_follows_it() {
+        let mut r = Rig::new();
+        r.h.from_client(prompt(5));
+        r.wire("main", &[user_turn(0)]);
+        r.at(200);
+        r.h.from_agent(end_turn(5));
+        let update = |sid: &str| {
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":sid,
+                "update":{"sessionUpdate":"usage_update","used":10,"size":100}}})
+        };
+        r.h.from_agent(update(SID));
+        r.h.from_agent(update("another"));
+        assert_eq!(r.to_client(), ["session/update another"], "the session's update waits behind its answer");
+        r.wire("main", &[turn_ended(0)]);
+        assert_eq!(r.to_client(), ["answer 5", format!("session/update {SID}").as_str()]);
+        // Without the wire's turn end: at the hold's deadline, in order too.
+        r.h.from_client(prompt(6));
+        r.wire("main", &[user_turn(1)]);
+        r.at(1_000);
+        r.h.from_agent(end_turn(6));
+        r.h.from_agent(update(SID));
+        assert!(r.to_client().is_empty());
+        r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
+        assert_eq!(r.to_client(), ["answer 6", format!("session/update {SID}").as_str()]);
     }
 
     /// Kimi is busy with a turn of its own (a background task ended after Coda's turn): Coda's prompts wait.

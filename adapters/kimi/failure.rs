@@ -113,6 +113,11 @@ impl Signals for Kimi {
         }
     }
 
+    fn closed(&mut self, session: &str) {
+        self.turns.remove(session);
+        self.wired.remove(session);
+    }
+
     /// A slash command runs no client turn (a builtin runs none at all, a skill one of origin
     /// `skill_activation`).
     fn makes_turn(&self, prompt: &Frame) -> bool {

@@ -16,6 +16,11 @@
 //! - **Deadlines**: an answer that waits for the CLI's own record of its turn (Kimi's wire, OpenCode's server)
 //!   waits at most [`ANSWER_HOLD`]; a run the layer stopped that the CLI then never answers is answered by the
 //!   layer after [`STOP_GRACE`] (the CLI's late answer is dropped).
+//! - **Order**: while an answer waits for its record, every later frame of the CLI waits behind it (at most
+//!   [`HELD_MAX`], and no longer than the answer's own hold), so Coda sees the CLI's frames in the order the CLI
+//!   wrote them: what the CLI wrote after its answer is never inside the turn. Those frames are read (signals,
+//!   progress) when they go on, in that order. The shim's own decisions (a stopped run's answer after
+//!   [`STOP_GRACE`]) are not held: they go out when they are made.
 //!
 //! Every prompt is its own turn (keyed by its request id, in the order Coda sent them): a second prompt in a
 //! session never takes the first one's record. A session's signals belong to its oldest turn that is still
@@ -42,6 +47,10 @@ pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Longest reason kept in an answer (upstream messages may quote whole response bodies).
 pub const REASON_MAX: usize = 2000;
+
+/// The most frames of the CLI that wait behind a held answer: past it the answer goes on without its record
+/// (a CLI that floods while the shim waits).
+pub const HELD_MAX: usize = 10_000;
 
 /// How many answered prompts are remembered, to drop the CLI's second or late answers to them.
 const ANSWERED_MAX: usize = 64;
@@ -249,6 +258,9 @@ pub trait Signals: Send + 'static {
     /// answer goes on as it is). `wall` is when the answer came.
     fn failure(&self, answer: &Frame, record: Option<Self::Record>, wall: SystemTime) -> Option<Failure>;
 
+    /// Coda closed `session`: what the backend keeps of it goes.
+    fn closed(&mut self, _session: &str) {}
+
     /// How the CLI's retries stood when the shim stopped them, for the answer's message ("Grok was retrying
     /// (attempt 2 of 15) without an answer"); `waited` is how long they would have kept the turn open.
     fn retrying(&self, retry: &Retry, waited: Duration) -> String;
@@ -307,6 +319,9 @@ pub struct FailureKinds<S: Signals> {
     /// Prompts answered to Coda, newest last ([`ANSWERED_MAX`] at most): a CLI's second answer to one (or its late
     /// answer to a run the shim stopped and answered) is dropped. A new request with the same id takes it out.
     answered: VecDeque<Id>,
+    /// The CLI's frames that came while an answer was held (or behind such frames), in order: they go on, and
+    /// are read, once it is released ([`HELD_MAX`] at most).
+    behind: VecDeque<Frame>,
     /// Keys and generations handed out so far (never reused).
     counter: u64,
 }
@@ -315,12 +330,25 @@ impl<S: Signals> FailureKinds<S> {
     /// The layer for the CLI whose signals `cli` reads, stopping retries after `patience`
     /// ([`retry_patience`]).
     pub fn new(cli: S, patience: Duration) -> FailureKinds<S> {
-        FailureKinds { cli, patience, turns: Vec::new(), skip: HashMap::new(), answered: VecDeque::new(), counter: 0 }
+        FailureKinds {
+            cli,
+            patience,
+            turns: Vec::new(),
+            skip: HashMap::new(),
+            answered: VecDeque::new(),
+            behind: VecDeque::new(),
+            counter: 0,
+        }
     }
 
     /// The CLI's signals (for tests).
     pub fn signals(&self) -> &S {
         &self.cli
+    }
+
+    /// How many turns, sessions owed a record, and frames held the layer keeps (for tests: its bounds).
+    pub fn kept(&self) -> (usize, usize, usize) {
+        (self.turns.len(), self.skip.len(), self.behind.len())
     }
 
     fn next(&mut self) -> u64 {
@@ -448,6 +476,30 @@ impl<S: Signals> FailureKinds<S> {
             self.answered_now(&turn.id);
             cx.to_client(out);
         }
+        self.go_on(cx);
+    }
+
+    /// Whether a frame of the CLI must wait now: an answer is held, or frames wait behind one.
+    fn holding(&self) -> bool {
+        !self.behind.is_empty() || self.turns.iter().any(|t| t.held.is_some())
+    }
+
+    /// Once no answer is held: the frames that waited behind it go on, in order, each read as it goes (one may
+    /// be an answer that is held in turn: the rest wait behind that one).
+    fn go_on(&mut self, cx: &mut Cx) {
+        if self.turns.iter().any(|t| t.held.is_some()) {
+            return;
+        }
+        for frame in std::mem::take(&mut self.behind) {
+            Layer::from_agent(self, frame, cx);
+        }
+    }
+
+    /// The oldest held answer goes on as it is (its record is given up on): the CLI flooded behind it, or its
+    /// session is closed.
+    fn give_up(&mut self, key: u64, cx: &mut Cx) {
+        cx.cancel(&Check::Hold(key));
+        self.release(key, cx);
     }
 
     /// What Coda gets for the CLI's answer to `turn`.
@@ -563,6 +615,16 @@ impl<S: Signals> Layer for FailureKinds<S> {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        if self.holding() {
+            self.behind.push_back(frame);
+            if self.behind.len() > HELD_MAX
+                && let Some(key) = self.turns.iter().find(|t| t.held.is_some()).map(|t| t.key)
+            {
+                tracing::warn!("over {HELD_MAX} frames of the CLI waited behind a held answer: it goes on");
+                self.give_up(key, cx);
+            }
+            return;
+        }
         match frame.kind() {
             FrameKind::Response { id } => {
                 let id = id.clone();
@@ -584,6 +646,9 @@ impl<S: Signals> Layer for FailureKinds<S> {
     }
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
+        if self.holding() {
+            return false;
+        }
         match frame.kind() {
             FrameKind::Response { id } => !self.answered.contains(id) && !self.turns.iter().any(|t| &t.id == id),
             _ => !(self.cli.wants(frame) || self.reads_progress(frame)),
@@ -594,6 +659,32 @@ impl<S: Signals> Layer for FailureKinds<S> {
         let mut out = Vec::new();
         self.cli.on_event(event, &mut out);
         self.handle(out, cx);
+    }
+
+    /// A closed session's turns end here: a held answer goes on as it is (its record is given up on), a run the
+    /// shim stopped is answered with its failure now (the CLI's late answer is dropped), and the rest is
+    /// forgotten (the CLI answers what it still runs of the session as it closes it).
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        let of_closed = |t: &Turn<S::Record>| closed.contains(&t.session);
+        while let Some(key) = self.turns.iter().find(|t| of_closed(t) && t.held.is_some()).map(|t| t.key) {
+            self.give_up(key, cx);
+        }
+        for turn in std::mem::take(&mut self.turns) {
+            if !of_closed(&turn) {
+                self.turns.push(turn);
+                continue;
+            }
+            cx.cancel(&Check::Patience { turn: turn.key, generation: turn.generation });
+            cx.cancel(&Check::Unanswered(turn.key));
+            if let Some(stopped) = &turn.stopped {
+                self.answered_now(&turn.id);
+                cx.to_client(stopped.answer(&turn.id));
+            }
+        }
+        self.skip.retain(|s, _| !closed.contains(s));
+        for session in closed {
+            self.cli.closed(session);
+        }
     }
 
     fn on_timer(&mut self, check: Check, cx: &mut Cx) {

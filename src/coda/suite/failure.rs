@@ -222,3 +222,38 @@ async fn hostile_retry_reports_and_failures_pass_on_and_never_panic() {
     })
     .await;
 }
+
+/// The CLI's frames in the order it wrote them, while an answer waits for the CLI's record of its turn (Kimi's
+/// wire, OpenCode's server): what the CLI wrote after its answer reaches Coda after it, never inside the turn.
+#[tokio::test(start_paused = true)]
+async fn what_the_cli_writes_after_an_answer_waiting_for_its_record_reaches_coda_after_it() {
+    every(&["kimi", "opencode"], |agent| async move {
+        let (mut shim, cli) = Shim::scripted(agent).await;
+        let first = run(&mut shim, "[[turn:5]]").await;
+        assert!(first.get("result").is_some(), "{first}");
+        cli.late_ends(true);
+        let prompt = shim.prompt("[[fail:quota]]");
+        let got = shim.pair.drive_for(Duration::from_millis(100)).await;
+        assert_eq!(answers(&got, prompt), 0, "the answer waits for the record: {:?}", got.to_client);
+        let session = shim.session.clone();
+        let after = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session,
+            "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "after"}}}});
+        shim.send("_fake/emit", json!({"line": after.to_string()}));
+        let mut got = shim.pair.drive_for(Duration::from_millis(100)).await;
+        if agent == "kimi" {
+            // The wire shows the turn's end (the record comes).
+            cli.end_turn(&session);
+        }
+        got.to_client.extend(shim.drive().await.to_client);
+        let seen = got.client_json();
+        let answered = seen.iter().position(|v| v["id"] == prompt && v.get("method").is_none());
+        let later = seen.iter().position(|v| v == &after);
+        assert!(answered.is_some() && later.is_some(), "{agent}: both reach Coda: {seen:?}");
+        assert!(answered < later, "{agent}: in the order the CLI wrote them: {seen:?}");
+        if agent == "kimi" {
+            let answer = &seen[answered.unwrap_or_default()];
+            assert_eq!(failure(answer), Some(&json!({"kind": "quota_exhausted"})), "the record was read: {answer}");
+        }
+    })
+    .await;
+}
