@@ -21,7 +21,10 @@
 //!   which Coda records as unknown and does not send again).
 //! - The turn's answer waits for the steering answer, so that Coda gets the steering answer first, at most
 //!   [`TURN_HOLD`]; then the steering is answered unknown and the turn's answer goes on. A steering answer never
-//!   comes: unknown after [`ANSWER_WAIT`]. A late or second answer of the CLI's is dropped.
+//!   comes: unknown after [`ANSWER_WAIT`]. A late or second answer of the CLI's is dropped. While the turn's
+//!   answer waits, what the CLI writes of the session after it (its notifications and requests, at most
+//!   [`BEHIND_MAX`]) waits behind it, so Coda never sees inside the turn what the CLI wrote after it; the backend
+//!   still reads those frames as they come (they may decide the outcome).
 //!
 //! The session table marks the message in flight ([`crate::layer::Session::steering`]) and holds the prompts
 //! a compaction holds; whose turn runs is the table's to say ([`crate::layer::Cx::turn`]).
@@ -44,6 +47,9 @@ pub const TURN_HOLD: Duration = Duration::from_secs(15);
 pub const START_WAIT: Duration = Duration::from_secs(15);
 /// How long the CLI's answer to a steering message is waited for while the turn goes on.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(5 * 60);
+/// The most frames of the CLI's that wait behind a held turn answer: past it the steering is answered unknown
+/// and the turn's answer goes on (a CLI that floods while the shim waits).
+pub const BEHIND_MAX: usize = 10_000;
 /// Answers of the CLI's to a native steering request the machine already answered, remembered to drop.
 const ANSWERED_KEPT: usize = 64;
 
@@ -243,6 +249,8 @@ struct InFlight {
     native: bool,
     /// The turn's answer, held until this one is answered.
     turn_end: Option<Frame>,
+    /// The CLI's frames of the session that came after the held turn answer, in order: they follow it.
+    behind: Vec<Frame>,
 }
 
 /// Whether Coda's `turn` in `session` runs in the CLI: the CLI has it and, where it says so, said it runs.
@@ -292,6 +300,30 @@ impl<B: Steerer> Steering<B> {
         if let Some(end) = flight.turn_end {
             cx.to_client(end);
         }
+        for frame in flight.behind {
+            cx.to_client(frame);
+        }
+    }
+
+    /// A frame of the CLI's that is no answer: it waits behind its session's held turn answer, if there is one.
+    fn pass(&mut self, frame: Frame, cx: &mut Cx) {
+        if self.in_flight.values().all(|f| f.turn_end.is_none()) {
+            return cx.to_client(frame);
+        }
+        let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        let Some((session, flight)) =
+            session.and_then(|s| self.in_flight.get_mut(&s).filter(|f| f.turn_end.is_some()).map(|f| (s, f)))
+        else {
+            return cx.to_client(frame);
+        };
+        flight.behind.push(frame);
+        if flight.behind.len() > BEHIND_MAX {
+            tracing::warn!(
+                "over {BEHIND_MAX} frames of the CLI waited behind a turn's answer: its steering is unknown"
+            );
+            let round = flight.round;
+            self.settle(&session, round, Outcome::Unknown, cx);
+        }
     }
 
     fn request(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
@@ -317,7 +349,15 @@ impl<B: Steerer> Steering<B> {
                 let runs = runs::<B>(&session, &turn, cx);
                 self.rounds += 1;
                 let round = self.rounds;
-                let flight = InFlight { id: id.clone(), round, turn, waiting: None, native: B::NATIVE, turn_end: None };
+                let flight = InFlight {
+                    id: id.clone(),
+                    round,
+                    turn,
+                    waiting: None,
+                    native: B::NATIVE,
+                    turn_end: None,
+                    behind: Vec::new(),
+                };
                 self.in_flight.insert(session.clone(), flight);
                 if let Some(s) = cx.session_mut(&session) {
                     s.set_steering(Some(id));
@@ -347,6 +387,7 @@ impl<B: Steerer> Steering<B> {
                     waiting: None,
                     native: true,
                     turn_end: None,
+                    behind: Vec::new(),
                 };
                 self.in_flight.insert(session.clone(), flight);
                 cx.after(ANSWER_WAIT, Tick::<B::Timer>::Answer(session, self.rounds));
@@ -453,6 +494,7 @@ impl<B: Steerer> Steering<B> {
         };
         let round = flight.round;
         let end = flight.turn_end.take();
+        let behind = std::mem::take(&mut flight.behind);
         self.in_flight.remove(session);
         self.answered.push_back(frame.id().cloned().unwrap_or_else(Id::null));
         if self.answered.len() > ANSWERED_KEPT {
@@ -468,6 +510,9 @@ impl<B: Steerer> Steering<B> {
         cx.to_client(frame);
         if let Some(end) = end {
             cx.to_client(end);
+        }
+        for frame in behind {
+            cx.to_client(frame);
         }
     }
 
@@ -542,7 +587,7 @@ impl<B: Steerer> Layer for Steering<B> {
         if !keep {
             return;
         }
-        let Kind::Response { id } = frame.kind() else { return cx.to_client(frame) };
+        let Kind::Response { id } = frame.kind() else { return self.pass(frame, cx) };
         let asked = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
         match asked {
             Some((m, _)) if m == "initialize" && self.backend.declares() => self.initialized(frame, cx),
@@ -558,7 +603,7 @@ impl<B: Steerer> Layer for Steering<B> {
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         !matches!(frame.kind(), Kind::Response { .. })
             && self.backend.ignores(frame)
-            && self.in_flight.values().all(|f| f.waiting.is_none())
+            && self.in_flight.values().all(|f| f.waiting.is_none() && f.turn_end.is_none())
     }
 
     fn on_reply(&mut self, tag: B::Reply, reply: Frame, cx: &mut Cx) {

@@ -270,3 +270,27 @@ async fn a_cli_that_dies_while_a_steer_is_in_flight_leaves_nothing_unanswered() 
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_the_cli_writes_after_a_turns_answer_held_for_the_steering_answer_follows_it() {
+    let pushed: Vec<&'static str> = STEERING.into_iter().filter(|a| *a != "acp-qwen").collect();
+    every(&pushed, |agent| async move {
+        let mut shim = Shim::start(agent, Compacts::Ends).await;
+        shim.fake.state().steer_silent = true;
+        let turn = shim.prompt("build it [[open]]");
+        shim.drive().await;
+        let steer = steer(&mut shim, "STEER-order: the CLI never answers this");
+        let mut got = shim.drive().await.client_json();
+        // The CLI ends the turn, then writes more of the session (a late chunk), while the shim holds the answer.
+        shim.send("_fake/end", json!({"sessionId": shim.session}));
+        let after = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": shim.session,
+            "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "after"}}}});
+        shim.send("_fake/emit", json!({"line": after.to_string()}));
+        got.extend(shim.drive().await.client_json());
+        let turn_at = at(&got, turn).unwrap_or_else(|| panic!("{agent}: the turn's answer never came: {got:?}"));
+        let steer_at = at(&got, steer).unwrap_or_else(|| panic!("{agent}: the steering was never answered"));
+        let after_at = got.iter().position(|v| v == &after).unwrap_or_else(|| panic!("{agent}: lost: {got:?}"));
+        assert!(steer_at < turn_at && turn_at < after_at, "{agent}: in the order the CLI wrote them: {got:?}");
+    })
+    .await;
+}
