@@ -23,7 +23,9 @@
 //! The summary's chunks are dropped wherever they come (their `messageId` is a summary's, from its step on the
 //! server). From the compaction's start until its summary is known (or its end and [`SETTLE`] after it, or the
 //! event stream is lost), a chunk of a message the server has not named yet, outside Coda's turn, is held
-//! until the server names it: the summary's is dropped, any other (OpenCode's own turn) goes on in order.
+//! until the server names it: the summary's is dropped, any other (OpenCode's own turn) goes on in order. Every
+//! other frame of the session OpenCode writes meanwhile (a tool call, a usage update, a request) waits behind a
+//! held chunk, so nothing passes it: at most `HELD_CHUNKS` frames, then what is held goes on.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -163,7 +165,7 @@ impl OpenCodeCompact {
     }
 
     /// Hands on the held chunks of `session` whose message is known not to be a summary (`all`: every one that
-    /// is not a summary's), drops those of a summary.
+    /// is not a summary's), drops those of a summary; a frame that is no chunk goes on once it is at the front.
     fn release(&mut self, session: &str, cx: &mut Cx, all: bool) {
         let Some(w) = self.windows.get_mut(session) else { return };
         let summaries = self.summaries.get(session);
@@ -171,7 +173,7 @@ impl OpenCodeCompact {
         for frame in held {
             let message = frame.value().pointer("/params/update/messageId").and_then(Value::as_str).map(str::to_owned);
             let summary = message.as_ref().is_some_and(|m| summaries.is_some_and(|k| k.contains(m)));
-            let named = message.as_ref().is_some_and(|m| w.replies.contains(m));
+            let named = message.as_ref().is_some_and(|m| w.replies.contains(m)) || !frame.is_streamed_chunk();
             if summary {
                 tracing::debug!("dropped a chunk of OpenCode's compaction summary");
             } else if (all || named || w.summary_known) && w.held.is_empty() {
@@ -258,6 +260,25 @@ impl OpenCodeCompact {
             return true;
         }
         if w.held.len() >= HELD_CHUNKS {
+            // What is held goes on first, in order; then this one.
+            self.release(session, ctl.cx, true);
+            return true;
+        }
+        w.held.push(frame.clone());
+        false
+    }
+
+    /// A frame of the agent's that is no chunk: `true` to pass it on now; `false` when it waits behind its
+    /// session's held chunks (see `chunk`).
+    fn behind_held(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        if self.windows.values().all(|w| w.held.is_empty()) {
+            return true;
+        }
+        let v = frame.value();
+        let Some(session) = str_at(v, "/params/sessionId").map(str::to_owned) else { return true };
+        let Some(w) = self.windows.get_mut(&session).filter(|w| !w.held.is_empty()) else { return true };
+        if w.held.len() >= HELD_CHUNKS {
+            self.release(&session, ctl.cx, true);
             return true;
         }
         w.held.push(frame.clone());
@@ -388,13 +409,14 @@ impl Compactor for OpenCodeCompact {
             {
                 self.chunk(frame, ctl)
             }
-            _ => true,
+            _ => self.behind_held(frame, ctl),
         }
     }
 
     fn ignores(&self, frame: &Frame) -> bool {
         // A chunk is looked at only while a summary may be streaming (see `chunk`).
         matches!(frame.kind(), Kind::Notification { .. })
+            && self.windows.values().all(|w| w.held.is_empty())
             && (!frame.is_streamed_chunk()
                 || (self.windows.is_empty()
                     && !self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()))))
@@ -555,6 +577,29 @@ mod tests {
         h.advance(SETTLE);
         h.from_agent(chunk("msg_next"));
         assert_eq!(h.to_client(), vec![chunk("msg_next")]);
+    }
+
+    /// OpenCode's own turn writes a tool call (and a usage update) after a chunk held until the server names its
+    /// message: they wait behind it, and go on after it, in the order OpenCode wrote them; past the bound, what is
+    /// held goes on first.
+    #[test]
+    fn what_opencode_writes_after_a_held_chunk_waits_behind_it() {
+        let (mut h, _) = harness(true);
+        compact(&mut h, 7);
+        h.from_agent(chunk("msg_own"));
+        let tool = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,
+            "update":{"sessionUpdate":"tool_call","toolCallId":"t1","title":"ls","status":"pending"}}});
+        h.from_agent(tool.clone());
+        assert!(h.to_client().is_empty(), "behind the held chunk");
+        h.event(0, step("msg_own", 120, false));
+        assert_eq!(h.to_client(), vec![chunk("msg_own"), tool.clone()]);
+        h.from_agent(chunk("msg_own_2"));
+        for _ in 0..HELD_CHUNKS {
+            h.from_agent(tool.clone());
+        }
+        let got = h.to_client();
+        assert_eq!(got.len(), HELD_CHUNKS + 1, "past the bound all of it goes on");
+        assert_eq!(got[0], chunk("msg_own_2"), "in order");
     }
 
     #[test]
