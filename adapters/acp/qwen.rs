@@ -72,6 +72,14 @@ impl QwenSteering {
 }
 
 impl Steerer for QwenSteering {
+    fn session_closed(&mut self, session: &str) {
+        self.waiting.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.waiting.len()
+    }
+
     type Event = Infallible;
     type Reply = Infallible;
     type Timer = Infallible;

@@ -168,6 +168,14 @@ impl Codex {
 impl Source for Codex {
     type Event = std::convert::Infallible;
 
+    fn closed(&mut self, session: &str) {
+        self.sessions.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.sessions.len()
+    }
+
     fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
         in_folder(self.home.as_deref(), session, history)
     }

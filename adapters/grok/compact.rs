@@ -80,6 +80,14 @@ impl GrokCompact {
 }
 
 impl Compactor for GrokCompact {
+    fn session_closed(&mut self, session: &str, _ctl: &mut Ctl<Self>) {
+        self.running.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.running.len()
+    }
+
     type Event = Infallible;
     type Reply = Asked;
     type Timer = Infallible;

@@ -176,6 +176,15 @@ impl GrokSteering {
 }
 
 impl Steerer for GrokSteering {
+    fn session_closed(&mut self, session: &str) {
+        self.steers.remove(session);
+        self.echoes.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.steers.len() + self.echoes.len()
+    }
+
     type Event = Infallible;
     type Reply = Interjection;
     type Timer = Infallible;

@@ -152,6 +152,14 @@ impl Grok {
 impl Source for Grok {
     type Event = std::convert::Infallible;
 
+    fn closed(&mut self, session: &str) {
+        self.roots.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.roots.len()
+    }
+
     fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
         in_folder(self.home.as_deref(), session, history)
     }

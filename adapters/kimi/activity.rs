@@ -504,6 +504,7 @@ impl Layer for Activity {
 
     fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
         for sid in closed {
+            self.off.remove(sid);
             self.stop_held(sid, cx);
             cx.cancel(&Look(sid.clone()));
             // Its watch ends with it; prompt answers still held for its wire go out now.
@@ -516,6 +517,10 @@ impl Layer for Activity {
                 }
             }
         }
+    }
+
+    fn kept(&self) -> usize {
+        self.sessions.len() + self.off.len() + self.opening.len()
     }
 
     fn on_timer(&mut self, Look(session): Look, cx: &mut Cx) {

@@ -193,6 +193,16 @@ fn busy(cx: &mut Cx, session: &str, busy: bool) {
 }
 
 impl Compactor for KimiCompact {
+    fn session_closed(&mut self, session: &str, _ctl: &mut Ctl<Self>) {
+        self.compacting.remove(session);
+        self.jobs.remove(session);
+        self.results.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.compacting.len() + self.jobs.len() + self.results.len()
+    }
+
     type Event = WireFacts;
     type Reply = Asked;
     type Timer = Forget;

@@ -118,6 +118,10 @@ impl Signals for Kimi {
         self.wired.remove(session);
     }
 
+    fn kept(&self) -> usize {
+        self.turns.len() + self.wired.len()
+    }
+
     /// A slash command runs no client turn (a builtin runs none at all, a skill one of origin
     /// `skill_activation`).
     fn makes_turn(&self, prompt: &Frame) -> bool {

@@ -373,6 +373,18 @@ impl Layer for Title {
     type Event = Infallible;
     type Reply = Infallible;
 
+    /// A closed session's title goes (a read of its record still under way ends as it would: what waits for it
+    /// goes on then).
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        for session in closed {
+            self.titles.remove(session);
+        }
+    }
+
+    fn kept(&self) -> usize {
+        self.titles.len() + self.reading.len() + self.held.len()
+    }
+
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
         if frame.is_request("session/prompt") {
             self.prompt(&frame);

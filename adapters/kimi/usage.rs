@@ -91,6 +91,15 @@ impl Kimi {
 impl Source for Kimi {
     type Event = WireFacts;
 
+    fn closed(&mut self, session: &str) {
+        self.sessions.remove(session);
+        self.counted.retain(|_, s| s != session);
+    }
+
+    fn kept(&self) -> usize {
+        self.sessions.len() + self.counted.len()
+    }
+
     fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
         let Kind::Request { id, method } = frame.kind() else { return };
         if method.as_ref() as &str != "session/prompt" || !makes_turn(frame.value()) {

@@ -309,6 +309,23 @@ impl OpenCodeCompact {
 }
 
 impl Compactor for OpenCodeCompact {
+    fn session_closed(&mut self, session: &str, ctl: &mut Ctl<Self>) {
+        self.close(session, ctl.cx);
+        self.running.remove(session);
+        self.sessions.remove(session);
+        self.summaries.remove(session);
+        self.contexts.closed(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.running.len()
+            + self.sessions.len()
+            + self.setups.len()
+            + self.summaries.len()
+            + self.windows.len()
+            + self.contexts.len()
+    }
+
     type Event = FromServer;
     type Reply = std::convert::Infallible;
     type Timer = Tick;

@@ -266,6 +266,16 @@ impl OpenCodeSteering {
 }
 
 impl Steerer for OpenCodeSteering {
+    fn session_closed(&mut self, session: &str) {
+        self.cwd.remove(session);
+        self.runs_with.remove(session);
+        self.steers.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.opening.len() + self.cwd.len() + self.runs_with.len() + self.steers.len()
+    }
+
     type Event = FromServer;
     type Reply = std::convert::Infallible;
     type Timer = std::convert::Infallible;

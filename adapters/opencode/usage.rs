@@ -162,6 +162,16 @@ impl Context {
 }
 
 impl Contexts {
+    /// Coda closed `session`: its context goes.
+    pub fn closed(&mut self, session: &str) {
+        self.by_session.remove(session);
+    }
+
+    /// How many sessions' contexts are kept.
+    pub fn len(&self) -> usize {
+        self.by_session.len()
+    }
+
     pub fn step(&mut self, s: &Step) {
         self.by_session.entry(s.session.clone()).or_default().step(s);
     }
@@ -255,6 +265,14 @@ impl OpenCode {
 
 impl Source for OpenCode {
     type Event = FromServer;
+
+    fn closed(&mut self, session: &str) {
+        self.contexts.closed(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.contexts.len()
+    }
 
     fn at_load(&self, session: &str, params: &Value) -> Option<LoadJob> {
         let history = self.history.clone()?;

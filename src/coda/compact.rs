@@ -160,6 +160,11 @@ pub trait Compactor: Send + Sized + 'static {
     /// Coda closed `session` (the CLI answered its `session/close`): what the backend keeps of it can go.
     fn session_closed(&mut self, _session: &str, _ctl: &mut Ctl<Self>) {}
 
+    /// How many entries the backend keeps for sessions ([`Layer::kept`]).
+    fn kept(&self) -> usize {
+        0
+    }
+
     /// A frame from the CLI: `true` passes it on to Coda, `false` drops it (what the CLI streams for a prompt of
     /// the shim's own).
     fn from_agent(&mut self, _frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
@@ -483,6 +488,10 @@ impl<B: Compactor> Layer for Compaction<B> {
             }
             self.with_backend(cx, |b, ctl| b.session_closed(session, ctl));
         }
+    }
+
+    fn kept(&self) -> usize {
+        self.backend.kept()
     }
 
     fn on_timer(&mut self, tick: Tick<B::Timer>, cx: &mut Cx) {

@@ -261,6 +261,11 @@ pub trait Signals: Send + 'static {
     /// Coda closed `session`: what the backend keeps of it goes.
     fn closed(&mut self, _session: &str) {}
 
+    /// How many entries the backend keeps for sessions ([`Layer::kept`]).
+    fn kept(&self) -> usize {
+        0
+    }
+
     /// How the CLI's retries stood when the shim stopped them, for the answer's message ("Grok was retrying
     /// (attempt 2 of 15) without an answer"); `waited` is how long they would have kept the turn open.
     fn retrying(&self, retry: &Retry, waited: Duration) -> String;
@@ -685,6 +690,10 @@ impl<S: Signals> Layer for FailureKinds<S> {
         for session in closed {
             self.cli.closed(session);
         }
+    }
+
+    fn kept(&self) -> usize {
+        self.turns.len() + self.skip.len() + self.behind.len() + self.cli.kept()
     }
 
     fn on_timer(&mut self, check: Check, cx: &mut Cx) {

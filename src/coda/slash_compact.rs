@@ -216,6 +216,15 @@ impl SlashCompact {
 }
 
 impl Compactor for SlashCompact {
+    fn session_closed(&mut self, session: &str, _ctl: &mut Ctl<Self>) {
+        self.running.remove(session);
+        self.used.remove(session);
+    }
+
+    fn kept(&self) -> usize {
+        self.running.len() + self.used.len()
+    }
+
     type Event = Infallible;
     type Reply = Asked;
     type Timer = Infallible;

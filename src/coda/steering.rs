@@ -165,6 +165,11 @@ pub trait Steerer: Send + Sized + 'static {
     /// Coda closed `session` (the CLI answered its `session/close`): what the backend keeps of it can go.
     fn session_closed(&mut self, _session: &str) {}
 
+    /// How many entries the backend keeps for sessions ([`Layer::kept`]).
+    fn kept(&self) -> usize {
+        0
+    }
+
     /// A frame from the CLI: `true` passes it on to Coda, `false` drops it (the CLI's echo of a message).
     fn from_agent(&mut self, _frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
         true
@@ -624,6 +629,10 @@ impl<B: Steerer> Layer for Steering<B> {
             }
             self.backend.session_closed(session);
         }
+    }
+
+    fn kept(&self) -> usize {
+        self.in_flight.len() + self.backend.kept()
     }
 
     fn on_timer(&mut self, tick: Tick<B::Timer>, cx: &mut Cx) {

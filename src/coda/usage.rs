@@ -173,6 +173,14 @@ pub trait Source: Send + 'static {
     /// The wait for `session`'s facts ran out: what was awaited counts as come.
     fn waited_out(&mut self, _session: &str) {}
 
+    /// Coda closed `session`: what the source keeps of it goes.
+    fn closed(&mut self, _session: &str) {}
+
+    /// How many entries the source keeps for sessions ([`Layer::kept`]).
+    fn kept(&self) -> usize {
+        0
+    }
+
     /// The job that reads what the CLI keeps of `session`, which Coda loads or resumes with `params` (its
     /// `sessionId`, `cwd`); None: nothing to read.
     fn at_load(&self, _session: &str, _params: &Value) -> Option<LoadJob> {
@@ -491,6 +499,19 @@ impl<S: Source> Layer for UsageFacts<S> {
         self.cli.on_event(event, cx, &mut said);
         self.apply(said, cx);
         self.release(false, cx);
+    }
+
+    /// A closed session's facts go (a load of it still being read too); frames held behind an update keep
+    /// their place (they go on with the hold).
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        for session in closed {
+            self.sessions.remove(session);
+            self.cli.closed(session);
+        }
+    }
+
+    fn kept(&self) -> usize {
+        self.sessions.len() + self.cli.kept()
     }
 
     fn on_timer(&mut self, wake: Wake, cx: &mut Cx) {

@@ -120,6 +120,13 @@ pub trait Layer: Send + 'static {
     /// them. Called for every layer, nearest the agent first, before the answer goes up; the session table
     /// forgets them once the answer has left the stack.
     fn session_closed(&mut self, _closed: &[String], _cx: &mut Cx) {}
+
+    /// How many entries the layer keeps for sessions (the sizes of its per-session tables, its backend's
+    /// included): once Coda closed every session it opened and nothing is in flight, 0. For the tests of the
+    /// layer's bounds ([`Stack::kept`]).
+    fn kept(&self) -> usize {
+        0
+    }
 }
 
 /// A layer with its types erased: what a [`Stack`] holds. Every [`Layer`] is one; this is the one place
@@ -139,6 +146,8 @@ pub trait AnyLayer: Send {
     fn wake(&mut self, key: (Instant, u64), cx: &mut Cx);
     #[doc(hidden)]
     fn closed(&mut self, closed: &[String], cx: &mut Cx);
+    #[doc(hidden)]
+    fn kept_entries(&self) -> usize;
     #[doc(hidden)]
     fn new_timers(&self) -> Box<dyn AnyTimers>;
     #[doc(hidden)]
@@ -188,6 +197,10 @@ impl<L: Layer> AnyLayer for L {
 
     fn closed(&mut self, closed: &[String], cx: &mut Cx) {
         self.session_closed(closed, cx)
+    }
+
+    fn kept_entries(&self) -> usize {
+        Layer::kept(self)
     }
 
     fn new_timers(&self) -> Box<dyn AnyTimers> {
@@ -641,6 +654,11 @@ impl Stack {
     /// Whether the agent was sent the client request `id` and has not answered it.
     pub fn owes(&self, id: &Id) -> bool {
         self.shared.requests.owes(id)
+    }
+
+    /// Each layer that keeps entries for sessions ([`Layer::kept`]): its name and how many.
+    pub fn kept(&self) -> Vec<(&'static str, usize)> {
+        self.layers.iter().map(|l| (l.name(), l.kept_entries())).filter(|(_, n)| *n > 0).collect()
     }
 
     /// The layer at `at`, for tests that look inside it.

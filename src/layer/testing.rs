@@ -86,6 +86,11 @@ impl Harness {
         Harness::with(layers.stack(), Some(events))
     }
 
+    /// A binary's stack as its set-up built it, with the receiver of its layers' events.
+    pub fn of_stack(stack: Stack, events: UnboundedReceiver<(usize, Event)>) -> Harness {
+        Harness::with(stack, Some(events))
+    }
+
     fn with(mut stack: Stack, events: Option<UnboundedReceiver<(usize, Event)>>) -> Harness {
         let start = Instant::now();
         stack.set_time(start, wall_start());

@@ -133,3 +133,41 @@ async fn closing_a_session_answers_its_steering_message_once() {
     })
     .await;
 }
+
+/// Sessions opened, run, and closed one after another, on every binary's stack driven by hand (the test plays
+/// the CLI): once each is closed, no layer keeps anything of it ([`crate::layer::Layer::kept`]), so the tables
+/// stay bounded however many sessions a process serves.
+#[test]
+fn closed_sessions_leave_nothing_in_any_layer() {
+    for agent in EVERY.iter().chain(COMPACTING.iter().filter(|a| a.starts_with("acp-"))) {
+        let fake = super::fake::Fake::new(super::fake::Cli::by_agent(agent), Compacts::Ends);
+        let (stack, events) = super::stack(agent, &fake, None);
+        let mut h = crate::layer::testing::Harness::of_stack(stack, events);
+        for i in 0..20_i64 {
+            let s = format!("sess-{i}");
+            let id = 1000 * i;
+            let new = json!({"cwd": "/work/app", "mcpServers": [], "systemPrompt": super::system_prompt()});
+            h.from_client(json!({"jsonrpc": "2.0", "id": id, "method": "session/new", "params": new}));
+            h.from_agent(json!({"jsonrpc": "2.0", "id": id, "result": {"sessionId": s}}));
+            let prompt = json!({"sessionId": s, "prompt": [{"type": "text", "text": "build it"}]});
+            h.from_client(json!({"jsonrpc": "2.0", "id": id + 1, "method": "session/prompt", "params": prompt}));
+            h.deliver();
+            let sent = h.to_agent();
+            for p in sent.iter().filter(|v| v["method"] == "session/prompt") {
+                let update = json!({"sessionUpdate": "usage_update", "used": 10, "size": 100});
+                h.from_agent(json!({"jsonrpc": "2.0", "method": "session/update",
+                    "params": {"sessionId": s, "update": update}}));
+                h.from_agent(json!({"jsonrpc": "2.0", "id": p["id"], "result": {"stopReason": "end_turn"}}));
+            }
+            let steer = json!({"sessionId": s, "prompt": [{"type": "text", "text": "late"}]});
+            h.from_client(json!({"jsonrpc": "2.0", "id": id + 2, "method": "_session/steering", "params": steer}));
+            h.from_client(json!({"jsonrpc": "2.0", "id": id + 3, "method": "session/close",
+                "params": {"sessionId": s}}));
+            h.from_agent(json!({"jsonrpc": "2.0", "id": id + 3, "result": {}}));
+            h.advance(std::time::Duration::from_secs(30));
+            h.to_agent();
+            h.to_client();
+        }
+        assert_eq!(h.stack().kept(), [], "{agent}: what the layers keep once every session is closed");
+    }
+}
