@@ -12,14 +12,19 @@
 //! | --- | --- | --- |
 //! | `limit`, `[]` | `usageLimitExceeded` | `quota_exhausted` |
 //! | `limit`, `["retry"]` | `rateLimitExceeded`, any HTTP 429 (a quota too) | plain |
-//! | `service`, `["retry"]` | `serverOverloaded`, `flexUnavailable`, `tooManyDenials`, sandbox and rollback errors, `other` | `service_unavailable` only for `serverOverloaded` (its title, Codex's own words for it); else plain |
+//! | `service`, `["retry"]` | `serverOverloaded`, `flexUnavailable`, `tooManyDenials`, sandbox and rollback errors, `other`, and every code codex-acp's table lacks (Codex 0.171's `inferenceHookDenied` and `bioPolicy`, `modelNotFound`, `policyCapacityUnavailable`) | `service_unavailable` only for `serverOverloaded` (its title, Codex's own words for it); else plain |
 //! | `service`, `["retry","new_session"]` | `internalServerError` (any HTTP 500), adapter errors | plain |
 //! | `connection` | transport lost (502, 529, a dropped stream) | plain |
 //! | `access` | login | -32000 |
 //! | `request` | policy refusals, bad requests | plain |
 //!
 //! Only an explicit temporary-service signal is `service_unavailable`: Coda retries those, and a sandbox error
-//! retried three times never succeeds.
+//! retried three times never succeeds. Codex 0.171's two new codes are refusals no retry fixes:
+//! `inferenceHookDenied` is the workspace's inference hook blocking the request ("Your workspace inference hook
+//! blocked this request."), `bioPolicy` OpenAI's biological-risk policy ("This content was flagged for possible
+//! biological risk."); neither is a quota nor a login problem, so both are plain errors. A rate limit
+//! (`limit`, `["retry"]`) is plain too: codex-acp gives every HTTP 429 that record, a used-up quota included, so
+//! it names neither kind explicitly (a quota must never be reported `service_unavailable`).
 
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
@@ -275,6 +280,34 @@ mod tests {
             let e = error_of(&answered(&r).expect("a failure"));
             assert_eq!(e["code"], -32603);
             assert!(e.pointer("/data/_meta/coda").is_none(), "{e}");
+        }
+    }
+
+    /// Codex 0.171's new codes, as codex-acp 2.6.0 records them (a code its table lacks is `provider_error`:
+    /// `service`, `["retry"]`, Codex's message as the title), and the other codes it lacks: refusals and
+    /// configuration errors that no retry fixes, so plain errors.
+    #[test]
+    fn codex_0171s_new_refusals_are_plain_errors() {
+        for title in [
+            "Your workspace inference hook blocked this request.",
+            "This content was flagged for possible biological risk.",
+            "This request has been flagged for possible biological risk.",
+            "The model `gpt-9` does not exist or you do not have access to it.",
+            "policy-restricted capacity unavailable",
+        ] {
+            let r = reply(json!({"actions":["retry"],"category":"service","id":"t:error","revision":1,
+                "severity":"error","title":title}));
+            let e = error_of(&answered(&r).expect("a failure"));
+            assert_eq!((&e["code"], &e["message"]), (&json!(-32603), &json!(title)));
+            assert!(e.pointer("/data/_meta/coda").is_none(), "{title}: no kind: {e}");
+            assert_eq!(e["data"]["codex"], json!({"category":"service","actions":["retry"]}));
+        }
+        // Without the AIR record codex-acp makes an error answer only of a usage limit: any other code (here as a
+        // later codex-acp could pass it on) is left as it is, a plain error.
+        for code in ["inferenceHookDenied", "bioPolicy"] {
+            let e = json!({"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"Internal error",
+                "data":{"message":"blocked","codexErrorInfo":code}}});
+            assert!(answered(&e).is_none(), "{code}");
         }
     }
 
