@@ -390,6 +390,10 @@ impl Layer for Air {
         self.register.forget(gone);
     }
 
+    fn kept(&self) -> usize {
+        self.subagents.len() + self.waits.len() + self.by_wait.len() + self.held.len()
+    }
+
     fn on_reply(&mut self, _: TaskStop, reply: Frame, _cx: &mut Cx) {
         let value = reply.value();
         match value.pointer("/result/stopped").and_then(Value::as_bool) {

@@ -355,6 +355,17 @@ impl Layer for CodexReview {
     type Event = Infallible;
     type Reply = Infallible;
 
+    /// A closed session's reviews go with it (as at its turn's end).
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        for session in closed {
+            self.turn_ended(session);
+        }
+    }
+
+    fn kept(&self) -> usize {
+        self.sessions.len() + self.order.len()
+    }
+
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
         match frame.kind() {
             Kind::Notification { method } if method == "session/update" => match frame.session_update() {

@@ -417,6 +417,10 @@ impl Layer for GrokActivity {
         self.register.forget(gone);
     }
 
+    fn kept(&self) -> usize {
+        self.items.len() + self.alias.len() + self.current.len() + self.child_of.len() + self.spawn_calls.len()
+    }
+
     fn on_reply(&mut self, _: Stop, reply: Frame, _cx: &mut Cx) {
         if let Some(err) = reply.value().get("error") {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();

@@ -562,6 +562,15 @@ impl Layer for OpenCodeActivity {
         self.register.forget(gone);
     }
 
+    fn kept(&self) -> usize {
+        self.tasks.by_call.len()
+            + self.tasks.early.len()
+            + self.runs.busy.len()
+            + self.runs.own_runs.len()
+            + self.runs.coda_run.len()
+            + self.handling.by_session.len()
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),

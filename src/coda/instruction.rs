@@ -440,6 +440,10 @@ impl Layer for Instruction {
             self.sessions.remove(session);
         }
     }
+
+    fn kept(&self) -> usize {
+        self.sessions.len()
+    }
 }
 
 #[cfg(test)]
