@@ -323,7 +323,7 @@ impl Compactor for OpenCodeCompact {
             + self.setups.len()
             + self.summaries.len()
             + self.windows.len()
-            + self.contexts.len()
+            + self.contexts.kept()
     }
 
     type Event = FromServer;

@@ -168,7 +168,7 @@ impl Contexts {
     }
 
     /// How many sessions' contexts are kept.
-    pub fn len(&self) -> usize {
+    pub fn kept(&self) -> usize {
         self.by_session.len()
     }
 
@@ -271,7 +271,7 @@ impl Source for OpenCode {
     }
 
     fn kept(&self) -> usize {
-        self.contexts.len()
+        self.contexts.kept()
     }
 
     fn at_load(&self, session: &str, params: &Value) -> Option<LoadJob> {
