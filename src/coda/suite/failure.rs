@@ -145,19 +145,26 @@ async fn a_cli_that_dies_while_it_retries_leaves_no_turn_open() {
     .await;
 }
 
+/// `coda-<agent>` whose session's records are read (a turn showed in them), with a prompt that failed on a quota
+/// and whose answer waits for the CLI's record of that turn, which is late (Kimi's wire, OpenCode's server); the
+/// prompt's id.
+async fn quota_waiting_for_its_record(agent: &'static str) -> (Shim, Scripted, i64) {
+    let (mut shim, cli) = Shim::scripted(agent).await;
+    let first = run(&mut shim, "[[turn:5]]").await;
+    assert!(first.get("result").is_some(), "{first}");
+    cli.late_ends(true);
+    let prompt = shim.prompt("[[fail:quota]]");
+    let got = shim.pair.drive_for(Duration::from_millis(100)).await;
+    assert_eq!(answers(&got, prompt), 0, "the answer waits for the record: {:?}", got.to_client);
+    (shim, cli, prompt)
+}
+
 /// A failed turn whose answer waits for the CLI's record of it (Kimi's wire, OpenCode's server), when the CLI
 /// dies before the record comes: Coda still gets the answer, as the CLI gave it.
 #[tokio::test(start_paused = true)]
 async fn an_answer_waiting_for_the_clis_record_reaches_coda_when_the_cli_dies() {
     every(&["kimi", "opencode"], |agent| async move {
-        let (mut shim, cli) = Shim::scripted(agent).await;
-        // The session's records are read (a turn shows in them).
-        let first = run(&mut shim, "[[turn:5]]").await;
-        assert!(first.get("result").is_some(), "{first}");
-        cli.late_ends(true);
-        let prompt = shim.prompt("[[fail:quota]]");
-        let got = shim.pair.drive_for(Duration::from_millis(100)).await;
-        assert_eq!(answers(&got, prompt), 0, "the answer waits for the record: {:?}", got.to_client);
+        let (mut shim, _cli, prompt) = quota_waiting_for_its_record(agent).await;
         shim.send("_fake/die", json!({}));
         let got = shim.drive().await;
         assert_eq!(answers(&got, prompt), 1, "{:?}", got.to_client);
@@ -228,13 +235,7 @@ async fn hostile_retry_reports_and_failures_pass_on_and_never_panic() {
 #[tokio::test(start_paused = true)]
 async fn what_the_cli_writes_after_an_answer_waiting_for_its_record_reaches_coda_after_it() {
     every(&["kimi", "opencode"], |agent| async move {
-        let (mut shim, cli) = Shim::scripted(agent).await;
-        let first = run(&mut shim, "[[turn:5]]").await;
-        assert!(first.get("result").is_some(), "{first}");
-        cli.late_ends(true);
-        let prompt = shim.prompt("[[fail:quota]]");
-        let got = shim.pair.drive_for(Duration::from_millis(100)).await;
-        assert_eq!(answers(&got, prompt), 0, "the answer waits for the record: {:?}", got.to_client);
+        let (mut shim, cli, prompt) = quota_waiting_for_its_record(agent).await;
         let session = shim.session.clone();
         let after = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session,
             "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "after"}}}});

@@ -149,18 +149,30 @@ async fn a_message_the_cli_takes_after_the_turns_last_safe_point_is_never_answer
     .await;
 }
 
+/// The binaries whose steering answer the CLI pushes. Not Qwen: it asks for queued messages itself, so a turn
+/// that ends before it asked is certainly `promptRequired` (adapters/acp/qwen.rs), answered before the turn's
+/// answer.
+fn pushed() -> Vec<&'static str> {
+    STEERING.into_iter().filter(|a| *a != "acp-qwen").collect()
+}
+
+/// `coda-<agent>` with Coda's turn running and a steering message `text` in flight that the CLI never answers:
+/// the turn's id, the steering's id, and what Coda got so far.
+async fn steered_and_silent(agent: &'static str, text: &str) -> (Shim, i64, i64, Vec<Value>) {
+    let mut shim = Shim::start(agent, Compacts::Ends).await;
+    shim.fake.state().steer_silent = true;
+    let turn = shim.prompt("build it [[open]]");
+    shim.drive().await;
+    let steer = steer(&mut shim, text);
+    let got = shim.drive().await.client_json();
+    (shim, turn, steer, got)
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_turns_answer_waits_for_the_steering_answer_but_never_for_ever() {
-    // Not Qwen: it asks for queued messages itself, so a turn that ends before it asked is certainly
-    // `promptRequired` (adapters/acp/qwen.rs), answered before the turn's answer.
-    let pushed: Vec<&'static str> = STEERING.into_iter().filter(|a| *a != "acp-qwen").collect();
-    every(&pushed, |agent| async move {
-        let mut shim = Shim::start(agent, Compacts::Ends).await;
-        shim.fake.state().steer_silent = true;
-        let turn = shim.prompt("build it [[open]]");
-        shim.drive().await;
-        let steer = steer(&mut shim, "STEER-silent: the CLI never answers this");
-        let mut got = shim.drive().await.client_json();
+    every(&pushed(), |agent| async move {
+        let (mut shim, turn, steer, mut got) =
+            steered_and_silent(agent, "STEER-silent: the CLI never answers this").await;
         got.extend(shim.fake("_fake/end").await.client_json());
         got.extend(shim.drive().await.client_json());
         let turn_at = at(&got, turn).unwrap_or_else(|| panic!("{agent}: the turn's answer never came: {got:?}"));
@@ -273,14 +285,9 @@ async fn a_cli_that_dies_while_a_steer_is_in_flight_leaves_nothing_unanswered() 
 
 #[tokio::test(start_paused = true)]
 async fn what_the_cli_writes_after_a_turns_answer_held_for_the_steering_answer_follows_it() {
-    let pushed: Vec<&'static str> = STEERING.into_iter().filter(|a| *a != "acp-qwen").collect();
-    every(&pushed, |agent| async move {
-        let mut shim = Shim::start(agent, Compacts::Ends).await;
-        shim.fake.state().steer_silent = true;
-        let turn = shim.prompt("build it [[open]]");
-        shim.drive().await;
-        let steer = steer(&mut shim, "STEER-order: the CLI never answers this");
-        let mut got = shim.drive().await.client_json();
+    every(&pushed(), |agent| async move {
+        let (mut shim, turn, steer, mut got) =
+            steered_and_silent(agent, "STEER-order: the CLI never answers this").await;
         // The CLI ends the turn, then writes more of the session (a late chunk), while the shim holds the answer.
         shim.send("_fake/end", json!({"sessionId": shim.session}));
         let after = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": shim.session,
