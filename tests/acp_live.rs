@@ -345,8 +345,9 @@ fn live_acp_claude_upstream() {
             let (answer, took) = failed_turn(rec, "[[error:503~1]]", Duration::from_secs(120));
             eprintln!("claude 503: answered after {took:?}, {} model requests: {answer}", model.model_requests().len());
             assert_eq!(answer["error"]["code"], -32603, "{answer}");
-            // The SDK says `server_error` and passes on no status: no kind.
-            assert_eq!(failure_of(&answer), Value::Null, "{answer}");
+            // The SDK says `server_error`; Claude Code's message quotes the status.
+            assert_eq!(answer["error"]["data"]["errorKind"], "server_error", "{answer}");
+            assert_eq!(failure_of(&answer), json!({"kind": "service_unavailable", "input": "accepted"}), "{answer}");
         });
     }
 }

@@ -14,7 +14,10 @@
 //!   Claude Agent SDK's classification of the upstream's error (its `SDKAssistantMessageError`) once Claude
 //!   Code's own retries are over: `rate_limit`, `overloaded`, `billing_error` and `authentication_failed` name
 //!   Anthropic's error types `rate_limit_error`, `overloaded_error`, `billing_error` and
-//!   `authentication_error`, read by the shared rule; `server_error` and the others name no kind.
+//!   `authentication_error`, read by the shared rule with the status its message quotes (`API Error: 503
+//!   Service Unavailable. …`: a `server_error` of a 503 is `service_unavailable`); the others name no kind. A
+//!   429 is Anthropic's `rate_limit_error` even for a usage limit (`This request would exceed your account's
+//!   usage limit.`): `service_unavailable`, never a quota from a status or a message.
 //! - Qwen Code 0.24.4: no profile key; it retries a 429 or 503 without end and says nothing of it over ACP.
 
 use std::convert::Infallible;
@@ -43,6 +46,15 @@ fn anthropic_type(error_kind: &str) -> Option<&'static str> {
     })
 }
 
+/// The upstream's HTTP status in Claude Code's message of a failed request: `API Error: 503 Service
+/// Unavailable. …` (after the adapter's `Internal error: `). Its other shapes (`API Error: Request rejected
+/// (429) · …`) name no status here: the `errorKind` says more.
+fn api_status(message: &str) -> Option<u64> {
+    let rest = message.strip_prefix("Internal error: ").unwrap_or(message).strip_prefix("API Error: ")?;
+    let digits = rest.get(..3).filter(|d| d.bytes().all(|b| b.is_ascii_digit()))?;
+    matches!(rest.as_bytes().get(3), Some(b' ' | b'.') | None).then(|| digits.parse().ok()).flatten()
+}
+
 impl Signals for AcpFailures {
     type Event = Infallible;
     type Record = Infallible;
@@ -63,7 +75,7 @@ impl Signals for AcpFailures {
             }
             FailuresBy::ClaudeErrorKind => {
                 let kind = error.pointer("/data/errorKind").and_then(Value::as_str)?;
-                let verdict = failure::upstream(anthropic_type(kind), None);
+                let verdict = failure::upstream(anthropic_type(kind), api_status(message));
                 (verdict, json!({"errorKind": failure::clip(kind, 64)}))
             }
         };
@@ -149,8 +161,23 @@ mod tests {
             json!({"code":-32603,"message":"Invalid API key","data":{"errorKind":"authentication_failed"}}),
         );
         assert_eq!(auth["error"]["code"], -32000);
+        // Claude Code's message of a 503, as recorded: the status names the kind.
+        let unavailable = "Internal error: API Error: 503 Service Unavailable. This is a server-side issue, usually temporary — try again in a moment.";
+        let got = answered(
+            FailuresBy::ClaudeErrorKind,
+            json!({"code":-32603,"message":unavailable,"data":{"errorKind":"server_error"}}),
+        );
+        assert_eq!(
+            got["error"]["data"]["_meta"]["coda"]["failure"],
+            json!({"kind":"service_unavailable","input":"accepted"})
+        );
+        assert_eq!(api_status("API Error: 5031 x"), None);
+        assert_eq!(api_status("API Error: 50"), None);
+        assert_eq!(api_status("API Error: Request rejected (429) · x"), None);
+        assert_eq!(api_status("API Error: 503"), Some(503));
         for error in [
-            json!({"code":-32603,"message":"API Error: 500","data":{"errorKind":"server_error"}}),
+            json!({"code":-32603,"message":"Internal error: API Error: 500 Internal server error","data":{"errorKind":"server_error"}}),
+            json!({"code":-32603,"message":"API Error: 503 x"}),
             json!({"code":-32603,"message":"x","data":{"errorKind":["rate_limit"]}}),
             json!({"code":-32603,"message":"x","data":"rate_limit"}),
             json!({"code":-32603,"message":"x"}),
