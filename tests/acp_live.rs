@@ -434,7 +434,8 @@ fn live_acp_qwen_usage() {
                     .expect("a usage update");
                 let coda = &last["params"]["update"]["_meta"]["coda"];
                 assert_eq!(coda["contextTokens"], last["params"]["update"]["used"], "{last}");
-                let at: jiff::Timestamp = coda["lastRequestAt"].as_str().expect("lastRequestAt").parse().expect("a time");
+                let at: jiff::Timestamp =
+                    coda["lastRequestAt"].as_str().expect("lastRequestAt").parse().expect("a time");
                 let asked = jiff::Timestamp::try_from(asked).expect("a time");
                 let now = jiff::Timestamp::now();
                 assert!(at >= asked && at <= now, "{at} between {asked} and {now}");

@@ -243,7 +243,10 @@ mod tests {
         let at = crate::coda::usage::iso(wall_start() + Duration::from_secs(3)).unwrap();
         assert_eq!(coda(&out[2]), json!({"compactedAt": at}), "the first completed, no context of Claude's");
         // A child's compaction or usage is none of the root's.
-        h.from_agent(update("child", json!({"sessionUpdate":"compaction_update","compactionId":"y","status":"completed"})));
+        h.from_agent(update(
+            "child",
+            json!({"sessionUpdate":"compaction_update","compactionId":"y","status":"completed"}),
+        ));
         let child = update("child", json!({"sessionUpdate":"usage_update","used":1,"size":2}));
         h.from_agent(child.clone());
         assert_eq!(h.to_client()[1], child);
