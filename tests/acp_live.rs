@@ -332,23 +332,26 @@ fn live_acp_gemini_503() {
 fn live_acp_claude_upstream() {
     if live::wanted("claude", "coda-acp on Claude Agent ACP's upstream errors") {
         let env = [("CLAUDE_CODE_MAX_RETRIES", "1")];
-        let notes = "an upstream 429 rate_limit_error (a usage limit), with one retry of Claude Code's";
-        recorded_env("claude", "upstream-quota", notes, &env, |model, rec| {
-            let (answer, took) = failed_turn(rec, "[[error:429-usage]]", Duration::from_secs(120));
-            eprintln!("claude 429: answered after {took:?}, {} model requests: {answer}", model.model_requests().len());
-            assert_eq!(answer["error"]["code"], -32603, "{answer}");
-            assert_eq!(answer["error"]["data"]["errorKind"], "rate_limit", "{answer}");
-            assert_eq!(failure_of(&answer), json!({"kind": "service_unavailable", "input": "accepted"}), "{answer}");
-        });
-        let notes = "an upstream 503 api_error, with one retry of Claude Code's";
-        recorded_env("claude", "upstream-503", notes, &env, |model, rec| {
-            let (answer, took) = failed_turn(rec, "[[error:503~1]]", Duration::from_secs(120));
-            eprintln!("claude 503: answered after {took:?}, {} model requests: {answer}", model.model_requests().len());
-            assert_eq!(answer["error"]["code"], -32603, "{answer}");
-            // The SDK says `server_error`; Claude Code's message quotes the status.
-            assert_eq!(answer["error"]["data"]["errorKind"], "server_error", "{answer}");
-            assert_eq!(failure_of(&answer), json!({"kind": "service_unavailable", "input": "accepted"}), "{answer}");
-        });
+        // The SDK says `rate_limit` for a 429 (a usage limit too), `server_error` for a 503, whose status Claude
+        // Code's message quotes: both `service_unavailable`.
+        for (scenario, marker, kind, notes) in [
+            ("upstream-quota", "[[error:429-usage]]", "rate_limit", "an upstream 429 rate_limit_error (a usage limit)"),
+            ("upstream-503", "[[error:503~1]]", "server_error", "an upstream 503 api_error"),
+        ] {
+            let notes = format!("{notes}, with one retry of Claude Code's");
+            recorded_env("claude", scenario, &notes, &env, |model, rec| {
+                let (answer, took) = failed_turn(rec, marker, Duration::from_secs(120));
+                let requests = model.model_requests().len();
+                eprintln!("claude {marker}: answered after {took:?}, {requests} model requests: {answer}");
+                assert_eq!(answer["error"]["code"], -32603, "{answer}");
+                assert_eq!(answer["error"]["data"]["errorKind"], kind, "{answer}");
+                assert_eq!(
+                    failure_of(&answer),
+                    json!({"kind": "service_unavailable", "input": "accepted"}),
+                    "{answer}"
+                );
+            });
+        }
     }
 }
 
