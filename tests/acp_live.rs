@@ -519,3 +519,31 @@ fn live_acp_claude_steers() {
         });
     }
 }
+
+/// Qwen Code's background shell command: a task `waiting`, `handling` in Qwen's own turn for it, then `done`.
+#[test]
+fn live_acp_qwen_background() {
+    if live::wanted("qwen", "coda-acp on Qwen Code's background command") {
+        let notes = "a background shell command: a task, handled in Qwen's own turn when it ends, then done";
+        recorded("qwen", "background-task", notes, |model, rec| {
+            rec.new_session(true);
+            let answer = rec.prompt("Start it. [[bg:sleep 3; echo done]]");
+            assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+            let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
+            assert_eq!(waiting["kind"], "task", "{waiting}");
+            assert_eq!(waiting["title"], "sleep 3; echo done", "{waiting}");
+            assert_eq!(waiting["stoppable"], false, "{waiting}");
+            assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".output")), "{waiting}");
+            let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+            let asked = model.model_requests().len();
+            rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
+            let done = rec.until_wait(Duration::from_secs(30), |w| {
+                w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "handling" && s != "waiting")
+            });
+            assert_eq!(done["state"], "done", "{done}");
+            assert!(model.model_requests().len() > asked, "Qwen's own turn asked the model");
+            assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
+            eprintln!("qwen background: waits {:?}", rec.waits());
+        });
+    }
+}

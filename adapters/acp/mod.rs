@@ -13,6 +13,7 @@ mod behaviour;
 pub mod failure;
 pub mod profile;
 pub mod qwen;
+pub mod qwen_tasks;
 pub mod titles;
 pub mod usage;
 
@@ -57,6 +58,7 @@ fn bare() -> Profile {
         compaction: None,
         usage: None,
         failures: None,
+        background: None,
     }
 }
 
@@ -177,6 +179,7 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
     let compaction = p.compaction.as_ref().map(|c| (keep(c.command.clone()), own));
     let usage_by = p.usage.clone();
     let failures = p.failures;
+    let background = p.background;
     let layers: &'static (dyn Fn(&mut Setup) + Send + Sync) = Box::leak(Box::new(move |setup: &mut Setup| {
         let identity = match from {
             Some(AgentInfoFrom::ClaudeAgentSdk) => {
@@ -202,6 +205,9 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
         let usage_by = usage_by.clone();
         setup.add(move |_| Box::new(usage::layer(usage_by.as_ref(), own)));
         setup.add(|_| Box::new(Subagents::new()));
+        if background == Some(profile::BackgroundBy::QwenTasks) {
+            setup.add(|_| Box::new(qwen_tasks::QwenTasks::new()));
+        }
         // Next to the agent, as in the other binaries: every layer above sees Coda's answer.
         if let Some(failures) = failures {
             let patience = crate::coda::failure::retry_patience();

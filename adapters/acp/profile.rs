@@ -66,6 +66,19 @@ pub struct Profile {
     /// Where the agent says why a turn failed, for Coda's failure kinds; absent: nowhere (no kind is given).
     #[serde(default)]
     pub failures: Option<FailuresBy>,
+    /// Work the agent runs past a turn that coda-acp reports as `_coda/wait` from its own frames; absent: none
+    /// (standard ACP subagent sessions are reported for every agent).
+    #[serde(default)]
+    pub background: Option<BackgroundBy>,
+}
+
+/// How an agent reports its background work (see [`Profile::background`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackgroundBy {
+    /// Qwen Code: background shell commands (`Background shell started.` results, `_meta.backgroundTask`) and
+    /// its own turns for them (`_qwencode/start_turn`, `_qwencode/end_turn`).
+    QwenTasks,
 }
 
 /// What an agent's usage reports say (see [`Profile::usage`]).
