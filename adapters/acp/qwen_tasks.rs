@@ -19,7 +19,7 @@
 //! Bounds: the commands remembered per tool call and the open tasks are at most [`MAX_KNOWN`] each (oldest
 //! forgotten first); a session's go with it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
