@@ -27,10 +27,20 @@ fn expected_info(agent: &str) -> Value {
 
 /// A live session of `coda-acp --profile <agent>` with Coda's instruction; the model, the folder, the client.
 fn start(agent: &str, name: &str) -> (fake_model::FakeModel, temp::TempDir, live::LiveCommand, Rec) {
+    start_env(agent, name, &[])
+}
+
+/// [`start`], with `env` added to the agent's environment.
+fn start_env(
+    agent: &str,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (fake_model::FakeModel, temp::TempDir, live::LiveCommand, Rec) {
     let model = fake_model::FakeModel::start_with(fake_model::Options { log_requests: true, dump_dir: None });
     let temp = temp::TempDir::new(name);
     let root: PathBuf = temp.path().to_path_buf();
-    let lc = live::prepare(agent, &model.base_url(), &root).unwrap_or_else(|e| panic!("prepare {agent}: {e}"));
+    let mut lc = live::prepare(agent, &model.base_url(), &root).unwrap_or_else(|e| panic!("prepare {agent}: {e}"));
+    lc.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let rec = Rec::start_acp(&lc, &root.join("trace.jsonl"));
     (model, temp, lc, rec)
 }
@@ -191,7 +201,18 @@ fn claude_subagents(model: &fake_model::FakeModel, rec: &mut Rec) {
 /// Records one scenario of `coda-acp --profile <agent>` as `fixtures/acp-<agent>/<scenario>` (with
 /// `CODA_RECORD=1`; always replayed through coda-acp at once): `run` drives the session.
 fn recorded(agent: &str, scenario: &str, notes: &str, run: impl FnOnce(&fake_model::FakeModel, &mut Rec)) {
-    let (model, temp, _lc, mut rec) = start(agent, &format!("coda-acp-{agent}-{scenario}"));
+    recorded_env(agent, scenario, notes, &[], run)
+}
+
+/// [`recorded`], with `env` added to the agent's environment.
+fn recorded_env(
+    agent: &str,
+    scenario: &str,
+    notes: &str,
+    env: &[(&str, &str)],
+    run: impl FnOnce(&fake_model::FakeModel, &mut Rec),
+) {
+    let (model, temp, _lc, mut rec) = start_env(agent, &format!("coda-acp-{agent}-{scenario}"), env);
     run(&model, &mut rec);
     rec.quiet(Duration::from_millis(1500));
     for frame in rec.finish() {
@@ -264,8 +285,101 @@ fn live_acp_gemini_quota() {
                 "session/prompt",
                 json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": "Go. [[error:429-usage]]"}]}),
             );
-            assert_eq!(answer["error"]["code"], 429, "{answer}");
+            assert_eq!(answer["error"]["code"], -32603, "{answer}");
+            assert_eq!(answer["error"]["message"], "You have exhausted your daily quota on this model.", "{answer}");
+            assert_eq!(answer["error"]["data"]["gemini"]["code"], 429, "{answer}");
+            assert_eq!(failure_of(&answer), json!({"kind": "quota_exhausted"}), "{answer}");
         });
+    }
+}
+
+/// `_meta.coda.failure` of an error answer.
+fn failure_of(answer: &Value) -> Value {
+    answer.pointer("/error/data/_meta/coda/failure").cloned().unwrap_or(Value::Null)
+}
+
+/// A prompt the fake model fails with `marker`; its answer and how long it took (within `within`).
+fn failed_turn(rec: &mut Rec, marker: &str, within: Duration) -> (Value, Duration) {
+    rec.new_session(true);
+    let asked = Instant::now();
+    let id = rec.send(
+        "session/prompt",
+        json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": format!("Go. {marker}")}]}),
+    );
+    let answer = rec.answer(id, within);
+    (answer, asked.elapsed())
+}
+
+/// Gemini CLI's 503: it retries by itself (not following `Retry-After`), then answers with the status. Takes
+/// minutes: `CODA_LIVE_SLOW=1` too.
+#[test]
+fn live_acp_gemini_503() {
+    if live::wanted("gemini", "coda-acp on Gemini CLI's 503") && std::env::var_os("CODA_LIVE_SLOW").is_some() {
+        let (model, _temp, _lc, mut rec) = start("gemini", "coda-acp-gemini-503");
+        let (answer, took) = failed_turn(&mut rec, "[[error:503~1]]", Duration::from_secs(600));
+        let requests = model.model_requests().len();
+        eprintln!("gemini 503: answered after {took:?}, {requests} model requests: {answer}");
+        assert_eq!(answer["error"]["code"], -32603, "{answer}");
+        assert_eq!(answer["error"]["data"]["gemini"]["code"], 503, "{answer}");
+        assert_eq!(failure_of(&answer), json!({"kind": "service_unavailable", "input": "accepted"}), "{answer}");
+        rec.finish();
+    }
+}
+
+/// Claude Agent ACP answers a failed turn once Claude Code's retries are over (`CLAUDE_CODE_MAX_RETRIES`, 10 by
+/// default: minutes), with the SDK's `errorKind`; one retry here, so that it answers in seconds.
+#[test]
+fn live_acp_claude_upstream() {
+    if live::wanted("claude", "coda-acp on Claude Agent ACP's upstream errors") {
+        let env = [("CLAUDE_CODE_MAX_RETRIES", "1")];
+        // The SDK says `rate_limit` for a 429 (a usage limit too), `server_error` for a 503, whose status Claude
+        // Code's message quotes: both `service_unavailable`.
+        for (scenario, marker, kind, notes) in [
+            ("upstream-quota", "[[error:429-usage]]", "rate_limit", "an upstream 429 rate_limit_error (a usage limit)"),
+            ("upstream-503", "[[error:503~1]]", "server_error", "an upstream 503 api_error"),
+        ] {
+            let notes = format!("{notes}, with one retry of Claude Code's");
+            recorded_env("claude", scenario, &notes, &env, |model, rec| {
+                let (answer, took) = failed_turn(rec, marker, Duration::from_secs(120));
+                let requests = model.model_requests().len();
+                eprintln!("claude {marker}: answered after {took:?}, {requests} model requests: {answer}");
+                assert_eq!(answer["error"]["code"], -32603, "{answer}");
+                assert_eq!(answer["error"]["data"]["errorKind"], kind, "{answer}");
+                assert_eq!(
+                    failure_of(&answer),
+                    json!({"kind": "service_unavailable", "input": "accepted"}),
+                    "{answer}"
+                );
+            });
+        }
+    }
+}
+
+/// Qwen Code retries a 429 or a 503 without end and says nothing of it over ACP: no signal, so no kind; the
+/// turn stays open until Coda cancels it.
+#[test]
+fn live_acp_qwen_upstream() {
+    if live::wanted("qwen", "coda-acp on Qwen Code's upstream errors") {
+        for marker in ["[[error:429-usage]]", "[[error:503~1]]"] {
+            let (model, _temp, _lc, mut rec) = start("qwen", "coda-acp-qwen-upstream");
+            rec.new_session(true);
+            let before = rec.received.len();
+            let id = rec.send(
+                "session/prompt",
+                json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": format!("Go. {marker}")}]}),
+            );
+            rec.quiet(Duration::from_secs(20));
+            let said: Vec<&Value> = rec.received[before..].iter().collect();
+            let answered = said.iter().any(|v| v["id"] == id && v.get("method").is_none());
+            let failed = model.model_requests().iter().filter(|r| r.user_text().contains(marker)).count();
+            eprintln!("qwen {marker}: {failed} model requests in 20 s; answered: {answered}; frames: {}", said.len());
+            assert!(!answered, "Qwen answered: {said:?}");
+            assert!(failed > 3, "Qwen retried: {failed}");
+            rec.notify("session/cancel", json!({"sessionId": rec.session}));
+            let answer = rec.answer(id, Duration::from_secs(10));
+            assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+            rec.finish();
+        }
     }
 }
 
@@ -280,10 +394,58 @@ fn compacts(agent: &str) {
         let result = &answer["result"];
         assert_eq!(result["compacted"], true, "{answer}");
         assert!(result["before"].as_u64().is_some(), "{answer}");
+        rec.quiet(Duration::from_millis(1500));
+        let compacted = facts(rec).last().cloned().unwrap_or(Value::Null);
+        let at = compacted["compactedAt"].as_str().unwrap_or_else(|| panic!("compactedAt: {compacted}")).to_owned();
         // The shim's own prompt is no turn of Coda's: nothing of it reaches Coda but compaction and usage.
         let answer = rec.prompt("After the compaction.");
         assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        let after = facts(rec).last().cloned().unwrap_or(Value::Null);
+        assert_eq!(after["compactedAt"], at.as_str(), "the same compaction: {after}");
     });
+}
+
+/// The `_meta.coda` of every `usage_update` of the session Coda got, in order; none is `{}`.
+fn facts(rec: &Rec) -> Vec<Value> {
+    let updates = rec.received.iter().filter(|v| {
+        v.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update"))
+            && v.pointer("/params/sessionId") == Some(&json!(rec.session))
+    });
+    let facts: Vec<Value> = updates.filter_map(|v| v.pointer("/params/update/_meta/coda").cloned()).collect();
+    assert!(!facts.contains(&json!({})), "never an empty object");
+    facts
+}
+
+/// Qwen Code's facts of a plain turn: its request's context (its `used`), and when the request began.
+#[test]
+fn live_acp_qwen_usage() {
+    if live::wanted("qwen", "coda-acp usage facts on Qwen Code") {
+        recorded("qwen", "usage-facts", "two turns, the second with a command: the facts of each", |model, rec| {
+            rec.new_session(true);
+            for text in [coda_text::FIRST_PROMPT, "Run it. [[sh:echo hi]]"] {
+                // A millisecond early: the fact is cut to milliseconds.
+                let asked = std::time::SystemTime::now() - Duration::from_millis(1);
+                let answer = rec.prompt(text);
+                assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+                rec.quiet(Duration::from_millis(500));
+                let last = rec
+                    .received
+                    .iter()
+                    .rev()
+                    .find(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")))
+                    .cloned()
+                    .expect("a usage update");
+                let coda = &last["params"]["update"]["_meta"]["coda"];
+                assert_eq!(coda["contextTokens"], last["params"]["update"]["used"], "{last}");
+                let at: jiff::Timestamp =
+                    coda["lastRequestAt"].as_str().expect("lastRequestAt").parse().expect("a time");
+                let asked = jiff::Timestamp::try_from(asked).expect("a time");
+                let now = jiff::Timestamp::now();
+                assert!(at >= asked && at <= now, "{at} between {asked} and {now}");
+                eprintln!("qwen facts: {coda}; {} model requests", model.model_requests().len());
+            }
+        });
+    }
 }
 
 #[test]
@@ -354,6 +516,34 @@ fn live_acp_claude_steers() {
         // Claude Code abandons the running model request and asks again with the message.
         steers("claude", "Take your time. [[delay:8000]]", |model, _| {
             model.model_requests().iter().any(|r| r.user_text().contains("[[delay:8000]]"))
+        });
+    }
+}
+
+/// Qwen Code's background shell command: a task `waiting`, `handling` in Qwen's own turn for it, then `done`.
+#[test]
+fn live_acp_qwen_background() {
+    if live::wanted("qwen", "coda-acp on Qwen Code's background command") {
+        let notes = "a background shell command: a task, handled in Qwen's own turn when it ends, then done";
+        recorded("qwen", "background-task", notes, |model, rec| {
+            rec.new_session(true);
+            let answer = rec.prompt("Start it. [[bg:sleep 3; echo done]]");
+            assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+            let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
+            assert_eq!(waiting["kind"], "task", "{waiting}");
+            assert_eq!(waiting["title"], "sleep 3; echo done", "{waiting}");
+            assert_eq!(waiting["stoppable"], false, "{waiting}");
+            assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".output")), "{waiting}");
+            let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+            let asked = model.model_requests().len();
+            rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
+            let done = rec.until_wait(Duration::from_secs(30), |w| {
+                w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "handling" && s != "waiting")
+            });
+            assert_eq!(done["state"], "done", "{done}");
+            assert!(model.model_requests().len() > asked, "Qwen's own turn asked the model");
+            assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
+            eprintln!("qwen background: waits {:?}", rec.waits());
         });
     }
 }

@@ -297,3 +297,69 @@ async fn hostile_subagent_updates_never_panic_and_answers_keep_their_order() {
     assert_eq!(before[1]["params"]["update"], "x");
     assert_eq!(s.close().await, 0);
 }
+
+/// An agent that retries a failed model request by itself and says nothing of it over ACP (Gemini CLI's 503,
+/// Claude Agent ACP's 429 and 503 with Claude Code's default retries, Qwen Code's without end): its prompt stays
+/// unanswered until `_test/give_up` makes it answer with `error`.
+fn retrying_silently(error: Value) -> impl FnMut(&str) -> Vec<String> + Send + 'static {
+    let mut open: Option<Value> = None;
+    move |line| {
+        let msg = read(line);
+        let method = msg["method"].as_str().unwrap_or("").to_owned();
+        match (msg.get("id").cloned(), method.as_str()) {
+            (Some(id), "initialize") => vec![answer(&id, json!({"protocolVersion": 1}))],
+            (Some(id), "session/new") => vec![answer(&id, json!({"sessionId": "s"}))],
+            (Some(id), "session/prompt") => {
+                open = Some(id);
+                Vec::new()
+            }
+            (None, "session/cancel") => {
+                open.take().map(|id| answer(&id, json!({"stopReason": "cancelled"}))).into_iter().collect()
+            }
+            (None, "_test/give_up") => open
+                .take()
+                .map(|id| json!({"jsonrpc": "2.0", "id": id, "error": error.clone()}).to_string())
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The failure machine's one-minute rule counts retries the agent reports; these agents report none, so a
+/// silent turn is never failed by the shim (no kind is guessed from silence): the turn stays Coda's to cancel,
+/// and the agent's own error answer, when it comes, carries the kind its explicit signal names.
+#[tokio::test(start_paused = true)]
+async fn a_turn_the_agent_retries_silently_is_never_failed_by_the_shim_and_its_answer_carries_the_kind() {
+    let gemini_503 = json!({"code": 503, "message": "The model is overloaded. Please try again later."});
+    let claude_429 = json!({"code": -32603, "message": "Internal error: API Error: Request rejected (429) · This request would exceed your account's usage limit.",
+        "data": {"errorKind": "rate_limit"}});
+    for (profile, error) in [("gemini", gemini_503), ("claude", claude_429), ("qwen", Value::Null)] {
+        let mut s = acp(profile, nowhere(), retrying_silently(error.clone()));
+        s.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {}})).await;
+        s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []})).await;
+        s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+            "params": {"sessionId": "s", "prompt": [{"type": "text", "text": "go"}]}}));
+        // Four minutes of virtual time (Gemini CLI's 503 took about that): nothing to Coda, nothing to the agent.
+        let got = s.drive_for(std::time::Duration::from_secs(240)).await;
+        assert!(got.client_json().is_empty(), "{profile}: {:?}", got.to_client);
+        assert!(!got.agent_json().iter().any(|(_, v)| v["method"] == "session/cancel"), "{profile}: never stopped");
+        if error.is_null() {
+            // Qwen Code never gives up: Coda's cancel ends the turn.
+            s.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "s"}}));
+            let (done, _, _) = s.answer_to(&json!(2)).await;
+            assert_eq!(done["result"]["stopReason"], "cancelled", "{profile}");
+        } else {
+            s.send_json(&json!({"jsonrpc": "2.0", "method": "_test/give_up", "params": {}}));
+            let (done, _, _) = s.answer_to(&json!(2)).await;
+            assert_eq!(done["error"]["code"], -32603, "{profile}: {done}");
+            assert_eq!(done["error"]["message"], error["message"], "{profile}: {done}");
+            assert_eq!(
+                done.pointer("/error/data/_meta/coda/failure"),
+                Some(&json!({"kind": "service_unavailable", "input": "accepted"})),
+                "{profile}: {done}"
+            );
+        }
+        assert_eq!(s.close().await, 0, "{profile}");
+    }
+}

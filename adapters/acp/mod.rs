@@ -10,9 +10,12 @@
 
 #[cfg(test)]
 mod behaviour;
+pub mod failure;
 pub mod profile;
 pub mod qwen;
+pub mod qwen_tasks;
 pub mod titles;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -53,6 +56,9 @@ fn bare() -> Profile {
         truncated_titles: false,
         steering: profile::SteeringBy::AsDeclared,
         compaction: None,
+        usage: None,
+        failures: None,
+        background: None,
     }
 }
 
@@ -166,13 +172,14 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
         Box::leak(p.builtin_commands.iter().map(|c| keep(c.clone())).collect::<Vec<_>>().into_boxed_slice());
     let truncated_titles = p.truncated_titles;
     let steering = p.steering;
-    let compaction = p.compaction.as_ref().map(|c| {
-        let own: Option<crate::coda::slash_compact::Own> = match c.reports {
-            Reports::CompactionUpdate => None,
-            Reports::QwenContextCompression => Some(qwen::compression),
-        };
-        (keep(c.command.clone()), own)
+    let own: Option<crate::coda::slash_compact::Own> = p.compaction.as_ref().and_then(|c| match c.reports {
+        Reports::CompactionUpdate => None,
+        Reports::QwenContextCompression => Some(qwen::compression as crate::coda::slash_compact::Own),
     });
+    let compaction = p.compaction.as_ref().map(|c| (keep(c.command.clone()), own));
+    let usage_by = p.usage.clone();
+    let failures = p.failures;
+    let background = p.background;
     let layers: &'static (dyn Fn(&mut Setup) + Send + Sync) = Box::leak(Box::new(move |setup: &mut Setup| {
         let identity = match from {
             Some(AgentInfoFrom::ClaudeAgentSdk) => {
@@ -194,7 +201,18 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
         if let Some((command, own)) = compaction {
             setup.add(move |_| Box::new(Compaction::new(SlashCompact::new(cli_name, command, own))));
         }
+        // Below the compaction layer: it sees the agent's reports of a compaction Coda asked for.
+        let usage_by = usage_by.clone();
+        setup.add(move |_| Box::new(usage::layer(usage_by.as_ref(), own)));
         setup.add(|_| Box::new(Subagents::new()));
+        if background == Some(profile::BackgroundBy::QwenTasks) {
+            setup.add(|_| Box::new(qwen_tasks::QwenTasks::new()));
+        }
+        // Next to the agent, as in the other binaries: every layer above sees Coda's answer.
+        if let Some(failures) = failures {
+            let patience = crate::coda::failure::retry_patience();
+            setup.add(move |_| Box::new(failure::layer(failures, patience)));
+        }
     }));
     Adapter {
         agent: "acp",

@@ -59,6 +59,69 @@ pub struct Profile {
     /// `_coda/session/compact` is not declared.
     #[serde(default)]
     pub compaction: Option<CompactionBy>,
+    /// What the agent's `usage_update` says, for Coda's usage facts; absent: nothing but the compactions it
+    /// reports.
+    #[serde(default)]
+    pub usage: Option<UsageBy>,
+    /// Where the agent says why a turn failed, for Coda's failure kinds; absent: nowhere (no kind is given).
+    #[serde(default)]
+    pub failures: Option<FailuresBy>,
+    /// Work the agent runs past a turn that coda-acp reports as `_coda/wait` from its own frames; absent: none
+    /// (standard ACP subagent sessions are reported for every agent).
+    #[serde(default)]
+    pub background: Option<BackgroundBy>,
+}
+
+/// How an agent reports its background work (see [`Profile::background`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackgroundBy {
+    /// Qwen Code: background shell commands (`Background shell started.` results, `_meta.backgroundTask`) and
+    /// its own turns for them (`_qwencode/start_turn`, `_qwencode/end_turn`).
+    QwenTasks,
+}
+
+/// What an agent's usage reports say (see [`Profile::usage`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct UsageBy {
+    /// What `used` of its `usage_update` counts.
+    pub used: Used,
+    /// Where it says when its main thread's model request began; absent: nowhere.
+    #[serde(default)]
+    pub request_start: Option<RequestStart>,
+}
+
+/// What an agent's `usage_update` `used` counts (see [`UsageBy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Used {
+    /// The input of its last main-thread model request, as the provider counted it (Qwen Code's
+    /// `promptTokenCount`): Coda's `contextTokens`.
+    RequestContext,
+    /// That input and the response's output together (Claude Agent ACP): no fact of Coda's.
+    ContextAndOutput,
+}
+
+/// Where an agent says when its model request began (see [`UsageBy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestStart {
+    /// Qwen Code: the empty `agent_message_chunk` just before its `usage_update` has `_meta.durationMs`, the
+    /// time since it began sending the request.
+    QwenDuration,
+}
+
+/// Where an agent says why a turn failed (see [`Profile::failures`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailuresBy {
+    /// Gemini CLI: a failed turn's error answer has the upstream's HTTP status as its code, and its own
+    /// classification of the upstream's reason as its message.
+    GeminiStatus,
+    /// Claude Agent ACP: a failed turn's error answer has the Claude Agent SDK's classification of the
+    /// upstream's error in `data.errorKind`.
+    ClaudeErrorKind,
 }
 
 /// How an agent steers (see [`Profile::steering`]).

@@ -203,12 +203,19 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
             format!("{what} {v}; tested with {versions}"),
             format!("works if its ACP did not change; to match the tests: {install}"),
         )),
-        None => rows.push(row(
-            "version",
-            Status::Warn,
-            format!("cannot tell the version of {}", found.command.program.display()),
-            format!("check it is {what}; tested with {versions} ({install})"),
-        )),
+        None => {
+            let tested = if tested.is_empty() {
+                "not tested with this binary".into()
+            } else {
+                format!("tested with {versions}")
+            };
+            rows.push(row(
+                "version",
+                Status::Warn,
+                format!("cannot tell the version of {}", found.command.program.display()),
+                format!("check it is {what}; {tested} ({install})"),
+            ))
+        }
     }
     // Checked only where found: the command may be another build of the same CLI.
     for also in adapter.also_tested {
@@ -577,6 +584,44 @@ mod tests {
         assert!(matches!(newer.status, Status::Ok) && matches!(other.status, Status::Warn));
         assert_eq!(other.result, "Demo CLI 2.0.0; tested with 1.2.3 and 1.4.0");
         assert_eq!(version_rows(&demo(), &found("1.2.3")).remove(0).result, "Demo CLI 1.2.3 (tested)");
+    }
+
+    #[test]
+    fn every_built_in_profile_of_coda_acp_says_a_tested_version_or_not_tested() {
+        let command = crate::child::AgentCommand { program: "/nonexistent/agent".into(), args: Vec::new() };
+        let found =
+            |v: Option<&str>| Found { command: command.clone(), version: v.map(str::to_owned), how: String::new() };
+        for name in crate::adapters::acp::profile::built_in_names() {
+            let profile = crate::adapters::acp::profile::built_in(name).expect("a built-in profile");
+            let tested = profile.tested_version.clone();
+            let adapter = crate::adapters::acp::adapter(Some(profile));
+            for v in [Some("0.0.1"), None] {
+                for r in version_rows(&adapter, &found(v)) {
+                    let said = format!("{} {}", r.result, r.fix);
+                    assert!(!said.contains("tested with  ") && !said.contains("tested with ("), "{name}: {said}");
+                    match &tested {
+                        Some(t) => assert!(said.contains(&format!("tested with {t}")), "{name}: {said}"),
+                        None => assert!(said.contains("not tested with this binary"), "{name}: {said}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cli_never_tested_is_said_so_never_with_an_empty_version() {
+        let mut adapter = demo();
+        adapter.tested.version = "";
+        let command = crate::child::AgentCommand { program: "/nonexistent/demo".into(), args: Vec::new() };
+        let found =
+            |v: Option<&str>| Found { command: command.clone(), version: v.map(str::to_owned), how: String::new() };
+        for v in [Some("2.0.0"), None] {
+            for r in version_rows(&adapter, &found(v)) {
+                let said = format!("{} {}", r.result, r.fix);
+                assert!(said.contains("not tested with this binary"), "{said}");
+                assert!(!said.contains("tested with  ") && !said.contains("tested with ("), "{said}");
+            }
+        }
     }
 
     #[test]

@@ -138,25 +138,25 @@ impl Failure {
 }
 
 /// What an upstream's own reason names, as a CLI passes it on: its error code (`error.code`, else `error.type`,
-/// of an OpenAI-shaped error body, which OpenAI, Moonshot and xAI write) first, else its HTTP status 503 (RFC
-/// 9110: the server is temporarily unable to handle the request, overloaded or in maintenance). No other status
-/// names a kind: a 429 may be a quota or a rate limit, a 403 a login problem (额度不足: never from a status
-/// alone). A rejected key is a login problem, never a kind.
+/// of an OpenAI-shaped error body, which OpenAI, Moonshot and xAI write; `error.type` of Anthropic's) first, else
+/// its HTTP status 503 (RFC 9110: the server is temporarily unable to handle the request, overloaded or in
+/// maintenance). No other status names a kind: a 429 may be a quota or a rate limit, a 403 a login problem
+/// (额度不足: never from a status alone). A rejected key is a login problem, never a kind.
 ///
 /// | upstream code | status | what it is |
 /// | --- | --- | --- |
-/// | `insufficient_quota`, `exceeded_current_quota_error` | any | `quota_exhausted` |
-/// | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | any | `service_unavailable` |
-/// | `invalid_api_key` | any | a login problem (-32000) |
+/// | `insufficient_quota`, `exceeded_current_quota_error`, `billing_error` | any | `quota_exhausted` |
+/// | `rate_limit_exceeded`, `rate_limit_error`, `server_error`, `server_is_overloaded`, `overloaded_error` | any | `service_unavailable` |
+/// | `invalid_api_key`, `authentication_error` | any | a login problem (-32000) |
 /// | another, or none | 503 | `service_unavailable` |
 /// | another, or none | another, or none | a plain error |
 pub fn upstream(code: Option<&str>, status: Option<u64>) -> Verdict {
     match code {
-        Some("insufficient_quota" | "exceeded_current_quota_error") => Verdict::Kind(Kind::Quota),
-        Some("rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error") => {
-            Verdict::Kind(Kind::SERVICE)
-        }
-        Some("invalid_api_key") => Verdict::Auth,
+        Some("insufficient_quota" | "exceeded_current_quota_error" | "billing_error") => Verdict::Kind(Kind::Quota),
+        Some(
+            "rate_limit_exceeded" | "rate_limit_error" | "server_error" | "server_is_overloaded" | "overloaded_error",
+        ) => Verdict::Kind(Kind::SERVICE),
+        Some("invalid_api_key" | "authentication_error") => Verdict::Auth,
         _ if status == Some(503) => Verdict::Kind(Kind::SERVICE),
         _ => Verdict::Plain,
     }
@@ -770,6 +770,12 @@ mod tests {
         assert_eq!(upstream(Some("insufficient_quota"), Some(429)), Verdict::Kind(Kind::Quota));
         assert_eq!(upstream(Some("rate_limit_exceeded"), Some(429)), Verdict::Kind(Kind::SERVICE));
         assert_eq!(upstream(Some("invalid_api_key"), Some(503)), Verdict::Auth);
+        // Anthropic's error types.
+        assert_eq!(upstream(Some("billing_error"), None), Verdict::Kind(Kind::Quota));
+        assert_eq!(upstream(Some("rate_limit_error"), Some(429)), Verdict::Kind(Kind::SERVICE));
+        assert_eq!(upstream(Some("overloaded_error"), Some(529)), Verdict::Kind(Kind::SERVICE));
+        assert_eq!(upstream(Some("authentication_error"), Some(401)), Verdict::Auth);
+        assert_eq!(upstream(Some("api_error"), Some(500)), Verdict::Plain);
         assert_eq!(upstream(None, Some(503)), Verdict::Kind(Kind::SERVICE));
         assert_eq!(upstream(Some("context_length_exceeded"), Some(503)), Verdict::Kind(Kind::SERVICE));
         for status in [None, Some(429), Some(403), Some(500), Some(502), Some(529)] {

@@ -1,0 +1,274 @@
+//! Where coda-acp's usage facts are (section 用量里的数据; the rules are [`crate::coda::usage`]'s): the agent's
+//! own ACP reports, read as its profile says ([`crate::adapters::acp::profile::UsageBy`]).
+//!
+//! - `contextTokens`: the `used` of the agent's `usage_update`, where its profile says that counts the input of
+//!   its last main-thread model request (`used = "request-context"`: Qwen Code 0.24.4 sends
+//!   `usageMetadata.promptTokenCount`, for main-thread responses only). Claude Agent ACP's `used` is that input
+//!   and the response's output together (`used = "context-and-output"`): no fact of Coda's, so none is said.
+//! - `lastRequestAt`: where the profile names a report of it (`request-start = "qwen-duration"`: Qwen Code's
+//!   empty `agent_message_chunk` just before its `usage_update` carries `_meta.durationMs`, the time since it
+//!   began sending that request; a subagent's carries `_meta.parentToolCallId` and is no main-thread request).
+//!   The time is the shim's clock when the chunk came, less that duration.
+//! - `compactedAt`: when the agent reported a compaction completed (the shim's clock): ACP's `compaction_update`
+//!   `completed` (once per `compactionId`: Claude Agent ACP sends `completed` twice), and Qwen Code's
+//!   `_meta.contextCompression` `done` (its `newTokenCount` is then the `used` of the shim's own `usage_update`,
+//!   sent because Qwen sends none after a compaction). Claude Agent ACP sends its own `usage_update` after one.
+//! - `cacheTtl`: no agent says it over ACP.
+//! - At load: not read. Qwen Code and Claude Code keep their sessions in files of their own, but no profile
+//!   reads them yet: the facts come with the session's next request.
+//!
+//! Gemini CLI sends no `usage_update` at all: its profile names no `usage`, and with no `used` and `size` of the
+//! agent's the shim sends no update of its own either.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+use super::profile::{RequestStart, UsageBy, Used};
+use crate::coda::slash_compact::{Own, Said as Compaction};
+use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
+use crate::frame::Frame;
+use crate::layer::Cx;
+
+/// Per root session.
+#[derive(Default)]
+struct Root {
+    /// When its main thread's last model request began, said before the `usage_update` that counts it.
+    began: Option<SystemTime>,
+    /// The last compaction seen completed (ACP's `compactionId`).
+    compaction: Option<String>,
+}
+
+/// An ACP agent's usage reports, read as its profile says (see the module docs).
+pub struct AcpUsage {
+    used: Option<Used>,
+    request_start: Option<RequestStart>,
+    /// The agent's own compaction report (Qwen Code's), where its profile names one.
+    own: Option<Own>,
+    roots: HashMap<String, Root>,
+}
+
+impl AcpUsage {
+    pub fn new(usage: Option<&UsageBy>, own: Option<Own>) -> AcpUsage {
+        AcpUsage {
+            used: usage.map(|u| u.used),
+            request_start: usage.and_then(|u| u.request_start),
+            own,
+            roots: HashMap::new(),
+        }
+    }
+
+    fn root(&mut self, session: &str, cx: &Cx) -> Option<&mut Root> {
+        per_root(&mut self.roots, session, cx, |_| false)
+    }
+}
+
+/// The layer for an agent whose profile says `usage` (if anything) and whose own compaction report is `own`.
+pub fn layer(usage: Option<&UsageBy>, own: Option<Own>) -> UsageFacts<AcpUsage> {
+    UsageFacts::new(AcpUsage::new(usage, own))
+}
+
+impl Source for AcpUsage {
+    type Event = Infallible;
+
+    fn wants(&self, frame: &Frame) -> bool {
+        match frame.session_update() {
+            Some("compaction_update") => true,
+            Some("agent_message_chunk") => {
+                (self.request_start.is_some() && frame.contains(b"\"durationMs\""))
+                    || (self.own.is_some() && frame.contains(b"\"contextCompression\""))
+            }
+            _ => false,
+        }
+    }
+
+    fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
+        let v = frame.value();
+        let (Some(session), Some(update)) =
+            (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
+        else {
+            return;
+        };
+        let wall = cx.wall();
+        let own = self.own;
+        let request_start = self.request_start;
+        let Some(root) = self.root(session, cx) else { return };
+        let say = |fact| (session.to_owned(), fact);
+        if update.get("sessionUpdate").and_then(Value::as_str) == Some("compaction_update") {
+            if update.get("status").and_then(Value::as_str) != Some("completed") {
+                return;
+            }
+            let id = update.get("compactionId").and_then(Value::as_str).map(str::to_owned);
+            if id.is_some() && root.compaction == id {
+                return;
+            }
+            root.compaction = id;
+            return out.push(say(Fact::Compacted(wall)));
+        }
+        if let Some(Compaction::Completed { after, .. }) = own.and_then(|read| read(update)) {
+            out.push(say(Fact::Compacted(wall)));
+            out.extend(after.map(|n| say(Fact::Used(n))));
+            return out.push(say(Fact::Send));
+        }
+        let meta = update.get("_meta");
+        let main = meta.is_some_and(|m| m.get("parentToolCallId").is_none() && m.get("usage").is_some());
+        if request_start == Some(RequestStart::QwenDuration)
+            && main
+            && let Some(ms) = meta.and_then(|m| m.get("durationMs")).and_then(Value::as_u64)
+        {
+            root.began = wall.checked_sub(Duration::from_millis(ms));
+        }
+    }
+
+    fn usage_update(&mut self, session: &str, update: &Value, cx: &mut Cx, out: &mut Said) {
+        let used = self.used;
+        let Some(root) = self.root(session, cx) else { return };
+        if let Some(at) = root.began.take() {
+            out.push((session.to_owned(), Fact::Request(at)));
+        }
+        if used == Some(Used::RequestContext)
+            && let Some(n) = update.get("used").and_then(Value::as_u64)
+        {
+            out.push((session.to_owned(), Fact::Context(n)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::testing::{Harness, wall_start};
+    use serde_json::json;
+
+    const S: &str = "q1";
+
+    fn qwen() -> Harness {
+        let usage = UsageBy { used: Used::RequestContext, request_start: Some(RequestStart::QwenDuration) };
+        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression)));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
+        h.take();
+        h
+    }
+
+    fn update(session: &str, update: Value) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}})
+    }
+
+    /// Qwen Code 0.24.4's pair after a main response, as recorded.
+    fn response(session: &str, used: u64, duration: u64) -> [Value; 2] {
+        [
+            update(
+                session,
+                json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":""},
+                "_meta":{"usage":{"inputTokens":used,"outputTokens":5,"totalTokens":used + 5,"thoughtTokens":0,
+                "cachedReadTokens":0},"durationMs":duration}}),
+            ),
+            update(session, json!({"sessionUpdate":"usage_update","used":used,"size":32000})),
+        ]
+    }
+
+    fn coda(v: &Value) -> Value {
+        v.pointer("/params/update/_meta/coda").cloned().unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn qwen_says_the_context_and_when_its_request_began() {
+        let mut h = qwen();
+        h.advance(Duration::from_secs(5));
+        for v in response(S, 21062, 999) {
+            h.from_agent(v);
+        }
+        let out = h.to_client();
+        assert_eq!(out.len(), 2);
+        assert_eq!(coda(&out[0]), Value::Null, "the chunk goes on as it came");
+        let at = crate::coda::usage::iso(wall_start() + Duration::from_millis(5000 - 999)).unwrap();
+        assert_eq!(coda(&out[1]), json!({"lastRequestAt": at, "contextTokens": 21062}));
+        // A subagent's chunk (parentToolCallId) is no main-thread request: the next update keeps the last one.
+        h.advance(Duration::from_secs(5));
+        h.from_agent(update(
+            S,
+            json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":""},
+            "_meta":{"usage":{"inputTokens":7},"durationMs":10,"parentToolCallId":"call_1","subagentType":"x"}}),
+        ));
+        h.from_agent(update(S, json!({"sessionUpdate":"usage_update","used":21070,"size":32000})));
+        assert_eq!(coda(&h.to_client()[1]), json!({"lastRequestAt": at, "contextTokens": 21070}));
+    }
+
+    #[test]
+    fn a_compaction_is_said_once_with_qwens_own_count_as_used() {
+        let mut h = qwen();
+        for v in response(S, 20389, 100) {
+            h.from_agent(v);
+        }
+        let before = coda(&h.to_client()[1]);
+        h.advance(Duration::from_secs(60));
+        let done = update(
+            S,
+            json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"Context compressed"},
+            "_meta":{"contextCompression":{"phase":"done","originalTokenCount":20389,"newTokenCount":18039}}}),
+        );
+        h.from_agent(done.clone());
+        let out = h.to_client();
+        assert_eq!(out[0], done);
+        let own = &out[1]["params"]["update"];
+        assert_eq!(own["used"], 18039);
+        assert_eq!(own["size"], 32000);
+        let at = crate::coda::usage::iso(wall_start() + Duration::from_secs(60)).unwrap();
+        assert_eq!(own["_meta"]["coda"]["compactedAt"], at);
+        assert_eq!(own["_meta"]["coda"]["lastRequestAt"], before["lastRequestAt"], "still the main thread's");
+        assert_eq!(own["_meta"]["coda"]["contextTokens"], 20389);
+    }
+
+    #[test]
+    fn claude_says_only_its_compactions_once_each() {
+        let usage = UsageBy { used: Used::ContextAndOutput, request_start: None };
+        let mut h = Harness::of(layer(Some(&usage), None));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"c1"}}));
+        h.take();
+        let plain = update("c1", json!({"sessionUpdate":"usage_update","used":11890,"size":200000}));
+        h.from_agent(plain.clone());
+        assert_eq!(h.to_client(), [plain], "nothing known: no _meta.coda at all");
+        h.advance(Duration::from_secs(3));
+        let done = json!({"sessionUpdate":"compaction_update","compactionId":"x","status":"completed"});
+        h.from_agent(update("c1", done.clone()));
+        h.advance(Duration::from_secs(1));
+        h.from_agent(update("c1", done));
+        h.from_agent(update("c1", json!({"sessionUpdate":"usage_update","used":2474,"size":200000})));
+        let out = h.to_client();
+        assert_eq!(out.len(), 3, "{out:?}");
+        let at = crate::coda::usage::iso(wall_start() + Duration::from_secs(3)).unwrap();
+        assert_eq!(coda(&out[2]), json!({"compactedAt": at}), "the first completed, no context of Claude's");
+        // A child's compaction or usage is none of the root's.
+        h.from_agent(update(
+            "child",
+            json!({"sessionUpdate":"compaction_update","compactionId":"y","status":"completed"}),
+        ));
+        let child = update("child", json!({"sessionUpdate":"usage_update","used":1,"size":2}));
+        h.from_agent(child.clone());
+        assert_eq!(h.to_client()[1], child);
+    }
+
+    #[test]
+    fn hostile_reports_say_nothing_and_never_panic() {
+        let mut h = qwen();
+        for bad in [
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"q1","update":{"sessionUpdate":"agent_message_chunk","_meta":{"usage":{},"durationMs":1e400}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"q1","update":{"sessionUpdate":"agent_message_chunk","_meta":{"usage":{},"durationMs":-5}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"q1","update":{"sessionUpdate":"agent_message_chunk","_meta":{"usage":{},"durationMs":18446744073709551615}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":["q1"],"update":{"sessionUpdate":"compaction_update","status":"completed"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"q1","update":{"sessionUpdate":"agent_message_chunk","_meta":{"contextCompression":{"phase":"done","newTokenCount":"x"}}}}}"#,
+        ] {
+            h.agent_frame(Frame::parse(bad.as_bytes().to_vec()).expect("a frame"));
+        }
+        let out = h.to_client();
+        assert_eq!(out.len(), 5, "each passed on; no update of the shim's without Qwen's used and size: {out:?}");
+        h.from_agent(update(S, json!({"sessionUpdate":"usage_update","used":"many","size":32000})));
+        let last = h.to_client().pop().unwrap();
+        assert!(coda(&last).get("lastRequestAt").is_none(), "{last}");
+        assert!(coda(&last).get("contextTokens").is_none(), "{last}");
+    }
+}
