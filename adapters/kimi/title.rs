@@ -640,7 +640,9 @@ mod tests {
             out["result"]["sessions"].as_array().expect("sessions").iter().map(|e| &e["title"]).collect();
         assert_eq!(got, [&json!("hello"), &Value::Null, &json!("plain title")]);
         // The same answer to any other request is not touched.
-        h.from_agent(list.clone());
-        assert_eq!(h.to_client(), [list]);
+        h.from_client(json!({"jsonrpc": "2.0", "id": "m", "method": "session/set_mode", "params": {}}));
+        let other = json!({"jsonrpc": "2.0", "id": "m", "result": list["result"]});
+        h.from_agent(other.clone());
+        assert_eq!(h.to_client(), [other]);
     }
 }

@@ -334,6 +334,9 @@ impl<'a> Cx<'a> {
     }
 }
 
+/// The error a request gets whose id is that of a request still open: JSON-RPC's invalid request.
+pub const ID_IN_USE: (i64, &str) = (-32600, "invalid request: id in use");
+
 /// The layers of one binary, the client's requests, and the shim's own outstanding requests.
 pub struct Stack {
     layers: Vec<Box<dyn AnyLayer>>,
@@ -416,19 +419,33 @@ impl Stack {
         self.layers.is_empty()
     }
 
-    /// A frame read from the client.
+    /// A frame read from the client. A request whose id is that of a request still open (the client's not yet
+    /// answered, or the shim's own) is answered with an error at once and goes no further: JSON-RPC's ids tell
+    /// requests apart, and two open under one id would make every answer ambiguous.
     pub fn from_client(&mut self, frame: Frame, exits: &mut Exits) {
+        if let Kind::Request { id, .. } = frame.kind()
+            && (self.shared.requests.get(id).is_some() || self.own.contains_key(id))
+        {
+            tracing::warn!("client sent a request with the id of one still open; answered with an error");
+            let answer = crate::frame::error_response(id, ID_IN_USE.0, ID_IN_USE.1, None);
+            return exits.to_client.push(answer);
+        }
         self.shared.requests.opened(&frame, self.now, self.wall);
         self.down(0, frame, exits);
         self.settle(exits);
     }
 
-    /// A frame read from the agent.
+    /// A frame read from the agent. A second answer to a client request whose first is still on its way to the
+    /// client is dropped here; one to a request no longer open walks up the layers (one may be waiting for it
+    /// after answering the client itself) and is dropped if it reaches the client ([`Stack::up`]).
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
             if let Some((layer, tag)) = self.own.remove(id) {
                 self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
                 return self.settle(exits);
+            }
+            if self.shared.requests.get(id).is_some_and(Request::is_answered) {
+                return tracing::warn!("the agent answered a request twice; the second answer is dropped");
             }
             self.shared.requests.answered(id);
         }
@@ -493,8 +510,14 @@ impl Stack {
         }
         match below.checked_sub(1) {
             None => {
-                if let Kind::Response { id } = frame.kind() {
-                    self.shared.requests.closed(id);
+                if let Kind::Response { id } = frame.kind()
+                    && !self.shared.requests.closed(id)
+                    && *id != Id::null()
+                {
+                    // Coda has its answer already (or never asked): a second one would answer nothing of its.
+                    return tracing::warn!(
+                        "an answer to a request that is no longer open reached the client side; dropped"
+                    );
                 }
                 exits.to_client.push(frame)
             }
@@ -686,6 +709,7 @@ mod tests {
         let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Liar)]);
         h.from_agent(json!({"jsonrpc":"2.0","method":"keep"}));
         assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","method":"keep"})]);
+        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"m"}));
         h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{}}));
         assert_eq!(h.to_client().len(), 1, "an answer is not said to pass: the layer sees it");
         // Debug builds call the layer anyway and see that it did not pass the frame on.
@@ -984,9 +1008,130 @@ mod tests {
             "open":["session/new"]});
         assert_eq!((&out[1]["params"], &out[2]["params"]), (&about, &about));
         assert_eq!(h.stack().owed(), vec![Id::string("n")]);
-        // Answered to the client: forgotten. A second answer answers nothing known.
+        // Answered to the client: forgotten. A second answer answers nothing known: it never reaches the client.
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
-        assert_eq!(h.to_client().len(), 1);
+        assert_eq!(h.to_client(), Vec::<Value>::new());
         assert!(h.stack().requests().get(&Id::from_json("1")).is_none());
+    }
+
+    /// Holds the agent's answers until the client sends `release`.
+    #[derive(Default)]
+    struct Holder(Vec<Frame>);
+    impl Layer for Holder {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if f.is_notification("release") {
+                return self.0.drain(..).for_each(|a| cx.to_client(a));
+            }
+            cx.to_agent(f)
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            match f.kind() {
+                Kind::Response { .. } => self.0.push(f),
+                _ => cx.to_client(f),
+            }
+        }
+    }
+
+    /// Answers `early` requests itself at once and still sends them on; says `late` when the agent's answer to
+    /// one comes, and passes that answer on too.
+    struct Early;
+    impl Layer for Early {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let early = f.id().filter(|_| f.is_request("early")).cloned();
+            cx.to_agent(f);
+            if let Some(id) = early {
+                cx.to_client(crate::frame::result_response(&id, json!("early")));
+            }
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            if matches!(f.kind(), Kind::Response { .. }) && cx.answer_to(&f).is_none() {
+                cx.to_client(crate::frame::notification("late", json!({})));
+            }
+            cx.to_client(f)
+        }
+    }
+
+    #[test]
+    fn the_agents_second_answer_never_reaches_the_client() {
+        // Twice in a row: the second is dropped, the request forgotten once the first reached the client.
+        let mut h = Harness::new(vec![Box::new(Pinger)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":"a","method":"m"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":"a","result":1}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"again"}}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":"a","result":1})]);
+        // The second while a layer still holds the first: dropped on arrival, the layers never see it.
+        let mut h = Harness::new(vec![Box::new(Holder::default())]);
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"m"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":"first"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":"second"}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"release"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":2,"result":"first"})]);
+        assert!(h.stack().requests().get(&Id::from_json("2")).is_none());
+        // A layer that answered the client itself still sees the agent's answer; the client does not.
+        let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Early)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"early"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":3,"result":"early"})]);
+        assert_eq!(h.to_agent().len(), 1);
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":"from the agent"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","method":"late","params":{}})]);
+        // An answer with id null (an agent's parse error) answers no request: it still goes on.
+        h.from_agent(json!({"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}));
+        assert_eq!(h.to_client().len(), 2, "Early's note, then the error");
+    }
+
+    #[test]
+    fn a_request_with_the_id_of_one_still_open_is_refused_and_goes_no_further() {
+        let mut h = Harness::new(vec![Box::new(Asker), Box::new(Holder::default())]);
+        let prompt = json!({"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}});
+        h.from_client(prompt.clone());
+        assert_eq!(h.to_agent().len(), 1);
+        // Same id, another method, spelled otherwise: refused at once, nothing reaches the agent or a layer.
+        let again = r#"{"jsonrpc":"2.0","id":7.0,"method":"session/set_mode","params":{"sessionId":"s","modeId":"x"}}"#;
+        h.client_frame(Frame::parse(again.as_bytes().to_vec()).unwrap());
+        let out = h.take();
+        assert!(out.to_agent.is_empty());
+        assert_eq!(out.to_client.len(), 1);
+        assert_eq!(
+            out.to_client[0].bytes(),
+            br#"{"jsonrpc":"2.0","id":7.0,"error":{"code":-32600,"message":"invalid request: id in use"}}"#
+        );
+        assert!(
+            h.stack().requests().get(&Id::from_json("7")).is_some_and(|r| r.is("session/prompt")),
+            "still the prompt"
+        );
+        // Answered by the agent but held by a layer: still open for the client, still in use.
+        h.from_agent(json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"end_turn"}}));
+        h.from_client(prompt.clone());
+        assert_eq!(h.to_client()[0]["error"]["code"], -32600);
+        assert!(h.to_agent().is_empty());
+        h.from_client(json!({"jsonrpc":"2.0","method":"release"}));
+        let released = h.to_client();
+        assert_eq!(released[0], json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"end_turn"}}));
+        // Answered to the client: the id is free again.
+        h.from_client(prompt);
+        assert_eq!(h.to_agent().len(), 1);
+        assert!(h.to_client().is_empty());
+        // Notifications and the client's answers carry no id of a request of its: never refused.
+        h.from_client(json!({"jsonrpc":"2.0","id":7,"result":{}}));
+        assert_eq!(h.to_agent().len(), 1);
+    }
+
+    #[test]
+    fn a_request_with_the_id_of_one_of_the_shims_own_is_refused() {
+        let mut h = Harness::new(vec![Box::new(Pinger)]);
+        h.from_client(json!({"jsonrpc":"2.0","method":"ask"}));
+        let probe = h.to_agent().pop().unwrap();
+        h.from_client(json!({"jsonrpc":"2.0","id":probe["id"],"method":"m"}));
+        assert!(h.to_agent().is_empty());
+        assert_eq!(h.to_client()[0]["error"]["code"], -32600);
+        // The agent's answer to the probe is still the layer's.
+        h.from_agent(json!({"jsonrpc":"2.0","id":probe["id"],"result":{}}));
+        assert_eq!(h.to_client()[0]["method"], "answered");
     }
 }

@@ -76,8 +76,7 @@ pub struct Requests {
 }
 
 impl Requests {
-    /// A client request entered the stack. A second request with the id of an open one replaces it (the
-    /// client broke JSON-RPC's rule; the answer that comes is the newer one's).
+    /// A client request entered the stack (the stack refuses one with the id of a request still open).
     pub(super) fn opened(&mut self, frame: &Frame, at: Instant, wall: SystemTime) {
         let Kind::Request { id, method } = frame.kind() else { return };
         self.next += 1;
@@ -113,9 +112,9 @@ impl Requests {
         }
     }
 
-    /// An answer to `id` left the stack towards the client: the request is over.
-    pub(super) fn closed(&mut self, id: &Id) {
-        self.open.remove(id);
+    /// An answer to `id` left the stack towards the client: the request is over. False when it was not open.
+    pub(super) fn closed(&mut self, id: &Id) -> bool {
+        self.open.remove(id).is_some()
     }
 
     pub fn get(&self, id: &Id) -> Option<&Request> {

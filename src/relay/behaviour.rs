@@ -20,7 +20,7 @@ fn shim(agent: &str) -> Pair {
 }
 
 /// [`shim`] with `--max-frame-bytes` and an agent of the test's.
-fn shim_with(agent: &str, max_line: usize, test_agent: TestAgent) -> Pair {
+fn shim_with(agent: &str, max_line: usize, test_agent: impl super::testing::Agent) -> Pair {
     let command = AgentCommand { program: "test-agent".into(), args: Vec::new() };
     let adapter = crate::adapters::by_agent(agent).expect("an adapter");
     let (stack, events) = adapter.stack(&command, None);
@@ -533,5 +533,76 @@ async fn opencode_and_kimi_keep_their_own_agent_info() {
         let (answer, _) = s.request(0, "initialize", json!({"protocolVersion": 1})).await;
         assert_eq!(answer["result"]["agentInfo"], json!({"name": "OpenCode", "version": "1.18.33"}), "{agent}");
         assert_eq!(s.close().await, 0, "{agent}");
+    }
+}
+
+/// A CLI that answers each request twice (initialize, `session/new` with `dup-1`, a prompt with `end_turn`); with
+/// `prompts: false` it never answers a prompt.
+fn answering_twice(prompts: bool) -> impl FnMut(&str) -> Vec<String> + Send + 'static {
+    move |line: &str| {
+        let v = json(line);
+        let (Some(id), Some(method)) = (v.get("id"), v.get("method").and_then(Value::as_str)) else {
+            return Vec::new();
+        };
+        let result = match method {
+            "initialize" => json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
+            "session/new" => json!({"sessionId": "dup-1"}),
+            "session/prompt" if !prompts => return Vec::new(),
+            "session/prompt" => json!({"stopReason": "end_turn"}),
+            _ => json!({}),
+        };
+        let answer = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        vec![answer.clone(), answer]
+    }
+}
+
+/// The answers among `got`, by id.
+fn answers(got: &[Value]) -> Vec<Value> {
+    got.iter().filter(|v| v.get("method").is_none()).map(|v| v["id"].clone()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clis_second_answer_never_reaches_the_client_on_any_stack() {
+    for agent in BINARIES {
+        let mut s = shim_with(agent, crate::lines::DEFAULT_MAX_LINE, answering_twice(true));
+        s.send_json(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}));
+        s.send_json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}),
+        );
+        assert_eq!(answers(&s.drive().await.client_json()), [json!(0), json!(1)], "coda-{agent}");
+        s.send_json(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt_params("dup-1", "hi")}),
+        );
+        s.send_json(&json!({"jsonrpc": "2.0", "id": "m", "method": "session/set_mode",
+            "params": {"sessionId": "dup-1", "modeId": "x"}}));
+        assert_eq!(answers(&s.drive().await.client_json()), [json!(2), json!("m")], "coda-{agent}: one answer each");
+        let warned = |l: &String| l.contains("answered a request twice") || l.contains("no longer open");
+        assert!(s.logs().iter().any(warned), "coda-{agent}: warned");
+        assert_eq!(s.close().await, 0, "coda-{agent}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_reusing_the_id_of_an_open_one_is_refused_on_any_stack() {
+    for agent in BINARIES {
+        let mut s = shim_with(agent, crate::lines::DEFAULT_MAX_LINE, answering_twice(false));
+        s.request(0, "initialize", json!({"protocolVersion": 1})).await;
+        s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []})).await;
+        s.send_json(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt_params("dup-1", "hi")}),
+        );
+        s.drive().await;
+        // The prompt is open (the CLI never answers it): the same id again is refused, and the CLI never has it.
+        let (answer, _, to_agent) = {
+            s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/set_mode",
+                "params": {"sessionId": "dup-1", "modeId": "x"}}));
+            s.answer_to(&json!(2)).await
+        };
+        assert_eq!(answer["error"], json!({"code": -32600, "message": "invalid request: id in use"}), "coda-{agent}");
+        assert!(to_agent.iter().all(|l| !l.contains("session/set_mode")), "coda-{agent}: {to_agent:?}");
+        // Stop ends the prompt; the id is free again.
+        s.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "dup-1"}}));
+        s.drive().await;
+        assert_eq!(s.close().await, 0, "coda-{agent}");
     }
 }
