@@ -117,19 +117,6 @@ impl Sim {
     }
 }
 
-/// The one event a stack's set-up threads send by themselves: coda-codex's probe of the Codex version. It is
-/// waited for (in real time) before the session starts, so it is handled first at virtual time 0 rather than
-/// whenever its thread gets to it.
-fn settle_set_up(agent: &str, events: &tokio::sync::mpsc::UnboundedReceiver<(usize, coda_shim::layer::Event)>) {
-    if agent != "codex" {
-        return;
-    }
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    while events.is_empty() && std::time::Instant::now() < give_up {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 async fn run_async(agent: &str, plan: &[Timed]) -> Report {
     let flavor = Flavor::of(agent);
     let model = Arc::new(Mutex::new(Model::new(flavor)));
@@ -142,8 +129,8 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
     };
     let command = AgentCommand { program: PathBuf::from("/nonexistent/coda-sim-agent"), args };
     let adapter = coda_shim::adapters::by_agent(agent).unwrap_or_else(|| panic!("no binary coda-{agent}"));
-    let (stack, events) = adapter.stack(&command, None);
-    settle_set_up(agent, &events);
+    // The CLI's version as the adapter was tested with: no set-up probes it (in real time).
+    let (stack, events) = adapter.stack(&command, Some(adapter.tested.version.to_owned()));
     let (pair, agent_end) = Pair::with_agent_end(stack, events, coda_shim::lines::DEFAULT_MAX_LINE);
     let start = Instant::now();
     let notify = Arc::new(Notify::new());
