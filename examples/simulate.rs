@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example simulate -- --seeds 1000000..1010000 [--agent grok] [--for 10m] [--keep-going]
-//! cargo run --release --example simulate -- --seeds 42 --agent kimi --transcript
+//! cargo run --release --example simulate -- --seeds 42 --agent kimi --transcript [--shrunk]
 //! cargo run --release --example simulate -- --seeds 0..100000 --keep-going --no-shrink   # seeds/s, no shrinking
 //! ```
 
@@ -17,6 +17,7 @@ struct Args {
     agents: Vec<String>,
     duration: Option<Duration>,
     transcript: bool,
+    shrunk: bool,
     keep_going: bool,
     no_shrink: bool,
 }
@@ -28,6 +29,7 @@ fn parse() -> Result<Args, lexopt::Error> {
         agents: Vec::new(),
         duration: None,
         transcript: false,
+        shrunk: false,
         keep_going: false,
         no_shrink: false,
     };
@@ -59,11 +61,12 @@ fn parse() -> Result<Args, lexopt::Error> {
                 args.duration = Some(humantime::parse_duration(&text).map_err(|e| format!("--for {text}: {e}"))?);
             }
             Long("transcript") => args.transcript = true,
+            Long("shrunk") => args.shrunk = true,
             Long("keep-going") => args.keep_going = true,
             Long("no-shrink") => args.no_shrink = true,
             Long("help") | Short('h') => {
                 println!(
-                    "simulate [--seeds N | START..END] [--agent codex|grok|kimi|opencode]... [--for 10m] [--keep-going] [--no-shrink] [--transcript]"
+                    "simulate [--seeds N | START..END] [--agent codex|grok|kimi|opencode]... [--for 10m] [--keep-going] [--no-shrink] [--transcript [--shrunk]]"
                 );
                 std::process::exit(0);
             }
@@ -87,7 +90,13 @@ fn main() -> ExitCode {
     if args.transcript {
         for agent in &args.agents {
             for seed in args.seeds.clone() {
-                let report = run(agent, &generate(agent, seed));
+                let mut plan = generate(agent, seed);
+                if args.shrunk
+                    && let Err(failed) = check_seed(agent, seed)
+                {
+                    plan = failed.plan;
+                }
+                let report = run(agent, &plan);
                 println!("== coda-{agent} seed {seed}");
                 for line in &report.transcript {
                     println!("{line}");

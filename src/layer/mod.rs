@@ -334,6 +334,17 @@ impl<'a> Cx<'a> {
     }
 }
 
+/// How much a stack holds ([`Stack::sizes`]): what a test checks stays bounded however a session goes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// The client's requests not yet answered to it.
+    pub open_requests: usize,
+    /// The shim's own requests the agent has not answered.
+    pub own_requests: usize,
+    /// Wake-ups pending, across the layers.
+    pub timers: usize,
+}
+
 /// The error a request gets whose id is that of a request still open: JSON-RPC's invalid request.
 pub const ID_IN_USE: (i64, &str) = (-32600, "invalid request: id in use");
 
@@ -355,6 +366,8 @@ pub struct Stack {
     jobs: Vec<Job>,
     /// Whether jobs wait for [`Stack::take_work`] (else they run after each input).
     keep_work: bool,
+    /// Where the stack says its [`Sizes`] after each input, when a test asked ([`Stack::gauge`]).
+    gauge: Option<std::sync::Arc<std::sync::Mutex<Sizes>>>,
 }
 
 /// Where frames leave the stack.
@@ -382,6 +395,28 @@ impl Stack {
             wall: SystemTime::now(),
             jobs: Vec::new(),
             keep_work: false,
+            gauge: None,
+        }
+    }
+
+    /// How much the stack holds now.
+    pub fn sizes(&self) -> Sizes {
+        Sizes {
+            open_requests: self.shared.requests.len(),
+            own_requests: self.own.len(),
+            timers: self.shared.timers.iter().map(|t| t.len()).sum(),
+        }
+    }
+
+    /// A cell the stack writes its [`Sizes`] to after each input, for a test that cannot reach the stack while a
+    /// relay runs it (read-only: nothing the stack does depends on it).
+    pub fn gauge(&mut self) -> std::sync::Arc<std::sync::Mutex<Sizes>> {
+        self.gauge.get_or_insert_with(Default::default).clone()
+    }
+
+    fn publish_sizes(&self) {
+        if let Some(gauge) = &self.gauge {
+            *gauge.lock().unwrap_or_else(|p| p.into_inner()) = self.sizes();
         }
     }
 
@@ -1120,6 +1155,24 @@ mod tests {
         // Notifications and the client's answers carry no id of a request of its: never refused.
         h.from_client(json!({"jsonrpc":"2.0","id":7,"result":{}}));
         assert_eq!(h.to_agent().len(), 1);
+    }
+
+    #[test]
+    fn the_sizes_count_open_requests_own_requests_and_wake_ups() {
+        let mut h = Harness::new(vec![Box::new(Pinger), sleeper("low", false)]);
+        let gauge = h.stack().gauge();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"m"}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"ask"}));
+        ask(&mut h, "after", 1, 10);
+        ask(&mut h, "after", 2, 20);
+        let want = Sizes { open_requests: 1, own_requests: 1, timers: 2 };
+        assert_eq!((h.stack().sizes(), *gauge.lock().unwrap()), (want, want));
+        let probe = h.to_agent().into_iter().find(|f| f["method"] == "probe").unwrap();
+        h.from_agent(json!({"jsonrpc":"2.0","id":probe["id"],"result":{}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        h.advance(Duration::from_millis(20));
+        let none = Sizes { open_requests: 0, own_requests: 0, timers: 0 };
+        assert_eq!((h.stack().sizes(), *gauge.lock().unwrap()), (none, none));
     }
 
     #[test]

@@ -117,6 +117,15 @@ impl Requests {
         self.open.remove(id).is_some()
     }
 
+    /// How many requests are open (not yet answered to the client).
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
     pub fn get(&self, id: &Id) -> Option<&Request> {
         self.open.get(id)
     }

@@ -1,15 +1,17 @@
 //! One run: a binary's real stack ([`coda_shim::Adapter::stack`]) in the real relay loop on in-memory pipes and
 //! tokio's paused clock ([`Pair`]), the Coda player on its client side and the CLI model on its agent side, the
 //! plan's steps at their virtual times, the checks after every step, then a drain (an hour of virtual time with
-//! Coda idle), the end-of-run checks, and Coda closing the shim's stdin.
+//! Coda idle), the end-of-run checks, and Coda closing the shim's stdin. A restart ends the process and starts
+//! the binary again over the same CLI model (its disk), with Coda loading its sessions in the new one.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use coda_shim::child::AgentCommand;
+use coda_shim::layer::Sizes;
 use coda_shim::relay::testing::Pair;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -20,7 +22,7 @@ use crate::plan::{Step, Timed, Turn};
 use crate::server::Server;
 
 /// How long the run goes on after its last step with Coda idle: past every deadline of the shim's (the longest,
-/// compaction's, is 9 minutes; Coda's own wait for a compaction 10).
+/// compaction's, is 9 minutes; Coda's own wait for a compaction 10; Codex's wait for a turn's subagents 10).
 pub const DRAIN: Duration = Duration::from_secs(3600);
 
 /// What a run did: every line each side got or wrote, with its virtual time, and the first broken rule.
@@ -43,6 +45,7 @@ pub fn run(agent: &str, plan: &[Timed]) -> Report {
 }
 
 struct Sim {
+    agent: String,
     pair: Pair,
     coda: Coda,
     checker: Checker,
@@ -50,113 +53,73 @@ struct Sim {
     log: Arc<Mutex<Vec<String>>>,
     notify: Arc<Notify>,
     start: Instant,
+    /// The shim's tables, as its stack says after each input.
+    sizes: Arc<Mutex<Sizes>>,
+    server: Option<Server>,
 }
 
-impl Sim {
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
-    }
-
-    /// Takes what Coda received since the last look and checks it, then what the CLI saw.
-    async fn collect(&mut self) -> Option<Violation> {
-        let now = self.now();
-        let got = self.pair.drive_for(Duration::ZERO).await;
-        for line in got.to_client {
-            lock(&self.log).push(format!("{now} >C {line}"));
-            let v = self.checker.client_line(&mut self.coda, &lock(&self.model).truth, &line);
-            if v.is_some() {
-                return v;
-            }
-        }
-        self.checker.cli_side(&mut lock(&self.model).truth)
-    }
-
-    fn send(&mut self, line: &str) {
-        let now = self.now();
-        let sent = self.pair.try_send(line);
-        let gone = if sent { "" } else { " (not read: the shim has ended)" };
-        lock(&self.log).push(format!("{now} C> {line}{gone}"));
-    }
-
-    /// One step at `now`; true when Coda closed its output (the run ends).
-    fn step(&mut self, step: &Step) -> bool {
-        let now = self.now();
-        match step {
-            Step::OwnTurn { session, chunks } => lock(&self.model).own_turn(*session, *chunks, now),
-            Step::Die => lock(&self.model).die(),
-            step => {
-                let Some(sent) = self.coda.step(step, now) else { return false };
-                {
-                    let mut m = lock(&self.model);
-                    match (step, sent.marker) {
-                        (Step::Prompt { turn, .. }, Some(marker)) => m.expect_prompt(marker, turn.clone()),
-                        (Step::Steering { answer, .. }, Some(marker)) => m.expect_steer(marker, answer.clone()),
-                        (Step::Compaction { how, .. }, _) => {
-                            m.expect_compact(sent.session.as_deref().unwrap_or(""), how.clone())
-                        }
-                        (Step::Hostile { .. }, Some(marker)) => m.expect_prompt(
-                            marker,
-                            Turn { chunks: 1, ms: 100, permission: false, end: crate::plan::End::EndTurn },
-                        ),
-                        _ => {}
-                    }
-                    if let (Step::Cancel { .. }, Some(s)) = (step, &sent.session) {
-                        self.checker.cancelled(&self.coda, &m.truth, s);
-                    }
-                }
-                for line in &sent.lines {
-                    self.send(line);
-                }
-                if self.coda.closed {
-                    return true;
-                }
-            }
-        }
-        self.notify.notify_one();
-        false
-    }
-}
-
-async fn run_async(agent: &str, plan: &[Timed]) -> Report {
-    let flavor = Flavor::of(agent);
-    let model = Arc::new(Mutex::new(Model::new(flavor)));
-    let log: Arc<Mutex<Vec<String>>> = Arc::default();
-    let server =
-        (flavor == Flavor::OpenCode).then(|| Server::start(model.clone(), log.clone()).expect("the OpenCode server"));
-    let args = match &server {
+/// The binary's stack over the CLI model, on a new pair of pipes: the relay, and the two tasks that play the
+/// CLI (one reads what the shim writes it, one writes what the model says when it is due).
+fn start_process(
+    agent: &str,
+    model: &Arc<Mutex<Model>>,
+    log: &Arc<Mutex<Vec<String>>>,
+    notify: &Arc<Notify>,
+    start: Instant,
+    server: Option<&Server>,
+) -> (Pair, Arc<Mutex<Sizes>>) {
+    let args = match server {
         Some(s) => ["acp", "--hostname", "127.0.0.1", "--port", &s.port.to_string()].map(str::to_owned).to_vec(),
         None => Vec::new(),
     };
     let command = AgentCommand { program: PathBuf::from("/nonexistent/coda-sim-agent"), args };
     let adapter = coda_shim::adapters::by_agent(agent).unwrap_or_else(|| panic!("no binary coda-{agent}"));
     // The CLI's version as the adapter was tested with: no set-up probes it (in real time).
-    let (stack, events) = adapter.stack(&command, Some(adapter.tested.version.to_owned()));
+    let (mut stack, events) = adapter.stack(&command, Some(adapter.tested.version.to_owned()));
+    let sizes = stack.gauge();
     let (pair, agent_end) = Pair::with_agent_end(stack, events, coda_shim::lines::DEFAULT_MAX_LINE);
-    let start = Instant::now();
-    let notify = Arc::new(Notify::new());
+    play_cli(agent_end, model.clone(), log.clone(), notify.clone(), start);
+    (pair, sizes)
+}
+
+fn play_cli(
+    agent_end: DuplexStream,
+    model: Arc<Mutex<Model>>,
+    log: Arc<Mutex<Vec<String>>>,
+    notify: Arc<Notify>,
+    start: Instant,
+) {
     let (read, mut write) = tokio::io::split(agent_end);
     let at = move || start.elapsed().as_millis() as u64;
+    let process = lock(&model).process;
     let (m, l, n) = (model.clone(), log.clone(), notify.clone());
     tokio::spawn(async move {
         let mut lines = BufReader::new(read).split(b'\n');
         while let Ok(Some(line)) = lines.next_segment().await {
             let line = String::from_utf8_lossy(&line).into_owned();
+            let mut m = lock(&m);
+            if m.process != process {
+                return;
+            }
             lock(&l).push(format!("{} >A {line}", at()));
-            lock(&m).on_line(&line, at());
+            m.on_line(&line, at());
             n.notify_one();
         }
         // Its stdin closed: the CLI exits.
-        lock(&m).die();
+        let mut m = lock(&m);
+        if m.process == process {
+            m.die();
+        }
         n.notify_one();
     });
-    let (m, l, n) = (model.clone(), log.clone(), notify.clone());
+    let (m, l, n) = (model, log, notify);
     tokio::spawn(async move {
         loop {
-            let (due, dead) = {
+            let (due, dead, now_process) = {
                 let m = lock(&m);
-                (m.next_due(), m.dead)
+                (m.next_due(), m.dead, m.process)
             };
-            if dead {
+            if dead || now_process != process {
                 let _ = write.shutdown().await;
                 return;
             }
@@ -169,7 +132,13 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
                 None => n.notified().await,
             }
             let now = at();
-            let lines = lock(&m).take_due(now);
+            let lines = {
+                let mut m = lock(&m);
+                if m.process != process {
+                    continue;
+                }
+                m.take_due(now)
+            };
             for line in lines {
                 lock(&l).push(format!("{now} A> {line}"));
                 if write.write_all(format!("{line}\n").as_bytes()).await.is_err() {
@@ -178,8 +147,137 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
             }
         }
     });
+}
 
-    let mut sim = Sim { pair, coda: Coda::default(), checker: Checker::default(), model, log, notify, start };
+impl Sim {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn sizes(&self) -> Sizes {
+        *lock(&self.sizes)
+    }
+
+    /// Takes what Coda received since the last look and checks it, then what the CLI saw and the shim holds.
+    async fn collect(&mut self) -> Option<Violation> {
+        let now = self.now();
+        let got = self.pair.drive_for(Duration::ZERO).await;
+        for line in got.to_client {
+            lock(&self.log).push(format!("{now} >C {line}"));
+            let v = self.checker.client_line(&mut self.coda, &lock(&self.model).truth, &line, now);
+            if v.is_some() {
+                return v;
+            }
+        }
+        let sizes = self.sizes();
+        self.checker.cli_side(&self.coda, &mut lock(&self.model).truth, sizes, now)
+    }
+
+    fn send(&mut self, line: &str) {
+        let now = self.now();
+        let sent = self.pair.try_send(line);
+        let gone = if sent { "" } else { " (not read: the shim has ended)" };
+        lock(&self.log).push(format!("{now} C> {line}{gone}"));
+    }
+
+    /// One step at `now`; true when Coda closed its output (the run ends).
+    async fn step(&mut self, step: &Step) -> Result<bool, Violation> {
+        let now = self.now();
+        match step {
+            Step::OwnTurn { session, chunks } => lock(&self.model).own_turn(*session, *chunks, now),
+            Step::Die => lock(&self.model).die(),
+            Step::Restart => return self.restart().await.map(|()| false),
+            step => {
+                let Some(sent) = self.coda.step(step, now) else { return Ok(false) };
+                {
+                    let mut m = lock(&self.model);
+                    match (step, sent.marker) {
+                        (Step::Prompt { turn, .. }, Some(marker)) => m.expect_prompt(marker, turn.clone()),
+                        (Step::Steering { answer, .. }, Some(marker)) => m.expect_steer(marker, answer.clone()),
+                        (Step::Compaction { how, .. }, _) => {
+                            m.expect_compact(sent.session.as_deref().unwrap_or(""), how.clone())
+                        }
+                        (Step::Hostile { .. }, Some(marker)) => m.expect_prompt(
+                            marker,
+                            Turn {
+                                chunks: 1,
+                                ms: 100,
+                                permission: false,
+                                end: crate::plan::End::EndTurn,
+                                work: crate::plan::Work::NoWork,
+                            },
+                        ),
+                        _ => {}
+                    }
+                    if let (Step::Cancel { .. }, Some(s)) = (step, &sent.session) {
+                        self.checker.cancelled(&self.coda, &m.truth, s);
+                    }
+                }
+                for line in &sent.lines {
+                    self.send(line);
+                }
+                if self.coda.closed {
+                    return Ok(true);
+                }
+            }
+        }
+        self.notify.notify_one();
+        Ok(false)
+    }
+
+    /// Coda ends the process (closes its stdin; the relay ends, the CLI with it), then starts the binary again
+    /// over the same CLI and loads its sessions, as Coda does with its sessions after a restart.
+    async fn restart(&mut self) -> Result<(), Violation> {
+        let ended = self.pair.end().await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        if let Some(v) = self.collect().await {
+            return Err(v);
+        }
+        if let Err(e) = ended {
+            return Err(Violation { rule: "panic", detail: e });
+        }
+        lock(&self.log).push(format!("{} -- restart: a new process over the same CLI", self.now()));
+        lock(&self.model).restart();
+        self.checker.restart();
+        self.coda.restart();
+        let (pair, sizes) =
+            start_process(&self.agent, &self.model, &self.log, &self.notify, self.start, self.server.as_ref());
+        (self.pair, self.sizes) = (pair, sizes);
+        let waits = self.coda.waits.unwrap_or(true);
+        let mut steps = vec![Step::Initialize { waits }];
+        steps.extend((0..self.coda.sessions.len() as u8).map(|session| Step::LoadSession { session }));
+        for step in steps {
+            Box::pin(self.step(&step)).await?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Some(v) = self.collect().await {
+                return Err(v);
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn run_async(agent: &str, plan: &[Timed]) -> Report {
+    let flavor = Flavor::of(agent);
+    let model = Arc::new(Mutex::new(Model::new(flavor)));
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let server =
+        (flavor == Flavor::OpenCode).then(|| Server::start(model.clone(), log.clone()).expect("the OpenCode server"));
+    let start = Instant::now();
+    let notify = Arc::new(Notify::new());
+    let (pair, sizes) = start_process(agent, &model, &log, &notify, start, server.as_ref());
+    let mut sim = Sim {
+        agent: agent.to_owned(),
+        pair,
+        coda: Coda::default(),
+        checker: Checker::default(),
+        model,
+        log,
+        notify,
+        start,
+        sizes,
+        server,
+    };
     let mut violation = None;
     let mut closed = false;
     for (i, t) in plan.iter().enumerate() {
@@ -188,9 +286,16 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
             violation = Some((v, i, sim.now()));
             break;
         }
-        if sim.step(&t.step) {
-            closed = true;
-            break;
+        match sim.step(&t.step).await {
+            Ok(true) => {
+                closed = true;
+                break;
+            }
+            Ok(false) => {}
+            Err(v) => {
+                violation = Some((v, i, sim.now()));
+                break;
+            }
         }
     }
     if violation.is_none() && !closed {
@@ -204,10 +309,18 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
                 break;
             }
         }
-        if violation.is_none() && !sim.coda.reused_open_id {
+        if violation.is_none() {
             let truth = &lock(&sim.model).truth;
-            let lost = if sim.pair.relay_ended() { None } else { sim.checker.answered(&sim.coda, truth) };
-            if let Some(v) = lost.or_else(|| sim.checker.chunks(truth)) {
+            let sizes = *lock(&sim.sizes);
+            // What the process owes is only checked while it runs (its end answers and ends the rest).
+            let alive = !sim.pair.relay_ended();
+            let found = alive
+                .then(|| sim.checker.answered(&sim.coda, truth))
+                .flatten()
+                .or_else(|| sim.checker.chunks(truth))
+                .or_else(|| alive.then(|| sim.checker.waits_end(&sim.coda, truth)).flatten())
+                .or_else(|| alive.then(|| sim.checker.tables(&sim.coda, truth, sizes)).flatten());
+            if let Some(v) = found {
                 violation = Some((v, plan.len(), sim.now()));
             }
         }
@@ -224,7 +337,7 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
     {
         violation = Some((Violation { rule: "panic", detail: e }, plan.len(), sim.now()));
     }
-    drop(server);
+    drop(sim.server.take());
     let transcript = std::mem::take(&mut *lock(&sim.log));
     Report { transcript, violation }
 }
