@@ -14,7 +14,8 @@
 //! - [`coda`]: Coda's contract, written once;
 //! - [`cli`]: what every binary shares (the [`Adapter`] value, arguments, finding the CLI, prompt mode, `doctor`);
 //! - [`adapters`]: one module per wrapped CLI;
-//! - [`replay`]: the recordings and the tools of `acp-replay`.
+//! - [`replay`]: the recordings and the tools of `acp-replay`, and the check of frames against ACP's schema
+//!   ([`replay::validate`]) that the tests run on everything a shim writes.
 
 // The layer hooks are named for where a frame comes from (`from_client`, `from_agent`), not conversions.
 #![allow(clippy::wrong_self_convention)]

@@ -7,6 +7,7 @@
 
 mod support;
 
+mod acp_live;
 mod codex_compact_live;
 mod codex_live;
 mod codex_replay;
@@ -42,6 +43,7 @@ mod relay;
 mod replay;
 mod replay_diff;
 mod sim;
+mod validate;
 mod view;
 mod view_browser;
 

@@ -249,6 +249,7 @@ mod configuration {
             ("coda-kimi", env!("CARGO_BIN_EXE_coda-kimi")),
             ("coda-grok", env!("CARGO_BIN_EXE_coda-grok")),
             ("coda-opencode", env!("CARGO_BIN_EXE_coda-opencode")),
+            ("coda-acp", env!("CARGO_BIN_EXE_coda-acp")),
             ("acp-replay", env!("CARGO_BIN_EXE_acp-replay")),
         ];
         bins.iter()
@@ -312,17 +313,26 @@ mod configuration {
         names
     }
 
-    /// The flags the argument parsers match on: `Long("name")`, `Short('x')` (the shims), and `"--name"`,
-    /// `"-x"` in acp-replay's.
+    /// The flags the argument parsers match on: `Long("name")`, `Short('x')` (the shims' and acp-replay's,
+    /// both read with lexopt; `Long(flag @ ("a" | "b"))` names each), and `"--name"`, `"-x"` in acp-replay's.
     fn parsed_flags() -> BTreeSet<String> {
         let args = std::fs::read_to_string(root().join("src/cli/args.rs")).unwrap();
         let replay = std::fs::read_to_string(root().join("src/bin/acp-replay.rs")).unwrap();
-        let long = Regex::new(r#"Long\("([a-z-]+)"\)"#).unwrap();
+        // coda-acp takes its profile options before the shared parser.
+        let acp = std::fs::read_to_string(root().join("adapters/acp/mod.rs")).unwrap();
+        let long = Regex::new(r#"Long\((?:[a-z]+ @ \()?("[a-z-]+"(?: \| "[a-z-]+")*)\)"#).unwrap();
+        let name = Regex::new(r#""([a-z-]+)""#).unwrap();
         let short = Regex::new(r"Short\('([A-Za-z])'\)").unwrap();
         let quoted = Regex::new(r#""(--[a-z][a-z0-9-]*|-[A-Za-z])""#).unwrap();
-        let mut out: BTreeSet<String> = long.captures_iter(&args).map(|c| format!("--{}", &c[1])).collect();
-        out.extend(short.captures_iter(&args).map(|c| format!("-{}", &c[1])));
+        let mut out = BTreeSet::new();
+        for text in [&args, &replay, &acp] {
+            for c in long.captures_iter(text) {
+                out.extend(name.captures_iter(&c[1]).map(|n| format!("--{}", &n[1])));
+            }
+            out.extend(short.captures_iter(text).map(|c| format!("-{}", &c[1])));
+        }
         out.extend(quoted.captures_iter(&replay).map(|c| c[1].to_owned()));
+        out.extend(quoted.captures_iter(&acp).map(|c| c[1].to_owned()));
         out
     }
 

@@ -10,7 +10,10 @@
 //! the next timer at once, so [`Pair::drive`] waits [`QUIET`] of virtual time (no real time) and calls the
 //! session idle once a whole [`QUIET`] passed in which neither side received a line. Layers' jobs run on
 //! the loop ([`crate::layer::work::Pool::inline`]), so the clock cannot move on while one runs elsewhere.
-//! What the relay logs goes to [`Pair::logs`] (from `DEBUG` up), not to stderr.
+//! What the relay logs goes to [`Pair::logs`] (from `DEBUG` up), not to stderr. The relay's trace is kept
+//! in memory and every frame the shim made or changed is checked against ACP's schema and Coda's shapes
+//! ([`crate::replay::validate`]) as each drive ends: a break of the shim's own fails the test there; the
+//! peers' (a test's hostile client or agent) are kept in [`Pair::schema_findings`].
 //!
 //! ```
 //! use coda_shim::relay::testing::{Pair, TestAgent};
@@ -38,6 +41,8 @@ use tokio::task::JoinHandle;
 
 use super::{AgentSide, Options, Work};
 use crate::layer::{Event, Stack};
+use crate::replay::validate::{Checker, Finding};
+use crate::replay::view::read::{Line, Reader};
 
 /// How long, in virtual time, neither side may receive a line before [`Pair::drive`] calls the session idle.
 /// Longer than any layer's wake-up that a test waits for (a longer one: [`Pair::drive_for`]).
@@ -135,6 +140,12 @@ pub struct Pair {
     relay: Option<JoinHandle<i32>>,
     logs: LogBuffer,
     _log_guard: tracing::subscriber::DefaultGuard,
+    /// The relay's trace (`--trace-file` records), checked as it grows.
+    trace: LogBuffer,
+    /// Records of the trace read so far.
+    traced: usize,
+    checker: Checker,
+    peers: Vec<Finding>,
 }
 
 impl Pair {
@@ -195,7 +206,8 @@ impl Pair {
         let (agent_side, agent_end) = AgentSide::memory();
         let (client, client_end) = tokio::io::duplex(64 << 10);
         let (client_read, client_write) = tokio::io::split(client);
-        let options = Options { max_line, trace: None };
+        let trace = LogBuffer::default();
+        let options = Options { max_line, trace: Some(crate::trace::Trace::to_writer(trace.clone())) };
         let link = crate::transport::streams(client_read, client_write, max_line);
         let relay = tokio::spawn(super::run_io(stack, agent_side, events, options, link, false, Work::Inline));
 
@@ -227,6 +239,10 @@ impl Pair {
             relay: Some(relay),
             logs,
             _log_guard: log_guard,
+            trace,
+            traced: 0,
+            checker: Checker::new(),
+            peers: Vec::new(),
         };
         (pair, agent_end)
     }
@@ -311,7 +327,10 @@ impl Pair {
         // Its writer task writes what is queued, then shuts the pipe.
         self.to_relay = None;
         let relay = self.relay.take().expect("the relay runs");
-        tokio::time::timeout(BUSY_LIMIT, relay).await.expect("the session ended").expect("the relay did not panic")
+        let code =
+            tokio::time::timeout(BUSY_LIMIT, relay).await.expect("the session ended").expect("the relay did not panic");
+        self.check_schema();
+        code
     }
 
     /// Whether the relay has ended (the agent's output ended, or the client left and the session is over).
@@ -326,7 +345,7 @@ impl Pair {
         let Some(relay) = self.relay.take() else { return Err("the relay was already ended".into()) };
         match tokio::time::timeout(BUSY_LIMIT, relay).await {
             Err(_) => Err(format!("the session did not end within {BUSY_LIMIT:?} of virtual time")),
-            Ok(Ok(code)) => Ok(code),
+            Ok(Ok(code)) => self.schema_breaks().map(|()| code),
             Ok(Err(e)) if e.is_panic() => {
                 let panic = e.into_panic();
                 let text = panic
@@ -340,8 +359,53 @@ impl Pair {
         }
     }
 
-    fn taken(&self) -> Driven {
+    fn taken(&mut self) -> Driven {
+        self.check_schema();
         Driven { to_client: self.client.take(), to_agent: self.agent.take() }
+    }
+
+    /// The rules of ACP's schema and Coda's shapes that frames of the client or the agent broke so far (the
+    /// shim passed them on, or edited them without adding a break of its own).
+    pub fn schema_findings(&self) -> &[Finding] {
+        &self.peers
+    }
+
+    /// Checks the records the relay traced since the last check; panics on a break of the shim's own.
+    fn check_schema(&mut self) {
+        if let Err(e) = self.schema_breaks() {
+            panic!("{e}");
+        }
+    }
+
+    /// Checks the records the relay traced since the last check: the shim's own breaks as the error.
+    fn schema_breaks(&mut self) -> Result<(), String> {
+        let bytes = {
+            let mut buf = self.trace.0.lock().expect("lock");
+            let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1);
+            buf.drain(..end).collect::<Vec<u8>>()
+        };
+        let mut shims = Vec::new();
+        let mut records = 0;
+        for line in Reader::new(bytes.as_slice()) {
+            let Line::Record(mut rec) = line else { continue };
+            records += 1;
+            rec.line += self.traced;
+            for f in self.checker.push(&rec) {
+                if f.is_shims() {
+                    shims.push(format!("{f}\n    {}", rec.raw));
+                } else {
+                    self.peers.push(f);
+                }
+            }
+        }
+        self.traced += records;
+        if shims.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "the shim wrote frames that break ACP's schema or Coda's shapes (line: record of the relay's trace):\n{}",
+            shims.join("\n")
+        ))
     }
 }
 
