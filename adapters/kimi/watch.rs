@@ -104,12 +104,13 @@ pub struct Started {
     pub snapshot: Vec<Chunk>,
 }
 
-/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`. Set-up only (`mod.rs`): it reads the environment.
-pub fn data_root() -> Option<PathBuf> {
-    if let Some(home) = std::env::var_os("KIMI_CODE_HOME").filter(|h| !h.is_empty()) {
+/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`, with `env` answering for the environment. Set-up only
+/// (`mod.rs`).
+pub fn data_root(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    if let Some(home) = env("KIMI_CODE_HOME").filter(|h| !h.is_empty()) {
         return Some(PathBuf::from(home));
     }
-    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
+    env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
 }
 
 /// Why a session's files are not watched: the activity layer warns (each case its own way) and goes on

@@ -116,17 +116,26 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
     Ok(Started { agent, stack, events })
 }
 
+/// The environment as set-up reads it: a variable's value, or `None`.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
 /// The engine's waits layer, then what `add` (an adapter's [`Adapter::layers`]) stacks under it.
-fn stack_up(command: &AgentCommand, version: Option<String>, layers: &mut Layers, add: impl FnOnce(&mut Setup)) {
+fn stack_up(
+    command: &AgentCommand,
+    version: Option<String>,
+    env: Option<Env>,
+    layers: &mut Layers,
+    add: impl FnOnce(&mut Setup),
+) {
     layers.push(Box::new(crate::coda::waits::Waits::new()));
-    add(&mut Setup { command, version, layers });
+    add(&mut Setup { command, version, env, layers });
 }
 
 /// The stack [`start`] builds, over no child: what `add` stacks for `found`, in a harness (tests of a
 /// binary's whole stack).
 #[cfg(test)]
 pub(crate) fn harness(found: &Found, add: impl FnOnce(&mut Setup)) -> crate::layer::testing::Harness {
-    crate::layer::testing::Harness::build(|layers| stack_up(&found.command, found.version.clone(), layers, add))
+    crate::layer::testing::Harness::build(|layers| stack_up(&found.command, found.version.clone(), None, layers, add))
 }
 
 /// A found command that is nowhere (a probe of it finds nothing), for [`harness`].
@@ -174,10 +183,21 @@ pub struct Setup<'a> {
     pub command: &'a AgentCommand,
     /// The wrapped CLI's version, when it was learnt while finding the command.
     pub version: Option<String>,
+    /// The environment a test handed in ([`Adapter::stack_in`]); the process's otherwise.
+    env: Option<Env<'a>>,
     layers: &'a mut Layers,
 }
 
 impl Setup<'_> {
+    /// The environment variable `name` as set-up reads it: the process's, or the one a test handed in
+    /// ([`Adapter::stack_in`]). Set-up reads the environment through this, once; the layers get values.
+    pub fn var_os(&self, name: &str) -> Option<OsString> {
+        match self.env {
+            Some(env) => env(name),
+            None => std::env::var_os(name),
+        }
+    }
+
     /// Adds a layer below the ones added so far; it gets a sender of its own event type.
     pub fn add<L: Layer>(&mut self, make: impl FnOnce(EventSender<L::Event>) -> Box<L>) {
         self.layers.add(make);
@@ -199,7 +219,20 @@ impl Adapter {
         version: Option<String>,
     ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
         let (mut layers, events) = Layers::new();
-        stack_up(command, version, &mut layers, self.layers);
+        stack_up(command, version, None, &mut layers, self.layers);
+        (layers.stack(), events)
+    }
+
+    /// [`Adapter::stack`] with the environment set-up reads given by `env` instead of the process's (a test's: the
+    /// simulator runs many sessions at once, each over its own CLI data folder).
+    pub fn stack_in(
+        &self,
+        command: &AgentCommand,
+        version: Option<String>,
+        env: Env,
+    ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+        let (mut layers, events) = Layers::new();
+        stack_up(command, version, Some(env), &mut layers, self.layers);
         (layers.stack(), events)
     }
 

@@ -645,3 +645,32 @@ async fn a_peers_frame_that_breaks_the_schema_is_passed_on_and_kept_as_a_fact() 
     assert_eq!(found, [("agent", "agent->shim", "/result/stopReason")], "{:?}", s.schema_findings());
     assert_eq!(s.close().await, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stack_set_up_in_a_given_environment_reads_it_not_the_process() {
+    // coda-kimi's data root and took log come from the environment handed in: it watches the session's folder
+    // there (the took log's `watch` record names it).
+    let dir = tempfile::tempdir().expect("dir");
+    let session = dir.path().join("home/sessions/wd_w/sess-1");
+    std::fs::create_dir_all(session.join("agents/main")).expect("folders");
+    std::fs::write(session.join("agents/main/wire.jsonl"), "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n")
+        .expect("wire");
+    let (home, took) = (dir.path().join("home"), dir.path().join("took.jsonl"));
+    let env = |name: &str| match name {
+        "KIMI_CODE_HOME" => Some(home.clone().into_os_string()),
+        "CODA_KIMI_TOOK" => Some(took.clone().into_os_string()),
+        _ => None,
+    };
+    let command = AgentCommand { program: "test-agent".into(), args: Vec::new() };
+    let adapter = crate::adapters::by_agent("kimi").expect("an adapter");
+    let (stack, events) = adapter.stack_in(&command, None, &env);
+    let mut s = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, TestAgent::default());
+    assert_eq!(new_session(&mut s, 1).await, "sess-1");
+    assert_eq!(s.close().await, 0);
+    let log = std::fs::read_to_string(&took).expect("the took log");
+    let watched = std::fs::canonicalize(&session).expect("canonical");
+    assert!(
+        log.contains(&format!("{{\"watch\":\"{}\"", session.display())) || log.contains(&watched.display().to_string()),
+        "{log}"
+    );
+}

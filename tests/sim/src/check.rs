@@ -12,11 +12,12 @@
 //! | `steering-in-turn` | a steering message reaching the CLI outside Coda's running turn (插话: only then, else `promptRequired`) |
 //! | `waits` | a `_coda/wait` to a client that did not declare `_meta.coda.waits`, one missing a required field, a state not in the table, a field over its length (UTF-16 units, as Coda counts), a report after a terminal state, one for a session Coda does not know (dropped), a terminal state other than the CLI's end (done, failed, stopped) or while the CLI still runs it; after the drain, work the CLI ended whose wait is still open, or work the CLI started that Coda was never told of |
 //! | `usage` | `_meta.coda` on a `usage_update` that is not an object, is `{}`, is over 4 KiB, or is on a session that is not a root session Coda opened (a subagent's) |
-//! | `failure` | `_meta.coda.failure` on anything but a prompt's error answer, of a kind the turn's upstream failure does not say explicitly (quota only for a quota, service only for a temporary failure of the server, none for a login, a local error or no reason), `input: not_accepted` for input the CLI took, a `retryAfterMs` no upstream asked for, or not in the protocol's shape |
+//! | `failure` | `_meta.coda.failure` on anything but a prompt's error answer, of a kind the turn's upstream failure does not say explicitly (quota only for a quota, service only for a temporary failure of the server, none for a login, a local error or no reason), `input: not_accepted` for input the CLI took, a `retryAfterMs` longer than any wait the upstream asked for or the CLI scheduled, or not in the protocol's shape |
 //! | `retry-watchdog` | a prompt whose turn the CLI retries for over a minute still open a minute (and 5 s) after the first retry showed, or ended without a failure (执行失败: a long retry is not waited out silently), unless Coda stopped it |
 //! | `frames` | a chunk of a turn (Coda's, the CLI's own, a subagent's) that Coda gets twice, out of order within its session, or never |
 //! | `compact-answer` | a `_coda/session/compact` answer with fields beyond `compacted`, `reason`, `before`, `after` |
 //! | `bounded` | the shim's request table holding more requests than Coda has open; after the drain, more of the shim's own requests open than the CLI owes answers to, or wake-ups pending beyond two per session and open request |
+//! | `schema` | a frame the shim made or changed that breaks ACP's schema or Coda's shapes (`relay::testing::Pair`'s check) |
 //! | `panic` | the relay panicked |
 
 use std::collections::{HashMap, HashSet};
@@ -94,7 +95,15 @@ impl Checker {
     }
 
     /// What the CLI side says after a step, and the shim's tables at `now`.
-    pub fn cli_side(&mut self, coda: &Coda, truth: &mut Truth, sizes: Sizes, now: u64) -> Option<Violation> {
+    /// `alive`: the process runs (its end answers what is open, so nothing waits then).
+    pub fn cli_side(
+        &mut self,
+        coda: &Coda,
+        truth: &mut Truth,
+        sizes: Sizes,
+        now: u64,
+        alive: bool,
+    ) -> Option<Violation> {
         if let Some((rule, detail)) = truth.broken.first().cloned() {
             truth.broken.clear();
             return broke(rule, detail);
@@ -111,7 +120,7 @@ impl Checker {
         }
         for (id, first) in &truth.retrying {
             let open = coda.open.iter().any(|o| o.id == *id && o.method == "session/prompt");
-            if open && now > first + RETRY_DEADLINE_MS && !self.cancelled.contains(id) {
+            if alive && open && now > first + RETRY_DEADLINE_MS && !self.cancelled.contains(id) {
                 return broke(
                     "retry-watchdog",
                     format!(
@@ -455,11 +464,16 @@ fn check_failure(truth: &Truth, id: &str, v: &Value) -> Option<Violation> {
     if f.get("input").and_then(Value::as_str) == Some("not_accepted") {
         return broke("failure", format!("`input: not_accepted` for input the CLI had taken (its turn ran): {v:.400}"));
     }
-    if f.get("retryAfterMs").is_some() {
-        return broke(
-            "failure",
-            format!("a `retryAfterMs` no upstream asked for and the CLI never scheduled: {v:.400}"),
-        );
+    if let Some(ms) = f.get("retryAfterMs").and_then(Value::as_f64) {
+        let scheduled = truth.scheduled_waits.get(id).copied().unwrap_or(0);
+        if ms > scheduled as f64 {
+            return broke(
+                "failure",
+                format!(
+                    "a `retryAfterMs` of {ms} ms, longer than any wait the CLI scheduled ({scheduled} ms): {v:.400}"
+                ),
+            );
+        }
     }
     None
 }

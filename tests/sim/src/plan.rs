@@ -240,8 +240,10 @@ fn failure(r: &mut Rng, agent: &str) -> Failure {
     }
 }
 
+/// Background work of a turn: commands and subagents where the model reports them (Codex and Grok over ACP,
+/// Kimi's commands in its session files; Kimi's subagents and OpenCode's are not modelled).
 fn work(r: &mut Rng, agent: &str) -> Work {
-    if !matches!(agent, "codex" | "grok") || !r.chance(25) {
+    if !matches!(agent, "codex" | "grok" | "kimi") || !r.chance(25) {
         return Work::NoWork;
     }
     let ms = if r.chance(20) { r.range(60_000, 900_000) } else { r.range(100, 30_000) };
@@ -250,7 +252,7 @@ fn work(r: &mut Rng, agent: &str) -> Work {
         7..9 => WorkEnd::WorkFailed,
         _ => WorkEnd::WorkNever,
     };
-    if r.chance(50) { Work::Task(ms, end) } else { Work::Subagent { ms, end, again: r.chance(50) } }
+    if agent == "kimi" || r.chance(50) { Work::Task(ms, end) } else { Work::Subagent { ms, end, again: r.chance(50) } }
 }
 
 fn turn(r: &mut Rng, agent: &str) -> Turn {

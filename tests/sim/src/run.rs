@@ -11,12 +11,13 @@ use std::time::Duration;
 use coda_shim::child::AgentCommand;
 use coda_shim::layer::Sizes;
 use coda_shim::relay::testing::Pair;
+use coda_shim::replay::took::{Tail, Took, Written, os_spelling};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::check::{Checker, Violation};
-use crate::cli::{Flavor, Model};
+use crate::cli::{FileOp, Flavor, Model, Output};
 use crate::coda::Coda;
 use crate::plan::{Step, Timed, Turn};
 use crate::server::Server;
@@ -32,6 +33,8 @@ pub struct Report {
     /// The broken rule, the index of the step after which it was seen (the plan's length: in the drain or at the
     /// end) and the virtual time.
     pub violation: Option<(Violation, usize, u64)>,
+    /// What the relay logged (from `DEBUG` up), each process's after the other: to read with the transcript.
+    pub logs: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -56,7 +59,100 @@ struct Sim {
     /// The shim's tables, as its stack says after each input.
     sizes: Arc<Mutex<Sizes>>,
     server: Option<Server>,
+    /// The CLI's session files (Kimi's).
+    files: Option<Arc<Files>>,
+    /// The relays' logs of the processes before this one.
+    logs: Vec<String>,
 }
+
+/// The CLI's session files of a run (Kimi's): a folder of the run's own, and the shim's took log of what it read
+/// there (`CODA_KIMI_TOOK`, fixtures/README.md "Waiting for the shim").
+struct Files {
+    dir: tempfile::TempDir,
+    took: Mutex<(Tail, Took)>,
+    /// Held by the CLI's writer while the shim reads a write (in real time), and by Coda's player while what it
+    /// sends is handled: the shim never gets a frame of Coda's while it reads the files, so the order of the two
+    /// does not depend on the machine.
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Files {
+    fn new() -> Option<Arc<Files>> {
+        let dir = tempfile::Builder::new().prefix("coda-sim-").tempdir().ok()?;
+        std::fs::create_dir_all(dir.path().join("home")).ok()?;
+        let tail = Tail::new(dir.path().join("took.jsonl"));
+        Some(Arc::new(Files { dir, took: Mutex::new((tail, Took::default())), gate: Arc::default() }))
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    /// The environment the binary's set-up reads: Kimi's data folder and took log in the run's folder, and no
+    /// more (a run depends on nothing of the machine's).
+    fn env(&self, name: &str) -> Option<std::ffi::OsString> {
+        match name {
+            "KIMI_CODE_HOME" => Some(self.home().into_os_string()),
+            "CODA_KIMI_TOOK" => Some(self.dir.path().join("took.jsonl").into_os_string()),
+            "HOME" => Some(self.dir.path().as_os_str().to_owned()),
+            _ => None,
+        }
+    }
+
+    /// `text` with the run's folder written as `{{KIMI_CODE_HOME}}`, so a transcript is the same in every run.
+    fn neutral(&self, text: &str) -> String {
+        text.replace(&self.home().to_string_lossy().into_owned(), "{{KIMI_CODE_HOME}}")
+    }
+
+    /// Writes `op` (an append, or a whole new content put in place by a rename, as Kimi does); what the shim must
+    /// see taken in for it.
+    fn write(&self, op: &FileOp) -> std::io::Result<Written> {
+        use std::io::Write;
+        let after = op.replace.then(|| {
+            let mut t = lock(&self.took);
+            let lines = t.0.lines();
+            t.1.read(lines);
+            t.1.seen()
+        });
+        if op.replace {
+            let tmp = op.path.with_extension("json.tmp.sim");
+            std::fs::write(&tmp, &op.bytes)?;
+            std::fs::rename(&tmp, &op.path)?;
+        } else {
+            std::fs::OpenOptions::new().append(true).open(&op.path)?.write_all(&op.bytes)?;
+        }
+        let len = std::fs::metadata(&op.path)?.len();
+        Ok(Written { path: os_spelling(&op.path.to_string_lossy()), len, after })
+    }
+
+    /// Waits, in real time with the virtual clock held (a blocking task keeps tokio from moving it), until the
+    /// shim's took log shows `w` taken in: the shim read the write and handled what it read. False after
+    /// [`TOOK_PATIENCE`].
+    async fn taken(self: &Arc<Files>, w: Written) -> bool {
+        let files = self.clone();
+        let waited = tokio::task::spawn_blocking(move || {
+            let give_up = std::time::Instant::now() + TOOK_PATIENCE;
+            loop {
+                {
+                    let mut t = lock(&files.took);
+                    let lines = t.0.lines();
+                    t.1.read(lines);
+                    if t.1.has_taken(&w) {
+                        return true;
+                    }
+                }
+                if std::time::Instant::now() > give_up {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        waited.await.unwrap_or(false)
+    }
+}
+
+/// How long (real time) the simulator waits for the shim to take in a write of the CLI's files.
+const TOOK_PATIENCE: Duration = Duration::from_secs(20);
 
 /// The binary's stack over the CLI model, on a new pair of pipes: the relay, and the two tasks that play the
 /// CLI (one reads what the shim writes it, one writes what the model says when it is due).
@@ -67,6 +163,7 @@ fn start_process(
     notify: &Arc<Notify>,
     start: Instant,
     server: Option<&Server>,
+    files: &Option<Arc<Files>>,
 ) -> (Pair, Arc<Mutex<Sizes>>) {
     let args = match server {
         Some(s) => ["acp", "--hostname", "127.0.0.1", "--port", &s.port.to_string()].map(str::to_owned).to_vec(),
@@ -75,10 +172,14 @@ fn start_process(
     let command = AgentCommand { program: PathBuf::from("/nonexistent/coda-sim-agent"), args };
     let adapter = coda_shim::adapters::by_agent(agent).unwrap_or_else(|| panic!("no binary coda-{agent}"));
     // The CLI's version as the adapter was tested with: no set-up probes it (in real time).
-    let (mut stack, events) = adapter.stack(&command, Some(adapter.tested.version.to_owned()));
+    let version = Some(adapter.tested.version.to_owned());
+    let none = |_: &str| None;
+    let from_files = |name: &str| files.as_ref().and_then(|f| f.env(name));
+    let env: &dyn Fn(&str) -> Option<std::ffi::OsString> = if files.is_some() { &from_files } else { &none };
+    let (mut stack, events) = adapter.stack_in(&command, version, env);
     let sizes = stack.gauge();
     let (pair, agent_end) = Pair::with_agent_end(stack, events, coda_shim::lines::DEFAULT_MAX_LINE);
-    play_cli(agent_end, model.clone(), log.clone(), notify.clone(), start);
+    play_cli(agent_end, model.clone(), log.clone(), notify.clone(), start, files.clone());
     (pair, sizes)
 }
 
@@ -88,11 +189,12 @@ fn play_cli(
     log: Arc<Mutex<Vec<String>>>,
     notify: Arc<Notify>,
     start: Instant,
+    files: Option<Arc<Files>>,
 ) {
     let (read, mut write) = tokio::io::split(agent_end);
     let at = move || start.elapsed().as_millis() as u64;
     let process = lock(&model).process;
-    let (m, l, n) = (model.clone(), log.clone(), notify.clone());
+    let (m, l, n, files_r) = (model.clone(), log.clone(), notify.clone(), files.clone());
     tokio::spawn(async move {
         let mut lines = BufReader::new(read).split(b'\n');
         while let Ok(Some(line)) = lines.next_segment().await {
@@ -101,7 +203,8 @@ fn play_cli(
             if m.process != process {
                 return;
             }
-            lock(&l).push(format!("{} >A {line}", at()));
+            let shown = neutral(&files_r, &line);
+            lock(&l).push(format!("{} >A {shown}", at()));
             m.on_line(&line, at());
             n.notify_one();
         }
@@ -139,14 +242,42 @@ fn play_cli(
                 }
                 m.take_due(now)
             };
-            for line in lines {
-                lock(&l).push(format!("{now} A> {line}"));
-                if write.write_all(format!("{line}\n").as_bytes()).await.is_err() {
-                    return;
+            for out in lines {
+                match out {
+                    Output::Line(line) => {
+                        lock(&l).push(format!("{now} A> {line}"));
+                        if write.write_all(format!("{line}\n").as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    Output::File(op) => {
+                        let Some(files) = &files else { continue };
+                        let rel = op.path.strip_prefix(files.home()).unwrap_or(&op.path).display().to_string();
+                        lock(&l).push(format!("{now} F> {rel} {}", String::from_utf8_lossy(&op.bytes).trim_end()));
+                        let _gate = files.gate.lock().await;
+                        // What the CLI wrote before must be the shim's before it reads this write.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        let taken = match files.write(&op) {
+                            Ok(w) => files.taken(w).await,
+                            Err(_) => true,
+                        };
+                        if !taken {
+                            let detail = format!("the shim did not take in a write of {rel} within {TOOK_PATIENCE:?}");
+                            lock(&m).truth.broken.push(("files", detail));
+                        }
+                    }
                 }
             }
         }
     });
+}
+
+/// A line as the transcript keeps it: the run's folder written as a placeholder.
+fn neutral(files: &Option<Arc<Files>>, line: &str) -> String {
+    match files {
+        Some(f) => f.neutral(line),
+        None => line.to_owned(),
+    }
 }
 
 impl Sim {
@@ -154,23 +285,48 @@ impl Sim {
         self.start.elapsed().as_millis() as u64
     }
 
+    /// The relay's log so far (of this process), into the run's.
+    fn keep_logs(&mut self) {
+        let mut logs = self.pair.logs();
+        self.logs.append(&mut logs);
+    }
+
     fn sizes(&self) -> Sizes {
         *lock(&self.sizes)
+    }
+
+    /// With the CLI's files: Coda's turn to send, while the shim reads no write of the CLI's ([`Sim::ungate`]).
+    async fn gate(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        match &self.files {
+            Some(f) => Some(f.gate.clone().lock_owned().await),
+            None => None,
+        }
+    }
+
+    /// What Coda sent is handled (the relay idle again, a millisecond on) before the shim reads a write of the
+    /// CLI's: the two never race in real time.
+    async fn ungate(&self, gate: Option<tokio::sync::OwnedMutexGuard<()>>) {
+        if gate.is_some() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Takes what Coda received since the last look and checks it, then what the CLI saw and the shim holds.
     async fn collect(&mut self) -> Option<Violation> {
         let now = self.now();
-        let got = self.pair.drive_for(Duration::ZERO).await;
+        let got = match self.pair.try_drive_for(Duration::ZERO).await {
+            Ok(got) => got,
+            Err(broken) => return Some(Violation { rule: "schema", detail: broken }),
+        };
         for line in got.to_client {
-            lock(&self.log).push(format!("{now} >C {line}"));
+            lock(&self.log).push(format!("{now} >C {}", neutral(&self.files, &line)));
             let v = self.checker.client_line(&mut self.coda, &lock(&self.model).truth, &line, now);
             if v.is_some() {
                 return v;
             }
         }
-        let sizes = self.sizes();
-        self.checker.cli_side(&self.coda, &mut lock(&self.model).truth, sizes, now)
+        let (sizes, alive) = (self.sizes(), !self.pair.relay_ended());
+        self.checker.cli_side(&self.coda, &mut lock(&self.model).truth, sizes, now, alive)
     }
 
     fn send(&mut self, line: &str) {
@@ -213,9 +369,11 @@ impl Sim {
                         self.checker.cancelled(&self.coda, &m.truth, s);
                     }
                 }
+                let gate = self.gate().await;
                 for line in &sent.lines {
                     self.send(line);
                 }
+                self.ungate(gate).await;
                 if self.coda.closed {
                     return Ok(true);
                 }
@@ -234,14 +392,22 @@ impl Sim {
             return Err(v);
         }
         if let Err(e) = ended {
-            return Err(Violation { rule: "panic", detail: e });
+            return Err(ended_badly(e));
         }
+        self.keep_logs();
         lock(&self.log).push(format!("{} -- restart: a new process over the same CLI", self.now()));
         lock(&self.model).restart();
         self.checker.restart();
         self.coda.restart();
-        let (pair, sizes) =
-            start_process(&self.agent, &self.model, &self.log, &self.notify, self.start, self.server.as_ref());
+        let (pair, sizes) = start_process(
+            &self.agent,
+            &self.model,
+            &self.log,
+            &self.notify,
+            self.start,
+            self.server.as_ref(),
+            &self.files,
+        );
         (self.pair, self.sizes) = (pair, sizes);
         let waits = self.coda.waits.unwrap_or(true);
         let mut steps = vec![Step::Initialize { waits }];
@@ -257,15 +423,25 @@ impl Sim {
     }
 }
 
+/// What a relay that did not end cleanly broke: a frame against the schema, else a panic (or no end at all).
+fn ended_badly(e: String) -> Violation {
+    let rule = if e.starts_with("the shim wrote frames that break") { "schema" } else { "panic" };
+    Violation { rule, detail: e }
+}
+
 async fn run_async(agent: &str, plan: &[Timed]) -> Report {
     let flavor = Flavor::of(agent);
     let model = Arc::new(Mutex::new(Model::new(flavor)));
     let log: Arc<Mutex<Vec<String>>> = Arc::default();
     let server =
         (flavor == Flavor::OpenCode).then(|| Server::start(model.clone(), log.clone()).expect("the OpenCode server"));
+    let files = if flavor == Flavor::Kimi { Files::new() } else { None };
+    if let Some(f) = &files {
+        lock(&model).set_kimi_root(f.home());
+    }
     let start = Instant::now();
     let notify = Arc::new(Notify::new());
-    let (pair, sizes) = start_process(agent, &model, &log, &notify, start, server.as_ref());
+    let (pair, sizes) = start_process(agent, &model, &log, &notify, start, server.as_ref(), &files);
     let mut sim = Sim {
         agent: agent.to_owned(),
         pair,
@@ -277,6 +453,8 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
         start,
         sizes,
         server,
+        files,
+        logs: Vec::new(),
     };
     let mut violation = None;
     let mut closed = false;
@@ -299,9 +477,11 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
         }
     }
     if violation.is_none() && !closed {
+        let gate = sim.gate().await;
         for line in sim.coda.cancel_permissions() {
             sim.send(&line);
         }
+        sim.ungate(gate).await;
         for _ in 0..DRAIN.as_secs() / 60 {
             tokio::time::sleep(Duration::from_secs(60)).await;
             if let Some(v) = sim.collect().await {
@@ -335,9 +515,10 @@ async fn run_async(agent: &str, plan: &[Timed]) -> Report {
     if let Err(e) = ended
         && violation.is_none()
     {
-        violation = Some((Violation { rule: "panic", detail: e }, plan.len(), sim.now()));
+        violation = Some((ended_badly(e), plan.len(), sim.now()));
     }
     drop(sim.server.take());
+    sim.keep_logs();
     let transcript = std::mem::take(&mut *lock(&sim.log));
-    Report { transcript, violation }
+    Report { transcript, violation, logs: sim.logs }
 }

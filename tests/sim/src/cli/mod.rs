@@ -12,6 +12,7 @@
 //! OpenCode's `POST /session/{id}/message`. What the CLI keeps on disk (its sessions, their subagents) outlives
 //! its process ([`Model::restart`]).
 
+mod kimi;
 pub mod shapes;
 mod work;
 
@@ -48,6 +49,9 @@ pub struct Truth {
     pub work: BTreeMap<String, WorkTruth>,
     /// Coda's prompts (by id) the CLI goes on retrying for over a minute, with the time its first retry showed.
     pub retrying: HashMap<String, u64>,
+    /// The longest wait before a retry the CLI scheduled (and said so) for a prompt, by id: what a `retryAfterMs`
+    /// may name (执行失败: the wait the upstream asked for or the agent really scheduled).
+    pub scheduled_waits: HashMap<String, u64>,
 }
 
 /// A piece of background work at the CLI.
@@ -107,12 +111,34 @@ enum Effect {
     ChildrenTimeout(String, u64),
     /// Grok's turn on the result of a work item (its wait id) completed: the item is over for Coda.
     WakeDone(String),
+    /// The first retry of Coda's prompt (its id) that the CLI goes on retrying past a minute shows now.
+    RetryShown(String),
+    /// The CLI answered the request that opened (or loaded) this session: it may work in it on its own now.
+    SessionReady(String),
 }
 
 struct Out {
     line: String,
+    /// A write of the CLI's session files instead of a line.
+    file: Option<FileOp>,
     turn: Option<(String, u64)>,
     effect: Option<Effect>,
+}
+
+/// A write of one of the CLI's session files (Kimi's wire, a task file).
+#[derive(Debug, Clone)]
+pub struct FileOp {
+    pub path: std::path::PathBuf,
+    pub bytes: Vec<u8>,
+    /// A whole new content (an atomic replace), else an append.
+    pub replace: bool,
+}
+
+/// What the CLI does next: a line on its stdout, or a write of its session files.
+#[derive(Debug)]
+pub enum Output {
+    Line(String),
+    File(FileOp),
 }
 
 /// What a queued turn is.
@@ -135,10 +161,14 @@ pub struct Model {
     /// Codex: the client declared AIR's `asyncTasks` and `nativeSubagentSessions` (else codex-acp reports its
     /// background commands and subagents as plain tool calls, which the model leaves out).
     air: bool,
+    /// Kimi: its data folder (`KIMI_CODE_HOME`), where the model writes its session files.
+    kimi_root: Option<std::path::PathBuf>,
     out: BTreeMap<(u64, u64), Out>,
     seq: u64,
     /// The CLI's sessions, on disk.
     sessions: Vec<String>,
+    /// Sessions whose `session/new` (or load) this process answered.
+    ready: HashSet<String>,
     /// Subagent runs, on disk: their history and how each ended.
     subagents: Vec<work::Sub>,
     /// Background commands of this process.
@@ -181,9 +211,11 @@ impl Model {
             now: 0,
             process: 1,
             air: false,
+            kimi_root: None,
             out: BTreeMap::new(),
             seq: 0,
             sessions: Vec::new(),
+            ready: HashSet::new(),
             subagents: Vec::new(),
             tasks: HashMap::new(),
             running: HashMap::new(),
@@ -198,6 +230,11 @@ impl Model {
             steer_scripts: HashMap::new(),
             compact_scripts: HashMap::new(),
         }
+    }
+
+    /// Kimi's data folder: the model writes its session files there.
+    pub fn set_kimi_root(&mut self, root: std::path::PathBuf) {
+        self.kimi_root = Some(root);
     }
 
     pub fn expect_prompt(&mut self, marker: u32, turn: Turn) {
@@ -219,17 +256,23 @@ impl Model {
 
     fn at(&mut self, at: u64, v: Value, turn: Option<(String, u64)>, effect: Option<Effect>) {
         self.seq += 1;
-        self.out.insert((at, self.seq), Out { line: v.to_string(), turn, effect });
+        self.out.insert((at, self.seq), Out { line: v.to_string(), file: None, turn, effect });
+    }
+
+    /// A write of a session file at `at`.
+    fn file_at(&mut self, at: u64, op: FileOp, turn: Option<(String, u64)>, effect: Option<Effect>) {
+        self.seq += 1;
+        self.out.insert((at, self.seq), Out { line: String::new(), file: Some(op), turn, effect });
     }
 
     /// An effect at `at`, with no line.
     fn effect_at(&mut self, at: u64, effect: Effect) {
         self.seq += 1;
-        self.out.insert((at, self.seq), Out { line: String::new(), turn: None, effect: Some(effect) });
+        self.out.insert((at, self.seq), Out { line: String::new(), file: None, turn: None, effect: Some(effect) });
     }
 
-    /// The lines due by `now`, in order, with what writing them does.
-    pub fn take_due(&mut self, now: u64) -> Vec<String> {
+    /// The lines and file writes due by `now`, in order, with what writing them does.
+    pub fn take_due(&mut self, now: u64) -> Vec<Output> {
         self.now = now;
         let mut lines = Vec::new();
         while let Some(entry) = self.out.first_entry() {
@@ -237,6 +280,9 @@ impl Model {
                 break;
             }
             let out = entry.remove();
+            if let Some(op) = &out.file {
+                self.file_chunks(op, now);
+            }
             if let Ok(v) = serde_json::from_str::<Value>(&out.line) {
                 if v.get("method").is_none()
                     && let Some(id) = v.get("id")
@@ -257,6 +303,12 @@ impl Model {
                 }
                 Some(Effect::WorkEnded(id)) => self.work_ended(&id, now),
                 Some(Effect::ChildrenTimeout(session, no)) => self.children_timeout(&session, no, now),
+                Some(Effect::SessionReady(s)) => {
+                    self.ready.insert(s);
+                }
+                Some(Effect::RetryShown(id)) => {
+                    self.truth.retrying.entry(id).or_insert(now);
+                }
                 Some(Effect::WakeDone(id)) => {
                     if let Some(w) = self.truth.work.get_mut(&id) {
                         w.ended = w.will_end.take().or(w.ended);
@@ -264,8 +316,10 @@ impl Model {
                 }
                 None => {}
             }
-            if !out.line.is_empty() {
-                lines.push(out.line);
+            if let Some(op) = out.file {
+                lines.push(Output::File(op));
+            } else if !out.line.is_empty() {
+                lines.push(Output::Line(out.line));
             }
         }
         lines
@@ -306,6 +360,7 @@ impl Model {
         self.queued.clear();
         self.compacting.clear();
         self.tasks.clear();
+        self.ready.clear();
         self.air = false;
         self.truth.owed.clear();
         self.chunk_must.clear();
@@ -352,10 +407,14 @@ impl Model {
                 self.ids += 1;
                 let s = self.flavor.session_id(self.sessions.len() as u32 + 1);
                 self.sessions.push(s.clone());
+                if self.flavor == Flavor::Kimi {
+                    self.kimi_create(&s, now);
+                }
                 for n in self.flavor.before_session(&s) {
                     self.at(soon, n, None, None);
                 }
-                self.at(now + 60, result(&id, self.flavor.session_result(&s, false)), None, None);
+                let ready = Some(Effect::SessionReady(s.clone()));
+                self.at(now + 60, result(&id, self.flavor.session_result(&s, false)), None, ready);
                 for n in self.flavor.after_session(&s) {
                     self.at(now + 61, n, None, None);
                 }
@@ -427,7 +486,8 @@ impl Model {
                 self.at(now + 4, line, None, None);
             }
         }
-        self.at(now + 50, result(&id, self.flavor.session_result(session, true)), None, None);
+        let ready = Some(Effect::SessionReady(session.to_owned()));
+        self.at(now + 50, result(&id, self.flavor.session_result(session, true)), None, ready);
     }
 
     fn compact_script(&mut self, session: &str) -> CompactOutcome {
@@ -447,6 +507,15 @@ impl Model {
         }
         if compact && self.flavor == Flavor::Kimi {
             return self.kimi_compact(id, session, now);
+        }
+        if self.flavor == Flavor::Kimi && text.starts_with('/') {
+            // Kimi runs a slash command itself, with no turn: a builtin's output, or for a name it does not know
+            // `Unknown ACP command` (reference kimi.md; a skill's would be a turn, which no Coda text names).
+            let name = text[1..].split_whitespace().next().unwrap_or("");
+            let said = format!("Unknown ACP command: /{name}. Use /help to see available commands.");
+            self.at(now + 2, update(session, text_update(&said)), None, None);
+            let r = self.flavor.turn_result(session, 0, "end_turn");
+            return self.at(now + 3, result(&id, r), None, None);
         }
         if self.flavor == Flavor::Kimi && self.compacting.contains_key(session) {
             // Kimi answers a prompt sent while it compacts at once, empty, and runs it unreported later.
@@ -468,6 +537,10 @@ impl Model {
         let tag = Some((session.to_owned(), no));
         for n in self.flavor.turn_start(session, &format!("prompt-{no}"), text) {
             self.at(now + 1, n, tag.clone(), None);
+        }
+        if self.flavor == Flavor::Kimi {
+            let prompt = kimi::turn_prompt(no, text, json!({"kind": "user"}));
+            self.wire_at(session, now + 1, vec![prompt], tag.clone());
         }
         let run = Run {
             id: id.clone(),
@@ -555,6 +628,14 @@ impl Model {
             let n = self.chunk_no;
             self.chunk_must.insert(n, (seen_as.clone(), must));
             let at = now + 2 + ms as u64 * (i + 1) / (chunks as u64 + 1);
+            if self.flavor == Flavor::Kimi {
+                // Kimi writes each part to its wire; a turn of its own it reports nowhere else.
+                let text = format!("第 {n} 段 «{n}»\n");
+                self.wire_at(session, at, vec![kimi::content(no, &text)], tag.clone());
+                if self.running.get(session).is_some_and(|r| r.kind == Kind::Own) {
+                    continue;
+                }
+            }
             self.at(at, self.flavor.chunk(on, no, n), tag.clone(), None);
         }
         now + 2 + ms as u64
@@ -573,6 +654,13 @@ impl Model {
             if self.flavor == Flavor::Grok {
                 return self.grok_failure(session, no, &id, at, f);
             }
+            if self.flavor == Flavor::Kimi {
+                return self.kimi_failure(session, no, &id, at, f);
+            }
+        }
+        if self.flavor == Flavor::Kimi {
+            // Kimi writes the turn's end before it answers (the shim holds the answer until it reads it).
+            self.wire_at(session, at, kimi::completed(no, 10_331), tag.clone());
         }
         let mut lines: Vec<Value> = Vec::new();
         if self.flavor != Flavor::Kimi
@@ -635,10 +723,8 @@ impl Model {
         let plan = shapes::grok_retries(f);
         for (i, (delay, retry)) in plan.retries.iter().enumerate() {
             let n = notification("_x.ai/session_notification", json!({"sessionId": session, "update": retry}));
-            self.at(at + delay, n, tag.clone(), None);
-            if i == 0 && plan.answer_after > 60_000 {
-                self.truth.retrying.insert(id.to_string(), at + delay);
-            }
+            let shown = (i == 0 && plan.answer_after > 60_000).then(|| Effect::RetryShown(id.to_string()));
+            self.at(at + delay, n, tag.clone(), shown);
         }
         if let Some(r) = self.running.get_mut(session) {
             r.retrying = true;
@@ -650,6 +736,30 @@ impl Model {
             self.at(end, line, tag.clone(), None);
         }
         self.answer_lines(session, no, end + 1, vec![error(id, plan.error).to_string()]);
+    }
+
+    /// Kimi's failed turn: its retries in the wire (none for a failure it does not retry), then `end_turn` over
+    /// ACP with the failure in the wire; one it retries past a minute is the shim's to stop.
+    fn kimi_failure(&mut self, session: &str, no: u64, id: &Value, at: u64, f: Failure) {
+        let tag = Some((session.to_owned(), no));
+        let retries = kimi::retries(no, f);
+        let mut end = at;
+        for (i, (delay, record)) in retries.iter().enumerate() {
+            let wait = record.get("delayMs").and_then(Value::as_u64).unwrap_or(0);
+            let most = self.truth.scheduled_waits.entry(id.to_string()).or_default();
+            *most = (*most).max(wait);
+            self.wire_at(session, at + delay, vec![record.clone()], tag.clone());
+            if i == 0 {
+                self.effect_at(at + delay, Effect::RetryShown(id.to_string()));
+            }
+            end = at + delay + record.get("delayMs").and_then(Value::as_u64).unwrap_or(0) + 60;
+        }
+        if let Some(r) = self.running.get_mut(session) {
+            r.retrying = !retries.is_empty();
+        }
+        let answer = result(id, self.flavor.turn_result(session, no, "end_turn")).to_string();
+        self.answer_lines(session, no, end + 2, vec![answer]);
+        self.wire_at(session, end + 4, kimi::failed(no, f), tag);
     }
 
     fn permission_answered(&mut self, id: &str, now: u64) {
@@ -671,6 +781,10 @@ impl Model {
         if self.flavor == Flavor::Kimi && self.compacting.contains_key(session) {
             // Kimi stops its compaction (`full_compaction.cancel`) and says so.
             self.out.retain(|_, o| !matches!(&o.effect, Some(Effect::CompactEnded(s)) if s == session));
+            self.out.retain(|_, o| {
+                !o.file.as_ref().is_some_and(|f| String::from_utf8_lossy(&f.bytes).contains("\"full_compaction."))
+            });
+            self.wire_at(session, now + 5, vec![json!({"type": "full_compaction.cancel"})], None);
             let end = Some(Effect::CompactEnded(session.to_owned()));
             self.at(now + 5, update(session, text_update(shapes::KIMI_CANCELLED)), None, end);
         }
@@ -696,6 +810,7 @@ impl Model {
             }
             _ => format!("prompt-{no}"),
         };
+        let wake_of_kimi = wake.clone().filter(|_| self.flavor == Flavor::Kimi);
         if self.flavor == Flavor::Grok {
             let done = shapes::grok_turn_completed(session, &prompt, "cancelled");
             self.at(now + 4, done, None, wake.map(Effect::WakeDone));
@@ -704,6 +819,12 @@ impl Model {
         lines.extend(self.flavor.turn_end(session, &prompt, "cancelled"));
         for n in lines {
             self.at(now + 4, n, None, None);
+        }
+        if self.flavor == Flavor::Kimi {
+            self.wire_at(session, now + 6, kimi::cancelled(no), None);
+            if let Some(w) = wake_of_kimi {
+                self.effect_at(now + 6, Effect::WakeDone(w));
+            }
         }
         let answer = id.map(|id| result(&id, self.flavor.turn_result(session, no, "cancelled")));
         match answer {
@@ -778,12 +899,24 @@ impl Model {
             return self.at(now + 3, answer, None, None);
         }
         self.at(now + 2, say(shapes::KIMI_STARTED), None, None);
+        self.wire_at(session, now + 2, vec![json!({"type": "full_compaction.begin", "source": "manual"})], None);
         self.at(now + 3, answer, None, None);
         self.compacting.insert(session.to_owned(), now);
         let end = Some(Effect::CompactEnded(session.to_owned()));
         match self.compact_script(session) {
-            CompactOutcome::CompactOk(ms) => self.at(now + 4 + ms as u64, say(shapes::KIMI_DONE), None, end),
-            CompactOutcome::CompactFail(ms) => self.at(now + 4 + ms as u64, say(shapes::KIMI_CANCELLED), None, end),
+            CompactOutcome::CompactOk(ms) => {
+                let done = vec![
+                    json!({"type": "context.apply_compaction", "summary": "Summary.", "tokensBefore": 32_720,
+                        "tokensAfter": 22_290}),
+                    json!({"type": "full_compaction.complete"}),
+                ];
+                self.wire_at(session, now + 4 + ms as u64, done, None);
+                self.at(now + 4 + ms as u64, say(shapes::KIMI_DONE), None, end)
+            }
+            CompactOutcome::CompactFail(ms) => {
+                self.wire_at(session, now + 4 + ms as u64, vec![json!({"type": "full_compaction.cancel"})], None);
+                self.at(now + 4 + ms as u64, say(shapes::KIMI_CANCELLED), None, end)
+            }
             CompactOutcome::CompactNever => {}
         }
     }
@@ -794,7 +927,7 @@ impl Model {
             return;
         }
         let s = self.sessions[session as usize % self.sessions.len()].clone();
-        if self.running.contains_key(&s) || self.compacting.contains_key(&s) {
+        if self.running.contains_key(&s) || self.compacting.contains_key(&s) || !self.ready.contains(&s) {
             return;
         }
         self.turns += 1;
@@ -824,6 +957,22 @@ impl Model {
             wake,
         };
         self.running.insert(session.to_owned(), run);
+        if self.flavor == Flavor::Kimi {
+            let origin = match self.running.get(session).and_then(|r| r.wake.clone()) {
+                Some(task) => json!({"kind": "task", "taskId": task}),
+                None => json!({"kind": "system_trigger", "name": "timer"}),
+            };
+            let prompt = kimi::turn_prompt(no, "<notification>a background task finished</notification>", origin);
+            self.wire_at(session, now + 1, vec![prompt], tag.clone());
+            let end = self.content(session, session, no, now, 400, chunks, true);
+            let wake = self.running.get(session).and_then(|r| r.wake.clone());
+            self.wire_at(session, end + 1, kimi::completed(no, 11_000), tag.clone());
+            if let Some(w) = wake {
+                self.effect_at(end + 1, Effect::WakeDone(w));
+            }
+            self.effect_at(end + 2, Effect::TurnEnded(session.to_owned(), no));
+            return;
+        }
         let end = self.content(session, session, no, now, 400, chunks, true);
         let mut last: Vec<Value> = Vec::new();
         if self.flavor == Flavor::Grok {

@@ -74,6 +74,14 @@ impl Model {
         format!("{}-{what}-{:04}", self.flavor.session_id(0).split('-').next().unwrap_or("x"), self.ids)
     }
 
+    /// A background command `id` of turn `no`, started at `at` by the tool call `call`, to end as `pending`.
+    fn new_task(&mut self, id: &str, session: &str, call: &str, no: u64, at: u64, pending: &'static str) {
+        let task =
+            Task { session: session.to_owned(), call: call.to_owned(), running: true, pending, turn: no, spawn_at: at };
+        self.tasks.insert(id.to_owned(), task);
+        self.record_work(id, session, at);
+    }
+
     fn record_work(&mut self, id: &str, session: &str, started: u64) {
         let truth =
             WorkTruth { session: session.to_owned(), ended: None, process: self.process, will_end: None, started };
@@ -90,6 +98,24 @@ impl Model {
         };
         let turn_tag = Some((session.to_owned(), no));
         match (work, self.flavor) {
+            (Work::Task(ms, e), Flavor::Kimi) => {
+                self.ids += 1;
+                let id = format!("bash-{:08}", self.ids);
+                let call = format!("call_{id}");
+                let pending = word(*e);
+                self.new_task(&id, session, &call, no, mid, pending);
+                let started = vec![
+                    json!({"type": "context.append_loop_event", "event": {"type": "tool.call", "turnId": no.to_string(),
+                        "step": 1, "toolCallId": call, "name": "Bash", "args": {"command": "sleep 30",
+                        "description": "run sleep 30", "run_in_background": true}}}),
+                    json!({"type": "task.started", "info": super::kimi::task_info(&id, &call, "running", None)}),
+                ];
+                self.task_file_at(session, mid, super::kimi::task_info(&id, &call, "running", None), tag(&id));
+                self.wire_at(session, mid, started, tag(&id));
+                if *e != WorkEnd::WorkNever {
+                    self.end_task_at(&id, mid + *ms as u64, pending);
+                }
+            }
             (Work::NoWork, _) | (_, Flavor::Kimi | Flavor::OpenCode) => {}
             (_, Flavor::Codex) if !self.air => {}
             (Work::Task(ms, e), flavor) => {
@@ -97,16 +123,7 @@ impl Model {
                 let call = id.clone();
                 let pending = word(*e);
                 let spawned_at = if flavor == Flavor::Codex { end.saturating_sub(1).max(mid) } else { mid };
-                let task = Task {
-                    session: session.to_owned(),
-                    call: call.clone(),
-                    running: true,
-                    pending,
-                    turn: no,
-                    spawn_at: spawned_at,
-                };
-                self.tasks.insert(id.clone(), task);
-                self.record_work(&id, session, spawned_at);
+                self.new_task(&id, session, &call, no, spawned_at, pending);
                 for line in self.flavor.task_started(session, &id, &call) {
                     self.at(if flavor == Flavor::Codex { mid } else { spawned_at }, line, turn_tag.clone(), None);
                 }
@@ -229,6 +246,15 @@ impl Model {
         let Some(task) = self.tasks.get_mut(id) else { return };
         task.pending = how;
         let (session, call) = (task.session.clone(), task.call.clone());
+        if self.flavor == Flavor::Kimi {
+            let exit = if how == "completed" { 0 } else { 1 };
+            let info = super::kimi::task_info(id, &call, how, Some(exit));
+            // Kimi writes the task file first, then the wire record that ends the task.
+            self.task_file_at(&session, at, info.clone(), tag(id));
+            let ended = Some(Effect::WorkEnded(id.to_owned()));
+            self.wire_with(&session, at, vec![json!({"type": "task.terminated", "info": info})], tag(id), ended);
+            return;
+        }
         let lines = self.flavor.task_ended(&session, id, &call, how);
         let n = lines.len();
         for (i, line) in lines.into_iter().enumerate() {
@@ -263,7 +289,30 @@ impl Model {
             "failed" | "disconnected" => "failed",
             _ => "cancelled",
         };
-        // Grok's work is over for Coda once its turn on the result ends (a cancelled subagent gets none).
+        // Grok's work is over for Coda once its turn on the result ends (a cancelled subagent gets none); Kimi's
+        // at once when it ends in a client turn (the main agent handles it there), else once Kimi's own turn on
+        // it ends.
+        let in_client_turn =
+            |m: &Model, session: &str| m.running.get(session).is_some_and(|r| r.kind == super::Kind::Coda);
+        if self.flavor == Flavor::Kimi
+            && let Some(task) = self.tasks.get_mut(id)
+        {
+            task.running = false;
+            let (how, session) = (task.pending, task.session.clone());
+            let in_turn = in_client_turn(self, &session);
+            if let Some(t) = self.truth.work.get_mut(id) {
+                if in_turn { t.ended = Some(coda_word(how)) } else { t.will_end = Some(coda_word(how)) }
+            }
+            if in_turn {
+                let injected = json!({"type": "context.append_message", "message": {"role": "user",
+                    "content": [{"type": "text", "text": format!("<notification>task {id} {how}</notification>")}],
+                    "origin": {"kind": "task", "taskId": id}}});
+                self.wire_at(&session, now, vec![injected], None);
+            } else {
+                self.wake(&session, &format!("task-completed-{id}"), now);
+            }
+            return;
+        }
         let wakes = |how: &str| self.flavor == Flavor::Grok && how != "cancelled";
         if let Some(task) = self.tasks.get_mut(id) {
             task.running = false;
