@@ -43,6 +43,10 @@
 //! ids, and tells the layers above something about a request with a typed note ([`Cx::note`]), never with a
 //! key written into a frame. A layer may hold a client request (keep the frame and emit it later): it stays
 //! open, and not sent, until then.
+//!
+//! Beside it the stack keeps the session table ([`sessions`]): the sessions Coda opened (learnt from the agent's
+//! answers before any layer sees them), the children layers name ([`Cx::add_child`]), whose turn runs in each
+//! ([`Cx::turn`]), and the marks of the compaction and steering machines ([`Cx::session_mut`]).
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -54,11 +58,13 @@ use serde_json::Value;
 use crate::frame::{Frame, Id, Kind};
 
 pub mod requests;
+pub mod sessions;
 pub mod testing;
 mod timers;
 pub mod work;
 
 pub use requests::{Request, Requests};
+pub use sessions::{Session, Sessions, Turn};
 pub use timers::Timer;
 use timers::{AnyTimers, Timers};
 pub use work::{Done, Job, Pool};
@@ -126,6 +132,8 @@ pub trait AnyLayer: Send {
     fn reply_type(&self) -> TypeId;
     #[doc(hidden)]
     fn layer_type(&self) -> TypeId;
+    #[doc(hidden)]
+    fn event_type(&self) -> TypeId;
     /// The layer's type, for errors.
     fn name(&self) -> &'static str;
     /// The layer itself, for tests that look inside it ([`testing::Harness::layer`]).
@@ -177,6 +185,10 @@ impl<L: Layer> AnyLayer for L {
         TypeId::of::<L>()
     }
 
+    fn event_type(&self) -> TypeId {
+        TypeId::of::<L::Event>()
+    }
+
     fn name(&self) -> &'static str {
         std::any::type_name::<L>()
     }
@@ -205,6 +217,9 @@ pub struct Cx<'a> {
 /// What the layers of a stack share, and what a context inside it reaches (with the handled layer's index).
 struct Shared {
     requests: Requests,
+    sessions: Sessions,
+    /// The agent is gone: what it still owes comes as the engine's errors, and nothing more after them.
+    agent_gone: bool,
     /// Wake-ups asked for so far across the stack (orders equal deadlines).
     asked: u64,
     /// Each layer's wake-ups, by index.
@@ -332,6 +347,52 @@ impl<'a> Cx<'a> {
     pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
         self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
+
+    /// Whether the agent is gone (its process ended): the answers that come now are the engine's errors for
+    /// what it still owed, and nothing comes after them, so a layer holds nothing more (no wake-up will come).
+    pub fn agent_gone(&self) -> bool {
+        self.stack.as_ref().is_some_and(|(s, _)| s.agent_gone)
+    }
+
+    /// The stack's session table ([`sessions`]); `None` outside a stack.
+    pub fn sessions(&self) -> Option<&Sessions> {
+        self.stack.as_ref().map(|(s, _)| &s.sessions)
+    }
+
+    /// The session `id` of the table: a root Coda opened on this connection, or a child a layer named.
+    pub fn session(&self, id: &str) -> Option<&Session> {
+        self.sessions()?.get(id)
+    }
+
+    /// The session `id`, to record what a layer knows of it ([`Session::set_busy`], and the compaction and
+    /// steering machines' marks). Takes effect at once, for the layers after this one.
+    pub fn session_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.stack.as_mut()?.0.sessions.get_mut(id)
+    }
+
+    /// Tells the table that `child` is a session the agent runs for `parent` (a subagent's), as this layer
+    /// learnt. A root stays a root.
+    pub fn add_child(&mut self, child: &str, parent: Option<&str>) {
+        if let Some((s, _)) = self.stack.as_mut() {
+            s.sessions.add_child(child, parent);
+        }
+    }
+
+    /// Whose turn runs in `session` ([`Turn`]): Coda's open `session/prompt` (one the agent has before one a
+    /// layer holds), else the shim's own request about it the agent owes, else the CLI's own when it said the
+    /// session is busy; `None` when none runs.
+    pub fn turn(&self, session: &str) -> Option<Turn> {
+        let (shared, _) = self.stack.as_ref()?;
+        let prompts = shared.requests.open().filter(|r| r.is("session/prompt") && r.session() == Some(session));
+        let coda = prompts.max_by_key(|r| (r.is_sent(), std::cmp::Reverse(r.seq())));
+        if let Some(r) = coda {
+            return Some(Turn::Coda { prompt: r.id.clone(), sent: r.is_sent() });
+        }
+        if let Some(method) = shared.sessions.own_request(session) {
+            return Some(Turn::Shim { method: method.clone() });
+        }
+        (shared.sessions.get(session)?.busy() == Some(true)).then_some(Turn::Cli)
+    }
 }
 
 /// How much a stack holds ([`Stack::sizes`]): what a test checks stays bounded however a session goes.
@@ -382,6 +443,8 @@ impl Stack {
         Stack {
             shared: Shared {
                 requests: Requests::default(),
+                sessions: Sessions::default(),
+                agent_gone: false,
                 asked: 0,
                 timers: layers.iter().map(|l| l.new_timers()).collect(),
                 names: layers.iter().map(|l| l.name()).collect(),
@@ -459,7 +522,7 @@ impl Stack {
     /// requests apart, and two open under one id would make every answer ambiguous.
     pub fn from_client(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Request { id, .. } = frame.kind()
-            && (self.shared.requests.get(id).is_some() || self.own.contains_key(id))
+            && (self.shared.requests.get(id).is_some() || self.is_own(id))
         {
             tracing::warn!("client sent a request with the id of one still open; answered with an error");
             let answer = crate::frame::error_response(id, ID_IN_USE.0, ID_IN_USE.1, None);
@@ -470,26 +533,57 @@ impl Stack {
         self.settle(exits);
     }
 
-    /// A frame read from the agent. A second answer to a client request whose first is still on its way to the
-    /// client is dropped here; one to a request no longer open walks up the layers (one may be waiting for it
-    /// after answering the client itself) and is dropped if it reaches the client ([`Stack::up`]).
+    /// A frame read from the agent. A second answer to a request of the client's is dropped here, with a warning:
+    /// one to a request the client has had its answer to (the layers never see it), or whose first answer is
+    /// still on its way to the client (a layer holds it). An answer to an id the client never sent goes on.
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
             if let Some((layer, tag)) = self.own.remove(id) {
+                self.shared.sessions.own_answered(id);
                 self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
                 return self.settle(exits);
             }
-            if self.shared.requests.get(id).is_some_and(Request::is_answered) {
-                return tracing::warn!("the agent answered a request twice; the second answer is dropped");
+            if self.is_own(id) {
+                // An answer to a request of the shim's that was answered already (or never sent): Coda never
+                // sent that id, so it is no answer of Coda's.
+                return tracing::warn!("the agent answered one of the shim's own requests twice; dropped");
             }
-            self.shared.requests.answered(id);
+            if self.shared.requests.was_answered(id) {
+                // Coda has its answer: a second one would answer nothing it asked.
+                return tracing::warn!(
+                    "the agent answered a request of the client's that was answered already; dropped"
+                );
+            }
+            let Shared { requests, sessions, .. } = &mut self.shared;
+            match requests.get(id) {
+                // The first answer is still on its way to the client (a layer holds it): this one would follow it.
+                Some(r) if r.is_answered() => {
+                    return tracing::warn!("the agent answered a request of the client's twice; dropped");
+                }
+                Some(r) => sessions.answered(&r.method, r.session(), &frame),
+                None => {}
+            }
+            requests.answered(id);
         }
         self.up(self.layers.len(), frame, exits);
         self.settle(exits);
     }
 
-    /// An event for layer `layer` (as its [`EventSender`] queued it).
+    /// An event for layer `layer` (as its [`EventSender`] queued it), or for every layer that takes its type
+    /// (as a [`Broadcast`] queued it).
     pub fn event(&mut self, layer: usize, event: Event, exits: &mut Exits) {
+        if layer == EVERY {
+            let Ok(fanout) = event.downcast::<Fanout>() else {
+                return misrouted("a broadcast", "a Fanout", "the stack");
+            };
+            for at in 0..self.layers.len() {
+                if self.layers[at].event_type() == fanout.event_type {
+                    let copy = (fanout.copy)(&*fanout.value);
+                    self.call(at, exits, |l, cx| l.event(copy, cx));
+                }
+            }
+            return self.settle(exits);
+        }
         if layer >= self.layers.len() {
             return misrouted("an event", "(no such layer)", "the stack");
         }
@@ -507,9 +601,24 @@ impl Stack {
         &self.shared.requests
     }
 
+    /// The agent is gone ([`Cx::agent_gone`]).
+    pub fn agent_gone(&mut self) {
+        self.shared.agent_gone = true;
+    }
+
+    /// The session table ([`sessions`]).
+    pub fn sessions(&self) -> &Sessions {
+        &self.shared.sessions
+    }
+
     /// The client requests the agent was sent and has not answered, in their order of arrival.
     pub fn owed(&self) -> Vec<Id> {
         self.shared.requests.owed()
+    }
+
+    /// The client requests the agent has not answered, sent or held by a layer, in their order of arrival.
+    pub fn unanswered(&self) -> Vec<Id> {
+        self.shared.requests.unanswered()
     }
 
     /// Whether the agent was sent the client request `id` and has not answered it.
@@ -525,10 +634,15 @@ impl Stack {
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
         if from == self.layers.len() {
-            if let Kind::Request { id, .. } = frame.kind()
+            if let Kind::Request { id, method } = frame.kind()
                 && !self.is_own(id)
             {
                 self.shared.requests.sent(&frame, self.now, self.wall);
+                if method == "session/prompt"
+                    && let Some(session) = self.shared.requests.get(id).and_then(Request::session)
+                {
+                    self.shared.sessions.prompt_sent(session);
+                }
             }
             return exits.to_agent.push(frame);
         }
@@ -545,14 +659,14 @@ impl Stack {
         }
         match below.checked_sub(1) {
             None => {
-                if let Kind::Response { id } = frame.kind()
-                    && !self.shared.requests.closed(id)
-                    && *id != Id::null()
-                {
-                    // Coda has its answer already (or never asked): a second one would answer nothing of its.
-                    return tracing::warn!(
-                        "an answer to a request that is no longer open reached the client side; dropped"
-                    );
+                if let Kind::Response { id } = frame.kind() {
+                    let Shared { requests, sessions, .. } = &mut self.shared;
+                    if requests.was_answered(id) {
+                        // A layer answered it already (or two did): Coda gets one answer.
+                        return tracing::warn!("a second answer to a request of the client's was dropped");
+                    }
+                    sessions.closed(id, requests.get(id).and_then(Request::session));
+                    requests.closed(id);
                 }
                 exits.to_client.push(frame)
             }
@@ -600,6 +714,7 @@ impl Stack {
                     }
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
+                    self.shared.sessions.own_sent(&Id::string(&id), &method, &params);
                     self.own.insert(Id::string(&id), (at, tag));
                     let frame = Frame::from_value(&serde_json::json!({
                         "jsonrpc": "2.0", "id": id, "method": method, "params": params
@@ -633,6 +748,41 @@ impl<E: Send + 'static> EventSender<E> {
     }
 }
 
+/// The layer index a [`Broadcast`] queues its events with: every layer that takes their type.
+const EVERY: usize = usize::MAX;
+
+/// An event on its way to every layer that takes its type, with how to copy it for each.
+struct Fanout {
+    value: Box<dyn Any + Send>,
+    event_type: TypeId,
+    copy: fn(&(dyn Any + Send)) -> Event,
+}
+
+/// Hands each event to every layer of the stack whose [`Layer::Event`] is `E`, in stack order (nearest the
+/// client first), as one input of the relay, in order with the frames: for a source several layers read (a
+/// server's event stream), so that no set-up fans events out by hand. Made by [`Layers::broadcast`].
+pub struct Broadcast<E> {
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
+    _event: PhantomData<fn(E)>,
+}
+
+impl<E> Clone for Broadcast<E> {
+    fn clone(&self) -> Self {
+        Broadcast { tx: self.tx.clone(), _event: PhantomData }
+    }
+}
+
+impl<E: Clone + Send + 'static> Broadcast<E> {
+    /// Queues an event for every layer that takes `E`; false once the relay has stopped.
+    pub fn send(&self, event: E) -> bool {
+        fn copy<E: Clone + Send + 'static>(value: &(dyn Any + Send)) -> Event {
+            Box::new(value.downcast_ref::<E>().expect("a fanout holds its own type").clone())
+        }
+        let fanout = Fanout { value: Box::new(event), event_type: TypeId::of::<E>(), copy: copy::<E> };
+        self.tx.send((EVERY, Box::new(fanout))).is_ok()
+    }
+}
+
 /// Builds a stack, nearest the client first, and gives each layer a sender of its own event type.
 pub struct Layers {
     layers: Vec<Box<dyn AnyLayer>>,
@@ -656,6 +806,11 @@ impl Layers {
     /// Adds a layer that takes no events below the ones added so far.
     pub fn push(&mut self, layer: Box<dyn AnyLayer>) {
         self.layers.push(layer);
+    }
+
+    /// A sender of events of type `E` to every layer of the stack that takes them ([`Broadcast`]).
+    pub fn broadcast<E: Clone + Send + 'static>(&self) -> Broadcast<E> {
+        Broadcast { tx: self.events.clone(), _event: PhantomData }
     }
 
     pub fn len(&self) -> usize {
@@ -961,6 +1116,21 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_reaches_every_layer_of_its_type_in_stack_order() {
+        let mut h = Harness::build(|layers| {
+            layers.add(|_| Box::new(Echo));
+            layers.push(Box::new(Pinger));
+            layers.add(|_| Box::new(Echo));
+            let bus = layers.broadcast::<u32>();
+            assert!(bus.send(3));
+            assert!(layers.broadcast::<u64>().send(4), "one nobody takes reaches nobody");
+        });
+        h.deliver();
+        let out = h.to_agent();
+        assert_eq!(out, vec![json!({"jsonrpc":"2.0","method":"event","params":{"n":3}}); 2]);
+    }
+
+    #[test]
     fn an_event_of_the_wrong_type_is_a_loud_error() {
         let mut h = Harness::new(vec![Box::new(Echo)]);
         // A release build logs it and drops the event: the layer never sees it.
@@ -997,6 +1167,86 @@ mod tests {
         if loud_error("an event of the wrong type reached the stack", || h.event(5, 8u32)).is_some() {
             assert!(h.to_client().is_empty() && h.to_agent().is_empty());
         }
+    }
+
+    /// Reports what the session table says of `params.sessionId` on `look`; asks the agent `own` for it.
+    struct Looker;
+    impl Layer for Looker {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = ();
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let session = f.value()["params"]["sessionId"].as_str().unwrap_or_default().to_owned();
+            match f.method() {
+                Some("look") => {
+                    let s = cx.session(&session);
+                    let about = json!({"root": s.is_some_and(Session::is_root), "child": s.is_some_and(|s| !s.is_root()),
+                        "turn": format!("{:?}", cx.turn(&session)), "started": s.is_some_and(Session::started)});
+                    cx.to_client(crate::frame::notification("about", about));
+                }
+                Some("own") => cx.request("session/prompt", json!({"sessionId": session}), ()),
+                Some("busy") => {
+                    if let Some(s) = cx.session_mut(&session) {
+                        s.set_busy(f.value()["params"]["busy"] == true);
+                    }
+                }
+                Some("child") => cx.add_child(&session, Some("r")),
+                _ => cx.to_agent(f),
+            }
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            // The table knows a session before any layer handles the answer that opened it.
+            if let Some(id) = f.value()["result"]["sessionId"].as_str() {
+                assert!(cx.session(id).is_some_and(Session::is_root));
+            }
+            cx.to_client(f)
+        }
+        fn on_reply(&mut self, _: (), reply: Frame, cx: &mut Cx) {
+            cx.to_client(crate::frame::notification("replied", reply.value()["result"].clone()));
+        }
+    }
+
+    fn look(h: &mut Harness, session: &str) -> Value {
+        h.from_client(json!({"jsonrpc":"2.0","method":"look","params":{"sessionId":session}}));
+        h.to_client().pop().expect("an answer")["params"].clone()
+    }
+
+    #[test]
+    fn the_session_table_knows_roots_children_and_whose_turn_runs() {
+        let mut h = Harness::of(Looker);
+        assert_eq!(look(&mut h, "r"), json!({"root":false,"child":false,"turn":"None","started":false}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"r"}}));
+        h.to_client();
+        assert_eq!(look(&mut h, "r"), json!({"root":true,"child":false,"turn":"None","started":false}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"child","params":{"sessionId":"c"}}));
+        assert_eq!(look(&mut h, "c")["child"], true);
+        // The CLI's own turn, then Coda's prompt: busy from before the prompt is no start of it.
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":true}}));
+        assert_eq!(look(&mut h, "r")["turn"], "Some(Cli)");
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"r"}}));
+        assert_eq!(
+            look(&mut h, "r"),
+            json!({"root":true,"child":false,"turn":"Some(Coda { prompt: Id(\"2\"), sent: true })","started":false})
+        );
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":true}}));
+        assert_eq!(look(&mut h, "r")["started"], true);
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":false}}));
+        // The shim's own request about the session is a turn of the shim's while the agent owes its answer.
+        h.from_client(json!({"jsonrpc":"2.0","method":"own","params":{"sessionId":"r"}}));
+        let own = h.to_agent().pop().expect("the shim's request");
+        assert_eq!(look(&mut h, "r")["turn"], "Some(Shim { method: \"session/prompt\" })");
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"n":1}}));
+        assert_eq!(h.to_client()[0]["method"], "replied");
+        assert_eq!(look(&mut h, "r")["turn"], "None");
+        // Answered twice: the second answer is nobody's, and Coda never sees it.
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"n":2}}));
+        assert!(h.to_client().is_empty());
+        // Closed: forgotten.
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/close","params":{"sessionId":"r"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+        assert_eq!(look(&mut h, "r")["root"], false);
     }
 
     /// Tells the client, for each answer it passes, which request it answers; notes `Seen` on prompts.
@@ -1043,10 +1293,16 @@ mod tests {
             "open":["session/new"]});
         assert_eq!((&out[1]["params"], &out[2]["params"]), (&about, &about));
         assert_eq!(h.stack().owed(), vec![Id::string("n")]);
-        // Answered to the client: forgotten. A second answer answers nothing known: it never reaches the client.
+        // Answered to the client: forgotten. A second answer answers nothing Coda asks: dropped.
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
-        assert_eq!(h.to_client(), Vec::<Value>::new());
+        assert!(h.to_client().is_empty());
         assert!(h.stack().requests().get(&Id::from_json("1")).is_none());
+        // Until Coda sends a request with that id again; an answer to an id Coda never sent passes.
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s1"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        assert_eq!(h.to_client().len(), 3);
+        h.from_agent(json!({"jsonrpc":"2.0","id":77,"result":{}}));
+        assert_eq!(h.to_client().len(), 1);
     }
 
     /// Holds the agent's answers until the client sends `release`.
@@ -1071,7 +1327,7 @@ mod tests {
     }
 
     /// Answers `early` requests itself at once and still sends them on; says `late` when the agent's answer to
-    /// one comes, and passes that answer on too.
+    /// one comes (it never does: that answer is a second one), and passes that answer on too.
     struct Early;
     impl Layer for Early {
         type Timer = Infallible;
@@ -1108,16 +1364,35 @@ mod tests {
         h.from_client(json!({"jsonrpc":"2.0","method":"release"}));
         assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":2,"result":"first"})]);
         assert!(h.stack().requests().get(&Id::from_json("2")).is_none());
-        // A layer that answered the client itself still sees the agent's answer; the client does not.
+        // A layer answered the client itself: the agent's answer after that is a second one, dropped on arrival.
         let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Early)]);
         h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"early"}));
         assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":3,"result":"early"})]);
         assert_eq!(h.to_agent().len(), 1);
         h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":"from the agent"}));
-        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","method":"late","params":{}})]);
-        // An answer with id null (an agent's parse error) answers no request: it still goes on.
+        assert_eq!(h.to_client(), Vec::<Value>::new());
+        // A layer that passes an answer on twice: the client gets it once, the second is dropped at the top.
+        let mut h = Harness::new(vec![Box::new(Doubler)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"m"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":"once"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":4,"result":"once"})]);
+        // An answer with id null (an agent's parse error) or an id the client never sent answers no request of
+        // the client's: it still goes on.
         h.from_agent(json!({"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}));
-        assert_eq!(h.to_client().len(), 2, "Early's note, then the error");
+        h.from_agent(json!({"jsonrpc":"2.0","id":"never","result":{}}));
+        assert_eq!(h.to_client().len(), 4, "each twice: neither answers a request the client had");
+    }
+
+    /// Passes every frame of the agent's on twice.
+    struct Doubler;
+    impl Layer for Doubler {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            cx.to_client(f.clone());
+            cx.to_client(f)
+        }
     }
 
     #[test]

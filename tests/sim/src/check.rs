@@ -13,7 +13,7 @@
 //! | `waits` | a `_coda/wait` to a client that did not declare `_meta.coda.waits`, one missing a required field, a state not in the table, a field over its length (UTF-16 units, as Coda counts), a report after a terminal state, one for a session Coda does not know (dropped), a terminal state other than the CLI's end (done, failed, stopped) or while the CLI still runs it; after the drain, work the CLI ended whose wait is still open, or work the CLI started that Coda was never told of |
 //! | `usage` | `_meta.coda` on a `usage_update` that is not an object, is `{}`, is over 4 KiB, or is on a session that is not a root session Coda opened (a subagent's) |
 //! | `failure` | `_meta.coda.failure` on anything but a prompt's error answer, of a kind the turn's upstream failure does not say explicitly (quota only for a quota, service only for a temporary failure of the server, none for a login, a local error or no reason), `input: not_accepted` for input the CLI took, a `retryAfterMs` longer than any wait the upstream asked for or the CLI scheduled, or not in the protocol's shape |
-//! | `retry-watchdog` | a prompt whose turn the CLI retries for over a minute still open a minute (and 5 s) after the first retry showed, or ended without a failure (执行失败: a long retry is not waited out silently), unless Coda stopped it |
+//! | `retry-watchdog` | a prompt whose turn the CLI retries for over a minute still open a minute (and 5 s) after the first retry showed (and the steering machine's hold more while a steering message of the session is in flight), or ended without a failure (执行失败: a long retry is not waited out silently), unless Coda stopped it |
 //! | `frames` | a chunk of a turn (Coda's, the CLI's own, a subagent's) that Coda gets twice, out of order within its session, or never |
 //! | `compact-answer` | a `_coda/session/compact` answer with fields beyond `compacted`, `reason`, `before`, `after` |
 //! | `bounded` | the shim's request table holding more requests than Coda has open; after the drain, more of the shim's own requests open than the CLI owes answers to, or wake-ups pending beyond two per session and open request |
@@ -119,8 +119,12 @@ impl Checker {
             }
         }
         for (id, first) in &truth.retrying {
-            let open = coda.open.iter().any(|o| o.id == *id && o.method == "session/prompt");
-            if alive && open && now > first + RETRY_DEADLINE_MS && !self.cancelled.contains(id) {
+            let Some(prompt) = coda.open.iter().find(|o| o.id == *id && o.method == "session/prompt") else { continue };
+            // A steering message in flight in the session holds the turn's answer a while longer (插话: Coda gets
+            // the steering answer first, and the shim waits for it no longer than its hold).
+            let steering = coda.open.iter().any(|o| o.method == "_session/steering" && o.session == prompt.session);
+            let hold = if steering { coda_shim::coda::steering::TURN_HOLD.as_millis() as u64 } else { 0 };
+            if alive && now > first + RETRY_DEADLINE_MS + hold && !self.cancelled.contains(id) {
                 return broke(
                     "retry-watchdog",
                     format!(

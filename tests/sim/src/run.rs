@@ -265,6 +265,9 @@ fn play_cli(
                             let detail = format!("the shim did not take in a write of {rel} within {TOOK_PATIENCE:?}");
                             lock(&m).truth.broken.push(("files", detail));
                         }
+                        // What the shim made of it (queued when the took log said so) reaches its peers before the
+                        // CLI goes on: the clock moves only once every task is idle.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
             }
