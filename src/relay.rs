@@ -250,13 +250,20 @@ impl Loop {
         self.route(exits);
     }
 
+    /// The child is gone: the layers hand on what they held back for the client ([`Stack::agent_gone`]).
+    fn agent_gone(&mut self) {
+        let mut exits = std::mem::take(&mut self.exits);
+        self.stack.agent_gone(&mut exits);
+        self.route(exits);
+    }
+
     /// The child is gone: every request it still owed, and every one a layer still held for it (a prompt behind a
     /// compaction, a compaction of the shim's), gets an error carrying its stderr tail, through the layers.
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
         // The stack's request table says which, in their order of arrival; the layers hold nothing more for it.
-        self.stack.agent_gone();
+        self.agent_gone();
         for id in self.stack.unanswered() {
             // Answered meanwhile by a layer (with the answer to another one).
             if self.stack.requests().get(&id).is_none_or(|r| r.is_answered()) {
@@ -495,8 +502,9 @@ async fn run_io(
         let _ = tokio::time::timeout(Duration::from_millis(500), p.stderr_done).await;
         stderr_tail = p.stderr_tail.lines();
     }
+    st.set_time();
+    st.agent_gone();
     if !st.stack.unanswered().is_empty() {
-        st.set_time();
         st.fail_in_flight(status, stderr_tail);
     }
     tracing::info!("agent exited with status {}", child::describe(status));

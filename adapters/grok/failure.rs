@@ -112,8 +112,14 @@ pub struct Check {
     generation: u64,
 }
 
+/// Prompts of one session tracked at most (a client that sends more before Grok answers breaks ACP; the oldest
+/// is then answered as Grok answers it).
+const TURNS_KEPT: usize = 16;
+
 pub struct GrokFailure {
-    turns: HashMap<String, Turn>,
+    /// By session, oldest first: the first runs (Grok queues a prompt sent while another runs), so Grok's retry
+    /// reports are its.
+    turns: HashMap<String, Vec<Turn>>,
     patience: Duration,
     /// Generations handed out so far (never reused, so a timer of an earlier turn never matches a later one).
     generations: u64,
@@ -127,7 +133,7 @@ impl GrokFailure {
 
     /// A retry was reported, or the turn went on: (re)arms or disarms the check.
     fn progress(&mut self, session: &str, update: &Value, cx: &mut Cx) {
-        let Some(turn) = self.turns.get_mut(session) else { return };
+        let Some(turn) = self.turns.get_mut(session).and_then(|t| t.first_mut()) else { return };
         if turn.stopped.is_some() {
             return;
         }
@@ -158,7 +164,7 @@ impl GrokFailure {
 
     /// A check: if the turn of `session` is still retrying since `generation`, stop it.
     pub fn check(&mut self, session: &str, generation: u64, cx: &mut Cx) {
-        let Some(turn) = self.turns.get_mut(session) else { return };
+        let Some(turn) = self.turns.get_mut(session).and_then(|t| t.first_mut()) else { return };
         if turn.generation != generation || turn.stopped.is_some() {
             return;
         }
@@ -173,16 +179,21 @@ impl GrokFailure {
         cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
     }
 
-    /// The generation of the turn of `session` (for tests driving checks by hand).
+    /// The generation of the running turn of `session` (for tests driving checks by hand).
     #[cfg(test)]
     pub fn generation(&self, session: &str) -> Option<u64> {
-        self.turns.get(session).map(|t| t.generation)
+        self.turns.get(session)?.first().map(|t| t.generation)
     }
 
-    /// The answer Coda gets for Grok's answer to a prompt of `session`.
+    /// The answer Coda gets for Grok's answer `reply` to a prompt of `session`.
     fn answer(&mut self, session: &str, reply: Frame) -> Frame {
-        let Some(turn) = self.turns.remove(session) else { return reply };
         let Some(id) = reply.id().cloned() else { return reply };
+        let Some(turns) = self.turns.get_mut(session) else { return reply };
+        let Some(at) = turns.iter().position(|t| t.prompt == id) else { return reply };
+        let turn = turns.remove(at);
+        if turns.is_empty() {
+            self.turns.remove(session);
+        }
         if let Some((message, kind)) = turn.stopped {
             return failure::answer(&id, &message, kind.as_ref(), Some(json!({"grok": {"stopped": true}})));
         }
@@ -215,7 +226,11 @@ impl Layer for GrokFailure {
         {
             self.generations += 1;
             let turn = Turn { prompt: id.clone(), retry: None, generation: self.generations, stopped: None };
-            self.turns.insert(session, turn);
+            let turns = self.turns.entry(session).or_default();
+            if turns.len() == TURNS_KEPT {
+                turns.remove(0);
+            }
+            turns.push(turn);
         }
         cx.to_agent(frame);
     }
@@ -224,7 +239,8 @@ impl Layer for GrokFailure {
         match frame.kind() {
             FrameKind::Response { id } => {
                 // The turn of the prompt it answers (in the session as this layer saw it, below the renames).
-                if let Some(session) = self.turns.iter().find(|(_, t)| &t.prompt == id).map(|(s, _)| s.clone()) {
+                let prompt = |(s, t): (&String, &Vec<Turn>)| t.iter().any(|t| &t.prompt == id).then(|| s.clone());
+                if let Some(session) = self.turns.iter().find_map(prompt) {
                     return cx.to_client(self.answer(&session, frame));
                 }
             }
@@ -246,7 +262,7 @@ impl Layer for GrokFailure {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         match frame.kind() {
-            FrameKind::Response { id } => !self.turns.values().any(|t| &t.prompt == id),
+            FrameKind::Response { id } => !self.turns.values().flatten().any(|t| &t.prompt == id),
             FrameKind::Notification { method }
                 if !self.turns.is_empty()
                     && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
@@ -255,7 +271,7 @@ impl Layer for GrokFailure {
                 match frame.session_update() {
                     Some("retry_state") => false,
                     Some("agent_message_chunk" | "agent_thought_chunk" | "tool_call") => {
-                        self.turns.values().all(|t| t.retry.is_none())
+                        self.turns.values().flatten().all(|t| t.retry.is_none())
                     }
                     _ => true,
                 }
@@ -437,10 +453,10 @@ mod tests {
         layer.from_client(prompt(5), &mut cx);
         layer.from_agent(retry(1, QUOTA, "rate_limited"), &mut cx);
         layer.check(S, earlier, &mut cx);
-        assert!(layer.turns[S].stopped.is_none(), "the first turn's timer fired in the second");
+        assert!(layer.turns[S][0].stopped.is_none(), "the first turn's timer fired in the second");
         let now = layer.generation(S).expect("a turn");
         layer.check(S, now, &mut cx);
-        assert!(layer.turns[S].stopped.is_some());
+        assert!(layer.turns[S][0].stopped.is_some());
     }
 
     #[test]
@@ -454,9 +470,29 @@ mod tests {
             "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}});
         layer.from_agent(parse(chunk), &mut cx);
         layer.check(S, generation, &mut cx);
-        assert!(layer.turns[S].stopped.is_none());
+        assert!(layer.turns[S][0].stopped.is_none());
         assert_eq!(kind_of(&parse_reason("error sending request: connection reset")), None);
         assert_eq!(kind_of(&parse_reason(SERVER)), None);
         assert_eq!(kind_of(&parse_reason(QUOTA)), Some(Kind::Quota));
+    }
+
+    #[test]
+    fn a_second_prompt_queued_in_the_session_leaves_the_stop_with_the_turn_that_retried() {
+        // A client that breaks ACP sends a second prompt while the first runs: Grok queues it. The first retries
+        // past the patience: it, not the queued one, is answered with the failure; the second as Grok answers it.
+        let mut h = harness();
+        h.client_frame(prompt(4));
+        h.client_frame(prompt(5));
+        assert_eq!(h.to_agent().len(), 2);
+        h.agent_frame(retry(1, RATE, "rate_limited"));
+        h.to_client();
+        h.advance(Duration::from_secs(61));
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{"stopReason":"cancelled"}}));
+        let first = h.to_client();
+        assert_eq!(first[0]["id"], 4);
+        assert_eq!(error(&first[0])["data"]["_meta"]["coda"]["failure"]["kind"], "service_unavailable");
+        h.from_agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}})]);
     }
 }

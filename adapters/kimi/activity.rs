@@ -451,12 +451,19 @@ impl Layer for Activity {
         };
         // The request it answers, as the stack recorded it: which session, and when it went by (the time of the
         // recording's snapshot of a session's files).
-        let request = cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned), r.wall));
+        let request =
+            cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned), r.wall, r.is_sent()));
         let quiet = self.quiet.remove(id);
-        let Some((method, asked, seen)) = request else {
+        let Some((method, asked, seen, sent)) = request else {
             self.commands.remove(id);
             return cx.to_client(frame);
         };
+        if !sent {
+            // A layer below answered it (a prompt stopped behind a compaction): Kimi never ran it, so no turn of
+            // Kimi's pairs with this answer.
+            self.commands.remove(id);
+            return cx.to_client(frame);
+        }
         if method == "session/prompt"
             && let Some(sid) = asked.clone()
             && let Some(s) = self.sessions.get_mut(&sid)
@@ -495,6 +502,17 @@ impl Layer for Activity {
 
     fn on_timer(&mut self, Look(session): Look, cx: &mut Cx) {
         self.wake(&session, cx);
+    }
+
+    fn agent_ended(&mut self, cx: &mut Cx) {
+        // No wire record will come now: the answers held for their turn's end go on as they are.
+        let mut sessions: Vec<_> = self.sessions.iter_mut().collect();
+        sessions.sort_by(|a, b| a.0.cmp(b.0));
+        for (_, s) in sessions {
+            for (a, _) in std::mem::take(&mut s.answers) {
+                cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
+            }
+        }
     }
 }
 
@@ -567,6 +585,11 @@ mod tests {
         /// With `Some(declared)`, under the engine's waits layer, after an `initialize` whose client declared
         /// `_meta.coda.waits` or not; then `session/new`.
         fn with_waits(declared: Option<bool>) -> Rig {
+            Rig::build(declared, None)
+        }
+
+        /// [`Rig::with_waits`], with `below` between the activity layer and the agent.
+        fn build(declared: Option<bool>, below: Option<Box<dyn crate::layer::AnyLayer>>) -> Rig {
             let tmp = tempfile::tempdir().unwrap();
             let root = tmp.path().join("kimi-home");
             let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
@@ -585,11 +608,12 @@ mod tests {
                 Ok((started, None))
             });
             let activity: Box<dyn crate::layer::AnyLayer> = Box::new(Activity::with_starter(starter));
-            let layers = match declared {
+            let mut layers = match declared {
                 None => vec![activity],
                 Some(_) => vec![Box::new(crate::coda::waits::Waits::new()), activity],
             };
             let layer = layers.len() - 1;
+            layers.extend(below);
             let mut h = Harness::new(layers);
             if let Some(declared) = declared {
                 let caps = if declared { json!({"_meta": {"coda": {"waits": {}}}}) } else { json!({}) };
@@ -695,6 +719,50 @@ mod tests {
         r.at(1_000 + ANSWER_HOLD.as_millis() as u64);
         assert_eq!(r.to_client(), ["answer 6"]);
         assert_eq!(r.h.next_wake(), None);
+    }
+
+    /// Below the activity layer: holds prompts that say `held`, and answers them `cancelled` itself on
+    /// `session/cancel` (as the compaction machine does for prompts behind a compaction); passes the rest.
+    #[derive(Default)]
+    struct Holds(Vec<Frame>);
+    impl crate::layer::Layer for Holds {
+        type Timer = std::convert::Infallible;
+        type Event = std::convert::Infallible;
+        type Reply = std::convert::Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if f.is_request("session/prompt") && f.value().pointer("/params/prompt/0/text") == Some(&json!("held")) {
+                return self.0.push(f);
+            }
+            if f.is_notification("session/cancel") {
+                for p in self.0.drain(..) {
+                    cx.to_client(frame::result_response(p.id().unwrap(), json!({"stopReason":"cancelled"})));
+                }
+                return;
+            }
+            cx.to_agent(f)
+        }
+    }
+
+    #[test]
+    fn a_prompt_a_layer_below_answered_pairs_with_no_turn_of_kimis() {
+        // The prompt never reached Kimi (stopped behind a compaction): its answer goes on at once, and Kimi's next
+        // turn's end (here a failure) is still that turn's.
+        let mut r = Rig::build(None, Some(Box::new(Holds::default())));
+        let mut held = prompt(5);
+        held["params"]["prompt"][0]["text"] = json!("held");
+        r.h.from_client(held);
+        r.h.from_client(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":SID}}));
+        assert_eq!(r.to_client(), ["answer 5"]);
+        r.h.from_client(prompt(6));
+        r.wire("main", &[user_turn(0)]);
+        r.h.from_agent(end_turn(6));
+        let failed = json!({"type":"turn.ended","agentId":"main","turnId":0,"reason":"failed","time":1,
+            "error":{"code":"provider.api_error","name":"APIProviderQuotaExhaustedError","message":"429 quota",
+            "retryable":false}});
+        r.wire("main", &[failed]);
+        let out = r.h.to_client();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0]["error"]["data"]["_meta"]["coda"]["failure"]["kind"], "quota_exhausted", "{out:?}");
     }
 
     #[test]

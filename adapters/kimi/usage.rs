@@ -25,7 +25,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::adapters::kimi::BUILTINS;
 use crate::adapters::kimi::facts::WireFacts;
 use crate::adapters::kimi::wire::Record;
 use crate::coda::usage::Facts;
@@ -82,12 +81,12 @@ fn wire_time(ms: u64) -> Option<SystemTime> {
     (ms > 0).then(|| UNIX_EPOCH.checked_add(Duration::from_millis(ms))).flatten()
 }
 
-/// Whether a prompt starts a turn in Kimi: anything but one of its builtin slash commands.
+/// Whether a prompt starts a client turn in Kimi (one its wire starts with `origin: user`): anything but a slash
+/// command. A builtin one runs no turn, nor does a name Kimi does not know (`Unknown ACP command`); a skill's turn
+/// is `origin: skill_activation`, which the wire's count of client turns leaves out (reference notes kimi.md).
 fn makes_turn(prompt: &Value) -> bool {
     let first = prompt.pointer("/params/prompt/0/text").and_then(Value::as_str).unwrap_or("");
-    let Some(command) = first.strip_prefix('/') else { return true };
-    let name = command.split_whitespace().next().unwrap_or("");
-    !BUILTINS.contains(&name)
+    !first.starts_with('/')
 }
 
 fn session_of(v: &Value) -> Option<String> {
@@ -292,6 +291,11 @@ impl Layer for Usage {
         self.facts(facts, cx);
     }
 
+    fn agent_ended(&mut self, cx: &mut Cx) {
+        // No turn end will show now: what is held goes on, with the facts known.
+        self.release(true, cx);
+    }
+
     fn on_timer(&mut self, _: Release, cx: &mut Cx) {
         if !self.held.is_empty() {
             tracing::warn!(
@@ -408,6 +412,40 @@ mod tests {
         h.from_agent(json!({"jsonrpc":"2.0","id":4,"error":{"code":-32600,"message":"turn.agent_busy"}}));
         h.from_agent(usage_update(905));
         assert_eq!(h.to_client().len(), 2, "the error and the update, at once");
+    }
+
+    #[test]
+    fn a_slash_command_kimi_does_not_know_makes_no_turn_to_wait_for() {
+        // `/review` is no builtin and no skill here: Kimi answers `Unknown ACP command` with no turn. The next
+        // prompt's update does not wait for a turn end that will never show.
+        let mut h = rig();
+        h.from_client(prompt(2, "/review the last commit"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        h.to_client();
+        h.from_client(prompt(3, "go"));
+        wire(&mut h, &turn("user", 0, 1_000_000, 900));
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}));
+        h.from_agent(usage_update(905));
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[1]["params"]["update"]["_meta"]["coda"]["contextTokens"], 900);
+        assert_eq!(h.next_wake(), None);
+    }
+
+    #[test]
+    fn when_kimi_is_gone_what_waits_behind_an_update_goes_on() {
+        let mut h = rig();
+        wire(&mut h, &turn("user", 0, 1_000_000, 900));
+        h.from_client(prompt(2, "go"));
+        h.from_agent(usage_update(905));
+        let answer = json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}});
+        h.from_agent(answer.clone());
+        assert!(h.to_client().is_empty());
+        h.agent_gone();
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[0]["params"]["update"]["used"], 905);
+        assert_eq!(out[1], answer);
     }
 
     #[test]

@@ -579,6 +579,13 @@ impl Layer for OpenCodeActivity {
         }
     }
 
+    fn agent_ended(&mut self, cx: &mut Cx) {
+        // No `session.error` will come now: the error answers held for it go on as they are.
+        for answer in self.failures.release_all() {
+            cx.to_client(answer);
+        }
+    }
+
     fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
         match tick {
             Tick::Failure(tag) => {

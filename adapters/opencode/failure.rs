@@ -68,9 +68,15 @@ struct Turn {
     held: Option<(Frame, u64)>,
 }
 
+/// Prompts of one session tracked at most (a client that sends more before OpenCode answers breaks ACP; the
+/// oldest is then answered as OpenCode answers it).
+const TURNS_KEPT: usize = 16;
+
 /// Failed turns of every session.
 pub struct Failures {
-    turns: HashMap<String, Turn>,
+    /// By session, oldest first: the first is the run OpenCode's server reports on (a prompt sent while another
+    /// runs waits for it).
+    turns: HashMap<String, Vec<Turn>>,
     patience: Duration,
     next_tag: u64,
 }
@@ -82,13 +88,22 @@ impl Failures {
 
     /// Coda sent prompt `id` of `session`.
     pub fn prompt(&mut self, id: &Id, session: &str) {
-        self.turns.insert(session.to_owned(), Turn { prompt: Some(id.clone()), ..Turn::default() });
+        let turns = self.turns.entry(session.to_owned()).or_default();
+        if turns.len() == TURNS_KEPT {
+            turns.remove(0);
+        }
+        turns.push(Turn { prompt: Some(id.clone()), ..Turn::default() });
+    }
+
+    /// The run of `session` OpenCode's server reports on.
+    fn running(&mut self, session: &str) -> Option<&mut Turn> {
+        self.turns.get_mut(session)?.first_mut()
     }
 
     /// OpenCode will retry a request of `session` at `at_ms + wait_ms`. True: stop the run now.
     pub fn retry(&mut self, session: &str, at_ms: u64, attempt: u64, message: &str, wait_ms: Option<u64>) -> bool {
         let patience = self.patience.as_millis() as u64;
-        let Some(turn) = self.turns.get_mut(session).filter(|t| t.prompt.is_some() && t.stopped.is_none()) else {
+        let Some(turn) = self.running(session).filter(|t| t.prompt.is_some() && t.stopped.is_none()) else {
             return false;
         };
         let since = *turn.retry_since.get_or_insert(at_ms);
@@ -112,7 +127,7 @@ impl Failures {
 
     /// `session.error` of `session`: the held answer, if any, to send now.
     pub fn failed(&mut self, session: &str, upstream: Upstream) -> Option<Frame> {
-        let turn = self.turns.get_mut(session)?;
+        let turn = self.running(session)?;
         turn.failed = Some(upstream);
         let (held, _) = turn.held.take()?;
         Some(self.answer_now(session, held))
@@ -122,9 +137,12 @@ impl Failures {
     /// [`Failures::hold_over`] with that tag.
     pub fn answer(&mut self, reply: Frame) -> Result<Frame, u64> {
         // The session whose turn the prompt it answers started.
-        let session = reply.id().and_then(|id| self.turns.iter().find(|(_, t)| t.prompt.as_ref() == Some(id)));
-        let Some(session) = session.map(|(s, _)| s.clone()) else { return Ok(reply) };
-        let Some(turn) = self.turns.get_mut(&session) else { return Ok(reply) };
+        let Some(id) = reply.id() else { return Ok(reply) };
+        let found = self.turns.iter_mut().find_map(|(s, turns)| {
+            let turn = turns.iter_mut().find(|t| t.prompt.as_ref() == Some(id))?;
+            Some((s.clone(), turn))
+        });
+        let Some((session, turn)) = found else { return Ok(reply) };
         let is_api_error = reply.value().pointer("/error/data/errorName").and_then(Value::as_str) == Some("APIError");
         if is_api_error && turn.failed.is_none() && turn.stopped.is_none() {
             self.next_tag += 1;
@@ -136,15 +154,41 @@ impl Failures {
 
     /// The hold `tag` ran out: the answer goes on as it is.
     pub fn hold_over(&mut self, tag: u64) -> Option<Frame> {
-        let session = self.turns.iter().find(|(_, t)| t.held.as_ref().is_some_and(|(_, h)| *h == tag))?.0.clone();
+        let held = |t: &Turn| t.held.as_ref().is_some_and(|(_, h)| *h == tag);
+        let (session, at) = self.turns.iter().find_map(|(s, turns)| Some((s.clone(), turns.iter().position(held)?)))?;
         tracing::warn!("OpenCode's server said nothing of the failed run of session {session}; answering as it is");
-        let turn = self.turns.remove(&session)?;
+        let turn = self.take(&session, at);
         turn.held.map(|(f, _)| f)
     }
 
+    /// Every answer held for `session.error`, oldest first, as it is (OpenCode is gone: no event will come).
+    pub fn release_all(&mut self) -> Vec<Frame> {
+        let mut sessions: Vec<String> = self.turns.keys().cloned().collect();
+        sessions.sort();
+        let mut out = Vec::new();
+        for s in sessions {
+            for turn in self.turns.get_mut(&s).into_iter().flatten() {
+                out.extend(turn.held.take().map(|(f, _)| f));
+            }
+        }
+        out
+    }
+
+    /// Removes the turn at `at` of `session` (the session's entry with its last).
+    fn take(&mut self, session: &str, at: usize) -> Turn {
+        let turns = self.turns.get_mut(session).expect("a session with turns");
+        let turn = turns.remove(at);
+        if turns.is_empty() {
+            self.turns.remove(session);
+        }
+        turn
+    }
+
     fn answer_now(&mut self, session: &str, reply: Frame) -> Frame {
-        let Some(turn) = self.turns.remove(session) else { return reply };
         let Some(id) = reply.id().cloned() else { return reply };
+        let at = self.turns.get(session).and_then(|turns| turns.iter().position(|t| t.prompt.as_ref() == Some(&id)));
+        let Some(at) = at else { return reply };
+        let turn = self.take(session, at);
         if let Some((message, kind)) = turn.stopped {
             return failure::answer(&id, &message, kind.as_ref(), Some(json!({"opencode": {"stopped": true}})));
         }
@@ -410,5 +454,26 @@ mod tests {
         let mut f = Failures::new(Duration::from_secs(60));
         f.prompt(&Id::from_json("9"), S);
         assert!(f.retry(S, 5, 1, &"é".repeat(20_000), Some(u64::MAX)));
+    }
+
+    #[test]
+    fn a_second_prompt_leaves_the_first_ones_held_answer_and_failure_with_it() {
+        // A client that breaks ACP sends a second prompt while OpenCode's error answer to the first waits for
+        // `session.error`: the first is still answered, with the failure the event names; the second as it comes.
+        let mut f = Failures::new(Duration::from_secs(60));
+        f.prompt(&Id::from_json("4"), S);
+        let tag = f.answer(api_error(4, "You exceeded your current quota")).expect_err("held");
+        f.prompt(&Id::from_json("5"), S);
+        let first = f.failed(S, session_error("insufficient_quota", 429)).expect("the held answer");
+        assert_eq!(first.id(), Some(&Id::from_json("4")));
+        assert_eq!(error(&first)["data"]["_meta"]["coda"]["failure"]["kind"], "quota_exhausted");
+        assert!(f.hold_over(tag).is_none(), "answered once");
+        let ok = Frame::from_value(&json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(f.answer(ok.clone()).expect("not held").value(), ok.value());
+        // Held when OpenCode is gone: it goes on as it is.
+        f.prompt(&Id::from_json("6"), S);
+        f.answer(api_error(6, "x")).expect_err("held");
+        assert_eq!(f.release_all().len(), 1);
+        assert!(f.release_all().is_empty());
     }
 }

@@ -173,6 +173,9 @@ pub trait Compactor: Send + Sized + 'static {
     fn on_event(&mut self, _event: Self::Event, _ctl: &mut Ctl<Self>) {}
 
     fn on_timer(&mut self, _timer: Self::Timer, _ctl: &mut Ctl<Self>) {}
+
+    /// The CLI is gone ([`Layer::agent_ended`]): what the backend holds back for Coda goes on now.
+    fn agent_ended(&mut self, _ctl: &mut Ctl<Self>) {}
 }
 
 /// What a compaction backend is handed with each input ([`crate::coda::machine::Ctl`]).
@@ -419,6 +422,10 @@ impl<B: Compactor> Layer for Compaction<B> {
             Tick::Grace(session, round) => self.grace(session, round, cx),
             Tick::Backend(t) => self.with_backend(cx, |b, ctl| b.on_timer(t, ctl)),
         }
+    }
+
+    fn agent_ended(&mut self, cx: &mut Cx) {
+        self.with_backend(cx, |b, ctl| b.agent_ended(ctl));
     }
 }
 

@@ -109,6 +109,11 @@ pub trait Layer: Send + 'static {
 
     /// A wake-up this layer asked for with [`Cx::after`].
     fn on_timer(&mut self, _timer: Self::Timer, _cx: &mut Cx) {}
+
+    /// The agent is gone (its process ended): nothing more comes from it, and no wake-up of the layer's will
+    /// run. What the layer holds back for the client (frames waiting for more of the agent's output or for a
+    /// wake-up) goes on now; the engine answers the requests the agent still owed after this.
+    fn agent_ended(&mut self, _cx: &mut Cx) {}
 }
 
 /// A layer with its types erased: what a [`Stack`] holds. Every [`Layer`] is one; this is the one place
@@ -126,6 +131,8 @@ pub trait AnyLayer: Send {
     fn event(&mut self, event: Event, cx: &mut Cx);
     #[doc(hidden)]
     fn wake(&mut self, key: (Instant, u64), cx: &mut Cx);
+    #[doc(hidden)]
+    fn ended(&mut self, cx: &mut Cx);
     #[doc(hidden)]
     fn new_timers(&self) -> Box<dyn AnyTimers>;
     #[doc(hidden)]
@@ -171,6 +178,10 @@ impl<L: Layer> AnyLayer for L {
         if let Some(timer) = cx.timers::<L::Timer>().and_then(|t| t.take(key)) {
             self.on_timer(timer, cx);
         }
+    }
+
+    fn ended(&mut self, cx: &mut Cx) {
+        Layer::agent_ended(self, cx)
     }
 
     fn new_timers(&self) -> Box<dyn AnyTimers> {
@@ -601,9 +612,17 @@ impl Stack {
         &self.shared.requests
     }
 
-    /// The agent is gone ([`Cx::agent_gone`]).
-    pub fn agent_gone(&mut self) {
+    /// The agent is gone ([`Cx::agent_gone`]): each layer, the one next to the agent first, hands on what it
+    /// holds back ([`Layer::agent_ended`]). Once; later calls do nothing.
+    pub fn agent_gone(&mut self, exits: &mut Exits) {
+        if self.shared.agent_gone {
+            return;
+        }
         self.shared.agent_gone = true;
+        for at in (0..self.layers.len()).rev() {
+            self.call(at, exits, |l, cx| l.ended(cx));
+        }
+        self.settle(exits);
     }
 
     /// The session table ([`sessions`]).

@@ -117,6 +117,11 @@ impl Harness {
         self.stack.from_agent(frame, &mut self.exits);
     }
 
+    /// The agent is gone, as the relay says at its end ([`Stack::agent_gone`]).
+    pub fn agent_gone(&mut self) {
+        self.stack.agent_gone(&mut self.exits);
+    }
+
     /// An event for the layer at `layer`, as its [`super::EventSender`] would hand it in (one of another type
     /// than the layer's is a loud error).
     pub fn event<E: Any + Send>(&mut self, layer: usize, event: E) {
