@@ -10,7 +10,7 @@
 //! | `not-json` | a line to Coda that is not JSON |
 //! | `held-cancel` | a prompt Coda cancelled before it reached the CLI reaching it afterwards (压缩上下文, session/cancel) |
 //! | `steering-in-turn` | a steering message reaching the CLI outside Coda's running turn (插话: only then, else `promptRequired`) |
-//! | `waits` | a `_coda/wait` to a client that did not declare `_meta.coda.waits`, one missing a required field, a state not in the table, a field over its length (UTF-16 units, as Coda counts), a report after a terminal state, one for a session Coda does not know (dropped), a terminal state other than the CLI's end (done, failed, stopped) or while the CLI still runs it; after the drain, work the CLI ended whose wait is still open, or work the CLI started that Coda was never told of |
+//! | `waits` | a `_coda/wait` to a client that did not declare `_meta.coda.waits`, one missing a required field, a state not in the table, a field over its length (UTF-16 units, as Coda counts), a report after a terminal state, one for a session Coda does not know (dropped), a terminal state other than the CLI's end (done, failed, stopped) or while the CLI still runs it; after the drain, work the CLI ended whose wait is still open, or work the CLI started that Coda was never told of (since the latest `initialize` that declared waits and the latest `session/load` of its session: what the CLI says of a session while it is loaded is history) |
 //! | `usage` | `_meta.coda` on a `usage_update` that is not an object, is `{}`, is over 4 KiB, or is on a session that is not a root session Coda opened (a subagent's) |
 //! | `failure` | `_meta.coda.failure` on anything but a prompt's error answer, of a kind the turn's upstream failure does not say explicitly (quota only for a quota, service only for a temporary failure of the server, none for a login, a local error or no reason), `input: not_accepted` for input the CLI took, a `retryAfterMs` longer than any wait the upstream asked for or the CLI scheduled, or not in the protocol's shape |
 //! | `retry-watchdog` | a prompt whose turn the CLI retries for over a minute still open a minute (and 5 s) after the first retry showed (and the steering machine's hold more while a steering message of the session is in flight), or ended without a failure (执行失败: a long retry is not waited out silently), unless Coda stopped it |
@@ -69,6 +69,8 @@ pub struct Checker {
     waits_always: Vec<(Option<bool>, u64)>,
     /// The time of the line being checked.
     now: u64,
+    /// When the latest `session/load` of each session was answered.
+    loaded: HashMap<String, u64>,
 }
 
 impl Checker {
@@ -240,6 +242,11 @@ impl Checker {
                     coda.compact_declared = r.pointer("/agentCapabilities/_meta/coda/compact").is_some();
                     let declared = r.pointer("/agentCapabilities/_meta/coda/waits").is_some();
                     self.waits_since = (declared && coda.waits == Some(true)).then_some(self.now);
+                    if self.waits_since.is_none() {
+                        // A client that now takes no waits has none open (a second `initialize`, a hostile
+                        // client's: the shim reports no more, so it ends none of the earlier ones either).
+                        self.open_waits.clear();
+                    }
                     let at = self.process as usize;
                     if self.waits_always.len() <= at {
                         self.waits_always.resize(at + 1, (None, 0));
@@ -255,6 +262,13 @@ impl Checker {
                 }
             }
             "session/load" => {
+                if let Some(s) = &open.session {
+                    // What the CLI said of the session while it was loaded is history to the shim: Coda knows of
+                    // its activity only what it is told after the load (a load of a session open in this process
+                    // is a hostile client's; Coda loads only in a new process).
+                    self.open_waits.retain(|(session, _), _| session != s);
+                    self.loaded.insert(s.clone(), self.now);
+                }
                 if let (Some(_), Some(s)) = (result, open.session)
                     && !coda.sessions.contains(&s)
                 {
@@ -362,7 +376,8 @@ impl Checker {
         }
         for (id, w) in &truth.work {
             let ours = coda.sessions.contains(&w.session);
-            let told = self.waits_since.is_some_and(|since| w.started > since);
+            let loaded = self.loaded.get(&w.session).copied().unwrap_or(0);
+            let told = self.waits_since.is_some_and(|since| w.started > since.max(loaded));
             if w.process == self.process + 1 && ours && told && !self.reported.contains(id) {
                 return broke("waits", format!("the CLI's work {id} in session {} was never reported", w.session));
             }

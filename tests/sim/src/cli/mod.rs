@@ -109,6 +109,9 @@ enum Effect {
     WorkEnded(String),
     /// Codex gives up waiting for the subagents of turn `no` of the session (ten minutes).
     ChildrenTimeout(String, u64),
+    /// Codex: the content of turn `no` of the session is over; its answers go out now, or once the turn's
+    /// subagents end (codex-acp holds the answer for them).
+    ContentEnded(String, u64, Vec<String>),
     /// Grok's turn on the result of a work item (its wait id) completed: the item is over for Coda.
     WakeDone(String),
     /// The first retry of Coda's prompt (its id) that the CLI goes on retrying past a minute shows now.
@@ -303,6 +306,7 @@ impl Model {
                 }
                 Some(Effect::WorkEnded(id)) => self.work_ended(&id, now),
                 Some(Effect::ChildrenTimeout(session, no)) => self.children_timeout(&session, no, now),
+                Some(Effect::ContentEnded(session, no, answers)) => self.content_ended(&session, no, answers, now),
                 Some(Effect::SessionReady(s)) => {
                     self.ready.insert(s);
                 }
@@ -687,13 +691,12 @@ impl Model {
         if end == End::EndTwice {
             answers.push(answer.to_string());
         }
-        let children_running = self.running.get(session).is_some_and(|r| !r.children.is_empty());
-        if self.flavor == Flavor::Codex && children_running {
-            // codex-acp answers once every subagent of the turn ended (ten minutes at most).
-            if let Some(r) = self.running.get_mut(session) {
-                r.held = Some(answers);
-            }
-            self.effect_at(at + 600_000, Effect::ChildrenTimeout(session.to_owned(), no));
+        let children = self.running.get(session).is_some_and(|r| !r.children.is_empty());
+        if self.flavor == Flavor::Codex && children {
+            // Whether the turn's subagents still run is known once its content is over.
+            self.seq += 1;
+            let effect = Some(Effect::ContentEnded(session.to_owned(), no, answers));
+            self.out.insert((at, self.seq), Out { line: String::new(), file: None, turn: tag, effect });
             return;
         }
         self.answer_lines(session, no, at + 2, answers);
@@ -702,6 +705,17 @@ impl Model {
         {
             self.at(at + 3, u, None, None);
         }
+    }
+
+    /// Codex: turn `no` of `session` has no more content: its `answers` go out now, or once every subagent of the
+    /// turn ended (ten minutes at most), as codex-acp does.
+    fn content_ended(&mut self, session: &str, no: u64, answers: Vec<String>, now: u64) {
+        let Some(run) = self.running.get_mut(session).filter(|r| r.no == no) else { return };
+        if run.children.is_empty() {
+            return self.answer_lines(session, no, now + 2, answers);
+        }
+        run.held = Some(answers);
+        self.effect_at(now + 600_000, Effect::ChildrenTimeout(session.to_owned(), no));
     }
 
     /// Writes a turn's answer (and a second one, for a CLI that answers twice) at `at`; the turn ends with it.
