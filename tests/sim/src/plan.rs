@@ -208,9 +208,9 @@ fn gap(r: &mut Rng) -> u32 {
     }
 }
 
-/// The upstream failures each CLI's model plays: those it reports over ACP. Kimi reports a failure and its retries
-/// only in its session files, OpenCode its retries only on its server's event stream, neither modelled yet
-/// (docs/simulation.md): for them a failure the CLI waits on for long is left out.
+/// The upstream failures each CLI's model plays. OpenCode reports its retries only on its server's event stream,
+/// which is not modelled (docs/simulation.md): for it a failure the CLI waits on for long is left out. A sandbox
+/// error is Codex's.
 fn failure(r: &mut Rng, agent: &str) -> Failure {
     use Failure::*;
     let all = [
@@ -231,7 +231,7 @@ fn failure(r: &mut Rng, agent: &str) -> Failure {
         let f = all[r.below(all.len() as u32) as usize];
         let ok = match f {
             FailSandbox => agent == "codex",
-            FailQuotaWait | FailRateWait => agent == "grok" || agent == "codex",
+            FailQuotaWait | FailRateWait => agent != "opencode",
             _ => true,
         };
         if ok {

@@ -2,7 +2,7 @@
 //! answered from the CLI model: `GET /session/status`, `POST /session/{id}/summarize` (compaction), `POST
 //! /session/{id}/message` and `DELETE …/message/{m}` (steering), `POST /permission/{id}/reply`. The event stream
 //! (`GET /global/event`) is held open and says nothing: the shim's reader thread would hand events in at a real
-//! time, not a virtual one, so a run would not be a function of its seed (docs/simulation.md, "Left out").
+//! time, not a virtual one, so a run would not be a function of its seed (docs/simulation.md, "The CLI models").
 //!
 //! The layers run these calls as jobs, which a [`coda_shim::relay::testing::Pair`] runs on the relay's own thread:
 //! the relay waits for each answer, so it comes at one virtual instant, and a run stays deterministic.
