@@ -347,6 +347,9 @@ impl Sim {
             Step::Die => lock(&self.model).die(),
             Step::Restart => return self.restart().await.map(|()| false),
             step => {
+                // Coda's turn: the CLI's side is what it will be when the shim reads this step's frames.
+                let gate = self.gate().await;
+                let now = self.now();
                 let Some(sent) = self.coda.step(step, now) else { return Ok(false) };
                 {
                     let mut m = lock(&self.model);
@@ -372,7 +375,6 @@ impl Sim {
                         self.checker.cancelled(&self.coda, &m.truth, s);
                     }
                 }
-                let gate = self.gate().await;
                 for line in &sent.lines {
                     self.send(line);
                 }

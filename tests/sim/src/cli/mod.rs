@@ -527,6 +527,11 @@ impl Model {
             return self.at(now + 2, result(&id, r), None, None);
         }
         let kind = if compact { Kind::Compact } else { Kind::Coda };
+        if self.flavor == Flavor::Kimi && self.running.contains_key(session) {
+            // Kimi refuses a prompt while a turn runs (reference kimi.md): it queues none.
+            let busy = error(&id, json!({"code": -32600, "message": "turn.agent_busy"}));
+            return self.at(now + 2, busy, None, None);
+        }
         if self.running.contains_key(session) {
             self.queued.entry(session.to_owned()).or_default().push_back(Queued::Prompt(id, text, kind));
             return;
@@ -771,9 +776,10 @@ impl Model {
         if let Some(r) = self.running.get_mut(session) {
             r.retrying = !retries.is_empty();
         }
+        // Kimi writes the turn's end before it answers.
+        self.wire_at(session, end + 1, kimi::failed(no, f), tag);
         let answer = result(id, self.flavor.turn_result(session, no, "end_turn")).to_string();
         self.answer_lines(session, no, end + 2, vec![answer]);
-        self.wire_at(session, end + 4, kimi::failed(no, f), tag);
     }
 
     fn permission_answered(&mut self, id: &str, now: u64) {
@@ -835,9 +841,10 @@ impl Model {
             self.at(now + 4, n, None, None);
         }
         if self.flavor == Flavor::Kimi {
-            self.wire_at(session, now + 6, kimi::cancelled(no), None);
+            // Before its answer, as every turn's end.
+            self.wire_at(session, now + 4, kimi::cancelled(no), None);
             if let Some(w) = wake_of_kimi {
-                self.effect_at(now + 6, Effect::WakeDone(w));
+                self.effect_at(now + 4, Effect::WakeDone(w));
             }
         }
         let answer = id.map(|id| result(&id, self.flavor.turn_result(session, no, "cancelled")));
