@@ -25,7 +25,8 @@
 //! ```
 //!
 //! A layer that must hold frames for a job keeps the order of what depends on them (see
-//! `adapters/kimi/title.rs`: a session's frames wait, others go on). Threads set up with the stack (a file
+//! `adapters/kimi/title.rs`: a session's frames wait, others go on). What a layer holds back for the client it
+//! hands on when the agent is gone ([`Layer::agent_ended`]): no wake-up runs after the relay's end. Threads set up with the stack (a file
 //! watcher, an event stream) hand their results in through an [`EventSender`], in order with the frames; a
 //! layer may hand an event on to another layer's sender while it handles one (`adapters/kimi/activity.rs`
 //! passes each scan's usage facts below it): the relay takes queued events before the next frame, so no frame
