@@ -495,3 +495,20 @@ fn kimi_an_unknown_slash_command_then_turns() {
         ],
     );
 }
+
+/// Requests with ids ACP does not allow (a fraction, a hostile client's), then the CLI dies: the shim answers
+/// them with the ids they came with, as JSON-RPC requires, and that break is the client's, not the shim's.
+#[test]
+fn an_odd_id_answered_when_the_cli_dies() {
+    use coda_sim::dsl::*;
+    for agent in AGENTS {
+        coda_sim::assert_holds(
+            agent,
+            &[
+                Timed { gap: 1, step: Hostile { frame: OddId } },
+                Timed { gap: 1, step: Hostile { frame: OddId } },
+                Timed { gap: 1, step: Die },
+            ],
+        );
+    }
+}

@@ -10,7 +10,7 @@
 //! | `not-json` | a line to Coda that is not JSON |
 //! | `held-cancel` | a prompt Coda cancelled before it reached the CLI reaching it afterwards (压缩上下文, session/cancel) |
 //! | `steering-in-turn` | a steering message reaching the CLI outside Coda's running turn (插话: only then, else `promptRequired`) |
-//! | `waits` | a `_coda/wait` to a client that did not declare `_meta.coda.waits`, one missing a required field, a state not in the table, a field over its length (UTF-16 units, as Coda counts), a report after a terminal state, one for a session Coda does not know (dropped), a terminal state other than the CLI's end (done, failed, stopped) or while the CLI still runs it; after the drain, work the CLI ended whose wait is still open, or work the CLI started that Coda was never told of (since the latest `initialize` that declared waits and the latest `session/load` of its session: what the CLI says of a session while it is loaded is history) |
+//! | `waits` | a `_coda/wait` to a client that did not declare `_meta.coda.waits`, one missing a required field, a state not in the table, a field over its length (UTF-16 units, as Coda counts), a report after a terminal state, one for a session Coda does not know (dropped), a terminal state other than the CLI's end (done, failed, stopped) or while the CLI still runs it; after the drain, work the CLI ended whose wait is still open, or work the CLI started that Coda was never told of (since the latest `initialize` that declared waits, in a process whose every `initialize` did, and the latest `session/load` of its session: what the CLI says of a session while it is loaded is history) |
 //! | `usage` | `_meta.coda` on a `usage_update` that is not an object, is `{}`, is over 4 KiB, or is on a session that is not a root session Coda opened (a subagent's) |
 //! | `failure` | `_meta.coda.failure` on anything but a prompt's error answer, of a kind the turn's upstream failure does not say explicitly (quota only for a quota, service only for a temporary failure of the server, none for a login, a local error or no reason), `input: not_accepted` for input the CLI took, a `retryAfterMs` longer than any wait the upstream asked for or the CLI scheduled, or not in the protocol's shape |
 //! | `retry-watchdog` | a prompt whose turn the CLI retries for over a minute still open a minute (and 5 s) after the first retry showed (and the steering machine's hold more while a steering message of the session is in flight), or ended without a failure (执行失败: a long retry is not waited out silently), unless Coda stopped it |
@@ -382,10 +382,13 @@ impl Checker {
                 );
             }
         }
+        // A process whose client once said it takes no waits (a second `initialize`, a hostile client's) may have
+        // set the CLI up without what reports them (codex-acp's AIR capabilities).
+        let always = self.waits_always.get(self.process as usize).is_some_and(|(a, _)| *a == Some(true));
         for (id, w) in &truth.work {
             let ours = coda.sessions.contains(&w.session);
             let loaded = self.loaded.get(&w.session).copied().unwrap_or(0);
-            let told = self.waits_since.is_some_and(|since| w.started > since.max(loaded));
+            let told = always && self.waits_since.is_some_and(|since| w.started > since.max(loaded));
             if w.process == self.process + 1 && ours && told && !self.reported.contains(id) {
                 return broke("waits", format!("the CLI's work {id} in session {} was never reported", w.session));
             }
