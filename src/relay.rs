@@ -250,20 +250,13 @@ impl Loop {
         self.route(exits);
     }
 
-    /// The child is gone: the layers hand on what they held back for the client ([`Stack::agent_gone`]).
-    fn agent_gone(&mut self) {
-        let mut exits = std::mem::take(&mut self.exits);
-        self.stack.agent_gone(&mut exits);
-        self.route(exits);
-    }
-
     /// The child is gone: every request it still owed, and every one a layer still held for it (a prompt behind a
     /// compaction, a compaction of the shim's), gets an error carrying its stderr tail, through the layers.
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
         // The stack's request table says which, in their order of arrival; the layers hold nothing more for it.
-        self.agent_gone();
+        self.stack.agent_gone();
         for id in self.stack.unanswered() {
             // Answered meanwhile by a layer (with the answer to another one).
             if self.stack.requests().get(&id).is_none_or(|r| r.is_answered()) {
@@ -502,11 +495,17 @@ async fn run_io(
         let _ = tokio::time::timeout(Duration::from_millis(500), p.stderr_done).await;
         stderr_tail = p.stderr_tail.lines();
     }
-    st.set_time();
-    st.agent_gone();
     if !st.stack.unanswered().is_empty() {
+        st.set_time();
         st.fail_in_flight(status, stderr_tail);
     }
+    // What a layer still holds until a deadline goes out now: nothing it waits for comes any more.
+    st.set_time();
+    let mut exits = std::mem::take(&mut st.exits);
+    st.stack.wake_all(&mut exits);
+    // The agent reads nothing any more.
+    exits.to_agent.clear();
+    st.route(exits);
     tracing::info!("agent exited with status {}", child::describe(status));
     // Hand everything left to the client's writer and let it flush. A client that stopped reading must not
     // keep the shim alive: this waits 5 s at most.

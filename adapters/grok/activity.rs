@@ -405,6 +405,18 @@ impl Layer for GrokActivity {
         }
     }
 
+    /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of
+    /// its children, goes.
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        let gone = |s: &str| closed.iter().any(|c| c == s);
+        self.items.retain(|_, a| !gone(&a.session) && !gone(&a.grok_session));
+        self.alias.retain(|grok, known| !gone(grok) && !gone(known));
+        self.current.retain(|known, grok| !gone(known) && !gone(grok));
+        self.child_of.retain(|_, child| !gone(child));
+        self.spawn_calls.retain(|session, _| !gone(session));
+        self.register.forget(gone);
+    }
+
     fn on_reply(&mut self, _: Stop, reply: Frame, _cx: &mut Cx) {
         if let Some(err) = reply.value().get("error") {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();

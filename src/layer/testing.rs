@@ -117,11 +117,6 @@ impl Harness {
         self.stack.from_agent(frame, &mut self.exits);
     }
 
-    /// The agent is gone, as the relay says at its end ([`Stack::agent_gone`]).
-    pub fn agent_gone(&mut self) {
-        self.stack.agent_gone(&mut self.exits);
-    }
-
     /// An event for the layer at `layer`, as its [`super::EventSender`] would hand it in (one of another type
     /// than the layer's is a loud error).
     pub fn event<E: Any + Send>(&mut self, layer: usize, event: E) {
@@ -183,6 +178,12 @@ impl Harness {
         self.now += by;
         self.stack.set_time(self.now, self.wall());
         self.stack.wake_due(&mut self.exits);
+    }
+
+    /// The agent is gone and the session ends: every pending wake-up runs now, as the relay does at its end
+    /// ([`Stack::wake_all`]); the clock does not move.
+    pub fn end(&mut self) {
+        self.stack.wake_all(&mut self.exits);
     }
 
     /// How long the clock has moved since the harness was made.

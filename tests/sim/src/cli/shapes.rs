@@ -110,10 +110,18 @@ impl Flavor {
         }
     }
 
-    /// Notifications after the answer to `session/new`: the commands.
+    /// Notifications after the answer to `session/new`: the commands. Kimi's are its builtins and builtin skills
+    /// (reference kimi.md: `review` is none of them, so `/review` is unknown to it); the others name a `review`.
     pub fn after_session(self, session: &str) -> Vec<Value> {
-        let commands = json!([{"name": "compact", "description": "Compress the conversation"},
-            {"name": "review", "description": "Review the changes"}]);
+        let commands = match self {
+            Flavor::Kimi => {
+                let names =
+                    ["compact", "status", "usage", "mcp", "tasks", "help", "check-kimi-code-docs", "write-goal"];
+                Value::Array(names.iter().map(|n| json!({"name": n, "description": n})).collect())
+            }
+            _ => json!([{"name": "compact", "description": "Compress the conversation"},
+                {"name": "review", "description": "Review the changes"}]),
+        };
         vec![update(session, json!({"sessionUpdate": "available_commands_update", "availableCommands": commands}))]
     }
 
