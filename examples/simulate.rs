@@ -5,16 +5,17 @@
 //! cargo run --release --example simulate -- --seeds 1000000..1010000 [--agent grok] [--for 10m] [--keep-going]
 //! cargo run --release --example simulate -- --seeds 42 --agent kimi --transcript [--shrunk]
 //! cargo run --release --example simulate -- --seeds 0..100000 --keep-going --no-shrink   # seeds/s, no shrinking
-//! cargo run --release --example simulate -- --seeds 0..100000 --agent kimi --jobs 8       # runs side by side
+//! cargo run --release --example simulate -- --seeds 0..100000 --agent kimi --jobs 1       # one run at a time
 //! ```
 //!
-//! `--jobs N` runs N seeds at a time, each on a thread of its own (a run is one thread and its own virtual
-//! clock, so it is the same run however many go at once): worth it for coda-kimi, whose runs mostly wait for the
-//! shim to read the CLI's files in real time.
+//! `--jobs N` (default: the machine's cores) runs N seeds at a time, each on a thread of its own: job j runs the
+//! seeds START + j, START + j + N, ... A run is one thread on its own virtual clock, so it is the same run however
+//! many go at once, and what is printed is the same too: the broken rules in seed order (without `--keep-going`
+//! only the lowest failing seed's, as one job would find it).
 
 use std::process::ExitCode;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use coda_sim::{AGENTS, check_seed, generate, run};
@@ -40,7 +41,7 @@ fn parse() -> Result<Args, lexopt::Error> {
         shrunk: false,
         keep_going: false,
         no_shrink: false,
-        jobs: 1,
+        jobs: std::thread::available_parallelism().map_or(1, usize::from),
     };
     let mut parser = lexopt::Parser::from_env();
     while let Some(arg) = parser.next()? {
@@ -125,20 +126,24 @@ fn main() -> ExitCode {
     for agent in &args.agents {
         let begun = Instant::now();
         let budget = args.duration.map(|d| d / args.agents.len() as u32);
-        let (next, count, stop) = (AtomicU64::new(args.seeds.start), AtomicU64::new(0), AtomicBool::new(false));
-        let found = Mutex::new(0u64);
+        let jobs = args.jobs as u64;
+        // The lowest failing seed so far (without --keep-going a job stops once past it), and every failure.
+        let lowest = AtomicU64::new(u64::MAX);
+        let found: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+        // Per job, the seeds it ran: job j runs start + j, start + j + N, ... (the same split every time).
+        let ran: Vec<AtomicU64> = (0..jobs).map(|_| AtomicU64::new(0)).collect();
         std::thread::scope(|scope| {
-            for _ in 0..args.jobs {
-                scope.spawn(|| {
-                    while !stop.load(Ordering::Relaxed) {
-                        if budget.is_some_and(|b| begun.elapsed() >= b) {
+            for job in 0..jobs {
+                let (lowest, found, ran) = (&lowest, &found, &ran[job as usize]);
+                scope.spawn(move || {
+                    let mut seed = args.seeds.start + job;
+                    loop {
+                        if budget.is_some_and(|b| begun.elapsed() >= b)
+                            || (budget.is_none() && seed >= args.seeds.end)
+                            || (!args.keep_going && seed > lowest.load(Ordering::Relaxed))
+                        {
                             break;
                         }
-                        let seed = next.fetch_add(1, Ordering::Relaxed);
-                        if budget.is_none() && seed >= args.seeds.end {
-                            break;
-                        }
-                        count.fetch_add(1, Ordering::Relaxed);
                         let broken = if args.no_shrink {
                             run(agent, &generate(agent, seed)).violation.map(|(v, step, at)| {
                                 format!(
@@ -149,25 +154,39 @@ fn main() -> ExitCode {
                         } else {
                             check_seed(agent, seed).err().map(|f| f.to_string())
                         };
+                        ran.fetch_add(1, Ordering::Relaxed);
                         if let Some(text) = broken {
-                            *found.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                            println!("{text}");
-                            if !args.keep_going {
-                                stop.store(true, Ordering::Relaxed);
-                            }
+                            lowest.fetch_min(seed, Ordering::Relaxed);
+                            found.lock().unwrap_or_else(|p| p.into_inner()).push((seed, text));
                         }
+                        seed += jobs;
                     }
                 });
             }
         });
-        let count = count.into_inner();
-        failed += found.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut found = found.into_inner().unwrap_or_else(|p| p.into_inner());
+        // In seed order, whatever the jobs: without --keep-going only the lowest, as one job would have found it.
+        found.sort_by_key(|(seed, _)| *seed);
+        if !args.keep_going {
+            found.truncate(1);
+        }
+        for (_, text) in &found {
+            println!("{text}");
+        }
+        failed += found.len();
+        let ran: Vec<u64> = ran.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+        let count: u64 = ran.iter().sum();
+        // Every seed below `through` ran (job j ran its first ran[j] seeds).
+        let mut through =
+            (0..jobs).map(|j| args.seeds.start + j + ran[j as usize] * jobs).min().unwrap_or(args.seeds.start);
+        if budget.is_none() {
+            through = through.min(args.seeds.end);
+        }
         let secs = begun.elapsed().as_secs_f64();
         eprintln!(
-            "coda-{agent}: {count} seeds from {} in {secs:.1} s ({:.1} seeds/s, {} at a time)",
+            "coda-{agent}: {count} seeds ({}..{through} all run) in {secs:.1} s ({:.1} seeds/s, {jobs} at a time)",
             args.seeds.start,
             count as f64 / secs.max(1e-9),
-            args.jobs
         );
     }
     eprintln!("{failed} failing seeds; {:.1} s in all", started.elapsed().as_secs_f64());

@@ -39,7 +39,11 @@ fn layers(setup: &mut Setup) {
             .filter(|p| !p.is_empty())
             .and_then(|p| crate::file_log::FileLog::open(var, std::path::Path::new(&p)))
     };
-    let logs = activity::Logs { record: log("CODA_KIMI_RECORD"), took: log("CODA_KIMI_TOOK") };
+    let logs = activity::Logs {
+        record: log("CODA_KIMI_RECORD"),
+        took: log("CODA_KIMI_TOOK"),
+        driven: setup.part::<watch::Driven>().cloned(),
+    };
     stack(setup, root, logs);
 }
 

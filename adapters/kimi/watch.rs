@@ -611,6 +611,49 @@ pub fn start(
     Ok((started, handle))
 }
 
+/// Watches stepped by their owner instead of a thread (a simulation: each write of the CLI's files is followed by
+/// [`Driven::look`], so what the watch reads and when depends on no clock and no thread). [`start`]'s watch as it
+/// reads: the same [`Watch`], scanning the same files; only what wakes it differs.
+#[derive(Clone, Default)]
+pub struct Driven(Arc<Mutex<Vec<(Watch, EventSender<Scan>)>>>);
+
+/// Folders are never watched: the owner says when to look.
+struct Looked;
+
+impl EventSource for Looked {
+    fn watch(&mut self, _folder: &Path) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn wait(&mut self, _timeout: Duration) -> Wake {
+        Wake::Quiet
+    }
+}
+
+impl Driven {
+    /// [`start`], stepped by [`Driven::look`]: its first look is now.
+    pub fn start(
+        &self,
+        session: &str,
+        dir: &Path,
+        cutoff: SystemTime,
+        events: EventSender<Scan>,
+        took: bool,
+    ) -> Result<Started, WatchError> {
+        let (watch, started) = Watch::open(session, dir, cutoff, false).map_err(WatchError::Failed)?;
+        let mut watch = if took { watch.with_took() } else { watch };
+        watch.rescan(&mut Looked, &mut |scan| events.send(scan));
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((watch, events));
+        Ok(started)
+    }
+
+    /// Every watch looks at its folder once, in the order they started: what changed goes to the layers.
+    pub fn look(&self) {
+        let mut watches = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        watches.retain_mut(|(watch, events)| watch.rescan(&mut Looked, &mut |scan| events.send(scan)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -119,16 +119,25 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
 /// The environment as set-up reads it: a variable's value, or `None`.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 
+/// What a test hands an adapter's set-up instead of the process's ([`Adapter::stack_in`]).
+pub struct Given<'a> {
+    /// The environment set-up reads.
+    pub env: Env<'a>,
+    /// Parts the set-up takes instead of making its own ([`Setup::part`]): coda-kimi takes a
+    /// `adapters::kimi::watch::Driven`, whose watches the test steps itself.
+    pub parts: &'a [&'a (dyn std::any::Any + Sync)],
+}
+
 /// The engine's waits layer, then what `add` (an adapter's [`Adapter::layers`]) stacks under it.
 fn stack_up(
     command: &AgentCommand,
     version: Option<String>,
-    env: Option<Env>,
+    given: Option<&Given>,
     layers: &mut Layers,
     add: impl FnOnce(&mut Setup),
 ) {
     layers.push(Box::new(crate::coda::waits::Waits::new()));
-    add(&mut Setup { command, version, env, layers });
+    add(&mut Setup { command, version, given, layers });
 }
 
 /// The stack [`start`] builds, over no child: what `add` stacks for `found`, in a harness (tests of a
@@ -183,8 +192,8 @@ pub struct Setup<'a> {
     pub command: &'a AgentCommand,
     /// The wrapped CLI's version, when it was learnt while finding the command.
     pub version: Option<String>,
-    /// The environment a test handed in ([`Adapter::stack_in`]); the process's otherwise.
-    env: Option<Env<'a>>,
+    /// What a test handed in ([`Adapter::stack_in`]); the process's environment otherwise.
+    given: Option<&'a Given<'a>>,
     layers: &'a mut Layers,
 }
 
@@ -192,10 +201,15 @@ impl Setup<'_> {
     /// The environment variable `name` as set-up reads it: the process's, or the one a test handed in
     /// ([`Adapter::stack_in`]). Set-up reads the environment through this, once; the layers get values.
     pub fn var_os(&self, name: &str) -> Option<OsString> {
-        match self.env {
-            Some(env) => env(name),
+        match self.given {
+            Some(given) => (given.env)(name),
             None => std::env::var_os(name),
         }
+    }
+
+    /// The part of type `T` a test handed in ([`Given::parts`]), if it did.
+    pub fn part<T: std::any::Any>(&self) -> Option<&T> {
+        self.given?.parts.iter().find_map(|p| (*p as &dyn std::any::Any).downcast_ref::<T>())
     }
 
     /// Adds a layer below the ones added so far; it gets a sender of its own event type.
@@ -238,16 +252,16 @@ impl Adapter {
         stack_with(command, version, self.layers)
     }
 
-    /// [`Adapter::stack`] with the environment set-up reads given by `env` instead of the process's (a test's: the
+    /// [`Adapter::stack`] with what set-up reads given by a test instead of the process's ([`Given`]: the
     /// simulator runs many sessions at once, each over its own CLI data folder).
     pub fn stack_in(
         &self,
         command: &AgentCommand,
         version: Option<String>,
-        env: Env,
+        given: &Given,
     ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
         let (mut layers, events) = Layers::new();
-        stack_up(command, version, Some(env), &mut layers, self.layers);
+        stack_up(command, version, Some(given), &mut layers, self.layers);
         (layers.stack(), events)
     }
 

@@ -663,7 +663,7 @@ async fn a_stack_set_up_in_a_given_environment_reads_it_not_the_process() {
     };
     let command = AgentCommand { program: "test-agent".into(), args: Vec::new() };
     let adapter = crate::adapters::by_agent("kimi").expect("an adapter");
-    let (stack, events) = adapter.stack_in(&command, None, &env);
+    let (stack, events) = adapter.stack_in(&command, None, &crate::cli::adapter::Given { env: &env, parts: &[] });
     let mut s = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, TestAgent::default());
     assert_eq!(new_session(&mut s, 1).await, "sess-1");
     assert_eq!(s.close().await, 0);

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use coda_shim::adapters::kimi::watch::Driven;
 use coda_shim::child::AgentCommand;
 use coda_shim::layer::Sizes;
 use coda_shim::relay::testing::Pair;
-use coda_shim::replay::took::{Tail, Took, Written, os_spelling};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -65,35 +65,37 @@ struct Sim {
     logs: Vec<String>,
 }
 
-/// The CLI's session files of a run (Kimi's): a folder of the run's own, and the shim's took log of what it read
-/// there (`CODA_KIMI_TOOK`, fixtures/README.md "Waiting for the shim").
+/// The CLI's session files of a run (Kimi's): a folder of the run's own, and the shim's watches of it, which the
+/// CLI's writer steps after each write ([`Driven`]): the shim reads every write before the CLI goes on, on the
+/// virtual clock, with no thread and no real time in between.
 struct Files {
     dir: tempfile::TempDir,
-    took: Mutex<(Tail, Took)>,
-    /// Held by the CLI's writer while the shim reads a write (in real time), and by Coda's player while what it
-    /// sends is handled: the shim never gets a frame of Coda's while it reads the files, so the order of the two
-    /// does not depend on the machine.
+    watches: Driven,
+    /// Held by the CLI's writer while the shim takes in a write, and by Coda's player while what it sends is
+    /// handled: the shim never gets a frame of Coda's between a write and its scan.
     gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Files {
     fn new() -> Option<Arc<Files>> {
-        let dir = tempfile::Builder::new().prefix("coda-sim-").tempdir().ok()?;
+        // In memory where the system has a place for it (Linux's /dev/shm): a run makes and deletes hundreds of
+        // files, which on a disk's file system (a busy one above all) costs far more than the run itself.
+        let builder = tempfile::Builder::new().prefix("coda-sim-").clone();
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = shm.is_dir().then(|| builder.tempdir_in(shm).ok()).flatten().or_else(|| builder.tempdir().ok())?;
         std::fs::create_dir_all(dir.path().join("home")).ok()?;
-        let tail = Tail::new(dir.path().join("took.jsonl"));
-        Some(Arc::new(Files { dir, took: Mutex::new((tail, Took::default())), gate: Arc::default() }))
+        Some(Arc::new(Files { dir, watches: Driven::default(), gate: Arc::default() }))
     }
 
     fn home(&self) -> PathBuf {
         self.dir.path().join("home")
     }
 
-    /// The environment the binary's set-up reads: Kimi's data folder and took log in the run's folder, and no
-    /// more (a run depends on nothing of the machine's).
+    /// The environment the binary's set-up reads: Kimi's data folder in the run's folder, and no more (a run
+    /// depends on nothing of the machine's).
     fn env(&self, name: &str) -> Option<std::ffi::OsString> {
         match name {
             "KIMI_CODE_HOME" => Some(self.home().into_os_string()),
-            "CODA_KIMI_TOOK" => Some(self.dir.path().join("took.jsonl").into_os_string()),
             "HOME" => Some(self.dir.path().as_os_str().to_owned()),
             _ => None,
         }
@@ -104,16 +106,10 @@ impl Files {
         text.replace(&self.home().to_string_lossy().into_owned(), "{{KIMI_CODE_HOME}}")
     }
 
-    /// Writes `op` (an append, or a whole new content put in place by a rename, as Kimi does); what the shim must
-    /// see taken in for it.
-    fn write(&self, op: &FileOp) -> std::io::Result<Written> {
+    /// Writes `op` (an append, or a whole new content put in place by a rename, as Kimi does), then has the shim's
+    /// watches look at what changed.
+    fn write(&self, op: &FileOp) -> std::io::Result<()> {
         use std::io::Write;
-        let after = op.replace.then(|| {
-            let mut t = lock(&self.took);
-            let lines = t.0.lines();
-            t.1.read(lines);
-            t.1.seen()
-        });
         if op.replace {
             let tmp = op.path.with_extension("json.tmp.sim");
             std::fs::write(&tmp, &op.bytes)?;
@@ -121,38 +117,10 @@ impl Files {
         } else {
             std::fs::OpenOptions::new().append(true).open(&op.path)?.write_all(&op.bytes)?;
         }
-        let len = std::fs::metadata(&op.path)?.len();
-        Ok(Written { path: os_spelling(&op.path.to_string_lossy()), len, after })
-    }
-
-    /// Waits, in real time with the virtual clock held (a blocking task keeps tokio from moving it), until the
-    /// shim's took log shows `w` taken in: the shim read the write and handled what it read. False after
-    /// [`TOOK_PATIENCE`].
-    async fn taken(self: &Arc<Files>, w: Written) -> bool {
-        let files = self.clone();
-        let waited = tokio::task::spawn_blocking(move || {
-            let give_up = std::time::Instant::now() + TOOK_PATIENCE;
-            loop {
-                {
-                    let mut t = lock(&files.took);
-                    let lines = t.0.lines();
-                    t.1.read(lines);
-                    if t.1.has_taken(&w) {
-                        return true;
-                    }
-                }
-                if std::time::Instant::now() > give_up {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        });
-        waited.await.unwrap_or(false)
+        self.watches.look();
+        Ok(())
     }
 }
-
-/// How long (real time) the simulator waits for the shim to take in a write of the CLI's files.
-const TOOK_PATIENCE: Duration = Duration::from_secs(20);
 
 /// The binary's stack over the CLI model, on a new pair of pipes: the relay, and the two tasks that play the
 /// CLI (one reads what the shim writes it, one writes what the model says when it is due).
@@ -173,10 +141,11 @@ fn start_process(
     let adapter = coda_shim::adapters::by_agent(agent).unwrap_or_else(|| panic!("no binary coda-{agent}"));
     // The CLI's version as the adapter was tested with: no set-up probes it (in real time).
     let version = Some(adapter.tested.version.to_owned());
-    let none = |_: &str| None;
     let from_files = |name: &str| files.as_ref().and_then(|f| f.env(name));
-    let env: &dyn Fn(&str) -> Option<std::ffi::OsString> = if files.is_some() { &from_files } else { &none };
-    let (mut stack, events) = adapter.stack_in(&command, version, env);
+    let watches = files.as_ref().map(|f| f.watches.clone());
+    let parts: Vec<&(dyn std::any::Any + Sync)> = watches.iter().map(|w| w as _).collect();
+    let given = coda_shim::cli::adapter::Given { env: &from_files, parts: &parts };
+    let (mut stack, events) = adapter.stack_in(&command, version, &given);
     let sizes = stack.gauge();
     let (pair, agent_end) = Pair::with_agent_end(stack, events, coda_shim::lines::DEFAULT_MAX_LINE);
     play_cli(agent_end, model.clone(), log.clone(), notify.clone(), start, files.clone());
@@ -257,16 +226,11 @@ fn play_cli(
                         let _gate = files.gate.lock().await;
                         // What the CLI wrote before must be the shim's before it reads this write.
                         tokio::time::sleep(Duration::from_millis(1)).await;
-                        let taken = match files.write(&op) {
-                            Ok(w) => files.taken(w).await,
-                            Err(_) => true,
-                        };
-                        if !taken {
-                            let detail = format!("the shim did not take in a write of {rel} within {TOOK_PATIENCE:?}");
-                            lock(&m).truth.broken.push(("files", detail));
+                        if let Err(e) = files.write(&op) {
+                            lock(&m).truth.broken.push(("files", format!("the CLI's write of {rel} failed: {e}")));
                         }
-                        // What the shim made of it (queued when the took log said so) reaches its peers before the
-                        // CLI goes on: the clock moves only once every task is idle.
+                        // What the shim made of it (queued by the watches' look) reaches its peers before the CLI
+                        // goes on: the clock moves only once every task is idle.
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
