@@ -510,3 +510,19 @@ fn an_odd_id_answered_when_the_cli_dies() {
         );
     }
 }
+
+/// A prompt of a session the CLI does not know (refused), then a request under the same id, of another method:
+/// the CLI's answer to it must reach Coda (the failure machine took it for a second answer to the prompt).
+#[test]
+fn a_reused_id_after_a_refused_prompt() {
+    use coda_sim::dsl::*;
+    for agent in coda_sim::AGENTS {
+        coda_sim::assert_holds(
+            agent,
+            &[
+                Timed { gap: 1, step: Hostile { frame: LoneSurrogate } },
+                Timed { gap: 81, step: Hostile { frame: ReusedId } },
+            ],
+        );
+    }
+}
