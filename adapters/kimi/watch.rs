@@ -615,7 +615,10 @@ pub fn start(
 /// [`Driven::look`], so what the watch reads and when depends on no clock and no thread). [`start`]'s watch as it
 /// reads: the same [`Watch`], scanning the same files; only what wakes it differs.
 #[derive(Clone, Default)]
-pub struct Driven(Arc<Mutex<Vec<(Watch, EventSender<Scan>)>>>);
+pub struct Driven(Arc<Mutex<Vec<Stepped>>>);
+
+/// A watch of [`Driven`]'s, and where its scans go.
+type Stepped = (Watch, EventSender<Scan>);
 
 /// Folders are never watched: the owner says when to look.
 struct Looked;
