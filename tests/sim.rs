@@ -526,3 +526,31 @@ fn a_reused_id_after_a_refused_prompt() {
         );
     }
 }
+
+/// Open (not fixed on this branch): Grok runs a turn of its own, Coda's prompt waits in Grok's queue behind it
+/// (reference grok-opencode.md: Grok queues a prompt sent while a turn runs, and repeats it in
+/// `_x.ai/queue/changed`), and a steering message sent then reaches Grok while its own turn runs. coda-grok takes
+/// any `_x.ai/queue/changed` naming a running prompt, after Coda's prompt was sent, as "Coda's turn started";
+/// it would have to check that the running prompt is Coda's. Found by seed 7054231 of coda-grok (4 of 100,000).
+/// Turns into a plain test once fixed.
+#[test]
+#[should_panic(expected = "steering-in-turn")]
+fn grok_steering_while_coda_prompt_waits_behind_groks_own_turn() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "grok",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 83521, step: OwnTurn { session: 1, chunks: 3 } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 3,
+                    turn: Turn { chunks: 2, ms: 12835, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Steering { session: 0, text: 5, hostile: true, answer: SteerNever } },
+        ],
+    );
+}
