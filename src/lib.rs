@@ -16,6 +16,12 @@
 //! - [`adapters`]: one module per wrapped CLI;
 //! - [`replay`]: the recordings and the tools of `acp-replay`, and the check of frames against ACP's schema
 //!   ([`replay::validate`]) that the tests run on everything a shim writes.
+//!
+//! Beside the tests of each module, the deterministic simulator (the dev-only package in `tests/sim`,
+//! `docs/simulation.md`) plays whole sessions against each binary's stack: it builds the stack with
+//! [`Adapter::stack_in`], handing its set-up the environment and, for coda-kimi, watches it steps itself
+//! ([`adapters::kimi::watch::Driven`]), and runs it in the real relay loop on virtual time
+//! ([`relay::testing::Pair`]).
 
 // The layer hooks are named for where a frame comes from (`from_client`, `from_agent`), not conversions.
 #![allow(clippy::wrong_self_convention)]

@@ -85,7 +85,11 @@ fn held_prompt_then_stop() -> Vec<coda_sim::Timed> {
         Timed { gap: 2064, step: Compaction { session: 0, how: CompactOk(5240) } },
         Timed {
             gap: 1,
-            step: Prompt { session: 0, text: 2, turn: Turn { chunks: 3, ms: 8370, permission: false, end: EndTurn } },
+            step: Prompt {
+                session: 0,
+                text: 2,
+                turn: Turn { chunks: 3, ms: 8370, permission: false, end: EndTurn, work: NoWork },
+            },
         },
         Timed { gap: 1, step: Cancel { session: 0 } },
     ]
@@ -125,7 +129,7 @@ fn grok_interjection_never_answered() {
                 step: Prompt {
                     session: 0,
                     text: 2,
-                    turn: Turn { chunks: 3, ms: 19427, permission: false, end: EndTurn },
+                    turn: Turn { chunks: 3, ms: 19427, permission: false, end: EndTurn, work: NoWork },
                 },
             },
             Timed { gap: 1, step: Steering { session: 0, text: 2, hostile: false, answer: SteerNever } },
@@ -161,14 +165,14 @@ fn codex_sandbox_error_is_not_service_unavailable() {
                 step: Prompt {
                     session: 0,
                     text: 5,
-                    turn: Turn { chunks: 4, ms: 2035, permission: false, end: EndError(FailSandbox) },
+                    turn: Turn { chunks: 4, ms: 2035, permission: false, end: EndError(FailSandbox), work: NoWork },
                 },
             },
         ],
     );
 }
 
-/// A CLI that answers a prompt twice: Coda gets one answer.
+/// A CLI that answers a prompt twice: Coda gets one answer (the engine drops the second).
 #[test]
 fn a_second_answer_never_reaches_coda_on_any_binary() {
     use coda_sim::dsl::*;
@@ -176,12 +180,15 @@ fn a_second_answer_never_reaches_coda_on_any_binary() {
         Timed { gap: 1, step: NewSession { instruction: true } },
         Timed {
             gap: 8121,
-            step: Prompt { session: 0, text: 4, turn: Turn { chunks: 1, ms: 1942, permission: false, end: EndTwice } },
+            step: Prompt {
+                session: 0,
+                text: 4,
+                turn: Turn { chunks: 1, ms: 1942, permission: false, end: EndTwice, work: NoWork },
+            },
         },
     ];
     for agent in AGENTS {
-        let v = run(agent, &plan).violation.map(|(v, _, _)| v.rule);
-        assert_eq!(v, None, "coda-{agent}: the second answer is dropped");
+        coda_sim::assert_holds(agent, &plan);
     }
 }
 
@@ -196,6 +203,354 @@ fn opencode_own_turn_after_a_compaction() {
             Timed { gap: 1, step: NewSession { instruction: true } },
             Timed { gap: 394, step: Compaction { session: 0, how: CompactOk(12544) } },
             Timed { gap: 1, step: OwnTurn { session: 0, chunks: 1 } },
+        ],
+    );
+}
+
+/// Grok retries a 500 past a minute while a steering message waits for Grok's answer to `_x.ai/interject`: the
+/// shim stops the run, and the failure waits for that answer no longer than the steering machine's hold.
+#[test]
+fn grok_retries_past_a_minute_with_an_interjection_unanswered() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "grok",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: false } },
+            Timed {
+                gap: 6740,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn { chunks: 0, ms: 15652, permission: false, end: EndError(FailServer), work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Steering { session: 0, text: 7, hostile: false, answer: SteerNever } },
+        ],
+    );
+}
+
+/// Without the interjection the same retries are stopped after a minute and answered as the failure.
+#[test]
+fn grok_retries_past_a_minute_are_stopped_and_answered_as_the_failure() {
+    use coda_sim::dsl::*;
+    for failure in [FailServer, FailGateway, FailService, FailOverloaded, FailReset, FailQuotaWait, FailRateWait] {
+        coda_sim::assert_holds(
+            "grok",
+            &[
+                Timed { gap: 1, step: Initialize { waits: true } },
+                Timed { gap: 1, step: NewSession { instruction: false } },
+                Timed {
+                    gap: 6740,
+                    step: Prompt {
+                        session: 0,
+                        text: 4,
+                        turn: Turn { chunks: 2, ms: 15652, permission: false, end: EndError(failure), work: NoWork },
+                    },
+                },
+            ],
+        );
+    }
+}
+
+/// A second prompt open in the session (a hostile client's) while Grok retries the first past a minute: the
+/// shim's stop of the first is answered as the failure, not `cancelled`.
+#[test]
+fn grok_retry_stop_with_a_second_prompt_open() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "grok",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 199,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 2, ms: 16528, permission: true, end: EndError(FailQuotaWait), work: NoWork },
+                },
+            },
+            Timed { gap: 1071, step: AnswerPermission { allow: true } },
+            Timed { gap: 1, step: Hostile { frame: SecondPrompt } },
+            Timed {
+                gap: 3539,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 4, ms: 18484, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 4302, step: Compaction { session: 0, how: CompactOk(3342) } },
+        ],
+    );
+}
+
+/// Coda steers its prompt while Grok still runs a turn of its own (Coda's prompt queued behind it): the
+/// interjection must not join Grok's turn.
+#[test]
+fn grok_steering_while_grok_runs_its_own_turn() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "grok",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 100, step: OwnTurn { session: 0, chunks: 2 } },
+            Timed {
+                gap: 220,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 1, ms: 11472, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Steering { session: 0, text: 6, hostile: false, answer: SteerTaken(1866) } },
+        ],
+    );
+}
+
+/// Kimi runs a turn of its own (only in its session files) when the shim's `/compact` comes (refused: a turn is
+/// active): that turn's chunks still reach Coda, from the files.
+#[test]
+fn kimi_own_turn_while_the_shims_compact_is_refused() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: false } },
+            Timed { gap: 100, step: OwnTurn { session: 0, chunks: 2 } },
+            Timed { gap: 266, step: Compaction { session: 0, how: CompactOk(3030) } },
+        ],
+    );
+}
+
+/// Background work on the two stacks that report it over ACP: a command and a subagent of each kind, ending every
+/// way, stopped, and the process restarted (its sessions loaded in the new one), keep every rule.
+#[test]
+fn background_work_and_a_restart_keep_the_rules() {
+    use coda_sim::dsl::*;
+    for agent in ["codex", "grok"] {
+        for end in [WorkDone, WorkFailed, WorkNever] {
+            for work in [
+                Task(3_000, end),
+                Subagent { ms: 3_000, end, again: false },
+                Subagent { ms: 700_000, end, again: true },
+            ] {
+                let turn = |work| Turn { chunks: 2, ms: 4_000, permission: false, end: EndTurn, work };
+                let plan = [
+                    Timed { gap: 1, step: Initialize { waits: true } },
+                    Timed { gap: 1, step: NewSession { instruction: true } },
+                    Timed { gap: 100, step: Prompt { session: 0, text: 0, turn: turn(work.clone()) } },
+                    Timed { gap: 20_000, step: Prompt { session: 0, text: 1, turn: turn(work.clone()) } },
+                    Timed { gap: 5_000, step: StopWait { session: 0 } },
+                    Timed { gap: 700_000, step: Restart },
+                    Timed { gap: 1_000, step: Prompt { session: 0, text: 2, turn: turn(work) } },
+                ];
+                coda_sim::assert_holds(agent, &plan);
+            }
+        }
+    }
+}
+
+/// Stop of a prompt held behind a compaction (answered by the shim, never at Kimi), then a turn Kimi retries past
+/// a minute: the shim stops it and must answer with the failure.
+#[test]
+fn kimi_retries_after_a_held_prompt_was_stopped() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 1961, step: Compaction { session: 2, how: CompactOk(360113) } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 7,
+                    turn: Turn { chunks: 5, ms: 11196, permission: false, end: EndTurn, work: Task(26502, WorkDone) },
+                },
+            },
+            Timed { gap: 1, step: Cancel { session: 0 } },
+            Timed {
+                gap: 7336,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn {
+                        chunks: 3,
+                        ms: 19857,
+                        permission: false,
+                        end: EndError(FailOverloaded),
+                        work: Task(8344, WorkDone),
+                    },
+                },
+            },
+        ],
+    );
+}
+
+/// Coda steers just after its Stop, while the turn's answer is on its way but Grok already said the turn is over:
+/// the message must not reach Grok (it would run it as a turn of its own).
+#[test]
+fn grok_steering_after_grok_said_the_stopped_turn_is_over() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "grok",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 113, step: Restart },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 5, ms: 18385, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Cancel { session: 0 } },
+            Timed { gap: 5, step: Steering { session: 0, text: 1, hostile: false, answer: SteerTaken(421) } },
+        ],
+    );
+}
+
+/// Coda restarts the process while a chunk of its turn waits in coda-opencode's compaction window (no server
+/// event names its message): the chunk must still reach Coda.
+#[test]
+fn opencode_a_chunk_held_after_a_compaction_when_the_process_ends() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "opencode",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 332, step: Compaction { session: 0, how: CompactOk(13084) } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 3, ms: 5303, permission: false, end: EndError(FailRate), work: NoWork },
+                },
+            },
+            Timed { gap: 3030, step: Compaction { session: 0, how: CompactNever } },
+            Timed { gap: 478, step: Restart },
+        ],
+    );
+}
+
+/// A second prompt (a hostile client's) while coda-opencode holds OpenCode's error answer to the first for its
+/// `session.error`: the first must still be answered.
+#[test]
+fn opencode_a_second_prompt_while_an_error_answer_is_held() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "opencode",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 2339,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 3, ms: 3905, permission: false, end: EndError(FailService), work: NoWork },
+                },
+            },
+            Timed { gap: 4559, step: Hostile { frame: SecondPrompt } },
+        ],
+    );
+}
+
+/// A slash command Kimi does not know (no turn), then a turn with a background command, then a turn of Kimi's
+/// own: the next turn's chunks must not wait behind a usage_update for a turn end that never shows (and be
+/// overtaken by Kimi's own turn, which the shim reports from the files).
+#[test]
+fn kimi_an_unknown_slash_command_then_turns() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: false } },
+            Timed {
+                gap: 293,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn { chunks: 1, ms: 9703, permission: false, end: EndNever, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 8326,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 2, ms: 1071, permission: false, end: EndTurn, work: Task(7081, WorkFailed) },
+                },
+            },
+            Timed { gap: 1669, step: Hostile { frame: SecondPrompt } },
+            Timed { gap: 352, step: OwnTurn { session: 0, chunks: 2 } },
+        ],
+    );
+}
+
+/// Requests with ids ACP does not allow (a fraction, a hostile client's), then the CLI dies: the shim answers
+/// them with the ids they came with, as JSON-RPC requires, and that break is the client's, not the shim's.
+#[test]
+fn an_odd_id_answered_when_the_cli_dies() {
+    use coda_sim::dsl::*;
+    for agent in AGENTS {
+        coda_sim::assert_holds(
+            agent,
+            &[
+                Timed { gap: 1, step: Hostile { frame: OddId } },
+                Timed { gap: 1, step: Hostile { frame: OddId } },
+                Timed { gap: 1, step: Die },
+            ],
+        );
+    }
+}
+
+/// A prompt of a session the CLI does not know (refused), then a request under the same id, of another method:
+/// the CLI's answer to it must reach Coda (the failure machine took it for a second answer to the prompt).
+#[test]
+fn a_reused_id_after_a_refused_prompt() {
+    use coda_sim::dsl::*;
+    for agent in coda_sim::AGENTS {
+        coda_sim::assert_holds(
+            agent,
+            &[
+                Timed { gap: 1, step: Hostile { frame: LoneSurrogate } },
+                Timed { gap: 81, step: Hostile { frame: ReusedId } },
+            ],
+        );
+    }
+}
+
+/// Open (not fixed on this branch): Grok runs a turn of its own, Coda's prompt waits in Grok's queue behind it
+/// (reference grok-opencode.md: Grok queues a prompt sent while a turn runs, and repeats it in
+/// `_x.ai/queue/changed`), and a steering message sent then reaches Grok while its own turn runs. coda-grok takes
+/// any `_x.ai/queue/changed` naming a running prompt, after Coda's prompt was sent, as "Coda's turn started";
+/// it would have to check that the running prompt is Coda's. Found by seed 7054231 of coda-grok (4 of 100,000).
+/// Turns into a plain test once fixed.
+#[test]
+#[should_panic(expected = "steering-in-turn")]
+fn grok_steering_while_coda_prompt_waits_behind_groks_own_turn() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "grok",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 83521, step: OwnTurn { session: 1, chunks: 3 } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 3,
+                    turn: Turn { chunks: 2, ms: 12835, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Steering { session: 0, text: 5, hostile: true, answer: SteerNever } },
         ],
     );
 }

@@ -532,6 +532,10 @@ mod tests {
     #[test]
     fn background_command_becomes_a_task_wait_and_ends_after_the_turn() {
         let mut h = started();
+        from_client(
+            &mut h,
+            json!({"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{"sessionId":ROOT,"prompt":[]}}),
+        );
         let spawned = update(
             ROOT,
             json!({"sessionUpdate":"async_task_spawned","asyncTaskId":"call_2","name":"sleep 4",

@@ -372,6 +372,7 @@ mod tests {
         let mut h = crate::layer::testing::Harness::of(layer(TimeZone::UTC, crate::coda::failure::RETRY_PATIENCE));
         let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");
         h.client_frame(parse(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#));
+        h.client_frame(parse(r#"{"jsonrpc":"2.0","id":9,"method":"session/set_mode","params":{}}"#));
         let failed = reply(json!({"actions":[],"category":"limit","severity":"error","title":"limit"})).to_string();
         // Same shape under another id: not a prompt answer, untouched.
         let other = failed.replace("\"id\":3", "\"id\":9");

@@ -75,7 +75,8 @@ fn codex_package_version(dir: &Path) -> Option<String> {
 }
 
 /// The stack. Set-up, like all of this file (the layers are not): the clock (the probe's deadline), the time
-/// zone, the environment and the CLI's version (on a thread started here) are read here, once; the layers get values.
+/// zone, the environment and the CLI's version (on a thread started here, unless the set-up was handed it) are
+/// read here, once; the layers get values.
 fn layers(setup: &mut Setup) {
     layers_over(setup, Some(adapter().data_home.dir()));
 }
@@ -83,8 +84,13 @@ fn layers(setup: &mut Setup) {
 /// [`layers`] over Codex's data folder `home` (where a loaded session's facts are; None: none are read).
 fn layers_over(setup: &mut Setup, home: Option<std::path::PathBuf>) {
     let command = setup.command.clone();
+    let known = setup.version.clone();
     let give_up_at = Instant::now() + VERSION_DEADLINE;
     setup.add(move |events| {
+        if known.is_some() {
+            // Known already (found with the command, or given by a test's set-up): nothing to probe.
+            return Box::new(Identity::new("codex", Policy::Replace, known));
+        }
         // Found while codex-acp starts, so the initialize answer never waits for it.
         let probe = std::thread::Builder::new().name("codex-version".into()).spawn({
             let events = events.clone();
@@ -177,6 +183,16 @@ pub fn adapter() -> Adapter {
 mod tests {
     use crate::cli::adapter::{bytes_of, chunks, harness, nowhere, stream};
     use serde_json::json;
+
+    #[test]
+    fn a_version_handed_to_the_set_up_is_not_probed_for() {
+        let mut h = harness(&nowhere(Some("0.166.0")), super::adapter().layers);
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,
+            "agentInfo":{"name":"@agentclientprotocol/codex-acp","version":"2.6.0"}}}));
+        // At once: no wait for a probe.
+        assert_eq!(h.to_client()[0]["result"]["agentInfo"], json!({"name":"codex","version":"0.166.0"}));
+    }
 
     #[test]
     fn chunks_go_through_the_whole_stack_untouched_unless_a_layer_holds_or_drops_them() {

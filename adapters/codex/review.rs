@@ -716,12 +716,13 @@ mod tests {
                 _ => json!({"jsonrpc": "2.0", "id": 1, "result": {"stopReason": "end_turn"}}),
             };
             let of_review = sent.to_string().contains(REVIEW_CALL);
+            h.from_agent(sent.clone());
             if sent.get("id").is_some() {
+                // The turn's answer: Coda's next prompt (a request with the id of one still open is refused).
                 h.from_client(json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt",
                     "params": {"sessionId": "s1", "prompt": []}}));
                 h.to_agent();
             }
-            h.from_agent(sent.clone());
             let mut passed = false;
             for got in h.to_client() {
                 assert!(!got.to_string().contains(REVIEW_CALL), "{got}");

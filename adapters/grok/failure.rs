@@ -324,4 +324,24 @@ mod tests {
         assert_eq!(verdict(&parse_reason(SERVER)), Verdict::Plain);
         assert_eq!(verdict(&parse_reason(QUOTA)), Verdict::Kind(failure::Kind::Quota));
     }
+
+    #[test]
+    fn a_second_prompt_queued_in_the_session_leaves_the_stop_with_the_turn_that_retried() {
+        // A client that breaks ACP sends a second prompt while the first runs: Grok queues it. The first retries
+        // past the patience: it, not the queued one, is answered with the failure; the second as Grok answers it.
+        let mut h = harness();
+        h.client_frame(prompt(4));
+        h.client_frame(prompt(5));
+        assert_eq!(h.to_agent().len(), 2);
+        h.agent_frame(retry(1, RATE, "rate_limited"));
+        h.to_client();
+        h.advance(Duration::from_secs(61));
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{"stopReason":"cancelled"}}));
+        let first = h.to_client();
+        assert_eq!(first[0]["id"], 4);
+        assert_eq!(error(&first[0])["data"]["_meta"]["coda"]["failure"]["kind"], "service_unavailable");
+        h.from_agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}})]);
+    }
 }

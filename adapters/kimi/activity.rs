@@ -102,6 +102,8 @@ pub struct Logs {
     pub record: Option<FileLog>,
     /// `CODA_KIMI_TOOK`: how far the shim has taken in each file, for the replay player (fixtures/README.md).
     pub took: Option<FileLog>,
+    /// Watches a test steps itself instead of a thread each ([`watch::Driven`]: the simulator's).
+    pub driven: Option<watch::Driven>,
 }
 
 impl Activity {
@@ -112,15 +114,23 @@ impl Activity {
     pub fn new(events: EventSender<Scan>, root: Option<PathBuf>, logs: Logs, tap: Tap) -> Activity {
         let snapshot = logs.record.is_some();
         let took = logs.took.as_ref().map(FileLog::direct);
+        let driven = logs.driven;
         let start: Starter = Arc::new(move |session, cutoff| {
             let dir = watch::locate(root.as_deref(), session)?;
-            let started = watch::start(session, &dir, cutoff, events.clone(), snapshot, took.is_some())?;
+            let started = match &driven {
+                Some(d) => (d.start(session, &dir, cutoff, events.clone(), took.is_some())?, None),
+                None => {
+                    let (started, handle) =
+                        watch::start(session, &dir, cutoff, events.clone(), snapshot, took.is_some())?;
+                    (started, Some(handle))
+                }
+            };
             if let Some(took) = &took {
                 // Written by the job, so before the answer that named the session reaches the client: each write
                 // of the files it reads under `dir` shows in a scan from now on.
                 took.record(&json!({ "watch": started.0.dir, "reads": watch::READS }));
             }
-            Ok((started.0, Some(started.1)))
+            Ok(started)
         });
         let mut a = Activity::with_starter(start);
         (a.record, a.took, a.tap) = (logs.record, logs.took, tap);

@@ -17,7 +17,7 @@
 //!
 //! Kimi's subagents never reach ACP, and their wires are not read here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -47,6 +47,9 @@ struct Session {
     unsent_compaction: bool,
     /// The watch has handed in records of this session: without it (its files cannot be read) nothing waits.
     wired: bool,
+    /// The skills Kimi offers in the session (its last `available_commands_update`, builtins left out): a slash
+    /// command naming one runs a turn. None until Kimi said.
+    skills: Option<HashSet<String>>,
 }
 
 impl Session {
@@ -61,13 +64,26 @@ fn wire_time(ms: u64) -> Option<SystemTime> {
     (ms > 0).then(|| UNIX_EPOCH.checked_add(Duration::from_millis(ms))).flatten()
 }
 
-/// Whether a prompt starts a turn in Kimi: anything but one of its builtin slash commands.
-fn makes_turn(prompt: &Value) -> bool {
+/// Whether a prompt starts a turn in Kimi (reference notes kimi.md, slash commands): anything but a slash
+/// command, or one naming a skill Kimi offers in the session (`skills`, its `available_commands_update`: user
+/// skills as `skill:<name>`, builtin skills by their bare name). A builtin runs no turn, nor does a name Kimi does
+/// not know (`Unknown ACP command`). Before Kimi said which it offers, only `skill:<name>` counts as one.
+fn makes_turn(prompt: &Value, skills: Option<&HashSet<String>>) -> bool {
     let first = prompt.pointer("/params/prompt/0/text").and_then(Value::as_str).unwrap_or("");
     let Some(command) = first.strip_prefix('/') else { return true };
     let name = command.split_whitespace().next().unwrap_or("");
-    !BUILTINS.contains(&name)
+    if BUILTINS.contains(&name) {
+        return false;
+    }
+    match skills {
+        Some(skills) => skills.contains(name),
+        None => name.starts_with("skill:"),
+    }
 }
+
+/// The most skill names kept per session, and the longest name kept.
+const SKILLS_MAX: usize = 1024;
+const SKILL_NAME_MAX: usize = 256;
 
 /// Where Kimi's facts are (see the module's docs).
 pub struct Kimi {
@@ -102,17 +118,38 @@ impl Source for Kimi {
 
     fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
         let Kind::Request { id, method } = frame.kind() else { return };
-        if method.as_ref() as &str != "session/prompt" || !makes_turn(frame.value()) {
+        if method.as_ref() as &str != "session/prompt" {
             return;
         }
         let Some(sid) = cx.request_of(id).and_then(|r| r.session()).map(str::to_owned) else { return };
         let id = id.clone();
-        if let Some(s) = self.session(&sid, cx) {
+        if let Some(s) = self.session(&sid, cx)
+            && makes_turn(frame.value(), s.skills.as_ref())
+        {
             s.sent += 1;
             // Bounded by the client's open requests: one Kimi never answers is forgotten with it.
             self.counted.retain(|id, _| cx.request_of(id).is_some());
             self.counted.insert(id, sid);
         }
+    }
+
+    fn wants(&self, frame: &Frame) -> bool {
+        frame.session_update() == Some("available_commands_update")
+    }
+
+    /// Kimi's `available_commands_update`: the skills it offers in the session.
+    fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
+        let v = frame.value();
+        let (Some(sid), Some(commands)) = (
+            v.pointer("/params/sessionId").and_then(Value::as_str),
+            v.pointer("/params/update/availableCommands").and_then(Value::as_array),
+        ) else {
+            return;
+        };
+        let Some(s) = self.session(sid, cx) else { return };
+        let names = commands.iter().filter_map(|c| c.get("name").and_then(Value::as_str));
+        let skills = names.filter(|n| n.len() <= SKILL_NAME_MAX && !BUILTINS.contains(n)).take(SKILLS_MAX);
+        s.skills = Some(skills.map(str::to_owned).collect());
     }
 
     fn answered(&mut self, answer: &Frame, cx: &mut Cx, _: &mut Said) {
@@ -355,6 +392,58 @@ mod tests {
         assert_eq!(out.len(), 1, "Kimi's update, stamped; no update of the shim's: {out:?}");
         assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 900);
         assert_eq!(h.next_wake(), None);
+    }
+
+    /// Only a slash command naming a skill Kimi offers runs a turn: one it does not know (`Unknown ACP command`)
+    /// runs none, and the next prompt's update waits for that prompt's turn only.
+    #[test]
+    fn a_slash_command_makes_a_turn_only_when_it_names_a_skill_kimi_offers() {
+        let mut h = rig();
+        wire(&mut h, &[]);
+        let offered = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":SID,"update":{
+            "sessionUpdate":"available_commands_update","availableCommands":[{"name":"compact"},{"name":"help"},
+            {"name":"check-kimi-code-docs"},{"name":"skill:review"}]}}});
+        h.from_agent(offered.clone());
+        assert_eq!(h.to_client(), [offered], "passed on");
+        // Unknown, and a builtin: no turn.
+        for (id, text) in [(2, "/review the last commit"), (3, "/help")] {
+            h.from_client(prompt(id, text));
+            h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+        }
+        h.to_client();
+        h.from_client(prompt(4, "go"));
+        wire(&mut h, &turn("user", 0, 1_000_000, 900));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{"stopReason":"end_turn"}}));
+        h.from_agent(usage_update(905));
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "the update waits for no turn of the unknown command: {out:?}");
+        assert_eq!(out[1]["params"]["update"]["_meta"]["coda"]["contextTokens"], 900);
+        // A builtin skill by its bare name, and a user skill: turns.
+        for (id, text, at) in [(5, "/check-kimi-code-docs x", 2_000_000), (6, "/skill:review it", 3_000_000)] {
+            h.from_client(prompt(id, text));
+            h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}}));
+            h.from_agent(usage_update(905));
+            assert_eq!(h.to_client().len(), 1, "{text}: the update waits for the skill's turn");
+            wire(&mut h, &turn("skill_activation", id - 4, at, 900));
+            assert_eq!(h.to_client().len(), 1, "{text}");
+        }
+        assert_eq!(h.next_wake(), None);
+    }
+
+    #[test]
+    fn when_kimi_is_gone_what_waits_behind_an_update_goes_on() {
+        let mut h = rig();
+        wire(&mut h, &turn("user", 0, 1_000_000, 900));
+        h.from_client(prompt(2, "go"));
+        h.from_agent(usage_update(905));
+        let answer = json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}});
+        h.from_agent(answer.clone());
+        assert!(h.to_client().is_empty());
+        h.end();
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[0]["params"]["update"]["used"], 905);
+        assert_eq!(out[1], answer);
     }
 
     #[test]

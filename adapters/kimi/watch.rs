@@ -104,12 +104,13 @@ pub struct Started {
     pub snapshot: Vec<Chunk>,
 }
 
-/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`. Set-up only (`mod.rs`): it reads the environment.
-pub fn data_root() -> Option<PathBuf> {
-    if let Some(home) = std::env::var_os("KIMI_CODE_HOME").filter(|h| !h.is_empty()) {
+/// The data root: `$KIMI_CODE_HOME`, else `~/.kimi-code`, with `env` answering for the environment. Set-up only
+/// (`mod.rs`).
+pub fn data_root(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    if let Some(home) = env("KIMI_CODE_HOME").filter(|h| !h.is_empty()) {
         return Some(PathBuf::from(home));
     }
-    std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
+    env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".kimi-code"))
 }
 
 /// Why a session's files are not watched: the activity layer warns (each case its own way) and goes on
@@ -608,6 +609,52 @@ pub fn start(
     });
     spawned.map_err(|e| WatchError::Failed(format!("cannot start the watch thread: {e}")))?;
     Ok((started, handle))
+}
+
+/// Watches stepped by their owner instead of a thread (a simulation: each write of the CLI's files is followed by
+/// [`Driven::look`], so what the watch reads and when depends on no clock and no thread). [`start`]'s watch as it
+/// reads: the same [`Watch`], scanning the same files; only what wakes it differs.
+#[derive(Clone, Default)]
+pub struct Driven(Arc<Mutex<Vec<Stepped>>>);
+
+/// A watch of [`Driven`]'s, and where its scans go.
+type Stepped = (Watch, EventSender<Scan>);
+
+/// Folders are never watched: the owner says when to look.
+struct Looked;
+
+impl EventSource for Looked {
+    fn watch(&mut self, _folder: &Path) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn wait(&mut self, _timeout: Duration) -> Wake {
+        Wake::Quiet
+    }
+}
+
+impl Driven {
+    /// [`start`], stepped by [`Driven::look`]: its first look is now.
+    pub fn start(
+        &self,
+        session: &str,
+        dir: &Path,
+        cutoff: SystemTime,
+        events: EventSender<Scan>,
+        took: bool,
+    ) -> Result<Started, WatchError> {
+        let (watch, started) = Watch::open(session, dir, cutoff, false).map_err(WatchError::Failed)?;
+        let mut watch = if took { watch.with_took() } else { watch };
+        watch.rescan(&mut Looked, &mut |scan| events.send(scan));
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push((watch, events));
+        Ok(started)
+    }
+
+    /// Every watch looks at its folder once, in the order they started: what changed goes to the layers.
+    pub fn look(&self) {
+        let mut watches = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        watches.retain_mut(|(watch, events)| watch.rescan(&mut Looked, &mut |scan| events.send(scan)));
+    }
 }
 
 #[cfg(test)]

@@ -190,6 +190,15 @@ impl OpenCodeCompact {
         self.windows.remove(session);
     }
 
+    /// Nothing more will name a message (the event stream is lost, or OpenCode is gone): what is held goes on.
+    fn close_all(&mut self, cx: &mut Cx) {
+        let mut sessions: Vec<String> = self.windows.keys().cloned().collect();
+        sessions.sort();
+        for s in sessions {
+            self.close(&s, cx);
+        }
+    }
+
     fn server_event(&mut self, e: ServerEvent, ctl: &mut Ctl<Self>) {
         match e {
             ServerEvent::Step(s) => {
@@ -443,12 +452,7 @@ impl Compactor for OpenCodeCompact {
         match event {
             FromServer::Event(e) => self.server_event(e, ctl),
             // Nothing more will name a message: what is held goes on.
-            FromServer::Lost => {
-                let sessions: Vec<String> = self.windows.keys().cloned().collect();
-                for s in sessions {
-                    self.close(&s, ctl.cx);
-                }
-            }
+            FromServer::Lost => self.close_all(ctl.cx),
             FromServer::Read(_) => {}
         }
     }
@@ -629,6 +633,19 @@ mod tests {
         assert_eq!(h.to_client(), vec![chunk("msg_own")], "nothing will name it now");
         h.from_agent(chunk("msg_own_2"));
         assert_eq!(h.to_client(), vec![chunk("msg_own_2")]);
+    }
+
+    #[test]
+    fn when_opencode_is_gone_held_chunks_go_on() {
+        // A chunk of a message the server never named, held in the compaction's window when the process ends
+        // (before the window would have closed): Coda still gets it.
+        let (mut h, _) = harness(true);
+        compact(&mut h, 7);
+        h.from_agent(chunk("msg_own"));
+        assert!(h.to_client().is_empty());
+        h.end();
+        let out = h.to_client();
+        assert_eq!(out.iter().filter(|f| **f == chunk("msg_own")).count(), 1, "{out:?}");
     }
 
     #[test]

@@ -373,4 +373,28 @@ mod tests {
         let e = error_v(&h.to_client()[0]);
         assert!(e["message"].as_str().is_some_and(|m| m.len() < failure::REASON_MAX + 200), "{e}");
     }
+
+    #[test]
+    fn a_second_prompt_leaves_the_first_ones_held_answer_and_failure_with_it() {
+        // A client that breaks ACP sends a second prompt while OpenCode's error answer to the first waits for
+        // `session.error`: the first is still answered, with the failure the event names; the second as it comes.
+        let mut h = harness();
+        prompt(&mut h, 4);
+        h.agent_frame(api_error(4, "You exceeded your current quota"));
+        prompt(&mut h, 5);
+        failed(&mut h, session_error("insufficient_quota", 429));
+        let first = h.to_client();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(first[0]["id"], 4);
+        assert_eq!(error_v(&first[0])["data"]["_meta"]["coda"]["failure"]["kind"], "quota_exhausted");
+        h.from_agent(json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}})]);
+        // Held when OpenCode is gone: it goes on as it is, once.
+        prompt(&mut h, 6);
+        h.agent_frame(api_error(6, "x"));
+        h.end();
+        assert_eq!(h.to_client(), [api_error(6, "x").value().clone()]);
+        h.end();
+        assert!(h.to_client().is_empty());
+    }
 }

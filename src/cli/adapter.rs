@@ -116,17 +116,35 @@ pub(crate) fn start(adapter: &Adapter, found: &Found) -> std::io::Result<Started
     Ok(Started { agent, stack, events })
 }
 
+/// The environment as set-up reads it: a variable's value, or `None`.
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
+/// What a test hands an adapter's set-up instead of the process's ([`Adapter::stack_in`]).
+pub struct Given<'a> {
+    /// The environment set-up reads.
+    pub env: Env<'a>,
+    /// Parts the set-up takes instead of making its own ([`Setup::part`]): coda-kimi takes a
+    /// `adapters::kimi::watch::Driven`, whose watches the test steps itself.
+    pub parts: &'a [&'a (dyn std::any::Any + Sync)],
+}
+
 /// The engine's waits layer, then what `add` (an adapter's [`Adapter::layers`]) stacks under it.
-fn stack_up(command: &AgentCommand, version: Option<String>, layers: &mut Layers, add: impl FnOnce(&mut Setup)) {
+fn stack_up(
+    command: &AgentCommand,
+    version: Option<String>,
+    given: Option<&Given>,
+    layers: &mut Layers,
+    add: impl FnOnce(&mut Setup),
+) {
     layers.push(Box::new(crate::coda::waits::Waits::new()));
-    add(&mut Setup { command, version, layers });
+    add(&mut Setup { command, version, given, layers });
 }
 
 /// The stack [`start`] builds, over no child: what `add` stacks for `found`, in a harness (tests of a
 /// binary's whole stack).
 #[cfg(test)]
 pub(crate) fn harness(found: &Found, add: impl FnOnce(&mut Setup)) -> crate::layer::testing::Harness {
-    crate::layer::testing::Harness::build(|layers| stack_up(&found.command, found.version.clone(), layers, add))
+    crate::layer::testing::Harness::build(|layers| stack_up(&found.command, found.version.clone(), None, layers, add))
 }
 
 /// A found command that is nowhere (a probe of it finds nothing), for [`harness`].
@@ -174,10 +192,26 @@ pub struct Setup<'a> {
     pub command: &'a AgentCommand,
     /// The wrapped CLI's version, when it was learnt while finding the command.
     pub version: Option<String>,
+    /// What a test handed in ([`Adapter::stack_in`]); the process's environment otherwise.
+    given: Option<&'a Given<'a>>,
     layers: &'a mut Layers,
 }
 
 impl Setup<'_> {
+    /// The environment variable `name` as set-up reads it: the process's, or the one a test handed in
+    /// ([`Adapter::stack_in`]). Set-up reads the environment through this, once; the layers get values.
+    pub fn var_os(&self, name: &str) -> Option<OsString> {
+        match self.given {
+            Some(given) => (given.env)(name),
+            None => std::env::var_os(name),
+        }
+    }
+
+    /// The part of type `T` a test handed in ([`Given::parts`]), if it did.
+    pub fn part<T: std::any::Any>(&self) -> Option<&T> {
+        self.given?.parts.iter().find_map(|p| (*p as &dyn std::any::Any).downcast_ref::<T>())
+    }
+
     /// Adds a layer below the ones added so far; it gets a sender of its own event type.
     pub fn add<L: Layer>(&mut self, make: impl FnOnce(EventSender<L::Event>) -> Box<L>) {
         self.layers.add(make);
@@ -202,7 +236,7 @@ pub fn stack_with(
     add: impl FnOnce(&mut Setup),
 ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
     let (mut layers, events) = Layers::new();
-    stack_up(command, version, &mut layers, add);
+    stack_up(command, version, None, &mut layers, add);
     (layers.stack(), events)
 }
 
@@ -216,6 +250,19 @@ impl Adapter {
         version: Option<String>,
     ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
         stack_with(command, version, self.layers)
+    }
+
+    /// [`Adapter::stack`] with what set-up reads given by a test instead of the process's ([`Given`]: the
+    /// simulator runs many sessions at once, each over its own CLI data folder).
+    pub fn stack_in(
+        &self,
+        command: &AgentCommand,
+        version: Option<String>,
+        given: &Given,
+    ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+        let (mut layers, events) = Layers::new();
+        stack_up(command, version, Some(given), &mut layers, self.layers);
+        (layers.stack(), events)
     }
 
     pub fn binary(&self) -> String {

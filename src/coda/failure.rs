@@ -592,11 +592,14 @@ impl<S: Signals> Layer for FailureKinds<S> {
     type Reply = std::convert::Infallible;
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        if let FrameKind::Request { id, .. } = frame.kind() {
+            // A request that reuses the id of an answered prompt is a new one, whatever its method: the CLI's
+            // answer to it is its first.
+            self.answered.retain(|a| a != id);
+        }
         if let FrameKind::Request { id, method } = frame.kind()
             && method == "session/prompt"
         {
-            // A request that reuses the id of an answered one is a new one.
-            self.answered.retain(|a| a != id);
             // A prompt that names no session is the CLI's to refuse; its answer is still this turn's.
             let session = cx.request_of(id).and_then(|r| r.session()).unwrap_or_default().to_owned();
             self.prune(cx);

@@ -15,7 +15,8 @@
 //!   nothing (a native CLI answers that itself). Coda's prompt waits behind a compaction: the message joins that
 //!   prompt (its blocks are added to the held `session/prompt`) and is `injected`; it never goes into the
 //!   compaction. The CLI has not said yet that Coda's turn runs ([`Steerer::SAYS_STARTED`]): the message waits
-//!   for it, at most [`START_WAIT`], then `promptRequired` (it went nowhere).
+//!   for it, at most [`START_WAIT`], then `promptRequired` (it went nowhere). It said the turn ran and the session
+//!   is idle again (the turn's answer is on its way): `promptRequired`, and the CLI sees nothing.
 //! - `injected` only once the backend is certain the message joined Coda's turn; `promptRequired` only when it
 //!   is certain the CLI did not take it and runs it nowhere; otherwise unknown (`failed` or `startedNewTurn`,
 //!   which Coda records as unknown and does not send again).
@@ -258,10 +259,17 @@ struct InFlight {
     behind: Vec<Frame>,
 }
 
-/// Whether Coda's `turn` in `session` runs in the CLI: the CLI has it and, where it says so, said it runs.
+/// Whether Coda's `turn` in `session` runs in the CLI: the CLI has it and, where it says so, said it runs and
+/// has not said since that the session is idle.
 fn runs<B: Steerer>(session: &str, turn: &Id, cx: &Cx) -> bool {
     cx.request_of(turn).is_some_and(|r| r.is_sent())
-        && (!B::SAYS_STARTED || cx.session(session).is_some_and(Session::started))
+        && (!B::SAYS_STARTED || cx.session(session).is_some_and(|s| s.started() && s.busy() != Some(false)))
+}
+
+/// Whether a CLI that says when its turn runs said Coda's latest turn in `session` ran and is over (the session
+/// idle again): its answer is on its way, and a message for it would land nowhere or in a turn of the CLI's own.
+fn over<B: Steerer>(session: &str, cx: &Cx) -> bool {
+    B::SAYS_STARTED && cx.session(session).is_some_and(|s| s.started() && s.busy() == Some(false))
 }
 
 /// The steering machine: a layer, over the backend `B` of one CLI (see the module docs).
@@ -349,6 +357,9 @@ impl<B: Steerer> Steering<B> {
             Some(Turn::Coda { sent: false, .. }) if compacting => {
                 let prompt = prompt.clone();
                 self.join_held(&id, &session, prompt, cx)
+            }
+            Some(Turn::Coda { sent: true, .. }) if over::<B>(&session, cx) => {
+                cx.to_client(Outcome::PromptRequired.answer(&id))
             }
             Some(Turn::Coda { prompt: turn, .. }) => {
                 let runs = runs::<B>(&session, &turn, cx);
@@ -753,5 +764,23 @@ mod tests {
         assert_eq!((out[0]["id"].clone(), out[0]["result"]["outcome"].clone()), (json!(2), json!("failed")));
         assert_eq!(out[1]["id"], 1);
         assert!(h.stack().sessions().get("s").is_some_and(|s| s.steering().is_none()));
+    }
+
+    #[test]
+    fn a_message_after_the_cli_said_the_turn_is_over_goes_nowhere() {
+        // The CLI ran Coda's turn and said the session is idle again; the turn's answer is still on its way when
+        // Coda steers (a Stop raced it): the message is not sent, and is `promptRequired`.
+        let mut h = rig();
+        h.event(0, true);
+        h.event(0, false);
+        steer(&mut h, 2);
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":2,"result":{"outcome":"promptRequired",
+            "reason":"noRunningTurn"}})]
+        );
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"stopReason":"cancelled"}}));
+        assert_eq!(h.to_client()[0]["id"], 1, "the turn's answer is not held");
+        assert!(h.layer::<Steering<Silent>>(0).backend().steered.is_empty(), "the CLI never had it");
     }
 }

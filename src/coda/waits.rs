@@ -373,6 +373,7 @@ mod tests {
         let mut rig = Rig::new();
         rig.client(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}));
         for other in [json!("1"), json!(2)] {
+            rig.client(json!({"jsonrpc":"2.0","id":other,"method":"session/list","params":{}}));
             let answer = json!({"jsonrpc":"2.0","id":other,"result":{"protocolVersion":1}});
             assert_eq!(rig.agent(answer.clone()), vec![answer]);
         }

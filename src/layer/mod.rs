@@ -433,6 +433,20 @@ impl<'a> Cx<'a> {
     }
 }
 
+/// How much a stack holds ([`Stack::sizes`]): what a test checks stays bounded however a session goes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// The client's requests not yet answered to it.
+    pub open_requests: usize,
+    /// The shim's own requests the agent has not answered.
+    pub own_requests: usize,
+    /// Wake-ups pending, across the layers.
+    pub timers: usize,
+}
+
+/// The error a request gets whose id is that of a request still open: JSON-RPC's invalid request.
+pub const ID_IN_USE: (i64, &str) = (-32600, "invalid request: id in use");
+
 /// The layers of one binary, the client's requests, and the shim's own outstanding requests.
 pub struct Stack {
     layers: Vec<Box<dyn AnyLayer>>,
@@ -451,6 +465,8 @@ pub struct Stack {
     jobs: Vec<Job>,
     /// Whether jobs wait for [`Stack::take_work`] (else they run after each input).
     keep_work: bool,
+    /// Where the stack says its [`Sizes`] after each input, when a test asked ([`Stack::gauge`]).
+    gauge: Option<std::sync::Arc<std::sync::Mutex<Sizes>>>,
 }
 
 /// One of the shim's own requests to the agent, until the agent answers it.
@@ -488,6 +504,28 @@ impl Stack {
             wall: SystemTime::now(),
             jobs: Vec::new(),
             keep_work: false,
+            gauge: None,
+        }
+    }
+
+    /// How much the stack holds now.
+    pub fn sizes(&self) -> Sizes {
+        Sizes {
+            open_requests: self.shared.requests.len(),
+            own_requests: self.own.len(),
+            timers: self.shared.timers.iter().map(|t| t.len()).sum(),
+        }
+    }
+
+    /// A cell the stack writes its [`Sizes`] to after each input, for a test that cannot reach the stack while a
+    /// relay runs it (read-only: nothing the stack does depends on it).
+    pub fn gauge(&mut self) -> std::sync::Arc<std::sync::Mutex<Sizes>> {
+        self.gauge.get_or_insert_with(Default::default).clone()
+    }
+
+    fn publish_sizes(&self) {
+        if let Some(gauge) = &self.gauge {
+            *gauge.lock().unwrap_or_else(|p| p.into_inner()) = self.sizes();
         }
     }
 
@@ -547,14 +585,25 @@ impl Stack {
         self.layers.is_empty()
     }
 
-    /// A frame read from the client.
+    /// A frame read from the client. A request whose id is that of a request still open (the client's not yet
+    /// answered, or the shim's own) is answered with an error at once and goes no further: JSON-RPC's ids tell
+    /// requests apart, and two open under one id would make every answer ambiguous.
     pub fn from_client(&mut self, frame: Frame, exits: &mut Exits) {
+        if let Kind::Request { id, .. } = frame.kind()
+            && (self.shared.requests.get(id).is_some() || self.is_own(id))
+        {
+            tracing::warn!("client sent a request with the id of one still open; answered with an error");
+            let answer = crate::frame::error_response(id, ID_IN_USE.0, ID_IN_USE.1, None);
+            return exits.to_client.push(answer);
+        }
         self.shared.requests.opened(&frame, self.now, self.wall);
         self.down(0, frame, exits);
         self.settle(exits);
     }
 
-    /// A frame read from the agent.
+    /// A frame read from the agent. A second answer to a request of the client's is dropped here, with a warning:
+    /// one to a request the client has had its answer to (the layers never see it), or whose first answer is
+    /// still on its way to the client (a layer holds it). An answer to an id the client never sent goes on.
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
             if let Some(Own { layer, tag, .. }) = self.own.remove(id) {
@@ -958,6 +1007,7 @@ mod tests {
         let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Liar)]);
         h.from_agent(json!({"jsonrpc":"2.0","method":"keep"}));
         assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","method":"keep"})]);
+        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"m"}));
         h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{}}));
         assert_eq!(h.to_client().len(), 1, "an answer is not said to pass: the layer sees it");
         // Debug builds call the layer anyway and see that it did not pass the frame on.
@@ -1402,5 +1452,163 @@ mod tests {
         assert_eq!(h.to_client().len(), 3);
         h.from_agent(json!({"jsonrpc":"2.0","id":77,"result":{}}));
         assert_eq!(h.to_client().len(), 1);
+    }
+
+    /// Holds the agent's answers until the client sends `release`.
+    #[derive(Default)]
+    struct Holder(Vec<Frame>);
+    impl Layer for Holder {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if f.is_notification("release") {
+                return self.0.drain(..).for_each(|a| cx.to_client(a));
+            }
+            cx.to_agent(f)
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            match f.kind() {
+                Kind::Response { .. } => self.0.push(f),
+                _ => cx.to_client(f),
+            }
+        }
+    }
+
+    /// Answers `early` requests itself at once and still sends them on; says `late` when the agent's answer to
+    /// one comes (it never does: that answer is a second one), and passes that answer on too.
+    struct Early;
+    impl Layer for Early {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let early = f.id().filter(|_| f.is_request("early")).cloned();
+            cx.to_agent(f);
+            if let Some(id) = early {
+                cx.to_client(crate::frame::result_response(&id, json!("early")));
+            }
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            if matches!(f.kind(), Kind::Response { .. }) && cx.answer_to(&f).is_none() {
+                cx.to_client(crate::frame::notification("late", json!({})));
+            }
+            cx.to_client(f)
+        }
+    }
+
+    #[test]
+    fn the_agents_second_answer_never_reaches_the_client() {
+        // Twice in a row: the second is dropped, the request forgotten once the first reached the client.
+        let mut h = Harness::new(vec![Box::new(Pinger)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":"a","method":"m"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":"a","result":1}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"again"}}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":"a","result":1})]);
+        // The second while a layer still holds the first: dropped on arrival, the layers never see it.
+        let mut h = Harness::new(vec![Box::new(Holder::default())]);
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"m"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":"first"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":"second"}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"release"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":2,"result":"first"})]);
+        assert!(h.stack().requests().get(&Id::from_json("2")).is_none());
+        // A layer answered the client itself: the agent's answer after that is a second one, dropped on arrival.
+        let mut h = Harness::new(vec![Box::new(Pinger), Box::new(Early)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"early"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":3,"result":"early"})]);
+        assert_eq!(h.to_agent().len(), 1);
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":"from the agent"}));
+        assert_eq!(h.to_client(), Vec::<Value>::new());
+        // A layer that passes an answer on twice: the client gets it once, the second is dropped at the top.
+        let mut h = Harness::new(vec![Box::new(Doubler)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"m"}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":"once"}));
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":4,"result":"once"})]);
+        // An answer with id null (an agent's parse error) or an id the client never sent answers no request of
+        // the client's: it still goes on.
+        h.from_agent(json!({"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":"never","result":{}}));
+        assert_eq!(h.to_client().len(), 4, "each twice: neither answers a request the client had");
+    }
+
+    /// Passes every frame of the agent's on twice.
+    struct Doubler;
+    impl Layer for Doubler {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            cx.to_client(f.clone());
+            cx.to_client(f)
+        }
+    }
+
+    #[test]
+    fn a_request_with_the_id_of_one_still_open_is_refused_and_goes_no_further() {
+        let mut h = Harness::new(vec![Box::new(Asker), Box::new(Holder::default())]);
+        let prompt = json!({"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}});
+        h.from_client(prompt.clone());
+        assert_eq!(h.to_agent().len(), 1);
+        // Same id, another method, spelled otherwise: refused at once, nothing reaches the agent or a layer.
+        let again = r#"{"jsonrpc":"2.0","id":7.0,"method":"session/set_mode","params":{"sessionId":"s","modeId":"x"}}"#;
+        h.client_frame(Frame::parse(again.as_bytes().to_vec()).unwrap());
+        let out = h.take();
+        assert!(out.to_agent.is_empty());
+        assert_eq!(out.to_client.len(), 1);
+        assert_eq!(
+            out.to_client[0].bytes(),
+            br#"{"jsonrpc":"2.0","id":7.0,"error":{"code":-32600,"message":"invalid request: id in use"}}"#
+        );
+        assert!(
+            h.stack().requests().get(&Id::from_json("7")).is_some_and(|r| r.is("session/prompt")),
+            "still the prompt"
+        );
+        // Answered by the agent but held by a layer: still open for the client, still in use.
+        h.from_agent(json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"end_turn"}}));
+        h.from_client(prompt.clone());
+        assert_eq!(h.to_client()[0]["error"]["code"], -32600);
+        assert!(h.to_agent().is_empty());
+        h.from_client(json!({"jsonrpc":"2.0","method":"release"}));
+        let released = h.to_client();
+        assert_eq!(released[0], json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"end_turn"}}));
+        // Answered to the client: the id is free again.
+        h.from_client(prompt);
+        assert_eq!(h.to_agent().len(), 1);
+        assert!(h.to_client().is_empty());
+        // Notifications and the client's answers carry no id of a request of its: never refused.
+        h.from_client(json!({"jsonrpc":"2.0","id":7,"result":{}}));
+        assert_eq!(h.to_agent().len(), 1);
+    }
+
+    #[test]
+    fn the_sizes_count_open_requests_own_requests_and_wake_ups() {
+        let mut h = Harness::new(vec![Box::new(Pinger), sleeper("low", false)]);
+        let gauge = h.stack().gauge();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"m"}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"ask"}));
+        ask(&mut h, "after", 1, 10);
+        ask(&mut h, "after", 2, 20);
+        let want = Sizes { open_requests: 1, own_requests: 1, timers: 2 };
+        assert_eq!((h.stack().sizes(), *gauge.lock().unwrap()), (want, want));
+        let probe = h.to_agent().into_iter().find(|f| f["method"] == "probe").unwrap();
+        h.from_agent(json!({"jsonrpc":"2.0","id":probe["id"],"result":{}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        h.advance(Duration::from_millis(20));
+        let none = Sizes { open_requests: 0, own_requests: 0, timers: 0 };
+        assert_eq!((h.stack().sizes(), *gauge.lock().unwrap()), (none, none));
+    }
+
+    #[test]
+    fn a_request_with_the_id_of_one_of_the_shims_own_is_refused() {
+        let mut h = Harness::new(vec![Box::new(Pinger)]);
+        h.from_client(json!({"jsonrpc":"2.0","method":"ask"}));
+        let probe = h.to_agent().pop().unwrap();
+        h.from_client(json!({"jsonrpc":"2.0","id":probe["id"],"method":"m"}));
+        assert!(h.to_agent().is_empty());
+        assert_eq!(h.to_client()[0]["error"]["code"], -32600);
+        // The agent's answer to the probe is still the layer's.
+        h.from_agent(json!({"jsonrpc":"2.0","id":probe["id"],"result":{}}));
+        assert_eq!(h.to_client()[0]["method"], "answered");
     }
 }

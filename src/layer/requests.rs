@@ -86,8 +86,7 @@ pub struct Requests {
 }
 
 impl Requests {
-    /// A client request entered the stack. A second request with the id of an open one replaces it (the
-    /// client broke JSON-RPC's rule; the answer that comes is the newer one's).
+    /// A client request entered the stack (the stack refuses one with the id of a request still open).
     pub(super) fn opened(&mut self, frame: &Frame, at: Instant, wall: SystemTime) {
         let Kind::Request { id, method } = frame.kind() else { return };
         self.done.retain(|d| d != id);
@@ -138,6 +137,15 @@ impl Requests {
     /// no request with that id since: an answer to it now is a second one.
     pub fn was_answered(&self, id: &Id) -> bool {
         !self.open.contains_key(id) && self.done.contains(id)
+    }
+
+    /// How many requests are open (not yet answered to the client).
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
     }
 
     pub fn get(&self, id: &Id) -> Option<&Request> {

@@ -56,6 +56,8 @@ pub trait AnyTimers: Send {
     /// The key of the earliest wake-up asked for at or before `asked_before`, if it is due at `now` (None: due
     /// whatever its deadline).
     fn first_due(&self, now: Option<Instant>, asked_before: u64) -> Option<(Instant, u64)>;
+    /// How many wake-ups are pending.
+    fn len(&self) -> usize;
     fn as_any(&mut self) -> &mut dyn Any;
 }
 
@@ -67,6 +69,10 @@ impl<T: Timer> AnyTimers for Timers<T> {
     fn first_due(&self, now: Option<Instant>, asked_before: u64) -> Option<(Instant, u64)> {
         let (&key, _) = self.queue.iter().find(|((_, asked), _)| *asked <= asked_before)?;
         now.is_none_or(|now| key.0 <= now).then_some(key)
+    }
+
+    fn len(&self) -> usize {
+        self.queue.len()
     }
 
     fn as_any(&mut self) -> &mut dyn Any {

@@ -244,15 +244,15 @@ impl Stack {
     /// After each input: without [`Stack::keep_work`], runs the jobs asked for, each result one more input
     /// (and the jobs those ask for, in turn).
     pub(super) fn settle(&mut self, exits: &mut super::Exits) {
-        if self.keep_work {
-            return;
+        if !self.keep_work {
+            let mut queue: VecDeque<Job> = std::mem::take(&mut self.jobs).into();
+            while let Some(job) = queue.pop_front() {
+                let Done { layer, deliver } = job.run();
+                self.call(layer, exits, |l, cx| deliver(l, cx));
+                queue.extend(self.jobs.drain(..));
+            }
         }
-        let mut queue: VecDeque<Job> = std::mem::take(&mut self.jobs).into();
-        while let Some(job) = queue.pop_front() {
-            let Done { layer, deliver } = job.run();
-            self.call(layer, exits, |l, cx| deliver(l, cx));
-            queue.extend(self.jobs.drain(..));
-        }
+        self.publish_sizes();
     }
 }
 

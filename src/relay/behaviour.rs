@@ -20,7 +20,7 @@ fn shim(agent: &str) -> Pair {
 }
 
 /// [`shim`] with `--max-frame-bytes` and an agent of the test's.
-fn shim_with(agent: &str, max_line: usize, test_agent: TestAgent) -> Pair {
+fn shim_with(agent: &str, max_line: usize, test_agent: impl super::testing::Agent) -> Pair {
     let command = AgentCommand { program: "test-agent".into(), args: Vec::new() };
     let adapter = crate::adapters::by_agent(agent).expect("an adapter");
     let (stack, events) = adapter.stack(&command, None);
@@ -536,6 +536,52 @@ async fn opencode_and_kimi_keep_their_own_agent_info() {
     }
 }
 
+/// A CLI that answers each request twice (initialize, `session/new` with `dup-1`, a prompt with `end_turn`); with
+/// `prompts: false` it never answers a prompt.
+fn answering_twice(prompts: bool) -> impl FnMut(&str) -> Vec<String> + Send + 'static {
+    move |line: &str| {
+        let v = json(line);
+        let (Some(id), Some(method)) = (v.get("id"), v.get("method").and_then(Value::as_str)) else {
+            return Vec::new();
+        };
+        let result = match method {
+            "initialize" => json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
+            "session/new" => json!({"sessionId": "dup-1"}),
+            "session/prompt" if !prompts => return Vec::new(),
+            "session/prompt" => json!({"stopReason": "end_turn"}),
+            _ => json!({}),
+        };
+        let answer = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        vec![answer.clone(), answer]
+    }
+}
+
+/// The answers among `got`, by id.
+fn answers(got: &[Value]) -> Vec<Value> {
+    got.iter().filter(|v| v.get("method").is_none()).map(|v| v["id"].clone()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clis_second_answer_never_reaches_the_client_on_any_stack() {
+    for agent in BINARIES {
+        let mut s = shim_with(agent, crate::lines::DEFAULT_MAX_LINE, answering_twice(true));
+        s.send_json(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}));
+        s.send_json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}),
+        );
+        assert_eq!(answers(&s.drive().await.client_json()), [json!(0), json!(1)], "coda-{agent}");
+        s.send_json(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt_params("dup-1", "hi")}),
+        );
+        s.send_json(&json!({"jsonrpc": "2.0", "id": "m", "method": "session/set_mode",
+            "params": {"sessionId": "dup-1", "modeId": "x"}}));
+        assert_eq!(answers(&s.drive().await.client_json()), [json!(2), json!("m")], "coda-{agent}: one answer each");
+        let warned = |l: &String| l.contains("twice; dropped") || l.contains("answered already; dropped");
+        assert!(s.logs().iter().any(warned), "coda-{agent}: warned");
+        assert_eq!(s.close().await, 0, "coda-{agent}");
+    }
+}
+
 /// A layer of the test's own that makes a `_coda/wait` without its `waitId` when the client says `_test/go`.
 struct BrokenWait;
 
@@ -550,6 +596,31 @@ impl crate::layer::Layer for BrokenWait {
         } else {
             cx.to_agent(f);
         }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_reusing_the_id_of_an_open_one_is_refused_on_any_stack() {
+    for agent in BINARIES {
+        let mut s = shim_with(agent, crate::lines::DEFAULT_MAX_LINE, answering_twice(false));
+        s.request(0, "initialize", json!({"protocolVersion": 1})).await;
+        s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []})).await;
+        s.send_json(
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt_params("dup-1", "hi")}),
+        );
+        s.drive().await;
+        // The prompt is open (the CLI never answers it): the same id again is refused, and the CLI never has it.
+        let (answer, _, to_agent) = {
+            s.send_json(&json!({"jsonrpc": "2.0", "id": 2, "method": "session/set_mode",
+                "params": {"sessionId": "dup-1", "modeId": "x"}}));
+            s.answer_to(&json!(2)).await
+        };
+        assert_eq!(answer["error"], json!({"code": -32600, "message": "invalid request: id in use"}), "coda-{agent}");
+        assert!(to_agent.iter().all(|l| !l.contains("session/set_mode")), "coda-{agent}: {to_agent:?}");
+        // Stop ends the prompt; the id is free again.
+        s.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "dup-1"}}));
+        s.drive().await;
+        assert_eq!(s.close().await, 0, "coda-{agent}");
     }
 }
 
@@ -573,4 +644,33 @@ async fn a_peers_frame_that_breaks_the_schema_is_passed_on_and_kept_as_a_fact() 
         s.schema_findings().iter().map(|f| (f.whose.as_str(), f.dir.as_str(), f.at.as_str())).collect();
     assert_eq!(found, [("agent", "agent->shim", "/result/stopReason")], "{:?}", s.schema_findings());
     assert_eq!(s.close().await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stack_set_up_in_a_given_environment_reads_it_not_the_process() {
+    // coda-kimi's data root and took log come from the environment handed in: it watches the session's folder
+    // there (the took log's `watch` record names it).
+    let dir = tempfile::tempdir().expect("dir");
+    let session = dir.path().join("home/sessions/wd_w/sess-1");
+    std::fs::create_dir_all(session.join("agents/main")).expect("folders");
+    std::fs::write(session.join("agents/main/wire.jsonl"), "{\"type\":\"metadata\",\"protocol_version\":\"1.5\"}\n")
+        .expect("wire");
+    let (home, took) = (dir.path().join("home"), dir.path().join("took.jsonl"));
+    let env = |name: &str| match name {
+        "KIMI_CODE_HOME" => Some(home.clone().into_os_string()),
+        "CODA_KIMI_TOOK" => Some(took.clone().into_os_string()),
+        _ => None,
+    };
+    let command = AgentCommand { program: "test-agent".into(), args: Vec::new() };
+    let adapter = crate::adapters::by_agent("kimi").expect("an adapter");
+    let (stack, events) = adapter.stack_in(&command, None, &crate::cli::adapter::Given { env: &env, parts: &[] });
+    let mut s = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, TestAgent::default());
+    assert_eq!(new_session(&mut s, 1).await, "sess-1");
+    assert_eq!(s.close().await, 0);
+    let log = std::fs::read_to_string(&took).expect("the took log");
+    let watched = std::fs::canonicalize(&session).expect("canonical");
+    assert!(
+        log.contains(&format!("{{\"watch\":\"{}\"", session.display())) || log.contains(&watched.display().to_string()),
+        "{log}"
+    );
 }

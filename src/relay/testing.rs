@@ -301,6 +301,14 @@ impl Pair {
         self.taken()
     }
 
+    /// [`Pair::drive_for`], with a frame of the shim's that breaks ACP's schema or Coda's shapes as an error (what
+    /// it broke) rather than a panic: for a test that reports it (the simulator).
+    pub async fn try_drive_for(&mut self, d: Duration) -> Result<Driven, String> {
+        tokio::time::sleep(d).await;
+        self.schema_breaks()?;
+        Ok(Driven { to_client: self.client.take(), to_agent: self.agent.take() })
+    }
+
     /// Sends a request and drives the session; returns the answer to `id` and the client's frames before it.
     /// Panics if no answer came.
     pub async fn request(&mut self, id: i64, method: &str, params: Value) -> (Value, Vec<Value>) {

@@ -258,3 +258,25 @@ async fn what_the_cli_writes_after_an_answer_waiting_for_its_record_reaches_coda
     })
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_reusing_the_id_of_an_answered_prompt_gets_the_clis_answer_whatever_its_method() {
+    // JSON-RPC lets a client reuse the id of an answered request. The machine remembers answered prompts to drop
+    // a CLI's second answer; a new request under that id, of any method, is a new one.
+    every(&FAILING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        let prompt = shim.prompt("hello");
+        assert!(answer(&shim.drive().await, prompt).is_some(), "{agent}: the prompt is answered");
+        let again = json!({"jsonrpc": "2.0", "id": prompt, "method": "session/set_mode",
+            "params": {"sessionId": shim.session, "modeId": "read-only"}});
+        shim.pair.send_json(&again);
+        let got = shim.drive().await;
+        assert_eq!(
+            answers(&got, prompt),
+            1,
+            "{agent}: the request under the reused id is answered: {:?}",
+            got.to_client
+        );
+    })
+    .await;
+}

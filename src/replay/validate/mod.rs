@@ -174,6 +174,12 @@ impl Checker {
             let message = format!("a request with id {id} while one with that id is still open");
             out.push(finding(rec, whose, method.clone(), rules::DUPLICATE_ID, "/id".into(), message));
         }
+        if answering.is_some_and(|a| matches!(a, Answering::Method(_))) {
+            // An answer carries the id of the request it answers (JSON-RPC): a break there is the asker's.
+            for f in out.iter_mut().filter(|f| f.at == "/id") {
+                f.inherited = true;
+            }
+        }
         if incoming {
             if !out.is_empty() {
                 self.origins.insert(i, out.iter().map(|f| (f.at.clone(), f.rule.clone())).collect());
@@ -188,7 +194,7 @@ impl Checker {
                 {
                     let origin = self.origins.remove(inp).unwrap_or_default();
                     for finding in &mut out {
-                        finding.inherited = origin.iter().any(|(at, rule)| *at == finding.at && *rule == finding.rule);
+                        finding.inherited |= origin.iter().any(|(at, rule)| *at == finding.at && *rule == finding.rule);
                     }
                 }
             }

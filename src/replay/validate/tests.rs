@@ -61,6 +61,27 @@ fn only_what_the_shim_broke_itself_is_the_shims() {
 }
 
 #[test]
+fn an_answer_the_shim_made_carries_the_askers_id_and_its_break() {
+    // A client's request with a fractional id (ACP allows none); the agent is gone and the shim answers it with
+    // that id, as JSON-RPC requires: the break is the client's. An answer to nothing with such an id is the shim's.
+    let ask = r#"{"jsonrpc":"2.0","id":1.5,"method":"session/set_mode","params":{"sessionId":"s","modeId":"x"}}"#;
+    let gone = r#"{"jsonrpc":"2.0","id":1.5,"error":{"code":-32603,"message":"agent process exited"}}"#;
+    let stray = r#"{"jsonrpc":"2.0","id":2.5,"error":{"code":-32603,"message":"agent process exited"}}"#;
+    let r =
+        report(&[rec("client->shim", false, ask), rec("shim->client", true, gone), rec("shim->client", true, stray)]);
+    let found: Vec<(usize, &str, bool, &str)> =
+        r.findings.iter().map(|f| (f.line, f.whose.as_str(), f.inherited, f.at.as_str())).collect();
+    let expected = [
+        (1, "client", false, "/id"),
+        (2, "shim", true, "/id"),
+        // The stray answer: its id breaks the schema, and it answers nothing.
+        (3, "shim", false, "/id"),
+        (3, "shim", false, "/id"),
+    ];
+    assert_eq!(found, expected, "{}", r.text(false));
+}
+
+#[test]
 fn a_hostile_trace_is_read_to_its_end_and_every_bad_frame_named() {
     let deep = format!("{}1{}", "[".repeat(2000), "]".repeat(2000));
     let mut trace = Vec::new();

@@ -33,6 +33,8 @@ pub struct Open {
     /// A prompt's or steering message's marker.
     pub marker: Option<u32>,
     pub at: u64,
+    /// It reused the id of a request still open (a hostile client's): the shim refuses it at once.
+    pub duplicate: bool,
 }
 
 #[derive(Default)]
@@ -54,9 +56,6 @@ pub struct Coda {
     pub children: Vec<String>,
     /// The client closed its output.
     pub closed: bool,
-    /// Coda reused the id of a request still open (a hostile client): which answer is whose is unknown, so
-    /// the end-of-run checks that follow requests through the shim are off.
-    pub reused_open_id: bool,
 }
 
 /// What a step sends: its lines, and what the CLI is to do for it.
@@ -92,7 +91,9 @@ impl Coda {
     }
 
     fn track(&mut self, id: &Value, method: &str, session: Option<String>, marker: Option<u32>, now: u64) {
-        let open = Open { id: id.to_string(), method: method.into(), session, marker, at: now };
+        let id = id.to_string();
+        let duplicate = self.open.iter().any(|o| o.id == id);
+        let open = Open { id, method: method.into(), session, marker, at: now, duplicate };
         self.open.push(open);
     }
 
@@ -193,7 +194,7 @@ impl Coda {
                 self.closed = true;
                 Some(nothing(None))
             }
-            Step::OwnTurn { .. } | Step::Die => None,
+            Step::OwnTurn { .. } | Step::Die | Step::Restart => None,
         }
     }
 
@@ -233,7 +234,6 @@ impl Coda {
             }
             HostileFrame::ReusedId => {
                 let open = self.open.first().and_then(|o| serde_json::from_str(&o.id).ok());
-                self.reused_open_id |= open.is_some();
                 let id: Value = open.unwrap_or(json!(1));
                 self.track(&id, "session/set_mode", Some(latest.clone()), None, now);
                 raw(request(&id, "session/set_mode", json!({"sessionId": latest, "modeId": "read-only"})))
@@ -251,6 +251,15 @@ impl Coda {
             HostileFrame::UnknownSession => self.prompt("ses-nobody".into(), 2, now),
             HostileFrame::SecondPrompt => self.prompt(latest, 1, now),
         }
+    }
+
+    /// The process ended: its requests were answered by the exit, its permission requests and activities end
+    /// with it (rule 6); the sessions stay Coda's.
+    pub fn restart(&mut self) {
+        self.open.clear();
+        self.permissions.clear();
+        self.stoppable.clear();
+        self.closed = false;
     }
 
     /// The answers Coda gives the permission requests still waiting when it stops acting (the cards' Stop).

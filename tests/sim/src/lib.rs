@@ -147,5 +147,9 @@ pub fn print_run(agent: &str, plan: &[Timed]) {
     for l in &report.transcript {
         println!("{l:.300}");
     }
+    println!("== the relay's log");
+    for l in &report.logs {
+        println!("{l:.300}");
+    }
     println!("== {:?}", report.violation);
 }

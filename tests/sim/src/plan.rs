@@ -43,23 +43,27 @@ pub enum Step {
     OwnTurn { session: u8, chunks: u8 },
     /// The CLI dies: its output ends.
     Die,
+    /// Coda ends the process (closes its stdin), starts the binary again over the same CLI (its sessions,
+    /// history and subagents kept, as on disk) and loads every session it had (`session/load` in a fresh process).
+    Restart,
 }
 
 /// What the CLI does for a prompt: `chunks` streamed over `ms`, a permission request half way (the rest waits
-/// for its answer), then `end`.
+/// for its answer), work it leaves running in the background (`work`), then `end`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Turn {
     pub chunks: u8,
     pub ms: u32,
     pub permission: bool,
     pub end: End,
+    pub work: Work,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     /// `stopReason: end_turn`.
     EndTurn,
-    /// An upstream failure, as the CLI reports it.
+    /// An upstream failure, as the CLI reports it (its retries first, where it makes them).
     EndError(Failure),
     /// The CLI never answers the prompt.
     EndNever,
@@ -67,14 +71,73 @@ pub enum End {
     EndTwice,
 }
 
-/// An upstream failure. `FailQuota` and `FailService` are explicit signals where the CLI gives one in ACP;
-/// `FailGeneric` and `FailSandbox` (a local error Codex files under the same category as upstream outages) are not.
+/// An upstream failure, each as the CLIs' recordings (`fixtures/<agent>/upstream-failures`) show it: what the
+/// upstream said, and how long the CLI goes on retrying it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
+    /// A failure with no upstream reason (`Internal error`, something broke).
     FailGeneric,
+    /// 429 `insufficient_quota`: the quota is used up (an explicit reason).
     FailQuota,
+    /// The same with a `Retry-After` of two hours: a CLI that honours it waits silently.
+    FailQuotaWait,
+    /// 429 `rate_limit_exceeded`.
+    FailRate,
+    /// The same with a `Retry-After` of 90 s.
+    FailRateWait,
+    /// 500 Internal Server Error.
+    FailServer,
+    /// 502 Bad Gateway (a page, no error object).
+    FailGateway,
+    /// 503 `server_is_overloaded`.
     FailService,
+    /// 529 `overloaded_error`.
+    FailOverloaded,
+    /// The connection closed before the answer was complete.
+    FailReset,
+    /// 401: a login problem.
+    FailAuth,
+    /// Codex's sandbox refused a command (codex-acp files it under `service` with upstream outages).
     FailSandbox,
+}
+
+impl Failure {
+    /// The failure kinds Coda may be told for it (section 执行失败: only from an explicit upstream reason; a
+    /// temporary failure of the server may or may not be reported as one, a quota only as `quota_exhausted`,
+    /// a login problem, a local error or no reason never).
+    pub fn kinds(self) -> &'static [&'static str] {
+        use Failure::*;
+        match self {
+            FailQuota | FailQuotaWait => &["quota_exhausted"],
+            FailRate | FailRateWait | FailServer | FailGateway | FailService | FailOverloaded | FailReset => {
+                &["service_unavailable"]
+            }
+            FailGeneric | FailAuth | FailSandbox => &[],
+        }
+    }
+}
+
+/// Work a turn leaves running in the background: a command or a subagent, ending `ms` after the turn started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work {
+    NoWork,
+    /// A background command (Codex's AIR async task, Grok's `_x.ai/task_backgrounded`).
+    Task(u32, WorkEnd),
+    /// A subagent (Codex's AIR subagent, Grok's background `spawn_subagent`); `again`: the session's first
+    /// subagent continued (Codex's `X:generation:N`, Grok's `resume_from`) when it has one that ended.
+    Subagent {
+        ms: u32,
+        end: WorkEnd,
+        again: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkEnd {
+    WorkDone,
+    WorkFailed,
+    /// Runs until it is stopped or the process ends.
+    WorkNever,
 }
 
 /// How the CLI answers the steering message the shim hands it (Codex's `_session/steering`, Grok's
@@ -130,6 +193,8 @@ pub mod dsl {
     pub use super::HostileFrame::*;
     pub use super::SteerAnswer::*;
     pub use super::Step::*;
+    pub use super::Work::*;
+    pub use super::WorkEnd::*;
     pub use super::{Timed, Turn};
 }
 
@@ -143,21 +208,62 @@ fn gap(r: &mut Rng) -> u32 {
     }
 }
 
+/// The upstream failures each CLI's model plays. OpenCode reports its retries only on its server's event stream,
+/// which is not modelled (docs/simulation.md): for it a failure the CLI waits on for long is left out. A sandbox
+/// error is Codex's.
+fn failure(r: &mut Rng, agent: &str) -> Failure {
+    use Failure::*;
+    let all = [
+        FailGeneric,
+        FailQuota,
+        FailQuotaWait,
+        FailRate,
+        FailRateWait,
+        FailServer,
+        FailGateway,
+        FailService,
+        FailOverloaded,
+        FailReset,
+        FailAuth,
+        FailSandbox,
+    ];
+    loop {
+        let f = all[r.below(all.len() as u32) as usize];
+        let ok = match f {
+            FailSandbox => agent == "codex",
+            FailQuotaWait | FailRateWait => agent != "opencode",
+            _ => true,
+        };
+        if ok {
+            return f;
+        }
+    }
+}
+
+/// Background work of a turn: commands and subagents where the model reports them (Codex and Grok over ACP,
+/// Kimi's commands in its session files; Kimi's subagents and OpenCode's are not modelled).
+fn work(r: &mut Rng, agent: &str) -> Work {
+    if !matches!(agent, "codex" | "grok" | "kimi") || !r.chance(25) {
+        return Work::NoWork;
+    }
+    let ms = if r.chance(20) { r.range(60_000, 900_000) } else { r.range(100, 30_000) };
+    let end = match r.below(10) {
+        0..7 => WorkEnd::WorkDone,
+        7..9 => WorkEnd::WorkFailed,
+        _ => WorkEnd::WorkNever,
+    };
+    if agent == "kimi" || r.chance(50) { Work::Task(ms, end) } else { Work::Subagent { ms, end, again: r.chance(50) } }
+}
+
 fn turn(r: &mut Rng, agent: &str) -> Turn {
     let end = match r.below(100) {
         0..72 => End::EndTurn,
-        72..86 => End::EndError(match r.below(4) {
-            0 => Failure::FailGeneric,
-            1 => Failure::FailQuota,
-            2 => Failure::FailService,
-            _ if agent == "codex" => Failure::FailSandbox,
-            _ => Failure::FailGeneric,
-        }),
+        72..86 => End::EndError(failure(r, agent)),
         86..94 => End::EndNever,
         _ => End::EndTwice,
     };
     let ms = if r.chance(10) { r.range(30_000, 900_000) } else { r.range(0, 20_000) };
-    Turn { chunks: r.below(6) as u8, ms, permission: r.chance(20), end }
+    Turn { chunks: r.below(6) as u8, ms, permission: r.chance(20), end, work: work(r, agent) }
 }
 
 fn compact_outcome(r: &mut Rng) -> CompactOutcome {
@@ -211,7 +317,8 @@ pub fn generate(agent: &str, seed: u64) -> Vec<Timed> {
             77..80 => Step::NewSession { instruction: !r.chance(10) },
             80..82 => Step::LoadSession { session },
             82..87 => Step::OwnTurn { session, chunks: r.range(1, 4) as u8 },
-            87..88 => Step::Die,
+            87..88 if r.chance(50) => Step::Die,
+            87..88 => Step::Restart,
             88..89 => Step::CloseStdin,
             89..90 => Step::Initialize { waits: !r.chance(10) },
             // A quiet stretch: only time passes.

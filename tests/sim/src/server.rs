@@ -2,7 +2,7 @@
 //! answered from the CLI model: `GET /session/status`, `POST /session/{id}/summarize` (compaction), `POST
 //! /session/{id}/message` and `DELETE …/message/{m}` (steering), `POST /permission/{id}/reply`. The event stream
 //! (`GET /global/event`) is held open and says nothing: the shim's reader thread would hand events in at a real
-//! time, not a virtual one, so a run would not be a function of its seed (docs/simulation.md, "Left out").
+//! time, not a virtual one, so a run would not be a function of its seed (docs/simulation.md, "The CLI models").
 //!
 //! The layers run these calls as jobs, which a [`coda_shim::relay::testing::Pair`] runs on the relay's own thread:
 //! the relay waits for each answer, so it comes at one virtual instant, and a run stays deterministic.
@@ -29,7 +29,7 @@ pub type Log = Arc<Mutex<Vec<String>>>;
 
 impl Server {
     pub fn start(model: Arc<Mutex<Model>>, log: Log) -> std::io::Result<Server> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = listen()?;
         let port = listener.local_addr()?.port();
         let stop = Arc::new(AtomicBool::new(false));
         let streams: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
@@ -51,6 +51,26 @@ impl Server {
         })?;
         Ok(Server { port, stop, streams, accept: Some(accept) })
     }
+}
+
+/// The first port a server tries, and how many above it: below Linux's ephemeral range (32768 up), so that the
+/// connections of earlier runs waiting out their TIME_WAIT (a few per run, a minute each) never take the ports a
+/// new server binds; a long soak would otherwise run out of them.
+const PORTS_FROM: u16 = 20000;
+const PORTS: u16 = 12000;
+
+/// The next port to try, shared by the runs of the process.
+static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+/// A listener on 127.0.0.1: the next free port of [`PORTS_FROM`]'s window, else one the system picks.
+fn listen() -> std::io::Result<TcpListener> {
+    for _ in 0..PORTS {
+        let port = PORTS_FROM + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % PORTS;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(listener);
+        }
+    }
+    TcpListener::bind("127.0.0.1:0")
 }
 
 impl Drop for Server {

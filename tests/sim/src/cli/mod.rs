@@ -1,22 +1,26 @@
 //! The model of a CLI: what it answers to each frame the shim hands it, and when (virtual ms), from the scripts
-//! the plan's Coda steps carry; its own turns and its death. It keeps what happened at the CLI ([`Truth`]) for the
-//! checks, which cannot see inside the shim.
+//! the plan's Coda steps carry; its own turns, background work, restarts and death. It keeps what happened at
+//! the CLI ([`Truth`]) for the checks, which cannot see inside the shim.
 //!
-//! Each model is built from its CLI's recordings (`fixtures/<agent>/`, shapes in `shapes.rs`) and reference
-//! notes: a turn streams chunks (each text carries a marker `«n»`, so the checks can follow it to Coda), may ask
-//! for permission and wait for the answer, and ends as its script says (answer, failure, never, twice); `session/
-//! cancel` ends the running turn `cancelled`; compaction is Codex's and Kimi's `/compact` prompt (Kimi's runs in
-//! the background after answering), Grok's `_x.ai/compact_conversation`, OpenCode's `POST /session/{id}/summarize`
-//! (`server.rs`); steering is Codex's `_session/steering`, Grok's `_x.ai/interject`, OpenCode's `POST
-//! /session/{id}/message`.
+//! Each model is built from its CLI's recordings (`fixtures/<agent>/`, shapes in `shapes.rs`, background work in
+//! `work.rs`) and reference notes: a turn streams chunks (each text carries a marker `«n»`, so the checks can
+//! follow it to Coda), may ask for permission and wait for the answer, may leave a background command or a
+//! subagent running, and ends as its script says (answer, failure after the CLI's own retries, never, twice);
+//! `session/cancel` ends the running turn `cancelled`; compaction is Codex's and Kimi's `/compact` prompt (Kimi's
+//! runs in the background after answering), Grok's `_x.ai/compact_conversation`, OpenCode's `POST
+//! /session/{id}/summarize` (`server.rs`); steering is Codex's `_session/steering`, Grok's `_x.ai/interject`,
+//! OpenCode's `POST /session/{id}/message`. What the CLI keeps on disk (its sessions, their subagents) outlives
+//! its process ([`Model::restart`]).
 
+mod kimi;
 pub mod shapes;
+mod work;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use serde_json::{Value, json};
 
-use crate::plan::{CompactOutcome, End, Failure, SteerAnswer, Turn};
+use crate::plan::{CompactOutcome, End, Failure, SteerAnswer, Turn, Work};
 pub use shapes::Flavor;
 use shapes::{error, notification, result, update};
 
@@ -27,16 +31,42 @@ pub struct Truth {
     pub prompts: HashMap<u32, u64>,
     /// Requests that reached the CLI (id as JSON text), with their method.
     pub requests: HashMap<String, String>,
+    /// Requests of this process the CLI has not answered (id as JSON text), with their method.
+    pub owed: HashMap<String, String>,
     /// Ids of requests the CLI answered.
     pub answered: Vec<String>,
-    /// Chunks the CLI wrote, in order: (marker, session, whether Coda must get it).
-    pub chunks: Vec<(u64, String, bool)>,
+    /// Chunks the CLI wrote, in order: (marker, session as Coda knows it, whether Coda must get it, process, time).
+    pub chunks: Vec<(u64, String, bool, u32, u64)>,
     /// The failure each of Coda's prompts (by id) ended with.
     pub failures: HashMap<String, Failure>,
     /// Broken rules the CLI saw: (rule, detail).
     pub broken: Vec<(&'static str, String)>,
     /// Answers to the CLI's permission requests (by id), counted.
     pub permission_answers: HashMap<String, u32>,
+    /// Sessions the CLI runs for subagents (every id it gives them).
+    pub children: HashSet<String>,
+    /// Background work (a command, a subagent's run), by the id its `_coda/wait` carries.
+    pub work: BTreeMap<String, WorkTruth>,
+    /// Coda's prompts (by id) the CLI goes on retrying for over a minute, with the time its first retry showed.
+    pub retrying: HashMap<String, u64>,
+    /// The longest wait before a retry the CLI scheduled (and said so) for a prompt, by id: what a `retryAfterMs`
+    /// may name (执行失败: the wait the upstream asked for or the agent really scheduled).
+    pub scheduled_waits: HashMap<String, u64>,
+}
+
+/// A piece of background work at the CLI.
+#[derive(Debug, Clone)]
+pub struct WorkTruth {
+    /// The session Coda files it under.
+    pub session: String,
+    /// How it ended, in Coda's words (`done`, `failed`, `cancelled`), or `None` while it runs.
+    pub ended: Option<&'static str>,
+    /// The process it ran in (a restart ends what was running).
+    pub process: u32,
+    /// How it ends once the CLI's turn on its result ends (Grok's wake turn).
+    pub will_end: Option<&'static str>,
+    /// When the CLI announced it (ms).
+    pub started: u64,
 }
 
 /// A turn the CLI runs in a session.
@@ -45,10 +75,18 @@ struct Run {
     id: Option<Value>,
     no: u64,
     kind: Kind,
-    /// The rest of a Coda turn that waits for a permission answer: (permission id, chunks, ms, end).
-    waiting: Option<(String, u8, u32, End)>,
+    /// The rest of a Coda turn that waits for a permission answer: (permission id, chunks, ms, end, work).
+    waiting: Option<(String, u8, u32, End, Work)>,
     /// A hung turn: it ignores Stop too.
     never: bool,
+    /// Codex: the answer, held until the turn's subagents end; the turn itself is over (Stop does nothing).
+    held: Option<Vec<String>>,
+    /// Codex: this turn's subagents still running.
+    children: Vec<String>,
+    /// The turn retries its upstream failure: Stop ends it `cancelled`.
+    retrying: bool,
+    /// Grok's turn on the result of this work (by its wait id): the work is over for Coda when it ends.
+    wake: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,12 +105,52 @@ enum Effect {
     TurnEnded(String, u64),
     /// Kimi's background compaction of the session ended.
     CompactEnded(String),
+    /// A background command or a subagent's run ended (by its wait id).
+    WorkEnded(String),
+    /// Codex gives up waiting for the subagents of turn `no` of the session (ten minutes).
+    ChildrenTimeout(String, u64),
+    /// Codex: the content of turn `no` of the session is over; its answers go out now, or once the turn's
+    /// subagents end (codex-acp holds the answer for them).
+    ContentEnded(String, u64, Vec<String>),
+    /// Grok's turn on the result of a work item (its wait id) completed: the item is over for Coda.
+    WakeDone(String),
+    /// The first retry of Coda's prompt (its id) that the CLI goes on retrying past a minute shows now.
+    RetryShown(String),
+    /// The CLI answered the request that opened (or loaded) this session: it may work in it on its own now.
+    SessionReady(String),
 }
 
 struct Out {
     line: String,
+    /// A write of the CLI's session files instead of a line.
+    file: Option<FileOp>,
     turn: Option<(String, u64)>,
     effect: Option<Effect>,
+}
+
+/// A write of one of the CLI's session files (Kimi's wire, a task file).
+#[derive(Debug, Clone)]
+pub struct FileOp {
+    pub path: std::path::PathBuf,
+    pub bytes: Vec<u8>,
+    /// A whole new content (an atomic replace), else an append.
+    pub replace: bool,
+}
+
+/// What the CLI does next: a line on its stdout, or a write of its session files.
+#[derive(Debug)]
+pub enum Output {
+    Line(String),
+    File(FileOp),
+}
+
+/// What a queued turn is.
+#[derive(Debug)]
+enum Queued {
+    /// A prompt (Coda's, or the shim's `/compact`).
+    Prompt(Value, String, Kind),
+    /// Grok's turn of its own on a background result (`task-completed-<id>`).
+    Wake(String),
 }
 
 pub struct Model {
@@ -81,16 +159,32 @@ pub struct Model {
     pub dead: bool,
     /// The time (ms) of the latest input, for what OpenCode's server is asked.
     pub now: u64,
+    /// Processes started so far (1 for the first).
+    pub process: u32,
+    /// Codex: the client declared AIR's `asyncTasks` and `nativeSubagentSessions` (else codex-acp reports its
+    /// background commands and subagents as plain tool calls, which the model leaves out).
+    air: bool,
+    /// Kimi: its data folder (`KIMI_CODE_HOME`), where the model writes its session files.
+    kimi_root: Option<std::path::PathBuf>,
     out: BTreeMap<(u64, u64), Out>,
     seq: u64,
+    /// The CLI's sessions, on disk.
     sessions: Vec<String>,
+    /// Sessions whose `session/new` (or load) this process answered.
+    ready: HashSet<String>,
+    /// Subagent runs, on disk: their history and how each ended.
+    subagents: Vec<work::Sub>,
+    /// Background commands of this process.
+    tasks: HashMap<String, work::Task>,
     running: HashMap<String, Run>,
-    queued: HashMap<String, VecDeque<(Value, String, Kind)>>,
+    queued: HashMap<String, VecDeque<Queued>>,
     compacting: HashMap<String, u64>,
     turns: u64,
     chunk_no: u64,
     chunk_must: HashMap<u64, (String, bool)>,
     permission_no: u64,
+    /// Ids handed out for commands and subagents.
+    ids: u64,
     prompt_scripts: HashMap<u32, Turn>,
     steer_scripts: HashMap<u32, SteerAnswer>,
     compact_scripts: HashMap<String, VecDeque<CompactOutcome>>,
@@ -108,6 +202,9 @@ fn text_of(params: &Value) -> String {
     blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
 }
 
+/// What the CLI does for a prompt no step scripted (a hostile client's).
+const PLAIN_TURN: Turn = Turn { chunks: 1, ms: 50, permission: false, end: End::EndTurn, work: Work::NoWork };
+
 impl Model {
     pub fn new(flavor: Flavor) -> Model {
         Model {
@@ -115,9 +212,15 @@ impl Model {
             truth: Truth::default(),
             dead: false,
             now: 0,
+            process: 1,
+            air: false,
+            kimi_root: None,
             out: BTreeMap::new(),
             seq: 0,
             sessions: Vec::new(),
+            ready: HashSet::new(),
+            subagents: Vec::new(),
+            tasks: HashMap::new(),
             running: HashMap::new(),
             queued: HashMap::new(),
             compacting: HashMap::new(),
@@ -125,10 +228,16 @@ impl Model {
             chunk_no: 0,
             chunk_must: HashMap::new(),
             permission_no: 0,
+            ids: 0,
             prompt_scripts: HashMap::new(),
             steer_scripts: HashMap::new(),
             compact_scripts: HashMap::new(),
         }
+    }
+
+    /// Kimi's data folder: the model writes its session files there.
+    pub fn set_kimi_root(&mut self, root: std::path::PathBuf) {
+        self.kimi_root = Some(root);
     }
 
     pub fn expect_prompt(&mut self, marker: u32, turn: Turn) {
@@ -150,11 +259,23 @@ impl Model {
 
     fn at(&mut self, at: u64, v: Value, turn: Option<(String, u64)>, effect: Option<Effect>) {
         self.seq += 1;
-        self.out.insert((at, self.seq), Out { line: v.to_string(), turn, effect });
+        self.out.insert((at, self.seq), Out { line: v.to_string(), file: None, turn, effect });
     }
 
-    /// The lines due by `now`, in order, with what writing them does.
-    pub fn take_due(&mut self, now: u64) -> Vec<String> {
+    /// A write of a session file at `at`.
+    fn file_at(&mut self, at: u64, op: FileOp, turn: Option<(String, u64)>, effect: Option<Effect>) {
+        self.seq += 1;
+        self.out.insert((at, self.seq), Out { line: String::new(), file: Some(op), turn, effect });
+    }
+
+    /// An effect at `at`, with no line.
+    fn effect_at(&mut self, at: u64, effect: Effect) {
+        self.seq += 1;
+        self.out.insert((at, self.seq), Out { line: String::new(), file: None, turn: None, effect: Some(effect) });
+    }
+
+    /// The lines and file writes due by `now`, in order, with what writing them does.
+    pub fn take_due(&mut self, now: u64) -> Vec<Output> {
         self.now = now;
         let mut lines = Vec::new();
         while let Some(entry) = self.out.first_entry() {
@@ -162,16 +283,20 @@ impl Model {
                 break;
             }
             let out = entry.remove();
+            if let Some(op) = &out.file {
+                self.file_chunks(op, now);
+            }
             if let Ok(v) = serde_json::from_str::<Value>(&out.line) {
                 if v.get("method").is_none()
                     && let Some(id) = v.get("id")
                 {
                     self.truth.answered.push(id.to_string());
+                    self.truth.owed.remove(&id.to_string());
                 }
                 if let Some(n) = v.pointer("/params/update/content/text").and_then(Value::as_str).and_then(chunk_marker)
                     && let Some((session, must)) = self.chunk_must.remove(&n)
                 {
-                    self.truth.chunks.push((n, session, must));
+                    self.truth.chunks.push((n, session, must, self.process, now));
                 }
             }
             match out.effect {
@@ -179,9 +304,27 @@ impl Model {
                 Some(Effect::CompactEnded(session)) => {
                     self.compacting.remove(&session);
                 }
+                Some(Effect::WorkEnded(id)) => self.work_ended(&id, now),
+                Some(Effect::ChildrenTimeout(session, no)) => self.children_timeout(&session, no, now),
+                Some(Effect::ContentEnded(session, no, answers)) => self.content_ended(&session, no, answers, now),
+                Some(Effect::SessionReady(s)) => {
+                    self.ready.insert(s);
+                }
+                Some(Effect::RetryShown(id)) => {
+                    self.truth.retrying.entry(id).or_insert(now);
+                }
+                Some(Effect::WakeDone(id)) => {
+                    if let Some(w) = self.truth.work.get_mut(&id) {
+                        w.ended = w.will_end.take().or(w.ended);
+                    }
+                }
                 None => {}
             }
-            lines.push(out.line);
+            if let Some(op) = out.file {
+                lines.push(Output::File(op));
+            } else if !out.line.is_empty() {
+                lines.push(Output::Line(out.line));
+            }
         }
         lines
     }
@@ -189,9 +332,19 @@ impl Model {
     fn turn_ended(&mut self, session: &str, no: u64, now: u64) {
         if self.running.get(session).is_some_and(|r| r.no == no) {
             self.running.remove(session);
-            if let Some((id, text, kind)) = self.queued.get_mut(session).and_then(VecDeque::pop_front) {
-                self.start(session, Some(id), &text, kind, now);
-            }
+            self.next_queued(session, now);
+        }
+    }
+
+    /// Starts what waits for the session to be free.
+    fn next_queued(&mut self, session: &str, now: u64) {
+        if self.running.contains_key(session) {
+            return;
+        }
+        match self.queued.get_mut(session).and_then(VecDeque::pop_front) {
+            Some(Queued::Prompt(id, text, kind)) => self.start(session, Some(id), &text, kind, now),
+            Some(Queued::Wake(prompt)) => self.own_turn_in(session, 1, now, &prompt),
+            None => {}
         }
     }
 
@@ -199,6 +352,25 @@ impl Model {
     pub fn die(&mut self) {
         self.dead = true;
         self.out.clear();
+    }
+
+    /// The process ended (its output closed, or it died) and a new one starts over the same disk: what ran ends
+    /// with it, the sessions and subagent records stay.
+    pub fn restart(&mut self) {
+        self.dead = false;
+        self.process += 1;
+        self.out.clear();
+        self.running.clear();
+        self.queued.clear();
+        self.compacting.clear();
+        self.tasks.clear();
+        self.ready.clear();
+        self.air = false;
+        self.truth.owed.clear();
+        self.chunk_must.clear();
+        for s in &mut self.subagents {
+            s.running = false;
+        }
     }
 
     /// A line the shim wrote to the CLI, at `now`.
@@ -219,32 +391,39 @@ impl Model {
         let params = v.get("params").cloned().unwrap_or(Value::Null);
         let session = params.get("sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
         if let Some(id) = &id {
-            self.truth.requests.insert(id.to_string(), method.to_owned());
+            let key = id.to_string();
+            if let Some(open) = self.truth.owed.get(&key) {
+                let detail = format!("a {method} {key} reached the CLI while its {open} {key} was unanswered");
+                self.truth.broken.push(("id-in-use", detail));
+            }
+            self.truth.owed.insert(key.clone(), method.to_owned());
+            self.truth.requests.insert(key, method.to_owned());
         }
         let soon = now + 3;
         match (method, id) {
-            ("initialize", Some(id)) => self.at(now + 40, result(&id, self.flavor.init_result()), None, None),
+            ("initialize", Some(id)) => {
+                let air = params.pointer("/clientCapabilities/_meta/jetbrains/air/capabilities");
+                let has = |name: &str| air.and_then(Value::as_array).is_some_and(|a| a.iter().any(|c| c == name));
+                self.air = has("asyncTasks") && has("nativeSubagentSessions");
+                self.at(now + 40, result(&id, self.flavor.init_result()), None, None)
+            }
             ("session/new", Some(id)) => {
+                self.ids += 1;
                 let s = self.flavor.session_id(self.sessions.len() as u32 + 1);
                 self.sessions.push(s.clone());
+                if self.flavor == Flavor::Kimi {
+                    self.kimi_create(&s, now);
+                }
                 for n in self.flavor.before_session(&s) {
                     self.at(soon, n, None, None);
                 }
-                self.at(now + 60, result(&id, self.flavor.session_result(&s, false)), None, None);
+                let ready = Some(Effect::SessionReady(s.clone()));
+                self.at(now + 60, result(&id, self.flavor.session_result(&s, false)), None, ready);
                 for n in self.flavor.after_session(&s) {
                     self.at(now + 61, n, None, None);
                 }
             }
-            ("session/load", Some(id)) => {
-                if !self.sessions.contains(&session) {
-                    self.sessions.push(session.clone());
-                }
-                // History is replayed before the answer (Coda does not take it).
-                let old =
-                    json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "earlier"}});
-                self.at(soon, update(&session, old), None, None);
-                self.at(now + 50, result(&id, self.flavor.session_result(&session, true)), None, None);
-            }
+            ("session/load", Some(id)) => self.load(id, &session, now),
             ("session/prompt", Some(id)) => self.prompt(id, &session, &params, now),
             ("session/cancel", None) => self.cancel(&session, now),
             ("_session/steering", Some(id)) if self.flavor == Flavor::Codex => {
@@ -276,6 +455,18 @@ impl Model {
                     CompactOutcome::CompactNever => {}
                 }
             }
+            ("_session/async_task/stop", Some(id)) if self.flavor == Flavor::Codex => {
+                let task = params.get("asyncTaskId").and_then(Value::as_str).unwrap_or("").to_owned();
+                self.stop_task(&task, id, now)
+            }
+            ("_x.ai/task/kill", Some(id)) if self.flavor == Flavor::Grok => {
+                let task = params.get("taskId").and_then(Value::as_str).unwrap_or("").to_owned();
+                self.stop_task(&task, id, now)
+            }
+            ("_x.ai/subagent/cancel", Some(id)) if self.flavor == Flavor::Grok => {
+                let sub = params.get("subagentId").and_then(Value::as_str).unwrap_or("").to_owned();
+                self.cancel_subagent(&sub, id, now)
+            }
             (m, Some(id)) if m.starts_with("session/set_") => self.at(soon, result(&id, json!({})), None, None),
             (m, Some(id)) => {
                 let e = json!({"code": -32601, "message": format!("Method not found: {m}")});
@@ -283,6 +474,24 @@ impl Model {
             }
             _ => {}
         }
+    }
+
+    /// `session/load`: the history is replayed before the answer (Coda does not take it; Codex replays its
+    /// subagents' runs and how they ended, a run that never ended as `disconnected`).
+    fn load(&mut self, id: Value, session: &str, now: u64) {
+        if !self.sessions.iter().any(|s| s == session) {
+            let e = json!({"code": -32602, "message": format!("Session not found: {session}")});
+            return self.at(now + 2, error(&id, e), None, None);
+        }
+        let old = json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "earlier"}});
+        self.at(now + 3, update(session, old), None, None);
+        if self.flavor == Flavor::Codex {
+            for line in self.replay_subagents(session) {
+                self.at(now + 4, line, None, None);
+            }
+        }
+        let ready = Some(Effect::SessionReady(session.to_owned()));
+        self.at(now + 50, result(&id, self.flavor.session_result(session, true)), None, ready);
     }
 
     fn compact_script(&mut self, session: &str) -> CompactOutcome {
@@ -303,14 +512,28 @@ impl Model {
         if compact && self.flavor == Flavor::Kimi {
             return self.kimi_compact(id, session, now);
         }
+        if self.flavor == Flavor::Kimi && text.starts_with('/') {
+            // Kimi runs a slash command itself, with no turn: a builtin's output, or for a name it does not know
+            // `Unknown ACP command` (reference kimi.md; a skill's would be a turn, which no Coda text names).
+            let name = text[1..].split_whitespace().next().unwrap_or("");
+            let said = format!("Unknown ACP command: /{name}. Use /help to see available commands.");
+            self.at(now + 2, update(session, text_update(&said)), None, None);
+            let r = self.flavor.turn_result(session, 0, "end_turn");
+            return self.at(now + 3, result(&id, r), None, None);
+        }
         if self.flavor == Flavor::Kimi && self.compacting.contains_key(session) {
             // Kimi answers a prompt sent while it compacts at once, empty, and runs it unreported later.
             let r = self.flavor.turn_result(session, 0, "end_turn");
             return self.at(now + 2, result(&id, r), None, None);
         }
         let kind = if compact { Kind::Compact } else { Kind::Coda };
+        if self.flavor == Flavor::Kimi && self.running.contains_key(session) {
+            // Kimi refuses a prompt while a turn runs (reference kimi.md): it queues none.
+            let busy = error(&id, json!({"code": -32600, "message": "turn.agent_busy"}));
+            return self.at(now + 2, busy, None, None);
+        }
         if self.running.contains_key(session) {
-            self.queued.entry(session.to_owned()).or_default().push_back((id, text, kind));
+            self.queued.entry(session.to_owned()).or_default().push_back(Queued::Prompt(id, text, kind));
             return;
         }
         self.start(session, Some(id), &text, kind, now);
@@ -321,22 +544,36 @@ impl Model {
         self.turns += 1;
         let no = self.turns;
         let tag = Some((session.to_owned(), no));
-        for n in self.flavor.turn_start(session, no, text) {
+        for n in self.flavor.turn_start(session, &format!("prompt-{no}"), text) {
             self.at(now + 1, n, tag.clone(), None);
         }
-        self.running
-            .insert(session.to_owned(), Run { id: id.clone(), no, kind: kind.clone(), waiting: None, never: false });
+        if self.flavor == Flavor::Kimi {
+            let prompt = kimi::turn_prompt(no, text, json!({"kind": "user"}));
+            self.wire_at(session, now + 1, vec![prompt], tag.clone());
+        }
+        let run = Run {
+            id: id.clone(),
+            no,
+            kind: kind.clone(),
+            waiting: None,
+            never: false,
+            held: None,
+            children: Vec::new(),
+            retrying: false,
+            wake: None,
+        };
+        self.running.insert(session.to_owned(), run);
         match kind {
             Kind::Coda => {
                 let script = marker_of(text).and_then(|m| self.prompt_scripts.remove(&m));
-                let turn = script.unwrap_or(Turn { chunks: 1, ms: 50, permission: false, end: End::EndTurn });
+                let turn = script.unwrap_or(PLAIN_TURN);
                 if let Some(r) = self.running.get_mut(session) {
                     r.never = turn.end == End::EndNever;
                 }
                 if turn.permission {
                     let before = turn.chunks / 2;
                     let half = turn.ms / 2;
-                    self.content(session, no, now, half, before, true);
+                    self.content(session, session, no, now, half, before, true);
                     self.permission_no += 1;
                     let pid = json!(self.permission_no);
                     let ask = json!({"jsonrpc": "2.0", "id": pid, "method": "session/request_permission", "params": {
@@ -344,12 +581,13 @@ impl Model {
                         "options": [{"optionId": "allow_once", "name": "Allow once", "kind": "allow_once"},
                             {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"}]}});
                     self.at(now + half as u64 + 1, ask, tag, None);
-                    let rest = (pid.to_string(), turn.chunks - before, turn.ms - half, turn.end);
+                    let rest = (pid.to_string(), turn.chunks - before, turn.ms - half, turn.end, turn.work);
                     if let Some(r) = self.running.get_mut(session) {
                         r.waiting = Some(rest);
                     }
                 } else {
-                    let end = self.content(session, no, now, turn.ms, turn.chunks, true);
+                    let end = self.content(session, session, no, now, turn.ms, turn.chunks, true);
+                    self.begin_work(session, no, now, end, &turn.work);
                     self.finish(session, no, id, end, turn.end);
                 }
             }
@@ -374,7 +612,7 @@ impl Model {
                 let Some(id) = id else { return };
                 let status = if ok { "completed" } else { "failed" };
                 self.at(now + ms + 4, progress(status), tag.clone(), None);
-                for n in self.flavor.turn_end(session, no, "end_turn") {
+                for n in self.flavor.turn_end(session, &format!("prompt-{no}"), "end_turn") {
                     self.at(now + ms + 5, n, tag.clone(), None);
                 }
                 let answer = if ok {
@@ -388,15 +626,26 @@ impl Model {
         }
     }
 
-    /// Schedules `chunks` chunks of turn `no` over `ms` from `now`; the time of the last.
-    fn content(&mut self, session: &str, no: u64, now: u64, ms: u32, chunks: u8, must: bool) -> u64 {
+    /// Schedules `chunks` chunks of turn `no` of `session` on the session `on` (a subagent's own) over `ms` from
+    /// `now`; the time of the last.
+    #[allow(clippy::too_many_arguments)]
+    fn content(&mut self, session: &str, on: &str, no: u64, now: u64, ms: u32, chunks: u8, must: bool) -> u64 {
         let tag = Some((session.to_owned(), no));
+        let seen_as = self.seen_as(on);
         for i in 0..chunks as u64 {
             self.chunk_no += 1;
             let n = self.chunk_no;
-            self.chunk_must.insert(n, (session.to_owned(), must));
+            self.chunk_must.insert(n, (seen_as.clone(), must));
             let at = now + 2 + ms as u64 * (i + 1) / (chunks as u64 + 1);
-            self.at(at, self.flavor.chunk(session, no, n), tag.clone(), None);
+            if self.flavor == Flavor::Kimi {
+                // Kimi writes each part to its wire; a turn of its own it reports nowhere else.
+                let text = format!("第 {n} 段 «{n}»\n");
+                self.wire_at(session, at, vec![kimi::content(no, &text)], tag.clone());
+                if self.running.get(session).is_some_and(|r| r.kind == Kind::Own) {
+                    continue;
+                }
+            }
+            self.at(at, self.flavor.chunk(on, no, n), tag.clone(), None);
         }
         now + 2 + ms as u64
     }
@@ -405,37 +654,132 @@ impl Model {
     fn finish(&mut self, session: &str, no: u64, id: Option<Value>, at: u64, end: End) {
         let tag = Some((session.to_owned(), no));
         let Some(id) = id else { return };
-        let reason = "end_turn";
+        let prompt = format!("prompt-{no}");
         if end == End::EndNever {
             return;
         }
-        if let Some(u) = self.flavor.usage(session, 10_331)
-            && self.flavor != Flavor::Kimi
-        {
-            self.at(at, u, tag.clone(), None);
-        }
-        for n in self.flavor.turn_end(session, no, reason) {
-            self.at(at + 1, n, tag.clone(), None);
-        }
-        let answer = match &end {
-            End::EndError(f) => {
-                self.truth.failures.insert(id.to_string(), *f);
-                match self.flavor.failure(*f) {
-                    Ok(r) => result(&id, r),
-                    Err(e) => error(&id, e),
-                }
+        if let End::EndError(f) = end {
+            self.truth.failures.insert(id.to_string(), f);
+            if self.flavor == Flavor::Grok {
+                return self.grok_failure(session, no, &id, at, f);
             }
-            _ => result(&id, self.flavor.turn_result(session, no, reason)),
-        };
-        self.at(at + 2, answer.clone(), tag.clone(), Some(Effect::TurnEnded(session.to_owned(), no)));
-        if end == End::EndTwice {
-            self.at(at + 3, answer, None, None);
+            if self.flavor == Flavor::Kimi {
+                return self.kimi_failure(session, no, &id, at, f);
+            }
         }
+        if self.flavor == Flavor::Kimi {
+            // Kimi writes the turn's end before it answers (the shim holds the answer until it reads it).
+            self.wire_at(session, at, kimi::completed(no, 10_331), tag.clone());
+        }
+        let mut lines: Vec<Value> = Vec::new();
+        if self.flavor != Flavor::Kimi
+            && !matches!(end, End::EndError(_))
+            && let Some(u) = self.flavor.usage(session, 10_331)
+        {
+            lines.push(u);
+        }
+        if self.flavor == Flavor::Codex && matches!(end, End::EndError(_)) {
+            lines.push(shapes::thread_status(session, "systemError"));
+        }
+        lines.extend(self.flavor.turn_end(session, &prompt, "end_turn"));
+        let answer = match &end {
+            End::EndError(f) => match self.flavor.failure(*f) {
+                Ok(r) => result(&id, r),
+                Err(e) => error(&id, e),
+            },
+            _ => result(&id, self.flavor.turn_result(session, no, "end_turn")),
+        };
+        for (i, line) in lines.into_iter().enumerate() {
+            self.at(at + i as u64 / 2, line, tag.clone(), None);
+        }
+        let mut answers = vec![answer.to_string()];
+        if end == End::EndTwice {
+            answers.push(answer.to_string());
+        }
+        let children = self.running.get(session).is_some_and(|r| !r.children.is_empty());
+        if self.flavor == Flavor::Codex && children {
+            // Whether the turn's subagents still run is known once its content is over.
+            self.seq += 1;
+            let effect = Some(Effect::ContentEnded(session.to_owned(), no, answers));
+            self.out.insert((at, self.seq), Out { line: String::new(), file: None, turn: tag, effect });
+            return;
+        }
+        self.answer_lines(session, no, at + 2, answers);
         if self.flavor == Flavor::Kimi
             && let Some(u) = self.flavor.usage(session, 10_331)
         {
             self.at(at + 3, u, None, None);
         }
+    }
+
+    /// Codex: turn `no` of `session` has no more content: its `answers` go out now, or once every subagent of the
+    /// turn ended (ten minutes at most), as codex-acp does.
+    fn content_ended(&mut self, session: &str, no: u64, answers: Vec<String>, now: u64) {
+        let Some(run) = self.running.get_mut(session).filter(|r| r.no == no) else { return };
+        if run.children.is_empty() {
+            return self.answer_lines(session, no, now + 2, answers);
+        }
+        run.held = Some(answers);
+        self.effect_at(now + 600_000, Effect::ChildrenTimeout(session.to_owned(), no));
+    }
+
+    /// Writes a turn's answer (and a second one, for a CLI that answers twice) at `at`; the turn ends with it.
+    fn answer_lines(&mut self, session: &str, no: u64, at: u64, answers: Vec<String>) {
+        let tag = Some((session.to_owned(), no));
+        for (i, a) in answers.into_iter().enumerate() {
+            let v: Value = serde_json::from_str(&a).unwrap_or(Value::Null);
+            let (turn, effect) =
+                if i == 0 { (tag.clone(), Some(Effect::TurnEnded(session.to_owned(), no))) } else { (None, None) };
+            self.at(at + i as u64, v, turn, effect);
+        }
+    }
+
+    /// Grok's failed turn: its retries as `retry_state`, then its answer; one it retries past a minute is the
+    /// shim's to stop.
+    fn grok_failure(&mut self, session: &str, no: u64, id: &Value, at: u64, f: Failure) {
+        let tag = Some((session.to_owned(), no));
+        let prompt = format!("prompt-{no}");
+        let plan = shapes::grok_retries(f);
+        for (i, (delay, retry)) in plan.retries.iter().enumerate() {
+            let n = notification("_x.ai/session_notification", json!({"sessionId": session, "update": retry}));
+            let shown = (i == 0 && plan.answer_after > 60_000).then(|| Effect::RetryShown(id.to_string()));
+            self.at(at + delay, n, tag.clone(), shown);
+        }
+        if let Some(r) = self.running.get_mut(session) {
+            r.retrying = true;
+        }
+        let end = at + plan.answer_after;
+        let mut lines = vec![shapes::grok_turn_completed(session, &prompt, plan.stop_reason)];
+        lines.extend(self.flavor.turn_end(session, &prompt, plan.stop_reason));
+        for line in lines {
+            self.at(end, line, tag.clone(), None);
+        }
+        self.answer_lines(session, no, end + 1, vec![error(id, plan.error).to_string()]);
+    }
+
+    /// Kimi's failed turn: its retries in the wire (none for a failure it does not retry), then `end_turn` over
+    /// ACP with the failure in the wire; one it retries past a minute is the shim's to stop.
+    fn kimi_failure(&mut self, session: &str, no: u64, id: &Value, at: u64, f: Failure) {
+        let tag = Some((session.to_owned(), no));
+        let retries = kimi::retries(no, f);
+        let mut end = at;
+        for (i, (delay, record)) in retries.iter().enumerate() {
+            let wait = record.get("delayMs").and_then(Value::as_u64).unwrap_or(0);
+            let most = self.truth.scheduled_waits.entry(id.to_string()).or_default();
+            *most = (*most).max(wait);
+            self.wire_at(session, at + delay, vec![record.clone()], tag.clone());
+            if i == 0 {
+                self.effect_at(at + delay, Effect::RetryShown(id.to_string()));
+            }
+            end = at + delay + record.get("delayMs").and_then(Value::as_u64).unwrap_or(0) + 60;
+        }
+        if let Some(r) = self.running.get_mut(session) {
+            r.retrying = !retries.is_empty();
+        }
+        // Kimi writes the turn's end before it answers.
+        self.wire_at(session, end + 1, kimi::failed(no, f), tag);
+        let answer = result(id, self.flavor.turn_result(session, no, "end_turn")).to_string();
+        self.answer_lines(session, no, end + 2, vec![answer]);
     }
 
     fn permission_answered(&mut self, id: &str, now: u64) {
@@ -446,9 +790,10 @@ impl Model {
         }
         let waiting = self.running.iter_mut().find(|(_, r)| r.waiting.as_ref().is_some_and(|w| w.0 == id));
         let Some((session, run)) = waiting else { return };
-        let (session, (_, chunks, ms, end)) = (session.clone(), run.waiting.take().expect("found waiting"));
+        let (session, (_, chunks, ms, end, work)) = (session.clone(), run.waiting.take().expect("found waiting"));
         let (no, rid) = (run.no, run.id.clone());
-        let at = self.content(&session, no, now, ms, chunks, true);
+        let at = self.content(&session, &session, no, now, ms, chunks, true);
+        self.begin_work(&session, no, now, at, &work);
         self.finish(&session, no, rid, at, end);
     }
 
@@ -456,19 +801,51 @@ impl Model {
         if self.flavor == Flavor::Kimi && self.compacting.contains_key(session) {
             // Kimi stops its compaction (`full_compaction.cancel`) and says so.
             self.out.retain(|_, o| !matches!(&o.effect, Some(Effect::CompactEnded(s)) if s == session));
+            self.out.retain(|_, o| {
+                !o.file.as_ref().is_some_and(|f| String::from_utf8_lossy(&f.bytes).contains("\"full_compaction."))
+            });
+            self.wire_at(session, now + 5, vec![json!({"type": "full_compaction.cancel"})], None);
             let end = Some(Effect::CompactEnded(session.to_owned()));
             self.at(now + 5, update(session, text_update(shapes::KIMI_CANCELLED)), None, end);
         }
         let Some(run) = self.running.get_mut(session) else { return };
         let no = run.no;
-        if run.never {
+        if run.never || run.held.is_some() {
+            // A hung turn ignores Stop; codex-acp's turn that only waits for its subagents does not stop them.
             return;
         }
         run.waiting = None;
-        let id = run.id.clone();
+        let (id, wake) = (run.id.clone(), run.wake.clone());
+        let children = std::mem::take(&mut run.children);
         self.out.retain(|_, o| o.turn.as_ref().is_none_or(|(s, n)| s != session || *n != no));
-        for n in self.flavor.turn_end(session, no, "cancelled") {
+        // Work the turn had not started yet never starts; codex-acp cancels the subagents of an interrupted turn.
+        self.drop_unstarted_work(session, no, now);
+        for child in children {
+            self.end_subagent(&child, "cancelled", now + 3);
+        }
+        let prompt = match &wake {
+            Some(w) if self.flavor == Flavor::Grok => {
+                let kind = if self.tasks.contains_key(w) { "task" } else { "subagent" };
+                format!("{kind}-completed-{w}")
+            }
+            _ => format!("prompt-{no}"),
+        };
+        let wake_of_kimi = wake.clone().filter(|_| self.flavor == Flavor::Kimi);
+        if self.flavor == Flavor::Grok {
+            let done = shapes::grok_turn_completed(session, &prompt, "cancelled");
+            self.at(now + 4, done, None, wake.map(Effect::WakeDone));
+        }
+        let mut lines = Vec::new();
+        lines.extend(self.flavor.turn_end(session, &prompt, "cancelled"));
+        for n in lines {
             self.at(now + 4, n, None, None);
+        }
+        if self.flavor == Flavor::Kimi {
+            // Before its answer, as every turn's end.
+            self.wire_at(session, now + 4, kimi::cancelled(no), None);
+            if let Some(w) = wake_of_kimi {
+                self.effect_at(now + 4, Effect::WakeDone(w));
+            }
         }
         let answer = id.map(|id| result(&id, self.flavor.turn_result(session, no, "cancelled")));
         match answer {
@@ -479,7 +856,7 @@ impl Model {
 
     /// Whether Coda's own turn runs in `session` at the CLI.
     pub fn coda_turn_runs(&self, session: &str) -> bool {
-        self.running.get(session).is_some_and(|r| r.kind == Kind::Coda)
+        self.running.get(session).is_some_and(|r| r.kind == Kind::Coda && r.held.is_none())
     }
 
     /// A steering message reached the CLI (`id`: the request to answer, none for OpenCode's server).
@@ -487,12 +864,13 @@ impl Model {
         let in_turn = self.coda_turn_runs(session);
         // codex-acp answers `promptRequired` by itself when no turn runs (the only CLI that does): handing it a
         // steering message then is harmless; during the shim's own `/compact` it is not.
-        let harmless = self.flavor == Flavor::Codex && !self.running.contains_key(session);
+        let harmless = self.flavor == Flavor::Codex && self.running.get(session).is_none_or(|r| r.held.is_some());
         if !in_turn && !harmless {
             let what = match self.running.get(session).map(|r| &r.kind) {
                 Some(Kind::Compact) => "while the shim's compaction ran",
                 Some(Kind::Own) => "while the CLI ran a turn of its own",
-                _ => "while no turn ran",
+                Some(Kind::Coda) => "after Coda's turn was over (only its subagents ran)",
+                None => "while no turn ran",
             };
             self.truth
                 .broken
@@ -512,8 +890,10 @@ impl Model {
                 if self.flavor == Flavor::Grok {
                     let echo = notification("_x.ai/session/interjection", json!({"sessionId": session, "text": text}));
                     self.at(at, echo, None, None);
-                    if !in_turn {
-                        self.own_turn_in(session, 1, at);
+                    if !self.running.contains_key(session) {
+                        self.turns += 1;
+                        let prompt = format!("interject-fallback-{}", self.turns);
+                        self.own_turn_in(session, 1, at, &prompt);
                     }
                 }
             }
@@ -540,12 +920,24 @@ impl Model {
             return self.at(now + 3, answer, None, None);
         }
         self.at(now + 2, say(shapes::KIMI_STARTED), None, None);
+        self.wire_at(session, now + 2, vec![json!({"type": "full_compaction.begin", "source": "manual"})], None);
         self.at(now + 3, answer, None, None);
         self.compacting.insert(session.to_owned(), now);
         let end = Some(Effect::CompactEnded(session.to_owned()));
         match self.compact_script(session) {
-            CompactOutcome::CompactOk(ms) => self.at(now + 4 + ms as u64, say(shapes::KIMI_DONE), None, end),
-            CompactOutcome::CompactFail(ms) => self.at(now + 4 + ms as u64, say(shapes::KIMI_CANCELLED), None, end),
+            CompactOutcome::CompactOk(ms) => {
+                let done = vec![
+                    json!({"type": "context.apply_compaction", "summary": "Summary.", "tokensBefore": 32_720,
+                        "tokensAfter": 22_290}),
+                    json!({"type": "full_compaction.complete"}),
+                ];
+                self.wire_at(session, now + 4 + ms as u64, done, None);
+                self.at(now + 4 + ms as u64, say(shapes::KIMI_DONE), None, end)
+            }
+            CompactOutcome::CompactFail(ms) => {
+                self.wire_at(session, now + 4 + ms as u64, vec![json!({"type": "full_compaction.cancel"})], None);
+                self.at(now + 4 + ms as u64, say(shapes::KIMI_CANCELLED), None, end)
+            }
             CompactOutcome::CompactNever => {}
         }
     }
@@ -556,23 +948,60 @@ impl Model {
             return;
         }
         let s = self.sessions[session as usize % self.sessions.len()].clone();
-        if self.running.contains_key(&s) || self.compacting.contains_key(&s) {
+        if self.running.contains_key(&s) || self.compacting.contains_key(&s) || !self.ready.contains(&s) {
             return;
         }
-        self.own_turn_in(&s, chunks, now);
+        self.turns += 1;
+        let prompt = format!("own-{}", self.turns);
+        self.own_turn_in(&s, chunks, now, &prompt);
     }
 
-    fn own_turn_in(&mut self, session: &str, chunks: u8, now: u64) {
+    /// A turn of the CLI's own in `session` (none runs there), for `prompt` (Grok's prompt id).
+    fn own_turn_in(&mut self, session: &str, chunks: u8, now: u64, prompt: &str) {
         self.turns += 1;
         let no = self.turns;
         let tag = Some((session.to_owned(), no));
-        let text = "a background task finished";
-        for n in self.flavor.turn_start(session, no, text) {
+        for n in self.flavor.turn_start(session, prompt, "a background task finished") {
             self.at(now + 1, n, tag.clone(), None);
         }
-        self.running.insert(session.to_owned(), Run { id: None, no, kind: Kind::Own, waiting: None, never: false });
-        let end = self.content(session, no, now, 400, chunks, true);
-        let mut last: Vec<Value> = self.flavor.turn_end(session, no, "end_turn");
+        let wake =
+            ["task-completed-", "subagent-completed-"].iter().find_map(|p| prompt.strip_prefix(p)).map(str::to_owned);
+        let run = Run {
+            id: None,
+            no,
+            kind: Kind::Own,
+            waiting: None,
+            never: false,
+            held: None,
+            children: Vec::new(),
+            retrying: false,
+            wake,
+        };
+        self.running.insert(session.to_owned(), run);
+        if self.flavor == Flavor::Kimi {
+            let origin = match self.running.get(session).and_then(|r| r.wake.clone()) {
+                Some(task) => json!({"kind": "task", "taskId": task}),
+                None => json!({"kind": "system_trigger", "name": "timer"}),
+            };
+            let prompt = kimi::turn_prompt(no, "<notification>a background task finished</notification>", origin);
+            self.wire_at(session, now + 1, vec![prompt], tag.clone());
+            let end = self.content(session, session, no, now, 400, chunks, true);
+            let wake = self.running.get(session).and_then(|r| r.wake.clone());
+            self.wire_at(session, end + 1, kimi::completed(no, 11_000), tag.clone());
+            if let Some(w) = wake {
+                self.effect_at(end + 1, Effect::WakeDone(w));
+            }
+            self.effect_at(end + 2, Effect::TurnEnded(session.to_owned(), no));
+            return;
+        }
+        let end = self.content(session, session, no, now, 400, chunks, true);
+        let mut last: Vec<Value> = Vec::new();
+        if self.flavor == Flavor::Grok {
+            let done = shapes::grok_turn_completed(session, prompt, "end_turn");
+            let wake = self.running.get(session).and_then(|r| r.wake.clone());
+            self.at(end + 1, done, tag.clone(), wake.map(Effect::WakeDone));
+        }
+        last.extend(self.flavor.turn_end(session, prompt, "end_turn"));
         last.extend(self.flavor.usage(session, 11_000));
         let effect = last.pop();
         for n in last {

@@ -110,21 +110,29 @@ impl Flavor {
         }
     }
 
-    /// Notifications after the answer to `session/new`: the commands.
+    /// Notifications after the answer to `session/new`: the commands. Kimi's are its builtins and builtin skills
+    /// (reference kimi.md: `review` is none of them, so `/review` is unknown to it); the others name a `review`.
     pub fn after_session(self, session: &str) -> Vec<Value> {
-        let commands = json!([{"name": "compact", "description": "Compress the conversation"},
-            {"name": "review", "description": "Review the changes"}]);
+        let commands = match self {
+            Flavor::Kimi => {
+                let names =
+                    ["compact", "status", "usage", "mcp", "tasks", "help", "check-kimi-code-docs", "write-goal"];
+                Value::Array(names.iter().map(|n| json!({"name": n, "description": n})).collect())
+            }
+            _ => json!([{"name": "compact", "description": "Compress the conversation"},
+                {"name": "review", "description": "Review the changes"}]),
+        };
         vec![update(session, json!({"sessionUpdate": "available_commands_update", "availableCommands": commands}))]
     }
 
-    /// What a turn starts with, before its content.
-    pub fn turn_start(self, session: &str, turn: u64, text: &str) -> Vec<Value> {
+    /// What a turn starts with, before its content (`prompt`: Grok's prompt id).
+    pub fn turn_start(self, session: &str, prompt: &str, text: &str) -> Vec<Value> {
         match self {
             Flavor::Codex => vec![thread_status(session, "active")],
             Flavor::Grok => vec![notification(
                 "_x.ai/queue/changed",
                 json!({"sessionId": session, "entries": [],
-                "runningPromptId": format!("prompt-{turn}"), "runningText": text, "runningKind": "prompt"}),
+                "runningPromptId": prompt, "runningText": text, "runningKind": "prompt"}),
             )],
             _ => Vec::new(),
         }
@@ -154,16 +162,15 @@ impl Flavor {
         }
     }
 
-    /// What a turn ends with before its answer.
-    pub fn turn_end(self, session: &str, turn: u64, reason: &str) -> Vec<Value> {
+    /// What a turn ends with before its answer (Grok's `turn_completed` is [`grok_turn_completed`]).
+    pub fn turn_end(self, session: &str, prompt: &str, reason: &str) -> Vec<Value> {
         match self {
             Flavor::Codex => vec![thread_status(session, "idle")],
             Flavor::Grok => vec![
                 notification("_x.ai/queue/changed", json!({"sessionId": session, "entries": []})),
                 notification(
                     "_x.ai/session/prompt_complete",
-                    json!({"sessionId": session,
-                    "promptId": format!("prompt-{turn}"), "stopReason": reason, "agentResult": null}),
+                    json!({"sessionId": session, "promptId": prompt, "stopReason": reason, "agentResult": null}),
                 ),
             ],
             _ => Vec::new(),
@@ -183,37 +190,76 @@ impl Flavor {
         }
     }
 
-    /// The answer to a prompt whose turn failed upstream: `Ok(result)` or `Err(error)`.
+    /// The answer to a prompt whose turn failed upstream: `Ok(result)` or `Err(error)` (Grok's:
+    /// [`grok_retries`]). Codex: codex-acp's AIR `sessionFailure` by category (fixtures/codex/upstream-failures);
+    /// Kimi answers `end_turn` (the failure is in its session files); OpenCode a `-32603` with the upstream's
+    /// message (its code only on its server's event stream).
     pub fn failure(self, failure: Failure) -> Result<Value, Value> {
+        use Failure::*;
         let air = |category: &str, actions: Value, title: &str| {
-            Ok(json!({"stopReason": "end_turn", "usage": null, "_meta": {"jetbrains": {"air": {"version": 1,
+            Ok(json!({"stopReason": "end_turn", "usage": null, "_meta": {"quota": {"token_count": null,
+                "model_usage": []}, "jetbrains": {"air": {"version": 1,
                 "sessionFailure": {"id": "sim:error", "revision": 1, "category": category, "severity": "error",
                     "title": title, "actions": actions}}}}}))
         };
+        let generic = Err(json!({"code": -32603, "message": "Internal error", "data": "something broke"}));
         match (self, failure) {
-            (Flavor::Codex, Failure::FailQuota) => air("limit", json!([]), "You’ve hit your usage limit."),
-            (Flavor::Codex, Failure::FailService) => {
+            (Flavor::Codex, FailQuota | FailQuotaWait) => air(
+                "limit",
+                json!([]),
+                "You’ve hit your usage limit. Upgrade to Pro (https://chatgpt.com/explore/pro), visit https://chatgpt.com/settings/usage to purchase more credits or try again at 12:13 PM.",
+            ),
+            (Flavor::Codex, FailRate | FailRateWait) => {
+                air("limit", json!(["retry"]), "exceeded retry limit, last status: 429 Too Many Requests")
+            }
+            (Flavor::Codex, FailServer) => air(
+                "service",
+                json!(["retry", "new_session"]),
+                "We’re currently experiencing high demand, which may cause temporary errors.",
+            ),
+            (Flavor::Codex, FailGateway) => air(
+                "connection",
+                json!(["retry", "new_session"]),
+                "unexpected status 502 Bad Gateway: <html>\r\n<head><title>502 Bad Gateway</title></head></html>, url: http://127.0.0.1:41211/v1/responses",
+            ),
+            (Flavor::Codex, FailService) => {
+                air("service", json!(["retry"]), "Selected model is at capacity. Please try a different model.")
+            }
+            (Flavor::Codex, FailOverloaded) => air(
+                "connection",
+                json!(["retry", "new_session"]),
+                "unexpected status 529 <unknown status code>: Overloaded, url: http://127.0.0.1:41211/v1/responses",
+            ),
+            (Flavor::Codex, FailReset) => {
                 air("service", json!(["retry"]), "stream disconnected before completion: error sending request")
             }
-            (Flavor::Codex, Failure::FailSandbox) => {
+            (Flavor::Codex, FailSandbox) => {
                 air("service", json!(["retry"]), "sandbox error: the command was denied by the sandbox")
             }
-            (Flavor::Grok, Failure::FailQuota) => Err(json!({"code": -32003, "message": "Rate limited",
-                "data": "API error (status 429 Too Many Requests): insufficient_quota: You exceeded your current quota, please check your plan and billing details."})),
-            (Flavor::Grok, Failure::FailService) => Err(json!({"code": -32603, "message": "Internal error",
-                "data": "API error (status 503 Service Unavailable): Grok is temporarily unavailable. Please try again in a moment. (HTTP 503)."})),
-            (Flavor::OpenCode, Failure::FailQuota) => Err(json!({"code": -32603,
-                "message": "Internal error: You exceeded your current quota, please check your plan and billing details.",
-                "data": {"service": "session", "errorName": "APIError"}})),
-            (Flavor::OpenCode, Failure::FailService) => Err(json!({"code": -32603,
-                "message": "Internal error: The server is overloaded, please try again later.",
-                "data": {"service": "session", "errorName": "APIError"}})),
-            (Flavor::Kimi, Failure::FailQuota) => Err(json!({"code": -32603,
-                "message": "429 You exceeded your current quota, please check your plan and billing details."})),
-            (Flavor::Kimi, Failure::FailService) => {
-                Err(json!({"code": -32603, "message": "503 The server is overloaded, please try again later."}))
+            (Flavor::Codex, FailAuth) => Err(json!({"code": -32000, "message": "Authentication required"})),
+            (Flavor::Kimi, _) => Ok(json!({"stopReason": "end_turn"})),
+            (Flavor::OpenCode, FailGeneric) => generic,
+            (Flavor::OpenCode, f) => {
+                let message = match f {
+                    FailQuota | FailQuotaWait => {
+                        "You exceeded your current quota, please check your plan and billing details."
+                    }
+                    FailRate | FailRateWait => "Rate limit reached for requests. Please try again later.",
+                    FailServer => "The server had an error while processing your request.",
+                    FailGateway => "Bad Gateway",
+                    FailService => "The server is overloaded, please try again later.",
+                    FailOverloaded => "Overloaded",
+                    // OpenCode retries a dropped connection, then ends the turn as if nothing happened.
+                    FailReset => {
+                        return Ok(json!({"stopReason": "end_turn", "usage": {"inputTokens": 0,
+                        "outputTokens": 0, "totalTokens": 0}, "_meta": {}}));
+                    }
+                    _ => "Incorrect API key provided.",
+                };
+                Err(json!({"code": -32603, "message": format!("Internal error: {message}"),
+                    "data": {"service": "session", "errorName": "APIError"}}))
             }
-            _ => Err(json!({"code": -32603, "message": "Internal error", "data": "something broke"})),
+            _ => generic,
         }
     }
 
@@ -255,3 +301,114 @@ pub const KIMI_DONE: &str =
 pub const KIMI_CANCELLED: &str = "Compaction cancelled.";
 pub const KIMI_BUSY: &str = "A context compaction is already running.";
 pub const KIMI_DURING_TURN: &str = "/compact failed: Cannot compact while a turn is active.";
+
+/// Grok's `turn_completed` (its usage, which the shim turns into usage facts, on a root session).
+pub fn grok_turn_completed(session: &str, prompt: &str, stop_reason: &str) -> Value {
+    let mut u = json!({"sessionUpdate": "turn_completed", "prompt_id": prompt, "stop_reason": stop_reason});
+    if stop_reason != "cancelled" {
+        u["usage"] = json!({"inputTokens": 20, "outputTokens": 10, "totalTokens": 30, "cachedReadTokens": 0,
+            "cacheCreationTokens": 0, "reasoningTokens": 0, "modelCalls": 2});
+    }
+    notification("_x.ai/session_notification", json!({"sessionId": session, "update": u}))
+}
+
+/// How Grok goes on after an upstream failure: its `retry_state` reports (each after its delay from the turn's
+/// end of content), when it answers, and the answer (fixtures/grok/upstream-failures; what Grok does after its
+/// fifteenth retry of a 5xx, six minutes on, is not in the recordings: an error with the reason).
+pub struct GrokRetries {
+    pub retries: Vec<(u64, Value)>,
+    pub answer_after: u64,
+    pub stop_reason: &'static str,
+    pub error: Value,
+}
+
+pub fn grok_retries(f: Failure) -> GrokRetries {
+    use Failure::*;
+    const QUOTA: &str = "API error (status 429 Too Many Requests): insufficient_quota: You exceeded your current quota, please check your plan and billing details.";
+    const RATE: &str = "API error (status 429 Too Many Requests): rate_limit_exceeded: Rate limit reached for requests. Please try again later.";
+    const AUTH: &str = "Unauthorized (401) from http://127.0.0.1:40251/v1/chat/completions: invalid_request_error: Incorrect API key provided.";
+    let retrying = |attempt: u64, reason: &str, kind: &str| {
+        json!({"sessionUpdate": "retry_state", "type": "retrying", "attempt": attempt, "max_retries": 15,
+            "reason": reason, "error_type": kind})
+    };
+    let limited = |reason: &str| json!({"code": -32003, "message": "Rate limited", "data": reason});
+    let internal = |reason: &str| json!({"code": -32603, "message": "Internal error", "data": reason});
+    match f {
+        FailQuota | FailRate => {
+            let reason = if f == FailQuota { QUOTA } else { RATE };
+            GrokRetries {
+                retries: vec![
+                    (27, retrying(1, reason, "rate_limited")),
+                    (
+                        41,
+                        json!({"sessionUpdate": "retry_state", "type": "exhausted", "attempts": 0,
+                        "reason": reason, "is_rate_limited": true}),
+                    ),
+                ],
+                answer_after: 100,
+                stop_reason: "rate_limit",
+                error: limited(reason),
+            }
+        }
+        // A `Retry-After` Grok honours, silently: two hours, or 90 s before each of its fifteen attempts.
+        FailQuotaWait => GrokRetries {
+            retries: vec![(27, retrying(1, QUOTA, "rate_limited"))],
+            answer_after: 7_200_100,
+            stop_reason: "rate_limit",
+            error: limited(QUOTA),
+        },
+        FailRateWait => GrokRetries {
+            retries: (0..15).map(|n| (27 + n * 90_000, retrying(n + 1, RATE, "rate_limited"))).collect(),
+            answer_after: 15 * 90_000 + 100,
+            stop_reason: "rate_limit",
+            error: limited(RATE),
+        },
+        FailServer | FailGateway | FailService | FailOverloaded | FailReset => {
+            let (reason, kind) = match f {
+                FailServer => (
+                    "API error (status 500 Internal Server Error): The server had an error while processing your request.",
+                    "api",
+                ),
+                FailGateway => (
+                    "API error (status 502 Bad Gateway): Grok is temporarily unavailable. Please try again in a moment. (HTTP 502).",
+                    "api",
+                ),
+                FailService => (
+                    "API error (status 503 Service Unavailable): server_is_overloaded: The server is overloaded, please try again later.",
+                    "api",
+                ),
+                FailOverloaded => ("API error (status 529 <unknown status code>): overloaded_error: Overloaded", "api"),
+                _ => (
+                    "request error: error sending request for url (http://127.0.0.1:40251/v1/chat/completions): client error (SendRequest): connection closed before message completed",
+                    "http",
+                ),
+            };
+            // Backoff as recorded: 2 s, 3 s, 9 s, 18 s, then about 30 s.
+            let mut at = 27;
+            let mut retries = Vec::new();
+            for (n, gap) in
+                [0u64, 2_100, 3_300, 8_900, 18_500].into_iter().chain(std::iter::repeat_n(30_000, 10)).enumerate()
+            {
+                at += gap;
+                retries.push((at, retrying(n as u64 + 1, reason, kind)));
+            }
+            GrokRetries { retries, answer_after: at + 30_000, stop_reason: "error", error: internal(reason) }
+        }
+        FailAuth => GrokRetries {
+            retries: vec![(
+                27,
+                json!({"sessionUpdate": "retry_state", "type": "failed", "error_type": "auth",
+                "message": AUTH}),
+            )],
+            answer_after: 230,
+            stop_reason: "error",
+            error: internal(AUTH),
+        },
+        FailGeneric | FailSandbox => GrokRetries {
+            retries: Vec::new(),
+            answer_after: 50,
+            stop_reason: "error",
+            error: internal("something broke"),
+        },
+    }
+}
