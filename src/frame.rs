@@ -450,8 +450,8 @@ pub fn notification(method: &str, params: Value) -> Frame {
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
 /// The frame's kind, its `sessionUpdate`, and whether a string holds a lone surrogate escape.
 fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<CompactString>, bool), Invalid> {
-    let (line, env) = match scanner.checked(bytes) {
-        Ok(checked) => checked,
+    let env = match scanner.checked(bytes) {
+        Ok(env) => env,
         Err(e) => {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
             if let Some(at) = json::too_deep(bytes) {
@@ -467,7 +467,7 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
             return Err(parse_error(e));
         }
     };
-    let text = |s: &scan::Str| s.in_text(line);
+    let text = |s: &scan::Str| s.text(bytes);
     match env.top {
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
@@ -477,7 +477,7 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
     if env.mistyped {
         return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
     }
-    let id = env.id.map(|(start, end)| Id::from_json(line.get(start..end).unwrap_or("null")));
+    let id = env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
     if env.duplicate {
         return Err(invalid("a key of the envelope appears twice", id));
     }
