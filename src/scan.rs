@@ -196,37 +196,42 @@ const DEEP: Bad = 255;
 mod exact;
 mod fast;
 mod index;
+mod skeleton;
 
 /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
     Scanner::default().checked(line)
 }
 
-/// Prefixes longer than this are not kept: the memo is for the envelope before a chunk's content.
-const MEMO_MAX: usize = 4096;
-
 /// A buffer of bits grown past this (for a line of more than 256 KiB) is let go after the line.
 const BITS_KEPT: usize = 4096;
 
 /// [`scan`] for the lines of one stream. The instruction set is chosen once ([`index::Classify::best`]), the
-/// buffer of a line's bits kept for the next, and where the last full walk stood at its first string value
-/// nested 4 deep or more: streamed chunks repeat the line before them up to their content (`{"jsonrpc":"2.0",
-/// "method":"session/update","params":{"sessionId":…,"update":{"sessionUpdate":"agent_message_chunk",
-/// "content":{"type":`), so when a line's bytes up to that quote are the remembered ones, the walk over them
-/// would be the same walk: it goes on from the remembered state, and classifies and checks as UTF-8 only the
-/// rest. The same result as a walk from the start, for every line (the unit tests compare the two).
+/// buffers of a line's bits and values kept for the next, and the last line the walk found valid is kept as
+/// a [`skeleton::Skeleton`]: a line that is it with other values (the next chunk of a stream, whatever its
+/// text, ids and times) is checked against it instead of walked. The same result as a walk, for every line
+/// (the unit tests compare the two).
 #[derive(Debug)]
 pub struct Scanner {
     classify: index::Classify,
     bits: Vec<u64>,
-    /// The bytes up to and including the remembered quote, and the walk's state there.
-    prefix: Vec<u8>,
-    at: Option<fast::Resume>,
+    holes: Vec<fast::Hole>,
+    last: skeleton::Skeleton,
+    /// Lines checked against the skeleton of the one before (the tests see that it is used).
+    #[cfg(test)]
+    by_skeleton: usize,
 }
 
 impl Default for Scanner {
     fn default() -> Scanner {
-        Scanner { classify: index::Classify::best(), bits: Vec::new(), prefix: Vec::new(), at: None }
+        Scanner {
+            classify: index::Classify::best(),
+            bits: Vec::new(),
+            holes: Vec::new(),
+            last: Default::default(),
+            #[cfg(test)]
+            by_skeleton: 0,
+        }
     }
 }
 
@@ -242,29 +247,31 @@ impl Scanner {
 
     /// [`Scanner::checked`] by the fast walk alone: `None` for a line it refuses.
     fn fast(&mut self, line: &[u8]) -> Option<Envelope> {
-        let resume = self.at.as_ref().filter(|at| at.i < line.len() && line[..=at.i] == self.prefix[..]);
-        // The walk looks at no block before the one it starts in.
-        let (first, mut save) = match resume {
-            Some(at) => (at.i, None),
-            None => (0, Some(None)),
-        };
         self.bits.clear();
-        self.bits.resize(first / 64, 0);
-        let ascii = self.classify.run(&line[first / 64 * 64..], &mut self.bits);
-        let walked = fast::walk(line, &self.bits, resume, save.as_mut());
+        let ascii = self.classify.run(line, &mut self.bits);
+        let utf8 = |line| ascii || simdutf8::basic::from_utf8(line).is_ok();
+        let checked = match self.last.check(line, &self.bits) {
+            Some(env) => {
+                #[cfg(test)]
+                {
+                    self.by_skeleton += 1;
+                }
+                Some(env).filter(|_| utf8(line))
+            }
+            None if line.len() > skeleton::KEPT => fast::walk(line, &self.bits, None).filter(|_| utf8(line)),
+            None => {
+                self.holes.clear();
+                let env = fast::walk(line, &self.bits, Some(&mut self.holes)).filter(|_| utf8(line));
+                if let Some(env) = &env {
+                    self.last.keep(line, &self.holes, env);
+                }
+                env
+            }
+        };
         if self.bits.capacity() > BITS_KEPT {
             self.bits = Vec::new();
         }
-        // What was remembered is text (it was checked), and ends with a quote: the rest starts a character.
-        let env = walked.filter(|_| ascii || simdutf8::basic::from_utf8(&line[first..]).is_ok())?;
-        if let Some(Some(at)) = save
-            && at.i < MEMO_MAX
-        {
-            self.prefix.clear();
-            self.prefix.extend_from_slice(&line[..=at.i]);
-            self.at = Some(at);
-        }
-        Some(env)
+        checked
     }
 }
 
@@ -470,11 +477,13 @@ mod tests {
         }
         // Each byte of a chunk and of a stamped chunk replaced by each byte the walk tells apart, and by bytes
         // that are no UTF-8 there (a lone continuation byte, a character's first byte without the rest).
+        // Each follows the line it was made from (a stream's scanner checks it against that line's shape).
         for line in [chunk("你好 x"), stamped("a", 5)] {
             for at in 0..line.len() {
                 for c in b"\"\\{}[]:, x0-e.\x01\x7f\x80\xbf\xe4\xed\xf0\xff" {
                     let mut bad = line.clone();
                     bad[at] = *c;
+                    lines.push(line.clone());
                     lines.push(bad);
                 }
             }
@@ -507,11 +516,11 @@ mod tests {
         ] {
             lines.push(line.as_bytes().to_vec());
         }
-        // A prefix longer than the memo keeps, before a chunk's content.
-        let long = format!("{{\"pad\":\"{}\",\"a\":{{\"b\":{{\"c\":{{\"text\":\"", "あ".repeat(MEMO_MAX));
+        // Lines longer than a skeleton keeps.
+        let long = format!("{{\"pad\":\"{}\",\"a\":{{\"b\":{{\"c\":{{\"text\":\"", "あ".repeat(skeleton::KEPT / 3));
         lines.push(format!("{long}a\"}}}}}}}}").into_bytes());
         lines.push(format!("{long}b\"}}}}}}}}").into_bytes());
-        // Nesting at the bound and past it, of arrays and of objects, and around the 64 levels a memo keeps.
+        // Nesting at the bound and past it, of arrays and of objects, and around 64 levels (a word of bits).
         for depth in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 63, 64, 65] {
             lines.push(("[".repeat(depth) + "\"s\"" + &"]".repeat(depth)).into_bytes());
             lines.push(("{\"a\":".repeat(depth) + "\"s\"" + &"}".repeat(depth)).into_bytes());
@@ -545,16 +554,13 @@ mod tests {
         // changes what it makes of the next.
         for (name, classify) in index::Classify::all() {
             let mut scanner = Scanner { classify, ..Scanner::default() };
-            let mut resumed = 0;
             for (i, next) in lines.iter().enumerate() {
-                // Every third line after a sample of the others, and every line after itself (twice: the
-                // second time it goes on from what the first remembered).
+                // Every line after the one before it (in the corpus, mostly the same line with another
+                // byte or cut elsewhere), every third after a sample of the others, and every line after
+                // itself (twice: the second time it is checked against what the first left).
                 let others = lines.iter().step_by(if i % 3 == 0 { 97 } else { usize::MAX });
-                for before in others.chain([next, next]) {
+                for before in lines[i.saturating_sub(1)..=i].iter().chain(others).chain([next, next]) {
                     let _ = scanner.fast(before);
-                    resumed += usize::from(
-                        scanner.at.is_some_and(|at| at.i < next.len() && next[..=at.i] == scanner.prefix[..]),
-                    );
                     let got = scanner.fast(next);
                     assert_eq!(
                         got,
@@ -565,7 +571,7 @@ mod tests {
                     );
                 }
             }
-            assert!(resumed > 1_000, "{name}: the memo was used ({resumed} times)");
+            assert!(scanner.by_skeleton > 10_000, "{name}: the skeleton was used ({} times)", scanner.by_skeleton);
         }
     }
 }

@@ -9,7 +9,7 @@ use super::*;
 /// [`super::index`]): where its closing quote is and whether it has an escape, checking that no control character is in it and that its escapes
 /// are JSON's (noting a lone surrogate in `lone`).
 #[inline(always)]
-fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> Option<(usize, bool)> {
+pub(super) fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> Option<(usize, bool)> {
     let (mut i, mut escaped) = (start, false);
     loop {
         let special = *bits.get(i / 64)? >> (i % 64);
@@ -63,8 +63,8 @@ fn scalar(b: &[u8], start: usize) -> Option<usize> {
 
 /// Where the number at `start` ends; `None` when it is not one by JSON's grammar.
 #[inline(always)]
-fn number(b: &[u8], start: usize) -> Option<usize> {
-    let mut i = start + usize::from(b[start] == b'-');
+pub(super) fn number(b: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + usize::from(b.get(start) == Some(&b'-'));
     i = match b.get(i) {
         Some(b'0') => i + 1,
         Some(b'1'..=b'9') => digits(b, i + 1),
@@ -280,167 +280,84 @@ impl Reading {
     }
 }
 
-/// Where a walk stood at the opening quote of a string value nested 4 to 63 deep (a streamed chunk's
-/// `params.update.content`): all it needs to go on from there.
+/// A value of a line the next line may change (see [`super::skeleton`]): a string's text, between its
+/// quotes, or a number.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Resume {
-    /// The quote's byte.
-    pub(super) i: usize,
-    depth: usize,
-    object: bool,
-    /// The bits of the open containers (the rest are zero below 64).
-    objects: u64,
-    r: Reading,
+pub(super) struct Hole {
+    pub(super) start: usize,
+    pub(super) end: usize,
+    pub(super) string: bool,
+    /// Which of the envelope's strings it is (`jsonrpc`, `method`, `sessionUpdate`, the id: 1 to 4), or 0.
+    pub(super) field: u8,
+}
+
+/// Where the walk is: what comes at `i`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// A value.
+    Value,
+    /// An object's members (a key, its colon and its value), from the first or after a comma.
+    Members,
+    /// What follows a value in a container (a comma or the container's end).
+    After,
 }
 
 /// Whether `line` is one JSON text at most [`MAX_DEPTH`] deep (its UTF-8 aside), with its envelope as the
-/// exact walk reads it; `bits` are the line's from [`super::index`] (from the block of `from.i` on, when the
-/// walk goes on from `from`). `save` (when given) gets where the walk stood at its first string value nested
-/// 4 to 63 deep. `None` for a line that is not.
-pub(super) fn walk(
-    b: &[u8],
-    bits: &[u64],
-    from: Option<&Resume>,
-    mut save: Option<&mut Option<Resume>>,
-) -> Option<Envelope> {
+/// exact walk reads it; `bits` are the line's from [`super::index`]. `holes` (when given) gets the line's
+/// string values and numbers, in order. `None` for a line that is not.
+///
+/// Most of a frame is members of objects whose values are strings or numbers: those are walked by one tight
+/// loop (key, colon, value, comma); the walk leaves it only where a container opens or closes.
+#[inline(never)]
+pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) -> Option<Envelope> {
     // Whether the innermost open container is an object; one bit per open container, set for an object.
     let mut objects = [0u64; MAX_DEPTH / 64 + 1];
-    let (mut i, mut depth, mut object, mut r) = match from {
-        Some(from) => {
-            objects[0] = from.objects;
-            (from.i, from.depth, from.object, from.r)
-        }
-        None => {
-            let mut r = Reading::new();
-            let i = skip_ws(b, 0);
-            r.env.top = match b.get(i) {
-                Some(b'{') => Top::Object,
-                Some(b'[') => Top::Array { empty: b.get(skip_ws(b, i + 1)) == Some(&b']') },
-                _ => Top::Other,
-            };
-            (i, 0, false, r)
-        }
+    let (mut depth, mut object, mut r) = (0, false, Reading::new());
+    let mut i = skip_ws(b, 0);
+    r.env.top = match b.get(i) {
+        Some(b'{') => Top::Object,
+        Some(b'[') => Top::Array { empty: b.get(skip_ws(b, i + 1)) == Some(&b']') },
+        _ => Top::Other,
     };
-    // Whether a key and its colon come before the value.
-    let mut key = false;
-    // The top value is complete at `i`: only space may follow.
-    macro_rules! done {
-        () => {
-            return (space(b, i) == b.len()).then_some(r.env)
-        };
-    }
-    'value: loop {
-        let mut c = *b.get(i)?;
-        if c <= b' ' {
-            i = space(b, i);
-            c = *b.get(i)?;
-        }
-        if key {
-            if c != b'"' {
-                return None;
-            }
-            let start = i + 1;
-            let (end, escaped) = string(b, bits, start, &mut r.env.lone_surrogate)?;
-            if depth <= 3 {
-                if escaped {
-                    r.escaped_key(b, depth, Str { start, end, escaped });
-                } else {
-                    r.key(b, depth, start, end);
-                }
-            }
-            i = end + 1;
-            if b.get(i) != Some(&b':') {
-                i = space(b, i);
-                if b.get(i) != Some(&b':') {
-                    return None;
-                }
-            }
-            i += 1;
-            c = *b.get(i)?;
-            if c <= b' ' {
-                i = space(b, i);
-                c = *b.get(i)?;
-            }
-        }
-        if depth == 1 {
-            r.top_value(c, i);
-        }
-        match c {
-            b'"' => {
-                if depth > 3 && depth < 64 {
-                    if let Some(save) = save.take() {
-                        *save = Some(Resume { i, depth, object, objects: objects[0], r });
-                    }
-                }
-                let start = i + 1;
-                let (end, escaped) = string(b, bits, start, &mut r.env.lone_surrogate)?;
-                i = end + 1;
-                if depth <= 3 {
-                    if depth == 0 {
-                        done!();
-                    }
-                    r.string(depth, Str { start, end, escaped });
-                }
-            }
-            b'{' | b'[' => {
-                if depth == MAX_DEPTH {
-                    return None;
-                }
-                object = c == b'{';
-                if object && depth <= 2 {
-                    r.open(depth);
-                }
-                depth += 1;
-                let (word, bit) = (depth / 64, 1u64 << (depth % 64));
-                if object {
-                    objects[word] |= bit;
-                } else {
-                    objects[word] &= !bit;
-                }
-                i += 1;
-                if b.get(i).is_some_and(|&c| c <= b' ') {
-                    i = space(b, i);
-                }
-                // Not empty (`{` + 2 is `}`, `[` + 2 is `]`): a key or a value comes.
-                if b.get(i) != Some(&(c + 2)) {
-                    key = object;
-                    continue 'value;
-                }
-                i += 1;
-                if depth & !1 == 2 {
-                    r.close(depth);
-                }
-                depth -= 1;
-                object = objects[depth / 64] & (1 << (depth % 64)) != 0;
-                if depth == 0 {
-                    done!();
-                }
-            }
-            _ => {
-                i = scalar(b, i)?;
-                if depth == 0 {
-                    done!();
-                }
-            }
-        }
-        // After a value in a container: a comma and the next, or the container's end.
-        loop {
-            if depth == 1 {
-                r.top_end(i);
-            }
+    let mut at = At::Value;
+    // The byte at `i`, past any space.
+    macro_rules! byte {
+        () => {{
             let mut c = *b.get(i)?;
             if c <= b' ' {
                 i = space(b, i);
                 c = *b.get(i)?;
             }
-            if c == b',' {
-                i += 1;
-                key = object;
-                continue 'value;
+            c
+        }};
+    }
+    // The string value whose opening quote is at `i`; `i` then after its closing quote.
+    macro_rules! string_value {
+        () => {{
+            let start = i + 1;
+            let (end, escaped) = string(b, bits, start, &mut r.env.lone_surrogate)?;
+            i = end + 1;
+            if depth <= 3 && depth > 0 {
+                r.string(depth, Str { start, end, escaped });
             }
-            if c != if object { b'}' } else { b']' } {
-                return None;
+            if let Some(holes) = holes.as_mut() {
+                holes.push(Hole { start, end, string: true, field: 0 });
             }
+        }};
+    }
+    // The number, `true`, `false` or `null` at `i`; `i` then after it.
+    macro_rules! scalar {
+        () => {{
+            let start = i;
+            i = scalar(b, i)?;
+            if let Some(holes) = holes.as_mut().filter(|_| b[start] != b't' && b[start] != b'f' && b[start] != b'n') {
+                holes.push(Hole { start, end: i, string: false, field: 0 });
+            }
+        }};
+    }
+    // The container at `depth` ends at `i`.
+    macro_rules! close {
+        () => {{
             i += 1;
             if depth & !1 == 2 {
                 r.close(depth);
@@ -448,8 +365,116 @@ pub(super) fn walk(
             depth -= 1;
             object = objects[depth / 64] & (1 << (depth % 64)) != 0;
             if depth == 0 {
-                done!();
+                return (space(b, i) == b.len()).then_some(r.env);
             }
+        }};
+    }
+    loop {
+        match at {
+            At::Members => loop {
+                if byte!() != b'"' {
+                    return None;
+                }
+                let start = i + 1;
+                let (end, escaped) = string(b, bits, start, &mut r.env.lone_surrogate)?;
+                if depth <= 3 {
+                    if escaped {
+                        r.escaped_key(b, depth, Str { start, end, escaped });
+                    } else {
+                        r.key(b, depth, start, end);
+                    }
+                }
+                i = end + 1;
+                if byte!() != b':' {
+                    return None;
+                }
+                i += 1;
+                let c = byte!();
+                if depth == 1 {
+                    r.top_value(c, i);
+                }
+                match c {
+                    b'"' => string_value!(),
+                    b'{' | b'[' => {
+                        at = At::Value;
+                        break;
+                    }
+                    _ => scalar!(),
+                }
+                if depth == 1 {
+                    r.top_end(i);
+                }
+                match byte!() {
+                    b',' => i += 1,
+                    b'}' => {
+                        close!();
+                        at = At::After;
+                        break;
+                    }
+                    _ => return None,
+                }
+            },
+            At::Value => {
+                let c = byte!();
+                if depth == 1 && !object {
+                    // (an element of the top array: no field of the envelope)
+                } else if depth == 1 {
+                    r.top_value(c, i);
+                }
+                match c {
+                    b'"' => {
+                        string_value!();
+                        if depth == 0 {
+                            return (space(b, i) == b.len()).then_some(r.env);
+                        }
+                    }
+                    b'{' | b'[' => {
+                        if depth == MAX_DEPTH {
+                            return None;
+                        }
+                        object = c == b'{';
+                        if object && depth <= 2 {
+                            r.open(depth);
+                        }
+                        depth += 1;
+                        let (word, bit) = (depth / 64, 1u64 << (depth % 64));
+                        if object {
+                            objects[word] |= bit;
+                        } else {
+                            objects[word] &= !bit;
+                        }
+                        i += 1;
+                        // `{` + 2 is `}`, `[` + 2 is `]`.
+                        if byte!() == c + 2 {
+                            close!();
+                        } else {
+                            at = if object { At::Members } else { At::Value };
+                            continue;
+                        }
+                    }
+                    _ => {
+                        scalar!();
+                        if depth == 0 {
+                            return (space(b, i) == b.len()).then_some(r.env);
+                        }
+                    }
+                }
+                at = At::After;
+            }
+            At::After => loop {
+                if depth == 1 {
+                    r.top_end(i);
+                }
+                match byte!() {
+                    b',' => {
+                        i += 1;
+                        at = if object { At::Members } else { At::Value };
+                        break;
+                    }
+                    c if c == if object { b'}' } else { b']' } => close!(),
+                    _ => return None,
+                }
+            },
         }
     }
 }

@@ -1,0 +1,116 @@
+//! The shape of a stream's last line, to check the next one against: most frames of a stream are built
+//! from one template (a chunk, Grok's stamped chunk, a tool call's update) and differ only inside values: a
+//! chunk's text, an event id, a time. A line kept here is cut into its holes (the text of each string value,
+//! each number) and what lies between them (keys, brackets, commas, the values that are literals). The next
+//! line whose bytes between its holes are the same, and whose holes are a string's text and a number where
+//! the kept line had them, is the same JSON text with other values in the same places: valid, with the same
+//! envelope but for the positions of the strings it reads. That check compares bytes and finds each string's
+//! end in one step; the walk it saves looks at every key.
+
+use super::fast::{Hole, number, string};
+use super::*;
+
+/// Lines longer than this are not kept (the check is for frames, and a kept line is a copy).
+pub(super) const KEPT: usize = 16 << 10;
+
+/// The kept line, its holes, and where its envelope's strings are among them.
+#[derive(Debug, Default)]
+pub(super) struct Skeleton {
+    line: Vec<u8>,
+    holes: Vec<Hole>,
+    env: Envelope,
+    /// Whether a line is kept.
+    kept: bool,
+}
+
+impl Skeleton {
+    /// Keeps `line`, which the walk found valid with `env` and `holes`; a line this cannot check the next
+    /// against (one with a lone surrogate escape, or an id that is not a string or a number) is not kept.
+    pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) {
+        self.kept = false;
+        if line.len() > KEPT || env.lone_surrogate {
+            return;
+        }
+        // A string's hole starts after its quote; a number's where it does.
+        let hole = |start: Option<usize>| -> Result<Option<usize>, ()> {
+            match start {
+                None => Ok(None),
+                Some(start) => holes.binary_search_by_key(&start, |h| h.start).map(Some).map_err(|_| ()),
+            }
+        };
+        let fields = [
+            hole(env.jsonrpc.map(|s| s.start)),
+            hole(env.method.map(|s| s.start)),
+            hole(env.update.map(|s| s.start)),
+            hole(env.id.map(|(start, _)| start + usize::from(line[start] == b'"'))),
+        ];
+        let [Ok(jsonrpc), Ok(method), Ok(update), Ok(id)] = fields else { return };
+        self.line.clear();
+        self.line.extend_from_slice(line);
+        self.holes.clear();
+        self.holes.extend_from_slice(holes);
+        for (field, hole) in [jsonrpc, method, update, id].into_iter().enumerate() {
+            if let Some(hole) = hole {
+                self.holes[hole].field = field as u8 + 1;
+            }
+        }
+        self.env = *env;
+        self.kept = true;
+    }
+
+    /// `b`'s envelope when it is the kept line with other values in its holes; `bits` are `b`'s (see
+    /// [`super::index`]). `None` when it is not (the walk then decides).
+    #[inline(never)]
+    pub(super) fn check(&self, b: &[u8], bits: &[u64]) -> Option<Envelope> {
+        if !self.kept {
+            return None;
+        }
+        let (old, mut at, mut was) = (&self.line[..], 0, 0);
+        let mut env = self.env;
+        for hole in &self.holes {
+            let between = &old[was..hole.start];
+            if !same(b.get(at..at + between.len())?, between) {
+                return None;
+            }
+            let start = at + between.len();
+            let (end, escaped) = match hole.string {
+                true => string(b, bits, start, &mut env.lone_surrogate)?,
+                false => (number(b, start)?, false),
+            };
+            if hole.field != 0 {
+                let s = Str { start, end, escaped };
+                match hole.field {
+                    1 => env.jsonrpc = Some(s),
+                    2 => env.method = Some(s),
+                    3 => env.update = Some(s),
+                    _ => env.id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
+                }
+            }
+            (at, was) = (end, hole.end);
+        }
+        same(b.get(at..)?, &old[was..]).then_some(env)
+    }
+}
+
+/// Whether `a` and `b` are the same bytes, eight at a time (what lies between two values is a few dozen
+/// bytes at most: a call to `memcmp` costs more than the comparison).
+#[inline(always)]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let word = |x: &[u8], at: usize| u64::from_le_bytes(x[at..at + 8].try_into().unwrap_or_default());
+    if n < 8 {
+        return a == b;
+    }
+    let mut k = 0;
+    while k + 8 < n {
+        if word(a, k) != word(b, k) {
+            return false;
+        }
+        k += 8;
+    }
+    // The last eight bytes (overlapping the words before when `n` is no multiple of eight).
+    word(a, n - 8) == word(b, n - 8)
+}
