@@ -191,6 +191,8 @@ pub struct Frame {
     shim: bool,
     /// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
     lone_surrogate: bool,
+    /// [`Frame::is_streamed_chunk`], found with the envelope (layers ask it of every frame).
+    chunk: bool,
     /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
     value: OnceCell<Arc<Value>>,
 }
@@ -233,8 +235,8 @@ impl Frame {
     pub fn read(wire: Bytes, scanner: &mut scan::Scanner) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok((kind, update, lone_surrogate)) => {
-                Ok(Frame { wire, kind, update, shim: false, lone_surrogate, value: OnceCell::new() })
+            Ok(Classified { kind, update, lone_surrogate, chunk }) => {
+                Ok(Frame { wire, kind, update, shim: false, lone_surrogate, chunk, value: OnceCell::new() })
             }
             Err(e) => Err((wire, e)),
         }
@@ -265,17 +267,17 @@ impl Frame {
         let classified = classify(&bytes, &mut scan::Scanner::default());
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        let (kind, update) = match classified {
+        let (kind, update, chunk) = match classified {
             // serde_json writes no lone surrogate (a Rust string is Unicode text).
-            Ok((kind, update, _)) => (kind, update),
+            Ok(Classified { kind, update, chunk, .. }) => (kind, update, chunk),
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None)
+                (Kind::Notification { method: Method::default() }, None, false)
             }
         };
-        Frame { wire, kind, update, shim: true, lone_surrogate: false, value: OnceCell::new() }
+        Frame { wire, kind, update, shim: true, lone_surrogate: false, chunk, value: OnceCell::new() }
     }
 
     /// Whether the shim built or edited this frame.
@@ -305,8 +307,7 @@ impl Frame {
     /// Whether this is a `session/update` of the model's streamed words (`agent_message_chunk`,
     /// `agent_thought_chunk`): the bulk of all traffic, which most layers only pass on.
     pub fn is_streamed_chunk(&self) -> bool {
-        matches!(self.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"))
-            && self.is_notification("session/update")
+        self.chunk
     }
 
     /// The method of a request or notification.
@@ -341,6 +342,12 @@ impl Frame {
     /// U+FFFD (see [`Frame`]). The bytes of a frame no layer rewrites are forwarded as they came.
     pub fn value(&self) -> &Value {
         self.read_once()
+    }
+
+    /// The frame's value read where it lies ([`json::View`]): for a layer that needs a field or two of a frame
+    /// it otherwise passes on, found without parsing the rest (and without [`Frame::value`]'s allocations).
+    pub fn view(&self) -> json::View<'_> {
+        json::View::of(self.bytes())
     }
 
     /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
@@ -446,10 +453,20 @@ pub fn notification(method: &str, params: Value) -> Frame {
     Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
+/// What the envelope says of a frame.
+struct Classified {
+    kind: Kind,
+    /// `params.update.sessionUpdate`.
+    update: Option<CompactString>,
+    /// A string holds a lone surrogate escape.
+    lone_surrogate: bool,
+    /// A `session/update` of streamed words.
+    chunk: bool,
+}
+
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-/// The frame's kind, its `sessionUpdate`, and whether a string holds a lone surrogate escape.
-fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<CompactString>, bool), Invalid> {
+fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<Classified, Invalid> {
     let env = match scanner.checked(bytes) {
         Ok(env) => env,
         Err(e) => {
@@ -468,10 +485,22 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
         }
     };
     let text = |s: &scan::Str| s.text(bytes);
+    // A name as the frame keeps it: the usual ones as static text (nothing copied or checked again).
+    let name = |s: &scan::Str| match known(s, bytes) {
+        Some(known) => Some(CompactString::const_new(KNOWN[known])),
+        None => text(s).map(|t| CompactString::from(t.as_ref())),
+    };
     match env.top {
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
-        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None, env.lone_surrogate)),
+        scan::Top::Array { empty: false } => {
+            return Ok(Classified {
+                kind: Kind::Batch,
+                update: None,
+                lone_surrogate: env.lone_surrogate,
+                chunk: false,
+            });
+        }
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
     if env.mistyped {
@@ -481,7 +510,8 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
     if env.duplicate {
         return Err(invalid("a key of the envelope appears twice", id));
     }
-    if env.jsonrpc.as_ref().and_then(text).as_deref() != Some("2.0") {
+    let two = |s: &scan::Str| bytes[s.start..s.end] == *b"2.0" || text(s).as_deref() == Some("2.0");
+    if !env.jsonrpc.as_ref().is_some_and(two) {
         return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
     }
     if let Some(id) = &id {
@@ -490,8 +520,8 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
         }
     }
     let method = match &env.method {
-        Some(m) => match text(m) {
-            Some(m) => Some(Method::from(m.as_ref())),
+        Some(m) => match name(m) {
+            Some(m) => Some(m),
             None => return Err(invalid("the method name holds a lone UTF-16 surrogate escape", id)),
         },
         None => None,
@@ -502,8 +532,33 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
         (None, Some(id), true) => Kind::Response { id },
         (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
     };
-    let update = env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()));
-    Ok((kind, update, env.lone_surrogate))
+    let update = env.update.as_ref().and_then(name);
+    let chunk = matches!(&kind, Kind::Notification { method } if method == "session/update")
+        && matches!(update.as_deref(), Some("agent_message_chunk" | "agent_thought_chunk"));
+    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk })
+}
+
+/// The method names and `sessionUpdate` kinds of the frames that come most often: a frame keeps them as
+/// static text (nothing copied or checked as UTF-8 again).
+const KNOWN: [&str; 9] = [
+    "session/update",
+    "agent_message_chunk",
+    "agent_thought_chunk",
+    "tool_call",
+    "tool_call_update",
+    "usage_update",
+    "plan",
+    "session_info_update",
+    "_x.ai/session_notification",
+];
+
+/// Which of [`KNOWN`] the string `s` of `line` is, when it has no escape.
+fn known(s: &scan::Str, line: &[u8]) -> Option<usize> {
+    if s.escaped {
+        return None;
+    }
+    let text = &line[s.start..s.end];
+    KNOWN.iter().position(|k| k.as_bytes() == text)
 }
 
 fn parse_error(e: scan::Error) -> Invalid {

@@ -503,6 +503,18 @@ mod tests {
             lines.push(format!(r#"{{"jsonrpc":"2.0","{key}":{value},"method":"m"}}"#).into_bytes());
         }
         lines.push(br#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionUpdate":"\udbff"}}}"#.to_vec());
+        // Frames of one shape whose values take more or fewer bytes, with the envelope's strings before,
+        // between and after them (a stream's scanner checks each against the one before).
+        for shape in 0..2 {
+            for text in ["a", "abc", "", "\\n\\u00e9", "あい"] {
+                for n in [1, 1000, 7] {
+                    lines.push(match shape {
+                        0 => format!(r#"{{"params":{{"text":"{text}","n":{n},"update":{{"sessionUpdate":"k"}}}},"method":"m","id":{n},"jsonrpc":"2.0"}}"#),
+                        _ => format!(r#"{{"jsonrpc":"2.0","id":"{text}","method":"m{text}","params":{{"n":{n},"update":{{"t":"{text}","sessionUpdate":"k"}}}}}}"#),
+                    }.into_bytes());
+                }
+            }
+        }
         // Empty containers where the envelope is read: what follows them is not in `params` or `update`.
         for line in [
             r#"{"jsonrpc":"2.0","method":"m","params":{},"x":{"update":{"sessionUpdate":"no"}}}"#,

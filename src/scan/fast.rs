@@ -287,8 +287,11 @@ pub(super) struct Hole {
     pub(super) start: usize,
     pub(super) end: usize,
     pub(super) string: bool,
-    /// Which of the envelope's strings it is (`jsonrpc`, `method`, `sessionUpdate`, the id: 1 to 4), or 0.
-    pub(super) field: u8,
+    /// Whether it is the id's value.
+    pub(super) id: bool,
+    /// Which of the envelope's strings (a bit each: `jsonrpc`, `method`, `sessionUpdate`) lie in the bytes
+    /// before it, where a skeleton keeps them ([`super::skeleton`]).
+    pub(super) moved: u8,
 }
 
 /// Where the walk is: what comes at `i`.
@@ -341,7 +344,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
                 r.string(depth, Str { start, end, escaped });
             }
             if let Some(holes) = holes.as_mut() {
-                holes.push(Hole { start, end, string: true, field: 0 });
+                holes.push(Hole { start, end, string: true, id: false, moved: 0 });
             }
         }};
     }
@@ -351,7 +354,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
             let start = i;
             i = scalar(b, i)?;
             if let Some(holes) = holes.as_mut().filter(|_| b[start] != b't' && b[start] != b'f' && b[start] != b'n') {
-                holes.push(Hole { start, end: i, string: false, field: 0 });
+                holes.push(Hole { start, end: i, string: false, id: false, moved: 0 });
             }
         }};
     }

@@ -13,12 +13,16 @@ use super::*;
 /// Lines longer than this are not kept (the check is for frames, and a kept line is a copy).
 pub(super) const KEPT: usize = 16 << 10;
 
-/// The kept line, its holes, and where its envelope's strings are among them.
+/// The kept line, its holes, and where its envelope's strings are among them. The envelope's `jsonrpc`,
+/// `method` and `sessionUpdate` are no holes: what a frame is seldom changes from one frame to the next, and
+/// a line where it does is walked.
 #[derive(Debug, Default)]
 pub(super) struct Skeleton {
     line: Vec<u8>,
     holes: Vec<Hole>,
     env: Envelope,
+    /// Which of the envelope's strings lie after the last hole (see [`Hole::moved`]).
+    tail: u8,
     /// Whether a line is kept.
     kept: bool,
 }
@@ -48,12 +52,20 @@ impl Skeleton {
         self.line.clear();
         self.line.extend_from_slice(line);
         self.holes.clear();
-        self.holes.extend_from_slice(holes);
-        for (field, hole) in [jsonrpc, method, update, id].into_iter().enumerate() {
-            if let Some(hole) = hole {
-                self.holes[hole].field = field as u8 + 1;
+        let mut moved = 0;
+        for (k, hole) in holes.iter().enumerate() {
+            let k = Some(k);
+            match () {
+                _ if k == jsonrpc => moved |= JSONRPC,
+                _ if k == method => moved |= METHOD,
+                _ if k == update => moved |= UPDATE,
+                _ => {
+                    self.holes.push(Hole { id: k == id, moved, ..*hole });
+                    moved = 0;
+                }
             }
         }
+        self.tail = moved;
         self.env = *env;
         self.kept = true;
     }
@@ -72,23 +84,46 @@ impl Skeleton {
             if !same(b.get(at..at + between.len())?, between) {
                 return None;
             }
+            if hole.moved != 0 {
+                moved(&mut env, hole.moved, at, was);
+            }
             let start = at + between.len();
-            let (end, escaped) = match hole.string {
-                true => string(b, bits, start, &mut env.lone_surrogate)?,
-                false => (number(b, start)?, false),
+            let end = match hole.string {
+                true => string(b, bits, start, &mut env.lone_surrogate)?.0,
+                false => number(b, start)?,
             };
-            if hole.field != 0 {
-                let s = Str { start, end, escaped };
-                match hole.field {
-                    1 => env.jsonrpc = Some(s),
-                    2 => env.method = Some(s),
-                    3 => env.update = Some(s),
-                    _ => env.id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
-                }
+            if hole.id {
+                env.id = Some((start - usize::from(hole.string), end + usize::from(hole.string)));
             }
             (at, was) = (end, hole.end);
         }
-        same(b.get(at..)?, &old[was..]).then_some(env)
+        if !same(b.get(at..)?, &old[was..]) {
+            return None;
+        }
+        if self.tail != 0 {
+            moved(&mut env, self.tail, at, was);
+        }
+        Some(env)
+    }
+}
+
+/// The envelope's strings that are no holes (see [`Hole::moved`]).
+const JSONRPC: u8 = 1;
+const METHOD: u8 = 2;
+const UPDATE: u8 = 4;
+
+/// The envelope's strings `which` of a stretch between holes that was at `was` in the kept line and is at `at`
+/// in this one, moved with it.
+fn moved(env: &mut Envelope, which: u8, at: usize, was: usize) {
+    let by = |s: Option<Str>| s.map(|s| Str { start: s.start - was + at, end: s.end - was + at, ..s });
+    if which & JSONRPC != 0 {
+        env.jsonrpc = by(env.jsonrpc);
+    }
+    if which & METHOD != 0 {
+        env.method = by(env.method);
+    }
+    if which & UPDATE != 0 {
+        env.update = by(env.update);
     }
 }
 
