@@ -55,8 +55,10 @@ impl Classify {
     }
 }
 
-/// Runs `$one` on each 64-byte block of `$line` (a slice of exactly 64 bytes) (the last copied into a padded buffer when it is short) and
-/// appends the bits it returns to `$out`. A macro rather than a function taking a closure: a closure does not
+/// Runs `$one` on each 64-byte block of `$line` (a slice of exactly 64 bytes) and appends the bits it
+/// returns to `$out`. The last block, when it is short, is read as the line's last 64 bytes (its bits
+/// shifted down to where the block starts; the bytes past the end read as none), or, in a line shorter than
+/// that, copied into a padded buffer. A macro rather than a function taking a closure: a closure does not
 /// take the instruction set of the function it is written in, and its intrinsics would be calls.
 macro_rules! each {
     ($line:expr, $out:expr, |$bytes:ident| $one:expr) => {{
@@ -67,10 +69,13 @@ macro_rules! each {
             let $bytes: &[u8] = block;
             out.push($one);
         }
-        let rest = blocks.remainder();
-        if !rest.is_empty() {
+        let rest = blocks.remainder().len();
+        if rest > 0 && line.len() >= 64 {
+            let $bytes: &[u8] = &line[line.len() - 64..];
+            out.push($one >> (64 - rest));
+        } else if rest > 0 {
             let mut padded = [PAD; 64];
-            padded[..rest.len()].copy_from_slice(rest);
+            padded[..rest].copy_from_slice(line);
             let $bytes: &[u8] = &padded;
             out.push($one);
         }
