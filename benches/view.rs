@@ -1,5 +1,5 @@
 //! `cargo bench --bench view`: `acp-replay view` on day-long traces (100,000 and 1,000,000 records, made from the
-//! fixtures by `tests/support/big_trace.rs`), with the figures README's "Viewing a trace" gives.
+//! fixtures by `tests/support/big_trace.rs`), with the figures docs/performance.md ("The trace viewer") gives.
 //!
 //! For each size, in one run: the command's wall time and peak memory (the child's own `ru_maxrss`), the page's
 //! size, and in headless Chromium (when there is one) the first paint after navigation and the frame and draw

@@ -9,13 +9,14 @@
 //! acp_drive --cmd "some-agent --stdio" STEPS...
 //! ```
 //! With `--agent` the pinned CLI from `.live/` runs hermetically (see `tests/live-rig/src/live.rs`);
-//! `--shim` runs our shim binary with that CLI as its child instead. Steps come from the arguments,
+//! `--shim` runs our shim binary with that CLI as its child instead (`coda-acp` with `--profile <agent>`). Steps come from the arguments,
 //! or one per line from `--script FILE`:
 //!
 //! | step | does |
 //! | --- | --- |
 //! | `initialize [JSON]` | `initialize` (JSON replaces the default params) |
-//! | `new` | `session/new` in the work dir; remembers the session id |
+//! | `new [@FILE]` | `session/new` in the work dir (with FILE's text as `systemPrompt`); remembers the session id |
+//! | `list` | `session/list` of the work dir |
 //! | `prompt TEXT` | `session/prompt` and waits for its answer |
 //! | `prompt& TEXT` | `session/prompt` without waiting |
 //! | `load` / `resume` | `session/load` / `session/resume` of the remembered session |
@@ -118,6 +119,10 @@ fn run(options: Options) -> Result<(), String> {
             eprintln!("acp_drive: {}", live.command_line());
             let cwd = live.workdir.to_string_lossy().into_owned();
             match options.shim.clone() {
+                // `coda-acp` takes the agent's built-in profile and the hermetic command.
+                Some(shim) if shim.file_name().is_some_and(|n| n == "coda-acp") => {
+                    (Box::new(move || live.acp_command(&shim)), cwd)
+                }
                 Some(shim) => (Box::new(move || live.shim_command(&shim)), cwd),
                 None => (Box::new(move || live.command()), cwd),
             }
@@ -196,8 +201,17 @@ impl Driver {
                 self.request("initialize", params)?;
             }
             "new" => {
-                let result = self.request("session/new", json!({"cwd":self.cwd,"mcpServers":[]}))?;
+                let mut params = json!({"cwd":self.cwd,"mcpServers":[]});
+                // `new @FILE`: with the file's text as Coda's session instruction.
+                if let Some(path) = rest.strip_prefix('@') {
+                    let text = std::fs::read_to_string(path).map_err(|e| format!("new {rest}: {e}"))?;
+                    params["systemPrompt"] = json!({"mode":"append","content":[{"type":"text","text":text}]});
+                }
+                let result = self.request("session/new", params)?;
                 self.session = result.get("sessionId").and_then(Value::as_str).map(String::from);
+            }
+            "list" => {
+                self.request("session/list", json!({"cwd":self.cwd}))?;
             }
             "load" | "resume" => {
                 let session = self.session.clone().ok_or("no session yet")?;

@@ -4,7 +4,7 @@
 //! array or object level, and so do dropping and serialising a `serde_json::Value`. A line far under the
 //! size limit (20 KB of `[`) would overflow a thread's stack and abort the process, so every line is
 //! measured here before any recursive parser sees it. [`MAX_DEPTH`] levels fit a 2 MiB thread stack
-//! (a tokio worker's) several times over; README's "Command line and environment" says the limit.
+//! (a tokio worker's) several times over; docs/guarantees.md ("Limits on what a peer sends") says the limit.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -116,6 +116,9 @@ struct Loop {
     pool: Pool,
     /// Jobs handed to the pool whose results have not come back.
     working: usize,
+    /// Where the layers' wall clock starts, when it is virtual ([`Work::Inline`]): the loop's start, and the
+    /// wall time that stands for it.
+    virtual_wall: Option<(Instant, std::time::SystemTime)>,
 }
 
 impl Loop {
@@ -253,7 +256,12 @@ impl Loop {
 
     /// Hands the layers the time of this wake-up of the loop: read once per wake-up, not per frame.
     fn set_time(&mut self) {
-        self.stack.set_time(Instant::now().into_std(), std::time::SystemTime::now());
+        let now = Instant::now();
+        let wall = match self.virtual_wall {
+            Some((start, wall)) => wall + now.saturating_duration_since(start),
+            None => std::time::SystemTime::now(),
+        };
+        self.stack.set_time(now.into_std(), wall);
     }
 
     /// Runs the layers' wake-ups that are due.
@@ -320,7 +328,9 @@ enum Work {
     /// On the engine's worker threads ([`Pool::from_env`]).
     Pool,
     /// On the loop itself, at once ([`Pool::inline`]): [`testing::Pair`], whose virtual clock must not move
-    /// on while a job runs on a thread it does not see.
+    /// on while a job runs on a thread it does not see. The layers' wall clock is virtual too: it starts at
+    /// [`testing::wall_start`] and moves with the virtual clock, so what a session writes (a usage fact's
+    /// time) is a function of its inputs.
     Inline,
 }
 
@@ -370,6 +380,10 @@ async fn run_io(
             Work::Inline => Pool::inline(done_tx),
         },
         working: 0,
+        virtual_wall: match work {
+            Work::Pool => None,
+            Work::Inline => Some((Instant::now(), testing::wall_start())),
+        },
     };
     let mut lc = Lifecycle::new(process.is_some());
     // One timer for the layers' wake-ups, moved only when the earliest one changes: a loop wake-up with a

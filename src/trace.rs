@@ -41,7 +41,7 @@ impl Dir {
 }
 
 pub struct Trace {
-    file: File,
+    file: Box<dyn Write + Send>,
     failed: bool,
 }
 
@@ -49,7 +49,7 @@ impl Trace {
     pub fn open(path: &Path) -> std::io::Result<Trace> {
         // It holds every prompt and the session instruction: private (src/private_file.rs).
         let file = crate::private_file::open(path, crate::private_file::Write::Append)?;
-        Ok(Trace { file, failed: false })
+        Ok(Trace { file: Box::new(file), failed: false })
     }
 
     /// Records to the process's own stdout (a duplicate of its descriptor: `/dev/stdout` is a symlink on
@@ -57,7 +57,12 @@ impl Trace {
     pub fn stdout() -> std::io::Result<Trace> {
         use std::os::fd::AsFd;
         let file = File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
-        Ok(Trace { file, failed: false })
+        Ok(Trace { file: Box::new(file), failed: false })
+    }
+
+    /// Records to any writer (`relay::testing::Pair` keeps its trace in memory and checks it).
+    pub fn to_writer(out: impl Write + Send + 'static) -> Trace {
+        Trace { file: Box::new(out), failed: false }
     }
 
     /// Records a frame (`bytes` is a complete JSON value).

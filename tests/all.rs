@@ -7,10 +7,12 @@
 
 mod support;
 
+mod acp_live;
 mod codex_compact_live;
 mod codex_live;
 mod codex_replay;
 mod codex_version;
+mod docs;
 mod doctor;
 mod failure_live;
 mod failure_replay;
@@ -40,6 +42,8 @@ mod redact;
 mod relay;
 mod replay;
 mod replay_diff;
+mod sim;
+mod validate;
 mod view;
 mod view_browser;
 

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 /// The output tokens the fake model reports for every response (its `USAGE_OUT`).
 const OUTPUT_TOKENS: u64 = 5;
-/// The longest `lastRequestAt` may come before the request it names (README gives what was measured).
+/// The longest `lastRequestAt` may come before the request it names (docs/codex.md gives what was measured).
 const EARLY_AT_MOST: Duration = Duration::from_millis(500);
 
 /// Coda, as far as these scenarios need it: requests without waiting, every frame kept with when it came.

@@ -5,7 +5,7 @@
 //! `scripts/install-clis`). `CODA_RECORD=1` also writes the fixtures; `CODA_FAILURE_ONLY=503,reset` limits the
 //! cases (then nothing is written). One shim process and one session per agent; each case is one prompt whose
 //! marker makes the fake model answer with that failure in the OpenAI shape the CLI's provider speaks. Prints, per
-//! case, what Coda received and how long the turn took (the measurements in README's failure table).
+//! case, what Coda received and how long the turn took (the measurements in the failure table of docs/contract.md).
 
 use crate::support;
 
@@ -179,7 +179,7 @@ fn keep(agent: &str, trace: &Path, root: &Path) {
     }
 }
 
-/// Runs every case against `agent` and checks what Coda received (README "Upstream failures").
+/// Runs every case against `agent` and checks what Coda received (docs/contract.md, "Upstream failures").
 fn live(agent: &str) {
     if !live::wanted(agent, "live failures") {
         return;

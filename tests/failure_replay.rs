@@ -1,6 +1,6 @@
 //! Replays of the upstream failure recordings (`fixtures/<agent>/upstream-failures/`, made by
 //! `tests/failure_live.rs` from the real CLIs) through each shim, with `acp-replay` as the CLI: the shim must
-//! send Coda exactly what it sent live, and that answer must be what README's "Upstream failures" table says
+//! send Coda exactly what it sent live, and that answer must be what the "Upstream failures" table of docs/contract.md says
 //! (section 执行失败: the kind only from an explicit upstream reason, a login problem -32000, retries the CLI
 //! would keep up for over a minute stopped with the failure).
 

@@ -294,3 +294,20 @@ fn a_script_written_while_other_threads_start_processes_always_runs() {
     }
     assert!(failed.is_empty(), "{} of 300 scripts did not run: {failed:?}", failed.len());
 }
+
+/// `coda-acp` finds each built-in profile's agent the same way (the profile's program, in each install place).
+#[test]
+fn coda_acp_finds_each_profiles_agent_in_each_install_place_with_a_gui_path() {
+    for name in coda_shim::adapters::acp::profile::built_in_names() {
+        let profile = coda_shim::adapters::acp::profile::built_in(name).expect("a profile");
+        let (program, _) = profile.words().expect("a command");
+        for place in places() {
+            let home = TempDir::new(&format!("coda-gui-path-acp-{name}"));
+            let h = home.path();
+            (place.prepare)(h);
+            let cli = install_fake(&(place.dir)(h), &program);
+            let run = run("acp", h, &(place.vars)(h), &["--profile", name]);
+            assert_ran(&format!("acp --profile {name}"), place.name, &run, &cli);
+        }
+    }
+}

@@ -468,7 +468,7 @@ fn loop_requests(model: &fake_model::FakeModel) -> Vec<fake_model::RecordedReque
 
 /// Every root usage_update carries `lastRequestAt` and `contextTokens`, and they are those of a main-thread
 /// request of the fake model's log: the same input tokens, `lastRequestAt` at most `tolerance` ms before the
-/// server saw it. Returns the largest error (ms) seen, for the README.
+/// server saw it. Returns the largest error (ms) seen, for docs/kimi.md.
 fn check_usage_facts(scenario: &str, log: &[Value], model: &fake_model::FakeModel) -> i128 {
     let requests = loop_requests(model);
     let updates = usage_updates(log);

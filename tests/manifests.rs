@@ -206,10 +206,17 @@ fn read_manifest(dir: &Path) -> Value {
 fn every_agent_has_a_manifest_that_runs_its_shim_from_a_gui_path() {
     let names: Vec<String> =
         plugins().iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, ["codex", "grok", "kimi", "kimi-npm", "opencode"]);
+    let profiles = coda_shim::adapters::acp::profile::built_in_names();
+    let mut want: Vec<String> = profiles.iter().map(|p| format!("acp-{p}")).collect();
+    want.extend(["codex", "grok", "kimi", "kimi-npm", "opencode"].map(String::from));
+    want.sort();
+    assert_eq!(names, want, "one manifest per binary and per coda-acp profile");
     for dir in plugins() {
         let name = dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        let agent = name.trim_end_matches("-npm").to_owned();
+        // `acp-<profile>`: coda-acp with that profile, whose command's program stands in for the agent.
+        let profile =
+            name.strip_prefix("acp-").map(|p| coda_shim::adapters::acp::profile::built_in(p).expect("a profile"));
+        let agent = if profile.is_some() { "acp".to_owned() } else { name.trim_end_matches("-npm").to_owned() };
         let manifest = read_manifest(&dir);
         let command = manifest.pointer("/contributes/agents/0/command").and_then(Value::as_str).expect("command");
         let home = temp::TempDir::new(&format!("coda-manifest-{name}"));
@@ -229,10 +236,12 @@ fn every_agent_has_a_manifest_that_runs_its_shim_from_a_gui_path() {
             std::os::unix::fs::symlink(shim::binary(&agent), cargo_bin.join(&binary)).expect("link");
             home.path().to_path_buf()
         };
-        let (folder, program) = match agent.as_str() {
-            "codex" => (".local/bin", "codex-acp"),
-            "grok" => (".grok/bin", "grok"),
-            other => (".local/bin", other),
+        let from_profile = profile.as_ref().map(|p| p.words().expect("a command").0);
+        let (folder, program) = match (agent.as_str(), &from_profile) {
+            (_, Some(program)) => (".local/bin", program.as_str()),
+            ("codex", _) => (".local/bin", "codex-acp"),
+            ("grok", _) => (".grok/bin", "grok"),
+            (other, _) => (".local/bin", other),
         };
         let cli = home.join(folder).join(program);
         executable::write(&cli, "#!/bin/sh\nprintf '%s\\n' \"$0\" > \"$HOME/ran\"\n");

@@ -556,10 +556,10 @@ fn check_usage_facts(received: &[Value], model: &fake_model::FakeModel, session:
 }
 
 /// How far `lastRequestAt` (OpenCode's creation time of the request's message) may be from when the fake
-/// model received the request (README: measured tens of ms).
+/// model received the request (docs/opencode.md: measured tens to hundreds of ms).
 const LAST_REQUEST_SLACK_MS: i64 = 1000;
 /// The first request of an OpenCode process: its message is created before OpenCode loads its providers
-/// (README: measured about 5 s early).
+/// (docs/opencode.md: measured up to 5 s early).
 const FIRST_REQUEST_SLACK_MS: i64 = 15_000;
 
 #[test]

@@ -190,7 +190,7 @@ fn a_prompt_answered_with_auth_required_exits_as_needing_a_login() {
     let (_temp, dir) = workdir("login-prompt");
     let r = run(prompt_command("kimi", &dir, "hi !auth", &[]));
     let out = strip_ansi(&r.stdout);
-    assert_eq!(r.status.code(), Some(8), "README: 8 the agent needs a login (-32000): {out}");
+    assert_eq!(r.status.code(), Some(8), "exit 8: the agent needs a login (-32000): {out}");
     assert!(
         out.ends_with("session/prompt: the agent needs a login (error -32000: Authentication required)\n"),
         "{out}"

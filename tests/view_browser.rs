@@ -340,7 +340,7 @@ fn a_hostile_trace_runs_no_script_of_its_own_and_lists_its_bad_lines() {
 
 /// A day-long trace (100,000 records: the fixtures over and over, streamed turns of 1,000 chunks among them):
 /// the page shows the whole time axis at once, scrolls and zooms, and a streamed answer is one span whose click
-/// opens the joined text. The times are printed (the figures README gives), not asserted.
+/// opens the joined text. The times are printed (the figures docs/performance.md gives), not asserted.
 #[test]
 fn a_day_long_trace_opens_whole_and_a_streamed_answer_is_one_span() {
     let Some(chromium) = browser() else { return };

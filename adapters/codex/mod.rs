@@ -129,12 +129,13 @@ pub fn adapter() -> Adapter {
         data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
         session_files: None,
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
-        default_command,
-        version,
+        default_command: &default_command,
+        version: &version,
         // codex-acp asks the model for a suggested next message after every turn of an AIR client, at effort
         // `high`, paid from the user's quota; Coda never shows it (`session_info_update._meta.promptSuggestions`).
         env_defaults: &[("INITIAL_AGENT_MODE", "read-only"), ("CODEX_ACP_PROMPT_SUGGESTIONS", "false")],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -10,7 +10,7 @@
 //!   completes (Codex goes on at once). Codex reports parallel tool calls one after another, so a later end in
 //!   the same batch moves that start on. Codex sends one `usage_update` per response, sometimes after the
 //!   tools its response asked for have ended: so the starts wait in order, and each update takes the oldest
-//!   (an update with none waiting keeps the last). An estimate a little early: README gives the error measured
+//!   (an update with none waiting keeps the last). An estimate a little early: docs/codex.md gives the error measured
 //!   against the fake model's log.
 //! - `compactedAt`: when a compaction of the session completed, asked for or automatic: `compaction_update`
 //!   `completed` for a client that declared `session.compaction`, else the end (`completed`) of the "Compact

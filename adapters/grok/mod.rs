@@ -117,12 +117,13 @@ pub fn adapter() -> Adapter {
         data_home: DataHome { var: "GROK_HOME", default: ".grok", sub: "" },
         session_files: None,
         login_hint: "set XAI_API_KEY, or sign in with `grok`",
-        default_command,
-        version,
+        default_command: &default_command,
+        version: &version,
         // Grok asks the model for a one-line summary after every turn (`last_turn_summary`, unused by Coda);
         // with it off a turn costs one request (plus the session title on the first).
         env_defaults: &[("GROK_TURN_SUMMARY", "0")],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

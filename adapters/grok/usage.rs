@@ -14,7 +14,7 @@
 //!   `agentTimestampMs`. A new `streamStartMs` is a new request; it was sent right after the last thing Grok
 //!   did before it: the turn's start or the latest stamped frame (a tool's result). So the request time is
 //!   taken as `max(turnStartMs, latest agentTimestampMs before it)`, never after `streamStartMs`. Measured
-//!   live: README, "Compaction and usage facts".
+//!   live: docs/grok.md, "Compaction and usage facts".
 //! - `compactedAt`: `auto_compact_completed`'s `_meta.agentTimestampMs` (asked for or Grok's own), then a
 //!   `usage_update` with `used = tokens_after`.
 //! - `cacheTtl`: Grok says none; left out.

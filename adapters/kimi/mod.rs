@@ -81,10 +81,11 @@ pub fn adapter() -> Adapter {
         // The shim watches the session files; Kimi's index markers and logs it never reads.
         session_files: Some(SessionFiles { ignored: &["/.index-dirty/", "/logs/"] }),
         login_hint: "run `kimi login`",
-        default_command,
-        version: plain_version,
+        default_command: &default_command,
+        version: &plain_version,
         env_defaults: &[],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

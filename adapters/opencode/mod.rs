@@ -322,10 +322,11 @@ pub fn adapter() -> Adapter {
         data_home: DataHome { var: "XDG_DATA_HOME", default: ".local/share", sub: "opencode" },
         session_files: None,
         login_hint: "run `opencode auth login`",
-        default_command,
-        version: plain_version,
+        default_command: &default_command,
+        version: &plain_version,
         env_defaults: &[],
-        layers,
+        layers: &layers,
+        manifest_args: &[],
     }
 }
 

@@ -9,7 +9,7 @@
 //!   a compaction's summary is one with `summary: true`; `session.compacted` when a compaction ended.
 //!
 //! So: `lastRequestAt` is the creation time of the session's latest step that is not a summary (OpenCode's
-//! own clock; the error against the fake model's log is in README), `contextTokens` the `used` of the
+//! own clock; the error against the fake model's log is in docs/opencode.md), `contextTokens` the `used` of the
 //! `usage_update` being stamped, `compactedAt` the completion time of the latest summary. `cacheTtl` is
 //! never said. After a compaction outside a turn the layer sends a `usage_update` of its own, with
 //! `contextTokens` (and `used`) the estimate of the compacted context ([`Contexts::after`]).

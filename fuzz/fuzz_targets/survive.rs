@@ -1,7 +1,7 @@
 //! Any bytes, read as lines the way the relay reads either peer, on a thread with the 2 MiB stack of a
 //! tokio worker: every line is checked, read by a layer, rewritten, serialised and dropped, and nothing
 //! aborts the process (issue 13: 20 KB of `[` used to overflow the stack). Run it with long inputs and
-//! the JSON dictionary (README).
+//! the JSON dictionary (fuzz/README.md).
 #![no_main]
 
 use coda_shim::frame::Frame;

@@ -1,4 +1,8 @@
 //! What an adapter is: the CLI a binary wraps, the facts about it, how to find it, and the layers it stacks.
+//!
+//! The four binaries' adapters are constants of the program (functions and texts with `'static` lifetime);
+//! `coda-acp` makes its adapter once per process from a profile, whose texts and closures it leaks to get the
+//! same lifetime.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -26,13 +30,15 @@ pub struct Adapter {
     /// How to log in, when the CLI's own `authMethods` name no way a person can follow.
     pub login_hint: &'static str,
     /// Finds the default command when no override is given.
-    pub default_command: fn() -> Result<Found, FindError>,
+    pub default_command: &'static (dyn Fn() -> Result<Found, FindError> + Send + Sync),
     /// The wrapped CLI's version, for `--version` and agentInfo (runs off the critical path).
-    pub version: fn(&AgentCommand) -> Option<String>,
+    pub version: &'static (dyn Fn(&AgentCommand) -> Option<String> + Send + Sync),
     /// Environment set for the child unless the user's environment already sets it.
     pub env_defaults: &'static [(&'static str, &'static str)],
     /// Builds the layer stack, nearest the client first.
-    pub layers: fn(&mut Setup),
+    pub layers: &'static (dyn Fn(&mut Setup) + Send + Sync),
+    /// Arguments the plugin manifest's command passes the binary (`coda-acp`'s `--profile qwen`), for `doctor`.
+    pub manifest_args: &'static [&'static str],
 }
 
 /// A version the shim was tested with, and how to install it.

@@ -26,6 +26,11 @@ pub(crate) enum Parsed {
 
 /// Reads the command line (and the variables that stand for options).
 pub(crate) fn parse_args() -> Result<Parsed, lexopt::Error> {
+    parse_args_from(std::env::args_os().skip(1).collect())
+}
+
+/// [`parse_args`] of `args` (the arguments after the program's name).
+pub(crate) fn parse_args_from(argv: Vec<std::ffi::OsString>) -> Result<Parsed, lexopt::Error> {
     use lexopt::prelude::*;
     let mut args = Args {
         agent_command: None,
@@ -40,7 +45,7 @@ pub(crate) fn parse_args() -> Result<Parsed, lexopt::Error> {
     let mut version = false;
     let mut doctor = false;
     let mut prompt = prompt_options::Args::default();
-    let mut parser = lexopt::Parser::from_env();
+    let mut parser = lexopt::Parser::from_args(argv);
     while let Some(arg) = parser.next()? {
         match arg {
             Short('h') | Long("help") => return Ok(Parsed::Help),

@@ -3,17 +3,30 @@
 use std::time::Duration;
 
 use crate::cli::adapter::{Adapter, Started, start};
-use crate::cli::args::{Parsed, help, parse_args};
+use crate::cli::args::{Parsed, help, parse_args, parse_args_from};
 use crate::cli::setup;
 use crate::relay;
 
 /// The whole program of one binary.
 pub fn main(adapter: Adapter) -> ! {
+    let parsed = parse_args();
+    run(adapter, parsed, "")
+}
+
+/// [`main`] with the arguments the binary's own `main` left (`coda-acp` takes its profile first), and more text
+/// for `--help`.
+pub fn main_with(adapter: Adapter, args: Vec<std::ffi::OsString>, more_help: &str) -> ! {
+    let parsed = parse_args_from(args);
+    run(adapter, parsed, more_help)
+}
+
+fn run(adapter: Adapter, parsed: Result<Parsed, lexopt::Error>, more_help: &str) -> ! {
     let bin = adapter.binary();
-    let args = match parse_args() {
+    let args = match parsed {
         Ok(Parsed::Run(args)) => args,
         Ok(Parsed::Help) => {
-            let _ = std::io::Write::write_all(&mut std::io::stdout(), help(&adapter).as_bytes());
+            let text = help(&adapter) + more_help;
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
             std::process::exit(0)
         }
         Ok(Parsed::Version(flag)) => {

@@ -92,14 +92,14 @@ pub fn checks(adapter: &Adapter, flag: Option<String>) -> Vec<Row> {
     if let Some(found) = found {
         rows.extend(login_rows(adapter, &found));
     }
-    rows.push(manifest_row(std::env::current_exe()));
+    rows.push(manifest_row(std::env::current_exe(), adapter.manifest_args));
     rows
 }
 
 /// The plugin manifest's `command` for this machine: the running binary's absolute path, which `sh` runs
 /// whatever PATH Coda was started with; for a binary from coda-shim's npm package, the command npm linked
 /// for it ([`npm_command`]).
-fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
+fn manifest_row(exe: std::io::Result<PathBuf>, args: &[&str]) -> Row {
     let exe = match exe {
         Ok(exe) => npm_command(&exe).unwrap_or(exe),
         Err(e) => return row("manifest", Status::Warn, format!("cannot tell this binary's path: {e}"), ""),
@@ -112,7 +112,8 @@ fn manifest_row(exe: std::io::Result<PathBuf>) -> Row {
             "install it under a UTF-8 path: cargo install --path . --root <folder>",
         );
     };
-    let command = serde_json::to_string(&shell_words::quote(text)).unwrap_or_default();
+    let words: Vec<_> = std::iter::once(text).chain(args.iter().copied()).map(shell_words::quote).collect();
+    let command = serde_json::to_string(&words.join(" ")).unwrap_or_default();
     let line = format!("\"command\": {command}");
     // A binary in a cargo build folder goes away with `cargo clean`.
     let components: Vec<_> = exe.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
@@ -180,6 +181,13 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
     let (what, install) = (tested.what, tested.install);
     let tested = tested.version;
     match version {
+        // A profile of `coda-acp` that was never run here.
+        Some(v) if tested.is_empty() => rows.push(row(
+            "version",
+            Status::Warn,
+            format!("{what} {v}; not tested with this binary"),
+            format!("its ACP may differ from what this binary expects ({install})"),
+        )),
         Some(v) if v == tested => rows.push(row("version", Status::Ok, format!("{what} {v} (tested)"), "")),
         Some(v) => rows.push(row(
             "version",
@@ -215,7 +223,7 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
 
 /// The version in the `package.json` of npm package `name` that the command's program or first argument
 /// (a script run by `node`) belongs to.
-fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<String> {
+pub(crate) fn package_version_near(cmd: &crate::child::AgentCommand, name: &str) -> Option<String> {
     let paths = std::iter::once(cmd.program.clone()).chain(cmd.args.first().map(PathBuf::from));
     for path in paths.filter_map(|p| std::fs::canonicalize(p).ok()) {
         for dir in path.ancestors().skip(1) {
@@ -433,19 +441,21 @@ mod tests {
 
     #[test]
     fn the_manifest_line_is_the_binarys_absolute_path_quoted_for_sh_and_json() {
-        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-demo")));
+        let plain = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-demo")), &[]);
         assert_eq!(
             (plain.status, plain.result.as_str()),
             (Status::Ok, r#""command": "/Users/me/.cargo/bin/coda-demo""#)
         );
-        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-demo")));
+        let spaced = manifest_row(Ok(PathBuf::from("/Users/me/Coda \"tools\"/bin/coda-demo")), &[]);
         assert_eq!(spaced.result, r#""command": "'/Users/me/Coda \"tools\"/bin/coda-demo'""#);
-        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-demo")));
+        let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-demo")), &[]);
         assert_eq!(built.status, Status::Warn);
         assert!(built.fix.contains("cargo install --path ."), "{built:?}");
-        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-demo".to_vec()))));
+        let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-demo".to_vec()))), &[]);
         assert_eq!(odd.status, Status::Warn);
-        assert_eq!(manifest_row(Err(std::io::Error::other("gone"))).status, Status::Warn);
+        assert_eq!(manifest_row(Err(std::io::Error::other("gone")), &[]).status, Status::Warn);
+        let profiled = manifest_row(Ok(PathBuf::from("/Users/me/.cargo/bin/coda-acp")), &["--profile", "qwen"]);
+        assert_eq!(profiled.result, r#""command": "/Users/me/.cargo/bin/coda-acp --profile qwen""#);
     }
 
     /// npm's layouts, as `npm install` leaves them (seen in scripts/npm-check): the package and its
@@ -479,13 +489,13 @@ mod tests {
         // Run through npm's link (what the kernel reports on Linux: the real file) and through the link itself
         // (what macOS reports).
         for exe in [linked.clone(), prefix.join("bin/coda-demo")] {
-            let row = manifest_row(Ok(exe));
+            let row = manifest_row(Ok(exe), &[]);
             assert_eq!((row.status, row.result.as_str()), (Status::Ok, want.as_str()));
         }
         // Without the install script: the launcher in the main package exec'd the platform package's binary.
         let other = std::fs::canonicalize(dir.path()).expect("real path").join("no-scripts");
         let (_, platform_binary_2) = npm_layout(&other, false);
-        let row = manifest_row(Ok(platform_binary_2));
+        let row = manifest_row(Ok(platform_binary_2), &[]);
         assert_eq!(row.result, format!("\"command\": \"{}\"", other.join("bin/coda-demo").display()));
         // A project's dependency (a plugin's): node_modules/.bin.
         let project = std::fs::canonicalize(dir.path()).expect("real path").join("plugin");
@@ -495,7 +505,7 @@ mod tests {
         std::fs::write(modules.join("coda-shim/package.json"), r#"{"name": "coda-shim"}"#).expect("package.json");
         std::fs::copy(&platform_binary, modules.join("coda-shim/bin/coda-demo")).expect("binary");
         std::os::unix::fs::symlink("../coda-shim/bin/coda-demo", modules.join(".bin/coda-demo")).expect("link");
-        let row = manifest_row(Ok(modules.join("coda-shim/bin/coda-demo")));
+        let row = manifest_row(Ok(modules.join("coda-shim/bin/coda-demo")), &[]);
         assert_eq!(row.result, format!("\"command\": \"{}\"", modules.join(".bin/coda-demo").display()));
     }
 
@@ -511,7 +521,7 @@ mod tests {
         )
         .expect("package.json");
         let binary = prefix.join("lib/node_modules/coda-shim/node_modules/@coda-shim/linux-x64/bin/coda-demo");
-        assert_eq!(manifest_row(Ok(binary.clone())).result, format!("\"command\": \"{}\"", binary.display()));
+        assert_eq!(manifest_row(Ok(binary.clone()), &[]).result, format!("\"command\": \"{}\"", binary.display()));
         // Outside node_modules nothing is looked for.
         let plain = dir.path().join("coda-demo");
         std::fs::write(&plain, b"\x7fELF").expect("binary");
@@ -530,10 +540,11 @@ mod tests {
             data_home: DataHome { var: "DEMO_HOME", default: ".demo", sub: "" },
             session_files: None,
             login_hint: "run `demo sign-in`",
-            default_command: || Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
-            version: |_| None,
+            default_command: &|| Err(FindError::WrongProgram("/usr/bin/demo is not Demo CLI".into())),
+            version: &|_| None,
             env_defaults: &[],
-            layers: |_| {},
+            layers: &|_| {},
+            manifest_args: &[],
         }
     }
 

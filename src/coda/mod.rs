@@ -5,6 +5,7 @@ pub mod compact;
 pub mod failure;
 pub mod identity;
 pub mod instruction;
+pub mod subagents;
 pub mod usage;
 pub mod wait;
 pub mod waits;

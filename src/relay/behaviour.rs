@@ -254,7 +254,7 @@ async fn a_layers_wake_up_runs_on_virtual_time_and_drive_waits_for_it() {
             }
         }
         fn on_timer(&mut self, (): (), cx: &mut Cx) {
-            cx.to_client(frame::notification("woke", json!({})));
+            cx.to_client(frame::notification("_test/woke", json!({})));
         }
     }
     // An agent of the test's own: a closure that answers nothing (it is handed nothing here).
@@ -265,10 +265,10 @@ async fn a_layers_wake_up_runs_on_virtual_time_and_drive_waits_for_it() {
     // Quiet for 60 s of virtual time: idle before the wake-up.
     assert_eq!(s.drive().await, Default::default());
     let got = s.drive_for(std::time::Duration::from_secs(600)).await;
-    assert_eq!(got.to_client, [r#"{"jsonrpc":"2.0","method":"woke","params":{}}"#]);
+    assert_eq!(got.to_client, [r#"{"jsonrpc":"2.0","method":"_test/woke","params":{}}"#]);
     assert!(start.elapsed() >= std::time::Duration::from_secs(600));
     assert!(real.elapsed() < std::time::Duration::from_secs(5), "virtual time: {:?}", real.elapsed());
-    assert_eq!(json(&got.to_client[0])["method"], "woke");
+    assert_eq!(json(&got.to_client[0])["method"], "_test/woke");
     assert_eq!(s.close().await, 0);
 }
 
@@ -534,4 +534,43 @@ async fn opencode_and_kimi_keep_their_own_agent_info() {
         assert_eq!(answer["result"]["agentInfo"], json!({"name": "OpenCode", "version": "1.18.33"}), "{agent}");
         assert_eq!(s.close().await, 0, "{agent}");
     }
+}
+
+/// A layer of the test's own that makes a `_coda/wait` without its `waitId` when the client says `_test/go`.
+struct BrokenWait;
+
+impl crate::layer::Layer for BrokenWait {
+    type Timer = ();
+    type Event = std::convert::Infallible;
+    type Reply = std::convert::Infallible;
+    fn from_client(&mut self, f: crate::frame::Frame, cx: &mut crate::layer::Cx) {
+        if f.is_notification("_test/go") {
+            let wait = json!({"sessionId": "s", "state": "waiting"});
+            cx.to_client(crate::frame::notification("_coda/wait", wait));
+        } else {
+            cx.to_agent(f);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "coda#/$defs/CodaWaitNotification/required")]
+async fn a_frame_the_shim_makes_that_breaks_codas_shapes_fails_the_drive() {
+    let mut s = Pair::new(crate::layer::Stack::new(vec![Box::new(BrokenWait)]), TestAgent::default());
+    s.send(r#"{"jsonrpc":"2.0","method":"_test/go"}"#);
+    s.drive().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peers_frame_that_breaks_the_schema_is_passed_on_and_kept_as_a_fact() {
+    // The agent's answer to a prompt has a stop reason ACP v1 does not know; the shim passes it on as it came.
+    let agent = TestAgent::default().with_prompt_result(r#"{"stopReason":"paused"}"#);
+    let mut s = Pair::new(crate::layer::Stack::new(vec![Box::new(BrokenWait)]), agent);
+    s.request(1, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
+    let (answer, _) = s.request(2, "session/prompt", json!({"sessionId": "sess-1", "prompt": []})).await;
+    assert_eq!(answer["result"]["stopReason"], "paused");
+    let found: Vec<(&str, &str, &str)> =
+        s.schema_findings().iter().map(|f| (f.whose.as_str(), f.dir.as_str(), f.at.as_str())).collect();
+    assert_eq!(found, [("agent", "agent->shim", "/result/stopReason")], "{:?}", s.schema_findings());
+    assert_eq!(s.close().await, 0);
 }

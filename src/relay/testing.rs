@@ -10,7 +10,10 @@
 //! the next timer at once, so [`Pair::drive`] waits [`QUIET`] of virtual time (no real time) and calls the
 //! session idle once a whole [`QUIET`] passed in which neither side received a line. Layers' jobs run on
 //! the loop ([`crate::layer::work::Pool::inline`]), so the clock cannot move on while one runs elsewhere.
-//! What the relay logs goes to [`Pair::logs`] (from `DEBUG` up), not to stderr.
+//! What the relay logs goes to [`Pair::logs`] (from `DEBUG` up), not to stderr. The relay's trace is kept
+//! in memory and every frame the shim made or changed is checked against ACP's schema and Coda's shapes
+//! ([`crate::replay::validate`]) as each drive ends: a break of the shim's own fails the test there; the
+//! peers' (a test's hostile client or agent) are kept in [`Pair::schema_findings`].
 //!
 //! ```
 //! use coda_shim::relay::testing::{Pair, TestAgent};
@@ -32,16 +35,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{AgentSide, Options, Work};
 use crate::layer::{Event, Stack};
+use crate::replay::validate::{Checker, Finding};
+use crate::replay::view::read::{Line, Reader};
 
 /// How long, in virtual time, neither side may receive a line before [`Pair::drive`] calls the session idle.
 /// Longer than any layer's wake-up that a test waits for (a longer one: [`Pair::drive_for`]).
 pub const QUIET: Duration = Duration::from_secs(60);
+
+/// The layers' wall time ([`crate::layer::Cx::wall`]) when a [`Pair`]'s relay starts: 2027-01-15T08:00:00Z. It
+/// moves with the virtual clock, so a session's timestamps (a usage fact's `lastRequestAt`) are the same in
+/// every run of it.
+pub fn wall_start() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
 
 /// How long, in virtual time, [`Pair::drive`] drives a session that never goes idle before it panics.
 pub const BUSY_LIMIT: Duration = Duration::from_secs(24 * 3600);
@@ -128,6 +140,12 @@ pub struct Pair {
     relay: Option<JoinHandle<i32>>,
     logs: LogBuffer,
     _log_guard: tracing::subscriber::DefaultGuard,
+    /// The relay's trace (`--trace-file` records), checked as it grows.
+    trace: LogBuffer,
+    /// Records of the trace read so far.
+    traced: usize,
+    checker: Checker,
+    peers: Vec<Finding>,
 }
 
 impl Pair {
@@ -145,6 +163,36 @@ impl Pair {
         max_line: usize,
         mut agent: impl Agent,
     ) -> Pair {
+        let (pair, agent_end) = Pair::with_agent_end(stack, events, max_line);
+        let (agent_read, mut agent_write) = tokio::io::split(agent_end);
+        let got = pair.agent.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(agent_read).split(b'\n');
+            while let Ok(Some(line)) = lines.next_segment().await {
+                let line = String::from_utf8_lossy(&line).into_owned();
+                let answers = agent.answer(&line);
+                got.push(line);
+                for answer in answers {
+                    if agent_write.write_all(format!("{answer}\n").as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            // The relay closed the agent's input: the agent ends its output, which ends the session.
+            let _ = agent_write.shutdown().await;
+        });
+        pair
+    }
+
+    /// [`Pair::with`] for a test that plays the agent itself, with its own timing (the simulator,
+    /// `tests/sim`): the agent's end of the in-memory pipe. What the relay writes to the agent is read from
+    /// it, what the test writes to it reaches the relay, and shutting its write half down ends the agent's
+    /// output (an agent that dies). [`Driven::to_agent`] stays empty: what the agent receives is the test's.
+    pub fn with_agent_end(
+        stack: Stack,
+        events: mpsc::UnboundedReceiver<(usize, Event)>,
+        max_line: usize,
+    ) -> (Pair, DuplexStream) {
         let logs = LogBuffer::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -158,7 +206,8 @@ impl Pair {
         let (agent_side, agent_end) = AgentSide::memory();
         let (client, client_end) = tokio::io::duplex(64 << 10);
         let (client_read, client_write) = tokio::io::split(client);
-        let options = Options { max_line, trace: None };
+        let trace = LogBuffer::default();
+        let options = Options { max_line, trace: Some(crate::trace::Trace::to_writer(trace.clone())) };
         let link = crate::transport::streams(client_read, client_write, max_line);
         let relay = tokio::spawn(super::run_io(stack, agent_side, events, options, link, false, Work::Inline));
 
@@ -182,24 +231,7 @@ impl Pair {
                 got.push(String::from_utf8_lossy(&line).into_owned());
             }
         });
-        let (agent_read, mut agent_write) = tokio::io::split(agent_end);
-        let got = agent_got.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(agent_read).split(b'\n');
-            while let Ok(Some(line)) = lines.next_segment().await {
-                let line = String::from_utf8_lossy(&line).into_owned();
-                let answers = agent.answer(&line);
-                got.push(line);
-                for answer in answers {
-                    if agent_write.write_all(format!("{answer}\n").as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            // The relay closed the agent's input: the agent ends its output, which ends the session.
-            let _ = agent_write.shutdown().await;
-        });
-        Pair {
+        let pair = Pair {
             to_relay: Some(to_relay),
             client: client_got,
             agent: agent_got,
@@ -207,7 +239,12 @@ impl Pair {
             relay: Some(relay),
             logs,
             _log_guard: log_guard,
-        }
+            trace,
+            traced: 0,
+            checker: Checker::new(),
+            peers: Vec::new(),
+        };
+        (pair, agent_end)
     }
 
     /// Writes `line` and a `\n` to the relay as the client (handed over once the session is driven).
@@ -224,6 +261,11 @@ impl Pair {
     pub fn send_raw(&mut self, bytes: Vec<u8>) {
         let to_relay = self.to_relay.as_ref().expect("the client's side is open");
         to_relay.send(bytes).expect("the client's writer runs");
+    }
+
+    /// Writes `line` and a `\n` as the client, unless the relay no longer reads the client (it ended): false then.
+    pub fn try_send(&mut self, line: &str) -> bool {
+        self.to_relay.as_ref().is_some_and(|to| to.send(format!("{line}\n").into_bytes()).is_ok())
     }
 
     /// Runs both sides until the session is idle (see the module's docs) and returns what each received.
@@ -285,11 +327,85 @@ impl Pair {
         // Its writer task writes what is queued, then shuts the pipe.
         self.to_relay = None;
         let relay = self.relay.take().expect("the relay runs");
-        tokio::time::timeout(BUSY_LIMIT, relay).await.expect("the session ended").expect("the relay did not panic")
+        let code =
+            tokio::time::timeout(BUSY_LIMIT, relay).await.expect("the session ended").expect("the relay did not panic");
+        self.check_schema();
+        code
     }
 
-    fn taken(&self) -> Driven {
+    /// Whether the relay has ended (the agent's output ended, or the client left and the session is over).
+    pub fn relay_ended(&self) -> bool {
+        self.relay.as_ref().is_none_or(|r| r.is_finished())
+    }
+
+    /// [`Pair::close`], with a panic of the relay as an error (its message) rather than a panic here: for a
+    /// test that reports it (the simulator).
+    pub async fn end(&mut self) -> Result<i32, String> {
+        self.to_relay = None;
+        let Some(relay) = self.relay.take() else { return Err("the relay was already ended".into()) };
+        match tokio::time::timeout(BUSY_LIMIT, relay).await {
+            Err(_) => Err(format!("the session did not end within {BUSY_LIMIT:?} of virtual time")),
+            Ok(Ok(code)) => self.schema_breaks().map(|()| code),
+            Ok(Err(e)) if e.is_panic() => {
+                let panic = e.into_panic();
+                let text = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "a panic without a message".into());
+                Err(format!("the relay panicked: {text}"))
+            }
+            Ok(Err(e)) => Err(format!("the relay's task failed: {e}")),
+        }
+    }
+
+    fn taken(&mut self) -> Driven {
+        self.check_schema();
         Driven { to_client: self.client.take(), to_agent: self.agent.take() }
+    }
+
+    /// The rules of ACP's schema and Coda's shapes that frames of the client or the agent broke so far (the
+    /// shim passed them on, or edited them without adding a break of its own).
+    pub fn schema_findings(&self) -> &[Finding] {
+        &self.peers
+    }
+
+    /// Checks the records the relay traced since the last check; panics on a break of the shim's own.
+    fn check_schema(&mut self) {
+        if let Err(e) = self.schema_breaks() {
+            panic!("{e}");
+        }
+    }
+
+    /// Checks the records the relay traced since the last check: the shim's own breaks as the error.
+    fn schema_breaks(&mut self) -> Result<(), String> {
+        let bytes = {
+            let mut buf = self.trace.0.lock().expect("lock");
+            let end = buf.iter().rposition(|&b| b == b'\n').map_or(0, |at| at + 1);
+            buf.drain(..end).collect::<Vec<u8>>()
+        };
+        let mut shims = Vec::new();
+        let mut records = 0;
+        for line in Reader::new(bytes.as_slice()) {
+            let Line::Record(mut rec) = line else { continue };
+            records += 1;
+            rec.line += self.traced;
+            for f in self.checker.push(&rec) {
+                if f.is_shims() {
+                    shims.push(format!("{f}\n    {}", rec.raw));
+                } else {
+                    self.peers.push(f);
+                }
+            }
+        }
+        self.traced += records;
+        if shims.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "the shim wrote frames that break ACP's schema or Coda's shapes (line: record of the relay's trace):\n{}",
+            shims.join("\n")
+        ))
     }
 }
 

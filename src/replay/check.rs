@@ -1,6 +1,8 @@
 //! The fixture checker: a shim binary, with the player as its CLI, against the client's side of a fixture.
 //!
-//! [`check`] sends the recorded client frames and compares what the client receives with the recording.
+//! [`check`] sends the recorded client frames and compares what the client receives with the recording, then
+//! checks every frame the shim made or changed in the replay (its own trace) against ACP's schema and Coda's
+//! shapes ([`super::validate`]).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -33,6 +35,8 @@ pub struct CheckReport {
     pub sent: usize,
     pub received: usize,
     pub elapsed: Duration,
+    /// Frames of the client or the CLI in the replay that break ACP's schema (facts, not failures).
+    pub peer_breaks: usize,
 }
 
 /// The placeholder for the UTC day on which the client received a frame, as `YYYY-MM-DD`.
@@ -103,6 +107,16 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
         }
     }
     cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
+    // The shim's own trace of the replay, for the schema check: the one the options name (the player reads
+    // it too), else one of the check's (an argument, so the player does not see it).
+    let trace = match opts.env.iter().rev().find(|(k, _)| k == "CODA_SHIM_TRACE") {
+        Some((_, p)) => root.join("work").join(p),
+        None => {
+            let p = root.join("shim-trace.jsonl");
+            cmd.arg("--trace-file").arg(&p);
+            p
+        }
+    };
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", opts.shim.display()))?;
     let (Some(mut stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -218,5 +232,16 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
     if !script.unknown.is_empty() {
         return Err(with_stderr(format!("placeholders without a value: {:?}", script.unknown)));
     }
-    Ok(CheckReport { sent, received, elapsed: started.elapsed() })
+    let file = std::fs::File::open(&trace).map_err(|e| with_stderr(format!("the shim's trace: {e}")))?;
+    let report = super::validate::validate(std::io::BufReader::new(file));
+    let shims: Vec<String> = report.findings.iter().filter(|f| f.is_shims()).map(ToString::to_string).collect();
+    if !shims.is_empty() {
+        return Err(with_stderr(format!(
+            "the shim wrote {} frame(s) that break ACP's schema or Coda's shapes (lines of its trace):\n{}",
+            report.frames_breaking(true),
+            shims.join("\n")
+        )));
+    }
+    let peer_breaks = report.frames_breaking(false) - report.frames_breaking(true);
+    Ok(CheckReport { sent, received, elapsed: started.elapsed(), peer_breaks })
 }

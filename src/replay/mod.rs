@@ -6,12 +6,16 @@
 //! [`Normaliser`] and [`record`] turn a trace into a fixture.
 //!
 //! By job: [`format`](mod@format) (records: parse, render), [`fixture`] (a fixture folder, loaded), [`placeholder`]
-//! (matching and filling `{{NAME}}`), [`script`] (the state machine of one side), [`file_op`] (session-file
-//! writes), [`normalise`] (trace to fixture), [`instants`] (the usage facts' times as `{{AT_n}}`), [`check`](mod@check) (a shim binary against a fixture), [`view`]
-//! (a trace as an HTML timeline), [`diff`] (two traces side by side), [`redact`] (a trace safe to share), [`took`] (what the player waits on:
-//! the shim's account of the writes it has taken in).
+//! (matching and filling `{{NAME}}`), [`script`] (the state machine of one side), [`play`](mod@play) (the
+//! player's loop), [`file_op`] (session-file writes), [`normalise`] (trace to fixture), [`instants`] (the usage
+//! facts' times as `{{AT_n}}`), [`check`](mod@check) (a shim binary against a fixture), [`view`] (a trace as an
+//! HTML timeline), [`diff`] (two traces side by side), [`redact`] (a trace safe to share), [`took`] (what the
+//! player waits on: the shim's account of the writes it has taken in), [`rpc`] (a trace's two JSON-RPC
+//! conversations), [`validate`](mod@validate) (frames against ACP's schema and Coda's shapes), [`stats`](mod@stats)
+//! (counts and latencies per method), [`commands`] (what each `acp-replay` command does with its files).
 
 pub mod check;
+pub mod commands;
 pub mod diff;
 pub mod file_op;
 pub mod fixture;
@@ -20,9 +24,13 @@ pub mod homes;
 pub mod instants;
 pub mod normalise;
 pub mod placeholder;
+pub mod play;
 pub mod redact;
+pub mod rpc;
 pub mod script;
+pub mod stats;
 pub mod took;
+pub mod validate;
 pub mod view;
 
 pub use crate::trace::Dir;

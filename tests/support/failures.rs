@@ -1,4 +1,4 @@
-//! The upstream failure cases and what Coda must receive for each, per CLI (README "Upstream failures").
+//! The upstream failure cases and what Coda must receive for each, per CLI (docs/contract.md, "Upstream failures").
 //!
 //! `tests/failure_live.rs` prompts them against the real CLIs; the replays of its recordings
 //! (`tests/failure_replay.rs`) check the same table.

@@ -24,7 +24,15 @@ pub struct Rec {
 
 impl Rec {
     pub fn start(lc: &live::LiveCommand, agent: &str, trace: &Path) -> Rec {
-        let cmd = lc.shim_command(&replay_support::shim_binary(agent));
+        Rec::start_command(lc, lc.shim_command(&replay_support::shim_binary(agent)), trace)
+    }
+
+    /// `coda-acp --profile <agent>` over the live agent.
+    pub fn start_acp(lc: &live::LiveCommand, trace: &Path) -> Rec {
+        Rec::start_command(lc, lc.acp_command(Path::new(env!("CARGO_BIN_EXE_coda-acp"))), trace)
+    }
+
+    fn start_command(lc: &live::LiveCommand, cmd: std::process::Command, trace: &Path) -> Rec {
         let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
         let cwd = lc.workdir.display().to_string();
         let mut rec = Rec { shim, next_id: 0, received: Vec::new(), session: String::new(), cwd };
@@ -97,6 +105,11 @@ impl Rec {
         self.next_id += 1;
         self.shim.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         id
+    }
+
+    /// Sends a notification.
+    pub fn notify(&mut self, method: &str, params: Value) {
+        self.shim.send_json(&json!({"jsonrpc": "2.0", "method": method, "params": params}));
     }
 
     /// The answer to request `id`, read now or already received.

@@ -90,11 +90,12 @@ pub fn check_part(agent: &str, part: usize, parts: usize) -> usize {
     for f in &fixtures {
         match check(agent, f) {
             Ok(report) => eprintln!(
-                "replayed {}: {} client frames, {} received, {:?}",
+                "replayed {}: {} client frames, {} received, {:?}; {} frames of the client or the CLI break ACP's schema",
                 f.display(),
                 report.sent,
                 report.received,
-                report.elapsed
+                report.elapsed,
+                report.peer_breaks
             ),
             Err(e) => failures.push(e),
         }

@@ -31,6 +31,7 @@ pub fn binary(agent: &str) -> PathBuf {
         "opencode" => env!("CARGO_BIN_EXE_coda-opencode"),
         "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
         "codex" => env!("CARGO_BIN_EXE_coda-codex"),
+        "acp" => env!("CARGO_BIN_EXE_coda-acp"),
         other => panic!("no binary for {other}"),
     })
 }
@@ -42,6 +43,9 @@ pub struct Shim {
     stderr: Receiver<String>,
     /// Every stderr line seen so far.
     pub stderr_lines: Vec<String>,
+    /// The shim's trace, from where this run's records start, checked against ACP's schema when it ends.
+    trace: Option<(PathBuf, u64)>,
+    _trace_dir: Option<tempfile::TempDir>,
 }
 
 pub struct Builder {
@@ -85,6 +89,7 @@ impl Builder {
     }
 
     pub fn start(mut self) -> Shim {
+        let (trace, trace_dir) = self.trace();
         let mut child = self
             .cmd
             .stdin(Stdio::piped())
@@ -112,8 +117,72 @@ impl Builder {
                 }
             }
         });
-        Shim { stdin: child.stdin.take(), child, lines, stderr, stderr_lines: Vec::new() }
+        Shim { stdin: child.stdin.take(), child, lines, stderr, stderr_lines: Vec::new(), trace, _trace_dir: trace_dir }
     }
+
+    /// The trace this run writes (`--trace-file`, `CODA_SHIM_TRACE`, or one in a temp dir of its own when the
+    /// shim relays: not for `--prompt`, `doctor`, `--help`, `--version`), and its length before the run.
+    fn trace(&mut self) -> (Option<(PathBuf, u64)>, Option<tempfile::TempDir>) {
+        let args: Vec<String> = self.cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let modes = ["--prompt", "--json", "doctor", "--doctor", "-V", "--version", "-h", "--help"];
+        if args.iter().any(|a| modes.contains(&a.as_str()) || a.starts_with("--prompt=")) {
+            return (None, None);
+        }
+        let given = args.iter().position(|a| a == "--trace-file").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+        let env = self.cmd.get_envs().find(|(k, _)| *k == "CODA_SHIM_TRACE").map(|(_, v)| v.map(PathBuf::from));
+        let (path, dir) = match (given, env) {
+            (Some(p), _) | (None, Some(Some(p))) => (p, None),
+            (None, Some(None)) | (None, None) => {
+                let dir = tempfile::tempdir().expect("a temp dir for the trace");
+                let p = dir.path().join("trace.jsonl");
+                self.cmd.env("CODA_SHIM_TRACE", &p);
+                (p, Some(dir))
+            }
+        };
+        let dir_of = |p: &PathBuf| self.cmd.get_current_dir().map(|d| d.join(p)).unwrap_or_else(|| p.clone());
+        let path = dir_of(&path);
+        let start = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        (Some((path, start)), dir)
+    }
+}
+
+/// Checks the frames a shim wrote in its run against ACP's schema and Coda's shapes: panics on a break of the
+/// shim's own; the peers' are listed on stderr (real CLIs break the schema in places).
+pub fn check_trace(path: &std::path::Path, start: u64) {
+    use std::io::{Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else { return };
+    if file.seek(SeekFrom::Start(start)).is_err() {
+        return;
+    }
+    let report = coda_shim::replay::validate::validate(BufReader::new(file));
+    let (shims, peers): (Vec<_>, Vec<_>) = report.findings.iter().partition(|f| f.is_shims());
+    // Each kind of break once, with how often: the CLI's are facts to report, not failures.
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for f in &peers {
+        let kind = format!(
+            "{} {} {} {}: {} [{}]",
+            f.whose.as_str(),
+            f.dir.as_str(),
+            f.method.as_deref().unwrap_or("-"),
+            f.at,
+            f.message,
+            f.rule
+        );
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
+    }
+    for (kind, n) in &kinds {
+        eprintln!("schema warning: {}: {n} x {kind}", path.display());
+    }
+    let list: Vec<String> = shims.iter().map(ToString::to_string).collect();
+    assert!(
+        list.is_empty(),
+        "the shim wrote frames that break ACP's schema or Coda's shapes ({}, lines from byte {start}):\n{}",
+        path.display(),
+        list.join("\n")
+    );
 }
 
 /// `coda-<agent> --agent-command <test agent>`.
@@ -263,6 +332,11 @@ impl Drop for Shim {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some((path, start)) = &self.trace
+            && !std::thread::panicking()
+        {
+            check_trace(path, *start);
+        }
     }
 }
 

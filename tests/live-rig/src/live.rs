@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::cli::{self, Setup, path_string};
-pub use crate::cli::{AGENTS, MODEL};
-pub use crate::opt_in::{selected_agents, wanted};
-pub use crate::paths::{live_root, node22};
+pub use crate::cli::{ACP_AGENTS, AGENTS, MODEL};
+pub use crate::opt_in::{selected_acp_agents, selected_agents, wanted};
+pub use crate::paths::{live_root, node22, node22_of};
 
 /// A loopback port nothing listens on (the "discard" port), so proxied traffic fails at once.
 pub const DEAD_PROXY: &str = "http://127.0.0.1:9";
@@ -54,6 +54,14 @@ impl LiveCommand {
         command
     }
 
+    /// `coda-acp` (`shim`) with its built-in profile for this agent, running this CLI as its child.
+    pub fn acp_command(&self, shim: &Path) -> Command {
+        let mut command = Command::new(shim);
+        self.apply_env(&mut command);
+        command.args(["--profile", &self.agent, "--agent-command", &self.command_line()]);
+        command
+    }
+
     /// Our shim binary (`shim`, e.g. the path of `coda-grok`) running this CLI as its child.
     pub fn shim_command(&self, shim: &Path) -> Command {
         let mut command = Command::new(shim);
@@ -81,7 +89,7 @@ impl LiveCommand {
 /// The installed executable for `agent`, or a message saying how to install it (for skipping).
 pub fn installed(agent: &str) -> Result<PathBuf, String> {
     let Some(cli) = cli::by_name(agent) else {
-        return Err(format!("unknown agent {agent:?}; expected one of {AGENTS:?}"));
+        return Err(format!("unknown agent {agent:?}; expected one of {AGENTS:?} or {ACP_AGENTS:?}"));
     };
     let root = live_root().join(agent).join("node_modules");
     let program = root.join(cli.program);

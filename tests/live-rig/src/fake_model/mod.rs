@@ -1,8 +1,12 @@
 //! A scripted fake model server for the live tests.
 //!
-//! Serves on 127.0.0.1 (OS-chosen port) the streaming APIs the wrapped CLIs call:
-//! OpenAI chat completions with SSE (Kimi, Grok, OpenCode) and the OpenAI Responses API with SSE
-//! (Codex). Any model name and any API key are accepted. Every request is recorded.
+//! Serves on 127.0.0.1 (OS-chosen port) the streaming APIs the CLIs call: OpenAI chat completions with SSE
+//! (Kimi, Grok, OpenCode, Qwen Code), the OpenAI Responses API with SSE (Codex), Gemini's
+//! `POST /v1beta/models/<model>:streamGenerateContent?alt=sse` with `data:` lines only (Gemini CLI, through
+//! `GOOGLE_GEMINI_BASE_URL`) and Anthropic's Messages API `POST /v1/messages` with SSE events (Claude Agent ACP,
+//! through `ANTHROPIC_BASE_URL`), and both token-count endpoints. Any model name and any API key are accepted.
+//! Every request is recorded. Errors come in each API's own shape: Google's `{error: {code, message, status,
+//! details}}` (a `429-usage` names a per-day `quotaId`), Anthropic's `{type: "error", error: {type, message}}`.
 //!
 //! What the "model" answers is chosen by markers in the latest user text of the request:
 //!

@@ -22,7 +22,7 @@ pub enum Origin {
 
 /// Tells main, subagent and side requests apart from the request body alone.
 pub(super) fn classify_origin(api: Api, body: &Value) -> Origin {
-    if !matches!(api, Api::ChatCompletions | Api::Responses) {
+    if !api.is_model() {
         return Origin::None;
     }
     let items = conversation(api, body);

@@ -1,6 +1,7 @@
 //! Each API's request read one way: which API, the conversation, the user's prompt, the tools offered.
 //!
-//! The conversation is a chat-completions `messages` array or a Responses API `input`, flattened into items.
+//! The conversation is a chat-completions `messages` array, a Responses API `input`, a Gemini `contents` array
+//! (with `systemInstruction`) or an Anthropic Messages `messages` array (with `system`), flattened into items.
 
 use std::collections::HashMap;
 
@@ -12,8 +13,21 @@ use serde_json::{Value, json};
 pub enum Api {
     ChatCompletions,
     Responses,
+    /// Gemini's `POST /v1beta/models/<model>:streamGenerateContent` (SSE) and `:generateContent` (JSON).
+    Gemini,
+    /// Anthropic's Messages API, `POST /v1/messages` (SSE when `stream` is true).
+    Anthropic,
+    /// A token count: Gemini's `:countTokens`, Anthropic's `/v1/messages/count_tokens`.
+    CountTokens,
     Models,
     Other,
+}
+
+impl Api {
+    /// Whether a request of this API asks the model for an answer.
+    pub fn is_model(self) -> bool {
+        matches!(self, Api::ChatCompletions | Api::Responses | Api::Gemini | Api::Anthropic)
+    }
 }
 
 pub(super) fn parse_body(bytes: &[u8]) -> Value {
@@ -24,7 +38,14 @@ pub(super) fn parse_body(bytes: &[u8]) -> Value {
 }
 
 pub(super) fn classify_api(method: &Method, path: &str) -> Api {
-    if *method == Method::POST && path.ends_with("/chat/completions") {
+    let post = *method == Method::POST;
+    if post && (path.ends_with(":countTokens") || path.ends_with("/messages/count_tokens")) {
+        Api::CountTokens
+    } else if post && (path.ends_with(":streamGenerateContent") || path.ends_with(":generateContent")) {
+        Api::Gemini
+    } else if post && path.ends_with("/messages") {
+        Api::Anthropic
+    } else if *method == Method::POST && path.ends_with("/chat/completions") {
         Api::ChatCompletions
     } else if *method == Method::POST && path.ends_with("/responses") {
         Api::Responses
@@ -45,7 +66,8 @@ pub(super) enum Item {
     ToolResult(String),
 }
 
-/// Flattens a chat-completions `messages` array or a Responses API `input` into items.
+/// Flattens a chat-completions `messages` array, a Responses API `input`, Gemini `contents` or Anthropic
+/// `messages` into items.
 pub(super) fn conversation(api: Api, body: &Value) -> Vec<Item> {
     let mut items = Vec::new();
     match api {
@@ -55,6 +77,15 @@ pub(super) fn conversation(api: Api, body: &Value) -> Vec<Item> {
                 let text = content_text(message.get("content"));
                 match role {
                     "system" | "developer" => items.push(Item::System(text)),
+                    // Qwen Code sends its reminders, the injected instruction and the prompt as parts of one
+                    // user message: each part is a text of its own, so the prompt is the last one.
+                    "user" if message.get("content").is_some_and(Value::is_array) => {
+                        for part in message.get("content").and_then(Value::as_array).into_iter().flatten() {
+                            if let Some(t) = part.get("text").and_then(Value::as_str) {
+                                items.push(Item::User(t.to_string()));
+                            }
+                        }
+                    }
                     "user" => items.push(Item::User(text)),
                     "assistant" => {
                         items.push(Item::Assistant);
@@ -96,9 +127,97 @@ pub(super) fn conversation(api: Api, body: &Value) -> Vec<Item> {
                 }
             }
         }
+        Api::Gemini => {
+            if let Some(system) = body.get("systemInstruction") {
+                items.push(Item::System(gemini_text(system.get("parts").unwrap_or(system))));
+            }
+            for content in body.get("contents").and_then(Value::as_array).into_iter().flatten() {
+                let role = content.get("role").and_then(Value::as_str).unwrap_or("user");
+                let parts = content.get("parts").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+                let results: Vec<String> = parts
+                    .iter()
+                    .filter_map(|p| p.get("functionResponse"))
+                    .map(|r| {
+                        r.get("response").map_or_else(String::new, |v| match v.get("output") {
+                            Some(Value::String(s)) => s.clone(),
+                            _ => v.to_string(),
+                        })
+                    })
+                    .collect();
+                if !results.is_empty() {
+                    items.extend(results.into_iter().map(Item::ToolResult));
+                } else if role == "model" {
+                    items.push(Item::Assistant);
+                    if parts.iter().any(|p| p.get("functionCall").is_some()) {
+                        items.push(Item::ToolCall);
+                    }
+                } else {
+                    // Gemini CLI sends its session context and the prompt as parts of one user turn.
+                    for part in parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)) {
+                        items.push(Item::User(part.to_string()));
+                    }
+                }
+            }
+        }
+        Api::Anthropic => {
+            match body.get("system") {
+                Some(Value::String(s)) => items.push(Item::System(s.clone())),
+                Some(blocks @ Value::Array(_)) => items.push(Item::System(content_text(Some(blocks)))),
+                _ => {}
+            }
+            for message in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+                let content = message.get("content");
+                let blocks = content.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+                let kind = |b: &Value, k: &str| b.get("type").and_then(Value::as_str) == Some(k);
+                match role {
+                    // Claude Code sends its environment as a message of role `system`.
+                    "system" => items.push(Item::System(content.map_or_else(String::new, |c| content_text(Some(c))))),
+                    "assistant" => {
+                        items.push(Item::Assistant);
+                        if blocks.iter().any(|b| kind(b, "tool_use")) {
+                            items.push(Item::ToolCall);
+                        }
+                    }
+                    _ if blocks.iter().any(|b| kind(b, "tool_result")) => {
+                        for block in blocks.iter().filter(|b| kind(b, "tool_result")) {
+                            let output = block.get("content");
+                            let text =
+                                output.and_then(Value::as_str).map_or_else(|| content_text(output), str::to_string);
+                            items.push(Item::ToolResult(text));
+                        }
+                    }
+                    _ => {
+                        // Text blocks only: Claude Code adds `<system-reminder>` blocks of its own around the prompt.
+                        let texts: Vec<&str> = match content {
+                            Some(Value::String(s)) => vec![s.as_str()],
+                            _ => blocks
+                                .iter()
+                                .filter(|b| kind(b, "text"))
+                                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                                .collect(),
+                        };
+                        for text in texts {
+                            items.push(Item::User(text.to_string()));
+                        }
+                    }
+                }
+            }
+        }
         _ => {}
     }
     items
+}
+
+/// The text parts of a Gemini `parts` array, one a line.
+fn gemini_text(parts: &Value) -> String {
+    parts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Text of a message content: a string, or an array of parts with `text` (or `encrypted_content`).
@@ -156,6 +275,7 @@ pub(super) struct Tool {
     pub(super) namespace: Option<String>,
     pub(super) name: String,
     pub(super) parameters: Value,
+    pub(super) description: String,
 }
 
 impl Tool {
@@ -171,8 +291,9 @@ impl Tool {
     }
 }
 
-/// Tools from chat-completions (`{type:function, function:{name, parameters}}`) or Responses API
-/// (`{type:function, name, parameters}`, or a namespace holding `tools`) shapes.
+/// Tools from chat-completions (`{type:function, function:{name, parameters}}`), Responses API
+/// (`{type:function, name, parameters}`, or a namespace holding `tools`), Gemini (`{functionDeclarations:
+/// [{name, parameters | parametersJsonSchema}]}`) or Anthropic (`{name, input_schema}`) shapes.
 pub(super) fn offered_tools(body: &Value) -> Vec<Tool> {
     fn collect(tools: &Value, namespace: Option<&str>, out: &mut Vec<Tool>) {
         for tool in tools.as_array().into_iter().flatten() {
@@ -182,11 +303,21 @@ pub(super) fn offered_tools(body: &Value) -> Vec<Tool> {
                 collect(inner, ns.or(namespace), out);
                 continue;
             }
+            if let Some(declarations) = tool.get("functionDeclarations") {
+                collect(declarations, namespace, out);
+                continue;
+            }
             if let Some(name) = function.get("name").and_then(Value::as_str) {
+                let parameters = ["parameters", "parametersJsonSchema", "input_schema"]
+                    .iter()
+                    .find_map(|key| function.get(*key))
+                    .cloned()
+                    .unwrap_or(Value::Null);
                 out.push(Tool {
                     namespace: tool.get("namespace").and_then(Value::as_str).or(namespace).map(str::to_string),
                     name: name.to_string(),
-                    parameters: function.get("parameters").cloned().unwrap_or(Value::Null),
+                    parameters,
+                    description: function.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
                 });
             }
         }
@@ -202,9 +333,15 @@ pub(super) fn find_tool<'a>(tools: &'a [Tool], names: &[&str]) -> Option<&'a Too
     names.iter().find_map(|n| tools.iter().find(|t| t.name == *n))
 }
 
-/// The function a chat request forces with `tool_choice` (Grok's session title does).
+/// The function a request forces: chat `tool_choice.function.name` (Grok's session title does), Anthropic
+/// `tool_choice {type: "tool", name}`.
 pub(super) fn forced_tool(body: &Value) -> Option<&str> {
-    body.get("tool_choice")?.get("function")?.get("name")?.as_str()
+    let choice = body.get("tool_choice")?;
+    match choice.get("function") {
+        Some(function) => function.get("name")?.as_str(),
+        None if choice.get("type").and_then(Value::as_str) == Some("tool") => choice.get("name")?.as_str(),
+        None => None,
+    }
 }
 
 /// A field of Codex's `client_metadata["x-codex-turn-metadata"]` (a JSON string).

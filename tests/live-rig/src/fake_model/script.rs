@@ -245,9 +245,17 @@ fn subagent_type(tool: &Tool) -> Value {
     if let Some(first) = schema.and_then(|s| s.get("enum")).and_then(Value::as_array).and_then(|e| e.first()) {
         return first.clone();
     }
-    // Kimi's default profile is `coder`; OpenCode's general-purpose agent is `general`.
+    // Claude Code's general agent is `general-purpose`; Kimi's default profile is `coder`; OpenCode's
+    // general-purpose agent is `general`.
     let description = schema.and_then(|s| s.get("description")).and_then(Value::as_str).unwrap_or("");
-    if description.contains("coder") || tool.name == "Agent" { json!("coder") } else { json!("general") }
+    let tool_description = tool.description.as_str();
+    if description.contains("general-purpose") || tool_description.contains("general-purpose") {
+        json!("general-purpose")
+    } else if description.contains("coder") || tool.name == "Agent" {
+        json!("coder")
+    } else {
+        json!("general")
+    }
 }
 
 fn followup_arguments(tool: &Tool, target: &str, prompt: &str) -> Value {
@@ -331,7 +339,48 @@ fn error_reply(api: Api, kind: &str) -> Reply {
         ),
         other => (500, json!({"message":format!("fake model: unknown error kind {other:?}"),"type":"server_error"})),
     };
-    Reply::Error { status, body: json!({ "error": error }), retry_after }
+    let body = match api {
+        Api::Gemini => gemini_error(status, kind),
+        Api::Anthropic => anthropic_error(status, kind),
+        _ => json!({ "error": error }),
+    };
+    Reply::Error { status, body, retry_after }
+}
+
+/// Google's error shape (`google.rpc.Status`): a per-day quota names its quota id in a `QuotaFailure`, which
+/// is how Gemini CLI tells an exhausted daily quota from a rate limit.
+fn gemini_error(status: u16, kind: &str) -> Value {
+    let (message, state, details) = match kind {
+        "429-usage" => (
+            "You exceeded your current quota, please check your plan and billing details.",
+            "RESOURCE_EXHAUSTED",
+            json!([{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{
+                "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                "quotaDimensions": {"location": "global", "model": "fake-model"}, "quotaValue": "250"}]}]),
+        ),
+        "429-rate" => (
+            "Resource has been exhausted (e.g. check quota).",
+            "RESOURCE_EXHAUSTED",
+            json!([{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1s"}]),
+        ),
+        "503" => ("The model is overloaded. Please try again later.", "UNAVAILABLE", json!([])),
+        "401" => ("API key not valid. Please pass a valid API key.", "UNAUTHENTICATED", json!([])),
+        _ => ("Internal error encountered.", "INTERNAL", json!([])),
+    };
+    json!({"error": {"code": status, "message": message, "status": state, "details": details}})
+}
+
+/// Anthropic's error shape: `{type: "error", error: {type, message}}`.
+fn anthropic_error(status: u16, kind: &str) -> Value {
+    let (kind, message) = match (status, kind) {
+        (_, "429-usage") => ("rate_limit_error", "This request would exceed your account's usage limit."),
+        (429, _) => ("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit."),
+        (401, _) => ("authentication_error", "invalid x-api-key"),
+        (503, _) => ("api_error", "Service Unavailable"),
+        _ => ("api_error", "Internal server error"),
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 pub(super) fn describe(reply: &Reply) -> String {
@@ -365,7 +414,11 @@ fn side_reply(body: &Value) -> Reply {
             return Reply::Calls(vec![call]);
         }
     }
-    let schema = body.pointer("/text/format/schema").or_else(|| body.pointer("/response_format/json_schema/schema"));
+    let schema = body
+        .pointer("/text/format/schema")
+        .or_else(|| body.pointer("/response_format/json_schema/schema"))
+        .or_else(|| body.pointer("/generationConfig/responseJsonSchema"))
+        .or_else(|| body.pointer("/generationConfig/responseSchema"));
     match schema {
         Some(schema) => Reply::Text(sample(schema).to_string()),
         None => Reply::Text(SIDE_TEXT.into()),
@@ -380,7 +433,8 @@ fn sample(schema: &Value) -> Value {
         None if schema.get("properties").is_some() => "object",
         None => "string",
     };
-    match kind {
+    // Gemini's own schema type names are upper case (`OBJECT`).
+    match kind.to_ascii_lowercase().as_str() {
         "object" => {
             let mut out = serde_json::Map::new();
             for (key, property) in schema.get("properties").and_then(Value::as_object).into_iter().flatten() {

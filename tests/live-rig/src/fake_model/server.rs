@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 
 use super::origin::classify_origin;
 use super::record::{RecordedRequest, summary_line};
-use super::request::{Api, classify_api, parse_body};
+use super::request::{classify_api, parse_body};
 use super::wire::answer;
 
 /// Options for [`FakeModel::start_with`].
@@ -92,9 +92,14 @@ impl FakeModel {
         self.shared.requests.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
-    /// Model requests only (chat completions and Responses API), in arrival order.
+    /// Model requests only (chat completions, Responses API, Gemini, Anthropic Messages), in arrival order.
     pub fn model_requests(&self) -> Vec<RecordedRequest> {
-        self.requests().into_iter().filter(|r| matches!(r.api, Api::ChatCompletions | Api::Responses)).collect()
+        self.requests().into_iter().filter(|r| r.api.is_model()).collect()
+    }
+
+    /// `http://127.0.0.1:PORT`, for CLIs that add the API's own path (Gemini's `/v1beta/…`, Anthropic's `/v1/…`).
+    pub fn origin_url(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     /// Polls until `done` holds for the recorded requests or `timeout` passes; returns whether it held.
@@ -174,8 +179,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let api = classify_api(&method, &path);
     let origin = classify_origin(api, &body);
     let answer = match shared.prompts.lock() {
-        Ok(mut prompts) => answer(api, origin, &method, &body, &mut prompts),
-        Err(_) => answer(api, origin, &method, &body, &mut HashMap::new()),
+        Ok(mut prompts) => answer(api, origin, &method, &path, &body, &mut prompts),
+        Err(_) => answer(api, origin, &method, &path, &body, &mut HashMap::new()),
     };
     let seq = shared.seq.fetch_add(1, Ordering::SeqCst) + 1;
     let input_tokens = super::wire::context_tokens(&body);

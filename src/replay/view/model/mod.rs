@@ -5,14 +5,20 @@
 //! versions), made, or did not pass on is a mark of its own. Nothing here knows an agent by name: an agent's
 //! own turn is recognised the way Coda's protocol ("Agent 活动", rule 3) defines it, as the time a wait is
 //! `handling` while no turn of Coda's is running.
+//!
+//! What the builder reads from the frames is here; the marks of what the shim changed and of what `diff` found
+//! are in [`marks`], and the rows each lane gets once every item is known in [`layout`].
 
 use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
 
-use super::changes::{Fate, Found, Linker};
+use super::changes::Linker;
 use super::read::{self, BadLine, Dir, Record};
+
+mod layout;
+mod marks;
 
 /// What a timeline item shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -569,153 +575,6 @@ impl Builder {
             }
         }
     }
-
-    /// A mark for a frame the shim edited, made, or did not pass on, in the lane's `shim` row.
-    fn shim_mark(&mut self, found: Found, current: Option<&Record>) {
-        let (i, pair, what, dir, t, frame, changes) = match found {
-            Found::Edited { out, inp, changes } => {
-                self.changed.push(Changed(inp, Fate::Edited.code(), out as i64, changes.clone()));
-                self.changed.push(Changed(out, Fate::Edited.code(), inp as i64, changes.clone()));
-                let Some(rec) = current else { return };
-                if !matches!(rec.dir, Dir::ShimToAgent | Dir::ShimToClient) {
-                    return;
-                }
-                (out, Some(inp), "edited", rec.dir, rec.t, rec.frame.as_ref(), changes)
-            }
-            Found::Made { out } => {
-                self.changed.push(Changed(out, Fate::Made.code(), -1, Vec::new()));
-                let Some(rec) = current else { return };
-                if rec.frame.as_ref().and_then(|f| str_at(f, &["method"])) == Some("_coda/wait") {
-                    return;
-                }
-                (out, None, "made by the shim", rec.dir, rec.t, rec.frame.as_ref(), Vec::new())
-            }
-            Found::NotPassed { inp, dir, t, frame } => {
-                self.changed.push(Changed(inp, Fate::NotPassed.code(), -1, Vec::new()));
-                self.not_passed_mark(inp, dir, t, frame.as_ref());
-                return;
-            }
-        };
-        self.mark(i, pair, what, dir, t, frame, changes);
-    }
-
-    fn not_passed_mark(&mut self, i: usize, dir: Dir, t: f64, frame: Option<&Value>) {
-        self.mark(i, None, "not passed on", dir, t, frame, Vec::new());
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn mark(
-        &mut self,
-        i: usize,
-        pair: Option<usize>,
-        what: &str,
-        dir: Dir,
-        t: f64,
-        frame: Option<&Value>,
-        changes: Vec<String>,
-    ) {
-        let Some(frame) = frame else { return };
-        let method = str_at(frame, &["method"]).unwrap_or_default().to_owned();
-        if let Some(it) = self.item_of(i).or_else(|| pair.and_then(|p| self.item_of(p))) {
-            self.items[it].changed = true;
-        }
-        let lane = str_at(frame, &["params", "sessionId"])
-            .and_then(|s| self.lane_of.get(s).copied())
-            .or_else(|| self.item_of(i).map(|it| self.items[it].lane))
-            .or_else(|| pair.and_then(|p| self.item_of(p)).map(|it| self.items[it].lane))
-            .unwrap_or(0);
-        let name = if method.is_empty() { "answer" } else { method.as_str() };
-        let label = format!("{what}: {name} ({})", dir.as_str());
-        // The mark is not the record's own item: it must not take over `item_of` (or end a text span).
-        let keep = self.item_of[i];
-        let last_text = self.last_text.get(&lane).copied();
-        let it = self.add(lane, Kind::Shim, i, t, label, &method);
-        self.item_of[i] = keep;
-        if let Some(l) = last_text {
-            self.last_text.insert(lane, l);
-        }
-        self.items[it].state = what.to_owned();
-        self.items[it].text = changes.join("\n");
-        if let Some(p) = pair {
-            self.items[it].frames.insert(0, p as u32);
-        }
-    }
-
-    /// Rows: every lane gets the rows it uses; waits are packed into as few rows as overlap allows.
-    fn layout(&mut self, end: f64) {
-        let mut wait_rows: HashMap<usize, Vec<f64>> = HashMap::new();
-        let mut wait_row_of: HashMap<(usize, String), usize> = HashMap::new();
-        let mut order: Vec<usize> = (0..self.items.len()).collect();
-        order.sort_by(|&a, &b| self.items[a].t.total_cmp(&self.items[b].t));
-        let base = ["turns", "own", "compact", "events", "shim", "files"];
-        for &it in &order {
-            let item = &mut self.items[it];
-            if item.end.is_none() && matches!(item.kind, Kind::Turn | Kind::Wait | Kind::Own | Kind::Permission) {
-                item.open = true;
-            }
-            if item.kind == Kind::Compact && item.end.is_none() {
-                item.open = true;
-            }
-            let name = match item.kind {
-                Kind::Turn | Kind::Cancel => "turns",
-                // Coda's request beside its turns; what the agent reported in a row of its own.
-                Kind::Compact if item.method == "_coda/session/compact" => "turns",
-                Kind::Compact => "compact",
-                Kind::Own => "own",
-                Kind::Shim => "shim",
-                Kind::File => "files",
-                Kind::Wait => {
-                    let rows = wait_rows.entry(item.lane).or_default();
-                    let last = item.end.unwrap_or(end);
-                    let r = match rows.iter().position(|&free| free < item.t) {
-                        Some(r) => r,
-                        None => {
-                            rows.push(0.0);
-                            rows.len() - 1
-                        }
-                    };
-                    rows[r] = last;
-                    wait_row_of.insert((item.lane, item.wait.clone()), r);
-                    item.row = 100 + r;
-                    continue;
-                }
-                _ => "events",
-            };
-            item.row = base.iter().position(|b| *b == name).unwrap_or(3);
-        }
-        for item in &mut self.items {
-            if item.kind == Kind::Stop
-                && let Some(r) = wait_row_of.get(&(item.lane, item.wait.clone()))
-            {
-                item.row = 100 + r;
-            }
-        }
-        let mut used: Vec<Vec<bool>> = vec![vec![false; base.len()]; self.lanes.len()];
-        for item in &self.items {
-            if item.row < 100 {
-                used[item.lane][item.row] = true;
-            }
-        }
-        let mut index: Vec<Vec<usize>> = vec![Vec::new(); self.lanes.len()];
-        for (l, lane) in self.lanes.iter_mut().enumerate() {
-            for (r, name) in base.iter().enumerate() {
-                index[l].push(lane.rows.len());
-                if used[l][r] {
-                    lane.rows.push(name);
-                }
-            }
-            let waits = wait_rows.get(&l).map_or(0, Vec::len);
-            index[l].push(lane.rows.len());
-            lane.rows.extend(std::iter::repeat_n("wait", waits));
-        }
-        for item in &mut self.items {
-            item.row = if item.row >= 100 {
-                index[item.lane][base.len()] + item.row - 100
-            } else {
-                index[item.lane][item.row]
-            };
-        }
-    }
 }
 
 const NONE: u32 = u32::MAX;
@@ -768,31 +627,6 @@ impl Builder {
         self.last_text.clear();
     }
 
-    /// A mark of `kind` in `session`'s lane (made now when it is new) at `t`, for frames `frames` (record
-    /// indexes), in the lane's `shim` row: a difference `acp-replay diff` found.
-    pub fn add_mark(&mut self, session: &str, frames: &[usize], t: f64, label: String, state: &str, text: String) {
-        let Some(&first) = frames.first() else { return };
-        let lane = self.lane(session, t);
-        let keep = self.item_of.get(first).copied();
-        let last_text = self.last_text.get(&lane).copied();
-        let it = self.add(lane, Kind::Shim, first, t, label, "");
-        if let Some(k) = keep {
-            self.item_of[first] = k;
-        }
-        if let Some(l) = last_text {
-            self.last_text.insert(lane, l);
-        }
-        self.items[it].state = state.to_owned();
-        self.items[it].text = text;
-        self.items[it].red = true;
-        self.items[it].frames = frames.iter().map(|&f| f as u32).collect();
-        for &f in frames {
-            if let Some(other) = self.item_of(f) {
-                self.items[other].changed = true;
-            }
-        }
-    }
-
     /// Records taken so far.
     pub fn frames(&self) -> usize {
         self.item_of.len()
@@ -805,7 +639,7 @@ impl Builder {
             self.shim_mark(found, None);
         }
         let end = self.end;
-        self.layout(end);
+        layout::layout(&mut self.items, &mut self.lanes, end);
         self.changed.sort_by_key(|c| c.0);
         Model {
             clock,
