@@ -187,24 +187,28 @@ pub struct Frame {
     /// `params.update.sessionUpdate` of a notification, read with the envelope so that layers can tell
     /// a streamed chunk from what they look for without searching the whole frame.
     update: Option<CompactString>,
-    /// Built or edited by the shim, rather than read from a peer.
-    shim: bool,
-    /// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
-    lone_surrogate: bool,
-    /// [`Frame::is_streamed_chunk`], found with the envelope (layers ask it of every frame).
-    chunk: bool,
+    /// [`SHIM`], [`LONE_SURROGATE`], [`CHUNK`].
+    flags: u8,
+    /// Where `params._meta` is in the line ([`Frame::meta`]), found with the envelope: its start and length (0
+    /// for none; `u16::MAX` for one as long or longer, looked for again). Small, so that the frame, which
+    /// every layer moves, keeps its size.
+    meta_start: u32,
+    meta_len: u16,
     /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
     value: OnceCell<Arc<Value>>,
 }
 
+/// Built or edited by the shim, rather than read from a peer.
+const SHIM: u8 = 1;
+/// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
+const LONE_SURROGATE: u8 = 2;
+/// [`Frame::is_streamed_chunk`], found with the envelope (layers ask it of every frame).
+const CHUNK: u8 = 4;
+
 /// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
 impl PartialEq for Frame {
     fn eq(&self, other: &Frame) -> bool {
-        self.wire == other.wire
-            && self.kind == other.kind
-            && self.update == other.update
-            && self.shim == other.shim
-            && self.lone_surrogate == other.lone_surrogate
+        self.wire == other.wire && self.kind == other.kind && self.update == other.update && self.flags == other.flags
     }
 }
 
@@ -227,16 +231,21 @@ impl Frame {
     /// back on error (for the trace and the warning). A line without its `\n` gets one (a copy): the last
     /// byte of a frame is its `\n`, in every build, so none of the line is lost.
     pub fn parse_wire(wire: Bytes) -> Result<Frame, (Bytes, Invalid)> {
-        Frame::read(wire, &mut scan::Scanner::default())
+        Frame::take(wire, None)
     }
 
     /// [`Frame::parse_wire`] for the next line of a stream, whose `scanner` has seen the lines before it
     /// (see [`scan::Scanner`]: a streamed chunk is checked from where it stops repeating the line before).
     pub fn read(wire: Bytes, scanner: &mut scan::Scanner) -> Result<Frame, (Bytes, Invalid)> {
+        Frame::take(wire, Some(scanner))
+    }
+
+    fn take(wire: Bytes, scanner: Option<&mut scan::Scanner>) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok(Classified { kind, update, lone_surrogate, chunk }) => {
-                Ok(Frame { wire, kind, update, shim: false, lone_surrogate, chunk, value: OnceCell::new() })
+            Ok(Classified { kind, update, lone_surrogate, chunk, meta }) => {
+                let flags = if lone_surrogate { LONE_SURROGATE } else { 0 } | if chunk { CHUNK } else { 0 };
+                Ok(Frame::with(wire, kind, update, flags, meta))
             }
             Err(e) => Err((wire, e)),
         }
@@ -264,25 +273,33 @@ impl Frame {
 
     /// A frame from the JSON text of one message the shim built.
     fn built(mut bytes: Vec<u8>) -> Frame {
-        let classified = classify(&bytes, &mut scan::Scanner::default());
+        let classified = classify(&bytes, None);
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        let (kind, update, chunk) = match classified {
+        let (kind, update, chunk, meta) = match classified {
             // serde_json writes no lone surrogate (a Rust string is Unicode text).
-            Ok(Classified { kind, update, chunk, .. }) => (kind, update, chunk),
+            Ok(Classified { kind, update, chunk, meta, .. }) => (kind, update, chunk, meta),
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None, false)
+                (Kind::Notification { method: Method::default() }, None, false, None)
             }
         };
-        Frame { wire, kind, update, shim: true, lone_surrogate: false, chunk, value: OnceCell::new() }
+        Frame::with(wire, kind, update, SHIM | if chunk { CHUNK } else { 0 }, meta)
+    }
+
+    fn with(wire: Bytes, kind: Kind, update: Option<CompactString>, flags: u8, meta: Option<(usize, usize)>) -> Frame {
+        let (meta_start, meta_len) = match meta {
+            Some((start, end)) => (start as u32, u16::try_from(end - start).unwrap_or(u16::MAX)),
+            None => (0, 0),
+        };
+        Frame { wire, kind, update, flags, meta_start, meta_len, value: OnceCell::new() }
     }
 
     /// Whether the shim built or edited this frame.
     pub fn is_shim(&self) -> bool {
-        self.shim
+        self.flags & SHIM != 0
     }
 
     pub fn kind(&self) -> &Kind {
@@ -307,7 +324,7 @@ impl Frame {
     /// Whether this is a `session/update` of the model's streamed words (`agent_message_chunk`,
     /// `agent_thought_chunk`): the bulk of all traffic, which most layers only pass on.
     pub fn is_streamed_chunk(&self) -> bool {
-        self.chunk
+        self.flags & CHUNK != 0
     }
 
     /// The method of a request or notification.
@@ -350,13 +367,29 @@ impl Frame {
         json::View::of(self.bytes())
     }
 
+    /// `params._meta` when it is an object (the stamps some agents put on every frame: Grok's
+    /// `streamStartMs`, `agentTimestampMs`), found by the frame check's one pass: its fields are read from
+    /// there ([`json::View::get`]) without going over the rest of the frame.
+    pub fn meta(&self) -> Option<json::View<'_>> {
+        match (self.meta_start as usize, self.meta_len) {
+            (_, 0) => None,
+            (_, u16::MAX) => self.view().pointer(&["params", "_meta"]),
+            (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+        }
+    }
+
+    /// Whether the frame check found a lone surrogate escape.
+    fn lone_surrogate(&self) -> bool {
+        self.flags & LONE_SURROGATE != 0
+    }
+
     /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
     pub fn shared_value(&self) -> Arc<Value> {
         Arc::clone(self.read_once())
     }
 
     fn read_once(&self) -> &Arc<Value> {
-        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate)))
+        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate())))
     }
 
     /// The frame's value to edit (and hand to [`Frame::rewritten`]): a copy of the shared one when a layer
@@ -364,7 +397,7 @@ impl Frame {
     pub fn to_value(&self) -> Value {
         match self.value.get() {
             Some(value) => Value::clone(value),
-            None => read(self.bytes(), self.lone_surrogate),
+            None => read(self.bytes(), self.lone_surrogate()),
         }
     }
 
@@ -462,12 +495,18 @@ struct Classified {
     lone_surrogate: bool,
     /// A `session/update` of streamed words.
     chunk: bool,
+    /// Where `params._meta` is.
+    meta: Option<(usize, usize)>,
 }
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<Classified, Invalid> {
-    let env = match scanner.checked(bytes) {
+fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classified, Invalid> {
+    let checked = match scanner {
+        Some(scanner) => scanner.checked(bytes),
+        None => scan::scan(bytes),
+    };
+    let env = match checked {
         Ok(env) => env,
         Err(e) => {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
@@ -494,12 +533,8 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<Classified, Inv
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
         scan::Top::Array { empty: false } => {
-            return Ok(Classified {
-                kind: Kind::Batch,
-                update: None,
-                lone_surrogate: env.lone_surrogate,
-                chunk: false,
-            });
+            let lone_surrogate = env.lone_surrogate;
+            return Ok(Classified { kind: Kind::Batch, update: None, lone_surrogate, chunk: false, meta: None });
         }
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
@@ -535,7 +570,10 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<Classified, Inv
     let update = env.update.as_ref().and_then(name);
     let chunk = matches!(&kind, Kind::Notification { method } if method == "session/update")
         && matches!(update.as_deref(), Some("agent_message_chunk" | "agent_thought_chunk"));
-    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk })
+    // Where a frame of 4 GiB or more has its `_meta` (no line the splitter passes is that long) is looked for
+    // again.
+    let meta = env.meta.map(|(start, end)| if start > u32::MAX as usize { (0, usize::MAX) } else { (start, end) });
+    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, meta })
 }
 
 /// The method names and `sessionUpdate` kinds of the frames that come most often, when the string `s` of
@@ -779,19 +817,46 @@ mod tests {
         let line = r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"x\ud800","b":"\ud83d\ude00","c":1e400}}"#;
         assert!(json::from_str::<Value>(line).is_err(), "serde_json alone refuses it");
         let f = Frame::parse(line.as_bytes().to_vec()).expect("valid JSON-RPC");
-        assert!(f.lone_surrogate, "noted where the line is checked");
+        assert!(f.lone_surrogate(), "noted where the line is checked");
         assert_eq!(f.value()["params"]["a"], "x\u{FFFD}");
         assert_eq!(f.value()["params"]["b"], "😀");
         assert_eq!(f.bytes(), line.as_bytes(), "the wire stays as it came");
         let mut v = f.to_value();
         v["params"]["d"] = Value::from(2);
         let out = f.rewritten(v);
-        assert!(!out.lone_surrogate);
+        assert!(!out.lone_surrogate());
         let text = std::str::from_utf8(out.bytes()).unwrap();
         assert_eq!(text, r#"{"id":1,"jsonrpc":"2.0","method":"m","params":{"a":"x�","b":"😀","c":1e400,"d":2}}"#);
         // In the method name it would change what the frame asks for: refused where the line is checked.
         let named = r#"{"jsonrpc":"2.0","id":2,"method":"session/\ud800"}"#;
         assert_eq!(Frame::parse(named.as_bytes().to_vec()).unwrap_err().code, -32600);
+    }
+
+    #[test]
+    fn params_meta_is_found_with_the_envelope() {
+        let grok = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"{\"_meta\":1}"}},"_meta":{"eventId":"s-14","agentTimestampMs":1796186871643,"streamStartMs":1796186871600}}}"#;
+        let mut scanner = scan::Scanner::default();
+        for _ in 0..3 {
+            // The second and third time through a stream's scanner, checked against the first's shape.
+            let f = Frame::read(Bytes::from(format!("{grok}\n")), &mut scanner).unwrap();
+            let meta = f.meta().expect("a _meta");
+            assert_eq!(meta.get("streamStartMs").and_then(|v| v.as_u64()), Some(1796186871600));
+            assert_eq!(meta.get("eventId").and_then(|v| v.as_str()).as_deref(), Some("s-14"));
+            assert_eq!(Some(&meta.to_value()), f.value().pointer("/params/_meta"));
+        }
+        for none in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"_meta":{"a":1}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"_meta":[1]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{"a":1}}}"#,
+            r#"[{"jsonrpc":"2.0","method":"m","params":{"_meta":{"a":1}}}]"#,
+        ] {
+            assert!(Frame::parse(none.as_bytes().to_vec()).unwrap().meta().is_none(), "{none}");
+        }
+        let built = notification("m", serde_json::json!({"_meta": {"a": 2}}));
+        assert_eq!(built.meta().and_then(|m| m.get("a")).and_then(|v| v.as_u64()), Some(2));
+        // A `_meta` longer than the frame keeps the place of is looked for again.
+        let long = notification("m", serde_json::json!({"x": 1, "_meta": {"pad": "p".repeat(70_000), "a": 3}}));
+        assert_eq!(long.meta().and_then(|m| m.get("a")).and_then(|v| v.as_u64()), Some(3));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct Envelope {
     pub error: bool,
     /// `params.update.sessionUpdate` when it is a string (for a repeated key, the last).
     pub update: Option<Str>,
+    /// The byte range of `params._meta` when it is an object (for a repeated key, the last): where the
+    /// stamps some agents put on every frame are, for a layer to read without parsing the frame.
+    pub meta: Option<(usize, usize)>,
     /// `jsonrpc` or `method` is there but not a string.
     pub mistyped: bool,
     /// One of the envelope's keys appears twice.
@@ -117,6 +120,7 @@ const ERROR: Packed = pack(b"error");
 const PARAMS: Packed = pack(b"params");
 const UPDATE: Packed = pack(b"update");
 const SESSION_UPDATE: Packed = pack(b"sessionUpdate");
+const META: Packed = pack(b"_meta");
 
 /// The raw bytes `line[start..end]` packed as [`pack`] does, cheaply: one or two word loads where the line
 /// has the room; `None` for a key longer than 16 bytes.
@@ -198,9 +202,24 @@ mod fast;
 mod index;
 mod skeleton;
 
-/// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
+/// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope: for a
+/// line that is no part of a stream (one the shim built), so nothing is kept for a next line, and a line of
+/// up to 4 KiB takes no allocation.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
-    Scanner::default().checked(line)
+    let blocks = line.len().div_ceil(64);
+    let (mut small, mut large) = ([0u64; 64], Vec::new());
+    let bits = match small.get_mut(..blocks) {
+        Some(bits) => bits,
+        None => {
+            large.resize(blocks, 0);
+            &mut large[..]
+        }
+    };
+    let ascii = index::Classify::best().run(line, bits);
+    match fast::walk(line, bits, None) {
+        Some(env) if ascii || simdutf8::basic::from_utf8(line).is_ok() => Ok(env),
+        _ => exact::scan(line),
+    }
 }
 
 /// A buffer of bits grown past this (for a line of more than 256 KiB) is let go after the line.
@@ -247,10 +266,14 @@ impl Scanner {
 
     /// [`Scanner::checked`] by the fast walk alone: `None` for a line it refuses.
     fn fast(&mut self, line: &[u8]) -> Option<Envelope> {
-        self.bits.clear();
-        let ascii = self.classify.run(line, &mut self.bits);
+        let blocks = line.len().div_ceil(64);
+        if self.bits.len() < blocks {
+            self.bits.resize(blocks, 0);
+        }
+        let ascii = self.classify.run(line, &mut self.bits[..blocks]);
         let utf8 = |line| ascii || simdutf8::basic::from_utf8(line).is_ok();
-        let checked = match self.last.check(line, &self.bits) {
+        let bits = &self.bits[..blocks];
+        let checked = match self.last.check(line, bits) {
             Some(env) => {
                 #[cfg(test)]
                 {
@@ -258,18 +281,21 @@ impl Scanner {
                 }
                 Some(env).filter(|_| utf8(line))
             }
-            None if line.len() > skeleton::KEPT => fast::walk(line, &self.bits, None).filter(|_| utf8(line)),
+            None if line.len() > skeleton::KEPT => fast::walk(line, bits, None).filter(|_| utf8(line)),
             None => {
                 self.holes.clear();
-                let env = fast::walk(line, &self.bits, Some(&mut self.holes)).filter(|_| utf8(line));
+                let env = fast::walk(line, bits, Some(&mut self.holes)).filter(|_| utf8(line));
                 if let Some(env) = &env {
                     self.last.keep(line, &self.holes, env);
                 }
                 env
             }
         };
-        if self.bits.capacity() > BITS_KEPT {
+        if self.bits.len() > BITS_KEPT {
             self.bits = Vec::new();
+        }
+        if self.holes.capacity() > BITS_KEPT {
+            self.holes = Vec::new();
         }
         checked
     }
@@ -505,12 +531,16 @@ mod tests {
         lines.push(br#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionUpdate":"\udbff"}}}"#.to_vec());
         // Frames of one shape whose values take more or fewer bytes, with the envelope's strings before,
         // between and after them (a stream's scanner checks each against the one before).
-        for shape in 0..2 {
+        for shape in 0..5 {
             for text in ["a", "abc", "", "\\n\\u00e9", "あい"] {
                 for n in [1, 1000, 7] {
                     lines.push(match shape {
                         0 => format!(r#"{{"params":{{"text":"{text}","n":{n},"update":{{"sessionUpdate":"k"}}}},"method":"m","id":{n},"jsonrpc":"2.0"}}"#),
-                        _ => format!(r#"{{"jsonrpc":"2.0","id":"{text}","method":"m{text}","params":{{"n":{n},"update":{{"t":"{text}","sessionUpdate":"k"}}}}}}"#),
+                        1 => format!(r#"{{"jsonrpc":"2.0","id":"{text}","method":"m{text}","params":{{"n":{n},"update":{{"t":"{text}","sessionUpdate":"k"}}}}}}"#),
+                        // `_meta` with no value that changes, after one that does; and other objects after it.
+                        2 => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"s":"{text}","_meta":{{"a":true,"b":{{}}}},"x":{{"y":[{{}}]}},"n":{n}}}}}"#),
+                        3 => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"_meta":{{"t":{n},"u":"{text}"}},"_meta":null,"x":{{}}}}}}"#),
+                        _ => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"_meta":{{}},"update":{{"_meta":{{"t":"{text}"}}}},"_meta":{{"v":[{n}]}}}}}}"#),
                     }.into_bytes());
                 }
             }
@@ -556,6 +586,23 @@ mod tests {
             assert_eq!(scan(line), exact::scan(line));
         }
         assert!(lines.iter().filter(|l| scan(l).is_ok()).count() > 2_000, "valid lines are in the corpus too");
+    }
+
+    /// The envelope's `_meta` is what a parse finds at `params._meta` when that is an object.
+    #[test]
+    fn notes_where_params_meta_is() {
+        let mut with = 0;
+        for line in corpus() {
+            let Ok(env) = exact::scan(&line) else { continue };
+            let Ok(value) = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(&line)) else { continue };
+            let want = value.pointer("/params/_meta").filter(|m| m.is_object());
+            let got = env.meta.map(|(start, end)| {
+                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
+            });
+            assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
+            with += usize::from(got.is_some());
+        }
+        assert!(with > 100, "lines with a _meta are in the corpus ({with})");
     }
 
     #[test]

@@ -47,6 +47,8 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
     // The container at depth 2 is `params`, an object; the one at depth 3 is its `update`, an object; the
     // last key read in `params` was `update`, the last in `update` `sessionUpdate`.
     let (mut params, mut update, mut update_key, mut kind_key) = (false, false, false, false);
+    // The last key read in `params` was `_meta`; where the object at depth 3 that is its value began.
+    let (mut meta_key, mut meta_start) = (false, usize::MAX);
 
     macro_rules! fail {
         ($why:expr) => {{
@@ -95,6 +97,10 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 if update_key {
                     env.update = None;
                 }
+                meta_key = (len == 5 || key.escaped) && key_of(b, &key) == Some(META);
+                if meta_key {
+                    env.meta = None;
+                }
             } else if depth == 3 && update {
                 kind_key = (len == 13 || key.escaped) && key_of(b, &key) == Some(SESSION_UPDATE);
                 if kind_key {
@@ -134,6 +140,8 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                         params = true;
                     } else if depth == 2 && params && update_key {
                         update = true;
+                    } else if depth == 2 && params && meta_key {
+                        meta_start = i;
                     }
                 }
                 depth += 1;
@@ -149,7 +157,12 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                     i += 1;
                     match depth {
                         2 => params = false,
-                        3 => update = false,
+                        3 => {
+                            update = false;
+                            if meta_start != usize::MAX {
+                                env.meta = Some((std::mem::replace(&mut meta_start, usize::MAX), i));
+                            }
+                        }
                         _ => {}
                     }
                     depth -= 1;
@@ -230,7 +243,12 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
             i += 1;
             match depth {
                 2 => params = false,
-                3 => update = false,
+                3 => {
+                    update = false;
+                    if meta_start != usize::MAX {
+                        env.meta = Some((std::mem::replace(&mut meta_start, usize::MAX), i));
+                    }
+                }
                 _ => {}
             }
             depth -= 1;

@@ -120,6 +120,7 @@ const RESULT_WORD: u64 = name(b"result");
 const PARAMS_WORD: u64 = name(b"params");
 const JSONRPC_WORD: u64 = name(b"jsonrpc");
 const UPDATE_WORD: u64 = name(b"update");
+const META_WORD: u64 = name(b"_meta");
 const SESSION_U_WORD: u64 = name(b"sessionU");
 const PDATE_WORD: u64 = name(b"pdate");
 
@@ -137,6 +138,9 @@ struct Reading {
     update: bool,
     update_key: bool,
     kind_key: bool,
+    /// The last key read in `params` was `_meta`; where the object at depth 3 that is its value began.
+    meta_key: bool,
+    meta_start: Option<usize>,
 }
 
 impl Reading {
@@ -150,6 +154,8 @@ impl Reading {
             update: false,
             update_key: false,
             kind_key: false,
+            meta_key: false,
+            meta_start: None,
         }
     }
 
@@ -173,7 +179,10 @@ impl Reading {
                 };
                 self.top_key(field);
             }
-            2 if self.params => self.update_key(len == 6 && word(b, start, 6) == UPDATE_WORD),
+            2 if self.params => {
+                self.update_key(len == 6 && word(b, start, 6) == UPDATE_WORD);
+                self.meta_key(len == 5 && word(b, start, 5) == META_WORD);
+            }
             3 if self.update => {
                 let kind = len == 13 && word(b, start, 8) == SESSION_U_WORD && word(b, start + 8, 5) == PDATE_WORD;
                 self.kind_key(kind);
@@ -197,7 +206,10 @@ impl Reading {
                 Some(PARAMS) => Field::Params,
                 _ => Field::Other,
             }),
-            2 if self.params => self.update_key(name == Some(UPDATE)),
+            2 if self.params => {
+                self.update_key(name == Some(UPDATE));
+                self.meta_key(name == Some(META));
+            }
             3 if self.update => self.kind_key(name == Some(SESSION_UPDATE)),
             _ => {}
         }
@@ -213,6 +225,14 @@ impl Reading {
             self.env.error |= field == Field::Error;
         }
         self.field = field;
+    }
+
+    #[inline(always)]
+    fn meta_key(&mut self, is: bool) {
+        self.meta_key = is;
+        if is {
+            self.env.meta = None;
+        }
     }
 
     #[inline(always)]
@@ -260,22 +280,28 @@ impl Reading {
         }
     }
 
-    /// An object opens at `depth` (at most 2).
+    /// An object opens at `i`, at `depth` (at most 2).
     #[inline(always)]
-    fn open(&mut self, depth: usize) {
+    fn open(&mut self, depth: usize, i: usize) {
         match depth {
             1 if self.field == Field::Params => self.params = true,
             2 if self.params && self.update_key => self.update = true,
+            2 if self.params && self.meta_key => self.meta_start = Some(i),
             _ => {}
         }
     }
 
-    /// The container at `depth` (2 or 3) closes.
+    /// The container at `depth` (2 or 3) closes; `i` is past it.
     #[inline(always)]
-    fn close(&mut self, depth: usize) {
+    fn close(&mut self, depth: usize, i: usize) {
         match depth {
             2 => self.params = false,
-            _ => self.update = false,
+            _ => {
+                self.update = false;
+                if let Some(start) = self.meta_start.take() {
+                    self.env.meta = Some((start, i));
+                }
+            }
         }
     }
 }
@@ -289,8 +315,8 @@ pub(super) struct Hole {
     pub(super) string: bool,
     /// Whether it is the id's value.
     pub(super) id: bool,
-    /// Which of the envelope's strings (a bit each: `jsonrpc`, `method`, `sessionUpdate`) lie in the bytes
-    /// before it, where a skeleton keeps them ([`super::skeleton`]).
+    /// Which of the envelope's strings (a bit each: `jsonrpc`, `method`, `sessionUpdate`) and ends of
+    /// `params._meta` lie in the bytes before it, where a skeleton keeps them ([`super::skeleton`]).
     pub(super) moved: u8,
 }
 
@@ -363,7 +389,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
         () => {{
             i += 1;
             if depth & !1 == 2 {
-                r.close(depth);
+                r.close(depth, i);
             }
             depth -= 1;
             object = objects[depth / 64] & (1 << (depth % 64)) != 0;
@@ -437,7 +463,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
                         }
                         object = c == b'{';
                         if object && depth <= 2 {
-                            r.open(depth);
+                            r.open(depth, i);
                         }
                         depth += 1;
                         let (word, bit) = (depth / 64, 1u64 << (depth % 64));

@@ -66,6 +66,15 @@ impl Skeleton {
             }
         }
         self.tail = moved;
+        // `_meta`'s braces lie between holes, each in the stretch before the first hole after it.
+        if let Some((start, end)) = env.meta {
+            for (at, bit) in [(start, META_START), (end, META_END)] {
+                match self.holes.iter_mut().find(|h| h.start > at) {
+                    Some(hole) => hole.moved |= bit,
+                    None => self.tail |= bit,
+                }
+            }
+        }
         self.env = *env;
         self.kept = true;
     }
@@ -111,9 +120,12 @@ impl Skeleton {
 const JSONRPC: u8 = 1;
 const METHOD: u8 = 2;
 const UPDATE: u8 = 4;
+/// The start and the end of `params._meta` (see [`Envelope::meta`]).
+const META_START: u8 = 8;
+const META_END: u8 = 16;
 
-/// The envelope's strings `which` of a stretch between holes that was at `was` in the kept line and is at `at`
-/// in this one, moved with it.
+/// The envelope's strings (and ends of `_meta`) `which` of a stretch between holes that was at `was` in the
+/// kept line and is at `at` in this one, moved with it.
 fn moved(env: &mut Envelope, which: u8, at: usize, was: usize) {
     let by = |s: Option<Str>| s.map(|s| Str { start: s.start - was + at, end: s.end - was + at, ..s });
     if which & JSONRPC != 0 {
@@ -124,6 +136,13 @@ fn moved(env: &mut Envelope, which: u8, at: usize, was: usize) {
     }
     if which & UPDATE != 0 {
         env.update = by(env.update);
+    }
+    if which & (META_START | META_END) != 0 {
+        env.meta = env.meta.map(|(start, end)| match which & (META_START | META_END) {
+            META_START => (start - was + at, end),
+            META_END => (start, end - was + at),
+            _ => (start - was + at, end - was + at),
+        });
     }
 }
 
