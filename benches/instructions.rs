@@ -8,10 +8,10 @@
 //! one and the difference divided by the difference in frames: start-up and shut-down cancel out, what is
 //! left is the cost of one frame.
 //!
-//! Two tables. Synthetic floods of 200 B `session/update` frames, three shapes: streamed chunks that repeat
-//! the line before them (as agents stream them, each the one before it up to its text), chunks whose `_meta`
-//! (with a number counted up per frame) follows `update` (as Grok stamps its chunks), and frames whose start
-//! differs (the same `_meta` first). Real streams: for each binary, the agent-to-client notifications of its
+//! Two tables. Synthetic floods of 200 B `session/update` frames, each chunk with a text of its own (its last
+//! 8 bytes differ from frame to frame), three shapes: streamed chunks, each the one before it up to its text
+//! (as agents stream them), chunks whose `_meta` (with a number counted up per frame) follows `update` (as
+//! Grok stamps its chunks), and frames whose start differs (the same `_meta` first). Real streams: for each binary, the agent-to-client notifications of its
 //! recorded fixtures (`fixtures/<agent>/*/trace.jsonl`: chunks, thoughts, tool calls and their updates, usage
 //! and session info updates (Codex's AIR among them), Grok's `_x.ai/*` notifications), cycled, with the
 //! values a real CLI changes per frame changed per frame (Grok's `eventId`, `agentTimestampMs`,
@@ -76,10 +76,16 @@ fn agent() {
                         let mut frame = synthetic_frame(flood, size).into_bytes();
                         // The stamp, as 19 digits: counted up per frame unless the flood is of plain chunks.
                         let t = memchr::memmem::find(&frame, STAMP.as_bytes()).filter(|_| flood != "chunks");
+                        // The text's last 8 bytes: each frame's own, as a streamed reply's words are.
+                        let text = memchr::memmem::rfind(&frame, b"\"}}").map(|end| end - 8);
                         for n in 0..count {
                             if let Some(t) = t {
                                 frame[t..t + STAMP.len()]
                                     .copy_from_slice(format!("{:019}", STAMP_START + n).as_bytes());
+                            }
+                            if let Some(text) = text {
+                                let words = n.wrapping_mul(0x9E37_79B9) as u32;
+                                frame[text..text + 8].copy_from_slice(format!("{words:08x}").as_bytes());
                             }
                             let _ = out.write_all(&frame);
                         }
@@ -297,6 +303,9 @@ fn pump(from: impl Read, to: impl Write) {
 
 // ---------------------------------------------------------------- client and counting
 
+/// The id of the prompt whose answer ends a flood: one no recorded frame carries.
+const PROMPT: u64 = 7_000_001;
+
 #[derive(Clone)]
 enum Middle {
     Copy,
@@ -354,13 +363,16 @@ fn count(middle: &Middle, frames: u64, flood: &str, out_dir: &Path, tag: &str) -
     answer(&mut line, br#""id":2,"#);
     ask(
         &mut stdin,
-        3,
+        PROMPT,
         "session/prompt",
         serde_json::json!({"sessionId": "load", "prompt": [{"type": "text", "text": "go"}],
             "_meta": {"load": {"count": frames, "size": 200, "flood": flood}}}),
     );
-    let seen = answer(&mut line, br#""stopReason""#);
+    // The prompt's answer, by its id: a recorded notification may name a stop reason too.
+    let seen = answer(&mut line, format!(r#""id":{PROMPT},"#).as_bytes());
+    // Whatever the middle still writes is read (a middle blocked on a full pipe would never end).
     drop(stdin);
+    let _ = std::io::copy(&mut out, &mut std::io::sink());
     let status = child.wait().expect("wait for valgrind");
     assert!(status.success(), "valgrind ran {tag} to its end: {status}");
     let text = std::fs::read_to_string(&out_file).expect("callgrind's output");
@@ -436,9 +448,9 @@ fn main() {
     if !synthetic.is_empty() {
         println!("\n## Instructions per 200 B frame, synthetic floods (callgrind; {span})\n");
         println!(
-            "Shapes: `chunks`, streamed chunks the same up to their text; `meta`, chunks whose `_meta` (a number \
-             counted up per frame) follows `update`, as Grok stamps its chunks; `starts`, frames whose start \
-             differs (the same `_meta` first).\n"
+            "Shapes (each chunk's text its own): `chunks`, streamed chunks the same up to their text; `meta`, \
+             chunks whose `_meta` (a number counted up per frame) follows `update`, as Grok stamps its chunks; \
+             `starts`, frames whose start differs (the same `_meta` first).\n"
         );
         let head: Vec<String> = synthetic.iter().map(|k| format!("{k} | / raw copy")).collect();
         println!("| path | {} |", head.join(" | "));

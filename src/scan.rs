@@ -273,7 +273,7 @@ impl Scanner {
         let ascii = self.classify.run(line, &mut self.bits[..blocks]);
         let utf8 = |line| ascii || simdutf8::basic::from_utf8(line).is_ok();
         let bits = &self.bits[..blocks];
-        let checked = match self.last.check(line, bits) {
+        let checked = match self.last.check(line, bits, &mut self.holes) {
             Some(env) => {
                 #[cfg(test)]
                 {
@@ -631,6 +631,24 @@ mod tests {
                 }
             }
             assert!(scanner.by_skeleton > 10_000, "{name}: the skeleton was used ({} times)", scanner.by_skeleton);
+            // Three lines in a row through a new scanner: the first is walked and kept, the second checked
+            // against it (and the skeleton kept again from it, with holes only where the two differ), the
+            // third checked against that.
+            let mut learnt = 0;
+            for i in 2..lines.len() {
+                let mut scanner = Scanner { classify, ..Scanner::default() };
+                for (k, line) in lines[i - 2..=i].iter().enumerate() {
+                    assert_eq!(
+                        scanner.fast(line),
+                        fresh[i - 2 + k],
+                        "{name}: {} after {}",
+                        String::from_utf8_lossy(line),
+                        String::from_utf8_lossy(&lines[i - 2])
+                    );
+                }
+                learnt += usize::from(scanner.by_skeleton == 2);
+            }
+            assert!(learnt > 1_000, "{name}: a learnt skeleton checked the third line ({learnt} times)");
         }
     }
 }

@@ -15,7 +15,9 @@ pub(super) const KEPT: usize = 16 << 10;
 
 /// The kept line, its holes, and where its envelope's strings are among them. The envelope's `jsonrpc`,
 /// `method` and `sessionUpdate` are no holes: what a frame is seldom changes from one frame to the next, and
-/// a line where it does is walked.
+/// a line where it does is walked. Nor, once the next line has been checked against it, are the values that
+/// line did not change (a session id, a content type, the start of Grok's turn): the skeleton is then kept
+/// again from that line, with holes only where the two differed.
 #[derive(Debug, Default)]
 pub(super) struct Skeleton {
     line: Vec<u8>,
@@ -25,69 +27,58 @@ pub(super) struct Skeleton {
     tail: u8,
     /// Whether a line is kept.
     kept: bool,
+    /// Whether the kept line's holes are only those that changed from the line before.
+    learnt: bool,
 }
 
 impl Skeleton {
-    /// Keeps `line`, which the walk found valid with `env` and `holes`; a line this cannot check the next
-    /// against (one with a lone surrogate escape, or an id that is not a string or a number) is not kept.
+    /// Keeps `line`, which is valid with `env` and has `holes` (among them every string value and number
+    /// the envelope reads); a line this cannot check the next against (one with a lone surrogate escape, or
+    /// an id that is not a string or a number) is not kept.
     pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) {
-        self.kept = false;
+        (self.kept, self.learnt) = (false, false);
         if line.len() > KEPT || env.lone_surrogate {
             return;
         }
         // A string's hole starts after its quote; a number's where it does.
-        let hole = |start: Option<usize>| -> Result<Option<usize>, ()> {
-            match start {
-                None => Ok(None),
-                Some(start) => holes.binary_search_by_key(&start, |h| h.start).map(Some).map_err(|_| ()),
+        let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
+        if id.is_some_and(|id| holes.binary_search_by_key(&id, |h| h.start).is_err()) {
+            return;
+        }
+        let strings = [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start));
+        self.holes.clear();
+        self.holes.extend(holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))).map(|h| Hole {
+            id: Some(h.start) == id,
+            moved: 0,
+            ..*h
+        }));
+        // What lies between holes moves with the stretch it is in: the stretch before the first hole after it.
+        self.tail = 0;
+        let meta = [env.meta.map(|m| m.0), env.meta.map(|m| m.1)];
+        for (at, bit) in strings.into_iter().chain(meta).zip([JSONRPC, METHOD, UPDATE, META_START, META_END]) {
+            let Some(at) = at else { continue };
+            match self.holes.iter_mut().find(|h| h.start > at) {
+                Some(hole) => hole.moved |= bit,
+                None => self.tail |= bit,
             }
-        };
-        let fields = [
-            hole(env.jsonrpc.map(|s| s.start)),
-            hole(env.method.map(|s| s.start)),
-            hole(env.update.map(|s| s.start)),
-            hole(env.id.map(|(start, _)| start + usize::from(line[start] == b'"'))),
-        ];
-        let [Ok(jsonrpc), Ok(method), Ok(update), Ok(id)] = fields else { return };
+        }
         self.line.clear();
         self.line.extend_from_slice(line);
-        self.holes.clear();
-        let mut moved = 0;
-        for (k, hole) in holes.iter().enumerate() {
-            let k = Some(k);
-            match () {
-                _ if k == jsonrpc => moved |= JSONRPC,
-                _ if k == method => moved |= METHOD,
-                _ if k == update => moved |= UPDATE,
-                _ => {
-                    self.holes.push(Hole { id: k == id, moved, ..*hole });
-                    moved = 0;
-                }
-            }
-        }
-        self.tail = moved;
-        // `_meta`'s braces lie between holes, each in the stretch before the first hole after it.
-        if let Some((start, end)) = env.meta {
-            for (at, bit) in [(start, META_START), (end, META_END)] {
-                match self.holes.iter_mut().find(|h| h.start > at) {
-                    Some(hole) => hole.moved |= bit,
-                    None => self.tail |= bit,
-                }
-            }
-        }
         self.env = *env;
         self.kept = true;
     }
 
     /// `b`'s envelope when it is the kept line with other values in its holes; `bits` are `b`'s (see
-    /// [`super::index`]). `None` when it is not (the walk then decides).
+    /// [`super::index`]). `None` when it is not (the walk then decides). The first line checked after one is
+    /// kept is kept in its place, with holes where the two differ (`changed` is room for them).
     #[inline(never)]
-    pub(super) fn check(&self, b: &[u8], bits: &[u64]) -> Option<Envelope> {
+    pub(super) fn check(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>) -> Option<Envelope> {
         if !self.kept {
             return None;
         }
         let (old, mut at, mut was) = (&self.line[..], 0, 0);
         let mut env = self.env;
+        changed.clear();
         for hole in &self.holes {
             let between = &old[was..hole.start];
             if !same(b.get(at..at + between.len())?, between) {
@@ -104,6 +95,9 @@ impl Skeleton {
             if hole.id {
                 env.id = Some((start - usize::from(hole.string), end + usize::from(hole.string)));
             }
+            if !self.learnt && (hole.id || b[start..end] != old[hole.start..hole.end]) {
+                changed.push(Hole { start, end, ..*hole });
+            }
             (at, was) = (end, hole.end);
         }
         if !same(b.get(at..)?, &old[was..]) {
@@ -111,6 +105,12 @@ impl Skeleton {
         }
         if self.tail != 0 {
             moved(&mut env, self.tail, at, was);
+        }
+        if !self.learnt {
+            if changed.len() < self.holes.len() {
+                self.keep(b, changed, &env);
+            }
+            self.learnt = true;
         }
         Some(env)
     }
