@@ -271,12 +271,18 @@ impl Loop {
         self.route(exits);
     }
 
-    /// The child is gone: every request it still owed gets an error carrying its stderr tail.
+    /// The child is gone: every request it still owed, and every one a layer still held for it (a prompt behind a
+    /// compaction, a compaction of the shim's), gets an error carrying its stderr tail, through the layers.
     fn fail_in_flight(&mut self, status: ExitStatus, stderr_tail: Vec<String>) {
         let message = format!("agent process exited with status {}", child::describe(status));
         let data = json!({ "stderr": stderr_tail.join("\n") });
-        // The stack's request table says which, in their order of arrival.
-        for id in self.stack.owed() {
+        // The stack's request table says which, in their order of arrival; the layers hold nothing more for it.
+        self.stack.agent_gone();
+        for id in self.stack.unanswered() {
+            // Answered meanwhile by a layer (with the answer to another one).
+            if self.stack.requests().get(&id).is_none_or(|r| r.is_answered()) {
+                continue;
+            }
             let mut exits = std::mem::take(&mut self.exits);
             self.stack.from_agent(frame::error_response(&id, -32603, &message, Some(data.clone())), &mut exits);
             self.route(exits);
@@ -510,7 +516,7 @@ async fn run_io(
         let _ = tokio::time::timeout(Duration::from_millis(500), p.stderr_done).await;
         stderr_tail = p.stderr_tail.lines();
     }
-    if !st.stack.owed().is_empty() {
+    if !st.stack.unanswered().is_empty() {
         st.set_time();
         st.fail_in_flight(status, stderr_tail);
     }

@@ -11,23 +11,8 @@ use coda_sim::{AGENTS, check_plan, generate, run};
 const SEEDS: std::ops::Range<u64> = 0..600;
 
 /// Rules the binaries break on this main, found by the simulator: (binary, rule, the defect).
-const KNOWN: &[(&str, &str, &str)] = &[
-    ("codex", "held-cancel", "Stop of a prompt held behind a compaction goes to the CLI; the prompt runs after"),
-    ("grok", "held-cancel", "Stop of a prompt held behind a compaction goes to the CLI; the prompt runs after"),
-    ("opencode", "held-cancel", "Stop of a prompt held behind a compaction goes to the CLI; the prompt runs after"),
-    (
-        "grok",
-        "answered",
-        "a turn's answer (and the steering answer) held until Grok answers `_x.ai/interject`, forever",
-    ),
-    ("codex", "steering-in-turn", "`_session/steering` forwarded while the shim's own `/compact` runs"),
-    ("codex", "failure", "codex-acp's `service` category (sandbox errors too) reported as service_unavailable"),
-    ("opencode", "frames", "a turn of OpenCode's own after a compaction loses its chunks (no server events)"),
-    ("codex", "answer-once", "a CLI's second answer to one request reaches Coda"),
-    ("grok", "answer-once", "a CLI's second answer to one request reaches Coda"),
-    ("kimi", "answer-once", "a CLI's second answer to one request reaches Coda"),
-    ("opencode", "answer-once", "a CLI's second answer to one request reaches Coda"),
-];
+const KNOWN: &[(&str, &str, &str)] =
+    &[("codex", "failure", "codex-acp's `service` category (sandbox errors too) reported as service_unavailable")];
 
 #[test]
 fn a_seed_is_a_run_byte_for_byte() {
@@ -108,19 +93,16 @@ fn held_prompt_then_stop() -> Vec<coda_sim::Timed> {
 }
 
 #[test]
-#[should_panic(expected = "rule `held-cancel` broken")]
 fn codex_held_prompt_then_stop() {
     coda_sim::assert_holds("codex", &held_prompt_then_stop());
 }
 
 #[test]
-#[should_panic(expected = "rule `held-cancel` broken")]
 fn grok_held_prompt_then_stop() {
     coda_sim::assert_holds("grok", &held_prompt_then_stop());
 }
 
 #[test]
-#[should_panic(expected = "rule `held-cancel` broken")]
 fn opencode_held_prompt_then_stop() {
     coda_sim::assert_holds("opencode", &held_prompt_then_stop());
 }
@@ -132,7 +114,6 @@ fn kimi_held_prompt_then_stop() {
 
 /// Grok never answers `_x.ai/interject`: the turn's answer (and the steering answer) must still come.
 #[test]
-#[should_panic(expected = "rule `answered` broken")]
 fn grok_interjection_never_answered() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(
@@ -155,7 +136,6 @@ fn grok_interjection_never_answered() {
 
 /// Steering while the shim's own `/compact` runs must not reach codex-acp.
 #[test]
-#[should_panic(expected = "rule `steering-in-turn` broken")]
 fn codex_steering_during_the_shims_compaction() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(
@@ -190,9 +170,9 @@ fn codex_sandbox_error_is_not_service_unavailable() {
     );
 }
 
-/// A CLI that answers a prompt twice: Coda must get one answer.
+/// A CLI that answers a prompt twice: Coda gets one answer.
 #[test]
-fn a_second_answer_reaches_coda_on_every_binary() {
+fn a_second_answer_never_reaches_coda_on_any_binary() {
     use coda_sim::dsl::*;
     let plan = [
         Timed { gap: 1, step: NewSession { instruction: true } },
@@ -203,13 +183,12 @@ fn a_second_answer_reaches_coda_on_every_binary() {
     ];
     for agent in AGENTS {
         let v = run(agent, &plan).violation.map(|(v, _, _)| v.rule);
-        assert_eq!(v, Some("answer-once"), "coda-{agent}: still a defect on this main; once fixed, assert it holds");
+        assert_eq!(v, None, "coda-{agent}: the second answer is dropped");
     }
 }
 
 /// A turn of OpenCode's own after a compaction: its chunks must reach Coda.
 #[test]
-#[should_panic(expected = "rule `frames` broken")]
 fn opencode_own_turn_after_a_compaction() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(

@@ -1,37 +1,30 @@
-//! `_coda/session/compact` on Codex (section 压缩上下文): codex-acp compacts with its `/compact` slash command,
-//! which the shim sends as a `session/prompt` of its own.
+//! How Codex compacts, for the engine's compaction machine ([`crate::coda::compact`], which keeps the rules of
+//! section 压缩上下文): codex-acp compacts with its `/compact` slash command, which the shim sends as a
+//! `session/prompt` of its own.
 //!
-//! - Declared (`agentCapabilities._meta.coda.compact`) in every `initialize` answer: every codex-acp has `/compact`.
-//! - Answered at once, with nothing sent: `compacted: false` for a session not made or opened in this process,
-//!   one with a `session/prompt` open (a turn runs), or one already compacting; `-32602` without a sessionId.
-//! - Else the shim sends `/compact` and holds Coda's `session/prompt`s for that session until it ends.
 //! - The shim's prompt is no turn of Coda's. Of the session's updates while it runs, `compaction_update` and
 //!   `usage_update` pass on (Coda reads them between turns too), so do updates that are no turn's content
 //!   (commands, config, titles); the turn's content is dropped: messages, thoughts, plans, tool calls (for a
 //!   Coda that did not declare `session.compaction`, the compaction shows as the "Compact conversation" tool
 //!   call) and the `threadStatus` active/idle of its start and end. Its answer is the shim's and never reaches Coda.
-//! - The answer: `compacted: true` when Codex reported the compaction completed (`compaction_update`, or the
-//!   tool call), with `before` = Codex's `used` when it started and `after` = its last `used` before it ended
-//!   (Codex's own estimate of the compacted context); `compacted: false` with Codex's reason when it failed,
-//!   was cancelled, or ended without saying it compacted.
-//! - Past [`compact::DEADLINE`] the shim cancels the prompt (`session/cancel`) and answers `compacted: false`; the
-//!   held prompts go on when Codex answers the cancel, or 30 s later.
+//! - The outcome: compacted when Codex reported the compaction completed (`compaction_update`, or the tool
+//!   call), with `before` = Codex's `used` when it started and `after` = its last `used` before it ended (both
+//!   Codex's own `used`, one measure); not compacted with Codex's own text when it failed (the failed update's
+//!   `error`, an error answer's `data.message` before its generic `message`), was cancelled, or ended without
+//!   saying it compacted.
+//! - Stopped (past the deadline) with `session/cancel`, which ends the shim's prompt `cancelled`.
 //!
 //! The shim declares nothing to codex-acp on Coda's behalf: Coda's `clientCapabilities` pass as they came.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::convert::Infallible;
 
 use serde_json::{Value, json};
 
-use super::roots::Roots;
-use crate::coda::compact::{self, Gate, Outcome};
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::compact::{Compactor, Ctl, Outcome};
+use crate::frame::{Frame, Kind};
 
-/// How long held prompts wait after the cancel for Codex to answer the shim's prompt.
-const GRACE: Duration = Duration::from_secs(30);
-/// The longest part of Codex's own error text a reason quotes.
+/// The longest part of Codex's own error text a reason quotes, in characters.
 const REASON_MAX: usize = 300;
 
 /// Updates that are a turn's content: the shim's prompt shows none of them to Coda.
@@ -45,15 +38,10 @@ const TURN_CONTENT: [&str; 7] = [
     "compaction_summary_chunk",
 ];
 
-/// The shim's `/compact` prompt for a session.
-pub struct Own(String);
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Tick {
-    /// Give up on Codex: cancel, answer Coda.
-    Deadline(String),
-    /// Stop waiting for the cancelled prompt's answer: let the held prompts go.
-    Grace(String),
+/// The shim's `/compact` prompt for a session, in a compaction round.
+pub struct Own {
+    session: String,
+    round: u64,
 }
 
 #[derive(Debug, PartialEq)]
@@ -64,21 +52,19 @@ enum Progress {
     Failed(String),
 }
 
+/// One compaction Codex runs.
 struct Running {
-    /// Coda's request, until it is answered.
-    coda: Option<Id>,
+    round: u64,
     before: Option<u64>,
     after: Option<u64>,
     progress: Progress,
-    timed_out: bool,
     /// The "Compact conversation" tool calls of this compaction.
     tools: HashSet<String>,
 }
 
+/// Codex's compaction: its `/compact` prompt (see the module docs).
 #[derive(Default)]
-pub struct Compact {
-    roots: Roots,
-    gate: Gate,
+pub struct CodexCompact {
     running: HashMap<String, Running>,
     /// Codex's last `used` of each root session.
     used: HashMap<String, u64>,
@@ -91,101 +77,65 @@ fn cut(s: &str) -> String {
     }
 }
 
-impl Compact {
-    pub fn new() -> Compact {
-        Compact::default()
+/// Codex's own text in an error: codex-acp answers `-32603 "Internal error"` with Codex's message in
+/// `data.message`; a failed update's `error` is a string or `{message}`.
+fn error_text(error: &Value) -> String {
+    let text = error.pointer("/data/message").or_else(|| error.get("message")).and_then(Value::as_str);
+    match (error, text) {
+        (Value::String(s), _) => s.clone(),
+        (_, Some(t)) => t.to_owned(),
+        (e, None) => e.to_string(),
     }
+}
 
-    /// Whether a turn of Coda's runs in `session`: a `session/prompt` of it is open.
-    fn turn_running(cx: &Cx, session: &str) -> bool {
-        cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session))
-    }
-
-    fn request(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(id) = frame.id().cloned() else { return cx.to_agent(frame) };
-        let value = frame.value();
-        let session = match compact::session_of(value, &id) {
-            Ok(s) => s,
-            Err(answer) => return cx.to_client(answer),
-        };
-        let refused = if !self.roots.contains(&session) {
-            Some(compact::NOT_RUNNING)
-        } else if self.running.contains_key(&session) {
-            Some(compact::ALREADY)
-        } else if Self::turn_running(cx, &session) {
-            Some(compact::TURN_RUNNING)
-        } else {
-            None
-        };
-        if let Some(reason) = refused {
-            return cx.to_client(Outcome::not(reason).answer(&id));
-        }
-        self.gate.close(&session);
-        let before = self.used.get(&session).copied();
-        self.running.insert(
-            session.clone(),
-            Running {
-                coda: Some(id),
-                before,
-                after: None,
-                progress: Progress::NotSeen,
-                timed_out: false,
-                tools: HashSet::new(),
-            },
-        );
-        let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "/compact"}]});
-        cx.request("session/prompt", prompt, Own(session.clone()));
-        cx.after(compact::DEADLINE, Tick::Deadline(session));
+impl CodexCompact {
+    pub fn new() -> CodexCompact {
+        CodexCompact::default()
     }
 
     /// A `session/update` from codex-acp: what a running compaction learns from it, and whether it goes on.
-    fn update(&mut self, frame: Frame, cx: &mut Cx) {
-        let kind = frame.session_update().unwrap_or_default().to_owned();
-        let compacting = !self.running.is_empty();
-        if kind != "usage_update" && !compacting {
-            return cx.to_client(frame);
+    fn update(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        let kind = frame.session_update().unwrap_or_default();
+        if kind != "usage_update" && self.running.is_empty() {
+            return true;
         }
         let value = frame.value();
-        let Some(session) = value.pointer("/params/sessionId").and_then(Value::as_str) else {
-            return cx.to_client(frame);
-        };
+        let Some(session) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return true };
         let update = &value["params"]["update"];
         let used = update.get("used").and_then(Value::as_u64);
         if kind == "usage_update"
             && let Some(used) = used
-            && self.roots.contains(session)
+            && ctl.cx.session(session).is_some_and(|s| s.is_root())
         {
             self.used.insert(session.to_owned(), used);
         }
-        let Some(run) = self.running.get_mut(session) else { return cx.to_client(frame) };
+        let Some(run) = self.running.get_mut(session) else { return true };
         let status = update.get("status").and_then(Value::as_str);
         let tool = update.get("toolCallId").and_then(Value::as_str).unwrap_or_default();
-        match kind.as_str() {
+        match kind {
             "usage_update" => {
                 if run.progress == Progress::NotSeen || run.progress == Progress::Started {
                     run.after = used.or(run.after);
                 }
-                cx.to_client(frame)
+                true
             }
             "compaction_update" => {
                 run.progress = match status {
                     Some("in_progress") => Progress::Started,
                     Some("completed") => Progress::Completed,
                     Some("failed") => {
-                        let error = update.get("error").map(|e| match e {
-                            Value::String(s) => s.clone(),
-                            e => e.get("message").and_then(Value::as_str).map_or_else(|| e.to_string(), str::to_owned),
-                        });
+                        let error = update.get("error").map(error_text);
                         Progress::Failed(error.unwrap_or_else(|| "no reason given".into()))
                     }
                     _ => std::mem::replace(&mut run.progress, Progress::NotSeen),
                 };
-                cx.to_client(frame)
+                true
             }
             "tool_call" if update.pointer("/_meta/jetbrains/air/contextCompaction").is_some() => {
                 run.tools.insert(tool.to_owned());
                 run.progress = Progress::Started;
                 tracing::debug!("the shim's /compact: Codex's compaction tool call dropped");
+                false
             }
             "tool_call_update" if run.tools.contains(tool) => {
                 match status {
@@ -194,38 +144,30 @@ impl Compact {
                     _ => {}
                 }
                 tracing::debug!("the shim's /compact: Codex's compaction tool call update dropped");
+                false
             }
-            k if TURN_CONTENT.contains(&k) => tracing::debug!("the shim's /compact: a {k} dropped (no turn of Coda's)"),
+            k if TURN_CONTENT.contains(&k) => {
+                tracing::debug!("the shim's /compact: a {k} dropped (no turn of Coda's)");
+                false
+            }
             "session_info_update" if update.pointer("/_meta/codex/threadStatus").is_some() => {
                 tracing::debug!("the shim's /compact: its thread status dropped (no turn of Coda's)");
+                false
             }
-            _ => cx.to_client(frame),
-        }
-    }
-
-    /// The compaction of `session` is over: answer Coda (unless it was already), let its prompts go.
-    fn finish(&mut self, session: &str, outcome: Outcome, cx: &mut Cx) {
-        let Some(run) = self.running.remove(session) else { return };
-        if let Some(id) = run.coda {
-            cx.to_client(outcome.answer(&id));
-        }
-        cx.cancel(&Tick::Deadline(session.to_owned()));
-        cx.cancel(&Tick::Grace(session.to_owned()));
-        for held in self.gate.open(session) {
-            cx.to_agent(held);
+            _ => true,
         }
     }
 
     fn outcome(run: &Running, reply: &Frame) -> Outcome {
+        if let Progress::Failed(why) = &run.progress {
+            return Outcome::not(format!("Codex could not compact: {}", cut(why)));
+        }
         let reply = reply.value();
         if let Some(error) = reply.get("error") {
-            let message = error.get("message").and_then(Value::as_str).unwrap_or("no message");
-            return Outcome::not(format!("Codex could not compact: {}", cut(message)));
+            return Outcome::not(format!("Codex could not compact: {}", cut(&error_text(error))));
         }
         let stop = reply.pointer("/result/stopReason").and_then(Value::as_str);
         match (&run.progress, stop) {
-            _ if run.timed_out => Outcome::not(compact::TIMED_OUT),
-            (Progress::Failed(why), _) => Outcome::not(format!("Codex could not compact: {}", cut(why))),
             (Progress::Completed, _) => Outcome::Compacted { before: run.before, after: run.after },
             (_, Some("cancelled")) => Outcome::not("the compaction was cancelled"),
             _ => Outcome::not("Codex ended /compact without reporting a compaction"),
@@ -233,103 +175,66 @@ impl Compact {
     }
 }
 
-impl Layer for Compact {
-    type Timer = Tick;
-    type Event = std::convert::Infallible;
+impl Compactor for CodexCompact {
+    type Event = Infallible;
     type Reply = Own;
+    type Timer = Infallible;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if frame.is_request(compact::METHOD) {
-            return self.request(frame, cx);
-        }
-        if frame.is_request("session/prompt")
-            && let Some(session) = frame.id().and_then(|id| cx.request_of(id)).and_then(|r| r.session())
-            && self.gate.is_closed(session)
-        {
-            let session = session.to_owned();
-            tracing::debug!("a session/prompt waits for the session's compaction to end");
-            if let Some(frame) = self.gate.hold(&session, frame) {
-                cx.to_agent(frame);
-            }
-            return;
-        }
-        cx.to_agent(frame)
+    fn start(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
+        let before = self.used.get(session).copied();
+        let run = Running { round, before, after: None, progress: Progress::NotSeen, tools: HashSet::new() };
+        self.running.insert(session.to_owned(), run);
+        let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "/compact"}]});
+        ctl.request("session/prompt", prompt, Own { session: session.to_owned(), round });
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                self.roots.learn(&frame, cx);
-                let initialize = cx.answer_to(&frame).is_some_and(|r| r.is("initialize"));
-                if !initialize {
-                    return cx.to_client(frame);
-                }
-                let mut value = frame.to_value();
-                match value.get_mut("result").and_then(Value::as_object_mut) {
-                    Some(result) => {
-                        compact::declare(result);
-                        cx.to_client(frame.rewritten(value))
-                    }
-                    None => cx.to_client(frame),
-                }
-            }
-            Kind::Notification { method } if method == "session/update" => self.update(frame, cx),
-            _ => cx.to_client(frame),
+    fn finished(&mut self, session: &str, round: u64, _ctl: &mut Ctl<Self>) {
+        if self.running.get(session).is_some_and(|r| r.round == round) {
+            self.running.remove(session);
+        }
+        if self.used.len() > crate::layer::sessions::MAX_ROOTS {
+            self.used.clear();
         }
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
         match frame.kind() {
-            // `update` reads usage figures always, the rest only while a compaction runs.
-            Kind::Notification { method } if method == "session/update" => {
-                self.running.is_empty() && frame.session_update() != Some("usage_update")
-            }
-            Kind::Response { .. } => false,
+            Kind::Notification { method } if method == "session/update" => self.update(frame, ctl),
             _ => true,
         }
     }
 
-    fn on_reply(&mut self, own: Own, reply: Frame, cx: &mut Cx) {
-        let Own(session) = own;
-        let Some(run) = self.running.get(&session) else {
+    fn ignores(&self, frame: &Frame) -> bool {
+        // `update` reads usage figures always, the rest only while a compaction runs.
+        match frame.kind() {
+            Kind::Notification { method } if method == "session/update" => {
+                self.running.is_empty() && frame.session_update() != Some("usage_update")
+            }
+            _ => true,
+        }
+    }
+
+    fn on_reply(&mut self, own: Own, reply: Frame, ctl: &mut Ctl<Self>) {
+        let Some(run) = self.running.get(&own.session).filter(|r| r.round == own.round) else {
             return tracing::debug!("Codex answered the shim's /compact after the shim stopped waiting");
         };
         let outcome = Self::outcome(run, &reply);
-        if let Outcome::NotCompacted(why) = &outcome {
-            tracing::info!("the session was not compacted: {why}");
-        }
-        self.finish(&session, outcome, cx);
-    }
-
-    fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
-        match tick {
-            Tick::Deadline(session) => {
-                let Some(run) = self.running.get_mut(&session) else { return };
-                tracing::warn!("Codex did not finish compacting in time; the shim cancels its /compact");
-                run.timed_out = true;
-                if let Some(id) = run.coda.take() {
-                    cx.to_client(Outcome::not(compact::TIMED_OUT).answer(&id));
-                }
-                cx.to_agent(frame::notification("session/cancel", json!({"sessionId": session})));
-                cx.after(GRACE, Tick::Grace(session));
-            }
-            Tick::Grace(session) => {
-                tracing::warn!("Codex did not answer the cancelled /compact; the held prompts go on");
-                self.finish(&session, Outcome::not(compact::TIMED_OUT), cx);
-            }
-        }
+        ctl.ended(&own.session, own.round, outcome);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coda::compact::{self, Compaction};
+    use crate::frame::Id;
     use crate::layer::testing::Harness;
+    use std::time::Duration;
 
     const S: &str = "root-1";
 
     fn started() -> Harness {
-        let mut h = Harness::of(Compact::new());
+        let mut h = Harness::of(Compaction::new(CodexCompact::new()));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{"loadSession":true}}}));
         let init = h.to_client();
@@ -457,6 +362,22 @@ mod tests {
         h.from_agent(json!({"jsonrpc":"2.0","id":own,"error":{"code":-32603,"message":huge}}));
         let reason = h.to_client()[0]["result"]["reason"].as_str().unwrap().to_owned();
         assert!(reason.starts_with("Codex could not compact: eee") && reason.len() < 400, "{}", reason.len());
+        // codex-acp's error carries Codex's own text in `data.message`: that is the reason, not "Internal error".
+        let own = ask(&mut h, 10)[0]["id"].clone();
+        let data = json!({"message":"stream disconnected before completion","codexErrorInfo":"other"});
+        h.from_agent(json!({"jsonrpc":"2.0","id":own,"error":{"code":-32603,"message":"Internal error","data":data}}));
+        assert_eq!(
+            h.to_client()[0]["result"]["reason"],
+            "Codex could not compact: stream disconnected before completion"
+        );
+        // A failed update's text is kept when the answer is only an error.
+        let own = ask(&mut h, 11)[0]["id"].clone();
+        let failed = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"failed",
+            "error":{"message":"context window exceeded"}});
+        h.from_agent(update(failed));
+        h.from_agent(json!({"jsonrpc":"2.0","id":own,"error":{"code":-32603,"message":"Internal error"}}));
+        let out = h.to_client();
+        assert_eq!(out.last().unwrap()["result"]["reason"], "Codex could not compact: context window exceeded");
     }
 
     #[test]
@@ -476,19 +397,20 @@ mod tests {
     }
 
     #[test]
-    fn a_codex_that_hangs_is_cancelled_before_codas_ten_minutes_and_held_prompts_go_on() {
+    fn a_codex_that_hangs_is_cancelled_before_codas_ten_minutes_and_held_prompts_go_once_it_stopped() {
         let mut h = started();
-        ask(&mut h, 7);
+        let own = ask(&mut h, 7)[0]["id"].clone();
         h.from_client(prompt(8));
         h.advance(compact::DEADLINE - Duration::from_millis(1));
         assert!(h.to_client().is_empty());
         h.advance(Duration::from_millis(1));
         assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":compact::TIMED_OUT}));
         assert_eq!(h.to_agent(), vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}})]);
-        h.advance(GRACE);
+        // Codex ends the cancelled /compact: the prompt goes on; Coda was answered once.
+        h.from_agent(json!({"jsonrpc":"2.0","id":own,"result":{"stopReason":"cancelled"}}));
         assert_eq!(h.to_agent(), vec![prompt(8)]);
         assert!(h.to_client().is_empty(), "Coda was answered once");
-        assert!(!h.layer::<Compact>(0).gate.is_closed(S));
+        assert!(h.stack().sessions().get(S).is_some_and(|s| s.compaction().is_none()));
     }
 
     #[test]

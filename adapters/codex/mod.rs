@@ -105,10 +105,23 @@ pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
         Box::new(failure::Failure::new(zone)),
         Box::new(review::CodexReview::new()),
         Box::new(Instruction::new(&[])),
+        // Steering is codex-acp's own (`_session/steering`; the AIR layer asks it for `promptRequired`): the
+        // machine keeps Coda's rules around it.
+        Box::new(crate::coda::steering::Steering::new(CodexSteering)),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
-        Box::new(compact::Compact::new()),
+        Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
         Box::new(usage::Usage::new()),
     ]
+}
+
+/// codex-acp takes `_session/steering` itself.
+pub struct CodexSteering;
+
+impl crate::coda::steering::Steerer for CodexSteering {
+    type Event = std::convert::Infallible;
+    type Reply = std::convert::Infallible;
+    type Timer = std::convert::Infallible;
+    const NATIVE: bool = true;
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.

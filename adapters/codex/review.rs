@@ -25,6 +25,8 @@
 //!   when the turn ends is dropped: both with a warning that quotes nothing.
 
 use std::collections::HashMap;
+
+use crate::coda::wait::{utf16_len, utf16_prefix};
 use std::convert::Infallible;
 
 use serde_json::{Map, Value, json};
@@ -39,6 +41,9 @@ static REVIEW_CALL_ID: Needle = crate::needle!(REVIEW_CALL.as_bytes());
 pub const REASON_MAX: usize = 4000;
 /// Calls kept per session as what a review may judge, and reviews kept waiting for their call.
 const KEPT: usize = 64;
+/// Sessions with calls or reviews kept at most (a session's are dropped when its turn ends; past this, those
+/// with nothing waiting first, then the oldest).
+const SESSIONS: usize = 256;
 const RISKS: [&str; 4] = ["low", "medium", "high", "critical"];
 /// The actions codex-acp 2.6.0's reviewer judges; only `command` is a call of its own.
 const ACTIONS: [&str; 7] =
@@ -101,6 +106,8 @@ struct Session {
 #[derive(Default)]
 pub struct CodexReview {
     sessions: HashMap<String, Session>,
+    /// The keys of `sessions`, oldest first.
+    order: std::collections::VecDeque<String>,
 }
 
 /// `Status:`, `Risk:` and `Rationale:` of a review's text, and the ACP status of its frame, as a verdict.
@@ -159,15 +166,13 @@ fn review_text(update: &Value) -> Option<&str> {
         .find_map(|block| block.pointer("/content/text").and_then(Value::as_str).filter(|t| t.starts_with("Status:")))
 }
 
-/// `reason` cut to [`REASON_MAX`] characters, an ellipsis last when it was longer.
+/// `reason` cut to [`REASON_MAX`] characters as Coda counts them (UTF-16 units, JavaScript's `length`), an
+/// ellipsis (one unit) last when it was longer.
 fn capped(reason: String) -> String {
-    match reason.char_indices().nth(REASON_MAX) {
-        None => reason,
-        Some(_) => {
-            let end = reason.char_indices().nth(REASON_MAX - 1).map_or(reason.len(), |(at, _)| at);
-            format!("{}…", &reason[..end])
-        }
+    if utf16_len(&reason) <= REASON_MAX {
+        return reason;
     }
+    format!("{}…", utf16_prefix(&reason, REASON_MAX - 1))
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
@@ -193,7 +198,7 @@ impl CodexReview {
             return;
         }
         let Some(verdict) = verdict_of(update) else { return };
-        let s = self.sessions.entry(session.to_owned()).or_default();
+        let s = self.session(session);
         if !known {
             let action = update.pointer("/rawInput/action").unwrap_or(&Value::Null);
             let command = (str_at(action, "/type") == Some("command"))
@@ -248,7 +253,7 @@ impl CodexReview {
         let command = str_at(update, "/rawInput/command");
         let cwd = str_at(update, "/rawInput/cwd");
         let (Some(id), Some(command), Some(cwd)) = (id, command, cwd) else { return cx.to_client(frame) };
-        let s = self.sessions.entry(session.to_owned()).or_default();
+        let s = self.session(session);
         let waiting = s
             .reviews
             .iter()
@@ -319,8 +324,24 @@ impl CodexReview {
         }
     }
 
+    /// What is kept of `session`'s calls and reviews (made empty when new; see [`SESSIONS`]).
+    fn session(&mut self, session: &str) -> &mut Session {
+        if !self.sessions.contains_key(session) {
+            if self.sessions.len() >= SESSIONS {
+                let idle = |k: &String| self.sessions.get(k).is_none_or(|s| s.calls.is_empty() && s.reviews.is_empty());
+                let at = self.order.iter().position(idle).unwrap_or(0);
+                if let Some(old) = self.order.remove(at) {
+                    self.sessions.remove(&old);
+                }
+            }
+            self.order.push_back(session.to_owned());
+        }
+        self.sessions.entry(session.to_owned()).or_default()
+    }
+
     /// The turn of `session` ended: reviews still waiting for their call will not get one.
     fn turn_ended(&mut self, session: &str) {
+        self.order.retain(|s| s != session);
         let Some(s) = self.sessions.remove(session) else { return };
         let waiting = s.reviews.iter().filter(|(_, r)| matches!(r, Review::Waiting { .. })).count();
         if waiting > 0 {
@@ -459,6 +480,28 @@ mod tests {
         // Exactly 4000 is kept whole.
         let exact = "a".repeat(REASON_MAX);
         assert_eq!(capped(exact.clone()), exact);
+        // Coda counts UTF-16 units: an emoji is two, so 2000 of them are the limit and one more is over it.
+        let emoji = "🙂".repeat(REASON_MAX / 2);
+        assert_eq!(capped(emoji.clone()), emoji);
+        let over = capped(format!("{emoji}🙂"));
+        assert_eq!(utf16_len(&over), REASON_MAX - 1, "never half a pair, the ellipsis last");
+        assert!(over.ends_with('…'));
+    }
+
+    #[test]
+    fn the_sessions_kept_are_bounded() {
+        let mut h = harness();
+        for n in 0..SESSIONS + 10 {
+            let session = format!("s{n}");
+            let call = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":{
+                "sessionUpdate":"tool_call","toolCallId":"c","kind":"execute","status":"in_progress","title":"ls",
+                "rawInput":{"command":"ls","cwd":"/w"}}}});
+            h.from_agent(call);
+        }
+        h.to_client();
+        let layer = h.layer::<CodexReview>(0);
+        assert_eq!((layer.sessions.len(), layer.order.len()), (SESSIONS, SESSIONS));
+        assert!(layer.sessions.contains_key(&format!("s{}", SESSIONS + 9)) && !layer.sessions.contains_key("s0"));
     }
 
     #[test]

@@ -9,41 +9,33 @@
 //!   at once beside the compaction.
 //! - A session it does not have got no answer at all (30 s and more).
 //!
-//! The rule this layer keeps:
-//! - `initialize`: the answer declares `agentCapabilities._meta.coda.compact: {}`.
-//! - A session this process never created, loaded or resumed: `compacted: false` ([`compact::NOT_RUNNING`]),
-//!   nothing goes to Grok (it would not answer).
-//! - A turn running in the session (Coda's `session/prompt`, or a turn Grok runs by itself, as its
-//!   `_x.ai/queue/changed` names a `runningPromptId`): [`compact::TURN_RUNNING`]. One already compacting:
-//!   [`compact::ALREADY`].
-//! - Otherwise `_x.ai/compact_conversation` goes to Grok; `{}` is `compacted: true` with `before`/`after` from the
+//! So Grok's backend for the engine's compaction machine ([`crate::coda::compact`], which keeps the rules):
+//! - It compacts with `_x.ai/compact_conversation`; `{}` is `compacted: true` with `before`/`after` from the
 //!   `auto_compact_completed` that came with it (Grok's counts: its last response's tokens before, its estimate
 //!   of the summary after). An empty session is compacted too (`before == after`): Grok did run a compaction,
-//!   and the protocol answers `compacted: false` only when not running, a turn runs, or it failed.
-//!   An error is `compacted: false` with Grok's message.
-//! - While it compacts, the session's `session/prompt`s wait ([`compact::Gate`]) and go on after the answer.
-//! - Grok gets [`compact::DEADLINE`]: after that Coda is answered [`compact::TIMED_OUT`], Grok is sent
-//!   `session/cancel` for the session, and its late answer is dropped.
+//!   and the protocol answers `compacted: false` only when not running, a turn runs, or it failed. An error is
+//!   `compacted: false` with Grok's message.
+//! - A session this process never created, loaded or resumed is refused by the machine (Grok would not answer),
+//!   so is one where Grok runs a turn: Grok's `_x.ai/queue/changed` naming a `runningPromptId` says a turn
+//!   runs, its own included (`note_queue`, which tells the session table).
+//! - Stopped (past the deadline) with `session/cancel`; a late answer is dropped.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
 
-use crate::coda::compact::{self, Gate, Outcome};
-use crate::frame::{Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::compact::{Compactor, Ctl, Outcome};
+use crate::frame::{Frame, Kind};
+use crate::layer::Cx;
 
 const COMPACT: &str = "_x.ai/compact_conversation";
 const NOTIFICATION: &str = "_x.ai/session_notification";
-const QUEUE_CHANGED: &str = "_x.ai/queue/changed";
+pub(crate) const QUEUE_CHANGED: &str = "_x.ai/queue/changed";
 const COMPLETED: &str = "auto_compact_completed";
 
 /// The compaction of one session, while Grok has it.
 struct Running {
-    /// Coda's request.
-    id: Id,
-    /// Tells this compaction's answer and deadline from an earlier one's of the same session.
     round: u64,
     before: Option<u64>,
     after: Option<u64>,
@@ -56,175 +48,80 @@ pub struct Asked {
     round: u64,
 }
 
-/// A compaction's deadline.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Deadline {
-    session: String,
-    round: u64,
-}
-
+/// Grok's compaction (see the module docs).
 #[derive(Default)]
 pub struct GrokCompact {
-    gate: Gate,
     running: HashMap<String, Running>,
-    /// Sessions this process created, loaded or resumed (Grok answered for them).
-    known: HashSet<String>,
-    /// Sessions where Grok runs a turn, as its queue says (its own turns included).
-    busy: HashSet<String>,
-    rounds: u64,
 }
 
 fn u64_at(v: &Value, key: &str) -> Option<u64> {
     v.get(key).and_then(Value::as_u64)
 }
 
+/// Grok's `_x.ai/queue/changed`: whether a turn runs in its session (a `runningPromptId`, Grok's own turns too),
+/// told to the session table.
+pub(crate) fn note_queue(frame: &Frame, cx: &mut Cx) {
+    if !frame.is_notification(QUEUE_CHANGED) {
+        return;
+    }
+    let v = frame.value();
+    let params = v.get("params").unwrap_or(&Value::Null);
+    let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
+    let busy = params.get("runningPromptId").and_then(Value::as_str).is_some_and(|p| !p.is_empty());
+    if let Some(s) = cx.session_mut(session) {
+        s.set_busy(busy);
+    }
+}
+
 impl GrokCompact {
     pub fn new() -> GrokCompact {
         GrokCompact::default()
     }
-
-    fn compact(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let v = frame.value();
-        let session = match compact::session_of(v, &id) {
-            Ok(s) => s,
-            Err(answer) => return cx.to_client(answer),
-        };
-        let refuse = if !self.known.contains(&session) {
-            Some(compact::NOT_RUNNING)
-        } else if self.running.contains_key(&session) {
-            Some(compact::ALREADY)
-        } else if self.busy.contains(&session)
-            || cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session.as_str()))
-        {
-            Some(compact::TURN_RUNNING)
-        } else {
-            None
-        };
-        if let Some(reason) = refuse {
-            return cx.to_client(Outcome::not(reason).answer(&id));
-        }
-        self.gate.close(&session);
-        self.rounds += 1;
-        let round = self.rounds;
-        cx.request(COMPACT, json!({"sessionId": session}), Asked { session: session.clone(), round });
-        cx.after(compact::DEADLINE, Deadline { session: session.clone(), round });
-        self.running.insert(session, Running { id, round, before: None, after: None });
-    }
-
-    /// Ends `session`'s compaction with `outcome` and lets its held prompts go on.
-    fn finish(&mut self, session: &str, outcome: Outcome, cx: &mut Cx) {
-        let Some(run) = self.running.remove(session) else { return };
-        cx.cancel(&Deadline { session: session.to_owned(), round: run.round });
-        cx.to_client(outcome.answer(&run.id));
-        for held in self.gate.open(session) {
-            cx.to_agent(held);
-        }
-    }
-
-    /// Grok's answer to a session's `session/new`, `session/load` or `session/resume`: Grok has it now.
-    fn answered(&mut self, method: &str, request_session: Option<&str>, frame: &Frame) {
-        let v = frame.value();
-        if v.get("result").is_none() {
-            return;
-        }
-        let session = match method {
-            "session/new" => v.pointer("/result/sessionId").and_then(Value::as_str),
-            _ => request_session,
-        };
-        if let Some(s) = session.filter(|s| !s.is_empty()) {
-            self.known.insert(s.to_owned());
-        }
-    }
-
-    fn notification(&mut self, method: &str, frame: &Frame) {
-        let v = frame.value();
-        let params = v.get("params").unwrap_or(&Value::Null);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
-        if method == QUEUE_CHANGED {
-            if params.get("runningPromptId").and_then(Value::as_str).is_some_and(|p| !p.is_empty()) {
-                self.busy.insert(session.to_owned());
-            } else {
-                self.busy.remove(session);
-            }
-            return;
-        }
-        let update = params.get("update").unwrap_or(&Value::Null);
-        if let Some(run) = self.running.get_mut(session) {
-            run.before = u64_at(update, "tokens_before");
-            run.after = u64_at(update, "tokens_after");
-        }
-    }
 }
 
-impl Layer for GrokCompact {
-    type Timer = Deadline;
+impl Compactor for GrokCompact {
     type Event = Infallible;
     type Reply = Asked;
+    type Timer = Infallible;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Request { id, method } = frame.kind() else { return cx.to_agent(frame) };
-        match method.as_str() {
-            compact::METHOD => {
-                let id = id.clone();
-                self.compact(id, frame, cx)
-            }
-            "session/prompt" => {
-                let session = cx.request_of(id).and_then(|r| r.session()).map(str::to_owned);
-                match session {
-                    Some(s) => {
-                        if let Some(frame) = self.gate.hold(&s, frame) {
-                            cx.to_agent(frame);
-                        }
-                    }
-                    None => cx.to_agent(frame),
-                }
-            }
-            _ => cx.to_agent(frame),
+    fn start(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
+        self.running.insert(session.to_owned(), Running { round, before: None, after: None });
+        ctl.request(COMPACT, json!({"sessionId": session}), Asked { session: session.to_owned(), round });
+    }
+
+    fn finished(&mut self, session: &str, round: u64, _ctl: &mut Ctl<Self>) {
+        if self.running.get(session).is_some_and(|r| r.round == round) {
+            self.running.remove(session);
         }
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                let asked = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
-                match asked {
-                    Some((m, _)) if m == "initialize" => return self.initialized(frame, cx),
-                    Some((m, s)) if matches!(m.as_str(), "session/new" | "session/load" | "session/resume") => {
-                        self.answered(&m, s.as_deref(), &frame)
-                    }
-                    _ => {}
-                }
-                cx.to_client(frame)
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        note_queue(frame, ctl.cx);
+        if frame.is_notification(NOTIFICATION) && frame.session_update() == Some(COMPLETED) {
+            let v = frame.value();
+            let params = v.get("params").unwrap_or(&Value::Null);
+            let update = params.get("update").unwrap_or(&Value::Null);
+            if let Some(run) = params.get("sessionId").and_then(Value::as_str).and_then(|s| self.running.get_mut(s)) {
+                run.before = u64_at(update, "tokens_before");
+                run.after = u64_at(update, "tokens_after");
             }
-            Kind::Notification { method } if method == QUEUE_CHANGED => {
-                let method = method.clone();
-                self.notification(&method, &frame);
-                cx.to_client(frame)
-            }
-            Kind::Notification { method } if method == NOTIFICATION && frame.session_update() == Some(COMPLETED) => {
-                let method = method.clone();
-                self.notification(&method, &frame);
-                cx.to_client(frame)
-            }
-            _ => cx.to_client(frame),
         }
+        true
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
+    fn ignores(&self, frame: &Frame) -> bool {
         match frame.kind() {
             Kind::Notification { method } => {
                 method != QUEUE_CHANGED && !(method == NOTIFICATION && frame.session_update() == Some(COMPLETED))
             }
-            Kind::Response { .. } => false,
             _ => true,
         }
     }
 
-    fn on_reply(&mut self, tag: Asked, reply: Frame, cx: &mut Cx) {
-        if self.running.get(&tag.session).is_none_or(|r| r.round != tag.round) {
-            tracing::debug!("Grok answered a compaction that was already given up; dropped");
-            return;
-        }
+    fn on_reply(&mut self, tag: Asked, reply: Frame, ctl: &mut Ctl<Self>) {
+        let Some(run) = self.running.get(&tag.session).filter(|r| r.round == tag.round) else {
+            return tracing::debug!("Grok answered a compaction that was already given up; dropped");
+        };
         let outcome = match reply.value().get("error") {
             Some(err) => {
                 let code = err.get("code").and_then(Value::as_i64).unwrap_or_default();
@@ -237,43 +134,23 @@ impl Layer for GrokCompact {
                     .unwrap_or("no message");
                 Outcome::not(format!("Grok could not compact: {}", crate::coda::wait::truncate_chars(message, 500)))
             }
-            None => {
-                let run = &self.running[&tag.session];
-                Outcome::Compacted { before: run.before, after: run.after }
-            }
+            None => Outcome::Compacted { before: run.before, after: run.after },
         };
-        self.finish(&tag.session, outcome, cx);
-    }
-
-    fn on_timer(&mut self, timer: Deadline, cx: &mut Cx) {
-        if self.running.get(&timer.session).is_none_or(|r| r.round != timer.round) {
-            return;
-        }
-        tracing::warn!("Grok did not finish compacting within {:?}; cancelling", compact::DEADLINE);
-        cx.to_agent(crate::frame::notification("session/cancel", json!({"sessionId": timer.session})));
-        self.finish(&timer.session, Outcome::not(compact::TIMED_OUT), cx);
-    }
-}
-
-impl GrokCompact {
-    fn initialized(&self, frame: Frame, cx: &mut Cx) {
-        let mut v = frame.to_value();
-        let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else { return cx.to_client(frame) };
-        compact::declare(result);
-        cx.to_client(frame.rewritten(v));
+        ctl.ended(&tag.session, tag.round, outcome);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coda::compact::{self, Compaction};
     use crate::layer::testing::Harness;
     use std::time::Duration;
 
     const S: &str = "01a2350d-04b9-7631-977e-821743ed1d2a";
 
     fn started() -> Harness {
-        let mut h = Harness::of(GrokCompact::new());
+        let mut h = Harness::of(Compaction::new(GrokCompact::new()));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{"loadSession":true}}}));
@@ -392,10 +269,11 @@ mod tests {
             vec![json!({"jsonrpc":"2.0","id":"c","result":{"compacted":false,"reason":compact::TIMED_OUT}})]
         );
         let out = h.to_agent();
-        assert_eq!(out[0], json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}}));
-        assert_eq!(out[1]["id"], 5);
+        assert_eq!(out, [json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}})]);
+        // Grok's late answer ends the compaction: the held prompt goes on, Coda is not answered again.
         h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{}}));
         assert!(h.to_client().is_empty(), "a late answer is the shim's own, dropped");
+        assert_eq!(h.to_agent()[0]["id"], 5);
     }
 
     #[test]

@@ -91,11 +91,11 @@ fn layers(setup: &mut Setup) {
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Holds a compacting session's prompts after the instruction went into them.
-    setup.add(|_| Box::new(compact::GrokCompact::new()));
+    setup.add(|_| Box::new(crate::coda::compact::Compaction::new(compact::GrokCompact::new())));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
     setup.add(|_| Box::new(usage::GrokUsage::new()));
     // Above the failure layer: it sees the turn's end as Coda will.
-    setup.add(|_| Box::new(steering::GrokSteering::new()));
+    setup.add(|_| Box::new(crate::coda::steering::Steering::new(steering::GrokSteering::new())));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
     let patience = crate::coda::failure::retry_patience();
     setup.add(move |_| Box::new(failure::GrokFailure::new(patience)));

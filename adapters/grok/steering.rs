@@ -9,86 +9,77 @@
 //! - With no turn running Grok starts a turn of its own for it (prompt id `interject-fallback-…` in
 //!   `_x.ai/queue/changed`), as it does for one that arrives after the turn's last safe point.
 //!
-//! The rule this layer keeps:
-//! - `initialize`: the answer declares `_meta.steering.supported: true` (top level, beside `agentCapabilities`).
-//! - `_session/steering` while no `session/prompt` of Coda's runs in that session: `promptRequired`
-//!   (`noRunningTurn`), and nothing goes to Grok.
-//! - Otherwise the prompt's text goes to Grok as `_x.ai/interject`; `queued` is answered `injected`. Grok's
-//!   answer to the turn is held while the steering answer is outstanding, so Coda always gets the steering
-//!   answer first; when the turn's answer came before `queued`, Grok took the message after the turn had ended
-//!   and runs it as its own turn: `startedNewTurn`.
-//! - One steering in flight per session: another one before Grok answered gets -32600.
-//! - The echo of a message steered through this layer is not passed on (Coda has the message).
-//!
-//! Which `session/prompt` runs in a session, and which answer answers `initialize` or a prompt, is the stack's
-//! request table's to say ([`Cx::open_requests`], [`Cx::answer_to`]); the interjection's answer comes back to
-//! [`Layer::on_reply`] with the steering request it was sent for ([`Interjection`]).
+//! So Grok's backend for the engine's steering machine ([`crate::coda::steering`], which keeps the rules):
+//! - The prompt's text blocks and resource links (their URI), one paragraph each, go to Grok as
+//!   `_x.ai/interject`; any other block is refused (-32602). The echo of a message steered here is dropped.
+//! - `queued` is no proof that the message joined Coda's turn: Grok takes it at its next safe point, or runs it
+//!   as a turn of its own when that point never comes. Nothing Grok sends says which, but its loop does: a safe
+//!   point lies after each model answer (`response_completed`) and after the tools it asked for
+//!   (`tool_call_update` completed or failed), and every model request after a safe point carries what was
+//!   taken there. So once a safe point passed after `queued` and then the model answers again (a chunk, a
+//!   thought, a tool call's arguments, `response_completed`), the message is in Coda's turn: `injected`. A turn of Grok's
+//!   own for it (`_x.ai/queue/changed` running `interject-fallback-…` with its text): `startedNewTurn`. Coda's
+//!   turn ending without either: unknown, once the machine stops waiting.
+//! - Grok's queue (`_x.ai/queue/changed`) tells the session table when a turn runs in a session.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use super::compact::note_queue;
+use crate::coda::steering::{Ctl, Outcome, Steerer};
+use crate::frame::{Frame, Kind};
 
-const STEERING: &str = "_session/steering";
 const INTERJECT: &str = "_x.ai/interject";
 const ECHO: &str = "_x.ai/session/interjection";
 const QUEUE_CHANGED: &str = "_x.ai/queue/changed";
+const NOTIFICATION: &str = "_x.ai/session_notification";
 const FALLBACK: &str = "interject-fallback-";
 /// Echoes kept per session to recognise (a Grok that never echoes must not make this grow).
 const ECHOES_KEPT: usize = 8;
 
-/// A steering request sent to Grok and not answered yet.
-struct InFlight {
-    /// The `session/prompt` it was sent into.
-    turn: Id,
-    /// Grok's answer to that turn, when it came before Grok's answer to the interjection.
-    turn_end: Option<Frame>,
+/// Where a message Grok queued is, as far as Grok's frames say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// Sent; Grok has not answered.
+    Asked,
+    /// Queued; no safe point seen since.
+    Queued,
+    /// A safe point passed since it was queued: Grok's next model answer carries it.
+    SafePoint,
 }
 
-/// What an `_x.ai/interject` of this layer's carries back with Grok's answer: the steering request it is for.
+/// A message sent to Grok, until the machine has its outcome.
+struct Steer {
+    round: u64,
+    text: String,
+    proof: Proof,
+}
+
+/// What an `_x.ai/interject` of this backend's carries back with Grok's answer.
 #[derive(Debug)]
 pub struct Interjection {
-    /// Coda's request id.
-    id: Id,
     session: String,
+    round: u64,
 }
 
+/// Grok's steering (see the module docs).
 #[derive(Default)]
 pub struct GrokSteering {
     /// By session.
-    in_flight: HashMap<String, InFlight>,
+    steers: HashMap<String, Steer>,
     /// Texts steered into a session whose echo has not come yet, oldest first.
     echoes: HashMap<String, Vec<String>>,
-    /// Texts answered `injected` since the session's latest prompt began (to notice one Grok runs on its own).
-    injected: HashMap<String, Vec<String>>,
-}
-
-fn params_of(v: &Value) -> &Value {
-    v.get("params").unwrap_or(&Value::Null)
-}
-
-fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let entry = map.entry(key).or_insert_with(|| json!({}));
-    if !entry.is_object() {
-        *entry = json!({});
-    }
-    entry.as_object_mut().expect("made an object above")
 }
 
 /// The text Grok gets for a steering `prompt`: its text blocks, and resource links as their URI, one paragraph
 /// each. `Err` names what Grok cannot take this way.
-fn steered_text(prompt: &Value) -> Result<String, String> {
-    let Some(blocks) = prompt.as_array() else { return Err("`prompt` is not an array of content blocks".into()) };
+fn steered_text(blocks: &[Value]) -> Result<String, String> {
     let mut parts = Vec::with_capacity(blocks.len());
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
-            Some("text") => match block.get("text").and_then(Value::as_str) {
-                Some(t) => parts.push(t),
-                None => return Err("a text block without `text`".into()),
-            },
+            Some("text") => parts.push(block.get("text").and_then(Value::as_str).unwrap_or_default()),
             Some("resource_link") => match block.get("uri").and_then(Value::as_str) {
                 Some(uri) => parts.push(uri),
                 None => return Err("a resource link without `uri`".into()),
@@ -104,176 +95,162 @@ fn steered_text(prompt: &Value) -> Result<String, String> {
     Ok(text)
 }
 
+/// What a frame of Grok's says of its loop: a safe point, a model answer, or neither.
+fn loop_step(frame: &Frame) -> (bool, bool) {
+    let update = frame.session_update().unwrap_or_default();
+    let completed = || {
+        let v = frame.value();
+        matches!(v.pointer("/params/update/status").and_then(Value::as_str), Some("completed" | "failed"))
+    };
+    match frame.method() {
+        Some("session/update") => match update {
+            "tool_call_update" => (completed(), false),
+            // A `tool_call` is announced after the answer that asked for it completed: no new answer.
+            "agent_message_chunk" | "agent_thought_chunk" => (false, true),
+            _ => (false, false),
+        },
+        Some(NOTIFICATION) => match update {
+            "response_completed" => (true, true),
+            "tool_call_delta_chunk" => (false, true),
+            _ => (false, false),
+        },
+        _ => (false, false),
+    }
+}
+
 impl GrokSteering {
     pub fn new() -> GrokSteering {
         GrokSteering::default()
     }
 
-    /// Coda's `session/prompt` of `session` that is with Grok and not answered by it (the request table says).
-    fn running(session: &str, cx: &Cx) -> Option<Id> {
-        let prompt = cx.open_requests().find(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session));
-        prompt.map(|r| r.id.clone())
-    }
-
-    fn steer(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
+    /// Grok's echo of a message steered here: dropped (Coda has the message).
+    fn echo(&mut self, frame: &Frame) -> bool {
         let v = frame.value();
-        let params = params_of(v);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else {
-            return cx.to_client(frame::error_response(&id, -32602, "`sessionId` must be a string", None));
-        };
-        let Some(turn) = GrokSteering::running(session, cx) else {
-            let answer = json!({"outcome": "promptRequired", "reason": "noRunningTurn"});
-            return cx.to_client(frame::result_response(&id, answer));
-        };
-        if self.in_flight.contains_key(session) {
-            let msg = "a steering message for this session is still waiting for Grok's answer";
-            return cx.to_client(frame::error_response(&id, -32600, msg, None));
-        }
-        let text = match steered_text(params.get("prompt").unwrap_or(&Value::Null)) {
-            Ok(text) => text,
-            Err(why) => return cx.to_client(frame::error_response(&id, -32602, &why, None)),
-        };
-        let tag = Interjection { id, session: session.to_owned() };
-        cx.request(INTERJECT, json!({"sessionId": session, "text": text}), tag);
-        let echoes = self.echoes.entry(session.to_owned()).or_default();
-        echoes.push(text);
-        if echoes.len() > ECHOES_KEPT {
-            echoes.remove(0);
-        }
-        self.in_flight.insert(session.to_owned(), InFlight { turn, turn_end: None });
-    }
-
-    /// Grok's answer to a `session/prompt` of Coda's in `session`: held while a steering answer is outstanding.
-    fn turn_ended(&mut self, id: &Id, session: &str, frame: Frame, cx: &mut Cx) {
-        match self.in_flight.get_mut(session) {
-            Some(steer) if steer.turn == *id => steer.turn_end = Some(frame),
-            _ => cx.to_client(frame),
-        }
-    }
-
-    fn initialized(&self, frame: Frame, cx: &mut Cx) {
-        let mut v = frame.to_value();
-        let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else { return cx.to_client(frame) };
-        object_at(object_at(result, "_meta"), "steering").insert("supported".into(), json!(true));
-        cx.to_client(frame.rewritten(v));
-    }
-
-    /// Grok's notifications this layer reads: the echo (dropped when it is of a message steered here), and the
-    /// queue naming a turn Grok runs on its own for a message answered `injected` (the race at a turn's end).
-    fn notification(&mut self, method: &str, frame: Frame, cx: &mut Cx) {
-        let v = frame.value();
-        let params = params_of(v);
+        let params = v.get("params").unwrap_or(&Value::Null);
         let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default();
-        if method == ECHO {
-            let text = params.get("text").and_then(Value::as_str);
-            if let (Some(echoes), Some(text)) = (self.echoes.get_mut(session), text)
-                && let Some(at) = echoes.iter().position(|e| e == text)
-            {
-                echoes.remove(at);
-                return;
-            }
-            return cx.to_client(frame);
-        }
-        let running = params.get("runningPromptId").and_then(Value::as_str).unwrap_or_default();
-        let text = params.get("runningText").and_then(Value::as_str);
-        if running.starts_with(FALLBACK)
-            && let (Some(injected), Some(text)) = (self.injected.get_mut(session), text)
-            && let Some(at) = injected.iter().position(|t| t == text)
+        let text = params.get("text").and_then(Value::as_str);
+        if let (Some(echoes), Some(text)) = (self.echoes.get_mut(session), text)
+            && let Some(at) = echoes.iter().position(|e| e == text)
         {
-            injected.remove(at);
-            tracing::warn!(
-                "a message answered `injected` reached Grok after its turn's last safe point; Grok runs it as a \
-                 turn of its own"
-            );
+            echoes.remove(at);
+            if echoes.is_empty() {
+                self.echoes.remove(session);
+            }
+            return false;
         }
-        cx.to_client(frame)
+        true
+    }
+
+    /// Grok's loop moved in a session: a queued message is proven in Coda's turn once a model answer follows a
+    /// safe point.
+    fn step(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) {
+        let (safe, answer) = loop_step(frame);
+        if !safe && !answer {
+            return;
+        }
+        let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str).unwrap_or_default();
+        let Some(steer) = self.steers.get_mut(session) else { return };
+        match steer.proof {
+            Proof::SafePoint if answer => ctl.answer(session, steer.round, Outcome::Injected),
+            Proof::Queued if safe => steer.proof = Proof::SafePoint,
+            _ => {}
+        }
+    }
+
+    /// Grok's queue: a turn of its own for a message of Coda's.
+    fn queue(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) {
+        note_queue(frame, ctl.cx);
+        let v = frame.value();
+        let params = v.get("params").unwrap_or(&Value::Null);
+        let running = params.get("runningPromptId").and_then(Value::as_str).unwrap_or_default();
+        if !running.starts_with(FALLBACK) {
+            return;
+        }
+        let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default();
+        let text = params.get("runningText").and_then(Value::as_str);
+        if let Some(steer) = self.steers.get(session).filter(|s| Some(s.text.as_str()) == text) {
+            tracing::info!("Grok runs a steering message as a turn of its own: it missed Coda's turn");
+            ctl.answer(session, steer.round, Outcome::StartedNewTurn);
+        }
     }
 }
 
-impl Layer for GrokSteering {
-    type Timer = Infallible;
+impl Steerer for GrokSteering {
     type Event = Infallible;
     type Reply = Interjection;
+    type Timer = Infallible;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Request { id, method } = frame.kind() else { return cx.to_agent(frame) };
-        match method.as_str() {
-            STEERING => {
-                let id = id.clone();
-                self.steer(id, frame, cx)
+    const SAYS_STARTED: bool = true;
+
+    fn accepts(&self, prompt: &[Value]) -> Result<(), String> {
+        steered_text(prompt).map(|_| ())
+    }
+
+    fn steer(&mut self, session: &str, round: u64, prompt: &[Value], ctl: &mut Ctl<Self>) {
+        let Ok(text) = steered_text(prompt) else { return };
+        let echoes = self.echoes.entry(session.to_owned()).or_default();
+        echoes.push(text.clone());
+        if echoes.len() > ECHOES_KEPT {
+            echoes.remove(0);
+        }
+        self.steers.insert(session.to_owned(), Steer { round, text: text.clone(), proof: Proof::Asked });
+        let tag = Interjection { session: session.to_owned(), round };
+        ctl.request(INTERJECT, json!({"sessionId": session, "text": text}), tag);
+    }
+
+    fn finished(&mut self, session: &str, round: u64) {
+        if self.steers.get(session).is_some_and(|s| s.round == round) {
+            self.steers.remove(session);
+        }
+    }
+
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } if method == ECHO => self.echo(frame),
+            Kind::Notification { method } if method == QUEUE_CHANGED => {
+                self.queue(frame, ctl);
+                true
             }
-            "session/prompt" => {
-                if let Some(session) = cx.request_of(id).and_then(|r| r.session()) {
-                    self.injected.remove(session);
+            Kind::Notification { .. } => {
+                if !self.steers.is_empty() {
+                    self.step(frame, ctl);
                 }
-                cx.to_agent(frame)
+                true
             }
-            _ => cx.to_agent(frame),
-        }
-    }
-
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { id } => match cx.answer_to(&frame) {
-                Some(r) if r.is("initialize") => self.initialized(frame, cx),
-                Some(r) if r.is("session/prompt") => match r.session().map(str::to_owned) {
-                    Some(session) => {
-                        let id = id.clone();
-                        self.turn_ended(&id, &session, frame, cx)
-                    }
-                    None => cx.to_client(frame),
-                },
-                _ => cx.to_client(frame),
-            },
-            Kind::Notification { method } if method == ECHO || method == QUEUE_CHANGED => {
-                let method = method.clone();
-                self.notification(&method, frame, cx)
-            }
-            _ => cx.to_client(frame),
-        }
-    }
-
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        match frame.kind() {
-            Kind::Notification { method } => method != ECHO && method != QUEUE_CHANGED,
-            Kind::Response { .. } => false,
             _ => true,
         }
     }
 
-    fn on_reply(&mut self, tag: Interjection, reply: Frame, cx: &mut Cx) {
-        let Interjection { id, session } = tag;
-        let turn_end = self.in_flight.remove(&session).and_then(|steer| steer.turn_end);
+    fn ignores(&self, frame: &Frame) -> bool {
+        match frame.kind() {
+            Kind::Notification { method } => {
+                method != ECHO
+                    && method != QUEUE_CHANGED
+                    && (self.steers.is_empty() || frame.session_update().is_none())
+            }
+            _ => true,
+        }
+    }
+
+    fn on_reply(&mut self, Interjection { session, round }: Interjection, reply: Frame, ctl: &mut Ctl<Self>) {
+        let Some(steer) = self.steers.get_mut(&session).filter(|s| s.round == round) else { return };
         let v = reply.value();
-        let answer = if let Some(err) = v.get("error") {
+        if let Some(err) = v.get("error") {
             let code = err.get("code").and_then(Value::as_i64).unwrap_or(-32603);
             tracing::warn!("Grok refused a steering message (error {code}; its message is logged at debug)");
             tracing::debug!("Grok's answer to the interjection: {err}");
             let message = err.get("message").and_then(Value::as_str).unwrap_or("no message");
-            let message = format!("Grok refused the steering message: {message}");
             self.echoes.get_mut(&session).map(Vec::pop);
-            frame::error_response(&id, code, &message, None)
+            let outcome = Outcome::Error { code, message: format!("Grok refused the steering message: {message}") };
+            return ctl.answer(&session, round, outcome);
+        }
+        let result = v.get("result").unwrap_or(&Value::Null);
+        let status = result.pointer("/result/status").or_else(|| result.get("status"));
+        if status.and_then(Value::as_str) == Some("queued") {
+            steer.proof = Proof::Queued;
         } else {
-            let result = v.get("result").unwrap_or(&Value::Null);
-            let status = result.pointer("/result/status").or_else(|| result.get("status"));
-            let outcome = match (status.and_then(Value::as_str), turn_end.is_some()) {
-                (Some("queued"), false) => {
-                    let text = self.echoes.get(&session).and_then(|e| e.last()).cloned();
-                    self.injected.entry(session.clone()).or_default().extend(text);
-                    "injected"
-                }
-                // Grok ended the turn before it took the message: it runs it as a turn of its own.
-                (Some("queued"), true) => "startedNewTurn",
-                _ => {
-                    tracing::warn!("Grok answered a steering message with no `queued` status");
-                    "failed"
-                }
-            };
-            frame::result_response(&id, json!({"outcome": outcome}))
-        };
-        cx.to_client(answer);
-        if let Some(end) = turn_end {
-            cx.to_client(end);
+            tracing::warn!("Grok answered a steering message with no `queued` status");
+            ctl.answer(&session, round, Outcome::Unknown);
         }
     }
 }
@@ -281,29 +258,61 @@ impl Layer for GrokSteering {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coda::steering::{METHOD, Steering, TURN_HOLD};
     use crate::layer::testing::Harness;
 
     const S: &str = "01a23362-d7f9-7dc1-8cb6-f3bc8dc3908f";
 
+    fn rig() -> Harness {
+        let mut h = Harness::of(Steering::new(GrokSteering::new()));
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"sessionId":S}}));
+        h.take();
+        h
+    }
+
     fn steer(h: &mut Harness, id: i64, text: &str) {
-        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":STEERING,"params":{"sessionId":S,
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":METHOD,"params":{"sessionId":S,
             "prompt":[{"type":"text","text":text}],"_meta":{"steering":{"idleBehavior":"promptRequired"}}}}));
     }
 
+    fn queue(running: Option<(&str, &str)>) -> Value {
+        let mut params = json!({"sessionId":S,"entries":[]});
+        if let Some((id, text)) = running {
+            params["runningPromptId"] = json!(id);
+            params["runningText"] = json!(text);
+        }
+        json!({"jsonrpc":"2.0","method":QUEUE_CHANGED,"params":params})
+    }
+
+    /// Coda's prompt `id`, running in Grok (its queue says so).
     fn prompt(h: &mut Harness, id: i64) {
         h.from_client(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":S,
             "prompt":[{"type":"text","text":"run it"}]}}));
         assert_eq!(h.to_agent().len(), 1, "the prompt goes on");
+        h.from_agent(queue(Some(("p-1", "run it"))));
+        h.to_client();
     }
 
     fn queued(h: &mut Harness, interject: &Value) {
         h.from_agent(json!({"jsonrpc":"2.0","id":interject["id"],"result":{"result":{"status":"queued"}}}));
     }
 
-    /// JSON nested deeper than the shim reads.
-    fn deep() -> String {
-        let n = crate::json::MAX_DEPTH + 5;
-        format!("{}{}", "[".repeat(n), "]".repeat(n))
+    fn update(update: Value) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,"update":update}})
+    }
+
+    fn tool_done() -> Value {
+        update(json!({"sessionUpdate":"tool_call_update","toolCallId":"call_16","status":"completed"}))
+    }
+
+    fn chunk() -> Value {
+        update(json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"Hello"}}))
+    }
+
+    fn response_completed() -> Value {
+        json!({"jsonrpc":"2.0","method":NOTIFICATION,"params":{"sessionId":S,
+            "update":{"sessionUpdate":"response_completed","usage":{"input_tokens":10}}}})
     }
 
     fn end(id: i64) -> Value {
@@ -312,11 +321,11 @@ mod tests {
 
     #[test]
     fn initialize_declares_steering_at_the_top_of_meta() {
-        let mut h = Harness::of(GrokSteering::new());
-        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
+        let mut h = rig();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}));
         h.to_agent();
         h.from_agent(
-            json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{},"_meta":{"agentVersion":"1.0.41"}}}),
+            json!({"jsonrpc":"2.0","id":1,"result":{"agentCapabilities":{},"_meta":{"agentVersion":"1.0.41"}}}),
         );
         let out = h.to_client();
         assert_eq!(out[0]["result"]["_meta"], json!({"agentVersion":"1.0.41","steering":{"supported":true}}));
@@ -328,25 +337,24 @@ mod tests {
         let text = String::from_utf8_lossy(out[0].bytes()).into_owned();
         assert!(text.contains(r#""n":1e400"#) && text.contains(r#""steering":{"supported":true}"#), "{text}");
         // A `_meta` that is no object is replaced; an error answer is passed on.
-        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}));
-        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"_meta":7}}));
-        assert_eq!(h.to_client()[0]["result"]["_meta"], json!({"steering":{"supported":true}}));
         h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"initialize","params":{}}));
-        let error = json!({"jsonrpc":"2.0","id":2,"error":{"code":-32000,"message":"auth"}});
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"_meta":7}}));
+        assert_eq!(h.to_client()[0]["result"]["_meta"], json!({"steering":{"supported":true}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"initialize","params":{}}));
+        let error = json!({"jsonrpc":"2.0","id":3,"error":{"code":-32000,"message":"auth"}});
         h.from_agent(error.clone());
         assert_eq!(h.to_client(), vec![error]);
     }
 
     #[test]
     fn between_turns_the_answer_is_prompt_required_and_grok_sees_nothing() {
-        let mut h = Harness::of(GrokSteering::new());
+        let mut h = rig();
         steer(&mut h, 5, "先别改测试");
         assert!(h.to_agent().is_empty());
         assert_eq!(
             h.to_client(),
             vec![json!({"jsonrpc":"2.0","id":5,"result":{"outcome":"promptRequired","reason":"noRunningTurn"}})]
         );
-        // After a turn ended too.
         prompt(&mut h, 6);
         h.from_agent(end(6));
         h.to_client();
@@ -356,49 +364,98 @@ mod tests {
     }
 
     #[test]
-    fn during_a_turn_the_text_is_interjected_once_and_answered_injected() {
-        let mut h = Harness::of(GrokSteering::new());
+    fn during_a_command_the_text_is_interjected_and_injected_once_the_model_answers_after_the_safe_point() {
+        let mut h = rig();
         prompt(&mut h, 3);
         let text = "Stop changing the tests.\n\n只看实现\n- keep `main` green";
-        h.from_client(json!({"jsonrpc":"2.0","id":"steer-1","method":STEERING,"params":{"sessionId":S,
+        h.from_client(json!({"jsonrpc":"2.0","id":"steer-1","method":METHOD,"params":{"sessionId":S,
             "prompt":[{"type":"text","text":text},{"type":"resource_link","uri":"file:///p/a.rs","name":"a.rs"}]}}));
         let sent = h.to_agent();
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0]["method"], INTERJECT);
         assert_eq!(sent[0]["params"], json!({"sessionId":S,"text":format!("{text}\n\nfile:///p/a.rs")}));
-        assert!(h.to_client().is_empty(), "no answer before Grok's");
         queued(&mut h, &sent[0]);
-        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":"steer-1","result":{"outcome":"injected"}})]);
-        // Grok's echo of it stays here; other echoes and the turn's end go on.
+        assert!(h.to_client().is_empty(), "queued is no proof");
+        // Grok's echo of it stays here; other echoes go on.
         let echo =
             json!({"jsonrpc":"2.0","method":ECHO,"params":{"sessionId":S,"text":format!("{text}\n\nfile:///p/a.rs")}});
         h.from_agent(echo.clone());
         assert!(h.to_client().is_empty());
         h.from_agent(echo.clone());
         assert_eq!(h.to_client(), vec![echo]);
+        // The command's output is no safe point; its end is; the model's next answer is the proof.
+        h.from_agent(update(json!({"sessionUpdate":"tool_call_update","toolCallId":"call_16","status":"in_progress"})));
+        assert_eq!(h.to_client().len(), 1);
+        h.from_agent(tool_done());
+        assert_eq!(h.to_client().len(), 1);
+        h.from_agent(chunk());
+        assert_eq!(
+            h.to_client(),
+            vec![json!({"jsonrpc":"2.0","id":"steer-1","result":{"outcome":"injected"}}), chunk()]
+        );
         h.from_agent(end(3));
         assert_eq!(h.to_client(), vec![end(3)]);
     }
 
     #[test]
-    fn the_turns_end_waits_for_the_steering_answer() {
-        let mut h = Harness::of(GrokSteering::new());
+    fn during_the_last_answer_the_drain_before_the_turn_completes_takes_it() {
+        let mut h = rig();
         prompt(&mut h, 3);
-        steer(&mut h, 4, "late");
+        h.from_agent(chunk());
+        steer(&mut h, 4, "late in the answer");
         let sent = h.to_agent();
-        h.from_agent(end(3));
-        assert!(h.to_client().is_empty(), "held until Grok answered the interjection");
         queued(&mut h, &sent[0]);
+        h.from_agent(chunk());
+        h.from_agent(response_completed());
+        assert_eq!(h.to_client().len(), 3, "the answer that ran when it was queued proves nothing");
+        h.from_agent(chunk());
+        let out = h.to_client();
+        assert_eq!(out[0]["result"]["outcome"], "injected");
+    }
+
+    #[test]
+    fn a_message_grok_takes_after_the_turns_last_safe_point_is_started_new_turn() {
+        let mut h = rig();
+        prompt(&mut h, 3);
+        h.from_agent(response_completed());
+        h.to_client();
+        steer(&mut h, 4, "edge");
+        let sent = h.to_agent();
+        queued(&mut h, &sent[0]);
+        h.from_agent(queue(None));
+        h.from_agent(end(3));
+        assert_eq!(h.to_client().len(), 1, "the turn's answer waits for the steering answer");
+        h.from_agent(queue(Some(("interject-fallback-1", "edge"))));
         let out = h.to_client();
         assert_eq!(out[0], json!({"jsonrpc":"2.0","id":4,"result":{"outcome":"startedNewTurn"}}));
         assert_eq!(out[1], end(3));
-        steer(&mut h, 8, "after");
-        assert_eq!(h.to_client()[0]["result"]["outcome"], "promptRequired");
+        assert_eq!(out[2]["method"], QUEUE_CHANGED, "Grok's queue passes on");
+    }
+
+    #[test]
+    fn a_turn_that_ends_without_proof_answers_unknown_within_the_hold() {
+        let mut h = rig();
+        prompt(&mut h, 3);
+        steer(&mut h, 4, "no proof");
+        let sent = h.to_agent();
+        queued(&mut h, &sent[0]);
+        h.from_agent(end(3));
+        assert!(h.to_client().is_empty());
+        h.advance(TURN_HOLD);
+        assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":4,"result":{"outcome":"failed"}}), end(3)]);
+        // Grok never answering the interjection is bounded the same way.
+        prompt(&mut h, 5);
+        steer(&mut h, 6, "never answered");
+        h.to_agent();
+        h.from_agent(end(5));
+        h.advance(TURN_HOLD);
+        let out = h.to_client();
+        assert_eq!((out[0]["id"].clone(), out[1]["id"].clone()), (json!(6), json!(5)));
     }
 
     #[test]
     fn one_steering_in_flight_per_session() {
-        let mut h = Harness::of(GrokSteering::new());
+        let mut h = rig();
         prompt(&mut h, 3);
         steer(&mut h, 4, "one");
         let sent = h.to_agent();
@@ -406,14 +463,16 @@ mod tests {
         assert!(h.to_agent().is_empty());
         assert_eq!(h.to_client()[0]["error"]["code"], -32600);
         queued(&mut h, &sent[0]);
-        assert_eq!(h.to_client()[0]["result"]["outcome"], "injected");
+        h.from_agent(tool_done());
+        h.from_agent(chunk());
+        assert_eq!(h.to_client()[1]["result"]["outcome"], "injected");
         steer(&mut h, 6, "three");
         assert_eq!(h.to_agent().len(), 1, "the next one goes once the first is answered");
     }
 
     #[test]
     fn grok_refusing_or_not_queueing_is_no_injection() {
-        let mut h = Harness::of(GrokSteering::new());
+        let mut h = rig();
         prompt(&mut h, 3);
         steer(&mut h, 4, "one");
         let sent = h.to_agent();
@@ -436,36 +495,28 @@ mod tests {
 
     #[test]
     fn bad_steering_requests_get_clear_errors_and_reach_no_one() {
-        let mut h = Harness::of(GrokSteering::new());
-        prompt(&mut h, 3);
-        for (id, params) in [
-            (10, json!({"prompt":[{"type":"text","text":"x"}]})),
-            (11, json!({"sessionId":S,"prompt":"x"})),
-            (12, json!({"sessionId":S,"prompt":[{"type":"image","data":"AAAA","mimeType":"image/png"}]})),
-            (13, json!({"sessionId":S,"prompt":[{"type":"text","text":"  \n"}]})),
-            (14, json!({"sessionId":S,"prompt":[{"text":"no type"}]})),
-        ] {
-            h.from_client(json!({"jsonrpc":"2.0","id":id,"method":STEERING,"params":params}));
-            assert!(h.to_agent().is_empty(), "{id}");
-            assert_eq!(h.to_client()[0]["error"]["code"], -32602, "{id}");
+        let mut h = rig();
+        for during in [false, true] {
+            if during {
+                prompt(&mut h, 3);
+            }
+            for (id, params) in [
+                (10, json!({"prompt":[{"type":"text","text":"x"}]})),
+                (11, json!({"sessionId":S,"prompt":"x"})),
+                (12, json!({"sessionId":S,"prompt":[{"type":"image","data":"AAAA","mimeType":"image/png"}]})),
+                (13, json!({"sessionId":S,"prompt":[{"type":"text","text":"  \n"}]})),
+                (14, json!({"sessionId":S,"prompt":[{"text":"no type"}]})),
+                (15, json!({"sessionId":S,"prompt":[]})),
+            ] {
+                h.from_client(json!({"jsonrpc":"2.0","id":id,"method":METHOD,"params":params}));
+                assert!(h.to_agent().is_empty(), "{id}");
+                assert_eq!(h.to_client()[0]["error"]["code"], -32602, "{id}, during a turn: {during}");
+            }
         }
-        let line = format!(r#"{{"jsonrpc":"2.0","id":15,"method":"_session/steering","params":{}}}"#, deep());
+        let n = crate::json::MAX_DEPTH + 5;
+        let deep = format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let line = format!(r#"{{"jsonrpc":"2.0","id":15,"method":"_session/steering","params":{deep}}}"#);
         // Nesting too deep to read never reaches a layer: the engine answers it (src/relay/behaviour.rs).
         assert!(Frame::parse(line.into_bytes()).is_err());
-    }
-
-    #[test]
-    fn a_message_grok_runs_on_its_own_after_injected_is_passed_on() {
-        let mut h = Harness::of(GrokSteering::new());
-        prompt(&mut h, 3);
-        steer(&mut h, 4, "edge");
-        let sent = h.to_agent();
-        queued(&mut h, &sent[0]);
-        h.from_agent(end(3));
-        h.to_client();
-        let queue = json!({"jsonrpc":"2.0","method":QUEUE_CHANGED,"params":{"sessionId":S,"entries":[],
-            "runningKind":"prompt","runningPromptId":"interject-fallback-1","runningText":"edge"}});
-        h.from_agent(queue.clone());
-        assert_eq!(h.to_client(), vec![queue]);
     }
 }

@@ -10,13 +10,13 @@
 //! "A context compaction is already running."; a prompt sent while it compacts is answered empty at once and
 //! run unreported later.
 //!
-//! So: Coda's request is refused here when the session is not known, a turn is running (Coda's prompt open,
-//! or a turn in the wire, Kimi's own included) or a compaction is; else the gate closes (Coda's prompts for
-//! the session wait), the shim sends `/compact`, drops what Kimi streams for that prompt and its later result
-//! text (the shim's, not a turn of Coda's; `usage_update`s pass), and answers `{compacted: true, before,
-//! after}` (Kimi's estimates) on `full_compaction.complete`, `{compacted: false}` on `.cancel` or Kimi's
-//! refusal. The result text answers too when it comes first (it carries the same numbers). Kimi that says
-//! nothing within [`DEADLINE`] is asked to cancel and Coda gets `compacted: false`.
+//! So Kimi's backend for the engine's compaction machine ([`crate::coda::compact`], which keeps the rules):
+//! the shim sends `/compact`, drops what Kimi streams for that prompt and its later result text (the shim's,
+//! not a turn of Coda's; `usage_update`s pass), and the compaction ends `{compacted: true, before, after}`
+//! (Kimi's estimates) on `full_compaction.complete`, `{compacted: false}` on `.cancel` or Kimi's refusal. The
+//! result text ends it too when it comes first (it carries the same numbers). Kimi's wire also says when a
+//! turn runs (Coda's or its own: told to the session table) and when Kimi compacts by itself (refused as
+//! [`ALREADY`]). Stopped (past the deadline) with `session/cancel`, which Kimi ends with `.cancel`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -25,14 +25,14 @@ use serde_json::{Value, json};
 
 use crate::adapters::kimi::facts::WireFacts;
 use crate::adapters::kimi::wire::Record;
-use crate::coda::compact::{self, ALREADY, DEADLINE, Gate, NOT_RUNNING, Outcome, TIMED_OUT, TURN_RUNNING};
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::compact::{ALREADY, Compactor, Ctl, Outcome, TURN_RUNNING};
+use crate::frame::{Frame, Kind};
+use crate::layer::Cx;
 
 /// Kimi cancelled the compaction (`full_compaction.cancel`: its summary request failed, or it was stopped).
 pub const CANCELLED: &str = "Kimi cancelled the compaction (its summary request failed or was stopped)";
 
-/// How long after Coda was answered the shim still drops Kimi's result text of that compaction.
+/// How long after the compaction ended the shim still drops Kimi's result text of it.
 pub const RESULT_TEXT_WAIT: Duration = Duration::from_secs(30);
 
 /// The texts Kimi 2.1.0 writes for `/compact` (prefixes).
@@ -45,25 +45,21 @@ const CANCELLED_TEXT: &str = "Compaction cancelled.";
 const TURN_OUTPUT: &[&str] =
     &["agent_message_chunk", "agent_thought_chunk", "user_message_chunk", "tool_call", "tool_call_update", "plan"];
 
+/// Kimi's result text of the session's compaction is no longer waited for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Wake {
-    /// Kimi has not ended the session's compaction within [`DEADLINE`].
-    Deadline(String),
-    /// Kimi's result text of the session's compaction is no longer waited for.
-    Forget(String),
+pub struct Forget(String);
+
+/// The shim's `/compact` prompt of a session, in a compaction round.
+#[derive(Debug)]
+pub struct Asked {
+    session: String,
+    round: u64,
 }
 
-/// The shim's `/compact` prompt of a session.
-#[derive(Debug)]
-pub struct Asked(String);
-
 struct Job {
-    /// Coda's request.
-    coda: Id,
+    round: u64,
     /// The shim's `/compact` prompt is not answered yet.
     prompt_open: bool,
-    /// Coda has its answer.
-    answered: bool,
     /// Why Kimi would not compact, from its text.
     refused: Option<String>,
     /// The wire shows it began.
@@ -72,19 +68,11 @@ struct Job {
     after: Option<u64>,
 }
 
+/// Kimi's compaction (see the module docs).
 #[derive(Default)]
-struct Wire {
-    /// A main turn is running.
-    turn: bool,
-    /// Kimi compacts (begun, not ended), asked for or by itself.
-    compacting: bool,
-}
-
-#[derive(Default)]
-pub struct Compact {
-    sessions: HashSet<String>,
-    wire: HashMap<String, Wire>,
-    gate: Gate,
+pub struct KimiCompact {
+    /// Sessions Kimi compacts now (begun, not ended in its wire), asked for or by itself.
+    compacting: HashSet<String>,
     jobs: HashMap<String, Job>,
     /// Sessions whose compaction's result text Kimi has still to send (dropped when it comes).
     results: HashSet<String>,
@@ -123,98 +111,46 @@ fn refusal(text: &str) -> Option<String> {
     text.starts_with(BUSY).then(|| ALREADY.to_owned())
 }
 
-impl Compact {
-    pub fn new() -> Compact {
-        Compact::default()
+impl KimiCompact {
+    pub fn new() -> KimiCompact {
+        KimiCompact::default()
     }
 
-    /// Why the session cannot compact now (None: it can).
-    fn refuse(&self, session: &str, cx: &Cx) -> Option<&'static str> {
-        if !self.sessions.contains(session) {
-            return Some(NOT_RUNNING);
-        }
-        let wire = self.wire.get(session);
-        if self.gate.is_closed(session) || self.jobs.contains_key(session) || wire.is_some_and(|w| w.compacting) {
-            return Some(ALREADY);
-        }
-        let prompt_open =
-            cx.open_requests().any(|r| r.method.as_ref() as &str == "session/prompt" && r.session() == Some(session));
-        (prompt_open || wire.is_some_and(|w| w.turn)).then_some(TURN_RUNNING)
-    }
-
-    fn ask(&mut self, id: &Id, session: String, cx: &mut Cx) {
-        if let Some(reason) = self.refuse(&session, cx) {
-            return cx.to_client(Outcome::not(reason).answer(id));
-        }
-        self.gate.close(&session);
-        let job = Job {
-            coda: id.clone(),
-            prompt_open: true,
-            answered: false,
-            refused: None,
-            begun: false,
-            before: None,
-            after: None,
-        };
-        self.jobs.insert(session.clone(), job);
-        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": "/compact"}]});
-        cx.request("session/prompt", params, Asked(session.clone()));
-        cx.after(DEADLINE, Wake::Deadline(session));
-    }
-
-    /// Coda gets its answer, the prompts it sent meanwhile go on; the job ends once the shim's prompt is
-    /// answered too.
-    fn finish(&mut self, session: &str, outcome: Outcome, cx: &mut Cx) {
-        let Some(job) = self.jobs.get_mut(session) else { return };
-        if job.answered {
-            return;
-        }
-        job.answered = true;
-        cx.to_client(outcome.answer(&job.coda));
-        cx.cancel(&Wake::Deadline(session.to_owned()));
-        if !job.prompt_open {
-            self.jobs.remove(session);
-        }
-        for held in self.gate.open(session) {
-            cx.to_agent(held);
-        }
-    }
-
-    /// One of Kimi's updates while the shim compacts the session: dropped (true) when it is the shim's.
-    fn shims(&mut self, session: &str, v: &Value, cx: &mut Cx) -> bool {
+    /// One of Kimi's updates while the shim compacts the session: `false` (dropped) when it is the shim's.
+    fn update(&mut self, session: &str, v: &Value, ctl: &mut Ctl<Self>) -> bool {
         let kind = v.pointer("/params/update/sessionUpdate").and_then(Value::as_str).unwrap_or("");
         if let Some(job) = self.jobs.get_mut(session)
             && job.prompt_open
         {
             if !TURN_OUTPUT.contains(&kind) {
-                return false;
+                return true;
             }
             if let Some(text) = text_of(v) {
                 job.refused = job.refused.take().or_else(|| refusal(text));
             }
-            return true;
-        }
-        if kind != "agent_message_chunk" || !self.results.contains(session) {
             return false;
         }
-        let Some(outcome) = text_of(v).and_then(result_text) else { return false };
-        self.results.remove(session);
-        cx.cancel(&Wake::Forget(session.to_owned()));
-        if self.jobs.get(session).is_some_and(|j| !j.answered) {
-            self.finish(session, outcome, cx);
+        if kind != "agent_message_chunk" || !self.results.contains(session) {
+            return true;
         }
-        true
+        let Some(outcome) = text_of(v).and_then(result_text) else { return true };
+        self.results.remove(session);
+        ctl.cancel(Forget(session.to_owned()));
+        if let Some(job) = self.jobs.get(session) {
+            ctl.ended(session, job.round, outcome);
+        }
+        false
     }
 
-    pub fn facts(&mut self, facts: WireFacts, cx: &mut Cx) {
+    /// The main agent's records of one scan of Kimi's wire.
+    fn facts(&mut self, facts: WireFacts, ctl: &mut Ctl<Self>) {
         let session = facts.session;
         for entry in facts.entries {
-            let wire = self.wire.entry(session.clone()).or_default();
             match entry.record {
-                Record::TurnPrompt { .. } => wire.turn = true,
-                Record::TurnEnded { .. } => wire.turn = false,
+                Record::TurnPrompt { .. } => busy(ctl.cx, &session, true),
+                Record::TurnEnded { .. } => busy(ctl.cx, &session, false),
                 Record::CompactionBegin { .. } => {
-                    wire.compacting = true;
+                    self.compacting.insert(session.clone());
                     if let Some(job) = self.jobs.get_mut(&session) {
                         job.begun = true;
                         self.results.insert(session.clone());
@@ -226,8 +162,8 @@ impl Compact {
                     }
                 }
                 Record::CompactionEnded { completed } => {
-                    let began = std::mem::take(&mut wire.compacting);
-                    let Some(job) = self.jobs.get(&session).filter(|j| j.begun && !j.answered) else {
+                    let began = self.compacting.remove(&session);
+                    let Some(job) = self.jobs.get(&session).filter(|j| j.begun) else {
                         if !began {
                             tracing::debug!("Kimi's wire ended a compaction of session {session} it never began");
                         }
@@ -238,9 +174,9 @@ impl Compact {
                     } else {
                         Outcome::not(CANCELLED)
                     };
-                    self.finish(&session, outcome, cx);
+                    ctl.ended(&session, job.round, outcome);
                     if self.results.contains(&session) {
-                        cx.after(RESULT_TEXT_WAIT, Wake::Forget(session.clone()));
+                        ctl.after(RESULT_TEXT_WAIT, Forget(session.clone()));
                     }
                 }
                 _ => {}
@@ -249,97 +185,56 @@ impl Compact {
     }
 }
 
-impl Layer for Compact {
-    type Timer = Wake;
+/// Kimi's wire says whether a turn runs in `session` (Coda's or its own): told to the session table.
+fn busy(cx: &mut Cx, session: &str, busy: bool) {
+    if let Some(s) = cx.session_mut(session) {
+        s.set_busy(busy);
+    }
+}
+
+impl Compactor for KimiCompact {
     type Event = WireFacts;
     type Reply = Asked;
+    type Timer = Forget;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        let method = match frame.kind() {
-            Kind::Request { method, .. } | Kind::Notification { method } => method.to_string(),
-            _ => return cx.to_agent(frame),
-        };
-        if !matches!(method.as_str(), compact::METHOD | "session/prompt" | "session/cancel") {
-            return cx.to_agent(frame);
+    fn refuse(&self, session: &str, _cx: &Cx) -> Option<String> {
+        self.compacting.contains(session).then(|| ALREADY.to_owned())
+    }
+
+    fn start(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
+        let job = Job { round, prompt_open: true, refused: None, begun: false, before: None, after: None };
+        self.jobs.insert(session.to_owned(), job);
+        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": "/compact"}]});
+        ctl.request("session/prompt", params, Asked { session: session.to_owned(), round });
+    }
+
+    fn finished(&mut self, session: &str, round: u64, _ctl: &mut Ctl<Self>) {
+        if self.jobs.get(session).is_some_and(|j| j.round == round) {
+            self.jobs.remove(session);
+        }
+    }
+
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        if !matches!(frame.kind(), Kind::Notification { .. })
+            || frame.session_update().is_none()
+            || (self.jobs.is_empty() && self.results.is_empty())
+        {
+            return true;
         }
         let v = frame.value();
-        let session = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
-        match (method.as_str(), frame.kind()) {
-            (compact::METHOD, Kind::Request { id, .. }) => {
-                let id = id.clone();
-                match compact::session_of(v, &id) {
-                    Ok(session) => self.ask(&id, session, cx),
-                    Err(answer) => cx.to_client(answer),
-                }
-            }
-            ("session/prompt", _) => {
-                let Some(sid) = session else { return cx.to_agent(frame) };
-                if let Some(frame) = self.gate.hold(&sid, frame) {
-                    cx.to_agent(frame);
-                }
-            }
-            ("session/cancel", _) => {
-                let Some(sid) = session.filter(|s| self.gate.is_closed(s)) else { return cx.to_agent(frame) };
-                // Coda's prompts waiting for the compaction end here; the compaction is not Coda's turn.
-                for held in self.gate.open(&sid) {
-                    if let Some(id) = held.id() {
-                        cx.to_client(frame::result_response(id, json!({"stopReason": "cancelled"})));
-                    }
-                }
-                self.gate.close(&sid);
-            }
-            _ => cx.to_agent(frame),
-        }
+        let session = v.pointer("/params/sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
+        self.update(&session, v, ctl)
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                let method = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
-                let Some((method, asked)) = method else { return cx.to_client(frame) };
-                if !matches!(method.as_str(), "initialize" | "session/new" | "session/load" | "session/resume") {
-                    return cx.to_client(frame);
-                }
-                let mut v = frame.to_value();
-                let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
-                    return cx.to_client(frame);
-                };
-                if method == "initialize" {
-                    compact::declare(result);
-                    return cx.to_client(frame.rewritten(v));
-                }
-                let named = result.get("sessionId").and_then(Value::as_str).map(str::to_owned);
-                if let Some(sid) = named.or(asked) {
-                    self.sessions.insert(sid);
-                }
-                cx.to_client(frame);
-            }
-            Kind::Notification { .. }
-                if frame.session_update().is_some() && (!self.jobs.is_empty() || !self.results.is_empty()) =>
-            {
-                let v = frame.value();
-                let session = v.pointer("/params/sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
-                if !self.shims(&session, v, cx) {
-                    cx.to_client(frame);
-                }
-            }
-            _ => cx.to_client(frame),
-        }
+    fn ignores(&self, frame: &Frame) -> bool {
+        // Updates are read only while a `/compact` of the shim's runs or its result text is due.
+        !matches!(frame.kind(), Kind::Notification { .. })
+            || frame.session_update().is_none()
+            || (self.jobs.is_empty() && self.results.is_empty())
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        match frame.kind() {
-            // Updates are read only while a `/compact` of the shim's runs or its result text is due.
-            Kind::Notification { .. } => {
-                frame.session_update().is_none() || (self.jobs.is_empty() && self.results.is_empty())
-            }
-            Kind::Response { .. } => false,
-            _ => true,
-        }
-    }
-
-    fn on_reply(&mut self, Asked(session): Asked, reply: Frame, cx: &mut Cx) {
-        let Some(job) = self.jobs.get_mut(&session) else { return };
+    fn on_reply(&mut self, Asked { session, round }: Asked, reply: Frame, ctl: &mut Ctl<Self>) {
+        let Some(job) = self.jobs.get_mut(&session).filter(|j| j.round == round) else { return };
         job.prompt_open = false;
         let v = reply.value();
         let refused = if v.get("result").is_some() {
@@ -348,35 +243,21 @@ impl Layer for Compact {
             let why = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("an error");
             Some(format!("Kimi refused to compact: {why}"))
         };
-        if job.answered {
-            self.jobs.remove(&session);
-        } else if let Some(reason) = refused {
-            self.finish(&session, Outcome::NotCompacted(reason), cx);
-        } else {
+        match refused {
+            Some(reason) => ctl.ended(&session, round, Outcome::NotCompacted(reason)),
             // Kimi started: the wire ends it, or its result text (also when the session's files cannot be read).
-            self.results.insert(session);
+            None => {
+                self.results.insert(session);
+            }
         }
     }
 
-    fn on_event(&mut self, facts: WireFacts, cx: &mut Cx) {
-        self.facts(facts, cx);
+    fn on_event(&mut self, facts: WireFacts, ctl: &mut Ctl<Self>) {
+        self.facts(facts, ctl);
     }
 
-    fn on_timer(&mut self, wake: Wake, cx: &mut Cx) {
-        match wake {
-            Wake::Deadline(session) => {
-                if self.jobs.get(&session).is_some_and(|j| !j.answered) {
-                    tracing::warn!(
-                        "Kimi did not end the compaction of session {session} within {DEADLINE:?}; cancelling"
-                    );
-                    cx.to_agent(frame::notification("session/cancel", json!({"sessionId": session})));
-                    self.finish(&session, Outcome::not(TIMED_OUT), cx);
-                }
-            }
-            Wake::Forget(session) => {
-                self.results.remove(&session);
-            }
-        }
+    fn on_timer(&mut self, Forget(session): Forget, _ctl: &mut Ctl<Self>) {
+        self.results.remove(&session);
     }
 }
 
@@ -384,12 +265,13 @@ impl Layer for Compact {
 mod tests {
     use super::*;
     use crate::adapters::kimi::wire::parse_line;
+    use crate::coda::compact::{self, Compaction, DEADLINE, NOT_RUNNING, TIMED_OUT};
     use crate::layer::testing::Harness;
 
     const SID: &str = "session_6b1d1f0e-0000-4000-8000-0000000000c0";
 
     fn rig() -> Harness {
-        let mut h = Harness::of(Compact::new());
+        let mut h = Harness::of(Compaction::new(KimiCompact::new()));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(
             json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}}),

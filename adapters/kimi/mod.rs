@@ -56,7 +56,7 @@ fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Lo
     setup.add(|events| Box::new(activity::Activity::new(events, root, logs, tap.clone())));
     setup.add(|events| {
         tap.add(events);
-        Box::new(compact::Compact::new())
+        Box::new(crate::coda::compact::Compaction::new(compact::KimiCompact::new()))
     });
     setup.add(|events| {
         tap.add(events);

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, LazyLock};
 
 use crate::coda::instruction;
+use crate::coda::wait::utf16_prefix;
 use crate::frame::{Frame, Kind};
 use crate::layer::{Cx, Layer};
 use regex::Regex;
@@ -168,19 +169,6 @@ pub fn kimi_title(blocks: &[Value]) -> Made {
 
 fn xml_attr(s: &str) -> String {
     s.replace('&', "&amp;").replace('"', "&quot;")
-}
-
-/// The longest prefix of `s` of at most `units` UTF-16 code units. Where JavaScript would cut a surrogate
-/// pair in two and keep its first half, this ends before the pair.
-fn utf16_prefix(s: &str, units: usize) -> &str {
-    let mut used = 0;
-    for (at, c) in s.char_indices() {
-        used += c.len_utf16();
-        if used > units {
-            return &s[..at];
-        }
-    }
-    s
 }
 
 /// Whether a title Kimi reports repeats the injected block.
@@ -640,7 +628,10 @@ mod tests {
             out["result"]["sessions"].as_array().expect("sessions").iter().map(|e| &e["title"]).collect();
         assert_eq!(got, [&json!("hello"), &Value::Null, &json!("plain title")]);
         // The same answer to any other request is not touched.
-        h.from_agent(list.clone());
-        assert_eq!(h.to_client(), [list]);
+        h.from_client(json!({"jsonrpc": "2.0", "id": "m", "method": "_x/other", "params": {}}));
+        let mut other = list.clone();
+        other["id"] = json!("m");
+        h.from_agent(other.clone());
+        assert_eq!(h.to_client(), [other]);
     }
 }

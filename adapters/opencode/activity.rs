@@ -326,7 +326,16 @@ impl OpenCodeActivity {
     }
 
     fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
-        self.record.handled(&e, cx.wall());
+        // Every layer hears every event; each kind is logged by the layer it is for.
+        if matches!(
+            e,
+            ServerEvent::TaskChild { .. }
+                | ServerEvent::Retry { .. }
+                | ServerEvent::Failed { .. }
+                | ServerEvent::Status { .. }
+        ) {
+            self.record.handled(&e, cx.wall());
+        }
         match e {
             ServerEvent::TaskChild { session, call, child } => self.task_child(session, call, child, cx),
             ServerEvent::Retry { session, attempt, message, at_ms, wait_ms } => {
@@ -344,7 +353,7 @@ impl OpenCodeActivity {
                 }
             }
             ServerEvent::Status { session, busy } => self.status(session, busy, cx),
-            // The permission bridge's (the set-up routes them there).
+            // The permission bridge's.
             ServerEvent::Asked { .. } | ServerEvent::Replied { .. } => {}
             // Compaction's, usage facts' and steering's (`compact.rs`, `usage.rs`, `steering.rs`).
             ServerEvent::Step(_)
@@ -803,7 +812,9 @@ mod tests {
             let (to_client, to_agent) = rig.client(frame);
             assert_eq!(to_client[0]["params"]["state"], "done", "{end}");
             assert_eq!(to_agent.len(), 1, "the client's frame goes on");
-            rig.agent(end_turn(20));
+            if end == "prompt" {
+                rig.agent(end_turn(20));
+            }
         }
     }
 

@@ -11,28 +11,33 @@
 //! - The session's model is needed: the latest said by `session/new`, `load`, `resume` (`configOptions`
 //!   `model`, `provider/model`), `set_config_option`, `set_model`, or a step on OpenCode's server.
 //!
-//! The layer does no HTTP: it runs the set-up's [`Asker`] (`summarize.rs`) on an [`Ask`] as a job
-//! ([`Cx::work`], off the relay loop) and gets the answer back as the job's result, handled as a
-//! [`ServerEvent::Summarized`] (in a replay that event comes from the recording's events file instead).
-//! `before` is the context of the latest step (exact, OpenCode's own count); `after` an estimate
-//! (`usage::Contexts::after`). A `session/prompt` that comes
-//! during it waits in the [`Gate`]; Coda's request is answered `compacted: false` after [`DEADLINE`], and the
-//! summary is then cancelled (`session/cancel`).
+//! So OpenCode's backend for the engine's compaction machine ([`crate::coda::compact`], which keeps the
+//! rules): it does no HTTP itself but runs the set-up's [`Asker`] (`summarize.rs`) on an [`Ask`] as a job
+//! (off the relay loop) and gets the answer back as a [`ServerEvent::Summarized`] (in a replay that event
+//! comes from the recording's events file instead). `true` is followed by `session.compacted` (or, after
+//! [`SETTLE`], what is known): compacted, `before` the context of the latest step (exact, OpenCode's own
+//! count), `after` an estimate (`usage::Contexts::after`). Busy or an error: not compacted. The server's
+//! `session.status` says whether a turn runs (told to the session table). Stopped (past the deadline) with
+//! `session/cancel`.
+//!
+//! The summary's chunks are dropped wherever they come (their `messageId` is a summary's, from its step on the
+//! server). From the compaction's start until its summary is known (or its end and [`SETTLE`] after it, or the
+//! event stream is lost), a chunk of a message the server has not named yet, outside Coda's turn, is held
+//! until the server names it: the summary's is dropped, any other (OpenCode's own turn) goes on in order.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::adapters::opencode::usage::Contexts;
-use crate::coda::compact::{self as coda, ALREADY, DEADLINE, Gate, NOT_RUNNING, Outcome, TIMED_OUT, TURN_RUNNING};
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::compact::{Compactor, Ctl, Outcome, TURN_RUNNING};
+use crate::frame::{Frame, Id, Kind};
+use crate::layer::{Cx, Turn};
 
 /// What OpenCode's server answered the shim's compaction.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,29 +63,24 @@ pub struct Ask {
 
 /// Asks OpenCode's server for a compaction and gives its answer, or `None` when the answer comes another way (a
 /// replay's events file, `summarize::ReplayGate`). HTTP requests, the summary a model request of minutes: the
-/// layer runs it as a job ([`Cx::work`]), which holds one of the engine's few workers meanwhile.
+/// backend runs it as a job, which holds one of the engine's few workers meanwhile.
 pub type Asker = Arc<dyn Fn(Ask) -> Option<Summarized> + Send + Sync>;
 
 /// After OpenCode's server answered `true`: how long to wait for its `session.compacted` (and the summary's
-/// tokens) before answering with what is known.
+/// tokens) before answering with what is known; after the compaction ended, how long unnamed chunks are held.
 pub const SETTLE: Duration = Duration::from_secs(2);
 
 /// How many summaries per session are remembered, for their late chunks.
 const SUMMARIES: usize = 8;
+/// Chunks held per session at most while their message is unknown (past that they go on).
+const HELD_CHUNKS: usize = 512;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Tick {
-    /// [`DEADLINE`] passed for the compaction with this number.
-    Deadline(u64),
-    /// [`SETTLE`] passed after the server's `true`.
-    Settle(u64),
-}
-
-struct Running {
-    /// Coda's request.
-    id: Id,
-    n: u64,
-    before: Option<u64>,
+    /// [`SETTLE`] passed after the server's `true` for the compaction of this session and round.
+    Settle(String, u64),
+    /// [`SETTLE`] passed after the compaction of this session ended: its window closes.
+    Close(String, u64),
 }
 
 #[derive(Default)]
@@ -89,23 +89,33 @@ struct Session {
     model: Option<(String, String)>,
 }
 
+/// The chunks of a session whose message the server has not named, while a summary may be streaming.
+#[derive(Default)]
+struct Window {
+    round: u64,
+    /// The summary's message is known: any other message is not it.
+    summary_known: bool,
+    /// Messages the server named as steps of a turn (OpenCode's replies).
+    replies: HashSet<String>,
+    /// Chunks of unnamed messages, in order.
+    held: Vec<Frame>,
+}
+
+/// OpenCode's compaction (see the module docs).
 pub struct OpenCodeCompact {
     /// None: OpenCode's server is unknown (an agent command without `--port`): requests are refused with the
     /// reason. The capability is declared all the same: OpenCode compacts, and the default command has it.
     asker: Option<Asker>,
     record: Record,
-    gate: Gate,
-    running: HashMap<String, Running>,
+    /// Running compactions: session -> (round, before).
+    running: HashMap<String, (u64, Option<u64>)>,
     sessions: HashMap<String, Session>,
     /// `session/new`, `load`, `resume`, `fork` in flight: their cwd.
     setups: HashMap<Id, String>,
     contexts: Contexts,
     /// Summary messages per session: their chunks are dropped wherever they come.
     summaries: HashMap<String, VecDeque<String>>,
-    /// Sessions compacted on Coda's request whose next prompt has not gone to OpenCode yet: a chunk of a
-    /// message not known to be OpenCode's reply is the summary's (its `messageId` may not be known yet).
-    window: HashMap<String, HashSet<String>>,
-    next: u64,
+    windows: HashMap<String, Window>,
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
@@ -130,90 +140,55 @@ impl OpenCodeCompact {
         OpenCodeCompact {
             asker,
             record,
-            gate: Gate::default(),
             running: HashMap::new(),
             sessions: HashMap::new(),
             setups: HashMap::new(),
             contexts: Contexts::default(),
             summaries: HashMap::new(),
-            window: HashMap::new(),
-            next: 0,
+            windows: HashMap::new(),
         }
-    }
-
-    fn turn_running(cx: &Cx, session: &str) -> bool {
-        cx.open_requests().any(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session))
-    }
-
-    fn compact(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(id) = frame.id().cloned() else { return };
-        let v = frame.value();
-        let session = match coda::session_of(v, &id) {
-            Ok(s) => s,
-            Err(answer) => return cx.to_client(answer),
-        };
-        let refuse = |reason: &str, cx: &mut Cx| cx.to_client(Outcome::not(reason).answer(&id));
-        let Some(known) = self.sessions.get(&session) else { return refuse(NOT_RUNNING, cx) };
-        if self.gate.is_closed(&session) {
-            return refuse(ALREADY, cx);
-        }
-        if Self::turn_running(cx, &session) {
-            return refuse(TURN_RUNNING, cx);
-        }
-        let Some((provider, model)) = known.model.clone() else {
-            return refuse("OpenCode has not said which model this session uses; send a prompt first", cx);
-        };
-        let directory = known.cwd.clone();
-        let Some(asker) = self.asker.clone() else {
-            return refuse("OpenCode's server is not known to the shim, and only it compacts", cx);
-        };
-        self.next += 1;
-        let n = self.next;
-        self.gate.close(&session);
-        self.window.insert(session.clone(), HashSet::new());
-        let before = self.contexts.before(&session);
-        self.running.insert(session.clone(), Running { id, n, before });
-        self.record.handled(&ServerEvent::SummarizeAsked { session: session.clone() }, cx.wall());
-        let ask = Ask { session, directory, provider, model };
-        cx.work(
-            move || {
-                let session = ask.session.clone();
-                asker(ask).map(|result| ServerEvent::Summarized { session, result })
-            },
-            OpenCodeCompact::asked,
-        );
-        cx.after(DEADLINE, Tick::Deadline(n));
     }
 
     /// OpenCode's server answered an ask (none: a replay's events file brings the answer).
-    fn asked(&mut self, answer: Option<ServerEvent>, cx: &mut Cx) {
+    fn asked(&mut self, answer: Option<ServerEvent>, ctl: &mut Ctl<Self>) {
         if let Some(e) = answer {
-            self.server_event(e, cx);
+            self.server_event(e, ctl);
         }
     }
 
-    /// The compaction of `session` ended: Coda's answer, then the prompts held meanwhile.
-    fn finish(&mut self, session: &str, outcome: Outcome, cx: &mut Cx) {
-        let Some(r) = self.running.remove(session) else { return };
-        cx.cancel(&Tick::Deadline(r.n));
-        cx.cancel(&Tick::Settle(r.n));
-        if matches!(outcome, Outcome::NotCompacted(_)) {
-            self.window.remove(session);
-        }
-        cx.to_client(outcome.answer(&r.id));
-        for held in self.gate.open(session) {
-            self.window.remove(session);
-            cx.to_agent(held);
+    fn compacted(&mut self, session: &str, ctl: &mut Ctl<Self>) {
+        let Some(&(round, before)) = self.running.get(session) else { return };
+        let outcome = Outcome::Compacted { before, after: self.contexts.after(session) };
+        ctl.ended(session, round, outcome);
+    }
+
+    /// Hands on the held chunks of `session` whose message is known not to be a summary (`all`: every one that
+    /// is not a summary's), drops those of a summary.
+    fn release(&mut self, session: &str, cx: &mut Cx, all: bool) {
+        let Some(w) = self.windows.get_mut(session) else { return };
+        let summaries = self.summaries.get(session);
+        let held = std::mem::take(&mut w.held);
+        for frame in held {
+            let message = frame.value().pointer("/params/update/messageId").and_then(Value::as_str).map(str::to_owned);
+            let summary = message.as_ref().is_some_and(|m| summaries.is_some_and(|k| k.contains(m)));
+            let named = message.as_ref().is_some_and(|m| w.replies.contains(m));
+            if summary {
+                tracing::debug!("dropped a chunk of OpenCode's compaction summary");
+            } else if (all || named || w.summary_known) && w.held.is_empty() {
+                cx.to_client(frame);
+            } else {
+                // Still unnamed, or behind one that is: in order.
+                w.held.push(frame);
+            }
         }
     }
 
-    fn compacted(&mut self, session: &str, cx: &mut Cx) {
-        let Some(r) = self.running.get(session) else { return };
-        let outcome = Outcome::Compacted { before: r.before, after: self.contexts.after(session) };
-        self.finish(session, outcome, cx);
+    fn close(&mut self, session: &str, cx: &mut Cx) {
+        self.release(session, cx, true);
+        self.windows.remove(session);
     }
 
-    fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
+    fn server_event(&mut self, e: ServerEvent, ctl: &mut Ctl<Self>) {
         match e {
             ServerEvent::Step(s) => {
                 self.contexts.step(&s);
@@ -230,20 +205,28 @@ impl OpenCodeCompact {
                             known.pop_front();
                         }
                     }
-                } else if let Some(w) = self.window.get_mut(&s.session) {
-                    w.insert(s.message.clone());
+                    if let Some(w) = self.windows.get_mut(&s.session) {
+                        w.summary_known = true;
+                    }
+                } else if let Some(w) = self.windows.get_mut(&s.session) {
+                    w.replies.insert(s.message.clone());
+                }
+                self.release(&s.session, ctl.cx, false);
+            }
+            ServerEvent::Status { session, busy } => {
+                if let Some(s) = ctl.cx.session_mut(&session) {
+                    s.set_busy(busy);
                 }
             }
-            ServerEvent::Compacted { session } => self.compacted(&session, cx),
+            ServerEvent::Compacted { session } => self.compacted(&session, ctl),
             ServerEvent::Summarized { ref session, ref result } => {
-                self.record.handled(&e, cx.wall());
-                let Some(r) = self.running.get(session) else { return };
+                self.record.handled(&e, ctl.cx.wall());
+                let Some(&(round, _)) = self.running.get(session) else { return };
                 match result {
-                    Summarized::Done => cx.after(SETTLE, Tick::Settle(r.n)),
-                    Summarized::Busy => self.finish(session, Outcome::not(TURN_RUNNING), cx),
+                    Summarized::Done => ctl.after(SETTLE, Tick::Settle(session.clone(), round)),
+                    Summarized::Busy => ctl.ended(session, round, Outcome::not(TURN_RUNNING)),
                     Summarized::Failed { why } => {
-                        let reason = format!("OpenCode did not compact the session: {why}");
-                        self.finish(session, Outcome::not(reason), cx)
+                        ctl.ended(session, round, Outcome::not(format!("OpenCode did not compact the session: {why}")))
                     }
                 }
             }
@@ -251,23 +234,34 @@ impl OpenCodeCompact {
         }
     }
 
-    /// Whether a message chunk of the agent's is a summary's (dropped).
-    fn is_summary_chunk(&self, frame: &Frame, cx: &Cx) -> bool {
+    /// A message chunk of the agent's: `true` to pass it on now.
+    fn chunk(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
         let maybe = self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()));
-        if !maybe && self.window.is_empty() {
-            return false;
+        if !maybe && self.windows.is_empty() {
+            return true;
         }
         let v = frame.value();
         let (Some(session), message) = (str_at(v, "/params/sessionId"), str_at(v, "/params/update/messageId")) else {
-            return false;
+            return true;
         };
         if let Some(m) = message
             && self.summaries.get(session).is_some_and(|known| known.iter().any(|k| k == m))
         {
+            tracing::debug!("dropped a chunk of OpenCode's compaction summary");
+            return false;
+        }
+        let coda_turn = matches!(ctl.cx.turn(session), Some(Turn::Coda { sent: true, .. }));
+        let Some(w) = self.windows.get_mut(session) else { return true };
+        // Behind a held chunk any chunk of the session waits too: they go on in the order they came.
+        let known = coda_turn || w.summary_known || message.is_some_and(|m| w.replies.contains(m));
+        if known && w.held.is_empty() {
             return true;
         }
-        let Some(replies) = self.window.get(session) else { return false };
-        !Self::turn_running(cx, session) && message.is_none_or(|m| !replies.contains(m))
+        if w.held.len() >= HELD_CHUNKS {
+            return true;
+        }
+        w.held.push(frame.clone());
+        false
     }
 
     fn setup_answer(&mut self, method: &str, session: Option<String>, frame: &Frame) {
@@ -280,6 +274,9 @@ impl OpenCodeCompact {
             _ => session,
         };
         let Some(session) = session else { return };
+        if self.sessions.len() >= crate::layer::sessions::MAX_ROOTS && !self.sessions.contains_key(&session) {
+            self.sessions.clear();
+        }
         let entry = self.sessions.entry(session).or_default();
         if let Some(cwd) = cwd {
             entry.cwd = cwd;
@@ -290,113 +287,143 @@ impl OpenCodeCompact {
     }
 }
 
-impl Layer for OpenCodeCompact {
-    type Timer = Tick;
+impl Compactor for OpenCodeCompact {
     type Event = FromServer;
-    type Reply = Infallible;
+    type Reply = std::convert::Infallible;
+    type Timer = Tick;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Request { method, id } = frame.kind().clone() else { return cx.to_agent(frame) };
-        match method.as_str() {
-            coda::METHOD => return self.compact(frame, cx),
-            "session/prompt" => {
-                let session = cx.request_of(&id).and_then(|r| r.session()).map(str::to_owned);
-                if let Some(s) = session {
-                    let Some(frame) = self.gate.hold(&s, frame) else { return };
-                    self.window.remove(&s);
-                    return cx.to_agent(frame);
-                }
-            }
-            "session/new"
-            | "session/load"
-            | "session/resume"
-            | "session/fork"
-            | "session/set_config_option"
-            | "session/set_model" => {
-                let v = frame.value();
-                if let Some(cwd) = str_at(v, "/params/cwd") {
-                    self.setups.insert(id.clone(), cwd.to_owned());
-                }
-                let model = match method.as_str() {
-                    "session/set_model" => str_at(v, "/params/modelId"),
-                    "session/set_config_option" if str_at(v, "/params/configId") == Some("model") => {
-                        str_at(v, "/params/value")
-                    }
-                    _ => None,
-                };
-                if let (Some(s), Some(m)) = (str_at(v, "/params/sessionId"), model.and_then(split_model))
-                    && let Some(known) = self.sessions.get_mut(s)
-                {
-                    known.model = Some(m);
-                }
-            }
-            _ => {}
+    fn refuse(&self, session: &str, _cx: &Cx) -> Option<String> {
+        let Some(known) = self.sessions.get(session) else {
+            return Some("OpenCode has not said which model this session uses; send a prompt first".into());
+        };
+        if known.model.is_none() {
+            return Some("OpenCode has not said which model this session uses; send a prompt first".into());
         }
-        cx.to_agent(frame)
+        self.asker.is_none().then(|| "OpenCode's server is not known to the shim, and only it compacts".into())
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+    fn start(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
+        let known = self.sessions.get(session);
+        let (Some(asker), Some((provider, model))) = (self.asker.clone(), known.and_then(|k| k.model.clone())) else {
+            return;
+        };
+        let directory = known.map(|k| k.cwd.clone()).unwrap_or_default();
+        let before = self.contexts.before(session);
+        self.running.insert(session.to_owned(), (round, before));
+        self.close(session, ctl.cx);
+        self.windows.insert(session.to_owned(), Window { round, ..Window::default() });
+        self.record.handled(&ServerEvent::SummarizeAsked { session: session.to_owned() }, ctl.cx.wall());
+        let ask = Ask { session: session.to_owned(), directory, provider, model };
+        ctl.work(
+            move || {
+                let session = ask.session.clone();
+                asker(ask).map(|result| ServerEvent::Summarized { session, result })
+            },
+            OpenCodeCompact::asked,
+        );
+    }
+
+    fn finished(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
+        if self.running.get(session).is_some_and(|(r, _)| *r == round) {
+            self.running.remove(session);
+        }
+        ctl.cancel(Tick::Settle(session.to_owned(), round));
+        match self.windows.get(session) {
+            Some(w) if w.summary_known => self.close(session, ctl.cx),
+            Some(_) => ctl.after(SETTLE, Tick::Close(session.to_owned(), round)),
+            None => {}
+        }
+    }
+
+    fn client_request(&mut self, frame: &Frame, cx: &mut Cx) {
+        let Kind::Request { method, id } = frame.kind() else { return };
+        if method == "session/prompt" {
+            // Coda's turn begins: what OpenCode streamed before it goes first.
+            if let Some(session) = cx.request_of(id).and_then(|r| r.session()).map(str::to_owned) {
+                self.close(&session, cx);
+            }
+            return;
+        }
+        if !matches!(
+            method.as_str(),
+            "session/new"
+                | "session/load"
+                | "session/resume"
+                | "session/fork"
+                | "session/set_config_option"
+                | "session/set_model"
+        ) {
+            return;
+        }
+        let v = frame.value();
+        if let Some(cwd) = str_at(v, "/params/cwd") {
+            self.setups.insert(id.clone(), cwd.to_owned());
+        }
+        let model = match method.as_str() {
+            "session/set_model" => str_at(v, "/params/modelId"),
+            "session/set_config_option" if str_at(v, "/params/configId") == Some("model") => str_at(v, "/params/value"),
+            _ => None,
+        };
+        if let (Some(s), Some(m)) = (str_at(v, "/params/sessionId"), model.and_then(split_model))
+            && let Some(known) = self.sessions.get_mut(s)
+        {
+            known.model = Some(m);
+        }
+    }
+
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
         match frame.kind() {
             Kind::Response { .. } => {
-                let request = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
-                match request {
-                    Some((m, _)) if m == "initialize" => {
-                        let mut v = frame.to_value();
-                        if let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) {
-                            coda::declare(result);
-                            return cx.to_client(frame.rewritten(v));
-                        }
-                    }
-                    Some((m, session))
-                        if matches!(m.as_str(), "session/new" | "session/load" | "session/resume" | "session/fork") =>
-                    {
-                        self.setup_answer(&m, session, &frame)
-                    }
-                    _ => {}
+                let request = ctl.cx.answer_to(frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
+                if let Some((m, session)) = request
+                    && matches!(m.as_str(), "session/new" | "session/load" | "session/resume" | "session/fork")
+                {
+                    self.setup_answer(&m, session, frame);
                 }
-                cx.to_client(frame)
+                true
             }
             Kind::Notification { method }
                 if method == "session/update"
                     && matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk")) =>
             {
-                if self.is_summary_chunk(&frame, cx) {
-                    tracing::debug!("dropped a chunk of OpenCode's compaction summary");
-                    return;
-                }
-                cx.to_client(frame)
+                self.chunk(frame, ctl)
             }
-            _ => cx.to_client(frame),
+            _ => true,
         }
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        // A chunk is looked at only while a summary may be streaming (see `is_summary_chunk`).
+    fn ignores(&self, frame: &Frame) -> bool {
+        // A chunk is looked at only while a summary may be streaming (see `chunk`).
         matches!(frame.kind(), Kind::Notification { .. })
             && (!frame.is_streamed_chunk()
-                || (self.window.is_empty() && !self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()))))
+                || (self.windows.is_empty()
+                    && !self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()))))
     }
 
-    fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
-        if let FromServer::Event(e) = event {
-            self.server_event(e, cx)
+    fn on_event(&mut self, event: FromServer, ctl: &mut Ctl<Self>) {
+        match event {
+            FromServer::Event(e) => self.server_event(e, ctl),
+            // Nothing more will name a message: what is held goes on.
+            FromServer::Lost => {
+                let sessions: Vec<String> = self.windows.keys().cloned().collect();
+                for s in sessions {
+                    self.close(&s, ctl.cx);
+                }
+            }
+            FromServer::Read(_) => {}
         }
     }
 
-    fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
-        let find =
-            |n: u64, running: &HashMap<String, Running>| running.iter().find(|(_, r)| r.n == n).map(|(s, _)| s.clone());
+    fn on_timer(&mut self, tick: Tick, ctl: &mut Ctl<Self>) {
         match tick {
-            Tick::Settle(n) => {
-                if let Some(s) = find(n, &self.running) {
-                    self.compacted(&s, cx);
+            Tick::Settle(session, round) => {
+                if self.running.get(&session).is_some_and(|(r, _)| *r == round) {
+                    self.compacted(&session, ctl);
                 }
             }
-            Tick::Deadline(n) => {
-                if let Some(s) = find(n, &self.running) {
-                    tracing::warn!("OpenCode did not finish compacting session {s} in time: cancelled");
-                    cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": s })));
-                    self.finish(&s, Outcome::not(TIMED_OUT), cx);
+            Tick::Close(session, round) => {
+                if self.windows.get(&session).is_some_and(|w| w.round == round) {
+                    self.close(&session, ctl.cx);
                 }
             }
         }
@@ -407,7 +434,9 @@ impl Layer for OpenCodeCompact {
 mod tests {
     use super::*;
     use crate::adapters::opencode::usage::Step;
+    use crate::coda::compact::{ALREADY, Compaction, DEADLINE, GRACE, NOT_RUNNING, TIMED_OUT};
     use crate::layer::testing::Harness;
+    use serde_json::json;
     use std::sync::{Arc, Mutex};
 
     const S: &str = "ses_a";
@@ -423,7 +452,7 @@ mod tests {
                 None
             }) as Asker
         });
-        let mut h = Harness::of(OpenCodeCompact::new(asker, Record::off()));
+        let mut h = Harness::of(Compaction::new(OpenCodeCompact::new(asker, Record::off())));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(
             json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}}),
@@ -504,19 +533,40 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_chunk_outside_a_turn_right_after_asking_is_the_summarys() {
+    fn a_chunk_of_a_message_not_named_yet_waits_until_the_server_names_it() {
         let (mut h, _) = harness(true);
         h.event(0, step("msg_1", 100, false));
         compact(&mut h, 7);
-        h.from_agent(chunk("msg_unknown_yet"));
+        // The summary's text, before its step: held, then dropped once the step names it.
+        h.from_agent(chunk("msg_s"));
+        // OpenCode's own turn (a background result) before its step: held, then passed on, in order.
+        h.from_agent(chunk("msg_own"));
+        h.from_agent(chunk("msg_own"));
+        // A chunk of a message the server did name waits behind them: the session's chunks keep their order.
+        h.event(0, step("msg_r", 120, false));
+        h.from_agent(chunk("msg_r"));
         assert!(h.to_client().is_empty());
+        h.event(0, step("msg_s", 578, true));
+        assert_eq!(h.to_client(), vec![chunk("msg_own"), chunk("msg_own"), chunk("msg_r")]);
         h.event(0, ev(ServerEvent::Summarized { session: S.into(), result: Summarized::Done }));
         h.advance(SETTLE);
-        assert_eq!(h.to_client()[0]["result"], json!({"compacted":true,"before":100}), "after unknown: left out");
-        // OpenCode's own reply (known from its server) passes.
-        h.event(0, step("msg_own", 120, false));
+        assert_eq!(h.to_client()[0]["result"], json!({"compacted":true,"before":100,"after":140}));
+        // After the compaction, OpenCode's own turn passes as it comes.
+        h.advance(SETTLE);
+        h.from_agent(chunk("msg_next"));
+        assert_eq!(h.to_client(), vec![chunk("msg_next")]);
+    }
+
+    #[test]
+    fn when_the_event_stream_is_lost_held_chunks_go_on_and_nothing_more_is_held() {
+        let (mut h, _) = harness(true);
+        compact(&mut h, 7);
         h.from_agent(chunk("msg_own"));
-        assert_eq!(h.to_client().len(), 1);
+        assert!(h.to_client().is_empty());
+        h.event(0, FromServer::Lost);
+        assert_eq!(h.to_client(), vec![chunk("msg_own")], "nothing will name it now");
+        h.from_agent(chunk("msg_own_2"));
+        assert_eq!(h.to_client(), vec![chunk("msg_own_2")]);
     }
 
     #[test]
@@ -558,8 +608,11 @@ mod tests {
         h.advance(Duration::from_millis(1));
         assert_eq!(h.to_client()[0]["result"], json!({"compacted":false,"reason":TIMED_OUT}));
         let out = h.to_agent();
-        assert_eq!(out[0], json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}}));
-        assert_eq!(out[1], prompt(4));
+        assert_eq!(out, vec![json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}})]);
+        // Past the grace with no end from the server: the held prompt ends unsent.
+        h.advance(GRACE);
+        assert_eq!(h.to_client()[0]["id"], 4);
+        assert!(h.to_agent().is_empty());
         // A late answer changes nothing.
         h.event(0, ev(ServerEvent::Compacted { session: S.into() }));
         assert!(h.to_client().is_empty());

@@ -128,11 +128,25 @@ impl Env {
     }
 }
 
+/// Where the layers' server events go: every layer that takes them ([`crate::layer::Broadcast`]).
+pub type ServerSend = Box<dyn Fn(FromServer) -> bool + Send>;
+
+/// What the layers call on OpenCode's server: made from it by the set-up (or from a replay's recording); a
+/// test plays it.
+pub struct ServerSide {
+    /// The compaction's `POST /session/{id}/summarize` (none: the server is unknown).
+    pub asker: Option<compact::Asker>,
+    /// The steering calls (none: the server is unknown; steering is not declared).
+    pub caller: Option<steering::Caller>,
+    /// The permission bridge's answers.
+    pub replier: permissions::Replier,
+    /// Starts reading the server's events, each handed to the function it gets (none: no server).
+    pub reader: Option<Box<dyn FnOnce(ServerSend) + Send>>,
+}
+
 fn layers(setup: &mut Setup) {
     let env = Env::read();
     let server = server::Server::from_args(&setup.command.args);
-    // OpenCode reports its own agentInfo ("OpenCode", version): kept as it is.
-    setup.add(|_| Box::new(Instruction::new(BUILTINS).with_audience(&["assistant"])));
     let record = match &env.record {
         None => Record::off(),
         Some(log) => {
@@ -146,58 +160,75 @@ fn layers(setup: &mut Setup) {
             }
         }
     };
-    // Usage facts and `_coda/session/compact` (`usage.rs`, `compact.rs`; the HTTP side in `summarize.rs`).
-    let (mut usage_events, mut compact_events) = (None, None);
-    let usage_record = record.clone();
-    setup.add(|events| {
-        usage_events = Some(events);
-        Box::new(usage::OpenCodeUsage::new(usage_record))
-    });
+    // In a replay the calls' outcomes come from the recording's events file, each once the replayed layer
+    // made its call (the gates).
     let replay_gate = env.events.is_some().then(summarize::ReplayGate::default);
+    let steer_gate = env.events.is_some().then(calls::Gate::default);
+    let asker = match (&replay_gate, &server) {
+        (Some(gate), _) => Some(gate.asker()),
+        (None, Some(s)) => Some(summarize::live(s.clone())),
+        (None, None) => None,
+    };
+    let caller = match &steer_gate {
+        Some(g) => Some(g.caller()),
+        None => server.clone().map(calls::caller),
+    };
+    let replier = replier(server.clone());
+    let took = took_log(&env);
+    let reader = reader(&env, server, steer_gate, took.is_some(), replay_gate);
+    let side = ServerSide { asker, caller, replier, reader };
+    stack(setup, side, record, took, env.resume_delay, env.retry_patience);
+}
+
+/// The layers over OpenCode's server side `side`. Each server event reaches every layer that takes them,
+/// in stack order ([`crate::layer::Broadcast`]); each reads what it needs.
+fn stack(
+    setup: &mut Setup,
+    side: ServerSide,
+    record: Record,
+    took: Option<(record_log::FileLog, String)>,
+    resume_delay: Duration,
+    retry_patience: Duration,
+) {
+    let ServerSide { asker, caller, replier, reader } = side;
+    let bus = setup.broadcast::<FromServer>();
+    // OpenCode reports its own agentInfo ("OpenCode", version): kept as it is.
+    setup.add(|_| Box::new(Instruction::new(BUILTINS).with_audience(&["assistant"])));
+    // Usage facts and `_coda/session/compact` (`usage.rs`, `compact.rs`; the HTTP side in `summarize.rs`).
+    let usage_record = record.clone();
+    setup.add(|_: EventSender<FromServer>| Box::new(usage::OpenCodeUsage::new(usage_record)));
     let compact_record = record.clone();
-    setup.add(|events: EventSender<FromServer>| {
-        let asker = match (&replay_gate, &server) {
-            (Some(gate), _) => Some(gate.asker()),
-            (None, Some(s)) => Some(summarize::live(s.clone())),
-            (None, None) => None,
-        };
-        compact_events = Some(events);
-        Box::new(compact::OpenCodeCompact::new(asker, compact_record))
+    setup.add(|_: EventSender<FromServer>| {
+        Box::new(crate::coda::compact::Compaction::new(compact::OpenCodeCompact::new(asker, compact_record)))
     });
     // Steering needs the server (or a replay's record of it): declared only then.
-    let mut steer_events = None;
-    let steer_gate = env.events.is_some().then(calls::Gate::default);
-    let (caller_gate, steer_server, steer_record) = (steer_gate.clone(), server.clone(), record.clone());
-    setup.add(|events| {
-        let caller = match caller_gate {
-            Some(g) => Some(g.caller()),
-            None => steer_server.map(calls::caller),
-        };
-        steer_events = Some(events);
-        Box::new(steering::OpenCodeSteering::new(caller, steer_record))
+    let steer_record = record.clone();
+    setup.add(|_: EventSender<FromServer>| {
+        Box::new(crate::coda::steering::Steering::new(steering::OpenCodeSteering::new(caller, steer_record)))
     });
-    let mut bridge_events = None;
-    let replier = replier(server.clone());
     let bridge_record = record.clone();
-    setup.add(|events| {
-        bridge_events = Some(events);
-        Box::new(permissions::Permissions::new(replier, bridge_record, env.resume_delay))
+    setup.add(|_: EventSender<FromServer>| {
+        Box::new(permissions::Permissions::new(replier, bridge_record, resume_delay))
     });
-    let took = took_log(&env);
-    setup.add(|events| {
-        let start = match (bridge_events, usage_events, compact_events) {
-            (Some(bridge), Some(usage), Some(compact)) => {
-                let rest = route(events, bridge, steer_events);
-                reader(&env, server, steer_gate, took.is_some(), route_compaction(rest, usage, compact, replay_gate))
-            }
-            _ => None,
-        };
-        let activity = activity::OpenCodeActivity::new(start, record, env.retry_patience);
+    let start = reader.map(|read| -> activity::StartReader { Box::new(move || read(Box::new(move |e| bus.send(e)))) });
+    setup.add(|_: EventSender<FromServer>| {
+        let activity = activity::OpenCodeActivity::new(start, record, retry_patience);
         Box::new(match took {
             Some((log, events)) => activity.with_took(log, events),
             None => activity,
         })
     });
+}
+
+/// coda-opencode's stack with OpenCode's server side played by a test (no record, no took log).
+#[cfg(test)]
+pub(crate) fn test_stack(
+    command: &crate::child::AgentCommand,
+    side: ServerSide,
+) -> (crate::layer::Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+    crate::cli::adapter::stack_with(command, None, |setup| {
+        stack(setup, side, Record::off(), None, Duration::ZERO, crate::coda::failure::RETRY_PATIENCE)
+    })
 }
 
 /// The took log of a replay ([`TOOK_ENV`], with [`EVENTS_ENV`]) and the events file as it names it, its
@@ -214,78 +245,34 @@ fn took_log(env: &Env) -> Option<(record_log::FileLog, String)> {
     Some((log, format!("{dir}/{name}")))
 }
 
-/// The server events of compaction and usage facts go to their layers (steps and compactions to both, steps
-/// then on to `rest` for the steering layer), the rest on to `rest`. In a replay the ask the compaction layer
-/// logged holds the reader until the replayed layer has asked too (`summarize::ReplayGate`).
-fn route_compaction(
-    rest: impl Fn(FromServer) -> bool + Send + 'static,
-    usage: EventSender<FromServer>,
-    compact: EventSender<FromServer>,
-    gate: Option<summarize::ReplayGate>,
-) -> impl Fn(FromServer) -> bool + Send + 'static {
-    move |e| match e {
-        FromServer::Event(e @ ServerEvent::Step(_)) => {
-            usage.send(FromServer::Event(e.clone()))
-                && compact.send(FromServer::Event(e.clone()))
-                && rest(FromServer::Event(e))
-        }
-        FromServer::Event(e @ ServerEvent::Compacted { .. }) => {
-            usage.send(FromServer::Event(e.clone())) && compact.send(FromServer::Event(e))
-        }
-        FromServer::Event(e @ ServerEvent::Summarized { .. }) => compact.send(FromServer::Event(e)),
-        FromServer::Event(ServerEvent::SummarizeAsked { session }) => {
-            if let Some(gate) = &gate {
-                gate.wait(&session);
-            }
-            true
-        }
-        other => rest(other),
-    }
-}
-
-/// Hands each server event to the layer that acts on it: permission requests to the bridge, steps and the
-/// steering calls' outcomes to the steering layer (if any), run states and a lost stream to both it and the
-/// activity layer, the rest to the activity layer. One queue: the layers handle them in the order they were read.
-fn route(
-    activity: EventSender<FromServer>,
-    bridge: EventSender<FromServer>,
-    steering: Option<EventSender<FromServer>>,
-) -> impl Fn(FromServer) -> bool + Send + 'static {
-    move |e| {
-        if for_bridge(&e) {
-            return bridge.send(e);
-        }
-        let Some(steering) = &steering else { return activity.send(e) };
-        match &e {
-            FromServer::Event(ServerEvent::Step(_) | ServerEvent::SteerCall { .. }) => steering.send(e),
-            FromServer::Event(ServerEvent::Status { .. }) | FromServer::Lost => {
-                steering.send(e.clone()) && activity.send(e)
-            }
-            _ => activity.send(e),
-        }
-    }
-}
-
-/// Whether a server event is the permission bridge's (else the activity layer's).
-fn for_bridge(e: &FromServer) -> bool {
-    matches!(e, FromServer::Event(ServerEvent::Asked { .. } | ServerEvent::Replied { .. }))
-}
-
-/// What starts reading OpenCode's server events (or a replay's events file), once its server is up.
+/// What starts reading OpenCode's server events (or a replay's events file), once its server is up. In a
+/// replay the ask the compaction layer logged holds the reader until the replayed layer has asked too
+/// (`summarize::ReplayGate`).
 fn reader(
     env: &Env,
     server: Option<server::Server>,
     gate: Option<calls::Gate>,
     took: bool,
-    send: impl Fn(FromServer) -> bool + Send + 'static,
-) -> Option<activity::StartReader> {
+    replay: Option<summarize::ReplayGate>,
+) -> Option<Box<dyn FnOnce(ServerSend) + Send>> {
     match (&env.events, server) {
         (Some(path), _) => {
             let path = path.clone();
             let gate = gate.unwrap_or_default();
-            Some(Box::new(move || server::tail(path, took, gate.gated(send))))
+            Some(Box::new(move |send: ServerSend| {
+                let send = move |e: FromServer| match e {
+                    FromServer::Event(ServerEvent::SummarizeAsked { session }) => {
+                        if let Some(replay) = &replay {
+                            replay.wait(&session);
+                        }
+                        true
+                    }
+                    other => send(other),
+                };
+                server::tail(path, took, gate.gated(send))
+            }))
         }
-        (None, Some(s)) => Some(Box::new(move || server::follow(s, send))),
+        (None, Some(s)) => Some(Box::new(move |send: ServerSend| server::follow(s, send))),
         (None, None) => {
             tracing::warn!(
                 "OpenCode's server port is unknown (no --port in the agent command): a permission request inside a \

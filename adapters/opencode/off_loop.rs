@@ -89,7 +89,7 @@ async fn a_blocked_reader_start_compaction_or_steering_call_holds_up_no_frame() 
         let released = a.block();
         Some(Summarized::Failed { why: format!("let go: {released}") })
     });
-    layers.add(|_| Box::new(OpenCodeCompact::new(Some(asker), Record::off())));
+    layers.add(|_| Box::new(crate::coda::compact::Compaction::new(OpenCodeCompact::new(Some(asker), Record::off()))));
     let p = post.clone();
     let caller: Caller = Arc::new(move |call| {
         let Call::Post { session, .. } = call else { panic!("only a post is asked for: {call:?}") };
@@ -100,7 +100,7 @@ async fn a_blocked_reader_start_compaction_or_steering_call_holds_up_no_frame() 
     let mut steering_events: Option<EventSender<FromServer>> = None;
     layers.add(|events| {
         steering_events = Some(events);
-        Box::new(OpenCodeSteering::new(Some(caller), Record::off()))
+        Box::new(crate::coda::steering::Steering::new(OpenCodeSteering::new(Some(caller), Record::off())))
     });
     let r = reader.clone();
     let start = Box::new(move || {

@@ -308,7 +308,10 @@ impl Permissions {
     }
 
     fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
-        self.record.handled(&e, cx.wall());
+        // Every layer hears every event; these are the bridge's to log.
+        if matches!(e, ServerEvent::Asked { .. } | ServerEvent::Replied { .. }) {
+            self.record.handled(&e, cx.wall());
+        }
         match e {
             ServerEvent::Asked { id, session, permission, call, metadata, directory } => {
                 if !self.is_child(&session) || self.asks.pending.contains_key(&id) {

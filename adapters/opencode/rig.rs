@@ -27,7 +27,7 @@ pub type Out = (Vec<Value>, Vec<Value>);
 pub struct Rig {
     h: Harness,
     pub replies: Replies,
-    /// The set-up's routing of server events to the layers' senders.
+    /// Server events to every layer that takes them, as the set-up sends them.
     route: Box<dyn Fn(FromServer) -> bool>,
 }
 
@@ -45,17 +45,12 @@ impl Rig {
         let mut route = None;
         let h = Harness::build(|layers| {
             layers.push(Box::new(Waits::new()));
-            let mut bridge_events = None;
-            layers.add(|events| {
-                bridge_events = Some(events);
-                Box::new(bridge)
-            });
-            layers.add(|events| {
-                route = bridge_events.map(|bridge| crate::adapters::opencode::route(events, bridge, None));
-                Box::new(activity)
-            });
+            layers.add(|_: crate::layer::EventSender<FromServer>| Box::new(bridge));
+            layers.add(|_: crate::layer::EventSender<FromServer>| Box::new(activity));
+            let bus = layers.broadcast::<FromServer>();
+            route = Some(move |e| bus.send(e));
         });
-        let route = Box::new(route.expect("both layers have senders"));
+        let route = Box::new(route.expect("the layers' events"));
         Rig { h, replies, route }
     }
 

@@ -11,42 +11,35 @@
 //!   sent live).
 //! - A second ACP `session/prompt` during a turn merges the same way, but answers both prompts: not used.
 //!
-//! The rule this layer keeps:
-//! - `initialize`: the answer declares `_meta.steering.supported: true` (top level, beside `agentCapabilities`),
-//!   only when the layer can call OpenCode's server (else `_session/steering` goes to OpenCode, which does not
-//!   know it).
-//! - `_session/steering` while no `session/prompt` of Coda's runs in that session: `promptRequired`
-//!   (`noRunningTurn`), and nothing goes to OpenCode.
-//! - Otherwise the prompt's text is posted to the session with the running turn's agent and model; `injected`
-//!   once the server says a step answers it ([`ServerEvent::Step`] whose `parent` is the message); when the
-//!   session went idle first (the turn ended just as it was posted, or Coda cancelled it), the message is
-//!   deleted again and the answer is `promptRequired`. Coda's answer to the turn is held while the steering
-//!   answer is outstanding, so Coda always gets the steering answer first.
-//! - One steering in flight per session: another one before the first is answered gets -32600.
+//! So OpenCode's backend for the engine's steering machine ([`crate::coda::steering`], which keeps the rules):
+//! - Declared only when the layer can call OpenCode's server (else `_session/steering` goes to OpenCode, which
+//!   does not know it).
+//! - OpenCode says when Coda's turn runs: its server's `session.status` busy, or a step beginning (both told to
+//!   the session table). A message waits for that (the machine's rule); one steered once the server said the
+//!   session is idle again is not posted (`promptRequired`).
+//! - The prompt's text (text blocks, resource links as their URI) is posted to the session with the running
+//!   turn's agent and model; `injected` once the server says a step answers it ([`ServerEvent::Step`] whose
+//!   `parent` is the message); when the session went idle first, or Coda's turn ended (the loop will not take
+//!   it), the message is deleted again and the answer is `promptRequired`; a failed delete, or an event stream
+//!   lost meanwhile, leaves the outcome unknown.
 //!
-//! The layer does no I/O: each HTTP call is a job ([`Cx::work`]) that runs its [`Caller`] (`calls.rs`) off the
-//! relay loop; the call's outcome comes back to the layer as the job's result, a [`ServerEvent::SteerCall`]
-//! handled like the server's events (routed here by the set-up). In a replay the outcome comes from the
-//! recording's events file instead. The layer logs the events it handled to the [`Record`].
+//! The backend does no I/O: each HTTP call is a job that runs its [`Caller`] (`calls.rs`) off the relay loop;
+//! the call's outcome comes back as the job's result, a [`ServerEvent::SteerCall`] handled like the server's
+//! events. In a replay the outcome comes from the recording's events file instead. The backend logs the steering
+//! calls' outcomes to the [`Record`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent, SteerCallKind};
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::steering::{Ctl, Outcome, Steerer};
+use crate::frame::{Frame, Id, Kind};
+use crate::layer::Cx;
 
-const STEERING: &str = "_session/steering";
-
-/// How long Coda's answer to a turn may wait for the steering answer once OpenCode has answered it (the
-/// server's idle and the shim's own calls take milliseconds; each call gives up after 10 s).
-pub const TURN_HOLD: Duration = Duration::from_secs(15);
-
-/// A call on OpenCode's server the layer asks the set-up to make.
+/// A call on OpenCode's server the backend asks the set-up to make.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
     /// `POST /session/{session}/message?directory=…` with `body` (`noReply: true`).
@@ -56,13 +49,9 @@ pub enum Call {
 }
 
 /// Makes a [`Call`] on OpenCode's server and gives its outcome (a [`ServerEvent::SteerCall`]), or `None` when
-/// the outcome comes another way (a replay's events file, `calls::Gate`). An HTTP request: the layer runs it
-/// as a job ([`Cx::work`]), off the relay loop.
+/// the outcome comes another way (a replay's events file, `calls::Gate`). An HTTP request: the backend runs it
+/// as a job, off the relay loop.
 pub type Caller = Arc<dyn Fn(Call) -> Option<ServerEvent> + Send + Sync>;
-
-/// Wake-ups: [`TURN_HOLD`] after Coda's answer to the turn of a steering message (by session) was held.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Hold(String);
 
 /// The agent and model a session's latest step ran with, for the message joining it.
 #[derive(Debug, Clone, Default)]
@@ -76,10 +65,7 @@ struct RunsWith {
 /// A steering message on its way into a session's running turn.
 #[derive(Debug)]
 struct Steer {
-    /// Coda's `_session/steering` request.
-    id: Id,
-    /// The `session/prompt` it joins.
-    turn: Id,
+    round: u64,
     directory: String,
     /// OpenCode's id of the stored message, once the post came back.
     message: Option<String>,
@@ -87,14 +73,15 @@ struct Steer {
     answered: Vec<String>,
     /// The session was seen idle since the post went out.
     idle: bool,
+    /// Coda's turn ended.
+    turn_ended: bool,
     /// The event stream was lost meanwhile: a step that took the message may have gone unseen.
     blind: bool,
     /// The delete is on its way.
     deleting: bool,
-    /// OpenCode's answer to the turn, held until this one is answered.
-    turn_end: Option<Frame>,
 }
 
+/// OpenCode's steering (see the module docs).
 pub struct OpenCodeSteering {
     /// None: OpenCode's server is unknown; steering is not declared and goes to OpenCode as it is.
     caller: Option<Caller>,
@@ -102,35 +89,17 @@ pub struct OpenCodeSteering {
     /// session/new|load|resume in flight -> its cwd; session -> cwd.
     opening: HashMap<Id, String>,
     cwd: HashMap<String, String>,
-    /// Session -> busy, as the server said since Coda's latest prompt in it (absent: not said yet).
-    busy: HashMap<String, bool>,
     runs_with: HashMap<String, RunsWith>,
-    in_flight: HashMap<String, Steer>,
-}
-
-fn params_of(v: &Value) -> &Value {
-    v.get("params").unwrap_or(&Value::Null)
-}
-
-fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let entry = map.entry(key).or_insert_with(|| json!({}));
-    if !entry.is_object() {
-        *entry = json!({});
-    }
-    entry.as_object_mut().expect("made an object above")
+    steers: HashMap<String, Steer>,
 }
 
 /// The text OpenCode gets for a steering `prompt`: its text blocks, and resource links as their URI, one
 /// paragraph each. `Err` names what cannot be added this way.
-fn steered_text(prompt: &Value) -> Result<String, String> {
-    let Some(blocks) = prompt.as_array() else { return Err("`prompt` is not an array of content blocks".into()) };
+fn steered_text(blocks: &[Value]) -> Result<String, String> {
     let mut parts = Vec::with_capacity(blocks.len());
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
-            Some("text") => match block.get("text").and_then(Value::as_str) {
-                Some(t) => parts.push(t),
-                None => return Err("a text block without `text`".into()),
-            },
+            Some("text") => parts.push(block.get("text").and_then(Value::as_str).unwrap_or_default()),
             Some("resource_link") => match block.get("uri").and_then(Value::as_str) {
                 Some(uri) => parts.push(uri),
                 None => return Err("a resource link without `uri`".into()),
@@ -146,16 +115,14 @@ fn steered_text(prompt: &Value) -> Result<String, String> {
     Ok(text)
 }
 
-fn outcome(id: &Id, outcome: &str) -> Frame {
-    let result = match outcome {
-        "promptRequired" => json!({"outcome": outcome, "reason": "noRunningTurn"}),
-        _ => json!({"outcome": outcome}),
-    };
-    frame::result_response(id, result)
+fn busy(cx: &mut Cx, session: &str, busy: bool) {
+    if let Some(s) = cx.session_mut(session) {
+        s.set_busy(busy);
+    }
 }
 
 impl OpenCodeSteering {
-    /// `caller` makes the layer's calls on OpenCode's server (none: the server is unknown, steering is not
+    /// `caller` makes the backend's calls on OpenCode's server (none: the server is unknown, steering is not
     /// declared); `record` logs the server events handled.
     pub fn new(caller: Option<Caller>, record: Record) -> OpenCodeSteering {
         OpenCodeSteering {
@@ -163,56 +130,163 @@ impl OpenCodeSteering {
             record,
             opening: HashMap::new(),
             cwd: HashMap::new(),
-            busy: HashMap::new(),
             runs_with: HashMap::new(),
-            in_flight: HashMap::new(),
+            steers: HashMap::new(),
         }
     }
 
-    /// Coda's `session/prompt` of `session` that is with OpenCode and not answered by it.
-    fn running(session: &str, cx: &Cx) -> Option<Id> {
-        let prompt = cx.open_requests().find(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session));
-        prompt.map(|r| r.id.clone())
-    }
-
-    /// Asks the engine to make `call` off the relay loop ([`Cx::work`]); its outcome comes back to
-    /// [`OpenCodeSteering::called`].
-    fn call(&mut self, call: Call, cx: &mut Cx) {
+    /// Makes `call` off the relay loop; its outcome comes back to [`OpenCodeSteering::called`].
+    fn call(&mut self, call: Call, ctl: &mut Ctl<Self>) {
         if let Some(caller) = self.caller.clone() {
-            cx.work(move || caller(call), OpenCodeSteering::called);
+            ctl.work(move || caller(call), OpenCodeSteering::called);
         }
     }
 
     /// The outcome of a call, as the server's events are handled (none: a replay's file brings it).
-    fn called(&mut self, outcome: Option<ServerEvent>, cx: &mut Cx) {
+    fn called(&mut self, outcome: Option<ServerEvent>, ctl: &mut Ctl<Self>) {
         if let Some(e) = outcome {
-            self.server_event(e, cx);
+            self.server_event(e, ctl);
         }
     }
 
-    fn steer(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
-        let v = frame.value();
-        let params = params_of(v);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else {
-            return cx.to_client(frame::error_response(&id, -32602, "`sessionId` must be a string", None));
-        };
-        let Some(turn) = OpenCodeSteering::running(session, cx) else {
-            return cx.to_client(outcome(&id, "promptRequired"));
-        };
-        // Not running in OpenCode (not yet, or no more): a message stored now would sit before the turn's own
-        // or after its end, seen by the model without a step answering it.
-        if self.busy.get(session) != Some(&true) {
-            tracing::debug!("a steering message while OpenCode's server does not say the session runs");
-            return cx.to_client(outcome(&id, "promptRequired"));
+    /// What to do with a stored message nothing took yet, now that `session` is idle or its turn answered.
+    fn not_taken(&mut self, session: &str, ctl: &mut Ctl<Self>) {
+        let Some(steer) = self.steers.get_mut(session) else { return };
+        let Some(message) = steer.message.clone() else { return };
+        if steer.deleting {
+            return;
         }
-        if self.in_flight.contains_key(session) {
-            let msg = "a steering message for this session is still waiting for OpenCode";
-            return cx.to_client(frame::error_response(&id, -32600, msg, None));
+        if steer.blind {
+            tracing::warn!(
+                "OpenCode's event stream was lost while a steering message was on its way: whether its turn took it \
+                 is unknown"
+            );
+            return ctl.answer(session, steer.round, Outcome::Unknown);
         }
-        let text = match steered_text(params.get("prompt").unwrap_or(&Value::Null)) {
-            Ok(text) => text,
-            Err(why) => return cx.to_client(frame::error_response(&id, -32602, &why, None)),
-        };
+        steer.deleting = true;
+        let directory = steer.directory.clone();
+        self.call(Call::Delete { session: session.to_owned(), directory, message }, ctl);
+    }
+
+    /// A step of `session`: begun (said when created) or completed (said again), answering `parent`.
+    fn step(&mut self, session: String, parent: Option<String>, begun: bool, runs_with: RunsWith, ctl: &mut Ctl<Self>) {
+        self.runs_with.insert(session.clone(), runs_with);
+        // A step begins only in a busy session (one busy since before Coda's prompt says so only this way);
+        // its completion may be said after the session went idle.
+        if begun {
+            busy(ctl.cx, &session, true);
+        }
+        let Some(parent) = parent else { return };
+        let Some(steer) = self.steers.get_mut(&session) else { return };
+        match &steer.message {
+            Some(m) if *m == parent && !steer.deleting => ctl.answer(&session, steer.round, Outcome::Injected),
+            Some(_) => {}
+            None if !steer.answered.contains(&parent) => steer.answered.push(parent),
+            None => {}
+        }
+    }
+
+    fn status(&mut self, session: String, is_busy: bool, ctl: &mut Ctl<Self>) {
+        busy(ctl.cx, &session, is_busy);
+        if is_busy {
+            return;
+        }
+        if let Some(steer) = self.steers.get_mut(&session) {
+            steer.idle = true;
+            self.not_taken(&session, ctl);
+        }
+    }
+
+    fn call_back(
+        &mut self,
+        session: String,
+        call: SteerCallKind,
+        message: String,
+        error: Option<String>,
+        ctl: &mut Ctl<Self>,
+    ) {
+        let Some(steer) = self.steers.get_mut(&session) else { return };
+        let round = steer.round;
+        match (call, error) {
+            (SteerCallKind::Post, Some(e)) => {
+                tracing::warn!("OpenCode did not take a steering message: {e}");
+                let message = format!("OpenCode did not take the steering message: {e}");
+                ctl.answer(&session, round, Outcome::Error { code: -32603, message });
+            }
+            (SteerCallKind::Post, None) => {
+                if steer.message.is_some() {
+                    return;
+                }
+                if steer.answered.contains(&message) {
+                    return ctl.answer(&session, round, Outcome::Injected);
+                }
+                steer.message = Some(message);
+                let idle = steer.idle || ctl.cx.session(&session).and_then(|s| s.busy()) == Some(false);
+                if idle || steer.turn_ended {
+                    self.not_taken(&session, ctl);
+                }
+            }
+            (SteerCallKind::Delete, None) => {
+                if steer.deleting && steer.message.as_deref() == Some(message.as_str()) {
+                    ctl.answer(&session, round, Outcome::PromptRequired);
+                }
+            }
+            (SteerCallKind::Delete, Some(e)) => {
+                tracing::warn!(
+                    "OpenCode kept a steering message its turn did not take ({e}): the session's next turn carries it"
+                );
+                ctl.answer(&session, round, Outcome::Unknown);
+            }
+        }
+    }
+
+    fn server_event(&mut self, e: ServerEvent, ctl: &mut Ctl<Self>) {
+        if matches!(e, ServerEvent::SteerCall { .. }) {
+            // Every layer hears every event; these are this one's to log.
+            self.record.handled(&e, ctl.cx.wall());
+        }
+        match e {
+            // A compaction's summary is no step of the turn's loop (and runs with no agent of the user's).
+            ServerEvent::Step(s) if !s.summary => {
+                let runs_with = RunsWith {
+                    agent: s.agent.unwrap_or_default(),
+                    provider: s.provider.unwrap_or_default(),
+                    model: s.model.unwrap_or_default(),
+                    variant: s.variant,
+                };
+                self.step(s.session, s.parent, s.completed_ms.is_none(), runs_with, ctl)
+            }
+            ServerEvent::SteerCall { session, call, message, error } => {
+                self.call_back(session, call, message, error, ctl)
+            }
+            ServerEvent::Status { session, busy } => self.status(session, busy, ctl),
+            _ => {}
+        }
+    }
+}
+
+impl Steerer for OpenCodeSteering {
+    type Event = FromServer;
+    type Reply = std::convert::Infallible;
+    type Timer = std::convert::Infallible;
+
+    const SAYS_STARTED: bool = true;
+
+    fn declares(&self) -> bool {
+        self.caller.is_some()
+    }
+
+    fn accepts(&self, prompt: &[Value]) -> Result<(), String> {
+        steered_text(prompt).map(|_| ())
+    }
+
+    fn steer(&mut self, session: &str, round: u64, prompt: &[Value], ctl: &mut Ctl<Self>) {
+        let Ok(text) = steered_text(prompt) else { return };
+        // The server said the turn is over already: a message stored now would sit after its end.
+        if ctl.cx.session(session).and_then(|s| s.busy()) == Some(false) {
+            tracing::debug!("a steering message while OpenCode's server says the session is idle");
+            return ctl.answer(session, round, Outcome::PromptRequired);
+        }
         let directory = self.cwd.get(session).cloned().unwrap_or_default();
         let mut body = json!({"noReply": true, "parts": [{"type": "text", "text": text}]});
         // The running turn's agent and model: a message without them would switch the rest of the turn to
@@ -227,164 +301,49 @@ impl OpenCodeSteering {
             }
         }
         let steer = Steer {
-            id,
-            turn,
+            round,
             directory: directory.clone(),
             message: None,
             answered: Vec::new(),
             idle: false,
+            turn_ended: false,
             blind: false,
             deleting: false,
-            turn_end: None,
         };
-        self.in_flight.insert(session.to_owned(), steer);
-        self.call(Call::Post { session: session.to_owned(), directory, body }, cx);
+        self.steers.insert(session.to_owned(), steer);
+        self.call(Call::Post { session: session.to_owned(), directory, body }, ctl);
     }
 
-    /// Answers the steering message of `session` and lets the turn's answer follow it.
-    fn settle(&mut self, session: &str, answer: impl FnOnce(&Id) -> Frame, cx: &mut Cx) {
-        let Some(steer) = self.in_flight.remove(session) else { return };
-        cx.cancel(&Hold(session.to_owned()));
-        cx.to_client(answer(&steer.id));
-        if let Some(end) = steer.turn_end {
-            cx.to_client(end);
-        }
-    }
-
-    /// What to do with a stored message nothing took yet, now that `session` is idle or its turn answered.
-    fn not_taken(&mut self, session: &str, cx: &mut Cx) {
-        let Some(steer) = self.in_flight.get_mut(session) else { return };
-        let Some(message) = steer.message.clone() else { return };
-        if steer.deleting {
-            return;
-        }
-        if steer.blind {
-            tracing::warn!(
-                "OpenCode's event stream was lost while a steering message was on its way: whether its turn took it \
-                 is unknown"
-            );
-            return self.settle(session, |id| outcome(id, "failed"), cx);
-        }
-        steer.deleting = true;
-        let directory = steer.directory.clone();
-        self.call(Call::Delete { session: session.to_owned(), directory, message }, cx);
-    }
-
-    /// A step of `session`: begun (said when created) or completed (said again), answering `parent`.
-    fn step(&mut self, session: String, parent: Option<String>, begun: bool, runs_with: RunsWith, cx: &mut Cx) {
-        self.runs_with.insert(session.clone(), runs_with);
-        // A step begins only in a busy session (one busy since before Coda's prompt says so only this way);
-        // its completion may be said after the session went idle.
-        if begun {
-            self.busy.insert(session.clone(), true);
-        }
-        let Some(parent) = parent else { return };
-        let Some(steer) = self.in_flight.get_mut(&session) else { return };
-        match &steer.message {
-            Some(m) if *m == parent && !steer.deleting => self.settle(&session, |id| outcome(id, "injected"), cx),
-            Some(_) => {}
-            None if !steer.answered.contains(&parent) => steer.answered.push(parent),
-            None => {}
+    fn turn_ended(&mut self, session: &str, _round: u64, ctl: &mut Ctl<Self>) {
+        let Some(steer) = self.steers.get_mut(session) else { return };
+        steer.turn_ended = true;
+        // The loop has ended: a message it did not take stays untaken.
+        if steer.message.is_some() {
+            self.not_taken(session, ctl);
         }
     }
 
-    fn status(&mut self, session: String, busy: bool, cx: &mut Cx) {
-        self.busy.insert(session.clone(), busy);
-        if busy {
-            return;
-        }
-        if let Some(steer) = self.in_flight.get_mut(&session) {
-            steer.idle = true;
-            self.not_taken(&session, cx);
+    fn finished(&mut self, session: &str, round: u64) {
+        if self.steers.get(session).is_some_and(|s| s.round == round) {
+            self.steers.remove(session);
         }
     }
 
-    fn call_back(&mut self, session: String, call: SteerCallKind, message: String, error: Option<String>, cx: &mut Cx) {
-        let Some(steer) = self.in_flight.get_mut(&session) else { return };
-        match (call, error) {
-            (SteerCallKind::Post, Some(e)) => {
-                tracing::warn!("OpenCode did not take a steering message: {e}");
-                let msg = format!("OpenCode did not take the steering message: {e}");
-                self.settle(&session, |id| frame::error_response(id, -32603, &msg, None), cx);
-            }
-            (SteerCallKind::Post, None) => {
-                if steer.message.is_some() {
-                    return;
-                }
-                if steer.answered.contains(&message) {
-                    return self.settle(&session, |id| outcome(id, "injected"), cx);
-                }
-                steer.message = Some(message);
-                let idle = steer.idle || self.busy.get(&session) == Some(&false);
-                if idle || steer.turn_end.is_some() {
-                    self.not_taken(&session, cx);
-                }
-            }
-            (SteerCallKind::Delete, None) => {
-                if steer.deleting && steer.message.as_deref() == Some(message.as_str()) {
-                    self.settle(&session, |id| outcome(id, "promptRequired"), cx);
-                }
-            }
-            (SteerCallKind::Delete, Some(e)) => {
-                tracing::warn!(
-                    "OpenCode kept a steering message its turn did not take ({e}): the session's next turn carries it"
-                );
-                self.settle(&session, |id| outcome(id, "failed"), cx);
+    fn client_request(&mut self, frame: &Frame, _cx: &mut Cx) {
+        let Kind::Request { id, method } = frame.kind() else { return };
+        if matches!(method.as_str(), "session/new" | "session/load" | "session/resume") {
+            let cwd = frame.value().pointer("/params/cwd").and_then(Value::as_str);
+            if let Some(cwd) = cwd.filter(|c| !c.is_empty()) {
+                self.opening.insert(id.clone(), cwd.to_owned());
             }
         }
     }
 
-    fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
-        if matches!(e, ServerEvent::SteerCall { .. }) {
-            // Status events are the activity layer's to log, steps the usage layer's.
-            self.record.handled(&e, cx.wall());
-        }
-        match e {
-            // A compaction's summary is no step of the turn's loop (and runs with no agent of the user's).
-            ServerEvent::Step(s) if !s.summary => {
-                let runs_with = RunsWith {
-                    agent: s.agent.unwrap_or_default(),
-                    provider: s.provider.unwrap_or_default(),
-                    model: s.model.unwrap_or_default(),
-                    variant: s.variant,
-                };
-                self.step(s.session, s.parent, s.completed_ms.is_none(), runs_with, cx)
-            }
-            ServerEvent::SteerCall { session, call, message, error } => {
-                self.call_back(session, call, message, error, cx)
-            }
-            ServerEvent::Status { session, busy } => self.status(session, busy, cx),
-            _ => {}
-        }
-    }
-
-    /// OpenCode's answer to a `session/prompt` of Coda's in `session`: held while a steering answer is
-    /// outstanding.
-    fn turn_ended(&mut self, id: &Id, session: &str, frame: Frame, cx: &mut Cx) {
-        match self.in_flight.get_mut(session) {
-            Some(steer) if steer.turn == *id && steer.turn_end.is_none() => {
-                steer.turn_end = Some(frame);
-                cx.after(TURN_HOLD, Hold(session.to_owned()));
-                // The loop has ended: a message it did not take stays untaken.
-                if steer.message.is_some() {
-                    self.not_taken(session, cx);
-                }
-            }
-            _ => cx.to_client(frame),
-        }
-    }
-
-    fn initialized(&self, frame: Frame, cx: &mut Cx) {
-        let mut v = frame.to_value();
-        let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else { return cx.to_client(frame) };
-        object_at(object_at(result, "_meta"), "steering").insert("supported".into(), json!(true));
-        cx.to_client(frame.rewritten(v));
-    }
-
-    /// A session's cwd, from the `session/new|load|resume` that opened it (OpenCode's server is asked in it).
-    fn opened(&mut self, id: &Id, frame: &Frame, cx: &Cx) {
-        let Some(cwd) = self.opening.remove(id) else { return };
-        let session = match cx.request_of(id) {
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        let Kind::Response { id } = frame.kind() else { return true };
+        // A session's cwd, from the `session/new|load|resume` that opened it (OpenCode's server is asked in it).
+        let Some(cwd) = self.opening.remove(id) else { return true };
+        let session = match ctl.cx.request_of(id) {
             Some(r) if r.is("session/new") => {
                 frame.value().pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned)
             }
@@ -392,83 +351,28 @@ impl OpenCodeSteering {
             None => None,
         };
         if let Some(session) = session {
+            if self.cwd.len() >= crate::layer::sessions::MAX_ROOTS {
+                self.cwd.clear();
+                self.runs_with.clear();
+            }
             self.cwd.insert(session, cwd);
         }
-    }
-}
-
-impl Layer for OpenCodeSteering {
-    type Timer = Hold;
-    type Event = FromServer;
-    type Reply = std::convert::Infallible;
-
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Request { id, method } = frame.kind() else { return cx.to_agent(frame) };
-        match method.as_str() {
-            STEERING if self.caller.is_some() => {
-                let id = id.clone();
-                self.steer(id, frame, cx)
-            }
-            "session/prompt" => {
-                if let Some(session) = cx.request_of(id).and_then(|r| r.session()) {
-                    // What the server said before this turn says nothing about it.
-                    self.busy.remove(session);
-                }
-                cx.to_agent(frame)
-            }
-            "session/new" | "session/load" | "session/resume" => {
-                let cwd = frame.value().pointer("/params/cwd").and_then(Value::as_str);
-                let cwd = cwd.filter(|c| !c.is_empty()).map(str::to_owned);
-                if let Some(cwd) = cwd {
-                    self.opening.insert(id.clone(), cwd);
-                }
-                cx.to_agent(frame)
-            }
-            _ => cx.to_agent(frame),
-        }
+        true
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Response { id } = frame.kind() else { return cx.to_client(frame) };
-        let id = id.clone();
-        match cx.answer_to(&frame) {
-            Some(r) if r.is("initialize") && self.caller.is_some() => self.initialized(frame, cx),
-            Some(r) if r.is("session/prompt") => match r.session().map(str::to_owned) {
-                Some(session) => self.turn_ended(&id, &session, frame, cx),
-                None => cx.to_client(frame),
-            },
-            Some(r) if r.is("session/new") || r.is("session/load") || r.is("session/resume") => {
-                self.opened(&id, &frame, cx);
-                cx.to_client(frame)
-            }
-            _ => cx.to_client(frame),
-        }
-    }
-
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
+    fn ignores(&self, frame: &Frame) -> bool {
         !matches!(frame.kind(), Kind::Response { .. })
     }
 
-    fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
+    fn on_event(&mut self, event: FromServer, ctl: &mut Ctl<Self>) {
         match event {
-            FromServer::Event(e) => self.server_event(e, cx),
+            FromServer::Event(e) => self.server_event(e, ctl),
             FromServer::Lost => {
-                self.busy.clear();
-                for steer in self.in_flight.values_mut() {
+                for steer in self.steers.values_mut() {
                     steer.blind = true;
                 }
             }
             FromServer::Read(_) => {}
-        }
-    }
-
-    fn on_timer(&mut self, Hold(session): Hold, cx: &mut Cx) {
-        if self.in_flight.get(&session).is_some_and(|s| s.turn_end.is_some()) {
-            tracing::warn!(
-                "OpenCode answered a turn but did not say within {}s whether it took the steering message sent into it",
-                TURN_HOLD.as_secs()
-            );
-            self.settle(&session, |id| outcome(id, "failed"), cx);
         }
     }
 }
@@ -477,8 +381,10 @@ impl Layer for OpenCodeSteering {
 mod tests {
     use super::*;
     use crate::adapters::opencode::usage::Step;
+    use crate::coda::steering::{METHOD as STEERING, START_WAIT, Steering, TURN_HOLD};
     use crate::layer::testing::Harness;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     const S: &str = "ses_dcaf2a434ffepMPb2u2iYLaUB1";
     const M: &str = "msg_2350d73f1001wRZ2KVnte3BwHf";
@@ -493,7 +399,7 @@ mod tests {
             kept.lock().expect("lock").push(c);
             None
         });
-        let mut h = Harness::of(OpenCodeSteering::new(Some(caller), Record::off()));
+        let mut h = Harness::of(Steering::new(OpenCodeSteering::new(Some(caller), Record::off())));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,"agentCapabilities":{}}}));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w d","mcpServers":[]}}));
@@ -600,7 +506,7 @@ mod tests {
         assert_eq!(h.to_client(), vec![error]);
 
         // Without OpenCode's server: nothing declared, and a steering request is OpenCode's to answer.
-        let mut h = Harness::of(OpenCodeSteering::new(None, Record::off()));
+        let mut h = Harness::of(Steering::new(OpenCodeSteering::new(None, Record::off())));
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
         h.to_agent();
         let plain = json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{}}});
@@ -618,10 +524,13 @@ mod tests {
         steer(&mut h, 5, "先别改测试");
         assert_eq!(h.to_client(), vec![json!({"jsonrpc":"2.0","id":5,"result":required()})]);
         assert!(h.to_agent().is_empty() && taken(&calls).is_empty());
-        // While OpenCode has not said the turn runs, or has said it is over.
+        // While OpenCode has not said the turn runs the message waits for it, then goes nowhere.
         prompt(&mut h, 4);
         steer(&mut h, 5, "too early");
+        assert!(h.to_client().is_empty(), "it waits for the server to say the turn runs");
+        h.advance(START_WAIT);
         assert_eq!(h.to_client()[0]["result"], required());
+        // Once it said it is over.
         status(&mut h, true);
         status(&mut h, false);
         steer(&mut h, 5, "too late");
@@ -873,5 +782,34 @@ mod tests {
         assert!(h.to_client().is_empty() && taken(&calls).is_empty());
         step(&mut h, "msg_a2", M);
         assert_eq!(h.to_client()[0]["result"]["outcome"], "injected");
+    }
+}
+
+#[cfg(test)]
+mod waits_for_the_server {
+    use super::*;
+    use crate::coda::steering::{METHOD, Steering};
+    use crate::layer::testing::Harness;
+    use std::sync::Mutex;
+
+    #[test]
+    fn a_message_before_the_server_said_the_turn_runs_is_posted_once_it_does() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let kept = calls.clone();
+        let caller: Caller = Arc::new(move |c| {
+            kept.lock().expect("lock").push(c);
+            None
+        });
+        let mut h = Harness::of(Steering::new(OpenCodeSteering::new(Some(caller), Record::off())));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":METHOD,"params":{"sessionId":"s",
+            "prompt":[{"type":"text","text":"early"}]}}));
+        h.take();
+        assert!(calls.lock().expect("lock").is_empty(), "not posted before the server said the turn runs");
+        h.event(0, FromServer::Event(ServerEvent::Status { session: "s".into(), busy: true }));
+        assert_eq!(calls.lock().expect("lock").len(), 1, "posted once it did");
+        assert!(h.to_client().is_empty());
     }
 }

@@ -187,6 +187,23 @@ impl Setup<'_> {
     pub fn push(&mut self, layer: Box<dyn AnyLayer>) {
         self.layers.push(layer);
     }
+
+    /// A sender of events to every layer that takes their type ([`crate::layer::Broadcast`]).
+    pub fn broadcast<E: Clone + Send + 'static>(&self) -> crate::layer::Broadcast<E> {
+        self.layers.broadcast()
+    }
+}
+
+/// The stack [`Adapter::stack`] builds, with `add` as the adapter's layers (an adapter's stack over parts a
+/// test supplies).
+pub fn stack_with(
+    command: &AgentCommand,
+    version: Option<String>,
+    add: impl FnOnce(&mut Setup),
+) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+    let (mut layers, events) = Layers::new();
+    stack_up(command, version, &mut layers, add);
+    (layers.stack(), events)
 }
 
 impl Adapter {
@@ -198,9 +215,7 @@ impl Adapter {
         command: &AgentCommand,
         version: Option<String>,
     ) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
-        let (mut layers, events) = Layers::new();
-        stack_up(command, version, &mut layers, self.layers);
-        (layers.stack(), events)
+        stack_with(command, version, self.layers)
     }
 
     pub fn binary(&self) -> String {

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde_json::Value;
 
 use crate::cli::render::{Renderer, Tone};
-use crate::coda::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID};
+use crate::coda::wait::{MAX_DETAIL, MAX_TITLE, MAX_WAIT_ID, utf16_len};
 
 const TERMINAL: [&str; 3] = ["done", "failed", "cancelled"];
 const STATES: [&str; 5] = ["waiting", "handling", "done", "failed", "cancelled"];
@@ -69,10 +69,10 @@ impl CodaView {
             r.row(Tone::Red, &format!("wait dropped by Coda: sessionId, waitId and state are required: {p}"));
             return;
         };
-        let too_long = |k: &str, max: usize| field(k).is_some_and(|s| s.chars().count() > max);
+        let too_long = |k: &str, max: usize| field(k).is_some_and(|s| utf16_len(s) > max);
         let problem = if !STATES.contains(&state) {
             Some(format!("state {state:?} is not one Coda knows"))
-        } else if wait_id.chars().count() > MAX_WAIT_ID {
+        } else if utf16_len(wait_id) > MAX_WAIT_ID {
             Some(format!("waitId is over {MAX_WAIT_ID} characters"))
         } else if too_long("title", MAX_TITLE) {
             Some(format!("title is over {MAX_TITLE} characters"))

@@ -5,7 +5,11 @@ pub mod compact;
 pub mod failure;
 pub mod identity;
 pub mod instruction;
+pub mod machine;
+pub mod steering;
 pub mod subagents;
+#[cfg(test)]
+pub mod suite;
 pub mod usage;
 pub mod wait;
 pub mod waits;

@@ -10,7 +10,8 @@ use crate::layer::Cx;
 
 pub const METHOD: &str = "_coda/wait";
 pub const STOP_METHOD: &str = "_coda/wait/stop";
-/// Limits from the `_coda/wait` field table, in characters.
+/// Limits from the `_coda/wait` field table, in characters as Coda counts them: JavaScript's `length`, UTF-16
+/// code units ([`utf16_len`]; an emoji outside the Basic Multilingual Plane is two).
 pub const MAX_WAIT_ID: usize = 200;
 pub const MAX_TITLE: usize = 500;
 pub const MAX_DETAIL: usize = 4000;
@@ -69,7 +70,7 @@ impl Wait {
         let mut text = |name, v: &Option<String>, max: Option<usize>| {
             if let Some(v) = v {
                 let v = match max {
-                    Some(max) => truncate_chars(v, max),
+                    Some(max) => utf16_prefix(v, max),
                     None => v.as_str(),
                 };
                 out.push((name, Value::from(v)));
@@ -95,6 +96,24 @@ pub fn truncate_chars(s: &str, max: usize) -> &str {
         Some((at, _)) => &s[..at],
         None => s,
     }
+}
+
+/// The length of `s` as JavaScript counts it (`s.length`): UTF-16 code units.
+pub fn utf16_len(s: &str) -> usize {
+    s.chars().map(char::len_utf16).sum()
+}
+
+/// The longest prefix of `s` of at most `units` UTF-16 code units (never splits a character: where JavaScript
+/// would cut a surrogate pair in two, it ends before the pair).
+pub fn utf16_prefix(s: &str, units: usize) -> &str {
+    let mut used = 0;
+    for (at, c) in s.char_indices() {
+        used += c.len_utf16();
+        if used > units {
+            return &s[..at];
+        }
+    }
+    s
 }
 
 /// Whether `initialize` params declare `clientCapabilities._meta.coda.waits`.
@@ -135,10 +154,16 @@ struct Known {
     state: Option<State>,
 }
 
+/// Waits a [`Register`] remembers at most; past that the oldest ended ones are forgotten first (a wait that
+/// ended long ago reporting again would be a new one), else the oldest.
+pub const MAX_KNOWN: usize = 4096;
+
 /// What has been reported per (session, waitId).
 #[derive(Default)]
 pub struct Register {
     known: HashMap<(String, String), Known>,
+    /// The keys of `known`, oldest first.
+    order: std::collections::VecDeque<(String, String)>,
 }
 
 impl Register {
@@ -150,10 +175,10 @@ impl Register {
     /// report that is terminal or has no state, anything after a terminal state, a repeat with no change,
     /// or a waitId over the limit.
     pub fn report(&mut self, wait: &Wait) -> Option<Frame> {
-        if wait.wait_id.is_empty() || wait.wait_id.chars().count() > MAX_WAIT_ID || wait.session_id.is_empty() {
+        if wait.wait_id.is_empty() || utf16_len(&wait.wait_id) > MAX_WAIT_ID || wait.session_id.is_empty() {
             tracing::warn!(
                 "activity report dropped: waitId of {} characters (1 to {MAX_WAIT_ID}) or no sessionId",
-                wait.wait_id.chars().count()
+                utf16_len(&wait.wait_id)
             );
             return None;
         }
@@ -164,6 +189,10 @@ impl Register {
             (None, None) => return None,
             (None, Some(s)) if s.is_terminal() => return None,
             _ => {}
+        }
+        if !self.known.contains_key(&key) {
+            self.order.push_back(key.clone());
+            self.bound();
         }
         let known = self.known.entry(key).or_default();
         let mut params = Map::new();
@@ -181,6 +210,18 @@ impl Register {
         }
         known.state = Some(state);
         changed.then(|| frame::notification(METHOD, Value::Object(params)))
+    }
+
+    /// Past [`MAX_KNOWN`]: forgets the oldest ended wait, else the oldest.
+    fn bound(&mut self) {
+        if self.order.len() <= MAX_KNOWN {
+            return;
+        }
+        let ended = |k: &(String, String)| self.known.get(k).is_some_and(|w| w.state.is_some_and(State::is_terminal));
+        let at = self.order.iter().position(ended).unwrap_or(0);
+        if let Some(key) = self.order.remove(at) {
+            self.known.remove(&key);
+        }
     }
 
     /// Whether `(session, wait_id)` was registered and has not ended.
@@ -229,7 +270,7 @@ mod tests {
     }
 
     #[test]
-    fn limits_truncate_on_char_boundaries() {
+    fn limits_count_utf16_units_as_coda_does_and_truncate_on_char_boundaries() {
         let mut r = Register::new();
         let mut w = Wait::new("s", "w", State::Waiting);
         w.title = Some("é".repeat(600));
@@ -237,9 +278,35 @@ mod tests {
         let p = params(&r.report(&w).unwrap());
         assert_eq!(p["title"].as_str().unwrap().chars().count(), MAX_TITLE);
         assert_eq!(p["detail"].as_str().unwrap().chars().count(), MAX_DETAIL);
+        // An emoji is two units in JavaScript: 400 of them are 800, so 250 fit a title.
+        let mut w = Wait::new("s", "e", State::Waiting);
+        w.title = Some("😀".repeat(400));
+        w.detail = Some(format!("a{}", "😀".repeat(2500)));
+        let p = params(&r.report(&w).unwrap());
+        assert_eq!(p["title"].as_str().map(utf16_len), Some(MAX_TITLE));
+        assert_eq!(p["title"].as_str().map(|t| t.chars().count()), Some(250));
+        assert_eq!(p["detail"].as_str().map(utf16_len), Some(MAX_DETAIL - 1), "never half a pair");
         assert!(r.report(&Wait::new("s", &"x".repeat(201), State::Waiting)).is_none());
         assert!(r.report(&Wait::new("s", &"x".repeat(200), State::Waiting)).is_some());
+        assert!(r.report(&Wait::new("s", &"😀".repeat(101), State::Waiting)).is_none(), "202 units");
+        assert!(r.report(&Wait::new("s", &"😀".repeat(100), State::Waiting)).is_some());
         assert!(r.report(&Wait::new("", "w", State::Waiting)).is_none(), "sessionId is required");
+    }
+
+    #[test]
+    fn the_waits_remembered_are_bounded_and_the_ended_ones_go_first() {
+        let mut r = Register::new();
+        r.report(&Wait::new("s", "first", State::Waiting)).unwrap();
+        r.report(&Wait::new("s", "ended", State::Waiting)).unwrap();
+        r.report(&Wait::new("s", "ended", State::Done)).unwrap();
+        for n in 0..MAX_KNOWN - 1 {
+            r.report(&Wait::new("s", &format!("w{n}"), State::Waiting)).unwrap();
+        }
+        assert_eq!(r.known.len(), MAX_KNOWN);
+        assert!(r.is_open("s", "first"), "the oldest open one is kept");
+        assert!(!r.known.contains_key(&("s".to_owned(), "ended".to_owned())), "the ended one went");
+        r.report(&Wait::new("s", "one more", State::Waiting)).unwrap();
+        assert!(!r.is_open("s", "first"), "then the oldest");
     }
 
     #[test]

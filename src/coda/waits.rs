@@ -18,7 +18,7 @@
 //!
 //! Every report is read on its way (they are the shim's own or few).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
@@ -26,6 +26,10 @@ use serde_json::{Value, json};
 use crate::coda::wait::{self, State, WithholdWaits};
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::{Cx, Layer};
+
+/// Waits remembered at most (past that the oldest ended ones are forgotten first: a stop of one of those is
+/// then answered as of a wait never reported).
+pub const MAX_SEEN: usize = 4096;
 
 /// What the reports so far said about one `(sessionId, waitId)`.
 #[derive(Debug, Default)]
@@ -39,10 +43,12 @@ struct Seen {
 pub struct Waits {
     /// The client declared `_meta.coda.waits` in its latest `initialize`.
     declared: bool,
-    /// By `(sessionId, waitId)`, from the reports that went up.
+    /// By `(sessionId, waitId)`, from the reports that went up; at most [`MAX_SEEN`].
     seen: HashMap<(String, String), Seen>,
-    /// Child sessions named by a report's `childSessionId`.
-    children: HashSet<String>,
+    /// The keys of `seen`, oldest first.
+    order: VecDeque<(String, String)>,
+    /// A report named a child session (the stack's session table has it, [`Cx::add_child`]).
+    children: bool,
 }
 
 impl Waits {
@@ -86,11 +92,14 @@ impl Waits {
                 None if terminal => {}
                 None => {
                     let stoppable = params.get("stoppable").and_then(Value::as_bool) == Some(true);
-                    self.seen.insert(key, Seen { stoppable, ended: false });
+                    self.seen.insert(key.clone(), Seen { stoppable, ended: false });
+                    self.order.push_back(key);
+                    self.bound();
                 }
             }
-            if let Some(child) = text("childSessionId") {
-                self.children.insert(child.to_owned());
+            if let Some(child) = text("childSessionId").filter(|c| !c.is_empty()) {
+                cx.add_child(child, Some(session));
+                self.children = true;
             }
         }
         if self.declared {
@@ -100,13 +109,24 @@ impl Waits {
         }
     }
 
-    /// Whether `frame` is a `session/update` of a child session known only from the reports.
-    fn child_update(&self, frame: &Frame) -> bool {
-        if !frame.is_notification("session/update") || !self.children.iter().any(|c| frame.contains(c.as_bytes())) {
+    /// Past [`MAX_SEEN`]: forgets the oldest ended wait, else the oldest.
+    fn bound(&mut self) {
+        if self.order.len() <= MAX_SEEN {
+            return;
+        }
+        let at = self.order.iter().position(|k| self.seen.get(k).is_some_and(|s| s.ended)).unwrap_or(0);
+        if let Some(key) = self.order.remove(at) {
+            self.seen.remove(&key);
+        }
+    }
+
+    /// Whether `frame` is a `session/update` of a child session (the session table says which are).
+    fn child_update(&self, frame: &Frame, cx: &Cx) -> bool {
+        if !frame.is_notification("session/update") {
             return false;
         }
         let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str);
-        session.is_some_and(|s| self.children.contains(s))
+        session.is_some_and(|s| cx.sessions().is_some_and(|t| t.is_child(s)))
     }
 
     fn stop(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
@@ -155,7 +175,7 @@ impl Layer for Waits {
                 self.initialized(frame, cx)
             }
             Kind::Notification { method } if method == wait::METHOD => self.report(frame, cx),
-            Kind::Notification { .. } if !self.declared && self.child_update(&frame) => {
+            Kind::Notification { .. } if !self.declared && self.children && self.child_update(&frame, cx) => {
                 tracing::debug!("a child session's update withheld: the client did not declare _meta.coda.waits");
             }
             _ => cx.to_client(frame),
@@ -164,7 +184,7 @@ impl Layer for Waits {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD)
-            && (self.declared || self.children.is_empty())
+            && (self.declared || !self.children)
     }
 }
 
@@ -251,6 +271,28 @@ mod tests {
     }
 
     #[test]
+    fn the_waits_remembered_are_bounded_and_the_ended_ones_go_first() {
+        let mut rig = declared();
+        let open = |w: &str| report(json!({"sessionId":"s","waitId":w,"state":"waiting","stoppable":true}));
+        rig.agent(open("first"));
+        rig.agent(open("ended"));
+        rig.agent(report(json!({"sessionId":"s","waitId":"ended","state":"done"})));
+        for n in 0..MAX_SEEN - 1 {
+            rig.agent(open(&format!("w{n}")));
+        }
+        assert_eq!(rig.h.layer::<Waits>(0).seen.len(), MAX_SEEN);
+        // The ended one was forgotten: its stop is answered as of a wait never reported.
+        let (_, answer) = rig.stop(1, json!({"sessionId":"s","waitId":"ended"}));
+        assert_eq!(answer[0]["error"]["code"], -32602);
+        // The oldest open one is still known: its stop goes on to the layer that reported it.
+        let (down, _) = rig.stop(2, json!({"sessionId":"s","waitId":"first"}));
+        assert_eq!(down.len(), 1);
+        rig.agent(open("one more"));
+        let (_, answer) = rig.stop(3, json!({"sessionId":"s","waitId":"first"}));
+        assert_eq!(answer[0]["error"]["code"], -32602, "then the oldest");
+    }
+
+    #[test]
     fn the_rewritten_answer_keeps_the_agents_spelling_of_numbers() {
         let mut rig = Rig::new();
         let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"clientCapabilities":{}}});
@@ -312,10 +354,9 @@ mod tests {
             let answer = json!({"jsonrpc":"2.0","id":other,"result":{"protocolVersion":1}});
             assert_eq!(rig.agent(answer.clone()), vec![answer]);
         }
-        // Answered once: a second answer with the same id passes untouched.
+        // Answered once: a second answer with the same id is no answer of the client's (the engine drops it).
         assert!(rig.agent(json!({"jsonrpc":"2.0","id":1,"result":{}}))[0]["result"]["agentCapabilities"].is_object());
-        let again = json!({"jsonrpc":"2.0","id":1,"result":{}});
-        assert_eq!(rig.agent(again.clone()), vec![again]);
+        assert!(rig.agent(json!({"jsonrpc":"2.0","id":1,"result":{}})).is_empty());
     }
 
     #[test]

@@ -43,6 +43,10 @@
 //! ids, and tells the layers above something about a request with a typed note ([`Cx::note`]), never with a
 //! key written into a frame. A layer may hold a client request (keep the frame and emit it later): it stays
 //! open, and not sent, until then.
+//!
+//! Beside it the stack keeps the session table ([`sessions`]): the sessions Coda opened (learnt from the agent's
+//! answers before any layer sees them), the children layers name ([`Cx::add_child`]), whose turn runs in each
+//! ([`Cx::turn`]), and the marks of the compaction and steering machines ([`Cx::session_mut`]).
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -54,11 +58,13 @@ use serde_json::Value;
 use crate::frame::{Frame, Id, Kind};
 
 pub mod requests;
+pub mod sessions;
 pub mod testing;
 mod timers;
 pub mod work;
 
 pub use requests::{Request, Requests};
+pub use sessions::{Session, Sessions, Turn};
 pub use timers::Timer;
 use timers::{AnyTimers, Timers};
 pub use work::{Done, Job, Pool};
@@ -126,6 +132,8 @@ pub trait AnyLayer: Send {
     fn reply_type(&self) -> TypeId;
     #[doc(hidden)]
     fn layer_type(&self) -> TypeId;
+    #[doc(hidden)]
+    fn event_type(&self) -> TypeId;
     /// The layer's type, for errors.
     fn name(&self) -> &'static str;
     /// The layer itself, for tests that look inside it ([`testing::Harness::layer`]).
@@ -177,6 +185,10 @@ impl<L: Layer> AnyLayer for L {
         TypeId::of::<L>()
     }
 
+    fn event_type(&self) -> TypeId {
+        TypeId::of::<L::Event>()
+    }
+
     fn name(&self) -> &'static str {
         std::any::type_name::<L>()
     }
@@ -205,6 +217,9 @@ pub struct Cx<'a> {
 /// What the layers of a stack share, and what a context inside it reaches (with the handled layer's index).
 struct Shared {
     requests: Requests,
+    sessions: Sessions,
+    /// The agent is gone: what it still owes comes as the engine's errors, and nothing more after them.
+    agent_gone: bool,
     /// Wake-ups asked for so far across the stack (orders equal deadlines).
     asked: u64,
     /// Each layer's wake-ups, by index.
@@ -332,6 +347,52 @@ impl<'a> Cx<'a> {
     pub fn note<T: Any + Send>(&mut self, id: &Id, note: T) -> bool {
         self.stack.as_mut().is_some_and(|(s, _)| s.requests.note(id, note))
     }
+
+    /// Whether the agent is gone (its process ended): the answers that come now are the engine's errors for
+    /// what it still owed, and nothing comes after them, so a layer holds nothing more (no wake-up will come).
+    pub fn agent_gone(&self) -> bool {
+        self.stack.as_ref().is_some_and(|(s, _)| s.agent_gone)
+    }
+
+    /// The stack's session table ([`sessions`]); `None` outside a stack.
+    pub fn sessions(&self) -> Option<&Sessions> {
+        self.stack.as_ref().map(|(s, _)| &s.sessions)
+    }
+
+    /// The session `id` of the table: a root Coda opened on this connection, or a child a layer named.
+    pub fn session(&self, id: &str) -> Option<&Session> {
+        self.sessions()?.get(id)
+    }
+
+    /// The session `id`, to record what a layer knows of it ([`Session::set_busy`], and the compaction and
+    /// steering machines' marks). Takes effect at once, for the layers after this one.
+    pub fn session_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.stack.as_mut()?.0.sessions.get_mut(id)
+    }
+
+    /// Tells the table that `child` is a session the agent runs for `parent` (a subagent's), as this layer
+    /// learnt. A root stays a root.
+    pub fn add_child(&mut self, child: &str, parent: Option<&str>) {
+        if let Some((s, _)) = self.stack.as_mut() {
+            s.sessions.add_child(child, parent);
+        }
+    }
+
+    /// Whose turn runs in `session` ([`Turn`]): Coda's open `session/prompt` (one the agent has before one a
+    /// layer holds), else the shim's own request about it the agent owes, else the CLI's own when it said the
+    /// session is busy; `None` when none runs.
+    pub fn turn(&self, session: &str) -> Option<Turn> {
+        let (shared, _) = self.stack.as_ref()?;
+        let prompts = shared.requests.open().filter(|r| r.is("session/prompt") && r.session() == Some(session));
+        let coda = prompts.max_by_key(|r| (r.is_sent(), std::cmp::Reverse(r.seq())));
+        if let Some(r) = coda {
+            return Some(Turn::Coda { prompt: r.id.clone(), sent: r.is_sent() });
+        }
+        if let Some(method) = shared.sessions.own_request(session) {
+            return Some(Turn::Shim { method: method.clone() });
+        }
+        (shared.sessions.get(session)?.busy() == Some(true)).then_some(Turn::Cli)
+    }
 }
 
 /// The layers of one binary, the client's requests, and the shim's own outstanding requests.
@@ -366,6 +427,8 @@ impl Stack {
         Stack {
             shared: Shared {
                 requests: Requests::default(),
+                sessions: Sessions::default(),
+                agent_gone: false,
                 asked: 0,
                 timers: layers.iter().map(|l| l.new_timers()).collect(),
                 names: layers.iter().map(|l| l.name()).collect(),
@@ -427,17 +490,46 @@ impl Stack {
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
             if let Some((layer, tag)) = self.own.remove(id) {
+                self.shared.sessions.own_answered(id);
                 self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
                 return self.settle(exits);
             }
-            self.shared.requests.answered(id);
+            if self.is_own(id) {
+                // An answer to a request of the shim's that was answered already (or never sent): Coda never
+                // sent that id, so it is no answer of Coda's.
+                return tracing::warn!("the agent answered one of the shim's own requests twice; dropped");
+            }
+            if self.shared.requests.was_answered(id) {
+                // Coda has its answer: a second one would answer nothing it asked.
+                return tracing::warn!(
+                    "the agent answered a request of the client's that was answered already; dropped"
+                );
+            }
+            let Shared { requests, sessions, .. } = &mut self.shared;
+            if let Some(r) = requests.get(id).filter(|r| !r.is_answered()) {
+                sessions.answered(&r.method, r.session(), &frame);
+            }
+            requests.answered(id);
         }
         self.up(self.layers.len(), frame, exits);
         self.settle(exits);
     }
 
-    /// An event for layer `layer` (as its [`EventSender`] queued it).
+    /// An event for layer `layer` (as its [`EventSender`] queued it), or for every layer that takes its type
+    /// (as a [`Broadcast`] queued it).
     pub fn event(&mut self, layer: usize, event: Event, exits: &mut Exits) {
+        if layer == EVERY {
+            let Ok(fanout) = event.downcast::<Fanout>() else {
+                return misrouted("a broadcast", "a Fanout", "the stack");
+            };
+            for at in 0..self.layers.len() {
+                if self.layers[at].event_type() == fanout.event_type {
+                    let copy = (fanout.copy)(&*fanout.value);
+                    self.call(at, exits, |l, cx| l.event(copy, cx));
+                }
+            }
+            return self.settle(exits);
+        }
         if layer >= self.layers.len() {
             return misrouted("an event", "(no such layer)", "the stack");
         }
@@ -455,9 +547,24 @@ impl Stack {
         &self.shared.requests
     }
 
+    /// The agent is gone ([`Cx::agent_gone`]).
+    pub fn agent_gone(&mut self) {
+        self.shared.agent_gone = true;
+    }
+
+    /// The session table ([`sessions`]).
+    pub fn sessions(&self) -> &Sessions {
+        &self.shared.sessions
+    }
+
     /// The client requests the agent was sent and has not answered, in their order of arrival.
     pub fn owed(&self) -> Vec<Id> {
         self.shared.requests.owed()
+    }
+
+    /// The client requests the agent has not answered, sent or held by a layer, in their order of arrival.
+    pub fn unanswered(&self) -> Vec<Id> {
+        self.shared.requests.unanswered()
     }
 
     /// Whether the agent was sent the client request `id` and has not answered it.
@@ -473,10 +580,15 @@ impl Stack {
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
         if from == self.layers.len() {
-            if let Kind::Request { id, .. } = frame.kind()
+            if let Kind::Request { id, method } = frame.kind()
                 && !self.is_own(id)
             {
                 self.shared.requests.sent(&frame, self.now, self.wall);
+                if method == "session/prompt"
+                    && let Some(session) = self.shared.requests.get(id).and_then(Request::session)
+                {
+                    self.shared.sessions.prompt_sent(session);
+                }
             }
             return exits.to_agent.push(frame);
         }
@@ -494,7 +606,9 @@ impl Stack {
         match below.checked_sub(1) {
             None => {
                 if let Kind::Response { id } = frame.kind() {
-                    self.shared.requests.closed(id);
+                    let Shared { requests, sessions, .. } = &mut self.shared;
+                    sessions.closed(id, requests.get(id).and_then(Request::session));
+                    requests.closed(id);
                 }
                 exits.to_client.push(frame)
             }
@@ -542,6 +656,7 @@ impl Stack {
                     }
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
+                    self.shared.sessions.own_sent(&Id::string(&id), &method, &params);
                     self.own.insert(Id::string(&id), (at, tag));
                     let frame = Frame::from_value(&serde_json::json!({
                         "jsonrpc": "2.0", "id": id, "method": method, "params": params
@@ -575,6 +690,41 @@ impl<E: Send + 'static> EventSender<E> {
     }
 }
 
+/// The layer index a [`Broadcast`] queues its events with: every layer that takes their type.
+const EVERY: usize = usize::MAX;
+
+/// An event on its way to every layer that takes its type, with how to copy it for each.
+struct Fanout {
+    value: Box<dyn Any + Send>,
+    event_type: TypeId,
+    copy: fn(&(dyn Any + Send)) -> Event,
+}
+
+/// Hands each event to every layer of the stack whose [`Layer::Event`] is `E`, in stack order (nearest the
+/// client first), as one input of the relay, in order with the frames: for a source several layers read (a
+/// server's event stream), so that no set-up fans events out by hand. Made by [`Layers::broadcast`].
+pub struct Broadcast<E> {
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Event)>,
+    _event: PhantomData<fn(E)>,
+}
+
+impl<E> Clone for Broadcast<E> {
+    fn clone(&self) -> Self {
+        Broadcast { tx: self.tx.clone(), _event: PhantomData }
+    }
+}
+
+impl<E: Clone + Send + 'static> Broadcast<E> {
+    /// Queues an event for every layer that takes `E`; false once the relay has stopped.
+    pub fn send(&self, event: E) -> bool {
+        fn copy<E: Clone + Send + 'static>(value: &(dyn Any + Send)) -> Event {
+            Box::new(value.downcast_ref::<E>().expect("a fanout holds its own type").clone())
+        }
+        let fanout = Fanout { value: Box::new(event), event_type: TypeId::of::<E>(), copy: copy::<E> };
+        self.tx.send((EVERY, Box::new(fanout))).is_ok()
+    }
+}
+
 /// Builds a stack, nearest the client first, and gives each layer a sender of its own event type.
 pub struct Layers {
     layers: Vec<Box<dyn AnyLayer>>,
@@ -598,6 +748,11 @@ impl Layers {
     /// Adds a layer that takes no events below the ones added so far.
     pub fn push(&mut self, layer: Box<dyn AnyLayer>) {
         self.layers.push(layer);
+    }
+
+    /// A sender of events of type `E` to every layer of the stack that takes them ([`Broadcast`]).
+    pub fn broadcast<E: Clone + Send + 'static>(&self) -> Broadcast<E> {
+        Broadcast { tx: self.events.clone(), _event: PhantomData }
     }
 
     pub fn len(&self) -> usize {
@@ -902,6 +1057,21 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_reaches_every_layer_of_its_type_in_stack_order() {
+        let mut h = Harness::build(|layers| {
+            layers.add(|_| Box::new(Echo));
+            layers.push(Box::new(Pinger));
+            layers.add(|_| Box::new(Echo));
+            let bus = layers.broadcast::<u32>();
+            assert!(bus.send(3));
+            assert!(layers.broadcast::<u64>().send(4), "one nobody takes reaches nobody");
+        });
+        h.deliver();
+        let out = h.to_agent();
+        assert_eq!(out, vec![json!({"jsonrpc":"2.0","method":"event","params":{"n":3}}); 2]);
+    }
+
+    #[test]
     fn an_event_of_the_wrong_type_is_a_loud_error() {
         let mut h = Harness::new(vec![Box::new(Echo)]);
         // A release build logs it and drops the event: the layer never sees it.
@@ -938,6 +1108,86 @@ mod tests {
         if loud_error("an event of the wrong type reached the stack", || h.event(5, 8u32)).is_some() {
             assert!(h.to_client().is_empty() && h.to_agent().is_empty());
         }
+    }
+
+    /// Reports what the session table says of `params.sessionId` on `look`; asks the agent `own` for it.
+    struct Looker;
+    impl Layer for Looker {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = ();
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let session = f.value()["params"]["sessionId"].as_str().unwrap_or_default().to_owned();
+            match f.method() {
+                Some("look") => {
+                    let s = cx.session(&session);
+                    let about = json!({"root": s.is_some_and(Session::is_root), "child": s.is_some_and(|s| !s.is_root()),
+                        "turn": format!("{:?}", cx.turn(&session)), "started": s.is_some_and(Session::started)});
+                    cx.to_client(crate::frame::notification("about", about));
+                }
+                Some("own") => cx.request("session/prompt", json!({"sessionId": session}), ()),
+                Some("busy") => {
+                    if let Some(s) = cx.session_mut(&session) {
+                        s.set_busy(f.value()["params"]["busy"] == true);
+                    }
+                }
+                Some("child") => cx.add_child(&session, Some("r")),
+                _ => cx.to_agent(f),
+            }
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            // The table knows a session before any layer handles the answer that opened it.
+            if let Some(id) = f.value()["result"]["sessionId"].as_str() {
+                assert!(cx.session(id).is_some_and(Session::is_root));
+            }
+            cx.to_client(f)
+        }
+        fn on_reply(&mut self, _: (), reply: Frame, cx: &mut Cx) {
+            cx.to_client(crate::frame::notification("replied", reply.value()["result"].clone()));
+        }
+    }
+
+    fn look(h: &mut Harness, session: &str) -> Value {
+        h.from_client(json!({"jsonrpc":"2.0","method":"look","params":{"sessionId":session}}));
+        h.to_client().pop().expect("an answer")["params"].clone()
+    }
+
+    #[test]
+    fn the_session_table_knows_roots_children_and_whose_turn_runs() {
+        let mut h = Harness::of(Looker);
+        assert_eq!(look(&mut h, "r"), json!({"root":false,"child":false,"turn":"None","started":false}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"r"}}));
+        h.to_client();
+        assert_eq!(look(&mut h, "r"), json!({"root":true,"child":false,"turn":"None","started":false}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"child","params":{"sessionId":"c"}}));
+        assert_eq!(look(&mut h, "c")["child"], true);
+        // The CLI's own turn, then Coda's prompt: busy from before the prompt is no start of it.
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":true}}));
+        assert_eq!(look(&mut h, "r")["turn"], "Some(Cli)");
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"r"}}));
+        assert_eq!(
+            look(&mut h, "r"),
+            json!({"root":true,"child":false,"turn":"Some(Coda { prompt: Id(\"2\"), sent: true })","started":false})
+        );
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":true}}));
+        assert_eq!(look(&mut h, "r")["started"], true);
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        h.from_client(json!({"jsonrpc":"2.0","method":"busy","params":{"sessionId":"r","busy":false}}));
+        // The shim's own request about the session is a turn of the shim's while the agent owes its answer.
+        h.from_client(json!({"jsonrpc":"2.0","method":"own","params":{"sessionId":"r"}}));
+        let own = h.to_agent().pop().expect("the shim's request");
+        assert_eq!(look(&mut h, "r")["turn"], "Some(Shim { method: \"session/prompt\" })");
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"n":1}}));
+        assert_eq!(h.to_client()[0]["method"], "replied");
+        assert_eq!(look(&mut h, "r")["turn"], "None");
+        // Answered twice: the second answer is nobody's, and Coda never sees it.
+        h.from_agent(json!({"jsonrpc":"2.0","id":own["id"],"result":{"n":2}}));
+        assert!(h.to_client().is_empty());
+        // Closed: forgotten.
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/close","params":{"sessionId":"r"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+        assert_eq!(look(&mut h, "r")["root"], false);
     }
 
     /// Tells the client, for each answer it passes, which request it answers; notes `Seen` on prompts.
@@ -984,9 +1234,15 @@ mod tests {
             "open":["session/new"]});
         assert_eq!((&out[1]["params"], &out[2]["params"]), (&about, &about));
         assert_eq!(h.stack().owed(), vec![Id::string("n")]);
-        // Answered to the client: forgotten. A second answer answers nothing known.
+        // Answered to the client: forgotten. A second answer answers nothing Coda asks: dropped.
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
-        assert_eq!(h.to_client().len(), 1);
+        assert!(h.to_client().is_empty());
         assert!(h.stack().requests().get(&Id::from_json("1")).is_none());
+        // Until Coda sends a request with that id again; an answer to an id Coda never sent passes.
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s1"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        assert_eq!(h.to_client().len(), 3);
+        h.from_agent(json!({"jsonrpc":"2.0","id":77,"result":{}}));
+        assert_eq!(h.to_client().len(), 1);
     }
 }

@@ -52,6 +52,11 @@ impl Request {
         self.method == method
     }
 
+    /// Its place in the order of arrival of the client's requests.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// Whether it has left the stack towards the agent (a layer may hold it back first).
     pub fn is_sent(&self) -> bool {
         self.sent
@@ -68,11 +73,16 @@ impl Request {
     }
 }
 
+/// Ids of requests answered to the client remembered at most, to tell the agent's second answer to one.
+const ANSWERED_KEPT: usize = 256;
+
 /// The client's requests not answered yet (to the client), by id.
 #[derive(Default)]
 pub struct Requests {
     open: HashMap<Id, Request>,
     next: u64,
+    /// The latest requests answered to the client, oldest first (a request that reuses an id leaves it).
+    done: std::collections::VecDeque<Id>,
 }
 
 impl Requests {
@@ -80,6 +90,7 @@ impl Requests {
     /// client broke JSON-RPC's rule; the answer that comes is the newer one's).
     pub(super) fn opened(&mut self, frame: &Frame, at: Instant, wall: SystemTime) {
         let Kind::Request { id, method } = frame.kind() else { return };
+        self.done.retain(|d| d != id);
         self.next += 1;
         let request = Request {
             id: id.clone(),
@@ -115,7 +126,18 @@ impl Requests {
 
     /// An answer to `id` left the stack towards the client: the request is over.
     pub(super) fn closed(&mut self, id: &Id) {
-        self.open.remove(id);
+        if self.open.remove(id).is_some() {
+            self.done.push_back(id.clone());
+            if self.done.len() > ANSWERED_KEPT {
+                self.done.pop_front();
+            }
+        }
+    }
+
+    /// Whether the client has had its answer to the request `id` (one of the latest [`ANSWERED_KEPT`]) and sent
+    /// no request with that id since: an answer to it now is a second one.
+    pub fn was_answered(&self, id: &Id) -> bool {
+        !self.open.contains_key(id) && self.done.contains(id)
     }
 
     pub fn get(&self, id: &Id) -> Option<&Request> {
@@ -137,6 +159,13 @@ impl Requests {
         let mut owed: Vec<&Request> = self.open.values().filter(|r| r.sent && !r.answered).collect();
         owed.sort_by_key(|r| r.seq);
         owed.into_iter().map(|r| r.id.clone()).collect()
+    }
+
+    /// The requests the agent has not answered (sent, or held by a layer), in their order of arrival.
+    pub fn unanswered(&self) -> Vec<Id> {
+        let mut open: Vec<&Request> = self.open.values().filter(|r| !r.answered).collect();
+        open.sort_by_key(|r| r.seq);
+        open.into_iter().map(|r| r.id.clone()).collect()
     }
 
     /// Leaves `note` on the open request `id`, replacing a note of the same type; false without such a request.

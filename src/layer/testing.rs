@@ -123,6 +123,15 @@ impl Harness {
         self.stack.event(layer, Box::new(event), &mut self.exits);
     }
 
+    /// An event for every layer that takes its type, as a [`super::Broadcast`] hands it in.
+    pub fn broadcast<E: Clone + Send + 'static>(&mut self, event: E) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        super::Broadcast::<E> { tx, _event: std::marker::PhantomData }.send(event);
+        if let Ok((layer, event)) = rx.try_recv() {
+            self.stack.event(layer, event, &mut self.exits);
+        }
+    }
+
     /// Hands the layers the events their senders queued, in the order they were sent, as the relay does.
     pub fn deliver(&mut self) {
         let Some(events) = &mut self.events else { return };

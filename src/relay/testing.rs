@@ -58,8 +58,12 @@ pub fn wall_start() -> std::time::SystemTime {
 /// How long, in virtual time, [`Pair::drive`] drives a session that never goes idle before it panics.
 pub const BUSY_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
+/// An answer line that is no line: the agent writes the lines before it, then ends its output and reads no
+/// more, as a CLI that dies (an agent without a process has exited once its output ends).
+pub const HANG_UP: &str = "\u{0}hang up";
+
 /// The agent's side of a [`Pair`]: what it writes for each line the relay hands it (each a line without
-/// its `\n`). A closure `FnMut(&str) -> Vec<String>` is one.
+/// its `\n`; [`HANG_UP`] ends it). A closure `FnMut(&str) -> Vec<String>` is one.
 pub trait Agent: Send + 'static {
     fn answer(&mut self, line: &str) -> Vec<String>;
 }
@@ -173,6 +177,10 @@ impl Pair {
                 let answers = agent.answer(&line);
                 got.push(line);
                 for answer in answers {
+                    if answer == HANG_UP {
+                        let _ = agent_write.shutdown().await;
+                        return;
+                    }
                     if agent_write.write_all(format!("{answer}\n").as_bytes()).await.is_err() {
                         return;
                     }

@@ -7,7 +7,7 @@
 //! `handling` while no turn of Coda's is running.
 //!
 //! What the builder reads from the frames is here; the marks of what the shim changed and of what `diff` found
-//! are in [`marks`], and the rows each lane gets once every item is known in [`layout`].
+//! are in `marks`, and the rows each lane gets once every item is known in `layout`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -111,7 +111,7 @@ pub struct Item {
 }
 
 /// A frame the shim did not pass on as it came: `[frame, fate, other version or -1, changes]` (fates as in
-/// [`Fate::code`]).
+/// [`super::changes::Fate::code`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct Changed(pub usize, pub u8, pub i64, pub Vec<String>);
 

@@ -1,0 +1,614 @@
+//! Coda's steering (section 插话), written once: the machine ([`Steering`]) that keeps the section's rules for
+//! every adapter that steers, over the small [`Steerer`] an adapter writes for how its CLI takes a message
+//! into a running turn (`adapters/<agent>/steering.rs`, or nothing but [`Steerer::NATIVE`] for a CLI that takes
+//! `_session/steering` itself).
+//!
+//! The rules, and what the machine does for them:
+//!
+//! - Declared as `_meta.steering.supported: true` at the top of the `initialize` result (beside
+//!   `agentCapabilities`), where the backend can steer ([`Steerer::declares`]).
+//! - The request is `{sessionId, prompt, _meta}`; `prompt` is what `session/prompt` takes: a non-empty list of
+//!   content blocks. Anything else is -32602, whether a turn runs or not; so is a block the CLI cannot take into
+//!   a running turn ([`Steerer::accepts`]).
+//! - One steering message in flight per session: another one before the first is answered gets -32600.
+//! - Only Coda's own running turn takes it. None runs: `promptRequired` (`noRunningTurn`), and the CLI sees
+//!   nothing (a native CLI answers that itself). Coda's prompt waits behind a compaction: the message joins that
+//!   prompt (its blocks are added to the held `session/prompt`) and is `injected`; it never goes into the
+//!   compaction. The CLI has not said yet that Coda's turn runs ([`Steerer::SAYS_STARTED`]): the message waits
+//!   for it, at most [`START_WAIT`], then `promptRequired` (it went nowhere).
+//! - `injected` only once the backend is certain the message joined Coda's turn; `promptRequired` only when it
+//!   is certain the CLI did not take it and runs it nowhere; otherwise unknown (`failed` or `startedNewTurn`,
+//!   which Coda records as unknown and does not send again).
+//! - The turn's answer waits for the steering answer, so that Coda gets the steering answer first, at most
+//!   [`TURN_HOLD`]; then the steering is answered unknown and the turn's answer goes on. A steering answer never
+//!   comes: unknown after [`ANSWER_WAIT`]. A late or second answer of the CLI's is dropped.
+//!
+//! The session table marks the message in flight ([`crate::layer::Session::steering`]) and holds the prompts
+//! a compaction holds; whose turn runs is the table's to say ([`crate::layer::Cx::turn`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use crate::coda::machine::Machine;
+use crate::frame::{self, Frame, Id, Kind};
+use crate::layer::{Cx, Layer, Session, Timer, Turn};
+
+/// Coda's request.
+pub const METHOD: &str = "_session/steering";
+
+/// How long the turn's answer waits for the steering answer.
+pub const TURN_HOLD: Duration = Duration::from_secs(15);
+/// How long a message waits for the CLI to say Coda's turn runs.
+pub const START_WAIT: Duration = Duration::from_secs(15);
+/// How long the CLI's answer to a steering message is waited for while the turn goes on.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5 * 60);
+/// Answers of the CLI's to a native steering request the machine already answered, remembered to drop.
+const ANSWERED_KEPT: usize = 64;
+
+/// How a steering message ended, as Coda is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It joined Coda's running turn (certainly).
+    Injected,
+    /// It was not taken, and nothing runs it (`reason: noRunningTurn`).
+    PromptRequired,
+    /// The CLI runs it as a turn of its own (unknown to Coda).
+    StartedNewTurn,
+    /// Whether it reached the session is not known.
+    Unknown,
+    /// A JSON-RPC error, with the CLI's reason.
+    Error { code: i64, message: String },
+}
+
+impl Outcome {
+    /// The answer to Coda's request `id`.
+    pub fn answer(&self, id: &Id) -> Frame {
+        let result = match self {
+            Outcome::Injected => json!({"outcome": "injected"}),
+            Outcome::PromptRequired => json!({"outcome": "promptRequired", "reason": "noRunningTurn"}),
+            Outcome::StartedNewTurn => json!({"outcome": "startedNewTurn"}),
+            Outcome::Unknown => json!({"outcome": "failed"}),
+            Outcome::Error { code, message } => return frame::error_response(id, *code, message, None),
+        };
+        frame::result_response(id, result)
+    }
+}
+
+/// Adds `_meta.steering.supported: true` to an `initialize` result object.
+pub fn declare(result: &mut Map<String, Value>) {
+    let meta = result.entry("_meta").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    let steering = meta.as_object_mut().expect("made an object above").entry("steering").or_insert_with(|| json!({}));
+    if !steering.is_object() {
+        *steering = json!({});
+    }
+    steering.as_object_mut().expect("made an object above").insert("supported".into(), json!(true));
+}
+
+/// The session and prompt of a steering request, or why it is invalid (-32602).
+pub fn read(params: &Value) -> Result<(&str, &Vec<Value>), String> {
+    let session = params.get("sessionId").and_then(Value::as_str).filter(|s| !s.is_empty());
+    let session = session.ok_or("`_session/steering` needs params.sessionId (a string)")?;
+    let Some(blocks) = params.get("prompt").and_then(Value::as_array) else {
+        return Err("`prompt` is not a list of content blocks".into());
+    };
+    if blocks.is_empty() {
+        return Err("`prompt` is empty".into());
+    }
+    for block in blocks {
+        match block.get("type").and_then(Value::as_str) {
+            None => return Err("a content block without `type`".into()),
+            Some("text") if !block.get("text").is_some_and(Value::is_string) => {
+                return Err("a text block without `text`".into());
+            }
+            Some(_) => {}
+        }
+    }
+    Ok((session, blocks))
+}
+
+/// How one CLI takes a message into a running turn: what an adapter writes for [`Steering`]. Every method
+/// has a default that does nothing.
+pub trait Steerer: Send + Sized + 'static {
+    /// The backend's events (a server's), `Infallible` for none.
+    type Event: Send + 'static;
+    /// What the backend's own requests to the CLI carry back ([`Ctl::request`]), `Infallible` for none.
+    type Reply: Send + 'static;
+    /// The backend's own wake-ups ([`Ctl::after`]), `Infallible` for none.
+    type Timer: Timer;
+
+    /// The CLI takes `_session/steering` itself: Coda's request goes to it as it is, its answer is Coda's; the
+    /// machine keeps the rules around it ([`Steerer::steer`] is not called). It also judges between turns.
+    const NATIVE: bool = false;
+
+    /// The CLI says when a turn runs (the session table's [`Session::started`]): a message waits for it.
+    const SAYS_STARTED: bool = false;
+
+    /// Whether the CLI can steer (declared, and steering requests handled); `false` passes them to the CLI.
+    fn declares(&self) -> bool {
+        true
+    }
+
+    /// Why the CLI cannot take `prompt` (already a valid list of content blocks) into a running turn.
+    fn accepts(&self, _prompt: &[Value]) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Sends `prompt` into Coda's running turn in `session`; reports how it ended with [`Ctl::answer`], for
+    /// `round`.
+    fn steer(&mut self, _session: &str, _round: u64, _prompt: &[Value], _ctl: &mut Ctl<Self>) {}
+
+    /// Coda's turn in `session` ended (its answer waits) while the message `round` is in flight.
+    fn turn_ended(&mut self, _session: &str, _round: u64, _ctl: &mut Ctl<Self>) {}
+
+    /// The message `round` of `session` was answered (or given up): what the backend kept for it can go.
+    fn finished(&mut self, _session: &str, _round: u64) {}
+
+    /// A request of the client on its way to the CLI, to read (a session's folder).
+    fn client_request(&mut self, _frame: &Frame, _cx: &mut Cx) {}
+
+    /// A frame from the CLI: `true` passes it on to Coda, `false` drops it (the CLI's echo of a message).
+    fn from_agent(&mut self, _frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
+        true
+    }
+
+    /// Whether [`Steerer::from_agent`] would pass `frame` on and learn nothing from it (cheap). `false` is
+    /// always right.
+    fn ignores(&self, _frame: &Frame) -> bool {
+        false
+    }
+
+    fn on_reply(&mut self, _tag: Self::Reply, _reply: Frame, _ctl: &mut Ctl<Self>) {}
+
+    fn on_event(&mut self, _event: Self::Event, _ctl: &mut Ctl<Self>) {}
+
+    fn on_timer(&mut self, _timer: Self::Timer, _ctl: &mut Ctl<Self>) {}
+}
+
+/// What a steering backend is handed with each input ([`crate::coda::machine::Ctl`]).
+pub type Ctl<'c, 'a, B> = crate::coda::machine::Ctl<'c, 'a, Steering<B>>;
+
+impl<B: Steerer> Ctl<'_, '_, B> {
+    /// The message `round` of `session` ended with `outcome` (one already answered is ignored).
+    pub fn answer(&mut self, session: &str, round: u64, outcome: Outcome) {
+        self.report((session.to_owned(), round, outcome));
+    }
+}
+
+/// The machine's wake-ups, and its backend's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Tick<T> {
+    /// [`START_WAIT`] for a message waiting for Coda's turn to run.
+    Start(String, u64),
+    /// [`ANSWER_WAIT`] for the CLI's answer.
+    Answer(String, u64),
+    /// [`TURN_HOLD`] for the turn's answer.
+    Hold(String, u64),
+    Backend(T),
+}
+
+/// A steering message of Coda's, from its request until it is answered.
+struct InFlight {
+    /// Coda's request.
+    id: Id,
+    round: u64,
+    /// Coda's `session/prompt` it is for.
+    turn: Id,
+    /// Waiting for Coda's turn to run in the CLI: the request to send then.
+    waiting: Option<Frame>,
+    /// Coda's request went to the CLI as it is ([`Steerer::NATIVE`]).
+    native: bool,
+    /// The turn's answer, held until this one is answered.
+    turn_end: Option<Frame>,
+}
+
+/// Whether Coda's `turn` in `session` runs in the CLI: the CLI has it and, where it says so, said it runs.
+fn runs<B: Steerer>(session: &str, turn: &Id, cx: &Cx) -> bool {
+    cx.request_of(turn).is_some_and(|r| r.is_sent())
+        && (!B::SAYS_STARTED || cx.session(session).is_some_and(Session::started))
+}
+
+/// The steering machine: a layer, over the backend `B` of one CLI (see the module docs).
+pub struct Steering<B: Steerer> {
+    backend: B,
+    in_flight: HashMap<String, InFlight>,
+    rounds: u64,
+    /// Native requests the machine answered itself: a late answer of the CLI's to one is dropped.
+    answered: VecDeque<Id>,
+}
+
+impl<B: Steerer> Steering<B> {
+    pub fn new(backend: B) -> Steering<B> {
+        Steering { backend, in_flight: HashMap::new(), rounds: 0, answered: VecDeque::new() }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Answers the message `round` of `session` with `outcome`, then lets the turn's answer follow.
+    fn settle(&mut self, session: &str, round: u64, outcome: Outcome, cx: &mut Cx) {
+        if self.in_flight.get(session).is_none_or(|f| f.round != round) {
+            return tracing::debug!("a steering outcome for a message already answered; dropped");
+        }
+        let flight = self.in_flight.remove(session).expect("looked at above");
+        for tick in [Tick::<B::Timer>::Start, Tick::Answer, Tick::Hold] {
+            cx.cancel(&tick(session.to_owned(), round));
+        }
+        if let Some(s) = cx.session_mut(session) {
+            s.set_steering(None);
+        }
+        if flight.native {
+            self.answered.push_back(flight.id.clone());
+            if self.answered.len() > ANSWERED_KEPT {
+                self.answered.pop_front();
+            }
+        }
+        self.backend.finished(session, round);
+        cx.to_client(outcome.answer(&flight.id));
+        if let Some(end) = flight.turn_end {
+            cx.to_client(end);
+        }
+    }
+
+    fn request(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
+        let value = frame.value();
+        let params = value.get("params").unwrap_or(&Value::Null);
+        let (session, prompt) = match read(params).and_then(|(s, p)| self.backend.accepts(p).map(|()| (s, p))) {
+            Ok(read) => read,
+            Err(why) => return cx.to_client(frame::error_response(&id, -32602, &why, None)),
+        };
+        let session = session.to_owned();
+        if self.in_flight.contains_key(&session) {
+            let msg = "a steering message for this session is still waiting for its answer";
+            return cx.to_client(frame::error_response(&id, -32600, msg, None));
+        }
+        let turn = cx.turn(&session);
+        let compacting = cx.session(&session).and_then(Session::compaction).is_some();
+        match turn {
+            Some(Turn::Coda { sent: false, .. }) if compacting => {
+                let prompt = prompt.clone();
+                self.join_held(&id, &session, prompt, cx)
+            }
+            Some(Turn::Coda { prompt: turn, .. }) => {
+                let runs = runs::<B>(&session, &turn, cx);
+                self.rounds += 1;
+                let round = self.rounds;
+                let flight = InFlight { id: id.clone(), round, turn, waiting: None, native: B::NATIVE, turn_end: None };
+                self.in_flight.insert(session.clone(), flight);
+                if let Some(s) = cx.session_mut(&session) {
+                    s.set_steering(Some(id));
+                }
+                if runs {
+                    self.send(&session, round, frame, cx);
+                } else {
+                    tracing::debug!("a steering message waits for Coda's turn to run in the CLI");
+                    if let Some(f) = self.in_flight.get_mut(&session) {
+                        f.waiting = Some(frame);
+                    }
+                    cx.after(START_WAIT, Tick::<B::Timer>::Start(session, round));
+                }
+            }
+            // No turn of Coda's runs. While the CLI compacts, or runs a request of the shim's, nothing goes to it
+            // (the message would land in that); else a native CLI judges itself, and for the others it is not
+            // taken.
+            _ if compacting || matches!(turn, Some(Turn::Shim { .. })) => {
+                cx.to_client(Outcome::PromptRequired.answer(&id))
+            }
+            _ if B::NATIVE => {
+                self.rounds += 1;
+                let flight = InFlight {
+                    id: id.clone(),
+                    round: self.rounds,
+                    turn: Id::null(),
+                    waiting: None,
+                    native: true,
+                    turn_end: None,
+                };
+                self.in_flight.insert(session.clone(), flight);
+                cx.after(ANSWER_WAIT, Tick::<B::Timer>::Answer(session, self.rounds));
+                cx.to_agent(frame)
+            }
+            _ => cx.to_client(Outcome::PromptRequired.answer(&id)),
+        }
+    }
+
+    /// Sends the message `round` to the CLI: Coda's request as it is (native), else through the backend.
+    fn send(&mut self, session: &str, round: u64, frame: Frame, cx: &mut Cx) {
+        cx.after(ANSWER_WAIT, Tick::<B::Timer>::Answer(session.to_owned(), round));
+        if B::NATIVE {
+            return cx.to_agent(frame);
+        }
+        let prompt = frame.value().pointer("/params/prompt").and_then(Value::as_array).cloned().unwrap_or_default();
+        self.with_backend(cx, |b, ctl| b.steer(session, round, &prompt, ctl));
+    }
+
+    /// Coda's prompt waits behind a compaction: the message joins it.
+    fn join_held(&mut self, id: &Id, session: &str, prompt: Vec<Value>, cx: &mut Cx) {
+        let Some(s) = cx.session_mut(session) else { return };
+        let held = s.held_mut().iter_mut().rev().find(|f| f.is_request("session/prompt"));
+        let Some(held) = held else { return cx.to_client(Outcome::PromptRequired.answer(id)) };
+        let mut value = held.to_value();
+        match value.pointer_mut("/params/prompt").and_then(Value::as_array_mut) {
+            Some(blocks) => blocks.extend(prompt),
+            None => return cx.to_client(Outcome::PromptRequired.answer(id)),
+        }
+        *held = held.rewritten(value);
+        tracing::debug!("a steering message joined the prompt that waits behind the session's compaction");
+        cx.to_client(Outcome::Injected.answer(id));
+    }
+
+    /// Messages waiting for their turn go once it runs in the CLI.
+    fn go_if_started(&mut self, cx: &mut Cx) {
+        let ready: Vec<(String, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(s, f)| f.waiting.is_some() && runs::<B>(s, &f.turn, cx))
+            .map(|(s, f)| (s.clone(), f.round))
+            .collect();
+        for (session, round) in ready {
+            let Some(frame) = self.in_flight.get_mut(&session).and_then(|f| f.waiting.take()) else { continue };
+            cx.cancel(&Tick::<B::Timer>::Start(session.clone(), round));
+            self.send(&session, round, frame, cx);
+        }
+    }
+
+    /// Coda's turn's answer: held while a message for that turn is in flight.
+    fn turn_ended(&mut self, frame: Frame, session: &str, cx: &mut Cx) {
+        let Some(flight) = self.in_flight.get_mut(session).filter(|f| Some(&f.turn) == frame.id()) else {
+            return cx.to_client(frame);
+        };
+        let round = flight.round;
+        if flight.waiting.take().is_some() {
+            // It never went anywhere.
+            cx.to_client(frame);
+            return self.settle(session, round, Outcome::PromptRequired, cx);
+        }
+        flight.turn_end = Some(frame);
+        if cx.agent_gone() {
+            // Nothing will answer it now.
+            return self.settle(session, round, Outcome::Unknown, cx);
+        }
+        cx.after(TURN_HOLD, Tick::<B::Timer>::Hold(session.to_owned(), round));
+        let session = session.to_owned();
+        self.with_backend(cx, |b, ctl| b.turn_ended(&session, round, ctl));
+    }
+
+    /// The CLI's answer to Coda's native request.
+    fn native_answer(&mut self, frame: Frame, session: &str, cx: &mut Cx) {
+        let Some(flight) = self.in_flight.get_mut(session).filter(|f| f.native && Some(&f.id) == frame.id()) else {
+            return cx.to_client(frame);
+        };
+        let round = flight.round;
+        let end = flight.turn_end.take();
+        self.in_flight.remove(session);
+        self.answered.push_back(frame.id().cloned().unwrap_or_else(Id::null));
+        if self.answered.len() > ANSWERED_KEPT {
+            self.answered.pop_front();
+        }
+        for tick in [Tick::<B::Timer>::Start, Tick::Answer, Tick::Hold] {
+            cx.cancel(&tick(session.to_owned(), round));
+        }
+        if let Some(s) = cx.session_mut(session) {
+            s.set_steering(None);
+        }
+        self.backend.finished(session, round);
+        cx.to_client(frame);
+        if let Some(end) = end {
+            cx.to_client(end);
+        }
+    }
+
+    fn initialized(&self, frame: Frame, cx: &mut Cx) {
+        let declared = frame.value().pointer("/result/_meta/steering/supported") == Some(&Value::Bool(true));
+        if declared {
+            return cx.to_client(frame);
+        }
+        let mut v = frame.to_value();
+        match v.get_mut("result").and_then(Value::as_object_mut) {
+            Some(result) => {
+                declare(result);
+                cx.to_client(frame.rewritten(v))
+            }
+            None => cx.to_client(frame),
+        }
+    }
+}
+
+impl<B: Steerer> Machine for Steering<B> {
+    type Backend = B;
+    type Report = (String, u64, Outcome);
+    type BackendTimer = B::Timer;
+
+    fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    fn apply(&mut self, answers: Vec<(String, u64, Outcome)>, cx: &mut Cx) {
+        for (session, round, outcome) in answers {
+            self.settle(&session, round, outcome, cx);
+        }
+        self.go_if_started(cx);
+    }
+
+    fn backend_timer(timer: B::Timer) -> Tick<B::Timer> {
+        Tick::Backend(timer)
+    }
+}
+
+impl<B: Steerer> Layer for Steering<B> {
+    type Timer = Tick<B::Timer>;
+    type Event = B::Event;
+    type Reply = B::Reply;
+
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        match frame.kind() {
+            Kind::Request { id, method } if method == METHOD && self.backend.declares() => {
+                let id = id.clone();
+                self.request(id, frame, cx)
+            }
+            Kind::Request { .. } => {
+                self.backend.client_request(&frame, cx);
+                cx.to_agent(frame)
+            }
+            _ => cx.to_agent(frame),
+        }
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        let mut keep = true;
+        self.with_backend(cx, |b, ctl| keep = b.from_agent(&frame, ctl));
+        if !keep {
+            return;
+        }
+        let Kind::Response { id } = frame.kind() else { return cx.to_client(frame) };
+        let asked = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
+        match asked {
+            Some((m, _)) if m == "initialize" && self.backend.declares() => self.initialized(frame, cx),
+            Some((m, Some(session))) if m == "session/prompt" => self.turn_ended(frame, &session, cx),
+            Some((m, Some(session))) if m == METHOD => self.native_answer(frame, &session, cx),
+            None if self.answered.contains(id) => {
+                tracing::debug!("the CLI answered a steering request the shim had answered; dropped");
+            }
+            _ => cx.to_client(frame),
+        }
+    }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        !matches!(frame.kind(), Kind::Response { .. })
+            && self.backend.ignores(frame)
+            && self.in_flight.values().all(|f| f.waiting.is_none())
+    }
+
+    fn on_reply(&mut self, tag: B::Reply, reply: Frame, cx: &mut Cx) {
+        self.with_backend(cx, |b, ctl| b.on_reply(tag, reply, ctl));
+    }
+
+    fn on_event(&mut self, event: B::Event, cx: &mut Cx) {
+        self.with_backend(cx, |b, ctl| b.on_event(event, ctl));
+    }
+
+    fn on_timer(&mut self, tick: Tick<B::Timer>, cx: &mut Cx) {
+        match tick {
+            Tick::Start(session, round) => {
+                tracing::debug!("the CLI never said the turn runs: the steering message was not sent");
+                self.settle(&session, round, Outcome::PromptRequired, cx);
+            }
+            Tick::Answer(session, round) => {
+                tracing::warn!("the CLI did not answer a steering message in {ANSWER_WAIT:?}: its outcome is unknown");
+                self.settle(&session, round, Outcome::Unknown, cx);
+            }
+            Tick::Hold(session, round) => {
+                tracing::warn!("the turn ended without an answer to its steering message: its outcome is unknown");
+                self.settle(&session, round, Outcome::Unknown, cx);
+            }
+            Tick::Backend(t) => self.with_backend(cx, |b, ctl| b.on_timer(t, ctl)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::testing::Harness;
+
+    #[test]
+    fn a_prompt_must_be_a_list_of_content_blocks() {
+        let ok = json!({"sessionId":"s","prompt":[{"type":"text","text":"x"},{"type":"image","data":"AA"}]});
+        assert!(read(&ok).is_ok());
+        for bad in [
+            json!({"prompt":[{"type":"text","text":"x"}]}),
+            json!({"sessionId":"","prompt":[{"type":"text","text":"x"}]}),
+            json!({"sessionId":"s","prompt":"x"}),
+            json!({"sessionId":"s","prompt":[]}),
+            json!({"sessionId":"s","prompt":[{"text":"x"}]}),
+            json!({"sessionId":"s","prompt":[{"type":"text","text":7}]}),
+            json!({"sessionId":"s","prompt":{"type":"text","text":"x"}}),
+            json!(null),
+        ] {
+            assert!(read(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_declaration_sits_at_the_top_of_meta_and_replaces_what_is_no_object() {
+        let mut r = json!({"_meta":{"x":1}});
+        declare(r.as_object_mut().unwrap());
+        assert_eq!(r, json!({"_meta":{"x":1,"steering":{"supported":true}}}));
+        let mut r = json!({"_meta":{"steering":3}});
+        declare(r.as_object_mut().unwrap());
+        assert_eq!(r, json!({"_meta":{"steering":{"supported":true}}}));
+    }
+
+    /// A CLI that says when its turn runs and never answers a message.
+    #[derive(Default)]
+    struct Silent {
+        steered: Vec<String>,
+    }
+
+    impl Steerer for Silent {
+        type Event = bool;
+        type Reply = std::convert::Infallible;
+        type Timer = std::convert::Infallible;
+        const SAYS_STARTED: bool = true;
+        fn steer(&mut self, session: &str, _: u64, _: &[Value], _: &mut Ctl<Self>) {
+            self.steered.push(session.to_owned());
+        }
+        fn on_event(&mut self, busy: bool, ctl: &mut Ctl<Self>) {
+            if let Some(s) = ctl.cx.session_mut("s") {
+                s.set_busy(busy);
+            }
+        }
+    }
+
+    fn rig() -> Harness {
+        let mut h = Harness::of(Steering::new(Silent::default()));
+        h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"sessionId":"s"}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}));
+        h.take();
+        h
+    }
+
+    fn steer(h: &mut Harness, id: u64) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":METHOD,"params":{"sessionId":"s",
+            "prompt":[{"type":"text","text":"x"}]}}));
+    }
+
+    #[test]
+    fn a_message_waits_for_the_turn_to_run_and_goes_nowhere_past_the_wait() {
+        let mut h = rig();
+        steer(&mut h, 2);
+        assert!(h.layer::<Steering<Silent>>(0).backend().steered.is_empty(), "not before the CLI said it runs");
+        h.event(0, true);
+        assert_eq!(h.layer::<Steering<Silent>>(0).backend().steered, ["s"]);
+        // Another turn, a message the CLI never says it runs for.
+        h.advance(ANSWER_WAIT);
+        assert_eq!(h.to_client()[0]["result"]["outcome"], "failed", "never answered: unknown");
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}));
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s","prompt":[]}}));
+        h.take();
+        steer(&mut h, 4);
+        h.advance(START_WAIT);
+        assert_eq!(h.to_client()[0]["result"]["outcome"], "promptRequired");
+        assert_eq!(h.layer::<Steering<Silent>>(0).backend().steered.len(), 1);
+    }
+
+    #[test]
+    fn the_turns_answer_waits_for_the_steering_answer_no_longer_than_the_hold() {
+        let mut h = rig();
+        h.event(0, true);
+        steer(&mut h, 2);
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}));
+        assert!(h.to_client().is_empty());
+        h.advance(TURN_HOLD);
+        let out = h.to_client();
+        assert_eq!((out[0]["id"].clone(), out[0]["result"]["outcome"].clone()), (json!(2), json!("failed")));
+        assert_eq!(out[1]["id"], 1);
+        assert!(h.stack().sessions().get("s").is_some_and(|s| s.steering().is_none()));
+    }
+}
