@@ -9,10 +9,10 @@
 //! left is the cost of one frame.
 //!
 //! Two tables. Synthetic floods of 200 B `session/update` frames, each chunk with a text of its own (its last
-//! 8 bytes differ from frame to frame), three shapes: streamed chunks, each the one before it up to its text
-//! (as agents stream them), chunks whose `_meta` (with a number counted up per frame) follows `update` (as
-//! Grok stamps its chunks), and frames whose start differs (the same `_meta` first). Real streams: for each binary, the agent-to-client notifications of its
-//! recorded fixtures (`fixtures/<agent>/*/trace.jsonl`: chunks, thoughts, tool calls and their updates, usage
+//! bytes, up to 8, differ from frame to frame), three shapes: streamed chunks, each the one before it up to
+//! its text (as agents stream them), chunks whose `_meta` (with a number counted up per frame) follows
+//! `update` (as Grok stamps its chunks), and frames whose start differs (the same `_meta` first). Real
+//! streams: for each binary, the agent-to-client notifications of its recorded fixtures (`fixtures/<agent>/*/trace.jsonl`: chunks, thoughts, tool calls and their updates, usage
 //! and session info updates (Codex's AIR among them), Grok's `_x.ai/*` notifications), cycled, with the
 //! values a real CLI changes per frame changed per frame (Grok's `eventId`, `agentTimestampMs`,
 //! `chunkId`, a new `streamStartMs` every 40 frames and `turnStartMs` every 200, tool call ids per cycle,
@@ -76,16 +76,19 @@ fn agent() {
                         let mut frame = synthetic_frame(flood, size).into_bytes();
                         // The stamp, as 19 digits: counted up per frame unless the flood is of plain chunks.
                         let t = memchr::memmem::find(&frame, STAMP.as_bytes()).filter(|_| flood != "chunks");
-                        // The text's last 8 bytes: each frame's own, as a streamed reply's words are.
-                        let text = memchr::memmem::rfind(&frame, b"\"}}").map(|end| end - 8);
+                        // The text's last bytes (up to 8): each frame's own, as a streamed reply's words are.
+                        let text = memchr::memmem::rfind(&frame, b"\"text\":\"").map(|at| at + 8).and_then(|start| {
+                            let end = start + memchr::memchr(b'"', &frame[start..])?;
+                            Some(end - (end - start).min(8)..end)
+                        });
                         for n in 0..count {
                             if let Some(t) = t {
                                 frame[t..t + STAMP.len()]
                                     .copy_from_slice(format!("{:019}", STAMP_START + n).as_bytes());
                             }
-                            if let Some(text) = text {
-                                let words = n.wrapping_mul(0x9E37_79B9) as u32;
-                                frame[text..text + 8].copy_from_slice(format!("{words:08x}").as_bytes());
+                            if let Some(text) = text.clone() {
+                                let words = format!("{:016x}", n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                                frame[text.clone()].copy_from_slice(&words.as_bytes()[16 - text.len()..]);
                             }
                             let _ = out.write_all(&frame);
                         }

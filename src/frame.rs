@@ -194,6 +194,11 @@ pub struct Frame {
     /// every layer moves, keeps its size.
     meta_start: u32,
     meta_len: u16,
+    /// Where the text of `params.sessionId` is ([`Frame::session`]), found with the envelope: its start and
+    /// length, when [`SESSION`] is set (`u16::MAX` for one as long or longer, or one that starts past 4 GiB,
+    /// looked for again).
+    session_start: u32,
+    session_len: u16,
     /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
     value: OnceCell<Arc<Value>>,
 }
@@ -204,6 +209,9 @@ const SHIM: u8 = 1;
 const LONE_SURROGATE: u8 = 2;
 /// [`Frame::is_streamed_chunk`], found with the envelope (layers ask it of every frame).
 const CHUNK: u8 = 4;
+/// `params.sessionId` is a string ([`Frame::session`]); with [`SESSION_ESCAPED`], one holding an escape.
+const SESSION: u8 = 8;
+const SESSION_ESCAPED: u8 = 16;
 
 /// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
 impl PartialEq for Frame {
@@ -243,9 +251,9 @@ impl Frame {
     fn take(wire: Bytes, scanner: Option<&mut scan::Scanner>) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok(Classified { kind, update, lone_surrogate, chunk, meta }) => {
+            Ok(Classified { kind, update, lone_surrogate, chunk, meta, session }) => {
                 let flags = if lone_surrogate { LONE_SURROGATE } else { 0 } | if chunk { CHUNK } else { 0 };
-                Ok(Frame::with(wire, kind, update, flags, meta))
+                Ok(Frame::with(wire, kind, update, flags, meta, session))
             }
             Err(e) => Err((wire, e)),
         }
@@ -276,25 +284,43 @@ impl Frame {
         let classified = classify(&bytes, None);
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        let (kind, update, chunk, meta) = match classified {
+        let (kind, update, chunk, meta, session) = match classified {
             // serde_json writes no lone surrogate (a Rust string is Unicode text).
-            Ok(Classified { kind, update, chunk, meta, .. }) => (kind, update, chunk, meta),
+            Ok(Classified { kind, update, chunk, meta, session, .. }) => (kind, update, chunk, meta, session),
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None, false, None)
+                (Kind::Notification { method: Method::default() }, None, false, None, None)
             }
         };
-        Frame::with(wire, kind, update, SHIM | if chunk { CHUNK } else { 0 }, meta)
+        Frame::with(wire, kind, update, SHIM | if chunk { CHUNK } else { 0 }, meta, session)
     }
 
-    fn with(wire: Bytes, kind: Kind, update: Option<CompactString>, flags: u8, meta: Option<(usize, usize)>) -> Frame {
+    fn with(
+        wire: Bytes,
+        kind: Kind,
+        update: Option<CompactString>,
+        mut flags: u8,
+        meta: Option<(usize, usize)>,
+        session: Option<scan::Str>,
+    ) -> Frame {
         let (meta_start, meta_len) = match meta {
             Some((start, end)) => (start as u32, u16::try_from(end - start).unwrap_or(u16::MAX)),
             None => (0, 0),
         };
-        Frame { wire, kind, update, flags, meta_start, meta_len, value: OnceCell::new() }
+        let (session_start, session_len) = match session {
+            Some(s) => {
+                flags |= SESSION | if s.escaped { SESSION_ESCAPED } else { 0 };
+                match u32::try_from(s.start) {
+                    Ok(start) => (start, u16::try_from(s.end - s.start).unwrap_or(u16::MAX)),
+                    Err(_) => (0, u16::MAX),
+                }
+            }
+            None => (0, 0),
+        };
+        let value = OnceCell::new();
+        Frame { wire, kind, update, flags, meta_start, meta_len, session_start, session_len, value }
     }
 
     /// Whether the shim built or edited this frame.
@@ -375,6 +401,24 @@ impl Frame {
             (_, 0) => None,
             (_, u16::MAX) => self.view().pointer(&["params", "_meta"]),
             (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+        }
+    }
+
+    /// `params.sessionId` when it is a string (the session most frames are about), found by the frame check's
+    /// one pass: read as [`Frame::value`] reads it (a lone surrogate escape as U+FFFD), without parsing the
+    /// frame.
+    pub fn session(&self) -> Option<Cow<'_, str>> {
+        if self.flags & SESSION == 0 {
+            return None;
+        }
+        let (start, len) = (self.session_start as usize, self.session_len);
+        if len == u16::MAX {
+            return self.view().pointer(&["params", "sessionId"])?.as_str();
+        }
+        let text = &self.bytes()[start..start + usize::from(len)];
+        match self.flags & SESSION_ESCAPED {
+            0 => std::str::from_utf8(text).ok().map(Cow::Borrowed),
+            _ => json::View::of(&self.bytes()[start - 1..=start + usize::from(len)]).as_str(),
         }
     }
 
@@ -497,16 +541,22 @@ struct Classified {
     chunk: bool,
     /// Where `params._meta` is.
     meta: Option<(usize, usize)>,
+    /// Where the text of `params.sessionId` is.
+    session: Option<scan::Str>,
 }
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
 fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classified, Invalid> {
+    let owned;
     let checked = match scanner {
         Some(scanner) => scanner.checked(bytes),
-        None => scan::scan(bytes),
+        None => {
+            owned = scan::scan(bytes);
+            owned.as_ref().map_err(|e| *e)
+        }
     };
-    let env = match checked {
+    let env: &scan::Envelope = match checked {
         Ok(env) => env,
         Err(e) => {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
@@ -534,7 +584,8 @@ fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classif
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
         scan::Top::Array { empty: false } => {
             let lone_surrogate = env.lone_surrogate;
-            return Ok(Classified { kind: Kind::Batch, update: None, lone_surrogate, chunk: false, meta: None });
+            let kind = Kind::Batch;
+            return Ok(Classified { kind, update: None, lone_surrogate, chunk: false, meta: None, session: None });
         }
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
@@ -573,7 +624,7 @@ fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classif
     // Where a frame of 4 GiB or more has its `_meta` (no line the splitter passes is that long) is looked for
     // again.
     let meta = env.meta.map(|(start, end)| if start > u32::MAX as usize { (0, usize::MAX) } else { (start, end) });
-    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, meta })
+    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, meta, session: env.session })
 }
 
 /// The method names and `sessionUpdate` kinds of the frames that come most often, when the string `s` of
@@ -807,8 +858,8 @@ mod tests {
         // Read on a reader's thread and handled on the relay's: a frame is Send.
         fn send<T: Send>() {}
         send::<Frame>();
-        // Moved through every layer: the cache is one pointer (112 bytes without it, on 64-bit targets).
-        assert!(std::mem::size_of::<Frame>() <= 120, "{}", std::mem::size_of::<Frame>());
+        // Moved through every layer: the cache is one pointer (120 bytes without it, on 64-bit targets).
+        assert!(std::mem::size_of::<Frame>() <= 128, "{}", std::mem::size_of::<Frame>());
         assert_eq!(std::mem::size_of::<OnceCell<Arc<Value>>>(), 8);
     }
 
@@ -857,6 +908,38 @@ mod tests {
         // A `_meta` longer than the frame keeps the place of is looked for again.
         let long = notification("m", serde_json::json!({"x": 1, "_meta": {"pad": "p".repeat(70_000), "a": 3}}));
         assert_eq!(long.meta().and_then(|m| m.get("a")).and_then(|v| v.as_u64()), Some(3));
+    }
+
+    #[test]
+    fn the_session_is_found_with_the_envelope() {
+        let mut scanner = scan::Scanner::default();
+        for n in 0..3 {
+            // The second and third time through a stream's scanner, checked against the first's shape.
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s-{n}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"t{n}"}}}}}}}}"#
+            );
+            let f = Frame::read(Bytes::from(format!("{line}\n")), &mut scanner).unwrap();
+            assert_eq!(f.session().as_deref(), Some(format!("s-{n}").as_str()));
+            assert_eq!(f.session().as_deref(), f.value().pointer("/params/sessionId").and_then(Value::as_str));
+        }
+        for (line, want) in [
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a\u0062\"c"}}"#, Some("ab\"c")),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"x\ud800"}}"#, Some("x\u{FFFD}")),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a","sessionId":"b"}}"#, Some("b")),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":1}}"#, None),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionId":"a"}}}"#, None),
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"a"}}"#, None),
+        ] {
+            let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+            assert_eq!(f.session().as_deref(), want, "{line}");
+            assert_eq!(f.session().as_deref(), f.value().pointer("/params/sessionId").and_then(Value::as_str));
+        }
+        let built = notification("m", serde_json::json!({"sessionId": "built"}));
+        assert_eq!(built.session().as_deref(), Some("built"));
+        // One longer than the frame keeps the place of is looked for again.
+        let long = "s".repeat(70_000);
+        let f = notification("m", serde_json::json!({"sessionId": long}));
+        assert_eq!(f.session().as_deref(), Some(long.as_str()));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! passed on broken), and most lines are read by no layer: this check is what nearly every frame costs. It
 //! walks the line once without recursion (a bit per open array or object, at most [`MAX_DEPTH`]), strings
 //! eight bytes at a time, and keeps only where the envelope's fields are: `jsonrpc`, `id`, `method`,
-//! `result`, `error`, and `params.update.sessionUpdate`. It accepts what serde_json accepts (numbers of
+//! `result`, `error`, `params.sessionId`, `params._meta` and `params.update.sessionUpdate`. It accepts what serde_json accepts (numbers of
 //! any size, nesting up to the bound) and, as JSON's grammar does, lone UTF-16 surrogate escapes (noted).
 
 use crate::json::MAX_DEPTH;
@@ -55,6 +55,9 @@ pub struct Envelope {
     pub error: bool,
     /// `params.update.sessionUpdate` when it is a string (for a repeated key, the last).
     pub update: Option<Str>,
+    /// `params.sessionId` when it is a string (for a repeated key, the last): the session most frames are
+    /// about, for a layer to look up without parsing the frame.
+    pub session: Option<Str>,
     /// The byte range of `params._meta` when it is an object (for a repeated key, the last): where the
     /// stamps some agents put on every frame are, for a layer to read without parsing the frame.
     pub meta: Option<(usize, usize)>,
@@ -120,6 +123,7 @@ const ERROR: Packed = pack(b"error");
 const PARAMS: Packed = pack(b"params");
 const UPDATE: Packed = pack(b"update");
 const SESSION_UPDATE: Packed = pack(b"sessionUpdate");
+const SESSION_ID: Packed = pack(b"sessionId");
 const META: Packed = pack(b"_meta");
 
 /// The raw bytes `line[start..end]` packed as [`pack`] does, cheaply: one or two word loads where the line
@@ -236,6 +240,9 @@ pub struct Scanner {
     bits: Vec<u64>,
     holes: Vec<fast::Hole>,
     last: skeleton::Skeleton,
+    /// The envelope of the line checked last (a reference to it is what [`Scanner::checked`] returns: the
+    /// envelope is too large to move cheaply).
+    env: Envelope,
     /// Lines checked against the skeleton of the one before (the tests see that it is used).
     #[cfg(test)]
     by_skeleton: usize,
@@ -248,6 +255,7 @@ impl Default for Scanner {
             bits: Vec::new(),
             holes: Vec::new(),
             last: Default::default(),
+            env: Envelope::default(),
             #[cfg(test)]
             by_skeleton: 0,
         }
@@ -256,16 +264,21 @@ impl Default for Scanner {
 
 impl Scanner {
     /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
-    pub fn checked(&mut self, line: &[u8]) -> Result<Envelope, Error> {
-        match self.fast(line) {
-            Some(env) => Ok(env),
+    pub fn checked(&mut self, line: &[u8]) -> Result<&Envelope, Error> {
+        if !self.run(line) {
             // Why not: the exact walk says (and has the last word).
-            None => exact::scan(line),
+            self.env = exact::scan(line)?;
         }
+        Ok(&self.env)
     }
 
     /// [`Scanner::checked`] by the fast walk alone: `None` for a line it refuses.
     fn fast(&mut self, line: &[u8]) -> Option<Envelope> {
+        self.run(line).then_some(self.env)
+    }
+
+    /// [`Scanner::fast`] with the envelope left in `self.env`: false for a line the fast walk refuses.
+    fn run(&mut self, line: &[u8]) -> bool {
         let blocks = line.len().div_ceil(64);
         if self.bits.len() < blocks {
             self.bits.resize(blocks, 0);
@@ -273,23 +286,28 @@ impl Scanner {
         let ascii = self.classify.run(line, &mut self.bits[..blocks]);
         let utf8 = |line| ascii || simdutf8::basic::from_utf8(line).is_ok();
         let bits = &self.bits[..blocks];
-        let checked = match self.last.check(line, bits, &mut self.holes) {
-            Some(env) => {
-                #[cfg(test)]
-                {
-                    self.by_skeleton += 1;
-                }
-                Some(env).filter(|_| utf8(line))
+        let walked = if self.last.check(line, bits, &mut self.holes, &mut self.env) {
+            #[cfg(test)]
+            {
+                self.by_skeleton += 1;
             }
-            None if line.len() > skeleton::KEPT => fast::walk(line, bits, None).filter(|_| utf8(line)),
-            None => {
-                self.holes.clear();
-                let env = fast::walk(line, bits, Some(&mut self.holes)).filter(|_| utf8(line));
-                if let Some(env) = &env {
-                    self.last.keep(line, &self.holes, env);
+            None
+        } else if line.len() > skeleton::KEPT {
+            Some(fast::walk(line, bits, None))
+        } else {
+            self.holes.clear();
+            Some(fast::walk(line, bits, Some(&mut self.holes)))
+        };
+        let valid = match walked {
+            None => utf8(line),
+            Some(Some(env)) if utf8(line) => {
+                self.env = env;
+                if line.len() <= skeleton::KEPT {
+                    self.last.keep(line, &self.holes, &self.env);
                 }
-                env
+                true
             }
+            Some(_) => false,
         };
         if self.bits.len() > BITS_KEPT {
             self.bits = Vec::new();
@@ -297,7 +315,7 @@ impl Scanner {
         if self.holes.capacity() > BITS_KEPT {
             self.holes = Vec::new();
         }
-        checked
+        valid
     }
 }
 
@@ -531,7 +549,7 @@ mod tests {
         lines.push(br#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionUpdate":"\udbff"}}}"#.to_vec());
         // Frames of one shape whose values take more or fewer bytes, with the envelope's strings before,
         // between and after them (a stream's scanner checks each against the one before).
-        for shape in 0..5 {
+        for shape in 0..6 {
             for text in ["a", "abc", "", "\\n\\u00e9", "あい"] {
                 for n in [1, 1000, 7] {
                     lines.push(match shape {
@@ -540,6 +558,8 @@ mod tests {
                         // `_meta` with no value that changes, after one that does; and other objects after it.
                         2 => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"s":"{text}","_meta":{{"a":true,"b":{{}}}},"x":{{"y":[{{}}]}},"n":{n}}}}}"#),
                         3 => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"_meta":{{"t":{n},"u":"{text}"}},"_meta":null,"x":{{}}}}}}"#),
+                        // The session id, a hole of its own wherever it is.
+                        4 => format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{text}","update":{{"sessionUpdate":"k","n":{n}}},"sessionId":"s{n}"}},"id":{n}}}"#),
                         _ => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"_meta":{{}},"update":{{"_meta":{{"t":"{text}"}}}},"_meta":{{"v":[{n}]}}}}}}"#),
                     }.into_bytes());
                 }
@@ -555,6 +575,18 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"a":[]},"sessionUpdate":"no"}}"#,
             r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
             r#"{"jsonrpc":"2.0","id":[ ],"method":"m"}"#,
+        ] {
+            lines.push(line.as_bytes().to_vec());
+        }
+        // `params.sessionId` where the envelope reads it, and where it does not.
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a","sessionId":"b"}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a","sessionId":7}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"session\u0049d":"esc\u0061ped","update":{"sessionId":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","sessionId":"top","params":{"x":{"sessionId":"deep"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":[{"sessionId":"in an array"}]}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"\ud800"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"a result's"}}"#,
         ] {
             lines.push(line.as_bytes().to_vec());
         }
@@ -588,10 +620,11 @@ mod tests {
         assert!(lines.iter().filter(|l| scan(l).is_ok()).count() > 2_000, "valid lines are in the corpus too");
     }
 
-    /// The envelope's `_meta` is what a parse finds at `params._meta` when that is an object.
+    /// The envelope's `_meta` is what a parse finds at `params._meta` when that is an object, and its
+    /// `session` what it finds at `params.sessionId` when that is a string.
     #[test]
-    fn notes_where_params_meta_is() {
-        let mut with = 0;
+    fn notes_where_params_meta_and_the_session_are() {
+        let (mut meta, mut session) = (0, 0);
         for line in corpus() {
             let Ok(env) = exact::scan(&line) else { continue };
             let Ok(value) = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(&line)) else { continue };
@@ -600,9 +633,17 @@ mod tests {
                 serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
             });
             assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
-            with += usize::from(got.is_some());
+            meta += usize::from(got.is_some());
+            let want = value.pointer("/params/sessionId").and_then(Value::as_str);
+            let got = env.session.map(|s| {
+                let quoted = crate::json::mend_surrogates(&line[s.start - 1..=s.end]);
+                serde_json::from_slice::<String>(&quoted).unwrap()
+            });
+            assert_eq!(got.as_deref(), want, "{}", String::from_utf8_lossy(&line));
+            session += usize::from(got.is_some());
         }
-        assert!(with > 100, "lines with a _meta are in the corpus ({with})");
+        assert!(meta > 100, "lines with a _meta are in the corpus ({meta})");
+        assert!(session > 100, "lines with a session id are in the corpus ({session})");
     }
 
     #[test]

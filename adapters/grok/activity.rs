@@ -304,6 +304,22 @@ impl GrokActivity {
         cx.to_client(frame::result_response(id, json!({})));
     }
 
+    /// Whether Grok's `_x.ai/*` notification `method` may change what this layer knows: the others (most of
+    /// them: set-up, queue and session lists, retries) are passed on unread.
+    fn reads(&self, method: &str, frame: &Frame) -> bool {
+        match method {
+            "_x.ai/task_backgrounded" | "_x.ai/task_completed" => true,
+            // It changes only an open item's state, and a turn's end only an item's.
+            "_x.ai/queue/changed" => self.items.values().any(|a| a.open),
+            "_x.ai/session_notification" => match frame.session_update() {
+                Some("background_tasks" | "subagent_spawned" | "subagent_finished") => true,
+                Some("turn_completed") => !self.items.is_empty(),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Whether a frame names a session [`GrokActivity::rename`] renames (towards the client when `to_visible`).
     fn may_rename(&self, frame: &Frame, to_visible: bool) -> bool {
         let map = if to_visible { &self.alias } else { &self.current };
@@ -362,6 +378,9 @@ impl Layer for GrokActivity {
         match frame.kind().clone() {
             Kind::Response { .. } => cx.to_client(frame),
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
+                if !self.reads(&method, &frame) {
+                    return cx.to_client(frame);
+                }
                 let v = frame.shared_value();
                 cx.to_client(frame);
                 let params = v.get("params").unwrap_or(&Value::Null);
@@ -396,7 +415,7 @@ impl Layer for GrokActivity {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         match frame.kind() {
-            Kind::Notification { method } if method.starts_with("_x.ai/") => false,
+            Kind::Notification { method } if method.starts_with("_x.ai/") => !self.reads(method, frame),
             Kind::Notification { method } if method == "session/update" => {
                 !self.tool_news(frame) && !self.may_rename(frame, true)
             }

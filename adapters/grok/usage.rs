@@ -30,11 +30,20 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use crate::coda::usage::Facts;
-use crate::frame::{Frame, Kind, Needle};
+use crate::frame::{Frame, Kind};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 
 const NOTIFICATION: &str = "_x.ai/session_notification";
-static STREAM_START: Needle = crate::needle!(b"\"streamStartMs\"");
+/// `params._meta` of a frame Grok stamped with the start of a model's stream (`streamStartMs`), as the frame
+/// check found it. (A search for its `S`: a `_meta` is too short for a SIMD search to pay off.)
+fn stamps(frame: &Frame) -> Option<View<'_>> {
+    let meta = frame.meta()?;
+    let text = meta.text();
+    memchr::memchr_iter(b'S', text)
+        .any(|at| text[..at].ends_with(b"\"stream") && text[at..].starts_with(b"StartMs\""))
+        .then_some(meta)
+}
 
 /// A model a `session/set_model` or `session/set_config_option` asked for (a note on that request).
 struct ModelAsked(String);
@@ -72,23 +81,32 @@ impl Root {
         }
     }
 
-    /// A stamped frame of Grok's (`session/update` `_meta`).
-    fn stamped(&mut self, meta: &Value) {
-        let ms = |k: &str| meta.get(k).and_then(Value::as_u64);
-        if let Some(turn) = ms("turnStartMs")
+    /// A stamped frame of Grok's (`session/update` `_meta`), read where it lies (one pass over `_meta`).
+    fn stamped(&mut self, meta: View) {
+        let (mut turn, mut stream, mut now) = (None, None, None);
+        for (key, value) in meta.members() {
+            if key.is("turnStartMs") {
+                turn = value.as_u64();
+            } else if key.is("streamStartMs") {
+                stream = value.as_u64();
+            } else if key.is("agentTimestampMs") {
+                now = value.as_u64();
+            }
+        }
+        if let Some(turn) = turn
             && self.turn_start != Some(turn)
         {
             self.turn_start = Some(turn);
             self.stream = None;
         }
-        if let Some(stream) = ms("streamStartMs")
+        if let Some(stream) = stream
             && self.stream != Some(stream)
         {
             self.stream = Some(stream);
             let before = self.turn_start.max(self.latest).unwrap_or(stream);
             self.facts.last_request_at = Some(at(before.min(stream)));
         }
-        if let Some(now) = ms("agentTimestampMs") {
+        if let Some(now) = now {
             self.latest = self.latest.max(Some(now));
         }
     }
@@ -227,10 +245,11 @@ impl Layer for GrokUsage {
                 if frame.session_update() == Some("usage_update") {
                     return self.stamp(frame, cx);
                 }
-                if frame.has(&STREAM_START)
-                    && let Some(s) = frame.value().pointer("/params/sessionId").and_then(Value::as_str)
-                    && !GrokUsage::is_loading(cx, s)
-                    && let (Some(root), Some(meta)) = (self.roots.get_mut(s), frame.value().pointer("/params/_meta"))
+                // The stamps and the session, from the frame check's one pass (a chunk is not parsed).
+                if let Some(meta) = stamps(&frame)
+                    && let Some(s) = frame.session()
+                    && !GrokUsage::is_loading(cx, &s)
+                    && let Some(root) = self.roots.get_mut(&*s)
                 {
                     root.stamped(meta);
                 }
@@ -248,7 +267,7 @@ impl Layer for GrokUsage {
             ),
             // A stamped update (Grok stamps its chunks too) may move a root's request time.
             Kind::Notification { method } if method == "session/update" => {
-                frame.session_update() != Some("usage_update") && !frame.has(&STREAM_START)
+                frame.session_update() != Some("usage_update") && (self.roots.is_empty() || stamps(frame).is_none())
             }
             Kind::Response { .. } => false,
             _ => true,

@@ -92,33 +92,15 @@ impl<'a> View<'a> {
     /// The value of `key` in this object (of a key that appears more than once, the last); `None` when
     /// this is no object or has no such key.
     pub fn get(&self, key: &str) -> Option<View<'a>> {
+        self.members().filter(|(k, _)| k.is(key)).last().map(|(_, v)| v)
+    }
+
+    /// The members of this object, in their order (none when this is no object): for a layer that reads
+    /// several fields of one object in one pass (of a key that appears more than once, each, the last last).
+    pub fn members(&self) -> Members<'a> {
         let b = self.text;
-        if b.first() != Some(&b'{') {
-            return None;
-        }
-        let mut found = None;
-        let mut i = skip_space(b, 1);
-        while b.get(i) == Some(&b'"') {
-            let end = string_end(b, i + 1)?;
-            let name = &b[i + 1..end];
-            let is = if name.contains(&b'\\') {
-                View { text: &b[i..=end] }.as_str().as_deref() == Some(key)
-            } else {
-                name == key.as_bytes()
-            };
-            // The colon, then the value.
-            let start = skip_space(b, skip_space(b, end + 1) + 1);
-            let stop = value_end(b, start)?;
-            if is {
-                found = Some(View { text: &b[start..stop] });
-            }
-            i = skip_space(b, stop);
-            if b.get(i) != Some(&b',') {
-                break;
-            }
-            i = skip_space(b, i + 1);
-        }
-        found
+        let at = if b.first() == Some(&b'{') { skip_space(b, 1) } else { b.len() };
+        Members { b, at }
     }
 
     /// The value at `path` (keys of objects, from this one down).
@@ -162,6 +144,50 @@ impl<'a> View<'a> {
     pub fn to_value(&self) -> serde_json::Value {
         let mended = super::mend_surrogates(self.text);
         super::from_slice(&mended).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// The members of an object ([`View::members`]).
+pub struct Members<'a> {
+    b: &'a [u8],
+    /// Where the next member's key is.
+    at: usize,
+}
+
+impl<'a> Iterator for Members<'a> {
+    type Item = (Key<'a>, View<'a>);
+
+    fn next(&mut self) -> Option<(Key<'a>, View<'a>)> {
+        let b = self.b;
+        if b.get(self.at) != Some(&b'"') {
+            return None;
+        }
+        let end = string_end(b, self.at + 1)?;
+        let key = Key { quoted: &b[self.at..=end] };
+        // The colon, then the value.
+        let start = skip_space(b, skip_space(b, end + 1) + 1);
+        let stop = value_end(b, start)?;
+        let after = skip_space(b, stop);
+        self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        Some((key, View { text: &b[start..stop] }))
+    }
+}
+
+/// A member's key ([`View::members`]).
+#[derive(Clone, Copy)]
+pub struct Key<'a> {
+    /// With its quotes.
+    quoted: &'a [u8],
+}
+
+impl Key<'_> {
+    /// Whether the key is `name` (unescaped first when it has an escape).
+    pub fn is(&self, name: &str) -> bool {
+        let inner = &self.quoted[1..self.quoted.len() - 1];
+        match inner.contains(&b'\\') {
+            false => inner == name.as_bytes(),
+            true => View { text: self.quoted }.as_str().as_deref() == Some(name),
+        }
     }
 }
 
@@ -211,6 +237,18 @@ mod tests {
                 assert_eq!(got.and_then(|g| g.as_u64()), want.and_then(Value::as_u64), "{line} at {keys:?}");
                 assert_eq!(got.and_then(|g| g.as_bool()), want.and_then(Value::as_bool), "{keys:?}");
                 assert_eq!(got.is_some_and(|g| g.is_null()), want.is_some_and(Value::is_null), "{keys:?}");
+                // An object's members, read in one pass with the last of a repeated key kept, are its keys
+                // and values.
+                if let Some(Value::Object(want)) = want {
+                    let mut read = serde_json::Map::new();
+                    for (key, value) in got.expect("an object").members() {
+                        let name = want.keys().find(|k| key.is(k)).expect("a key of the object");
+                        read.insert(name.clone(), value.to_value());
+                    }
+                    assert_eq!(&read, want, "{line} at {keys:?}");
+                } else {
+                    assert_eq!(got.map(|g| g.members().count()), got.map(|_| 0), "{line} at {keys:?}");
+                }
             }
         }
     }

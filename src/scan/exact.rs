@@ -49,6 +49,8 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
     let (mut params, mut update, mut update_key, mut kind_key) = (false, false, false, false);
     // The last key read in `params` was `_meta`; where the object at depth 3 that is its value began.
     let (mut meta_key, mut meta_start) = (false, usize::MAX);
+    // The last key read in `params` was `sessionId`.
+    let mut session_key = false;
 
     macro_rules! fail {
         ($why:expr) => {{
@@ -100,6 +102,10 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 meta_key = (len == 5 || key.escaped) && key_of(b, &key) == Some(META);
                 if meta_key {
                     env.meta = None;
+                }
+                session_key = (len == 9 || key.escaped) && key_of(b, &key) == Some(SESSION_ID);
+                if session_key {
+                    env.session = None;
                 }
             } else if depth == 3 && update {
                 kind_key = (len == 13 || key.escaped) && key_of(b, &key) == Some(SESSION_UPDATE);
@@ -186,6 +192,8 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                         Field::Method => env.method = Some(s),
                         _ => {}
                     }
+                } else if depth == 2 && params && session_key {
+                    env.session = Some(s);
                 } else if depth == 3 && update && kind_key {
                     env.update = Some(s);
                 }

@@ -122,6 +122,7 @@ const JSONRPC_WORD: u64 = name(b"jsonrpc");
 const UPDATE_WORD: u64 = name(b"update");
 const META_WORD: u64 = name(b"_meta");
 const SESSION_U_WORD: u64 = name(b"sessionU");
+const SESSION_I_WORD: u64 = name(b"sessionI");
 const PDATE_WORD: u64 = name(b"pdate");
 
 /// The envelope as the walk reads it, as the exact walk does: the top object's key whose value comes next
@@ -138,6 +139,8 @@ struct Reading {
     update: bool,
     update_key: bool,
     kind_key: bool,
+    /// The last key read in `params` was `sessionId`.
+    session_key: bool,
     /// The last key read in `params` was `_meta`; where the object at depth 3 that is its value began.
     meta_key: bool,
     meta_start: Option<usize>,
@@ -154,6 +157,7 @@ impl Reading {
             update: false,
             update_key: false,
             kind_key: false,
+            session_key: false,
             meta_key: false,
             meta_start: None,
         }
@@ -182,6 +186,7 @@ impl Reading {
             2 if self.params => {
                 self.update_key(len == 6 && word(b, start, 6) == UPDATE_WORD);
                 self.meta_key(len == 5 && word(b, start, 5) == META_WORD);
+                self.session_key(len == 9 && word(b, start, 8) == SESSION_I_WORD && b[start + 8] == b'd');
             }
             3 if self.update => {
                 let kind = len == 13 && word(b, start, 8) == SESSION_U_WORD && word(b, start + 8, 5) == PDATE_WORD;
@@ -209,6 +214,7 @@ impl Reading {
             2 if self.params => {
                 self.update_key(name == Some(UPDATE));
                 self.meta_key(name == Some(META));
+                self.session_key(name == Some(SESSION_ID));
             }
             3 if self.update => self.kind_key(name == Some(SESSION_UPDATE)),
             _ => {}
@@ -232,6 +238,14 @@ impl Reading {
         self.meta_key = is;
         if is {
             self.env.meta = None;
+        }
+    }
+
+    #[inline(always)]
+    fn session_key(&mut self, is: bool) {
+        self.session_key = is;
+        if is {
+            self.env.session = None;
         }
     }
 
@@ -275,6 +289,7 @@ impl Reading {
         match depth {
             1 if self.field == Field::Jsonrpc => self.env.jsonrpc = Some(s),
             1 if self.field == Field::Method => self.env.method = Some(s),
+            2 if self.params && self.session_key => self.env.session = Some(s),
             3 if self.update && self.kind_key => self.env.update = Some(s),
             _ => {}
         }
@@ -313,12 +328,17 @@ pub(super) struct Hole {
     pub(super) start: usize,
     pub(super) end: usize,
     pub(super) string: bool,
-    /// Whether it is the id's value.
-    pub(super) id: bool,
+    /// What the envelope reads it as: [`ROLE_ID`], [`ROLE_SESSION`], or nothing (0).
+    pub(super) role: u8,
     /// Which of the envelope's strings (a bit each: `jsonrpc`, `method`, `sessionUpdate`) and ends of
     /// `params._meta` lie in the bytes before it, where a skeleton keeps them ([`super::skeleton`]).
     pub(super) moved: u8,
 }
+
+/// A [`Hole`] that is the id's value.
+pub(super) const ROLE_ID: u8 = 1;
+/// A [`Hole`] that is `params.sessionId`'s text.
+pub(super) const ROLE_SESSION: u8 = 2;
 
 /// Where the walk is: what comes at `i`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -370,7 +390,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
                 r.string(depth, Str { start, end, escaped });
             }
             if let Some(holes) = holes.as_mut() {
-                holes.push(Hole { start, end, string: true, id: false, moved: 0 });
+                holes.push(Hole { start, end, string: true, role: 0, moved: 0 });
             }
         }};
     }
@@ -380,7 +400,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
             let start = i;
             i = scalar(b, i)?;
             if let Some(holes) = holes.as_mut().filter(|_| b[start] != b't' && b[start] != b'f' && b[start] != b'n') {
-                holes.push(Hole { start, end: i, string: false, id: false, moved: 0 });
+                holes.push(Hole { start, end: i, string: false, role: 0, moved: 0 });
             }
         }};
     }
