@@ -15,8 +15,9 @@
 //! streams: for each binary, the agent-to-client notifications of its recorded fixtures (`fixtures/<agent>/*/trace.jsonl`: chunks, thoughts, tool calls and their updates, usage
 //! and session info updates (Codex's AIR among them), Grok's `_x.ai/*` notifications), cycled, with the
 //! values a real CLI changes per frame changed per frame (Grok's `eventId`, `agentTimestampMs`,
-//! `chunkId`, a new `streamStartMs` every 40 frames and `turnStartMs` every 200, tool call ids per cycle,
-//! usage figures), the root session's id made the bench session's; the mix is printed.
+//! `chunkId`, a new `streamStartMs` every 40 frames and `turnStartMs` every 200, usage figures), the ids of
+//! the run's own things new in each cycle (tool calls, subagents and their sessions, tasks, prompts,
+//! messages: wherever they appear), the root session's id made the bench session's; the mix is printed.
 //!
 //! Run with `cargo bench --bench instructions` (needs valgrind). Env: `CODA_BENCH_FRAMES=<small>,<large>`
 //! (default 10000,30000), `CODA_BENCH_SHIMS=codex,grok,kimi,opencode` (default all four),
@@ -68,7 +69,7 @@ fn agent() {
                         let mut frame = String::new();
                         for n in 0..count {
                             let template = &stream[n as usize % stream.len()];
-                            vary(&template.text, n, n / stream.len() as u64, &mut frame);
+                            vary(template, n, n / stream.len() as u64, &mut frame);
                             let _ = out.write_all(frame.as_bytes());
                         }
                     }
@@ -130,7 +131,19 @@ fn synthetic_frame(flood: &str, size: usize) -> String {
 struct Recorded {
     text: String,
     kind: String,
+    /// Where the ids of the recorded run's own things (tool calls, subagents, tasks, prompts, messages,
+    /// child sessions) are in `text`: each cycle through the stream has its own.
+    ids: Vec<(usize, usize)>,
 }
+
+/// The keys whose values name a thing of the run's own: a new cycle gives each a new id, wherever it appears
+/// (in a key's value, or inside another id or a text, as `task-completed-<task id>` does).
+static IDS: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(
+        r#""(toolCallId|tool_call_id|subagent_id|subagentId|child_session_id|childSessionId|parent_session_id|task_id|taskId|promptId|prompt_id|runningPromptId|messageId|sessionId)":"([^"\\]{6,})""#,
+    )
+    .expect("a regex")
+});
 
 /// The `session/update` kinds, and the other methods, a real stream of frames to the client is made of.
 fn streamed(method: &str, update: Option<&str>) -> bool {
@@ -195,24 +208,49 @@ fn real_stream(agent: &str) -> Vec<Recorded> {
                 Some(u) => format!("{method} {u}"),
                 None => method.to_owned(),
             };
-            stream.push(Recorded { text, kind });
+            stream.push(Recorded { text, kind, ids: Vec::new() });
         }
     }
     assert!(!stream.is_empty(), "no recorded stream for {agent}");
+    // Every id the stream names (but the bench session's), the longest first where one holds another.
+    let mut ids: Vec<String> = stream
+        .iter()
+        .flat_map(|r| IDS.captures_iter(&r.text).map(|c| c[2].to_owned()).collect::<Vec<_>>())
+        .filter(|id| id != "load")
+        .collect();
+    ids.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+    ids.dedup();
+    if !ids.is_empty() {
+        let any = ids.iter().map(|id| regex::escape(id)).collect::<Vec<_>>().join("|");
+        let any = regex::Regex::new(&any).expect("a regex");
+        for r in &mut stream {
+            r.ids = any.find_iter(&r.text).map(|m| (m.start(), m.end())).collect();
+        }
+    }
     stream
 }
 
 /// The values a real CLI changes from frame to frame.
 static VARIED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
     regex::Regex::new(
-        r#""(agentTimestampMs|streamStartMs|turnStartMs|chunkId|totalTokens|used)":(\d+)|"(eventId|toolCallId|tool_call_id)":"([^"\\]*)""#,
+        r#""(agentTimestampMs|streamStartMs|turnStartMs|chunkId|totalTokens|used)":(\d+)|"(eventId)":"([^"\\]*)""#,
     )
     .expect("a regex")
 });
 
-/// `template` as frame `n` (of cycle `cycle` through the stream), with its `\n`.
-fn vary(template: &str, n: u64, cycle: u64, out: &mut String) {
+/// `recorded` as frame `n` (of cycle `cycle` through the stream), with its `\n`.
+fn vary(recorded: &Recorded, n: u64, cycle: u64, out: &mut String) {
     const T0: u64 = 1_796_186_871_643;
+    // This cycle's ids.
+    let mut with_ids = String::with_capacity(recorded.text.len() + 8 * recorded.ids.len());
+    let mut last = 0;
+    for &(_, end) in &recorded.ids {
+        with_ids.push_str(&recorded.text[last..end]);
+        with_ids.push_str(&format!("-c{cycle}"));
+        last = end;
+    }
+    with_ids.push_str(&recorded.text[last..]);
+    let template = with_ids.as_str();
     out.clear();
     let mut last = 0;
     for c in VARIED.captures_iter(template) {
@@ -226,12 +264,9 @@ fn vary(template: &str, n: u64, cycle: u64, out: &mut String) {
             (Some("chunkId"), _) => (n % 40 + 1).to_string(),
             (Some(_), Some(v)) => (v.as_str().parse::<u64>().unwrap_or(0) + n % 1000).to_string(),
             _ => {
+                // `eventId`, `<session>-<n>`: counted per frame.
                 let (key, value) = (&c[3], &c[4]);
-                let value = match key {
-                    // `<session>-<n>`: counted per frame.
-                    "eventId" => format!("{}-{n}", value.rsplit_once('-').map_or(value, |(head, _)| head)),
-                    _ => format!("{value}-{cycle}"),
-                };
+                let value = format!("{}-{n}", value.rsplit_once('-').map_or(value, |(head, _)| head));
                 out.push_str(&format!(r#""{key}":"{value}""#));
                 continue;
             }
@@ -257,7 +292,7 @@ fn mix(stream: &[Recorded]) -> (String, f64) {
         .iter()
         .enumerate()
         .map(|(n, r)| {
-            vary(&r.text, n as u64, 0, &mut frame);
+            vary(r, n as u64, 0, &mut frame);
             frame.len()
         })
         .sum();
@@ -359,7 +394,9 @@ fn count(middle: &Middle, frames: u64, flood: &str, out_dir: &Path, tag: &str) -
             seen += 1;
         }
     };
-    ask(&mut stdin, 1, "initialize", serde_json::json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    // As Coda does, the client declares Coda's waits.
+    let caps = serde_json::json!({"_meta": {"coda": {"waits": {}}}});
+    ask(&mut stdin, 1, "initialize", serde_json::json!({"protocolVersion": 1, "clientCapabilities": caps}));
     answer(&mut line, br#""id":1,"#);
     let sp = serde_json::json!({"mode": "append", "content": [{"type": "text", "text": "Benchmark session."}]});
     ask(&mut stdin, 2, "session/new", serde_json::json!({"cwd": "/", "mcpServers": [], "systemPrompt": sp}));

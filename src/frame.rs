@@ -279,22 +279,25 @@ impl Frame {
         frame
     }
 
-    /// A frame from the JSON text of one message the shim built.
-    fn built(mut bytes: Vec<u8>) -> Frame {
+    /// A frame from the JSON text of one message the shim built (or edited: a lone surrogate escape of the
+    /// peer's that it kept is noted as in a frame read).
+    pub(crate) fn built(mut bytes: Vec<u8>) -> Frame {
         let classified = classify(&bytes, None);
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        let (kind, update, chunk, meta, session) = match classified {
-            // serde_json writes no lone surrogate (a Rust string is Unicode text).
-            Ok(Classified { kind, update, chunk, meta, session, .. }) => (kind, update, chunk, meta, session),
+        let (kind, update, flags, meta, session) = match classified {
+            Ok(Classified { kind, update, chunk, meta, session, lone_surrogate }) => {
+                let flags = SHIM | if chunk { CHUNK } else { 0 } | if lone_surrogate { LONE_SURROGATE } else { 0 };
+                (kind, update, flags, meta, session)
+            }
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None, false, None, None)
+                (Kind::Notification { method: Method::default() }, None, SHIM, None, None)
             }
         };
-        Frame::with(wire, kind, update, SHIM | if chunk { CHUNK } else { 0 }, meta, session)
+        Frame::with(wire, kind, update, flags, meta, session)
     }
 
     fn with(
@@ -423,7 +426,7 @@ impl Frame {
     }
 
     /// Whether the frame check found a lone surrogate escape.
-    fn lone_surrogate(&self) -> bool {
+    pub(crate) fn lone_surrogate(&self) -> bool {
         self.flags & LONE_SURROGATE != 0
     }
 

@@ -248,11 +248,9 @@ impl CodexReview {
 
     /// A tool call that is not a review's: remembered as what a review may judge; one a review waits for
     /// carries that review.
-    fn call_started(&mut self, session: &str, update: &Value, frame: Frame, cx: &mut Cx) {
-        let id = str_at(update, "/toolCallId");
-        let command = str_at(update, "/rawInput/command");
-        let cwd = str_at(update, "/rawInput/cwd");
-        let (Some(id), Some(command), Some(cwd)) = (id, command, cwd) else { return cx.to_client(frame) };
+    /// A call started: `id`, `command` and `cwd` are its `toolCallId`, `rawInput.command` and `rawInput.cwd`.
+    fn call_started(&mut self, session: &str, call: [Option<&str>; 3], frame: Frame, cx: &mut Cx) {
+        let [Some(id), Some(command), Some(cwd)] = call else { return cx.to_client(frame) };
         let s = self.session(session);
         let waiting = s
             .reviews
@@ -308,15 +306,26 @@ impl CodexReview {
         if !of_review && !is_start && !self.may_be_kept(&frame) {
             return cx.to_client(frame);
         }
+        let session = frame.session().unwrap_or_default().into_owned();
+        if is_start && !of_review {
+            // A call's start (no review's): what is kept of it read where it lies.
+            let update = frame.view().pointer(&["params", "update"]);
+            let text = |path: &[&str]| update.and_then(|u| u.pointer(path)).and_then(|v| v.as_str());
+            let call = [text(&["toolCallId"]), text(&["rawInput", "command"]), text(&["rawInput", "cwd"])];
+            let call: [Option<String>; 3] = call.map(|c| c.map(|c| c.into_owned()));
+            return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
+        }
         let v = frame.shared_value();
-        let session = str_at(&v, "/params/sessionId").unwrap_or_default().to_owned();
         let update = v.pointer("/params/update").unwrap_or(&Value::Null);
         match str_at(update, "/toolCallId").and_then(|id| id.strip_prefix(REVIEW_CALL)) {
             Some(_) => {
                 let review = str_at(update, "/toolCallId").unwrap_or_default().to_owned();
                 self.review_frame(&session, &review, update, cx)
             }
-            None if is_start => self.call_started(&session, update, frame, cx),
+            None if is_start => {
+                let call = [str_at(update, "/toolCallId"), str_at(update, "/rawInput/command"), str_at(update, "/rawInput/cwd")];
+                self.call_started(&session, call, frame, cx)
+            }
             None => {
                 self.call_updated(&session, update);
                 cx.to_client(frame)

@@ -127,6 +127,33 @@ impl Usage {
         }
     }
 
+    /// codex-acp's `usage_update`: its figures are the context's, stamped with the facts. Read where they lie
+    /// and written in place (a `usage_update` is a fifth of Codex's stream).
+    fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
+        let session_id = frame.session().unwrap_or_default().into_owned();
+        let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
+        let (mut used, mut size) = (None, None);
+        for (key, value) in frame.view().pointer(&["params", "update"]).into_iter().flat_map(|u| u.members()) {
+            if key.is("used") {
+                used = value.as_u64();
+            } else if key.is("size") {
+                size = value.as_u64();
+            }
+        }
+        if used.is_some() {
+            session.used = used;
+            session.facts.context_tokens = used;
+        }
+        session.size = size.or(session.size);
+        if let Some((at, _)) = session.starts.pop_front() {
+            session.facts.last_request_at = Some(at);
+        }
+        match session.facts.stamp_frame(&frame) {
+            Some(stamped) => cx.to_client(stamped),
+            None => cx.to_client(frame),
+        }
+    }
+
     fn update(&mut self, frame: Frame, cx: &mut Cx) {
         let kind = frame.session_update().unwrap_or_default();
         let wanted = match kind {
@@ -138,12 +165,24 @@ impl Usage {
         if !wanted {
             return cx.to_client(frame);
         }
-        let value = frame.shared_value();
-        let session_id = value.pointer("/params/sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if kind == "usage_update" {
+            return self.usage_update(frame, cx);
+        }
+        // What is read of a tool call, read where it lies.
+        let session_id = frame.session().unwrap_or_default().into_owned();
         let wall = cx.wall();
         let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
-        let update = &value["params"]["update"];
-        let status = update.get("status").and_then(Value::as_str);
+        let (mut status, mut id, mut meta) = (None, None, None);
+        for (key, value) in frame.view().pointer(&["params", "update"]).into_iter().flat_map(|u| u.members()) {
+            if key.is("status") {
+                status = value.as_str();
+            } else if key.is("toolCallId") {
+                id = value.as_str();
+            } else if key.is("_meta") {
+                meta = Some(value);
+            }
+        }
+        let status = status.as_deref();
         let compaction = match kind {
             "compaction_update" => match status {
                 Some("in_progress") => Some(Compaction::Started),
@@ -152,9 +191,10 @@ impl Usage {
                 _ => None,
             },
             "tool_call" | "tool_call_update" => {
-                let id = update.get("toolCallId").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let id = id.unwrap_or_default().into_owned();
                 let ended = matches!(status, Some("completed" | "failed"));
-                if kind == "tool_call" && update.pointer("/_meta/jetbrains/air/contextCompaction").is_some() {
+                let air_compaction = meta.and_then(|m| m.pointer(&["jetbrains", "air", "contextCompaction"]));
+                if kind == "tool_call" && air_compaction.is_some() {
                     session.compaction_tools.insert(id);
                     Some(Compaction::Started)
                 } else if ended && session.compaction_tools.remove(&id) {
@@ -173,21 +213,6 @@ impl Usage {
             }
             _ => None,
         };
-        if kind == "usage_update" {
-            let used = update.get("used").and_then(Value::as_u64);
-            let size = update.get("size").and_then(Value::as_u64);
-            if used.is_some() {
-                session.used = used;
-                session.facts.context_tokens = used;
-            }
-            session.size = size.or(session.size);
-            if let Some((at, _)) = session.starts.pop_front() {
-                session.facts.last_request_at = Some(at);
-            }
-            let mut value = Value::clone(&value);
-            session.facts.stamp(&mut value);
-            return cx.to_client(frame.rewritten(value));
-        }
         match compaction {
             // The summarising request starts.
             Some(Compaction::Started) => session.restart(Some(wall)),

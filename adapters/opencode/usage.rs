@@ -223,23 +223,30 @@ impl OpenCodeUsage {
     }
 
     /// A `usage_update` on its way to Coda: stamped when it is a root session's.
+    /// Read where it lies and written in place (a `usage_update` is a quarter of OpenCode's stream).
     fn stamp(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut v = frame.to_value();
-        let Some(session) = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned) else {
-            return cx.to_client(frame);
-        };
+        let Some(session) = frame.session().map(|s| s.into_owned()) else { return cx.to_client(frame) };
         if !self.is_root(&session) {
             return cx.to_client(frame);
         }
-        let used = count(v.pointer("/params/update/used"));
+        let (mut used, mut size) = (None, None);
+        for (key, value) in frame.view().pointer(&["params", "update"]).into_iter().flat_map(|u| u.members()) {
+            if key.is("used") {
+                used = count(Some(&value.to_value()));
+            } else if key.is("size") {
+                size = count(Some(&value.to_value()));
+            }
+        }
         if let Some(s) = self.roots.get_mut(&session) {
-            s.size = count(v.pointer("/params/update/size")).or(s.size);
+            s.size = size.or(s.size);
             // OpenCode's own figure of the context from now on.
             s.compacted_tokens = None;
         }
         let facts = self.facts(&session, used);
-        facts.stamp(&mut v);
-        cx.to_client(frame.rewritten(v));
+        match facts.stamp_frame(&frame) {
+            Some(stamped) => cx.to_client(stamped),
+            None => cx.to_client(frame),
+        }
     }
 
     /// A compaction of `session` ended (asked for or OpenCode's own).

@@ -89,6 +89,14 @@ impl<'a> View<'a> {
         self.text
     }
 
+    /// Where this value lies in `whole`, the text it was read from (a frame's line): its byte range there;
+    /// `None` when it is not a part of `whole`.
+    pub fn range_in(&self, whole: &[u8]) -> Option<std::ops::Range<usize>> {
+        let start = (self.text.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+        let end = start.checked_add(self.text.len())?;
+        (end <= whole.len()).then_some(start..end)
+    }
+
     /// The value of `key` in this object (of a key that appears more than once, the last); `None` when
     /// this is no object or has no such key.
     pub fn get(&self, key: &str) -> Option<View<'a>> {
