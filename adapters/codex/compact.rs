@@ -99,6 +99,17 @@ impl CodexCompact {
         if kind != "usage_update" && self.running.is_empty() {
             return true;
         }
+        if self.running.is_empty() {
+            // A `usage_update` while nothing compacts: its figure only, read where it lies.
+            let Some(session) = frame.session() else { return true };
+            let used = frame.view().pointer(&["params", "update", "used"]).and_then(|used| used.as_u64());
+            if let Some(used) = used
+                && ctl.cx.session(&session).is_some_and(|s| s.is_root())
+            {
+                self.used.insert(session.into_owned(), used);
+            }
+            return true;
+        }
         let value = frame.value();
         let Some(session) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return true };
         let update = &value["params"]["update"];

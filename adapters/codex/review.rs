@@ -287,9 +287,10 @@ impl CodexReview {
     }
 
     /// A finished call can no longer be judged.
-    fn call_updated(&mut self, session: &str, update: &Value) {
-        let finished = matches!(str_at(update, "/status"), Some("completed" | "failed"));
-        if let (true, Some(id), Some(s)) = (finished, str_at(update, "/toolCallId"), self.sessions.get_mut(session)) {
+    /// `status` and `id` are a `tool_call_update`'s `status` and `toolCallId`.
+    fn call_updated(&mut self, session: &str, status: Option<&str>, id: Option<&str>) {
+        let finished = matches!(status, Some("completed" | "failed"));
+        if let (true, Some(id), Some(s)) = (finished, id, self.sessions.get_mut(session)) {
             s.calls.retain(|c| c.id != id);
         }
     }
@@ -307,13 +308,17 @@ impl CodexReview {
             return cx.to_client(frame);
         }
         let session = frame.session().unwrap_or_default().into_owned();
-        if is_start && !of_review {
-            // A call's start (no review's): what is kept of it read where it lies.
+        if !of_review {
+            // A call's start or update (no review's): what is kept of it read where it lies.
             let update = frame.view().pointer(&["params", "update"]);
             let text = |path: &[&str]| update.and_then(|u| u.pointer(path)).and_then(|v| v.as_str());
-            let call = [text(&["toolCallId"]), text(&["rawInput", "command"]), text(&["rawInput", "cwd"])];
-            let call: [Option<String>; 3] = call.map(|c| c.map(|c| c.into_owned()));
-            return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
+            if is_start {
+                let call = [text(&["toolCallId"]), text(&["rawInput", "command"]), text(&["rawInput", "cwd"])];
+                let call: [Option<String>; 3] = call.map(|c| c.map(|c| c.into_owned()));
+                return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
+            }
+            self.call_updated(&session, text(&["status"]).as_deref(), text(&["toolCallId"]).as_deref());
+            return cx.to_client(frame);
         }
         let v = frame.shared_value();
         let update = v.pointer("/params/update").unwrap_or(&Value::Null);
@@ -327,7 +332,7 @@ impl CodexReview {
                 self.call_started(&session, call, frame, cx)
             }
             None => {
-                self.call_updated(&session, update);
+                self.call_updated(&session, str_at(update, "/status"), str_at(update, "/toolCallId"));
                 cx.to_client(frame)
             }
         }

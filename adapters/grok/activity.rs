@@ -16,10 +16,12 @@
 //! - A subagent continued with `resume_from` gets a new child session from Grok; Coda keeps the first one
 //!   (rule 5), so the new one's frames are renamed to it both ways.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 
 use crate::coda::wait::{self, Register, State, Wait};
+use crate::adapters::grok::compact::queue_field;
 use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
@@ -262,19 +264,23 @@ impl GrokActivity {
                 let will_wake = u.get("will_wake").and_then(Value::as_bool) == Some(true);
                 self.ended((Item::Subagent, id.to_owned()), state, will_wake, cx);
             }
-            ("_x.ai/session_notification", Some("turn_completed")) => {
-                let Some(key) = str_at(u, "prompt_id").and_then(Self::wake_key) else { return };
-                let Some(a) = self.items.get(&key) else { return };
-                let state = a.ended.unwrap_or(State::Done);
-                self.set_state(&key, state, cx);
-            }
+            ("_x.ai/session_notification", Some("turn_completed")) => self.turn_completed(str_at(u, "prompt_id"), cx),
             _ => {}
         }
     }
 
-    /// `_x.ai/queue/changed` naming a wake turn as running: Grok is working on that item's result.
-    fn queue_changed(&mut self, params: &Value, cx: &mut Cx) {
-        let Some(key) = str_at(params, "runningPromptId").and_then(Self::wake_key) else { return };
+    /// A turn of Grok's ended; `prompt` is its `prompt_id`: a wake turn's ends its item.
+    fn turn_completed(&mut self, prompt: Option<&str>, cx: &mut Cx) {
+        let Some(key) = prompt.and_then(Self::wake_key) else { return };
+        let Some(a) = self.items.get(&key) else { return };
+        let state = a.ended.unwrap_or(State::Done);
+        self.set_state(&key, state, cx);
+    }
+
+    /// `_x.ai/queue/changed` naming a wake turn as running (`running`, its `runningPromptId`): Grok is
+    /// working on that item's result.
+    fn queue_changed(&mut self, running: Option<&str>, cx: &mut Cx) {
+        let Some(key) = running.and_then(Self::wake_key) else { return };
         if self.items.get(&key).is_some_and(|a| a.open) {
             self.set_state(&key, State::Handling, cx);
         }
@@ -381,18 +387,26 @@ impl Layer for GrokActivity {
                 if !self.reads(&method, &frame) {
                     return cx.to_client(frame);
                 }
-                let v = frame.shared_value();
+                let copy = frame.clone();
                 cx.to_client(frame);
-                let params = v.get("params").unwrap_or(&Value::Null);
-                let Some(session) = str_at(params, "sessionId") else { return };
-                if Self::is_loading(cx, session) {
+                let Some(session) = copy.session().filter(|s| !s.is_empty()) else { return };
+                if Self::is_loading(cx, &session) {
                     return;
                 }
-                if method == "_x.ai/queue/changed" {
-                    return self.queue_changed(params, cx);
+                // The queue and a turn's end, the most frequent, read where they lie (they carry prompts).
+                fn nonempty(s: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
+                    s.filter(|s| !s.is_empty())
                 }
-                if let Some(u) = params.get("update") {
-                    self.notification(&method, session, u, cx);
+                if method == "_x.ai/queue/changed" {
+                    return self.queue_changed(nonempty(queue_field(&copy, "runningPromptId")).as_deref(), cx);
+                }
+                if method == "_x.ai/session_notification" && copy.session_update() == Some("turn_completed") {
+                    let prompt = copy.view().pointer(&["params", "update", "prompt_id"]).and_then(|p| p.as_str());
+                    return self.turn_completed(nonempty(prompt).as_deref(), cx);
+                }
+                let v = copy.value();
+                if let Some(u) = v.get("params").and_then(|p| p.get("update")) {
+                    self.notification(&method, &session, u, cx);
                 }
             }
             Kind::Notification { method } if method == "session/update" => {

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use crate::coda::failure::{self, Input, Kind};
 use crate::frame::{self, Frame, Id, Kind as FrameKind};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
@@ -126,16 +127,18 @@ impl GrokFailure {
     }
 
     /// A retry was reported, or the turn went on: (re)arms or disarms the check.
-    fn progress(&mut self, session: &str, update: &Value, cx: &mut Cx) {
+    /// `update` is the update's value as it lies in the frame.
+    fn progress(&mut self, session: &str, update: View, cx: &mut Cx) {
         let Some(turn) = self.turns.get_mut(session) else { return };
         if turn.stopped.is_some() {
             return;
         }
-        let kind = update.get("sessionUpdate").and_then(Value::as_str).unwrap_or_default();
-        match (kind, update.get("type").and_then(Value::as_str)) {
+        let text = |k: &str| update.get(k).and_then(|v| v.as_str());
+        let kind = text("sessionUpdate").unwrap_or_default();
+        match (kind.as_ref(), text("type").as_deref()) {
             ("retry_state", Some("retrying")) => {
-                let reason = parse_reason(update.get("reason").and_then(Value::as_str).unwrap_or_default());
-                let n = |k: &str| update.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let reason = parse_reason(&text("reason").unwrap_or_default());
+                let n = |k: &str| update.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
                 let first = turn.retry.is_none();
                 turn.retry = Some((reason, n("attempt"), n("max_retries")));
                 if first {
@@ -232,11 +235,9 @@ impl Layer for GrokFailure {
                 if !self.turns.is_empty()
                     && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
             {
-                let v = frame.value();
-                if let (Some(session), Some(update)) =
-                    (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-                {
-                    self.progress(session, update, cx);
+                // Read where it lies (a retry report, or output while a turn retries).
+                if let (Some(session), Some(update)) = (frame.session(), frame.view().pointer(&["params", "update"])) {
+                    self.progress(&session, update, cx);
                 }
             }
             _ => {}

@@ -121,10 +121,6 @@ pub struct GrokUsage {
     roots: HashMap<String, Root>,
 }
 
-fn u64_at(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
 impl GrokUsage {
     pub fn new() -> GrokUsage {
         GrokUsage::default()
@@ -168,35 +164,36 @@ impl GrokUsage {
         }
     }
 
+    /// Read where it lies: Grok's notifications of a turn carry its whole text.
     fn notification(&mut self, frame: &Frame, cx: &mut Cx) {
-        let v = frame.value();
-        let params = v.get("params").unwrap_or(&Value::Null);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
-        if !self.roots.contains_key(session) || GrokUsage::is_loading(cx, session) {
+        let Some(session) = frame.session() else { return };
+        if !self.roots.contains_key(&*session) || GrokUsage::is_loading(cx, &session) {
             return;
         }
-        let root = self.roots.get_mut(session).expect("checked");
-        let update = params.get("update").unwrap_or(&Value::Null);
-        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
-        match update.get("sessionUpdate").and_then(Value::as_str) {
+        let root = self.roots.get_mut(&*session).expect("checked");
+        let update = frame.view().pointer(&["params", "update"]);
+        let field = |k: &str| update.and_then(|u| u.get(k));
+        let stamp = frame.meta().and_then(|m| m.get("agentTimestampMs")).and_then(|t| t.as_u64());
+        match frame.session_update() {
             Some("response_completed") => {
-                let Some(u) = update.get("usage") else { return };
-                let context = u64_at(u, "input_tokens")
-                    .saturating_add(u64_at(u, "cache_read_input_tokens"))
-                    .saturating_add(u64_at(u, "cache_creation_input_tokens"));
+                let Some(u) = field("usage") else { return };
+                let n = |k: &str| u.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
+                let context = n("input_tokens")
+                    .saturating_add(n("cache_read_input_tokens"))
+                    .saturating_add(n("cache_creation_input_tokens"));
                 root.facts.context_tokens = Some(context);
-                root.used = Some(context.saturating_add(u64_at(u, "output_tokens")));
+                root.used = Some(context.saturating_add(n("output_tokens")));
             }
             Some("auto_compact_completed") => {
                 root.facts.compacted_at = Some(stamp.map(at).unwrap_or_else(|| cx.wall()));
-                if let Some(after) = update.get("tokens_after").and_then(Value::as_u64) {
+                if let Some(after) = field("tokens_after").and_then(|n| n.as_u64()) {
                     root.used = Some(after);
                 }
-                self.update(session, cx);
+                self.update(&session, cx);
             }
             Some("turn_completed") => {
                 root.latest = root.latest.max(stamp);
-                self.update(session, cx);
+                self.update(&session, cx);
             }
             _ => {}
         }
