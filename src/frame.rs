@@ -411,17 +411,26 @@ impl Frame {
     /// one pass: read as [`Frame::value`] reads it (a lone surrogate escape as U+FFFD), without parsing the
     /// frame.
     pub fn session(&self) -> Option<Cow<'_, str>> {
+        match self.session_bytes()? {
+            Cow::Borrowed(text) => std::str::from_utf8(text).ok().map(Cow::Borrowed),
+            Cow::Owned(text) => String::from_utf8(text).ok().map(Cow::Owned),
+        }
+    }
+
+    /// [`Frame::session`] as bytes (the same text; no UTF-8 check where it has no escape), for a layer that
+    /// only looks for something in it.
+    pub fn session_bytes(&self) -> Option<Cow<'_, [u8]>> {
         if self.flags & SESSION == 0 {
             return None;
         }
         let (start, len) = (self.session_start as usize, self.session_len);
+        let unescaped = |text: Option<Cow<'_, str>>| text.map(|t| Cow::Owned(t.into_owned().into_bytes()));
         if len == u16::MAX {
-            return self.view().pointer(&["params", "sessionId"])?.as_str();
+            return unescaped(self.view().pointer(&["params", "sessionId"])?.as_str());
         }
-        let text = &self.bytes()[start..start + usize::from(len)];
         match self.flags & SESSION_ESCAPED {
-            0 => std::str::from_utf8(text).ok().map(Cow::Borrowed),
-            _ => json::View::of(&self.bytes()[start - 1..=start + usize::from(len)]).as_str(),
+            0 => Some(Cow::Borrowed(&self.bytes()[start..start + usize::from(len)])),
+            _ => unescaped(json::View::of(&self.bytes()[start - 1..=start + usize::from(len)]).as_str()),
         }
     }
 
@@ -937,12 +946,17 @@ mod tests {
             assert_eq!(f.session().as_deref(), want, "{line}");
             assert_eq!(f.session().as_deref(), f.value().pointer("/params/sessionId").and_then(Value::as_str));
         }
+        for line in [r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a\u0062"}}"#, r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"é"}}"#] {
+            let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+            assert_eq!(f.session_bytes().as_deref(), f.session().as_deref().map(str::as_bytes), "{line}");
+        }
         let built = notification("m", serde_json::json!({"sessionId": "built"}));
         assert_eq!(built.session().as_deref(), Some("built"));
         // One longer than the frame keeps the place of is looked for again.
         let long = "s".repeat(70_000);
         let f = notification("m", serde_json::json!({"sessionId": long}));
         assert_eq!(f.session().as_deref(), Some(long.as_str()));
+        assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
     }
 
     #[test]

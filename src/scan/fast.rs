@@ -22,12 +22,28 @@ pub(super) fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> O
             b'"' => return Some((at, escaped)),
             b'\\' => {
                 escaped = true;
-                i = escape(b, at, lone)?;
+                // The escapes of one character (a text's newlines and quotes: many in a file's content) in
+                // one step; `\u` and what is no escape by the exact walk's rules.
+                i = match b.get(at + 1) {
+                    Some(&c) if SHORT_ESCAPE[usize::from(c)] => at + 2,
+                    _ => escape(b, at, lone)?,
+                };
             }
             _ => return None,
         }
     }
 }
+
+/// The bytes that make an escape of one character after a backslash: `"`, `\`, `/`, `b`, `f`, `n`, `r`, `t`.
+static SHORT_ESCAPE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut k = 0;
+    while k < 8 {
+        table[b"\"\\/bfnrt"[k] as usize] = true;
+        k += 1;
+    }
+    table
+};
 
 /// Where the run of ASCII digits at `i` ends, eight bytes per step.
 #[inline(always)]
