@@ -242,13 +242,13 @@ impl Frame {
         Frame::take(wire, None)
     }
 
-    /// [`Frame::parse_wire`] for the next line of a stream, whose `scanner` has seen the lines before it
-    /// (see [`scan::Scanner`]: a streamed chunk is checked from where it stops repeating the line before).
-    pub fn read(wire: Bytes, scanner: &mut scan::Scanner) -> Result<Frame, (Bytes, Invalid)> {
-        Frame::take(wire, Some(scanner))
+    /// [`Frame::parse_wire`] for the next line of a stream, whose `reader` has seen the lines before it (see
+    /// [`Reader`]: a streamed chunk is checked against the shape of the line before).
+    pub fn read(wire: Bytes, reader: &mut Reader) -> Result<Frame, (Bytes, Invalid)> {
+        Frame::take(wire, Some(reader))
     }
 
-    fn take(wire: Bytes, scanner: Option<&mut scan::Scanner>) -> Result<Frame, (Bytes, Invalid)> {
+    fn take(wire: Bytes, scanner: Option<&mut Reader>) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
             Ok(Classified { kind, update, lone_surrogate, chunk, meta, session }) => {
@@ -542,6 +542,24 @@ pub fn notification(method: &str, params: Value) -> Frame {
     Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
+/// What reads the frames of one stream: its [`scan::Scanner`], and what the envelope of the shape its lines
+/// have had last was read as (a line of that shape has the same `jsonrpc`, `method` and `sessionUpdate`: they
+/// are not read again).
+#[derive(Debug, Default)]
+pub struct Reader {
+    scanner: scan::Scanner,
+    memo: Option<Memo>,
+}
+
+#[derive(Debug)]
+struct Memo {
+    /// [`scan::Scanner::shape`].
+    shape: u64,
+    method: Option<Method>,
+    update: Option<CompactString>,
+    chunk: bool,
+}
+
 /// What the envelope says of a frame.
 struct Classified {
     kind: Kind,
@@ -559,13 +577,17 @@ struct Classified {
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classified, Invalid> {
+fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Invalid> {
     let owned;
-    let checked = match scanner {
-        Some(scanner) => scanner.checked(bytes),
+    let (checked, memo) = match reader {
+        Some(Reader { scanner, memo }) => {
+            let checked = scanner.check(bytes);
+            let shape = scanner.shape();
+            (checked.map(|()| scanner.envelope()), Some((shape, memo)))
+        }
         None => {
             owned = scan::scan(bytes);
-            owned.as_ref().map_err(|e| *e)
+            (owned.as_ref().map_err(|e| *e), None)
         }
     };
     let env: &scan::Envelope = match checked {
@@ -585,6 +607,22 @@ fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classif
             return Err(parse_error(e));
         }
     };
+    let id = || env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
+    // A line of the shape the last frame had: its envelope's strings are that frame's.
+    if let Some((Some(shape), Some(memo))) = &memo
+        && memo.shape == *shape
+        && let Some(kind) = match (&memo.method, id()) {
+            (Some(method), Some(id)) => Some(Kind::Request { id, method: method.clone() }),
+            (Some(method), None) => Some(Kind::Notification { method: method.clone() }),
+            (None, Some(id)) => Some(Kind::Response { id }),
+            // (a shape whose lines have neither is read no further than its envelope: never kept in a memo)
+            (None, None) => None,
+        }
+    {
+        let (update, chunk, lone_surrogate, session) = (memo.update.clone(), memo.chunk, env.lone_surrogate, env.session);
+        let meta = env.meta.map(|(start, end)| if start > u32::MAX as usize { (0, usize::MAX) } else { (start, end) });
+        return Ok(Classified { kind, update, lone_surrogate, chunk, meta, session });
+    }
     let text = |s: &scan::Str| s.text(bytes);
     // A name as the frame keeps it: the usual ones as static text (nothing copied or checked again).
     let name = |s: &scan::Str| match known(s, bytes) {
@@ -604,7 +642,7 @@ fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classif
     if env.mistyped {
         return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
     }
-    let id = env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
+    let id = id();
     if env.duplicate {
         return Err(invalid("a key of the envelope appears twice", id));
     }
@@ -633,6 +671,13 @@ fn classify(bytes: &[u8], scanner: Option<&mut scan::Scanner>) -> Result<Classif
     let update = env.update.as_ref().and_then(name);
     let chunk = matches!(&kind, Kind::Notification { method } if method == "session/update")
         && matches!(update.as_deref(), Some("agent_message_chunk" | "agent_thought_chunk"));
+    if let Some((Some(shape), memo)) = memo {
+        let method = match &kind {
+            Kind::Request { method, .. } | Kind::Notification { method } => Some(method.clone()),
+            _ => None,
+        };
+        *memo = Some(Memo { shape, method, update: update.clone(), chunk });
+    }
     // Where a frame of 4 GiB or more has its `_meta` (no line the splitter passes is that long) is looked for
     // again.
     let meta = env.meta.map(|(start, end)| if start > u32::MAX as usize { (0, usize::MAX) } else { (start, end) });
@@ -898,7 +943,7 @@ mod tests {
     #[test]
     fn params_meta_is_found_with_the_envelope() {
         let grok = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"{\"_meta\":1}"}},"_meta":{"eventId":"s-14","agentTimestampMs":1796186871643,"streamStartMs":1796186871600}}}"#;
-        let mut scanner = scan::Scanner::default();
+        let mut scanner = Reader::default();
         for _ in 0..3 {
             // The second and third time through a stream's scanner, checked against the first's shape.
             let f = Frame::read(Bytes::from(format!("{grok}\n")), &mut scanner).unwrap();
@@ -924,7 +969,7 @@ mod tests {
 
     #[test]
     fn the_session_is_found_with_the_envelope() {
-        let mut scanner = scan::Scanner::default();
+        let mut scanner = Reader::default();
         for n in 0..3 {
             // The second and third time through a stream's scanner, checked against the first's shape.
             let line = format!(
@@ -957,6 +1002,52 @@ mod tests {
         let f = notification("m", serde_json::json!({"sessionId": long}));
         assert_eq!(f.session().as_deref(), Some(long.as_str()));
         assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
+    }
+
+    /// A stream's reader makes of every line what a frame check of that line alone makes of it, whatever
+    /// came before (a line of the shape before it, read with what was kept of that shape's envelope).
+    #[test]
+    fn a_streams_reader_reads_every_line_as_the_line_alone_reads() {
+        let mut lines = scan::corpus();
+        // Envelopes of every kind, of one shape after another with other ids, and some refused.
+        for id in ["1", "\"a\"", "null", "2.5e3", "\"\\ud800\""] {
+            for line in [
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{{"sessionId":"s"}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"stopReason":"end_turn"}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-1,"message":"m"}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"x\u002fy","params":{{}}}}"#),
+                format!(r#"{{"jsonrpc":"1.0","id":{id},"method":"m"}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":1,"method":"m"}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"session/\ud800"}}"#),
+                format!(r#"[{{"jsonrpc":"2.0","id":{id},"method":"m"}}]"#),
+            ] {
+                lines.push(line.into_bytes());
+            }
+        }
+        let alone = |line: &[u8]| Frame::parse_wire(Bytes::from([line, b"\n"].concat())).map_err(|(_, e)| e);
+        let same = |got: Result<Frame, Invalid>, want: Result<Frame, Invalid>, line: &[u8]| match (got, want) {
+            (Ok(got), Ok(want)) => {
+                assert!(got == want, "{}", String::from_utf8_lossy(line));
+                assert_eq!(got.meta(), want.meta());
+                assert_eq!(got.session(), want.session());
+            }
+            (Err(got), Err(want)) => assert_eq!((got.code, got.message, got.id), (want.code, want.message, want.id)),
+            (got, want) => panic!("{}: {got:?} / {want:?}", String::from_utf8_lossy(line)),
+        };
+        let mut reader = Reader::default();
+        let mut memo = 0;
+        for (i, line) in lines.iter().enumerate() {
+            // Each line after the one before it, and after itself.
+            for before in [&lines[i.saturating_sub(1)], line] {
+                let _ = Frame::read(Bytes::from([before, &b"\n"[..]].concat()), &mut reader);
+                let shape = reader.memo.as_ref().map(|m| m.shape);
+                let got = Frame::read(Bytes::from([line, &b"\n"[..]].concat()), &mut reader).map_err(|(_, e)| e);
+                memo += usize::from(shape.is_some() && shape == reader.scanner.shape());
+                same(got, alone(line), line);
+            }
+        }
+        assert!(memo > 10_000, "lines were read with the envelope of their shape ({memo})");
     }
 
     #[test]

@@ -243,6 +243,10 @@ pub struct Scanner {
     /// The envelope of the line checked last (a reference to it is what [`Scanner::checked`] returns: the
     /// envelope is too large to move cheaply).
     env: Envelope,
+    /// Skeletons kept from a walk so far, and whether the line checked last is the current one's shape
+    /// ([`Scanner::shape`]).
+    shapes: u64,
+    of_shape: bool,
     /// Lines checked against the skeleton of the one before (the tests see that it is used).
     #[cfg(test)]
     by_skeleton: usize,
@@ -256,6 +260,8 @@ impl Default for Scanner {
             holes: Vec::new(),
             last: Default::default(),
             env: Envelope::default(),
+            shapes: 0,
+            of_shape: false,
             #[cfg(test)]
             by_skeleton: 0,
         }
@@ -265,11 +271,31 @@ impl Default for Scanner {
 impl Scanner {
     /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
     pub fn checked(&mut self, line: &[u8]) -> Result<&Envelope, Error> {
+        self.check(line)?;
+        Ok(&self.env)
+    }
+
+    /// [`Scanner::checked`], the envelope left for [`Scanner::envelope`].
+    pub fn check(&mut self, line: &[u8]) -> Result<(), Error> {
         if !self.run(line) {
+            self.of_shape = false;
             // Why not: the exact walk says (and has the last word).
             self.env = exact::scan(line)?;
         }
-        Ok(&self.env)
+        Ok(())
+    }
+
+    /// The envelope of the line [`Scanner::check`] found valid last.
+    pub fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    /// The shape of the line checked last, when it has one: lines of one shape have the same bytes but in
+    /// their values, and the same envelope but for where its strings are, the id's value and
+    /// [`Envelope::lone_surrogate`] (so what a reader makes of the envelope's `jsonrpc`, `method` and
+    /// `sessionUpdate` holds for every line of the shape). A new shape has another number.
+    pub fn shape(&self) -> Option<u64> {
+        self.of_shape.then_some(self.shapes)
     }
 
     /// [`Scanner::checked`] by the fast walk alone: `None` for a line it refuses.
@@ -291,6 +317,7 @@ impl Scanner {
             {
                 self.by_skeleton += 1;
             }
+            self.of_shape = true;
             None
         } else if line.len() > skeleton::KEPT {
             Some(fast::walk(line, bits, None))
@@ -302,12 +329,19 @@ impl Scanner {
             None => utf8(line),
             Some(Some(env)) if utf8(line) => {
                 self.env = env;
-                if line.len() <= skeleton::KEPT {
+                // (A longer line is not kept, and leaves the skeleton as it was.)
+                let kept = line.len() <= skeleton::KEPT;
+                if kept {
                     self.last.keep(line, &self.holes, &self.env);
                 }
+                self.of_shape = kept && self.last.is_kept();
+                self.shapes += u64::from(self.of_shape);
                 true
             }
-            Some(_) => false,
+            Some(_) => {
+                self.of_shape = false;
+                false
+            }
         };
         if self.bits.len() > BITS_KEPT {
             self.bits = Vec::new();
@@ -337,6 +371,13 @@ pub fn check_against_exact(lines: &[&[u8]]) {
             );
         }
     }
+}
+
+/// Lines a stream may send after one another, good and bad in every way the walk knows (for the tests of
+/// what reads frames with a scanner).
+#[cfg(test)]
+pub(crate) fn corpus() -> Vec<Vec<u8>> {
+    tests::corpus()
 }
 
 #[cfg(test)]
@@ -452,7 +493,7 @@ mod tests {
 
     /// Lines a stream may send after one another: streamed chunks (Grok's with `_meta` after `update`), and
     /// lines that share some of a chunk's start and then go wrong in every way the walk knows.
-    fn corpus() -> Vec<Vec<u8>> {
+    pub(super) fn corpus() -> Vec<Vec<u8>> {
         let chunk = |text: &str| {
             format!(
                 r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#

@@ -73,6 +73,11 @@ impl Skeleton {
         self.kept = true;
     }
 
+    /// Whether a line is kept (the last [`Skeleton::keep`] kept one).
+    pub(super) fn is_kept(&self) -> bool {
+        self.kept
+    }
+
     /// Whether `b` is the kept line with other values in its holes, and then its envelope in `out`; `bits`
     /// are `b`'s (see [`super::index`]). False when it is not (the walk then decides; `out` is left as it
     /// was). The first line checked after one is kept is kept in its place, with holes where the two differ
