@@ -194,11 +194,14 @@ pub struct Frame {
     /// every layer moves, keeps its size.
     meta_start: u32,
     meta_len: u16,
+    /// Where `params.update` is ([`Frame::update_value`]), found with the envelope, as `_meta`'s place.
+    update_start: u32,
+    update_len: u16,
     /// Where the text of `params.sessionId` is ([`Frame::session`]), found with the envelope: its start and
-    /// length, when [`SESSION`] is set (`u16::MAX` for one as long or longer, or one that starts past 4 GiB,
-    /// looked for again).
-    session_start: u32,
-    session_len: u16,
+    /// length, when [`SESSION`] is set (`u8::MAX` for one as long or longer, or one that starts past 64 KiB,
+    /// looked for again). Small, as the other places: a frame of more than 128 bytes is moved by a call.
+    session_start: u16,
+    session_len: u8,
     /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
     value: OnceCell<Arc<Value>>,
 }
@@ -251,9 +254,9 @@ impl Frame {
     fn take(wire: Bytes, scanner: Option<&mut Reader>) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok(Classified { kind, update, lone_surrogate, chunk, meta, session }) => {
+            Ok(Classified { kind, update, lone_surrogate, chunk, places }) => {
                 let flags = if lone_surrogate { LONE_SURROGATE } else { 0 } | if chunk { CHUNK } else { 0 };
-                Ok(Frame::with(wire, kind, update, flags, meta, session))
+                Ok(Frame::with(wire, kind, update, flags, places))
             }
             Err(e) => Err((wire, e)),
         }
@@ -285,19 +288,19 @@ impl Frame {
         let classified = classify(&bytes, None);
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        let (kind, update, flags, meta, session) = match classified {
-            Ok(Classified { kind, update, chunk, meta, session, lone_surrogate }) => {
+        let (kind, update, flags, places) = match classified {
+            Ok(Classified { kind, update, chunk, places, lone_surrogate }) => {
                 let flags = SHIM | if chunk { CHUNK } else { 0 } | if lone_surrogate { LONE_SURROGATE } else { 0 };
-                (kind, update, flags, meta, session)
+                (kind, update, flags, places)
             }
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None, SHIM, None, None)
+                (Kind::Notification { method: Method::default() }, None, SHIM, Places::default())
             }
         };
-        Frame::with(wire, kind, update, flags, meta, session)
+        Frame::with(wire, kind, update, flags, places)
     }
 
     fn with(
@@ -305,25 +308,41 @@ impl Frame {
         kind: Kind,
         update: Option<CompactString>,
         mut flags: u8,
-        meta: Option<(usize, usize)>,
-        session: Option<scan::Str>,
+        Places { meta, update_object, session }: Places,
     ) -> Frame {
-        let (meta_start, meta_len) = match meta {
-            Some((start, end)) => (start as u32, u16::try_from(end - start).unwrap_or(u16::MAX)),
+        // A place past 4 GiB (no line the splitter passes is that long) is looked for again.
+        let place = |at: Option<(usize, usize)>| match at {
+            Some((start, end)) => match u32::try_from(start) {
+                Ok(start32) => (start32, u16::try_from(end - start).unwrap_or(u16::MAX)),
+                Err(_) => (0, u16::MAX),
+            },
             None => (0, 0),
         };
+        let ((meta_start, meta_len), (update_start, update_len)) = (place(meta), place(update_object));
         let (session_start, session_len) = match session {
             Some(s) => {
                 flags |= SESSION | if s.escaped { SESSION_ESCAPED } else { 0 };
-                match u32::try_from(s.start) {
-                    Ok(start) => (start, u16::try_from(s.end - s.start).unwrap_or(u16::MAX)),
-                    Err(_) => (0, u16::MAX),
+                match (u16::try_from(s.start), u8::try_from(s.end - s.start)) {
+                    (Ok(start), Ok(len)) if len < u8::MAX => (start, len),
+                    _ => (0, u8::MAX),
                 }
             }
             None => (0, 0),
         };
         let value = OnceCell::new();
-        Frame { wire, kind, update, flags, meta_start, meta_len, session_start, session_len, value }
+        Frame {
+            wire,
+            kind,
+            update,
+            flags,
+            meta_start,
+            meta_len,
+            update_start,
+            update_len,
+            session_start,
+            session_len,
+            value,
+        }
     }
 
     /// Whether the shim built or edited this frame.
@@ -407,6 +426,17 @@ impl Frame {
         }
     }
 
+    /// `params.update` when it is an object (a `session/update`'s update), found by the frame check's one
+    /// pass: for a layer that reads a field or two of an update ([`json::View::get`], or several at once with
+    /// [`json::View::members`]) without going over the rest of the frame.
+    pub fn update_value(&self) -> Option<json::View<'_>> {
+        match (self.update_start as usize, self.update_len) {
+            (_, 0) => None,
+            (_, u16::MAX) => self.view().pointer(&["params", "update"]).filter(|u| u.text().first() == Some(&b'{')),
+            (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+        }
+    }
+
     /// `params.sessionId` when it is a string (the session most frames are about), found by the frame check's
     /// one pass: read as [`Frame::value`] reads it (a lone surrogate escape as U+FFFD), without parsing the
     /// frame.
@@ -423,9 +453,9 @@ impl Frame {
         if self.flags & SESSION == 0 {
             return None;
         }
-        let (start, len) = (self.session_start as usize, self.session_len);
+        let (start, len) = (usize::from(self.session_start), self.session_len);
         let unescaped = |text: Option<Cow<'_, str>>| text.map(|t| Cow::Owned(t.into_owned().into_bytes()));
-        if len == u16::MAX {
+        if len == u8::MAX {
             return unescaped(self.view().pointer(&["params", "sessionId"])?.as_str());
         }
         match self.flags & SESSION_ESCAPED {
@@ -569,10 +599,21 @@ struct Classified {
     lone_surrogate: bool,
     /// A `session/update` of streamed words.
     chunk: bool,
-    /// Where `params._meta` is.
+    places: Places,
+}
+
+/// Where the fields of `params` layers read are ([`scan::Envelope`]).
+#[derive(Default)]
+struct Places {
     meta: Option<(usize, usize)>,
-    /// Where the text of `params.sessionId` is.
+    update_object: Option<(usize, usize)>,
     session: Option<scan::Str>,
+}
+
+impl Places {
+    fn of(env: &scan::Envelope) -> Places {
+        Places { meta: env.meta, update_object: env.update_object, session: env.session }
+    }
 }
 
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
@@ -619,9 +660,8 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
             (None, None) => None,
         }
     {
-        let (update, chunk, lone_surrogate, session) = (memo.update.clone(), memo.chunk, env.lone_surrogate, env.session);
-        let meta = env.meta.map(|(start, end)| if start > u32::MAX as usize { (0, usize::MAX) } else { (start, end) });
-        return Ok(Classified { kind, update, lone_surrogate, chunk, meta, session });
+        let (update, chunk, lone_surrogate) = (memo.update.clone(), memo.chunk, env.lone_surrogate);
+        return Ok(Classified { kind, update, lone_surrogate, chunk, places: Places::of(env) });
     }
     let text = |s: &scan::Str| s.text(bytes);
     // A name as the frame keeps it: the usual ones as static text (nothing copied or checked again).
@@ -635,7 +675,8 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
         scan::Top::Array { empty: false } => {
             let lone_surrogate = env.lone_surrogate;
             let kind = Kind::Batch;
-            return Ok(Classified { kind, update: None, lone_surrogate, chunk: false, meta: None, session: None });
+            let places = Places::default();
+            return Ok(Classified { kind, update: None, lone_surrogate, chunk: false, places });
         }
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
@@ -678,10 +719,7 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
         };
         *memo = Some(Memo { shape, method, update: update.clone(), chunk });
     }
-    // Where a frame of 4 GiB or more has its `_meta` (no line the splitter passes is that long) is looked for
-    // again.
-    let meta = env.meta.map(|(start, end)| if start > u32::MAX as usize { (0, usize::MAX) } else { (start, end) });
-    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, meta, session: env.session })
+    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, places: Places::of(env) })
 }
 
 /// The method names and `sessionUpdate` kinds of the frames that come most often, when the string `s` of
@@ -968,6 +1006,37 @@ mod tests {
     }
 
     #[test]
+    fn the_update_is_found_with_the_envelope() {
+        let mut reader = Reader::default();
+        for n in 0..3 {
+            // The second and third time through a stream's reader, checked against the first's shape.
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"tool_call_update","toolCallId":"c{n}","status":"completed"}},"_meta":{{"n":{n}}}}}}}"#
+            );
+            let f = Frame::read(Bytes::from(format!("{line}\n")), &mut reader).unwrap();
+            let update = f.update_value().expect("an update");
+            assert_eq!(Some(&update.to_value()), f.value().pointer("/params/update"));
+            assert_eq!(update.get("toolCallId").and_then(|v| v.as_str()).as_deref(), Some(format!("c{n}").as_str()));
+        }
+        for none in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":[1]}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"a":1},"update":7}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"x":{"update":{"a":1}}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"update":{"a":1}}}"#,
+        ] {
+            assert!(Frame::parse(none.as_bytes().to_vec()).unwrap().update_value().is_none(), "{none}");
+        }
+        let twice = r#"{"jsonrpc":"2.0","method":"m","params":{"update":7,"update":{"a":1}}}"#;
+        let f = Frame::parse(twice.as_bytes().to_vec()).unwrap();
+        assert_eq!(f.update_value().map(|u| u.to_value()), Some(serde_json::json!({"a": 1})));
+        // An update longer than the frame keeps the place of is looked for again.
+        let long = notification("m", serde_json::json!({"update": {"pad": "p".repeat(70_000), "a": 3}}));
+        assert_eq!(long.update_value().and_then(|u| u.get("a")).and_then(|v| v.as_u64()), Some(3));
+        let not = notification("m", serde_json::json!({"update": ["p".repeat(70_000)]}));
+        assert!(not.update_value().is_none());
+    }
+
+    #[test]
     fn the_session_is_found_with_the_envelope() {
         let mut scanner = Reader::default();
         for n in 0..3 {
@@ -1031,6 +1100,7 @@ mod tests {
                 assert!(got == want, "{}", String::from_utf8_lossy(line));
                 assert_eq!(got.meta(), want.meta());
                 assert_eq!(got.session(), want.session());
+                assert_eq!(got.update_value(), want.update_value());
             }
             (Err(got), Err(want)) => assert_eq!((got.code, got.message, got.id), (want.code, want.message, want.id)),
             (got, want) => panic!("{}: {got:?} / {want:?}", String::from_utf8_lossy(line)),

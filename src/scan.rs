@@ -55,6 +55,9 @@ pub struct Envelope {
     pub error: bool,
     /// `params.update.sessionUpdate` when it is a string (for a repeated key, the last).
     pub update: Option<Str>,
+    /// The byte range of `params.update` when it is an object (for a repeated key, the last): where a layer
+    /// reads an update's fields without going over the rest of the frame.
+    pub update_object: Option<(usize, usize)>,
     /// `params.sessionId` when it is a string (for a repeated key, the last): the session most frames are
     /// about, for a layer to look up without parsing the frame.
     pub session: Option<Str>,
@@ -661,11 +664,12 @@ mod tests {
         assert!(lines.iter().filter(|l| scan(l).is_ok()).count() > 2_000, "valid lines are in the corpus too");
     }
 
-    /// The envelope's `_meta` is what a parse finds at `params._meta` when that is an object, and its
-    /// `session` what it finds at `params.sessionId` when that is a string.
+    /// The envelope's `_meta` is what a parse finds at `params._meta` when that is an object, its `session`
+    /// what it finds at `params.sessionId` when that is a string, its `update_object` `params.update` when
+    /// that is an object.
     #[test]
-    fn notes_where_params_meta_and_the_session_are() {
-        let (mut meta, mut session) = (0, 0);
+    fn notes_where_params_meta_the_session_and_the_update_are() {
+        let (mut meta, mut session, mut update) = (0, 0, 0);
         for line in corpus() {
             let Ok(env) = exact::scan(&line) else { continue };
             let Ok(value) = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(&line)) else { continue };
@@ -682,9 +686,16 @@ mod tests {
             });
             assert_eq!(got.as_deref(), want, "{}", String::from_utf8_lossy(&line));
             session += usize::from(got.is_some());
+            let want = value.pointer("/params/update").filter(|u| u.is_object());
+            let got = env.update_object.map(|(start, end)| {
+                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
+            });
+            assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
+            update += usize::from(got.is_some());
         }
         assert!(meta > 100, "lines with a _meta are in the corpus ({meta})");
         assert!(session > 100, "lines with a session id are in the corpus ({session})");
+        assert!(update > 1000, "lines with an update are in the corpus ({update})");
     }
 
     #[test]

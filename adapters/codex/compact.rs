@@ -102,7 +102,7 @@ impl CodexCompact {
         if self.running.is_empty() {
             // A `usage_update` while nothing compacts: its figure only, read where it lies.
             let Some(session) = frame.session() else { return true };
-            let used = frame.view().pointer(&["params", "update", "used"]).and_then(|used| used.as_u64());
+            let used = frame.update_value().and_then(|u| u.get("used")).and_then(|used| used.as_u64());
             if let Some(used) = used
                 && ctl.cx.session(&session).is_some_and(|s| s.is_root())
             {

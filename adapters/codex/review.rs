@@ -310,14 +310,22 @@ impl CodexReview {
         let session = frame.session().unwrap_or_default().into_owned();
         if !of_review {
             // A call's start or update (no review's): what is kept of it read where it lies.
-            let update = frame.view().pointer(&["params", "update"]);
-            let text = |path: &[&str]| update.and_then(|u| u.pointer(path)).and_then(|v| v.as_str());
+            let (mut id, mut status, mut input) = (None, None, None);
+            for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
+                if key.is("toolCallId") {
+                    id = value.as_str();
+                } else if key.is("status") {
+                    status = value.as_str();
+                } else if key.is("rawInput") {
+                    input = Some(value);
+                }
+            }
             if is_start {
-                let call = [text(&["toolCallId"]), text(&["rawInput", "command"]), text(&["rawInput", "cwd"])];
-                let call: [Option<String>; 3] = call.map(|c| c.map(|c| c.into_owned()));
+                let input = |k: &str| input.and_then(|i| i.get(k)).and_then(|v| v.as_str());
+                let call = [id, input("command"), input("cwd")].map(|c| c.map(|c| c.into_owned()));
                 return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
             }
-            self.call_updated(&session, text(&["status"]).as_deref(), text(&["toolCallId"]).as_deref());
+            self.call_updated(&session, status.as_deref(), id.as_deref());
             return cx.to_client(frame);
         }
         let v = frame.shared_value();

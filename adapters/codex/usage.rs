@@ -133,7 +133,7 @@ impl Usage {
         let session_id = frame.session().unwrap_or_default().into_owned();
         let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
         let (mut used, mut size) = (None, None);
-        for (key, value) in frame.view().pointer(&["params", "update"]).into_iter().flat_map(|u| u.members()) {
+        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
             if key.is("used") {
                 used = value.as_u64();
             } else if key.is("size") {
@@ -173,7 +173,7 @@ impl Usage {
         let wall = cx.wall();
         let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
         let (mut status, mut id, mut meta) = (None, None, None);
-        for (key, value) in frame.view().pointer(&["params", "update"]).into_iter().flat_map(|u| u.members()) {
+        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
             if key.is("status") {
                 status = value.as_str();
             } else if key.is("toolCallId") {

@@ -401,7 +401,7 @@ impl Layer for GrokActivity {
                     return self.queue_changed(nonempty(queue_field(&copy, "runningPromptId")).as_deref(), cx);
                 }
                 if method == "_x.ai/session_notification" && copy.session_update() == Some("turn_completed") {
-                    let prompt = copy.view().pointer(&["params", "update", "prompt_id"]).and_then(|p| p.as_str());
+                    let prompt = copy.update_value().and_then(|u| u.get("prompt_id")).and_then(|p| p.as_str());
                     return self.turn_completed(nonempty(prompt).as_deref(), cx);
                 }
                 let v = copy.value();

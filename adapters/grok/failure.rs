@@ -236,7 +236,7 @@ impl Layer for GrokFailure {
                     && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
             {
                 // Read where it lies (a retry report, or output while a turn retries).
-                if let (Some(session), Some(update)) = (frame.session(), frame.view().pointer(&["params", "update"])) {
+                if let (Some(session), Some(update)) = (frame.session(), frame.update_value()) {
                     self.progress(&session, update, cx);
                 }
             }

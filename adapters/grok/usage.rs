@@ -171,7 +171,7 @@ impl GrokUsage {
             return;
         }
         let root = self.roots.get_mut(&*session).expect("checked");
-        let update = frame.view().pointer(&["params", "update"]);
+        let update = frame.update_value();
         let field = |k: &str| update.and_then(|u| u.get(k));
         let stamp = frame.meta().and_then(|m| m.get("agentTimestampMs")).and_then(|t| t.as_u64());
         match frame.session_update() {

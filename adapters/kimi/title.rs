@@ -267,7 +267,7 @@ impl Title {
             }
             Handling::Info => {
                 // Read where they lie: the session from the frame check, the title from the update.
-                let title = frame.view().pointer(&["params", "update", "title"]).and_then(|t| t.as_str());
+                let title = frame.update_value().and_then(|u| u.get("title")).and_then(|t| t.as_str());
                 let echo = title.is_some_and(|t| echoes_instruction(&t));
                 let session: Vec<String> = frame.session().map(|s| s.into_owned()).into_iter().collect();
                 (session.clone(), if echo { session } else { Vec::new() })

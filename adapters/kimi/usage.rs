@@ -117,7 +117,7 @@ impl Usage {
     fn stamped(&mut self, frame: Frame, session: &str) -> Frame {
         let Some(s) = self.sessions.get_mut(session) else { return frame };
         // Read where it lies and written in place (a `usage_update` is a fifth of Kimi's stream).
-        let size = frame.view().pointer(&["params", "update", "size"]).and_then(|size| size.as_u64());
+        let size = frame.update_value().and_then(|u| u.get("size")).and_then(|size| size.as_u64());
         if let Some(size) = size {
             s.size = Some(size);
         }

@@ -491,7 +491,7 @@ impl OpenCodeActivity {
         if self.tasks.by_call.is_empty() {
             return false;
         }
-        let call = frame.view().pointer(&["params", "update", "toolCallId"]).and_then(|c| c.as_str());
+        let call = frame.update_value().and_then(|u| u.get("toolCallId")).and_then(|c| c.as_str());
         call.is_some_and(|call| self.tasks.by_call.contains_key(&(session.to_owned(), call.into_owned())))
     }
 

@@ -230,7 +230,7 @@ impl OpenCodeUsage {
             return cx.to_client(frame);
         }
         let (mut used, mut size) = (None, None);
-        for (key, value) in frame.view().pointer(&["params", "update"]).into_iter().flat_map(|u| u.members()) {
+        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
             if key.is("used") {
                 used = count(Some(&value.to_value()));
             } else if key.is("size") {

@@ -103,7 +103,7 @@ impl Facts {
             return self.stamp_value(frame);
         }
         let line = frame.bytes();
-        let update = View::of(line).pointer(&["params", "update"])?;
+        let update = frame.update_value()?;
         let mut facts = Vec::with_capacity(128);
         self.write_json(&mut facts);
         // What replaces `line[cut]`: `_meta` added to `update`, `coda` added to `_meta` or its value replaced,

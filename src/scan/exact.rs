@@ -49,6 +49,8 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
     let (mut params, mut update, mut update_key, mut kind_key) = (false, false, false, false);
     // The last key read in `params` was `_meta`; where the object at depth 3 that is its value began.
     let (mut meta_key, mut meta_start) = (false, usize::MAX);
+    // Where the object at depth 3 that is `params.update` began.
+    let mut update_start = usize::MAX;
     // The last key read in `params` was `sessionId`.
     let mut session_key = false;
 
@@ -98,6 +100,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 update_key = (len == 6 || key.escaped) && key_of(b, &key) == Some(UPDATE);
                 if update_key {
                     env.update = None;
+                    env.update_object = None;
                 }
                 meta_key = (len == 5 || key.escaped) && key_of(b, &key) == Some(META);
                 if meta_key {
@@ -145,7 +148,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                     if depth == 1 && field == Field::Params && top_object {
                         params = true;
                     } else if depth == 2 && params && update_key {
-                        update = true;
+                        (update, update_start) = (true, i);
                     } else if depth == 2 && params && meta_key {
                         meta_start = i;
                     }
@@ -165,6 +168,9 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                         2 => params = false,
                         3 => {
                             update = false;
+                            if update_start != usize::MAX {
+                                env.update_object = Some((std::mem::replace(&mut update_start, usize::MAX), i));
+                            }
                             if meta_start != usize::MAX {
                                 env.meta = Some((std::mem::replace(&mut meta_start, usize::MAX), i));
                             }
@@ -253,6 +259,9 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 2 => params = false,
                 3 => {
                     update = false;
+                    if update_start != usize::MAX {
+                        env.update_object = Some((std::mem::replace(&mut update_start, usize::MAX), i));
+                    }
                     if meta_start != usize::MAX {
                         env.meta = Some((std::mem::replace(&mut meta_start, usize::MAX), i));
                     }

@@ -157,6 +157,8 @@ struct Reading {
     kind_key: bool,
     /// The last key read in `params` was `sessionId`.
     session_key: bool,
+    /// Where the object at depth 3 that is `params.update` began.
+    update_start: Option<usize>,
     /// The last key read in `params` was `_meta`; where the object at depth 3 that is its value began.
     meta_key: bool,
     meta_start: Option<usize>,
@@ -174,6 +176,7 @@ impl Reading {
             update_key: false,
             kind_key: false,
             session_key: false,
+            update_start: None,
             meta_key: false,
             meta_start: None,
         }
@@ -270,6 +273,7 @@ impl Reading {
         self.update_key = is;
         if is {
             self.env.update = None;
+            self.env.update_object = None;
         }
     }
 
@@ -316,7 +320,7 @@ impl Reading {
     fn open(&mut self, depth: usize, i: usize) {
         match depth {
             1 if self.field == Field::Params => self.params = true,
-            2 if self.params && self.update_key => self.update = true,
+            2 if self.params && self.update_key => (self.update, self.update_start) = (true, Some(i)),
             2 if self.params && self.meta_key => self.meta_start = Some(i),
             _ => {}
         }
@@ -329,6 +333,9 @@ impl Reading {
             2 => self.params = false,
             _ => {
                 self.update = false;
+                if let Some(start) = self.update_start.take() {
+                    self.env.update_object = Some((start, i));
+                }
                 if let Some(start) = self.meta_start.take() {
                     self.env.meta = Some((start, i));
                 }
@@ -347,7 +354,8 @@ pub(super) struct Hole {
     /// What the envelope reads it as: [`ROLE_ID`], [`ROLE_SESSION`], or nothing (0).
     pub(super) role: u8,
     /// Which of the envelope's strings (a bit each: `jsonrpc`, `method`, `sessionUpdate`) and ends of
-    /// `params._meta` lie in the bytes before it, where a skeleton keeps them ([`super::skeleton`]).
+    /// `params._meta` and `params.update` lie in the bytes before it, where a skeleton keeps them
+    /// ([`super::skeleton`]).
     pub(super) moved: u8,
 }
 

@@ -60,7 +60,9 @@ impl Skeleton {
         // What lies between holes moves with the stretch it is in: the stretch before the first hole after it.
         self.tail = 0;
         let meta = [env.meta.map(|m| m.0), env.meta.map(|m| m.1)];
-        for (at, bit) in strings.into_iter().chain(meta).zip([JSONRPC, METHOD, UPDATE, META_START, META_END]) {
+        let update = [env.update_object.map(|u| u.0), env.update_object.map(|u| u.1)];
+        let bits = [JSONRPC, METHOD, UPDATE, META_START, META_END, OBJECT_START, OBJECT_END];
+        for (at, bit) in strings.into_iter().chain(meta).chain(update).zip(bits) {
             let Some(at) = at else { continue };
             match self.holes.iter_mut().find(|h| h.start > at) {
                 Some(hole) => hole.moved |= bit,
@@ -96,7 +98,7 @@ impl Skeleton {
         // Where each stretch between holes is in `b` (`at`) and was in the kept line (`was`); how far each of
         // the envelope's strings that lie in one moved (by the bits of `Hole::moved`).
         let (mut at, mut was) = (0, 0);
-        let mut by = [0usize; 5];
+        let mut by = [0usize; 7];
         let (mut id, mut session, mut lone) = (None, None, false);
         changed.clear();
         for hole in &self.holes {
@@ -141,6 +143,9 @@ impl Skeleton {
         if let Some((start, end)) = &mut env.meta {
             (*start, *end) = (start.wrapping_add(by[3]), end.wrapping_add(by[4]));
         }
+        if let Some((start, end)) = &mut env.update_object {
+            (*start, *end) = (start.wrapping_add(by[5]), end.wrapping_add(by[6]));
+        }
         if id.is_some() {
             env.id = id;
         }
@@ -158,21 +163,24 @@ impl Skeleton {
     }
 }
 
-/// The envelope's strings that are no holes (see [`Hole::moved`]), and the start and the end of
-/// `params._meta` (see [`Envelope::meta`]): bit `k` is entry `k` of the shifts [`moved`] sets.
+/// The envelope's strings that are no holes (see [`Hole::moved`]), and the starts and the ends of
+/// `params._meta` and `params.update`: bit `k` is entry `k` of the shifts [`moved`] sets.
 const JSONRPC: u8 = 1;
 const METHOD: u8 = 2;
 const UPDATE: u8 = 4;
 const META_START: u8 = 8;
 const META_END: u8 = 16;
+/// The start and the end of `params.update` (see [`Envelope::update_object`]).
+const OBJECT_START: u8 = 32;
+const OBJECT_END: u8 = 64;
 
 /// Notes in `by` that the envelope's strings (and ends of `_meta`) `which` lie in a stretch between holes
 /// that was at `was` in the kept line and is at `at` in this one: each moved by `at - was`.
 #[inline(always)]
-fn moved(by: &mut [usize; 5], which: u8, at: usize, was: usize) {
+fn moved(by: &mut [usize; 7], which: u8, at: usize, was: usize) {
     let mut which = which;
     while which != 0 {
-        by[which.trailing_zeros() as usize % 5] = at.wrapping_sub(was);
+        by[which.trailing_zeros() as usize % 7] = at.wrapping_sub(was);
         which &= which - 1;
     }
 }
