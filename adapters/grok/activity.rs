@@ -329,7 +329,8 @@ impl GrokActivity {
     /// Whether a frame names a session [`GrokActivity::rename`] renames (towards the client when `to_visible`).
     fn may_rename(&self, frame: &Frame, to_visible: bool) -> bool {
         let map = if to_visible { &self.alias } else { &self.current };
-        map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes()))
+        // `params.sessionId` from the frame check: a lookup, not a search of the frame for every name.
+        !map.is_empty() && frame.session().is_some_and(|s| map.get(&*s).is_some_and(|to| *to != *s))
     }
 
     /// Whether a `session/update` is a tool call this layer learns from: a spawn, or what may follow one.
@@ -345,7 +346,7 @@ impl GrokActivity {
     /// passes the frame on (towards the client when `to_visible`).
     fn rename(&self, frame: Frame, to_visible: bool, cx: &mut Cx) {
         let pass = |cx: &mut Cx, f: Frame| if to_visible { cx.to_client(f) } else { cx.to_agent(f) };
-        // Parse only a frame that names a session to rename (a byte search is far cheaper than a parse).
+        // Parse only a frame whose session is one to rename.
         if !self.may_rename(&frame, to_visible) {
             return pass(cx, frame);
         }

@@ -65,6 +65,24 @@ fn digits(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// Where the integer of at most three digits at `start` ends when a comma or a container's end follows it
+/// (the elements of an array of bytes, small counts: a tool's output may be thousands of them); `None` for
+/// anything else, which [`scalar`] reads.
+#[inline(always)]
+fn short_integer(b: &[u8], start: usize) -> Option<usize> {
+    let mut end = start + 1;
+    match *b.get(start)? {
+        b'0' => {}
+        b'1'..=b'9' => {
+            while end < start + 3 && b.get(end).is_some_and(u8::is_ascii_digit) {
+                end += 1;
+            }
+        }
+        _ => return None,
+    }
+    matches!(b.get(end), Some(b',' | b']' | b'}')).then_some(end)
+}
+
 /// Where the number, `true`, `false` or `null` at `start` ends; `None` when there is none by JSON's grammar.
 #[inline(never)]
 fn scalar(b: &[u8], start: usize) -> Option<usize> {
@@ -422,7 +440,10 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
     macro_rules! scalar {
         () => {{
             let start = i;
-            i = scalar(b, i)?;
+            i = match short_integer(b, i) {
+                Some(end) => end,
+                None => scalar(b, i)?,
+            };
             if let Some(holes) = holes.as_mut().filter(|_| b[start] != b't' && b[start] != b'f' && b[start] != b'n') {
                 holes.push(Hole { start, end: i, string: false, role: 0, moved: 0 });
             }
