@@ -14,8 +14,15 @@ pub fn all() -> [Adapter; 4] {
     [codex::adapter(), grok::adapter(), kimi::adapter(), opencode::adapter()]
 }
 
-/// The adapter whose [`Adapter::agent`] is `agent`.
+/// The adapter whose [`Adapter::agent`] is `agent`; `acp` is coda-acp with no profile, `acp-<profile>` coda-acp
+/// with a built-in profile (fixtures of coda-acp are kept per profile: `fixtures/acp-<profile>/`).
 pub fn by_agent(agent: &str) -> Option<Adapter> {
+    if agent == "acp" {
+        return Some(acp::adapter(None));
+    }
+    if let Some(profile) = agent.strip_prefix("acp-") {
+        return acp::profile::built_in(profile).ok().map(|p| acp::adapter(Some(p)));
+    }
     all().into_iter().find(|a| a.agent == agent)
 }
 
@@ -30,6 +37,9 @@ mod tests {
             assert!(others.clone().all(|a| a.data_home.dir_with(|_| None) != adapter.data_home.dir_with(|_| None)));
         }
         assert!(super::by_agent("nobody").is_none());
+        assert_eq!(super::by_agent("acp-qwen").map(|a| a.cli_name), Some("Qwen Code"));
+        assert_eq!(super::by_agent("acp").map(|a| a.binary()), Some("coda-acp".to_owned()));
+        assert!(super::by_agent("acp-nobody").is_none());
         let kimi = super::by_agent("kimi").expect("kimi");
         assert_eq!(
             (kimi.data_home.var, kimi.data_home.default, kimi.data_home.owns_var()),

@@ -1,4 +1,5 @@
-//! A log file the shim writes for the replay tools (`CODA_KIMI_RECORD`, `CODA_KIMI_TOOK`, `CODA_OPENCODE_TOOK`):
+//! The one log writer: a file the shim writes for the replay tools (`CODA_KIMI_RECORD`, `CODA_KIMI_TOOK`,
+//! `CODA_OPENCODE_TOOK`, `CODA_OPENCODE_RECORD`):
 //! one JSON line a record, private to the user (`src/private_file.rs`), written in order by a thread of the
 //! log's own (started at set-up), so the relay loop never waits on the disk. A layer only makes the lines.
 
@@ -74,8 +75,9 @@ impl FileLog {
         Direct(self.out.clone())
     }
 
-    /// Writes one record as a line.
-    pub fn record(&mut self, rec: &serde_json::Value) {
+    /// Writes one record as a line (queued: the writer thread writes them in order). A log shared by several
+    /// layers is an `Arc<FileLog>`: its last owner's drop waits for the queue.
+    pub fn record(&self, rec: &serde_json::Value) {
         let mut line = rec.to_string().into_bytes();
         line.push(b'\n');
         if let Some(lines) = &self.lines {

@@ -1060,7 +1060,10 @@ mod tests {
             assert_eq!(f.session().as_deref(), want, "{line}");
             assert_eq!(f.session().as_deref(), f.value().pointer("/params/sessionId").and_then(Value::as_str));
         }
-        for line in [r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a\u0062"}}"#, r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"é"}}"#] {
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a\u0062"}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"é"}}"#,
+        ] {
             let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
             assert_eq!(f.session_bytes().as_deref(), f.session().as_deref().map(str::as_bytes), "{line}");
         }

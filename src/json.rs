@@ -259,6 +259,22 @@ pub fn to_vec_spelled(value: &serde_json::Value, spellings: &Spellings) -> Vec<u
     out
 }
 
+/// The object at `key` of `map`, made (or put in place of a value that is no object) when missing: the one
+/// place a layer writes into a nested object of a frame (`_meta`, `_meta.coda`).
+pub fn object_at<'a>(
+    map: &'a mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> &'a mut serde_json::Map<String, serde_json::Value> {
+    let slot = map.entry(key).or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    if !slot.is_object() {
+        *slot = serde_json::Value::Object(serde_json::Map::new());
+    }
+    match slot {
+        serde_json::Value::Object(m) => m,
+        _ => unreachable!("made an object above"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

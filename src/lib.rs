@@ -10,7 +10,7 @@
 //! top-level modules:
 //!
 //! - the engine, which names no agent: [`frame`], [`scan`], [`json`], [`lines`], [`transport`], [`relay`],
-//!   [`layer`], [`child`], [`watchdog`], [`trace`], [`file_log`], [`private_file`], [`maybe`];
+//!   [`layer`], [`child`], [`watchdog`], [`trace`], [`file_log`], [`private_file`], [`inside`], [`maybe`];
 //! - [`coda`]: Coda's contract, written once;
 //! - [`cli`]: what every binary shares (the [`Adapter`] value, arguments, finding the CLI, prompt mode, `doctor`);
 //! - [`adapters`]: one module per wrapped CLI;
@@ -27,6 +27,7 @@ pub mod cli;
 pub mod coda;
 pub mod file_log;
 pub mod frame;
+pub mod inside;
 pub mod json;
 pub mod layer;
 pub mod lines;
@@ -35,6 +36,7 @@ pub mod private_file;
 pub mod relay;
 pub mod replay;
 pub mod scan;
+pub mod text;
 pub mod trace;
 pub mod transport;
 pub mod watchdog;

@@ -520,6 +520,13 @@ async fn run_io(
         st.set_time();
         st.fail_in_flight(status, stderr_tail);
     }
+    // What a layer still holds until a deadline goes out now: nothing it waits for comes any more.
+    st.set_time();
+    let mut exits = std::mem::take(&mut st.exits);
+    st.stack.wake_all(&mut exits);
+    // The agent reads nothing any more.
+    exits.to_agent.clear();
+    st.route(exits);
     tracing::info!("agent exited with status {}", child::describe(status));
     // Hand everything left to the client's writer and let it flush. A client that stopped reading must not
     // keep the shim alive: this waits 5 s at most.

@@ -635,7 +635,8 @@ mod tests {
             lines.push(line.as_bytes().to_vec());
         }
         // Arrays of numbers (a tool's output as bytes), of every length and form, good and bad.
-        for n in ["0", "7", "12", "123", "1234", "-1", "0.5", "1e2", "10E+1", "01", "00", "1.", "-", "0x1", "1 ", " 2"] {
+        for n in ["0", "7", "12", "123", "1234", "-1", "0.5", "1e2", "10E+1", "01", "00", "1.", "-", "0x1", "1 ", " 2"]
+        {
             for (open, close) in [("[", "]"), ("{\"a\":", "}")] {
                 lines.push(format!("{open}{n}{close}").into_bytes());
                 lines.push(format!("[{n},{n},[{n}],{{\"k\":{n}}}]").into_bytes());

@@ -3,7 +3,9 @@
 //! One record per frame and edge:
 //! `{"ts":"<RFC 3339>","dir":"client->shim"|"shim->agent"|"agent->shim"|"shim->client","frame":<the frame>}`,
 //! with `"shim":true` on frames the shim created or edited, and `"line":"<text>"` instead of `frame` for a
-//! line that was not JSON-RPC. Frames are embedded as their exact bytes.
+//! line that was not JSON-RPC. Frames are embedded as their exact bytes. The first record names the shim:
+//! `{"ts":…,"dir":"shim","line":"coda-acp --profile qwen"}`, its binary and the arguments that chose its agent
+//! (what `acp-replay check` runs a fixture with).
 
 use std::fs::File;
 use std::io::Write;
@@ -19,6 +21,8 @@ pub enum Dir {
     ShimToClient,
     /// A session file written by the CLI: recordings merge these from a file log; the relay never traces one.
     AgentToFile,
+    /// The shim itself: its binary and the arguments that chose its agent, as shell words (a `line`).
+    Shim,
 }
 
 impl Dir {
@@ -29,12 +33,13 @@ impl Dir {
             Dir::AgentToShim => "agent->shim",
             Dir::ShimToClient => "shim->client",
             Dir::AgentToFile => "agent->file",
+            Dir::Shim => "shim",
         }
     }
 
     /// The direction a record's `"dir"` names.
     pub fn parse(s: &str) -> Option<Dir> {
-        [Dir::ClientToShim, Dir::ShimToAgent, Dir::AgentToShim, Dir::ShimToClient, Dir::AgentToFile]
+        [Dir::ClientToShim, Dir::ShimToAgent, Dir::AgentToShim, Dir::ShimToClient, Dir::AgentToFile, Dir::Shim]
             .into_iter()
             .find(|d| d.as_str() == s)
     }
@@ -75,6 +80,12 @@ impl Trace {
         rec.extend_from_slice(bytes);
         rec.extend_from_slice(b"}\n");
         self.write(&rec);
+    }
+
+    /// Records which shim this is: `binary` and the arguments that chose its agent (`--profile qwen`).
+    pub fn shim(&mut self, binary: &str, args: &[&str]) {
+        let words = std::iter::once(binary).chain(args.iter().copied());
+        self.line(Dir::Shim, shell_words::join(words).as_bytes());
     }
 
     /// Records a line that was not a JSON-RPC frame.

@@ -123,10 +123,13 @@ fn live_acp_claude_basics() {
 
 #[test]
 fn live_acp_claude_subagents() {
-    if !live::wanted("claude", "coda-acp subagents on Claude Agent ACP") {
-        return;
+    if live::wanted("claude", "coda-acp subagents on Claude Agent ACP") {
+        let notes = "a foreground subagent as a wait with its child's traffic; a background one stopped by Coda";
+        recorded("claude", "subagents", notes, claude_subagents);
     }
-    let (model, _temp, _lc, mut rec) = start("claude", "coda-acp-claude-subagents");
+}
+
+fn claude_subagents(model: &fake_model::FakeModel, rec: &mut Rec) {
     let session = rec.new_session(true);
 
     // A foreground subagent: a wait with its child session, the child's task and output as the child's.
@@ -183,8 +186,174 @@ fn live_acp_claude_subagents() {
     assert_eq!(end["state"], "cancelled", "{end}; waits: {:?}", rec.waits());
     let answer = rec.answer(turn, Duration::from_secs(20));
     assert!(answer.get("result").is_some(), "{answer}");
+}
+
+/// Records one scenario of `coda-acp --profile <agent>` as `fixtures/acp-<agent>/<scenario>` (with
+/// `CODA_RECORD=1`; always replayed through coda-acp at once): `run` drives the session.
+fn recorded(agent: &str, scenario: &str, notes: &str, run: impl FnOnce(&fake_model::FakeModel, &mut Rec)) {
+    let (model, temp, _lc, mut rec) = start(agent, &format!("coda-acp-{agent}-{scenario}"));
+    run(&model, &mut rec);
     rec.quiet(Duration::from_millis(1500));
     for frame in rec.finish() {
         assert_eq!(coda_text::leak(&frame), None, "a client frame shows the instruction: {frame}");
+    }
+    let root = temp.path().to_path_buf();
+    super::support::recorder::keep(&format!("acp-{agent}"), scenario, &root.join("trace.jsonl"), &root, notes);
+}
+
+/// The base scenarios of each agent: the instruction with a plain turn, a tool call with permission, cancel.
+fn record_base(agent: &str) {
+    recorded(agent, "instruction-plain-turn", "Coda's instruction, then a plain turn", |_, rec| {
+        rec.new_session(true);
+        let answer = rec.prompt(coda_text::FIRST_PROMPT);
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    });
+    recorded(agent, "tool-permission", "a shell command the agent asks permission for, allowed once", |_, rec| {
+        rec.new_session(true);
+        let answer = rec.prompt("Make the file. [[sh:touch made-by-agent.txt]]");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        assert!(rec.received.iter().any(|v| v["method"] == "session/request_permission"), "asked");
+    });
+    recorded(agent, "cancel", "a turn cancelled while the model answers, then the next turn", |model, rec| {
+        rec.new_session(true);
+        let id = rec.send(
+            "session/prompt",
+            json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": "Wait. [[delay:15000]]"}]}),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !model.model_requests().iter().any(|r| r.user_text().contains("[[delay:15000]]")) {
+            assert!(Instant::now() < deadline, "the delayed request never reached the model");
+            rec.quiet(Duration::from_millis(200));
+        }
+        rec.notify("session/cancel", json!({"sessionId": rec.session}));
+        let answer = rec.answer(id, Duration::from_secs(10));
+        assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+        let answer = rec.prompt("And now?");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    });
+}
+
+#[test]
+fn live_acp_qwen_record() {
+    if live::wanted("qwen", "coda-acp fixtures of Qwen Code") {
+        record_base("qwen");
+    }
+}
+
+#[test]
+fn live_acp_gemini_record() {
+    if live::wanted("gemini", "coda-acp fixtures of Gemini CLI") {
+        record_base("gemini");
+    }
+}
+
+#[test]
+fn live_acp_claude_record() {
+    if live::wanted("claude", "coda-acp fixtures of Claude Agent ACP") {
+        record_base("claude");
+    }
+}
+
+#[test]
+fn live_acp_gemini_quota() {
+    if live::wanted("gemini", "coda-acp on Gemini CLI's exhausted daily quota") {
+        let notes = "an upstream 429 RESOURCE_EXHAUSTED with a per-day quota: Gemini CLI answers at once";
+        recorded("gemini", "upstream-quota", notes, |_, rec| {
+            rec.new_session(true);
+            let answer = rec.call(
+                "session/prompt",
+                json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": "Go. [[error:429-usage]]"}]}),
+            );
+            assert_eq!(answer["error"]["code"], 429, "{answer}");
+        });
+    }
+}
+
+/// Coda's compaction between turns through the agent's own command: compacted, with the agent's counts.
+fn compacts(agent: &str) {
+    recorded(agent, "compact-between-turns", "Coda's _coda/session/compact after a turn", |_, rec| {
+        let init = rec.received.iter().find(|v| v["id"] == 0).cloned().expect("initialize");
+        assert_eq!(init.pointer("/result/agentCapabilities/_meta/coda/compact"), Some(&json!({})), "{init}");
+        rec.new_session(true);
+        rec.prompt(coda_text::FIRST_PROMPT);
+        let answer = rec.call("_coda/session/compact", json!({"sessionId": rec.session}));
+        let result = &answer["result"];
+        assert_eq!(result["compacted"], true, "{answer}");
+        assert!(result["before"].as_u64().is_some(), "{answer}");
+        // The shim's own prompt is no turn of Coda's: nothing of it reaches Coda but compaction and usage.
+        let answer = rec.prompt("After the compaction.");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    });
+}
+
+#[test]
+fn live_acp_qwen_compacts() {
+    if live::wanted("qwen", "coda-acp compaction on Qwen Code") {
+        compacts("qwen");
+    }
+}
+
+#[test]
+fn live_acp_claude_compacts() {
+    if live::wanted("claude", "coda-acp compaction on Claude Agent ACP") {
+        compacts("claude");
+    }
+}
+
+/// Coda steers into its running turn: `injected`, the model's next request carries the message, the turn ends.
+fn steers(agent: &str, prompt: &str, ready: fn(&fake_model::FakeModel, &Rec) -> bool) {
+    recorded(agent, "steering", "a steering message during Coda's turn, then one between turns", |model, rec| {
+        let init = rec.received.iter().find(|v| v["id"] == 0).cloned().expect("initialize");
+        assert_eq!(init.pointer("/result/_meta/steering/supported"), Some(&json!(true)), "{init}");
+        rec.new_session(true);
+        let turn =
+            rec.send("session/prompt", json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": prompt}]}));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready(model, rec) {
+            assert!(Instant::now() < deadline, "the turn never got to the point to steer at");
+            rec.quiet(Duration::from_millis(100));
+        }
+        let text = "STEER-51: 先别改测试, look at the build only";
+        let steer = rec.send(
+            "_session/steering",
+            json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": text}],
+                "_meta": {"steering": {"idleBehavior": "promptRequired"}}}),
+        );
+        let answer = rec.answer(steer, Duration::from_secs(60));
+        assert_eq!(answer["result"], json!({"outcome": "injected"}), "{answer}");
+        let done = rec.answer(turn, Duration::from_secs(60));
+        assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+        let at = |id: i64| rec.received.iter().position(|v| v["id"] == id && v.get("method").is_none());
+        assert!(at(steer) < at(turn), "the steering answer comes first");
+        assert!(
+            model.model_requests().iter().any(|r| r.body.to_string().contains("STEER-51")),
+            "the model got the message in Coda's turn"
+        );
+        let idle = rec.call(
+            "_session/steering",
+            json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": "between turns"}],
+                "_meta": {"steering": {"idleBehavior": "promptRequired"}}}),
+        );
+        assert_eq!(idle["result"], json!({"outcome": "promptRequired", "reason": "noRunningTurn"}), "{idle}");
+    });
+}
+
+#[test]
+fn live_acp_qwen_steers() {
+    if live::wanted("qwen", "coda-acp steering on Qwen Code") {
+        // Qwen asks for queued messages after a tool batch: steer while the command runs.
+        steers("qwen", "Wait for it. [[sh:for i in 1 2 3; do sleep 1; done; echo slept]]", |_, rec| {
+            rec.received.iter().any(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("tool_call")))
+        });
+    }
+}
+
+#[test]
+fn live_acp_claude_steers() {
+    if live::wanted("claude", "coda-acp steering on Claude Agent ACP") {
+        // Claude Code abandons the running model request and asks again with the message.
+        steers("claude", "Take your time. [[delay:8000]]", |model, _| {
+            model.model_requests().iter().any(|r| r.user_text().contains("[[delay:8000]]"))
+        });
     }
 }

@@ -14,6 +14,7 @@ mod codex_replay;
 mod codex_version;
 mod docs;
 mod doctor;
+mod facts_live;
 mod failure_live;
 mod failure_replay;
 mod faults;

@@ -140,7 +140,7 @@ fn replay_usage(dir: &std::path::Path) -> Vec<Value> {
     );
     // RFC 3339 UTC times of one width: their text sorts as their time; a stable sort keeps each log's order.
     inputs.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut h = Harness::of(usage::Usage::new());
+    let mut h = Harness::of(usage::layer(None));
     let mut feed = feed::Feed::new(0);
     let mut out = Vec::new();
     let mut i = 0;

@@ -34,6 +34,11 @@ fn codex_binary() -> PathBuf {
     live::live_root().join("codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
 }
 
+/// The newer Codex CLI `scripts/install-clis codex-cli` installs, run by codex-acp through `CODEX_PATH`.
+fn codex_cli_171() -> PathBuf {
+    live::live_root().join("codex-cli/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex")
+}
+
 /// Coda's real-size session instruction (`fixtures/coda-instruction.md`).
 fn system_prompt() -> Value {
     coda_text::system_prompt(coda_text::INSTRUCTION)
@@ -47,10 +52,24 @@ struct Run {
 
 impl Run {
     fn start(lc: &live::LiveCommand, agent: &str, trace: &Path) -> Run {
+        Run::start_with(lc, agent, trace, &codex_binary())
+    }
+
+    /// [`Run::start`] with `codex` as the Codex CLI codex-acp runs (coda-codex only).
+    fn start_with(lc: &live::LiveCommand, agent: &str, trace: &Path, codex: &Path) -> Run {
+        let mut lc = lc.clone();
+        if agent == "opencode" {
+            // As coda-opencode's default command runs OpenCode: its server on a port the shim knows (so the shim
+            // reads it, and declares steering), the server events it handled logged for the replay, which writes
+            // them back for the shim to read.
+            let port = std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).expect("a port");
+            lc.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), port.port().to_string()]);
+            lc.env.push(("CODA_OPENCODE_RECORD".into(), files_log(trace).display().to_string()));
+        }
         let mut cmd = lc.shim_command(&replay_support::shim_binary(agent));
         if agent == "codex" {
             // coda-codex learns Codex's version from `$CODEX_PATH -V` (the replays use fixtures/codex/codex-cli).
-            cmd.env("CODEX_PATH", codex_binary());
+            cmd.env("CODEX_PATH", codex);
         }
         if agent == "kimi" {
             // Kimi's session files are part of what the shim reads: the player re-creates them.
@@ -108,7 +127,8 @@ fn new_session(run: &mut Run, cwd: &str, instruction: bool) -> String {
     answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
 }
 
-/// Where the Kimi shim logs the session-file changes of the run traced into `trace`.
+/// Where the Kimi shim logs the session-file changes (the OpenCode shim its server's events) of the run traced into
+/// `trace`.
 fn files_log(trace: &Path) -> PathBuf {
     trace.with_extension("files.jsonl")
 }
@@ -129,7 +149,10 @@ fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path) {
             panic!("{agent}/{scenario}: the client saw part of the instruction: {leak}");
         }
     }
-    let out = replay::render(&records);
+    let mut out = replay::render(&records);
+    // A reset time Codex gives without a day gets the day the shim received it: `{{TODAY}}` on replay.
+    let today = jiff::Timestamp::now().strftime("%Y-%m-%d").to_string();
+    out = out.replace(&format!("<t:{today}T"), "<t:{{TODAY}}T");
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
     let scratch = root.join("fixture").join(scenario);
@@ -204,6 +227,75 @@ fn record_grok() {
 #[test]
 fn record_opencode() {
     record_all("opencode");
+}
+
+/// codex-acp 2.6.0 on Codex CLI 0.171.0 (through `CODEX_PATH`; codex-acp pins ^0.166.0): a plain turn with
+/// Coda's instruction, then turns the upstream fails, as Coda gets them (identity, failure kinds).
+#[test]
+fn record_codex_171() {
+    if !live::wanted("codex", "Codex 0.171 through CODEX_PATH") {
+        return;
+    }
+    let codex = codex_cli_171();
+    assert!(codex.is_file(), "run `scripts/install-clis codex-cli` first: {} is missing", codex.display());
+    let model = fake_model::FakeModel::start();
+    let temp = temp::TempDir::new("coda-record-codex-171");
+    let root = temp.path().to_path_buf();
+    let lc = live::prepare("codex", &model.base_url(), &root).expect("prepare the CLI");
+    let cwd = lc.workdir.display().to_string();
+    let traces = root.join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    let trace = traces.join("codex-0.171.jsonl");
+    let mut run = Run::start_with(&lc, "codex", &trace, &codex);
+    let init = run.initialize();
+    assert_eq!(init["result"]["agentInfo"], json!({"name": "codex", "version": "0.171.0"}), "{init}");
+    let sid = new_session(&mut run, &cwd, true);
+    let answer = run.prompt(&sid, &format!("{} [[text:Hello from Codex 0.171.]]", coda_text::FIRST_PROMPT));
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let mut failures = Vec::new();
+    for kind in ["429-usage", "500", "401"] {
+        let id = run.next_id;
+        run.next_id += 1;
+        let params = json!({"sessionId": sid, "prompt": [{"type": "text", "text": format!("fail [[error:{kind}]]")}]});
+        let (answer, _) = run.shim.request_within(id, "session/prompt", params, Duration::from_secs(60));
+        run.trail();
+        eprintln!("codex 0.171, upstream {kind}: {answer}");
+        failures.push((kind, answer));
+    }
+    let kind = |a: &Value| a.pointer("/error/data/_meta/coda/failure/kind").cloned().unwrap_or(Value::Null);
+    assert_eq!(kind(&failures[0].1), "quota_exhausted", "{:?}", failures[0]);
+    assert_eq!(kind(&failures[1].1), "service_unavailable", "{:?}", failures[1]);
+    assert_eq!(failures[2].1["error"]["code"], -32000, "{:?}", failures[2]);
+    run.finish();
+    keep_with_cli(&trace, &root, "0.171.0");
+    drop(model);
+    drop(temp);
+}
+
+/// [`keep`] for a fixture recorded on Codex CLI `version`: the fixture holds its own `codex-cli` stand-in.
+fn keep_with_cli(trace: &Path, root: &Path, version: &str) {
+    let scenario = "codex-cli-0.171";
+    let stand_in = format!(
+        "#!/bin/sh\n# Stands in for the Codex CLI in this fixture's replay: coda-codex asks `$CODEX_PATH -V`.\necho \"codex-cli {version}\"\n"
+    );
+    let scratch = root.join("fixture").join(scenario);
+    std::fs::create_dir_all(&scratch).unwrap();
+    write_stand_in(&scratch.join("codex-cli"), &stand_in);
+    keep("codex", scenario, trace, root);
+    if std::env::var_os("CODA_RECORD").is_some() {
+        let dir = replay_support::fixtures_root().join("codex").join(scenario);
+        write_stand_in(&dir.join("codex-cli"), &stand_in);
+        let meta = json!({"agent": "codex", "scenario": scenario,
+            "cli": format!("{} (Codex CLI {version} through CODEX_PATH)", live::pinned("codex")),
+            "recorded_by": "tests/live_record.rs record_codex_171"});
+        std::fs::write(dir.join("meta.json"), format!("{:#}\n", meta)).unwrap();
+    }
+}
+
+fn write_stand_in(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 #[test]

@@ -233,8 +233,9 @@ fn trace_file_records_every_frame_both_ways() {
     let records: Vec<Value> =
         std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let dirs: Vec<&str> = records.iter().map(|r| r["dir"].as_str().unwrap()).collect();
-    assert_eq!(dirs, ["client->shim", "shim->agent", "agent->shim", "shim->client"]);
-    assert_eq!(records[3]["shim"], true, "the initialize answer was edited by the shim");
-    assert!(records[0].get("shim").is_none());
-    assert!(records[0]["ts"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(dirs, ["shim", "client->shim", "shim->agent", "agent->shim", "shim->client"]);
+    assert_eq!(records[0]["line"], "coda-opencode", "the first record names the shim");
+    assert_eq!(records[4]["shim"], true, "the initialize answer was edited by the shim");
+    assert!(records[1].get("shim").is_none());
+    assert!(records[1]["ts"].as_str().unwrap().ends_with('Z'));
 }

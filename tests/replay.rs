@@ -40,10 +40,27 @@ fn codex_fixtures_replay() {
     assert!(check_all("codex") > 0, "no fixtures under fixtures/codex");
 }
 
+/// coda-acp's fixtures, one folder per built-in profile; each names `coda-acp --profile <name>` in its shim
+/// record, which the check runs.
+#[test]
+fn acp_fixtures_replay() {
+    let n: usize = ["acp-qwen", "acp-gemini", "acp-claude"].iter().map(|agent| check_all(agent)).sum();
+    assert!(n > 0, "no fixtures under fixtures/acp-*");
+}
+
+#[test]
+fn a_fixture_of_coda_acp_is_checked_with_coda_acp_only() {
+    let fixture = fixtures("acp-qwen").into_iter().next().expect("a fixture of coda-acp's Qwen profile");
+    let text = std::fs::read_to_string(fixture.join(replay::TRACE_FILE)).unwrap();
+    assert!(text.lines().next().unwrap().contains(r#""dir":"shim","line":"coda-acp --profile qwen""#));
+    let err = check("grok", &fixture).unwrap_err();
+    assert!(err.contains("recorded with coda-acp"), "{err}");
+}
+
 #[test]
 fn committed_fixtures_name_no_path_of_this_machine() {
     let n = Normaliser::default();
-    for agent in ["grok", "opencode", "kimi", "codex"] {
+    for agent in ["grok", "opencode", "kimi", "codex", "acp-qwen", "acp-gemini", "acp-claude"] {
         for f in fixtures(agent) {
             let text = std::fs::read_to_string(f.join(replay::TRACE_FILE)).unwrap();
             assert!(n.leftovers(&text).is_empty(), "{} names {:?}", f.display(), n.leftovers(&text));

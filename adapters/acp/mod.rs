@@ -11,6 +11,7 @@
 #[cfg(test)]
 mod behaviour;
 pub mod profile;
+pub mod qwen;
 pub mod titles;
 
 use std::path::{Path, PathBuf};
@@ -21,10 +22,13 @@ use serde_json::Value;
 use crate::child::AgentCommand;
 use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
 use crate::cli::program::{FindError, Found, find_program, not_found, run_for_output};
+use crate::coda::compact::Compaction;
 use crate::coda::identity::{Identity, Policy};
 use crate::coda::instruction::Instruction;
+use crate::coda::slash_compact::SlashCompact;
+use crate::coda::steering::{AsDeclared, Steering};
 use crate::coda::subagents::Subagents;
-use profile::{AgentInfoFrom, Profile};
+use profile::{AgentInfoFrom, Profile, Reports, SteeringBy};
 
 /// `&'static str` of a text the process keeps to its end (a profile is read once per process).
 fn keep(s: String) -> &'static str {
@@ -47,14 +51,17 @@ fn bare() -> Profile {
         env: Default::default(),
         data_home: None,
         truncated_titles: false,
+        steering: profile::SteeringBy::AsDeclared,
+        compaction: None,
     }
 }
 
 /// `claudeCodeVersion` of the `@anthropic-ai/claude-agent-sdk` that `command` runs with: the SDK's
 /// `package.json` in a `node_modules` beside the command's script (npm hoists it, or nests it below the
-/// adapter's own folder).
+/// adapter's own folder). The script is the program or any argument that names a file (a replay's player
+/// plays a fixture with the SDK's manifest beside it: `fixtures/acp-claude/node_modules`).
 pub fn claude_code_version(command: &AgentCommand) -> Option<String> {
-    let paths = std::iter::once(command.program.clone()).chain(command.args.first().map(PathBuf::from));
+    let paths = std::iter::once(command.program.clone()).chain(command.args.iter().map(PathBuf::from));
     for path in paths.filter_map(|p| std::fs::canonicalize(p).ok()) {
         for dir in path.ancestors().skip(1) {
             let manifest = dir.join("node_modules/@anthropic-ai/claude-agent-sdk/package.json");
@@ -158,6 +165,14 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
     let builtins: &'static [&'static str] =
         Box::leak(p.builtin_commands.iter().map(|c| keep(c.clone())).collect::<Vec<_>>().into_boxed_slice());
     let truncated_titles = p.truncated_titles;
+    let steering = p.steering;
+    let compaction = p.compaction.as_ref().map(|c| {
+        let own: Option<crate::coda::slash_compact::Own> = match c.reports {
+            Reports::CompactionUpdate => None,
+            Reports::QwenContextCompression => Some(qwen::compression),
+        };
+        (keep(c.command.clone()), own)
+    });
     let layers: &'static (dyn Fn(&mut Setup) + Send + Sync) = Box::leak(Box::new(move |setup: &mut Setup| {
         let identity = match from {
             Some(AgentInfoFrom::ClaudeAgentSdk) => {
@@ -169,6 +184,15 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
         setup.add(|_| Box::new(Instruction::new(builtins)));
         if truncated_titles {
             setup.add(|_| Box::new(titles::TruncatedTitles));
+        }
+        match steering {
+            SteeringBy::AsDeclared => setup.add(|_| Box::new(Steering::new(AsDeclared::default()))),
+            SteeringBy::QwenDrain => setup.add(|_| Box::new(Steering::new(qwen::QwenSteering::new()))),
+            SteeringBy::None => {}
+        }
+        // Below the instruction layer, so that its slash command is never the prompt an instruction joins.
+        if let Some((command, own)) = compaction {
+            setup.add(move |_| Box::new(Compaction::new(SlashCompact::new(cli_name, command, own))));
         }
         setup.add(|_| Box::new(Subagents::new()));
     }));

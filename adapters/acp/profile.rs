@@ -52,6 +52,47 @@ pub struct Profile {
     /// that starts with the instruction block but lost its end is the instruction, and is blanked.
     #[serde(default)]
     pub truncated_titles: bool,
+    /// How the agent takes a message into a running turn (Coda's steering); see [`SteeringBy`].
+    #[serde(default)]
+    pub steering: SteeringBy,
+    /// The slash command the agent compacts with, and how it reports the compaction; absent: Coda's
+    /// `_coda/session/compact` is not declared.
+    #[serde(default)]
+    pub compaction: Option<CompactionBy>,
+}
+
+/// How an agent steers (see [`Profile::steering`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SteeringBy {
+    /// The agent's own `_session/steering`, where its `initialize` result declares it; else none.
+    #[default]
+    AsDeclared,
+    /// Qwen Code's pull: it asks the client for queued messages after each tool batch
+    /// (`craft/drainMidTurnQueue`), and coda-acp answers with Coda's steering message.
+    QwenDrain,
+    /// None: the agent has no way to take a message into a running turn (steering is not declared).
+    None,
+}
+
+/// How an agent compacts on request (see [`Profile::compaction`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CompactionBy {
+    /// The slash command, sent as a prompt of coda-acp's own (`/compact`).
+    pub command: String,
+    /// Where the agent reports the compaction.
+    pub reports: Reports,
+}
+
+/// Where an agent reports a compaction (see [`CompactionBy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reports {
+    /// ACP's `compaction_update` (`in_progress`, `completed`, `failed` with `error`).
+    CompactionUpdate,
+    /// Qwen Code's `agent_message_chunk`s with `_meta.contextCompression` (`done` with its token counts).
+    QwenContextCompression,
 }
 
 /// Known sources of a real agent's version (see [`Profile::agent_info_from`]).
@@ -146,6 +187,11 @@ impl Profile {
             && (home.var.is_empty() || home.var.contains('='))
         {
             return Err(format!("data-home.var {:?} is not a variable name", home.var));
+        }
+        if let Some(c) = &self.compaction
+            && (!c.command.starts_with('/') || c.command.len() < 2 || c.command.contains(char::is_whitespace))
+        {
+            return Err(format!("compaction.command {:?} must be one slash command, like \"/compact\"", c.command));
         }
         for command in &self.builtin_commands {
             if command.is_empty() || command.starts_with('/') || command.contains(char::is_whitespace) {

@@ -17,6 +17,7 @@ use std::convert::Infallible;
 
 use crate::coda::wait::{Register, State, Wait, WithholdWaits};
 use crate::frame::{self, Frame, Kind};
+use crate::json::object_at;
 use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
 
@@ -338,17 +339,6 @@ fn is_air_update(frame: &Frame) -> bool {
 }
 
 /// `map[key]` as an object, replacing whatever non-object was there.
-fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let entry = map.entry(key).or_insert_with(|| json!({}));
-    if !entry.is_object() {
-        *entry = json!({});
-    }
-    match entry {
-        Value::Object(m) => m,
-        _ => unreachable!("made an object above"),
-    }
-}
-
 impl Layer for Air {
     type Timer = Infallible;
     type Event = Infallible;
@@ -393,6 +383,17 @@ impl Layer for Air {
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         // What `agent_message` leaves as it is: no AIR update, no continued subagent's session to rename.
         !matches!(frame.kind(), Kind::Response { .. }) && !is_air_update(frame) && !of_a_generation(frame)
+    }
+
+    /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of
+    /// its subagents, goes.
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        let gone = |s: &str| closed.iter().any(|c| c == s);
+        self.subagents.retain(|id, s| !gone(id) && !gone(&s.parent));
+        self.waits.retain(|_, w| !gone(&w.session));
+        self.by_wait.retain(|(session, _), _| !gone(session));
+        self.held.retain(|(_, w)| !gone(&w.session_id));
+        self.register.forget(gone);
     }
 
     fn on_reply(&mut self, _: TaskStop, reply: Frame, _cx: &mut Cx) {

@@ -1,76 +1,49 @@
-//! Failed turns as Coda's failure kinds (section 执行失败).
+//! Failed turns as Coda's failure kinds (section 执行失败): where codex-acp's failure signals are.
 //!
 //! codex-acp ends a failed turn of an AIR `sessionFailure` client with `stopReason: end_turn` and
 //! `_meta.jetbrains.air.sessionFailure {category, severity, title, actions}`; without that declaration a usage
-//! limit is a `-32603` error with `data.codexErrorInfo: "usageLimitExceeded"`. Coda gets a JSON-RPC error
-//! with the upstream reason as `message` and, where the protocol allows one, `data._meta.coda.failure`.
+//! limit is a `-32603` error with `data.codexErrorInfo: "usageLimitExceeded"`. A retry Codex makes is a
+//! `session_info_update` with a `sessionFailure` of severity `warning` (its id `<turnId>:error`).
+//!
+//! The record names codex-acp's category and actions, not Codex's error (its `codexErrorInfo`), and one pair may
+//! stand for several errors (codex-acp's `SESSION_FAILURE_POLICY`):
+//!
+//! | category, actions | Codex's errors | Coda |
+//! | --- | --- | --- |
+//! | `limit`, `[]` | `usageLimitExceeded` | `quota_exhausted` |
+//! | `limit`, `["retry"]` | `rateLimitExceeded`, any HTTP 429 (a quota too) | plain |
+//! | `service`, `["retry"]` | `serverOverloaded`, `flexUnavailable`, `tooManyDenials`, sandbox and rollback errors, `other` | `service_unavailable` only for `serverOverloaded` (its title, Codex's own words for it); else plain |
+//! | `service`, `["retry","new_session"]` | `internalServerError` (any HTTP 500), adapter errors | plain |
+//! | `connection` | transport lost (502, 529, a dropped stream) | plain |
+//! | `access` | login | -32000 |
+//! | `request` | policy refusals, bad requests | plain |
+//!
+//! Only an explicit temporary-service signal is `service_unavailable`: Coda retries those, and a sandbox error
+//! retried three times never succeeds.
 
 use std::convert::Infallible;
+use std::time::{Duration, SystemTime};
 
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::failure::{Failure, Kind, Retry, Signal, Signals, Verdict};
+use crate::frame::Frame;
 use jiff::civil::Date;
 use jiff::fmt::strtime;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, Zoned};
 use serde_json::{Value, json};
 
-/// What a failed turn is for Coda.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// `kind: quota_exhausted`: codex-acp's `limit` with no action is Codex's `usageLimitExceeded`.
-    Quota,
-    /// `kind: service_unavailable, input: accepted`: the turn ran and ended on a temporary upstream failure.
-    Service,
-    /// Auth: stays ACP `auth_required` (-32000), never a quota.
-    Auth,
-    /// A plain error without a kind: policy refusals, bad requests, context or budget overruns, unknowns.
-    Plain,
-}
+/// Codex's title for `serverOverloaded` (codex 0.166: "Selected model is at capacity."), the one `service`
+/// record that says the server is temporarily unable to serve.
+const OVERLOADED: &str = "Selected model is at capacity. Please try a different model.";
 
-/// Classifies a `sessionFailure` record by codex-acp's category and actions (its table `SESSION_FAILURE_POLICY`).
-pub fn classify(category: &str, actions: &[&str]) -> Verdict {
+/// What a `sessionFailure` record is for Coda, by codex-acp's category and actions and (for `service`) the title.
+pub fn classify(category: &str, actions: &[&str], title: &str) -> Verdict {
     match category {
-        "limit" if actions.is_empty() => Verdict::Quota,
-        // Rate limiting (any HTTP 429 that is not a usage limit) asks for a retry.
-        "limit" if actions.contains(&"retry") => Verdict::Service,
-        "service" | "connection" => Verdict::Service,
+        "limit" if actions.is_empty() => Verdict::Kind(Kind::Quota),
+        "service" if actions == ["retry"] && title == OVERLOADED => Verdict::Kind(Kind::SERVICE),
         "access" => Verdict::Auth,
         _ => Verdict::Plain,
     }
-}
-
-/// The error frame Coda gets for a failed turn, `now` being when the shim got Codex's answer, in the zone
-/// Codex writes its local times in (`None`: no reset time is marked).
-pub fn error_for(id: &Id, verdict: &Verdict, message: &str, upstream: Option<Value>, now: Option<&Zoned>) -> Frame {
-    let failure = match verdict {
-        Verdict::Quota => Some(json!({"kind": "quota_exhausted"})),
-        Verdict::Service => Some(json!({"kind": "service_unavailable", "input": "accepted"})),
-        Verdict::Auth => {
-            return frame::error_response(id, -32000, message, upstream);
-        }
-        Verdict::Plain => None,
-    };
-    let data = match (failure, upstream) {
-        (Some(failure), upstream) => {
-            let mut data = match upstream {
-                Some(Value::Object(map)) => map,
-                _ => serde_json::Map::new(),
-            };
-            let meta = data.entry("_meta").or_insert_with(|| json!({}));
-            if !meta.is_object() {
-                *meta = json!({});
-            }
-            meta["coda"] = json!({ "failure": failure });
-            Some(Value::Object(data))
-        }
-        (None, upstream) => upstream,
-    };
-    let message = match now {
-        Some(now) => mark_reset_time(message, now.time_zone(), now.date()),
-        None => message.to_owned(),
-    };
-    frame::error_response(id, -32603, &message, data)
 }
 
 /// Codex writes when a limit resets in this machine's local time: "… try again at 5:49 AM." on the day
@@ -84,7 +57,7 @@ pub fn mark_reset_time(message: &str, tz: &TimeZone, today: Date) -> String {
     let end = rest.find(['.', '\n']).unwrap_or(rest.len());
     let phrase = rest[..end].trim();
     let Some(utc) = reset_instant(phrase, tz, today) else { return message.to_owned() };
-    format!("{}<t:{}>{}", &message[..at], utc.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"), &rest[end..])
+    format!("{}{}{}", &message[..at], crate::coda::failure::time_mark(utc), &rest[end..])
 }
 
 fn reset_instant(phrase: &str, tz: &TimeZone, today: Date) -> Option<jiff::Timestamp> {
@@ -100,27 +73,31 @@ fn reset_instant(phrase: &str, tz: &TimeZone, today: Date) -> Option<jiff::Times
     local.to_zoned(tz.clone()).ok().map(|z| z.timestamp())
 }
 
-/// The answer Coda gets instead of `reply`, if `reply` ends a failed turn (`now`: see [`error_for`]).
-pub fn translate(id: &Id, reply: &Value, now: Option<&Zoned>) -> Option<Frame> {
+/// The failure `reply` (codex-acp's answer to a prompt) ends its turn with, `now` being when the shim got it, in
+/// the zone Codex writes its local times in (`None`: no reset time is marked).
+pub fn translate(reply: &Value, now: Option<&Zoned>) -> Option<Failure> {
+    let mark = |message: &str| match now {
+        Some(now) => mark_reset_time(message, now.time_zone(), now.date()),
+        None => message.to_owned(),
+    };
     if let Some(failure) = reply.pointer("/result/_meta/jetbrains/air/sessionFailure") {
         // A warning is a retry that was still under way; only an error ends the turn.
         if failure.get("severity").and_then(Value::as_str) != Some("error") {
             return None;
         }
-        let category = failure.get("category").and_then(Value::as_str).unwrap_or("unknown");
-        let actions: Vec<&str> =
-            failure.get("actions").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
-        let verdict = classify(category, &actions);
-        let title = failure.get("title").and_then(Value::as_str).filter(|t| !t.trim().is_empty());
+        let (category, actions, title) = record(failure);
         let details = failure.get("details").and_then(Value::as_str).filter(|t| !t.trim().is_empty());
-        let message = match (title, details) {
+        let message = match (title.filter(|t| !t.trim().is_empty()), details) {
             (Some(t), Some(d)) => format!("{t}\n{d}"),
             (Some(t), None) => t.to_owned(),
             (None, Some(d)) => d.to_owned(),
             (None, None) => format!("Codex failed ({category})"),
         };
-        let upstream = json!({"codex": {"category": category, "actions": actions}});
-        return Some(error_for(id, &verdict, &message, Some(upstream), now));
+        let verdict = classify(category, &actions, title.unwrap_or_default());
+        let data = json!({"codex": {"category": category, "actions": actions}});
+        // A login problem keeps Codex's words as they are.
+        let message = if verdict == Verdict::Auth { message } else { mark(&message) };
+        return Some(Failure { verdict, message, data: Some(data) });
     }
     let error = reply.get("error")?;
     if error.get("code").and_then(Value::as_i64) != Some(-32603)
@@ -134,50 +111,83 @@ pub fn translate(id: &Id, reply: &Value, now: Option<&Zoned>) -> Option<Frame> {
         .filter(|m| !m.trim().is_empty())
         .or_else(|| error.get("message").and_then(Value::as_str))
         .unwrap_or("usage limit reached");
-    Some(error_for(id, &Verdict::Quota, message, error.get("data").cloned(), now))
+    Some(Failure { verdict: Verdict::Kind(Kind::Quota), message: mark(message), data: error.get("data").cloned() })
 }
 
-/// Watches `session/prompt` answers (the stack's request table says which answers those are) and rewrites
-/// failed ones.
-pub struct Failure {
+/// A `sessionFailure` record's category, actions and title.
+fn record(failure: &Value) -> (&str, Vec<&str>, Option<&str>) {
+    let category = failure.get("category").and_then(Value::as_str).unwrap_or("unknown");
+    let actions =
+        failure.get("actions").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    (category, actions, failure.get("title").and_then(Value::as_str))
+}
+
+/// Where codex-acp's failure signals are: its prompt answers, and the retry warnings before them.
+pub struct Codex {
     /// The zone Codex writes local times in: the machine's, read once at set-up and handed in (Codex runs
     /// as the shim's child, in its environment).
     zone: TimeZone,
 }
 
-impl Failure {
-    pub fn new(zone: TimeZone) -> Failure {
-        Failure { zone }
+impl Codex {
+    pub fn new(zone: TimeZone) -> Codex {
+        Codex { zone }
     }
 }
 
-impl Layer for Failure {
-    type Timer = Infallible;
+impl Signals for Codex {
     type Event = Infallible;
-    type Reply = Infallible;
+    type Record = Infallible;
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        let Kind::Response { id } = frame.kind() else { return cx.to_client(frame) };
-        if !cx.answer_to(&frame).is_some_and(|r| r.is("session/prompt")) {
-            return cx.to_client(frame);
-        }
-        if !frame.contains(b"sessionFailure") && !frame.contains(b"usageLimitExceeded") {
-            return cx.to_client(frame);
-        }
-        let id = id.clone();
+    fn wants(&self, frame: &Frame) -> bool {
+        frame.session_update() == Some("session_info_update") && frame.contains(b"\"sessionFailure\"")
+    }
+
+    fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
         let v = frame.value();
+        let Some(session) = v.pointer("/params/sessionId").and_then(Value::as_str) else { return };
+        let Some(failure) = v.pointer("/params/update/_meta/jetbrains/air/sessionFailure") else { return };
+        // A retry of the turn: a warning of the turn's error incident (a notice's id is `…:notice:…`).
+        let incident = failure.get("id").and_then(Value::as_str).is_some_and(|id| id.ends_with(":error"));
+        if failure.get("severity").and_then(Value::as_str) != Some("warning") || !incident {
+            return;
+        }
+        let (category, actions, title) = record(failure);
+        out.push(Signal::Retrying {
+            session: session.to_owned(),
+            retry: Retry {
+                reason: title.unwrap_or_default().to_owned(),
+                verdict: classify(category, &actions, title.unwrap_or_default()),
+                at_ms: None,
+                wait_ms: None,
+                attempt: None,
+                attempts: None,
+                data: Some(json!({"codex": {"category": category, "actions": actions, "stopped": true}})),
+            },
+        });
+    }
+
+    fn failure(&self, answer: &Frame, _: Option<Infallible>, wall: SystemTime) -> Option<Failure> {
+        if !answer.contains(b"sessionFailure") && !answer.contains(b"usageLimitExceeded") {
+            return None;
+        }
         // The day of a reset time Codex gives without one is the day the shim got the answer: the engine's
         // wall time, in the zone handed in at set-up (a layer reads neither clock nor zone itself).
-        let now = Timestamp::try_from(cx.wall()).ok().map(|t| t.to_zoned(self.zone.clone()));
-        match translate(&id, v, now.as_ref()) {
-            Some(error) => cx.to_client(error),
-            None => cx.to_client(frame),
-        }
+        let now = Timestamp::try_from(wall).ok().map(|t| t.to_zoned(self.zone.clone()));
+        translate(answer.value(), now.as_ref())
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        !matches!(frame.kind(), Kind::Response { .. })
+    fn retrying(&self, _: &Retry, _: Duration) -> String {
+        "Codex was retrying without an answer".to_owned()
     }
+}
+
+/// coda-codex's failure layer.
+pub type Failures = crate::coda::failure::FailureKinds<Codex>;
+
+/// The layer, in the zone Codex writes local times in, stopping retries after `patience`.
+pub fn layer(zone: TimeZone, patience: Duration) -> Failures {
+    crate::coda::failure::FailureKinds::new(Codex::new(zone), patience)
 }
 
 #[cfg(test)]
@@ -208,6 +218,7 @@ mod reset_time_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::Id;
 
     fn reply(failure: Value) -> Value {
         json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn","usage":null,
@@ -218,11 +229,16 @@ mod tests {
         frame.value().get("error").cloned().unwrap_or(Value::Null)
     }
 
+    /// The answer to prompt 3 that Coda gets for `reply`, if it is a failure.
+    fn answered(reply: &Value) -> Option<Frame> {
+        translate(reply, None).map(|f| f.answer(&Id::from_json("3")))
+    }
+
     #[test]
     fn usage_limit_is_quota_exhausted() {
         let r = reply(json!({"actions":[],"category":"limit","id":"t:error","revision":1,"severity":"error",
             "title":"You’ve hit your usage limit. Try again later."}));
-        let out = translate(&Id::from_json("3"), &r, None).expect("a failure");
+        let out = answered(&r).expect("a failure");
         assert_eq!(
             error_of(&out),
             json!({"code":-32603,"message":"You’ve hit your usage limit. Try again later.",
@@ -231,15 +247,24 @@ mod tests {
     }
 
     #[test]
-    fn rate_limit_server_error_and_overload_are_service_unavailable_input_accepted() {
-        for (category, actions) in
-            [("limit", json!(["retry"])), ("service", json!(["retry", "new_session"])), ("service", json!(["retry"]))]
-        {
-            let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":"busy"}));
-            let e = error_of(&translate(&Id::from_json("3"), &r, None).expect("a failure"));
-            assert_eq!(e["code"], -32603);
-            assert_eq!(e["message"], "busy");
-            assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
+    fn only_codexs_overloaded_record_is_service_unavailable() {
+        let r = reply(json!({"actions":["retry"],"category":"service","severity":"error","title":OVERLOADED}));
+        let e = error_of(&answered(&r).expect("a failure"));
+        assert_eq!((&e["code"], &e["message"]), (&json!(-32603), &json!(OVERLOADED)));
+        assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}));
+        // The same category and actions hold sandbox and rollback errors; a 429 may be a quota; a 500 or a lost
+        // connection says nothing of the service: none is retried by Coda.
+        for (category, actions, title) in [
+            ("service", json!(["retry"]), "sandbox error: command was killed by a signal"),
+            ("service", json!(["retry"]), "thread rollback failed"),
+            ("limit", json!(["retry"]), "exceeded retry limit, last status: 429 Too Many Requests"),
+            ("service", json!(["retry", "new_session"]), "We’re currently experiencing high demand"),
+            ("connection", json!(["retry", "new_session"]), "unexpected status 502 Bad Gateway"),
+        ] {
+            let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":title}));
+            let e = error_of(&answered(&r).expect("a failure"));
+            assert_eq!((&e["code"], &e["message"]), (&json!(-32603), &json!(title)));
+            assert!(e.pointer("/data/_meta/coda").is_none(), "{title}: {e}");
         }
     }
 
@@ -247,7 +272,7 @@ mod tests {
     fn policy_bad_request_and_context_overrun_are_plain_errors_without_a_kind() {
         for (category, actions) in [("request", json!([])), ("limit", json!(["new_session"])), ("unknown", json!([]))] {
             let r = reply(json!({"actions":actions,"category":category,"severity":"error","title":"no"}));
-            let e = error_of(&translate(&Id::from_json("3"), &r, None).expect("a failure"));
+            let e = error_of(&answered(&r).expect("a failure"));
             assert_eq!(e["code"], -32603);
             assert!(e.pointer("/data/_meta/coda").is_none(), "{e}");
         }
@@ -256,26 +281,26 @@ mod tests {
     #[test]
     fn auth_is_never_a_quota() {
         let r = reply(json!({"actions":["login"],"category":"access","severity":"error","title":"log in"}));
-        let e = error_of(&translate(&Id::from_json("3"), &r, None).expect("a failure"));
+        let e = error_of(&answered(&r).expect("a failure"));
         assert_eq!(e["code"], -32000);
         assert!(e.pointer("/data/_meta/coda").is_none());
         let plain = json!({"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"Authentication required"}});
-        assert!(translate(&Id::from_json("7"), &plain, None).is_none());
+        assert!(answered(&plain).is_none());
     }
 
     #[test]
     fn a_warning_or_a_clean_turn_is_left_alone() {
         let r = reply(json!({"actions":[],"category":"connection","severity":"warning","title":"Reconnecting... 1/5"}));
-        assert!(translate(&Id::from_json("3"), &r, None).is_none());
+        assert!(answered(&r).is_none());
         let ok = json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}});
-        assert!(translate(&Id::from_json("3"), &ok, None).is_none());
+        assert!(translate(&ok, None).is_none());
     }
 
     #[test]
     fn usage_limit_error_without_session_failure_keeps_upstream_data() {
         let r = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error",
             "data":{"message":"You’ve hit your usage limit.","codexErrorInfo":"usageLimitExceeded"}}});
-        let e = error_of(&translate(&Id::from_json("4"), &r, None).expect("a failure"));
+        let e = error_of(&translate(&r, None).map(|f| f.answer(&Id::from_json("4"))).expect("a failure"));
         assert_eq!(
             e,
             json!({"code":-32603,"message":"You’ve hit your usage limit.","data":{"message":"You’ve hit your usage limit.",
@@ -283,7 +308,7 @@ mod tests {
         );
         let other = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error",
             "data":{"codexErrorInfo":"badRequest"}}});
-        assert!(translate(&Id::from_json("4"), &other, None).is_none());
+        assert!(translate(&other, None).is_none());
     }
 
     /// The day of a time-only reset comes from the engine's wall time and the zone handed in, never from this
@@ -300,7 +325,7 @@ mod tests {
             (TimeZone::UTC, 0, "<t:2026-01-01T17:49:00.000Z>"),
             (honolulu, 3, "<t:2026-01-04T03:49:00.000Z>"),
         ] {
-            let mut h = crate::layer::testing::Harness::of(Failure::new(zone));
+            let mut h = crate::layer::testing::Harness::of(layer(zone, crate::coda::failure::RETRY_PATIENCE));
             h.advance(std::time::Duration::from_secs(days * 86_400));
             h.client_frame(parse(prompt));
             h.agent_frame(parse(&failed));
@@ -311,7 +336,7 @@ mod tests {
 
     #[test]
     fn only_prompt_answers_are_rewritten() {
-        let mut h = crate::layer::testing::Harness::of(Failure::new(TimeZone::UTC));
+        let mut h = crate::layer::testing::Harness::of(layer(TimeZone::UTC, crate::coda::failure::RETRY_PATIENCE));
         let parse = |s: &str| Frame::parse(s.as_bytes().to_vec()).expect("frame");
         h.client_frame(parse(r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{}}"#));
         let failed = reply(json!({"actions":[],"category":"limit","severity":"error","title":"limit"})).to_string();

@@ -9,7 +9,6 @@ pub mod air;
 pub mod compact;
 pub mod failure;
 pub mod review;
-pub mod roots;
 pub mod usage;
 
 use std::path::Path;
@@ -28,6 +27,9 @@ const VERSION_DEADLINE: Duration = Duration::from_millis(1000);
 /// Longest a version probe may run (`--version` waits for it; initialize only [`VERSION_DEADLINE`]).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 const INSTALL: &str = "npm install -g @agentclientprotocol/codex-acp";
+/// The newer Codex CLI tested through `CODEX_PATH`.
+const INSTALL_171: &str = "npm install -g @openai/codex@0.171.0, then CODEX_PATH=<its codex binary>";
+
 /// The tested codex-acp, which brings the tested Codex CLI with it.
 const INSTALL_TESTED: &str = "npm install -g @agentclientprotocol/codex-acp@2.6.0";
 
@@ -75,6 +77,11 @@ fn codex_package_version(dir: &Path) -> Option<String> {
 /// The stack. Set-up, like all of this file (the layers are not): the clock (the probe's deadline), the time
 /// zone, the environment and the CLI's version (on a thread started here) are read here, once; the layers get values.
 fn layers(setup: &mut Setup) {
+    layers_over(setup, Some(adapter().data_home.dir()));
+}
+
+/// [`layers`] over Codex's data folder `home` (where a loaded session's facts are; None: none are read).
+fn layers_over(setup: &mut Setup, home: Option<std::path::PathBuf>) {
     let command = setup.command.clone();
     let give_up_at = Instant::now() + VERSION_DEADLINE;
     setup.add(move |events| {
@@ -92,26 +99,36 @@ fn layers(setup: &mut Setup) {
         // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    for layer in below_identity(TimeZone::system()) {
+    for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience(), home) {
         setup.push(layer);
     }
 }
 
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
-/// `zone` is the one Codex writes local times in (the machine's: read once, at set-up).
-pub fn below_identity(zone: TimeZone) -> Vec<Box<dyn AnyLayer>> {
+/// `zone` is the one Codex writes local times in (the machine's: read once, at set-up); `patience` how long Codex
+/// may retry a turn (`coda::failure`); `home` Codex's data folder, where a loaded session's facts are.
+pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path::PathBuf>) -> Vec<Box<dyn AnyLayer>> {
     vec![
         Box::new(air::Air::new()),
-        Box::new(failure::Failure::new(zone)),
+        Box::new(failure::layer(zone, patience)),
         Box::new(review::CodexReview::new()),
         Box::new(Instruction::new(&[])),
         // Steering is codex-acp's own (`_session/steering`; the AIR layer asks it for `promptRequired`): the
         // machine keeps Coda's rules around it.
         Box::new(crate::coda::steering::Steering::new(CodexSteering)),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
-        Box::new(crate::coda::compact::Compaction::new(compact::CodexCompact::new())),
-        Box::new(usage::Usage::new()),
+        Box::new(crate::coda::compact::Compaction::new(compact::codex_compact())),
+        Box::new(usage::layer(home)),
     ]
+}
+
+/// coda-codex's stack over Codex's data folder `home` (a test's; None: nothing is read at load).
+#[cfg(test)]
+pub(crate) fn test_stack(
+    command: &AgentCommand,
+    home: Option<std::path::PathBuf>,
+) -> (crate::layer::Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+    crate::cli::adapter::stack_with(command, None, |setup| layers_over(setup, home))
 }
 
 /// codex-acp takes `_session/steering` itself.
@@ -138,12 +155,16 @@ pub fn adapter() -> Adapter {
         // What answers is the Codex CLI that codex-acp runs (its version is found by `version`, not by a
         // package beside the command); codex-acp itself is checked where its package is found.
         tested: Tested { what: "Codex CLI", version: "0.166.0", package: None, install: INSTALL_TESTED },
-        also_tested: &[Tested {
-            what: "codex-acp",
-            version: "2.6.0",
-            package: Some("@agentclientprotocol/codex-acp"),
-            install: INSTALL_TESTED,
-        }],
+        also_tested: &[
+            Tested {
+                what: "codex-acp",
+                version: "2.6.0",
+                package: Some("@agentclientprotocol/codex-acp"),
+                install: INSTALL_TESTED,
+            },
+            // codex-acp 2.6.0 pins ^0.166.0; a newer Codex CLI runs through `CODEX_PATH` (checked live).
+            Tested { what: "Codex CLI", version: "0.171.0", package: None, install: INSTALL_171 },
+        ],
         data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
         session_files: None,
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",

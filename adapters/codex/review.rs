@@ -336,7 +336,11 @@ impl CodexReview {
                 self.review_frame(&session, &review, update, cx)
             }
             None if is_start => {
-                let call = [str_at(update, "/toolCallId"), str_at(update, "/rawInput/command"), str_at(update, "/rawInput/cwd")];
+                let call = [
+                    str_at(update, "/toolCallId"),
+                    str_at(update, "/rawInput/command"),
+                    str_at(update, "/rawInput/cwd"),
+                ];
                 self.call_started(&session, call, frame, cx)
             }
             None => {

@@ -1,61 +1,60 @@
-//! Coda's usage facts on Codex's `usage_update`s (section 用量里的数据): `_meta.coda` on every `usage_update` of
-//! a root session (a subagent's are left as they are), and one of the shim's own right after a compaction.
+//! Where Codex's usage facts are (section 用量里的数据; the rules are [`crate::coda::usage`]'s): its
+//! `usage_update`s, the times the shim sees its requests start, and its compactions.
 //!
-//! - `contextTokens`: the update's `used`, Codex's own measure of the context (the last model response's total
-//!   tokens: what the next request carries). Exact, as Codex counts.
+//! - `contextTokens`: the update's `used`, Codex's own measure of the context of the response it counts (the
+//!   last model response's total tokens: Codex says no request's input apart from it). An update about a
+//!   compaction (the summarising request's, Codex's estimate after it) counts no main-thread request and
+//!   changes no fact.
 //! - `lastRequestAt`: Codex says when a response came, never when its request left. A request of the main
-//!   thread starts when the shim forwards a `session/prompt` (Coda's, or its own `/compact`), when the last
-//!   open tool call of the session ends (`tool_call_update` `completed` or `failed`: the results go back to
-//!   the model), when a compaction starts (its summarising request), or when one inside a turn of Coda's
-//!   completes (Codex goes on at once). Codex reports parallel tool calls one after another, so a later end in
-//!   the same batch moves that start on. Codex sends one `usage_update` per response, sometimes after the
-//!   tools its response asked for have ended: so the starts wait in order, and each update takes the oldest
-//!   (an update with none waiting keeps the last). An estimate a little early: docs/codex.md gives the error measured
-//!   against the fake model's log.
+//!   thread starts when the shim forwards Coda's `session/prompt`, when the last open tool call of the session
+//!   ends (`tool_call_update` `completed` or `failed`: the results go back to the model), or when a compaction
+//!   inside a turn of Coda's completes (Codex goes on at once). A compaction's summarising request is not the
+//!   main thread's (the context it carried is gone after it). Codex reports parallel tool calls one after another,
+//!   so a later end in the same batch moves that start on. Codex sends one `usage_update` per response, sometimes
+//!   after the tools its response asked for have ended: so the starts wait in order, and each update takes the
+//!   oldest (an update with none waiting keeps the last). An estimate a little early: docs/codex.md gives the
+//!   error measured against the fake model's log.
 //! - `compactedAt`: when a compaction of the session completed, asked for or automatic: `compaction_update`
 //!   `completed` for a client that declared `session.compaction`, else the end (`completed`) of the "Compact
 //!   conversation" tool call (`_meta.jetbrains.air.contextCompaction`). Codex sends its `usage_update`s before
-//!   `completed`, so the shim sends one of its own right after it, with the facts and Codex's last figures.
-//! - `cacheTtl`: Codex does not say it, so it is never sent.
+//!   `completed`, so the shim sends one of its own right after it.
+//! - `cacheTtl`: Codex does not say it.
+//! - At load: Codex keeps every thread in its rollout file (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl`,
+//!   the thread being the ACP session): its last `compacted` line's `timestamp` is `compactedAt` ([`history`]).
+//!   The file says when responses came, not when requests left: `lastRequestAt` and `contextTokens` come with the
+//!   session's next request.
 //!
 //! Times are `cx.wall()` of the frame that tells them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+
+use crate::inside::{Folder, Kind};
 use std::time::SystemTime;
 
 use serde_json::Value;
 
-use super::roots::Roots;
-use crate::coda::usage::Facts;
-use crate::frame::{Frame, Kind, Needle};
-use crate::layer::{Cx, Layer};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
+use crate::frame::{Frame, Needle};
+use crate::layer::Cx;
 
 /// More waiting request starts than any response count could need: the oldest are dropped.
 const STARTS_MAX: usize = 16;
 
 static STATUS: Needle = crate::needle!(b"\"status\"");
 
-/// What the shim knows of one root session.
+/// What the shim follows of one root session's requests.
 #[derive(Debug, Default)]
 struct Session {
-    facts: Facts,
     /// When the requests whose responses have not been counted yet started, oldest first; whether each was
     /// started by a tool's end.
     starts: VecDeque<(SystemTime, bool)>,
     /// Tool calls running (by toolCallId): the next request starts when the last one ends.
     open_tools: HashSet<String>,
-    /// Codex's last `used` and `size`.
-    used: Option<u64>,
-    size: Option<u64>,
     /// Tool calls that are compactions (by toolCallId).
     compaction_tools: HashSet<String>,
-}
-
-#[derive(Default)]
-pub struct Usage {
-    roots: Roots,
-    sessions: HashMap<String, Session>,
+    /// A compaction runs: the updates are about it, not about a request of the main thread.
+    compacting: bool,
 }
 
 /// How a compaction went, from either of Codex's two ways of telling.
@@ -88,7 +87,7 @@ impl Session {
         }
     }
 
-    /// A new phase (a turn, a compaction) starts at `at`: what waited is no longer owed.
+    /// A new phase (a turn, a compaction) starts: what waited is no longer owed; `at` starts a request.
     fn restart(&mut self, at: Option<SystemTime>) {
         self.starts.clear();
         self.open_tools.clear();
@@ -98,91 +97,113 @@ impl Session {
     }
 }
 
-impl Usage {
-    pub fn new() -> Usage {
-        Usage::default()
-    }
+/// Where Codex's facts are (see the module's docs).
+#[derive(Default)]
+pub struct Codex {
+    /// Codex's data folder (`$CODEX_HOME`), where a loaded session's rollout file is.
+    home: Option<PathBuf>,
+    sessions: HashMap<String, Session>,
+}
 
-    /// The facts known of `session` (for tests and the layers that look).
-    pub fn facts(&self, session: &str) -> Option<&Facts> {
-        self.sessions.get(session).map(|s| &s.facts)
+/// The rollout file of thread `session` under Codex's data folder `home`: `sessions/YYYY/MM/DD/` (or
+/// `archived_sessions/`), named `rollout-<time>-<session>.jsonl`, opened inside `home` only ([`crate::inside`]: a
+/// link on the way is no folder and no rollout).
+fn rollout(home: &Path, session: &str) -> Option<std::fs::File> {
+    let suffix = format!("-{session}.jsonl");
+    let in_day = |day: &Folder| {
+        let entries = day.entries().into_iter();
+        let mut rollouts =
+            entries.filter(|(n, m)| m.kind == Kind::File && n.starts_with("rollout-") && n.ends_with(&suffix));
+        rollouts.find_map(|(name, _)| day.file(&name).ok())
+    };
+    let folders = |f: &Folder| {
+        let names: Vec<String> =
+            f.entries().into_iter().filter(|(_, m)| m.kind == Kind::Folder).map(|(n, _)| n).collect();
+        names.into_iter().filter_map(|n| f.folder(&n).ok()).collect::<Vec<_>>()
+    };
+    let home = Folder::open(&std::fs::canonicalize(home).ok()?).ok()?;
+    if let Some(file) = home.folder("archived_sessions").ok().and_then(|d| in_day(&d)) {
+        return Some(file);
     }
-
-    fn root(&mut self, session: &str) -> Option<&mut Session> {
-        if !self.roots.contains(session) {
-            return None;
+    let sessions = home.folder("sessions").ok()?;
+    for year in folders(&sessions) {
+        for month in folders(&year) {
+            for name in month.entries().into_iter().filter(|(_, m)| m.kind == Kind::Folder).map(|(n, _)| n) {
+                if let Some(file) = month.folder(&name).ok().and_then(|d| in_day(&d)) {
+                    return Some(file);
+                }
+            }
         }
-        Some(self.sessions.entry(session.to_owned()).or_default())
+    }
+    None
+}
+
+/// What thread `session`'s rollout file under `home` keeps of its facts: the time of its last compaction.
+pub fn history(home: &Path, session: &str) -> Facts {
+    let Some(file) = rollout(home, session) else { return Facts::default() };
+    let mut facts = Facts::default();
+    for line in history_lines(file) {
+        // Only the compactions' lines are parsed.
+        if memchr::memmem::find(&line, b"\"compacted\"").is_none() {
+            continue;
+        }
+        let Ok(record) = crate::json::from_slice::<Value>(&line) else { continue };
+        if record.get("type").and_then(Value::as_str) != Some("compacted") {
+            continue;
+        }
+        let at = record.get("timestamp").and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        if let Some(at) = at {
+            facts.compacted_at = Some(SystemTime::from(at));
+        }
+    }
+    facts
+}
+
+impl Codex {
+    fn root(&mut self, session: &str, cx: &Cx) -> Option<&mut Session> {
+        per_root(&mut self.sessions, session, cx, |_| false)
+    }
+}
+
+impl Source for Codex {
+    type Event = std::convert::Infallible;
+
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        in_folder(self.home.as_deref(), session, history)
     }
 
-    /// A prompt on its way to codex-acp: the main thread's request starts now.
-    fn prompt(&mut self, frame: &Frame, cx: &Cx) {
-        let from_table = frame.id().and_then(|id| cx.request_of(id)).and_then(|r| r.session().map(str::to_owned));
-        // The shim's own prompts (its `/compact`) are in no table: read them.
-        let session = from_table
-            .or_else(|| frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned));
-        let wall = cx.wall();
-        if let Some(s) = session.as_deref().and_then(|s| self.root(s)) {
+    /// Coda's prompt on its way to codex-acp: the main thread's request starts now (the shim's own `/compact`
+    /// starts a summarising request, no request of the main thread).
+    fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
+        if !frame.is_request("session/prompt") {
+            return;
+        }
+        let Some(session) = frame.id().and_then(|id| cx.request_of(id)).and_then(|r| r.session()) else { return };
+        let (session, wall) = (session.to_owned(), cx.wall());
+        if let Some(s) = self.root(&session, cx) {
             s.restart(Some(wall));
+            s.compacting = false;
         }
     }
 
-    /// codex-acp's `usage_update`: its figures are the context's, stamped with the facts. Read where they lie
-    /// and written in place (a `usage_update` is a fifth of Codex's stream).
-    fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
-        let session_id = frame.session().unwrap_or_default().into_owned();
-        let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
-        let (mut used, mut size) = (None, None);
-        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
-            if key.is("used") {
-                used = value.as_u64();
-            } else if key.is("size") {
-                size = value.as_u64();
-            }
-        }
-        if used.is_some() {
-            session.used = used;
-            session.facts.context_tokens = used;
-        }
-        session.size = size.or(session.size);
-        if let Some((at, _)) = session.starts.pop_front() {
-            session.facts.last_request_at = Some(at);
-        }
-        match session.facts.stamp_frame(&frame) {
-            Some(stamped) => cx.to_client(stamped),
-            None => cx.to_client(frame),
-        }
-    }
-
-    fn update(&mut self, frame: Frame, cx: &mut Cx) {
-        let kind = frame.session_update().unwrap_or_default();
-        let wanted = match kind {
-            "usage_update" | "compaction_update" => true,
-            "tool_call" => true,
-            "tool_call_update" => frame.has(&STATUS),
+    fn wants(&self, frame: &Frame) -> bool {
+        match frame.session_update() {
+            Some("compaction_update" | "tool_call") => true,
+            Some("tool_call_update") => frame.has(&STATUS),
             _ => false,
-        };
-        if !wanted {
-            return cx.to_client(frame);
         }
-        if kind == "usage_update" {
-            return self.usage_update(frame, cx);
-        }
-        // What is read of a tool call, read where it lies.
-        let session_id = frame.session().unwrap_or_default().into_owned();
+    }
+
+    fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
+        let value = frame.value();
+        let Some(session_id) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return };
+        let kind = frame.session_update().unwrap_or_default();
         let wall = cx.wall();
-        let Some(session) = self.root(&session_id) else { return cx.to_client(frame) };
-        let (mut status, mut id, mut meta) = (None, None, None);
-        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
-            if key.is("status") {
-                status = value.as_str();
-            } else if key.is("toolCallId") {
-                id = value.as_str();
-            } else if key.is("_meta") {
-                meta = Some(value);
-            }
-        }
-        let status = status.as_deref();
+        // Compacted inside a turn of Coda's: Codex goes on with a request on the compacted context.
+        let in_turn = cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session_id));
+        let Some(session) = self.root(session_id, cx) else { return };
+        let update = &value["params"]["update"];
+        let status = update.get("status").and_then(Value::as_str);
         let compaction = match kind {
             "compaction_update" => match status {
                 Some("in_progress") => Some(Compaction::Started),
@@ -190,11 +211,10 @@ impl Usage {
                 Some("failed") => Some(Compaction::Failed),
                 _ => None,
             },
-            "tool_call" | "tool_call_update" => {
-                let id = id.unwrap_or_default().into_owned();
+            _ => {
+                let id = update.get("toolCallId").and_then(Value::as_str).unwrap_or_default().to_owned();
                 let ended = matches!(status, Some("completed" | "failed"));
-                let air_compaction = meta.and_then(|m| m.pointer(&["jetbrains", "air", "contextCompaction"]));
-                if kind == "tool_call" && air_compaction.is_some() {
+                if kind == "tool_call" && update.pointer("/_meta/jetbrains/air/contextCompaction").is_some() {
                     session.compaction_tools.insert(id);
                     Some(Compaction::Started)
                 } else if ended && session.compaction_tools.remove(&id) {
@@ -211,72 +231,51 @@ impl Usage {
                     None
                 }
             }
-            _ => None,
         };
         match compaction {
-            // The summarising request starts.
-            Some(Compaction::Started) => session.restart(Some(wall)),
-            Some(Compaction::Completed) => {
-                session.facts.compacted_at = Some(wall);
-                let own = match (session.used, session.size) {
-                    (Some(used), Some(size)) => Some(session.facts.update(&session_id, used, size)),
-                    _ => None,
-                };
-                // Compacted inside a turn of Coda's: Codex goes on with a request on the compacted context.
-                let in_turn =
-                    cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session_id.as_str()));
-                session.restart(in_turn.then_some(wall));
-                cx.to_client(frame);
-                if let Some(own) = own {
-                    cx.to_client(own);
-                }
-                return;
+            Some(Compaction::Started) => {
+                session.restart(None);
+                session.compacting = true;
             }
-            Some(Compaction::Failed) | None => {}
+            Some(Compaction::Completed) => {
+                session.compacting = false;
+                session.restart(in_turn.then_some(wall));
+                out.push((session_id.to_owned(), Fact::Compacted(wall)));
+                out.push((session_id.to_owned(), Fact::Send));
+            }
+            Some(Compaction::Failed) => session.compacting = false,
+            None => {}
         }
-        cx.to_client(frame)
+    }
+
+    /// A turn ended: nothing it started is owed any more.
+    fn answered(&mut self, answer: &Frame, cx: &mut Cx, _: &mut Said) {
+        let ended = cx.answer_to(answer).filter(|r| r.is("session/prompt")).and_then(|r| r.session());
+        if let Some(s) = ended.map(str::to_owned).as_deref().and_then(|s| self.root(s, cx)) {
+            s.restart(None);
+        }
+    }
+
+    fn usage_update(&mut self, session: &str, update: &Value, cx: &mut Cx, out: &mut Said) {
+        let Some(s) = self.root(session, cx) else { return };
+        if s.compacting {
+            return;
+        }
+        if let Some((at, _)) = s.starts.pop_front() {
+            out.push((session.to_owned(), Fact::Request(at)));
+        }
+        if let Some(used) = update.get("used").and_then(Value::as_u64) {
+            out.push((session.to_owned(), Fact::Context(used)));
+        }
     }
 }
 
-impl Layer for Usage {
-    type Timer = Infallible;
-    type Event = Infallible;
-    type Reply = Infallible;
+/// coda-codex's usage facts layer.
+pub type Usage = UsageFacts<Codex>;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if frame.is_request("session/prompt") {
-            self.prompt(&frame, cx);
-        }
-        cx.to_agent(frame)
-    }
-
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                self.roots.learn(&frame, cx);
-                // A turn ended: nothing it started is owed any more.
-                let ended = cx.answer_to(&frame).filter(|r| r.is("session/prompt")).and_then(|r| r.session());
-                if let Some(s) = ended.map(str::to_owned).as_deref().and_then(|s| self.root(s)) {
-                    s.restart(None);
-                }
-                cx.to_client(frame)
-            }
-            Kind::Notification { method } if method == "session/update" => self.update(frame, cx),
-            _ => cx.to_client(frame),
-        }
-    }
-
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        match frame.kind() {
-            // The updates `update` reads (a `tool_call_update` only with a status, but it may have one).
-            Kind::Notification { method } if method == "session/update" => !matches!(
-                frame.session_update(),
-                Some("usage_update" | "compaction_update" | "tool_call" | "tool_call_update")
-            ),
-            Kind::Response { .. } => false,
-            _ => true,
-        }
-    }
+/// The layer over Codex's data folder `home` (`$CODEX_HOME`, read at set-up; None: nothing is read at load).
+pub fn layer(home: Option<PathBuf>) -> Usage {
+    UsageFacts::new(Codex { home, sessions: HashMap::new() })
 }
 
 #[cfg(test)]
@@ -294,7 +293,7 @@ mod tests {
     }
 
     fn started() -> Harness {
-        let mut h = Harness::of(Usage::new());
+        let mut h = Harness::of(layer(None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.to_client();
@@ -374,13 +373,17 @@ mod tests {
         h.from_agent(update(S, json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"completed"})));
         let out = h.to_client();
         assert_eq!(out.len(), 6, "{out:#?}");
-        assert_eq!(coda(&out[3]), json!({"lastRequestAt":at(2050),"contextTokens":7547}));
+        // The compaction's updates (the summarising request's, Codex's estimate after) are no request of the main
+        // thread: the facts stay those of the last one.
+        for u in &out[1..4] {
+            assert_eq!(coda(u), json!({"lastRequestAt":at(1000),"contextTokens":10471}));
+        }
         assert_eq!(out[4]["params"]["update"]["status"], "completed");
         assert_eq!(
             out[5],
             json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,"update":{
                 "sessionUpdate":"usage_update","used":7547,"size":258400,"_meta":{"coda":{
-                "lastRequestAt":at(2050),"contextTokens":7547,"compactedAt":at(2058)}}}}})
+                "lastRequestAt":at(1000),"contextTokens":10471,"compactedAt":at(2058)}}}}})
         );
         // Later updates keep compactedAt.
         h.from_agent(usage(S, json!(7600)));
@@ -398,8 +401,9 @@ mod tests {
         advance(&mut h, 30);
         h.from_agent(update(S, json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"completed"})));
         let own = h.to_client().pop().unwrap();
-        // The shim's own update still names the summarising request.
-        assert_eq!(coda(&own), json!({"lastRequestAt":at(10),"contextTokens":7548,"compactedAt":at(40)}));
+        // The shim's own update names the last request of the main thread, not the summarising one.
+        assert_eq!(coda(&own), json!({"lastRequestAt":at(0),"contextTokens":10387,"compactedAt":at(40)}));
+        assert_eq!(own["params"]["update"]["used"], 7548, "Codex's own count after the compaction");
         advance(&mut h, 20);
         h.from_agent(usage(S, json!(10496)));
         assert_eq!(coda(&h.to_client()[0]), json!({"lastRequestAt":at(40),"contextTokens":10496,"compactedAt":at(40)}));
@@ -493,5 +497,46 @@ mod tests {
         );
         h.agent_frame(Frame::parse(tool.clone().into_bytes()).unwrap());
         assert_eq!(h.take().to_client[0].bytes(), tool.as_bytes());
+    }
+
+    /// A rollout file as Codex 0.166 writes it (its lines' shapes, from a live run).
+    #[test]
+    fn a_loaded_threads_last_compaction_is_read_from_its_rollout_file() {
+        let home = tempfile::tempdir().unwrap();
+        let id = "01a23ee2-229d-7e22-ad36-a46ef6f094ad";
+        let day = home.path().join("sessions/2026/12/04");
+        std::fs::create_dir_all(&day).unwrap();
+        let lines = [
+            json!({"timestamp":"2026-12-04T02:28:58.173Z","type":"session_meta","payload":{"id":id}}),
+            json!({"timestamp":"2026-12-04T02:28:58.372Z","type":"event_msg","payload":{"type":"token_count"}}),
+            json!({"timestamp":"2026-12-04T02:29:00.020Z","type":"compacted","payload":{"message":"a summary"}}),
+            json!({"timestamp":"2026-12-04T02:29:00.068Z","type":"event_msg","payload":{"type":"token_count"}}),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(day.join(format!("rollout-2026-12-04T02-28-57-{id}.jsonl")), text).unwrap();
+        let facts = history(home.path(), id);
+        assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T02:29:00.020Z"));
+        assert_eq!((facts.last_request_at, facts.context_tokens), (None, None), "Codex keeps no request time");
+        // Another thread, a name that is a path, a rollout that is a link: nothing.
+        assert_eq!(history(home.path(), "01a23ee2-0000"), Facts::default());
+        assert_eq!(history(home.path(), "../x"), Facts::default());
+        let other = "01a23ee2-1111-7e22-ad36-a46ef6f094ad";
+        std::os::unix::fs::symlink(
+            day.join(format!("rollout-2026-12-04T02-28-57-{id}.jsonl")),
+            day.join(format!("rollout-2026-12-04T02-29-57-{other}.jsonl")),
+        )
+        .unwrap();
+        assert_eq!(history(home.path(), other), Facts::default());
+        // A day folder that is a link to a folder outside, and a FIFO named as a rollout (never waited on).
+        let outside = tempfile::tempdir().unwrap();
+        let third = "01a23ee2-2222-7e22-ad36-a46ef6f094ad";
+        std::fs::write(outside.path().join(format!("rollout-2026-12-05T00-00-00-{third}.jsonl")), lines[2].to_string())
+            .unwrap();
+        std::os::unix::fs::symlink(outside.path(), home.path().join("sessions/2026/12/05")).unwrap();
+        assert_eq!(history(home.path(), third), Facts::default());
+        let fourth = "01a23ee2-3333-7e22-ad36-a46ef6f094ad";
+        let fifo = day.join(format!("rollout-2026-12-04T03-00-00-{fourth}.jsonl"));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+        assert_eq!(history(home.path(), fourth), Facts::default());
     }
 }

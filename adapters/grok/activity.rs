@@ -20,8 +20,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 
-use crate::coda::wait::{self, Register, State, Wait};
 use crate::adapters::grok::compact::queue_field;
+use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
@@ -437,6 +437,18 @@ impl Layer for GrokActivity {
             Kind::Request { method, .. } if method == "session/request_permission" => !self.may_rename(frame, true),
             _ => true,
         }
+    }
+
+    /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of
+    /// its children, goes.
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        let gone = |s: &str| closed.iter().any(|c| c == s);
+        self.items.retain(|_, a| !gone(&a.session) && !gone(&a.grok_session));
+        self.alias.retain(|grok, known| !gone(grok) && !gone(known));
+        self.current.retain(|known, grok| !gone(known) && !gone(grok));
+        self.child_of.retain(|_, child| !gone(child));
+        self.spawn_calls.retain(|session, _| !gone(session));
+        self.register.forget(gone);
     }
 
     fn on_reply(&mut self, _: Stop, reply: Frame, _cx: &mut Cx) {

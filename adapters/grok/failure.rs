@@ -15,26 +15,18 @@
 //!   (`$GROK_HOME/logs/unified.jsonl`, `shell.turn.inference_retry {attempt, max_retries, kind, reason}`) says
 //!   no more than `retry_state`, and the session's `chat_history.jsonl` nothing of the failure.
 //!
-//! So: a -32003 answer is classified by the upstream's own code in its reason (`insufficient_quota` ->
-//! `quota_exhausted`, `rate_limit_exceeded` -> `service_unavailable`); and once Grok's retries have kept a turn
-//! open for [`failure::retry_patience`] (a minute) the layer stops the run (`session/cancel`) and answers with the
-//! last retry's reason, classified the same way. Where the reason quotes no code, the upstream's status 503 is
-//! itself the explicit reason (RFC 9110: the server is temporarily unable to handle the request, overloaded or in
-//! maintenance): `service_unavailable`. Other statuses without a code (500, 502) and a dropped connection stay
-//! plain errors. Grok does not say how long it meant to wait, so no `retryAfterMs`.
+//! So: the upstream's code and status in a reason (a -32003 answer's `data`, a retry's `reason`) are what Grok
+//! passes on of the upstream's reason, read by the rule all binaries share ([`failure::upstream`]); each
+//! `retrying` report is a retry of the running turn, and output of the turn is its progress, for the engine's
+//! one-minute rule ([`crate::coda::failure`]), which stops the run and answers with the last retry's reason. Grok
+//! does not say how long it meant to wait, so no `retryAfterMs`.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use crate::coda::failure::{self, Input, Kind};
-use crate::frame::{self, Frame, Id, Kind as FrameKind};
-use crate::json::View;
-use crate::layer::{Cx, Layer};
+use crate::coda::failure::{self, Failure, REASON_MAX, Retry, Signal, Signals, Verdict};
+use crate::frame::Frame;
 use serde_json::{Value, json};
-
-/// Longest upstream reason kept in an answer.
-const REASON_MAX: usize = 2000;
 
 /// Grok's error code for a rate-limited turn.
 const RATE_LIMITED: i64 = -32003;
@@ -50,7 +42,7 @@ pub struct Reason {
 
 /// Reads `API error (status 429 Too Many Requests): insufficient_quota: You exceeded …`.
 pub fn parse_reason(reason: &str) -> Reason {
-    let text = clip(reason);
+    let text = reason.to_owned();
     let Some(rest) = reason.strip_prefix("API error (status ") else {
         return Reason { status: None, code: None, text };
     };
@@ -66,208 +58,81 @@ pub fn parse_reason(reason: &str) -> Reason {
     Reason { status, code, text }
 }
 
-fn clip(s: &str) -> String {
-    failure::clip(s, REASON_MAX)
+/// What a reason names ([`failure::upstream`]): the upstream's code where Grok quotes one, else the upstream's
+/// status. Grok's `error_type` and its own words for a body it could not read ("Grok is temporarily unavailable",
+/// for a 502 page too) are no upstream reason: so a 500 or 502 without a code stays a plain error.
+pub fn verdict(reason: &Reason) -> Verdict {
+    failure::upstream(reason.code.as_deref(), reason.status.map(u64::from))
 }
 
-/// The kind a reason names, in Grok's error answers and in the retries the shim stops: the upstream's code where
-/// Grok quotes one, else the upstream's status 503 (Service Unavailable: by definition a temporary failure of the
-/// server). A 429 without a code may be a quota or a rate limit and a status never names a quota; Grok's
-/// `error_type` and its own words for a body it could not read ("Grok is temporarily unavailable", for a 502 page
-/// too) are no upstream reason: so a 500 or 502 without a code stays a plain error.
-pub fn kind_of(reason: &Reason) -> Option<Kind> {
-    match (reason.code.as_deref().and_then(kind_of_code), reason.status) {
-        (Some(kind), _) => Some(kind),
-        (None, Some(503)) => Some(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None }),
-        (None, _) => None,
-    }
-}
+/// Where Grok's failure signals are: its `retry_state` notifications and its error answers.
+pub struct Grok;
 
-/// The kind an upstream code names, if it names one Coda knows.
-fn kind_of_code(code: &str) -> Option<Kind> {
-    match code {
-        // OpenAI's and Moonshot's quota codes.
-        "insufficient_quota" | "exceeded_current_quota_error" => Some(Kind::Quota),
-        "rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error" => {
-            Some(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None })
-        }
-        _ => None,
-    }
-}
+impl Signals for Grok {
+    type Event = Infallible;
+    type Record = Infallible;
 
-struct Turn {
-    prompt: Id,
-    /// The latest retry report: its reason, attempt and Grok's limit.
-    retry: Option<(Reason, u64, u64)>,
-    /// Set anew (from the layer's counter) whenever the turn makes progress, so an older timer finds nothing to do.
-    /// A wake-up ([`Check`]) names the generation it checks.
-    generation: u64,
-    /// The shim stopped the run: the answer's message and kind.
-    stopped: Option<(String, Option<Kind>)>,
-}
-
-/// The wake-up that checks whether the turn of `session` is still retrying since `generation`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Check {
-    session: String,
-    generation: u64,
-}
-
-pub struct GrokFailure {
-    turns: HashMap<String, Turn>,
-    patience: Duration,
-    /// Generations handed out so far (never reused, so a timer of an earlier turn never matches a later one).
-    generations: u64,
-}
-
-impl GrokFailure {
-    /// Stops a turn that has been retrying for `patience` (see [`failure::retry_patience`]).
-    pub fn new(patience: Duration) -> GrokFailure {
-        GrokFailure { turns: HashMap::new(), patience, generations: 0 }
+    fn wants(&self, frame: &Frame) -> bool {
+        frame.session_update() == Some("retry_state") && frame.is_notification("_x.ai/session_notification")
     }
 
-    /// A retry was reported, or the turn went on: (re)arms or disarms the check.
-    /// `update` is the update's value as it lies in the frame.
-    fn progress(&mut self, session: &str, update: View, cx: &mut Cx) {
-        let Some(turn) = self.turns.get_mut(session) else { return };
-        if turn.stopped.is_some() {
+    fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
+        let v = frame.value();
+        let (Some(session), Some(update)) =
+            (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
+        else {
+            return;
+        };
+        if update.get("type").and_then(Value::as_str) != Some("retrying") {
             return;
         }
-        let text = |k: &str| update.get(k).and_then(|v| v.as_str());
-        let kind = text("sessionUpdate").unwrap_or_default();
-        match (kind.as_ref(), text("type").as_deref()) {
-            ("retry_state", Some("retrying")) => {
-                let reason = parse_reason(&text("reason").unwrap_or_default());
-                let n = |k: &str| update.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-                let first = turn.retry.is_none();
-                turn.retry = Some((reason, n("attempt"), n("max_retries")));
-                if first {
-                    self.generations += 1;
-                    turn.generation = self.generations;
-                    cx.after(self.patience, Check { session: session.to_owned(), generation: turn.generation });
-                }
-            }
-            ("retry_state", _) => {}
-            // Output of the turn: an attempt went through.
-            ("agent_message_chunk" | "agent_thought_chunk" | "tool_call", _) if turn.retry.is_some() => {
-                turn.retry = None;
-                cx.cancel(&Check { session: session.to_owned(), generation: turn.generation });
-                self.generations += 1;
-                turn.generation = self.generations;
-            }
-            _ => {}
-        }
+        let reason = update.get("reason").and_then(Value::as_str).unwrap_or_default();
+        let n = |k: &str| update.get(k).and_then(Value::as_u64).unwrap_or(0);
+        out.push(Signal::Retrying {
+            session: session.to_owned(),
+            retry: Retry {
+                reason: reason.to_owned(),
+                verdict: verdict(&parse_reason(reason)),
+                // Grok names no wait: the engine's minute decides.
+                at_ms: None,
+                wait_ms: None,
+                attempt: Some(n("attempt")),
+                attempts: Some(n("max_retries")),
+                data: Some(json!({"grok": {"stopped": true}})),
+            },
+        });
     }
 
-    /// A check: if the turn of `session` is still retrying since `generation`, stop it.
-    pub fn check(&mut self, session: &str, generation: u64, cx: &mut Cx) {
-        let Some(turn) = self.turns.get_mut(session) else { return };
-        if turn.generation != generation || turn.stopped.is_some() {
-            return;
-        }
-        let Some((reason, attempt, max)) = &turn.retry else { return };
-        let message = format!(
-            "{}\nGrok was retrying (attempt {attempt} of {max}) without an answer: stopped after over a minute of \
-             retries.",
-            reason.text
-        );
-        turn.stopped = Some((message, kind_of(reason)));
-        tracing::info!("stopping Grok's turn in session {session}: it has been retrying for over {:?}", self.patience);
-        cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
-    }
-
-    /// The generation of the turn of `session` (for tests driving checks by hand).
-    #[cfg(test)]
-    pub fn generation(&self, session: &str) -> Option<u64> {
-        self.turns.get(session).map(|t| t.generation)
-    }
-
-    /// The answer Coda gets for Grok's answer to a prompt of `session`.
-    fn answer(&mut self, session: &str, reply: Frame) -> Frame {
-        let Some(turn) = self.turns.remove(session) else { return reply };
-        let Some(id) = reply.id().cloned() else { return reply };
-        if let Some((message, kind)) = turn.stopped {
-            return failure::answer(&id, &message, kind.as_ref(), Some(json!({"grok": {"stopped": true}})));
-        }
-        let v = reply.value();
-        let Some(error) = v.get("error") else { return reply };
-        let Some(data) = error.get("data").and_then(Value::as_str) else { return reply };
+    fn failure(&self, answer: &Frame, _: Option<Infallible>, _: SystemTime) -> Option<Failure> {
+        let error = answer.value().get("error")?;
+        let data = error.get("data").and_then(Value::as_str)?;
         // Seen live: a 401 is `-32603 "Internal error"` with `Unauthorized (401) from <url>: …`: a login problem.
         if data.starts_with("Unauthorized (401)") {
-            let message = clip(data.lines().next().unwrap_or(data));
-            return frame::error_response(&id, -32000, &message, Some(json!({"grok": {"data": clip(data)}})));
+            let message = data.lines().next().unwrap_or(data).to_owned();
+            let data = Some(json!({"grok": {"data": failure::clip(data, REASON_MAX)}}));
+            return Some(Failure { verdict: Verdict::Auth, message, data });
         }
         if error.get("code").and_then(Value::as_i64) != Some(RATE_LIMITED) {
-            return reply;
+            return None;
         }
         let reason = parse_reason(data);
-        let Some(kind) = kind_of(&reason) else { return reply };
-        failure::answer(&id, &reason.text, Some(&kind), Some(json!({"grok": {"code": RATE_LIMITED, "data": data}})))
+        let verdict = verdict(&reason);
+        let data = Some(json!({"grok": {"code": RATE_LIMITED, "data": failure::clip(data, REASON_MAX)}}));
+        (verdict != Verdict::Plain).then_some(Failure { verdict, message: reason.text, data })
+    }
+
+    fn retrying(&self, retry: &Retry, _: Duration) -> String {
+        let (attempt, max) = (retry.attempt.unwrap_or(0), retry.attempts.unwrap_or(0));
+        format!("Grok was retrying (attempt {attempt} of {max}) without an answer")
     }
 }
 
-impl Layer for GrokFailure {
-    type Timer = Check;
-    type Event = Infallible;
-    type Reply = Infallible;
+/// coda-grok's failure layer.
+pub type GrokFailure = failure::FailureKinds<Grok>;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if let FrameKind::Request { id, method } = frame.kind()
-            && method == "session/prompt"
-            && let Some(session) = frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned)
-        {
-            self.generations += 1;
-            let turn = Turn { prompt: id.clone(), retry: None, generation: self.generations, stopped: None };
-            self.turns.insert(session, turn);
-        }
-        cx.to_agent(frame);
-    }
-
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            FrameKind::Response { id } => {
-                // The turn of the prompt it answers (in the session as this layer saw it, below the renames).
-                if let Some(session) = self.turns.iter().find(|(_, t)| &t.prompt == id).map(|(s, _)| s.clone()) {
-                    return cx.to_client(self.answer(&session, frame));
-                }
-            }
-            FrameKind::Notification { method }
-                if !self.turns.is_empty()
-                    && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
-            {
-                // Read where it lies (a retry report, or output while a turn retries).
-                if let (Some(session), Some(update)) = (frame.session(), frame.update_value()) {
-                    self.progress(&session, update, cx);
-                }
-            }
-            _ => {}
-        }
-        cx.to_client(frame);
-    }
-
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        match frame.kind() {
-            FrameKind::Response { id } => !self.turns.values().any(|t| &t.prompt == id),
-            FrameKind::Notification { method }
-                if !self.turns.is_empty()
-                    && matches!(method.as_str(), "_x.ai/session_notification" | "session/update") =>
-            {
-                // `progress` changes a turn only on a retry report, or on output while it retries.
-                match frame.session_update() {
-                    Some("retry_state") => false,
-                    Some("agent_message_chunk" | "agent_thought_chunk" | "tool_call") => {
-                        self.turns.values().all(|t| t.retry.is_none())
-                    }
-                    _ => true,
-                }
-            }
-            _ => true,
-        }
-    }
-
-    fn on_timer(&mut self, check: Check, cx: &mut Cx) {
-        self.check(&check.session, check.generation, cx);
-    }
+/// The layer, stopping retries after `patience` (see [`failure::retry_patience`]).
+pub fn layer(patience: Duration) -> GrokFailure {
+    failure::FailureKinds::new(Grok, patience)
 }
 
 #[cfg(test)]
@@ -301,7 +166,7 @@ mod tests {
         "API error (status 500 Internal Server Error): The server had an error while processing your request.";
 
     fn harness() -> Harness {
-        Harness::of(GrokFailure::new(Duration::from_secs(60)))
+        Harness::of(layer(Duration::from_secs(60)))
     }
 
     #[test]
@@ -316,7 +181,7 @@ mod tests {
         // Bad input: a short or odd prefix, a 20 KB reason, non-ASCII.
         assert_eq!(parse_reason("API error (status 4").status, None);
         let long = format!("API error (status 503 x): {}", "é".repeat(10_000));
-        assert!(parse_reason(&long).text.len() <= REASON_MAX + 3);
+        assert_eq!(parse_reason(&long).status, Some(503));
     }
 
     #[test]
@@ -418,46 +283,45 @@ mod tests {
         );
         // The same words for a 502 page, or a 500 without a code: no explicit reason.
         let page = "API error (status 502 Bad Gateway): Grok is temporarily unavailable. Please try again in a moment. (HTTP 502).";
-        assert_eq!(kind_of(&parse_reason(page)), None);
-        assert_eq!(kind_of(&parse_reason(SERVER)), None);
+        assert_eq!(verdict(&parse_reason(page)), Verdict::Plain);
+        assert_eq!(verdict(&parse_reason(SERVER)), Verdict::Plain);
         // A status only where Grok writes one: three digits, then its text.
         assert_eq!(parse_reason("API error (status 5031 x): y").status, None);
         assert_eq!(parse_reason("API error (status 503): y").status, Some(503));
-        assert_eq!(kind_of(&parse_reason("upstream said 503 Service Unavailable")), None);
+        assert_eq!(verdict(&parse_reason("upstream said 503 Service Unavailable")), Verdict::Plain);
     }
 
     #[test]
     fn a_timer_of_an_earlier_turn_never_stops_a_later_one() {
-        let mut layer = GrokFailure::new(Duration::from_secs(60));
-        let mut cx = Cx::default();
-        layer.from_client(prompt(4), &mut cx);
-        layer.from_agent(retry(1, QUOTA, "rate_limited"), &mut cx);
-        let earlier = layer.generation(S).expect("a turn");
-        let answer = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32003,"message":"Rate limited","data":QUOTA}});
-        layer.from_agent(parse(answer), &mut cx);
-        layer.from_client(prompt(5), &mut cx);
-        layer.from_agent(retry(1, QUOTA, "rate_limited"), &mut cx);
-        layer.check(S, earlier, &mut cx);
-        assert!(layer.turns[S].stopped.is_none(), "the first turn's timer fired in the second");
-        let now = layer.generation(S).expect("a turn");
-        layer.check(S, now, &mut cx);
-        assert!(layer.turns[S].stopped.is_some());
+        let mut h = harness();
+        h.client_frame(prompt(4));
+        h.agent_frame(retry(1, QUOTA, "rate_limited"));
+        h.advance(Duration::from_secs(30));
+        h.from_agent(json!({"jsonrpc":"2.0","id":4,"error":{"code":-32003,"message":"Rate limited","data":QUOTA}}));
+        h.client_frame(prompt(5));
+        h.advance(Duration::from_secs(20));
+        h.agent_frame(retry(1, QUOTA, "rate_limited"));
+        h.take();
+        // The first turn's minute is over; the second's is not.
+        h.advance(Duration::from_secs(20));
+        assert!(h.to_agent().is_empty(), "the first turn's timer fired in the second");
+        h.advance(Duration::from_secs(40));
+        assert_eq!(h.to_agent()[0]["method"], "session/cancel");
     }
 
     #[test]
     fn a_retry_that_succeeds_disarms_the_check_and_a_reset_stays_plain() {
-        let mut layer = GrokFailure::new(Duration::from_secs(60));
-        let mut cx = Cx::default();
-        layer.from_client(prompt(7), &mut cx);
-        layer.from_agent(retry(1, SERVER, "api"), &mut cx);
-        let generation = layer.generation(S).expect("a turn");
-        let chunk = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,
-            "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}});
-        layer.from_agent(parse(chunk), &mut cx);
-        layer.check(S, generation, &mut cx);
-        assert!(layer.turns[S].stopped.is_none());
-        assert_eq!(kind_of(&parse_reason("error sending request: connection reset")), None);
-        assert_eq!(kind_of(&parse_reason(SERVER)), None);
-        assert_eq!(kind_of(&parse_reason(QUOTA)), Some(Kind::Quota));
+        let mut h = harness();
+        h.client_frame(prompt(7));
+        h.take();
+        h.agent_frame(retry(1, SERVER, "api"));
+        h.from_agent(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,
+            "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}));
+        h.advance(Duration::from_secs(120));
+        assert!(h.to_agent().is_empty(), "output ended the retries");
+        assert_eq!(h.next_wake(), None);
+        assert_eq!(verdict(&parse_reason("error sending request: connection reset")), Verdict::Plain);
+        assert_eq!(verdict(&parse_reason(SERVER)), Verdict::Plain);
+        assert_eq!(verdict(&parse_reason(QUOTA)), Verdict::Kind(failure::Kind::Quota));
     }
 }

@@ -87,18 +87,32 @@ fn default_command() -> Result<Found, FindError> {
 /// The stack. Set-up, like all of this file (the layers are not): the environment (Grok's home, the retry
 /// patience) is read here, once; the layers get values.
 fn layers(setup: &mut Setup) {
+    layers_over(setup, Some(adapter().data_home.dir()));
+}
+
+/// [`layers`] over Grok's data folder `home` (where a loaded session's facts are; None: none are read).
+fn layers_over(setup: &mut Setup, home: Option<PathBuf>) {
     let probed = setup.version.clone();
     setup.add(|_| Box::new(Identity::new("grok", Policy::FillIn, probed)));
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Holds a compacting session's prompts after the instruction went into them.
     setup.add(|_| Box::new(crate::coda::compact::Compaction::new(compact::GrokCompact::new())));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
-    setup.add(|_| Box::new(usage::GrokUsage::new()));
+    setup.add(|_| Box::new(usage::layer(home)));
     // Above the failure layer: it sees the turn's end as Coda will.
     setup.add(|_| Box::new(crate::coda::steering::Steering::new(steering::GrokSteering::new())));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
     let patience = crate::coda::failure::retry_patience();
-    setup.add(move |_| Box::new(failure::GrokFailure::new(patience)));
+    setup.add(move |_| Box::new(failure::layer(patience)));
+}
+
+/// coda-grok's stack over Grok's data folder `home` (a test's; None: nothing is read at load).
+#[cfg(test)]
+pub(crate) fn test_stack(
+    command: &AgentCommand,
+    home: Option<PathBuf>,
+) -> (crate::layer::Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+    crate::cli::adapter::stack_with(command, None, |setup| layers_over(setup, home))
 }
 
 /// What `coda-grok` is: the CLI it wraps, how it finds it, and its layers.

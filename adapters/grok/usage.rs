@@ -1,6 +1,6 @@
-//! Coda's usage facts (section 用量里的数据) for Grok Build, which sends no `usage_update` at all: this layer
-//! sends one of the shim's ([`Facts::update`]) for a root session at the end of each turn (Grok's own turns
-//! too) and after each compaction, with `_meta.coda`.
+//! Where Grok Build's usage facts are (section 用量里的数据; the rules are [`crate::coda::usage`]'s). Grok sends
+//! no `usage_update` at all: the shim sends one of its own ([`Fact::Send`]) for a root session at the end of each
+//! turn (Grok's own turns too) and after each compaction.
 //!
 //! Where each fact comes from (Grok 1.0.41, seen live against the fake model):
 //! - `contextTokens`: the last main-thread `_x.ai/session_notification` `response_completed` of the session:
@@ -17,42 +17,33 @@
 //!   live: docs/grok.md, "Compaction and usage facts".
 //! - `compactedAt`: `auto_compact_completed`'s `_meta.agentTimestampMs` (asked for or Grok's own), then a
 //!   `usage_update` with `used = tokens_after`.
-//! - `cacheTtl`: Grok says none; left out.
+//! - `cacheTtl`: Grok says none.
+//! - At load: Grok keeps what it said of a session in its folder (`$GROK_HOME/sessions/<cwd>/<id>/updates.jsonl`):
+//!   the stamped updates (the same stamps as live: `lastRequestAt`) and `auto_compact_completed` (`compactedAt`)
+//!   ([`history`]). It keeps no request's context (its `response_completed` is not in that file): `contextTokens`
+//!   comes with the session's next request.
 //!
-//! Only sessions this process created, loaded or resumed are roots: a subagent's session never gets one. Times
-//! are Grok's own stamps (its clock), so a replay gives the same facts on any day. Nothing during a
-//! `session/load`/`session/resume` (replayed history).
+//! Times are Grok's own stamps (its clock), so a replay gives the same facts on any day.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::coda::usage::Facts;
-use crate::frame::{Frame, Kind};
-use crate::json::View;
-use crate::layer::{Cx, Layer};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
+use crate::frame::{Frame, Kind, Needle};
+use crate::inside::{Folder, Kind as Entry};
+use crate::layer::Cx;
 
 const NOTIFICATION: &str = "_x.ai/session_notification";
-/// `params._meta` of a frame Grok stamped with the start of a model's stream (`streamStartMs`), as the frame
-/// check found it. (A search for its `S`: a `_meta` is too short for a SIMD search to pay off.)
-fn stamps(frame: &Frame) -> Option<View<'_>> {
-    let meta = frame.meta()?;
-    let text = meta.text();
-    memchr::memchr_iter(b'S', text)
-        .any(|at| text[..at].ends_with(b"\"stream") && text[at..].starts_with(b"StartMs\""))
-        .then_some(meta)
-}
+static STREAM_START: Needle = crate::needle!(b"\"streamStartMs\"");
 
 /// A model a `session/set_model` or `session/set_config_option` asked for (a note on that request).
 struct ModelAsked(String);
 
 #[derive(Default)]
 struct Root {
-    facts: Facts,
-    /// `used` of the next `usage_update`.
-    used: Option<u64>,
     /// Context window by model id, and the current model.
     sizes: HashMap<String, u64>,
     model: Option<String>,
@@ -81,34 +72,27 @@ impl Root {
         }
     }
 
-    /// A stamped frame of Grok's (`session/update` `_meta`), read where it lies (one pass over `_meta`).
-    fn stamped(&mut self, meta: View) {
-        let (mut turn, mut stream, mut now) = (None, None, None);
-        for (key, value) in meta.members() {
-            if key.is("turnStartMs") {
-                turn = value.as_u64();
-            } else if key.is("streamStartMs") {
-                stream = value.as_u64();
-            } else if key.is("agentTimestampMs") {
-                now = value.as_u64();
-            }
-        }
-        if let Some(turn) = turn
+    /// A stamped frame of Grok's (`session/update` `_meta`): the time of a new request, if it starts one.
+    fn stamped(&mut self, meta: &Value) -> Option<SystemTime> {
+        let ms = |k: &str| meta.get(k).and_then(Value::as_u64);
+        if let Some(turn) = ms("turnStartMs")
             && self.turn_start != Some(turn)
         {
             self.turn_start = Some(turn);
             self.stream = None;
         }
-        if let Some(stream) = stream
+        let mut request = None;
+        if let Some(stream) = ms("streamStartMs")
             && self.stream != Some(stream)
         {
             self.stream = Some(stream);
             let before = self.turn_start.max(self.latest).unwrap_or(stream);
-            self.facts.last_request_at = Some(at(before.min(stream)));
+            request = Some(at(before.min(stream)));
         }
-        if let Some(now) = now {
+        if let Some(now) = ms("agentTimestampMs") {
             self.latest = self.latest.max(Some(now));
         }
+        request
     }
 }
 
@@ -116,96 +100,63 @@ fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
+fn u64_at(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Where Grok's facts are (see the module's docs).
 #[derive(Default)]
-pub struct GrokUsage {
+pub struct Grok {
+    /// Grok's data folder (`$GROK_HOME`), where a loaded session's folder is.
+    home: Option<PathBuf>,
     roots: HashMap<String, Root>,
 }
 
-impl GrokUsage {
-    pub fn new() -> GrokUsage {
-        GrokUsage::default()
-    }
-
-    fn is_loading(cx: &Cx, session: &str) -> bool {
-        cx.open_requests().any(|r| (r.is("session/load") || r.is("session/resume")) && r.session() == Some(session))
-    }
-
-    /// The shim's `usage_update` for `session`, after the frame that changed its facts.
-    fn update(&self, session: &str, cx: &mut Cx) {
-        let Some(root) = self.roots.get(session) else { return };
-        let (Some(used), Some(size)) = (root.used.or(root.facts.context_tokens), root.size()) else {
-            tracing::debug!("no usage_update yet: Grok has not said the context or its window");
-            return;
-        };
-        cx.to_client(root.facts.update(session, used, size));
-    }
-
-    fn answered(&mut self, frame: &Frame, cx: &mut Cx) {
-        let Some(r) = cx.answer_to(frame) else { return };
-        let method = r.method.to_string();
-        let (session, asked) = (r.session().map(str::to_owned), r.note::<ModelAsked>().map(|m| m.0.clone()));
-        let v = frame.value();
-        let Some(result) = v.get("result") else { return };
-        match method.as_str() {
-            "session/new" => {
-                let Some(s) = result.get("sessionId").and_then(Value::as_str) else { return };
-                self.roots.entry(s.to_owned()).or_default().models(result);
-            }
-            "session/load" | "session/resume" => {
-                let Some(s) = session else { return };
-                self.roots.entry(s).or_default().models(result);
-            }
-            "session/set_model" | "session/set_config_option" => {
-                if let (Some(root), Some(model)) = (session.and_then(|s| self.roots.get_mut(&s)), asked) {
-                    root.model = Some(model);
+/// What Grok keeps of `session` under its data folder `home` (`sessions/<cwd>/<session>/updates.jsonl`; links are
+/// not followed): the last request, by the same stamps as live, and the last compaction.
+pub fn history(home: &Path, session: &str) -> Facts {
+    let mut facts = Facts::default();
+    // Inside `home` only ([`crate::inside`]): a link on the way is not followed.
+    let sessions = std::fs::canonicalize(home).ok().and_then(|h| Folder::open(&h).ok()?.folder("sessions").ok());
+    let Some(sessions) = sessions else { return facts };
+    let cwds = sessions.entries().into_iter().filter(|(_, m)| m.kind == Entry::Folder);
+    let Some(file) =
+        cwds.into_iter().find_map(|(cwd, _)| sessions.file(&format!("{cwd}/{session}/updates.jsonl")).ok())
+    else {
+        return facts;
+    };
+    let mut root = Root::default();
+    for line in history_lines(file) {
+        let Ok(record) = crate::json::from_slice::<Value>(&line) else { continue };
+        let Some(params) = record.get("params") else { continue };
+        let update = params.pointer("/update/sessionUpdate").and_then(Value::as_str);
+        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
+        match update {
+            Some("auto_compact_completed") => facts.compacted_at = stamp.map(at).or(facts.compacted_at),
+            _ => {
+                if let Some(request) = params.get("_meta").and_then(|m| root.stamped(m)) {
+                    facts.last_request_at = Some(request);
                 }
             }
-            _ => {}
         }
     }
+    facts
+}
 
-    /// Read where it lies: Grok's notifications of a turn carry its whole text.
-    fn notification(&mut self, frame: &Frame, cx: &mut Cx) {
-        let Some(session) = frame.session() else { return };
-        if !self.roots.contains_key(&*session) || GrokUsage::is_loading(cx, &session) {
-            return;
-        }
-        let root = self.roots.get_mut(&*session).expect("checked");
-        let update = frame.update_value();
-        let field = |k: &str| update.and_then(|u| u.get(k));
-        let stamp = frame.meta().and_then(|m| m.get("agentTimestampMs")).and_then(|t| t.as_u64());
-        match frame.session_update() {
-            Some("response_completed") => {
-                let Some(u) = field("usage") else { return };
-                let n = |k: &str| u.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
-                let context = n("input_tokens")
-                    .saturating_add(n("cache_read_input_tokens"))
-                    .saturating_add(n("cache_creation_input_tokens"));
-                root.facts.context_tokens = Some(context);
-                root.used = Some(context.saturating_add(n("output_tokens")));
-            }
-            Some("auto_compact_completed") => {
-                root.facts.compacted_at = Some(stamp.map(at).unwrap_or_else(|| cx.wall()));
-                if let Some(after) = field("tokens_after").and_then(|n| n.as_u64()) {
-                    root.used = Some(after);
-                }
-                self.update(&session, cx);
-            }
-            Some("turn_completed") => {
-                root.latest = root.latest.max(stamp);
-                self.update(&session, cx);
-            }
-            _ => {}
-        }
+impl Grok {
+    fn root(&mut self, session: &str, cx: &Cx) -> Option<&mut Root> {
+        per_root(&mut self.roots, session, cx, |_| false)
     }
 }
 
-impl Layer for GrokUsage {
-    type Timer = Infallible;
-    type Event = Infallible;
-    type Reply = Infallible;
+impl Source for Grok {
+    type Event = std::convert::Infallible;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        in_folder(self.home.as_deref(), session, history)
+    }
+
+    fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
         if let Kind::Request { id, method } = frame.kind()
             && matches!(method.as_str(), "session/set_model" | "session/set_config_option")
         {
@@ -218,70 +169,90 @@ impl Layer for GrokUsage {
                 cx.note(&id.clone(), ModelAsked(m.to_owned()));
             }
         }
-        cx.to_agent(frame)
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                self.answered(&frame, cx);
-                cx.to_client(frame)
-            }
-            Kind::Notification { method } if method == NOTIFICATION => {
-                // Grok's own notification goes first; the shim's usage_update follows it.
-                let copy = frame.clone();
-                cx.to_client(frame);
-                if matches!(
-                    copy.session_update(),
-                    Some("response_completed" | "auto_compact_completed" | "turn_completed")
-                ) {
-                    self.notification(&copy, cx);
-                }
-            }
-            Kind::Notification { method } if method == "session/update" => {
-                if frame.session_update() == Some("usage_update") {
-                    return self.stamp(frame, cx);
-                }
-                // The stamps and the session, from the frame check's one pass (a chunk is not parsed).
-                if let Some(meta) = stamps(&frame)
-                    && let Some(s) = frame.session()
-                    && !GrokUsage::is_loading(cx, &s)
-                    && let Some(root) = self.roots.get_mut(&*s)
-                {
-                    root.stamped(meta);
-                }
-                cx.to_client(frame)
-            }
-            _ => cx.to_client(frame),
+    fn answered(&mut self, answer: &Frame, cx: &mut Cx, out: &mut Said) {
+        let Some(r) = cx.answer_to(answer) else { return };
+        let (method, named) = (r.method.to_string(), r.session().map(str::to_owned));
+        let asked = r.note::<ModelAsked>().map(|m| m.0.clone());
+        let v = answer.value();
+        let Some(result) = v.get("result") else { return };
+        let session = match method.as_str() {
+            "session/new" => result.get("sessionId").and_then(Value::as_str).map(str::to_owned),
+            "session/load" | "session/resume" | "session/set_model" | "session/set_config_option" => named,
+            _ => None,
+        };
+        let Some(session) = session else { return };
+        let Some(root) = self.root(&session, cx) else { return };
+        match asked {
+            Some(model) => root.model = Some(model),
+            None => root.models(result),
+        }
+        if let Some(size) = root.size() {
+            out.push((session, Fact::Size(size)));
         }
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
+    fn wants(&self, frame: &Frame) -> bool {
         match frame.kind() {
-            Kind::Notification { method } if method == NOTIFICATION => !matches!(
-                frame.session_update(),
-                Some("response_completed" | "auto_compact_completed" | "turn_completed")
-            ),
-            // A stamped update (Grok stamps its chunks too) may move a root's request time.
-            Kind::Notification { method } if method == "session/update" => {
-                frame.session_update() != Some("usage_update") && (self.roots.is_empty() || stamps(frame).is_none())
+            Kind::Notification { method } if method == NOTIFICATION => {
+                matches!(
+                    frame.session_update(),
+                    Some("response_completed" | "auto_compact_completed" | "turn_completed")
+                )
             }
-            Kind::Response { .. } => false,
-            _ => true,
+            // A stamped update (Grok stamps its chunks too) may start a root's request.
+            Kind::Notification { method } if method == "session/update" => frame.has(&STREAM_START),
+            _ => false,
+        }
+    }
+
+    fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
+        let v = frame.value();
+        let params = v.get("params").unwrap_or(&Value::Null);
+        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
+        let wall = cx.wall();
+        let Some(root) = self.root(session, cx) else { return };
+        let mut say = |fact| out.push((session.to_owned(), fact));
+        if frame.is_notification("session/update") {
+            if let Some(request) = params.get("_meta").and_then(|meta| root.stamped(meta)) {
+                say(Fact::Request(request));
+            }
+            return;
+        }
+        let update = params.get("update").unwrap_or(&Value::Null);
+        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
+        match update.get("sessionUpdate").and_then(Value::as_str) {
+            Some("response_completed") => {
+                let Some(u) = update.get("usage") else { return };
+                let context = u64_at(u, "input_tokens")
+                    .saturating_add(u64_at(u, "cache_read_input_tokens"))
+                    .saturating_add(u64_at(u, "cache_creation_input_tokens"));
+                say(Fact::Context(context));
+                say(Fact::Used(context.saturating_add(u64_at(u, "output_tokens"))));
+            }
+            Some("auto_compact_completed") => {
+                say(Fact::Compacted(stamp.map(at).unwrap_or(wall)));
+                if let Some(after) = update.get("tokens_after").and_then(Value::as_u64) {
+                    say(Fact::Used(after));
+                }
+                say(Fact::Send);
+            }
+            Some("turn_completed") => {
+                root.latest = root.latest.max(stamp);
+                say(Fact::Send);
+            }
+            _ => {}
         }
     }
 }
 
-impl GrokUsage {
-    /// A `usage_update` of Grok's own (1.0.41 sends none): a root session's gets the facts.
-    fn stamp(&mut self, frame: Frame, cx: &mut Cx) {
-        let mut v = frame.to_value();
-        let session = v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
-        match session.and_then(|s| self.roots.get(&s)) {
-            Some(root) if root.facts.stamp(&mut v) => cx.to_client(frame.rewritten(v)),
-            _ => cx.to_client(frame),
-        }
-    }
+/// coda-grok's usage facts layer.
+pub type GrokUsage = UsageFacts<Grok>;
+
+/// The layer over Grok's data folder `home` (`$GROK_HOME`, read at set-up; None: nothing is read at load).
+pub fn layer(home: Option<PathBuf>) -> GrokUsage {
+    UsageFacts::new(Grok { home, roots: HashMap::new() })
 }
 
 #[cfg(test)]
@@ -294,7 +265,7 @@ mod tests {
     const T0: u64 = 1_796_186_076_330;
 
     fn started() -> Harness {
-        let mut h = Harness::of(GrokUsage::new());
+        let mut h = Harness::of(layer(None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S,"models":{"currentModelId":"fake",
@@ -468,5 +439,42 @@ mod tests {
         let out = agent(&mut h, note(S, json!({"sessionUpdate":"turn_completed"}), Some(T0)));
         assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], u64::MAX);
         assert!(out[0]["params"]["update"]["_meta"]["coda"].get("lastRequestAt").is_none(), "no stamp was readable");
+    }
+
+    /// A session folder's `updates.jsonl` as Grok 1.0.41 writes it (its lines' shapes, from a live run).
+    #[test]
+    fn a_loaded_sessions_last_request_and_compaction_are_read_from_its_folder() {
+        let home = tempfile::tempdir().unwrap();
+        let folder = home.path().join("sessions/%2Fwork%2Fapp").join(S);
+        std::fs::create_dir_all(&folder).unwrap();
+        let stamped = |turn: u64, stream: u64, now: u64| {
+            json!({"timestamp":1796351380,"method":"session/update",
+            "params":{"sessionId":S,"_meta":{"agentTimestampMs":now,"streamStartMs":stream,"turnStartMs":turn},
+            "update":{"sessionUpdate":"agent_message_chunk"}}})
+        };
+        let lines = [
+            stamped(T0, T0 + 12, T0 + 14),
+            json!({"timestamp":1796351381,"method":"_x.ai/session/update","params":{"sessionId":S,
+                "_meta":{"agentTimestampMs":T0 + 500},"update":{"sessionUpdate":"auto_compact_completed",
+                "tokens_before":18980,"tokens_after":10332}}}),
+            stamped(T0 + 1000, T0 + 1010, T0 + 1011),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(folder.join("updates.jsonl"), text).unwrap();
+        let facts = history(home.path(), S);
+        assert_eq!(facts.compacted_at, Some(at(T0 + 500)));
+        assert_eq!(facts.last_request_at, Some(at(T0 + 1000)), "the turn's start, as live");
+        assert_eq!(facts.context_tokens, None);
+        assert_eq!(history(home.path(), "other"), Facts::default());
+        assert_eq!(history(home.path(), ".."), Facts::default());
+        // A session folder reached through a link to a folder outside is not read.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("linked")).unwrap();
+        std::fs::copy(folder.join("updates.jsonl"), outside.path().join("linked/updates.jsonl")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), home.path().join("sessions/%2Felsewhere")).unwrap();
+        assert_eq!(history(home.path(), "linked"), Facts::default());
+        std::os::unix::fs::symlink(outside.path().join("linked"), home.path().join("sessions/%2Fwork%2Fapp/linked"))
+            .unwrap();
+        assert_eq!(history(home.path(), "linked"), Facts::default());
     }
 }

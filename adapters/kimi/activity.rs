@@ -12,12 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, EventSender, Layer};
+use crate::frame::{self, Frame, Kind};
+use crate::layer::{Cx, EventSender, Layer, cancel};
 use serde_json::{Value, json};
 
-use crate::adapters::kimi::facts::Tap;
-use crate::adapters::kimi::failure::Failures;
+use crate::adapters::kimi::facts::{Tap, WireFacts};
 use crate::adapters::kimi::feed::{self, Fed};
 use crate::adapters::kimi::record;
 use crate::adapters::kimi::translate::{self, Translator};
@@ -70,8 +69,6 @@ struct Session {
     /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
     /// time each was held, for [`ANSWER_HOLD`].
     answers: Vec<(Frame, Instant)>,
-    /// Failed client turns, answered as Coda's failure kinds.
-    failures: Failures,
     dir: String,
     _handle: Option<watch::Handle>,
 }
@@ -79,11 +76,6 @@ struct Session {
 pub struct Activity {
     start: Starter,
     sessions: HashMap<String, Session>,
-    /// Client prompts that are slash commands (Kimi runs them without a turn; see [`Failures`]).
-    commands: HashSet<Id>,
-    /// Those of them whose turn has streamed no output yet (in their own session): a failed turn ends that
-    /// way in 0.1 s, before the watch has read it, so their answers wait for the turn's end in the wire.
-    quiet: HashSet<Id>,
     /// Sessions whose files cannot be read: the relay carries on without activity.
     off: HashSet<String>,
     /// Sessions whose watch is being started: the client's frames of that session and the watch's scans
@@ -133,8 +125,6 @@ impl Activity {
         Activity {
             start,
             sessions: HashMap::new(),
-            commands: HashSet::new(),
-            quiet: HashSet::new(),
             off: HashSet::new(),
             opening: HashMap::new(),
             record: None,
@@ -160,7 +150,7 @@ impl Activity {
                 "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
                  {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
             );
-            cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
+            cx.to_client(a);
         }
         self.release(session, cx);
         self.schedule(session, cx);
@@ -275,15 +265,11 @@ impl Activity {
             }
         }
         let translator = Translator::new(session, dir);
-        let s = Session {
-            translator,
-            held: VecDeque::new(),
-            answers: Vec::new(),
-            failures: Failures::default(),
-            dir: dir.to_owned(),
-            _handle: handle,
-        };
+        let s =
+            Session { translator, held: VecDeque::new(), answers: Vec::new(), dir: dir.to_owned(), _handle: handle };
         self.sessions.insert(session.to_owned(), s);
+        // The layers below learn that this session's wire is read: its turns' ends will show.
+        self.tap.send(Some(WireFacts { session: session.to_owned(), entries: Vec::new() }));
     }
 
     /// What the watch read, parsed: order by the wire records, translate.
@@ -302,32 +288,16 @@ impl Activity {
                 _ => {}
             }
         }
-        let mut stop = false;
         for (agent, entry) in feed::merge(lists) {
-            if agent == translate::MAIN && s.failures.record(&entry) {
-                stop = true;
-            }
             s.translator.entry(&agent, entry, &mut out);
-        }
-        if stop {
-            // Kimi's retries would keep the turn open past a minute: stop the run; its end carries the failure.
-            tracing::info!("stopping Kimi's turn in session {session}: its retries would outlast a minute");
-            cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
         }
         s.translator.drained(cx.now(), &mut out);
         for f in out {
             cx.to_client(f);
         }
         if !s.translator.user_turn_open() {
-            let mut held = std::mem::take(&mut s.answers).into_iter();
-            while let Some((a, at)) = held.next() {
-                if pairs(&self.commands, &a) && !s.failures.turn_ended() {
-                    // Its turn's end is not in the wire yet.
-                    s.answers.push((a, at));
-                    s.answers.extend(held);
-                    break;
-                }
-                cx.to_client(answer_of(&mut self.commands, &mut s.failures, a));
+            for (a, _) in std::mem::take(&mut s.answers) {
+                cx.to_client(a);
             }
         }
         self.release(session, cx);
@@ -345,22 +315,17 @@ impl Activity {
     }
 }
 
-/// Updates that show a turn produced output.
-const TURN_OUTPUT: &[&str] = &["agent_message_chunk", "agent_thought_chunk", "tool_call", "tool_call_update", "plan"];
-
-/// Whether Kimi's answer `a` pairs with a turn end in the wire: a result to a prompt that is not a slash
-/// command (an error answer means Kimi refused the prompt).
-fn pairs(commands: &HashSet<Id>, a: &Frame) -> bool {
-    a.id().is_some_and(|id| !commands.contains(id)) && a.value().get("result").is_some()
-}
-
-/// The answer Coda gets for Kimi's prompt answer `a` once its turn's end is known (or the hold ran out).
-fn answer_of(commands: &mut HashSet<Id>, failures: &mut Failures, a: Frame) -> Frame {
-    let paired = pairs(commands, &a);
-    if let Some(id) = a.id() {
-        commands.remove(id);
+impl Activity {
+    /// Answers the prompts held for `session` `cancelled` (Kimi never saw them); whether there were any.
+    fn stop_held(&mut self, session: &str, cx: &mut Cx) -> bool {
+        let Some(s) = self.sessions.get_mut(session).filter(|s| !s.held.is_empty()) else { return false };
+        for p in std::mem::take(&mut s.held) {
+            if let Some(id) = p.id() {
+                cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
+            }
+        }
+        true
     }
-    if paired { failures.answer(a) } else { a }
 }
 
 fn param_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -373,6 +338,16 @@ impl Layer for Activity {
     type Reply = Infallible;
 
     fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        // A request waiting for its session's watch to start, withdrawn: answered, never sent.
+        if !self.opening.is_empty()
+            && let Some(id) = cancel::target(&frame)
+        {
+            let queued = |w: &Waiting| matches!(w, Waiting::FromClient(f) if f.id() == Some(&id));
+            if let Some(waiting) = self.opening.values_mut().find(|q| q.iter().any(queued)) {
+                waiting.retain(|w| !queued(w));
+                return cx.to_client(cancel::cancelled(&id));
+            }
+        }
         if !self.opening.is_empty() {
             let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
             if let Some(waiting) = session
@@ -385,14 +360,8 @@ impl Layer for Activity {
             }
         }
         match frame.kind().clone() {
-            Kind::Request { id, method } if method == "session/prompt" => {
+            Kind::Request { method, .. } if method == "session/prompt" => {
                 let v = frame.value();
-                let first = v.pointer("/params/prompt/0/text").and_then(Value::as_str);
-                if first.is_some_and(|t| t.starts_with('/')) {
-                    self.commands.insert(id.clone());
-                } else {
-                    self.quiet.insert(id.clone());
-                }
                 let sid = param_str(v, "sessionId").map(str::to_owned);
                 if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
                     && (s.translator.main_busy() || !s.held.is_empty())
@@ -406,17 +375,23 @@ impl Layer for Activity {
                 // A held prompt is Coda's turn: stopping it answers it; Kimi never saw it.
                 let v = frame.value();
                 let sid = param_str(v, "sessionId").map(str::to_owned);
-                if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
-                    && !s.held.is_empty()
-                {
-                    for p in std::mem::take(&mut s.held) {
-                        if let Some(id) = p.id() {
-                            self.commands.remove(id);
-                            self.quiet.remove(id);
-                            cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
-                        }
-                    }
+                if sid.is_some_and(|sid| self.stop_held(&sid, cx)) {
                     return;
+                }
+            }
+            // A closed session's held prompts are stopped the same way; Kimi closes the rest.
+            Kind::Request { method, .. } if method == "session/close" => {
+                if let Some(sid) = param_str(frame.value(), "sessionId").map(str::to_owned) {
+                    self.stop_held(&sid, cx);
+                }
+            }
+            // Coda withdrew a held prompt: answered cancelled, never sent (Kimi never saw it, nor its withdrawal).
+            Kind::Notification { method } if method == cancel::METHOD => {
+                if let Some(id) = cancel::target(&frame)
+                    && let Some(s) = self.sessions.values_mut().find(|s| s.held.iter().any(|p| p.id() == Some(&id)))
+                {
+                    s.held.retain(|p| p.id() != Some(&id));
+                    return cx.to_client(cancel::cancelled(&id));
                 }
             }
             _ => {}
@@ -437,38 +412,26 @@ impl Layer for Activity {
                 return waiting.push_back(Waiting::FromAgent(frame));
             }
         }
-        let Kind::Response { id } = frame.kind() else {
-            if !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u)) {
-                // Output ends the quiet of that session's prompts only: a quiet failed turn elsewhere keeps
-                // its hold (and so its failure kind). The session is read without parsing the chunk.
-                let session = sonic_rs::get(frame.bytes(), &["params", "sessionId"]).ok();
-                if let Some(sid) = session.as_ref().and_then(|v| sonic_rs::JsonValueTrait::as_str(v)) {
-                    // Which session a quiet prompt is of: the stack's request table says.
-                    self.quiet.retain(|id| cx.request_of(id).and_then(|r| r.session()).is_none_or(|s| s != sid));
-                }
-            }
+        let Kind::Response { .. } = frame.kind() else {
             return cx.to_client(frame);
         };
         // The request it answers, as the stack recorded it: which session, and when it went by (the time of the
         // recording's snapshot of a session's files).
         let request = cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned), r.wall));
-        let quiet = self.quiet.remove(id);
         let Some((method, asked, seen)) = request else {
-            self.commands.remove(id);
             return cx.to_client(frame);
         };
         if method == "session/prompt"
             && let Some(sid) = asked.clone()
             && let Some(s) = self.sessions.get_mut(&sid)
         {
-            if s.translator.user_turn_open() || (quiet && pairs(&self.commands, &frame) && !s.failures.turn_ended()) {
+            if s.translator.user_turn_open() {
                 s.answers.push((frame, cx.now()));
                 self.schedule(&sid, cx);
                 return;
             }
-            return cx.to_client(answer_of(&mut self.commands, &mut s.failures, frame));
+            return cx.to_client(frame);
         }
-        self.commands.remove(id);
         if matches!(method.as_str(), "session/new" | "session/load" | "session/resume") {
             let asked = if method == "session/new" { None } else { asked };
             let v = frame.value();
@@ -484,13 +447,24 @@ impl Layer for Activity {
     }
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
-        // A turn's first output ends the quiet of its session's prompts.
-        let ends_quiet = !self.quiet.is_empty() && frame.session_update().is_some_and(|u| TURN_OUTPUT.contains(&u));
-        !matches!(frame.kind(), Kind::Response { .. }) && self.opening.is_empty() && !ends_quiet
+        !matches!(frame.kind(), Kind::Response { .. }) && self.opening.is_empty()
     }
 
     fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
         self.on_scan(scan, cx);
+    }
+
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        for sid in closed {
+            self.stop_held(sid, cx);
+            cx.cancel(&Look(sid.clone()));
+            // Its watch ends with it; prompt answers still held for its wire go out now.
+            if let Some(mut s) = self.sessions.remove(sid) {
+                for (answer, _) in std::mem::take(&mut s.answers) {
+                    cx.to_client(answer);
+                }
+            }
+        }
     }
 
     fn on_timer(&mut self, Look(session): Look, cx: &mut Cx) {
@@ -697,30 +671,72 @@ mod tests {
         assert_eq!(r.h.next_wake(), None);
     }
 
-    #[test]
-    fn output_in_another_session_leaves_a_quiet_turn_its_hold() {
-        const OTHER: &str = "session_6b1d1f0e-0000-4000-8000-00000000b22f";
-        let mut r = Rig::new();
-        // A second session (its folder is not there: no activity for it, the relay goes on).
-        r.h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
-        r.h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":OTHER}}));
-        assert_eq!(r.to_client(), ["answer 2"]);
-        let chunk = |sid: &str| json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":sid,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"好"}}}});
+    /// Kimi is busy with a turn of its own (a background task ended after Coda's turn): Coda's prompts wait.
+    fn kimis_own_turn(r: &mut Rig) {
+        let task = |kind: &str, status: &str| {
+            json!({"type":kind,"agentId":"main","info":{"taskId":"bash-1","kind":"process","status":status,
+                "description":"d","command":"sleep 1"},"time":1})
+        };
         r.h.from_client(prompt(5));
-        r.h.from_client(json!({"jsonrpc":"2.0","id":6,"method":"session/prompt","params":{"sessionId":OTHER,"prompt":[{"type":"text","text":"go"}]}}));
-        // The other session streams; this one's turn fails quietly (no output) and Kimi answers it at once.
-        r.h.from_agent(chunk(OTHER));
-        assert_eq!(r.to_client(), [format!("session/update {OTHER}")]);
-        r.at(100);
+        r.wire("main", &[user_turn(0), task("task.started", "running")]);
         r.h.from_agent(end_turn(5));
-        assert!(r.to_client().is_empty(), "held for the turn's end on the wire, as with no other session");
-        r.wire("main", &[user_turn(0), turn_ended(0)]);
-        assert_eq!(r.to_client(), ["answer 5"]);
-        // Output in its own session does end a prompt's quiet: its answer then goes out at once.
+        r.wire("main", &[turn_ended(0), task("task.terminated", "completed")]);
+        assert_eq!(r.to_client(), ["wait bash-1 waiting", "wait bash-1 handling", "answer 5"]);
+        r.h.to_agent();
+    }
+
+    #[test]
+    fn a_held_prompt_withdrawn_or_closed_is_answered_and_never_reaches_kimi() {
+        let mut r = Rig::new();
+        kimis_own_turn(&mut r);
+        r.h.from_client(prompt(6));
         r.h.from_client(prompt(7));
-        r.h.from_agent(chunk(SID));
-        r.h.from_agent(end_turn(7));
-        assert_eq!(r.to_client(), [format!("session/update {SID}"), "answer 7".to_owned()]);
+        assert!(r.h.to_agent().is_empty(), "held while Kimi runs its own turn");
+        // Withdrawn: answered cancelled at once; neither it nor its withdrawal reaches Kimi.
+        r.h.from_client(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":6}}));
+        assert_eq!(
+            r.h.to_client(),
+            [json!({"jsonrpc":"2.0","id":6,"error":{"code":-32800,"message":"Request cancelled"}})]
+        );
+        assert!(r.h.to_agent().is_empty());
+        // Closed: the other held prompt is stopped as a `session/cancel` stops it; the close goes on to Kimi.
+        r.h.from_client(json!({"jsonrpc":"2.0","id":8,"method":"session/close","params":{"sessionId":SID}}));
+        assert_eq!(r.h.to_client(), [json!({"jsonrpc":"2.0","id":7,"result":{"stopReason":"cancelled"}})]);
+        let sent = r.h.to_agent();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0]["method"], "session/close");
+        r.h.from_agent(json!({"jsonrpc":"2.0","id":8,"result":{}}));
+        let out = r.h.to_client();
+        assert_eq!(out.last().map(|v| v["id"].clone()), Some(json!(8)), "{out:?}");
+        assert!(r.h.layer::<Activity>(r.layer).sessions.is_empty(), "the session's watch and tables are gone");
+        assert_eq!(r.h.next_wake(), None);
+    }
+
+    #[test]
+    fn a_prompt_waiting_for_its_sessions_watch_to_start_is_answered_when_withdrawn() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("kimi-home");
+        let dir = root.join(format!("sessions/wd_work_000000000000/{SID}"));
+        std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+        let starter: Starter = Arc::new(move |session, cutoff| {
+            let dir = watch::locate(Some(root.as_path()), session)?;
+            let (_, started) = Watch::open(session, &dir, cutoff, false).map_err(WatchError::Failed)?;
+            Ok((started, None))
+        });
+        let mut h = Harness::build(|layers| layers.add(|_| Box::new(Activity::with_starter(starter))));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
+        h.hold_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
+        h.from_client(prompt(2));
+        h.from_client(prompt(3));
+        h.from_client(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":2}}));
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":2,"error":{"code":-32800,"message":"Request cancelled"}})]
+        );
+        h.run_work();
+        let sent: Vec<Value> = h.to_agent().into_iter().filter(|v| v["method"] == "session/prompt").collect();
+        assert_eq!(sent, [prompt(3)], "the withdrawn prompt never reaches Kimi, the other goes once the watch runs");
     }
 
     #[test]
@@ -848,7 +864,8 @@ mod tests {
         assert_eq!(h.run_work(), 1);
         assert_eq!(h.to_client().len(), 1, "the answer");
         h.deliver();
-        assert_eq!(*got.lock().unwrap(), [2], "the turn's prompt and the request");
+        // First that the session's wire is read (no records), then the turn's prompt and the request.
+        assert_eq!(*got.lock().unwrap(), [0, 2], "the watch's start, then the turn's prompt and the request");
         // The took log, written by its thread: whole once the layer is gone.
         drop(h);
         let text = std::fs::read_to_string(&took).unwrap();

@@ -1,5 +1,5 @@
-//! The main agent's wire records that coda-kimi's compaction and usage layers act on, picked from each scan
-//! of the watch and handed to them as typed events ([`Tap`]).
+//! The main agent's wire records that coda-kimi's failure, compaction and usage layers act on, picked from each
+//! scan of the watch and handed to them as typed events ([`Tap`]).
 //!
 //! The watch ([`crate::adapters::kimi::watch`]) reads Kimi's session files for the activity layer; the same
 //! scan also carries the main agent's turns, model requests, token counts and compactions, picked on the
@@ -22,12 +22,13 @@ pub struct WireFacts {
     pub entries: Vec<Entry>,
 }
 
-/// Whether a record is one the compaction and usage layers read.
+/// Whether a record is one the failure, compaction and usage layers read.
 fn wanted(record: &Record) -> bool {
     matches!(
         record,
         Record::TurnPrompt { .. }
             | Record::TurnEnded { .. }
+            | Record::StepRetrying(_)
             | Record::LlmRequest { .. }
             | Record::Usage { .. }
             | Record::TokenCount { .. }

@@ -10,7 +10,6 @@ pub mod events;
 pub mod facts;
 pub mod failure;
 pub mod feed;
-pub mod inside;
 pub mod record;
 pub mod title;
 pub mod translate;
@@ -45,22 +44,54 @@ fn layers(setup: &mut Setup) {
 
 /// The layers over Kimi's data root `root`, with the logs `logs`.
 fn stack(setup: &mut Setup, root: Option<std::path::PathBuf>, logs: activity::Logs) {
+    let history = root.clone();
+    stack_with_tap(setup, root, history, logs, facts::Tap::default());
+}
+
+/// coda-kimi's stack over no data root, whose wire records a test hands in through `tap` (no watch starts);
+/// a loaded session's history is read under `history`.
+#[cfg(test)]
+pub(crate) fn test_stack(
+    command: &crate::child::AgentCommand,
+    tap: facts::Tap,
+    history: Option<std::path::PathBuf>,
+) -> (crate::layer::Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
+    crate::cli::adapter::stack_with(command, None, |setup| {
+        stack_with_tap(setup, None, history, Default::default(), tap)
+    })
+}
+
+/// [`stack`], the wire records of each scan going to the layers on `tap`, a loaded session's history read under
+/// `history`.
+fn stack_with_tap(
+    setup: &mut Setup,
+    root: Option<std::path::PathBuf>,
+    history: Option<std::path::PathBuf>,
+    logs: activity::Logs,
+    tap: facts::Tap,
+) {
     // Kimi reports its own agentInfo ("Kimi Code CLI", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS)));
     // Below the instruction layer: sees the prompt that carries the block, and Kimi's titles before the strip.
     let first_prompt = title::first_prompt_from_files(root.clone());
     setup.add(|_| Box::new(title::Title::new(first_prompt)));
-    // The activity layer hands the main agent's usage and compaction records of each scan of the watch it
-    // starts to the two layers below it (next to Kimi, so Kimi's frames reach them first).
-    let tap = facts::Tap::default();
+    // The activity layer hands the main agent's failure, usage and compaction records of each scan of the watch
+    // it starts to the layers below it (next to Kimi, so Kimi's frames reach them first).
     setup.add(|events| Box::new(activity::Activity::new(events, root, logs, tap.clone())));
+    // Failure kinds from the wire's turn ends and retries, next below: Kimi's answers reach it before the
+    // activity layer, which then sees the answer Coda gets.
+    let patience = crate::coda::failure::retry_patience();
+    setup.add(|events| {
+        tap.add(events);
+        Box::new(failure::layer(patience))
+    });
     setup.add(|events| {
         tap.add(events);
         Box::new(crate::coda::compact::Compaction::new(compact::KimiCompact::new()))
     });
     setup.add(|events| {
         tap.add(events);
-        Box::new(usage::Usage::new())
+        Box::new(usage::layer(history))
     });
 }
 

@@ -1,5 +1,4 @@
-//! coda-kimi's usage facts (Coda's 用量里的数据): `_meta.coda` on Kimi's `usage_update`s, from its wire, and a
-//! `usage_update` of the shim's where Kimi sends none.
+//! Where Kimi's usage facts are (section 用量里的数据; the rules are [`crate::coda::usage`]'s): its wire.
 //!
 //! Where each fact comes from (main agent's wire, `agents/main/wire.jsonl`, handed in as [`WireFacts`]):
 //! - `lastRequestAt`: the `time` of the last `llm.request` of kind `loop` (Kimi's clock, written just before
@@ -7,47 +6,36 @@
 //! - `contextTokens`: the `usage.record` answering that request: inputOther + inputCacheRead +
 //!   inputCacheCreation, as the provider reported them.
 //! - `compactedAt`: the `time` of the last `context.apply_compaction` (asked for or automatic).
-//! - `cacheTtl`: Kimi does not say it; never written.
+//! - `cacheTtl`: Kimi does not say it.
+//! - At load: the same records, read from the history of the session's main wire ([`history`]).
 //!
 //! Kimi sends its `usage_update {used, size}` right after answering a prompt the shim forwarded, and none
-//! after `/compact` or after a turn it started itself. Its update is stamped once the wire has shown the end
-//! of that prompt's turn (it writes the turn's end before it answers, but the watch may read it a little
-//! later): until then it, and every frame from Kimi after it, waits here, at most [`HOLD`]. Where Kimi sends
-//! none the shim sends one ([`Facts::update`], with Kimi's own `used`, its token count, and `size`, the
-//! model's window): at the end of Kimi's own turns, and after a compaction that ended between turns.
+//! after `/compact` or after a turn it started itself. Its update waits until the wire has shown the end of that
+//! prompt's turn (it writes the turn's end before it answers, but the watch may read it a little later:
+//! [`Source::waits`]). Where Kimi sends none the shim sends one, with Kimi's own `used` (its token count) and
+//! `size` (the model's window): at the end of Kimi's own turns, and after a compaction that ended between turns.
 //!
-//! Kimi's ACP sessions are all root sessions (its subagents never reach ACP, and their wires are not read
-//! here).
+//! Kimi's subagents never reach ACP, and their wires are not read here.
 
-use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
 use crate::adapters::kimi::BUILTINS;
 use crate::adapters::kimi::facts::WireFacts;
-use crate::adapters::kimi::wire::Record;
-use crate::coda::usage::Facts;
+use crate::adapters::kimi::wire::{self, Record};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
-
-/// The longest a `usage_update` of Kimi's waits for the wire to show its turn's end (then it is stamped with
-/// what is known, with a warning): the activity layer's hold of the prompt answer, for the same reason.
-pub const HOLD: Duration = Duration::from_secs(2);
-
-/// The wake-up of the hold ([`HOLD`]).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Release;
+use crate::inside::Folder;
+use crate::layer::Cx;
 
 #[derive(Default)]
 struct Session {
-    facts: Facts,
     /// The last `llm.request` was a step of the agent's loop: the `usage.record` after it is its context.
     after_loop: bool,
-    /// Kimi's own count of its context (its `used`).
-    used: Option<u64>,
-    /// The model's context window: from Kimi's `usage_update`, else from the wire's `llm.request`.
+    /// The model's window: Kimi's own `size`, else the wire's `maxTokens`.
     size: Option<u64>,
     wire_size: Option<u64>,
     /// Prompts forwarded to Kimi that make a turn, and the ends of client turns the wire showed.
@@ -68,15 +56,6 @@ impl Session {
     }
 }
 
-pub struct Usage {
-    sessions: HashMap<String, Session>,
-    /// Prompts counted in [`Session::sent`], by request id, until answered.
-    counted: HashMap<Id, String>,
-    /// Frames from Kimi waiting behind a `usage_update` whose turn the wire has not shown the end of yet, in
-    /// the order they came.
-    held: VecDeque<Frame>,
-}
-
 /// A time of Kimi's wire (milliseconds since the epoch); 0 is none.
 fn wire_time(ms: u64) -> Option<SystemTime> {
     (ms > 0).then(|| UNIX_EPOCH.checked_add(Duration::from_millis(ms))).flatten()
@@ -90,227 +69,169 @@ fn makes_turn(prompt: &Value) -> bool {
     !BUILTINS.contains(&name)
 }
 
-fn session_of(v: &Value) -> Option<String> {
-    v.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned)
+/// Where Kimi's facts are (see the module's docs).
+pub struct Kimi {
+    /// Kimi's data root (where [`history`] finds a loaded session's wire).
+    root: Option<PathBuf>,
+    sessions: HashMap<String, Session>,
+    /// Prompts counted in [`Session::sent`], by request id, until answered.
+    counted: HashMap<Id, String>,
 }
 
-impl Default for Usage {
-    fn default() -> Self {
-        Usage::new()
+impl Kimi {
+    pub fn new(root: Option<PathBuf>) -> Kimi {
+        Kimi { root, sessions: HashMap::new(), counted: HashMap::new() }
+    }
+
+    fn session(&mut self, session: &str, cx: &Cx) -> Option<&mut Session> {
+        per_root(&mut self.sessions, session, cx, |_| false)
     }
 }
 
-impl Usage {
-    pub fn new() -> Usage {
-        Usage { sessions: HashMap::new(), counted: HashMap::new(), held: VecDeque::new() }
-    }
+impl Source for Kimi {
+    type Event = WireFacts;
 
-    /// The session a `usage_update` of Kimi's is of, when it is one of a known session (else None).
-    fn usage_session(&self, frame: &Frame) -> Option<String> {
-        if frame.session_update() != Some("usage_update") {
-            return None;
+    fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
+        let Kind::Request { id, method } = frame.kind() else { return };
+        if method.as_ref() as &str != "session/prompt" || !makes_turn(frame.value()) {
+            return;
         }
-        frame.session().map(|s| s.into_owned()).filter(|s| self.sessions.contains_key(s))
+        let Some(sid) = cx.request_of(id).and_then(|r| r.session()).map(str::to_owned) else { return };
+        let id = id.clone();
+        if let Some(s) = self.session(&sid, cx) {
+            s.sent += 1;
+            // Bounded by the client's open requests: one Kimi never answers is forgotten with it.
+            self.counted.retain(|id, _| cx.request_of(id).is_some());
+            self.counted.insert(id, sid);
+        }
     }
 
-    /// Kimi's `usage_update` with the facts written in (its `size` remembered).
-    fn stamped(&mut self, frame: Frame, session: &str) -> Frame {
-        let Some(s) = self.sessions.get_mut(session) else { return frame };
-        // Read where it lies and written in place (a `usage_update` is a fifth of Kimi's stream).
-        let size = frame.update_value().and_then(|u| u.get("size")).and_then(|size| size.as_u64());
-        if let Some(size) = size {
+    fn answered(&mut self, answer: &Frame, cx: &mut Cx, _: &mut Said) {
+        let Some(id) = answer.id() else { return };
+        let Some(sid) = self.counted.remove(id) else { return };
+        // Refused: no turn in Kimi.
+        if answer.value().get("result").is_none()
+            && let Some(s) = self.sessions.get_mut(&sid)
+        {
+            s.sent = s.sent.saturating_sub(1);
+        }
+        let _ = cx;
+    }
+
+    fn usage_update(&mut self, session: &str, update: &Value, cx: &mut Cx, _: &mut Said) {
+        let Some(s) = self.session(session, cx) else { return };
+        if let Some(size) = update.get("size").and_then(Value::as_u64) {
             s.size = Some(size);
         }
-        if s.facts.is_empty() {
-            return frame;
-        }
         s.unsent_compaction = false;
-        s.facts.stamp_frame(&frame).unwrap_or(frame)
     }
 
-    /// Sends on what was held, in order, up to a `usage_update` whose turn is still not shown (all of it
-    /// with `all`, when the hold ran out).
-    fn release(&mut self, all: bool, cx: &mut Cx) {
-        while let Some(front) = self.held.front() {
-            let session = self.usage_session(front);
-            if let Some(sid) = &session
-                && !all
-                && !self.sessions[sid].caught_up()
-            {
-                return;
-            }
-            let frame = self.held.pop_front().expect("a front");
-            let frame = match session {
-                Some(sid) => self.stamped(frame, &sid),
-                None => frame,
-            };
-            cx.to_client(frame);
-        }
-        cx.cancel(&Release);
-    }
-
-    /// A frame towards the client, behind what is held.
-    fn emit(&mut self, frame: Frame, cx: &mut Cx) {
-        if !self.held.is_empty() {
-            self.held.push_back(frame);
-            return;
-        }
-        match self.usage_session(&frame) {
-            Some(sid) if !self.sessions[&sid].caught_up() => {
-                self.held.push_back(frame);
-                cx.after(HOLD, Release);
-            }
-            Some(sid) => {
-                let frame = self.stamped(frame, &sid);
-                cx.to_client(frame);
-            }
-            None => cx.to_client(frame),
-        }
-    }
-
-    /// A `usage_update` of the shim's for `session`, where Kimi sends none.
-    fn own_update(&mut self, session: &str, cx: &mut Cx) {
-        let Some(s) = self.sessions.get_mut(session) else { return };
-        let used = s.used.or(s.facts.context_tokens);
-        let (Some(used), Some(size)) = (used, s.size.or(s.wire_size)) else {
-            tracing::debug!("no usage_update of the shim's for session {session}: Kimi's count or window unknown");
-            return;
-        };
-        if s.facts.is_empty() {
-            return;
-        }
-        s.unsent_compaction = false;
-        let frame = s.facts.update(session, used, size);
-        if self.held.is_empty() { cx.to_client(frame) } else { self.held.push_back(frame) }
-    }
-
-    /// What the wire said of one session's main agent.
-    pub fn facts(&mut self, facts: WireFacts, cx: &mut Cx) {
+    fn on_event(&mut self, facts: WireFacts, cx: &mut Cx, out: &mut Said) {
         let session = facts.session;
+        let Some(s) = self.session(&session, cx) else { return };
+        // The watch reads this session's wire (its first hand-off may hold no record): its turns' ends will show.
+        s.wired = true;
+        let mut say = |fact| out.push((session.clone(), fact));
         for entry in facts.entries {
-            let Some(s) = self.sessions.get_mut(&session) else { break };
-            s.wired = true;
             let at = wire_time(entry.time);
             match entry.record {
-                Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_user()),
+                Record::TurnPrompt { origin, .. } => s.turn = Some(origin.is_client()),
                 Record::TurnEnded { .. } => match s.turn.take() {
                     // A client turn of a prompt not counted here (none is expected) counts for no later one.
                     Some(true) => s.ended = (s.ended + 1).min(s.sent),
                     // Kimi sends no usage_update after a turn it started itself.
-                    Some(false) => self.own_update(&session, cx),
+                    Some(false) => {
+                        s.unsent_compaction = false;
+                        say(Fact::Send);
+                    }
                     None => {}
                 },
                 Record::LlmRequest { kind, max_tokens } => {
                     s.after_loop = kind == "loop";
-                    if s.after_loop && at.is_some() {
-                        s.facts.last_request_at = at;
+                    if let Some(at) = at.filter(|_| s.after_loop) {
+                        say(Fact::Request(at));
                     }
                     if max_tokens.is_some() {
                         s.wire_size = max_tokens;
                     }
+                    if let (None, Some(size)) = (s.size, s.wire_size) {
+                        say(Fact::Size(size));
+                    }
                 }
-                Record::Usage { input: Some(n) } if s.after_loop => s.facts.context_tokens = Some(n),
-                Record::TokenCount { tokens } => s.used = Some(tokens),
-                Record::CompactionApplied { .. } if at.is_some() => {
-                    s.facts.compacted_at = at;
-                    s.unsent_compaction = true;
+                Record::Usage { input: Some(n) } if s.after_loop => say(Fact::Context(n)),
+                Record::TokenCount { tokens } => say(Fact::Used(tokens)),
+                Record::CompactionApplied { .. } => {
+                    if let Some(at) = at {
+                        say(Fact::Compacted(at));
+                        s.unsent_compaction = true;
+                    }
                 }
                 Record::CompactionEnded { completed: true }
                     if s.unsent_compaction && s.turn.is_none() && s.caught_up() =>
                 {
                     // Between turns (asked for): Kimi sends no usage_update after it.
-                    self.own_update(&session, cx);
+                    s.unsent_compaction = false;
+                    say(Fact::Send);
                 }
                 _ => {}
             }
         }
-        self.release(false, cx);
+    }
+
+    fn waits(&self, session: &str) -> bool {
+        self.sessions.get(session).is_some_and(|s| !s.caught_up())
+    }
+
+    /// The turns of `session` that never showed count for no later update (other sessions' still do).
+    fn waited_out(&mut self, session: &str) {
+        if let Some(s) = self.sessions.get_mut(session) {
+            s.ended = s.sent;
+        }
+    }
+
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        let dir = crate::adapters::kimi::watch::locate(self.root.as_deref(), session).ok()?;
+        Some(Box::new(move || history(&dir).unwrap_or_default()))
     }
 }
 
-impl Layer for Usage {
-    type Timer = Release;
-    type Event = WireFacts;
-    type Reply = Infallible;
-
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Request { id, method } = frame.kind()
-            && method.as_ref() as &str == "session/prompt"
-        {
-            let v = frame.value();
-            if let Some(sid) = session_of(v)
-                && makes_turn(v)
-                && let Some(s) = self.sessions.get_mut(&sid)
-            {
-                s.sent += 1;
-                self.counted.insert(id.clone(), sid);
-            }
-        }
-        cx.to_agent(frame);
-    }
-
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        if let Kind::Response { id } = frame.kind() {
-            let counted = self.counted.remove(id);
-            let request = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
-            let needs_value = counted.is_some()
-                || request
-                    .as_ref()
-                    .is_some_and(|(m, _)| matches!(m.as_str(), "session/new" | "session/load" | "session/resume"));
-            if needs_value {
-                let v = frame.value();
-                let refused = v.get("result").is_none();
-                if let Some(sid) = counted
-                    && refused
-                    && let Some(s) = self.sessions.get_mut(&sid)
-                {
-                    // Refused: no turn in Kimi.
-                    s.sent = s.sent.saturating_sub(1);
-                }
-                if let Some((method, asked)) = request
-                    && method != "session/prompt"
-                    && !refused
-                {
-                    let named = v.pointer("/result/sessionId").and_then(Value::as_str).map(str::to_owned);
-                    if let Some(sid) = named.or(asked) {
-                        self.sessions.entry(sid).or_default();
-                    }
+/// The facts in the history of the main wire of the session folder `dir` (its last
+/// [`crate::coda::usage::HISTORY_MAX`]): the last
+/// request of the agent's loop and its context, the last compaction. Links are not followed.
+pub fn history(dir: &std::path::Path) -> Option<Facts> {
+    let file = Folder::open(dir).ok()?.file("agents/main/wire.jsonl").ok()?;
+    let (mut facts, mut after_loop) = (Facts::default(), false);
+    for line in history_lines(file) {
+        let Ok(entry) = wire::parse_line(&line) else { continue };
+        let at = wire_time(entry.time);
+        match entry.record {
+            Record::LlmRequest { kind, .. } => {
+                after_loop = kind == "loop";
+                if after_loop && at.is_some() {
+                    facts.last_request_at = at;
                 }
             }
-        }
-        self.emit(frame, cx);
-    }
-
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        // What `emit` neither holds nor stamps.
-        self.held.is_empty()
-            && !matches!(frame.kind(), Kind::Response { .. })
-            && frame.session_update() != Some("usage_update")
-    }
-
-    fn on_event(&mut self, facts: WireFacts, cx: &mut Cx) {
-        self.facts(facts, cx);
-    }
-
-    fn on_timer(&mut self, _: Release, cx: &mut Cx) {
-        if !self.held.is_empty() {
-            tracing::warn!(
-                "Kimi sent a usage_update but its wire has not shown that turn's end within {HOLD:?}; sending it \
-                 with the facts known (they may be a turn old)"
-            );
-            self.release(true, cx);
-            // The turns that never showed count for no later update.
-            for s in self.sessions.values_mut() {
-                s.ended = s.sent;
-            }
+            Record::Usage { input: Some(n) } if after_loop => facts.context_tokens = Some(n),
+            Record::CompactionApplied { .. } if at.is_some() => facts.compacted_at = at,
+            _ => {}
         }
     }
+    Some(facts)
+}
+
+/// coda-kimi's usage facts layer.
+pub type Usage = UsageFacts<Kimi>;
+
+/// The layer over Kimi's data root `root`.
+pub fn layer(root: Option<PathBuf>) -> Usage {
+    UsageFacts::new(Kimi::new(root))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::adapters::kimi::wire::parse_line;
+    use crate::coda::usage::HOLD;
     use crate::layer::testing::Harness;
     use serde_json::json;
 
@@ -318,7 +239,7 @@ mod tests {
 
     /// The usage layer alone, after `session/new` was answered.
     fn rig() -> Harness {
-        let mut h = Harness::of(Usage::new());
+        let mut h = Harness::of(layer(None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":SID}}));
         assert_eq!(h.to_client().len(), 1);
@@ -410,6 +331,23 @@ mod tests {
         assert_eq!(h.to_client().len(), 2, "the error and the update, at once");
     }
 
+    /// A skill's slash command runs a turn of origin `skill_activation` for the prompt: Kimi's own update follows
+    /// it, which waits for that turn as for any prompt's, and the shim sends none of its own.
+    #[test]
+    fn a_skills_turn_is_the_prompts_turn() {
+        let mut h = rig();
+        wire(&mut h, &[]);
+        h.from_client(prompt(2, "/skill:review the diff"));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}));
+        h.from_agent(usage_update(905));
+        assert_eq!(h.to_client().len(), 1, "the update waits for the skill's turn");
+        wire(&mut h, &turn("skill_activation", 0, 3_000_000, 900));
+        let out = h.to_client();
+        assert_eq!(out.len(), 1, "Kimi's update, stamped; no update of the shim's: {out:?}");
+        assert_eq!(out[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 900);
+        assert_eq!(h.next_wake(), None);
+    }
+
     #[test]
     fn kimis_own_turn_and_a_compaction_between_turns_get_an_update_of_the_shims() {
         let mut h = rig();
@@ -467,5 +405,35 @@ mod tests {
             h.to_client()[0]["params"]["update"]["_meta"]["coda"],
             json!({"lastRequestAt": iso_ms(3_100_000), "contextTokens": 500})
         );
+    }
+
+    #[test]
+    fn a_loaded_session_starts_with_the_facts_of_its_wire_history() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("sessions/wd_w_0123456789ab").join(SID);
+        std::fs::create_dir_all(dir.join("agents/main")).unwrap();
+        let lines = [
+            json!({"type":"metadata","protocol_version":"1.5","created_at":1}),
+            json!({"type":"llm.request","agentId":"main","kind":"loop","maxTokens":40000,"time":1_000_000}),
+            json!({"type":"usage.record","agentId":"main","usage":{"inputOther":900,"output":5},"time":1_000_020}),
+            json!({"type":"llm.request","agentId":"main","kind":"compaction","time":2_000_000}),
+            json!({"type":"usage.record","agentId":"main","usage":{"inputOther":1200,"output":5},"time":2_000_020}),
+            json!({"type":"context.apply_compaction","agentId":"main","tokensBefore":900,"tokensAfter":300,"time":2_000_030}),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(dir.join("agents/main/wire.jsonl"), format!("{text}{{\"type\":\"cut")).unwrap();
+        let mut h = Harness::of(layer(Some(root.path().to_path_buf())));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":SID,"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        h.from_client(prompt(2, "go"));
+        h.from_agent(usage_update(905));
+        let out = h.to_client();
+        // The compaction's summary request is no request of the main thread; the last one before it is.
+        assert_eq!(
+            out[1]["params"]["update"]["_meta"]["coda"],
+            json!({"lastRequestAt": iso_ms(1_000_000), "contextTokens": 900, "compactedAt": iso_ms(2_000_030)})
+        );
+        // A folder that is a link, or no wire at all: nothing read, nothing kept.
+        assert_eq!(history(&root.path().join("nowhere")), None);
     }
 }

@@ -10,7 +10,7 @@
 //! reports each write; macOS's FSEvents delivers late, coalesced, sometimes only for the folder, a rename as one
 //! event or two: both lead to the same reads.
 //!
-//! Nothing outside the session folder is watched or read ([`crate::adapters::kimi::inside`]): a symbolic link inside it (folder
+//! Nothing outside the session folder is watched or read ([`crate::inside`]): a symbolic link inside it (folder
 //! or file) is refused with a warning, and so is anything that is not a regular file. A wire is read in pieces of
 //! [`READ_PIECE`], at most [`ROUND_BYTES`] of each file per scan, and at most [`IN_FLIGHT`] scans wait for the
 //! relay loop at a time: memory does not grow with the size of an append.
@@ -29,7 +29,7 @@ use crate::layer::EventSender;
 use crate::adapters::kimi::events::{EventSource, Msg, NotifySource, Unwatched, Wake};
 use crate::adapters::kimi::facts;
 use crate::adapters::kimi::feed::{Fed, Feed};
-use crate::adapters::kimi::inside::{Folder, Kind, Meta, Refused};
+use crate::inside::{Folder, Kind, Meta, Refused};
 
 /// How long the watch waits for an event while a folder could not be watched (or no watcher could be made)
 /// before it looks anyway: the longest such a change goes unseen. Under the activity layer's 2 s holds

@@ -123,6 +123,12 @@ impl Origin {
         self.kind == "user"
     }
 
+    /// A turn a client's prompt started: a prompt's (`user`) or a skill's its slash command ran
+    /// (`skill_activation`); Kimi answers that prompt, and sends its `usage_update`, when the turn ends.
+    pub fn is_client(&self) -> bool {
+        self.is_user() || self.kind == "skill_activation"
+    }
+
     /// A run of a subagent requested by its parent.
     pub fn is_subagent_run(&self) -> bool {
         self.kind == "system_trigger" && self.name.as_deref() == Some("subagent")

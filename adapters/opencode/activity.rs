@@ -30,11 +30,10 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
-use crate::frame::{self, Frame, Kind, Needle};
+use crate::frame::{Frame, Kind, Needle};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
-use crate::adapters::opencode::failure::{ANSWER_HOLD, Failures, Upstream};
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::file_log::FileLog;
@@ -51,8 +50,6 @@ pub enum Tick {
     Quiet(u64),
     /// [`IDLE_GRACE`] after OpenCode said a handled parent is idle.
     Idle(u64),
-    /// [`ANSWER_HOLD`] after an error answer to a prompt was held for OpenCode's `session.error`.
-    Failure(u64),
 }
 
 /// Starts reading OpenCode's server (or a replay's events file) on a thread of its own and returns: the set-up's
@@ -191,8 +188,6 @@ pub struct OpenCodeActivity {
     /// The took log of `CODA_OPENCODE_TOOK` and the events file it names: how far the layers have handled it.
     took: Option<(FileLog, String)>,
     register: Register,
-    /// Failed Coda turns, answered as Coda's failure kinds.
-    failures: Failures,
     tasks: Tasks,
     runs: Runs,
     handling: Handling,
@@ -212,14 +207,13 @@ fn is_turn_output(kind: &str) -> bool {
 
 impl OpenCodeActivity {
     /// `start_reader` starts reading OpenCode's server (none: no server is known); `record` logs the server
-    /// events handled; `retry_patience` is how long OpenCode may retry a turn (`failure.rs`).
-    pub fn new(start_reader: Option<StartReader>, record: Record, retry_patience: Duration) -> OpenCodeActivity {
+    /// events handled.
+    pub fn new(start_reader: Option<StartReader>, record: Record) -> OpenCodeActivity {
         OpenCodeActivity {
             reader: Reader { start: start_reader },
             record,
             took: None,
             register: Register::new(),
-            failures: Failures::new(retry_patience),
             tasks: Tasks::default(),
             runs: Runs::default(),
             handling: Handling::default(),
@@ -341,20 +335,13 @@ impl OpenCodeActivity {
         }
         match e {
             ServerEvent::TaskChild { session, call, child } => self.task_child(session, call, child, cx),
-            ServerEvent::Retry { session, attempt, message, at_ms, wait_ms } => {
+            // A retry is a run (the failure layer reads it for failure kinds, as it reads `Failed`).
+            ServerEvent::Retry { session, .. } => {
                 if self.runs.busy.get(&session) != Some(&true) {
-                    self.server_event(ServerEvent::Status { session: session.clone(), busy: true }, cx);
-                }
-                if self.failures.retry(&session, at_ms, attempt, &message, wait_ms) {
-                    tracing::info!("stopping OpenCode's turn in session {session}: its retries would outlast a minute");
-                    cx.to_agent(frame::notification("session/cancel", json!({ "sessionId": session })));
+                    self.server_event(ServerEvent::Status { session, busy: true }, cx);
                 }
             }
-            ServerEvent::Failed { session, name, message, status, code } => {
-                if let Some(answer) = self.failures.failed(&session, Upstream { name, message, status, code }) {
-                    cx.to_client(answer);
-                }
-            }
+            ServerEvent::Failed { .. } => {}
             ServerEvent::Status { session, busy } => self.status(session, busy, cx),
             // The permission bridge's.
             ServerEvent::Asked { .. } | ServerEvent::Replied { .. } => {}
@@ -474,11 +461,10 @@ impl OpenCodeActivity {
     /// A client prompt (the stack's request table has its session).
     fn client_prompt(&mut self, frame: &Frame, cx: &mut Cx) {
         let request = frame.id().and_then(|id| cx.request_of(id));
-        let Some((id, sid)) = request.and_then(|r| Some((r.id.clone(), r.session()?.to_owned()))) else { return };
+        let Some(sid) = request.and_then(|r| r.session()).map(str::to_owned) else { return };
         // A Coda turn starts: OpenCode folds whatever it was doing on its own into it.
         self.settle(&sid, cx);
-        self.runs.coda_run.insert(sid.clone(), false);
-        self.failures.prompt(&id, &sid);
+        self.runs.coda_run.insert(sid, false);
     }
 
     /// A `session/update` (already read): `task` calls, and output of OpenCode's own turns.
@@ -550,10 +536,7 @@ impl Layer for OpenCodeActivity {
                     }
                     return cx.to_client(frame);
                 }
-                match self.failures.answer(frame) {
-                    Ok(frame) => cx.to_client(frame),
-                    Err(tag) => cx.after(ANSWER_HOLD, Tick::Failure(tag)),
-                }
+                cx.to_client(frame)
             }
             Kind::Notification { method } if method == "session/update" => {
                 // Most updates are text chunks: parse only tool calls, or anything while a background
@@ -581,6 +564,19 @@ impl Layer for OpenCodeActivity {
         }
     }
 
+    /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of its calls,
+    /// runs and handled waits goes.
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        let gone = |s: &str| closed.iter().any(|c| c == s);
+        self.tasks.by_call.retain(|(session, _), _| !gone(session));
+        self.tasks.early.retain(|(session, _), _| !gone(session));
+        self.runs.busy.retain(|session, _| !gone(session));
+        self.runs.own_runs.retain(|session, _| !gone(session));
+        self.runs.coda_run.retain(|session, _| !gone(session));
+        self.handling.by_session.retain(|session, _| !gone(session));
+        self.register.forget(gone);
+    }
+
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
         match event {
             FromServer::Event(e) => self.server_event(e, cx),
@@ -596,11 +592,6 @@ impl Layer for OpenCodeActivity {
 
     fn on_timer(&mut self, tick: Tick, cx: &mut Cx) {
         match tick {
-            Tick::Failure(tag) => {
-                if let Some(answer) = self.failures.hold_over(tag) {
-                    cx.to_client(answer);
-                }
-            }
             Tick::Quiet(n) => self.quiet(n, cx),
             Tick::Idle(n) => self.idle(n, cx),
         }
@@ -789,7 +780,7 @@ mod tests {
     fn server_events_are_logged_for_replays_in_the_order_handled() {
         let dir = tempfile::tempdir().expect("dir");
         let log = dir.path().join("files.jsonl");
-        let record = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("log");
+        let record = Record::to_file("TEST", &log, "/t/coda-opencode-events.jsonl".into()).expect("log");
         let mut rig = Rig::new(Duration::ZERO, record);
         rig.server(status(P, true));
         rig.server(rig::asked("per_1", "call_9"));
@@ -889,24 +880,13 @@ mod tests {
         assert!(rig.agent(task_running("call_1", false, None)).0.is_empty());
     }
 
-    #[test]
-    fn a_held_error_answer_goes_on_as_it_is_when_the_server_says_nothing() {
-        let mut rig = Rig::started();
-        rig.prompt(4);
-        let answer = json!({"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"Internal error: x",
-            "data":{"service":"session","errorName":"APIError"}}});
-        assert_eq!(rig.raw_agent(answer.clone()), (vec![], vec![]), "held for OpenCode's session.error");
-        assert_eq!(rig.wake_in(), Some(ANSWER_HOLD));
-        assert_eq!(rig.advance(ANSWER_HOLD).0, vec![answer]);
-    }
-
     fn frame(v: Value) -> Frame {
         Frame::parse(v.to_string().into_bytes()).expect("a frame")
     }
 
     #[test]
     fn closed_calls_leave_the_open_ones_and_what_is_remembered_of_them_is_bounded() {
-        let mut a = OpenCodeActivity::new(None, Record::off(), Duration::from_secs(60));
+        let mut a = OpenCodeActivity::new(None, Record::off());
         let prompt = json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":P,"prompt":[]}});
         a.from_client(frame(prompt), &mut Cx::default());
         let calls = RECENT + 100;
@@ -934,8 +914,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let took = dir.path().join("took.jsonl");
         let log = FileLog::open("CODA_OPENCODE_TOOK", &took).expect("open");
-        let mut a = OpenCodeActivity::new(None, Record::off(), Duration::from_secs(60))
-            .with_took(log, "/t/coda-opencode-events.jsonl".into());
+        let mut a = OpenCodeActivity::new(None, Record::off()).with_took(log, "/t/coda-opencode-events.jsonl".into());
         let mut cx = Cx::default();
         a.on_event(FromServer::Read(273), &mut cx);
         a.on_event(FromServer::Event(status(P, false)), &mut cx);

@@ -191,7 +191,7 @@ impl OpenCodeCompact {
     fn server_event(&mut self, e: ServerEvent, ctl: &mut Ctl<Self>) {
         match e {
             ServerEvent::Step(s) => {
-                self.contexts.step(&s);
+                self.contexts.root_step(&s, ctl.cx);
                 if let (false, Some(p), Some(m), Some(known)) =
                     (s.summary, &s.provider, &s.model, self.sessions.get_mut(&s.session))
                 {

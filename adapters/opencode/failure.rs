@@ -5,24 +5,13 @@
 //! (a two-hour wait for a usage window is waited out); when the retries end, the prompt is answered with
 //! `-32603 "Internal error: <upstream message>"`, `data: {errorName: "APIError"}`: no status, no upstream code.
 //! The server's `session.error` carries them (`error.data.statusCode`, `responseBody`), so the layer classifies
-//! by the upstream's own error code in that body and holds an error answer until that event has come (at most
-//! [`ANSWER_HOLD`]):
+//! by the upstream's own error code in that body, else its status, by the rule all binaries share
+//! ([`failure::upstream`]); the engine's failure layer holds an error answer until that event has come (at most
+//! [`failure::ANSWER_HOLD`]). Without either (a 502 page, a dropped connection) the answer stays the plain error.
 //!
-//! | upstream code (`error.code` or `error.type` of the body) | Coda |
-//! | --- | --- |
-//! | `insufficient_quota`, `exceeded_current_quota_error` | `quota_exhausted` |
-//! | `rate_limit_exceeded`, `server_error`, `server_is_overloaded`, `overloaded_error` | `service_unavailable`, `input: accepted` |
-//! | `invalid_api_key` (HTTP 401) | -32000 (a login problem) |
-//! | none, HTTP 503 (a body of plain text: "Service Unavailable: `<body>`") | `service_unavailable`, `input: accepted` |
-//! | none (a 502 page, a dropped connection) | the plain error |
-//!
-//! HTTP 503 is an explicit reason of its own (RFC 9110: the server is temporarily unable to handle the request,
-//! overloaded or in maintenance); no other status is (a 429 may be a quota or a rate limit, a status never names a
-//! quota).
-//!
-//! When a retry OpenCode scheduled would keep the turn retrying past [`failure::retry_patience`] (counted from
-//! its first retry of the turn to the attempt it scheduled), the layer stops the run (`session/cancel`) and
-//! answers with the reason and the time of the attempt OpenCode had planned. All OpenCode says of a retry is
+//! Each retry is one for the engine's one-minute rule ([`crate::coda::failure`]), stamped with the time it was
+//! read and the wait to the attempt OpenCode scheduled; a run the rule stops is answered with the reason and the
+//! time of the attempt OpenCode had planned. All OpenCode says of a retry is
 //! `session.status {type: "retry", attempt, message, next}` (its bundle sets nothing else; seen live): no status,
 //! body or code. A stopped run brings no `session.error`; OpenCode's log file has only `stream error …
 //! error.error="AI_APICallError: <message>"` and its database nothing of the failure. The message is the
@@ -33,18 +22,12 @@
 //! 503, and a plain error otherwise: the upstream's words are not read for a kind (执行失败: a long wait without
 //! an explicit reason is a plain error).
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use crate::coda::failure::{self, Input, Kind};
-use crate::frame::{self, Frame, Id};
+use crate::adapters::opencode::server::{FromServer, ServerEvent};
+use crate::coda::failure::{self, Failure, Kind, Retry, Signal, Signals, Verdict};
+use crate::frame::Frame;
 use serde_json::{Value, json};
-
-/// Longest wait for OpenCode's `session.error` after its error answer to a prompt.
-pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
-
-/// Longest upstream message kept in an answer.
-const MESSAGE_MAX: usize = 2000;
 
 /// What OpenCode's server said about a failed run (`session.error`).
 #[derive(Debug, Clone, PartialEq)]
@@ -56,151 +39,21 @@ pub struct Upstream {
     pub code: Option<String>,
 }
 
-#[derive(Default)]
-struct Turn {
-    prompt: Option<Id>,
-    /// OpenCode's time (ms) of the first retry of the turn.
-    retry_since: Option<u64>,
-    /// The shim stopped the run: the answer's message and kind.
-    stopped: Option<(String, Option<Kind>)>,
-    failed: Option<Upstream>,
-    /// OpenCode's error answer, waiting for `session.error`, with its hold tag.
-    held: Option<(Frame, u64)>,
-}
-
-/// Failed turns of every session.
-pub struct Failures {
-    turns: HashMap<String, Turn>,
-    patience: Duration,
-    next_tag: u64,
-}
-
-impl Failures {
-    pub fn new(patience: Duration) -> Failures {
-        Failures { turns: HashMap::new(), patience, next_tag: 0 }
-    }
-
-    /// Coda sent prompt `id` of `session`.
-    pub fn prompt(&mut self, id: &Id, session: &str) {
-        self.turns.insert(session.to_owned(), Turn { prompt: Some(id.clone()), ..Turn::default() });
-    }
-
-    /// OpenCode will retry a request of `session` at `at_ms + wait_ms`. True: stop the run now.
-    pub fn retry(&mut self, session: &str, at_ms: u64, attempt: u64, message: &str, wait_ms: Option<u64>) -> bool {
-        let patience = self.patience.as_millis() as u64;
-        let Some(turn) = self.turns.get_mut(session).filter(|t| t.prompt.is_some() && t.stopped.is_none()) else {
-            return false;
-        };
-        let since = *turn.retry_since.get_or_insert(at_ms);
-        let wait = wait_ms.unwrap_or(0);
-        let until = at_ms.saturating_add(wait);
-        if until.saturating_sub(since) <= patience {
-            return false;
-        }
-        let planned = jiff::Timestamp::from_millisecond(until.min(i64::MAX as u64) as i64)
-            .map(failure::time_mark)
-            .unwrap_or_else(|_| format!("in {} s", wait / 1000));
-        let text = format!(
-            "{}\nOpenCode was retrying (attempt {attempt}) and had planned its next attempt for {planned}, {:.1} s \
-             away: stopped after over a minute of retries.",
-            clip(message),
-            wait as f64 / 1000.0
-        );
-        turn.stopped = Some((text, kind_of_retry(message, wait)));
-        true
-    }
-
-    /// `session.error` of `session`: the held answer, if any, to send now.
-    pub fn failed(&mut self, session: &str, upstream: Upstream) -> Option<Frame> {
-        let turn = self.turns.get_mut(session)?;
-        turn.failed = Some(upstream);
-        let (held, _) = turn.held.take()?;
-        Some(self.answer_now(session, held))
-    }
-
-    /// OpenCode's answer to a prompt (`Ok`: pass it on), or `Err(tag)`: held until `session.error` or
-    /// [`Failures::hold_over`] with that tag.
-    pub fn answer(&mut self, reply: Frame) -> Result<Frame, u64> {
-        // The session whose turn the prompt it answers started.
-        let session = reply.id().and_then(|id| self.turns.iter().find(|(_, t)| t.prompt.as_ref() == Some(id)));
-        let Some(session) = session.map(|(s, _)| s.clone()) else { return Ok(reply) };
-        let Some(turn) = self.turns.get_mut(&session) else { return Ok(reply) };
-        let is_api_error = reply.value().pointer("/error/data/errorName").and_then(Value::as_str) == Some("APIError");
-        if is_api_error && turn.failed.is_none() && turn.stopped.is_none() {
-            self.next_tag += 1;
-            turn.held = Some((reply, self.next_tag));
-            return Err(self.next_tag);
-        }
-        Ok(self.answer_now(&session, reply))
-    }
-
-    /// The hold `tag` ran out: the answer goes on as it is.
-    pub fn hold_over(&mut self, tag: u64) -> Option<Frame> {
-        let session = self.turns.iter().find(|(_, t)| t.held.as_ref().is_some_and(|(_, h)| *h == tag))?.0.clone();
-        tracing::warn!("OpenCode's server said nothing of the failed run of session {session}; answering as it is");
-        let turn = self.turns.remove(&session)?;
-        turn.held.map(|(f, _)| f)
-    }
-
-    fn answer_now(&mut self, session: &str, reply: Frame) -> Frame {
-        let Some(turn) = self.turns.remove(session) else { return reply };
-        let Some(id) = reply.id().cloned() else { return reply };
-        if let Some((message, kind)) = turn.stopped {
-            return failure::answer(&id, &message, kind.as_ref(), Some(json!({"opencode": {"stopped": true}})));
-        }
-        let v = reply.value();
-        let (Some(error), Some(upstream)) = (v.get("error"), turn.failed) else { return reply };
-        let data =
-            json!({"opencode": {"errorName": upstream.name, "statusCode": upstream.status, "code": upstream.code}});
-        let message = error.get("message").and_then(Value::as_str).map(clip).unwrap_or_else(|| clip(&upstream.message));
-        match verdict(&upstream) {
-            Verdict::Kind(kind) => failure::answer(&id, &message, Some(&kind), Some(data)),
-            Verdict::Auth => frame::error_response(&id, -32000, &message, Some(data)),
-            Verdict::Plain => reply,
-        }
-    }
-}
-
-enum Verdict {
-    Kind(Kind),
-    Auth,
-    Plain,
-}
-
-/// What a failed run is for Coda: the upstream's code, else its status 503.
+/// What a failed run is for Coda: what the upstream's code, else its status, names ([`failure::upstream`]).
 fn verdict(upstream: &Upstream) -> Verdict {
-    match (upstream.code.as_deref().map(kind_of), upstream.status) {
-        (Some(v @ (Verdict::Kind(_) | Verdict::Auth)), _) => v,
-        (_, Some(503)) => Verdict::Kind(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None }),
-        _ => Verdict::Plain,
-    }
+    failure::upstream(upstream.code.as_deref(), upstream.status)
 }
 
 /// The kind of a run the shim stopped, from the message of OpenCode's last retry (see the module's notes): only
 /// the status text OpenCode writes for a 503 whose body it could not read names one.
-fn kind_of_retry(message: &str, wait_ms: u64) -> Option<Kind> {
+fn kind_of_retry(message: &str) -> Verdict {
     let unavailable =
         message.strip_prefix(SERVICE_UNAVAILABLE).is_some_and(|rest| rest.is_empty() || rest.starts_with(": "));
-    unavailable.then_some(Kind::Service { input: Some(Input::Accepted), retry_after_ms: Some(wait_ms) })
+    if unavailable { Verdict::Kind(Kind::SERVICE) } else { Verdict::Plain }
 }
 
 /// Node's `STATUS_CODES[503]`, which OpenCode writes for the status of a body it could not read.
 const SERVICE_UNAVAILABLE: &str = "Service Unavailable";
-
-fn kind_of(code: &str) -> Verdict {
-    match code {
-        "insufficient_quota" | "exceeded_current_quota_error" => Verdict::Kind(Kind::Quota),
-        "rate_limit_exceeded" | "server_error" | "server_is_overloaded" | "overloaded_error" => {
-            Verdict::Kind(Kind::Service { input: Some(Input::Accepted), retry_after_ms: None })
-        }
-        "invalid_api_key" => Verdict::Auth,
-        _ => Verdict::Plain,
-    }
-}
-
-fn clip(s: &str) -> String {
-    failure::clip(s, MESSAGE_MAX)
-}
 
 /// Reads `session.error`'s `error` (`{name, data: {message, statusCode, responseBody}}`); the body is the
 /// upstream's answer as text, read for its `error.code` or `error.type` (bounded: bodies over 64 KiB are not read).
@@ -223,9 +76,78 @@ pub fn upstream_of(error: &Value) -> Upstream {
     }
 }
 
+/// Where OpenCode's failure signals are: its server's `session.status` `retry` and `session.error` (the set-up
+/// routes them here), and its error answers.
+pub struct OpenCode;
+
+impl Signals for OpenCode {
+    type Event = FromServer;
+    type Record = Upstream;
+
+    fn on_event(&mut self, event: FromServer, out: &mut Vec<Signal<Upstream>>) {
+        match event {
+            FromServer::Event(ServerEvent::Retry { session, attempt, message, at_ms, wait_ms }) => {
+                let verdict = kind_of_retry(&message);
+                let retry = Retry {
+                    reason: message,
+                    verdict,
+                    at_ms: Some(at_ms),
+                    wait_ms,
+                    attempt: Some(attempt),
+                    attempts: None,
+                    data: Some(json!({"opencode": {"stopped": true}})),
+                };
+                out.push(Signal::Retrying { session, retry });
+            }
+            FromServer::Event(ServerEvent::Failed { session, name, message, status, code }) => {
+                out.push(Signal::Ended { session, turn: None, record: Upstream { name, message, status, code } });
+            }
+            _ => {}
+        }
+    }
+
+    /// OpenCode's error answer says none of the upstream's status or code: its server's `session.error` does.
+    fn awaits_record(&self, _: &str, answer: &Frame) -> bool {
+        answer.value().pointer("/error/data/errorName").and_then(Value::as_str) == Some("APIError")
+    }
+
+    fn failure(&self, answer: &Frame, record: Option<Upstream>, _: SystemTime) -> Option<Failure> {
+        let upstream = record?;
+        let error = answer.value().get("error")?;
+        let data =
+            json!({"opencode": {"errorName": upstream.name, "statusCode": upstream.status, "code": upstream.code}});
+        let message = error.get("message").and_then(Value::as_str).unwrap_or(&upstream.message);
+        let verdict = verdict(&upstream);
+        // Without an explicit reason the answer stays as OpenCode gave it.
+        (verdict != Verdict::Plain).then(|| Failure { verdict, message: message.to_owned(), data: Some(data) })
+    }
+
+    fn retrying(&self, r: &Retry, _: Duration) -> String {
+        let wait = r.wait_ms.unwrap_or(0);
+        let until = r.at_ms.unwrap_or(0).saturating_add(wait);
+        let planned = jiff::Timestamp::from_millisecond(until.min(i64::MAX as u64) as i64)
+            .map(failure::time_mark)
+            .unwrap_or_else(|_| format!("in {} s", wait / 1000));
+        format!(
+            "OpenCode was retrying (attempt {}) and had planned its next attempt for {planned}, {:.1} s away",
+            r.attempt.unwrap_or(0),
+            wait as f64 / 1000.0
+        )
+    }
+}
+
+/// coda-opencode's failure layer.
+pub type Failures = failure::FailureKinds<OpenCode>;
+
+/// The layer, stopping retries after `patience`.
+pub fn layer(patience: Duration) -> Failures {
+    failure::FailureKinds::new(OpenCode, patience)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layer::testing::Harness;
 
     const S: &str = "ses_dcec1680fffeS1pejVkxgpQHrI";
 
@@ -243,8 +165,40 @@ mod tests {
         )
     }
 
-    fn error(f: &Frame) -> Value {
-        f.value().get("error").cloned().unwrap_or(Value::Null)
+    fn error_v(v: &Value) -> Value {
+        v.get("error").cloned().unwrap_or(Value::Null)
+    }
+
+    fn harness() -> Harness {
+        let mut h = Harness::of(layer(Duration::from_secs(60)));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
+        h.take();
+        h
+    }
+
+    fn prompt(h: &mut Harness, id: u64) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":S,"prompt":[]}}));
+        h.take();
+    }
+
+    fn failed(h: &mut Harness, u: Upstream) {
+        h.event(
+            0,
+            FromServer::Event(ServerEvent::Failed {
+                session: S.into(),
+                name: u.name,
+                message: u.message,
+                status: u.status,
+                code: u.code,
+            }),
+        );
+    }
+
+    fn retry(h: &mut Harness, at_ms: u64, attempt: u64, message: &str, wait_ms: Option<u64>) -> Vec<Value> {
+        let e = ServerEvent::Retry { session: S.into(), attempt, message: message.into(), at_ms, wait_ms };
+        h.event(0, FromServer::Event(e));
+        h.to_agent()
     }
 
     #[test]
@@ -254,12 +208,13 @@ mod tests {
             ("rate_limit_exceeded", 429, json!({"kind":"service_unavailable","input":"accepted"})),
             ("server_is_overloaded", 503, json!({"kind":"service_unavailable","input":"accepted"})),
         ] {
-            let mut f = Failures::new(Duration::from_secs(60));
-            f.prompt(&Id::from_json("4"), S);
-            let tag = f.answer(api_error(4, "You exceeded your current quota")).expect_err("held");
-            assert!(tag > 0);
-            let out = f.failed(S, session_error(code, status)).expect("released");
-            let e = error(&out);
+            let mut h = harness();
+            prompt(&mut h, 4);
+            h.agent_frame(api_error(4, "You exceeded your current quota"));
+            assert!(h.to_client().is_empty(), "held");
+            assert_eq!(h.next_wake(), Some(failure::ANSWER_HOLD));
+            failed(&mut h, session_error(code, status));
+            let e = error_v(&h.to_client()[0]);
             assert_eq!(e["code"], -32603);
             assert_eq!(e["message"], "Internal error: You exceeded your current quota");
             assert_eq!(e["data"]["_meta"]["coda"]["failure"], want, "{code}");
@@ -268,35 +223,39 @@ mod tests {
 
     #[test]
     fn the_server_first_then_the_answer_and_auth_and_bodyless_errors() {
-        let mut f = Failures::new(Duration::from_secs(60));
-        f.prompt(&Id::from_json("5"), S);
-        assert!(f.failed(S, session_error("invalid_api_key", 401)).is_none());
-        let e = error(&f.answer(api_error(5, "Incorrect API key provided.")).expect("not held"));
+        let mut h = harness();
+        prompt(&mut h, 5);
+        failed(&mut h, session_error("invalid_api_key", 401));
+        h.agent_frame(api_error(5, "Incorrect API key provided."));
+        let e = error_v(&h.to_client()[0]);
         assert_eq!(e["code"], -32000);
         assert!(e.pointer("/data/_meta").is_none());
         // A 502 page: no code in the body, the answer stays as OpenCode gave it.
-        f.prompt(&Id::from_json("6"), S);
+        prompt(&mut h, 6);
         let page = json!({"name":"APIError","data":{"message":"Bad Gateway","statusCode":502,"responseBody":"<html>502</html>"}});
-        f.failed(S, upstream_of(&page));
+        failed(&mut h, upstream_of(&page));
         let a = api_error(6, "Bad Gateway");
-        assert_eq!(f.answer(a.clone()).expect("not held").value(), a.value());
+        h.agent_frame(a.clone());
+        assert_eq!(h.to_client(), [a.value().clone()]);
         // No event at all: the hold runs out and the answer goes on as it is.
-        f.prompt(&Id::from_json("7"), S);
-        let tag = f.answer(api_error(7, "x")).expect_err("held");
-        assert_eq!(f.hold_over(tag).map(|f| f.value().clone()), Some(api_error(7, "x").value().clone()));
+        prompt(&mut h, 7);
+        h.agent_frame(api_error(7, "x"));
+        h.advance(failure::ANSWER_HOLD);
+        assert_eq!(h.to_client(), [api_error(7, "x").value().clone()]);
     }
 
     #[test]
     fn a_retry_planned_past_a_minute_stops_the_run() {
-        let mut f = Failures::new(Duration::from_secs(60));
-        f.prompt(&Id::from_json("8"), S);
-        assert!(!f.retry(S, 1_000, 1, "Rate limit", Some(2_000)));
-        assert!(!f.retry(S, 3_000, 2, "Rate limit", Some(50_000)));
+        let mut h = harness();
+        prompt(&mut h, 8);
+        assert!(retry(&mut h, 1_000, 1, "Rate limit", Some(2_000)).is_empty());
+        assert!(retry(&mut h, 3_000, 2, "Rate limit", Some(50_000)).is_empty());
         // Retry-After: 7200 -> the next attempt two hours away.
-        assert!(f.retry(S, 60_000, 3, "You exceeded your current quota", Some(7_200_000)));
-        assert!(!f.retry(S, 60_001, 4, "again", Some(7_200_000)), "asked once");
-        let out = f.answer(Frame::from_value(&json!({"jsonrpc":"2.0","id":8,"result":{"stopReason":"cancelled"}})));
-        let e = error(&out.expect("not held"));
+        let stop = retry(&mut h, 60_000, 3, "You exceeded your current quota", Some(7_200_000));
+        assert_eq!(stop, [json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":S}})]);
+        assert!(retry(&mut h, 60_001, 4, "again", Some(7_200_000)).is_empty(), "asked once");
+        h.from_agent(json!({"jsonrpc":"2.0","id":8,"result":{"stopReason":"cancelled"}}));
+        let e = error_v(&h.to_client()[0]);
         assert_eq!(e["code"], -32603);
         assert!(e.pointer("/data/_meta/coda").is_none(), "no explicit reason, no kind: {e}");
         let m = e["message"].as_str().unwrap_or_default();
@@ -404,11 +363,14 @@ mod tests {
         let u = upstream_of(&json!({"name":"APIError","data":{"responseBody":huge,"statusCode":1e300}}));
         assert_eq!((u.code, u.status), (None, None));
         let u = upstream_of(&json!({"data":{"responseBody":"{\"error\":{\"code\":\"\u{fffd}bad\"}}"}}));
-        assert!(matches!(kind_of(u.code.as_deref().unwrap_or_default()), Verdict::Plain));
+        assert_eq!(verdict(&u), Verdict::Plain);
         let u = upstream_of(&json!("not an object"));
         assert_eq!(u.name, "");
-        let mut f = Failures::new(Duration::from_secs(60));
-        f.prompt(&Id::from_json("9"), S);
-        assert!(f.retry(S, 5, 1, &"é".repeat(20_000), Some(u64::MAX)));
+        let mut h = harness();
+        prompt(&mut h, 9);
+        assert_eq!(retry(&mut h, 5, 1, &"é".repeat(20_000), Some(u64::MAX)).len(), 1, "stopped");
+        h.from_agent(json!({"jsonrpc":"2.0","id":9,"result":{"stopReason":"cancelled"}}));
+        let e = error_v(&h.to_client()[0]);
+        assert!(e["message"].as_str().is_some_and(|m| m.len() < failure::REASON_MAX + 200), "{e}");
     }
 }

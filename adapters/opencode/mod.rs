@@ -142,6 +142,8 @@ pub struct ServerSide {
     pub replier: permissions::Replier,
     /// Starts reading the server's events, each handed to the function it gets (none: no server).
     pub reader: Option<Box<dyn FnOnce(ServerSend) + Send>>,
+    /// Reads what OpenCode keeps of a session Coda loads (none: no server, or a replay).
+    pub history: Option<usage::History>,
 }
 
 fn layers(setup: &mut Setup) {
@@ -151,13 +153,7 @@ fn layers(setup: &mut Setup) {
         None => Record::off(),
         Some(log) => {
             let events_path = env.events.clone().unwrap_or_else(|| std::env::temp_dir().join(EVENTS_FILE));
-            match Record::to_file(log, events_path.display().to_string()) {
-                Ok(record) => record,
-                Err(e) => {
-                    tracing::warn!("cannot open {RECORD_ENV} {}: {e}", log.display());
-                    Record::off()
-                }
-            }
+            Record::to_file(RECORD_ENV, log, events_path.display().to_string()).unwrap_or_else(Record::off)
         }
     };
     // In a replay the calls' outcomes come from the recording's events file, each once the replayed layer
@@ -175,8 +171,12 @@ fn layers(setup: &mut Setup) {
     };
     let replier = replier(server.clone());
     let took = took_log(&env);
+    let history = match (&env.events, server.clone()) {
+        (None, Some(s)) => Some(history(s)),
+        _ => None,
+    };
     let reader = reader(&env, server, steer_gate, took.is_some(), replay_gate);
-    let side = ServerSide { asker, caller, replier, reader };
+    let side = ServerSide { asker, caller, replier, reader, history };
     stack(setup, side, record, took, env.resume_delay, env.retry_patience);
 }
 
@@ -190,13 +190,13 @@ fn stack(
     resume_delay: Duration,
     retry_patience: Duration,
 ) {
-    let ServerSide { asker, caller, replier, reader } = side;
+    let ServerSide { asker, caller, replier, reader, history } = side;
     let bus = setup.broadcast::<FromServer>();
     // OpenCode reports its own agentInfo ("OpenCode", version): kept as it is.
     setup.add(|_| Box::new(Instruction::new(BUILTINS).with_audience(&["assistant"])));
     // Usage facts and `_coda/session/compact` (`usage.rs`, `compact.rs`; the HTTP side in `summarize.rs`).
     let usage_record = record.clone();
-    setup.add(|_: EventSender<FromServer>| Box::new(usage::OpenCodeUsage::new(usage_record)));
+    setup.add(|_: EventSender<FromServer>| Box::new(usage::layer(usage_record, history)));
     let compact_record = record.clone();
     setup.add(|_: EventSender<FromServer>| {
         Box::new(crate::coda::compact::Compaction::new(compact::OpenCodeCompact::new(asker, compact_record)))
@@ -212,12 +212,14 @@ fn stack(
     });
     let start = reader.map(|read| -> activity::StartReader { Box::new(move || read(Box::new(move |e| bus.send(e)))) });
     setup.add(|_: EventSender<FromServer>| {
-        let activity = activity::OpenCodeActivity::new(start, record, retry_patience);
+        let activity = activity::OpenCodeActivity::new(start, record);
         Box::new(match took {
             Some((log, events)) => activity.with_took(log, events),
             None => activity,
         })
     });
+    // Failure kinds, next to OpenCode: its answers reach them first.
+    setup.add(|_: EventSender<FromServer>| Box::new(failure::layer(retry_patience)));
 }
 
 /// coda-opencode's stack with OpenCode's server side played by a test (no record, no took log).
@@ -282,6 +284,17 @@ fn reader(
             None
         }
     }
+}
+
+/// What OpenCode's server keeps of a session's facts (an HTTP request: the usage layer runs it as a job).
+fn history(server: server::Server) -> usage::History {
+    Arc::new(move |session: &str, directory: &str| match server.messages(directory, session) {
+        Ok(messages) => usage::facts_of_messages(&messages),
+        Err(e) => {
+            tracing::warn!("cannot read OpenCode's messages of a loaded session: {e}");
+            Default::default()
+        }
+    })
 }
 
 /// Answers a permission request on OpenCode's server (an HTTP request: the bridge runs it as a job).

@@ -106,7 +106,7 @@ async fn a_blocked_reader_start_compaction_or_steering_call_holds_up_no_frame() 
     let start = Box::new(move || {
         r.block();
     });
-    layers.add(|_| Box::new(OpenCodeActivity::new(Some(start), Record::off(), Duration::from_secs(60))));
+    layers.add(|_| Box::new(OpenCodeActivity::new(Some(start), Record::off())));
     let steering_events = steering_events.expect("a sender");
 
     let (agent, agent_end) = AgentSide::memory();

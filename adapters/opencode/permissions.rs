@@ -22,7 +22,7 @@ use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::coda::wait;
 use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer};
+use crate::layer::{Cx, Layer, cancel};
 
 /// How long a child's permission request may stay unforwarded after the child was resumed before the shim
 /// asks Coda itself (OpenCode forwards one raised after the resume within milliseconds).
@@ -307,6 +307,21 @@ impl Permissions {
         cx.to_client(frame)
     }
 
+    /// OpenCode withdrew a request of its own (`$/cancel_request`): one the shim holds (Coda has the shim's copy)
+    /// is answered here as Coda answers a withdrawn question, `cancelled`; the shim's copy stays with Coda, as it
+    /// answers the question on OpenCode's server. One Coda has goes on to Coda.
+    fn withdrawn(&mut self, frame: Frame, cx: &mut Cx) {
+        let held = cancel::target(&frame)
+            .and_then(|id| self.asks.held.iter().find(|(_, h)| **h == id).map(|(k, h)| (k.clone(), h.clone())));
+        match held {
+            Some((key, id)) => {
+                self.asks.held.remove(&key);
+                cx.to_agent(frame::result_response(&id, json!({"outcome": {"outcome": "cancelled"}})));
+            }
+            None => cx.to_client(frame),
+        }
+    }
+
     fn server_event(&mut self, e: ServerEvent, cx: &mut Cx) {
         // Every layer hears every event; these are the bridge's to log.
         if matches!(e, ServerEvent::Asked { .. } | ServerEvent::Replied { .. }) {
@@ -389,12 +404,41 @@ impl Layer for Permissions {
                 cx.to_client(frame);
                 self.report_seen(&report, cx);
             }
+            Kind::Notification { method } if method == cancel::METHOD => self.withdrawn(frame, cx),
             _ => cx.to_client(frame),
         }
     }
 
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        let gone = |s: &String| closed.contains(s);
+        let a = &mut self.asks;
+        // Coda need not answer the shim's questions of a closed session any more; OpenCode's own copies get
+        // what Coda answers a withdrawn question.
+        let mut asked: Vec<String> =
+            a.pending.values().filter(|ask| gone(&ask.session)).filter_map(|ask| ask.asked.clone()).collect();
+        asked.sort();
+        for own in asked {
+            cx.to_client(cancel::withdraw(&Id::string(&own)));
+        }
+        for ((session, _), held) in a.held.iter() {
+            if gone(session) {
+                cx.to_agent(frame::result_response(held, json!({"outcome": {"outcome": "cancelled"}})));
+            }
+        }
+        a.pending.retain(|_, ask| !gone(&ask.session));
+        a.held.retain(|(session, _), _| !gone(session));
+        a.forwarded.retain(|(session, _)| !gone(session));
+        a.answered.retain(|(session, _), _| !gone(session));
+        let c = &mut self.children;
+        c.cwd.retain(|s, _| !gone(s));
+        c.named.retain(|s| !gone(s));
+        c.resumed.retain(|s| !gone(s));
+        c.known_to_opencode.retain(|s| !gone(s));
+        c.unreachable.retain(|s| !gone(s));
+    }
+
     fn passes_from_agent(&self, frame: &Frame) -> bool {
-        matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD)
+        matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD && method != cancel::METHOD)
     }
 
     fn on_reply(&mut self, Resume(tag): Resume, reply: Frame, cx: &mut Cx) {
@@ -511,6 +555,47 @@ mod tests {
             vec![json!({"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"selected","optionId":"always"}}})]
         );
         assert!(rig.replies().is_empty(), "OpenCode answers it itself");
+    }
+
+    #[test]
+    fn opencode_withdrawing_the_copy_the_shim_holds_gets_cancelled_and_coda_keeps_the_shims_question() {
+        let mut rig = Rig::started();
+        let own = shims_own_request(&mut rig);
+        assert!(rig.raw_agent(forwarded(7, "call_28")).0.is_empty(), "held: Coda is already asked");
+        let withdrawal = json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":7}});
+        let (to_client, to_agent) = rig.raw_agent(withdrawal);
+        assert!(to_client.is_empty(), "Coda never saw request 7, nor is told of its withdrawal");
+        assert_eq!(to_agent, vec![json!({"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"cancelled"}}})]);
+        // Coda's answer to the shim's copy still answers the question, on OpenCode's server; 7 is answered once.
+        let answer = json!({"jsonrpc":"2.0","id":own,"result":{"outcome":{"outcome":"selected","optionId":"once"}}});
+        let (_, to_agent) = rig.client(answer);
+        assert!(to_agent.is_empty());
+        let (_, to_agent) = rig.run_work();
+        assert!(to_agent.is_empty());
+        assert_eq!(rig.replies(), [("/w".to_owned(), "per_1".to_owned(), "once".to_owned())]);
+        // A withdrawal of a request Coda has goes on to Coda as it came.
+        let other = json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"perm-9"}});
+        assert_eq!(rig.raw_agent(other.clone()).0, vec![other]);
+    }
+
+    #[test]
+    fn closing_the_parent_withdraws_the_shims_questions_and_answers_opencodes_copies() {
+        let mut rig = Rig::started();
+        let own = shims_own_request(&mut rig);
+        assert!(rig.raw_agent(forwarded(7, "call_28")).0.is_empty(), "held: Coda is already asked");
+        rig.client(json!({"jsonrpc":"2.0","id":30,"method":"session/close","params":{"sessionId":P}}));
+        let (to_client, to_agent) = rig.raw_agent(json!({"jsonrpc":"2.0","id":30,"result":{}}));
+        assert_eq!(to_agent, vec![json!({"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"cancelled"}}})]);
+        let withdrawal = json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":own}});
+        let at = |v: &Value| to_client.iter().position(|f| f == v);
+        assert!(at(&withdrawal).is_some(), "{to_client:?}");
+        let close = to_client.iter().position(|f| f["id"] == 30).expect("the close is answered");
+        assert!(at(&withdrawal) < Some(close), "before the close's answer");
+        let ended: Vec<&Value> = to_client.iter().filter(|f| f["method"] == "_coda/wait").collect();
+        assert!(ended.iter().all(|w| w["params"]["state"] == "cancelled") && !ended.is_empty(), "{to_client:?}");
+        let b = rig.h.layer::<Permissions>(1);
+        assert!(b.asks.pending.is_empty() && b.asks.held.is_empty() && b.children.resumed.is_empty());
+        assert!(b.children.cwd.is_empty(), "the session's folder is forgotten");
     }
 
     #[test]

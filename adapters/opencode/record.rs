@@ -2,41 +2,26 @@
 //!
 //! One line per event, as `acp-replay record --files` takes them.
 //!
-//! A layer hands each event it handled, with the time it handled it, to a [`Record`]; the set-up owns the
-//! file (private: mode 0600, no symlink followed) and a thread that writes the lines, so no layer writes a file.
+//! A layer hands each event it handled, with the time it handled it, to a [`Record`]; the shim's one log writer
+//! ([`FileLog`]: private, mode 0600, no symlink followed, a thread of its own) writes the lines, so no layer
+//! writes a file.
 
 use std::path::Path;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde_json::json;
 
 use crate::adapters::opencode::server::ServerEvent;
+use crate::file_log::FileLog;
 
-/// Where layers log the server events they handled; clones write to the same file, in the order handled.
+/// Where layers log the server events they handled; clones write to the same file, in the order handled. The
+/// log's writer ([`FileLog`]) ends with the last clone (when the layers do), once it has written what is queued.
 #[derive(Clone, Default)]
 pub struct Record {
-    writer: Option<Arc<Writer>>,
+    log: Option<Arc<FileLog>>,
     /// Where the recording says the events were read from.
     events_path: String,
-}
-
-/// The thread that writes the lines. Dropped with the last [`Record`] (when the layers are): it then waits
-/// for the thread to write what is queued, so the events handled last are in the file before the shim exits.
-struct Writer {
-    lines: Option<mpsc::Sender<String>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        self.lines = None;
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::warn!("the OpenCode event record's writer failed");
-        }
-    }
 }
 
 impl Record {
@@ -45,32 +30,19 @@ impl Record {
         Record::default()
     }
 
-    /// Logs to `log` (opened now, appended to), naming `events_path` as the file the events were read from.
-    pub fn to_file(log: &Path, events_path: String) -> std::io::Result<Record> {
-        let file = crate::private_file::open(log, crate::private_file::Write::Append)?;
-        let (tx, rx) = mpsc::channel::<String>();
-        let thread = std::thread::Builder::new().name("opencode-record".into()).spawn(move || write_all(file, rx))?;
-        Ok(Record { writer: Some(Arc::new(Writer { lines: Some(tx), thread: Some(thread) })), events_path })
+    /// Logs to `log` (opened now, appended to; named by the variable `var` in warnings), naming `events_path` as
+    /// the file the events were read from. None, with a warning, when it cannot be opened.
+    pub fn to_file(var: &str, log: &Path, events_path: String) -> Option<Record> {
+        let log = FileLog::open(var, log)?;
+        Some(Record { log: Some(Arc::new(log)), events_path })
     }
 
     /// Logs `event`, handled at `at` (one file-log line: an append of the event's line to the events file).
     pub fn handled(&self, event: &ServerEvent, at: SystemTime) {
-        let Some(tx) = self.writer.as_ref().and_then(|w| w.lines.as_ref()) else { return };
+        let Some(log) = &self.log else { return };
         let data = serde_json::to_string(event).unwrap_or_default() + "\n";
         let ts = humantime::format_rfc3339_nanos(at).to_string();
-        let line = json!({"ts": ts, "op": "append", "path": self.events_path, "data": data}).to_string() + "\n";
-        // The writer gone (a write failed, with a warning) means no more logging.
-        let _ = tx.send(line);
-    }
-}
-
-fn write_all(mut file: std::fs::File, lines: mpsc::Receiver<String>) {
-    use std::io::Write;
-    for line in lines {
-        if let Err(err) = file.write_all(line.as_bytes()) {
-            tracing::warn!("cannot write the OpenCode event record: {err}");
-            return;
-        }
+        log.record(&json!({"ts": ts, "op": "append", "path": self.events_path, "data": data}));
     }
 }
 
@@ -83,7 +55,7 @@ mod tests {
     fn events_are_logged_in_the_order_handled_with_their_time_into_a_private_file() {
         let dir = tempfile::tempdir().expect("dir");
         let log = dir.path().join("files.jsonl");
-        let record = Record::to_file(&log, "/t/coda-opencode-events.jsonl".into()).expect("open");
+        let record = Record::to_file("TEST", &log, "/t/coda-opencode-events.jsonl".into()).expect("open");
         let other = record.clone();
         let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_500);
         record.handled(&ServerEvent::Status { session: "ses_parent".into(), busy: true }, at);
@@ -110,7 +82,7 @@ mod tests {
         std::fs::write(&target, "").expect("target");
         let link = dir.path().join("log");
         std::os::unix::fs::symlink(&target, &link).expect("link");
-        assert!(Record::to_file(&link, String::new()).is_err());
+        assert!(Record::to_file("TEST", &link, String::new()).is_none());
         Record::off().handled(&ServerEvent::Status { session: "s".into(), busy: false }, SystemTime::now());
         assert_eq!(std::fs::read_to_string(&target).expect("read"), "");
     }

@@ -1,7 +1,7 @@
 //! Test rig for the OpenCode layers: the stack the binary runs, in the engine's harness (a clock driven by hand).
 //!
-//! The engine's waits layer, the permission bridge and the activity layer (the session instruction is left
-//! out: it is tested on its own), with OpenCode's server events handed to them by the set-up's own routing.
+//! The engine's waits layer, the permission bridge, the activity layer and the failure layer (the session
+//! instruction is left out: it is tested on its own), with OpenCode's server events handed to them by the set-up's own routing.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +25,7 @@ pub type Replies = Arc<Mutex<Vec<(String, String, String)>>>;
 pub type Out = (Vec<Value>, Vec<Value>);
 
 pub struct Rig {
-    h: Harness,
+    pub h: Harness,
     pub replies: Replies,
     /// Server events to every layer that takes them, as the set-up sends them.
     route: Box<dyn Fn(FromServer) -> bool>,
@@ -41,12 +41,15 @@ impl Rig {
             Ok(())
         });
         let bridge = Permissions::new(replier, record.clone(), resume_delay);
-        let activity = OpenCodeActivity::new(None, record, Duration::from_secs(60));
+        let activity = OpenCodeActivity::new(None, record);
         let mut route = None;
         let h = Harness::build(|layers| {
             layers.push(Box::new(Waits::new()));
             layers.add(|_: crate::layer::EventSender<FromServer>| Box::new(bridge));
             layers.add(|_: crate::layer::EventSender<FromServer>| Box::new(activity));
+            layers.add(|_: crate::layer::EventSender<FromServer>| {
+                Box::new(crate::adapters::opencode::failure::layer(Duration::from_secs(60)))
+            });
             let bus = layers.broadcast::<FromServer>();
             route = Some(move |e| bus.send(e));
         });

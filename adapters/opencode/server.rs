@@ -205,6 +205,18 @@ impl Server {
         req
     }
 
+    /// The messages of `session` (`GET /session/{id}/message`), as OpenCode keeps them (at most 32 MiB read).
+    pub fn messages(&self, directory: &str, session: &str) -> Result<Value, String> {
+        let url = self.url(&format!("/session/{}/message", utf8_percent_encode(session, NON_ALPHANUMERIC)));
+        let req = self.authorized(self.agent(Duration::from_secs(10), None).get(&url).query("directory", directory));
+        let mut answer = req.call().map_err(|e| e.to_string())?;
+        if !(200..300).contains(&answer.status().as_u16()) {
+            return Err(format!("HTTP {}", answer.status().as_u16()));
+        }
+        let text = answer.body_mut().with_config().limit(32 << 20).read_to_string().map_err(|e| e.to_string())?;
+        crate::json::from_str(&text).map_err(|e| format!("an answer that is no JSON ({e})"))
+    }
+
     /// Adds a user message to `session` without starting a run of its own (`POST /session/{id}/message` with
     /// `noReply: true` in `body`): a busy session's running loop takes it at its next step. The message's id.
     pub fn post_message(&self, directory: &str, session: &str, body: &Value) -> Result<String, String> {

@@ -1,4 +1,4 @@
-//! Coda's usage facts (section 用量里的数据) for OpenCode: `_meta.coda` on a root session's `usage_update`.
+//! Where OpenCode's usage facts are (section 用量里的数据; the rules are [`crate::coda::usage`]'s).
 //!
 //! What OpenCode 1.18.33 gives (seen live against the fake model):
 //! - ACP: `usage_update {used, size, cost}` just before each `session/prompt` answer; `used` is the input +
@@ -9,16 +9,17 @@
 //!   a compaction's summary is one with `summary: true`; `session.compacted` when a compaction ended.
 //!
 //! So: `lastRequestAt` is the creation time of the session's latest step that is not a summary (OpenCode's
-//! own clock; the error against the fake model's log is in docs/opencode.md), `contextTokens` the `used` of the
-//! `usage_update` being stamped, `compactedAt` the completion time of the latest summary. `cacheTtl` is
-//! never said. After a compaction outside a turn the layer sends a `usage_update` of its own, with
-//! `contextTokens` (and `used`) the estimate of the compacted context ([`Contexts::after`]).
+//! own clock; the error against the fake model's log is in docs/opencode.md), `contextTokens` that step's
+//! context (the `used` of the `usage_update` being stamped), `compactedAt` the completion time of the latest
+//! summary. `cacheTtl` is never said. After a compaction outside a turn the shim sends a `usage_update` of its own, its
+//! `used` the estimate of the compacted context ([`Contexts::after`]).
 //!
-//! Root sessions only: sessions Coda opened (`session/new`, `load`, `resume`, `fork`), never a child a
-//! `_coda/wait` names (the activity layer below announces OpenCode's subagent sessions so).
+//! At load: OpenCode keeps its sessions in its own database and says their messages over its server
+//! (`GET /session/{id}/message`): the latest assistant message that is no summary (`lastRequestAt`, its context),
+//! the latest completed summary (`compactedAt`) ([`facts_of_messages`]). A replay has no server: nothing is read.
 
-use std::collections::{HashMap, HashSet};
-use std::convert::Infallible;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -26,9 +27,8 @@ use serde_json::Value;
 
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
-use crate::coda::usage::Facts;
-use crate::frame::{Frame, Kind};
-use crate::layer::{Cx, Layer};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, per_root};
+use crate::layer::Cx;
 
 /// One assistant message of OpenCode's (a model request), as the server's `message.updated` says it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -141,9 +141,9 @@ pub struct Contexts {
     by_session: HashMap<String, Context>,
 }
 
-impl Contexts {
-    pub fn step(&mut self, s: &Step) {
-        let c = self.by_session.entry(s.session.clone()).or_default();
+impl Context {
+    fn step(&mut self, s: &Step) {
+        let c = self;
         if s.summary {
             if let Some(done) = s.completed_ms {
                 c.summary_ms = Some(done);
@@ -157,6 +157,19 @@ impl Contexts {
         }
         if let Some(t) = s.tokens.filter(|t| *t > 0) {
             c.baseline = Some(c.baseline.map_or(t, |b| b.min(t)));
+        }
+    }
+}
+
+impl Contexts {
+    pub fn step(&mut self, s: &Step) {
+        self.by_session.entry(s.session.clone()).or_default().step(s);
+    }
+
+    /// A step of a root session only: the table follows the engine's roots ([`per_root`]).
+    pub fn root_step(&mut self, s: &Step, cx: &Cx) {
+        if let Some(c) = per_root(&mut self.by_session, &s.session, cx, |_| false) {
+            c.step(s);
         }
     }
 
@@ -175,172 +188,131 @@ impl Contexts {
         let c = self.of(session)?;
         Some(c.baseline? + c.summary_output?)
     }
-
-    pub fn forget(&mut self, session: &str) {
-        self.by_session.remove(session);
-    }
 }
 
 fn at_ms(ms: u64) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_millis(ms))
 }
 
-/// Per root session: the facts, and the figures of its last `usage_update`.
-#[derive(Default)]
-struct Session {
-    compacted_at: Option<SystemTime>,
-    /// `contextTokens` after a compaction, until the next `usage_update` says the real one.
-    compacted_tokens: Option<u64>,
-    size: Option<u64>,
+/// What OpenCode keeps of a session (its server's messages of session, directory): made at set-up from the
+/// server (none in a replay), run as a job at load.
+pub type History = Arc<dyn Fn(&str, &str) -> Facts + Send + Sync>;
+
+/// The facts in OpenCode's messages of a session (`GET /session/{id}/message`: `[{info, parts}]`): the latest
+/// assistant message that is no summary (created: the request; its tokens once completed) and the latest
+/// completed summary.
+pub fn facts_of_messages(messages: &Value) -> Facts {
+    let mut facts = Facts::default();
+    let (mut last, mut compacted) = (None::<u64>, None::<u64>);
+    for info in messages.as_array().into_iter().flatten().filter_map(|m| m.get("info")) {
+        if info.get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let completed = count(info.pointer("/time/completed"));
+        if info.get("summary").and_then(Value::as_bool) == Some(true) {
+            compacted = compacted.max(completed);
+            continue;
+        }
+        let Some(created) = count(info.pointer("/time/created")) else { continue };
+        if last.is_none_or(|l| created >= l) {
+            last = Some(created);
+            let tokens = info.get("tokens").filter(|_| completed.is_some()).and_then(|t| {
+                let cache =
+                    count(t.pointer("/cache/read")).unwrap_or(0) + count(t.pointer("/cache/write")).unwrap_or(0);
+                Some(count(t.get("input"))? + cache)
+            });
+            facts.context_tokens = tokens;
+        }
+    }
+    facts.last_request_at = last.and_then(at_ms);
+    facts.compacted_at = compacted.and_then(at_ms);
+    facts
 }
 
-pub struct OpenCodeUsage {
+/// Where OpenCode's facts are (see the module's docs).
+pub struct OpenCode {
     record: Record,
     contexts: Contexts,
-    roots: HashMap<String, Session>,
-    /// Sessions named as a subagent's child (`_coda/wait` `childSessionId`).
-    children: HashSet<String>,
+    history: Option<History>,
 }
 
-impl OpenCodeUsage {
-    pub fn new(record: Record) -> OpenCodeUsage {
-        OpenCodeUsage { record, contexts: Contexts::default(), roots: HashMap::new(), children: HashSet::new() }
+impl OpenCode {
+    pub fn new(record: Record, history: Option<History>) -> OpenCode {
+        OpenCode { record, contexts: Contexts::default(), history }
     }
 
-    fn facts(&self, session: &str, used: Option<u64>) -> Facts {
-        let c = self.contexts.of(session);
-        let s = self.roots.get(session);
-        Facts {
-            last_request_at: c.and_then(|c| c.last_request_ms).and_then(at_ms),
-            context_tokens: used.or(s.and_then(|s| s.compacted_tokens)).or(c.and_then(|c| c.last_tokens)),
-            compacted_at: s.and_then(|s| s.compacted_at),
-            cache_ttl: None,
+    /// The latest request of `session` and its context, as the steps say them.
+    fn request(&self, session: &str, out: &mut Said) {
+        let Some(c) = self.contexts.of(session) else { return };
+        if let Some(at) = c.last_request_ms.and_then(at_ms) {
+            out.push((session.to_owned(), Fact::Request(at)));
         }
-    }
-
-    fn is_root(&self, session: &str) -> bool {
-        self.roots.contains_key(session) && !self.children.contains(session)
-    }
-
-    /// A `usage_update` on its way to Coda: stamped when it is a root session's.
-    /// Read where it lies and written in place (a `usage_update` is a quarter of OpenCode's stream).
-    fn stamp(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(session) = frame.session().map(|s| s.into_owned()) else { return cx.to_client(frame) };
-        if !self.is_root(&session) {
-            return cx.to_client(frame);
-        }
-        let (mut used, mut size) = (None, None);
-        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
-            if key.is("used") {
-                used = count(Some(&value.to_value()));
-            } else if key.is("size") {
-                size = count(Some(&value.to_value()));
-            }
-        }
-        if let Some(s) = self.roots.get_mut(&session) {
-            s.size = size.or(s.size);
-            // OpenCode's own figure of the context from now on.
-            s.compacted_tokens = None;
-        }
-        let facts = self.facts(&session, used);
-        match facts.stamp_frame(&frame) {
-            Some(stamped) => cx.to_client(stamped),
-            None => cx.to_client(frame),
-        }
-    }
-
-    /// A compaction of `session` ended (asked for or OpenCode's own).
-    fn compacted(&mut self, session: &str, cx: &mut Cx) {
-        let when = self.contexts.of(session).and_then(|c| c.summary_ms).and_then(at_ms).unwrap_or(cx.wall());
-        let after = self.contexts.after(session);
-        let is_root = self.is_root(session);
-        let Some(s) = self.roots.get_mut(session) else { return };
-        s.compacted_at = Some(when);
-        s.compacted_tokens = after;
-        let size = s.size;
-        // Inside a turn OpenCode sends its own usage_update before the answer; between turns nothing comes (a
-        // prompt held while the session compacted has not gone to OpenCode yet).
-        let turn = cx.open_requests().any(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session));
-        if !is_root || turn {
-            return;
-        }
-        let facts = self.facts(session, None);
-        match (facts.context_tokens, size) {
-            (Some(used), Some(size)) => cx.to_client(facts.update(session, used, size)),
-            _ => tracing::debug!("no usage_update after OpenCode's compaction: its context window is not known yet"),
-        }
-    }
-
-    /// A client request that opens a session whose id it names (`load`, `resume`).
-    fn opened(&mut self, v: &Value) {
-        if let Some(s) = v.pointer("/params/sessionId").and_then(Value::as_str) {
-            self.roots.entry(s.to_owned()).or_default();
+        if let Some(n) = c.last_tokens {
+            out.push((session.to_owned(), Fact::Context(n)));
         }
     }
 }
 
-impl Layer for OpenCodeUsage {
-    type Timer = Infallible;
+impl Source for OpenCode {
     type Event = FromServer;
-    type Reply = Infallible;
 
-    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
-        if matches!(frame.method(), Some("session/load" | "session/resume")) && frame.id().is_some() {
-            self.opened(frame.value());
-        }
-        cx.to_agent(frame)
+    fn at_load(&self, session: &str, params: &Value) -> Option<LoadJob> {
+        let history = self.history.clone()?;
+        let (session, directory) = (session.to_owned(), params.get("cwd").and_then(Value::as_str)?.to_owned());
+        Some(Box::new(move || history(&session, &directory)))
     }
 
-    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind() {
-            Kind::Response { .. } => {
-                let opened = cx.answer_to(&frame).is_some_and(|r| r.is("session/new") || r.is("session/fork"));
-                if opened && let Some(s) = frame.value().pointer("/result/sessionId").and_then(Value::as_str) {
-                    self.roots.entry(s.to_owned()).or_default();
-                }
-                cx.to_client(frame)
-            }
-            Kind::Notification { method } if method == "session/update" => {
-                if frame.session_update() == Some("usage_update") { self.stamp(frame, cx) } else { cx.to_client(frame) }
-            }
-            Kind::Notification { method } if method == "_coda/wait" => {
-                if let Some(child) = frame.value().pointer("/params/childSessionId").and_then(Value::as_str) {
-                    self.children.insert(child.to_owned());
-                    self.roots.remove(child);
-                    self.contexts.forget(child);
-                }
-                cx.to_client(frame)
-            }
-            _ => cx.to_client(frame),
+    /// OpenCode's `used` is the context of its latest assistant message: that request's.
+    fn usage_update(&mut self, session: &str, update: &Value, _: &mut Cx, out: &mut Said) {
+        self.request(session, out);
+        if let Some(used) = count(update.get("used")) {
+            out.push((session.to_owned(), Fact::Context(used)));
         }
     }
 
-    fn passes_from_agent(&self, frame: &Frame) -> bool {
-        frame.is_notification("session/update") && frame.session_update() != Some("usage_update")
-    }
-
-    fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
+    fn on_event(&mut self, event: FromServer, cx: &mut Cx, out: &mut Said) {
         let FromServer::Event(e) = event else { return };
         match &e {
             ServerEvent::Step(s) => {
                 self.record.handled(&e, cx.wall());
-                if !self.children.contains(&s.session) {
-                    self.contexts.step(s);
-                }
+                // Only a root's steps (a subagent's child session is never one).
+                self.contexts.root_step(s, cx);
             }
             ServerEvent::Compacted { session } => {
                 self.record.handled(&e, cx.wall());
-                let session = session.clone();
-                self.compacted(&session, cx);
+                let when = self.contexts.of(session).and_then(|c| c.summary_ms).and_then(at_ms).unwrap_or(cx.wall());
+                out.push((session.clone(), Fact::Compacted(when)));
+                // The estimate of the compacted context is OpenCode's count from now on (`used`), until it says
+                // its own.
+                if let Some(after) = self.contexts.after(session) {
+                    out.push((session.clone(), Fact::Used(after)));
+                }
+                // Inside a turn OpenCode sends its own usage_update before the answer; between turns nothing comes
+                // (a prompt held while the session compacted has not gone to OpenCode yet).
+                let turn = cx
+                    .open_requests()
+                    .any(|r| r.is("session/prompt") && r.is_sent() && r.session() == Some(session.as_str()));
+                if !turn {
+                    out.push((session.clone(), Fact::Send));
+                }
             }
             _ => {}
         }
     }
 }
 
+/// coda-opencode's usage facts layer; `record` logs the server events it handles (recordings).
+pub type OpenCodeUsage = UsageFacts<OpenCode>;
+
+/// The layer; `history` reads what OpenCode keeps of a session Coda loads.
+pub fn layer(record: Record, history: Option<History>) -> OpenCodeUsage {
+    UsageFacts::new(OpenCode::new(record, history))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::Frame;
     use crate::layer::testing::Harness;
     use serde_json::json;
 
@@ -369,7 +341,7 @@ mod tests {
     }
 
     fn opened() -> Harness {
-        let mut h = Harness::of(OpenCodeUsage::new(Record::off()));
+        let mut h = Harness::of(layer(Record::off(), None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.to_client();
@@ -403,8 +375,9 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(
             out[0]["params"]["update"],
+            // `used` is the estimate of the compacted context; `contextTokens` stays that of the last request.
             json!({"sessionUpdate":"usage_update","used":7718,"size":32000,"_meta":{"coda":{
-                "lastRequestAt":"1970-01-01T00:00:01.000Z","contextTokens":7718,"compactedAt":"1970-01-01T00:00:03.500Z"}}})
+                "lastRequestAt":"1970-01-01T00:00:01.000Z","contextTokens":7729,"compactedAt":"1970-01-01T00:00:03.500Z"}}})
         );
         // The next usage_update says OpenCode's own figure, and keeps the compaction's time.
         h.event(0, step("msg_3", 4_000, Some((4_200, 7697)), false));
@@ -450,10 +423,11 @@ mod tests {
         );
         h.agent_frame(Frame::parse(text.into_bytes()).expect("a frame"));
         let out = h.to_client();
-        assert!(out.is_empty() || out[0]["params"]["update"]["_meta"] == json!({"coda":{}}), "{out:?}");
+        // Nothing known: passed on as it came, never with an empty `_meta.coda`.
+        assert!(out[0]["params"]["update"].get("_meta").is_none(), "{out:?}");
         h.from_agent(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":S,
             "update":{"sessionUpdate":"usage_update","used":-1,"size":1e300}}}));
-        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"], json!({"coda":{}}));
+        assert!(h.to_client()[0]["params"]["update"].get("_meta").is_none());
         // A frame that claims to be a usage update but cannot be read is dropped with a warning.
         let bad =
             br#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"usage_update","used":"#;
@@ -522,5 +496,23 @@ mod tests {
         c.step(&s("c", 578, true, 40));
         assert_eq!(c.after(S), Some(7718));
         assert_eq!(c.before(S), Some(9000), "a summary is not a step of the session's own");
+    }
+
+    /// OpenCode's messages of a session, as its server says them (the fields the facts read).
+    #[test]
+    fn a_loaded_sessions_facts_are_read_from_its_messages() {
+        let messages = json!([
+            {"info":{"id":"msg_u1","role":"user","time":{"created":1_000}}},
+            {"info":{"id":"msg_a1","role":"assistant","time":{"created":1_100,"completed":1_900},
+                "tokens":{"input":7678,"output":5,"cache":{"read":10,"write":2}}}},
+            {"info":{"id":"msg_s","role":"assistant","summary":true,"time":{"created":2_000,"completed":2_500},
+                "tokens":{"input":9000,"output":40}}},
+            {"info":{"id":"msg_a2","role":"assistant","time":{"created":-5}}},
+        ]);
+        let facts = facts_of_messages(&messages);
+        assert_eq!(facts.last_request_at, at_ms(1_100));
+        assert_eq!(facts.context_tokens, Some(7690), "the request's context, not the summary's");
+        assert_eq!(facts.compacted_at, at_ms(2_500));
+        assert_eq!(facts_of_messages(&json!({"error":"x"})), Facts::default());
     }
 }

@@ -75,7 +75,10 @@ fn run(adapter: Adapter, parsed: Result<Parsed, lexopt::Error>, more_help: &str)
     let trace = match &args.trace_file {
         None => None,
         Some(path) => match setup::open_trace(&bin, path) {
-            Some(t) => Some(t),
+            Some(mut t) => {
+                t.shim(&bin, adapter.manifest_args);
+                Some(t)
+            }
             None => std::process::exit(2),
         },
     };

@@ -179,6 +179,11 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
         .or_else(|| found.version.clone())
         .or_else(|| (adapter.version)(&found.command));
     let (what, install) = (tested.what, tested.install);
+    // Further versions of the same thing the binary was tested with (Codex CLI 0.171 through `CODEX_PATH`).
+    let others: Vec<&str> =
+        adapter.also_tested.iter().filter(|t| t.what == what && t.package.is_none()).map(|t| t.version).collect();
+    let is_tested = |v: &str| v == tested.version || others.contains(&v);
+    let versions = std::iter::once(tested.version).chain(others.iter().copied()).collect::<Vec<_>>().join(" and ");
     let tested = tested.version;
     match version {
         // A profile of `coda-acp` that was never run here.
@@ -188,18 +193,21 @@ fn version_rows(adapter: &Adapter, found: &Found) -> Vec<Row> {
             format!("{what} {v}; not tested with this binary"),
             format!("its ACP may differ from what this binary expects ({install})"),
         )),
-        Some(v) if v == tested => rows.push(row("version", Status::Ok, format!("{what} {v} (tested)"), "")),
+        Some(v) if is_tested(&v) => {
+            let all = if others.is_empty() { String::new() } else { format!("; tested with {versions}") };
+            rows.push(row("version", Status::Ok, format!("{what} {v} (tested{all})"), ""))
+        }
         Some(v) => rows.push(row(
             "version",
             Status::Warn,
-            format!("{what} {v}; tested with {tested}"),
+            format!("{what} {v}; tested with {versions}"),
             format!("works if its ACP did not change; to match the tests: {install}"),
         )),
         None => rows.push(row(
             "version",
             Status::Warn,
             format!("cannot tell the version of {}", found.command.program.display()),
-            format!("check it is {what}; tested with {tested} ({install})"),
+            format!("check it is {what}; tested with {versions} ({install})"),
         )),
     }
     // Checked only where found: the command may be another build of the same CLI.
@@ -546,6 +554,29 @@ mod tests {
             layers: &|_| {},
             manifest_args: &[],
         }
+    }
+
+    #[test]
+    fn the_version_row_names_every_version_of_the_cli_that_was_tested() {
+        let mut adapter = demo();
+        adapter.also_tested = &[
+            Tested { what: "Demo CLI", version: "1.4.0", package: None, install: "get demo@1.4.0" },
+            Tested { what: "demo-acp", version: "9.9.9", package: Some("demo-acp"), install: "get demo-acp" },
+        ];
+        let command = crate::child::AgentCommand { program: "/nonexistent/demo".into(), args: Vec::new() };
+        let found = |v: &str| Found { command: command.clone(), version: Some(v.into()), how: String::new() };
+        let row = |v: &str| version_rows(&adapter, &found(v)).remove(0);
+        let (newer, pinned, other) = (row("1.4.0"), row("1.2.3"), row("2.0.0"));
+        assert_eq!(
+            (newer.result.as_str(), pinned.result.as_str()),
+            (
+                "Demo CLI 1.4.0 (tested; tested with 1.2.3 and 1.4.0)",
+                "Demo CLI 1.2.3 (tested; tested with 1.2.3 and 1.4.0)"
+            )
+        );
+        assert!(matches!(newer.status, Status::Ok) && matches!(other.status, Status::Warn));
+        assert_eq!(other.result, "Demo CLI 2.0.0; tested with 1.2.3 and 1.4.0");
+        assert_eq!(version_rows(&demo(), &found("1.2.3")).remove(0).result, "Demo CLI 1.2.3 (tested)");
     }
 
     #[test]

@@ -66,7 +66,10 @@ pub fn main(
             }
         },
         (false, Some(path)) => match setup::open_trace(&bin, path) {
-            Some(t) => Some(t),
+            Some(mut t) => {
+                t.shim(&bin, adapter.manifest_args);
+                Some(t)
+            }
             None => return exit::USAGE,
         },
         (false, None) => None,

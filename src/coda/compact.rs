@@ -37,7 +37,7 @@ use serde_json::{Map, Value, json};
 use crate::coda::machine::Machine;
 use crate::frame::{self, Frame, Id, Kind};
 use crate::layer::sessions::Compaction as Mark;
-use crate::layer::{Cx, Layer, Session, Timer};
+use crate::layer::{Cx, Layer, Session, Timer, cancel};
 
 /// Coda's request.
 pub const METHOD: &str = "_coda/session/compact";
@@ -54,6 +54,7 @@ pub const NOT_RUNNING: &str = "the session is not running in this agent process"
 pub const TURN_RUNNING: &str = "a turn is running in this session; compact between turns";
 pub const ALREADY: &str = "this session is already compacting";
 pub const TIMED_OUT: &str = "the agent did not finish compacting within 9 minutes; it was cancelled";
+pub const CLOSED: &str = "the session was closed";
 /// The error message of a prompt that waited behind a compaction the CLI never ended.
 pub const NOT_SENT: &str = "the agent did not end its compaction after it was cancelled, so this prompt was not \
                             sent to it; send it again";
@@ -156,6 +157,9 @@ pub trait Compactor: Send + Sized + 'static {
     /// A request of the client on its way to the CLI, to read (a session's folder or model).
     fn client_request(&mut self, _frame: &Frame, _cx: &mut Cx) {}
 
+    /// Coda closed `session` (the CLI answered its `session/close`): what the backend keeps of it can go.
+    fn session_closed(&mut self, _session: &str, _ctl: &mut Ctl<Self>) {}
+
     /// A frame from the CLI: `true` passes it on to Coda, `false` drops it (what the CLI streams for a prompt of
     /// the shim's own).
     fn from_agent(&mut self, _frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
@@ -240,10 +244,10 @@ impl<B: Compactor> Compaction<B> {
         self.rounds += 1;
         let round = self.rounds;
         if let Some(s) = cx.session_mut(&session) {
-            s.set_compaction(Some(Mark { coda: Some(id), round, overdue: false }));
+            s.set_compaction(Some(Mark { coda: Some(id.clone()), round, overdue: false }));
         }
         cx.after(DEADLINE, Tick::<B::Timer>::Deadline(session.clone(), round));
-        self.with_backend(cx, |b, ctl| b.start(&session, round, ctl));
+        self.with_backend_for(cx, Some(&id), |b, ctl| b.start(&session, round, ctl));
     }
 
     /// The compaction `round` of `session` ended: Coda's answer (unless it has it), then its held prompts go on.
@@ -254,7 +258,7 @@ impl<B: Compactor> Compaction<B> {
         if let Outcome::NotCompacted(why) = &outcome {
             tracing::info!("the session was not compacted: {why}");
         }
-        if let Some(id) = &mark.coda {
+        if let Some(id) = mark.coda.as_ref().filter(|id| cx.request_of(id).is_some()) {
             cx.to_client(outcome.answer(id));
         }
         self.release(session, round, cx, |held, cx| cx.to_agent(held));
@@ -275,17 +279,66 @@ impl<B: Compactor> Compaction<B> {
     }
 
     fn deadline(&mut self, session: String, round: u64, cx: &mut Cx) {
+        tracing::warn!("the CLI did not finish compacting within {DEADLINE:?}; it is asked to stop");
+        self.give_up(session, round, |id| Outcome::not(TIMED_OUT).answer(id), cx);
+    }
+
+    /// Coda stops waiting for the compaction `round` of `session` (its deadline, or its withdrawal): Coda is
+    /// answered with `answer`, the CLI is asked to stop, and the held prompts wait for the CLI's end or
+    /// [`GRACE`].
+    fn give_up(&mut self, session: String, round: u64, answer: impl FnOnce(&Id) -> Frame, cx: &mut Cx) {
         let Some(mark) = cx.session_mut(&session).and_then(|s| s.compaction_mut()).filter(|c| c.round == round) else {
             return;
         };
+        if mark.overdue {
+            return;
+        }
         mark.overdue = true;
         let coda = mark.coda.take();
-        tracing::warn!("the CLI did not finish compacting within {DEADLINE:?}; it is asked to stop");
-        if let Some(id) = coda {
-            cx.to_client(Outcome::not(TIMED_OUT).answer(&id));
+        // Still open (the engine answers it with an error when the agent is gone).
+        if let Some(id) = coda.filter(|id| cx.request_of(id).is_some()) {
+            cx.to_client(answer(&id));
         }
+        cx.cancel(&Tick::<B::Timer>::Deadline(session.clone(), round));
         cx.after(GRACE, Tick::<B::Timer>::Grace(session.clone(), round));
         self.with_backend(cx, |b, ctl| b.stop(&session, round, ctl));
+    }
+
+    /// Coda's `$/cancel_request`: a prompt held behind a compaction is answered cancelled and never sent; Coda's
+    /// compaction request is answered cancelled and the CLI asked to stop, as at the deadline. The withdrawal
+    /// goes on down, where the stack withdraws what the backend asked the CLI for it.
+    fn withdrawn(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(id) = cancel::target(&frame) else { return cx.to_agent(frame) };
+        let Some(session) = cx.request_of(&id).and_then(|r| r.session()).map(str::to_owned) else {
+            return cx.to_agent(frame);
+        };
+        if cx.session_mut(&session).and_then(|s| s.take_held_id(&id)).is_some() {
+            tracing::debug!("Coda withdrew a prompt that waited behind a compaction; it is not sent");
+            return cx.to_client(cancel::cancelled(&id));
+        }
+        let mark = cx.session(&session).and_then(Session::compaction).filter(|c| c.coda.as_ref() == Some(&id));
+        if let Some(round) = mark.map(|m| m.round) {
+            tracing::info!("Coda withdrew its compaction request; the CLI is asked to stop compacting");
+            self.give_up(session, round, cancel::cancelled, cx);
+        }
+        cx.to_agent(frame)
+    }
+
+    /// Coda's `session/close` of `session` on its way to the CLI: the prompts held behind its compaction are
+    /// stopped (answered `cancelled`, as a `session/cancel` stops them), and Coda's compaction request is
+    /// answered: the CLI ends its work in a session it closes.
+    fn closing(&mut self, session: &str, cx: &mut Cx) {
+        let Some(s) = cx.session_mut(session) else { return };
+        let held = s.take_held();
+        let coda = s.compaction_mut().and_then(|m| m.coda.take());
+        if let Some(id) = coda {
+            cx.to_client(Outcome::not(CLOSED).answer(&id));
+        }
+        for prompt in held {
+            if let Some(id) = prompt.id() {
+                cx.to_client(frame::result_response(id, json!({"stopReason": "cancelled"})));
+            }
+        }
     }
 
     fn grace(&mut self, session: String, round: u64, cx: &mut Cx) {
@@ -297,7 +350,7 @@ impl<B: Compactor> Compaction<B> {
             "the CLI never ended its compaction after it was asked to stop; the prompts held for it end unsent"
         );
         self.release(&session, round, cx, |held, cx| {
-            if let Some(id) = held.id() {
+            if let Some(id) = held.id().filter(|id| cx.request_of(id).is_some()) {
                 cx.to_client(not_sent(id));
             }
         });
@@ -381,6 +434,14 @@ impl<B: Compactor> Layer for Compaction<B> {
                 Some(session) => self.cancel(&session, cx),
                 None => cx.to_agent(frame),
             },
+            Kind::Notification { method } if method == cancel::METHOD => self.withdrawn(frame, cx),
+            Kind::Request { method, .. } if method == "session/close" => {
+                if let Some(session) = compacting(&frame, cx) {
+                    self.closing(&session, cx);
+                }
+                self.backend.client_request(&frame, cx);
+                cx.to_agent(frame)
+            }
             Kind::Request { .. } => {
                 self.backend.client_request(&frame, cx);
                 cx.to_agent(frame)
@@ -411,6 +472,17 @@ impl<B: Compactor> Layer for Compaction<B> {
 
     fn on_event(&mut self, event: B::Event, cx: &mut Cx) {
         self.with_backend(cx, |b, ctl| b.on_event(event, ctl));
+    }
+
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        for session in closed {
+            if let Some(round) = cx.session(session).and_then(Session::compaction).map(|c| c.round) {
+                // Whatever still waits is over with the session.
+                self.closing(session, cx);
+                self.release(session, round, cx, |_, _| {});
+            }
+            self.with_backend(cx, |b, ctl| b.session_closed(session, ctl));
+        }
     }
 
     fn on_timer(&mut self, tick: Tick<B::Timer>, cx: &mut Cx) {

@@ -48,33 +48,39 @@ pub fn strip(s: &str) -> Option<String> {
     changed.then(|| out + rest)
 }
 
-/// Checks a `systemPrompt` value and returns the instruction text. `Err` says what is wrong.
-pub fn validate(sp: &Value) -> Result<String, String> {
+/// What a binary honours of `systemPrompt`: `append` always; `override` where the agent declares it (and so
+/// honours it: the shim passes it on to that agent untouched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Honours {
+    pub overrides: bool,
+}
+
+/// Checks a `systemPrompt` value against what the binary honours ([`Honours`]): an object whose `mode` is
+/// `"append"` (or `"override"` where honoured) and whose `content` is a non-empty array of text blocks (ACP
+/// defines no other block for it). `Err` says what is wrong (answered -32602, and no session is made); `Ok`
+/// gives the text blocks' texts.
+pub fn check(sp: &Value, honours: Honours) -> Result<Vec<&str>, String> {
     let Some(obj) = sp.as_object() else {
         return Err("systemPrompt must be an object with \"mode\" and \"content\"".into());
     };
+    let modes = if honours.overrides { "\"append\" or \"override\"" } else { "\"append\"" };
     match obj.get("mode") {
         Some(Value::String(m)) if m == "append" => {}
+        Some(Value::String(m)) if m == "override" && honours.overrides => {}
         Some(Value::String(m)) if m == "override" => {
             return Err("systemPrompt mode \"override\" is not supported; only \"append\" is".into());
         }
-        Some(Value::String(m)) => {
-            return Err(format!("systemPrompt mode {m:?} is unknown; only \"append\" is supported"));
-        }
-        Some(_) => return Err("systemPrompt.mode must be the string \"append\"".into()),
-        None => return Err("systemPrompt.mode is required (\"append\")".into()),
+        Some(Value::String(m)) => return Err(format!("systemPrompt mode {m:?} is unknown; only {modes} is supported")),
+        Some(_) => return Err(format!("systemPrompt.mode must be the string {modes}")),
+        None => return Err(format!("systemPrompt.mode is required ({modes})")),
     }
     let Some(blocks) = obj.get("content").and_then(Value::as_array).filter(|b| !b.is_empty()) else {
         return Err("systemPrompt.content must be a non-empty array of text blocks".into());
     };
     let mut texts = Vec::with_capacity(blocks.len());
-    let mut total = 0;
     for (i, block) in blocks.iter().enumerate() {
         match (block.get("type").and_then(Value::as_str), block.get("text").and_then(Value::as_str)) {
-            (Some("text"), Some(text)) => {
-                total += text.len();
-                texts.push(text);
-            }
+            (Some("text"), Some(text)) => texts.push(text),
             (Some("text"), None) => {
                 return Err(format!("systemPrompt.content[{i}] is a text block without a string \"text\""));
             }
@@ -84,6 +90,14 @@ pub fn validate(sp: &Value) -> Result<String, String> {
             (None, _) => return Err(format!("systemPrompt.content[{i}] is not a content block")),
         }
     }
+    Ok(texts)
+}
+
+/// Checks a `systemPrompt` value the shim delivers itself (append only, at most [`MAX_BYTES`] of text, not
+/// blank) and returns the instruction text. `Err` says what is wrong.
+pub fn validate(sp: &Value) -> Result<String, String> {
+    let texts = check(sp, Honours { overrides: false })?;
+    let total: usize = texts.iter().map(|t| t.len()).sum();
     if total > MAX_BYTES {
         return Err(format!("systemPrompt has {total} bytes of text, over the limit of {MAX_BYTES}"));
     }
@@ -91,6 +105,15 @@ pub fn validate(sp: &Value) -> Result<String, String> {
         return Err("systemPrompt has no text".into());
     }
     Ok(texts.join("\n\n"))
+}
+
+/// What an agent's `sessionCapabilities.systemPrompt` declares, read as ACP reads it: an object declares
+/// append, and override too when its `mode.override` is an object; anything else (absent, `null`, `"yes"`)
+/// declares nothing.
+pub fn declared(capability: Option<&Value>) -> Option<Honours> {
+    let sp = capability?.as_object()?;
+    let overrides = sp.get("mode").and_then(|m| m.get("override")).is_some_and(Value::is_object);
+    Some(Honours { overrides })
 }
 
 #[derive(Default)]
@@ -109,8 +132,8 @@ pub struct Instruction {
     /// `annotations.audience` of the injected block, for a child that keeps it (an agent may store an
     /// `["assistant"]` block as a part of its own: sent to the model, replayed with the annotation).
     audience: Option<&'static [&'static str]>,
-    /// The child accepts `systemPrompt` itself.
-    native: bool,
+    /// The child accepts `systemPrompt` itself, and what of it.
+    native: Option<Honours>,
     /// `session/new` requests carrying an instruction, by id.
     creating: HashMap<Id, String>,
     /// Prompts that carry the instruction (their session is the stack's request table's).
@@ -125,7 +148,7 @@ impl Instruction {
         Instruction {
             builtins,
             audience: None,
-            native: false,
+            native: None,
             creating: HashMap::new(),
             carrying: HashSet::new(),
             sessions: HashMap::new(),
@@ -158,32 +181,37 @@ impl Instruction {
             return cx.to_agent(frame);
         };
         let is_new = method == "session/new";
+        let text = match params.get("systemPrompt") {
+            None | Some(Value::Null) => None,
+            Some(sp) => match validate(sp) {
+                Err(why) => return refuse(&id, method, &why, cx),
+                Ok(text) => Some(text),
+            },
+        };
         if !is_new && let Some(sid) = params.get("sessionId").and_then(Value::as_str) {
             // A restored session has had its instruction already.
             self.sessions.remove(sid);
         }
-        match params.get("systemPrompt") {
-            None => cx.to_agent(frame),
-            Some(Value::Null) => {
-                params.remove("systemPrompt");
-                cx.to_agent(frame.rewritten(value));
-            }
-            Some(sp) => match validate(sp) {
-                Err(why) => {
-                    // The reason quotes what the client sent: at debug only.
-                    tracing::info!(%method, "rejected an invalid systemPrompt with -32602");
-                    tracing::debug!(%method, "rejected systemPrompt: {why}");
-                    cx.to_client(frame::error_response(&id, -32602, &format!("Invalid params: {why}"), None));
-                }
-                Ok(text) => {
-                    params.remove("systemPrompt");
-                    if is_new {
-                        self.creating.insert(id, text);
-                    }
-                    cx.to_agent(frame.rewritten(value));
-                }
-            },
+        if !params.contains_key("systemPrompt") {
+            return cx.to_agent(frame);
         }
+        params.remove("systemPrompt");
+        if is_new && let Some(text) = text {
+            self.creating.insert(id, text);
+        }
+        cx.to_agent(frame.rewritten(value));
+    }
+
+    /// A session's set-up for an agent that takes `systemPrompt` itself: passed on untouched, unless its
+    /// `systemPrompt` asks what the agent does not honour (a mode it did not declare, content that is no text).
+    fn native_setup(&mut self, honours: Honours, frame: Frame, cx: &mut Cx) {
+        let (Some(id), Some(method)) = (frame.id(), frame.method()) else { return cx.to_agent(frame) };
+        let sp = frame.value().pointer("/params/systemPrompt").filter(|sp| !sp.is_null());
+        if let Some(Err(why)) = sp.map(|sp| check(sp, honours)) {
+            let id = id.clone();
+            return refuse(&id, method, &why, cx);
+        }
+        cx.to_agent(frame)
     }
 
     fn prompt(&mut self, frame: Frame, cx: &mut Cx) {
@@ -248,11 +276,12 @@ impl Instruction {
             }
             caps = entry.as_object_mut().expect("made an object above");
         }
-        if caps.get("systemPrompt").is_some_and(|sp| !sp.is_null()) {
-            self.native = true;
+        if let Some(honours) = declared(caps.get("systemPrompt")) {
+            self.native = Some(honours);
             tracing::debug!("the agent accepts systemPrompt itself; passing it through");
             return cx.to_client(frame);
         }
+        // Append only: the shim puts the text in front of the first prompt, which overrides nothing.
         caps.insert("systemPrompt".into(), json!({}));
         cx.to_client(frame.rewritten(value));
     }
@@ -273,6 +302,15 @@ impl Instruction {
         };
         self.sessions.entry(sid.to_owned()).or_default().commands = Some(command_names(commands));
     }
+}
+
+/// Answers a session set-up `id` whose `systemPrompt` cannot be honoured with -32602: it never reaches the
+/// agent, so no session is made.
+fn refuse(id: &Id, method: &str, why: &str, cx: &mut Cx) {
+    // The reason quotes what the client sent: at debug only.
+    tracing::info!(%method, "rejected a systemPrompt the agent cannot honour with -32602");
+    tracing::debug!(%method, "rejected systemPrompt: {why}");
+    cx.to_client(frame::error_response(id, -32602, &format!("Invalid params: {why}"), None));
 }
 
 /// The command name of a prompt text such as "  /init focus on tests".
@@ -317,9 +355,15 @@ impl Layer for Instruction {
         let Kind::Request { method, .. } = frame.kind() else {
             return cx.to_agent(frame);
         };
+        let setup = matches!(method.as_str(), "session/new" | "session/load" | "session/resume" | "session/fork");
+        if let Some(honours) = self.native {
+            return match setup {
+                true => self.native_setup(honours, frame, cx),
+                false => cx.to_agent(frame),
+            };
+        }
         match method.as_str() {
-            _ if self.native => cx.to_agent(frame),
-            "session/new" | "session/load" | "session/resume" | "session/fork" => self.session_setup(frame, cx),
+            _ if setup => self.session_setup(frame, cx),
             "session/prompt" if self.sessions.values().any(|s| s.pending.is_some()) => self.prompt(frame, cx),
             _ => cx.to_agent(frame),
         }
@@ -389,6 +433,12 @@ impl Layer for Instruction {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         frame.is_streamed_chunk()
+    }
+
+    fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
+        for session in closed {
+            self.sessions.remove(session);
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::frame::Id;
 use crate::layer::{Cx, Layer, Timer};
 
 /// A feature machine: a layer with a backend, and the reports the backend gives it.
@@ -28,7 +29,20 @@ pub trait Machine: Layer + Sized {
 
     /// Hands the backend one input with a [`Ctl`], then acts on what it reported.
     fn with_backend(&mut self, cx: &mut Cx, call: impl FnOnce(&mut Self::Backend, &mut Ctl<Self>)) {
+        self.with_backend_for(cx, None, call)
+    }
+
+    /// [`Machine::with_backend`] while the machine carries out the client's request `client`: the requests the
+    /// backend makes meanwhile are made for it ([`Cx::request_for`]), so that Coda's withdrawal of it reaches
+    /// them.
+    fn with_backend_for(
+        &mut self,
+        cx: &mut Cx,
+        client: Option<&Id>,
+        call: impl FnOnce(&mut Self::Backend, &mut Ctl<Self>),
+    ) {
         let mut ctl = Ctl::new(cx);
+        ctl.on_behalf = client.cloned();
         call(self.backend_mut(), &mut ctl);
         let reports = ctl.reports;
         self.apply(reports, cx);
@@ -39,12 +53,14 @@ pub trait Machine: Layer + Sized {
 pub struct Ctl<'c, 'a, M: Machine> {
     pub cx: &'c mut Cx<'a>,
     reports: Vec<M::Report>,
+    /// The client request the machine carries out now ([`Machine::with_backend_for`]).
+    on_behalf: Option<Id>,
     _machine: PhantomData<fn(M)>,
 }
 
 impl<'c, 'a, M: Machine> Ctl<'c, 'a, M> {
     pub(crate) fn new(cx: &'c mut Cx<'a>) -> Self {
-        Ctl { cx, reports: Vec::new(), _machine: PhantomData }
+        Ctl { cx, reports: Vec::new(), on_behalf: None, _machine: PhantomData }
     }
 
     /// Reports `report` to the machine (acted on once the backend returns).
@@ -53,8 +69,12 @@ impl<'c, 'a, M: Machine> Ctl<'c, 'a, M> {
     }
 
     /// A request of the shim's own to the CLI; its answer comes back to the backend's `on_reply` with `tag`.
+    /// Made while the machine carries out a request of Coda's, it is made for that one ([`Cx::request_for`]).
     pub fn request(&mut self, method: &str, params: Value, tag: M::Reply) {
-        self.cx.request(method, params, tag);
+        match &self.on_behalf {
+            Some(client) => self.cx.request_for(client, method, params, tag),
+            None => self.cx.request(method, params, tag),
+        }
     }
 
     /// The backend's `on_timer` with `timer` once `delay` has passed.

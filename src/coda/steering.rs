@@ -33,7 +33,7 @@ use serde_json::{Map, Value, json};
 
 use crate::coda::machine::Machine;
 use crate::frame::{self, Frame, Id, Kind};
-use crate::layer::{Cx, Layer, Session, Timer, Turn};
+use crate::layer::{Cx, Layer, Session, Timer, Turn, cancel};
 
 /// Coda's request.
 pub const METHOD: &str = "_session/steering";
@@ -151,6 +151,14 @@ pub trait Steerer: Send + Sized + 'static {
     /// A request of the client on its way to the CLI, to read (a session's folder).
     fn client_request(&mut self, _frame: &Frame, _cx: &mut Cx) {}
 
+    /// Coda withdrew the message `round` of `session`, which the CLI has (`$/cancel_request`): the backend takes
+    /// back what it can (the stack already withdraws the backend's own requests to the CLI made for it) and
+    /// reports the outcome as usual.
+    fn withdrawn(&mut self, _session: &str, _round: u64, _ctl: &mut Ctl<Self>) {}
+
+    /// Coda closed `session` (the CLI answered its `session/close`): what the backend keeps of it can go.
+    fn session_closed(&mut self, _session: &str) {}
+
     /// A frame from the CLI: `true` passes it on to Coda, `false` drops it (the CLI's echo of a message).
     fn from_agent(&mut self, _frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
         true
@@ -167,6 +175,37 @@ pub trait Steerer: Send + Sized + 'static {
     fn on_event(&mut self, _event: Self::Event, _ctl: &mut Ctl<Self>) {}
 
     fn on_timer(&mut self, _timer: Self::Timer, _ctl: &mut Ctl<Self>) {}
+}
+
+/// The backend of an agent that takes `_session/steering` itself where it declares it (`_meta.steering.supported:
+/// true` in its `initialize` result, as Claude Agent ACP does): Coda's request goes to it as it is, and the
+/// machine keeps the rules around it; an agent that declares nothing is not declared for, and gets nothing.
+#[derive(Debug, Default)]
+pub struct AsDeclared {
+    declared: bool,
+}
+
+impl Steerer for AsDeclared {
+    type Event = std::convert::Infallible;
+    type Reply = std::convert::Infallible;
+    type Timer = std::convert::Infallible;
+    const NATIVE: bool = true;
+
+    fn declares(&self) -> bool {
+        self.declared
+    }
+
+    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+        if matches!(frame.kind(), Kind::Response { .. }) && ctl.cx.answer_to(frame).is_some_and(|r| r.is("initialize"))
+        {
+            self.declared = frame.value().pointer("/result/_meta/steering/supported") == Some(&Value::Bool(true));
+        }
+        true
+    }
+
+    fn ignores(&self, frame: &Frame) -> bool {
+        !matches!(frame.kind(), Kind::Response { .. })
+    }
 }
 
 /// What a steering backend is handed with each input ([`crate::coda::machine::Ctl`]).
@@ -324,7 +363,36 @@ impl<B: Steerer> Steering<B> {
             return cx.to_agent(frame);
         }
         let prompt = frame.value().pointer("/params/prompt").and_then(Value::as_array).cloned().unwrap_or_default();
-        self.with_backend(cx, |b, ctl| b.steer(session, round, &prompt, ctl));
+        let id = frame.id().cloned();
+        self.with_backend_for(cx, id.as_ref(), |b, ctl| b.steer(session, round, &prompt, ctl));
+    }
+
+    /// Coda's `$/cancel_request`. A message still waiting for its turn is answered cancelled and never sent; one
+    /// the CLI has is withdrawn from it (the request as it came goes on to a native CLI; the stack withdraws the
+    /// backend's own requests for it; the backend takes back what else it did, [`Steerer::withdrawn`]) and is
+    /// answered as it ends: it may have joined the turn already.
+    fn withdrawn(&mut self, frame: Frame, cx: &mut Cx) {
+        let Some(id) = cancel::target(&frame) else { return cx.to_agent(frame) };
+        let found =
+            self.in_flight.iter().find(|(_, f)| f.id == id).map(|(s, f)| (s.clone(), f.round, f.waiting.is_some()));
+        let Some((session, round, waiting)) = found else { return cx.to_agent(frame) };
+        if waiting {
+            tracing::debug!("Coda withdrew a steering message that waited for its turn; it is not sent");
+            let outcome = Outcome::Error { code: cancel::CANCELLED, message: "Request cancelled".into() };
+            return self.settle(&session, round, outcome, cx);
+        }
+        if !B::NATIVE {
+            self.with_backend(cx, |b, ctl| b.withdrawn(&session, round, ctl));
+        }
+        cx.to_agent(frame)
+    }
+
+    /// Coda's `session/close` of `session` on its way: a message still waiting for its turn went nowhere.
+    fn closing(&mut self, session: &str, cx: &mut Cx) {
+        if let Some(f) = self.in_flight.get(session).filter(|f| f.waiting.is_some()) {
+            let round = f.round;
+            self.settle(session, round, Outcome::PromptRequired, cx);
+        }
     }
 
     /// Coda's prompt waits behind a compaction: the message joins it.
@@ -451,6 +519,15 @@ impl<B: Steerer> Layer for Steering<B> {
                 let id = id.clone();
                 self.request(id, frame, cx)
             }
+            Kind::Notification { method } if method == cancel::METHOD => self.withdrawn(frame, cx),
+            Kind::Request { id, method } if method == "session/close" => {
+                let session = cx.request_of(id).and_then(|r| r.session()).map(str::to_owned);
+                if let Some(session) = session {
+                    self.closing(&session, cx);
+                }
+                self.backend.client_request(&frame, cx);
+                cx.to_agent(frame)
+            }
             Kind::Request { .. } => {
                 self.backend.client_request(&frame, cx);
                 cx.to_agent(frame)
@@ -490,6 +567,18 @@ impl<B: Steerer> Layer for Steering<B> {
 
     fn on_event(&mut self, event: B::Event, cx: &mut Cx) {
         self.with_backend(cx, |b, ctl| b.on_event(event, ctl));
+    }
+
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        for session in closed {
+            if let Some(round) = self.in_flight.get(session).map(|f| f.round) {
+                tracing::debug!(
+                    "the session was closed while a steering message was in flight: its outcome is unknown"
+                );
+                self.settle(session, round, Outcome::Unknown, cx);
+            }
+            self.backend.session_closed(session);
+        }
     }
 
     fn on_timer(&mut self, tick: Tick<B::Timer>, cx: &mut Cx) {

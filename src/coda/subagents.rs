@@ -265,6 +265,7 @@ impl Subagents {
                 cx.to_client(frame);
             }
         }
+        self.register.forget(|s| gone.contains(s));
     }
 
     /// `_coda/wait/stop` of a run this layer reported: `session/cancel` of the child, `{}` to the client.
@@ -320,18 +321,13 @@ impl Layer for Subagents {
                 Some("config_option_update") if !self.children.is_empty() => self.config(frame, cx),
                 _ => cx.to_client(frame),
             },
-            Kind::Response { .. } => {
-                let closed = cx
-                    .answer_to(&frame)
-                    .filter(|r| r.is("session/close") && frame.value().get("result").is_some())
-                    .and_then(|r| r.session())
-                    .map(str::to_owned);
-                cx.to_client(frame);
-                if let Some(session) = closed {
-                    self.closed(&session, cx);
-                }
-            }
             _ => cx.to_client(frame),
+        }
+    }
+
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        for session in closed {
+            self.closed(session, cx);
         }
     }
 
@@ -528,7 +524,8 @@ mod tests {
         h.to_client();
         h.from_agent(json!({"jsonrpc":"2.0","id":4,"result":{}}));
         let out = h.to_client();
-        assert_eq!(out[1]["params"], json!({"sessionId":"s","waitId":"c#2","state":"cancelled"}));
+        assert_eq!(out[0]["params"], json!({"sessionId":"s","waitId":"c#2","state":"cancelled"}));
+        assert_eq!(out[1]["id"], 4, "the close's answer after the waits it ended");
         h.from_agent(update("s", json!({"sessionId":"c","state":{"state":"idle","stopReason":"cancelled"}})));
         assert!(h.to_client().is_empty(), "the child was forgotten with its session");
     }
@@ -566,8 +563,8 @@ mod tests {
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
         let out = h.to_client();
-        assert_eq!(out[0], json!({"jsonrpc":"2.0","id":3,"result":{}}), "the answer first");
-        let ended: HashSet<(String, String)> = out[1..]
+        assert_eq!(out.last(), Some(&json!({"jsonrpc":"2.0","id":3,"result":{}})), "the answer after the waits");
+        let ended: HashSet<(String, String)> = out[..out.len() - 1]
             .iter()
             .map(|f| {
                 (f["params"]["waitId"].as_str().unwrap().to_owned(), f["params"]["state"].as_str().unwrap().to_owned())

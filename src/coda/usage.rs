@@ -1,20 +1,49 @@
-//! Coda's usage facts (section 用量里的数据), the part every adapter shares: `_meta.coda` on a root session's
-//! `usage_update`, for Coda's lifecycle workflows. Where each fact comes from is the adapter's
-//! (`adapters/<agent>/usage.rs`); this file only writes them.
+//! Coda's usage facts (section 用量里的数据), once for every binary: `_meta.coda` on a root session's
+//! `usage_update`, for Coda's lifecycle workflows. Where each fact comes from is the adapter's ([`Source`]); the
+//! rules are this layer's ([`UsageFacts`]):
 //!
-//! - Only a root session's `usage_update` carries them, never a subagent's.
-//! - `lastRequestAt`: when the main thread last sent a request to the model (ISO 8601, UTC, milliseconds);
-//!   `contextTokens`: the context of that request; `compactedAt`: the last compaction, asked for or
-//!   automatic; `cacheTtl`: only where the CLI or its provider says it (no CLI does today), never a guess.
+//! - **Roots only**: only a session Coda opened (the engine's session table) gets facts; a subagent's session,
+//!   or one this connection never opened, is passed on as it came.
+//! - **Never `{}`**: a `usage_update` is stamped only when a fact is known; nothing known, it goes on untouched.
+//! - **One meaning per fact**, in every binary: `lastRequestAt` is when the main thread last sent a request to
+//!   the model (where the prompt cache starts: never a compaction's summarising request, a title or a side
+//!   thread; ISO 8601, UTC, milliseconds); `contextTokens` the context that request carried, as the CLI or its
+//!   provider counted it; `compactedAt` the last compaction that completed, asked for or automatic; `cacheTtl`
+//!   only where the CLI or its provider says it (no CLI does today), never a guess.
+//! - **A fact changed where the CLI sends no `usage_update`** (a compaction between turns, a CLI that sends none):
+//!   the layer sends one of its own ([`Fact::Send`]), with the CLI's own `used` and `size` where it said them.
+//! - **Facts at load**: a session Coda loads or resumes in a fresh process starts with what the CLI keeps of it
+//!   ([`Source::at_load`]: its session files, its server), read off the relay loop while the CLI loads; the
+//!   session's updates wait for it (at most [`LOAD_HOLD`]). Live facts win over loaded ones. What a CLI keeps
+//!   nowhere is said in its adapter's docs.
+//! - **Replayed history is no fact**: what the CLI sends while Coda's `session/load` or `session/resume` of the
+//!   session is open describes the past.
+//! - **Holds**: a `usage_update` whose facts are still on their way (a CLI whose records the shim reads a little
+//!   after the CLI answers, [`Source::waits`]) waits at most [`HOLD`], and every frame of the CLI after it waits
+//!   behind it (none is reordered); when the hold runs out, only that session is given up on.
 //! - Coda drops a `_meta.coda` over 4 KiB: these facts are a few dozen bytes, and a `cacheTtl` that is not a
 //!   short duration is left out.
+//!
+//! Bounds: one entry per root session (forgotten with the root), the frames held behind one update (released
+//! within [`HOLD`] or [`LOAD_HOLD`], and at most [`HELD_MAX`]).
 
-use std::time::SystemTime;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value, json};
 
-use crate::frame::{self, Frame};
+use crate::frame::{self, Frame, Kind};
 use crate::json::View;
+use crate::layer::{Cx, Layer};
+
+/// The longest a `usage_update` waits for facts still on their way ([`Source::waits`]).
+pub const HOLD: Duration = Duration::from_secs(2);
+
+/// The longest a loaded session's updates wait for what the CLI keeps of it ([`Source::at_load`]).
+pub const LOAD_HOLD: Duration = Duration::from_secs(5);
+
+/// The most frames held behind an update: past it the hold is given up (a CLI that floods while the shim waits).
+pub const HELD_MAX: usize = 10_000;
 
 /// What Coda's workflows read of a session. `None` is a fact not known (left out, never guessed).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,12 +66,7 @@ pub fn iso(at: SystemTime) -> Option<String> {
 }
 
 impl Facts {
-    /// Nothing known yet.
-    pub fn is_empty(&self) -> bool {
-        self.last_request_at.is_none() && self.context_tokens.is_none() && self.compacted_at.is_none()
-    }
-
-    /// The `_meta.coda` object, holding what is known.
+    /// The `_meta.coda` object, holding what is known (empty when nothing is).
     pub fn to_json(&self) -> Map<String, Value> {
         let mut coda = Map::new();
         if let Some(at) = self.last_request_at.and_then(iso) {
@@ -58,6 +82,14 @@ impl Facts {
             coda.insert("compactedAt".into(), json!(at));
         }
         coda
+    }
+
+    /// Whether no fact is known ([`Facts::to_json`] is empty).
+    fn is_empty(&self) -> bool {
+        self.last_request_at.and_then(iso).is_none()
+            && self.context_tokens.is_none()
+            && self.compacted_at.and_then(iso).is_none()
+            && !self.cache_ttl.as_ref().is_some_and(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'))
     }
 
     /// [`Facts::to_json`] written as JSON text (its keys in the order a `Map` keeps them), without building it.
@@ -93,10 +125,11 @@ impl Facts {
 
     /// [`Facts::stamp`] on a frame: the `usage_update` with the facts written in, its bytes as they were
     /// around them (the CLI's key order and number spellings kept; nothing parsed but the `_meta` of its
-    /// `update`). `None` for a frame that is no `usage_update`. A frame with a lone surrogate escape is
-    /// parsed and written again, as every frame a layer edits (the escape written as U+FFFD).
+    /// `update`). `None` for a frame that is no `usage_update`, or when no fact is known (never an empty
+    /// object). A frame with a lone surrogate escape is parsed and written again, as every frame a layer edits
+    /// (the escape written as U+FFFD).
     pub fn stamp_frame(&self, frame: &Frame) -> Option<Frame> {
-        if frame.session_update() != Some("usage_update") {
+        if frame.session_update() != Some("usage_update") || self.is_empty() {
             return None;
         }
         if frame.lone_surrogate() {
@@ -143,17 +176,17 @@ impl Facts {
 
     /// Writes the facts into a `session/update` `usage_update` value (its `update._meta.coda`, keeping the
     /// `_meta` keys that were there, the facts replacing a `coda` the CLI wrote). False when `frame` is no
-    /// usage update (left as it was).
+    /// usage update, or no fact is known (left as it was: never an empty object).
     pub fn stamp(&self, frame: &mut Value) -> bool {
+        let coda = self.to_json();
+        if coda.is_empty() {
+            return false;
+        }
         let Some(update) = frame.pointer_mut("/params/update").and_then(Value::as_object_mut) else { return false };
         if update.get("sessionUpdate").and_then(Value::as_str) != Some("usage_update") {
             return false;
         }
-        let meta = update.entry("_meta").or_insert_with(|| json!({}));
-        if !meta.is_object() {
-            *meta = json!({});
-        }
-        meta.as_object_mut().expect("an object").insert("coda".into(), Value::Object(self.to_json()));
+        crate::json::object_at(update, "_meta").insert("coda".into(), Value::Object(coda));
         true
     }
 
@@ -164,6 +197,406 @@ impl Facts {
             "update":{"sessionUpdate":"usage_update","used":used,"size":size}}});
         self.stamp(&mut v);
         frame::Frame::from_value(&v)
+    }
+
+    /// `loaded` fills in what is not known (live facts are newer than what the CLI kept).
+    fn fill(&mut self, loaded: Facts) {
+        self.last_request_at = self.last_request_at.or(loaded.last_request_at);
+        self.context_tokens = self.context_tokens.or(loaded.context_tokens);
+        self.compacted_at = self.compacted_at.or(loaded.compacted_at);
+        self.cache_ttl = self.cache_ttl.take().or(loaded.cache_ttl);
+    }
+}
+
+/// One thing a CLI said of a session's facts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fact {
+    /// The main thread sent a request to the model (`lastRequestAt`).
+    Request(SystemTime),
+    /// The context of that request (`contextTokens`).
+    Context(u64),
+    /// A compaction completed (`compactedAt`).
+    Compacted(SystemTime),
+    /// The CLI's own count of its context and the model's window: the `used` and `size` of the shim's updates.
+    Used(u64),
+    Size(u64),
+    /// A fact changed where the CLI sends no `usage_update`: the shim sends one.
+    Send,
+}
+
+/// What a [`Source`] said, by session.
+pub type Said = Vec<(String, Fact)>;
+
+/// What the CLI keeps of a session, read by a job ([`Source::at_load`]).
+pub type LoadJob = Box<dyn FnOnce() -> Facts + Send>;
+
+/// Where one CLI's usage facts are: all an adapter writes for usage facts. Each method gets the input's
+/// context (the engine's tables, the time) and says facts into `out`; none emits a frame.
+pub trait Source: Send + 'static {
+    /// What the adapter's set-up hands in (a watch's records, a server's events).
+    type Event: Send + 'static;
+
+    /// A frame from Coda on its way to the CLI.
+    fn from_client(&mut self, _frame: &Frame, _cx: &mut Cx, _out: &mut Said) {}
+
+    /// Whether a frame from the CLI that is neither an answer nor a `usage_update` says facts (its envelope).
+    fn wants(&self, _frame: &Frame) -> bool {
+        false
+    }
+
+    /// Such a frame.
+    fn from_agent(&mut self, _frame: &Frame, _cx: &mut Cx, _out: &mut Said) {}
+
+    /// The CLI's answer to one of Coda's requests.
+    fn answered(&mut self, _answer: &Frame, _cx: &mut Cx, _out: &mut Said) {}
+
+    /// A root session's `usage_update` of the CLI's, before it is stamped (its `used` and `size` are said
+    /// already).
+    fn usage_update(&mut self, _session: &str, _update: &Value, _cx: &mut Cx, _out: &mut Said) {}
+
+    /// An event of the set-up's.
+    fn on_event(&mut self, _event: Self::Event, _cx: &mut Cx, _out: &mut Said) {}
+
+    /// Whether a `usage_update` of `session` must wait for facts still on their way (at most [`HOLD`]).
+    fn waits(&self, _session: &str) -> bool {
+        false
+    }
+
+    /// The wait for `session`'s facts ran out: what was awaited counts as come.
+    fn waited_out(&mut self, _session: &str) {}
+
+    /// The job that reads what the CLI keeps of `session`, which Coda loads or resumes with `params` (its
+    /// `sessionId`, `cwd`); None: nothing to read.
+    fn at_load(&self, _session: &str, _params: &Value) -> Option<LoadJob> {
+        None
+    }
+}
+
+/// The [`LoadJob`] that reads with `read` what a CLI keeps of `session` under its data folder `home`; None without
+/// a folder, or for an id that is no plain file name (empty, over 255 bytes, a path, or `.`-led): that is never
+/// looked for.
+pub fn in_folder(
+    home: Option<&std::path::Path>,
+    session: &str,
+    read: fn(&std::path::Path, &str) -> Facts,
+) -> Option<LoadJob> {
+    let plain = !session.is_empty()
+        && session.len() <= 255
+        && !session.contains(['/', '\\', '\0'])
+        && !session.starts_with('.');
+    let (home, session) = (home?.to_path_buf(), plain.then(|| session.to_owned())?);
+    Some(Box::new(move || read(&home, &session)))
+}
+
+/// The most of a CLI's record of a session read at load: its last 64 MiB.
+pub const HISTORY_MAX: u64 = 64 << 20;
+
+/// The lines of `file`'s last [`HISTORY_MAX`] bytes (a line cut at the start left out), for a [`LoadJob`].
+pub fn history_lines(mut file: std::fs::File) -> Vec<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(len) = file.seek(SeekFrom::End(0)) else { return Vec::new() };
+    let from = len.saturating_sub(HISTORY_MAX);
+    if file.seek(SeekFrom::Start(from)).is_err() {
+        return Vec::new();
+    }
+    let mut text = Vec::new();
+    if file.take(HISTORY_MAX).read_to_end(&mut text).is_err() {
+        return Vec::new();
+    }
+    let mut lines: Vec<Vec<u8>> = text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec).collect();
+    if from > 0 && !lines.is_empty() {
+        lines.remove(0);
+    }
+    lines
+}
+
+/// Per root session.
+#[derive(Default)]
+struct Entry {
+    facts: Facts,
+    used: Option<u64>,
+    size: Option<u64>,
+    /// The load's read of the CLI's record is under way (its round).
+    loading: Option<u64>,
+}
+
+/// A frame waiting behind a held update, or an update of the shim's to build when its turn comes.
+enum Held {
+    Frame(Frame),
+    Own(String),
+}
+
+/// The layer's wake-ups.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Wake {
+    /// The update at the front of the held frames has waited [`HOLD`].
+    Hold(u64),
+    /// A load's read has had [`LOAD_HOLD`].
+    Load(String, u64),
+}
+
+/// Usage facts for one CLI (see the module's docs).
+pub struct UsageFacts<S: Source> {
+    cli: S,
+    sessions: HashMap<String, Entry>,
+    held: VecDeque<Held>,
+    /// Counts the holds and the loads (a wake-up of an earlier one finds nothing to do).
+    holds: u64,
+    loads: u64,
+}
+
+fn session_of(v: &Value) -> Option<&str> {
+    v.pointer("/params/sessionId").and_then(Value::as_str)
+}
+
+/// Whether Coda's load or resume of `session` is open: what the CLI sends of it meanwhile is history.
+fn loading(cx: &Cx, session: &str) -> bool {
+    cx.open_requests().any(|r| (r.is("session/load") || r.is("session/resume")) && r.session() == Some(session))
+}
+
+fn is_root(cx: &Cx, session: &str) -> bool {
+    cx.session(session).is_some_and(|s| s.is_root())
+}
+
+/// The entry of root session `session` in a table kept per root (made when missing; None for a session that is
+/// no root): a source's, or this layer's. The table follows the engine's: a root it forgot (closed) is dropped
+/// when a new one comes, so it holds at most the engine's roots (and those `keep` says).
+pub fn per_root<'a, T: Default>(
+    table: &'a mut HashMap<String, T>,
+    session: &str,
+    cx: &Cx,
+    keep: impl Fn(&T) -> bool,
+) -> Option<&'a mut T> {
+    if !is_root(cx, session) {
+        return None;
+    }
+    if !table.contains_key(session) {
+        table.retain(|s, t| keep(t) || is_root(cx, s));
+    }
+    Some(table.entry(session.to_owned()).or_default())
+}
+
+impl<S: Source> UsageFacts<S> {
+    pub fn new(cli: S) -> UsageFacts<S> {
+        UsageFacts { cli, sessions: HashMap::new(), held: VecDeque::new(), holds: 0, loads: 0 }
+    }
+
+    /// The facts known of `session` (for tests).
+    pub fn facts(&self, session: &str) -> Option<&Facts> {
+        self.sessions.get(session).map(|e| &e.facts)
+    }
+
+    /// The CLI's facts source (for tests).
+    pub fn source(&self) -> &S {
+        &self.cli
+    }
+
+    fn entry(&mut self, session: &str, cx: &Cx) -> Option<&mut Entry> {
+        per_root(&mut self.sessions, session, cx, |e| e.loading.is_some())
+    }
+
+    /// Applies what the source said; an update of the shim's goes out now, or behind what is held.
+    fn apply(&mut self, said: Said, cx: &mut Cx) {
+        for (session, fact) in said {
+            if loading(cx, &session) && fact != Fact::Send {
+                continue;
+            }
+            let held = !self.held.is_empty();
+            let Some(e) = self.entry(&session, cx) else { continue };
+            match fact {
+                Fact::Request(at) => e.facts.last_request_at = Some(at),
+                Fact::Context(n) => e.facts.context_tokens = Some(n),
+                Fact::Compacted(at) => e.facts.compacted_at = Some(at),
+                Fact::Used(n) => e.used = Some(n),
+                Fact::Size(n) => e.size = Some(n),
+                Fact::Send if held || e.loading.is_some() => self.held.push_back(Held::Own(session)),
+                Fact::Send => self.own(&session, cx),
+            }
+        }
+    }
+
+    /// The shim's `usage_update` for `session`, if a fact and the CLI's figures are known.
+    fn own(&mut self, session: &str, cx: &mut Cx) {
+        let Some(e) = self.sessions.get(session) else { return };
+        let (Some(used), Some(size)) = (e.used.or(e.facts.context_tokens), e.size) else {
+            return tracing::debug!("no usage_update of the shim's for session {session}: the CLI's figures unknown");
+        };
+        if e.facts.to_json().is_empty() || loading(cx, session) {
+            return;
+        }
+        cx.to_client(e.facts.update(session, used, size));
+    }
+
+    /// Whether a `usage_update` of `session` must wait now.
+    fn must_wait(&self, session: &str) -> bool {
+        self.sessions.get(session).is_some_and(|e| e.loading.is_some()) || self.cli.waits(session)
+    }
+
+    /// A frame from the CLI, in its turn (nothing held before it).
+    fn handle(&mut self, frame: Frame, cx: &mut Cx) {
+        let mut said = Vec::new();
+        match frame.kind() {
+            Kind::Response { .. } => {
+                self.cli.answered(&frame, cx, &mut said);
+                cx.to_client(frame);
+                self.apply(said, cx);
+            }
+            _ if frame.session_update() == Some("usage_update") => self.usage_update(frame, cx),
+            _ if self.cli.wants(&frame) => {
+                let history = session_of(frame.value()).is_some_and(|s| loading(cx, s));
+                cx.to_client(frame.clone());
+                if !history {
+                    self.cli.from_agent(&frame, cx, &mut said);
+                    self.apply(said, cx);
+                }
+            }
+            _ => cx.to_client(frame),
+        }
+    }
+
+    fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
+        let value = frame.shared_value();
+        let Some(session) = session_of(&value).filter(|s| is_root(cx, s)).map(str::to_owned) else {
+            return cx.to_client(frame);
+        };
+        if self.must_wait(&session) {
+            self.holds += 1;
+            cx.after(HOLD, Wake::Hold(self.holds));
+            self.held.push_back(Held::Frame(frame));
+            return;
+        }
+        let update = &value["params"]["update"];
+        let count = |k: &str| update.get(k).and_then(Value::as_u64);
+        let mut said: Said = Vec::new();
+        said.extend(count("used").map(|n| (session.clone(), Fact::Used(n))));
+        said.extend(count("size").map(|n| (session.clone(), Fact::Size(n))));
+        if !loading(cx, &session) {
+            self.cli.usage_update(&session, update, cx, &mut said);
+        }
+        self.apply(said, cx);
+        let Some(e) = self.sessions.get(&session) else { return cx.to_client(frame) };
+        let mut v = Value::clone(&value);
+        match e.facts.stamp(&mut v) {
+            true => cx.to_client(frame.rewritten(v)),
+            false => cx.to_client(frame),
+        }
+    }
+
+    /// Sends on what was held, in order, up to an update that must still wait (all of it with `out`: that
+    /// update's session is given up on).
+    fn release(&mut self, out: bool, cx: &mut Cx) {
+        let mut give_up = out;
+        while let Some(front) = self.held.front() {
+            let waiting = match front {
+                Held::Frame(f) => {
+                    let v = f.value();
+                    session_of(v).filter(|s| is_root(cx, s)).map(str::to_owned).filter(|s| self.must_wait(s))
+                }
+                Held::Own(s) => Some(s.clone()).filter(|s| self.sessions.get(s).is_some_and(|e| e.loading.is_some())),
+            };
+            if let Some(session) = waiting {
+                if !give_up {
+                    self.holds += 1;
+                    return cx.after(HOLD, Wake::Hold(self.holds));
+                }
+                tracing::warn!(
+                    "the facts of session {session}'s usage_update did not come within {HOLD:?}; sending it with the \
+                     facts known"
+                );
+                self.cli.waited_out(&session);
+                if let Some(e) = self.sessions.get_mut(&session) {
+                    e.loading = None;
+                }
+                give_up = false;
+            }
+            match self.held.pop_front().expect("a front") {
+                Held::Frame(f) => self.handle(f, cx),
+                Held::Own(s) => self.own(&s, cx),
+            }
+        }
+        cx.cancel(&Wake::Hold(self.holds));
+    }
+
+    /// What the CLI keeps of `session` came back.
+    fn loaded(&mut self, (session, round, facts): (String, u64, Facts), cx: &mut Cx) {
+        let Some(e) = self.sessions.get_mut(&session).filter(|e| e.loading == Some(round)) else { return };
+        e.loading = None;
+        e.facts.fill(facts);
+        cx.cancel(&Wake::Load(session, round));
+        self.release(false, cx);
+    }
+}
+
+impl<S: Source> Layer for UsageFacts<S> {
+    type Timer = Wake;
+    type Event = S::Event;
+    type Reply = std::convert::Infallible;
+
+    fn from_client(&mut self, frame: Frame, cx: &mut Cx) {
+        if matches!(frame.method(), Some("session/load" | "session/resume"))
+            && frame.id().is_some()
+            && let Some(session) = session_of(frame.value()).map(str::to_owned)
+            && let Some(job) = self.cli.at_load(&session, frame.value().get("params").unwrap_or(&Value::Null))
+        {
+            // Read while the CLI loads; the session is a root once the CLI's answer is in.
+            self.loads += 1;
+            let round = self.loads;
+            let entry = self.sessions.entry(session.clone()).or_default();
+            entry.loading = Some(round);
+            cx.after(LOAD_HOLD, Wake::Load(session.clone(), round));
+            cx.work(move || (session, round, job()), UsageFacts::<S>::loaded);
+        }
+        let mut said = Vec::new();
+        self.cli.from_client(&frame, cx, &mut said);
+        cx.to_agent(frame);
+        self.apply(said, cx);
+    }
+
+    fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
+        if !self.held.is_empty() {
+            self.held.push_back(Held::Frame(frame));
+            if self.held.len() > HELD_MAX {
+                tracing::warn!("over {HELD_MAX} frames of the CLI waited behind a usage_update: it goes on");
+                self.release(true, cx);
+            }
+            return;
+        }
+        // A load that failed opens no session: nothing waits for what the CLI kept.
+        if let Some(r) = cx.answer_to(&frame).filter(|r| r.is("session/load") || r.is("session/resume"))
+            && frame.value().get("result").is_none()
+            && let Some(session) = r.session().map(str::to_owned)
+        {
+            self.sessions.remove(&session);
+        }
+        self.handle(frame, cx);
+    }
+
+    fn passes_from_agent(&self, frame: &Frame) -> bool {
+        self.held.is_empty()
+            && !matches!(frame.kind(), Kind::Response { .. })
+            && frame.session_update() != Some("usage_update")
+            && !self.cli.wants(frame)
+    }
+
+    fn on_event(&mut self, event: S::Event, cx: &mut Cx) {
+        let mut said = Vec::new();
+        self.cli.on_event(event, cx, &mut said);
+        self.apply(said, cx);
+        self.release(false, cx);
+    }
+
+    fn on_timer(&mut self, wake: Wake, cx: &mut Cx) {
+        match wake {
+            Wake::Hold(round) if round == self.holds => self.release(true, cx),
+            Wake::Hold(_) => {}
+            Wake::Load(session, round) => {
+                if let Some(e) = self.sessions.get_mut(&session).filter(|e| e.loading == Some(round)) {
+                    tracing::warn!("what the CLI keeps of session {session} was not read within {LOAD_HOLD:?}");
+                    e.loading = None;
+                    self.release(false, cx);
+                }
+            }
+        }
     }
 }
 
@@ -250,7 +683,10 @@ mod tests {
                 let frame = Frame::parse(line.clone().into_bytes()).expect("a frame");
                 for facts in &facts {
                     let mut want = frame.to_value();
-                    assert!(facts.stamp(&mut want), "{line}");
+                    if !facts.stamp(&mut want) {
+                        assert!(facts.stamp_frame(&frame).is_none(), "nothing known: {line}");
+                        continue;
+                    }
                     let got = facts.stamp_frame(&frame).expect("a usage_update");
                     assert_eq!(got.value(), &want, "{line}");
                     assert!(got.is_shim());
@@ -261,11 +697,12 @@ mod tests {
                 }
             }
         }
-        // All but those with a key twice or a lone surrogate.
-        assert_eq!(spliced, 30, "stamped in place");
+        // All but those with a key twice or a lone surrogate (and those with no fact known, left as they were).
+        assert_eq!(spliced, 20, "stamped in place");
         let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"agent_message_chunk"}}}"#;
         assert!(Facts::default().stamp_frame(&Frame::parse(chunk.as_bytes().to_vec()).unwrap()).is_none());
         for facts in &facts {
+            assert_eq!(facts.is_empty(), facts.to_json().is_empty());
             let mut text = Vec::new();
             facts.write_json(&mut text);
             assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), Value::Object(facts.to_json()));
@@ -281,6 +718,20 @@ mod tests {
     }
 
     #[test]
+    fn only_a_plain_file_name_is_looked_for_in_a_data_folder() {
+        fn kept(_: &std::path::Path, _: &str) -> Facts {
+            Facts { context_tokens: Some(1), ..Facts::default() }
+        }
+        let home = std::path::Path::new("/nowhere");
+        assert!(in_folder(None, "s1", kept).is_none(), "no folder");
+        for bad in ["", ".", "..", ".hidden", "a/b", "../x", "a\\b", "a\0b", &"s".repeat(256)] {
+            assert!(in_folder(Some(home), bad, kept).is_none(), "{bad:.20}");
+        }
+        let job = in_folder(Some(home), "019ae2f1-7c0f-7fee-8000-000000000001", kept).expect("a plain name");
+        assert_eq!(job().context_tokens, Some(1));
+    }
+
+    #[test]
     fn the_shims_own_update_has_acps_fields_and_the_facts() {
         let f = Facts { context_tokens: Some(900), ..Facts::default() };
         let v = f.update("s9", 900, 128_000).value().clone();
@@ -289,5 +740,143 @@ mod tests {
             v["params"]["update"],
             json!({"sessionUpdate":"usage_update","used":900,"size":128000,"_meta":{"coda":{"contextTokens":900}}})
         );
+    }
+
+    /// A toy CLI: `fact` notifications say facts, `_test/wait` makes a session's updates wait, loads read
+    /// `loaded`.
+    struct Toy {
+        loaded: Option<Facts>,
+        waiting: std::collections::HashSet<String>,
+    }
+
+    impl Source for Toy {
+        type Event = (String, bool);
+        fn wants(&self, frame: &Frame) -> bool {
+            frame.is_notification("fact")
+        }
+        fn from_agent(&mut self, frame: &Frame, _: &mut Cx, out: &mut Said) {
+            let v = frame.value();
+            let s = v["params"]["sessionId"].as_str().unwrap_or_default().to_owned();
+            if let Some(n) = v["params"]["context"].as_u64() {
+                out.push((s.clone(), Fact::Context(n)));
+            }
+            if v["params"]["send"] == true {
+                out.push((s, Fact::Send));
+            }
+        }
+        fn on_event(&mut self, (session, wait): (String, bool), _: &mut Cx, _: &mut Said) {
+            if wait {
+                self.waiting.insert(session);
+            } else {
+                self.waiting.remove(&session);
+            }
+        }
+        fn waits(&self, session: &str) -> bool {
+            self.waiting.contains(session)
+        }
+        fn waited_out(&mut self, session: &str) {
+            self.waiting.remove(session);
+        }
+        fn at_load(&self, _: &str, _: &Value) -> Option<LoadJob> {
+            let loaded = self.loaded.clone()?;
+            Some(Box::new(move || loaded))
+        }
+    }
+
+    use crate::layer::testing::Harness;
+
+    fn toy(loaded: Option<Facts>) -> Harness {
+        Harness::of(UsageFacts::new(Toy { loaded, waiting: Default::default() }))
+    }
+
+    fn usage(session: &str, used: u64) -> Value {
+        json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,
+            "update":{"sessionUpdate":"usage_update","used":used,"size":100}}})
+    }
+
+    fn fact(session: &str, context: u64, send: bool) -> Value {
+        json!({"jsonrpc":"2.0","method":"fact","params":{"sessionId":session,"context":context,"send":send}})
+    }
+
+    fn open(h: &mut Harness, id: u64, method: &str, session: &str) {
+        h.from_client(json!({"jsonrpc":"2.0","id":id,"method":method,"params":{"sessionId":session,"cwd":"/w"}}));
+        let result = if method == "session/new" { json!({"sessionId":session}) } else { json!({}) };
+        h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":result}));
+        h.take();
+    }
+
+    #[test]
+    fn only_roots_get_facts_and_never_an_empty_object() {
+        let mut h = toy(None);
+        open(&mut h, 1, "session/new", "r");
+        // Nothing known: the update goes on as it came.
+        h.from_agent(usage("r", 5));
+        assert_eq!(h.to_client(), [usage("r", 5)]);
+        // A session nobody opened (a subagent's) says facts: none are kept, its update is left alone.
+        h.from_agent(fact("child", 7, true));
+        h.from_agent(usage("child", 7));
+        assert_eq!(h.to_client(), [fact("child", 7, true), usage("child", 7)]);
+        h.from_agent(fact("r", 9, true));
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "the CLI's frame, then the shim's update: {out:?}");
+        assert_eq!(
+            out[1]["params"]["update"],
+            json!({"sessionUpdate":"usage_update","used":5,"size":100,
+            "_meta":{"coda":{"contextTokens":9}}})
+        );
+    }
+
+    #[test]
+    fn a_loaded_session_starts_with_what_the_cli_kept_and_live_facts_win() {
+        let kept = Facts { context_tokens: Some(1), compacted_at: Some(std::time::UNIX_EPOCH), ..Facts::default() };
+        let mut h = toy(Some(kept));
+        h.hold_work();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"r","cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        h.from_agent(usage("r", 3));
+        h.from_agent(fact("r", 4, false));
+        assert_eq!(h.to_client().len(), 1, "the answer; the update waits for the read, the frame after it too");
+        assert_eq!(h.run_work(), 1);
+        let out = h.to_client();
+        assert_eq!(
+            out[0]["params"]["update"]["_meta"]["coda"],
+            json!({"contextTokens":1,"compactedAt":"1970-01-01T00:00:00.000Z"})
+        );
+        assert_eq!(out[1], fact("r", 4, false));
+        h.from_agent(usage("r", 3));
+        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 4, "the live fact");
+    }
+
+    #[test]
+    fn a_read_that_never_comes_holds_the_session_for_load_hold_only() {
+        let kept = Facts { context_tokens: Some(1), ..Facts::default() };
+        let mut h = toy(Some(kept));
+        h.hold_work();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"r","cwd":"/w"}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        h.from_agent(usage("r", 3));
+        h.take();
+        h.advance(LOAD_HOLD);
+        assert_eq!(h.to_client(), [usage("r", 3)], "sent without the facts it waited for");
+    }
+
+    #[test]
+    fn a_hold_that_runs_out_gives_up_on_that_session_only() {
+        let mut h = toy(None);
+        open(&mut h, 1, "session/new", "a");
+        open(&mut h, 2, "session/new", "b");
+        h.event(0, ("a".to_owned(), true));
+        h.event(0, ("b".to_owned(), true));
+        h.from_agent(fact("a", 1, false));
+        h.from_agent(fact("b", 2, false));
+        h.take();
+        h.from_agent(usage("a", 1));
+        h.advance(HOLD);
+        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 1);
+        // Session b still waits for its facts.
+        h.from_agent(usage("b", 2));
+        assert!(h.to_client().is_empty());
+        h.event(0, ("b".to_owned(), false));
+        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"]["contextTokens"], 2);
     }
 }

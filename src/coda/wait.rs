@@ -224,6 +224,12 @@ impl Register {
         }
     }
 
+    /// Forgets the waits of the sessions `closed` says (a closed session's: nothing is reported of it again).
+    pub fn forget(&mut self, closed: impl Fn(&str) -> bool) {
+        self.known.retain(|(session, _), _| !closed(session));
+        self.order.retain(|(session, _)| !closed(session));
+    }
+
     /// Whether `(session, wait_id)` was registered and has not ended.
     pub fn is_open(&self, session: &str, wait_id: &str) -> bool {
         self.known

@@ -78,6 +78,10 @@ impl Waits {
         let value = frame.value();
         let params = value.get("params").unwrap_or(&Value::Null);
         let text = |key: &str| params.get(key).and_then(Value::as_str);
+        if text("sessionId").is_some_and(|s| cx.sessions().is_some_and(|t| t.was_closed(s))) {
+            // Its session was closed, and its waits ended with it.
+            return tracing::debug!("an activity report of a closed session dropped");
+        }
         if let (Some(session), Some(wait_id)) = (text("sessionId"), text("waitId")) {
             let state = text("state");
             let terminal = [State::Done, State::Failed, State::Cancelled].iter().any(|s| Some(s.as_str()) == state);
@@ -107,6 +111,20 @@ impl Waits {
         } else {
             tracing::debug!("an activity report withheld: the client did not declare _meta.coda.waits");
         }
+    }
+
+    /// The sessions `closed` are over: each of their waits still open ends `cancelled` (Coda's session ends its
+    /// work), before Coda gets the answer to its `session/close`; what was remembered of them is forgotten.
+    fn closed(&mut self, closed: &[String], cx: &mut Cx) {
+        let of_closed = |key: &(String, String)| closed.contains(&key.0);
+        for key in self.order.iter().filter(|k| of_closed(k)) {
+            if self.seen.get(key).is_some_and(|s| !s.ended) && self.declared {
+                let params = json!({"sessionId": key.0, "waitId": key.1, "state": State::Cancelled.as_str()});
+                cx.to_client(frame::notification(wait::METHOD, params));
+            }
+        }
+        self.seen.retain(|key, _| !of_closed(key));
+        self.order.retain(|key| !of_closed(key));
     }
 
     /// Past [`MAX_SEEN`]: forgets the oldest ended wait, else the oldest.
@@ -185,6 +203,10 @@ impl Layer for Waits {
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD)
             && (self.declared || !self.children)
+    }
+
+    fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
+        self.closed(closed, cx);
     }
 }
 

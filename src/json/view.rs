@@ -268,7 +268,9 @@ mod tests {
         for n in 0..80 {
             for odd in [r#"\""#, r#"\\"#, "]", "}", "{", "[", r#"\u00e9"#, "\\n"] {
                 let text = format!("{}{odd}{}", "x".repeat(n), "y".repeat(n % 7));
-                made.push(format!(r#"{{"a":"{text}","b":{{"c":["{text}",{{"d":"{text}"}}],"e":[]}},"f":"{text}","a":1}}"#));
+                made.push(format!(
+                    r#"{{"a":"{text}","b":{{"c":["{text}",{{"d":"{text}"}}],"e":[]}},"f":"{text}","a":1}}"#
+                ));
             }
         }
         for line in lines.iter().copied().chain(made.iter().map(String::as_str)) {

@@ -57,6 +57,7 @@ use serde_json::Value;
 
 use crate::frame::{Frame, Id, Kind};
 
+pub mod cancel;
 pub mod requests;
 pub mod sessions;
 pub mod testing;
@@ -68,6 +69,9 @@ pub use sessions::{Session, Sessions, Turn};
 pub use timers::Timer;
 use timers::{AnyTimers, Timers};
 pub use work::{Done, Job, Pool};
+
+/// How many rounds of wake-ups [`Stack::wake_all`] runs at the end (a wake-up that asks for another is one more).
+pub const END_ROUNDS: usize = 8;
 
 /// Something other than a frame that reaches a layer (a file change, a probe's result), with its type
 /// erased on its way through the relay's one queue; [`AnyLayer`] gives it its type back.
@@ -109,6 +113,13 @@ pub trait Layer: Send + 'static {
 
     /// A wake-up this layer asked for with [`Cx::after`].
     fn on_timer(&mut self, _timer: Self::Timer, _cx: &mut Cx) {}
+
+    /// Coda's `session/close` of `closed[0]` succeeded (the agent answered it with a result): that session and
+    /// its children (`closed[1..]`, the ones the session table knows) are over. The layer ends what it still
+    /// runs or holds for them (what it says to Coda reaches Coda before the answer to the close) and forgets
+    /// them. Called for every layer, nearest the agent first, before the answer goes up; the session table
+    /// forgets them once the answer has left the stack.
+    fn session_closed(&mut self, _closed: &[String], _cx: &mut Cx) {}
 }
 
 /// A layer with its types erased: what a [`Stack`] holds. Every [`Layer`] is one; this is the one place
@@ -126,6 +137,8 @@ pub trait AnyLayer: Send {
     fn event(&mut self, event: Event, cx: &mut Cx);
     #[doc(hidden)]
     fn wake(&mut self, key: (Instant, u64), cx: &mut Cx);
+    #[doc(hidden)]
+    fn closed(&mut self, closed: &[String], cx: &mut Cx);
     #[doc(hidden)]
     fn new_timers(&self) -> Box<dyn AnyTimers>;
     #[doc(hidden)]
@@ -171,6 +184,10 @@ impl<L: Layer> AnyLayer for L {
         if let Some(timer) = cx.timers::<L::Timer>().and_then(|t| t.take(key)) {
             self.on_timer(timer, cx);
         }
+    }
+
+    fn closed(&mut self, closed: &[String], cx: &mut Cx) {
+        self.session_closed(closed, cx)
     }
 
     fn new_timers(&self) -> Box<dyn AnyTimers> {
@@ -239,7 +256,7 @@ impl Default for Cx<'_> {
 enum Out {
     ToAgent(Frame),
     ToClient(Frame),
-    Request { method: String, params: Value, tag: Box<dyn Any + Send> },
+    Request { method: String, params: Value, tag: Box<dyn Any + Send>, on_behalf: Option<Id> },
     Work(Job, TypeId),
 }
 
@@ -303,7 +320,15 @@ impl<'a> Cx<'a> {
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's
     /// [`Layer::on_reply`] with `tag` (of the layer's [`Layer::Reply`] type), and is never forwarded to the client.
     pub fn request<R: Send + 'static>(&mut self, method: &str, params: Value, tag: R) {
-        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag) });
+        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag), on_behalf: None });
+    }
+
+    /// [`Cx::request`], made to answer the client's request `client` (the layer answers it from this one's
+    /// answer): when the client withdraws `client` (`$/cancel_request`), the stack withdraws this request
+    /// from the agent by the shim's id ([`cancel`]).
+    pub fn request_for<R: Send + 'static>(&mut self, client: &Id, method: &str, params: Value, tag: R) {
+        let on_behalf = Some(client.clone());
+        self.out.push(Out::Request { method: method.to_owned(), params, tag: Box::new(tag), on_behalf });
     }
 
     /// The client request that `answer` (an answer on its way to the client) answers, while it is open.
@@ -400,8 +425,8 @@ pub struct Stack {
     layers: Vec<Box<dyn AnyLayer>>,
     /// The request table and each layer's wake-ups.
     shared: Shared,
-    /// The shim's own requests to the agent: id -> (layer index, tag).
-    own: HashMap<Id, (usize, Box<dyn Any + Send>)>,
+    /// The shim's own requests to the agent: id -> (layer index, tag, the client request it was made for).
+    own: HashMap<Id, Own>,
     own_prefix: String,
     next_own: u64,
     /// Emptied output buffers, reused.
@@ -413,6 +438,14 @@ pub struct Stack {
     jobs: Vec<Job>,
     /// Whether jobs wait for [`Stack::take_work`] (else they run after each input).
     keep_work: bool,
+}
+
+/// One of the shim's own requests to the agent, until the agent answers it.
+struct Own {
+    layer: usize,
+    tag: Box<dyn Any + Send>,
+    /// The client request it was made to answer ([`Cx::request_for`]).
+    on_behalf: Option<Id>,
 }
 
 /// Where frames leave the stack.
@@ -460,15 +493,37 @@ impl Stack {
     /// deadlines in the order they were asked for). A wake-up asked for while these run waits for the next
     /// call, even when already due, so a layer that keeps asking cannot hold the stack here.
     pub fn wake_due(&mut self, exits: &mut Exits) {
-        let asked_before = self.shared.asked;
-        loop {
-            let now = self.now;
-            let due =
-                self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
-            let Some((key, layer)) = due.min() else { break };
-            self.call(layer, exits, |l, cx| l.wake(key, cx));
+        self.wake(Some(self.now), exits);
+        self.settle(exits);
+    }
+
+    /// The agent is gone ([`Cx::agent_gone`]) and the session ends: every pending wake-up runs now, in deadline
+    /// order, so that what a layer holds until one (an answer waiting for the CLI's record of its turn, an update
+    /// waiting for its facts) still reaches the client: nothing it waits for comes any more. Wake-ups asked for
+    /// while these run run too, for [`END_ROUNDS`] rounds at most.
+    pub fn wake_all(&mut self, exits: &mut Exits) {
+        self.shared.agent_gone = true;
+        for _ in 0..END_ROUNDS {
+            if !self.wake(None, exits) {
+                break;
+            }
         }
         self.settle(exits);
+    }
+
+    /// Runs the wake-ups due at `now` (None: all) that were asked for before this call; whether any ran. One
+    /// asked for while these run waits for the next call, even when already due, so a layer that keeps asking
+    /// cannot hold the stack here.
+    fn wake(&mut self, now: Option<Instant>, exits: &mut Exits) -> bool {
+        let asked_before = self.shared.asked;
+        let mut ran = false;
+        loop {
+            let due =
+                self.shared.timers.iter().enumerate().filter_map(|(i, t)| Some((t.first_due(now, asked_before)?, i)));
+            let Some((key, layer)) = due.min() else { return ran };
+            ran = true;
+            self.call(layer, exits, |l, cx| l.wake(key, cx));
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -489,7 +544,7 @@ impl Stack {
     /// A frame read from the agent.
     pub fn from_agent(&mut self, frame: Frame, exits: &mut Exits) {
         if let Kind::Response { id } = frame.kind() {
-            if let Some((layer, tag)) = self.own.remove(id) {
+            if let Some(Own { layer, tag, .. }) = self.own.remove(id) {
                 self.shared.sessions.own_answered(id);
                 self.call(layer, exits, |l, cx| l.reply(tag, frame, cx));
                 return self.settle(exits);
@@ -506,10 +561,26 @@ impl Stack {
                 );
             }
             let Shared { requests, sessions, .. } = &mut self.shared;
-            if let Some(r) = requests.get(id).filter(|r| !r.is_answered()) {
-                sessions.answered(&r.method, r.session(), &frame);
-            }
+            let closing = match requests.get(id).filter(|r| !r.is_answered()) {
+                Some(r) if r.is("session/close") => r.session().filter(|_| frame.value().get("result").is_some()),
+                Some(r) => {
+                    sessions.answered(&r.method, r.session(), &frame);
+                    None
+                }
+                None => None,
+            };
+            let closed = closing.map(|s| sessions.family(s));
             requests.answered(id);
+            if let Some(closed) = closed.filter(|c| !c.is_empty()) {
+                // Every layer ends what it runs for the sessions, nearest the agent first; then the answer goes
+                // up, and the table forgets them.
+                for at in (0..self.layers.len()).rev() {
+                    self.call(at, exits, |l, cx| l.closed(&closed, cx));
+                }
+                self.up(self.layers.len(), frame, exits);
+                self.shared.sessions.forget(&closed);
+                return self.settle(exits);
+            }
         }
         self.up(self.layers.len(), frame, exits);
         self.settle(exits);
@@ -580,6 +651,9 @@ impl Stack {
     /// Sends `frame` through layers `from..` towards the agent.
     fn down(&mut self, from: usize, frame: Frame, exits: &mut Exits) {
         if from == self.layers.len() {
+            if let Some(withdrawn) = cancel::target(&frame) {
+                return self.withdraw(withdrawn, frame, exits);
+            }
             if let Kind::Request { id, method } = frame.kind()
                 && !self.is_own(id)
             {
@@ -595,6 +669,26 @@ impl Stack {
         self.call(from, exits, |l, cx| l.client_frame(frame, cx));
     }
 
+    /// The client's `$/cancel_request` of `withdrawn` leaves the stack: as it came when the agent has that
+    /// request; as the withdrawal of each of the shim's own requests made for it ([`Cx::request_for`]) the
+    /// agent still owes; nowhere when the agent never saw the request (a layer held it, or answered it) and no
+    /// request was made for it. One of an id the stack does not know goes on as it came.
+    fn withdraw(&mut self, withdrawn: Id, frame: Frame, exits: &mut Exits) {
+        let mut own: Vec<&Id> =
+            self.own.iter().filter(|(_, o)| o.on_behalf.as_ref() == Some(&withdrawn)).map(|(id, _)| id).collect();
+        if !own.is_empty() {
+            own.sort_by(|a, b| a.as_json().cmp(b.as_json()));
+            tracing::debug!("the client withdrew a request the shim asks the agent for: withdrawn by the shim's id");
+            let frames: Vec<Frame> = own.into_iter().map(cancel::withdraw).collect();
+            return exits.to_agent.extend(frames);
+        }
+        let requests = &self.shared.requests;
+        if requests.owes(&withdrawn) || (requests.get(&withdrawn).is_none() && !requests.was_answered(&withdrawn)) {
+            return exits.to_agent.push(frame);
+        }
+        tracing::debug!("the client withdrew a request the agent never saw; not passed on");
+    }
+
     /// Sends `frame` through layers `..below` (nearest first) towards the client, past the layers that
     /// say they would only pass it on ([`Layer::passes_from_agent`]).
     fn up(&mut self, mut below: usize, frame: Frame, exits: &mut Exits) {
@@ -607,6 +701,11 @@ impl Stack {
             None => {
                 if let Kind::Response { id } = frame.kind() {
                     let Shared { requests, sessions, .. } = &mut self.shared;
+                    if requests.was_answered(id) {
+                        // A layer answered a request the client has had its answer to (a hold's deadline that
+                        // ran after the agent was gone, say): the client gets one answer.
+                        return tracing::warn!("a second answer to a request of the client's; dropped");
+                    }
                     sessions.closed(id, requests.get(id).and_then(Request::session));
                     requests.closed(id);
                 }
@@ -649,7 +748,7 @@ impl Stack {
                     }
                     self.jobs.push(job);
                 }
-                Out::Request { method, params, tag } => {
+                Out::Request { method, params, tag, on_behalf } => {
                     if (*tag).type_id() != self.layers[at].reply_type() {
                         misrouted("a request tag", "its Reply type", self.layers[at].name());
                         continue;
@@ -657,7 +756,7 @@ impl Stack {
                     self.next_own += 1;
                     let id = format!("{}{}", self.own_prefix, self.next_own);
                     self.shared.sessions.own_sent(&Id::string(&id), &method, &params);
-                    self.own.insert(Id::string(&id), (at, tag));
+                    self.own.insert(Id::string(&id), Own { layer: at, tag, on_behalf });
                     let frame = Frame::from_value(&serde_json::json!({
                         "jsonrpc": "2.0", "id": id, "method": method, "params": params
                     }));
@@ -969,6 +1068,22 @@ mod tests {
     }
 
     #[test]
+    fn at_the_end_every_wake_up_runs_at_once_in_deadline_order_and_one_that_keeps_asking_is_bounded() {
+        let mut h = sleeping();
+        ask(&mut h, "after", 3, 600_000);
+        ask(&mut h, "after", 1, 10);
+        ask(&mut h, "after", 99, 20);
+        assert_eq!(at(&mut h, 5), vec![]);
+        h.end();
+        let woke: Vec<u64> = h.to_client().iter().map(|v| v["params"]["token"].as_u64().unwrap()).collect();
+        // 99 asks again each time it runs: once per round.
+        let mut want = vec![1, 99, 3];
+        want.extend(std::iter::repeat_n(99, END_ROUNDS - 1));
+        assert_eq!(woke, want, "all of them, the clock unmoved, then 99 for the rounds left");
+        assert_eq!(h.elapsed(), Duration::from_millis(5));
+    }
+
+    #[test]
     fn wake_ups_are_per_layer_and_a_huge_delay_is_no_panic() {
         let mut h = Harness::new(vec![sleeper("high", true), sleeper("low", false)]);
         // Both layers ask for token 1; only the upper one cancels it.
@@ -1188,6 +1303,31 @@ mod tests {
         h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/close","params":{"sessionId":"r"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
         assert_eq!(look(&mut h, "r")["root"], false);
+    }
+
+    /// Answers every request itself, twice.
+    struct Twice;
+    impl Layer for Twice {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            if let Some(id) = f.id() {
+                for n in [1, 2] {
+                    cx.to_client(crate::frame::result_response(id, json!({"n": n})));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_layers_second_answer_to_a_request_never_reaches_the_client() {
+        let mut h = Harness::new(vec![Box::new(Twice)]);
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"x","params":{}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":1,"result":{"n":1}})]);
+        // A new request with the same id is answered again.
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"x","params":{}}));
+        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":1,"result":{"n":1}})]);
     }
 
     /// Tells the client, for each answer it passes, which request it answers; notes `Seen` on prompts.

@@ -134,7 +134,7 @@ impl Requests {
         }
     }
 
-    /// Whether the client has had its answer to the request `id` (one of the latest [`ANSWERED_KEPT`]) and sent
+    /// Whether the client has had its answer to the request `id` (one of the latest `ANSWERED_KEPT`) and sent
     /// no request with that id since: an answer to it now is a second one.
     pub fn was_answered(&self, id: &Id) -> bool {
         !self.open.contains_key(id) && self.done.contains(id)

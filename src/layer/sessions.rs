@@ -5,8 +5,11 @@
 //!
 //! - **Root sessions**, the ones Coda opened on this connection: the stack records one when the agent's
 //!   result to `session/new` or `session/fork` (its `sessionId`), or to `session/load` or `session/resume`
-//!   (the request's `sessionId`) comes in, before any layer sees that answer; it forgets one when the agent
-//!   answers its `session/close` with a result. An error answer opens nothing.
+//!   (the request's `sessionId`) comes in, before any layer sees that answer. When the agent answers its
+//!   `session/close` with a result, every layer's [`super::Layer::session_closed`] ends what it runs for the
+//!   session and its children ([`Sessions::family`]) before that answer goes up, and once it has left the stack
+//!   the table forgets them and remembers them as closed ([`Sessions::was_closed`]). An error answer opens (or
+//!   closes) nothing.
 //! - **Children**: sessions the agent runs for a root (a subagent's), as the layer that learns of them says
 //!   ([`super::Cx::add_child`]); never a root.
 //! - **Whose turn runs** ([`super::Cx::turn`]): Coda's (an open `session/prompt` of the session, from the
@@ -19,7 +22,8 @@
 //!   steering message in flight** ([`Session::steering`]): the compaction and steering machines of
 //!   [`crate::coda`] write them, every other layer reads them.
 //!
-//! Bounds: a root is forgotten on its `session/close`, and everything with the process (the table lives in the
+//! Bounds: a root is forgotten on its `session/close` (with its children), at most [`CLOSED_KEPT`] closed ones
+//! are remembered, and everything with the process (the table lives in the
 //! stack). At most [`MAX_ROOTS`] roots are kept (past that the oldest with nothing running or held is dropped,
 //! with a warning), at most [`MAX_CHILDREN`] children (the oldest dropped first), and at most [`MAX_OWN`] of
 //! the shim's own requests (one the agent never answers is dropped oldest first). Held prompts are client
@@ -181,6 +185,12 @@ impl Session {
         std::mem::take(&mut self.held)
     }
 
+    /// Takes the held request `id` (one the client withdrew), if it is held.
+    pub fn take_held_id(&mut self, id: &Id) -> Option<Frame> {
+        let at = self.held.iter().position(|f| f.id() == Some(id))?;
+        Some(self.held.remove(at))
+    }
+
     /// Coda's `_session/steering` request in flight in the session.
     pub fn steering(&self) -> Option<&Id> {
         self.steering.as_ref()
@@ -212,7 +222,13 @@ pub struct Sessions {
     children: VecDeque<String>,
     own: HashMap<Id, Own>,
     next: u64,
+    /// Sessions closed on this connection, the latest [`CLOSED_KEPT`], oldest first (what a layer still says
+    /// of one afterwards is about no session Coda has).
+    closed: VecDeque<String>,
 }
+
+/// Closed sessions remembered at most.
+pub const CLOSED_KEPT: usize = 256;
 
 /// A string `key` of a JSON object, unless empty.
 fn string_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -255,14 +271,6 @@ impl Sessions {
 
     /// The agent answered Coda's request `method` (`named`: its `params.sessionId`) with `answer`.
     pub(super) fn answered(&mut self, method: &str, named: Option<&str>, answer: &Frame) {
-        if method == "session/close" {
-            if let Some(session) = named
-                && answer.value().get("result").is_some()
-            {
-                self.map.remove(session);
-            }
-            return;
-        }
         let Some(opened) = Opened::by(method) else { return };
         let value = answer.value();
         let Some(result) = value.get("result") else { return };
@@ -271,6 +279,7 @@ impl Sessions {
             Opened::Load | Opened::Resume => named.filter(|s| !s.is_empty()),
         };
         let Some(session) = session else { return };
+        self.closed.retain(|c| c != session);
         let seq = self.tick();
         match self.map.get_mut(session) {
             Some(known) => {
@@ -319,6 +328,47 @@ impl Sessions {
                 self.map.remove(&old);
             }
         }
+    }
+
+    /// `session` and every session the table has as its child, grandchild and so on (`session` first; the
+    /// others in the order they were named).
+    pub fn family(&self, session: &str) -> Vec<String> {
+        let mut family = vec![session.to_owned()];
+        let mut at = 0;
+        while at < family.len() {
+            let parent = family[at].clone();
+            let mut kids: Vec<(&String, u64)> = self
+                .map
+                .iter()
+                .filter(|(id, s)| s.parent.as_deref() == Some(parent.as_str()) && !family.contains(id))
+                .map(|(id, s)| (id, s.seq))
+                .collect();
+            kids.sort_by_key(|(_, seq)| *seq);
+            family.extend(kids.into_iter().map(|(id, _)| id.clone()));
+            at += 1;
+        }
+        family
+    }
+
+    /// Forgets `sessions` (a closed session's [`Sessions::family`]): what the table kept of them, and the shim's
+    /// own requests about them; remembers them as closed.
+    pub(super) fn forget(&mut self, sessions: &[String]) {
+        for s in sessions {
+            self.map.remove(s);
+            self.children.retain(|c| c != s);
+            self.own.retain(|_, o| o.session != *s);
+            self.closed.retain(|c| c != s);
+            self.closed.push_back(s.clone());
+        }
+        while self.closed.len() > CLOSED_KEPT {
+            self.closed.pop_front();
+        }
+    }
+
+    /// Whether `session` was closed on this connection (one of the latest [`CLOSED_KEPT`]) and not opened
+    /// again since.
+    pub fn was_closed(&self, session: &str) -> bool {
+        self.closed.iter().any(|c| c == session)
     }
 
     /// Coda's `session/prompt` of `session` left the stack towards the agent.
@@ -383,11 +433,22 @@ mod tests {
         assert_eq!(t.get("l").and_then(Session::opened), Some(Opened::Load));
         assert!(t.get("l").and_then(Session::opened).is_some_and(Opened::is_reopened));
         assert!(!t.get("n").and_then(Session::opened).is_some_and(Opened::is_reopened));
-        // A close answered with an error closes nothing.
-        t.answered("session/close", Some("n"), &answer(json!({"jsonrpc":"2.0","id":10,"error":{"code":1}})));
-        assert!(t.is_root("n"));
-        t.answered("session/close", Some("n"), &answer(json!({"jsonrpc":"2.0","id":11,"result":{}})));
-        assert!(!t.is_root("n") && t.get("n").is_none());
+        // Closed: the session and its children go, and are remembered as closed until opened again.
+        t.add_child("c", Some("n"));
+        t.add_child("gc", Some("c"));
+        t.add_child("other", Some("f"));
+        assert_eq!(t.family("n"), ["n", "c", "gc"]);
+        assert_eq!(t.family("nobody"), ["nobody"], "a session a layer may know of though the table does not");
+        t.forget(&t.family("n"));
+        assert!(!t.is_root("n") && t.get("n").is_none() && t.get("gc").is_none());
+        assert!(t.was_closed("n") && t.was_closed("c") && !t.was_closed("f"));
+        assert!(t.is_child("other"));
+        t.answered("session/load", Some("n"), &answer(json!({"jsonrpc":"2.0","id":12,"result":{}})));
+        assert!(t.is_root("n") && !t.was_closed("n"), "opened again");
+        for n in 0..=CLOSED_KEPT {
+            t.forget(&[format!("x{n}")]);
+        }
+        assert_eq!(t.closed.len(), CLOSED_KEPT);
     }
 
     #[test]

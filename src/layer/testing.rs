@@ -180,6 +180,12 @@ impl Harness {
         self.stack.wake_due(&mut self.exits);
     }
 
+    /// The agent is gone and the session ends: every pending wake-up runs now, as the relay does at its end
+    /// ([`Stack::wake_all`]); the clock does not move.
+    pub fn end(&mut self) {
+        self.stack.wake_all(&mut self.exits);
+    }
+
     /// How long the clock has moved since the harness was made.
     pub fn elapsed(&self) -> Duration {
         self.now - self.start

@@ -53,8 +53,9 @@ impl<T: Timer> Timers<T> {
 pub trait AnyTimers: Send {
     /// The earliest deadline.
     fn first(&self) -> Option<Instant>;
-    /// The key of the earliest wake-up asked for at or before `asked_before`, if it is due at `now`.
-    fn first_due(&self, now: Instant, asked_before: u64) -> Option<(Instant, u64)>;
+    /// The key of the earliest wake-up asked for at or before `asked_before`, if it is due at `now` (None: due
+    /// whatever its deadline).
+    fn first_due(&self, now: Option<Instant>, asked_before: u64) -> Option<(Instant, u64)>;
     fn as_any(&mut self) -> &mut dyn Any;
 }
 
@@ -63,9 +64,9 @@ impl<T: Timer> AnyTimers for Timers<T> {
         self.queue.keys().next().map(|(at, _)| *at)
     }
 
-    fn first_due(&self, now: Instant, asked_before: u64) -> Option<(Instant, u64)> {
+    fn first_due(&self, now: Option<Instant>, asked_before: u64) -> Option<(Instant, u64)> {
         let (&key, _) = self.queue.iter().find(|((_, asked), _)| *asked <= asked_before)?;
-        (key.0 <= now).then_some(key)
+        now.is_none_or(|now| key.0 <= now).then_some(key)
     }
 
     fn as_any(&mut self) -> &mut dyn Any {

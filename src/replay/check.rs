@@ -46,12 +46,27 @@ fn utc_day(t: SystemTime) -> String {
     jiff::Timestamp::try_from(t).map(|t| t.strftime("%Y-%m-%d").to_string()).unwrap_or_default()
 }
 
+/// The arguments the fixture's shim record gives the shim (`--profile qwen` of `coda-acp --profile qwen`); an
+/// error when it names another binary than `shim`. A fixture recorded before shims named themselves has none.
+fn recorded_shim(records: &[super::Record], shim: &Path) -> Result<Vec<String>, String> {
+    let Some(r) = records.iter().find(|r| r.edge == crate::trace::Dir::Shim) else { return Ok(Vec::new()) };
+    let super::Body::Line(text) = &r.body else { return Ok(Vec::new()) };
+    let words = shell_words::split(text).map_err(|e| format!("line {}: the shim record {text:?}: {e}", r.lineno))?;
+    let Some((binary, args)) = words.split_first() else { return Ok(Vec::new()) };
+    let given = shim.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
+    if given != binary {
+        return Err(format!("the fixture was recorded with {binary} ({text}); check it with that binary, not {given}"));
+    }
+    Ok(args.to_vec())
+}
+
 /// Runs the shim with the player as its child, drives the recorded client frames and compares what the client
 /// receives with the recording. The error says what differed, with the shim's (and the player's) stderr.
 pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String> {
     let records = load(fixture).map_err(|e| e.to_string())?;
     let adapter =
         crate::adapters::by_agent(&opts.agent).ok_or_else(|| format!("no adapter is named {:?}", opts.agent))?;
+    let shim_args = recorded_shim(&records, &opts.shim)?;
     let temp =
         tempfile::Builder::new().prefix("acp-replay-").tempdir().map_err(|e| format!("cannot make a temp dir: {e}"))?;
     let root = temp.path().to_path_buf();
@@ -73,6 +88,7 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
     // The shim runs in the temp work dir: a relative path would no longer name it.
     let shim = std::fs::canonicalize(&opts.shim).map_err(|e| format!("{}: {e}", opts.shim.display()))?;
     let mut cmd = Command::new(&shim);
+    cmd.args(&shim_args);
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", bindings.get("HOME").unwrap_or_default())

@@ -105,7 +105,8 @@ impl Normaliser {
 
     /// Names of this machine still present in `text`.
     pub fn leftovers(&self, text: &str) -> Vec<String> {
-        let mut found: Vec<String> = FORBIDDEN.iter().filter(|p| text.contains(*p)).map(|p| (*p).to_owned()).collect();
+        let mut found: Vec<String> =
+            FORBIDDEN.iter().filter(|p| names_path(text, p)).map(|p| (*p).to_owned()).collect();
         if let Ok(home) = std::env::var("HOME")
             && home.len() > 1
             && text.contains(&format!("{home}/"))
@@ -114,6 +115,21 @@ impl Normaliser {
         }
         found
     }
+}
+
+/// Whether `text` has `prefix` (`/tmp/`) where a path starts: not inside another path or word (Qwen's skills
+/// name `.qwen/tmp/` of the project, which is no folder of the machine). After a JSON escape (`\n/tmp/…`) it
+/// starts one.
+fn names_path(text: &str, prefix: &str) -> bool {
+    text.match_indices(prefix).any(|(at, _)| {
+        let before = &text.as_bytes()[..at];
+        let escaped = before.len() >= 2 && before[before.len() - 2] == b'\\';
+        match before.last() {
+            None => true,
+            Some(_) if escaped => true,
+            Some(c) => !(c.is_ascii_alphanumeric() || b"._-~".contains(c)),
+        }
+    })
 }
 
 fn path_variants(p: &Path) -> Vec<String> {
@@ -280,6 +296,10 @@ mod tests {
         );
         assert_eq!(n.leftovers("see /tmp/foo and /work/x"), vec!["/tmp/".to_owned(), "/work/".to_owned()]);
         assert!(n.leftovers("{{CWD}}/a").is_empty());
+        // A project's own `.qwen/tmp/` is no folder of the machine; a path after a JSON escape or a quote is.
+        assert!(n.leftovers(r#"{"t":"under .qwen/tmp/s-1 and x_/tmp/y"}"#).is_empty());
+        assert_eq!(n.leftovers(r#"{"t":"a\n/tmp/x"}"#), vec!["/tmp/".to_owned()]);
+        assert_eq!(n.leftovers(r#"{"t":"/work/x"}"#), vec!["/work/".to_owned()]);
     }
 
     #[test]

@@ -149,14 +149,10 @@ fn excerpt(v: &Value) -> String {
 
 /// `s`, cut to about `max` bytes (at a character boundary) for a message.
 pub(crate) fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
+    match crate::text::prefix(s, max, crate::text::Unit::Bytes) {
+        kept if kept.len() == s.len() => s.to_owned(),
+        kept => format!("{kept}… ({} bytes)", s.len()),
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &s[..end], s.len())
 }
 
 fn escape_pointer(key: &str) -> String {

@@ -217,8 +217,8 @@ struct Shim {
 impl Shim {
     fn new(took: Option<PathBuf>, trace: Option<PathBuf>, settle: Duration, name: String) -> Shim {
         let took = took.map(|p| (took::Tail::new(p), took::Took::default()));
-        // The trace only counts with a took log: without one the player pauses, as before.
-        let trace = trace.filter(|_| took.is_some()).map(|p| (took::Tail::new(p), Default::default()));
+        // The shim's trace tells which frames it handled (a shim with no took log, coda-acp's, gives it alone).
+        let trace = trace.map(|p| (took::Tail::new(p), Default::default()));
         Shim { took, trace, settle, pending: Vec::new(), sent: 0, name, bad_reported: false }
     }
 

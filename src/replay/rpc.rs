@@ -49,7 +49,7 @@ pub fn side_of(dir: Dir) -> Option<(Side, Party)> {
         Dir::ShimToClient => Some((Side::Client, Party::Agent)),
         Dir::ShimToAgent => Some((Side::Agent, Party::Client)),
         Dir::AgentToShim => Some((Side::Agent, Party::Agent)),
-        Dir::AgentToFile => None,
+        Dir::AgentToFile | Dir::Shim => None,
     }
 }
 

@@ -79,11 +79,12 @@ pub fn expected(agent: &str, case: &str) -> Expect {
         ("grok", "quota-reset") => Quota,
         ("grok", "rate-limit" | "rate-limit-long" | "503" | "529" | "503-text") => Service { retry_after: false },
         ("grok", "500" | "502" | "reset") => Plain,
-        // Codex (live config: no retries of its own): codex-acp's failure categories (codex/failure.rs).
+        // Codex (live config: no retries of its own): codex-acp's failure categories (codex/failure.rs). Its record
+        // names no upstream reason but a usage limit and Codex's overloaded server (503 `server_is_overloaded`):
+        // a 429 may be a quota, a 500 or a lost connection says nothing of the service.
         ("codex", "quota-reset") => Quota,
-        ("codex", "rate-limit" | "rate-limit-long" | "500" | "502" | "503" | "529" | "reset") => {
-            Service { retry_after: false }
-        }
+        ("codex", "503") => Service { retry_after: false },
+        ("codex", "rate-limit" | "rate-limit-long" | "500" | "502" | "529" | "reset") => Plain,
         // OpenCode: the upstream code in its server's session.error, else a status 503 (opencode/failure.rs); a
         // stopped retry says only the upstream's words, or "Service Unavailable" for a 503 with a body of text.
         ("opencode", "rate-limit" | "500" | "503" | "529" | "503-text") => Service { retry_after: false },

@@ -27,17 +27,24 @@ impl Rec {
         Rec::start_command(lc, lc.shim_command(&replay_support::shim_binary(agent)), trace)
     }
 
-    /// `coda-acp --profile <agent>` over the live agent.
+    /// `coda-acp --profile <agent>` over the live agent, initialized with the capabilities Coda declares (with
+    /// `session.compaction`).
     pub fn start_acp(lc: &live::LiveCommand, trace: &Path) -> Rec {
-        Rec::start_command(lc, lc.acp_command(Path::new(env!("CARGO_BIN_EXE_coda-acp"))), trace)
+        let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+            "session": {"compaction": {}}, "_meta": {"coda": {"waits": {}}}});
+        Rec::start_with(lc, lc.acp_command(Path::new(env!("CARGO_BIN_EXE_coda-acp"))), trace, caps)
     }
 
     fn start_command(lc: &live::LiveCommand, cmd: std::process::Command, trace: &Path) -> Rec {
+        let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
+            "_meta": {"coda": {"waits": {}}}});
+        Rec::start_with(lc, cmd, trace, caps)
+    }
+
+    fn start_with(lc: &live::LiveCommand, cmd: std::process::Command, trace: &Path, caps: Value) -> Rec {
         let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
         let cwd = lc.workdir.display().to_string();
         let mut rec = Rec { shim, next_id: 0, received: Vec::new(), session: String::new(), cwd };
-        let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
-            "_meta": {"coda": {"waits": {}}}});
         rec.call(
             "initialize",
             json!({"protocolVersion": 1, "clientCapabilities": caps, "clientInfo": {"name": "coda", "version": "1.0.0"}}),
@@ -194,6 +201,15 @@ pub fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str)
     assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
     let scratch = root.join("fixture").join(scenario);
     std::fs::create_dir_all(&scratch).expect("scratch dir");
+    // What the agent's fixtures keep beside them for the replays (coda-acp's Claude profile reads the Claude Agent
+    // SDK's version there).
+    let sdk = "node_modules/@anthropic-ai/claude-agent-sdk/package.json";
+    let beside = replay_support::fixtures_root().join(agent).join(sdk);
+    if beside.is_file() {
+        let to = root.join("fixture").join(sdk);
+        std::fs::create_dir_all(to.parent().expect("a folder")).expect("its folder");
+        std::fs::copy(&beside, &to).expect("copy the SDK's manifest");
+    }
     std::fs::write(scratch.join(replay::TRACE_FILE), &out).expect("write the scratch trace");
     let report = replay_support::check(agent, &scratch).unwrap_or_else(|e| panic!("{agent}/{scenario}: {e}"));
     eprintln!("{agent}/{scenario}: {} records; replayed: {report:?}", records.len());
@@ -201,8 +217,9 @@ pub fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str)
         let dir: PathBuf = replay_support::fixtures_root().join(agent).join(scenario);
         std::fs::create_dir_all(&dir).expect("fixture dir");
         std::fs::write(dir.join(replay::TRACE_FILE), &out).expect("write the fixture");
-        let meta = json!({"agent": agent, "scenario": scenario, "cli": live::pinned(agent),
-            "recorded_by": format!("tests/{agent}_live.rs"), "notes": notes});
+        let cli = live::pinned(agent.strip_prefix("acp-").unwrap_or(agent));
+        let meta = json!({"agent": agent, "scenario": scenario, "cli": cli,
+            "recorded_by": format!("tests/{}_live.rs", agent.split('-').next().unwrap_or(agent)), "notes": notes});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).expect("write meta.json");
         eprintln!("wrote {}", dir.display());
     }

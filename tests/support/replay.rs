@@ -36,13 +36,16 @@ pub fn player() -> PathBuf {
 /// Environment a shim needs under the player: coda-codex reads Codex's version from `$CODEX_PATH -V`;
 /// coda-opencode reads OpenCode's server events where the recording has the player write them
 /// (`{{TMPDIR}}/coda-opencode-events.jsonl`, seen from the work dir the shim runs in).
-fn agent_env(agent: &str) -> Vec<(String, String)> {
+fn agent_env(agent: &str, fixture: &Path) -> Vec<(String, String)> {
     let mut env = Vec::new();
+    // A fixture recorded on another Codex CLI than codex-acp's own has its own stand-in beside it.
+    let own = fixture.join("codex-cli");
+    let codex = if own.is_file() { own } else { fixtures_root().join("codex/codex-cli") };
     env.extend(match agent {
         // coda-grok stops a turn Grok keeps retrying after a minute by its own timer (the other shims go by the
         // times the CLI recorded): the replay need not wait that minute.
         "grok" => vec![("CODA_SHIM_RETRY_PATIENCE_MS".into(), "1000".into())],
-        "codex" => vec![("CODEX_PATH".into(), fixtures_root().join("codex/codex-cli").to_string_lossy().into_owned())],
+        "codex" => vec![("CODEX_PATH".into(), codex.to_string_lossy().into_owned())],
         // coda-opencode's took log says how far its layers have handled the events file, coda-kimi's how far it
         // has taken in each session file, and their traces which of the player's frames they have handled: the
         // player waits on them (not a pause) so that the shim handles each write and each frame in the recorded
@@ -58,6 +61,9 @@ fn agent_env(agent: &str) -> Vec<(String, String)> {
             ("ACP_REPLAY_TOOK".into(), "../tmp/kimi-took.jsonl".into()),
             ("CODA_SHIM_TRACE".into(), "../tmp/shim-trace.jsonl".into()),
         ],
+        // coda-acp keeps no took log: its trace alone says which client frames it handled, so that the agent's
+        // next frame reaches it in the recorded order.
+        a if a.starts_with("acp-") => vec![("CODA_SHIM_TRACE".into(), "../tmp/shim-trace.jsonl".into())],
         _ => Vec::new(),
     });
     env
@@ -70,7 +76,7 @@ pub fn check(agent: &str, fixture: &Path) -> Result<CheckReport, String> {
 
 /// [`check`] with more environment for the shim (`CODA_SHIM_TRACE` to keep a trace of the replay).
 pub fn check_with_env(agent: &str, fixture: &Path, extra: &[(&str, &str)]) -> Result<CheckReport, String> {
-    let mut env = agent_env(agent);
+    let mut env = agent_env(agent, fixture);
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let opts =
         CheckOptions { shim: shim_binary(agent), player: player(), agent: agent.to_owned(), timeout: TIMEOUT, env };

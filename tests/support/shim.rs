@@ -32,6 +32,7 @@ pub fn binary(agent: &str) -> PathBuf {
         "kimi" => env!("CARGO_BIN_EXE_coda-kimi"),
         "codex" => env!("CARGO_BIN_EXE_coda-codex"),
         "acp" => env!("CARGO_BIN_EXE_coda-acp"),
+        other if other.starts_with("acp-") => env!("CARGO_BIN_EXE_coda-acp"),
         other => panic!("no binary for {other}"),
     })
 }

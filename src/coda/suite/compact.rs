@@ -79,8 +79,9 @@ async fn at_the_deadline_held_prompts_never_go_into_a_cli_that_may_still_compact
 
 #[tokio::test(start_paused = true)]
 async fn a_cli_that_ends_its_compaction_when_stopped_gets_the_held_prompts_then() {
-    // Codex ends its `/compact` turn on `session/cancel`, Kimi its compaction ("Compaction cancelled.").
-    every(&["codex", "kimi"], |agent| async move {
+    // Codex and Claude Agent ACP end their `/compact` turn on `session/cancel`, Qwen its `/compress`, Kimi its
+    // compaction ("Compaction cancelled.").
+    every(&["codex", "kimi", "acp-qwen", "acp-claude"], |agent| async move {
         let mut shim = Shim::start(agent, Compacts::Ends).await;
         let compact = shim.send(METHOD, compact_params(&shim));
         let prompt = shim.prompt("held until the CLI stopped compacting");

@@ -36,6 +36,12 @@ pub enum Cli {
     Kimi,
     Grok,
     OpenCode,
+    /// Any ACP agent under coda-acp: the standard methods only.
+    Acp,
+    /// Qwen Code under `coda-acp --profile qwen`.
+    Qwen,
+    /// Claude Agent ACP under `coda-acp --profile claude`.
+    Claude,
 }
 
 impl Cli {
@@ -45,6 +51,9 @@ impl Cli {
             "kimi" => Cli::Kimi,
             "grok" => Cli::Grok,
             "opencode" => Cli::OpenCode,
+            "acp" => Cli::Acp,
+            "acp-qwen" => Cli::Qwen,
+            "acp-claude" => Cli::Claude,
             other => panic!("no fake for {other}"),
         }
     }
@@ -95,6 +104,16 @@ pub struct State {
     pub steer_silent: bool,
     /// The CLI answers a steering call twice.
     pub steer_twice: bool,
+    /// OpenCode: what its server keeps of each session, as `GET /session/{id}/message` answers.
+    pub kept: Vec<(String, Value)>,
+    /// The ids the CLI was asked to withdraw (`$/cancel_request`), as JSON text.
+    pub withdrawn: Vec<String>,
+    /// Sessions the CLI closed.
+    pub closed: Vec<String>,
+    /// The `initialize` result, instead of the CLI's own.
+    pub init: Option<Value>,
+    /// Qwen: its drain requests sent so far.
+    drains: u32,
 }
 
 /// One CLI, scripted (see the module docs).
@@ -115,6 +134,25 @@ fn chunk(session: &str, text: &str) -> String {
 
 fn notification(method: &str, params: Value) -> String {
     json!({"jsonrpc":"2.0","method":method,"params":params}).to_string()
+}
+
+/// A line the CLI read: its method (empty for an answer), id (as JSON text), params and `sessionId`.
+pub struct Read {
+    pub method: String,
+    pub id: Option<String>,
+    pub params: Value,
+    pub session: String,
+}
+
+/// The line, if it is JSON.
+pub fn read(line: &str) -> Option<Read> {
+    // Read as a CLI in JavaScript reads it: a lone surrogate escape is a character.
+    let msg = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(line.as_bytes())).ok()?;
+    let method = msg.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let id = msg.get("id").map(Value::to_string);
+    let params = msg.get("params").cloned().unwrap_or(Value::Null);
+    let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
+    Some(Read { method, id, params, session })
 }
 
 /// The text blocks of a prompt, joined.
@@ -142,6 +180,11 @@ impl Fake {
             late_busy: false,
             steer_silent: false,
             steer_twice: false,
+            kept: Vec::new(),
+            withdrawn: Vec::new(),
+            closed: Vec::new(),
+            init: None,
+            drains: 0,
         })))
     }
 
@@ -151,20 +194,40 @@ impl Fake {
 
     /// What it writes for one line it reads.
     pub fn answer(&self, line: &str) -> Vec<String> {
-        let Ok(msg) = crate::json::from_str::<Value>(line) else { return Vec::new() };
-        let method = msg.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let id = msg.get("id").map(Value::to_string);
-        let params = msg.get("params").cloned().unwrap_or(Value::Null);
-        let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let Some(Read { method, id, params, session }) = read(line) else { return Vec::new() };
         let mut s = self.state();
         let Some(id) = id else {
             return match method.as_str() {
                 "session/cancel" => s.cancel(&session),
+                "$/cancel_request" => {
+                    let withdrawn = params.get("requestId").map(Value::to_string).unwrap_or_default();
+                    s.withdrawn.push(withdrawn);
+                    Vec::new()
+                }
                 _ => Vec::new(),
             };
         };
         if method.is_empty() {
+            // Qwen: the client's answer to its drain; what it carries joins the running turn.
+            let msg = crate::json::from_str::<Value>(line).unwrap_or_default();
+            if let Some(items) = msg.pointer("/result/items").and_then(Value::as_array) {
+                let texts = items.iter().map(|i| text_of(i.get("content").unwrap_or(&Value::Null)));
+                s.joined.extend(texts);
+            }
             return Vec::new();
+        }
+        if s.cli == Cli::Codex
+            && matches!(method.as_str(), "session/new" | "session/load" | "session/resume")
+            && let Some(sp) = params.get("systemPrompt").filter(|sp| !sp.is_null())
+        {
+            // codex-acp 2.6.0, live: anything but append with text blocks is -32602, on new, load and resume (its
+            // schema check: no object, no mode, a block without `text`; its own: override, non-text, empty).
+            let text = |b: &Value| b["type"] == "text" && b["text"].is_string();
+            let texts = sp["content"].as_array().is_some_and(|c| !c.is_empty() && c.iter().all(text));
+            if sp["mode"] != "append" || !texts {
+                let error = json!({"code": -32602, "message": "Invalid params: systemPrompt requires append mode and text content"});
+                return vec![format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)];
+            }
         }
         match method.as_str() {
             "initialize" => vec![result(&id, s.initialized())],
@@ -185,12 +248,29 @@ impl Fake {
                 vec![result(&id, answer)]
             }
             "session/prompt" => s.prompt(&id, &session, &text_of(params.get("prompt").unwrap_or(&Value::Null))),
+            // ACP: the agent cancels the session's work as `session/cancel` does, then frees it.
+            "session/close" => {
+                let mut out = s.cancel(&session);
+                s.compacting.retain(|(c, _)| *c != session);
+                s.closed.push(session.clone());
+                out.push(result(&id, json!({})));
+                out
+            }
+            // Writes `params.line` as it is (a request of the CLI's, its withdrawal), then answers.
+            "_fake/emit" => {
+                vec![params.get("line").and_then(Value::as_str).unwrap_or_default().to_owned(), result(&id, json!({}))]
+            }
+            // A report of the CLI's own (an agent that speaks Coda's `_coda/wait`), for the engine's rules.
+            "_fake/wait" => {
+                let wait = params.get("wait").cloned().unwrap_or(Value::Null);
+                vec![notification("_coda/wait", wait), result(&id, json!({}))]
+            }
             "_x.ai/compact_conversation" if s.cli == Cli::Grok => s.grok_compact(&id, &session),
             "_x.ai/interject" if s.cli == Cli::Grok => {
                 let text = params.get("text").and_then(Value::as_str).unwrap_or_default();
                 s.interject(&id, &session, text)
             }
-            "_session/steering" if s.cli == Cli::Codex => {
+            "_session/steering" if matches!(s.cli, Cli::Codex | Cli::Claude) => {
                 let running = s.turns.iter().any(|(t, _)| *t == session);
                 let answer = if running {
                     let text = text_of(params.get("prompt").unwrap_or(&Value::Null));
@@ -234,7 +314,7 @@ impl Fake {
             }
             _ => {
                 let error = json!({"code": -32601, "message": format!("Method not found: {method}")});
-                vec![json!({"jsonrpc": "2.0", "id": msg["id"], "error": error}).to_string()]
+                vec![format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{error}}}"#)]
             }
         }
     }
@@ -242,7 +322,7 @@ impl Fake {
 
 impl State {
     /// OpenCode's server says `event`.
-    fn event(&mut self, event: crate::adapters::opencode::server::FromServer) {
+    pub fn event(&mut self, event: crate::adapters::opencode::server::FromServer) {
         match &self.reader {
             Some(send) => {
                 send(event);
@@ -252,6 +332,12 @@ impl State {
     }
 
     /// The shim started reading OpenCode's server events: what was said so far, then each as it comes.
+    /// OpenCode's server's answer to `GET /session/{id}/message`: the messages it keeps of `session`.
+    pub fn messages(&self, session: &str) -> Value {
+        let kept = self.kept.iter().find(|(s, _)| s == session);
+        kept.map_or_else(|| json!([]), |(_, messages)| messages.clone())
+    }
+
     pub fn read_by(&mut self, send: ServerSend) {
         for e in self.events.drain(..) {
             send(e);
@@ -260,8 +346,12 @@ impl State {
     }
 
     fn initialized(&self) -> Value {
+        if let Some(init) = &self.init {
+            return init.clone();
+        }
         match self.cli {
-            Cli::Codex => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true},
+            Cli::Codex => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"close":{},"resume":{},"systemPrompt":{}}},
                 "agentInfo":{"name":"codex-acp","version":"2.6.0"},
                 "_meta":{"steering":{"supported":true},
                     "jetbrains":{"air":{"version":1,"capabilities":["nativeSubagentSessions","asyncTasks"]}}}}),
@@ -271,6 +361,15 @@ impl State {
                 "_meta":{"agentVersion":"1.0.41"}}),
             Cli::OpenCode => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true},
                 "agentInfo":{"name":"OpenCode","version":"1.18.33"}}),
+            Cli::Acp => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"close":{}}},"agentInfo":{"name":"fake-acp","version":"1.0.0"}}),
+            Cli::Qwen => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"list":{},"resume":{}}},
+                "agentInfo":{"name":"qwen-code","title":"Qwen Code","version":"0.24.4"}}),
+            Cli::Claude => json!({"protocolVersion":1,"agentCapabilities":{"loadSession":true,
+                "sessionCapabilities":{"close":{},"systemPrompt":{"mode":{"override":{}}}}},
+                "agentInfo":{"name":"@agentclientprotocol/claude-agent-acp","version":"0.101.0"},
+                "_meta":{"steering":{"supported":true}}}),
         }
     }
 
@@ -310,6 +409,13 @@ impl State {
                 ));
                 out
             }
+            // Qwen asks for queued messages after a tool batch (unless told to stay silent).
+            Cli::Qwen if !self.steer_silent => {
+                self.drains += 1;
+                let drain = json!({"jsonrpc":"2.0","id":format!("drain-{}", self.drains),
+                    "method":"craft/drainMidTurnQueue","params":{"sessionId":session,"todoStopGuardWatchQueuedPrompt":true}});
+                vec![drain.to_string()]
+            }
             Cli::OpenCode => {
                 let (taken, rest): (Vec<_>, Vec<_>) = self.stored.drain(..).partition(|(s, _)| s == session);
                 self.stored = rest;
@@ -345,7 +451,7 @@ impl State {
     }
 
     fn prompt(&mut self, id: &str, session: &str, text: &str) -> Vec<String> {
-        if text == "/compact" {
+        if text == "/compact" || (text == "/compress" && self.cli == Cli::Qwen) {
             return self.slash_compact(id, session);
         }
         if self.compacting(session) {
@@ -472,7 +578,7 @@ impl State {
         if let Some(at) = self.turns.iter().position(|(s, t)| s == session && !(t.compact && never)) {
             let (_, turn) = self.turns.remove(at);
             self.busy(session, false);
-            if turn.compact {
+            if turn.compact && self.cli != Cli::Qwen {
                 out.push(update(
                     session,
                     json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"failed",
@@ -491,6 +597,15 @@ impl State {
                 self.turns.push((session.to_owned(), Turn { id: id.to_owned(), compact: true, last: false }));
                 let status = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"in_progress"});
                 vec![codex_thread(session, "active"), update(session, status), codex_used(session, 13498)]
+            }
+            Cli::Claude => {
+                self.turns.push((session.to_owned(), Turn { id: id.to_owned(), compact: true, last: false }));
+                let status = json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"in_progress"});
+                vec![update(session, status)]
+            }
+            Cli::Qwen => {
+                self.turns.push((session.to_owned(), Turn { id: id.to_owned(), compact: true, last: false }));
+                vec![qwen_compression(session, "Compressing context...", json!({"phase":"progress"}))]
             }
             Cli::Kimi => {
                 self.compacting.push((session.to_owned(), None));
@@ -533,6 +648,25 @@ impl State {
                     out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
                 }
             }
+            Cli::Claude | Cli::Qwen => {
+                let Some(at) = self.turns.iter().position(|(s, t)| s == session && t.compact) else { return out };
+                let (_, turn) = self.turns.remove(at);
+                out.push(match self.cli {
+                    Cli::Qwen => qwen_compression(
+                        session,
+                        "Context compressed (20389 -> 18039).",
+                        json!({"phase":"done","originalTokenCount":20389,"newTokenCount":18039}),
+                    ),
+                    _ => update(
+                        session,
+                        json!({"sessionUpdate":"compaction_update","compactionId":"k","status":"completed"}),
+                    ),
+                });
+                out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
+                if twice {
+                    out.push(result(&turn.id, json!({"stopReason":"end_turn"})));
+                }
+            }
             Cli::Kimi => {
                 self.compacting.retain(|(s, _)| s != session);
                 out.push(chunk(
@@ -554,6 +688,8 @@ impl State {
                     out.push(result(&id, json!({})));
                 }
             }
+            // It compacts nothing of its own.
+            Cli::Acp => {}
             Cli::OpenCode => {
                 if !self.compacting.iter().any(|(s, _)| s == session) {
                     return out;
@@ -623,6 +759,15 @@ impl State {
             }
         }
     }
+}
+
+/// Qwen's message about its `/compress`, with its `_meta.contextCompression`.
+fn qwen_compression(session: &str, text: &str, compression: Value) -> String {
+    update(
+        session,
+        json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":text},
+        "_meta":{"contextCompression":compression}}),
+    )
 }
 
 fn codex_thread(session: &str, status: &str) -> String {

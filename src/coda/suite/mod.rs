@@ -2,13 +2,27 @@
 //! feature, the real relay loop on in-memory pipes and virtual time ([`crate::relay::testing::Pair`]), with a
 //! scripted stand-in for each CLI ([`fake`]) that behaves as the real one does in the recordings.
 //!
-//! - [`compact`]: 压缩上下文 on the four binaries.
-//! - [`steering`]: 插话 on the three that declare it (coda-kimi does not: Kimi cannot steer over ACP).
+//! - [`compact`]: 压缩上下文 on the four binaries and coda-acp's Qwen Code and Claude Agent ACP (`acp-<profile>`).
+//! - [`failure`]: 执行失败 on the four binaries, and [`usage`]: 用量里的数据 on the four, over the CLIs' signals
+//!   as [`signals`] scripts them.
+//! - [`steering`]: 插话 on those that declare it (coda-kimi does not: Kimi cannot steer over ACP; nor coda-acp's
+//!   Gemini CLI).
+//! - [`cancel`]: ACP's `$/cancel_request` where a layer holds, answers or makes a request, on every binary.
+//! - [`close`]: `session/close` ends the session's work in the shim too, on every binary.
+//! - [`instruction`]: `systemPrompt` as ACP now specifies it, on every binary.
 
 pub mod fake;
 
+mod cancel;
+mod close;
 mod compact;
+mod failure;
+mod instruction;
+pub mod signals;
 mod steering;
+mod usage;
+
+use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
@@ -20,9 +34,11 @@ use fake::{Cli, Compacts, Fake};
 /// Coda's real-size session instruction.
 pub const INSTRUCTION: &str = include_str!("../../../fixtures/coda-instruction.md");
 
+/// Every binary (coda-acp over an agent with the standard methods only).
+pub const EVERY: [&str; 5] = ["codex", "kimi", "grok", "opencode", "acp"];
 /// The binaries that declare compaction, and steering.
-pub const COMPACTING: [&str; 4] = ["codex", "kimi", "grok", "opencode"];
-pub const STEERING: [&str; 3] = ["codex", "grok", "opencode"];
+pub const COMPACTING: [&str; 6] = ["codex", "kimi", "grok", "opencode", "acp-qwen", "acp-claude"];
+pub const STEERING: [&str; 5] = ["codex", "grok", "opencode", "acp-qwen", "acp-claude"];
 
 /// A binary's stack over a fake CLI, with Coda's side driven by the test.
 pub struct Shim {
@@ -31,39 +47,69 @@ pub struct Shim {
     pub fake: Fake,
     /// The session opened by [`Shim::start`].
     pub session: String,
+    /// The answer to Coda's `initialize`.
+    pub init: Value,
     next_id: i64,
 }
 
-/// The stack of `coda-<agent>` over `fake` (for coda-opencode, its server side too).
-fn stack(agent: &str, fake: &Fake) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>) {
+/// The stack of `coda-<agent>` over `fake` (for coda-opencode, its server side too). What the CLI keeps of its
+/// sessions is read under `home` (Codex's, Grok's data folder; Kimi's is [`signals`]'), or from the fake's
+/// server (OpenCode's): never this machine's own.
+fn stack(
+    agent: &str,
+    fake: &Fake,
+    home: Option<PathBuf>,
+) -> (Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>) {
     let command = AgentCommand { program: "fake-cli".into(), args: Vec::new() };
-    if agent == "opencode" {
-        return crate::adapters::opencode::test_stack(&command, opencode_side(fake));
+    match agent {
+        "opencode" => crate::adapters::opencode::test_stack(&command, opencode_side(fake)),
+        "codex" => crate::adapters::codex::test_stack(&command, home),
+        "grok" => crate::adapters::grok::test_stack(&command, home),
+        "kimi" => crate::adapters::kimi::test_stack(&command, Default::default(), None),
+        "acp" => crate::adapters::acp::adapter(None).stack(&command, None),
+        profile if profile.starts_with("acp-") => {
+            let profile =
+                crate::adapters::acp::profile::built_in(&profile["acp-".len()..]).expect("a built-in profile");
+            crate::adapters::acp::adapter(Some(profile)).stack(&command, None)
+        }
+        other => panic!("no stack for {other}"),
     }
-    let adapter = crate::adapters::by_agent(agent).expect("an adapter");
-    adapter.stack(&command, None)
 }
 
 /// OpenCode's server, played by `fake`.
 fn opencode_side(fake: &Fake) -> crate::adapters::opencode::ServerSide {
     use std::sync::Arc;
-    let (f1, f2, f3) = (fake.clone(), fake.clone(), fake.clone());
+    let (f1, f2, f3, f4) = (fake.clone(), fake.clone(), fake.clone(), fake.clone());
     crate::adapters::opencode::ServerSide {
         asker: Some(Arc::new(move |ask: crate::adapters::opencode::compact::Ask| f1.state().summarize(&ask.session))),
         caller: Some(Arc::new(move |call| f2.state().steer_call(call))),
         replier: Arc::new(|_: &str, _: &str, _: &str| Ok(())),
         reader: Some(Box::new(move |send| f3.state().read_by(send))),
+        history: Some(Arc::new(move |session: &str, _: &str| {
+            crate::adapters::opencode::usage::facts_of_messages(&f4.state().messages(session))
+        })),
     }
 }
 
 impl Shim {
     /// Initialized as Coda initializes, with no session yet.
     pub async fn bare(agent: &'static str, compacts: Compacts) -> Shim {
+        Shim::bare_with(agent, compacts, None).await
+    }
+
+    /// [`Shim::bare`] over a CLI whose `initialize` result is `init` (else its own).
+    pub async fn bare_with(agent: &'static str, compacts: Compacts, init: Option<Value>) -> Shim {
         let fake = Fake::new(Cli::by_agent(agent), compacts);
-        let (stack, events) = stack(agent, &fake);
+        fake.state().init = init;
+        let (stack, events) = stack(agent, &fake, None);
         let f = fake.clone();
         let pair = Pair::with(stack, events, crate::lines::DEFAULT_MAX_LINE, move |line: &str| f.answer(line));
-        let mut shim = Shim { agent, pair, fake, session: String::new(), next_id: 100 };
+        Shim::initialized(agent, pair, fake).await
+    }
+
+    /// `pair` (a binary's stack over `fake`), initialized as Coda initializes, with no session yet.
+    pub async fn initialized(agent: &'static str, pair: Pair, fake: Fake) -> Shim {
+        let mut shim = Shim { agent, pair, fake, session: String::new(), init: Value::Null, next_id: 100 };
         let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
             "session": {"compaction": true}, "_meta": {"coda": {"waits": {}}}});
         let init = shim
@@ -74,6 +120,7 @@ impl Shim {
             )
             .await;
         assert!(init.get("result").is_some(), "{agent}: {init}");
+        shim.init = init;
         shim
     }
 

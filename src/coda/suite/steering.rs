@@ -151,7 +151,10 @@ async fn a_message_the_cli_takes_after_the_turns_last_safe_point_is_never_answer
 
 #[tokio::test(start_paused = true)]
 async fn the_turns_answer_waits_for_the_steering_answer_but_never_for_ever() {
-    every(&STEERING, |agent| async move {
+    // Not Qwen: it asks for queued messages itself, so a turn that ends before it asked is certainly
+    // `promptRequired` (adapters/acp/qwen.rs), answered before the turn's answer.
+    let pushed: Vec<&'static str> = STEERING.into_iter().filter(|a| *a != "acp-qwen").collect();
+    every(&pushed, |agent| async move {
         let mut shim = Shim::start(agent, Compacts::Ends).await;
         shim.fake.state().steer_silent = true;
         let turn = shim.prompt("build it [[open]]");

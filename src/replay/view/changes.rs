@@ -59,7 +59,7 @@ fn side(dir: Dir) -> Option<(usize, bool)> {
         Dir::ShimToAgent => Some((0, false)),
         Dir::AgentToShim => Some((1, true)),
         Dir::ShimToClient => Some((1, false)),
-        Dir::AgentToFile => None,
+        Dir::AgentToFile | Dir::Shim => None,
     }
 }
 

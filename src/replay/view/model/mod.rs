@@ -136,11 +136,7 @@ const TERMINAL: [&str; 4] = ["done", "failed", "cancelled", "stopped"];
 const PLAIN_STOPS: [&str; 5] = ["end_turn", "cancelled", "max_tokens", "max_turn_requests", "refusal"];
 
 fn cut(s: &str, n: usize) -> String {
-    let mut out: String = s.chars().take(n).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out
+    crate::text::cut(s, n, crate::text::Unit::Chars).into_owned()
 }
 
 fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -254,6 +250,10 @@ impl Builder {
 
     fn record(&mut self, i: usize, rec: &Record) {
         let t = rec.t;
+        if rec.dir == Dir::Shim {
+            // Which shim recorded the trace: no frame of either conversation.
+            return;
+        }
         if rec.dir == Dir::AgentToFile {
             let v: Value = serde_json::from_str(&rec.raw).unwrap_or_default();
             let label =
@@ -360,6 +360,8 @@ impl Builder {
                 item.state = "compacted".into();
                 item.label = match (result.get("before"), result.get("after")) {
                     (None, None) => "compacted".into(),
+                    (Some(_), None) => format!("compacted from {} tokens", n("before")),
+                    (None, Some(_)) => format!("compacted to {} tokens", n("after")),
                     _ => format!("compacted {} → {} tokens", n("before"), n("after")),
                 };
             } else {

@@ -1,4 +1,5 @@
-//! Reading inside Kimi's session folder without ever leaving it.
+//! Reading inside a CLI's data folder (Kimi's session folder, Codex's and Grok's data homes) without ever leaving
+//! it.
 //!
 //! Every path is walked component by component
 //! from the folder's descriptor with `O_NOFOLLOW`, so a symbolic link anywhere on the way (a folder or the file
@@ -106,7 +107,7 @@ impl Folder {
         Ok(file)
     }
 
-    /// The entries of this folder (names that are not UTF-8 are left out: Kimi writes none), sorted by name.
+    /// The entries of this folder (names that are not UTF-8 are left out: the CLIs write none), sorted by name.
     pub fn entries(&self) -> Vec<(String, Meta)> {
         let Ok(fd) = self.fd.try_clone() else { return Vec::new() };
         let Ok(mut dir) = nix::dir::Dir::from_fd(fd) else { return Vec::new() };
