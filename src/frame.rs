@@ -1123,6 +1123,41 @@ mod tests {
         assert!(memo > 10_000, "lines were read with the envelope of their shape ({memo})");
     }
 
+    /// What a layer reads from the frame check's one pass (the session, `params._meta`, `params.update`, its
+    /// kind) is what it would read of the parsed frame, for every frame of every recorded fixture (read through
+    /// one stream's reader in the order recorded, and alone) and the hostile lines.
+    #[test]
+    fn every_recorded_and_hostile_line_reads_as_its_parsed_value() {
+        let mut lines = recorded_lines();
+        assert!(lines.len() > 4000, "the fixtures' frames ({})", lines.len());
+        lines.extend(hostile_lines());
+        let mut reader = Reader::default();
+        let mut checked = 0;
+        for line in &lines {
+            let wire = Bytes::from([line, &b"\n"[..]].concat());
+            let (Ok(streamed), Ok(alone)) = (Frame::read(wire.clone(), &mut reader), Frame::parse_wire(wire)) else {
+                continue;
+            };
+            for f in [streamed, alone] {
+                let v = f.value().clone();
+                let text = |p: &str| v.pointer(p).and_then(Value::as_str);
+                let object = |p: &str| v.pointer(p).filter(|m| m.is_object()).cloned();
+                let what = String::from_utf8_lossy(&line[..line.len().min(300)]);
+                assert_eq!(f.session().as_deref(), text("/params/sessionId"), "{what}");
+                assert_eq!(f.meta().map(|m| m.to_value()), object("/params/_meta"), "{what}");
+                assert_eq!(f.update_value().map(|u| u.to_value()), object("/params/update"), "{what}");
+                // A kind spelled with a lone surrogate escape names no kind a layer acts on: it is read as none.
+                let kind = text("/params/update/sessionUpdate");
+                let lone_kind = f.lone_surrogate() && kind.is_some_and(|k| k.contains('\u{FFFD}'));
+                if v.get("method").is_some() && v.get("id").is_none() && !lone_kind {
+                    assert_eq!(f.session_update(), kind, "{what}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 8000, "{checked}");
+    }
+
     #[test]
     fn keeps_bytes_untouched() {
         let line = r#"{"jsonrpc":"2.0","id":1e3,"method":"x","params":{"b":1,"a":"\u00e9"}}"#;
@@ -1147,4 +1182,72 @@ mod sniff_tests {
         assert_eq!(sniff(br#"{"jsonrpc":"2.0","id":1E+2,"method":"x","params":{"#).0.unwrap().as_json(), "1E+2");
         assert_eq!(sniff(br#"{"jsonrpc":"2.0","id":{"a":1},"method":"x","params":{"#).0, None);
     }
+}
+
+/// Every frame of every recorded fixture (`fixtures/*/*/trace.jsonl`, both ways), in the order recorded: for
+/// the tests that check a fast read against the parsed frame.
+#[cfg(test)]
+pub(crate) fn recorded_lines() -> Vec<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Record<'a> {
+        #[serde(borrow)]
+        frame: Option<&'a serde_json::value::RawValue>,
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let mut traces = Vec::new();
+    for agent in std::fs::read_dir(&root).expect("fixtures").flatten() {
+        for case in std::fs::read_dir(agent.path()).into_iter().flatten().flatten() {
+            let trace = case.path().join("trace.jsonl");
+            if trace.is_file() {
+                traces.push(trace);
+            }
+        }
+    }
+    traces.sort();
+    let mut lines = Vec::new();
+    for trace in traces {
+        let text = std::fs::read_to_string(&trace).expect("a trace");
+        for line in text.lines() {
+            if let Ok(Record { frame: Some(frame) }) = serde_json::from_str::<Record>(line) {
+                lines.push(frame.get().as_bytes().to_vec());
+            }
+        }
+    }
+    lines
+}
+
+/// Lines a hostile peer sends: the scan's corpus (cut lines, bad escapes, invalid UTF-8), numbers beyond
+/// f64, nesting at and past the bound, lone surrogates in every field a layer reads, keys twice or escaped,
+/// and frames whose update or `_meta` is at the length a frame keeps the place of (and one byte past it).
+#[cfg(test)]
+pub(crate) fn hostile_lines() -> Vec<Vec<u8>> {
+    let mut lines = scan::corpus();
+    let update = |params: &str| format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
+    for params in [
+        r#"{"sessionId":"s","update":{"sessionUpdate":"usage_update","used":1e400,"size":-1},"_meta":{"streamStartMs":1e400,"turnStartMs":"x","agentTimestampMs":1.5}}"#,
+        r#"{"sessionId":"s\ud800","update":{"sessionUpdate":"agent_message_chunk\udfff"},"_meta":{"str\u0065amStartMs":5,"agentTimestampMs":7}}"#,
+        r#"{"_meta":{"streamStartMs":1,"streamStartMs":2},"sessionId":"s","sessionId":"t","update":{"sessionUpdate":"a"},"update":{"sessionUpdate":"b"}}"#,
+        r#"{"_meta":"no","sessionId":7,"update":[{"sessionUpdate":"x"}]}"#,
+        r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call","_meta":{"streamStartMs":3}},"_meta":{}}"#,
+        r#" { "sessionId" : "s" , "_meta" : { "streamStartMs" : 18446744073709551616 , "turnStartMs" : 0 } } "#,
+    ] {
+        lines.push(update(params).into_bytes());
+    }
+    let depth = crate::json::MAX_DEPTH;
+    for deep in [depth - 2, depth + 1] {
+        let nest = format!("{}{}", "[".repeat(deep), "]".repeat(deep));
+        lines.push(
+            update(&format!(r#"{{"sessionId":"s","_meta":{{"a":{nest}}},"update":{{"x":{nest}}}}}"#)).into_bytes(),
+        );
+    }
+    for len in [u16::MAX as usize - 1, u16::MAX as usize, u16::MAX as usize + 1] {
+        let object = |text: &str| format!(r#"{{"sessionUpdate":"agent_message_chunk","text":"{text}"}}"#);
+        let text = "x".repeat(len - object("").len());
+        lines.push(
+            update(&format!(r#"{{"sessionId":"s","update":{},"_meta":{{"streamStartMs":9}}}}"#, object(&text)))
+                .into_bytes(),
+        );
+        lines.push(update(&format!(r#"{{"sessionId":"s","_meta":{},"update":{{}}}}"#, object(&text))).into_bytes());
+    }
+    lines
 }

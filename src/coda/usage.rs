@@ -443,7 +443,7 @@ impl<S: Source> UsageFacts<S> {
             }
             _ if frame.session_update() == Some("usage_update") => self.usage_update(frame, cx),
             _ if self.cli.wants(&frame) => {
-                let history = session_of(frame.value()).is_some_and(|s| loading(cx, s));
+                let history = frame.session().is_some_and(|s| loading(cx, &s));
                 cx.to_client(frame.clone());
                 if !history {
                     self.cli.from_agent(&frame, cx, &mut said);
@@ -454,9 +454,10 @@ impl<S: Source> UsageFacts<S> {
         }
     }
 
+    /// A `usage_update` of the CLI's: read where it lies (its session from the frame check's one pass, its
+    /// `update` alone parsed), stamped in its bytes ([`Facts::stamp_frame`]).
     fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
-        let value = frame.shared_value();
-        let Some(session) = session_of(&value).filter(|s| is_root(cx, s)).map(str::to_owned) else {
+        let Some(session) = frame.session().filter(|s| is_root(cx, s)).map(|s| s.into_owned()) else {
             return cx.to_client(frame);
         };
         if self.must_wait(&session) {
@@ -465,20 +466,19 @@ impl<S: Source> UsageFacts<S> {
             self.held.push_back(Held::Frame(frame));
             return;
         }
-        let update = &value["params"]["update"];
+        let update = frame.update_value().map_or(Value::Null, |u| u.to_value());
         let count = |k: &str| update.get(k).and_then(Value::as_u64);
         let mut said: Said = Vec::new();
         said.extend(count("used").map(|n| (session.clone(), Fact::Used(n))));
         said.extend(count("size").map(|n| (session.clone(), Fact::Size(n))));
         if !loading(cx, &session) {
-            self.cli.usage_update(&session, update, cx, &mut said);
+            self.cli.usage_update(&session, &update, cx, &mut said);
         }
         self.apply(said, cx);
         let Some(e) = self.sessions.get(&session) else { return cx.to_client(frame) };
-        let mut v = Value::clone(&value);
-        match e.facts.stamp(&mut v) {
-            true => cx.to_client(frame.rewritten(v)),
-            false => cx.to_client(frame),
+        match e.facts.stamp_frame(&frame) {
+            Some(stamped) => cx.to_client(stamped),
+            None => cx.to_client(frame),
         }
     }
 
@@ -489,8 +489,7 @@ impl<S: Source> UsageFacts<S> {
         while let Some(front) = self.held.front() {
             let waiting = match front {
                 Held::Frame(f) => {
-                    let v = f.value();
-                    session_of(v).filter(|s| is_root(cx, s)).map(str::to_owned).filter(|s| self.must_wait(s))
+                    f.session().filter(|s| is_root(cx, s)).map(|s| s.into_owned()).filter(|s| self.must_wait(s))
                 }
                 Held::Own(s) => Some(s.clone()).filter(|s| self.sessions.get(s).is_some_and(|e| e.loading.is_some())),
             };
