@@ -144,10 +144,6 @@ fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn u64_at(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
-}
-
 /// Where Grok's facts are (see the module's docs).
 #[derive(Default)]
 pub struct Grok {
@@ -262,26 +258,29 @@ impl Source for Grok {
             }
             return;
         }
-        let v = frame.value();
-        let params = v.get("params").unwrap_or(&Value::Null);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
+        // Grok's notification of a turn, read where it lies (it carries the turn's whole text): the update's
+        // fields from its place, the stamp from `_meta`'s.
+        let Some(session) = frame.session() else { return };
+        let session: &str = &session;
         let wall = cx.wall();
         let Some(root) = self.root(session, cx) else { return };
         let mut say = |fact| out.push((session.to_owned(), fact));
-        let update = params.get("update").unwrap_or(&Value::Null);
-        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
-        match update.get("sessionUpdate").and_then(Value::as_str) {
+        let update = frame.update_value();
+        let field = |k: &str| update.and_then(|u| u.get(k));
+        let stamp = frame.meta().and_then(|m| m.get("agentTimestampMs")).and_then(|t| t.as_u64());
+        match frame.session_update() {
             Some("response_completed") => {
-                let Some(u) = update.get("usage") else { return };
-                let context = u64_at(u, "input_tokens")
-                    .saturating_add(u64_at(u, "cache_read_input_tokens"))
-                    .saturating_add(u64_at(u, "cache_creation_input_tokens"));
+                let Some(u) = field("usage") else { return };
+                let n = |k: &str| u.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
+                let context = n("input_tokens")
+                    .saturating_add(n("cache_read_input_tokens"))
+                    .saturating_add(n("cache_creation_input_tokens"));
                 say(Fact::Context(context));
-                say(Fact::Used(context.saturating_add(u64_at(u, "output_tokens"))));
+                say(Fact::Used(context.saturating_add(n("output_tokens"))));
             }
             Some("auto_compact_completed") => {
                 say(Fact::Compacted(stamp.map(at).unwrap_or(wall)));
-                if let Some(after) = update.get("tokens_after").and_then(Value::as_u64) {
+                if let Some(after) = field("tokens_after").and_then(|n| n.as_u64()) {
                     say(Fact::Used(after));
                 }
                 say(Fact::Send);
