@@ -232,9 +232,9 @@ pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
 /// A buffer of bits grown past this (for a line of more than 256 KiB) is let go after the line.
 const BITS_KEPT: usize = 4096;
 
-/// [`scan`] for the lines of one stream. The instruction set is chosen once ([`index::Classify::best`]), the
+/// [`scan`] for the lines of one stream. The instruction set is chosen once (`index::Classify::best`), the
 /// buffers of a line's bits and values kept for the next, and the last line the walk found valid is kept as
-/// a [`skeleton::Skeleton`]: a line that is it with other values (the next chunk of a stream, whatever its
+/// a `skeleton::Skeleton`: a line that is it with other values (the next chunk of a stream, whatever its
 /// text, ids and times) is checked against it instead of walked. The same result as a walk, for every line
 /// (the unit tests compare the two).
 #[derive(Debug)]
