@@ -412,17 +412,20 @@ fn main() {
         return;
     }
     let frames = if quick { 200_000 } else { 1_000_000 };
-    println!("\n## Soak: {frames} frames of 200 B through coda-opencode, RSS every 10%\n");
-    let mut peer = spawn(Path::Shim);
-    peer.start_session();
-    let mut samples = Vec::new();
-    for _ in 0..10 {
-        peer.turn(frames / 10, 200, 0);
-        samples.push(rss(peer.child.id(), "VmRSS").unwrap_or(0));
+    println!("\n## Soak: {frames} frames of 200 B through coda-opencode (and the baseline), RSS every 10%\n");
+    for path in paths.iter().copied().filter(|p| matches!(p, Path::Shim | Path::Baseline)) {
+        let mut peer = spawn(path);
+        peer.start_session();
+        let mut samples = Vec::new();
+        for _ in 0..10 {
+            peer.turn(frames / 10, 200, 0);
+            samples.push(rss(peer.child.id(), "VmRSS").unwrap_or(0));
+        }
+        let peak = peer.peak_rss_kib(path).unwrap_or(0);
+        peer.finish();
+        let growth = samples[9] as i64 - samples[0] as i64;
+        println!("- {}: RSS KiB {samples:?}; peak {peak} KiB; growth first->last {growth} KiB", path.name());
     }
-    let peak = peer.peak_rss_kib(Path::Shim).unwrap_or(0);
-    peer.finish();
-    println!("RSS KiB: {samples:?}; peak {peak} KiB; growth first->last {} KiB", samples[9] as i64 - samples[0] as i64);
 }
 
 /// Where the CPU of one frame goes, against what the 80% goal leaves the shim on this machine.

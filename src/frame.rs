@@ -187,22 +187,39 @@ pub struct Frame {
     /// `params.update.sessionUpdate` of a notification, read with the envelope so that layers can tell
     /// a streamed chunk from what they look for without searching the whole frame.
     update: Option<CompactString>,
-    /// Built or edited by the shim, rather than read from a peer.
-    shim: bool,
-    /// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
-    lone_surrogate: bool,
+    /// [`SHIM`], [`LONE_SURROGATE`], [`CHUNK`].
+    flags: u8,
+    /// Where `params._meta` is in the line ([`Frame::meta`]), found with the envelope: its start and length (0
+    /// for none; `u16::MAX` for one as long or longer, looked for again). Small, so that the frame, which
+    /// every layer moves, keeps its size.
+    meta_start: u32,
+    meta_len: u16,
+    /// Where `params.update` is ([`Frame::update_value`]), found with the envelope, as `_meta`'s place.
+    update_start: u32,
+    update_len: u16,
+    /// Where the text of `params.sessionId` is ([`Frame::session`]), found with the envelope: its start and
+    /// length, when [`SESSION`] is set (`u8::MAX` for one as long or longer, or one that starts past 64 KiB,
+    /// looked for again). Small, as the other places: a frame of more than 128 bytes is moved by a call.
+    session_start: u16,
+    session_len: u8,
     /// The parsed value, once a layer asked for it: one pointer, shared by a frame's clones.
     value: OnceCell<Arc<Value>>,
 }
 
+/// Built or edited by the shim, rather than read from a peer.
+const SHIM: u8 = 1;
+/// The frame check found a lone surrogate escape: the line is read mended ([`json::mend_surrogates`]).
+const LONE_SURROGATE: u8 = 2;
+/// [`Frame::is_streamed_chunk`], found with the envelope (layers ask it of every frame).
+const CHUNK: u8 = 4;
+/// `params.sessionId` is a string ([`Frame::session`]); with [`SESSION_ESCAPED`], one holding an escape.
+const SESSION: u8 = 8;
+const SESSION_ESCAPED: u8 = 16;
+
 /// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
 impl PartialEq for Frame {
     fn eq(&self, other: &Frame) -> bool {
-        self.wire == other.wire
-            && self.kind == other.kind
-            && self.update == other.update
-            && self.shim == other.shim
-            && self.lone_surrogate == other.lone_surrogate
+        self.wire == other.wire && self.kind == other.kind && self.update == other.update && self.flags == other.flags
     }
 }
 
@@ -225,16 +242,21 @@ impl Frame {
     /// back on error (for the trace and the warning). A line without its `\n` gets one (a copy): the last
     /// byte of a frame is its `\n`, in every build, so none of the line is lost.
     pub fn parse_wire(wire: Bytes) -> Result<Frame, (Bytes, Invalid)> {
-        Frame::read(wire, &mut scan::Scanner::default())
+        Frame::take(wire, None)
     }
 
-    /// [`Frame::parse_wire`] for the next line of a stream, whose `scanner` has seen the lines before it
-    /// (see [`scan::Scanner`]: a streamed chunk is checked from where it stops repeating the line before).
-    pub fn read(wire: Bytes, scanner: &mut scan::Scanner) -> Result<Frame, (Bytes, Invalid)> {
+    /// [`Frame::parse_wire`] for the next line of a stream, whose `reader` has seen the lines before it (see
+    /// [`Reader`]: a streamed chunk is checked against the shape of the line before).
+    pub fn read(wire: Bytes, reader: &mut Reader) -> Result<Frame, (Bytes, Invalid)> {
+        Frame::take(wire, Some(reader))
+    }
+
+    fn take(wire: Bytes, scanner: Option<&mut Reader>) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok((kind, update, lone_surrogate)) => {
-                Ok(Frame { wire, kind, update, shim: false, lone_surrogate, value: OnceCell::new() })
+            Ok(Classified { kind, update, lone_surrogate, chunk, places }) => {
+                let flags = if lone_surrogate { LONE_SURROGATE } else { 0 } | if chunk { CHUNK } else { 0 };
+                Ok(Frame::with(wire, kind, update, flags, places))
             }
             Err(e) => Err((wire, e)),
         }
@@ -260,27 +282,72 @@ impl Frame {
         frame
     }
 
-    /// A frame from the JSON text of one message the shim built.
-    fn built(mut bytes: Vec<u8>) -> Frame {
-        let classified = classify(&bytes, &mut scan::Scanner::default());
+    /// A frame from the JSON text of one message the shim built (or edited: a lone surrogate escape of the
+    /// peer's that it kept is noted as in a frame read).
+    pub(crate) fn built(mut bytes: Vec<u8>) -> Frame {
+        let classified = classify(&bytes, None);
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
-        let (kind, update) = match classified {
-            // serde_json writes no lone surrogate (a Rust string is Unicode text).
-            Ok((kind, update, _)) => (kind, update),
+        let (kind, update, flags, places) = match classified {
+            Ok(Classified { kind, update, chunk, places, lone_surrogate }) => {
+                let flags = SHIM | if chunk { CHUNK } else { 0 } | if lone_surrogate { LONE_SURROGATE } else { 0 };
+                (kind, update, flags, places)
+            }
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None)
+                (Kind::Notification { method: Method::default() }, None, SHIM, Places::default())
             }
         };
-        Frame { wire, kind, update, shim: true, lone_surrogate: false, value: OnceCell::new() }
+        Frame::with(wire, kind, update, flags, places)
+    }
+
+    fn with(
+        wire: Bytes,
+        kind: Kind,
+        update: Option<CompactString>,
+        mut flags: u8,
+        Places { meta, update_object, session }: Places,
+    ) -> Frame {
+        // A place past 4 GiB (no line the splitter passes is that long) is looked for again.
+        let place = |at: Option<(usize, usize)>| match at {
+            Some((start, end)) => match u32::try_from(start) {
+                Ok(start32) => (start32, u16::try_from(end - start).unwrap_or(u16::MAX)),
+                Err(_) => (0, u16::MAX),
+            },
+            None => (0, 0),
+        };
+        let ((meta_start, meta_len), (update_start, update_len)) = (place(meta), place(update_object));
+        let (session_start, session_len) = match session {
+            Some(s) => {
+                flags |= SESSION | if s.escaped { SESSION_ESCAPED } else { 0 };
+                match (u16::try_from(s.start), u8::try_from(s.end - s.start)) {
+                    (Ok(start), Ok(len)) if len < u8::MAX => (start, len),
+                    _ => (0, u8::MAX),
+                }
+            }
+            None => (0, 0),
+        };
+        let value = OnceCell::new();
+        Frame {
+            wire,
+            kind,
+            update,
+            flags,
+            meta_start,
+            meta_len,
+            update_start,
+            update_len,
+            session_start,
+            session_len,
+            value,
+        }
     }
 
     /// Whether the shim built or edited this frame.
     pub fn is_shim(&self) -> bool {
-        self.shim
+        self.flags & SHIM != 0
     }
 
     pub fn kind(&self) -> &Kind {
@@ -305,8 +372,7 @@ impl Frame {
     /// Whether this is a `session/update` of the model's streamed words (`agent_message_chunk`,
     /// `agent_thought_chunk`): the bulk of all traffic, which most layers only pass on.
     pub fn is_streamed_chunk(&self) -> bool {
-        matches!(self.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"))
-            && self.is_notification("session/update")
+        self.flags & CHUNK != 0
     }
 
     /// The method of a request or notification.
@@ -343,13 +409,73 @@ impl Frame {
         self.read_once()
     }
 
+    /// The frame's value read where it lies ([`json::View`]): for a layer that needs a field or two of a frame
+    /// it otherwise passes on, found without parsing the rest (and without [`Frame::value`]'s allocations).
+    pub fn view(&self) -> json::View<'_> {
+        json::View::of(self.bytes())
+    }
+
+    /// `params._meta` when it is an object (the stamps some agents put on every frame: Grok's
+    /// `streamStartMs`, `agentTimestampMs`), found by the frame check's one pass: its fields are read from
+    /// there ([`json::View::get`]) without going over the rest of the frame.
+    pub fn meta(&self) -> Option<json::View<'_>> {
+        match (self.meta_start as usize, self.meta_len) {
+            (_, 0) => None,
+            (_, u16::MAX) => self.view().pointer(&["params", "_meta"]),
+            (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+        }
+    }
+
+    /// `params.update` when it is an object (a `session/update`'s update), found by the frame check's one
+    /// pass: for a layer that reads a field or two of an update ([`json::View::get`], or several at once with
+    /// [`json::View::members`]) without going over the rest of the frame.
+    pub fn update_value(&self) -> Option<json::View<'_>> {
+        match (self.update_start as usize, self.update_len) {
+            (_, 0) => None,
+            (_, u16::MAX) => self.view().pointer(&["params", "update"]).filter(|u| u.text().first() == Some(&b'{')),
+            (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+        }
+    }
+
+    /// `params.sessionId` when it is a string (the session most frames are about), found by the frame check's
+    /// one pass: read as [`Frame::value`] reads it (a lone surrogate escape as U+FFFD), without parsing the
+    /// frame.
+    pub fn session(&self) -> Option<Cow<'_, str>> {
+        match self.session_bytes()? {
+            Cow::Borrowed(text) => std::str::from_utf8(text).ok().map(Cow::Borrowed),
+            Cow::Owned(text) => String::from_utf8(text).ok().map(Cow::Owned),
+        }
+    }
+
+    /// [`Frame::session`] as bytes (the same text; no UTF-8 check where it has no escape), for a layer that
+    /// only looks for something in it.
+    pub fn session_bytes(&self) -> Option<Cow<'_, [u8]>> {
+        if self.flags & SESSION == 0 {
+            return None;
+        }
+        let (start, len) = (usize::from(self.session_start), self.session_len);
+        let unescaped = |text: Option<Cow<'_, str>>| text.map(|t| Cow::Owned(t.into_owned().into_bytes()));
+        if len == u8::MAX {
+            return unescaped(self.view().pointer(&["params", "sessionId"])?.as_str());
+        }
+        match self.flags & SESSION_ESCAPED {
+            0 => Some(Cow::Borrowed(&self.bytes()[start..start + usize::from(len)])),
+            _ => unescaped(json::View::of(&self.bytes()[start - 1..=start + usize::from(len)]).as_str()),
+        }
+    }
+
+    /// Whether the frame check found a lone surrogate escape.
+    pub(crate) fn lone_surrogate(&self) -> bool {
+        self.flags & LONE_SURROGATE != 0
+    }
+
     /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
     pub fn shared_value(&self) -> Arc<Value> {
         Arc::clone(self.read_once())
     }
 
     fn read_once(&self) -> &Arc<Value> {
-        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate)))
+        self.value.get_or_init(|| Arc::new(read(self.bytes(), self.lone_surrogate())))
     }
 
     /// The frame's value to edit (and hand to [`Frame::rewritten`]): a copy of the shared one when a layer
@@ -357,7 +483,7 @@ impl Frame {
     pub fn to_value(&self) -> Value {
         match self.value.get() {
             Some(value) => Value::clone(value),
-            None => read(self.bytes(), self.lone_surrogate),
+            None => read(self.bytes(), self.lone_surrogate()),
         }
     }
 
@@ -446,12 +572,67 @@ pub fn notification(method: &str, params: Value) -> Frame {
     Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
+/// What reads the frames of one stream: its [`scan::Scanner`], and what the envelope of the shape its lines
+/// have had last was read as (a line of that shape has the same `jsonrpc`, `method` and `sessionUpdate`: they
+/// are not read again).
+#[derive(Debug, Default)]
+pub struct Reader {
+    scanner: scan::Scanner,
+    memo: Option<Memo>,
+}
+
+#[derive(Debug)]
+struct Memo {
+    /// [`scan::Scanner::shape`].
+    shape: u64,
+    method: Option<Method>,
+    update: Option<CompactString>,
+    chunk: bool,
+}
+
+/// What the envelope says of a frame.
+struct Classified {
+    kind: Kind,
+    /// `params.update.sessionUpdate`.
+    update: Option<CompactString>,
+    /// A string holds a lone surrogate escape.
+    lone_surrogate: bool,
+    /// A `session/update` of streamed words.
+    chunk: bool,
+    places: Places,
+}
+
+/// Where the fields of `params` layers read are ([`scan::Envelope`]).
+#[derive(Default)]
+struct Places {
+    meta: Option<(usize, usize)>,
+    update_object: Option<(usize, usize)>,
+    session: Option<scan::Str>,
+}
+
+impl Places {
+    fn of(env: &scan::Envelope) -> Places {
+        Places { meta: env.meta, update_object: env.update_object, session: env.session }
+    }
+}
+
 /// Reads the envelope of one line, checking the whole line (UTF-8, JSON grammar, nesting) in the same pass
 /// ([`crate::scan`]), so nothing invalid is ever passed on.
-/// The frame's kind, its `sessionUpdate`, and whether a string holds a lone surrogate escape.
-fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<CompactString>, bool), Invalid> {
-    let (line, env) = match scanner.checked(bytes) {
-        Ok(checked) => checked,
+fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Invalid> {
+    let owned;
+    let (checked, memo) = match reader {
+        Some(Reader { scanner, memo }) => {
+            let checked = scanner.check(bytes);
+            let shape = scanner.shape();
+            (checked.map(|()| scanner.envelope()), Some((shape, memo)))
+        }
+        None => {
+            owned = scan::scan(bytes);
+            (owned.as_ref().map_err(|e| *e), None)
+        }
+    };
+    let env: &scan::Envelope = match checked {
+        Ok(env) => env,
         Err(e) => {
             // A line nested too deep is refused for that (not for what it says) when it is JSON otherwise.
             if let Some(at) = json::too_deep(bytes) {
@@ -467,21 +648,47 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
             return Err(parse_error(e));
         }
     };
-    let text = |s: &scan::Str| s.in_text(line);
+    let id = || env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
+    // A line of the shape the last frame had: its envelope's strings are that frame's.
+    if let Some((Some(shape), Some(memo))) = &memo
+        && memo.shape == *shape
+        && let Some(kind) = match (&memo.method, id()) {
+            (Some(method), Some(id)) => Some(Kind::Request { id, method: method.clone() }),
+            (Some(method), None) => Some(Kind::Notification { method: method.clone() }),
+            (None, Some(id)) => Some(Kind::Response { id }),
+            // (a shape whose lines have neither is read no further than its envelope: never kept in a memo)
+            (None, None) => None,
+        }
+    {
+        let (update, chunk, lone_surrogate) = (memo.update.clone(), memo.chunk, env.lone_surrogate);
+        return Ok(Classified { kind, update, lone_surrogate, chunk, places: Places::of(env) });
+    }
+    let text = |s: &scan::Str| s.text(bytes);
+    // A name as the frame keeps it: the usual ones as static text (nothing copied or checked again).
+    let name = |s: &scan::Str| match known(s, bytes) {
+        Some(known) => Some(CompactString::const_new(known)),
+        None => text(s).map(|t| CompactString::from(t.as_ref())),
+    };
     match env.top {
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
-        scan::Top::Array { empty: false } => return Ok((Kind::Batch, None, env.lone_surrogate)),
+        scan::Top::Array { empty: false } => {
+            let lone_surrogate = env.lone_surrogate;
+            let kind = Kind::Batch;
+            let places = Places::default();
+            return Ok(Classified { kind, update: None, lone_surrogate, chunk: false, places });
+        }
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
     if env.mistyped {
         return Err(invalid("the message is not a JSON-RPC 2.0 object", None));
     }
-    let id = env.id.map(|(start, end)| Id::from_json(line.get(start..end).unwrap_or("null")));
+    let id = id();
     if env.duplicate {
         return Err(invalid("a key of the envelope appears twice", id));
     }
-    if env.jsonrpc.as_ref().and_then(text).as_deref() != Some("2.0") {
+    let two = |s: &scan::Str| matches!(&bytes[s.start..s.end], b"2.0") || text(s).as_deref() == Some("2.0");
+    if !env.jsonrpc.as_ref().is_some_and(two) {
         return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
     }
     if let Some(id) = &id {
@@ -490,8 +697,8 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
         }
     }
     let method = match &env.method {
-        Some(m) => match text(m) {
-            Some(m) => Some(Method::from(m.as_ref())),
+        Some(m) => match name(m) {
+            Some(m) => Some(m),
             None => return Err(invalid("the method name holds a lone UTF-16 surrogate escape", id)),
         },
         None => None,
@@ -502,8 +709,39 @@ fn classify(bytes: &[u8], scanner: &mut scan::Scanner) -> Result<(Kind, Option<C
         (None, Some(id), true) => Kind::Response { id },
         (_, id, _) => return Err(invalid("neither a request, a notification nor a response", id)),
     };
-    let update = env.update.as_ref().and_then(text).map(|u| CompactString::from(u.as_ref()));
-    Ok((kind, update, env.lone_surrogate))
+    let update = env.update.as_ref().and_then(name);
+    let chunk = matches!(&kind, Kind::Notification { method } if method == "session/update")
+        && matches!(update.as_deref(), Some("agent_message_chunk" | "agent_thought_chunk"));
+    if let Some((Some(shape), memo)) = memo {
+        let method = match &kind {
+            Kind::Request { method, .. } | Kind::Notification { method } => Some(method.clone()),
+            _ => None,
+        };
+        *memo = Some(Memo { shape, method, update: update.clone(), chunk });
+    }
+    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, places: Places::of(env) })
+}
+
+/// The method names and `sessionUpdate` kinds of the frames that come most often, when the string `s` of
+/// `line` is one without an escape: a frame keeps them as static text (nothing copied or checked as UTF-8
+/// again).
+fn known(s: &scan::Str, line: &[u8]) -> Option<&'static str> {
+    if s.escaped {
+        return None;
+    }
+    let text = &line[s.start..s.end];
+    // By length first: each comparison is then one of a fixed size.
+    let one = |name: &'static str| (text == name.as_bytes()).then_some(name);
+    match text.len() {
+        4 => one("plan"),
+        9 => one("tool_call"),
+        12 => one("usage_update"),
+        14 => one("session/update"),
+        16 => one("tool_call_update"),
+        19 => one("agent_message_chunk").or_else(|| one("agent_thought_chunk")).or_else(|| one("session_info_update")),
+        26 => one("_x.ai/session_notification"),
+        _ => None,
+    }
 }
 
 fn parse_error(e: scan::Error) -> Invalid {
@@ -715,8 +953,8 @@ mod tests {
         // Read on a reader's thread and handled on the relay's: a frame is Send.
         fn send<T: Send>() {}
         send::<Frame>();
-        // Moved through every layer: the cache is one pointer (112 bytes without it, on 64-bit targets).
-        assert!(std::mem::size_of::<Frame>() <= 120, "{}", std::mem::size_of::<Frame>());
+        // Moved through every layer: the cache is one pointer (120 bytes without it, on 64-bit targets).
+        assert!(std::mem::size_of::<Frame>() <= 128, "{}", std::mem::size_of::<Frame>());
         assert_eq!(std::mem::size_of::<OnceCell<Arc<Value>>>(), 8);
     }
 
@@ -725,19 +963,199 @@ mod tests {
         let line = r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"x\ud800","b":"\ud83d\ude00","c":1e400}}"#;
         assert!(json::from_str::<Value>(line).is_err(), "serde_json alone refuses it");
         let f = Frame::parse(line.as_bytes().to_vec()).expect("valid JSON-RPC");
-        assert!(f.lone_surrogate, "noted where the line is checked");
+        assert!(f.lone_surrogate(), "noted where the line is checked");
         assert_eq!(f.value()["params"]["a"], "x\u{FFFD}");
         assert_eq!(f.value()["params"]["b"], "😀");
         assert_eq!(f.bytes(), line.as_bytes(), "the wire stays as it came");
         let mut v = f.to_value();
         v["params"]["d"] = Value::from(2);
         let out = f.rewritten(v);
-        assert!(!out.lone_surrogate);
+        assert!(!out.lone_surrogate());
         let text = std::str::from_utf8(out.bytes()).unwrap();
         assert_eq!(text, r#"{"id":1,"jsonrpc":"2.0","method":"m","params":{"a":"x�","b":"😀","c":1e400,"d":2}}"#);
         // In the method name it would change what the frame asks for: refused where the line is checked.
         let named = r#"{"jsonrpc":"2.0","id":2,"method":"session/\ud800"}"#;
         assert_eq!(Frame::parse(named.as_bytes().to_vec()).unwrap_err().code, -32600);
+    }
+
+    #[test]
+    fn params_meta_is_found_with_the_envelope() {
+        let grok = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"{\"_meta\":1}"}},"_meta":{"eventId":"s-14","agentTimestampMs":1796186871643,"streamStartMs":1796186871600}}}"#;
+        let mut scanner = Reader::default();
+        for _ in 0..3 {
+            // The second and third time through a stream's scanner, checked against the first's shape.
+            let f = Frame::read(Bytes::from(format!("{grok}\n")), &mut scanner).unwrap();
+            let meta = f.meta().expect("a _meta");
+            assert_eq!(meta.get("streamStartMs").and_then(|v| v.as_u64()), Some(1796186871600));
+            assert_eq!(meta.get("eventId").and_then(|v| v.as_str()).as_deref(), Some("s-14"));
+            assert_eq!(Some(&meta.to_value()), f.value().pointer("/params/_meta"));
+        }
+        for none in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"_meta":{"a":1}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"_meta":[1]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{"a":1}}}"#,
+            r#"[{"jsonrpc":"2.0","method":"m","params":{"_meta":{"a":1}}}]"#,
+        ] {
+            assert!(Frame::parse(none.as_bytes().to_vec()).unwrap().meta().is_none(), "{none}");
+        }
+        let built = notification("m", serde_json::json!({"_meta": {"a": 2}}));
+        assert_eq!(built.meta().and_then(|m| m.get("a")).and_then(|v| v.as_u64()), Some(2));
+        // A `_meta` longer than the frame keeps the place of is looked for again.
+        let long = notification("m", serde_json::json!({"x": 1, "_meta": {"pad": "p".repeat(70_000), "a": 3}}));
+        assert_eq!(long.meta().and_then(|m| m.get("a")).and_then(|v| v.as_u64()), Some(3));
+    }
+
+    #[test]
+    fn the_update_is_found_with_the_envelope() {
+        let mut reader = Reader::default();
+        for n in 0..3 {
+            // The second and third time through a stream's reader, checked against the first's shape.
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"tool_call_update","toolCallId":"c{n}","status":"completed"}},"_meta":{{"n":{n}}}}}}}"#
+            );
+            let f = Frame::read(Bytes::from(format!("{line}\n")), &mut reader).unwrap();
+            let update = f.update_value().expect("an update");
+            assert_eq!(Some(&update.to_value()), f.value().pointer("/params/update"));
+            assert_eq!(update.get("toolCallId").and_then(|v| v.as_str()).as_deref(), Some(format!("c{n}").as_str()));
+        }
+        for none in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":[1]}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"a":1},"update":7}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"x":{"update":{"a":1}}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"update":{"a":1}}}"#,
+        ] {
+            assert!(Frame::parse(none.as_bytes().to_vec()).unwrap().update_value().is_none(), "{none}");
+        }
+        let twice = r#"{"jsonrpc":"2.0","method":"m","params":{"update":7,"update":{"a":1}}}"#;
+        let f = Frame::parse(twice.as_bytes().to_vec()).unwrap();
+        assert_eq!(f.update_value().map(|u| u.to_value()), Some(serde_json::json!({"a": 1})));
+        // An update longer than the frame keeps the place of is looked for again.
+        let long = notification("m", serde_json::json!({"update": {"pad": "p".repeat(70_000), "a": 3}}));
+        assert_eq!(long.update_value().and_then(|u| u.get("a")).and_then(|v| v.as_u64()), Some(3));
+        let not = notification("m", serde_json::json!({"update": ["p".repeat(70_000)]}));
+        assert!(not.update_value().is_none());
+    }
+
+    #[test]
+    fn the_session_is_found_with_the_envelope() {
+        let mut scanner = Reader::default();
+        for n in 0..3 {
+            // The second and third time through a stream's scanner, checked against the first's shape.
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s-{n}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"t{n}"}}}}}}}}"#
+            );
+            let f = Frame::read(Bytes::from(format!("{line}\n")), &mut scanner).unwrap();
+            assert_eq!(f.session().as_deref(), Some(format!("s-{n}").as_str()));
+            assert_eq!(f.session().as_deref(), f.value().pointer("/params/sessionId").and_then(Value::as_str));
+        }
+        for (line, want) in [
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a\u0062\"c"}}"#, Some("ab\"c")),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"x\ud800"}}"#, Some("x\u{FFFD}")),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a","sessionId":"b"}}"#, Some("b")),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":1}}"#, None),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionId":"a"}}}"#, None),
+            (r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"a"}}"#, None),
+        ] {
+            let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+            assert_eq!(f.session().as_deref(), want, "{line}");
+            assert_eq!(f.session().as_deref(), f.value().pointer("/params/sessionId").and_then(Value::as_str));
+        }
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a\u0062"}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"é"}}"#,
+        ] {
+            let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+            assert_eq!(f.session_bytes().as_deref(), f.session().as_deref().map(str::as_bytes), "{line}");
+        }
+        let built = notification("m", serde_json::json!({"sessionId": "built"}));
+        assert_eq!(built.session().as_deref(), Some("built"));
+        // One longer than the frame keeps the place of is looked for again.
+        let long = "s".repeat(70_000);
+        let f = notification("m", serde_json::json!({"sessionId": long}));
+        assert_eq!(f.session().as_deref(), Some(long.as_str()));
+        assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
+    }
+
+    /// A stream's reader makes of every line what a frame check of that line alone makes of it, whatever
+    /// came before (a line of the shape before it, read with what was kept of that shape's envelope).
+    #[test]
+    fn a_streams_reader_reads_every_line_as_the_line_alone_reads() {
+        let mut lines = scan::corpus();
+        // Envelopes of every kind, of one shape after another with other ids, and some refused.
+        for id in ["1", "\"a\"", "null", "2.5e3", "\"\\ud800\""] {
+            for line in [
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{{"sessionId":"s"}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"stopReason":"end_turn"}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-1,"message":"m"}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"x\u002fy","params":{{}}}}"#),
+                format!(r#"{{"jsonrpc":"1.0","id":{id},"method":"m"}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":1,"method":"m"}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"session/\ud800"}}"#),
+                format!(r#"[{{"jsonrpc":"2.0","id":{id},"method":"m"}}]"#),
+            ] {
+                lines.push(line.into_bytes());
+            }
+        }
+        let alone = |line: &[u8]| Frame::parse_wire(Bytes::from([line, b"\n"].concat())).map_err(|(_, e)| e);
+        let same = |got: Result<Frame, Invalid>, want: Result<Frame, Invalid>, line: &[u8]| match (got, want) {
+            (Ok(got), Ok(want)) => {
+                assert!(got == want, "{}", String::from_utf8_lossy(line));
+                assert_eq!(got.meta(), want.meta());
+                assert_eq!(got.session(), want.session());
+                assert_eq!(got.update_value(), want.update_value());
+            }
+            (Err(got), Err(want)) => assert_eq!((got.code, got.message, got.id), (want.code, want.message, want.id)),
+            (got, want) => panic!("{}: {got:?} / {want:?}", String::from_utf8_lossy(line)),
+        };
+        let mut reader = Reader::default();
+        let mut memo = 0;
+        for (i, line) in lines.iter().enumerate() {
+            // Each line after the one before it, and after itself.
+            for before in [&lines[i.saturating_sub(1)], line] {
+                let _ = Frame::read(Bytes::from([before, &b"\n"[..]].concat()), &mut reader);
+                let shape = reader.memo.as_ref().map(|m| m.shape);
+                let got = Frame::read(Bytes::from([line, &b"\n"[..]].concat()), &mut reader).map_err(|(_, e)| e);
+                memo += usize::from(shape.is_some() && shape == reader.scanner.shape());
+                same(got, alone(line), line);
+            }
+        }
+        assert!(memo > 10_000, "lines were read with the envelope of their shape ({memo})");
+    }
+
+    /// What a layer reads from the frame check's one pass (the session, `params._meta`, `params.update`, its
+    /// kind) is what it would read of the parsed frame, for every frame of every recorded fixture (read through
+    /// one stream's reader in the order recorded, and alone) and the hostile lines.
+    #[test]
+    fn every_recorded_and_hostile_line_reads_as_its_parsed_value() {
+        let mut lines = recorded_lines();
+        assert!(lines.len() > 4000, "the fixtures' frames ({})", lines.len());
+        lines.extend(hostile_lines());
+        let mut reader = Reader::default();
+        let mut checked = 0;
+        for line in &lines {
+            let wire = Bytes::from([line, &b"\n"[..]].concat());
+            let (Ok(streamed), Ok(alone)) = (Frame::read(wire.clone(), &mut reader), Frame::parse_wire(wire)) else {
+                continue;
+            };
+            for f in [streamed, alone] {
+                let v = f.value().clone();
+                let text = |p: &str| v.pointer(p).and_then(Value::as_str);
+                let object = |p: &str| v.pointer(p).filter(|m| m.is_object()).cloned();
+                let what = String::from_utf8_lossy(&line[..line.len().min(300)]);
+                assert_eq!(f.session().as_deref(), text("/params/sessionId"), "{what}");
+                assert_eq!(f.meta().map(|m| m.to_value()), object("/params/_meta"), "{what}");
+                assert_eq!(f.update_value().map(|u| u.to_value()), object("/params/update"), "{what}");
+                // A kind spelled with a lone surrogate escape names no kind a layer acts on: it is read as none.
+                let kind = text("/params/update/sessionUpdate");
+                let lone_kind = f.lone_surrogate() && kind.is_some_and(|k| k.contains('\u{FFFD}'));
+                if v.get("method").is_some() && v.get("id").is_none() && !lone_kind {
+                    assert_eq!(f.session_update(), kind, "{what}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 8000, "{checked}");
     }
 
     #[test]
@@ -764,4 +1182,72 @@ mod sniff_tests {
         assert_eq!(sniff(br#"{"jsonrpc":"2.0","id":1E+2,"method":"x","params":{"#).0.unwrap().as_json(), "1E+2");
         assert_eq!(sniff(br#"{"jsonrpc":"2.0","id":{"a":1},"method":"x","params":{"#).0, None);
     }
+}
+
+/// Every frame of every recorded fixture (`fixtures/*/*/trace.jsonl`, both ways), in the order recorded: for
+/// the tests that check a fast read against the parsed frame.
+#[cfg(test)]
+pub(crate) fn recorded_lines() -> Vec<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Record<'a> {
+        #[serde(borrow)]
+        frame: Option<&'a serde_json::value::RawValue>,
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let mut traces = Vec::new();
+    for agent in std::fs::read_dir(&root).expect("fixtures").flatten() {
+        for case in std::fs::read_dir(agent.path()).into_iter().flatten().flatten() {
+            let trace = case.path().join("trace.jsonl");
+            if trace.is_file() {
+                traces.push(trace);
+            }
+        }
+    }
+    traces.sort();
+    let mut lines = Vec::new();
+    for trace in traces {
+        let text = std::fs::read_to_string(&trace).expect("a trace");
+        for line in text.lines() {
+            if let Ok(Record { frame: Some(frame) }) = serde_json::from_str::<Record>(line) {
+                lines.push(frame.get().as_bytes().to_vec());
+            }
+        }
+    }
+    lines
+}
+
+/// Lines a hostile peer sends: the scan's corpus (cut lines, bad escapes, invalid UTF-8), numbers beyond
+/// f64, nesting at and past the bound, lone surrogates in every field a layer reads, keys twice or escaped,
+/// and frames whose update or `_meta` is at the length a frame keeps the place of (and one byte past it).
+#[cfg(test)]
+pub(crate) fn hostile_lines() -> Vec<Vec<u8>> {
+    let mut lines = scan::corpus();
+    let update = |params: &str| format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
+    for params in [
+        r#"{"sessionId":"s","update":{"sessionUpdate":"usage_update","used":1e400,"size":-1},"_meta":{"streamStartMs":1e400,"turnStartMs":"x","agentTimestampMs":1.5}}"#,
+        r#"{"sessionId":"s\ud800","update":{"sessionUpdate":"agent_message_chunk\udfff"},"_meta":{"str\u0065amStartMs":5,"agentTimestampMs":7}}"#,
+        r#"{"_meta":{"streamStartMs":1,"streamStartMs":2},"sessionId":"s","sessionId":"t","update":{"sessionUpdate":"a"},"update":{"sessionUpdate":"b"}}"#,
+        r#"{"_meta":"no","sessionId":7,"update":[{"sessionUpdate":"x"}]}"#,
+        r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call","_meta":{"streamStartMs":3}},"_meta":{}}"#,
+        r#" { "sessionId" : "s" , "_meta" : { "streamStartMs" : 18446744073709551616 , "turnStartMs" : 0 } } "#,
+    ] {
+        lines.push(update(params).into_bytes());
+    }
+    let depth = crate::json::MAX_DEPTH;
+    for deep in [depth - 2, depth + 1] {
+        let nest = format!("{}{}", "[".repeat(deep), "]".repeat(deep));
+        lines.push(
+            update(&format!(r#"{{"sessionId":"s","_meta":{{"a":{nest}}},"update":{{"x":{nest}}}}}"#)).into_bytes(),
+        );
+    }
+    for len in [u16::MAX as usize - 1, u16::MAX as usize, u16::MAX as usize + 1] {
+        let object = |text: &str| format!(r#"{{"sessionUpdate":"agent_message_chunk","text":"{text}"}}"#);
+        let text = "x".repeat(len - object("").len());
+        lines.push(
+            update(&format!(r#"{{"sessionId":"s","update":{},"_meta":{{"streamStartMs":9}}}}"#, object(&text)))
+                .into_bytes(),
+        );
+        lines.push(update(&format!(r#"{{"sessionId":"s","_meta":{},"update":{{}}}}"#, object(&text))).into_bytes());
+    }
+    lines
 }

@@ -11,6 +11,9 @@ use std::fmt;
 
 use serde::de::DeserializeOwned;
 
+mod view;
+pub use view::{Key, Members, View};
+
 /// Deepest nesting of arrays and objects accepted anywhere: far above any real ACP frame (a tool's JSON
 /// output a few dozen levels deep), and a few hundred KiB of stack for the deepest recursion (serde_json's
 /// parse, about 350 bytes per level in a release build).

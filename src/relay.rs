@@ -219,6 +219,27 @@ impl Loop {
         self.route(exits);
     }
 
+    /// What the agent's reader handed over at once: the frames go through the stack one by one and what
+    /// comes out is routed once (most frames of a burst only pass). With a trace, each frame is routed
+    /// before the next is read, so the trace keeps the order the shim handled them in.
+    fn from_agent_batch(&mut self, batch: Vec<Received>) {
+        if self.trace.is_some() {
+            return batch.into_iter().for_each(|input| self.from_agent(input));
+        }
+        let mut exits = std::mem::take(&mut self.exits);
+        for input in batch {
+            match input {
+                Received::Frame(f) => self.stack.from_agent(f, &mut exits),
+                other => {
+                    self.route(exits);
+                    self.from_agent(other);
+                    exits = std::mem::take(&mut self.exits);
+                }
+            }
+        }
+        self.route(exits);
+    }
+
     fn event(&mut self, layer: usize, event: Event) {
         let mut exits = std::mem::take(&mut self.exits);
         self.stack.event(layer, event, &mut exits);
@@ -441,7 +462,7 @@ async fn run_io(
             input = agent_in.recv(), if lc.reads_agent() && !st.to_client.full() => match input {
                 Some(Ok(batch)) => {
                     st.set_time();
-                    batch.into_iter().for_each(|input| st.from_agent(input));
+                    st.from_agent_batch(batch);
                 }
                 Some(Err(e)) => {
                     tracing::warn!("cannot read the agent's stdout: {e}");
@@ -569,17 +590,18 @@ fn apply(
     }
 }
 
-/// Frames on their way to one peer, and their size.
+/// Frames on their way to one peer (each its line with its `\n`: all a writer needs), and their size.
 #[derive(Default)]
 struct Queue {
-    frames: VecDeque<Frame>,
+    frames: VecDeque<bytes::Bytes>,
     bytes: usize,
 }
 
 impl Queue {
     fn push(&mut self, f: Frame) {
-        self.bytes += f.bytes().len();
-        self.frames.push_back(f);
+        let wire = f.into_wire();
+        self.bytes += wire.len();
+        self.frames.push_back(wire);
     }
 
     fn full(&self) -> bool {
@@ -599,9 +621,9 @@ impl Queue {
     fn take_batch(&mut self) -> Batch {
         let mut bytes = 0;
         let mut batch = Vec::with_capacity(self.frames.len().min(BATCH));
-        while let Some(f) = self.frames.pop_front() {
-            bytes += f.bytes().len();
-            batch.push(f.into_wire());
+        while let Some(wire) = self.frames.pop_front() {
+            bytes += wire.len();
+            batch.push(wire);
             if batch.len() == BATCH || bytes >= BATCH_BYTES {
                 break;
             }

@@ -4,7 +4,7 @@
 //! passed on broken), and most lines are read by no layer: this check is what nearly every frame costs. It
 //! walks the line once without recursion (a bit per open array or object, at most [`MAX_DEPTH`]), strings
 //! eight bytes at a time, and keeps only where the envelope's fields are: `jsonrpc`, `id`, `method`,
-//! `result`, `error`, and `params.update.sessionUpdate`. It accepts what serde_json accepts (numbers of
+//! `result`, `error`, `params.sessionId`, `params._meta` and `params.update.sessionUpdate`. It accepts what serde_json accepts (numbers of
 //! any size, nesting up to the bound) and, as JSON's grammar does, lone UTF-16 surrogate escapes (noted).
 
 use crate::json::MAX_DEPTH;
@@ -18,16 +18,8 @@ pub struct Str {
 }
 
 impl Str {
-    /// The string's value, unescaped when it has to be; `None` only for a lone surrogate escape.
-    /// [`Str::text`] on the line as text (as [`Scanner::checked`] hands it back): no second UTF-8 check.
-    pub fn in_text<'a>(&self, line: &'a str) -> Option<std::borrow::Cow<'a, str>> {
-        if self.escaped {
-            serde_json::from_str::<String>(line.get(self.start - 1..=self.end)?).ok().map(std::borrow::Cow::Owned)
-        } else {
-            line.get(self.start..self.end).map(std::borrow::Cow::Borrowed)
-        }
-    }
-
+    /// The string's value, unescaped when it has to be; `None` only for a lone surrogate escape (or bytes
+    /// that are not UTF-8, which no line the scan accepted has).
     pub fn text<'a>(&self, line: &'a [u8]) -> Option<std::borrow::Cow<'a, str>> {
         if self.escaped {
             let quoted = &line[self.start - 1..=self.end];
@@ -63,6 +55,15 @@ pub struct Envelope {
     pub error: bool,
     /// `params.update.sessionUpdate` when it is a string (for a repeated key, the last).
     pub update: Option<Str>,
+    /// The byte range of `params.update` when it is an object (for a repeated key, the last): where a layer
+    /// reads an update's fields without going over the rest of the frame.
+    pub update_object: Option<(usize, usize)>,
+    /// `params.sessionId` when it is a string (for a repeated key, the last): the session most frames are
+    /// about, for a layer to look up without parsing the frame.
+    pub session: Option<Str>,
+    /// The byte range of `params._meta` when it is an object (for a repeated key, the last): where the
+    /// stamps some agents put on every frame are, for a layer to read without parsing the frame.
+    pub meta: Option<(usize, usize)>,
     /// `jsonrpc` or `method` is there but not a string.
     pub mistyped: bool,
     /// One of the envelope's keys appears twice.
@@ -125,6 +126,8 @@ const ERROR: Packed = pack(b"error");
 const PARAMS: Packed = pack(b"params");
 const UPDATE: Packed = pack(b"update");
 const SESSION_UPDATE: Packed = pack(b"sessionUpdate");
+const SESSION_ID: Packed = pack(b"sessionId");
+const META: Packed = pack(b"_meta");
 
 /// The raw bytes `line[start..end]` packed as [`pack`] does, cheaply: one or two word loads where the line
 /// has the room; `None` for a key longer than 16 bytes.
@@ -201,496 +204,183 @@ const NUMBER: Bad = 10;
 /// Not a syntax error: the nesting bound.
 const DEEP: Bad = 255;
 
-/// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
+mod exact;
+mod fast;
+mod index;
+mod skeleton;
+
+/// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope: for a
+/// line that is no part of a stream (one the shim built), so nothing is kept for a next line, and a line of
+/// up to 4 KiB takes no allocation.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
-    Scanner::default().checked(line).map(|(_, env)| env)
-}
-
-/// Where a walk stood at the opening quote of a line's last value, a string nested less than 64 deep: all
-/// it needs to go on from there.
-#[derive(Debug, Clone, Copy)]
-struct Resume {
-    /// The quote's byte; `usize::MAX` for no such point.
-    i: usize,
-    depth: usize,
-    object: bool,
-    /// The bits of the open containers (`objects[0]` of the walk: the rest are zero below 64).
-    objects: u64,
-    field: Field,
-    seen: u8,
-    id_start: usize,
-    top_object: bool,
-    params: bool,
-    update: bool,
-    update_key: bool,
-    kind_key: bool,
-    env: Envelope,
-}
-
-impl Resume {
-    const NONE: Resume = Resume {
-        i: usize::MAX,
-        depth: 0,
-        object: false,
-        objects: 0,
-        field: Field::Other,
-        seen: 0,
-        id_start: usize::MAX,
-        top_object: false,
-        params: false,
-        update: false,
-        update_key: false,
-        kind_key: false,
-        env: Envelope {
-            top: Top::Other,
-            jsonrpc: None,
-            id: None,
-            method: None,
-            result: false,
-            error: false,
-            update: None,
-            mistyped: false,
-            duplicate: false,
-            lone_surrogate: false,
-        },
+    let blocks = line.len().div_ceil(64);
+    let (mut small, mut large) = ([0u64; 64], Vec::new());
+    let bits = match small.get_mut(..blocks) {
+        Some(bits) => bits,
+        None => {
+            large.resize(blocks, 0);
+            &mut large[..]
+        }
     };
+    let ascii = index::Classify::best().run(line, bits);
+    match fast::walk(line, bits, None) {
+        Some(env) if ascii || simdutf8::basic::from_utf8(line).is_ok() => Ok(env),
+        _ => exact::scan(line),
+    }
 }
 
-/// Prefixes longer than this are not kept: the memo is for the short envelope before a chunk's text.
-const MEMO_MAX: usize = 4096;
+/// A buffer of bits grown past this (for a line of more than 256 KiB) is let go after the line.
+const BITS_KEPT: usize = 4096;
 
-/// [`scan`] for the lines of one stream, remembering where the last full walk stood at its line's last
-/// value, when that was a string. Streamed chunks repeat the line before them up to their text (`{"jsonrpc":"2.0","method":
-/// "session/update","params":{"sessionId":…,"update":{"sessionUpdate":"agent_message_chunk","content":
-/// {"type":"text","text":"`): when a line's bytes up to that point are the remembered ones, the walk over
-/// them would be the same walk, so it goes on from the remembered state and walks only the rest (UTF-8 is
-/// checked for the whole line, by SIMD: cheaper than checking the envelope's strings one by one). The same
-/// result as a walk from the start, for every line (the unit tests compare the two).
+/// [`scan`] for the lines of one stream. The instruction set is chosen once (`index::Classify::best`), the
+/// buffers of a line's bits and values kept for the next, and the last line the walk found valid is kept as
+/// a `skeleton::Skeleton`: a line that is it with other values (the next chunk of a stream, whatever its
+/// text, ids and times) is checked against it instead of walked. The same result as a walk, for every line
+/// (the unit tests compare the two).
 #[derive(Debug)]
 pub struct Scanner {
-    /// The bytes up to and including the remembered quote.
-    prefix: Vec<u8>,
-    at: Resume,
+    classify: index::Classify,
+    bits: Vec<u64>,
+    holes: Vec<fast::Hole>,
+    last: skeleton::Skeleton,
+    /// The envelope of the line checked last (a reference to it is what [`Scanner::checked`] returns: the
+    /// envelope is too large to move cheaply).
+    env: Envelope,
+    /// Skeletons kept from a walk so far, and whether the line checked last is the current one's shape
+    /// ([`Scanner::shape`]).
+    shapes: u64,
+    of_shape: bool,
+    /// Lines checked against the skeleton of the one before (the tests see that it is used).
+    #[cfg(test)]
+    by_skeleton: usize,
 }
 
 impl Default for Scanner {
     fn default() -> Scanner {
-        Scanner { prefix: Vec::new(), at: Resume::NONE }
+        Scanner {
+            classify: index::Classify::best(),
+            bits: Vec::new(),
+            holes: Vec::new(),
+            last: Default::default(),
+            env: Envelope::default(),
+            shapes: 0,
+            of_shape: false,
+            #[cfg(test)]
+            by_skeleton: 0,
+        }
     }
 }
 
 impl Scanner {
-    /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope;
-    /// hands back the line as text too.
-    pub fn checked<'a>(&mut self, line: &'a [u8]) -> Result<(&'a str, Envelope), Error> {
-        let text = match simdutf8::compat::from_utf8(line) {
-            Ok(text) => text,
-            Err(e) => return Err(Error::Syntax("invalid UTF-8", e.valid_up_to())),
-        };
-        let mut at = 0;
-        let mut save = Resume::NONE;
-        let resume = self.at.i;
-        let walked = if resume < line.len() && line[..=resume] == self.prefix[..] {
-            walk(line, Some(&self.at), &mut save, &mut at)
+    /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope.
+    pub fn checked(&mut self, line: &[u8]) -> Result<&Envelope, Error> {
+        self.check(line)?;
+        Ok(&self.env)
+    }
+
+    /// [`Scanner::checked`], the envelope left for [`Scanner::envelope`].
+    pub fn check(&mut self, line: &[u8]) -> Result<(), Error> {
+        if !self.run(line) {
+            self.of_shape = false;
+            // Why not: the exact walk says (and has the last word).
+            self.env = exact::scan(line)?;
+        }
+        Ok(())
+    }
+
+    /// The envelope of the line [`Scanner::check`] found valid last.
+    pub fn envelope(&self) -> &Envelope {
+        &self.env
+    }
+
+    /// The shape of the line checked last, when it has one: lines of one shape have the same bytes but in
+    /// their values, and the same envelope but for where its strings are, the id's value and
+    /// [`Envelope::lone_surrogate`] (so what a reader makes of the envelope's `jsonrpc`, `method` and
+    /// `sessionUpdate` holds for every line of the shape). A new shape has another number.
+    pub fn shape(&self) -> Option<u64> {
+        self.of_shape.then_some(self.shapes)
+    }
+
+    /// [`Scanner::checked`] by the fast walk alone: `None` for a line it refuses.
+    fn fast(&mut self, line: &[u8]) -> Option<Envelope> {
+        self.run(line).then_some(self.env)
+    }
+
+    /// [`Scanner::fast`] with the envelope left in `self.env`: false for a line the fast walk refuses.
+    fn run(&mut self, line: &[u8]) -> bool {
+        let blocks = line.len().div_ceil(64);
+        if self.bits.len() < blocks {
+            self.bits.resize(blocks, 0);
+        }
+        let ascii = self.classify.run(line, &mut self.bits[..blocks]);
+        let utf8 = |line| ascii || simdutf8::basic::from_utf8(line).is_ok();
+        let bits = &self.bits[..blocks];
+        let walked = if self.last.check(line, bits, &mut self.holes, &mut self.env) {
+            #[cfg(test)]
+            {
+                self.by_skeleton += 1;
+            }
+            self.of_shape = true;
+            None
+        } else if line.len() > skeleton::KEPT {
+            Some(fast::walk(line, bits, None))
         } else {
-            let walked = walk(line, None, &mut save, &mut at);
-            if walked.is_ok() && save.i < MEMO_MAX {
-                self.prefix.clear();
-                self.prefix.extend_from_slice(&line[..=save.i]);
-                self.at = save;
-            }
-            walked
+            self.holes.clear();
+            Some(fast::walk(line, bits, Some(&mut self.holes)))
         };
-        match walked {
-            Ok(env) => Ok((text, env)),
-            Err(DEEP) => Err(Error::TooDeep(at)),
-            Err(why) => Err(Error::Syntax(WHY[usize::from(why)], at)),
-        }
-    }
-}
-
-#[inline(always)]
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
-        i += 1;
-    }
-    i
-}
-
-/// The walk itself, from the start or from `from`; notes in `save` where it stood at the line's last value
-/// when that is a string nested less than 64 deep. On failure `at` is where it stopped.
-fn walk(b: &[u8], from: Option<&Resume>, save: &mut Resume, at: &mut usize) -> Result<Envelope, Bad> {
-    let r = from.copied().unwrap_or(Resume::NONE);
-    let mut env = r.env;
-    let mut i = r.i;
-    if from.is_none() {
-        i = skip_ws(b, 0);
-        env.top = match b.get(i) {
-            Some(b'{') => Top::Object,
-            Some(b'[') => Top::Array { empty: b.get(skip_ws(b, i + 1)) == Some(&b']') },
-            _ => Top::Other,
+        let valid = match walked {
+            None => utf8(line),
+            Some(Some(env)) if utf8(line) => {
+                self.env = env;
+                // (A longer line is not kept, and leaves the skeleton as it was.)
+                let kept = line.len() <= skeleton::KEPT;
+                if kept {
+                    self.last.keep(line, &self.holes, &self.env);
+                }
+                self.of_shape = kept && self.last.is_kept();
+                self.shapes += u64::from(self.of_shape);
+                true
+            }
+            Some(_) => {
+                self.of_shape = false;
+                false
+            }
         };
+        if self.bits.len() > BITS_KEPT {
+            self.bits = Vec::new();
+        }
+        if self.holes.capacity() > BITS_KEPT {
+            self.holes = Vec::new();
+        }
+        valid
     }
-    let top_object = from.map_or(env.top == Top::Object, |r| r.top_object);
-    let mut depth = r.depth;
-    // Whether the innermost open container is an object.
-    let mut object = r.object;
-    // One bit per open container, set for an object.
-    let mut objects = [0u64; MAX_DEPTH / 64 + 1];
-    objects[0] = r.objects;
-    // The top object's key whose value comes next; where the id's value began.
-    let mut field = r.field;
-    let mut seen = r.seen;
-    let mut id_start = r.id_start;
-    // The container at depth 2 is `params`, an object; the one at depth 3 is its `update`, an object; the
-    // last key read in `params` was `update`, the last in `update` `sessionUpdate`.
-    let (mut params, mut update, mut update_key, mut kind_key) = (r.params, r.update, r.update_key, r.kind_key);
+}
 
-    macro_rules! fail {
-        ($why:expr) => {{
-            *at = i;
-            return Err($why);
-        }};
-    }
-    // An object's key and its colon, at `i`; notes the keys the envelope is made of.
-    macro_rules! key {
-        () => {{
-            if b.get(i) != Some(&b'"') {
-                fail!(NO_KEY);
-            }
-            let key = match string(b, i + 1, &mut env.lone_surrogate) {
-                Ok(s) => s,
-                Err(why) => fail!(why),
-            };
-            i = key.end + 1;
-            // Only the keys of the top object, of `params` and of `update` are looked at, and only one
-            // of a length some name has.
-            let len = key.end - key.start;
-            if depth == 1 && matches!(len, 2 | 5 | 6 | 7) || key.escaped && depth <= 3 {
-                if depth == 1 {
-                    field = match key_of(b, &key) {
-                        Some(JSONRPC) => Field::Jsonrpc,
-                        Some(ID) => Field::Id,
-                        Some(METHOD) => Field::Method,
-                        Some(RESULT) => Field::Result,
-                        Some(ERROR) => Field::Error,
-                        Some(PARAMS) => Field::Params,
-                        _ => Field::Other,
-                    };
-                    if field != Field::Other {
-                        let bit = 1u8 << (field as u8);
-                        env.duplicate |= seen & bit != 0;
-                        seen |= bit;
-                        env.result |= field == Field::Result;
-                        env.error |= field == Field::Error;
-                    }
-                }
-            } else if depth == 1 {
-                field = Field::Other;
-            }
-            if depth == 2 && params {
-                update_key = (len == 6 || key.escaped) && key_of(b, &key) == Some(UPDATE);
-                if update_key {
-                    env.update = None;
-                }
-            } else if depth == 3 && update {
-                kind_key = (len == 13 || key.escaped) && key_of(b, &key) == Some(SESSION_UPDATE);
-                if kind_key {
-                    env.update = None;
-                }
-            }
-            if b.get(i) != Some(&b':') {
-                i = skip_ws(b, i);
-                if b.get(i) != Some(&b':') {
-                    fail!(NO_COLON);
-                }
-            }
-            i += 1;
-        }};
-    }
-
-    'value: loop {
-        if b.get(i).is_some_and(|&c| c <= b' ') {
-            i = skip_ws(b, i);
-        }
-        let Some(&c) = b.get(i) else { fail!(END_BEFORE_VALUE) };
-        if depth == 1 && top_object {
-            match field {
-                Field::Id => id_start = i,
-                Field::Jsonrpc | Field::Method if c != b'"' => env.mistyped = true,
-                _ => {}
-            }
-        }
-        match c {
-            b'{' | b'[' => {
-                if depth == MAX_DEPTH {
-                    fail!(DEEP);
-                }
-                object = c == b'{';
-                if object {
-                    if depth == 1 && field == Field::Params && top_object {
-                        params = true;
-                    } else if depth == 2 && params && update_key {
-                        update = true;
-                    }
-                }
-                depth += 1;
-                let (word, bit) = (depth / 64, 1u64 << (depth % 64));
-                if object {
-                    objects[word] |= bit;
-                } else {
-                    objects[word] &= !bit;
-                }
-                i = skip_ws(b, i + 1);
-                let close = if object { b'}' } else { b']' };
-                if b.get(i) == Some(&close) {
-                    i += 1;
-                    match depth {
-                        2 => params = false,
-                        3 => update = false,
-                        _ => {}
-                    }
-                    depth -= 1;
-                    object = objects[depth / 64] & (1 << (depth % 64)) != 0;
-                } else {
-                    if object {
-                        key!();
-                    }
-                    continue 'value;
-                }
-            }
-            b'"' => {
-                let lone_before = env.lone_surrogate;
-                let s = match string(b, i + 1, &mut env.lone_surrogate) {
-                    Ok(s) => s,
-                    Err(why) => fail!(why),
-                };
-                // The line's last value, when it is a string (a chunk's text): where the next line may
-                // go on from. The state is the one at the quote, before the string was read.
-                if depth < 64 && from.is_none() && closers_only(b, s.end + 1) {
-                    let mut env = env;
-                    env.lone_surrogate = lone_before;
-                    *save = Resume {
-                        i,
-                        depth,
-                        object,
-                        objects: objects[0],
-                        field,
-                        seen,
-                        id_start,
-                        top_object,
-                        params,
-                        update,
-                        update_key,
-                        kind_key,
-                        env,
-                    };
-                }
-                i = s.end + 1;
-                if depth == 1 && top_object {
-                    match field {
-                        Field::Jsonrpc => env.jsonrpc = Some(s),
-                        Field::Method => env.method = Some(s),
-                        _ => {}
-                    }
-                } else if depth == 3 && update && kind_key {
-                    env.update = Some(s);
-                }
-            }
-            b'-' | b'0'..=b'9' => match number(b, i) {
-                Some(end) => i = end,
-                None => fail!(NUMBER),
-            },
-            b't' | b'f' | b'n' => {
-                let word: &[u8] = match c {
-                    b't' => b"true",
-                    b'f' => b"false",
-                    _ => b"null",
-                };
-                if !b[i..].starts_with(word) {
-                    fail!(NOT_A_VALUE);
-                }
-                i += word.len();
-            }
-            _ => fail!(NOT_A_VALUE),
-        }
-        // After a value: a comma and the next, the end of containers, or the end of the text.
-        loop {
-            if depth == 1 && id_start != usize::MAX {
-                env.id = Some((id_start, i));
-                id_start = usize::MAX;
-            }
-            if depth == 0 {
-                if skip_ws(b, i) != b.len() {
-                    fail!(TRAILING);
-                }
-                return Ok(env);
-            }
-            let mut c = b.get(i).copied();
-            if c.is_some_and(|c| c <= b' ') {
-                i = skip_ws(b, i);
-                c = b.get(i).copied();
-            }
-            match c {
-                Some(b',') => {
-                    i += 1;
-                    if object {
-                        if b.get(i).is_some_and(|&c| c <= b' ') {
-                            i = skip_ws(b, i);
-                        }
-                        key!();
-                    }
-                    continue 'value;
-                }
-                Some(b'}') if object => {}
-                Some(b']') if !object => {}
-                Some(_) => fail!(NO_COMMA),
-                None => fail!(END_INSIDE),
-            }
-            i += 1;
-            match depth {
-                2 => params = false,
-                3 => update = false,
-                _ => {}
-            }
-            depth -= 1;
-            object = objects[depth / 64] & (1 << (depth % 64)) != 0;
+/// For the fuzz target (`fuzz/fuzz_targets/scan.rs`): panics unless the fast walk (each instruction set this
+/// CPU has, from the start and through one stream's scanner after each line before it) reads every line as
+/// the exact walk does.
+#[doc(hidden)]
+pub fn check_against_exact(lines: &[&[u8]]) {
+    for (name, classify) in index::Classify::all() {
+        let mut stream = Scanner { classify, ..Scanner::default() };
+        for line in lines {
+            let exact = exact::scan(line).ok();
+            let fresh = Scanner { classify, ..Scanner::default() }.fast(line);
+            let streamed = stream.fast(line);
+            assert!(
+                fresh == exact && streamed == exact,
+                "{name}: the fast walk reads {:?} as {fresh:?} (in a stream {streamed:?}), the exact walk as {exact:?}",
+                String::from_utf8_lossy(line)
+            );
         }
     }
 }
 
-/// Whether nothing but the ends of arrays and objects (and space) follows `at`: the value before it was the
-/// line's last. Most values are followed by a comma, and this stops at the first byte.
-#[inline(always)]
-fn closers_only(b: &[u8], at: usize) -> bool {
-    b.get(at..).is_some_and(|rest| rest.iter().all(|c| matches!(c, b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')))
-}
-
-/// The string whose text begins at `start` (after its opening quote).
-#[inline(always)]
-fn string(b: &[u8], start: usize, lone: &mut bool) -> Result<Str, Bad> {
-    let mut i = start;
-    let mut escaped = false;
-    loop {
-        i = match special(b, i) {
-            Some(at) => at,
-            None => return Err(UNCLOSED),
-        };
-        match b[i] {
-            b'"' => return Ok(Str { start, end: i, escaped }),
-            b'\\' => {
-                escaped = true;
-                i = escape(b, i, lone).ok_or(ESCAPE)?;
-            }
-            _ => return Err(CONTROL),
-        }
-    }
-}
-
-/// The escape whose backslash is at `at`; returns where the string goes on.
-fn escape(b: &[u8], at: usize, lone: &mut bool) -> Option<usize> {
-    match b.get(at + 1)? {
-        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(at + 2),
-        b'u' => {
-            let unit = hex4(b, at + 2)?;
-            match unit {
-                0xD800..=0xDBFF => {
-                    let low = match b.get(at + 6..at + 8) {
-                        Some(b"\\u") => hex4(b, at + 8),
-                        _ => None,
-                    };
-                    if low.is_some_and(|l| (0xDC00..=0xDFFF).contains(&l)) {
-                        Some(at + 12)
-                    } else {
-                        *lone = true;
-                        Some(at + 6)
-                    }
-                }
-                0xDC00..=0xDFFF => {
-                    *lone = true;
-                    Some(at + 6)
-                }
-                _ => Some(at + 6),
-            }
-        }
-        _ => None,
-    }
-}
-
-/// Where the number at `start` ends; `None` when it is not one by JSON's grammar.
-#[inline(always)]
-fn number(b: &[u8], start: usize) -> Option<usize> {
-    let digits = |mut i: usize| {
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        i
-    };
-    let mut i = start + usize::from(b.get(start) == Some(&b'-'));
-    i = match b.get(i) {
-        Some(b'0') => i + 1,
-        Some(b'1'..=b'9') => digits(i + 1),
-        _ => return None,
-    };
-    if b.get(i) == Some(&b'.') {
-        let end = digits(i + 1);
-        if end == i + 1 {
-            return None;
-        }
-        i = end;
-    }
-    if let Some(b'e' | b'E') = b.get(i) {
-        i += 1;
-        if let Some(b'+' | b'-') = b.get(i) {
-            i += 1;
-        }
-        let end = digits(i);
-        if end == i {
-            return None;
-        }
-        i = end;
-    }
-    Some(i)
-}
-
-fn hex4(b: &[u8], at: usize) -> Option<u16> {
-    let digits = b.get(at..at + 4)?;
-    let mut n = 0u16;
-    for &d in digits {
-        n = n << 4 | u16::from((d as char).to_digit(16)? as u8);
-    }
-    Some(n)
-}
-
-/// The first `"`, `\` or control character at or after `i`. Short strings (most keys and values) are searched
-/// eight bytes per step (each test finds the lowest byte that matches exactly; a false match can only sit
-/// above a true one); past 16 bytes, a SIMD search for the quote or backslash and a vectorised check that no
-/// control character lies before it.
-#[inline(always)]
-fn special(b: &[u8], mut i: usize) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    for _ in 0..2 {
-        let Some(chunk) = b.get(i..i + 8) else {
-            return b.get(i..)?.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).map(|p| i + p);
-        };
-        let w = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
-        let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-        let hits = zero(w ^ (ONES * u64::from(b'"')))
-            | zero(w ^ (ONES * u64::from(b'\\')))
-            | (w.wrapping_sub(ONES * 0x20) & !w & HIGH);
-        if hits != 0 {
-            return Some(i + (hits.trailing_zeros() / 8) as usize);
-        }
-        i += 8;
-    }
-    let found = memchr::memchr2(b'"', b'\\', &b[i..]).map(|p| i + p);
-    let before = &b[i..found.unwrap_or(b.len())];
-    let control = before.chunks(64).any(|c| c.iter().fold(false, |any, &x| any | (x < 0x20)));
-    if control {
-        return before.iter().position(|&c| c < 0x20).map(|p| i + p);
-    }
-    found
+/// Lines a stream may send after one another, good and bad in every way the walk knows (for the tests of
+/// what reads frames with a scanner).
+#[cfg(test)]
+pub(crate) fn corpus() -> Vec<Vec<u8>> {
+    tests::corpus()
 }
 
 #[cfg(test)]
@@ -758,9 +448,9 @@ mod tests {
             for c in [b'"', b'\\', b'\n', 0x1f] {
                 let mut s = vec![b'x'; 100];
                 s[at] = c;
-                assert_eq!(special(&s, 0), Some(at));
+                assert_eq!(exact::special(&s, 0), Some(at));
                 s[at] = 0x80;
-                assert_eq!(special(&s, 0), None);
+                assert_eq!(exact::special(&s, 0), None);
             }
         }
     }
@@ -804,12 +494,19 @@ mod tests {
         assert_eq!(scan(b"[{}]").unwrap().top, Top::Array { empty: false });
     }
 
-    /// Lines a stream may send after one another: streamed chunks, and lines that share some of a chunk's
-    /// start and then go wrong in every way the walk knows.
-    fn corpus() -> Vec<Vec<u8>> {
+    /// Lines a stream may send after one another: streamed chunks (Grok's with `_meta` after `update`), and
+    /// lines that share some of a chunk's start and then go wrong in every way the walk knows.
+    pub(super) fn corpus() -> Vec<Vec<u8>> {
         let chunk = |text: &str| {
             format!(
                 r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+            )
+            .into_bytes()
+        };
+        let stamped = |text: &str, n: u64| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"01a2","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}},"_meta":{{"eventId":"01a2-{n}","agentTimestampMs":{},"streamStartMs":1796186871643}}}}}}"#,
+                1796186871643 + n
             )
             .into_bytes()
         };
@@ -818,6 +515,9 @@ mod tests {
             chunk("你好, world \u{1F600}"),
             chunk(r#"a \"quoted\" \\ \u00e9 \ud800 word"#),
             chunk(""),
+            stamped("one", 1),
+            stamped("two and more", 2),
+            stamped(r#"\ud83d\ude00 \n"#, 3),
             br#"{"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}"#.to_vec(),
             br#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"x","sessionUpdate":"y"}}}"#
                 .to_vec(),
@@ -825,6 +525,10 @@ mod tests {
             b"[\"a\",\"b\"]".to_vec(),
             b"\"just a string\"".to_vec(),
             br#"{"jsonrpc":"2.0","id":["a","b"],"method":"m"}"#.to_vec(),
+            br#" { "jsonrpc" : "2.0" , "id" : 1e0 , "method" : "m" , "params" : { "update" : { "sessionUpdate" : "s" } } } "#
+                .to_vec(),
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"session\\/update\",\"p\\u0061rams\":{\"upd\\u0061te\":{\"session\\u0055pdate\":\"k\"}}}"
+                .to_vec(),
         ];
         let base = chunk("text of the chunk");
         let suffixes: [&[u8]; 22] = [
@@ -851,48 +555,201 @@ mod tests {
             b"x",
             b"",
         ];
-        for line in [base.clone(), lines[4].clone(), lines[6].clone(), lines[9].clone()] {
-            for cut in 0..=line.len() {
+        let cut = [base.clone(), stamped("cut", 4), lines[7].clone(), lines[9].clone(), lines[12].clone()];
+        for line in &cut {
+            for at in 0..=line.len() {
                 for suffix in suffixes {
-                    lines.push([&line[..cut], suffix].concat());
+                    lines.push([&line[..at], suffix].concat());
                 }
             }
         }
-        // A prefix longer than the memo keeps, before a chunk's text.
-        let long = format!("{{\"pad\":\"{}\",\"text\":\"", "あ".repeat(MEMO_MAX));
-        lines.push(format!("{long}a\"}}").into_bytes());
-        lines.push(format!("{long}b\"}}").into_bytes());
-        let deep = "[".repeat(MAX_DEPTH) + "\"s\"" + &"]".repeat(MAX_DEPTH);
-        lines.push(deep.clone().into_bytes());
-        lines.push(("[".repeat(MAX_DEPTH + 1) + "\"s\"" + &"]".repeat(MAX_DEPTH + 1)).into_bytes());
-        lines.push(("[".repeat(70) + "\"s\"" + &"]".repeat(70)).into_bytes());
+        // Each byte of a chunk and of a stamped chunk replaced by each byte the walk tells apart, and by bytes
+        // that are no UTF-8 there (a lone continuation byte, a character's first byte without the rest).
+        // Each follows the line it was made from (a stream's scanner checks it against that line's shape).
+        for line in [chunk("你好 x"), stamped("a", 5)] {
+            for at in 0..line.len() {
+                for c in b"\"\\{}[]:, x0-e.\x01\x7f\x80\xbf\xe4\xed\xf0\xff" {
+                    let mut bad = line.clone();
+                    bad[at] = *c;
+                    lines.push(line.clone());
+                    lines.push(bad);
+                }
+            }
+        }
+        // Escapes and control characters at every offset of a string that crosses blocks of 64 bytes.
+        for at in 0..140 {
+            for escape in
+                [&b"\\\""[..], b"\\\\", b"\\u00e9", b"\\ud800", b"\\ud83d\\ude00", b"\\udc00", b"\\x", b"\\u12", b"\n"]
+            {
+                let mut text = vec![b'a'; 140];
+                text.splice(at..at, escape.iter().copied());
+                lines.push([&br#"{"jsonrpc":"2.0","method":"m","params":{"text":""#[..], &text, b"\"}}"].concat());
+            }
+        }
+        // Lone surrogates where the envelope is read.
+        for (key, value) in [("jsonrpc", r#""\ud800""#), ("method", r#""m\udfff""#), ("id", r#""\ud800""#)] {
+            lines.push(format!(r#"{{"jsonrpc":"2.0","{key}":{value},"method":"m"}}"#).into_bytes());
+        }
+        lines.push(br#"{"jsonrpc":"2.0","method":"m","params":{"update":{"sessionUpdate":"\udbff"}}}"#.to_vec());
+        // Frames of one shape whose values take more or fewer bytes, with the envelope's strings before,
+        // between and after them (a stream's scanner checks each against the one before).
+        for shape in 0..6 {
+            for text in ["a", "abc", "", "\\n\\u00e9", "あい"] {
+                for n in [1, 1000, 7] {
+                    lines.push(match shape {
+                        0 => format!(r#"{{"params":{{"text":"{text}","n":{n},"update":{{"sessionUpdate":"k"}}}},"method":"m","id":{n},"jsonrpc":"2.0"}}"#),
+                        1 => format!(r#"{{"jsonrpc":"2.0","id":"{text}","method":"m{text}","params":{{"n":{n},"update":{{"t":"{text}","sessionUpdate":"k"}}}}}}"#),
+                        // `_meta` with no value that changes, after one that does; and other objects after it.
+                        2 => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"s":"{text}","_meta":{{"a":true,"b":{{}}}},"x":{{"y":[{{}}]}},"n":{n}}}}}"#),
+                        3 => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"_meta":{{"t":{n},"u":"{text}"}},"_meta":null,"x":{{}}}}}}"#),
+                        // The session id, a hole of its own wherever it is.
+                        4 => format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{text}","update":{{"sessionUpdate":"k","n":{n}}},"sessionId":"s{n}"}},"id":{n}}}"#),
+                        _ => format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{"_meta":{{}},"update":{{"_meta":{{"t":"{text}"}}}},"_meta":{{"v":[{n}]}}}}}}"#),
+                    }.into_bytes());
+                }
+            }
+        }
+        // Empty containers where the envelope is read: what follows them is not in `params` or `update`.
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{},"x":{"update":{"sessionUpdate":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":[],"x":{"update":{"sessionUpdate":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{},"x":{"sessionUpdate":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":[],"x":{"sessionUpdate":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"a":{}},"x":{"sessionUpdate":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"update":{"a":[]},"sessionUpdate":"no"}}"#,
+            r#"{"jsonrpc":"2.0","id":{},"method":"m"}"#,
+            r#"{"jsonrpc":"2.0","id":[ ],"method":"m"}"#,
+        ] {
+            lines.push(line.as_bytes().to_vec());
+        }
+        // `params.sessionId` where the envelope reads it, and where it does not.
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a","sessionId":"b"}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a","sessionId":7}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"session\u0049d":"esc\u0061ped","update":{"sessionId":"no"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","sessionId":"top","params":{"x":{"sessionId":"deep"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":[{"sessionId":"in an array"}]}"#,
+            r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"\ud800"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"sessionId":"a result's"}}"#,
+        ] {
+            lines.push(line.as_bytes().to_vec());
+        }
+        // Arrays of numbers (a tool's output as bytes), of every length and form, good and bad.
+        for n in ["0", "7", "12", "123", "1234", "-1", "0.5", "1e2", "10E+1", "01", "00", "1.", "-", "0x1", "1 ", " 2"]
+        {
+            for (open, close) in [("[", "]"), ("{\"a\":", "}")] {
+                lines.push(format!("{open}{n}{close}").into_bytes());
+                lines.push(format!("[{n},{n},[{n}],{{\"k\":{n}}}]").into_bytes());
+            }
+        }
+        // Lines longer than a skeleton keeps.
+        let long = format!("{{\"pad\":\"{}\",\"a\":{{\"b\":{{\"c\":{{\"text\":\"", "あ".repeat(skeleton::KEPT / 3));
+        lines.push(format!("{long}a\"}}}}}}}}").into_bytes());
+        lines.push(format!("{long}b\"}}}}}}}}").into_bytes());
+        // Nesting at the bound and past it, of arrays and of objects, and around 64 levels (a word of bits).
+        for depth in [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 63, 64, 65] {
+            lines.push(("[".repeat(depth) + "\"s\"" + &"]".repeat(depth)).into_bytes());
+            lines.push(("{\"a\":".repeat(depth) + "\"s\"" + &"}".repeat(depth)).into_bytes());
+        }
         lines.push(("[".repeat(70) + "\"t\"" + &"]".repeat(69)).into_bytes());
+        // Huge lines: a long string (more blocks than a buffer of bits keeps), a long array, a long number.
+        lines.push(chunk(&"x".repeat(300 << 10)));
+        lines.push(chunk(&"é\\n".repeat(100 << 10)));
+        lines.push(format!("[{}0]", "0,".repeat(50_000)).into_bytes());
+        lines.push(format!("[1{}]", "0".repeat(100_000)).into_bytes());
         lines
+    }
+
+    #[test]
+    fn the_fast_walk_reads_every_line_as_the_exact_walk_does() {
+        let lines = corpus();
+        let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+        check_against_exact(&refs);
+        // And so does a line that fails, through `checked`: its error is the exact walk's.
+        for line in &lines {
+            assert_eq!(scan(line), exact::scan(line));
+        }
+        assert!(lines.iter().filter(|l| scan(l).is_ok()).count() > 2_000, "valid lines are in the corpus too");
+    }
+
+    /// The envelope's `_meta` is what a parse finds at `params._meta` when that is an object, its `session`
+    /// what it finds at `params.sessionId` when that is a string, its `update_object` `params.update` when
+    /// that is an object.
+    #[test]
+    fn notes_where_params_meta_the_session_and_the_update_are() {
+        let (mut meta, mut session, mut update) = (0, 0, 0);
+        for line in corpus() {
+            let Ok(env) = exact::scan(&line) else { continue };
+            let Ok(value) = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(&line)) else { continue };
+            let want = value.pointer("/params/_meta").filter(|m| m.is_object());
+            let got = env.meta.map(|(start, end)| {
+                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
+            });
+            assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
+            meta += usize::from(got.is_some());
+            let want = value.pointer("/params/sessionId").and_then(Value::as_str);
+            let got = env.session.map(|s| {
+                let quoted = crate::json::mend_surrogates(&line[s.start - 1..=s.end]);
+                serde_json::from_slice::<String>(&quoted).unwrap()
+            });
+            assert_eq!(got.as_deref(), want, "{}", String::from_utf8_lossy(&line));
+            session += usize::from(got.is_some());
+            let want = value.pointer("/params/update").filter(|u| u.is_object());
+            let got = env.update_object.map(|(start, end)| {
+                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
+            });
+            assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
+            update += usize::from(got.is_some());
+        }
+        assert!(meta > 100, "lines with a _meta are in the corpus ({meta})");
+        assert!(session > 100, "lines with a session id are in the corpus ({session})");
+        assert!(update > 1000, "lines with an update are in the corpus ({update})");
     }
 
     #[test]
     fn a_stream_scanner_reads_every_line_as_a_walk_from_the_start_would() {
         let lines = corpus();
-        let fresh: Vec<_> = lines.iter().map(|l| scan(l)).collect();
+        let fresh: Vec<_> = lines.iter().map(|l| exact::scan(l).ok()).collect();
         // Each line after each other line, through one scanner: what it remembered of the one before never
         // changes what it makes of the next.
-        let mut scanner = Scanner::default();
-        let mut resumed = 0;
-        for (i, next) in lines.iter().enumerate() {
-            for before in lines.iter().step_by(61) {
-                let _ = scanner.checked(before);
-                let (at, prefix) = (scanner.at.i, scanner.prefix.clone());
-                let got = scanner.checked(next).map(|(_, env)| env);
-                resumed += usize::from(at < next.len() && next[..=at] == prefix[..]);
-                assert_eq!(
-                    got,
-                    fresh[i],
-                    "{} after {}",
-                    String::from_utf8_lossy(next),
-                    String::from_utf8_lossy(before)
-                );
+        for (name, classify) in index::Classify::all() {
+            let mut scanner = Scanner { classify, ..Scanner::default() };
+            for (i, next) in lines.iter().enumerate() {
+                // Every line after the one before it (in the corpus, mostly the same line with another
+                // byte or cut elsewhere), every third after a sample of the others, and every line after
+                // itself (twice: the second time it is checked against what the first left).
+                let others = lines.iter().step_by(if i % 3 == 0 { 97 } else { usize::MAX });
+                for before in lines[i.saturating_sub(1)..=i].iter().chain(others).chain([next, next]) {
+                    let _ = scanner.fast(before);
+                    let got = scanner.fast(next);
+                    assert_eq!(
+                        got,
+                        fresh[i],
+                        "{name}: {} after {}",
+                        String::from_utf8_lossy(next),
+                        String::from_utf8_lossy(before)
+                    );
+                }
             }
+            assert!(scanner.by_skeleton > 10_000, "{name}: the skeleton was used ({} times)", scanner.by_skeleton);
+            // Three lines in a row through a new scanner: the first is walked and kept, the second checked
+            // against it (and the skeleton kept again from it, with holes only where the two differ), the
+            // third checked against that.
+            let mut learnt = 0;
+            for i in 2..lines.len() {
+                let mut scanner = Scanner { classify, ..Scanner::default() };
+                for (k, line) in lines[i - 2..=i].iter().enumerate() {
+                    assert_eq!(
+                        scanner.fast(line),
+                        fresh[i - 2 + k],
+                        "{name}: {} after {}",
+                        String::from_utf8_lossy(line),
+                        String::from_utf8_lossy(&lines[i - 2])
+                    );
+                }
+                learnt += usize::from(scanner.by_skeleton == 2);
+            }
+            assert!(learnt > 1_000, "{name}: a learnt skeleton checked the third line ({learnt} times)");
         }
-        assert!(resumed > 1_000, "the memo was used ({resumed} times)");
     }
 }

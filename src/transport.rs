@@ -12,10 +12,9 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::frame::{self, Frame, Id, Invalid};
+use crate::frame::{self, Frame, Id, Invalid, Reader};
 use crate::json;
 use crate::lines::{Line, Lines};
-use crate::scan::Scanner;
 
 /// Frames handed to a writer in one go (one channel message, one wake-up). Each ends in `\n`.
 pub type Batch = Vec<Bytes>;
@@ -59,10 +58,10 @@ impl Received {
     }
 }
 
-/// One line of a stream, read with the stream's scanner (see [`crate::scan::Scanner`]).
-fn received(line: Line, scanner: &mut Scanner) -> Received {
+/// One line of a stream, read with the stream's reader (see [`Reader`]).
+fn received(line: Line, reader: &mut Reader) -> Received {
     match line {
-        Line::Text(wire) => match Frame::read(wire, scanner) {
+        Line::Text(wire) => match Frame::read(wire, reader) {
             Ok(frame) => Received::Frame(frame),
             Err((line, err)) if err.too_deep => {
                 let why = format!("of {} bytes nested deeper than {} levels", line.len() - 1, json::MAX_DEPTH);
@@ -88,12 +87,12 @@ pub const CHANNEL: usize = 4;
 
 /// Turns what one reader has buffered into batches: every whole line it holds, so that a burst costs
 /// one wake-up of the loop rather than one per frame. `send` returns false once nobody listens.
-fn drain(lines: &mut Lines, scanner: &mut Scanner, mut send: impl FnMut(Delivery) -> bool) -> bool {
+fn drain(lines: &mut Lines, reader: &mut Reader, mut send: impl FnMut(Delivery) -> bool) -> bool {
     // Sized once: grown push by push, a full batch would be reallocated (and copied) nine times.
     let (mut batch, mut bytes) = (Vec::with_capacity(BATCH), 0);
     while let Some(line) = lines.next_line() {
         bytes += line.len();
-        batch.push(received(line, scanner));
+        batch.push(received(line, reader));
         if batch.len() == BATCH || bytes >= BATCH_BYTES {
             if !send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)))) {
                 return false;
@@ -105,9 +104,9 @@ fn drain(lines: &mut Lines, scanner: &mut Scanner, mut send: impl FnMut(Delivery
 }
 
 /// What a reader does at the end of its stream or on an error: the last line, then why it stopped.
-fn last(lines: &mut Lines, scanner: &mut Scanner, read: std::io::Result<usize>) -> Option<Delivery> {
+fn last(lines: &mut Lines, reader: &mut Reader, read: std::io::Result<usize>) -> Option<Delivery> {
     match read {
-        Ok(0) => lines.finish().map(|line| Ok(vec![received(line, scanner)])),
+        Ok(0) => lines.finish().map(|line| Ok(vec![received(line, reader)])),
         Ok(_) => None,
         Err(e) => Some(Err(e)),
     }
@@ -117,16 +116,16 @@ fn last(lines: &mut Lines, scanner: &mut Scanner, read: std::io::Result<usize>) 
 pub fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(mut r: R, max: usize) -> mpsc::Receiver<Delivery> {
     let (tx, rx) = mpsc::channel(CHANNEL);
     tokio::spawn(async move {
-        let (mut lines, mut scanner) = (Lines::new(max), Scanner::default());
+        let (mut lines, mut reader) = (Lines::new(max), Reader::default());
         loop {
             let read = lines.fill(&mut r).await;
             let mut batches = Vec::new();
-            let _ = drain(&mut lines, &mut scanner, |b| {
+            let _ = drain(&mut lines, &mut reader, |b| {
                 batches.push(b);
                 true
             });
             let stop = !matches!(read, Ok(n) if n > 0);
-            batches.extend(last(&mut lines, &mut scanner, read));
+            batches.extend(last(&mut lines, &mut reader, read));
             for batch in batches {
                 if tx.send(batch).await.is_err() {
                     return;
@@ -160,14 +159,14 @@ pub fn stdio(max: usize) -> std::io::Result<Link> {
     let (in_tx, input) = mpsc::channel(CHANNEL);
     std::thread::Builder::new().name("stdin".into()).spawn(move || {
         let mut stdin = stdin;
-        let (mut lines, mut scanner) = (Lines::new(max), Scanner::default());
+        let (mut lines, mut reader) = (Lines::new(max), Reader::default());
         loop {
             let read = lines.fill_blocking(&mut stdin);
-            if !drain(&mut lines, &mut scanner, |b| in_tx.blocking_send(b).is_ok()) {
+            if !drain(&mut lines, &mut reader, |b| in_tx.blocking_send(b).is_ok()) {
                 return;
             }
             let stop = !matches!(read, Ok(n) if n > 0);
-            if let Some(item) = last(&mut lines, &mut scanner, read)
+            if let Some(item) = last(&mut lines, &mut reader, read)
                 && in_tx.blocking_send(item).is_err()
             {
                 return;

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 
 use crate::coda::wait::{Register, State, Wait, WithholdWaits};
-use crate::frame::{self, Frame, Kind, Needle};
+use crate::frame::{self, Frame, Kind};
 use crate::json::object_at;
 use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
@@ -25,7 +25,13 @@ use serde_json::{Map, Value, json};
 pub const AIR_CAPABILITIES: [&str; 3] = ["nativeSubagentSessions", "asyncTasks", "sessionFailure"];
 /// Where codex-acp puts a continued subagent's generation in its session id.
 const GENERATION: &str = ":generation:";
-static GENERATION_ID: Needle = crate::needle!(GENERATION.as_bytes());
+
+/// Whether a frame's `params.sessionId` (from the frame check) is a continued subagent's, with a generation.
+fn of_a_generation(frame: &Frame) -> bool {
+    let generation = GENERATION.as_bytes();
+    frame.session_bytes().is_some_and(|s| memchr::memchr_iter(b':', &s).any(|at| s[at..].starts_with(generation)))
+}
+
 /// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
 const AIR_BUILD: &str = "@agentclientprotocol/codex-acp >= 2.4.0";
 
@@ -305,7 +311,7 @@ impl Air {
 
     fn agent_message(&mut self, frame: Frame, cx: &mut Cx) {
         let air = is_air_update(&frame);
-        if !air && !frame.has(&GENERATION_ID) {
+        if !air && !of_a_generation(&frame) {
             return cx.to_client(frame);
         }
         let mut value = frame.to_value();
@@ -376,7 +382,7 @@ impl Layer for Air {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         // What `agent_message` leaves as it is: no AIR update, no continued subagent's session to rename.
-        !matches!(frame.kind(), Kind::Response { .. }) && !is_air_update(frame) && !frame.has(&GENERATION_ID)
+        !matches!(frame.kind(), Kind::Response { .. }) && !is_air_update(frame) && !of_a_generation(frame)
     }
 
     /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of

@@ -30,12 +30,15 @@ use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
 use crate::coda::failure::{Failure, Kind, Retry, Signal, Signals, Verdict};
-use crate::frame::Frame;
+use crate::frame::{Frame, Needle};
 use jiff::civil::Date;
 use jiff::fmt::strtime;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, Zoned};
 use serde_json::{Value, json};
+
+/// The key of codex-acp's failure record (`update._meta.jetbrains.air.sessionFailure`): its searcher built once.
+static SESSION_FAILURE: Needle = crate::needle!(b"\"sessionFailure\"");
 
 /// Codex's title for `serverOverloaded` (codex 0.166: "Selected model is at capacity."), the one `service`
 /// record that says the server is temporarily unable to serve.
@@ -145,13 +148,15 @@ impl Signals for Codex {
     type Record = Infallible;
 
     fn wants(&self, frame: &Frame) -> bool {
-        frame.session_update() == Some("session_info_update") && frame.contains(b"\"sessionFailure\"")
+        frame.session_update() == Some("session_info_update") && frame.has(&SESSION_FAILURE)
     }
 
     fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
-        let v = frame.value();
-        let Some(session) = v.pointer("/params/sessionId").and_then(Value::as_str) else { return };
-        let Some(failure) = v.pointer("/params/update/_meta/jetbrains/air/sessionFailure") else { return };
+        // Read where it lies: the session from the frame check's one pass, the failure record alone parsed.
+        let Some(session) = frame.session() else { return };
+        let failure = frame.update_value().and_then(|u| u.pointer(&["_meta", "jetbrains", "air", "sessionFailure"]));
+        let Some(failure) = failure.map(|f| f.to_value()) else { return };
+        let failure = &failure;
         // A retry of the turn: a warning of the turn's error incident (a notice's id is `…:notice:…`).
         let incident = failure.get("id").and_then(Value::as_str).is_some_and(|id| id.ends_with(":error"));
         if failure.get("severity").and_then(Value::as_str) != Some("warning") || !incident {
@@ -159,7 +164,7 @@ impl Signals for Codex {
         }
         let (category, actions, title) = record(failure);
         out.push(Signal::Retrying {
-            session: session.to_owned(),
+            session: session.into_owned(),
             retry: Retry {
                 reason: title.unwrap_or_default().to_owned(),
                 verdict: classify(category, &actions, title.unwrap_or_default()),

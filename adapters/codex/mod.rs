@@ -145,6 +145,11 @@ impl crate::coda::steering::Steerer for CodexSteering {
     type Reply = std::convert::Infallible;
     type Timer = std::convert::Infallible;
     const NATIVE: bool = true;
+
+    /// Nothing from codex-acp is read here (the machine reads the answers it keeps the rules around).
+    fn ignores(&self, _frame: &crate::frame::Frame) -> bool {
+        true
+    }
 }
 
 /// What `coda-codex` is: the CLI it wraps, how it finds it, and its layers.

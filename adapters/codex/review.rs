@@ -248,11 +248,9 @@ impl CodexReview {
 
     /// A tool call that is not a review's: remembered as what a review may judge; one a review waits for
     /// carries that review.
-    fn call_started(&mut self, session: &str, update: &Value, frame: Frame, cx: &mut Cx) {
-        let id = str_at(update, "/toolCallId");
-        let command = str_at(update, "/rawInput/command");
-        let cwd = str_at(update, "/rawInput/cwd");
-        let (Some(id), Some(command), Some(cwd)) = (id, command, cwd) else { return cx.to_client(frame) };
+    /// A call started: `id`, `command` and `cwd` are its `toolCallId`, `rawInput.command` and `rawInput.cwd`.
+    fn call_started(&mut self, session: &str, call: [Option<&str>; 3], frame: Frame, cx: &mut Cx) {
+        let [Some(id), Some(command), Some(cwd)] = call else { return cx.to_client(frame) };
         let s = self.session(session);
         let waiting = s
             .reviews
@@ -289,9 +287,10 @@ impl CodexReview {
     }
 
     /// A finished call can no longer be judged.
-    fn call_updated(&mut self, session: &str, update: &Value) {
-        let finished = matches!(str_at(update, "/status"), Some("completed" | "failed"));
-        if let (true, Some(id), Some(s)) = (finished, str_at(update, "/toolCallId"), self.sessions.get_mut(session)) {
+    /// `status` and `id` are a `tool_call_update`'s `status` and `toolCallId`.
+    fn call_updated(&mut self, session: &str, status: Option<&str>, id: Option<&str>) {
+        let finished = matches!(status, Some("completed" | "failed"));
+        if let (true, Some(id), Some(s)) = (finished, id, self.sessions.get_mut(session)) {
             s.calls.retain(|c| c.id != id);
         }
     }
@@ -308,17 +307,44 @@ impl CodexReview {
         if !of_review && !is_start && !self.may_be_kept(&frame) {
             return cx.to_client(frame);
         }
+        let session = frame.session().unwrap_or_default().into_owned();
+        if !of_review {
+            // A call's start or update (no review's): what is kept of it read where it lies.
+            let (mut id, mut status, mut input) = (None, None, None);
+            for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
+                if key.is("toolCallId") {
+                    id = value.as_str();
+                } else if key.is("status") {
+                    status = value.as_str();
+                } else if key.is("rawInput") {
+                    input = Some(value);
+                }
+            }
+            if is_start {
+                let input = |k: &str| input.and_then(|i| i.get(k)).and_then(|v| v.as_str());
+                let call = [id, input("command"), input("cwd")].map(|c| c.map(|c| c.into_owned()));
+                return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
+            }
+            self.call_updated(&session, status.as_deref(), id.as_deref());
+            return cx.to_client(frame);
+        }
         let v = frame.shared_value();
-        let session = str_at(&v, "/params/sessionId").unwrap_or_default().to_owned();
         let update = v.pointer("/params/update").unwrap_or(&Value::Null);
         match str_at(update, "/toolCallId").and_then(|id| id.strip_prefix(REVIEW_CALL)) {
             Some(_) => {
                 let review = str_at(update, "/toolCallId").unwrap_or_default().to_owned();
                 self.review_frame(&session, &review, update, cx)
             }
-            None if is_start => self.call_started(&session, update, frame, cx),
+            None if is_start => {
+                let call = [
+                    str_at(update, "/toolCallId"),
+                    str_at(update, "/rawInput/command"),
+                    str_at(update, "/rawInput/cwd"),
+                ];
+                self.call_started(&session, call, frame, cx)
+            }
             None => {
-                self.call_updated(&session, update);
+                self.call_updated(&session, str_at(update, "/status"), str_at(update, "/toolCallId"));
                 cx.to_client(frame)
             }
         }

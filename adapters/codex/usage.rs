@@ -203,15 +203,26 @@ impl Source for Codex {
     }
 
     fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
-        let value = frame.value();
-        let Some(session_id) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return };
+        // Read where it lies (a tool call is a quarter of Codex's stream): the session from the frame check's
+        // one pass, the update's fields in one pass over it.
+        let Some(session_id) = frame.session() else { return };
+        let session_id: &str = &session_id;
         let kind = frame.session_update().unwrap_or_default();
         let wall = cx.wall();
         // Compacted inside a turn of Coda's: Codex goes on with a request on the compacted context.
         let in_turn = cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session_id));
         let Some(session) = self.root(session_id, cx) else { return };
-        let update = &value["params"]["update"];
-        let status = update.get("status").and_then(Value::as_str);
+        let (mut status, mut tool, mut meta) = (None, None, None);
+        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
+            if key.is("status") {
+                status = value.as_str();
+            } else if key.is("toolCallId") {
+                tool = value.as_str();
+            } else if key.is("_meta") {
+                meta = Some(value);
+            }
+        }
+        let status = status.as_deref();
         let compaction = match kind {
             "compaction_update" => match status {
                 Some("in_progress") => Some(Compaction::Started),
@@ -220,9 +231,10 @@ impl Source for Codex {
                 _ => None,
             },
             _ => {
-                let id = update.get("toolCallId").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let id = tool.unwrap_or_default().into_owned();
                 let ended = matches!(status, Some("completed" | "failed"));
-                if kind == "tool_call" && update.pointer("/_meta/jetbrains/air/contextCompaction").is_some() {
+                let air_compaction = meta.and_then(|m| m.pointer(&["jetbrains", "air", "contextCompaction"]));
+                if kind == "tool_call" && air_compaction.is_some() {
                     session.compaction_tools.insert(id);
                     Some(Compaction::Started)
                 } else if ended && session.compaction_tools.remove(&id) {

@@ -16,9 +16,11 @@
 //! - A subagent continued with `resume_from` gets a new child session from Grok; Coda keeps the first one
 //!   (rule 5), so the new one's frames are renamed to it both ways.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 
+use crate::adapters::grok::compact::queue_field;
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Layer};
@@ -262,19 +264,23 @@ impl GrokActivity {
                 let will_wake = u.get("will_wake").and_then(Value::as_bool) == Some(true);
                 self.ended((Item::Subagent, id.to_owned()), state, will_wake, cx);
             }
-            ("_x.ai/session_notification", Some("turn_completed")) => {
-                let Some(key) = str_at(u, "prompt_id").and_then(Self::wake_key) else { return };
-                let Some(a) = self.items.get(&key) else { return };
-                let state = a.ended.unwrap_or(State::Done);
-                self.set_state(&key, state, cx);
-            }
+            ("_x.ai/session_notification", Some("turn_completed")) => self.turn_completed(str_at(u, "prompt_id"), cx),
             _ => {}
         }
     }
 
-    /// `_x.ai/queue/changed` naming a wake turn as running: Grok is working on that item's result.
-    fn queue_changed(&mut self, params: &Value, cx: &mut Cx) {
-        let Some(key) = str_at(params, "runningPromptId").and_then(Self::wake_key) else { return };
+    /// A turn of Grok's ended; `prompt` is its `prompt_id`: a wake turn's ends its item.
+    fn turn_completed(&mut self, prompt: Option<&str>, cx: &mut Cx) {
+        let Some(key) = prompt.and_then(Self::wake_key) else { return };
+        let Some(a) = self.items.get(&key) else { return };
+        let state = a.ended.unwrap_or(State::Done);
+        self.set_state(&key, state, cx);
+    }
+
+    /// `_x.ai/queue/changed` naming a wake turn as running (`running`, its `runningPromptId`): Grok is
+    /// working on that item's result.
+    fn queue_changed(&mut self, running: Option<&str>, cx: &mut Cx) {
+        let Some(key) = running.and_then(Self::wake_key) else { return };
         if self.items.get(&key).is_some_and(|a| a.open) {
             self.set_state(&key, State::Handling, cx);
         }
@@ -304,10 +310,27 @@ impl GrokActivity {
         cx.to_client(frame::result_response(id, json!({})));
     }
 
+    /// Whether Grok's `_x.ai/*` notification `method` may change what this layer knows: the others (most of
+    /// them: set-up, queue and session lists, retries) are passed on unread.
+    fn reads(&self, method: &str, frame: &Frame) -> bool {
+        match method {
+            "_x.ai/task_backgrounded" | "_x.ai/task_completed" => true,
+            // It changes only an open item's state, and a turn's end only an item's.
+            "_x.ai/queue/changed" => self.items.values().any(|a| a.open),
+            "_x.ai/session_notification" => match frame.session_update() {
+                Some("background_tasks" | "subagent_spawned" | "subagent_finished") => true,
+                Some("turn_completed") => !self.items.is_empty(),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Whether a frame names a session [`GrokActivity::rename`] renames (towards the client when `to_visible`).
     fn may_rename(&self, frame: &Frame, to_visible: bool) -> bool {
         let map = if to_visible { &self.alias } else { &self.current };
-        map.iter().any(|(from, to)| from != to && frame.contains(from.as_bytes()))
+        // `params.sessionId` from the frame check: a lookup, not a search of the frame for every name.
+        !map.is_empty() && frame.session().is_some_and(|s| map.get(&*s).is_some_and(|to| *to != *s))
     }
 
     /// Whether a `session/update` is a tool call this layer learns from: a spawn, or what may follow one.
@@ -323,7 +346,7 @@ impl GrokActivity {
     /// passes the frame on (towards the client when `to_visible`).
     fn rename(&self, frame: Frame, to_visible: bool, cx: &mut Cx) {
         let pass = |cx: &mut Cx, f: Frame| if to_visible { cx.to_client(f) } else { cx.to_agent(f) };
-        // Parse only a frame that names a session to rename (a byte search is far cheaper than a parse).
+        // Parse only a frame whose session is one to rename.
         if !self.may_rename(&frame, to_visible) {
             return pass(cx, frame);
         }
@@ -362,18 +385,29 @@ impl Layer for GrokActivity {
         match frame.kind().clone() {
             Kind::Response { .. } => cx.to_client(frame),
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
-                let v = frame.shared_value();
+                if !self.reads(&method, &frame) {
+                    return cx.to_client(frame);
+                }
+                let copy = frame.clone();
                 cx.to_client(frame);
-                let params = v.get("params").unwrap_or(&Value::Null);
-                let Some(session) = str_at(params, "sessionId") else { return };
-                if Self::is_loading(cx, session) {
+                let Some(session) = copy.session().filter(|s| !s.is_empty()) else { return };
+                if Self::is_loading(cx, &session) {
                     return;
                 }
-                if method == "_x.ai/queue/changed" {
-                    return self.queue_changed(params, cx);
+                // The queue and a turn's end, the most frequent, read where they lie (they carry prompts).
+                fn nonempty(s: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
+                    s.filter(|s| !s.is_empty())
                 }
-                if let Some(u) = params.get("update") {
-                    self.notification(&method, session, u, cx);
+                if method == "_x.ai/queue/changed" {
+                    return self.queue_changed(nonempty(queue_field(&copy, "runningPromptId")).as_deref(), cx);
+                }
+                if method == "_x.ai/session_notification" && copy.session_update() == Some("turn_completed") {
+                    let prompt = copy.update_value().and_then(|u| u.get("prompt_id")).and_then(|p| p.as_str());
+                    return self.turn_completed(nonempty(prompt).as_deref(), cx);
+                }
+                let v = copy.value();
+                if let Some(u) = v.get("params").and_then(|p| p.get("update")) {
+                    self.notification(&method, &session, u, cx);
                 }
             }
             Kind::Notification { method } if method == "session/update" => {
@@ -396,7 +430,7 @@ impl Layer for GrokActivity {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         match frame.kind() {
-            Kind::Notification { method } if method.starts_with("_x.ai/") => false,
+            Kind::Notification { method } if method.starts_with("_x.ai/") => !self.reads(method, frame),
             Kind::Notification { method } if method == "session/update" => {
                 !self.tool_news(frame) && !self.may_rename(frame, true)
             }

@@ -64,13 +64,17 @@ pub(crate) fn note_queue(frame: &Frame, cx: &mut Cx) {
     if !frame.is_notification(QUEUE_CHANGED) {
         return;
     }
-    let v = frame.value();
-    let params = v.get("params").unwrap_or(&Value::Null);
-    let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
-    let busy = params.get("runningPromptId").and_then(Value::as_str).is_some_and(|p| !p.is_empty());
-    if let Some(s) = cx.session_mut(session) {
+    // Read where they lie: the queue's entries (prompts, the session instruction among them) are not parsed.
+    let Some(session) = frame.session() else { return };
+    let busy = queue_field(frame, "runningPromptId").is_some_and(|p| !p.is_empty());
+    if let Some(s) = cx.session_mut(&session) {
         s.set_busy(busy);
     }
+}
+
+/// The string `key` of an `_x.ai/queue/changed`'s `params`, read where it lies.
+pub(crate) fn queue_field<'f>(frame: &'f Frame, key: &str) -> Option<std::borrow::Cow<'f, str>> {
+    frame.view().pointer(&["params", key])?.as_str()
 }
 
 impl GrokCompact {

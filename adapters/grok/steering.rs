@@ -27,7 +27,7 @@ use std::convert::Infallible;
 
 use serde_json::{Value, json};
 
-use super::compact::note_queue;
+use super::compact::{note_queue, queue_field};
 use crate::coda::steering::{Ctl, Outcome, Steerer};
 use crate::frame::{Frame, Kind};
 
@@ -160,17 +160,14 @@ impl GrokSteering {
     /// Grok's queue: a turn of its own for a message of Coda's.
     fn queue(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) {
         note_queue(frame, ctl.cx);
-        let v = frame.value();
-        let params = v.get("params").unwrap_or(&Value::Null);
-        let running = params.get("runningPromptId").and_then(Value::as_str).unwrap_or_default();
-        if !running.starts_with(FALLBACK) {
+        if !queue_field(frame, "runningPromptId").is_some_and(|running| running.starts_with(FALLBACK)) {
             return;
         }
-        let session = params.get("sessionId").and_then(Value::as_str).unwrap_or_default();
-        let text = params.get("runningText").and_then(Value::as_str);
-        if let Some(steer) = self.steers.get(session).filter(|s| Some(s.text.as_str()) == text) {
+        let session = frame.session().unwrap_or_default();
+        let text = queue_field(frame, "runningText");
+        if let Some(steer) = self.steers.get(&*session).filter(|s| Some(s.text.as_str()) == text.as_deref()) {
             tracing::info!("Grok runs a steering message as a turn of its own: it missed Coda's turn");
-            ctl.answer(session, steer.round, Outcome::StartedNewTurn);
+            ctl.answer(&session, steer.round, Outcome::StartedNewTurn);
         }
     }
 }

@@ -32,12 +32,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
-use crate::frame::{Frame, Kind, Needle};
+use crate::frame::{Frame, Kind};
 use crate::inside::{Folder, Kind as Entry};
+use crate::json::View;
 use crate::layer::Cx;
 
 const NOTIFICATION: &str = "_x.ai/session_notification";
-static STREAM_START: Needle = crate::needle!(b"\"streamStartMs\"");
 
 /// A model a `session/set_model` or `session/set_config_option` asked for (a note on that request).
 struct ModelAsked(String);
@@ -72,36 +72,76 @@ impl Root {
         }
     }
 
-    /// A stamped frame of Grok's (`session/update` `_meta`): the time of a new request, if it starts one.
-    fn stamped(&mut self, meta: &Value) -> Option<SystemTime> {
-        let ms = |k: &str| meta.get(k).and_then(Value::as_u64);
-        if let Some(turn) = ms("turnStartMs")
+    /// A stamped frame of Grok's (`session/update` `_meta`'s stamps): the time of a new request, if it starts one.
+    fn stamped(&mut self, stamps: Stamps) -> Option<SystemTime> {
+        if let Some(turn) = stamps.turn
             && self.turn_start != Some(turn)
         {
             self.turn_start = Some(turn);
             self.stream = None;
         }
         let mut request = None;
-        if let Some(stream) = ms("streamStartMs")
+        if let Some(stream) = stamps.stream
             && self.stream != Some(stream)
         {
             self.stream = Some(stream);
             let before = self.turn_start.max(self.latest).unwrap_or(stream);
             request = Some(at(before.min(stream)));
         }
-        if let Some(now) = ms("agentTimestampMs") {
+        if let Some(now) = stamps.now {
             self.latest = self.latest.max(Some(now));
         }
         request
     }
 }
 
-fn at(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
+/// Grok's stamps in a `_meta`: `turnStartMs`, `streamStartMs`, `agentTimestampMs` (ms since the epoch).
+#[derive(Debug, Default, PartialEq)]
+struct Stamps {
+    turn: Option<u64>,
+    stream: Option<u64>,
+    now: Option<u64>,
 }
 
-fn u64_at(v: &Value, key: &str) -> u64 {
-    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+impl Stamps {
+    /// Of a parsed `_meta` (a record of Grok's session folder).
+    fn of_value(meta: &Value) -> Stamps {
+        let ms = |k: &str| meta.get(k).and_then(Value::as_u64);
+        Stamps { turn: ms("turnStartMs"), stream: ms("streamStartMs"), now: ms("agentTimestampMs") }
+    }
+
+    /// Of a frame's `_meta` as it lies in the frame (the frame check found it): one pass over its members (of a
+    /// key twice, the last, as a parsed value keeps).
+    fn of_view(meta: View) -> Stamps {
+        let mut stamps = Stamps::default();
+        for (key, value) in meta.members() {
+            let slot = if key.is("turnStartMs") {
+                &mut stamps.turn
+            } else if key.is("streamStartMs") {
+                &mut stamps.stream
+            } else if key.is("agentTimestampMs") {
+                &mut stamps.now
+            } else {
+                continue;
+            };
+            *slot = value.as_u64();
+        }
+        stamps
+    }
+}
+
+/// Whether a frame's `params._meta` (as the frame check found it) may hold `streamStartMs`: the key's bytes, or
+/// an escape anywhere in it (read exactly then). A search for its `S`: a `_meta` is too short for a SIMD
+/// search to pay off.
+fn may_stream(meta: &View) -> bool {
+    let text = meta.text();
+    memchr::memchr(b'\\', text).is_some()
+        || memchr::memchr_iter(b'S', text)
+            .any(|at| text[..at].ends_with(b"\"stream") && text[at..].starts_with(b"StartMs\""))
+}
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// Where Grok's facts are (see the module's docs).
@@ -134,7 +174,7 @@ pub fn history(home: &Path, session: &str) -> Facts {
         match update {
             Some("auto_compact_completed") => facts.compacted_at = stamp.map(at).or(facts.compacted_at),
             _ => {
-                if let Some(request) = params.get("_meta").and_then(|m| root.stamped(m)) {
+                if let Some(request) = params.get("_meta").and_then(|m| root.stamped(Stamps::of_value(m))) {
                     facts.last_request_at = Some(request);
                 }
             }
@@ -209,39 +249,46 @@ impl Source for Grok {
                     Some("response_completed" | "auto_compact_completed" | "turn_completed")
                 )
             }
-            // A stamped update (Grok stamps its chunks too) may start a root's request.
-            Kind::Notification { method } if method == "session/update" => frame.has(&STREAM_START),
+            // A stamped update (Grok stamps its chunks too) may start a root's request: its stamps are read from
+            // the frame check's one pass (a chunk is not parsed).
+            Kind::Notification { method } if method == "session/update" => frame.meta().is_some_and(|m| may_stream(&m)),
             _ => false,
         }
     }
 
     fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
-        let v = frame.value();
-        let params = v.get("params").unwrap_or(&Value::Null);
-        let Some(session) = params.get("sessionId").and_then(Value::as_str) else { return };
-        let wall = cx.wall();
-        let Some(root) = self.root(session, cx) else { return };
-        let mut say = |fact| out.push((session.to_owned(), fact));
         if frame.is_notification("session/update") {
-            if let Some(request) = params.get("_meta").and_then(|meta| root.stamped(meta)) {
-                say(Fact::Request(request));
+            // Read where they lie: a stamped chunk is not parsed.
+            let (Some(session), Some(meta)) = (frame.session(), frame.meta()) else { return };
+            let Some(root) = self.root(&session, cx) else { return };
+            if let Some(request) = root.stamped(Stamps::of_view(meta)) {
+                out.push((session.into_owned(), Fact::Request(request)));
             }
             return;
         }
-        let update = params.get("update").unwrap_or(&Value::Null);
-        let stamp = params.pointer("/_meta/agentTimestampMs").and_then(Value::as_u64);
-        match update.get("sessionUpdate").and_then(Value::as_str) {
+        // Grok's notification of a turn, read where it lies (it carries the turn's whole text): the update's
+        // fields from its place, the stamp from `_meta`'s.
+        let Some(session) = frame.session() else { return };
+        let session: &str = &session;
+        let wall = cx.wall();
+        let Some(root) = self.root(session, cx) else { return };
+        let mut say = |fact| out.push((session.to_owned(), fact));
+        let update = frame.update_value();
+        let field = |k: &str| update.and_then(|u| u.get(k));
+        let stamp = frame.meta().and_then(|m| m.get("agentTimestampMs")).and_then(|t| t.as_u64());
+        match frame.session_update() {
             Some("response_completed") => {
-                let Some(u) = update.get("usage") else { return };
-                let context = u64_at(u, "input_tokens")
-                    .saturating_add(u64_at(u, "cache_read_input_tokens"))
-                    .saturating_add(u64_at(u, "cache_creation_input_tokens"));
+                let Some(u) = field("usage") else { return };
+                let n = |k: &str| u.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
+                let context = n("input_tokens")
+                    .saturating_add(n("cache_read_input_tokens"))
+                    .saturating_add(n("cache_creation_input_tokens"));
                 say(Fact::Context(context));
-                say(Fact::Used(context.saturating_add(u64_at(u, "output_tokens"))));
+                say(Fact::Used(context.saturating_add(n("output_tokens"))));
             }
             Some("auto_compact_completed") => {
                 say(Fact::Compacted(stamp.map(at).unwrap_or(wall)));
-                if let Some(after) = update.get("tokens_after").and_then(Value::as_u64) {
+                if let Some(after) = field("tokens_after").and_then(|n| n.as_u64()) {
                     say(Fact::Used(after));
                 }
                 say(Fact::Send);
@@ -271,6 +318,27 @@ mod tests {
 
     const S: &str = "01a23508-7405-7612-8cc8-1d2ec4083a1a";
     const T0: u64 = 1_796_186_076_330;
+
+    /// The stamps read where they lie are those of the parsed `_meta`, and a `_meta` that holds
+    /// `streamStartMs` is never passed by unread, for every recorded frame and the hostile lines.
+    #[test]
+    fn stamps_read_in_place_are_the_parsed_ones_for_every_recorded_and_hostile_line() {
+        let mut lines = crate::frame::recorded_lines();
+        lines.extend(crate::frame::hostile_lines());
+        let mut read = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let Some(meta) = frame.meta() else { continue };
+            let parsed = frame.value().pointer("/params/_meta").expect("a _meta");
+            let want = Stamps::of_value(parsed);
+            assert_eq!(Stamps::of_view(meta), want, "{parsed}");
+            if parsed.get("streamStartMs").is_some() {
+                assert!(may_stream(&meta), "{parsed}");
+            }
+            read += usize::from(want.stream.is_some());
+        }
+        assert!(read > 500, "stamped frames read ({read})");
+    }
 
     fn started() -> Harness {
         let mut h = Harness::of(layer(None));

@@ -261,18 +261,15 @@ impl Title {
             Handling::Pass => {
                 let of = match frame.kind() {
                     Kind::Response { .. } => cx.answer_to(frame).and_then(|r| r.session()).map(str::to_owned),
-                    _ => sonic_rs::get(frame.bytes(), &["params", "sessionId"])
-                        .ok()
-                        .and_then(|v| sonic_rs::JsonValueTrait::as_str(&v).map(str::to_owned)),
+                    _ => frame.session().map(|s| s.into_owned()),
                 };
                 (of.into_iter().collect(), Vec::new())
             }
             Handling::Info => {
-                let v = frame.value();
-                let session = v.pointer("/params/sessionId").and_then(Value::as_str);
-                let title = v.pointer("/params/update/title").and_then(Value::as_str);
-                let echo = title.is_some_and(echoes_instruction);
-                let session: Vec<String> = session.map(str::to_owned).into_iter().collect();
+                // Read where they lie: the session from the frame check, the title from the update.
+                let title = frame.update_value().and_then(|u| u.get("title")).and_then(|t| t.as_str());
+                let echo = title.is_some_and(|t| echoes_instruction(&t));
+                let session: Vec<String> = frame.session().map(|s| s.into_owned()).into_iter().collect();
                 (session.clone(), if echo { session } else { Vec::new() })
             }
             Handling::List => {

@@ -30,7 +30,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
-use crate::frame::{Frame, Kind};
+use crate::frame::{Frame, Kind, Needle};
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
@@ -198,6 +198,9 @@ fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 /// Updates that are output of a turn (what OpenCode's own follow-up turn streams).
+/// What a `task` call's `rawInput` has (a tool call without it, of a call not followed yet, is no `task`).
+static SUBAGENT_TYPE: Needle = crate::needle!(b"\"subagent_type\"");
+
 fn is_turn_output(kind: &str) -> bool {
     matches!(kind, "agent_message_chunk" | "agent_thought_chunk" | "tool_call" | "tool_call_update" | "plan")
 }
@@ -465,21 +468,33 @@ impl OpenCodeActivity {
     }
 
     /// A `session/update` (already read): `task` calls, and output of OpenCode's own turns.
-    fn update(&mut self, v: &Value, cx: &mut Cx) {
-        let (Some(sid), Some(u)) =
-            (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-        else {
-            return;
-        };
-        if self.tasks.followed.contains(sid) || asked(cx, "session/load", sid) {
+    /// Whether a tool call of `session` may be a `task` ([`OpenCodeActivity::task_update`] reads only those):
+    /// one with a `task`'s input, or one followed already (its id read where it lies).
+    fn may_be_task(&self, frame: &Frame, session: &str) -> bool {
+        if frame.has(&SUBAGENT_TYPE) {
+            return true;
+        }
+        if self.tasks.by_call.is_empty() {
+            return false;
+        }
+        let call = frame.update_value().and_then(|u| u.get("toolCallId")).and_then(|c| c.as_str());
+        call.is_some_and(|call| self.tasks.by_call.contains_key(&(session.to_owned(), call.into_owned())))
+    }
+
+    fn update(&mut self, frame: &Frame, cx: &mut Cx) {
+        // The session and the kind from the frame check's pass: only a tool call that may be a `task` is parsed.
+        let (Some(sid), Some(kind)) = (frame.session(), frame.session_update()) else { return };
+        if self.tasks.followed.contains(&*sid) || asked(cx, "session/load", &sid) {
             return;
         }
-        let kind = u.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
-        if matches!(kind, "tool_call" | "tool_call_update") {
-            self.task_update(sid, u, cx);
+        if matches!(kind, "tool_call" | "tool_call_update")
+            && self.may_be_task(frame, &sid)
+            && let Some(u) = frame.value().pointer("/params/update")
+        {
+            self.task_update(&sid, u, cx);
         }
-        if is_turn_output(kind) && !asked(cx, "session/prompt", sid) {
-            self.own_turn_output(sid, cx);
+        if is_turn_output(kind) && !asked(cx, "session/prompt", &sid) {
+            self.own_turn_output(&sid, cx);
         }
     }
 }
@@ -530,9 +545,9 @@ impl Layer for OpenCodeActivity {
                 if !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update")) {
                     return cx.to_client(frame);
                 }
-                let v = frame.shared_value();
+                let copy = frame.clone();
                 cx.to_client(frame);
-                self.update(&v, cx);
+                self.update(&copy, cx);
             }
             _ => cx.to_client(frame),
         }

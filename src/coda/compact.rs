@@ -75,11 +75,17 @@ fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<Stri
     slot.as_object_mut().expect("made an object above")
 }
 
-/// The session a `_coda/session/compact` request names, or the error answer for it (-32602).
-pub fn session_of(request: &Value, id: &Id) -> Result<String, Frame> {
+/// The session a `_coda/session/compact` request names, or the error answer for it (-32602; boxed: a frame is
+/// large beside a session's name).
+pub fn session_of(request: &Value, id: &Id) -> Result<String, Box<Frame>> {
     match request.get("params").and_then(|p| p.get("sessionId")).and_then(Value::as_str) {
         Some(s) if !s.is_empty() => Ok(s.to_owned()),
-        _ => Err(frame::error_response(id, -32602, "`_coda/session/compact` needs params.sessionId (a string)", None)),
+        _ => Err(Box::new(frame::error_response(
+            id,
+            -32602,
+            "`_coda/session/compact` needs params.sessionId (a string)",
+            None,
+        ))),
     }
 }
 
@@ -233,7 +239,7 @@ impl<B: Compactor> Compaction<B> {
     fn request(&mut self, id: Id, frame: Frame, cx: &mut Cx) {
         let session = match session_of(frame.value(), &id) {
             Ok(s) => s,
-            Err(answer) => return cx.to_client(answer),
+            Err(answer) => return cx.to_client(*answer),
         };
         let known = cx.session(&session).filter(|s| s.is_root());
         let refused = match known {

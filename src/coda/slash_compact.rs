@@ -128,6 +128,16 @@ impl SlashCompact {
         if kind != "usage_update" && self.running.is_empty() {
             return true;
         }
+        if self.running.is_empty() {
+            // A `usage_update` while nothing compacts: its figure only, read where it lies.
+            if let Some(session) = frame.session()
+                && let Some(used) = frame.update_value().and_then(|u| u.get("used")).and_then(|u| u.as_u64())
+                && ctl.cx.session(&session).is_some_and(|s| s.is_root())
+            {
+                self.used.insert(session.into_owned(), used);
+            }
+            return true;
+        }
         let value = frame.value();
         let Some(session) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return true };
         let update = &value["params"]["update"];

@@ -33,6 +33,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Map, Value, json};
 
 use crate::frame::{self, Frame, Kind};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 
 /// The longest a `usage_update` waits for facts still on their way ([`Source::waits`]).
@@ -60,7 +61,8 @@ const CACHE_TTL_MAX: usize = 32;
 /// `2026-10-28T01:06:12.418Z`: a time as Coda's facts carry it (UTC, milliseconds; what `toISOString()` writes).
 pub fn iso(at: SystemTime) -> Option<String> {
     let at = jiff::Timestamp::try_from(at).ok()?;
-    Some(at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+    // RFC 3339 in UTC with three digits of the second's fraction, always.
+    Some(format!("{at:.3}"))
 }
 
 impl Facts {
@@ -80,6 +82,96 @@ impl Facts {
             coda.insert("compactedAt".into(), json!(at));
         }
         coda
+    }
+
+    /// Whether no fact is known ([`Facts::to_json`] is empty).
+    fn is_empty(&self) -> bool {
+        self.last_request_at.and_then(iso).is_none()
+            && self.context_tokens.is_none()
+            && self.compacted_at.and_then(iso).is_none()
+            && !self.cache_ttl.as_ref().is_some_and(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'))
+    }
+
+    /// [`Facts::to_json`] written as JSON text (its keys in the order a `Map` keeps them), without building it.
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut first = true;
+        let mut key = |out: &mut Vec<u8>, name: &str| {
+            out.extend_from_slice(if first { b"{\"" } else { b",\"" });
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b"\":");
+            first = false;
+        };
+        if let Some(ttl) = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P')) {
+            key(out, "cacheTtl");
+            out.extend_from_slice(Value::from(ttl.as_str()).to_string().as_bytes());
+        }
+        if let Some(at) = self.compacted_at.and_then(iso) {
+            key(out, "compactedAt");
+            out.extend_from_slice(format!("\"{at}\"").as_bytes());
+        }
+        if let Some(n) = self.context_tokens {
+            key(out, "contextTokens");
+            out.extend_from_slice(n.to_string().as_bytes());
+        }
+        if let Some(at) = self.last_request_at.and_then(iso) {
+            key(out, "lastRequestAt");
+            out.extend_from_slice(format!("\"{at}\"").as_bytes());
+        }
+        if first {
+            out.push(b'{');
+        }
+        out.push(b'}');
+    }
+
+    /// [`Facts::stamp`] on a frame: the `usage_update` with the facts written in, its bytes as they were
+    /// around them (the CLI's key order and number spellings kept; nothing parsed but the `_meta` of its
+    /// `update`). `None` for a frame that is no `usage_update`, or when no fact is known (never an empty
+    /// object). A frame with a lone surrogate escape is parsed and written again, as every frame a layer edits
+    /// (the escape written as U+FFFD).
+    pub fn stamp_frame(&self, frame: &Frame) -> Option<Frame> {
+        if frame.session_update() != Some("usage_update") || self.is_empty() {
+            return None;
+        }
+        if frame.lone_surrogate() {
+            return self.stamp_value(frame);
+        }
+        let line = frame.bytes();
+        let update = frame.update_value()?;
+        let mut facts = Vec::with_capacity(128);
+        self.write_json(&mut facts);
+        // What replaces `line[cut]`: `_meta` added to `update`, `coda` added to `_meta` or its value replaced,
+        // or a `_meta` that is no object replaced. A key twice (which one a reader keeps is its own choice)
+        // is left to the parsed value's rules.
+        // The member `name` of `v`, and whether it is the only one of that name.
+        fn only<'a>(v: View<'a>, name: &str) -> (Option<View<'a>>, bool) {
+            let mut found = v.members().filter(|(k, _)| k.is(name)).map(|(_, v)| v);
+            let first = found.next();
+            (first, found.next().is_none())
+        }
+        let (cut, with): (std::ops::Range<usize>, Vec<u8>) = match only(update, "_meta") {
+            (None, _) => {
+                let end = update.range_in(line)?.end - 1;
+                (end..end, [&b",\"_meta\":{\"coda\":"[..], &facts, b"}"].concat())
+            }
+            (Some(meta), true) if meta.text().first() == Some(&b'{') => match only(meta, "coda") {
+                (None, _) => {
+                    let end = meta.range_in(line)?.end - 1;
+                    let comma: &[u8] = if meta.members().next().is_some() { b"," } else { b"" };
+                    (end..end, [comma, b"\"coda\":", &facts].concat())
+                }
+                (Some(coda), true) => (coda.range_in(line)?, facts),
+                (Some(_), false) => return self.stamp_value(frame),
+            },
+            (Some(meta), true) => (meta.range_in(line)?, [&b"{\"coda\":"[..], &facts, b"}"].concat()),
+            (Some(_), false) => return self.stamp_value(frame),
+        };
+        Some(Frame::built([&line[..cut.start], &with, &line[cut.end..]].concat()))
+    }
+
+    /// [`Facts::stamp`] on the frame's parsed value, written out again.
+    fn stamp_value(&self, frame: &Frame) -> Option<Frame> {
+        let mut v = frame.to_value();
+        self.stamp(&mut v).then(|| frame.rewritten(v))
     }
 
     /// Writes the facts into a `session/update` `usage_update` value (its `update._meta.coda`, keeping the
@@ -359,7 +451,7 @@ impl<S: Source> UsageFacts<S> {
             }
             _ if frame.session_update() == Some("usage_update") => self.usage_update(frame, cx),
             _ if self.cli.wants(&frame) => {
-                let history = session_of(frame.value()).is_some_and(|s| loading(cx, s));
+                let history = frame.session().is_some_and(|s| loading(cx, &s));
                 cx.to_client(frame.clone());
                 if !history {
                     self.cli.from_agent(&frame, cx, &mut said);
@@ -370,9 +462,10 @@ impl<S: Source> UsageFacts<S> {
         }
     }
 
+    /// A `usage_update` of the CLI's: read where it lies (its session from the frame check's one pass, its
+    /// `update` alone parsed), stamped in its bytes ([`Facts::stamp_frame`]).
     fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
-        let value = frame.shared_value();
-        let Some(session) = session_of(&value).filter(|s| is_root(cx, s)).map(str::to_owned) else {
+        let Some(session) = frame.session().filter(|s| is_root(cx, s)).map(|s| s.into_owned()) else {
             return cx.to_client(frame);
         };
         if self.must_wait(&session) {
@@ -381,20 +474,19 @@ impl<S: Source> UsageFacts<S> {
             self.held.push_back(Held::Frame(frame));
             return;
         }
-        let update = &value["params"]["update"];
+        let update = frame.update_value().map_or(Value::Null, |u| u.to_value());
         let count = |k: &str| update.get(k).and_then(Value::as_u64);
         let mut said: Said = Vec::new();
         said.extend(count("used").map(|n| (session.clone(), Fact::Used(n))));
         said.extend(count("size").map(|n| (session.clone(), Fact::Size(n))));
         if !loading(cx, &session) {
-            self.cli.usage_update(&session, update, cx, &mut said);
+            self.cli.usage_update(&session, &update, cx, &mut said);
         }
         self.apply(said, cx);
         let Some(e) = self.sessions.get(&session) else { return cx.to_client(frame) };
-        let mut v = Value::clone(&value);
-        match e.facts.stamp(&mut v) {
-            true => cx.to_client(frame.rewritten(v)),
-            false => cx.to_client(frame),
+        match e.facts.stamp_frame(&frame) {
+            Some(stamped) => cx.to_client(stamped),
+            None => cx.to_client(frame),
         }
     }
 
@@ -405,8 +497,7 @@ impl<S: Source> UsageFacts<S> {
         while let Some(front) = self.held.front() {
             let waiting = match front {
                 Held::Frame(f) => {
-                    let v = f.value();
-                    session_of(v).filter(|s| is_root(cx, s)).map(str::to_owned).filter(|s| self.must_wait(s))
+                    f.session().filter(|s| is_root(cx, s)).map(|s| s.into_owned()).filter(|s| self.must_wait(s))
                 }
                 Held::Own(s) => Some(s.clone()).filter(|s| self.sessions.get(s).is_some_and(|e| e.loading.is_some())),
             };
@@ -574,6 +665,68 @@ mod tests {
         let mut v = json!({"params":{"update":{"sessionUpdate":"usage_update","_meta":"no"}}});
         assert!(facts.stamp(&mut v));
         assert_eq!(v["params"]["update"]["_meta"], json!({"coda":{"contextTokens":1}}));
+    }
+
+    /// The facts written into a frame's bytes give the value [`Facts::stamp`] gives, whatever the update's
+    /// `_meta` is (none, an object with or without `coda`, no object, a key twice or escaped), with space
+    /// anywhere, lone surrogates and numbers beyond f64.
+    #[test]
+    fn a_frame_stamped_in_place_reads_as_the_stamped_value() {
+        let all = Facts {
+            last_request_at: Some(at(1_793_149_572_418)),
+            context_tokens: Some(53_000),
+            compacted_at: Some(at(0)),
+            cache_ttl: Some("PT1H \"\\ \u{1}".into()),
+        };
+        let facts = [all, Facts { context_tokens: Some(7), ..Facts::default() }, Facts::default()];
+        let updates = [
+            r#"{"sessionUpdate":"usage_update","used":1,"size":2}"#,
+            r#"{"sessionUpdate":"usage_update"}"#,
+            r#" { "sessionUpdate" : "usage_update" , "used" : 1e400 , "_meta" : { "x" : [ 1 ] } } "#,
+            r#"{"_meta":{},"sessionUpdate":"usage_update"}"#,
+            r#"{"_meta":{ },"sessionUpdate":"usage_update"}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":{"coda":{"old":true},"y":"\ud800"}}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":{"coda":"no","z":{"coda":1}}}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":"no"}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":null}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":[{"coda":1}]}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":{"a":1},"_meta":{"b":2}}"#,
+            r#"{"sessionUpdate":"usage_update","_meta":{"coda":1,"coda":2}}"#,
+            r#"{"sessionUpdate":"usage_update","_m\u0065ta":{"c\u006fda":1,"k":"v"}}"#,
+        ];
+        let mut spliced = 0;
+        for update in updates {
+            for (before, after) in [("", ""), (r#""x":"\ud83d","#, r#","w":{"update":{}}"#)] {
+                let line = format!(
+                    r#"{{"jsonrpc":"2.0", "method":"session/update","params":{{{before}"sessionId":"s1","update":{update}{after}}}}}"#
+                );
+                let frame = Frame::parse(line.clone().into_bytes()).expect("a frame");
+                for facts in &facts {
+                    let mut want = frame.to_value();
+                    if !facts.stamp(&mut want) {
+                        assert!(facts.stamp_frame(&frame).is_none(), "nothing known: {line}");
+                        continue;
+                    }
+                    let got = facts.stamp_frame(&frame).expect("a usage_update");
+                    assert_eq!(got.value(), &want, "{line}");
+                    assert!(got.is_shim());
+                    // In place, the bytes before `update` are the CLI's (parsed and written again, the space
+                    // is gone).
+                    let head = &line.as_bytes()[..line.find(r#""update""#).expect("an update")];
+                    spliced += usize::from(got.bytes().starts_with(head));
+                }
+            }
+        }
+        // All but those with a key twice or a lone surrogate (and those with no fact known, left as they were).
+        assert_eq!(spliced, 20, "stamped in place");
+        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"agent_message_chunk"}}}"#;
+        assert!(Facts::default().stamp_frame(&Frame::parse(chunk.as_bytes().to_vec()).unwrap()).is_none());
+        for facts in &facts {
+            assert_eq!(facts.is_empty(), facts.to_json().is_empty());
+            let mut text = Vec::new();
+            facts.write_json(&mut text);
+            assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), Value::Object(facts.to_json()));
+        }
     }
 
     #[test]

@@ -143,8 +143,8 @@ impl Waits {
         if !frame.is_notification("session/update") {
             return false;
         }
-        let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str);
-        session.is_some_and(|s| cx.sessions().is_some_and(|t| t.is_child(s)))
+        // The session from the frame check's pass: a child's chunk is not parsed.
+        frame.session().is_some_and(|s| cx.sessions().is_some_and(|t| t.is_child(&s)))
     }
 
     fn stop(&mut self, id: Id, frame: Frame, cx: &mut Cx) {

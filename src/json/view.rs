@@ -1,0 +1,305 @@
+//! A value of a frame read where it lies: a layer that needs a field or two of a frame it otherwise passes
+//! on (a session id, a time in `_meta`) finds them in the frame's bytes, which the frame check accepted, and
+//! walks only the objects on the way there, skipping every other value without reading it. Parsing the
+//! whole frame into a `serde_json::Value` ([`crate::frame::Frame::value`]) costs an allocation per string
+//! and per object of the frame; this costs a pass over the bytes up to the end of the object holding the
+//! field.
+//!
+//! It reads as a `Value` reads: of a key that appears twice in an object, the last; a lone UTF-16 surrogate
+//! escape in a string as U+FFFD ([`super::mend_surrogates`]); numbers as serde_json (with its
+//! `arbitrary_precision`) reads them. The unit tests compare the two on every value of a corpus.
+
+use std::borrow::Cow;
+
+/// A JSON value as its text in a line the frame check accepted (anything else reads as no value).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct View<'a> {
+    text: &'a [u8],
+}
+
+impl std::fmt::Debug for View<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "View({})", String::from_utf8_lossy(self.text))
+    }
+}
+
+/// JSON's space.
+fn space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Where the first of `needles` is in `b` at or after `at`. Most of what a view skips is a few bytes long (a
+/// key, a short value, the text between two escapes), so the first 32 bytes are searched eight at a time in
+/// a word (no call; each test finds the lowest byte that matches exactly: a false match can only sit above
+/// a true one); past them, by memchr's SIMD search.
+#[inline(always)]
+fn find<const N: usize>(b: &[u8], mut at: usize, needles: [u8; N]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    for _ in 0..4 {
+        let Some(eight) = b.get(at..at + 8) else { break };
+        let w = u64::from_le_bytes(eight.try_into().unwrap_or_default());
+        let mut found = 0;
+        for n in needles {
+            let x = w ^ (ONES * u64::from(n));
+            found |= x.wrapping_sub(ONES) & !x & HIGH;
+        }
+        if found != 0 {
+            return Some(at + (found.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    let rest = b.get(at..)?;
+    let found = match needles.as_slice() {
+        [a] => memchr::memchr(*a, rest),
+        [a, b] => memchr::memchr2(*a, *b, rest),
+        [a, b, c] => memchr::memchr3(*a, *b, *c, rest),
+        _ => rest.iter().position(|c| needles.contains(c)),
+    };
+    found.map(|k| at + k)
+}
+
+/// Where the string whose text begins at `at` (after its opening quote) ends: its closing quote.
+fn string_end(b: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        at = find(b, at, [b'"', b'\\'])?;
+        match b[at] {
+            b'"' => return Some(at),
+            _ => at += 2,
+        }
+    }
+}
+
+/// Where the value that starts at `at` ends (one past its last byte).
+fn value_end(b: &[u8], at: usize) -> Option<usize> {
+    let (open, close) = match *b.get(at)? {
+        b'"' => return Some(string_end(b, at + 1)? + 1),
+        b'{' => (b'{', b'}'),
+        b'[' => (b'[', b']'),
+        _ => {
+            return Some(
+                at + b[at..].iter().position(|&c| matches!(c, b',' | b'}' | b']') || space(c)).unwrap_or(b.len() - at),
+            );
+        }
+    };
+    // Brackets of the other kind are balanced inside, and strings are skipped whole.
+    let (mut depth, mut i) = (0usize, at);
+    loop {
+        i = find(b, i, [b'"', open, close])?;
+        match b[i] {
+            b'"' => i = string_end(b, i + 1)?,
+            c if c == open => depth += 1,
+            _ => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+        }
+        i += 1;
+    }
+}
+
+fn skip_space(b: &[u8], mut at: usize) -> usize {
+    while b.get(at).is_some_and(|&c| space(c)) {
+        at += 1;
+    }
+    at
+}
+
+impl<'a> View<'a> {
+    /// The value `text` is (a line the frame check accepted, or any valid JSON text).
+    pub fn of(text: &'a [u8]) -> View<'a> {
+        let start = skip_space(text, 0);
+        let end = text.len() - text.iter().rev().take_while(|&&c| space(c)).count();
+        View { text: text.get(start..end.max(start)).unwrap_or_default() }
+    }
+
+    /// The value's JSON text, as it is in the frame.
+    pub fn text(&self) -> &'a [u8] {
+        self.text
+    }
+
+    /// Where this value lies in `whole`, the text it was read from (a frame's line): its byte range there;
+    /// `None` when it is not a part of `whole`.
+    pub fn range_in(&self, whole: &[u8]) -> Option<std::ops::Range<usize>> {
+        let start = (self.text.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+        let end = start.checked_add(self.text.len())?;
+        (end <= whole.len()).then_some(start..end)
+    }
+
+    /// The value of `key` in this object (of a key that appears more than once, the last); `None` when
+    /// this is no object or has no such key.
+    pub fn get(&self, key: &str) -> Option<View<'a>> {
+        self.members().filter(|(k, _)| k.is(key)).last().map(|(_, v)| v)
+    }
+
+    /// The members of this object, in their order (none when this is no object): for a layer that reads
+    /// several fields of one object in one pass (of a key that appears more than once, each, the last last).
+    pub fn members(&self) -> Members<'a> {
+        let b = self.text;
+        let at = if b.first() == Some(&b'{') { skip_space(b, 1) } else { b.len() };
+        Members { b, at }
+    }
+
+    /// The value at `path` (keys of objects, from this one down).
+    pub fn pointer(&self, path: &[&str]) -> Option<View<'a>> {
+        path.iter().try_fold(*self, |v, key| v.get(key))
+    }
+
+    /// A string's text, unescaped (a lone surrogate escape as U+FFFD); `None` for any other value.
+    pub fn as_str(&self) -> Option<Cow<'a, str>> {
+        let inner = self.text.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+        if !inner.contains(&b'\\') {
+            return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
+        }
+        let mended = super::mend_surrogates(self.text);
+        serde_json::from_slice::<String>(&mended).ok().map(Cow::Owned)
+    }
+
+    /// A number that is a `u64` as serde_json reads one (digits only, no sign, fraction or exponent).
+    pub fn as_u64(&self) -> Option<u64> {
+        if !self.text.first().is_some_and(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(self.text).ok()?.parse().ok()
+    }
+
+    /// `true` or `false`.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self.text {
+            b"true" => Some(true),
+            b"false" => Some(false),
+            _ => None,
+        }
+    }
+
+    pub fn is_null(&self) -> bool {
+        self.text == b"null"
+    }
+
+    /// The value parsed, for a layer that reads a small part of a frame as a `serde_json::Value` (as
+    /// [`crate::frame::Frame::value`] reads the whole).
+    pub fn to_value(&self) -> serde_json::Value {
+        let mended = super::mend_surrogates(self.text);
+        super::from_slice(&mended).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// The members of an object ([`View::members`]).
+pub struct Members<'a> {
+    b: &'a [u8],
+    /// Where the next member's key is.
+    at: usize,
+}
+
+impl<'a> Iterator for Members<'a> {
+    type Item = (Key<'a>, View<'a>);
+
+    fn next(&mut self) -> Option<(Key<'a>, View<'a>)> {
+        let b = self.b;
+        if b.get(self.at) != Some(&b'"') {
+            return None;
+        }
+        let end = string_end(b, self.at + 1)?;
+        let key = Key { quoted: &b[self.at..=end] };
+        // The colon, then the value.
+        let start = skip_space(b, skip_space(b, end + 1) + 1);
+        let stop = value_end(b, start)?;
+        let after = skip_space(b, stop);
+        self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        Some((key, View { text: &b[start..stop] }))
+    }
+}
+
+/// A member's key ([`View::members`]).
+#[derive(Clone, Copy)]
+pub struct Key<'a> {
+    /// With its quotes.
+    quoted: &'a [u8],
+}
+
+impl Key<'_> {
+    /// Whether the key is `name` (unescaped first when it has an escape).
+    pub fn is(&self, name: &str) -> bool {
+        let inner = &self.quoted[1..self.quoted.len() - 1];
+        match inner.contains(&b'\\') {
+            false => inner == name.as_bytes(),
+            true => View { text: self.quoted }.as_str().as_deref() == Some(name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    /// Every path to a value of `value` (keys of objects only, as a `View` goes), with a key no object has.
+    fn paths(value: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(path.clone());
+        let mut absent = path.clone();
+        absent.push("absent".into());
+        out.push(absent);
+        if let Value::Object(map) = value {
+            for (k, v) in map {
+                path.push(k.clone());
+                paths(v, path, out);
+                path.pop();
+            }
+        }
+    }
+
+    #[test]
+    fn reads_every_value_as_a_parsed_value_has_it() {
+        let lines = [
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"01a2","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a \"b\" {c} [d] \\ e"}},"_meta":{"totalTokens":135,"eventId":"01a2-14","agentTimestampMs":1796186871643,"streamStartMs":1796186871643,"chunkId":1}}}"#,
+            r#" { "a" : { "b" : [ 1 , { "c" : "}" } ] , "d" : -0.5e-3 } , "e" : null , "f" : true , "g" : false } "#,
+            r#"{"k":1,"k":{"x":2},"k\u0032":"escaped key","k2":"plain","s":"x\ud800y","t":"\ud83d\ude00","u":"\n\t\/"}"#,
+            r#"{"big":18446744073709551616,"max":18446744073709551615,"neg":-1,"exp":1e3,"frac":1.0,"zero":0,"huge":1e400}"#,
+            r#"{"nested":{"nested":{"nested":{"a":[{"b":"]"},"[",{}],"z":{}}}},"e":[],"o":{}}"#,
+            r#"[{"a":1}]"#,
+            r#""just a string""#,
+            "12",
+        ];
+        // Strings and containers of every length around the word and the 32 bytes searched in words, with
+        // escapes, quotes and brackets at every place in them.
+        let mut made = Vec::new();
+        for n in 0..80 {
+            for odd in [r#"\""#, r#"\\"#, "]", "}", "{", "[", r#"\u00e9"#, "\\n"] {
+                let text = format!("{}{odd}{}", "x".repeat(n), "y".repeat(n % 7));
+                made.push(format!(
+                    r#"{{"a":"{text}","b":{{"c":["{text}",{{"d":"{text}"}}],"e":[]}},"f":"{text}","a":1}}"#
+                ));
+            }
+        }
+        for line in lines.iter().copied().chain(made.iter().map(String::as_str)) {
+            let value: Value = super::super::from_slice(&super::super::mend_surrogates(line.as_bytes())).unwrap();
+            let view = View::of(line.as_bytes());
+            let mut all = Vec::new();
+            paths(&value, &mut Vec::new(), &mut all);
+            for path in all {
+                let keys: Vec<&str> = path.iter().map(String::as_str).collect();
+                let want = keys.iter().try_fold(&value, |v, k| v.get(k));
+                let got = view.pointer(&keys);
+                assert_eq!(got.map(|g| g.to_value()).as_ref(), want, "{line} at {keys:?}");
+                assert_eq!(got.and_then(|g| g.as_str()).as_deref(), want.and_then(Value::as_str), "{keys:?}");
+                assert_eq!(got.and_then(|g| g.as_u64()), want.and_then(Value::as_u64), "{line} at {keys:?}");
+                assert_eq!(got.and_then(|g| g.as_bool()), want.and_then(Value::as_bool), "{keys:?}");
+                assert_eq!(got.is_some_and(|g| g.is_null()), want.is_some_and(Value::is_null), "{keys:?}");
+                // An object's members, read in one pass with the last of a repeated key kept, are its keys
+                // and values.
+                if let Some(Value::Object(want)) = want {
+                    let mut read = serde_json::Map::new();
+                    for (key, value) in got.expect("an object").members() {
+                        let name = want.keys().find(|k| key.is(k)).expect("a key of the object");
+                        read.insert(name.clone(), value.to_value());
+                    }
+                    assert_eq!(&read, want, "{line} at {keys:?}");
+                } else {
+                    assert_eq!(got.map(|g| g.members().count()), got.map(|_| 0), "{line} at {keys:?}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The shape of a stream's last line, to check the next one against: most frames of a stream are built
+//! from one template (a chunk, Grok's stamped chunk, a tool call's update) and differ only inside values: a
+//! chunk's text, an event id, a time. A line kept here is cut into its holes (the text of each string value,
+//! each number) and what lies between them (keys, brackets, commas, the values that are literals). The next
+//! line whose bytes between its holes are the same, and whose holes are a string's text and a number where
+//! the kept line had them, is the same JSON text with other values in the same places: valid, with the same
+//! envelope but for the positions of the strings it reads. That check compares bytes and finds each string's
+//! end in one step; the walk it saves looks at every key.
+
+use super::fast::{Hole, ROLE_ID, ROLE_SESSION, number, string};
+use super::*;
+
+/// Lines longer than this are not kept (the check is for frames, and a kept line is a copy).
+pub(super) const KEPT: usize = 16 << 10;
+
+/// The kept line, its holes, and where its envelope's strings are among them. The envelope's `jsonrpc`,
+/// `method` and `sessionUpdate` are no holes: what a frame is seldom changes from one frame to the next, and
+/// a line where it does is walked. Nor, once the next line has been checked against it, are the values that
+/// line did not change (a content type, the start of Grok's turn): the skeleton is then kept again from that
+/// line, with holes only where the two differed (and at the id and the session id, which the envelope reads).
+#[derive(Debug, Default)]
+pub(super) struct Skeleton {
+    line: Vec<u8>,
+    holes: Vec<Hole>,
+    env: Envelope,
+    /// Which of the envelope's strings lie after the last hole (see [`Hole::moved`]).
+    tail: u8,
+    /// Whether a line is kept.
+    kept: bool,
+    /// Whether the kept line's holes are only those that changed from the line before.
+    learnt: bool,
+}
+
+impl Skeleton {
+    /// Keeps `line`, which is valid with `env` and has `holes` (among them every string value and number
+    /// the envelope reads); a line this cannot check the next against (one with a lone surrogate escape, or
+    /// an id that is not a string or a number) is not kept.
+    pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) {
+        (self.kept, self.learnt) = (false, false);
+        if line.len() > KEPT || env.lone_surrogate {
+            return;
+        }
+        // A string's hole starts after its quote; a number's where it does.
+        let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
+        let session = env.session.map(|s| s.start);
+        let found = |at: Option<usize>| at.is_none_or(|at| holes.binary_search_by_key(&at, |h| h.start).is_ok());
+        if !found(id) || !found(session) {
+            return;
+        }
+        let strings = [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start));
+        self.holes.clear();
+        self.holes.extend(holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))).map(|h| {
+            let role = match Some(h.start) {
+                at if at == id => ROLE_ID,
+                at if at == session => ROLE_SESSION,
+                _ => 0,
+            };
+            Hole { role, moved: 0, ..*h }
+        }));
+        // What lies between holes moves with the stretch it is in: the stretch before the first hole after it.
+        self.tail = 0;
+        let meta = [env.meta.map(|m| m.0), env.meta.map(|m| m.1)];
+        let update = [env.update_object.map(|u| u.0), env.update_object.map(|u| u.1)];
+        let bits = [JSONRPC, METHOD, UPDATE, META_START, META_END, OBJECT_START, OBJECT_END];
+        for (at, bit) in strings.into_iter().chain(meta).chain(update).zip(bits) {
+            let Some(at) = at else { continue };
+            match self.holes.iter_mut().find(|h| h.start > at) {
+                Some(hole) => hole.moved |= bit,
+                None => self.tail |= bit,
+            }
+        }
+        self.line.clear();
+        self.line.extend_from_slice(line);
+        self.env = *env;
+        self.kept = true;
+    }
+
+    /// Whether a line is kept (the last [`Skeleton::keep`] kept one).
+    pub(super) fn is_kept(&self) -> bool {
+        self.kept
+    }
+
+    /// Whether `b` is the kept line with other values in its holes, and then its envelope in `out`; `bits`
+    /// are `b`'s (see [`super::index`]). False when it is not (the walk then decides; `out` is left as it
+    /// was). The first line checked after one is kept is kept in its place, with holes where the two differ
+    /// (`changed` is room for them).
+    #[inline(never)]
+    pub(super) fn check(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>, out: &mut Envelope) -> bool {
+        self.matches(b, bits, changed, out).is_some()
+    }
+
+    #[inline(always)]
+    fn matches(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>, out: &mut Envelope) -> Option<()> {
+        if !self.kept {
+            return None;
+        }
+        let old = &self.line[..];
+        // Where each stretch between holes is in `b` (`at`) and was in the kept line (`was`); how far each of
+        // the envelope's strings that lie in one moved (by the bits of `Hole::moved`).
+        let (mut at, mut was) = (0, 0);
+        let mut by = [0usize; 7];
+        let (mut id, mut session, mut lone) = (None, None, false);
+        changed.clear();
+        for hole in &self.holes {
+            let between = &old[was..hole.start];
+            let start = at + between.len();
+            if !same(b.get(at..start)?, between) {
+                return None;
+            }
+            if hole.moved != 0 {
+                moved(&mut by, hole.moved, at, was);
+            }
+            let (end, escaped) = match hole.string {
+                true => string(b, bits, start, &mut lone)?,
+                false => (number(b, start)?, false),
+            };
+            match hole.role {
+                0 => {}
+                ROLE_ID => id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
+                _ => session = Some(Str { start, end, escaped }),
+            }
+            if !self.learnt && (hole.role != 0 || b[start..end] != old[hole.start..hole.end]) {
+                changed.push(Hole { start, end, ..*hole });
+            }
+            (at, was) = (end, hole.end);
+        }
+        if !same(b.get(at..)?, &old[was..]) {
+            return None;
+        }
+        if self.tail != 0 {
+            moved(&mut by, self.tail, at, was);
+        }
+        *out = self.env;
+        let env = out;
+        let shift = |s: &mut Option<Str>, by: usize| {
+            if let Some(s) = s {
+                (s.start, s.end) = (s.start.wrapping_add(by), s.end.wrapping_add(by));
+            }
+        };
+        shift(&mut env.jsonrpc, by[0]);
+        shift(&mut env.method, by[1]);
+        shift(&mut env.update, by[2]);
+        if let Some((start, end)) = &mut env.meta {
+            (*start, *end) = (start.wrapping_add(by[3]), end.wrapping_add(by[4]));
+        }
+        if let Some((start, end)) = &mut env.update_object {
+            (*start, *end) = (start.wrapping_add(by[5]), end.wrapping_add(by[6]));
+        }
+        if id.is_some() {
+            env.id = id;
+        }
+        if session.is_some() {
+            env.session = session;
+        }
+        env.lone_surrogate = lone;
+        if !self.learnt {
+            if changed.len() < self.holes.len() {
+                self.keep(b, changed, env);
+            }
+            self.learnt = true;
+        }
+        Some(())
+    }
+}
+
+/// The envelope's strings that are no holes (see [`Hole::moved`]), and the starts and the ends of
+/// `params._meta` and `params.update`: bit `k` is entry `k` of the shifts [`moved`] sets.
+const JSONRPC: u8 = 1;
+const METHOD: u8 = 2;
+const UPDATE: u8 = 4;
+const META_START: u8 = 8;
+const META_END: u8 = 16;
+/// The start and the end of `params.update` (see [`Envelope::update_object`]).
+const OBJECT_START: u8 = 32;
+const OBJECT_END: u8 = 64;
+
+/// Notes in `by` that the envelope's strings (and ends of `_meta`) `which` lie in a stretch between holes
+/// that was at `was` in the kept line and is at `at` in this one: each moved by `at - was`.
+#[inline(always)]
+fn moved(by: &mut [usize; 7], which: u8, at: usize, was: usize) {
+    let mut which = which;
+    while which != 0 {
+        by[which.trailing_zeros() as usize % 7] = at.wrapping_sub(was);
+        which &= which - 1;
+    }
+}
+
+/// Whether `a` and `b` are the same bytes, 16 at a time (what lies between two values is a few dozen bytes
+/// at most: a call to `memcmp` costs more than the comparison).
+#[inline(always)]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // The `K` bytes at `at` of each, as one number.
+    fn at<const K: usize>(x: &[u8], at: usize) -> [u8; K] {
+        x[at..at + K].try_into().unwrap_or([0; K])
+    }
+    match n {
+        0 => true,
+        1..4 => a[0] == b[0] && a[n - 1] == b[n - 1] && a[n / 2] == b[n / 2],
+        // The first and the last words, overlapping when `n` is no multiple of their size.
+        4..8 => at::<4>(a, 0) == at::<4>(b, 0) && at::<4>(a, n - 4) == at::<4>(b, n - 4),
+        8..16 => at::<8>(a, 0) == at::<8>(b, 0) && at::<8>(a, n - 8) == at::<8>(b, n - 8),
+        _ => {
+            let pairs = a.chunks_exact(16).zip(b.chunks_exact(16));
+            pairs.into_iter().all(|(x, y)| u128::from_ne_bytes(at(x, 0)) == u128::from_ne_bytes(at(y, 0)))
+                && u128::from_ne_bytes(at(a, n - 16)) == u128::from_ne_bytes(at(b, n - 16))
+        }
+    }
+}
