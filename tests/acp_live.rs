@@ -532,7 +532,7 @@ fn live_acp_qwen_background() {
             let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
             assert_eq!(waiting["kind"], "task", "{waiting}");
             assert_eq!(waiting["title"], "sleep 3; echo done", "{waiting}");
-            assert_eq!(waiting["stoppable"], false, "{waiting}");
+            assert_eq!(waiting["stoppable"], true, "{waiting}");
             assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".output")), "{waiting}");
             let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
             let asked = model.model_requests().len();
@@ -544,6 +544,65 @@ fn live_acp_qwen_background() {
             assert!(model.model_requests().len() > asked, "Qwen's own turn asked the model");
             assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
             eprintln!("qwen background: waits {:?}", rec.waits());
+        });
+    }
+}
+
+/// A background `agent` call of Qwen Code's prompt: the model asks for it with these arguments.
+fn qwen_agent(prompt: &str) -> String {
+    let args = json!({"description": "helper task", "prompt": prompt, "subagent_type": "general-purpose",
+        "run_in_background": true});
+    format!("Delegate. [[tool:agent|{args}]]")
+}
+
+/// Qwen Code's background agents: a `subagent` wait, `handling` in Qwen's own turn for its result, then `done`;
+/// another one and a background command stopped by Coda through Qwen's own cancel.
+#[test]
+fn live_acp_qwen_background_agent() {
+    if live::wanted("qwen", "coda-acp on Qwen Code's background agents") {
+        let notes = "a background agent: handled in Qwen's own turn, done; another, and a background command, stopped";
+        recorded("qwen", "background-agent", notes, |model, rec| {
+            rec.new_session(true);
+            let started = Instant::now();
+            let answer = rec.prompt(&qwen_agent("[[delay:3000]][[text:the helper found it]]"));
+            assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+            let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
+            assert_eq!(waiting["kind"], "subagent", "{waiting}");
+            assert_eq!(waiting["title"], "helper task", "{waiting}");
+            assert_eq!(waiting["stoppable"], true, "{waiting}");
+            assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".jsonl")), "{waiting}");
+            let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+            rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
+            let done = rec.until_wait(Duration::from_secs(30), |w| {
+                w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "handling" && s != "waiting")
+            });
+            assert_eq!(done["state"], "done", "{done}");
+            assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
+            eprintln!("qwen background agent: done after {:?}", started.elapsed());
+
+            // Stopped by Coda: an agent still waiting for the model, then a background command.
+            for (prompt, kind) in
+                [(qwen_agent("[[delay:60000]][[text:never]]"), "subagent"), ("Start it. [[bg:sleep 60]]".into(), "task")]
+            {
+                let before: Vec<String> =
+                    rec.waits().iter().filter_map(|w| w["waitId"].as_str().map(str::to_owned)).collect();
+                let answer = rec.prompt(&prompt);
+                assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+                let waiting = rec.until_wait(Duration::from_secs(5), |w| {
+                    w["state"] == "waiting" && !before.iter().any(|b| w["waitId"] == b.as_str())
+                });
+                assert_eq!(waiting["kind"], kind, "{waiting}");
+                let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+                let asked = Instant::now();
+                let stopped = rec.call("_coda/wait/stop", json!({"sessionId": rec.session, "waitId": id}));
+                assert_eq!(stopped["result"], json!({}), "{stopped}");
+                let end = rec.until_wait(Duration::from_secs(30), |w| {
+                    w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "waiting")
+                });
+                assert_eq!(end["state"], "cancelled", "{end}; waits: {:?}", rec.waits());
+                eprintln!("qwen stop of a {kind}: cancelled after {:?}", asked.elapsed());
+            }
+            eprintln!("qwen background agents: {} model requests; waits {:?}", model.model_requests().len(), rec.waits());
         });
     }
 }

@@ -90,6 +90,19 @@ pub struct UsageBy {
     /// Where it says when its main thread's model request began; absent: nowhere.
     #[serde(default)]
     pub request_start: Option<RequestStart>,
+    /// Where it keeps the facts of a session, read when Coda loads it; absent: nowhere read.
+    #[serde(default)]
+    pub at_load: Option<AtLoad>,
+}
+
+/// Where an agent keeps a session's facts, under its data folder (see [`UsageBy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AtLoad {
+    /// Qwen Code: `projects/<project>/chats/<session>.jsonl` (its response records and their telemetry).
+    QwenChats,
+    /// Claude Code: `projects/<project>/<session>.jsonl` (its compaction boundaries).
+    ClaudeProjects,
 }
 
 /// What an agent's `usage_update` `used` counts (see [`UsageBy`]).

@@ -14,8 +14,20 @@
 //!   `_meta.contextCompression` `done` (its `newTokenCount` is then the `used` of the shim's own `usage_update`,
 //!   sent because Qwen sends none after a compaction). Claude Agent ACP sends its own `usage_update` after one.
 //! - `cacheTtl`: no agent says it over ACP.
-//! - At load: not read. Qwen Code and Claude Code keep their sessions in files of their own, but no profile
-//!   reads them yet: the facts come with the session's next request.
+//! - At load (`at-load`, [`AtLoad`]): what the agent keeps of the session in its own files, read inside its data
+//!   folder only (a link on the way is not followed), its last [`HISTORY_MAX`](crate::coda::usage::HISTORY_MAX)
+//!   bytes; a line that is no JSON record is skipped, and counted in one warning.
+//!   - Qwen Code 0.24.4 (`qwen-chats`): `<data>/projects/<project>/chats/<session>.jsonl`, `<data>` being
+//!     `$QWEN_RUNTIME_DIR` where set, else its data home. Each main-thread response is an `assistant` record
+//!     with `usageMetadata.promptTokenCount` (the `used` of the `usage_update` it sent for it: `contextTokens`),
+//!     after the `ui_telemetry` record of that response (`qwen-code.api_response`, with no `subagent_name`, the
+//!     same `input_token_count`), whose `event.timestamp` less its `duration_ms` is when the request began
+//!     (`lastRequestAt`; live, the `durationMs` of its ACP chunk measures from a little earlier, tens of
+//!     milliseconds). Its `/compress` leaves a `system` record `chat_compression` (`compactedAt`: its
+//!     `timestamp`). A runtime folder moved by its settings alone (`advanced.runtimeOutputDir`) is not found.
+//!   - Claude Code (`claude-projects`, under Claude Agent ACP): `<data>/projects/<project>/<session>.jsonl`;
+//!     each compaction leaves a `system` record `compact_boundary` (`compactedAt`: its `timestamp`). Its
+//!     records say no main-thread request's context (the only fact its profile gives live is `compactedAt`).
 //!
 //! Gemini CLI sends no `usage_update` at all: its profile names no `usage`, and with no `used` and `size` of the
 //! agent's the shim sends no update of its own either.
@@ -26,9 +38,12 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::profile::{RequestStart, UsageBy, Used};
+use std::path::{Path, PathBuf};
+
+use super::profile::{AtLoad, RequestStart, UsageBy, Used};
+use crate::inside::{Folder, Kind as Entry};
 use crate::coda::slash_compact::{Own, Said as Compaction};
-use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::Frame;
 use crate::layer::Cx;
 
@@ -48,15 +63,19 @@ pub struct AcpUsage {
     /// The agent's own compaction report (Qwen Code's), where its profile names one.
     own: Option<Own>,
     roots: HashMap<String, Root>,
+    /// What the agent keeps of a session Coda loads, and where (its data folder).
+    at_load: Option<(AtLoad, PathBuf)>,
 }
 
 impl AcpUsage {
-    pub fn new(usage: Option<&UsageBy>, own: Option<Own>) -> AcpUsage {
+    /// `home` is the agent's data folder, where it keeps its sessions (None: nothing is read at load).
+    pub fn new(usage: Option<&UsageBy>, own: Option<Own>, home: Option<PathBuf>) -> AcpUsage {
         AcpUsage {
             used: usage.map(|u| u.used),
             request_start: usage.and_then(|u| u.request_start),
             own,
             roots: HashMap::new(),
+            at_load: usage.and_then(|u| u.at_load).zip(home),
         }
     }
 
@@ -65,13 +84,110 @@ impl AcpUsage {
     }
 }
 
-/// The layer for an agent whose profile says `usage` (if anything) and whose own compaction report is `own`.
-pub fn layer(usage: Option<&UsageBy>, own: Option<Own>) -> UsageFacts<AcpUsage> {
-    UsageFacts::new(AcpUsage::new(usage, own))
+/// The layer for an agent whose profile says `usage` (if anything), whose own compaction report is `own`, and
+/// whose data folder is `home`.
+pub fn layer(usage: Option<&UsageBy>, own: Option<Own>, home: Option<PathBuf>) -> UsageFacts<AcpUsage> {
+    UsageFacts::new(AcpUsage::new(usage, own, home))
+}
+
+/// The session file `<project>/<rel>` under `home/projects`, for any project folder, opened inside `home` only.
+fn in_projects(home: &Path, rel: &str) -> Option<std::fs::File> {
+    let projects = std::fs::canonicalize(home).ok().and_then(|h| Folder::open(&h).ok()?.folder("projects").ok())?;
+    let folders = projects.entries().into_iter().filter(|(_, m)| m.kind == Entry::Folder);
+    folders.into_iter().find_map(|(project, _)| projects.file(&format!("{project}/{rel}")).ok())
+}
+
+/// A record's `timestamp` (RFC 3339).
+fn stamp(record: &Value, key: &str) -> Option<SystemTime> {
+    record.get(key).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(SystemTime::from)
+}
+
+/// The JSON records of a session file's last lines; the lines that are none are counted in one warning.
+fn records(file: std::fs::File, agent: &str, wanted: &[&[u8]]) -> Vec<Value> {
+    let mut bad = 0usize;
+    let mut out = Vec::new();
+    for line in history_lines(file) {
+        if !wanted.iter().any(|w| memchr::memmem::find(&line, w).is_some()) {
+            continue;
+        }
+        match crate::json::from_slice::<Value>(&line) {
+            Ok(record) if record.is_object() => out.push(record),
+            _ => bad += 1,
+        }
+    }
+    if bad > 0 {
+        tracing::warn!("{bad} line(s) of {agent}'s session file are no JSON record; skipped");
+    }
+    out
+}
+
+/// What Qwen Code keeps of `session` under `home` (see the module docs).
+pub fn qwen_history(home: &Path, session: &str) -> Facts {
+    let mut facts = Facts::default();
+    let Some(file) = in_projects(home, &format!("chats/{session}.jsonl")) else { return facts };
+    // The main-thread responses' starts, by their input tokens, since the last assistant record.
+    let mut started: Vec<(u64, SystemTime)> = Vec::new();
+    for record in records(file, "Qwen Code", &[b"\"assistant\"", b"qwen-code.api_response", b"chat_compression"]) {
+        let kind = (record.get("type").and_then(Value::as_str), record.get("subtype").and_then(Value::as_str));
+        match kind {
+            (Some("system"), Some("ui_telemetry")) => {
+                let Some(event) = record.pointer("/systemPayload/uiEvent") else { continue };
+                if event.get("event.name").and_then(Value::as_str) != Some("qwen-code.api_response")
+                    || event.get("subagent_name").is_some()
+                {
+                    continue;
+                }
+                let took = event.get("duration_ms").and_then(Value::as_u64).map(Duration::from_millis);
+                let at = stamp(event, "event.timestamp").zip(took).and_then(|(at, took)| at.checked_sub(took));
+                if let (Some(n), Some(at)) = (event.get("input_token_count").and_then(Value::as_u64), at) {
+                    started.push((n, at));
+                    if started.len() > 16 {
+                        started.remove(0);
+                    }
+                }
+            }
+            (Some("system"), Some("chat_compression")) => {
+                facts.compacted_at = stamp(&record, "timestamp").or(facts.compacted_at);
+            }
+            (Some("assistant"), _) => {
+                let Some(n) = record.pointer("/usageMetadata/promptTokenCount").and_then(Value::as_u64) else {
+                    continue;
+                };
+                facts.context_tokens = Some(n);
+                facts.last_request_at = started.iter().rev().find(|(i, _)| *i == n).map(|(_, at)| *at);
+                started.clear();
+            }
+            _ => {}
+        }
+    }
+    facts
+}
+
+/// What Claude Code keeps of `session` under `home` (see the module docs).
+pub fn claude_history(home: &Path, session: &str) -> Facts {
+    let mut facts = Facts::default();
+    let Some(file) = in_projects(home, &format!("{session}.jsonl")) else { return facts };
+    for record in records(file, "Claude Code", &[b"compact_boundary"]) {
+        if record.get("type").and_then(Value::as_str) == Some("system")
+            && record.get("subtype").and_then(Value::as_str) == Some("compact_boundary")
+        {
+            facts.compacted_at = stamp(&record, "timestamp").or(facts.compacted_at);
+        }
+    }
+    facts
 }
 
 impl Source for AcpUsage {
     type Event = Infallible;
+
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        let (by, home) = self.at_load.as_ref()?;
+        let read = match by {
+            AtLoad::QwenChats => qwen_history,
+            AtLoad::ClaudeProjects => claude_history,
+        };
+        in_folder(Some(home), session, read)
+    }
 
     fn wants(&self, frame: &Frame) -> bool {
         match frame.session_update() {
@@ -145,8 +261,9 @@ mod tests {
     const S: &str = "q1";
 
     fn qwen() -> Harness {
-        let usage = UsageBy { used: Used::RequestContext, request_start: Some(RequestStart::QwenDuration) };
-        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression)));
+        let usage =
+            UsageBy { used: Used::RequestContext, request_start: Some(RequestStart::QwenDuration), at_load: None };
+        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression), None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.take();
@@ -224,8 +341,8 @@ mod tests {
 
     #[test]
     fn claude_says_only_its_compactions_once_each() {
-        let usage = UsageBy { used: Used::ContextAndOutput, request_start: None };
-        let mut h = Harness::of(layer(Some(&usage), None));
+        let usage = UsageBy { used: Used::ContextAndOutput, request_start: None, at_load: None };
+        let mut h = Harness::of(layer(Some(&usage), None, None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"c1"}}));
         h.take();
