@@ -189,6 +189,31 @@ impl Source for AcpUsage {
         in_folder(Some(home), session, read)
     }
 
+    /// The agent answered Coda's load or resume: it sends no `usage_update` for it (Qwen Code 0.24.4 does not),
+    /// so the shim sends the loaded facts in one of its own, with the model's window its answer names (Qwen's
+    /// `models.availableModels[]._meta.contextLimit` of its `currentModelId`).
+    fn answered(&mut self, answer: &Frame, cx: &mut Cx, out: &mut Said) {
+        if self.at_load.is_none() {
+            return;
+        }
+        let Some(r) = cx.answer_to(answer) else { return };
+        if !(r.is("session/load") || r.is("session/resume")) {
+            return;
+        }
+        let Some(session) = r.session().map(str::to_owned) else { return };
+        let v = answer.value();
+        let Some(models) = v.pointer("/result/models") else { return };
+        let current = models.get("currentModelId").and_then(Value::as_str);
+        let size = models.get("availableModels").and_then(Value::as_array).and_then(|all| {
+            let model = all.iter().find(|m| current.is_some() && m.get("modelId").and_then(Value::as_str) == current)?;
+            model.pointer("/_meta/contextLimit").and_then(Value::as_u64)
+        });
+        if let Some(size) = size {
+            out.push((session.clone(), Fact::Size(size)));
+            out.push((session, Fact::Loaded));
+        }
+    }
+
     fn wants(&self, frame: &Frame) -> bool {
         match frame.session_update() {
             Some("compaction_update") => true,
