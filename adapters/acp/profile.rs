@@ -135,6 +135,9 @@ pub enum FailuresBy {
     /// Claude Agent ACP: a failed turn's error answer has the Claude Agent SDK's classification of the
     /// upstream's error in `data.errorKind`.
     ClaudeErrorKind,
+    /// Qwen Code: once its own retries are over, a failed turn's error answer is `-32603` with the upstream's
+    /// status first in `data.details` (`503 …`), or the code 429 for a rate limit.
+    QwenStatus,
 }
 
 /// How an agent steers (see [`Profile::steering`]).
