@@ -393,6 +393,171 @@ fn live_acp_qwen_upstream() {
     }
 }
 
+/// Coda's compaction between turns through the agent's own command: compacted, with the agent's counts.
+fn compacts(agent: &str) {
+    recorded(agent, "compact-between-turns", "Coda's _coda/session/compact after a turn", |_, rec| {
+        let init = rec.received.iter().find(|v| v["id"] == 0).cloned().expect("initialize");
+        assert_eq!(init.pointer("/result/agentCapabilities/_meta/coda/compact"), Some(&json!({})), "{init}");
+        rec.new_session(true);
+        rec.prompt(coda_text::FIRST_PROMPT);
+        let answer = rec.call("_coda/session/compact", json!({"sessionId": rec.session}));
+        let result = &answer["result"];
+        assert_eq!(result["compacted"], true, "{answer}");
+        assert!(result["before"].as_u64().is_some(), "{answer}");
+        rec.quiet(Duration::from_millis(1500));
+        let compacted = facts(rec).last().cloned().unwrap_or(Value::Null);
+        let at = compacted["compactedAt"].as_str().unwrap_or_else(|| panic!("compactedAt: {compacted}")).to_owned();
+        // The shim's own prompt is no turn of Coda's: nothing of it reaches Coda but compaction and usage.
+        let answer = rec.prompt("After the compaction.");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        let after = facts(rec).last().cloned().unwrap_or(Value::Null);
+        assert_eq!(after["compactedAt"], at.as_str(), "the same compaction: {after}");
+    });
+}
+
+/// The `_meta.coda` of every `usage_update` of the session Coda got, in order; none is `{}`.
+fn facts(rec: &Rec) -> Vec<Value> {
+    let updates = rec.received.iter().filter(|v| {
+        v.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update"))
+            && v.pointer("/params/sessionId") == Some(&json!(rec.session))
+    });
+    let facts: Vec<Value> = updates.filter_map(|v| v.pointer("/params/update/_meta/coda").cloned()).collect();
+    assert!(!facts.contains(&json!({})), "never an empty object");
+    facts
+}
+
+/// Qwen Code's facts of a plain turn: its request's context (its `used`), and when the request began.
+#[test]
+fn live_acp_qwen_usage() {
+    if live::wanted("qwen", "coda-acp usage facts on Qwen Code") {
+        recorded("qwen", "usage-facts", "two turns, the second with a command: the facts of each", |model, rec| {
+            rec.new_session(true);
+            for text in [coda_text::FIRST_PROMPT, "Run it. [[sh:echo hi]]"] {
+                // A millisecond early: the fact is cut to milliseconds.
+                let asked = std::time::SystemTime::now() - Duration::from_millis(1);
+                let answer = rec.prompt(text);
+                assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+                rec.quiet(Duration::from_millis(500));
+                let last = rec
+                    .received
+                    .iter()
+                    .rev()
+                    .find(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("usage_update")))
+                    .cloned()
+                    .expect("a usage update");
+                let coda = &last["params"]["update"]["_meta"]["coda"];
+                assert_eq!(coda["contextTokens"], last["params"]["update"]["used"], "{last}");
+                let at: jiff::Timestamp =
+                    coda["lastRequestAt"].as_str().expect("lastRequestAt").parse().expect("a time");
+                let asked = jiff::Timestamp::try_from(asked).expect("a time");
+                let now = jiff::Timestamp::now();
+                assert!(at >= asked && at <= now, "{at} between {asked} and {now}");
+                eprintln!("qwen facts: {coda}; {} model requests", model.model_requests().len());
+            }
+        });
+    }
+}
+
+#[test]
+fn live_acp_qwen_compacts() {
+    if live::wanted("qwen", "coda-acp compaction on Qwen Code") {
+        compacts("qwen");
+    }
+}
+
+#[test]
+fn live_acp_claude_compacts() {
+    if live::wanted("claude", "coda-acp compaction on Claude Agent ACP") {
+        compacts("claude");
+    }
+}
+
+/// Coda steers into its running turn: `injected`, the model's next request carries the message, the turn ends.
+fn steers(agent: &str, prompt: &str, ready: fn(&fake_model::FakeModel, &Rec) -> bool) {
+    recorded(agent, "steering", "a steering message during Coda's turn, then one between turns", |model, rec| {
+        let init = rec.received.iter().find(|v| v["id"] == 0).cloned().expect("initialize");
+        assert_eq!(init.pointer("/result/_meta/steering/supported"), Some(&json!(true)), "{init}");
+        rec.new_session(true);
+        let turn =
+            rec.send("session/prompt", json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": prompt}]}));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready(model, rec) {
+            assert!(Instant::now() < deadline, "the turn never got to the point to steer at");
+            rec.quiet(Duration::from_millis(100));
+        }
+        let text = "STEER-51: 先别改测试, look at the build only";
+        let steer = rec.send(
+            "_session/steering",
+            json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": text}],
+                "_meta": {"steering": {"idleBehavior": "promptRequired"}}}),
+        );
+        let answer = rec.answer(steer, Duration::from_secs(60));
+        assert_eq!(answer["result"], json!({"outcome": "injected"}), "{answer}");
+        let done = rec.answer(turn, Duration::from_secs(60));
+        assert_eq!(done["result"]["stopReason"], "end_turn", "{done}");
+        let at = |id: i64| rec.received.iter().position(|v| v["id"] == id && v.get("method").is_none());
+        assert!(at(steer) < at(turn), "the steering answer comes first");
+        assert!(
+            model.model_requests().iter().any(|r| r.body.to_string().contains("STEER-51")),
+            "the model got the message in Coda's turn"
+        );
+        let idle = rec.call(
+            "_session/steering",
+            json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": "between turns"}],
+                "_meta": {"steering": {"idleBehavior": "promptRequired"}}}),
+        );
+        assert_eq!(idle["result"], json!({"outcome": "promptRequired", "reason": "noRunningTurn"}), "{idle}");
+    });
+}
+
+#[test]
+fn live_acp_qwen_steers() {
+    if live::wanted("qwen", "coda-acp steering on Qwen Code") {
+        // Qwen asks for queued messages after a tool batch: steer while the command runs.
+        steers("qwen", "Wait for it. [[sh:for i in 1 2 3; do sleep 1; done; echo slept]]", |_, rec| {
+            rec.received.iter().any(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("tool_call")))
+        });
+    }
+}
+
+#[test]
+fn live_acp_claude_steers() {
+    if live::wanted("claude", "coda-acp steering on Claude Agent ACP") {
+        // Claude Code abandons the running model request and asks again with the message.
+        steers("claude", "Take your time. [[delay:8000]]", |model, _| {
+            model.model_requests().iter().any(|r| r.user_text().contains("[[delay:8000]]"))
+        });
+    }
+}
+
+/// Qwen Code's background shell command: a task `waiting`, `handling` in Qwen's own turn for it, then `done`.
+#[test]
+fn live_acp_qwen_background() {
+    if live::wanted("qwen", "coda-acp on Qwen Code's background command") {
+        let notes = "a background shell command: a task, handled in Qwen's own turn when it ends, then done";
+        recorded("qwen", "background-task", notes, |model, rec| {
+            rec.new_session(true);
+            let answer = rec.prompt("Start it. [[bg:sleep 3; echo done]]");
+            assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+            let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
+            assert_eq!(waiting["kind"], "task", "{waiting}");
+            assert_eq!(waiting["title"], "sleep 3; echo done", "{waiting}");
+            assert_eq!(waiting["stoppable"], true, "{waiting}");
+            assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".output")), "{waiting}");
+            let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+            let asked = model.model_requests().len();
+            rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
+            let done = rec.until_wait(Duration::from_secs(30), |w| {
+                w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "handling" && s != "waiting")
+            });
+            assert_eq!(done["state"], "done", "{done}");
+            assert!(model.model_requests().len() > asked, "Qwen's own turn asked the model");
+            assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
+            eprintln!("qwen background: waits {:?}", rec.waits());
+        });
+    }
+}
+
 /// A background `agent` call of Qwen Code's prompt: the model asks for it with these arguments.
 fn qwen_agent(prompt: &str) -> String {
     let args = json!({"description": "helper task", "prompt": prompt, "subagent_type": "general-purpose",
@@ -449,72 +614,5 @@ fn live_acp_qwen_background_agent() {
             }
             eprintln!("qwen background agents: {} model requests; waits {:?}", model.model_requests().len(), rec.waits());
         });
-    }
-}
-
-/// The facts of a session Coda loads in a fresh `coda-acp`, read from what the agent keeps (Qwen Code's chat file,
-/// Claude Code's project file): equal to the facts Coda had before the restart. Qwen sends no `usage_update` at
-/// load, so coda-acp sends the loaded facts in one of its own right after the load's answer; Claude Agent ACP's
-/// next turn carries them.
-fn facts_after_load(agent: &str) {
-    let (_model, temp, lc, mut rec) = start(agent, &format!("coda-acp-{agent}-load"));
-    rec.new_session(true);
-    for text in [coda_text::FIRST_PROMPT, "Run it. [[sh:echo hi]]"] {
-        let answer = rec.prompt(text);
-        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-    }
-    let compacted = rec.call("_coda/session/compact", json!({"sessionId": rec.session}));
-    assert_eq!(compacted["result"]["compacted"], true, "{compacted}");
-    rec.quiet(Duration::from_millis(2500));
-    let before = facts(&rec).last().cloned().expect("facts before the restart");
-    let session = rec.session.clone();
-    rec.finish();
-
-    let mut rec = Rec::start_acp(&lc, &temp.path().join("trace-load.jsonl"));
-    rec.session = session.clone();
-    let loaded_at = Instant::now();
-    let load = rec.call(
-        "session/load",
-        json!({"sessionId": session, "cwd": rec.cwd, "mcpServers": [],
-            "systemPrompt": coda_text::system_prompt(coda_text::INSTRUCTION)}),
-    );
-    assert!(load.get("result").is_some(), "{load}");
-    rec.quiet(Duration::from_millis(1500));
-    let at_load = facts(&rec).first().cloned();
-    eprintln!("{agent} facts at the load: {at_load:?}");
-    if agent == "qwen" {
-        assert!(at_load.is_some(), "coda-acp sends the loaded facts after Qwen's answer");
-    } else if at_load.is_none() {
-        let answer = rec.prompt("again [[text:ok]]");
-        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-        rec.quiet(Duration::from_millis(1500));
-    }
-    let after = facts(&rec).first().cloned().unwrap_or_else(|| panic!("{agent}: no facts after the load"));
-    let ms = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(|t| t.as_millisecond());
-    eprintln!("{agent} facts before the restart {before}; after the load ({:?}) {after}", loaded_at.elapsed());
-    for key in ["compactedAt", "lastRequestAt"] {
-        if let (Some(a), Some(b)) = (ms(&before[key]), ms(&after[key])) {
-            // The agent's file and coda-acp's clock tell the same moment, a few milliseconds apart.
-            assert!((a - b).abs() < 1000, "{key}: {before} / {after}");
-        } else {
-            assert_eq!(before.get(key), after.get(key), "{key}: {before} / {after}");
-        }
-    }
-    assert_eq!(before.get("contextTokens"), after.get("contextTokens"), "{before} / {after}");
-    assert!(after.get("compactedAt").is_some(), "{after}");
-    rec.finish();
-}
-
-#[test]
-fn live_acp_qwen_facts_after_load() {
-    if live::wanted("qwen", "coda-acp usage facts after a load on Qwen Code") {
-        facts_after_load("qwen");
-    }
-}
-
-#[test]
-fn live_acp_claude_facts_after_load() {
-    if live::wanted("claude", "coda-acp usage facts after a load on Claude Agent ACP") {
-        facts_after_load("claude");
     }
 }
