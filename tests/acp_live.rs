@@ -616,3 +616,70 @@ fn live_acp_qwen_background_agent() {
         });
     }
 }
+
+/// The facts of a session Coda loads in a fresh `coda-acp`, read from what the agent keeps (Qwen Code's chat file,
+/// Claude Code's project file): equal to the facts Coda had before the restart. Qwen sends no `usage_update` at
+/// load, so coda-acp sends the loaded facts in one of its own right after the load's answer; Claude Agent ACP's
+/// next turn carries them.
+fn facts_after_load(agent: &str) {
+    let (_model, temp, lc, mut rec) = start(agent, &format!("coda-acp-{agent}-load"));
+    rec.new_session(true);
+    for text in [coda_text::FIRST_PROMPT, "Run it. [[sh:echo hi]]"] {
+        let answer = rec.prompt(text);
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    }
+    let compacted = rec.call("_coda/session/compact", json!({"sessionId": rec.session}));
+    assert_eq!(compacted["result"]["compacted"], true, "{compacted}");
+    rec.quiet(Duration::from_millis(2500));
+    let before = facts(&rec).last().cloned().expect("facts before the restart");
+    let session = rec.session.clone();
+    rec.finish();
+
+    let mut rec = Rec::start_acp(&lc, &temp.path().join("trace-load.jsonl"));
+    rec.session = session.clone();
+    let loaded_at = Instant::now();
+    let load = rec.call(
+        "session/load",
+        json!({"sessionId": session, "cwd": rec.cwd, "mcpServers": [],
+            "systemPrompt": coda_text::system_prompt(coda_text::INSTRUCTION)}),
+    );
+    assert!(load.get("result").is_some(), "{load}");
+    rec.quiet(Duration::from_millis(1500));
+    let at_load = facts(&rec).first().cloned();
+    eprintln!("{agent} facts at the load: {at_load:?}");
+    if agent == "qwen" {
+        assert!(at_load.is_some(), "coda-acp sends the loaded facts after Qwen's answer");
+    } else if at_load.is_none() {
+        let answer = rec.prompt("again [[text:ok]]");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        rec.quiet(Duration::from_millis(1500));
+    }
+    let after = facts(&rec).first().cloned().unwrap_or_else(|| panic!("{agent}: no facts after the load"));
+    let ms = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(|t| t.as_millisecond());
+    eprintln!("{agent} facts before the restart {before}; after the load ({:?}) {after}", loaded_at.elapsed());
+    for key in ["compactedAt", "lastRequestAt"] {
+        if let (Some(a), Some(b)) = (ms(&before[key]), ms(&after[key])) {
+            // The agent's file and coda-acp's clock tell the same moment, a few milliseconds apart.
+            assert!((a - b).abs() < 1000, "{key}: {before} / {after}");
+        } else {
+            assert_eq!(before.get(key), after.get(key), "{key}: {before} / {after}");
+        }
+    }
+    assert_eq!(before.get("contextTokens"), after.get("contextTokens"), "{before} / {after}");
+    assert!(after.get("compactedAt").is_some(), "{after}");
+    rec.finish();
+}
+
+#[test]
+fn live_acp_qwen_facts_after_load() {
+    if live::wanted("qwen", "coda-acp usage facts after a load on Qwen Code") {
+        facts_after_load("qwen");
+    }
+}
+
+#[test]
+fn live_acp_claude_facts_after_load() {
+    if live::wanted("claude", "coda-acp usage facts after a load on Claude Agent ACP") {
+        facts_after_load("claude");
+    }
+}
