@@ -413,4 +413,112 @@ mod tests {
         assert!(coda(&last).get("lastRequestAt").is_none(), "{last}");
         assert!(coda(&last).get("contextTokens").is_none(), "{last}");
     }
+
+    /// Qwen Code 0.24.4's chat file (its records' shapes, from a live run): a main response after its telemetry, a
+    /// side request's telemetry, a `/compress`, and lines that are no record.
+    fn qwen_chat(home: &std::path::Path, project: &str, session: &str) {
+        let chats = home.join("projects").join(project).join("chats");
+        std::fs::create_dir_all(&chats).unwrap();
+        let telemetry = |at: &str, ms: u64, tokens: u64, side: bool| {
+            let mut event = json!({"event.name":"qwen-code.api_response","event.timestamp":at,"duration_ms":ms,
+                "input_token_count":tokens,"prompt_id":format!("{session}########1")});
+            if side {
+                event["subagent_name"] = json!("managed-auto-memory-extractor");
+            }
+            json!({"timestamp":at,"type":"system","subtype":"ui_telemetry","systemPayload":{"uiEvent":event}})
+        };
+        let lines = [
+            telemetry("2026-12-04T13:04:01.181Z", 978, 20439, false).to_string(),
+            json!({"timestamp":"2026-12-04T13:04:01.182Z","type":"assistant","usageMetadata":{"promptTokenCount":20439},
+                "contextWindowSize":32000}).to_string(),
+            "{not json".into(),
+            telemetry("2026-12-04T13:04:02.083Z", 32, 20805, false).to_string(),
+            json!({"timestamp":"2026-12-04T13:04:02.084Z","type":"assistant","usageMetadata":{"promptTokenCount":20805}})
+                .to_string(),
+            telemetry("2026-12-04T13:04:02.581Z", 386, 11407, true).to_string(),
+            json!({"timestamp":"2026-12-04T13:04:11.901Z","type":"system","subtype":"chat_compression",
+                "systemPayload":{}}).to_string(),
+            "[\"assistant\"]".into(),
+        ];
+        std::fs::write(chats.join(format!("{session}.jsonl")), lines.join("\n") + "\n").unwrap();
+    }
+
+    #[test]
+    fn qwens_chat_file_says_its_last_main_request_and_compaction() {
+        let home = tempfile::tempdir().unwrap();
+        let s = "23826568-55a8-4538-b406-2c5ddea47602";
+        qwen_chat(home.path(), "-tmp-w", s);
+        let facts = qwen_history(home.path(), s);
+        let iso = crate::coda::usage::iso;
+        assert_eq!(facts.context_tokens, Some(20805));
+        assert_eq!(facts.last_request_at.and_then(iso).as_deref(), Some("2026-12-04T13:04:02.051Z"), "02.083 - 32 ms");
+        assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T13:04:11.901Z"));
+        // Another session, a path, a chat file that is a link, a project folder that is a link: nothing.
+        assert_eq!(qwen_history(home.path(), "other"), Facts::default());
+        let chats = home.path().join("projects/-tmp-w/chats");
+        std::os::unix::fs::symlink(chats.join(format!("{s}.jsonl")), chats.join("linked.jsonl")).unwrap();
+        assert_eq!(qwen_history(home.path(), "linked"), Facts::default());
+        let outside = tempfile::tempdir().unwrap();
+        qwen_chat(outside.path(), "p", "far");
+        std::os::unix::fs::symlink(outside.path().join("projects/p"), home.path().join("projects/q")).unwrap();
+        assert_eq!(qwen_history(home.path(), "far"), Facts::default());
+        // Claude Code's compaction boundary.
+        let project = home.path().join("projects/-tmp-c");
+        std::fs::create_dir_all(&project).unwrap();
+        let lines = [
+            json!({"type":"user","timestamp":"2026-12-04T13:00:00.000Z"}).to_string(),
+            json!({"type":"system","subtype":"compact_boundary","timestamp":"2026-12-04T13:01:02.003Z"}).to_string(),
+            "compact_boundary".into(),
+        ];
+        std::fs::write(project.join("c1.jsonl"), lines.join("\n")).unwrap();
+        let facts = claude_history(home.path(), "c1");
+        assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T13:01:02.003Z"));
+        assert_eq!((facts.context_tokens, facts.last_request_at), (None, None));
+    }
+
+    /// Qwen sends no `usage_update` at load: coda-acp sends the loaded facts right after its answer, with the
+    /// window the answer names.
+    #[test]
+    fn a_qwen_load_is_answered_then_the_loaded_facts_follow() {
+        let home = tempfile::tempdir().unwrap();
+        let s = "q-load";
+        qwen_chat(home.path(), "-tmp-w", s);
+        let usage = UsageBy {
+            used: Used::RequestContext,
+            request_start: Some(RequestStart::QwenDuration),
+            at_load: Some(AtLoad::QwenChats),
+        };
+        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression), Some(home.path().into())));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
+        h.run_work();
+        let answer = json!({"jsonrpc":"2.0","id":1,"result":{"models":{"currentModelId":"m","availableModels":[
+            {"modelId":"other","_meta":{"contextLimit":1}},{"modelId":"m","_meta":{"contextLimit":32000}}]}}});
+        h.from_agent(answer.clone());
+        let out = h.to_client();
+        assert_eq!(out[0], answer);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[1]["params"]["update"]["used"], 20805);
+        assert_eq!(out[1]["params"]["update"]["size"], 32000);
+        assert_eq!(
+            coda(&out[1]),
+            json!({"compactedAt":"2026-12-04T13:04:11.901Z","contextTokens":20805,
+                "lastRequestAt":"2026-12-04T13:04:02.051Z"})
+        );
+        // The read done after the answer: the update follows it then.
+        let mut h = Harness::of(layer(Some(&usage), None, Some(home.path().into())));
+        h.hold_work();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
+        h.from_agent(answer.clone());
+        assert_eq!(h.to_client(), [answer.clone()]);
+        assert_eq!(h.run_work(), 1);
+        let out = h.to_client();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(coda(&out[0])["contextTokens"], 20805);
+        // An answer that names no window: no update of the shim's (ACP's `size` is required).
+        let mut h = Harness::of(layer(Some(&usage), None, Some(home.path().into())));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
+        h.run_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        assert_eq!(h.to_client().len(), 1);
+    }
 }
