@@ -591,9 +591,10 @@ fn live_acp_qwen_background_agent() {
             eprintln!("qwen background agent: done after {:?}", started.elapsed());
 
             // Stopped by Coda: an agent still waiting for the model, then a background command.
-            for (prompt, kind) in
-                [(qwen_agent("[[delay:60000]][[text:never]]"), "subagent"), ("Start it. [[bg:sleep 60]]".into(), "task")]
-            {
+            for (prompt, kind) in [
+                (qwen_agent("[[delay:60000]][[text:never]]"), "subagent"),
+                ("Start it. [[bg:sleep 60]]".into(), "task"),
+            ] {
                 let before: Vec<String> =
                     rec.waits().iter().filter_map(|w| w["waitId"].as_str().map(str::to_owned)).collect();
                 let answer = rec.prompt(&prompt);
@@ -612,7 +613,11 @@ fn live_acp_qwen_background_agent() {
                 assert_eq!(end["state"], "cancelled", "{end}; waits: {:?}", rec.waits());
                 eprintln!("qwen stop of a {kind}: cancelled after {:?}", asked.elapsed());
             }
-            eprintln!("qwen background agents: {} model requests; waits {:?}", model.model_requests().len(), rec.waits());
+            eprintln!(
+                "qwen background agents: {} model requests; waits {:?}",
+                model.model_requests().len(),
+                rec.waits()
+            );
         });
     }
 }

@@ -146,7 +146,11 @@ mod tests {
             FailuresBy::QwenStatus,
             json!({"code":-32603,"message":"Internal error","data":{"details":"503 The server is overloaded, please try again later."}}),
         );
-        assert_eq!(busy["error"]["data"]["_meta"]["coda"]["failure"], json!({"kind":"service_unavailable","input":"accepted"}), "{busy}");
+        assert_eq!(
+            busy["error"]["data"]["_meta"]["coda"]["failure"],
+            json!({"kind":"service_unavailable","input":"accepted"}),
+            "{busy}"
+        );
         assert_eq!(busy["error"]["data"]["qwen"]["status"], 503, "{busy}");
         for plain in [
             json!({"code":429,"message":"Rate limit exceeded. Try again later."}),

@@ -405,8 +405,10 @@ mod tests {
             "sessionId":S,"source":"background_notification","taskId":task,"toolUseId":"call_7","turnId":turn}}));
         assert_eq!(h.to_agent(), [json!({"jsonrpc":"2.0","id":2,"result":{"accepted":true}})]);
         assert_eq!(h.to_client()[0]["params"], json!({"sessionId":S,"waitId":task,"state":"handling"}));
-        h.from_agent(json!({"jsonrpc":"2.0","method":END_TURN,"params":{"sessionId":S,"reason":"end_turn","turnId":turn,
-            "source":"background_notification"}}));
+        h.from_agent(
+            json!({"jsonrpc":"2.0","method":END_TURN,"params":{"sessionId":S,"reason":"end_turn","turnId":turn,
+            "source":"background_notification"}}),
+        );
         assert_eq!(h.to_client()[1]["params"], json!({"sessionId":S,"waitId":task,"state":"done"}));
     }
 
@@ -415,7 +417,9 @@ mod tests {
         let mut h = rig();
         let task = "general-purpose-call_9";
         launched(&mut h, "call_9", task);
-        h.from_client(json!({"jsonrpc":"2.0","id":"st","method":"_coda/wait/stop","params":{"sessionId":S,"waitId":task}}));
+        h.from_client(
+            json!({"jsonrpc":"2.0","id":"st","method":"_coda/wait/stop","params":{"sessionId":S,"waitId":task}}),
+        );
         let asked = h.to_agent();
         assert_eq!(asked.len(), 1, "{asked:?}");
         assert_eq!(asked[0]["method"], TASK_CANCEL);
@@ -424,18 +428,27 @@ mod tests {
         h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{"cancelled":true,"status":"running"}}));
         assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":"st","result":{}})]);
         // Qwen reports the end and runs no turn for it.
-        h.from_agent(update(json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"cancelled"},
-            "_meta":{"backgroundTask":{"kind":"agent","status":"cancelled","taskId":task}}})));
+        h.from_agent(update(
+            json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"cancelled"},
+            "_meta":{"backgroundTask":{"kind":"agent","status":"cancelled","taskId":task}}}),
+        ));
         assert_eq!(h.to_client()[1]["params"], json!({"sessionId":S,"waitId":task,"state":"cancelled"}));
         // A shell's stop names its kind; Qwen's error goes back as it came.
         h.from_agent(update(json!({"sessionUpdate":"tool_call_update","toolCallId":"c3","content":[{"type":"content",
             "content":{"type":"text","text":"Background shell started.\nid: bg_1\npid: 3\noutput file: /tmp/o"}}]})));
         h.take();
-        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"_coda/wait/stop","params":{"sessionId":S,"waitId":"bg_1"}}));
+        h.from_client(
+            json!({"jsonrpc":"2.0","id":4,"method":"_coda/wait/stop","params":{"sessionId":S,"waitId":"bg_1"}}),
+        );
         let asked = h.to_agent();
         assert_eq!(asked[0]["params"]["taskKind"], "shell");
-        h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"error":{"code":-32602,"message":"Session not found"}}));
-        assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":4,"error":{"code":-32602,"message":"Session not found"}})]);
+        h.from_agent(
+            json!({"jsonrpc":"2.0","id":asked[0]["id"],"error":{"code":-32602,"message":"Session not found"}}),
+        );
+        assert_eq!(
+            h.to_client(),
+            [json!({"jsonrpc":"2.0","id":4,"error":{"code":-32602,"message":"Session not found"}})]
+        );
         // A stop of a wait that is none of ours goes on down.
         let other = json!({"jsonrpc":"2.0","id":5,"method":"_coda/wait/stop","params":{"sessionId":S,"waitId":"zz"}});
         h.from_client(other.clone());

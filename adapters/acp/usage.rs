@@ -41,10 +41,10 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 use super::profile::{AtLoad, RequestStart, UsageBy, Used};
-use crate::inside::{Folder, Kind as Entry};
 use crate::coda::slash_compact::{Own, Said as Compaction};
 use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::Frame;
+use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
 
 /// Per root session.
@@ -205,7 +205,8 @@ impl Source for AcpUsage {
         let Some(models) = v.pointer("/result/models") else { return };
         let current = models.get("currentModelId").and_then(Value::as_str);
         let size = models.get("availableModels").and_then(Value::as_array).and_then(|all| {
-            let model = all.iter().find(|m| current.is_some() && m.get("modelId").and_then(Value::as_str) == current)?;
+            let model =
+                all.iter().find(|m| current.is_some() && m.get("modelId").and_then(Value::as_str) == current)?;
             model.pointer("/_meta/contextLimit").and_then(Value::as_u64)
         });
         if let Some(size) = size {
@@ -509,7 +510,7 @@ mod tests {
         h.hold_work();
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
         h.from_agent(answer.clone());
-        assert_eq!(h.to_client(), [answer.clone()]);
+        assert_eq!(h.to_client(), std::slice::from_ref(&answer));
         assert_eq!(h.run_work(), 1);
         let out = h.to_client();
         assert_eq!(out.len(), 1, "{out:?}");
