@@ -607,11 +607,14 @@ fn live_acp_qwen_background_agent() {
                 let asked = Instant::now();
                 let stopped = rec.call("_coda/wait/stop", json!({"sessionId": rec.session, "waitId": id}));
                 assert_eq!(stopped["result"], json!({}), "{stopped}");
+                // Qwen runs a turn of its own for a stopped one too: `handling`, then its end.
+                rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
                 let end = rec.until_wait(Duration::from_secs(30), |w| {
-                    w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "waiting")
+                    w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "waiting" && s != "handling")
                 });
                 assert_eq!(end["state"], "cancelled", "{end}; waits: {:?}", rec.waits());
                 eprintln!("qwen stop of a {kind}: cancelled after {:?}", asked.elapsed());
+                assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
             }
             eprintln!(
                 "qwen background agents: {} model requests; waits {:?}",

@@ -19,8 +19,8 @@
 //!   (`{accepted: true}`, Coda does not know the method), reports the task `handling` for that turn, and at its end
 //!   the task's own end (`done`, `failed`, `cancelled` as the command ended). A start for a task it does not know
 //!   (a goal turn) goes on to Coda as it came. The same for a background agent (`kind: "agent"`).
-//! - A stopped one (`cancelled`) gets no turn of Qwen's: its end is reported when its `_meta.backgroundTask`
-//!   says so, unless Qwen admits a turn for it.
+//! - A stopped one (`cancelled`) gets a turn of Qwen's too (seen live: `_qwencode/start_turn` right after its
+//!   `_meta.backgroundTask` says `cancelled`): `handling`, then `cancelled` at its end.
 //! - Both are `stoppable`: `_coda/wait/stop` becomes Qwen's own `qwen/control/session/task/cancel {sessionId,
 //!   taskId, taskKind: "shell" | "agent"}` (answered `{cancelled, status}`); Coda gets `{}` once Qwen answered
 //!   (its error as it came), and the wait's end when Qwen reports it.
@@ -153,12 +153,8 @@ impl QwenTasks {
                 "cancelled" | "killed" => State::Cancelled,
                 _ => return,
             };
-            let Some(at) = self.tasks.iter().position(|t| t.session == session && t.id == id) else { return };
-            self.tasks[at].ended = Some(state);
-            // A stopped one gets no turn of Qwen's: it ends now.
-            if state == State::Cancelled && self.tasks[at].turn.is_none() {
-                let task = self.tasks.remove(at).expect("found");
-                self.report(Wait::new(&task.session, &task.id, state), cx);
+            if let Some(t) = self.tasks.iter_mut().find(|t| t.session == session && t.id == id) {
+                t.ended = Some(state);
             }
             return;
         }
@@ -427,11 +423,19 @@ mod tests {
         assert!(h.to_client().is_empty(), "answered once Qwen answered");
         h.from_agent(json!({"jsonrpc":"2.0","id":asked[0]["id"],"result":{"cancelled":true,"status":"running"}}));
         assert_eq!(h.to_client(), [json!({"jsonrpc":"2.0","id":"st","result":{}})]);
-        // Qwen reports the end and runs no turn for it.
+        // Qwen reports the end, then runs a turn of its own for it, as for one that ended by itself.
         h.from_agent(update(
             json!({"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"cancelled"},
             "_meta":{"backgroundTask":{"kind":"agent","status":"cancelled","taskId":task}}}),
         ));
+        assert_eq!(h.to_client().len(), 1, "the chunk only");
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"method":START_TURN,"params":{"kind":"agent","sessionId":S,
+            "source":"background_notification","taskId":task,"turnId":"t9"}}));
+        assert_eq!(h.to_agent(), [json!({"jsonrpc":"2.0","id":3,"result":{"accepted":true}})]);
+        assert_eq!(h.to_client()[0]["params"], json!({"sessionId":S,"waitId":task,"state":"handling"}));
+        h.from_agent(
+            json!({"jsonrpc":"2.0","method":END_TURN,"params":{"sessionId":S,"reason":"end_turn","turnId":"t9"}}),
+        );
         assert_eq!(h.to_client()[1]["params"], json!({"sessionId":S,"waitId":task,"state":"cancelled"}));
         // A shell's stop names its kind; Qwen's error goes back as it came.
         h.from_agent(update(json!({"sessionUpdate":"tool_call_update","toolCallId":"c3","content":[{"type":"content",
