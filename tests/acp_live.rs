@@ -355,30 +355,40 @@ fn live_acp_claude_upstream() {
     }
 }
 
-/// Qwen Code retries a 429 or a 503 without end and says nothing of it over ACP: no signal, so no kind; the
-/// turn stays open until Coda cancels it.
+/// Qwen Code retries a 429 or a 503 itself, silently, as its settings say (`model.generationConfig`: 10 retries
+/// waiting from 60 s up to 5 min by default); then it answers with the upstream's status. Bounded here through its
+/// system defaults file (one retry, waits of 1 to 2 s) so that it answers in seconds, as a user's settings may.
 #[test]
 fn live_acp_qwen_upstream() {
     if live::wanted("qwen", "coda-acp on Qwen Code's upstream errors") {
-        for marker in ["[[error:429-usage]]", "[[error:503~1]]"] {
-            let (model, _temp, _lc, mut rec) = start("qwen", "coda-acp-qwen-upstream");
-            rec.new_session(true);
-            let before = rec.received.len();
-            let id = rec.send(
-                "session/prompt",
-                json!({"sessionId": rec.session, "prompt": [{"type": "text", "text": format!("Go. {marker}")}]}),
-            );
-            rec.quiet(Duration::from_secs(20));
-            let said: Vec<&Value> = rec.received[before..].iter().collect();
-            let answered = said.iter().any(|v| v["id"] == id && v.get("method").is_none());
-            let failed = model.model_requests().iter().filter(|r| r.user_text().contains(marker)).count();
-            eprintln!("qwen {marker}: {failed} model requests in 20 s; answered: {answered}; frames: {}", said.len());
-            assert!(!answered, "Qwen answered: {said:?}");
-            assert!(failed > 3, "Qwen retried: {failed}");
-            rec.notify("session/cancel", json!({"sessionId": rec.session}));
-            let answer = rec.answer(id, Duration::from_secs(10));
-            assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
-            rec.finish();
+        let dir = temp::TempDir::new("coda-acp-qwen-retries");
+        let defaults = dir.path().join("system-defaults.json");
+        let bound = json!({"model": {"generationConfig": {"maxRetries": 1, "retryInitialDelayMs": 1000,
+            "retryMaxDelayMs": 2000}}});
+        std::fs::write(&defaults, bound.to_string()).expect("the defaults file");
+        let env = [("QWEN_CODE_SYSTEM_DEFAULTS_PATH", defaults.to_str().expect("a UTF-8 path"))];
+        for (scenario, marker, notes) in [
+            ("upstream-quota", "[[error:429-usage]]", "an upstream 429 insufficient_quota"),
+            ("upstream-503", "[[error:503~1]]", "an upstream 503 with Retry-After: 1"),
+        ] {
+            let notes = format!("{notes}, with Qwen's retries bounded by its settings (maxRetries 1)");
+            recorded_env("qwen", scenario, &notes, &env, |model, rec| {
+                let (answer, took) = failed_turn(rec, marker, Duration::from_secs(300));
+                let requests = model.model_requests().iter().filter(|r| r.user_text().contains(marker)).count();
+                eprintln!("qwen {marker}: answered after {took:?}, {requests} model requests: {answer}");
+                if marker.contains("429") {
+                    assert_eq!(answer["error"]["code"], 429, "{answer}");
+                    assert_eq!(failure_of(&answer), Value::Null, "a 429 says no kind: {answer}");
+                } else {
+                    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+                    assert_eq!(answer["error"]["data"]["qwen"]["status"], 503, "{answer}");
+                    assert_eq!(
+                        failure_of(&answer),
+                        json!({"kind": "service_unavailable", "input": "accepted"}),
+                        "{answer}"
+                    );
+                }
+            });
         }
     }
 }
@@ -532,7 +542,7 @@ fn live_acp_qwen_background() {
             let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
             assert_eq!(waiting["kind"], "task", "{waiting}");
             assert_eq!(waiting["title"], "sleep 3; echo done", "{waiting}");
-            assert_eq!(waiting["stoppable"], false, "{waiting}");
+            assert_eq!(waiting["stoppable"], true, "{waiting}");
             assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".output")), "{waiting}");
             let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
             let asked = model.model_requests().len();
@@ -545,5 +555,139 @@ fn live_acp_qwen_background() {
             assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
             eprintln!("qwen background: waits {:?}", rec.waits());
         });
+    }
+}
+
+/// A background `agent` call of Qwen Code's prompt: the model asks for it with these arguments.
+fn qwen_agent(prompt: &str) -> String {
+    let args = json!({"description": "helper task", "prompt": prompt, "subagent_type": "general-purpose",
+        "run_in_background": true});
+    format!("Delegate. [[tool:agent|{args}]]")
+}
+
+/// Qwen Code's background agents: a `subagent` wait, `handling` in Qwen's own turn for its result, then `done`;
+/// another one and a background command stopped by Coda through Qwen's own cancel.
+#[test]
+fn live_acp_qwen_background_agent() {
+    if live::wanted("qwen", "coda-acp on Qwen Code's background agents") {
+        let notes = "a background agent: handled in Qwen's own turn, done; another, and a background command, stopped";
+        recorded("qwen", "background-agent", notes, |model, rec| {
+            rec.new_session(true);
+            let started = Instant::now();
+            let answer = rec.prompt(&qwen_agent("[[delay:3000]][[text:the helper found it]]"));
+            assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+            let waiting = rec.until_wait(Duration::from_secs(5), |w| w["state"] == "waiting");
+            assert_eq!(waiting["kind"], "subagent", "{waiting}");
+            assert_eq!(waiting["title"], "helper task", "{waiting}");
+            assert_eq!(waiting["stoppable"], true, "{waiting}");
+            assert!(waiting["outputFile"].as_str().is_some_and(|f| f.ends_with(".jsonl")), "{waiting}");
+            let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+            rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
+            let done = rec.until_wait(Duration::from_secs(30), |w| {
+                w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "handling" && s != "waiting")
+            });
+            assert_eq!(done["state"], "done", "{done}");
+            assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
+            eprintln!("qwen background agent: done after {:?}", started.elapsed());
+
+            // Stopped by Coda: an agent still waiting for the model, then a background command.
+            for (prompt, kind) in [
+                (qwen_agent("[[delay:60000]][[text:never]]"), "subagent"),
+                ("Start it. [[bg:sleep 60]]".into(), "task"),
+            ] {
+                let before: Vec<String> =
+                    rec.waits().iter().filter_map(|w| w["waitId"].as_str().map(str::to_owned)).collect();
+                let answer = rec.prompt(&prompt);
+                assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+                let waiting = rec.until_wait(Duration::from_secs(5), |w| {
+                    w["state"] == "waiting" && !before.iter().any(|b| w["waitId"] == b.as_str())
+                });
+                assert_eq!(waiting["kind"], kind, "{waiting}");
+                let id = waiting["waitId"].as_str().expect("a waitId").to_owned();
+                let asked = Instant::now();
+                let stopped = rec.call("_coda/wait/stop", json!({"sessionId": rec.session, "waitId": id}));
+                assert_eq!(stopped["result"], json!({}), "{stopped}");
+                // Qwen runs a turn of its own for a stopped one too: `handling`, then its end.
+                rec.until_wait(Duration::from_secs(30), |w| w["waitId"] == id.as_str() && w["state"] == "handling");
+                let end = rec.until_wait(Duration::from_secs(30), |w| {
+                    w["waitId"] == id.as_str() && w.get("state").is_some_and(|s| s != "waiting" && s != "handling")
+                });
+                assert_eq!(end["state"], "cancelled", "{end}; waits: {:?}", rec.waits());
+                eprintln!("qwen stop of a {kind}: cancelled after {:?}", asked.elapsed());
+                assert!(!rec.received.iter().any(|v| v["method"] == "_qwencode/start_turn"), "answered by coda-acp");
+            }
+            eprintln!(
+                "qwen background agents: {} model requests; waits {:?}",
+                model.model_requests().len(),
+                rec.waits()
+            );
+        });
+    }
+}
+
+/// The facts of a session Coda loads in a fresh `coda-acp`, read from what the agent keeps (Qwen Code's chat file,
+/// Claude Code's project file): equal to the facts Coda had before the restart. Qwen sends no `usage_update` at
+/// load, so coda-acp sends the loaded facts in one of its own right after the load's answer; Claude Agent ACP's
+/// next turn carries them.
+fn facts_after_load(agent: &str) {
+    let (_model, temp, lc, mut rec) = start(agent, &format!("coda-acp-{agent}-load"));
+    rec.new_session(true);
+    for text in [coda_text::FIRST_PROMPT, "Run it. [[sh:echo hi]]"] {
+        let answer = rec.prompt(text);
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    }
+    let compacted = rec.call("_coda/session/compact", json!({"sessionId": rec.session}));
+    assert_eq!(compacted["result"]["compacted"], true, "{compacted}");
+    rec.quiet(Duration::from_millis(2500));
+    let before = facts(&rec).last().cloned().expect("facts before the restart");
+    let session = rec.session.clone();
+    rec.finish();
+
+    let mut rec = Rec::start_acp(&lc, &temp.path().join("trace-load.jsonl"));
+    rec.session = session.clone();
+    let loaded_at = Instant::now();
+    let load = rec.call(
+        "session/load",
+        json!({"sessionId": session, "cwd": rec.cwd, "mcpServers": [],
+            "systemPrompt": coda_text::system_prompt(coda_text::INSTRUCTION)}),
+    );
+    assert!(load.get("result").is_some(), "{load}");
+    rec.quiet(Duration::from_millis(1500));
+    let at_load = facts(&rec).first().cloned();
+    eprintln!("{agent} facts at the load: {at_load:?}");
+    if agent == "qwen" {
+        assert!(at_load.is_some(), "coda-acp sends the loaded facts after Qwen's answer");
+    } else if at_load.is_none() {
+        let answer = rec.prompt("again [[text:ok]]");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        rec.quiet(Duration::from_millis(1500));
+    }
+    let after = facts(&rec).first().cloned().unwrap_or_else(|| panic!("{agent}: no facts after the load"));
+    let ms = |v: &Value| v.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(|t| t.as_millisecond());
+    eprintln!("{agent} facts before the restart {before}; after the load ({:?}) {after}", loaded_at.elapsed());
+    for key in ["compactedAt", "lastRequestAt"] {
+        if let (Some(a), Some(b)) = (ms(&before[key]), ms(&after[key])) {
+            // The agent's file and coda-acp's clock tell the same moment, a few milliseconds apart.
+            assert!((a - b).abs() < 1000, "{key}: {before} / {after}");
+        } else {
+            assert_eq!(before.get(key), after.get(key), "{key}: {before} / {after}");
+        }
+    }
+    assert_eq!(before.get("contextTokens"), after.get("contextTokens"), "{before} / {after}");
+    assert!(after.get("compactedAt").is_some(), "{after}");
+    rec.finish();
+}
+
+#[test]
+fn live_acp_qwen_facts_after_load() {
+    if live::wanted("qwen", "coda-acp usage facts after a load on Qwen Code") {
+        facts_after_load("qwen");
+    }
+}
+
+#[test]
+fn live_acp_claude_facts_after_load() {
+    if live::wanted("claude", "coda-acp usage facts after a load on Claude Agent ACP") {
+        facts_after_load("claude");
     }
 }

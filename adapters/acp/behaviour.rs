@@ -299,7 +299,7 @@ async fn hostile_subagent_updates_never_panic_and_answers_keep_their_order() {
 }
 
 /// An agent that retries a failed model request by itself and says nothing of it over ACP (Gemini CLI's 503,
-/// Claude Agent ACP's 429 and 503 with Claude Code's default retries, Qwen Code's without end): its prompt stays
+/// Claude Agent ACP's 429 and 503 with Claude Code's default retries, Qwen Code's for about 40 minutes): its prompt stays
 /// unanswered until `_test/give_up` makes it answer with `error`.
 fn retrying_silently(error: Value) -> impl FnMut(&str) -> Vec<String> + Send + 'static {
     let mut open: Option<Value> = None;

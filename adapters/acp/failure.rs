@@ -18,7 +18,15 @@
 //!   Service Unavailable. …`: a `server_error` of a 503 is `service_unavailable`); the others name no kind. A
 //!   429 is Anthropic's `rate_limit_error` even for a usage limit (`This request would exceed your account's
 //!   usage limit.`): `service_unavailable`, never a quota from a status or a message.
-//! - Qwen Code 0.24.4: no profile key; it retries a 429 or 503 without end and says nothing of it over ACP.
+//! - **Qwen Code 0.24.4** (`qwen-status`): it retries a 429 or a 503 itself, silently, up to its setting
+//!   `model.generationConfig.maxRetries` (10) times, each wait the longer of its back-off (from
+//!   `retryInitialDelayMs`, 60 s, doubling up to `retryMaxDelayMs`, 5 min) and the upstream's `Retry-After`:
+//!   about 40 minutes by default. Then it answers: a 429 as `{code: 429, message: "Rate limit exceeded. Try
+//!   again later."}` (a quota or a rate limit alike: a plain error, never a kind from a status), anything else as
+//!   `-32603` with the upstream's status first in `data.details` (`503 The server is overloaded, …`): a 503 is
+//!   `service_unavailable` by the shared rule. A quota message Qwen itself recognises (`quota … exhausted … reset`)
+//!   it answers at once as `Quota exhausted: …` in `data.details` with no status: a plain error too, since it says
+//!   no upstream code.
 
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
@@ -28,6 +36,12 @@ use serde_json::{Value, json};
 use super::profile::FailuresBy;
 use crate::coda::failure::{self, Failure, Kind, REASON_MAX, Retry, Signals, Verdict};
 use crate::frame::Frame;
+
+/// The upstream's HTTP status at the start of Qwen Code's `data.details` (`503 The server is overloaded, …`).
+fn leading_status(details: &str) -> Option<u64> {
+    let digits = details.get(..3).filter(|d| d.bytes().all(|b| b.is_ascii_digit()))?;
+    (details.as_bytes().get(3) == Some(&b' ')).then(|| digits.parse().ok()).flatten()
+}
 
 /// Gemini CLI's message for an upstream 429 that names a per-day quota.
 pub const GEMINI_DAILY_QUOTA: &str = "You have exhausted your daily quota on this model.";
@@ -78,6 +92,16 @@ impl Signals for AcpFailures {
                 let verdict = failure::upstream(anthropic_type(kind), api_status(message));
                 (verdict, json!({"errorKind": failure::clip(kind, 64)}))
             }
+            FailuresBy::QwenStatus => {
+                let details = error.pointer("/data/details").and_then(Value::as_str).unwrap_or_default();
+                let status = match code {
+                    Some(c @ 100..=599) => u64::try_from(c).ok(),
+                    Some(-32603) => leading_status(details),
+                    _ => None,
+                }?;
+                let data = json!({"qwen": {"status": status, "details": failure::clip(details, REASON_MAX)}});
+                (failure::upstream(None, Some(status)), data)
+            }
         };
         if verdict == Verdict::Plain {
             return None;
@@ -113,6 +137,31 @@ mod tests {
         h.take();
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"error":error}));
         h.to_client().pop().expect("the answer")
+    }
+
+    /// Qwen Code 0.24.4's answers after its own retries, as seen live.
+    #[test]
+    fn qwens_503_is_a_service_failure_and_its_429_a_plain_error() {
+        let busy = answered(
+            FailuresBy::QwenStatus,
+            json!({"code":-32603,"message":"Internal error","data":{"details":"503 The server is overloaded, please try again later."}}),
+        );
+        assert_eq!(
+            busy["error"]["data"]["_meta"]["coda"]["failure"],
+            json!({"kind":"service_unavailable","input":"accepted"}),
+            "{busy}"
+        );
+        assert_eq!(busy["error"]["data"]["qwen"]["status"], 503, "{busy}");
+        for plain in [
+            json!({"code":429,"message":"Rate limit exceeded. Try again later."}),
+            json!({"code":-32603,"message":"Internal error","data":{"details":"Quota exhausted: your quota will reset at 0:00"}}),
+            json!({"code":-32603,"message":"Internal error","data":{"details":"5030 x"}}),
+            json!({"code":-32603,"message":"Internal error","data":{"details":7}}),
+            json!({"code":-32603,"message":"Internal error"}),
+        ] {
+            let out = answered(FailuresBy::QwenStatus, plain.clone());
+            assert!(out.pointer("/error/data/_meta/coda").is_none(), "{out}");
+        }
     }
 
     #[test]

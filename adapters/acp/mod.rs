@@ -203,7 +203,13 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
         }
         // Below the compaction layer: it sees the agent's reports of a compaction Coda asked for.
         let usage_by = usage_by.clone();
-        setup.add(move |_| Box::new(usage::layer(usage_by.as_ref(), own)));
+        let home = usage_by.as_ref().and_then(|u| u.at_load).map(|at| {
+            let set = |name: &str| setup.var_os(name).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+            // Qwen Code keeps its sessions in its runtime folder, where one is set.
+            let runtime = (at == profile::AtLoad::QwenChats).then(|| set("QWEN_RUNTIME_DIR")).flatten();
+            runtime.unwrap_or_else(|| data_home.dir_with(|name| setup.var_os(name)))
+        });
+        setup.add(move |_| Box::new(usage::layer(usage_by.as_ref(), own, home)));
         setup.add(|_| Box::new(Subagents::new()));
         if background == Some(profile::BackgroundBy::QwenTasks) {
             setup.add(|_| Box::new(qwen_tasks::QwenTasks::new()));

@@ -90,6 +90,19 @@ pub struct UsageBy {
     /// Where it says when its main thread's model request began; absent: nowhere.
     #[serde(default)]
     pub request_start: Option<RequestStart>,
+    /// Where it keeps the facts of a session, read when Coda loads it; absent: nowhere read.
+    #[serde(default)]
+    pub at_load: Option<AtLoad>,
+}
+
+/// Where an agent keeps a session's facts, under its data folder (see [`UsageBy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AtLoad {
+    /// Qwen Code: `projects/<project>/chats/<session>.jsonl` (its response records and their telemetry).
+    QwenChats,
+    /// Claude Code: `projects/<project>/<session>.jsonl` (its compaction boundaries).
+    ClaudeProjects,
 }
 
 /// What an agent's `usage_update` `used` counts (see [`UsageBy`]).
@@ -122,6 +135,9 @@ pub enum FailuresBy {
     /// Claude Agent ACP: a failed turn's error answer has the Claude Agent SDK's classification of the
     /// upstream's error in `data.errorKind`.
     ClaudeErrorKind,
+    /// Qwen Code: once its own retries are over, a failed turn's error answer is `-32603` with the upstream's
+    /// status first in `data.details` (`503 …`), or the code 429 for a rate limit.
+    QwenStatus,
 }
 
 /// How an agent steers (see [`Profile::steering`]).

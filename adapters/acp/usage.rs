@@ -14,8 +14,20 @@
 //!   `_meta.contextCompression` `done` (its `newTokenCount` is then the `used` of the shim's own `usage_update`,
 //!   sent because Qwen sends none after a compaction). Claude Agent ACP sends its own `usage_update` after one.
 //! - `cacheTtl`: no agent says it over ACP.
-//! - At load: not read. Qwen Code and Claude Code keep their sessions in files of their own, but no profile
-//!   reads them yet: the facts come with the session's next request.
+//! - At load (`at-load`, [`AtLoad`]): what the agent keeps of the session in its own files, read inside its data
+//!   folder only (a link on the way is not followed), its last [`HISTORY_MAX`](crate::coda::usage::HISTORY_MAX)
+//!   bytes; a line that is no JSON record is skipped, and counted in one warning.
+//!   - Qwen Code 0.24.4 (`qwen-chats`): `<data>/projects/<project>/chats/<session>.jsonl`, `<data>` being
+//!     `$QWEN_RUNTIME_DIR` where set, else its data home. Each main-thread response is an `assistant` record
+//!     with `usageMetadata.promptTokenCount` (the `used` of the `usage_update` it sent for it: `contextTokens`),
+//!     after the `ui_telemetry` record of that response (`qwen-code.api_response`, with no `subagent_name`, the
+//!     same `input_token_count`), whose `event.timestamp` less its `duration_ms` is when the request began
+//!     (`lastRequestAt`; live, the `durationMs` of its ACP chunk measures from a little earlier, tens of
+//!     milliseconds). Its `/compress` leaves a `system` record `chat_compression` (`compactedAt`: its
+//!     `timestamp`). A runtime folder moved by its settings alone (`advanced.runtimeOutputDir`) is not found.
+//!   - Claude Code (`claude-projects`, under Claude Agent ACP): `<data>/projects/<project>/<session>.jsonl`;
+//!     each compaction leaves a `system` record `compact_boundary` (`compactedAt`: its `timestamp`). Its
+//!     records say no main-thread request's context (the only fact its profile gives live is `compactedAt`).
 //!
 //! Gemini CLI sends no `usage_update` at all: its profile names no `usage`, and with no `used` and `size` of the
 //! agent's the shim sends no update of its own either.
@@ -26,10 +38,13 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use super::profile::{RequestStart, UsageBy, Used};
+use std::path::{Path, PathBuf};
+
+use super::profile::{AtLoad, RequestStart, UsageBy, Used};
 use crate::coda::slash_compact::{Own, Said as Compaction};
-use crate::coda::usage::{Fact, Said, Source, UsageFacts, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::Frame;
+use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
 
 /// Per root session.
@@ -48,15 +63,19 @@ pub struct AcpUsage {
     /// The agent's own compaction report (Qwen Code's), where its profile names one.
     own: Option<Own>,
     roots: HashMap<String, Root>,
+    /// What the agent keeps of a session Coda loads, and where (its data folder).
+    at_load: Option<(AtLoad, PathBuf)>,
 }
 
 impl AcpUsage {
-    pub fn new(usage: Option<&UsageBy>, own: Option<Own>) -> AcpUsage {
+    /// `home` is the agent's data folder, where it keeps its sessions (None: nothing is read at load).
+    pub fn new(usage: Option<&UsageBy>, own: Option<Own>, home: Option<PathBuf>) -> AcpUsage {
         AcpUsage {
             used: usage.map(|u| u.used),
             request_start: usage.and_then(|u| u.request_start),
             own,
             roots: HashMap::new(),
+            at_load: usage.and_then(|u| u.at_load).zip(home),
         }
     }
 
@@ -65,13 +84,136 @@ impl AcpUsage {
     }
 }
 
-/// The layer for an agent whose profile says `usage` (if anything) and whose own compaction report is `own`.
-pub fn layer(usage: Option<&UsageBy>, own: Option<Own>) -> UsageFacts<AcpUsage> {
-    UsageFacts::new(AcpUsage::new(usage, own))
+/// The layer for an agent whose profile says `usage` (if anything), whose own compaction report is `own`, and
+/// whose data folder is `home`.
+pub fn layer(usage: Option<&UsageBy>, own: Option<Own>, home: Option<PathBuf>) -> UsageFacts<AcpUsage> {
+    UsageFacts::new(AcpUsage::new(usage, own, home))
+}
+
+/// The session file `<project>/<rel>` under `home/projects`, for any project folder, opened inside `home` only.
+fn in_projects(home: &Path, rel: &str) -> Option<std::fs::File> {
+    let projects = std::fs::canonicalize(home).ok().and_then(|h| Folder::open(&h).ok()?.folder("projects").ok())?;
+    let folders = projects.entries().into_iter().filter(|(_, m)| m.kind == Entry::Folder);
+    folders.into_iter().find_map(|(project, _)| projects.file(&format!("{project}/{rel}")).ok())
+}
+
+/// A record's `timestamp` (RFC 3339).
+fn stamp(record: &Value, key: &str) -> Option<SystemTime> {
+    record.get(key).and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok()).map(SystemTime::from)
+}
+
+/// The JSON records of a session file's last lines; the lines that are none are counted in one warning.
+fn records(file: std::fs::File, agent: &str, wanted: &[&[u8]]) -> Vec<Value> {
+    let mut bad = 0usize;
+    let mut out = Vec::new();
+    for line in history_lines(file) {
+        if !wanted.iter().any(|w| memchr::memmem::find(&line, w).is_some()) {
+            continue;
+        }
+        match crate::json::from_slice::<Value>(&line) {
+            Ok(record) if record.is_object() => out.push(record),
+            _ => bad += 1,
+        }
+    }
+    if bad > 0 {
+        tracing::warn!("{bad} line(s) of {agent}'s session file are no JSON record; skipped");
+    }
+    out
+}
+
+/// What Qwen Code keeps of `session` under `home` (see the module docs).
+pub fn qwen_history(home: &Path, session: &str) -> Facts {
+    let mut facts = Facts::default();
+    let Some(file) = in_projects(home, &format!("chats/{session}.jsonl")) else { return facts };
+    // The main-thread responses' starts, by their input tokens, since the last assistant record.
+    let mut started: Vec<(u64, SystemTime)> = Vec::new();
+    for record in records(file, "Qwen Code", &[b"\"assistant\"", b"qwen-code.api_response", b"chat_compression"]) {
+        let kind = (record.get("type").and_then(Value::as_str), record.get("subtype").and_then(Value::as_str));
+        match kind {
+            (Some("system"), Some("ui_telemetry")) => {
+                let Some(event) = record.pointer("/systemPayload/uiEvent") else { continue };
+                if event.get("event.name").and_then(Value::as_str) != Some("qwen-code.api_response")
+                    || event.get("subagent_name").is_some()
+                {
+                    continue;
+                }
+                let took = event.get("duration_ms").and_then(Value::as_u64).map(Duration::from_millis);
+                let at = stamp(event, "event.timestamp").zip(took).and_then(|(at, took)| at.checked_sub(took));
+                if let (Some(n), Some(at)) = (event.get("input_token_count").and_then(Value::as_u64), at) {
+                    started.push((n, at));
+                    if started.len() > 16 {
+                        started.remove(0);
+                    }
+                }
+            }
+            (Some("system"), Some("chat_compression")) => {
+                facts.compacted_at = stamp(&record, "timestamp").or(facts.compacted_at);
+            }
+            (Some("assistant"), _) => {
+                let Some(n) = record.pointer("/usageMetadata/promptTokenCount").and_then(Value::as_u64) else {
+                    continue;
+                };
+                facts.context_tokens = Some(n);
+                facts.last_request_at = started.iter().rev().find(|(i, _)| *i == n).map(|(_, at)| *at);
+                started.clear();
+            }
+            _ => {}
+        }
+    }
+    facts
+}
+
+/// What Claude Code keeps of `session` under `home` (see the module docs).
+pub fn claude_history(home: &Path, session: &str) -> Facts {
+    let mut facts = Facts::default();
+    let Some(file) = in_projects(home, &format!("{session}.jsonl")) else { return facts };
+    for record in records(file, "Claude Code", &[b"compact_boundary"]) {
+        if record.get("type").and_then(Value::as_str) == Some("system")
+            && record.get("subtype").and_then(Value::as_str) == Some("compact_boundary")
+        {
+            facts.compacted_at = stamp(&record, "timestamp").or(facts.compacted_at);
+        }
+    }
+    facts
 }
 
 impl Source for AcpUsage {
     type Event = Infallible;
+
+    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+        let (by, home) = self.at_load.as_ref()?;
+        let read = match by {
+            AtLoad::QwenChats => qwen_history,
+            AtLoad::ClaudeProjects => claude_history,
+        };
+        in_folder(Some(home), session, read)
+    }
+
+    /// The agent answered Coda's load or resume: it sends no `usage_update` for it (Qwen Code 0.24.4 does not),
+    /// so the shim sends the loaded facts in one of its own, with the model's window its answer names (Qwen's
+    /// `models.availableModels[]._meta.contextLimit` of its `currentModelId`).
+    fn answered(&mut self, answer: &Frame, cx: &mut Cx, out: &mut Said) {
+        if self.at_load.is_none() {
+            return;
+        }
+        let Some(r) = cx.answer_to(answer) else { return };
+        if !(r.is("session/load") || r.is("session/resume")) {
+            return;
+        }
+        let Some(session) = r.session().map(str::to_owned) else { return };
+        let v = answer.value();
+        let Some(models) = v.pointer("/result/models") else { return };
+        let current = models.get("currentModelId").and_then(Value::as_str);
+        let size = models.get("availableModels").and_then(Value::as_array).and_then(|all| {
+            let model =
+                all.iter().find(|m| current.is_some() && m.get("modelId").and_then(Value::as_str) == current)?;
+            model.pointer("/_meta/contextLimit").and_then(Value::as_u64)
+        });
+        if let Some(size) = size {
+            out.push((session.clone(), Fact::Size(size)));
+            out.push((session, Fact::Loaded));
+        }
+    }
 
     fn wants(&self, frame: &Frame) -> bool {
         match frame.session_update() {
@@ -145,8 +287,9 @@ mod tests {
     const S: &str = "q1";
 
     fn qwen() -> Harness {
-        let usage = UsageBy { used: Used::RequestContext, request_start: Some(RequestStart::QwenDuration) };
-        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression)));
+        let usage =
+            UsageBy { used: Used::RequestContext, request_start: Some(RequestStart::QwenDuration), at_load: None };
+        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression), None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.take();
@@ -224,8 +367,8 @@ mod tests {
 
     #[test]
     fn claude_says_only_its_compactions_once_each() {
-        let usage = UsageBy { used: Used::ContextAndOutput, request_start: None };
-        let mut h = Harness::of(layer(Some(&usage), None));
+        let usage = UsageBy { used: Used::ContextAndOutput, request_start: None, at_load: None };
+        let mut h = Harness::of(layer(Some(&usage), None, None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"c1"}}));
         h.take();
@@ -270,5 +413,113 @@ mod tests {
         let last = h.to_client().pop().unwrap();
         assert!(coda(&last).get("lastRequestAt").is_none(), "{last}");
         assert!(coda(&last).get("contextTokens").is_none(), "{last}");
+    }
+
+    /// Qwen Code 0.24.4's chat file (its records' shapes, from a live run): a main response after its telemetry, a
+    /// side request's telemetry, a `/compress`, and lines that are no record.
+    fn qwen_chat(home: &std::path::Path, project: &str, session: &str) {
+        let chats = home.join("projects").join(project).join("chats");
+        std::fs::create_dir_all(&chats).unwrap();
+        let telemetry = |at: &str, ms: u64, tokens: u64, side: bool| {
+            let mut event = json!({"event.name":"qwen-code.api_response","event.timestamp":at,"duration_ms":ms,
+                "input_token_count":tokens,"prompt_id":format!("{session}########1")});
+            if side {
+                event["subagent_name"] = json!("managed-auto-memory-extractor");
+            }
+            json!({"timestamp":at,"type":"system","subtype":"ui_telemetry","systemPayload":{"uiEvent":event}})
+        };
+        let lines = [
+            telemetry("2026-12-04T13:04:01.181Z", 978, 20439, false).to_string(),
+            json!({"timestamp":"2026-12-04T13:04:01.182Z","type":"assistant","usageMetadata":{"promptTokenCount":20439},
+                "contextWindowSize":32000}).to_string(),
+            "{not json".into(),
+            telemetry("2026-12-04T13:04:02.083Z", 32, 20805, false).to_string(),
+            json!({"timestamp":"2026-12-04T13:04:02.084Z","type":"assistant","usageMetadata":{"promptTokenCount":20805}})
+                .to_string(),
+            telemetry("2026-12-04T13:04:02.581Z", 386, 11407, true).to_string(),
+            json!({"timestamp":"2026-12-04T13:04:11.901Z","type":"system","subtype":"chat_compression",
+                "systemPayload":{}}).to_string(),
+            "[\"assistant\"]".into(),
+        ];
+        std::fs::write(chats.join(format!("{session}.jsonl")), lines.join("\n") + "\n").unwrap();
+    }
+
+    #[test]
+    fn qwens_chat_file_says_its_last_main_request_and_compaction() {
+        let home = tempfile::tempdir().unwrap();
+        let s = "23826568-55a8-4538-b406-2c5ddea47602";
+        qwen_chat(home.path(), "-tmp-w", s);
+        let facts = qwen_history(home.path(), s);
+        let iso = crate::coda::usage::iso;
+        assert_eq!(facts.context_tokens, Some(20805));
+        assert_eq!(facts.last_request_at.and_then(iso).as_deref(), Some("2026-12-04T13:04:02.051Z"), "02.083 - 32 ms");
+        assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T13:04:11.901Z"));
+        // Another session, a path, a chat file that is a link, a project folder that is a link: nothing.
+        assert_eq!(qwen_history(home.path(), "other"), Facts::default());
+        let chats = home.path().join("projects/-tmp-w/chats");
+        std::os::unix::fs::symlink(chats.join(format!("{s}.jsonl")), chats.join("linked.jsonl")).unwrap();
+        assert_eq!(qwen_history(home.path(), "linked"), Facts::default());
+        let outside = tempfile::tempdir().unwrap();
+        qwen_chat(outside.path(), "p", "far");
+        std::os::unix::fs::symlink(outside.path().join("projects/p"), home.path().join("projects/q")).unwrap();
+        assert_eq!(qwen_history(home.path(), "far"), Facts::default());
+        // Claude Code's compaction boundary.
+        let project = home.path().join("projects/-tmp-c");
+        std::fs::create_dir_all(&project).unwrap();
+        let lines = [
+            json!({"type":"user","timestamp":"2026-12-04T13:00:00.000Z"}).to_string(),
+            json!({"type":"system","subtype":"compact_boundary","timestamp":"2026-12-04T13:01:02.003Z"}).to_string(),
+            "compact_boundary".into(),
+        ];
+        std::fs::write(project.join("c1.jsonl"), lines.join("\n")).unwrap();
+        let facts = claude_history(home.path(), "c1");
+        assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T13:01:02.003Z"));
+        assert_eq!((facts.context_tokens, facts.last_request_at), (None, None));
+    }
+
+    /// Qwen sends no `usage_update` at load: coda-acp sends the loaded facts right after its answer, with the
+    /// window the answer names.
+    #[test]
+    fn a_qwen_load_is_answered_then_the_loaded_facts_follow() {
+        let home = tempfile::tempdir().unwrap();
+        let s = "q-load";
+        qwen_chat(home.path(), "-tmp-w", s);
+        let usage = UsageBy {
+            used: Used::RequestContext,
+            request_start: Some(RequestStart::QwenDuration),
+            at_load: Some(AtLoad::QwenChats),
+        };
+        let mut h = Harness::of(layer(Some(&usage), Some(super::super::qwen::compression), Some(home.path().into())));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
+        h.run_work();
+        let answer = json!({"jsonrpc":"2.0","id":1,"result":{"models":{"currentModelId":"m","availableModels":[
+            {"modelId":"other","_meta":{"contextLimit":1}},{"modelId":"m","_meta":{"contextLimit":32000}}]}}});
+        h.from_agent(answer.clone());
+        let out = h.to_client();
+        assert_eq!(out[0], answer);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[1]["params"]["update"]["used"], 20805);
+        assert_eq!(out[1]["params"]["update"]["size"], 32000);
+        assert_eq!(
+            coda(&out[1]),
+            json!({"compactedAt":"2026-12-04T13:04:11.901Z","contextTokens":20805,
+                "lastRequestAt":"2026-12-04T13:04:02.051Z"})
+        );
+        // The read done after the answer: the update follows it then.
+        let mut h = Harness::of(layer(Some(&usage), None, Some(home.path().into())));
+        h.hold_work();
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
+        h.from_agent(answer.clone());
+        assert_eq!(h.to_client(), std::slice::from_ref(&answer));
+        assert_eq!(h.run_work(), 1);
+        let out = h.to_client();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(coda(&out[0])["contextTokens"], 20805);
+        // An answer that names no window: no update of the shim's (ACP's `size` is required).
+        let mut h = Harness::of(layer(Some(&usage), None, Some(home.path().into())));
+        h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":s,"cwd":"/w"}}));
+        h.run_work();
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{}}));
+        assert_eq!(h.to_client().len(), 1);
     }
 }

@@ -15,7 +15,8 @@
 //! - **Facts at load**: a session Coda loads or resumes in a fresh process starts with what the CLI keeps of it
 //!   ([`Source::at_load`]: its session files, its server), read off the relay loop while the CLI loads; the
 //!   session's updates wait for it (at most [`LOAD_HOLD`]). Live facts win over loaded ones. What a CLI keeps
-//!   nowhere is said in its adapter's docs.
+//!   nowhere is said in its adapter's docs. A CLI that sends no `usage_update` at load may have the loaded facts
+//!   sent in one of the shim's own after its answer ([`Fact::Loaded`]).
 //! - **Replayed history is no fact**: what the CLI sends while Coda's `session/load` or `session/resume` of the
 //!   session is open describes the past.
 //! - **Holds**: a `usage_update` whose facts are still on their way (a CLI whose records the shim reads a little
@@ -222,6 +223,9 @@ pub enum Fact {
     Size(u64),
     /// A fact changed where the CLI sends no `usage_update`: the shim sends one.
     Send,
+    /// The CLI answered Coda's load or resume of the session and sends no `usage_update` for it: the shim sends
+    /// one with the facts loaded, once they are read (said from [`Source::answered`]; the `size` is needed too).
+    Loaded,
 }
 
 /// What a [`Source`] said, by session.
@@ -406,7 +410,8 @@ impl<S: Source> UsageFacts<S> {
     /// Applies what the source said; an update of the shim's goes out now, or behind what is held.
     fn apply(&mut self, said: Said, cx: &mut Cx) {
         for (session, fact) in said {
-            if loading(cx, &session) && fact != Fact::Send {
+            // The model's window is no history: a load's answer may say it.
+            if loading(cx, &session) && !matches!(fact, Fact::Send | Fact::Loaded | Fact::Size(_)) {
                 continue;
             }
             let held = !self.held.is_empty();
@@ -419,17 +424,27 @@ impl<S: Source> UsageFacts<S> {
                 Fact::Size(n) => e.size = Some(n),
                 Fact::Send if held || e.loading.is_some() => self.held.push_back(Held::Own(session)),
                 Fact::Send => self.own(&session, cx),
+                Fact::Loaded if held || e.loading.is_some() => self.held.push_back(Held::Own(session)),
+                // The load's answer is on its way out: the update goes after it.
+                Fact::Loaded => self.own_after_load(&session, cx),
             }
         }
     }
 
     /// The shim's `usage_update` for `session`, if a fact and the CLI's figures are known.
     fn own(&mut self, session: &str, cx: &mut Cx) {
+        if !loading(cx, session) {
+            self.own_after_load(session, cx);
+        }
+    }
+
+    /// [`UsageFacts::own`], also while the load's answer is on its way out (the update goes after it).
+    fn own_after_load(&mut self, session: &str, cx: &mut Cx) {
         let Some(e) = self.sessions.get(session) else { return };
         let (Some(used), Some(size)) = (e.used.or(e.facts.context_tokens), e.size) else {
             return tracing::debug!("no usage_update of the shim's for session {session}: the CLI's figures unknown");
         };
-        if e.facts.to_json().is_empty() || loading(cx, session) {
+        if e.facts.to_json().is_empty() {
             return;
         }
         cx.to_client(e.facts.update(session, used, size));

@@ -20,6 +20,10 @@ pub const ANSWERS_NOTHING: &str = "json-rpc#answers-nothing";
 pub const DUPLICATE_ID: &str = "json-rpc#duplicate-id";
 /// A method that is not `_`-prefixed and not in ACP's stable schema.
 pub const UNKNOWN_METHOD: &str = "acp#method";
+
+/// Methods an agent serves outside ACP's `_` namespace that a shim calls as the agent's own clients do: Qwen
+/// Code's task cancel (its ACP agent routes any method it does not know to its own `extMethod`, by this name).
+pub const AGENT_OWN_METHODS: &[&str] = &["qwen/control/session/task/cancel"];
 /// `_meta.coda` of a `usage_update` over 4 KiB ("用量里的数据": Coda drops it).
 pub const USAGE_SIZE: &str = "coda#usage-size";
 
@@ -109,7 +113,7 @@ fn params(s: &Schemas, frame: &Value, kind: Kind, sender: Party, method: &str, o
     let p = params.unwrap_or(&empty);
     match s.def_for(kind, sender, method) {
         Some(def) => check_at(s, def, "/params", p, out),
-        None if method.starts_with('_') => {}
+        None if method.starts_with('_') || AGENT_OWN_METHODS.contains(&method) => {}
         None => {
             let what = match kind {
                 Kind::Notification => "notification",
