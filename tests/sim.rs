@@ -670,3 +670,58 @@ fn grok_steering_while_coda_prompt_waits_behind_groks_own_turn() {
         ],
     );
 }
+
+/// Open (found on main and on this branch, not fixed yet): a prompt Kimi never answers, a second prompt Kimi
+/// refuses (`turn.agent_busy`), a second `initialize`, then a restart: a chunk Kimi wrote over ACP after the
+/// refusal never reaches Coda (nor the refusal: the process ended first). Found by seed 7029023 of coda-kimi.
+/// Turns into a plain test once fixed.
+#[test]
+#[should_panic(expected = "frames")]
+fn kimi_chunk_after_a_refused_second_prompt_then_a_restart() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 285,
+                step: Prompt {
+                    session: 0,
+                    text: 6,
+                    turn: Turn { chunks: 5, ms: 14182, permission: false, end: EndNever, work: NoWork },
+                },
+            },
+            Timed { gap: 1733, step: Hostile { frame: SecondPrompt } },
+            Timed { gap: 389, step: Initialize { waits: false } },
+            Timed { gap: 479, step: Restart },
+        ],
+    );
+}
+
+/// Open (found on main and on this branch, not fixed yet): Coda opens a second session while Kimi compacts the
+/// first (its compaction never ends) and a prompt there was stopped; a turn of Kimi's own in the second session
+/// (only in its wire) never reaches Coda. Found by seed 7004033 of coda-kimi. Turns into a plain test once fixed.
+#[test]
+#[should_panic(expected = "frames")]
+fn kimi_own_turn_in_a_session_opened_while_another_compacts() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 1540, step: Compaction { session: 0, how: CompactNever } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 3, ms: 1453, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Cancel { session: 0 } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 319, step: OwnTurn { session: 1, chunks: 1 } },
+        ],
+    );
+}
