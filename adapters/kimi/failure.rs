@@ -214,6 +214,15 @@ mod tests {
         json!({"jsonrpc":"2.0","id":id,"result":{"stopReason":"end_turn"}})
     }
 
+    /// Prompt `id` runs turn `turn` of the wire, which completes: its answer goes on as Kimi gave it.
+    fn clean_turn(h: &mut Harness, id: u64, turn: i64) {
+        prompt(h, id, "again");
+        let done = format!(r#"{{"type":"turn.ended","agentId":"main","turnId":{turn},"reason":"completed","time":3}}"#);
+        wire(h, vec![user(turn), entry(&done)]);
+        h.from_agent(end_turn(id));
+        assert_eq!(h.to_client(), [end_turn(id)]);
+    }
+
     fn error(v: &Value) -> Value {
         v.get("error").cloned().unwrap_or(Value::Null)
     }
@@ -234,13 +243,7 @@ mod tests {
         assert_eq!(e["data"]["_meta"]["coda"]["failure"], json!({"kind":"quota_exhausted"}));
         assert_eq!(e["data"]["kimi"]["name"], "APIProviderQuotaExhaustedError");
         // Taken once: the next clean turn is left alone.
-        prompt(&mut h, 5, "again");
-        wire(
-            &mut h,
-            vec![user(1), entry(r#"{"type":"turn.ended","agentId":"main","turnId":1,"reason":"completed","time":3}"#)],
-        );
-        h.from_agent(end_turn(5));
-        assert_eq!(h.to_client(), [end_turn(5)]);
+        clean_turn(&mut h, 5, 1);
     }
 
     #[test]
@@ -315,13 +318,7 @@ mod tests {
                 ended(1, QUOTA),
             ],
         );
-        prompt(&mut h, 5, "go");
-        wire(
-            &mut h,
-            vec![user(2), entry(r#"{"type":"turn.ended","agentId":"main","turnId":2,"reason":"completed","time":5}"#)],
-        );
-        h.from_agent(end_turn(5));
-        assert_eq!(h.to_client(), [end_turn(5)]);
+        clean_turn(&mut h, 5, 2);
     }
 
     #[test]

@@ -131,6 +131,13 @@ impl Env {
 /// Where the layers' server events go: every layer that takes them ([`crate::layer::Broadcast`]).
 pub type ServerSend = Box<dyn Fn(FromServer) -> bool + Send>;
 
+/// Whether the relay the layers' server events go to still runs: a reader that has nothing to send (no
+/// connection yet) asks it before it tries again, and stops once it is false.
+pub type RelayRuns = Box<dyn Fn() -> bool + Send>;
+
+/// Starts reading the server's events: each goes to the [`ServerSend`] it gets, until the relay stops.
+pub type StartRead = Box<dyn FnOnce(ServerSend, RelayRuns) + Send>;
+
 /// What the layers call on OpenCode's server: made from it by the set-up (or from a replay's recording); a
 /// test plays it.
 pub struct ServerSide {
@@ -141,7 +148,7 @@ pub struct ServerSide {
     /// The permission bridge's answers.
     pub replier: permissions::Replier,
     /// Starts reading the server's events, each handed to the function it gets (none: no server).
-    pub reader: Option<Box<dyn FnOnce(ServerSend) + Send>>,
+    pub reader: Option<StartRead>,
     /// Reads what OpenCode keeps of a session Coda loads (none: no server, or a replay).
     pub history: Option<usage::History>,
 }
@@ -210,7 +217,12 @@ fn stack(
     setup.add(|_: EventSender<FromServer>| {
         Box::new(permissions::Permissions::new(replier, bridge_record, resume_delay))
     });
-    let start = reader.map(|read| -> activity::StartReader { Box::new(move || read(Box::new(move |e| bus.send(e)))) });
+    let start = reader.map(|read| -> activity::StartReader {
+        Box::new(move || {
+            let runs = bus.clone();
+            read(Box::new(move |e| bus.send(e)), Box::new(move || !runs.is_closed()))
+        })
+    });
     setup.add(|_: EventSender<FromServer>| {
         let activity = activity::OpenCodeActivity::new(start, record);
         Box::new(match took {
@@ -256,12 +268,12 @@ fn reader(
     gate: Option<calls::Gate>,
     took: bool,
     replay: Option<summarize::ReplayGate>,
-) -> Option<Box<dyn FnOnce(ServerSend) + Send>> {
+) -> Option<StartRead> {
     match (&env.events, server) {
         (Some(path), _) => {
             let path = path.clone();
             let gate = gate.unwrap_or_default();
-            Some(Box::new(move |send: ServerSend| {
+            Some(Box::new(move |send: ServerSend, _: RelayRuns| {
                 let send = move |e: FromServer| match e {
                     FromServer::Event(ServerEvent::SummarizeAsked { session }) => {
                         if let Some(replay) = &replay {
@@ -274,7 +286,7 @@ fn reader(
                 server::tail(path, took, gate.gated(send))
             }))
         }
-        (None, Some(s)) => Some(Box::new(move |send: ServerSend| server::follow(s, send))),
+        (None, Some(s)) => Some(Box::new(move |send: ServerSend, runs: RelayRuns| server::follow(s, send, runs))),
         (None, None) => {
             tracing::warn!(
                 "OpenCode's server port is unknown (no --port in the agent command): a permission request inside a \

@@ -252,12 +252,17 @@ impl Server {
 }
 
 /// Reads OpenCode's event stream until the process ends, reconnecting when it drops; `send` gets each
-/// reduced event (false: the relay stopped, so the reader stops too).
-pub fn follow(server: Server, send: impl Fn(FromServer) -> bool + Send + 'static) {
+/// reduced event (false: the relay stopped, so the reader stops too). Before each try it asks `runs` whether
+/// the relay still runs: a reader that never connected has sent nothing that would have told it.
+pub fn follow(
+    server: Server,
+    send: impl Fn(FromServer) -> bool + Send + 'static,
+    runs: impl Fn() -> bool + Send + 'static,
+) {
     let spawned = std::thread::Builder::new().name("opencode-events".into()).spawn(move || {
         let mut reducer = Reducer::default();
         let mut connected_once = false;
-        loop {
+        while runs() {
             match stream_events(&server, &mut reducer, &send) {
                 Ok(Stop::Relay) => return,
                 Ok(Stop::Ended) => tracing::debug!("OpenCode's event stream ended"),

@@ -889,6 +889,11 @@ impl<E: Clone + Send + 'static> Broadcast<E> {
         let fanout = Fanout { value: Box::new(event), event_type: TypeId::of::<E>(), copy: copy::<E> };
         self.tx.send((EVERY, Box::new(fanout))).is_ok()
     }
+
+    /// Whether the relay has stopped (what is sent then goes nowhere).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 /// Builds a stack, nearest the client first, and gives each layer a sender of its own event type.

@@ -84,7 +84,7 @@ fn opencode_side(fake: &Fake) -> crate::adapters::opencode::ServerSide {
         asker: Some(Arc::new(move |ask: crate::adapters::opencode::compact::Ask| f1.state().summarize(&ask.session))),
         caller: Some(Arc::new(move |call| f2.state().steer_call(call))),
         replier: Arc::new(|_: &str, _: &str, _: &str| Ok(())),
-        reader: Some(Box::new(move |send| f3.state().read_by(send))),
+        reader: Some(Box::new(move |send, _| f3.state().read_by(send))),
         history: Some(Arc::new(move |session: &str, _: &str| {
             crate::adapters::opencode::usage::facts_of_messages(&f4.state().messages(session))
         })),

@@ -29,6 +29,11 @@ use shapes::{error, notification, result, update};
 pub struct Truth {
     /// Coda's prompts (by marker) that reached the CLI, with the first time (ms).
     pub prompts: HashMap<u32, u64>,
+    /// How many `session/cancel`s of each session reached the CLI.
+    pub cancels: HashMap<String, u32>,
+    /// For each of Coda's prompts (by marker) that reached the CLI: how many `session/cancel`s of its session the
+    /// CLI had got before it.
+    pub cancels_before: HashMap<u32, u32>,
     /// Requests that reached the CLI (id as JSON text), with their method.
     pub requests: HashMap<String, String>,
     /// Requests of this process the CLI has not answered (id as JSON text), with their method.
@@ -390,6 +395,9 @@ impl Model {
         };
         let params = v.get("params").cloned().unwrap_or(Value::Null);
         let session = params.get("sessionId").and_then(Value::as_str).unwrap_or("").to_owned();
+        if method == "session/cancel" {
+            *self.truth.cancels.entry(session.clone()).or_default() += 1;
+        }
         if let Some(id) = &id {
             let key = id.to_string();
             if let Some(open) = self.truth.owed.get(&key) {
@@ -508,6 +516,8 @@ impl Model {
         let compact = text.trim() == "/compact" && self.flavor.compacts_by_prompt();
         if let Some(m) = marker_of(&text) {
             self.truth.prompts.entry(m).or_insert(now);
+            let cancels = self.truth.cancels.get(session).copied().unwrap_or(0);
+            self.truth.cancels_before.entry(m).or_insert(cancels);
         }
         if compact && self.flavor == Flavor::Kimi {
             return self.kimi_compact(id, session, now);
@@ -848,9 +858,11 @@ impl Model {
             }
         }
         let answer = id.map(|id| result(&id, self.flavor.turn_result(session, no, "cancelled")));
+        // The turn ends once its end is written: what waits for the session (a wake on a result) starts after it.
+        let ended = Effect::TurnEnded(session.to_owned(), no);
         match answer {
-            Some(a) => self.at(now + 5, a, None, Some(Effect::TurnEnded(session.to_owned(), no))),
-            None => self.turn_ended(session, no, now),
+            Some(a) => self.at(now + 5, a, None, Some(ended)),
+            None => self.effect_at(now + 5, ended),
         }
     }
 
