@@ -318,12 +318,16 @@ impl<B: Steerer> Steering<B> {
         }
     }
 
-    /// A frame of the CLI's that is no answer: it waits behind its session's held turn answer, if there is one.
-    fn pass(&mut self, frame: Frame, cx: &mut Cx) {
+    /// A frame of the CLI's of `session` (a notification's or request's `params.sessionId`, the session of
+    /// the request an answer is to): it waits behind its session's held turn answer, if there is one, so that
+    /// Coda gets the session's frames in the CLI's order (a `session/load`'s answer never overtakes the history
+    /// it replayed before it).
+    fn pass(&mut self, frame: Frame, session: Option<String>, cx: &mut Cx) {
         if self.in_flight.values().all(|f| f.turn_end.is_none()) {
             return cx.to_client(frame);
         }
-        let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        let session =
+            session.or_else(|| frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned));
         let Some((session, flight)) =
             session.and_then(|s| self.in_flight.get_mut(&s).filter(|f| f.turn_end.is_some()).map(|f| (s, f)))
         else {
@@ -603,7 +607,7 @@ impl<B: Steerer> Layer for Steering<B> {
         if !keep {
             return;
         }
-        let Kind::Response { id } = frame.kind() else { return self.pass(frame, cx) };
+        let Kind::Response { id } = frame.kind() else { return self.pass(frame, None, cx) };
         let asked = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
         match asked {
             Some((m, _)) if m == "initialize" && self.backend.declares() => self.initialized(frame, cx),
@@ -612,6 +616,7 @@ impl<B: Steerer> Layer for Steering<B> {
             None if self.answered.contains(id) => {
                 tracing::debug!("the CLI answered a steering request the shim had answered; dropped");
             }
+            Some((_, Some(session))) => self.pass(frame, Some(session), cx),
             _ => cx.to_client(frame),
         }
     }
