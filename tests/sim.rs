@@ -577,14 +577,11 @@ fn codex_a_load_answer_never_overtakes_its_replay_behind_a_held_turn_answer() {
     );
 }
 
-/// Open (not fixed on this branch): Grok runs a turn of its own, Coda's prompt waits in Grok's queue behind it
-/// (reference grok-opencode.md: Grok queues a prompt sent while a turn runs, and repeats it in
-/// `_x.ai/queue/changed`), and a steering message sent then reaches Grok while its own turn runs. coda-grok takes
-/// any `_x.ai/queue/changed` naming a running prompt, after Coda's prompt was sent, as "Coda's turn started";
-/// it would have to check that the running prompt is Coda's. Found by seed 7054231 of coda-grok (4 of 100,000).
-/// Turns into a plain test once fixed.
+/// Grok runs a turn of its own, Coda's prompt waits in Grok's queue behind it (reference lifecycle.md: Grok
+/// queues a prompt sent while a turn runs; its `_x.ai/queue/changed` lists it under `entries`), and a steering
+/// message sent then must not reach Grok while its own turn runs: the queue says Coda's turn runs only when it
+/// names Coda's entry as running. Found by seed 7054231 of coda-grok (4 of 100,000).
 #[test]
-#[should_panic(expected = "steering-in-turn")]
 fn grok_steering_while_coda_prompt_waits_behind_groks_own_turn() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(

@@ -89,7 +89,9 @@ impl Waits {
             // Coda's rules: a first report that is terminal registers nothing; nothing counts after the end.
             match self.seen.get_mut(&key) {
                 Some(seen) if seen.ended => {
-                    return tracing::debug!("an activity report after its terminal state dropped (nothing counts after it)");
+                    return tracing::debug!(
+                        "an activity report after its terminal state dropped (nothing counts after it)"
+                    );
                 }
                 Some(seen) => {
                     seen.stoppable = params.get("stoppable").and_then(Value::as_bool).unwrap_or(seen.stoppable);
