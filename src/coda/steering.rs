@@ -772,6 +772,24 @@ mod tests {
     }
 
     #[test]
+    fn the_sessions_frames_and_answers_after_a_held_turn_answer_follow_it_in_the_clis_order() {
+        let mut h = rig();
+        h.event(0, true);
+        steer(&mut h, 2);
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":"s","cwd":"/w"}}));
+        h.take();
+        let replay = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s",
+            "update":{"sessionUpdate":"user_message_chunk","content":{"type":"text","text":"earlier"}}}});
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}));
+        h.from_agent(replay.clone());
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+        assert!(h.to_client().is_empty(), "the load's answer waits behind the turn's, after its replay");
+        h.advance(TURN_HOLD);
+        let ids: Vec<Value> = h.to_client().iter().map(|f| f.get("id").cloned().unwrap_or(Value::Null)).collect();
+        assert_eq!(ids, [json!(2), json!(1), Value::Null, json!(3)]);
+    }
+
+    #[test]
     fn a_message_after_the_cli_said_the_turn_is_over_goes_nowhere() {
         // The CLI ran Coda's turn and said the session is idle again; the turn's answer is still on its way when
         // Coda steers (a Stop raced it): the message is not sent, and is `promptRequired`.
