@@ -318,10 +318,10 @@ impl<B: Steerer> Steering<B> {
         }
     }
 
-    /// A frame of the CLI's of `session` (a notification's or request's `params.sessionId`, the session of
-    /// the request an answer is to): it waits behind its session's held turn answer, if there is one, so that
-    /// Coda gets the session's frames in the CLI's order (a `session/load`'s answer never overtakes the history
-    /// it replayed before it).
+    /// A frame of the CLI's of `session` (a notification's or request's `params.sessionId`, or the session of
+    /// the `session/load` or `session/resume` an answer is to): it waits behind its session's held turn answer,
+    /// if there is one, so that Coda gets the session's frames in the CLI's order (a load's answer never
+    /// overtakes the history it replayed before it).
     fn pass(&mut self, frame: Frame, session: Option<String>, cx: &mut Cx) {
         if self.in_flight.values().all(|f| f.turn_end.is_none()) {
             return cx.to_client(frame);
@@ -616,7 +616,11 @@ impl<B: Steerer> Layer for Steering<B> {
             None if self.answered.contains(id) => {
                 tracing::debug!("the CLI answered a steering request the shim had answered; dropped");
             }
-            Some((_, Some(session))) => self.pass(frame, Some(session), cx),
+            // A load's or resume's answer follows the history the CLI replayed before it (which may wait behind
+            // the held turn answer): arriving first, it would turn that history into news.
+            Some((m, Some(session))) if m == "session/load" || m == "session/resume" => {
+                self.pass(frame, Some(session), cx)
+            }
             _ => cx.to_client(frame),
         }
     }
