@@ -64,11 +64,9 @@ pub fn machine_file(spec: &DefaultsFile, os: Os, env: &dyn Fn(&str) -> Option<Os
         Os::Other => None,
     }
     .map(PathBuf::from);
-    let beside = spec.beside.as_deref().and_then(|var| env(var)).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let beside = spec.beside.as_deref().and_then(env).filter(|v| !v.is_empty()).map(PathBuf::from);
     match beside {
-        Some(other) => {
-            Some(other.parent().unwrap_or(Path::new("")).join(spec.file_name()?))
-        }
+        Some(other) => Some(other.parent().unwrap_or(Path::new("")).join(spec.file_name()?)),
         None => own,
     }
 }
@@ -88,7 +86,9 @@ fn read_machine(path: &Path) -> Result<Value, String> {
     let bytes = match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Value::Object(Map::new())),
         Err(e) => return Err(e.to_string()),
-        Ok(meta) if meta.len() > MACHINE_MAX => return Err(format!("{} bytes; read at most {MACHINE_MAX}", meta.len())),
+        Ok(meta) if meta.len() > MACHINE_MAX => {
+            return Err(format!("{} bytes; read at most {MACHINE_MAX}", meta.len()));
+        }
         Ok(_) => std::fs::read(path).map_err(|e| e.to_string())?,
     };
     let text = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&bytes);

@@ -126,8 +126,14 @@ fn adapter_with(profile: Option<Profile>, chosen_by: &[String], defaults: Option
         // A profile that says nothing: `~/.<name>`, moved by no variable of its own.
         None => DataHome { var: "HOME", default: "", sub: keep(format!(".{}", p.name)) },
     };
-    let env_defaults: &'static [(&'static str, &'static str)] =
-        Box::leak(p.env.iter().chain(defaults.iter().map(|(k, v)| (k, v))).map(|(k, v)| (keep(k.clone()), keep(v.clone()))).collect::<Vec<_>>().into_boxed_slice());
+    let env_defaults: &'static [(&'static str, &'static str)] = Box::leak(
+        p.env
+            .iter()
+            .chain(defaults.iter().map(|(k, v)| (k, v)))
+            .map(|(k, v)| (keep(k.clone()), keep(v.clone())))
+            .collect::<Vec<_>>()
+            .into_boxed_slice(),
+    );
     let words = if given { p.words().ok() } else { None };
     let default_command: &'static (dyn Fn() -> Result<Found, FindError> + Send + Sync) =
         Box::leak(Box::new(move || {
@@ -312,7 +318,8 @@ pub fn main() -> ! {
         Ok((profile, rest, chosen_by)) => {
             // Before the file is prepared, so that what it says goes where every warning goes.
             crate::cli::setup::init_logging();
-            let defaults = profile.as_ref().and_then(|p| p.defaults_file.as_ref()).and_then(defaults_file::for_this_run);
+            let defaults =
+                profile.as_ref().and_then(|p| p.defaults_file.as_ref()).and_then(defaults_file::for_this_run);
             crate::cli::binary::main_with(adapter_with(profile, &chosen_by, defaults), rest, &help())
         }
         Err(why) => {

@@ -315,7 +315,7 @@ impl Profile {
                     return Err(format!("defaults-file has {path:?}; write the absolute path of a file"));
                 }
             }
-            if !d.settings.as_object().is_some_and(|o| !o.is_empty()) {
+            if d.settings.as_object().is_none_or(|o| o.is_empty()) {
                 return Err("defaults-file.settings must be a table of settings".into());
             }
         }
