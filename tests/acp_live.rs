@@ -356,24 +356,20 @@ fn live_acp_claude_upstream() {
 }
 
 /// Qwen Code retries a 429 or a 503 itself, silently, as its settings say (`model.generationConfig`: 10 retries
-/// waiting from 60 s up to 5 min by default); then it answers with the upstream's status. Bounded here through its
-/// system defaults file (one retry, waits of 1 to 2 s) so that it answers in seconds, as a user's settings may.
+/// waiting from 60 s up to 5 min by default); then it answers with the upstream's status. Its profile bounds them
+/// in its system defaults layer (`defaults-file`): with the user's settings as the rig writes them (no retry
+/// settings), the turn is answered within Coda's minute.
 #[test]
 fn live_acp_qwen_upstream() {
     if live::wanted("qwen", "coda-acp on Qwen Code's upstream errors") {
-        let dir = temp::TempDir::new("coda-acp-qwen-retries");
-        let defaults = dir.path().join("system-defaults.json");
-        let bound = json!({"model": {"generationConfig": {"maxRetries": 1, "retryInitialDelayMs": 1000,
-            "retryMaxDelayMs": 2000}}});
-        std::fs::write(&defaults, bound.to_string()).expect("the defaults file");
-        let env = [("QWEN_CODE_SYSTEM_DEFAULTS_PATH", defaults.to_str().expect("a UTF-8 path"))];
+        let env: [(&str, &str); 0] = [];
         for (scenario, marker, notes) in [
             ("upstream-quota", "[[error:429-usage]]", "an upstream 429 insufficient_quota"),
             ("upstream-503", "[[error:503~1]]", "an upstream 503 with Retry-After: 1"),
         ] {
-            let notes = format!("{notes}, with Qwen's retries bounded by its settings (maxRetries 1)");
+            let notes = format!("{notes}, with Qwen's retries bounded by its profile's defaults-file");
             recorded_env("qwen", scenario, &notes, &env, |model, rec| {
-                let (answer, took) = failed_turn(rec, marker, Duration::from_secs(300));
+                let (answer, took) = failed_turn(rec, marker, coda_shim::coda::failure::RETRY_PATIENCE);
                 let requests = model.model_requests().iter().filter(|r| r.user_text().contains(marker)).count();
                 eprintln!("qwen {marker}: answered after {took:?}, {requests} model requests: {answer}");
                 if marker.contains("429") {

@@ -643,14 +643,61 @@ fn a_reused_id_after_a_refused_prompt() {
     }
 }
 
-/// Open (not fixed on this branch): Grok runs a turn of its own, Coda's prompt waits in Grok's queue behind it
-/// (reference grok-opencode.md: Grok queues a prompt sent while a turn runs, and repeats it in
-/// `_x.ai/queue/changed`), and a steering message sent then reaches Grok while its own turn runs. coda-grok takes
-/// any `_x.ai/queue/changed` naming a running prompt, after Coda's prompt was sent, as "Coda's turn started";
-/// it would have to check that the running prompt is Coda's. Found by seed 7054231 of coda-grok (4 of 100,000).
-/// Turns into a plain test once fixed.
+/// Coda steers (a hostile client: no turn of its own runs yet) and loads its session again while its prompt runs
+/// with the steering message in flight: codex-acp answers the prompt, replays the history (a subagent spawned and
+/// completed in the earlier process) and answers the load. The turn's answer waits for the steering answer, and
+/// with it what codex-acp wrote of the session after it; the load's answer must wait too, or the replayed
+/// subagent reaches the AIR layer after the load and is reported as running again after its terminal state.
 #[test]
-#[should_panic(expected = "steering-in-turn")]
+fn codex_a_load_answer_never_overtakes_its_replay_behind_a_held_turn_answer() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "codex",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 439,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn {
+                        chunks: 3,
+                        ms: 7967,
+                        permission: false,
+                        end: EndError(FailRate),
+                        work: Subagent { ms: 14510, end: WorkDone, again: true },
+                    },
+                },
+            },
+            Timed { gap: 92963, step: Cancel { session: 0 } },
+            Timed { gap: 1, step: Restart },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 2,
+                    text: 7,
+                    turn: Turn {
+                        chunks: 0,
+                        ms: 7715,
+                        permission: false,
+                        end: EndTurn,
+                        work: Subagent { ms: 588, end: WorkFailed, again: false },
+                    },
+                },
+            },
+            Timed { gap: 1, step: Steering { session: 0, text: 3, hostile: true, answer: SteerTaken(1763) } },
+            Timed { gap: 1, step: Cancel { session: 0 } },
+            Timed { gap: 1, step: LoadSession { session: 0 } },
+        ],
+    );
+}
+
+/// Grok runs a turn of its own, Coda's prompt waits in Grok's queue behind it (reference lifecycle.md: Grok
+/// queues a prompt sent while a turn runs; its `_x.ai/queue/changed` lists it under `entries`), and a steering
+/// message sent then must not reach Grok while its own turn runs: the queue says Coda's turn runs only when it
+/// names Coda's entry as running. Found by seed 7054231 of coda-grok (4 of 100,000).
+#[test]
 fn grok_steering_while_coda_prompt_waits_behind_groks_own_turn() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(

@@ -21,7 +21,7 @@
 //! - **Qwen Code 0.24.4** (`qwen-status`): it retries a 429 or a 503 itself, silently, up to its setting
 //!   `model.generationConfig.maxRetries` (10) times, each wait the longer of its back-off (from
 //!   `retryInitialDelayMs`, 60 s, doubling up to `retryMaxDelayMs`, 5 min) and the upstream's `Retry-After`:
-//!   about 40 minutes by default. Then it answers: a 429 as `{code: 429, message: "Rate limit exceeded. Try
+//!   about 40 minutes by default (its profile bounds them: [`super::defaults_file`]). Then it answers: a 429 as `{code: 429, message: "Rate limit exceeded. Try
 //!   again later."}` (a quota or a rate limit alike: a plain error, never a kind from a status), anything else as
 //!   `-32603` with the upstream's status first in `data.details` (`503 The server is overloaded, …`): a 503 is
 //!   `service_unavailable` by the shared rule. A quota message Qwen itself recognises (`quota … exhausted … reset`)

@@ -10,6 +10,7 @@
 
 #[cfg(test)]
 mod behaviour;
+pub mod defaults_file;
 pub mod failure;
 pub mod profile;
 pub mod qwen;
@@ -59,6 +60,7 @@ fn bare() -> Profile {
         usage: None,
         failures: None,
         background: None,
+        defaults_file: None,
     }
 }
 
@@ -97,6 +99,11 @@ pub fn adapter(profile: Option<Profile>) -> Adapter {
 
 /// [`adapter`], with the arguments that chose the profile (for the manifest line `doctor` prints).
 pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
+    adapter_with(profile, chosen_by, None)
+}
+
+/// [`adapter_for`], with one more variable for the agent (the profile's `defaults-file` of this run).
+fn adapter_with(profile: Option<Profile>, chosen_by: &[String], defaults: Option<(String, String)>) -> Adapter {
     let manifest_args: &'static [&'static str] =
         Box::leak(chosen_by.iter().map(|a| keep(a.clone())).collect::<Vec<_>>().into_boxed_slice());
     let given = profile.is_some();
@@ -119,8 +126,14 @@ pub fn adapter_for(profile: Option<Profile>, chosen_by: &[String]) -> Adapter {
         // A profile that says nothing: `~/.<name>`, moved by no variable of its own.
         None => DataHome { var: "HOME", default: "", sub: keep(format!(".{}", p.name)) },
     };
-    let env_defaults: &'static [(&'static str, &'static str)] =
-        Box::leak(p.env.iter().map(|(k, v)| (keep(k.clone()), keep(v.clone()))).collect::<Vec<_>>().into_boxed_slice());
+    let env_defaults: &'static [(&'static str, &'static str)] = Box::leak(
+        p.env
+            .iter()
+            .chain(defaults.iter().map(|(k, v)| (k, v)))
+            .map(|(k, v)| (keep(k.clone()), keep(v.clone())))
+            .collect::<Vec<_>>()
+            .into_boxed_slice(),
+    );
     let words = if given { p.words().ok() } else { None };
     let default_command: &'static (dyn Fn() -> Result<Found, FindError> + Send + Sync) =
         Box::leak(Box::new(move || {
@@ -303,7 +316,11 @@ type Chosen = (Option<Profile>, Vec<std::ffi::OsString>, Vec<String>);
 pub fn main() -> ! {
     match take_profile_with(std::env::args_os().skip(1).collect()) {
         Ok((profile, rest, chosen_by)) => {
-            crate::cli::binary::main_with(adapter_for(profile, &chosen_by), rest, &help())
+            // Before the file is prepared, so that what it says goes where every warning goes.
+            crate::cli::setup::init_logging();
+            let defaults =
+                profile.as_ref().and_then(|p| p.defaults_file.as_ref()).and_then(defaults_file::for_this_run);
+            crate::cli::binary::main_with(adapter_with(profile, &chosen_by, defaults), rest, &help())
         }
         Err(why) => {
             eprintln!("coda-acp: {why}\nTry `coda-acp --help`.");

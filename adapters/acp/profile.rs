@@ -70,6 +70,39 @@ pub struct Profile {
     /// (standard ACP subagent sessions are reported for every agent).
     #[serde(default)]
     pub background: Option<BackgroundBy>,
+    /// Settings the agent gets as a layer of its own under the user's, through a file a variable names
+    /// (`defaults_file`); absent: none.
+    #[serde(default)]
+    pub defaults_file: Option<DefaultsFile>,
+}
+
+/// Defaults for settings the agent takes from no flag or variable, as its lowest settings layer (see
+/// `adapters/acp/defaults_file.rs`): coda-acp writes a file per run with the machine's own file of that layer and
+/// `settings` over it, and names it to the agent in `var` (unless the user set `var`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DefaultsFile {
+    /// The variable that names the layer's file to the agent (`QWEN_CODE_SYSTEM_DEFAULTS_PATH`).
+    pub var: String,
+    /// The machine's own file of that layer on Linux (absolute).
+    #[serde(default)]
+    pub linux: Option<String>,
+    /// The machine's own file of that layer on macOS (absolute).
+    #[serde(default)]
+    pub macos: Option<String>,
+    /// A variable naming a file whose folder holds the machine's file instead, where it is set.
+    #[serde(default)]
+    pub beside: Option<String>,
+    /// The settings, a table written as JSON over the machine's (objects merged key by key).
+    pub settings: serde_json::Value,
+}
+
+impl DefaultsFile {
+    /// The file's name, from the machine's paths.
+    pub fn file_name(&self) -> Option<&str> {
+        let path = self.linux.as_deref().or(self.macos.as_deref())?;
+        Path::new(path).file_name()?.to_str()
+    }
 }
 
 /// How an agent reports its background work (see [`Profile::background`]).
@@ -272,6 +305,20 @@ impl Profile {
         {
             return Err(format!("compaction.command {:?} must be one slash command, like \"/compact\"", c.command));
         }
+        if let Some(d) = &self.defaults_file {
+            let var = |v: &str| !v.is_empty() && !v.contains('=') && !v.contains('\0');
+            if !var(&d.var) || d.beside.as_deref().is_some_and(|b| !var(b)) {
+                return Err("defaults-file.var and defaults-file.beside must be variable names".into());
+            }
+            for path in [&d.linux, &d.macos].into_iter().flatten() {
+                if !path.starts_with('/') || path.ends_with('/') || path.contains('\0') {
+                    return Err(format!("defaults-file has {path:?}; write the absolute path of a file"));
+                }
+            }
+            if d.settings.as_object().is_none_or(|o| o.is_empty()) {
+                return Err("defaults-file.settings must be a table of settings".into());
+            }
+        }
         for command in &self.builtin_commands {
             if command.is_empty() || command.starts_with('/') || command.contains(char::is_whitespace) {
                 return Err(format!("builtin-commands has {command:?}; write a command's name without '/'"));
@@ -317,6 +364,20 @@ mod tests {
             ("name = \"m\"\ndisplay-name = \"M\"\ncommand = \"m\"\n[env]\n\"A=B\" = \"1\"", "cannot be set"),
             ("name = \"m\"\n\u{0}", "test:"),
             ("name = \"m\"\ndisplay-name = \"M\"\ncommand = \"m\"\nname = \"n\"", "duplicate key"),
+            ("name = \"m\"\ndisplay-name = \"M\"\ncommand = \"m\"\ndefaults-file = { var = \"V\" }", "missing field"),
+            (
+                "name = \"m\"\ndisplay-name = \"M\"\ncommand = \"m\"\ndefaults-file = { var = \"V\", settings = 1 }",
+                "must be a table",
+            ),
+            (
+                "name = \"m\"\ndisplay-name = \"M\"\ncommand = \"m\"\n\
+                 defaults-file = { var = \"V\", linux = \"etc/x.json\", settings = { a = 1 } }",
+                "absolute path",
+            ),
+            (
+                "name = \"m\"\ndisplay-name = \"M\"\ncommand = \"m\"\ndefaults-file = { var = \"A=B\", settings = { a = 1 } }",
+                "variable names",
+            ),
         ] {
             let err = parse(text, "test").unwrap_err();
             assert!(err.starts_with("test: ") && err.contains(want), "{text:?}: {err}");

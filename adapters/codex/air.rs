@@ -70,9 +70,10 @@ fn loads(method: &str) -> bool {
     method == "session/load" || method == "session/resume"
 }
 
-/// Whether a `session/load` or `session/resume` is with codex-acp (the stack's request table says).
-fn loading(cx: &Cx) -> bool {
-    cx.open_requests().any(|r| loads(&r.method))
+/// Whether a `session/load` or `session/resume` of `session` is with codex-acp (the stack's request table says):
+/// what codex-acp says of that session meanwhile is its history; other sessions' news is news.
+fn loading(cx: &Cx, session: &str) -> bool {
+    cx.open_requests().any(|r| loads(&r.method) && r.session() == Some(session))
 }
 
 #[derive(Default)]
@@ -227,7 +228,7 @@ impl Air {
         self.by_wait.insert((wait.session_id.clone(), key.1.clone()), kind);
         self.waits.insert(key.clone(), Opened { session: wait.session_id.clone() });
         match self.held_at(&key) {
-            _ if !loading(cx) => self.report(&wait, cx),
+            _ if !loading(cx, &self.root_of(&wait.session_id)) => self.report(&wait, cx),
             Some(at) => self.held[at].1 = wait,
             None => self.held.push((key, wait)),
         }
@@ -248,8 +249,12 @@ impl Air {
         self.report(&end, cx);
     }
 
+    /// Reports the held openings of the sessions no longer loading.
     fn flush_held(&mut self, cx: &mut Cx) {
-        for (_, wait) in std::mem::take(&mut self.held) {
+        let (done, still): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.held).into_iter().partition(|(_, w)| !loading(cx, &self.root_of(&w.session_id)));
+        self.held = still;
+        for (_, wait) in done {
             self.report(&wait, cx);
         }
     }
@@ -370,7 +375,7 @@ impl Layer for Air {
                 if request.as_deref() == Some("initialize") {
                     return self.initialized(frame, cx);
                 }
-                if request.as_deref().is_some_and(loads) && !loading(cx) {
+                if request.as_deref().is_some_and(loads) {
                     self.flush_held(cx);
                 }
                 cx.to_client(frame)

@@ -59,7 +59,8 @@ fn u64_at(v: &Value, key: &str) -> Option<u64> {
 }
 
 /// Grok's `_x.ai/queue/changed`: whether a turn runs in its session (a `runningPromptId`, Grok's own turns too),
-/// told to the session table.
+/// told to the session table. Whether the running prompt is Coda's is the steering backend's to say
+/// ([`super::steering`]): here a running turn is anyone's.
 pub(crate) fn note_queue(frame: &Frame, cx: &mut Cx) {
     if !frame.is_notification(QUEUE_CHANGED) {
         return;
@@ -68,7 +69,7 @@ pub(crate) fn note_queue(frame: &Frame, cx: &mut Cx) {
     let Some(session) = frame.session() else { return };
     let busy = queue_field(frame, "runningPromptId").is_some_and(|p| !p.is_empty());
     if let Some(s) = cx.session_mut(&session) {
-        s.set_busy(busy);
+        if busy { s.set_running(false) } else { s.set_busy(false) }
     }
 }
 

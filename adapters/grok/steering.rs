@@ -20,7 +20,15 @@
 //!   thought, a tool call's arguments, `response_completed`), the message is in Coda's turn: `injected`. A turn of Grok's
 //!   own for it (`_x.ai/queue/changed` running `interject-fallback-…` with its text): `startedNewTurn`. Coda's
 //!   turn ending without either: unknown, once the machine stops waiting.
-//! - Grok's queue (`_x.ai/queue/changed`) tells the session table when a turn runs in a session.
+//! - Grok's queue (`_x.ai/queue/changed`) tells the session table when a turn runs in a session, and whether it
+//!   is Coda's. Grok queues every prompt before it runs it: the queue lists it under `entries` with an id of
+//!   Grok's (`{id, kind: "prompt", text}`), then names the running one (`runningPromptId`, and Grok's own turns
+//!   as `task-completed-…`, `subagent-completed-…`, `interject-fallback-…`); a prompt sent while a turn runs
+//!   waits there behind it (reference lifecycle.md). `session/prompt` carries no id of Grok's, so Coda's prompt
+//!   is the entry that first shows in the queue after it was sent, and Coda's turn runs only when the queue
+//!   names that entry as running. A running prompt never so tied to Coda's (Grok's own turn, one queued before
+//!   Coda's, or a queue that skipped the entry) is no Coda turn: a steering message waits, and is answered
+//!   `promptRequired` when the machine stops waiting, rather than joining a turn that may not be Coda's.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -38,6 +46,17 @@ const NOTIFICATION: &str = "_x.ai/session_notification";
 const FALLBACK: &str = "interject-fallback-";
 /// Echoes kept per session to recognise (a Grok that never echoes must not make this grow).
 const ECHOES_KEPT: usize = 8;
+/// Ids of Grok's queue entries kept per session (a longer queue: the first ones).
+const ENTRIES_KEPT: usize = 64;
+
+/// Coda's latest prompt of a session, as Grok's queue names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CodaPrompt {
+    /// Sent; not in Grok's queue yet. The entries the queue held before it, which are not it.
+    Sent(Vec<String>),
+    /// Grok's id for it.
+    Queued(String),
+}
 
 /// Where a message Grok queued is, as far as Grok's frames say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +90,10 @@ pub struct GrokSteering {
     steers: HashMap<String, Steer>,
     /// Texts steered into a session whose echo has not come yet, oldest first.
     echoes: HashMap<String, Vec<String>>,
+    /// By session: Coda's latest prompt in Grok's queue.
+    prompts: HashMap<String, CodaPrompt>,
+    /// By session: the ids of the entries Grok's queue held last.
+    entries: HashMap<String, Vec<String>>,
 }
 
 /// The text Grok gets for a steering `prompt`: its text blocks, and resource links as their URI, one paragraph
@@ -157,13 +180,38 @@ impl GrokSteering {
         }
     }
 
-    /// Grok's queue: a turn of its own for a message of Coda's.
+    /// Grok's queue: whose turn runs (told to the session table), and a turn of its own for a message of Coda's.
     fn queue(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) {
         note_queue(frame, ctl.cx);
-        if !queue_field(frame, "runningPromptId").is_some_and(|running| running.starts_with(FALLBACK)) {
+        let session = frame.session().unwrap_or_default();
+        if ctl.cx.session(&session).is_none() {
+            return; // No session of Coda's (what is kept is kept only for those).
+        }
+        let v = frame.value();
+        let ids: Vec<String> = v
+            .pointer("/params/entries")
+            .and_then(Value::as_array)
+            .map(|entries| {
+                let ids = entries.iter().filter_map(|e| e.get("id").and_then(Value::as_str));
+                ids.take(ENTRIES_KEPT).map(str::to_owned).collect()
+            })
+            .unwrap_or_default();
+        if let Some(CodaPrompt::Sent(before)) = self.prompts.get(&*session)
+            && let Some(new) = ids.iter().find(|id| !before.contains(id))
+        {
+            self.prompts.insert(session.to_string(), CodaPrompt::Queued(new.clone()));
+        }
+        self.entries.insert(session.to_string(), ids);
+        let running = queue_field(frame, "runningPromptId").filter(|p| !p.is_empty());
+        if let Some(running) = &running {
+            let coda = self.prompts.get(&*session) == Some(&CodaPrompt::Queued(running.to_string()));
+            if let Some(s) = ctl.cx.session_mut(&session) {
+                s.set_running(coda);
+            }
+        }
+        if !running.is_some_and(|running| running.starts_with(FALLBACK)) {
             return;
         }
-        let session = frame.session().unwrap_or_default();
         let text = queue_field(frame, "runningText");
         if let Some(steer) = self.steers.get(&*session).filter(|s| Some(s.text.as_str()) == text.as_deref()) {
             tracing::info!("Grok runs a steering message as a turn of its own: it missed Coda's turn");
@@ -176,10 +224,22 @@ impl Steerer for GrokSteering {
     fn session_closed(&mut self, session: &str) {
         self.steers.remove(session);
         self.echoes.remove(session);
+        self.prompts.remove(session);
+        self.entries.remove(session);
     }
 
     fn kept(&self) -> usize {
-        self.steers.len() + self.echoes.len()
+        self.steers.len() + self.echoes.len() + self.prompts.len() + self.entries.len()
+    }
+
+    /// Coda's prompt on its way to Grok: it is the next new entry of Grok's queue.
+    fn client_request(&mut self, frame: &Frame, cx: &mut crate::layer::Cx) {
+        if !matches!(frame.kind(), Kind::Request { method, .. } if method == "session/prompt") {
+            return;
+        }
+        let Some(session) = frame.session().filter(|s| cx.session(s).is_some()) else { return };
+        let before = self.entries.get(&*session).cloned().unwrap_or_default();
+        self.prompts.insert(session.to_string(), CodaPrompt::Sent(before));
     }
 
     type Event = Infallible;
@@ -283,7 +343,17 @@ mod tests {
     }
 
     fn queue(running: Option<(&str, &str)>) -> Value {
-        let mut params = json!({"sessionId":S,"entries":[]});
+        queue_with(&[], running)
+    }
+
+    /// Grok's queue: the prompts waiting (id, text), and the one running.
+    fn queue_with(entries: &[(&str, &str)], running: Option<(&str, &str)>) -> Value {
+        let entries: Vec<Value> = entries
+            .iter()
+            .enumerate()
+            .map(|(at, (id, text))| json!({"id":id,"version":0,"kind":"prompt","text":text,"position":at}))
+            .collect();
+        let mut params = json!({"sessionId":S,"entries":entries});
         if let Some((id, text)) = running {
             params["runningPromptId"] = json!(id);
             params["runningText"] = json!(text);
@@ -296,6 +366,7 @@ mod tests {
         h.from_client(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":S,
             "prompt":[{"type":"text","text":"run it"}]}}));
         assert_eq!(h.to_agent().len(), 1, "the prompt goes on");
+        h.from_agent(queue_with(&[("p-1", "run it")], None));
         h.from_agent(queue(Some(("p-1", "run it"))));
         h.to_client();
     }
@@ -350,6 +421,44 @@ mod tests {
         let error = json!({"jsonrpc":"2.0","id":3,"error":{"code":-32000,"message":"auth"}});
         h.from_agent(error.clone());
         assert_eq!(h.to_client(), vec![error]);
+    }
+
+    #[test]
+    fn a_prompt_queued_behind_groks_own_turn_takes_no_steering_until_it_runs() {
+        let mut h = rig();
+        h.from_agent(queue(Some(("task-completed-7", "<system-reminder>done</system-reminder>"))));
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":S,
+            "prompt":[{"type":"text","text":"run it"}]}}));
+        assert_eq!(h.to_agent().len(), 1);
+        // Grok queues Coda's prompt behind its own turn, and says again that its own turn runs.
+        h.from_agent(queue_with(&[("p-9", "run it")], Some(("task-completed-7", "<system-reminder>"))));
+        h.from_agent(queue(Some(("task-completed-7", "<system-reminder>done</system-reminder>"))));
+        h.to_client();
+        steer(&mut h, 5, "先别改测试");
+        assert!(h.to_agent().is_empty(), "Grok's own turn runs: the message waits");
+        assert!(h.to_client().is_empty());
+        h.from_agent(queue(Some(("p-9", "run it"))));
+        let sent = h.to_agent();
+        assert_eq!(sent.len(), 1, "Coda's turn runs: the message goes");
+        assert_eq!(sent[0]["method"], INTERJECT);
+    }
+
+    #[test]
+    fn a_running_prompt_grok_never_queued_after_codas_is_no_coda_turn() {
+        let mut h = rig();
+        // A prompt of someone else's in Grok's queue before Coda's was sent, then running.
+        h.from_agent(queue_with(&[("p-1", "theirs")], None));
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":S,
+            "prompt":[{"type":"text","text":"run it"}]}}));
+        h.to_agent();
+        h.from_agent(queue_with(&[("p-1", "theirs")], None));
+        h.from_agent(queue(Some(("p-1", "theirs"))));
+        h.to_client();
+        steer(&mut h, 5, "wait");
+        assert!(h.to_agent().is_empty());
+        h.advance(crate::coda::steering::START_WAIT);
+        assert_eq!(h.to_client()[0]["result"]["outcome"], "promptRequired");
+        assert!(h.to_agent().is_empty(), "Grok never saw it");
     }
 
     #[test]

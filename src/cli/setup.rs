@@ -21,7 +21,9 @@ pub fn init_logging() {
         .with_env_filter(filter)
         .with_ansi(false)
         .without_time()
-        .init();
+        // Once per process: a binary that logs before its shared start (coda-acp) has set it up already.
+        .try_init()
+        .ok();
 }
 
 /// Runs `work` on a fresh runtime (two workers, timers and I/O), then leaves after at most `grace`: the

@@ -318,12 +318,16 @@ impl<B: Steerer> Steering<B> {
         }
     }
 
-    /// A frame of the CLI's that is no answer: it waits behind its session's held turn answer, if there is one.
-    fn pass(&mut self, frame: Frame, cx: &mut Cx) {
+    /// A frame of the CLI's of `session` (a notification's or request's `params.sessionId`, or the session of
+    /// the `session/load` or `session/resume` an answer is to): it waits behind its session's held turn answer,
+    /// if there is one, so that Coda gets the session's frames in the CLI's order (a load's answer never
+    /// overtakes the history it replayed before it).
+    fn pass(&mut self, frame: Frame, session: Option<String>, cx: &mut Cx) {
         if self.in_flight.values().all(|f| f.turn_end.is_none()) {
             return cx.to_client(frame);
         }
-        let session = frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        let session =
+            session.or_else(|| frame.value().pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned));
         let Some((session, flight)) =
             session.and_then(|s| self.in_flight.get_mut(&s).filter(|f| f.turn_end.is_some()).map(|f| (s, f)))
         else {
@@ -603,7 +607,7 @@ impl<B: Steerer> Layer for Steering<B> {
         if !keep {
             return;
         }
-        let Kind::Response { id } = frame.kind() else { return self.pass(frame, cx) };
+        let Kind::Response { id } = frame.kind() else { return self.pass(frame, None, cx) };
         let asked = cx.answer_to(&frame).map(|r| (r.method.to_string(), r.session().map(str::to_owned)));
         match asked {
             Some((m, _)) if m == "initialize" && self.backend.declares() => self.initialized(frame, cx),
@@ -611,6 +615,11 @@ impl<B: Steerer> Layer for Steering<B> {
             Some((m, Some(session))) if m == METHOD => self.native_answer(frame, &session, cx),
             None if self.answered.contains(id) => {
                 tracing::debug!("the CLI answered a steering request the shim had answered; dropped");
+            }
+            // A load's or resume's answer follows the history the CLI replayed before it (which may wait behind
+            // the held turn answer): arriving first, it would turn that history into news.
+            Some((m, Some(session))) if m == "session/load" || m == "session/resume" => {
+                self.pass(frame, Some(session), cx)
             }
             _ => cx.to_client(frame),
         }
@@ -764,6 +773,24 @@ mod tests {
         assert_eq!((out[0]["id"].clone(), out[0]["result"]["outcome"].clone()), (json!(2), json!("failed")));
         assert_eq!(out[1]["id"], 1);
         assert!(h.stack().sessions().get("s").is_some_and(|s| s.steering().is_none()));
+    }
+
+    #[test]
+    fn the_sessions_frames_and_answers_after_a_held_turn_answer_follow_it_in_the_clis_order() {
+        let mut h = rig();
+        h.event(0, true);
+        steer(&mut h, 2);
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":"s","cwd":"/w"}}));
+        h.take();
+        let replay = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s",
+            "update":{"sessionUpdate":"user_message_chunk","content":{"type":"text","text":"earlier"}}}});
+        h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}));
+        h.from_agent(replay.clone());
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"result":{}}));
+        assert!(h.to_client().is_empty(), "the load's answer waits behind the turn's, after its replay");
+        h.advance(TURN_HOLD);
+        let ids: Vec<Value> = h.to_client().iter().map(|f| f.get("id").cloned().unwrap_or(Value::Null)).collect();
+        assert_eq!(ids, [json!(2), json!(1), Value::Null, json!(3)]);
     }
 
     #[test]

@@ -88,7 +88,11 @@ impl Waits {
             let key = (session.to_owned(), wait_id.to_owned());
             // Coda's rules: a first report that is terminal registers nothing; nothing counts after the end.
             match self.seen.get_mut(&key) {
-                Some(seen) if seen.ended => {}
+                Some(seen) if seen.ended => {
+                    return tracing::debug!(
+                        "an activity report after its terminal state dropped (nothing counts after it)"
+                    );
+                }
                 Some(seen) => {
                     seen.stoppable = params.get("stoppable").and_then(Value::as_bool).unwrap_or(seen.stoppable);
                     seen.ended = terminal;

@@ -357,9 +357,11 @@ impl<'a> Cx<'a> {
         self.stack.as_ref()?.0.requests.get(id)
     }
 
-    /// The client requests the agent has not answered yet (sent, or held by a layer).
+    /// The client requests the agent has not answered yet (sent, or held by a layer), as this layer sees the
+    /// agent's frames: one whose answer a layer below holds is still open here, so that what the agent wrote
+    /// before that answer (a `session/load`'s replay, say) reads here as written while it was open.
     pub fn open_requests(&self) -> impl Iterator<Item = &Request> + '_ {
-        self.stack.iter().flat_map(|(s, _)| s.requests.open())
+        self.stack.iter().flat_map(|(s, at)| s.requests.open_at(*at))
     }
 
     /// Asks the engine to run `job` (the I/O this layer needs: read a file, start a watcher, write a record)
@@ -778,7 +780,12 @@ impl Stack {
                 }
                 exits.to_client.push(frame)
             }
-            Some(at) => self.call(at, exits, |l, cx| l.agent_frame(frame, cx)),
+            Some(at) => {
+                if let Kind::Response { id } = frame.kind() {
+                    self.shared.requests.reached(id, at);
+                }
+                self.call(at, exits, |l, cx| l.agent_frame(frame, cx))
+            }
         }
     }
 

@@ -28,6 +28,8 @@ pub struct Request {
     seq: u64,
     sent: bool,
     answered: bool,
+    /// The index of the layer nearest the client that the agent's answer has reached (`usize::MAX`: none yet).
+    reached: usize,
     notes: Vec<Box<dyn Any + Send>>,
 }
 
@@ -100,6 +102,7 @@ impl Requests {
             seq: self.next,
             sent: false,
             answered: false,
+            reached: usize::MAX,
             notes: Vec::new(),
         };
         self.open.insert(id.clone(), request);
@@ -120,6 +123,13 @@ impl Requests {
     pub(super) fn answered(&mut self, id: &Id) {
         if let Some(r) = self.open.get_mut(id) {
             r.answered = true;
+        }
+    }
+
+    /// The answer to `id` is handed to layer `at` on its way to the client (a layer below may have held it).
+    pub(super) fn reached(&mut self, id: &Id, at: usize) {
+        if let Some(r) = self.open.get_mut(id) {
+            r.reached = r.reached.min(at);
         }
     }
 
@@ -155,6 +165,12 @@ impl Requests {
     /// Requests not answered by the agent yet (sent or held by a layer), in no particular order.
     pub fn open(&self) -> impl Iterator<Item = &Request> {
         self.open.values().filter(|r| !r.answered)
+    }
+
+    /// Requests not answered by the agent yet as layer `at` sees the agent's frames: the ones whose answer has not
+    /// reached that layer (a layer below it holds it, and the frames the agent wrote before it) count as open.
+    pub fn open_at(&self, at: usize) -> impl Iterator<Item = &Request> {
+        self.open.values().filter(move |r| !r.answered || r.reached > at)
     }
 
     /// Whether the agent owes an answer to `id`: it was sent and has not been answered.
@@ -226,6 +242,25 @@ mod tests {
         assert!(t.get(&id).is_some(), "still on its way to the client");
         t.closed(&id);
         assert!(t.get(&id).is_none());
+    }
+
+    #[test]
+    fn a_layer_above_one_holding_the_answer_still_sees_the_request_open() {
+        let mut t = Requests::default();
+        let (now, wall) = (Instant::now(), SystemTime::UNIX_EPOCH);
+        let load = frame(json!({"jsonrpc":"2.0","id":5,"method":"session/load","params":{"sessionId":"s"}}));
+        t.opened(&load, now, wall);
+        t.sent(&load, now, wall);
+        let id = Id::from_json("5");
+        assert_eq!(t.open_at(0).count(), 1);
+        t.answered(&id);
+        // Layer 3 (nearest the agent of four) holds the answer: the layers above it have not seen it.
+        t.reached(&id, 3);
+        assert_eq!(t.open_at(3).count(), 0, "the holder has the answer");
+        assert_eq!(t.open_at(2).count(), 1, "a layer above it reads the frames before the answer as the load's");
+        t.reached(&id, 1);
+        t.reached(&id, 2);
+        assert_eq!((t.open_at(1).count(), t.open_at(0).count()), (0, 1), "never back down the stack");
     }
 
     #[test]

@@ -147,6 +147,15 @@ impl Session {
         }
     }
 
+    /// The CLI says a turn runs in the session and whose: a CLI that names the running prompt tells Coda's
+    /// (`coda`, which marks [`Session::started`]) from one of its own or one it queued before Coda's.
+    pub fn set_running(&mut self, coda: bool) {
+        self.busy = Some(true);
+        if coda {
+            self.started = true;
+        }
+    }
+
     /// Whether the CLI said the session runs since Coda's latest prompt in it was sent.
     pub fn started(&self) -> bool {
         self.started

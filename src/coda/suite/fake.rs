@@ -463,6 +463,12 @@ impl State {
         }
         let mut out = Vec::new();
         if self.cli == Cli::Grok {
+            // Grok queues the prompt, then runs it under the same id (fixtures/grok).
+            out.push(notification(
+                "_x.ai/queue/changed",
+                json!({"sessionId":session,"entries":[{"id":format!("p-{id}"),"version":0,"kind":"prompt",
+                "text":text,"position":0}]}),
+            ));
             out.push(notification(
                 "_x.ai/queue/changed",
                 json!({"sessionId":session,"entries":[],

@@ -102,6 +102,25 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Every failure, in the order a plan draws from.
+    pub const ALL: [Failure; 12] = {
+        use Failure::*;
+        [
+            FailGeneric,
+            FailQuota,
+            FailQuotaWait,
+            FailRate,
+            FailRateWait,
+            FailServer,
+            FailGateway,
+            FailService,
+            FailOverloaded,
+            FailReset,
+            FailAuth,
+            FailSandbox,
+        ]
+    };
+
     /// The failure kinds Coda may be told for it (section 执行失败: only from an explicit upstream reason; a
     /// temporary failure of the server may or may not be reported as one, a quota only as `quota_exhausted`,
     /// a login problem, a local error or no reason never).
@@ -213,20 +232,7 @@ fn gap(r: &mut Rng) -> u32 {
 /// error is Codex's.
 fn failure(r: &mut Rng, agent: &str) -> Failure {
     use Failure::*;
-    let all = [
-        FailGeneric,
-        FailQuota,
-        FailQuotaWait,
-        FailRate,
-        FailRateWait,
-        FailServer,
-        FailGateway,
-        FailService,
-        FailOverloaded,
-        FailReset,
-        FailAuth,
-        FailSandbox,
-    ];
+    let all = Failure::ALL;
     loop {
         let f = all[r.below(all.len() as u32) as usize];
         let ok = match f {

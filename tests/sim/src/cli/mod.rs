@@ -92,6 +92,8 @@ struct Run {
     retrying: bool,
     /// Grok's turn on the result of this work (by its wait id): the work is over for Coda when it ends.
     wake: Option<String>,
+    /// Grok: the prompt id its queue names the turn by (`runningPromptId`).
+    prompt: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -152,8 +154,8 @@ pub enum Output {
 /// What a queued turn is.
 #[derive(Debug)]
 enum Queued {
-    /// A prompt (Coda's, or the shim's `/compact`).
-    Prompt(Value, String, Kind),
+    /// A prompt (Coda's, or the shim's `/compact`), with the turn number Grok's queue gave it.
+    Prompt(Value, String, Kind, Option<u64>),
     /// Grok's turn of its own on a background result (`task-completed-<id>`).
     Wake(String),
 }
@@ -347,7 +349,7 @@ impl Model {
             return;
         }
         match self.queued.get_mut(session).and_then(VecDeque::pop_front) {
-            Some(Queued::Prompt(id, text, kind)) => self.start(session, Some(id), &text, kind, now),
+            Some(Queued::Prompt(id, text, kind, no)) => self.start(session, Some(id), &text, kind, no, now),
             Some(Queued::Wake(prompt)) => self.own_turn_in(session, 1, now, &prompt),
             None => {}
         }
@@ -542,17 +544,35 @@ impl Model {
             let busy = error(&id, json!({"code": -32600, "message": "turn.agent_busy"}));
             return self.at(now + 2, busy, None, None);
         }
+        // Grok queues every prompt first (fixtures/grok: `_x.ai/queue/changed` lists it under `entries` with the
+        // id it then runs under, behind whatever runs in the session: reference lifecycle.md, a prompt sent during
+        // a turn is queued as its own later turn).
+        let queued = (self.flavor == Flavor::Grok).then(|| {
+            self.turns += 1;
+            self.turns
+        });
+        if let Some(no) = queued {
+            let mut q = json!({"sessionId": session, "entries": [{"id": format!("prompt-{no}"), "version": 0,
+                "kind": "prompt", "text": text, "position": 0}]});
+            if let Some(run) = self.running.get(session) {
+                q["runningPromptId"] = json!(run.prompt);
+                q["runningKind"] = json!("prompt");
+            }
+            self.at(now + 1, notification("_x.ai/queue/changed", q), None, None);
+        }
         if self.running.contains_key(session) {
-            self.queued.entry(session.to_owned()).or_default().push_back(Queued::Prompt(id, text, kind));
+            self.queued.entry(session.to_owned()).or_default().push_back(Queued::Prompt(id, text, kind, queued));
             return;
         }
-        self.start(session, Some(id), &text, kind, now);
+        self.start(session, Some(id), &text, kind, queued, now);
     }
 
-    /// Starts a turn in `session` (none runs there).
-    fn start(&mut self, session: &str, id: Option<Value>, text: &str, kind: Kind, now: u64) {
-        self.turns += 1;
-        let no = self.turns;
+    /// Starts a turn in `session` (none runs there); `queued`: the turn number Grok's queue gave the prompt.
+    fn start(&mut self, session: &str, id: Option<Value>, text: &str, kind: Kind, queued: Option<u64>, now: u64) {
+        let no = queued.unwrap_or_else(|| {
+            self.turns += 1;
+            self.turns
+        });
         let tag = Some((session.to_owned(), no));
         for n in self.flavor.turn_start(session, &format!("prompt-{no}"), text) {
             self.at(now + 1, n, tag.clone(), None);
@@ -571,6 +591,7 @@ impl Model {
             children: Vec::new(),
             retrying: false,
             wake: None,
+            prompt: format!("prompt-{no}"),
         };
         self.running.insert(session.to_owned(), run);
         match kind {
@@ -988,6 +1009,7 @@ impl Model {
             children: Vec::new(),
             retrying: false,
             wake,
+            prompt: prompt.to_owned(),
         };
         self.running.insert(session.to_owned(), run);
         if self.flavor == Flavor::Kimi {
