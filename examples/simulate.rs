@@ -116,6 +116,10 @@ fn main() -> ExitCode {
                 for line in &report.transcript {
                     println!("{line}");
                 }
+                println!("== the relay's log");
+                for line in &report.logs {
+                    println!("{line}");
+                }
                 println!("== {:?}", report.violation);
             }
         }

@@ -718,12 +718,10 @@ fn grok_steering_while_coda_prompt_waits_behind_groks_own_turn() {
     );
 }
 
-/// Open (found on main and on this branch, not fixed yet): a prompt Kimi never answers, a second prompt Kimi
-/// refuses (`turn.agent_busy`), a second `initialize`, then a restart: a chunk Kimi wrote over ACP after the
-/// refusal never reaches Coda (nor the refusal: the process ended first). Found by seed 7029023 of coda-kimi.
-/// Turns into a plain test once fixed.
+/// A prompt Kimi never answers, a second prompt Kimi refuses (`turn.agent_busy`, held behind the first turn's
+/// end), a second `initialize`, then a restart before the hold ran out: the refusal and the chunk Kimi wrote after
+/// it still reach Coda as the process ends (nothing the hold waits for comes any more). Seed 7029023 of coda-kimi.
 #[test]
-#[should_panic(expected = "frames")]
 fn kimi_chunk_after_a_refused_second_prompt_then_a_restart() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(
@@ -745,11 +743,11 @@ fn kimi_chunk_after_a_refused_second_prompt_then_a_restart() {
     );
 }
 
-/// Open (found on main and on this branch, not fixed yet): Coda opens a second session while Kimi compacts the
-/// first (its compaction never ends) and a prompt there was stopped; a turn of Kimi's own in the second session
-/// (only in its wire) never reaches Coda. Found by seed 7004033 of coda-kimi. Turns into a plain test once fixed.
+/// Coda opens a second session while Kimi compacts the first (its compaction never ends) and a prompt held
+/// behind it was stopped: the stopped prompt's answer does not wait for a turn end Kimi never records (it never
+/// reached Kimi), so the second session's answer is not held behind it and its watch starts at once; a turn of
+/// Kimi's own there (only in its wire) reaches Coda. Seed 7004033 of coda-kimi.
 #[test]
-#[should_panic(expected = "frames")]
 fn kimi_own_turn_in_a_session_opened_while_another_compacts() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(
@@ -769,6 +767,97 @@ fn kimi_own_turn_in_a_session_opened_while_another_compacts() {
             Timed { gap: 1, step: Cancel { session: 0 } },
             Timed { gap: 1, step: NewSession { instruction: true } },
             Timed { gap: 319, step: OwnTurn { session: 1, chunks: 1 } },
+        ],
+    );
+}
+
+/// Stop while one prompt waits behind a compaction and another behind a turn of Kimi's own (a background task's
+/// result, during the compaction): both end `cancelled` and neither reaches Kimi. Seed 7125187 of coda-kimi.
+#[test]
+fn kimi_stop_ends_prompts_held_behind_a_compaction_and_behind_kimis_own_turn() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 44451,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 4, ms: 7398, permission: false, end: EndTurn, work: Task(24883, WorkDone) },
+                },
+            },
+            Timed {
+                gap: 6784,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn { chunks: 5, ms: 14593, permission: false, end: EndTwice, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 465,
+                step: Prompt {
+                    session: 0,
+                    text: 6,
+                    turn: Turn { chunks: 3, ms: 3111, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 258, step: Steering { session: 1, text: 7, hostile: false, answer: SteerNever } },
+            Timed { gap: 8652, step: AnswerPermission { allow: true } },
+            Timed { gap: 3319, step: Cancel { session: 0 } },
+            Timed { gap: 231, step: AnswerPermission { allow: true } },
+            Timed { gap: 128, step: Compaction { session: 0, how: CompactOk(13574) } },
+            Timed {
+                gap: 8685,
+                step: Prompt {
+                    session: 0,
+                    text: 7,
+                    turn: Turn { chunks: 1, ms: 122593, permission: false, end: EndTurn, work: Task(26772, WorkDone) },
+                },
+            },
+            Timed { gap: 82, step: Hostile { frame: SecondPrompt } },
+            Timed { gap: 1, step: Cancel { session: 0 } },
+        ],
+    );
+}
+
+/// A request of Coda's whose id is `null`, then a line that is not JSON: the shim's parse error (id `null`, as
+/// JSON-RPC has it) answers no request, and Kimi's answer to the `null` one is not held behind a prompt stopped
+/// behind a compaction. Seed 7074552 of coda-kimi.
+#[test]
+fn kimi_a_null_id_then_a_line_that_is_not_json_after_a_stop_behind_a_compaction() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 223,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 2, ms: 73878, permission: true, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 74082, step: AnswerPermission { allow: true } },
+            Timed { gap: 51148, step: Compaction { session: 0, how: CompactNever } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 3, ms: 15090, permission: true, end: EndTurn, work: Task(20699, WorkNever) },
+                },
+            },
+            Timed { gap: 1, step: Hostile { frame: DeepNesting } },
+            Timed { gap: 1, step: Cancel { session: 0 } },
+            Timed { gap: 1, step: Hostile { frame: OddId } },
+            Timed { gap: 1, step: Hostile { frame: NotJson } },
+            Timed { gap: 1, step: Steering { session: 0, text: 7, hostile: false, answer: SteerRefused } },
         ],
     );
 }

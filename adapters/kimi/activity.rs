@@ -57,6 +57,11 @@ pub const ANSWER_HOLD: Duration = Duration::from_secs(2);
 /// wire before it is settled without it (its progress, if any, would then follow the settlement).
 pub const RUN_END_GRACE: Duration = Duration::from_secs(2);
 
+/// Longest a client prompt waits while Kimi runs a turn of its own (or has a background result to handle): past
+/// it the prompt goes to Kimi anyway, with a warning (Kimi then queues it as 2.1.0 does), rather than waiting for
+/// a turn end the wire may never show (a watch that broke, a Kimi that stopped writing).
+pub const PROMPT_HOLD: Duration = Duration::from_secs(10 * 60);
+
 /// The most of Kimi's frames that wait behind a session's held answer: past it the answer goes on without the
 /// wire's turn end (a Kimi that floods while the shim waits).
 pub const BEHIND_MAX: usize = 10_000;
@@ -67,8 +72,9 @@ pub struct Look(String);
 
 struct Session {
     translator: Translator,
-    /// Client prompts held while Kimi is busy with a turn of its own.
-    held: VecDeque<Frame>,
+    /// Client prompts held while Kimi is busy with a turn of its own, with the time each was held, for
+    /// [`PROMPT_HOLD`].
+    held: VecDeque<(Frame, Instant)>,
     /// Prompt answers held until the wire shows that turn's end, so that what Kimi recorded during
     /// the turn is reported before the turn ends (rule 1: the cause is the turn in progress); with the
     /// time each was held, for [`ANSWER_HOLD`].
@@ -150,27 +156,47 @@ impl Activity {
         }
     }
 
-    /// A session's wake-up: answers held too long go out; runs whose turn end never showed are settled.
+    /// A session's wake-up: answers held too long go out; runs whose turn end never showed are settled. Once
+    /// Kimi is gone ([`Cx::agent_gone`]: the session ends) nothing it would write comes any more: everything held
+    /// goes out now, in order, whatever its deadline.
     fn wake(&mut self, session: &str, cx: &mut Cx) {
         let now = cx.now();
+        let (hold, grace) =
+            if cx.agent_gone() { (Duration::ZERO, Duration::ZERO) } else { (ANSWER_HOLD, RUN_END_GRACE) };
         let Some(s) = self.sessions.get_mut(session) else { return };
         let mut out = Vec::new();
-        s.translator.overdue(now, RUN_END_GRACE, &mut out);
+        s.translator.overdue(now, grace, &mut out);
         for f in out {
             cx.to_client(f);
         }
         let (late, keep): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut s.answers).into_iter().partition(|(_, at)| now.duration_since(*at) >= ANSWER_HOLD);
+            std::mem::take(&mut s.answers).into_iter().partition(|(_, at)| now.duration_since(*at) >= hold);
         s.answers = keep;
         for (a, _) in late {
-            tracing::warn!(
-                "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
-                 {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
-            );
+            if hold.is_zero() {
+                tracing::warn!("Kimi is gone before its wire showed the end of a turn of session {session}: answering");
+            } else {
+                tracing::warn!(
+                    "Kimi answered a prompt of session {session} but its wire has not shown that turn's end within \
+                     {ANSWER_HOLD:?}; answering without it (activity recorded in that turn may follow the answer)"
+                );
+            }
             cx.to_client(a);
         }
         self.go_on(session, cx);
         self.release(session, cx);
+        if let Some(s) = self.sessions.get_mut(session) {
+            while let Some((_, at)) = s.held.front()
+                && now.duration_since(*at) >= PROMPT_HOLD
+                && let Some((p, _)) = s.held.pop_front()
+            {
+                tracing::warn!(
+                    "Kimi's own turn in session {session} has not shown its end within {PROMPT_HOLD:?}; sending the \
+                     prompt held for it"
+                );
+                cx.to_agent(p);
+            }
+        }
         self.schedule(session, cx);
     }
 
@@ -209,10 +235,8 @@ impl Activity {
         let Some(s) = self.sessions.get(session) else { return };
         let answer = s.answers.iter().map(|(_, at)| *at + ANSWER_HOLD).min();
         let run = s.translator.awaiting_run_end().map(|at| at + RUN_END_GRACE);
-        let due = match (answer, run) {
-            (Some(a), Some(r)) => Some(a.min(r)),
-            (a, r) => a.or(r),
-        };
+        let prompt = s.held.front().map(|(_, at)| *at + PROMPT_HOLD);
+        let due = [answer, run, prompt].into_iter().flatten().min();
         let wake = Look(session.to_owned());
         match due {
             Some(due) => cx.after(due.saturating_duration_since(cx.now()), wake),
@@ -363,7 +387,7 @@ impl Activity {
     fn release(&mut self, session: &str, cx: &mut Cx) {
         let Some(s) = self.sessions.get_mut(session) else { return };
         while !s.translator.main_busy()
-            && let Some(p) = s.held.pop_front()
+            && let Some((p, _)) = s.held.pop_front()
         {
             cx.to_agent(p);
         }
@@ -374,7 +398,7 @@ impl Activity {
     /// Answers the prompts held for `session` `cancelled` (Kimi never saw them); whether there were any.
     fn stop_held(&mut self, session: &str, cx: &mut Cx) -> bool {
         let Some(s) = self.sessions.get_mut(session).filter(|s| !s.held.is_empty()) else { return false };
-        for p in std::mem::take(&mut s.held) {
+        for (p, _) in std::mem::take(&mut s.held) {
             if let Some(id) = p.id() {
                 cx.to_client(frame::result_response(id, json!({ "stopReason": "cancelled" })));
             }
@@ -418,19 +442,27 @@ impl Layer for Activity {
             Kind::Request { method, .. } if method == "session/prompt" => {
                 let v = frame.value();
                 let sid = param_str(v, "sessionId").map(str::to_owned);
-                if let Some(s) = sid.and_then(|sid| self.sessions.get_mut(&sid))
+                if let Some(sid) = sid
+                    && let Some(s) = self.sessions.get_mut(&sid)
                     && (s.translator.main_busy() || !s.held.is_empty())
                 {
                     tracing::debug!("holding a prompt while Kimi runs a turn of its own");
-                    s.held.push_back(frame);
+                    s.held.push_back((frame, cx.now()));
+                    self.schedule(&sid, cx);
                     return;
                 }
             }
             Kind::Notification { method } if method == "session/cancel" => {
-                // A held prompt is Coda's turn: stopping it answers it; Kimi never saw it.
+                // A held prompt is Coda's turn: stopping it answers it; Kimi never saw it, and the turn Kimi runs
+                // is its own: the cancel stays here. Unless the session compacts: prompts of Coda's may wait
+                // behind the compaction too, and the cancel goes on to stop them (the compaction keeps it from
+                // Kimi).
                 let v = frame.value();
                 let sid = param_str(v, "sessionId").map(str::to_owned);
-                if sid.is_some_and(|sid| self.stop_held(&sid, cx)) {
+                if let Some(sid) = sid
+                    && self.stop_held(&sid, cx)
+                    && cx.session(&sid).is_none_or(|s| s.compaction().is_none())
+                {
                     return;
                 }
             }
@@ -443,9 +475,10 @@ impl Layer for Activity {
             // Coda withdrew a held prompt: answered cancelled, never sent (Kimi never saw it, nor its withdrawal).
             Kind::Notification { method } if method == cancel::METHOD => {
                 if let Some(id) = cancel::target(&frame)
-                    && let Some(s) = self.sessions.values_mut().find(|s| s.held.iter().any(|p| p.id() == Some(&id)))
+                    && let Some(s) =
+                        self.sessions.values_mut().find(|s| s.held.iter().any(|(p, _)| p.id() == Some(&id)))
                 {
-                    s.held.retain(|p| p.id() != Some(&id));
+                    s.held.retain(|(p, _)| p.id() != Some(&id));
                     return cx.to_client(cancel::cancelled(&id));
                 }
             }
@@ -805,6 +838,23 @@ mod tests {
         assert_eq!(out.last().map(|v| v["id"].clone()), Some(json!(8)), "{out:?}");
         assert!(r.h.layer::<Activity>(r.layer).sessions.is_empty(), "the session's watch and tables are gone");
         assert_eq!(r.h.next_wake(), None);
+    }
+
+    /// A prompt held for Kimi's own turn waits at most [`PROMPT_HOLD`]: when the wire never shows that turn
+    /// (here: a background result no turn of Kimi's ever takes up), the prompt goes to Kimi then.
+    #[test]
+    fn a_prompt_held_for_kimis_own_turn_goes_on_at_its_deadline() {
+        let mut r = Rig::new();
+        kimis_own_turn(&mut r);
+        r.h.from_client(prompt(6));
+        r.h.advance(PROMPT_HOLD - Duration::from_millis(1));
+        assert!(r.h.to_agent().is_empty(), "held while Kimi has a result of its own to handle");
+        r.h.advance(Duration::from_millis(1));
+        let sent = r.h.to_agent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0]["id"], 6, "{sent:?}");
+        assert!(r.to_client().is_empty(), "Kimi answers it");
+        assert_eq!(r.h.next_wake(), None, "nothing else waits");
     }
 
     #[test]

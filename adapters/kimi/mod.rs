@@ -83,16 +83,19 @@ fn stack_with_tap(
     // The activity layer hands the main agent's failure, usage and compaction records of each scan of the watch
     // it starts to the layers below it (next to Kimi, so Kimi's frames reach them first).
     setup.add(|events| Box::new(activity::Activity::new(events, root, logs, tap.clone())));
-    // Failure kinds from the wire's turn ends and retries, next below: Kimi's answers reach it before the
-    // activity layer, which then sees the answer Coda gets.
+    setup.add(|events| {
+        tap.add(events);
+        Box::new(crate::coda::compact::Compaction::new(compact::KimiCompact::new()))
+    });
+    // Failure kinds from the wire's turn ends and retries, below every layer that holds prompts (the activity
+    // layer's, the compaction's): it sees the prompts Kimi was really sent, and only Kimi's answers to them wait
+    // for their turn's end (a prompt the compaction answered `cancelled` never reached Kimi, and its wire will
+    // show no turn of it). Kimi's answers reach it before the activity layer, which then sees the answer Coda
+    // gets.
     let patience = crate::coda::failure::retry_patience();
     setup.add(|events| {
         tap.add(events);
         Box::new(failure::layer(patience))
-    });
-    setup.add(|events| {
-        tap.add(events);
-        Box::new(crate::coda::compact::Compaction::new(compact::KimiCompact::new()))
     });
     setup.add(|events| {
         tap.add(events);

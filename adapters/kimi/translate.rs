@@ -260,11 +260,10 @@ impl Translator {
                     self.name_task(&task.clone(), seq);
                 }
             }
+            // The end of the running turn; an end of another one (a turn whose end was written late, or twice)
+            // leaves the running turn running: its own end settles what it handles.
             Record::TurnEnded { turn_id, .. } => {
-                let ended = self.main_turn.take();
-                if let Some((id, _, seq)) = ended
-                    && id == turn_id
-                {
+                if let Some((_, _, seq)) = self.main_turn.take_if(|(id, _, _)| *id == turn_id) {
                     for n in self.named.values_mut().filter(|n| n.0 == seq) {
                         n.1 = true;
                     }
@@ -666,6 +665,21 @@ mod tests {
         );
         assert_eq!(out, ["update S agent_message_chunk saw it", "wait S bash-1 failed"]);
         assert!(!t.main_busy());
+    }
+
+    /// An end of a turn that is not the running one (written late, or twice) leaves the running turn running:
+    /// its own end then settles what it handles, and Kimi is no longer busy.
+    #[test]
+    fn the_end_of_another_turn_leaves_the_running_one_running() {
+        let mut t = t();
+        run(&mut t, &[("main", user(0)), ("main", task("task.started", "bash-1", "running")), ("main", ended(0))]);
+        run(&mut t, &[("main", task("task.terminated", "bash-1", "failed"))]);
+        run(&mut t, &[("main", prompt(1, json!({"kind":"task","taskId":"bash-1"})))]);
+        assert!(run(&mut t, &[("main", ended(0))]).is_empty(), "turn 0's end again");
+        assert!(t.main_busy(), "Kimi's own turn 1 still runs");
+        let out = run(&mut t, &[("main", text(1, "saw it")), ("main", ended(1))]);
+        assert_eq!(out, ["update S agent_message_chunk saw it", "wait S bash-1 failed"]);
+        assert!(!t.main_busy(), "its end settled what it handled");
     }
 
     #[test]

@@ -118,6 +118,28 @@ async fn a_stopped_run_the_cli_never_answers_is_answered_with_the_failure_after_
     .await;
 }
 
+/// A prompt that waited behind a compaction and was stopped there never reached the CLI: no turn of it will be
+/// recorded, so it takes no record of the next turn (which ends with its own failure kind), and its answer does
+/// not wait for one.
+#[tokio::test(start_paused = true)]
+async fn a_prompt_stopped_behind_a_compaction_takes_no_record_of_the_next_turn() {
+    every(&FAILING, |agent| async move {
+        let (mut shim, _cli) = Shim::scripted(agent).await;
+        let compact = shim.send(crate::coda::compact::METHOD, json!({"sessionId": shim.session}));
+        let held = shim.prompt("held behind the compaction, then stopped");
+        shim.pair.drive_for(Duration::from_millis(1)).await;
+        shim.notify("session/cancel", json!({"sessionId": shim.session}));
+        let got = shim.pair.drive_for(Duration::from_millis(1)).await;
+        let stopped = answer(&got, held).unwrap_or_else(|| panic!("answered at once: {:?}", got.to_client));
+        assert_eq!(stopped["result"], json!({"stopReason": "cancelled"}), "{stopped}");
+        let got = shim.fake("_fake/compacted").await;
+        assert_eq!(answer(&got, compact).expect("the compaction is answered")["result"]["compacted"], true);
+        let quota = run(&mut shim, "[[fail:quota]]").await;
+        assert_eq!(failure(&quota), Some(&json!({"kind": "quota_exhausted"})), "{quota}");
+    })
+    .await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_cli_that_answers_a_stopped_run_twice_gives_coda_one_answer() {
     every(&FAILING, |agent| async move {

@@ -205,6 +205,11 @@ impl Checker {
     }
 
     fn answer(&mut self, coda: &mut Coda, truth: &Truth, id: &Value, v: &Value) -> Option<Violation> {
+        // A parse error answers no request (JSON-RPC 2.0: its id is null, since none could be read), not even a
+        // request of Coda's whose id is null.
+        if id.is_null() && v.pointer("/error/code").and_then(Value::as_i64) == Some(-32700) {
+            return None;
+        }
         let key = id.to_string();
         // The shim refuses a request reusing an open id at once: its error answers the duplicate.
         let refused = v.pointer("/error/code").and_then(Value::as_i64) == Some(-32600);
