@@ -326,23 +326,26 @@ fn live_acp_gemini_503() {
     }
 }
 
-/// Claude Agent ACP answers a failed turn once Claude Code's retries are over (`CLAUDE_CODE_MAX_RETRIES`, 10 by
-/// default: minutes), with the SDK's `errorKind`; one retry here, so that it answers in seconds.
+/// Claude Agent ACP answers a failed turn once Claude Code's retries are over, with the SDK's `errorKind`. Claude
+/// Code retries 10 times by default (minutes); its profile sets `CLAUDE_CODE_MAX_RETRIES` (6 retries, back-off
+/// doubling from 0.5 s): with nothing set here, the turn is answered within Coda's minute.
 #[test]
 fn live_acp_claude_upstream() {
     if live::wanted("claude", "coda-acp on Claude Agent ACP's upstream errors") {
-        let env = [("CLAUDE_CODE_MAX_RETRIES", "1")];
+        let env: [(&str, &str); 0] = [];
         // The SDK says `rate_limit` for a 429 (a usage limit too), `server_error` for a 503, whose status Claude
         // Code's message quotes: both `service_unavailable`.
         for (scenario, marker, kind, notes) in [
             ("upstream-quota", "[[error:429-usage]]", "rate_limit", "an upstream 429 rate_limit_error (a usage limit)"),
-            ("upstream-503", "[[error:503~1]]", "server_error", "an upstream 503 api_error"),
+            ("upstream-503", "[[error:503~1]]", "server_error", "an upstream 503 api_error with Retry-After: 1"),
         ] {
-            let notes = format!("{notes}, with one retry of Claude Code's");
+            let notes = format!("{notes}, with Claude Code's retries bounded by its profile");
             recorded_env("claude", scenario, &notes, &env, |model, rec| {
-                let (answer, took) = failed_turn(rec, marker, Duration::from_secs(120));
-                let requests = model.model_requests().len();
+                let (answer, took) = failed_turn(rec, marker, coda_shim::coda::failure::RETRY_PATIENCE);
+                let failed = |r: &&fake_model::RecordedRequest| r.reply.starts_with("error");
+                let requests = model.model_requests().iter().filter(failed).count();
                 eprintln!("claude {marker}: answered after {took:?}, {requests} model requests: {answer}");
+                assert_eq!(requests, 7, "the first request and the profile's 6 retries");
                 assert_eq!(answer["error"]["code"], -32603, "{answer}");
                 assert_eq!(answer["error"]["data"]["errorKind"], kind, "{answer}");
                 assert_eq!(

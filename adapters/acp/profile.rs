@@ -345,6 +345,19 @@ mod tests {
         assert!(err.contains("qwen, gemini, claude"), "{err}");
     }
 
+    /// Claude Code's retries (back-off 0.5 s doubling up to 32 s, at most a quarter more of jitter) end within
+    /// Coda's patience with the retry count the claude profile sets, and it is the most that do (no blip is
+    /// turned into a failure sooner than needed).
+    #[test]
+    fn the_claude_profile_bounds_claude_codes_retries_within_codas_minute() {
+        let waits = |retries: u32| -> f64 { (1..=retries).map(|n| (0.5 * 2f64.powi(n as i32 - 1)).min(32.0)).sum() };
+        let profile = built_in("claude").unwrap();
+        let retries: u32 = profile.env.get("CLAUDE_CODE_MAX_RETRIES").expect("the bound").parse().unwrap();
+        let patience = crate::coda::failure::RETRY_PATIENCE.as_secs_f64();
+        assert!(waits(retries) * 1.25 < patience, "{retries} retries wait up to {} s", waits(retries) * 1.25);
+        assert!(waits(retries + 1) > patience, "one more retry ({} s) would still fit", waits(retries + 1));
+    }
+
     #[test]
     fn a_profile_file_is_checked_with_clear_errors() {
         let ok = "name = \"mine\"\ndisplay-name = \"Mine\"\ncommand = \"'/opt/my agent/bin/mine' --acp\"\n\
