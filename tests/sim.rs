@@ -861,3 +861,27 @@ fn kimi_a_null_id_then_a_line_that_is_not_json_after_a_stop_behind_a_compaction(
         ],
     );
 }
+
+/// A background command that ends after Kimi wrote its turn's end but before the turn's answer is out: Kimi is
+/// idle, so it takes the result in a turn of its own (only in its files); Coda's wait goes `handling`, then
+/// `done` once that turn ends. Found by seed 7446012 of coda-kimi (the CLI model injected the result into the
+/// ended turn and ran no turn on it, so the wait stayed `handling`: 14 of 1,000,000 seeds).
+#[test]
+fn kimi_result_after_the_turn_end_before_its_answer() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 1852,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 1, ms: 13022, permission: false, end: EndTurn, work: Task(6512, WorkDone) },
+                },
+            },
+        ],
+    );
+}

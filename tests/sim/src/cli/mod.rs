@@ -92,6 +92,9 @@ struct Run {
     retrying: bool,
     /// Grok's turn on the result of this work (by its wait id): the work is over for Coda when it ends.
     wake: Option<String>,
+    /// Kimi: the turn's end is in its wire (its answer may not be out yet): work ending now is no longer
+    /// part of it, and Kimi takes its result in a turn of its own.
+    wire_ended: bool,
     /// Grok: the prompt id its queue names the turn by (`runningPromptId`).
     prompt: String,
 }
@@ -125,6 +128,8 @@ enum Effect {
     RetryShown(String),
     /// The CLI answered the request that opened (or loaded) this session: it may work in it on its own now.
     SessionReady(String),
+    /// Kimi wrote the end of turn `no` of the session to its wire.
+    WireTurnEnded(String, u64),
 }
 
 struct Out {
@@ -316,6 +321,11 @@ impl Model {
                 Some(Effect::ContentEnded(session, no, answers)) => self.content_ended(&session, no, answers, now),
                 Some(Effect::SessionReady(s)) => {
                     self.ready.insert(s);
+                }
+                Some(Effect::WireTurnEnded(session, no)) => {
+                    if let Some(r) = self.running.get_mut(&session).filter(|r| r.no == no) {
+                        r.wire_ended = true;
+                    }
                 }
                 Some(Effect::RetryShown(id)) => {
                     self.truth.retrying.entry(id).or_insert(now);
@@ -591,6 +601,7 @@ impl Model {
             children: Vec::new(),
             retrying: false,
             wake: None,
+            wire_ended: false,
             prompt: format!("prompt-{no}"),
         };
         self.running.insert(session.to_owned(), run);
@@ -700,7 +711,8 @@ impl Model {
         }
         if self.flavor == Flavor::Kimi {
             // Kimi writes the turn's end before it answers (the shim holds the answer until it reads it).
-            self.wire_at(session, at, kimi::completed(no, 10_331), tag.clone());
+            let ended = Some(Effect::WireTurnEnded(session.to_owned(), no));
+            self.wire_with(session, at, kimi::completed(no, 10_331), tag.clone(), ended);
         }
         let mut lines: Vec<Value> = Vec::new();
         if self.flavor != Flavor::Kimi
@@ -808,7 +820,8 @@ impl Model {
             r.retrying = !retries.is_empty();
         }
         // Kimi writes the turn's end before it answers.
-        self.wire_at(session, end + 1, kimi::failed(no, f), tag);
+        let ended = Some(Effect::WireTurnEnded(session.to_owned(), no));
+        self.wire_with(session, end + 1, kimi::failed(no, f), tag, ended);
         let answer = result(id, self.flavor.turn_result(session, no, "end_turn")).to_string();
         self.answer_lines(session, no, end + 2, vec![answer]);
     }
@@ -873,7 +886,8 @@ impl Model {
         }
         if self.flavor == Flavor::Kimi {
             // Before its answer, as every turn's end.
-            self.wire_at(session, now + 4, kimi::cancelled(no), None);
+            let ended = Some(Effect::WireTurnEnded(session.to_owned(), no));
+            self.wire_with(session, now + 4, kimi::cancelled(no), None, ended);
             if let Some(w) = wake_of_kimi {
                 self.effect_at(now + 4, Effect::WakeDone(w));
             }
@@ -1009,6 +1023,7 @@ impl Model {
             children: Vec::new(),
             retrying: false,
             wake,
+            wire_ended: false,
             prompt: prompt.to_owned(),
         };
         self.running.insert(session.to_owned(), run);

@@ -291,9 +291,10 @@ impl Model {
         };
         // Grok's work is over for Coda once its turn on the result ends (a cancelled subagent gets none); Kimi's
         // at once when it ends in a client turn (the main agent handles it there), else once Kimi's own turn on
-        // it ends.
-        let in_client_turn =
-            |m: &Model, session: &str| m.running.get(session).is_some_and(|r| r.kind == super::Kind::Coda);
+        // it ends. A client turn whose end is in the wire is over for Kimi, even before its answer is out.
+        let in_client_turn = |m: &Model, session: &str| {
+            m.running.get(session).is_some_and(|r| r.kind == super::Kind::Coda && !r.wire_ended)
+        };
         if self.flavor == Flavor::Kimi
             && let Some(task) = self.tasks.get_mut(id)
         {
