@@ -862,6 +862,170 @@ fn kimi_a_null_id_then_a_line_that_is_not_json_after_a_stop_behind_a_compaction(
     );
 }
 
+/// A Stop ends Kimi's turn before its answer: no `usage_update` of that turn comes later, in the next one (Kimi
+/// sends it right after the answer). The next turn retries a 503 for minutes: the shim stops it within the minute.
+/// Seed 7748592 of coda-kimi.
+#[test]
+fn kimi_a_retried_turn_after_a_stopped_one_is_stopped_within_the_minute() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: false } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 3925,
+                step: Prompt {
+                    session: 0,
+                    text: 2,
+                    turn: Turn { chunks: 4, ms: 10167, permission: false, end: EndTurn, work: Task(297940, WorkNever) },
+                },
+            },
+            Timed { gap: 3243, step: AnswerPermission { allow: true } },
+            Timed { gap: 3895, step: Hostile { frame: NotJson } },
+            Timed { gap: 389, step: Cancel { session: 0 } },
+            Timed {
+                gap: 179,
+                step: Prompt {
+                    session: 0,
+                    text: 3,
+                    turn: Turn {
+                        chunks: 5,
+                        ms: 3060,
+                        permission: false,
+                        end: EndError(FailService),
+                        work: Task(4311, WorkDone),
+                    },
+                },
+            },
+            Timed { gap: 1, step: Compaction { session: 1, how: CompactOk(6125) } },
+            Timed { gap: 9262, step: Steering { session: 0, text: 3, hostile: false, answer: SteerTaken(1905) } },
+        ],
+    );
+}
+
+/// A stopped turn's answer is its last frame: a second session opened while the next turn runs is watched at
+/// once, and a turn of Kimi's own there (only in its wire) reaches Coda. Seed 7927323 of coda-kimi.
+#[test]
+fn kimi_own_turn_in_a_session_opened_after_a_stop() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 502340,
+                step: Prompt {
+                    session: 0,
+                    text: 6,
+                    turn: Turn { chunks: 3, ms: 14146, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 3874,
+                step: Prompt {
+                    session: 0,
+                    text: 3,
+                    turn: Turn { chunks: 2, ms: 15288, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 349,
+                step: Prompt {
+                    session: 0,
+                    text: 7,
+                    turn: Turn { chunks: 2, ms: 17802, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 147, step: Cancel { session: 0 } },
+            Timed {
+                gap: 301,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 1, ms: 15638, permission: false, end: EndTurn, work: Task(23012, WorkNever) },
+                },
+            },
+            Timed { gap: 4311, step: AnswerPermission { allow: true } },
+            Timed { gap: 62, step: AnswerPermission { allow: true } },
+            Timed { gap: 5090, step: NewSession { instruction: true } },
+            Timed { gap: 266, step: Compaction { session: 0, how: CompactOk(9737) } },
+            Timed { gap: 1, step: OwnTurn { session: 1, chunks: 1 } },
+        ],
+    );
+}
+
+/// After a stopped turn, Kimi's next client turn streams over ACP while a turn of its own (a background task's
+/// result) follows in its wire: Coda gets the chunks in the order Kimi wrote them. Seed 7993867 of coda-kimi.
+#[test]
+fn kimi_chunks_in_order_after_a_stop_and_a_turn_of_kimis_own() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 3405,
+                step: Prompt {
+                    session: 0,
+                    text: 6,
+                    turn: Turn { chunks: 0, ms: 14519, permission: true, end: EndTurn, work: Task(17621, WorkDone) },
+                },
+            },
+            Timed { gap: 54775, step: AnswerPermission { allow: true } },
+            Timed {
+                gap: 160,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 2, ms: 11122, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 483, step: Steering { session: 1, text: 4, hostile: false, answer: SteerTaken(210) } },
+            Timed { gap: 260, step: Hostile { frame: HugeNumber } },
+            Timed { gap: 212, step: AnswerPermission { allow: true } },
+            Timed { gap: 2702, step: AnswerPermission { allow: true } },
+            Timed {
+                gap: 467,
+                step: Prompt {
+                    session: 0,
+                    text: 7,
+                    turn: Turn { chunks: 3, ms: 768, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 5788,
+                step: Prompt {
+                    session: 1,
+                    text: 6,
+                    turn: Turn { chunks: 2, ms: 11884, permission: false, end: EndTurn, work: Task(843469, WorkDone) },
+                },
+            },
+            Timed { gap: 1604, step: Hostile { frame: ReusedId } },
+            Timed {
+                gap: 445,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 3, ms: 4309, permission: false, end: EndTurn, work: Task(12125, WorkDone) },
+                },
+            },
+            Timed { gap: 347, step: Cancel { session: 0 } },
+            Timed { gap: 351, step: NewSession { instruction: false } },
+            Timed {
+                gap: 438,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 4, ms: 6118, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+        ],
+    );
+}
+
 /// A background command that ends after Kimi wrote its turn's end but before the turn's answer is out: Kimi is
 /// idle, so it takes the result in a turn of its own (only in its files); Coda's wait goes `handling`, then
 /// `done` once that turn ends. Found by seed 7446012 of coda-kimi (the CLI model injected the result into the

@@ -29,7 +29,7 @@
 //! within [`HOLD`] or [`LOAD_HOLD`], and at most [`HELD_MAX`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
 
@@ -355,6 +355,9 @@ pub struct UsageFacts<S: Source> {
     /// Counts the holds and the loads (a wake-up of an earlier one finds nothing to do).
     holds: u64,
     loads: u64,
+    /// Since when the update at the front of the held frames has waited: its hold ends [`HOLD`] after, however
+    /// many records come meanwhile.
+    since: Option<Instant>,
 }
 
 fn session_of(v: &Value) -> Option<&str> {
@@ -390,7 +393,7 @@ pub fn per_root<'a, T: Default>(
 
 impl<S: Source> UsageFacts<S> {
     pub fn new(cli: S) -> UsageFacts<S> {
-        UsageFacts { cli, sessions: HashMap::new(), held: VecDeque::new(), holds: 0, loads: 0 }
+        UsageFacts { cli, sessions: HashMap::new(), held: VecDeque::new(), holds: 0, loads: 0, since: None }
     }
 
     /// The facts known of `session` (for tests).
@@ -485,6 +488,7 @@ impl<S: Source> UsageFacts<S> {
         };
         if self.must_wait(&session) {
             self.holds += 1;
+            self.since = Some(cx.now());
             cx.after(HOLD, Wake::Hold(self.holds));
             self.held.push_back(Held::Frame(frame));
             return;
@@ -517,9 +521,12 @@ impl<S: Source> UsageFacts<S> {
                 Held::Own(s) => Some(s.clone()).filter(|s| self.sessions.get(s).is_some_and(|e| e.loading.is_some())),
             };
             if let Some(session) = waiting {
-                if !give_up {
+                // Its hold counts from when it began to wait at the front, not from the latest record.
+                let since = *self.since.get_or_insert(cx.now());
+                let left = (since + HOLD).saturating_duration_since(cx.now());
+                if !give_up && !left.is_zero() {
                     self.holds += 1;
-                    return cx.after(HOLD, Wake::Hold(self.holds));
+                    return cx.after(left, Wake::Hold(self.holds));
                 }
                 tracing::warn!(
                     "the facts of session {session}'s usage_update did not come within {HOLD:?}; sending it with the \
@@ -531,6 +538,7 @@ impl<S: Source> UsageFacts<S> {
                 }
                 give_up = false;
             }
+            self.since = None;
             match self.held.pop_front().expect("a front") {
                 Held::Frame(f) => self.handle(f, cx),
                 Held::Own(s) => self.own(&s, cx),
@@ -893,6 +901,24 @@ mod tests {
         h.take();
         h.advance(LOAD_HOLD);
         assert_eq!(h.to_client(), [usage("r", 3)], "sent without the facts it waited for");
+    }
+
+    #[test]
+    fn records_that_come_meanwhile_do_not_lengthen_a_hold() {
+        let mut h = toy(None);
+        open(&mut h, 1, "session/new", "a");
+        h.event(0, ("a".to_owned(), true));
+        h.take();
+        h.from_agent(usage("a", 1));
+        h.from_agent(fact("a", 1, false));
+        // Records of the CLI's that do not end the wait keep coming (a turn retrying every second).
+        for _ in 0..2 {
+            h.advance(HOLD / 2 - Duration::from_millis(1));
+            h.event(0, ("a".to_owned(), true));
+            assert!(h.to_client().is_empty());
+        }
+        h.advance(Duration::from_millis(2));
+        assert_eq!(h.to_client().len(), 2, "the update and the frame behind it, {HOLD:?} after it came at most");
     }
 
     #[test]

@@ -751,7 +751,9 @@ impl Model {
         if self.flavor == Flavor::Kimi
             && let Some(u) = self.flavor.usage(session, 10_331)
         {
-            self.at(at + 3, u, None, None);
+            // Right after the answer (reference kimi.md): part of the turn, so a Stop before the answer drops it
+            // with the rest (a cancelled turn's update never comes seconds later, in the next turn).
+            self.at(at + 3, u, tag, None);
         }
     }
 
