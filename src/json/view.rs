@@ -165,6 +165,22 @@ impl<'a> View<'a> {
         std::str::from_utf8(self.text).ok()?.parse().ok()
     }
 
+    /// A number as an `f64`, as serde_json (with its `arbitrary_precision`) reads one: any number whose value
+    /// is finite as an `f64`; `None` for any other value.
+    pub fn as_f64(&self) -> Option<f64> {
+        if !matches!(self.text.first(), Some(b'-' | b'0'..=b'9')) {
+            return None;
+        }
+        std::str::from_utf8(self.text).ok()?.parse::<f64>().ok().filter(|f| f.is_finite())
+    }
+
+    /// The elements of this array, in their order (none when this is no array).
+    pub fn elements(&self) -> Elements<'a> {
+        let b = self.text;
+        let at = if b.first() == Some(&b'[') { skip_space(b, 1) } else { b.len() };
+        Elements { b, at }
+    }
+
     /// `true` or `false`.
     pub fn as_bool(&self) -> Option<bool> {
         match self.text {
@@ -209,6 +225,30 @@ impl<'a> Iterator for Members<'a> {
         let after = skip_space(b, stop);
         self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
         Some((key, View { text: &b[start..stop] }))
+    }
+}
+
+/// The elements of an array ([`View::elements`]).
+pub struct Elements<'a> {
+    b: &'a [u8],
+    /// Where the next element is.
+    at: usize,
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = View<'a>;
+
+    fn next(&mut self) -> Option<View<'a>> {
+        let b = self.b;
+        let start = self.at;
+        // The end of the text, or the `]` of an empty array.
+        if b.get(start).is_none_or(|&c| c == b']') {
+            return None;
+        }
+        let stop = value_end(b, start)?;
+        let after = skip_space(b, stop);
+        self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        Some(View { text: &b[start..stop] })
     }
 }
 
@@ -259,6 +299,7 @@ mod tests {
             r#"{"big":18446744073709551616,"max":18446744073709551615,"neg":-1,"exp":1e3,"frac":1.0,"zero":0,"huge":1e400}"#,
             r#"{"nested":{"nested":{"nested":{"a":[{"b":"]"},"[",{}],"z":{}}}},"e":[],"o":{}}"#,
             r#"[{"a":1}]"#,
+            r#"{"e":[ ],"f":[[1,[2]] , "x\"]" ,{"a":[]},-1.5e3,null,true],"g":[ "]" ],"h":["\ud800",1e400]}"#,
             r#""just a string""#,
             "12",
         ];
@@ -298,6 +339,13 @@ mod tests {
                     assert_eq!(&read, want, "{line} at {keys:?}");
                 } else {
                     assert_eq!(got.map(|g| g.members().count()), got.map(|_| 0), "{line} at {keys:?}");
+                }
+                assert_eq!(got.and_then(|g| g.as_f64()), want.and_then(Value::as_f64), "{line} at {keys:?}");
+                // An array's elements, read in one pass, are its values.
+                let elements: Option<Vec<Value>> = got.map(|g| g.elements().map(|e| e.to_value()).collect());
+                match want {
+                    Some(Value::Array(want)) => assert_eq!(elements.as_ref(), Some(want), "{line} at {keys:?}"),
+                    _ => assert_eq!(elements.map(|e| e.len()), got.map(|_| 0), "{line} at {keys:?}"),
                 }
             }
         }
