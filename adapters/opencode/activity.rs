@@ -25,12 +25,14 @@
 //! stoppable). Failed turns are answered as Coda's failure kinds (`failure.rs`). Timers are the engine's
 //! (`Cx::after`); the server events handled are logged through a [`Record`] the set-up owns.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
 use crate::frame::{Frame, Kind, Needle};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
@@ -193,8 +195,94 @@ pub struct OpenCodeActivity {
     handling: Handling,
 }
 
-fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+/// What [`OpenCodeActivity::task_update`] reads of a tool call's update, read where it lies (one pass over the
+/// update and one over each of `rawInput` and `rawOutput.metadata`; of a key that appears twice, the last, as
+/// a parsed value has it): a `task`'s update carries its prompt and its child's whole output, none of it parsed.
+#[derive(Debug, Default, PartialEq)]
+struct TaskNews<'a> {
+    /// `toolCallId`, when a string not empty (as every string here).
+    call: Option<Cow<'a, str>>,
+    /// `rawInput`, when it has a `subagent_type` and a `prompt` (a `task`'s input).
+    input: Option<TaskInput<'a>>,
+    status: Option<Cow<'a, str>>,
+    /// `rawOutput.metadata.sessionId`.
+    child: Option<Cow<'a, str>>,
+    /// `rawOutput.metadata.background` is `true`.
+    background: bool,
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct TaskInput<'a> {
+    task_id: Option<Cow<'a, str>>,
+    description: Option<Cow<'a, str>>,
+    prompt: Option<Cow<'a, str>>,
+    /// `background` is `true`.
+    background: bool,
+}
+
+/// A string that is not empty.
+fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
+    v?.as_str().filter(|s| !s.is_empty())
+}
+
+impl<'a> TaskNews<'a> {
+    fn of(update: View<'a>) -> TaskNews<'a> {
+        let (mut call, mut input, mut status, mut output) = (None, None, None, None);
+        for (key, value) in update.members() {
+            if key.is("toolCallId") {
+                call = Some(value);
+            } else if key.is("rawInput") {
+                input = Some(value);
+            } else if key.is("status") {
+                status = Some(value);
+            } else if key.is("rawOutput") {
+                output = Some(value);
+            }
+        }
+        let meta = output.and_then(|o| o.get("metadata"));
+        let (mut child, mut background) = (None, None);
+        for (key, value) in meta.iter().flat_map(View::members) {
+            if key.is("sessionId") {
+                child = Some(value);
+            } else if key.is("background") {
+                background = Some(value);
+            }
+        }
+        TaskNews {
+            call: text(call),
+            input: input.and_then(TaskInput::of),
+            status: text(status),
+            child: text(child),
+            background: background.and_then(|b| b.as_bool()) == Some(true),
+        }
+    }
+}
+
+impl<'a> TaskInput<'a> {
+    /// A `task`'s input: `None` without a `subagent_type` or a `prompt`.
+    fn of(input: View<'a>) -> Option<TaskInput<'a>> {
+        let (mut kind, mut task_id, mut description, mut prompt, mut background) = (None, None, None, None, None);
+        for (key, value) in input.members() {
+            if key.is("subagent_type") {
+                kind = Some(value);
+            } else if key.is("task_id") {
+                task_id = Some(value);
+            } else if key.is("description") {
+                description = Some(value);
+            } else if key.is("prompt") {
+                prompt = Some(value);
+            } else if key.is("background") {
+                background = Some(value);
+            }
+        }
+        kind?;
+        Some(TaskInput {
+            prompt: text(Some(prompt?)),
+            task_id: text(task_id),
+            description: text(description),
+            background: background.and_then(|b| b.as_bool()) == Some(true),
+        })
+    }
 }
 
 /// Updates that are output of a turn (what OpenCode's own follow-up turn streams).
@@ -243,29 +331,28 @@ impl OpenCodeActivity {
     }
 
     /// A `task` tool update of `session`.
-    fn task_update(&mut self, session: &str, u: &Value, cx: &mut Cx) {
-        let Some(call) = str_at(u, "toolCallId") else { return };
+    fn task_update(&mut self, session: &str, u: &TaskNews<'_>, cx: &mut Cx) {
+        let Some(call) = u.call.as_deref() else { return };
         let key = (session.to_owned(), call.to_owned());
-        let input = u.get("rawInput").filter(|i| i.get("subagent_type").is_some() && i.get("prompt").is_some());
         if !self.tasks.by_call.contains_key(&key) {
-            let Some(input) = input else { return };
+            let Some(input) = &u.input else { return };
             if self.tasks.closed.contains(&key) {
                 return;
             }
             self.tasks.next_seq += 1;
             let early = self.tasks.early.remove(&key);
-            let child = str_at(input, "task_id").map(str::to_owned).or(early);
+            let child = input.task_id.as_deref().map(str::to_owned).or(early);
             let mut w = Wait::new(session, call, State::Waiting);
             w.kind = Some("subagent".into());
-            w.title = str_at(input, "description").map(str::to_owned);
-            w.detail = str_at(input, "prompt").map(str::to_owned);
+            w.title = input.description.as_deref().map(str::to_owned);
+            w.detail = input.prompt.as_deref().map(str::to_owned);
             w.tool_call_id = Some(call.to_owned());
             w.child_session_id.clone_from(&child);
             let task = Task {
                 session: session.to_owned(),
                 call: call.to_owned(),
                 child: child.clone(),
-                background: input.get("background").and_then(Value::as_bool) == Some(true),
+                background: input.background,
                 finished: false,
                 seq: self.tasks.next_seq,
             };
@@ -275,14 +362,13 @@ impl OpenCodeActivity {
                 None => self.report(&w, cx),
             }
         }
-        let state = match str_at(u, "status") {
+        let state = match u.status.as_deref() {
             Some("completed") => State::Done,
             Some("failed") => State::Failed,
             _ => return,
         };
-        let meta = u.pointer("/rawOutput/metadata");
-        let child = meta.and_then(|m| str_at(m, "sessionId")).map(str::to_owned);
-        let background = meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true);
+        let child = u.child.as_deref().map(str::to_owned);
+        let background = u.background;
         let Some(task) = self.tasks.by_call.get_mut(&key) else { return };
         if child.is_some() {
             task.child.clone_from(&child);
@@ -489,9 +575,9 @@ impl OpenCodeActivity {
         }
         if matches!(kind, "tool_call" | "tool_call_update")
             && self.may_be_task(frame, &sid)
-            && let Some(u) = frame.value().pointer("/params/update")
+            && let Some(u) = frame.update_value()
         {
-            self.task_update(&sid, u, cx);
+            self.task_update(&sid, &TaskNews::of(u), cx);
         }
         if is_turn_output(kind) && !asked(cx, "session/prompt", &sid) {
             self.own_turn_output(&sid, cx);
@@ -613,6 +699,58 @@ mod tests {
     use crate::adapters::opencode::rig::{
         self, C, P, Rig, chunk, end_turn, status, task_child, task_done, task_running,
     };
+
+    /// What a tool call's update says of a `task`, read where it lies, is what the parsed update says, for every
+    /// frame of every recorded fixture, the hostile lines, and updates with keys twice or escaped, empty or
+    /// mistyped fields and lone surrogates.
+    #[test]
+    fn task_news_read_in_place_are_those_of_the_parsed_update() {
+        fn text(v: Option<&Value>) -> Option<Cow<'_, str>> {
+            v.and_then(Value::as_str).filter(|s| !s.is_empty()).map(Cow::Borrowed)
+        }
+        fn of_value(u: &Value) -> TaskNews<'_> {
+            let input = u.get("rawInput").filter(|i| i.get("subagent_type").is_some() && i.get("prompt").is_some());
+            let meta = u.pointer("/rawOutput/metadata");
+            TaskNews {
+                call: text(u.get("toolCallId")),
+                input: input.map(|i| TaskInput {
+                    task_id: text(i.get("task_id")),
+                    description: text(i.get("description")),
+                    prompt: text(i.get("prompt")),
+                    background: i.get("background").and_then(Value::as_bool) == Some(true),
+                }),
+                status: text(u.get("status")),
+                child: text(meta.and_then(|m| m.get("sessionId"))),
+                background: meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true),
+            }
+        }
+        let mut lines = crate::frame::recorded_lines();
+        lines.extend(crate::frame::hostile_lines());
+        for update in [
+            r#"{"sessionUpdate":"tool_call","toolCallId":"c1","rawInput":{"subagent_type":null,"prompt":"p","task_id":"","background":true}}"#,
+            r#"{"toolCallId":"c1","toolCallId":"c2","rawInput":{"subagent_type":"g","prompt":"","description":"d\ud800"},"rawInput":{"subagent_type":"g","prompt":"q"}}"#,
+            r#"{"toolCallId":"c\u0031","raw\u0049nput":{"subagent_type":"g","pr\u006fmpt":"\"p\"","background":"true"},"status":"completed"}"#,
+            r#"{"toolCallId":7,"rawInput":{"subagent_type":"g"},"status":"failed","rawOutput":{"metadata":{"sessionId":"ses_1","background":true,"background":false}}}"#,
+            r#" { "toolCallId" : "c1" , "status" : "completed" , "rawOutput" : { "metadata" : { "sessionId" : "" , "background" : true } , "output" : "}{\"" } } "#,
+            r#"{"toolCallId":"c1","rawInput":[{"subagent_type":"g","prompt":"p"}],"rawOutput":[{"metadata":{}}],"status":["completed"]}"#,
+            r#"{"toolCallId":"c1","rawOutput":{"metadata":"ses_1"},"rawOutput":{"metadata":{"sessionId":"ses_2"}}}"#,
+        ] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{update}}}}}"#
+            );
+            lines.push(line.into_bytes());
+        }
+        let mut tasks = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let Some(update) = frame.update_value() else { continue };
+            let want = frame.value().pointer("/params/update").expect("an update");
+            let got = TaskNews::of(update);
+            assert_eq!(got, of_value(want), "{frame:?}");
+            tasks += usize::from(got.input.is_some());
+        }
+        assert!(tasks > 10, "task calls read ({tasks})");
+    }
 
     #[test]
     fn a_foreground_task_is_a_subagent_wait_settled_with_its_child_when_the_call_completes() {
