@@ -267,6 +267,14 @@ impl Frame {
         Frame::built(serde_json::to_vec(value).expect("a serde_json::Value always serialises"))
     }
 
+    /// A frame of a value the shim built, kept as the frame's value: the layers after the one that built it read
+    /// it ([`Frame::value`]) without parsing what was just written.
+    pub fn of_value(value: Value) -> Frame {
+        let frame = Frame::from_value(&value);
+        let _ = frame.value.set(Arc::new(value));
+        frame
+    }
+
     /// The frame a layer made by editing this frame's value ([`Frame::to_value`]): every number it left as it
     /// was keeps the peer's exact spelling (`1e400` stays `1e400`, not serde_json's `1e+400`). The new frame
     /// keeps `value` as its own, so the layers after this one do not parse it again.
@@ -569,7 +577,7 @@ fn response(id: &Id, result: Option<&Value>, error: Option<&Value>) -> Frame {
 
 /// Builds a notification.
 pub fn notification(method: &str, params: Value) -> Frame {
-    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
+    Frame::of_value(serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
 /// What reads the frames of one stream: its [`scan::Scanner`], and what the envelope of the shape its lines
@@ -1156,6 +1164,19 @@ mod tests {
             }
         }
         assert!(checked > 8000, "{checked}");
+    }
+
+    /// A notification the shim builds keeps its value: what a later layer reads of it is what its bytes say.
+    #[test]
+    fn a_built_notification_reads_as_its_bytes() {
+        let params = serde_json::json!({"sessionId":"s","text":"用户 \"q\" \u{1} \n 😀","n":[0,-1,1.5,18446744073709551615u64,
+            1e300,0.1],"o":{"a":null,"b":true},"e":{}});
+        let frame = notification("_coda/wait", params);
+        let parsed: Value = json::from_slice(frame.bytes()).expect("JSON");
+        assert_eq!(frame.value(), &parsed);
+        assert_eq!(frame.method(), Some("_coda/wait"));
+        assert_eq!(frame.session().as_deref(), Some("s"));
+        assert!(frame.is_shim());
     }
 
     #[test]
