@@ -142,6 +142,29 @@ impl<'a> View<'a> {
         Members { b, at }
     }
 
+    /// The members of the object that is the value of `key` in this object, read from that value's start
+    /// without going over it first (none when there is no such key or its value is no object). Of a key that
+    /// appears twice, the first: for a key the frame check lets appear only once (a frame's `params`), one
+    /// pass over its object where [`View::get`] and [`View::members`] take two.
+    pub fn members_at(&self, key: &str) -> Members<'a> {
+        let b = self.text;
+        let mut at = if b.first() == Some(&b'{') { skip_space(b, 1) } else { b.len() };
+        while b.get(at) == Some(&b'"') {
+            let Some(end) = string_end(b, at + 1) else { break };
+            let start = skip_space(b, skip_space(b, end + 1) + 1);
+            if (Key { quoted: &b[at..=end] }).is(key) {
+                // The object's members up to its closing brace: the text after it is never reached.
+                let inner = &b[start.min(b.len())..];
+                let at = if inner.first() == Some(&b'{') { skip_space(inner, 1) } else { inner.len() };
+                return Members { b: inner, at };
+            }
+            let Some(stop) = value_end(b, start) else { break };
+            let after = skip_space(b, stop);
+            at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        }
+        Members { b: &[], at: 0 }
+    }
+
     /// The value at `path` (keys of objects, from this one down).
     pub fn pointer(&self, path: &[&str]) -> Option<View<'a>> {
         path.iter().try_fold(*self, |v, key| v.get(key))
@@ -275,6 +298,11 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
+    /// The name of `key` among the keys of `object` (unescaped), or `?`.
+    fn want_key(object: &Value, key: &Key<'_>) -> String {
+        object.as_object().and_then(|o| o.keys().find(|k| key.is(k))).cloned().unwrap_or_else(|| "?".into())
+    }
+
     /// Every path to a value of `value` (keys of objects only, as a `View` goes), with a key no object has.
     fn paths(value: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
         out.push(path.clone());
@@ -341,6 +369,26 @@ mod tests {
                     assert_eq!(got.map(|g| g.members().count()), got.map(|_| 0), "{line} at {keys:?}");
                 }
                 assert_eq!(got.and_then(|g| g.as_f64()), want.and_then(Value::as_f64), "{line} at {keys:?}");
+                // The members of each member that is an object, read from its start, are its members (of a key
+                // that appears twice, the first: compared where a key appears once).
+                if let Some(Value::Object(want)) = want {
+                    let view = got.expect("an object");
+                    for (name, value) in want {
+                        let once = view.members().filter(|(k, _)| k.is(name)).count() == 1;
+                        let read: Vec<(String, Value)> =
+                            view.members_at(name).map(|(k, v)| (want_key(value, &k), v.to_value())).collect();
+                        let parsed: Vec<(String, Value)> = view
+                            .get(name)
+                            .into_iter()
+                            .flat_map(|v| v.members())
+                            .map(|(k, v)| (want_key(value, &k), v.to_value()))
+                            .collect();
+                        if once {
+                            assert_eq!(read, parsed, "{line} at {keys:?} {name}");
+                        }
+                    }
+                    assert_eq!(view.members_at("absent").count(), 0);
+                }
                 // An array's elements, read in one pass, are its values.
                 let elements: Option<Vec<Value>> = got.map(|g| g.elements().map(|e| e.to_value()).collect());
                 match want {
