@@ -87,6 +87,11 @@ struct Tasks {
 }
 
 impl Tasks {
+    /// Whether `call` of `session` is a `task` call followed.
+    fn follows(&self, session: &str, call: &str) -> bool {
+        self.by_call.contains_key(&(session.to_owned(), call.to_owned()))
+    }
+
     /// The call is over: it leaves the open calls.
     fn close(&mut self, key: &(String, String)) {
         if self.by_call.remove(key).is_some() {
@@ -554,30 +559,21 @@ impl OpenCodeActivity {
     }
 
     /// A `session/update` (already read): `task` calls, and output of OpenCode's own turns.
-    /// Whether a tool call of `session` may be a `task` ([`OpenCodeActivity::task_update`] reads only those):
-    /// one with a `task`'s input, or one followed already (its id read where it lies).
-    fn may_be_task(&self, frame: &Frame, session: &str) -> bool {
-        if frame.has(&SUBAGENT_TYPE) {
-            return true;
-        }
-        if self.tasks.by_call.is_empty() {
-            return false;
-        }
-        let call = frame.update_value().and_then(|u| u.get("toolCallId")).and_then(|c| c.as_str());
-        call.is_some_and(|call| self.tasks.by_call.contains_key(&(session.to_owned(), call.into_owned())))
-    }
-
     fn update(&mut self, frame: &Frame, cx: &mut Cx) {
-        // The session and the kind from the frame check's pass: only a tool call that may be a `task` is parsed.
+        // The session and the kind from the frame check's pass: only a tool call that may be a `task` is read.
         let (Some(sid), Some(kind)) = (frame.session(), frame.session_update()) else { return };
         if self.tasks.followed.contains(&*sid) || asked(cx, "session/load", &sid) {
             return;
         }
+        // A tool call with a `task`'s input, or of a call followed already (its id read where it lies, with the
+        // rest of what the layer reads of it, in one pass).
+        let input = frame.has(&SUBAGENT_TYPE);
         if matches!(kind, "tool_call" | "tool_call_update")
-            && self.may_be_task(frame, &sid)
-            && let Some(u) = frame.update_value()
+            && (input || !self.tasks.by_call.is_empty())
+            && let Some(news) = frame.update_value().map(TaskNews::of)
+            && (input || news.call.as_deref().is_some_and(|c| self.tasks.follows(&sid, c)))
         {
-            self.task_update(&sid, &TaskNews::of(u), cx);
+            self.task_update(&sid, &news, cx);
         }
         if is_turn_output(kind) && !asked(cx, "session/prompt", &sid) {
             self.own_turn_output(&sid, cx);
