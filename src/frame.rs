@@ -290,6 +290,68 @@ impl Frame {
         frame
     }
 
+    /// This frame with the bytes `cut` of its line replaced by `with`, for a layer that writes a field into a
+    /// frame where it lies (the usage facts' stamp): `with` is JSON the shim wrote, so the line stays one JSON
+    /// text whose envelope is this frame's, and the new frame takes its envelope from this one instead of
+    /// checking the line again; the places of `params`' fields move with the bytes after the cut, and one that
+    /// holds the cut grows with it. A cut that holds only part of a place, in a frame with a lone surrogate
+    /// escape (whose mended reading may lie in the cut), is read again whole ([`Frame::built`]).
+    pub(crate) fn spliced(&self, cut: std::ops::Range<usize>, with: &[u8]) -> Frame {
+        let line = self.bytes();
+        let bytes = [&line[..cut.start], with, &line[cut.end..]].concat();
+        if self.lone_surrogate() {
+            return Frame::built(bytes);
+        }
+        let grown = with.len() as i64 - cut.len() as i64;
+        // A place (start, length) in the new line; None for one the cut holds only part of.
+        let moved = |start: usize, len: usize| -> Option<(usize, usize)> {
+            let end = start + len;
+            if end <= cut.start {
+                Some((start, len))
+            } else if start >= cut.end {
+                Some(((start as i64 + grown) as usize, len))
+            } else if start <= cut.start && cut.end <= end {
+                Some((start, (len as i64 + grown) as usize))
+            } else {
+                None
+            }
+        };
+        // Each place as the frame keeps it: none, looked for again, or where it is.
+        let place = |start: u32, len: u16| -> Option<Option<(usize, usize)>> {
+            match len {
+                0 => Some(None),
+                u16::MAX => Some(Some((0, usize::MAX))),
+                len => moved(start as usize, usize::from(len)).map(Some),
+            }
+        };
+        let (Some(meta), Some(update)) =
+            (place(self.meta_start, self.meta_len), place(self.update_start, self.update_len))
+        else {
+            return Frame::built(bytes);
+        };
+        let escaped = self.flags & SESSION_ESCAPED != 0;
+        let session = match self.flags & SESSION {
+            0 => None,
+            // (as long as `u8::MAX`: [`Frame::with`] keeps it looked for again)
+            _ if self.session_len == u8::MAX => Some(scan::Str { start: 0, end: usize::from(u8::MAX), escaped }),
+            _ => match moved(usize::from(self.session_start), usize::from(self.session_len)) {
+                Some((start, len)) => Some(scan::Str { start, end: start + len, escaped }),
+                None => return Frame::built(bytes),
+            },
+        };
+        // A place looked for again stays so ([`Frame::with`] keeps one as long as `u16::MAX` so).
+        let range = |p: Option<(usize, usize)>| p.map(|(start, len)| (start, start.saturating_add(len)));
+        let mut wire = bytes;
+        wire.push(b'\n');
+        Frame::with(
+            Bytes::from(wire),
+            self.kind.clone(),
+            self.update.clone(),
+            (self.flags & CHUNK) | SHIM,
+            Places { meta: range(meta), update_object: range(update), session },
+        )
+    }
+
     /// A frame from the JSON text of one message the shim built (or edited: a lone surrogate escape of the
     /// peer's that it kept is noted as in a frame read).
     pub(crate) fn built(mut bytes: Vec<u8>) -> Frame {

@@ -166,7 +166,7 @@ impl Facts {
             (Some(meta), true) => (meta.range_in(line)?, [&b"{\"coda\":"[..], &facts, b"}"].concat()),
             (Some(_), false) => return self.stamp_value(frame),
         };
-        Some(Frame::built([&line[..cut.start], &with, &line[cut.end..]].concat()))
+        Some(frame.spliced(cut, &with))
     }
 
     /// [`Facts::stamp`] on the frame's parsed value, written out again.
@@ -758,6 +758,7 @@ mod tests {
                     let got = facts.stamp_frame(&frame).expect("a usage_update");
                     assert_eq!(got.value(), &want, "{line}");
                     assert!(got.is_shim());
+                    same_as_read(&got);
                     // In place, the bytes before `update` are the CLI's (parsed and written again, the space
                     // is gone).
                     let head = &line.as_bytes()[..line.find(r#""update""#).expect("an update")];
@@ -808,6 +809,68 @@ mod tests {
             read += usize::from(figures.used().is_some());
         }
         assert!(read > 100, "usage updates read ({read})");
+    }
+
+    /// A frame stamped in its bytes has the envelope and the places a frame read from its line has.
+    fn same_as_read(got: &Frame) {
+        let read = Frame::built(got.bytes().to_vec());
+        let what = String::from_utf8_lossy(got.bytes()).into_owned();
+        assert!(got == &read, "{what}");
+        assert_eq!(got.session(), read.session(), "{what}");
+        assert_eq!(got.session_bytes(), read.session_bytes(), "{what}");
+        assert_eq!(got.meta(), read.meta(), "{what}");
+        assert_eq!(got.update_value(), read.update_value(), "{what}");
+    }
+
+    /// Every `usage_update` of every recorded fixture and the hostile lines, stamped in its bytes, reads as the
+    /// stamped value, with the envelope and places of a frame read from its line (`params` in any order, a
+    /// session or `_meta` before or after the update, places at their length limit).
+    #[test]
+    fn every_recorded_usage_update_stamped_reads_as_its_line() {
+        let facts = Facts {
+            last_request_at: Some(at(1_793_149_572_418)),
+            context_tokens: Some(53_000),
+            compacted_at: None,
+            cache_ttl: Some("PT1H".into()),
+        };
+        let mut lines = frame::recorded_lines();
+        lines.extend(frame::hostile_lines());
+        let long = "x".repeat(300);
+        let huge = "y".repeat(usize::from(u16::MAX));
+        for params in [
+            format!(r#"{{"pad":"{huge}","sessionId":"s","update":{{"sessionUpdate":"usage_update"}},"_meta":{{}}}}"#),
+            format!(r#"{{"pad":"{huge}","sessionId":"\u0073","update":{{"sessionUpdate":"usage_update"}}}}"#),
+            format!(
+                r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","x":"{huge}"}},"_meta":{{"a":1}}}}"#
+            ),
+            format!(
+                r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","x":"{}"}},"_meta":{{}}}}"#,
+                &huge[..65_400]
+            ),
+            format!(r#"{{"sessionId":"s","_meta":{{"m":"{huge}"}},"update":{{"sessionUpdate":"usage_update"}}}}"#),
+            format!(r#"{{"update":{{"sessionUpdate":"usage_update","used":1}},"sessionId":"s","_meta":{{"a":1}}}}"#),
+            format!(
+                r#"{{"_meta":{{"a":1}},"update":{{"sessionUpdate":"usage_update","_meta":{{"coda":{{"x":1}}}}}},"sessionId":"s\u0031"}}"#
+            ),
+            format!(r#"{{"pad":"{long}","update":{{"sessionUpdate":"usage_update","_meta":7}},"sessionId":"{long}"}}"#),
+            format!(
+                r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","_meta":{{}}}},"_meta":{{"b":"{long}"}}}}"#
+            ),
+        ] {
+            let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
+            lines.push(line.into_bytes());
+        }
+        let mut stamped = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let Some(got) = facts.stamp_frame(&frame) else { continue };
+            let mut want = frame.to_value();
+            assert!(facts.stamp(&mut want));
+            assert_eq!(got.value(), &want);
+            same_as_read(&got);
+            stamped += 1;
+        }
+        assert!(stamped > 100, "usage updates stamped ({stamped})");
     }
 
     #[test]
