@@ -848,10 +848,8 @@ mod tests {
                 &huge[..65_400]
             ),
             format!(r#"{{"sessionId":"s","_meta":{{"m":"{huge}"}},"update":{{"sessionUpdate":"usage_update"}}}}"#),
-            format!(r#"{{"update":{{"sessionUpdate":"usage_update","used":1}},"sessionId":"s","_meta":{{"a":1}}}}"#),
-            format!(
-                r#"{{"_meta":{{"a":1}},"update":{{"sessionUpdate":"usage_update","_meta":{{"coda":{{"x":1}}}}}},"sessionId":"s\u0031"}}"#
-            ),
+            r#"{"update":{"sessionUpdate":"usage_update","used":1},"sessionId":"s","_meta":{"a":1}}"#.to_owned(),
+            r#"{"_meta":{"a":1},"update":{"sessionUpdate":"usage_update","_meta":{"coda":{"x":1}}},"sessionId":"s\u0031"}"#.to_owned(),
             format!(r#"{{"pad":"{long}","update":{{"sessionUpdate":"usage_update","_meta":7}},"sessionId":"{long}"}}"#),
             format!(
                 r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","_meta":{{}}}},"_meta":{{"b":"{long}"}}}}"#
