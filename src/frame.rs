@@ -1299,6 +1299,19 @@ pub(crate) fn recorded_lines() -> Vec<Vec<u8>> {
     lines
 }
 
+/// [`recorded_lines`] and [`hostile_lines`], then a notification `method` of session `s` for each of `updates`
+/// (its `params.update`): the lines a test of an update read where it lies reads both ways.
+#[cfg(test)]
+pub(crate) fn lines_and_updates(method: &str, updates: &[&str]) -> Vec<Vec<u8>> {
+    let mut lines = recorded_lines();
+    lines.extend(hostile_lines());
+    for update in updates {
+        let line = format!(r#"{{"jsonrpc":"2.0","method":"{method}","params":{{"sessionId":"s","update":{update}}}}}"#);
+        lines.push(line.into_bytes());
+    }
+    lines
+}
+
 /// Lines a hostile peer sends: the scan's corpus (cut lines, bad escapes, invalid UTF-8), numbers beyond
 /// f64, nesting at and past the bound, lone surrogates in every field a layer reads, keys twice or escaped,
 /// and frames whose update or `_meta` is at the length a frame keeps the place of (and one byte past it).

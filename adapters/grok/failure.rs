@@ -166,19 +166,15 @@ mod tests {
     /// the hostile lines, and updates with keys twice or escaped, mistyped fields and lone surrogates.
     #[test]
     fn a_retry_read_in_place_is_the_parsed_one() {
-        let mut lines = crate::frame::recorded_lines();
-        lines.extend(crate::frame::hostile_lines());
-        for update in [
-            r#"{"sessionUpdate":"retry_state","type":"retrying","attempt":2,"attempt":3,"max_retries":"15","reason":"API error (status 503 Service Unavailable)"}"#,
-            r#"{"sessionUpdate":"retry_state","typ\u0065":"retr\u0079ing","attempt":-1,"max_retries":1e400,"reason":"\ud800 (status 429)"}"#,
-            r#" { "sessionUpdate" : "retry_state" , "type" : "retrying" , "reason" : 7 } "#,
-            r#"{"sessionUpdate":"retry_state","type":"exhausted","attempts":0}"#,
-        ] {
-            let line = format!(
-                r#"{{"jsonrpc":"2.0","method":"_x.ai/session_notification","params":{{"sessionId":"s","update":{update}}}}}"#
-            );
-            lines.push(line.into_bytes());
-        }
+        let lines = crate::frame::lines_and_updates(
+            "_x.ai/session_notification",
+            &[
+                r#"{"sessionUpdate":"retry_state","type":"retrying","attempt":2,"attempt":3,"max_retries":"15","reason":"API error (status 503 Service Unavailable)"}"#,
+                r#"{"sessionUpdate":"retry_state","typ\u0065":"retr\u0079ing","attempt":-1,"max_retries":1e400,"reason":"\ud800 (status 429)"}"#,
+                r#" { "sessionUpdate" : "retry_state" , "type" : "retrying" , "reason" : 7 } "#,
+                r#"{"sessionUpdate":"retry_state","type":"exhausted","attempts":0}"#,
+            ],
+        );
         let mut retries = 0;
         for line in lines {
             let Ok(frame) = Frame::parse(line) else { continue };

@@ -720,22 +720,18 @@ mod tests {
                 background: meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true),
             }
         }
-        let mut lines = crate::frame::recorded_lines();
-        lines.extend(crate::frame::hostile_lines());
-        for update in [
-            r#"{"sessionUpdate":"tool_call","toolCallId":"c1","rawInput":{"subagent_type":null,"prompt":"p","task_id":"","background":true}}"#,
-            r#"{"toolCallId":"c1","toolCallId":"c2","rawInput":{"subagent_type":"g","prompt":"","description":"d\ud800"},"rawInput":{"subagent_type":"g","prompt":"q"}}"#,
-            r#"{"toolCallId":"c\u0031","raw\u0049nput":{"subagent_type":"g","pr\u006fmpt":"\"p\"","background":"true"},"status":"completed"}"#,
-            r#"{"toolCallId":7,"rawInput":{"subagent_type":"g"},"status":"failed","rawOutput":{"metadata":{"sessionId":"ses_1","background":true,"background":false}}}"#,
-            r#" { "toolCallId" : "c1" , "status" : "completed" , "rawOutput" : { "metadata" : { "sessionId" : "" , "background" : true } , "output" : "}{\"" } } "#,
-            r#"{"toolCallId":"c1","rawInput":[{"subagent_type":"g","prompt":"p"}],"rawOutput":[{"metadata":{}}],"status":["completed"]}"#,
-            r#"{"toolCallId":"c1","rawOutput":{"metadata":"ses_1"},"rawOutput":{"metadata":{"sessionId":"ses_2"}}}"#,
-        ] {
-            let line = format!(
-                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{update}}}}}"#
-            );
-            lines.push(line.into_bytes());
-        }
+        let lines = crate::frame::lines_and_updates(
+            "session/update",
+            &[
+                r#"{"sessionUpdate":"tool_call","toolCallId":"c1","rawInput":{"subagent_type":null,"prompt":"p","task_id":"","background":true}}"#,
+                r#"{"toolCallId":"c1","toolCallId":"c2","rawInput":{"subagent_type":"g","prompt":"","description":"d\ud800"},"rawInput":{"subagent_type":"g","prompt":"q"}}"#,
+                r#"{"toolCallId":"c\u0031","raw\u0049nput":{"subagent_type":"g","pr\u006fmpt":"\"p\"","background":"true"},"status":"completed"}"#,
+                r#"{"toolCallId":7,"rawInput":{"subagent_type":"g"},"status":"failed","rawOutput":{"metadata":{"sessionId":"ses_1","background":true,"background":false}}}"#,
+                r#" { "toolCallId" : "c1" , "status" : "completed" , "rawOutput" : { "metadata" : { "sessionId" : "" , "background" : true } , "output" : "}{\"" } } "#,
+                r#"{"toolCallId":"c1","rawInput":[{"subagent_type":"g","prompt":"p"}],"rawOutput":[{"metadata":{}}],"status":["completed"]}"#,
+                r#"{"toolCallId":"c1","rawOutput":{"metadata":"ses_1"},"rawOutput":{"metadata":{"sessionId":"ses_2"}}}"#,
+            ],
+        );
         let mut tasks = 0;
         for line in lines {
             let Ok(frame) = Frame::parse(line) else { continue };

@@ -782,20 +782,16 @@ mod tests {
     /// and the hostile lines (keys twice or escaped, numbers beyond f64 or u64, figures of other types).
     #[test]
     fn figures_read_in_place_are_those_of_the_parsed_update() {
-        let mut lines = frame::recorded_lines();
-        lines.extend(frame::hostile_lines());
-        for update in [
-            r#"{"sessionUpdate":"usage_update","used":5,"size":7,"used":6}"#,
-            r#"{"sessionUpdate":"usage_update","us\u0065d":18446744073709551615,"size":18446744073709551616}"#,
-            r#"{ "size" : 1.5e3 , "used" : -1 , "cost" : { "used" : 9 } }"#,
-            r#"{"used":"5","size":null,"x":[{"used":1}]}"#,
-            r#"{"used":1e400,"size":0.0}"#,
-        ] {
-            let line = format!(
-                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{update}}}}}"#
-            );
-            lines.push(line.into_bytes());
-        }
+        let lines = crate::frame::lines_and_updates(
+            "session/update",
+            &[
+                r#"{"sessionUpdate":"usage_update","used":5,"size":7,"used":6}"#,
+                r#"{"sessionUpdate":"usage_update","us\u0065d":18446744073709551615,"size":18446744073709551616}"#,
+                r#"{ "size" : 1.5e3 , "used" : -1 , "cost" : { "used" : 9 } }"#,
+                r#"{"used":"5","size":null,"x":[{"used":1}]}"#,
+                r#"{"used":1e400,"size":0.0}"#,
+            ],
+        );
         let mut read = 0;
         for line in lines {
             let Ok(frame) = Frame::parse(line) else { continue };
