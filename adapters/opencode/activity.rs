@@ -200,19 +200,25 @@ pub struct OpenCodeActivity {
     handling: Handling,
 }
 
-/// What [`OpenCodeActivity::task_update`] reads of a tool call's update, read where it lies (one pass over the
-/// update and one over each of `rawInput` and `rawOutput.metadata`; of a key that appears twice, the last, as
-/// a parsed value has it): a `task`'s update carries its prompt and its child's whole output, none of it parsed.
-#[derive(Debug, Default, PartialEq)]
+/// What [`OpenCodeActivity::task_update`] reads of a tool call's update, read where it lies (of a key that
+/// appears twice, the last, as a parsed value has it): one pass over the update for its id and status, and
+/// `rawInput` and `rawOutput.metadata` gone over only when the layer reads them (a `task`'s update carries its
+/// prompt and its child's whole output, an ordinary call's update its output: none of it is parsed).
+#[derive(Debug, Default)]
 struct TaskNews<'a> {
     /// `toolCallId`, when a string not empty (as every string here).
     call: Option<Cow<'a, str>>,
-    /// `rawInput`, when it has a `subagent_type` and a `prompt` (a `task`'s input).
-    input: Option<TaskInput<'a>>,
     status: Option<Cow<'a, str>>,
-    /// `rawOutput.metadata.sessionId`.
+    raw_input: Option<View<'a>>,
+    raw_output: Option<View<'a>>,
+}
+
+/// What a `task` call's completed update says of its child (`rawOutput.metadata`).
+#[derive(Debug, Default, PartialEq)]
+struct TaskOutput<'a> {
+    /// `sessionId`.
     child: Option<Cow<'a, str>>,
-    /// `rawOutput.metadata.background` is `true`.
+    /// `background` is `true`.
     background: bool,
 }
 
@@ -232,19 +238,29 @@ fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
 
 impl<'a> TaskNews<'a> {
     fn of(update: View<'a>) -> TaskNews<'a> {
-        let (mut call, mut input, mut status, mut output) = (None, None, None, None);
+        let (mut call, mut status, mut raw_input, mut raw_output) = (None, None, None, None);
         for (key, value) in update.members() {
             if key.is("toolCallId") {
                 call = Some(value);
             } else if key.is("rawInput") {
-                input = Some(value);
+                raw_input = Some(value);
             } else if key.is("status") {
                 status = Some(value);
             } else if key.is("rawOutput") {
-                output = Some(value);
+                raw_output = Some(value);
             }
         }
-        let meta = output.and_then(|o| o.get("metadata"));
+        TaskNews { call: text(call), status: text(status), raw_input, raw_output }
+    }
+
+    /// `rawInput`, when it has a `subagent_type` and a `prompt` (a `task`'s input).
+    fn input(&self) -> Option<TaskInput<'a>> {
+        self.raw_input.and_then(TaskInput::of)
+    }
+
+    /// `rawOutput.metadata`'s child and whether it runs on in the background.
+    fn output(&self) -> TaskOutput<'a> {
+        let meta = self.raw_output.and_then(|o| o.get("metadata"));
         let (mut child, mut background) = (None, None);
         for (key, value) in meta.iter().flat_map(View::members) {
             if key.is("sessionId") {
@@ -253,13 +269,7 @@ impl<'a> TaskNews<'a> {
                 background = Some(value);
             }
         }
-        TaskNews {
-            call: text(call),
-            input: input.and_then(TaskInput::of),
-            status: text(status),
-            child: text(child),
-            background: background.and_then(|b| b.as_bool()) == Some(true),
-        }
+        TaskOutput { child: text(child), background: background.and_then(|b| b.as_bool()) == Some(true) }
     }
 }
 
@@ -340,7 +350,7 @@ impl OpenCodeActivity {
         let Some(call) = u.call.as_deref() else { return };
         let key = (session.to_owned(), call.to_owned());
         if !self.tasks.by_call.contains_key(&key) {
-            let Some(input) = &u.input else { return };
+            let Some(input) = u.input() else { return };
             if self.tasks.closed.contains(&key) {
                 return;
             }
@@ -372,8 +382,9 @@ impl OpenCodeActivity {
             Some("failed") => State::Failed,
             _ => return,
         };
-        let child = u.child.as_deref().map(str::to_owned);
-        let background = u.background;
+        let output = u.output();
+        let child = output.child.as_deref().map(str::to_owned);
+        let background = output.background;
         let Some(task) = self.tasks.by_call.get_mut(&key) else { return };
         if child.is_some() {
             task.child.clone_from(&child);
@@ -704,21 +715,21 @@ mod tests {
         fn text(v: Option<&Value>) -> Option<Cow<'_, str>> {
             v.and_then(Value::as_str).filter(|s| !s.is_empty()).map(Cow::Borrowed)
         }
-        fn of_value(u: &Value) -> TaskNews<'_> {
+        type Read<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>, Option<TaskInput<'a>>, TaskOutput<'a>);
+        fn of_value(u: &Value) -> Read<'_> {
             let input = u.get("rawInput").filter(|i| i.get("subagent_type").is_some() && i.get("prompt").is_some());
             let meta = u.pointer("/rawOutput/metadata");
-            TaskNews {
-                call: text(u.get("toolCallId")),
-                input: input.map(|i| TaskInput {
-                    task_id: text(i.get("task_id")),
-                    description: text(i.get("description")),
-                    prompt: text(i.get("prompt")),
-                    background: i.get("background").and_then(Value::as_bool) == Some(true),
-                }),
-                status: text(u.get("status")),
+            let input = input.map(|i| TaskInput {
+                task_id: text(i.get("task_id")),
+                description: text(i.get("description")),
+                prompt: text(i.get("prompt")),
+                background: i.get("background").and_then(Value::as_bool) == Some(true),
+            });
+            let output = TaskOutput {
                 child: text(meta.and_then(|m| m.get("sessionId"))),
                 background: meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true),
-            }
+            };
+            (text(u.get("toolCallId")), text(u.get("status")), input, output)
         }
         let lines = crate::frame::lines_and_updates(
             "session/update",
@@ -737,9 +748,10 @@ mod tests {
             let Ok(frame) = Frame::parse(line) else { continue };
             let Some(update) = frame.update_value() else { continue };
             let want = frame.value().pointer("/params/update").expect("an update");
-            let got = TaskNews::of(update);
+            let news = TaskNews::of(update);
+            let got = (news.call.clone(), news.status.clone(), news.input(), news.output());
             assert_eq!(got, of_value(want), "{frame:?}");
-            tasks += usize::from(got.input.is_some());
+            tasks += usize::from(got.2.is_some());
         }
         assert!(tasks > 10, "task calls read ({tasks})");
     }
