@@ -267,6 +267,14 @@ impl Frame {
         Frame::built(serde_json::to_vec(value).expect("a serde_json::Value always serialises"))
     }
 
+    /// A frame of a value the shim built, kept as the frame's value: the layers after the one that built it read
+    /// it ([`Frame::value`]) without parsing what was just written.
+    pub fn of_value(value: Value) -> Frame {
+        let frame = Frame::from_value(&value);
+        let _ = frame.value.set(Arc::new(value));
+        frame
+    }
+
     /// The frame a layer made by editing this frame's value ([`Frame::to_value`]): every number it left as it
     /// was keeps the peer's exact spelling (`1e400` stays `1e400`, not serde_json's `1e+400`). The new frame
     /// keeps `value` as its own, so the layers after this one do not parse it again.
@@ -280,6 +288,68 @@ impl Frame {
         let frame = Frame::built(bytes);
         let _ = frame.value.set(Arc::new(value));
         frame
+    }
+
+    /// This frame with the bytes `cut` of its line replaced by `with`, for a layer that writes a field into a
+    /// frame where it lies (the usage facts' stamp): `with` is JSON the shim wrote, so the line stays one JSON
+    /// text whose envelope is this frame's, and the new frame takes its envelope from this one instead of
+    /// checking the line again; the places of `params`' fields move with the bytes after the cut, and one that
+    /// holds the cut grows with it. A cut that holds only part of a place, in a frame with a lone surrogate
+    /// escape (whose mended reading may lie in the cut), is read again whole ([`Frame::built`]).
+    pub(crate) fn spliced(&self, cut: std::ops::Range<usize>, with: &[u8]) -> Frame {
+        let line = self.bytes();
+        let bytes = [&line[..cut.start], with, &line[cut.end..]].concat();
+        if self.lone_surrogate() {
+            return Frame::built(bytes);
+        }
+        let grown = with.len() as i64 - cut.len() as i64;
+        // A place (start, length) in the new line; None for one the cut holds only part of.
+        let moved = |start: usize, len: usize| -> Option<(usize, usize)> {
+            let end = start + len;
+            if end <= cut.start {
+                Some((start, len))
+            } else if start >= cut.end {
+                Some(((start as i64 + grown) as usize, len))
+            } else if start <= cut.start && cut.end <= end {
+                Some((start, (len as i64 + grown) as usize))
+            } else {
+                None
+            }
+        };
+        // Each place as the frame keeps it: none, looked for again, or where it is.
+        let place = |start: u32, len: u16| -> Option<Option<(usize, usize)>> {
+            match len {
+                0 => Some(None),
+                u16::MAX => Some(Some((0, usize::MAX))),
+                len => moved(start as usize, usize::from(len)).map(Some),
+            }
+        };
+        let (Some(meta), Some(update)) =
+            (place(self.meta_start, self.meta_len), place(self.update_start, self.update_len))
+        else {
+            return Frame::built(bytes);
+        };
+        let escaped = self.flags & SESSION_ESCAPED != 0;
+        let session = match self.flags & SESSION {
+            0 => None,
+            // (as long as `u8::MAX`: [`Frame::with`] keeps it looked for again)
+            _ if self.session_len == u8::MAX => Some(scan::Str { start: 0, end: usize::from(u8::MAX), escaped }),
+            _ => match moved(usize::from(self.session_start), usize::from(self.session_len)) {
+                Some((start, len)) => Some(scan::Str { start, end: start + len, escaped }),
+                None => return Frame::built(bytes),
+            },
+        };
+        // A place looked for again stays so ([`Frame::with`] keeps one as long as `u16::MAX` so).
+        let range = |p: Option<(usize, usize)>| p.map(|(start, len)| (start, start.saturating_add(len)));
+        let mut wire = bytes;
+        wire.push(b'\n');
+        Frame::with(
+            Bytes::from(wire),
+            self.kind.clone(),
+            self.update.clone(),
+            (self.flags & CHUNK) | SHIM,
+            Places { meta: range(meta), update_object: range(update), session },
+        )
     }
 
     /// A frame from the JSON text of one message the shim built (or edited: a lone surrogate escape of the
@@ -569,7 +639,7 @@ fn response(id: &Id, result: Option<&Value>, error: Option<&Value>) -> Frame {
 
 /// Builds a notification.
 pub fn notification(method: &str, params: Value) -> Frame {
-    Frame::from_value(&serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
+    Frame::of_value(serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
 /// What reads the frames of one stream: its [`scan::Scanner`], and what the envelope of the shape its lines
@@ -1158,6 +1228,19 @@ mod tests {
         assert!(checked > 8000, "{checked}");
     }
 
+    /// A notification the shim builds keeps its value: what a later layer reads of it is what its bytes say.
+    #[test]
+    fn a_built_notification_reads_as_its_bytes() {
+        let params = serde_json::json!({"sessionId":"s","text":"用户 \"q\" \u{1} \n 😀","n":[0,-1,1.5,18446744073709551615u64,
+            1e300,0.1],"o":{"a":null,"b":true},"e":{}});
+        let frame = notification("_coda/wait", params);
+        let parsed: Value = json::from_slice(frame.bytes()).expect("JSON");
+        assert_eq!(frame.value(), &parsed);
+        assert_eq!(frame.method(), Some("_coda/wait"));
+        assert_eq!(frame.session().as_deref(), Some("s"));
+        assert!(frame.is_shim());
+    }
+
     #[test]
     fn keeps_bytes_untouched() {
         let line = r#"{"jsonrpc":"2.0","id":1e3,"method":"x","params":{"b":1,"a":"\u00e9"}}"#;
@@ -1212,6 +1295,19 @@ pub(crate) fn recorded_lines() -> Vec<Vec<u8>> {
                 lines.push(frame.get().as_bytes().to_vec());
             }
         }
+    }
+    lines
+}
+
+/// [`recorded_lines`] and [`hostile_lines`], then a notification `method` of session `s` for each of `updates`
+/// (its `params.update`): the lines a test of an update read where it lies reads both ways.
+#[cfg(test)]
+pub(crate) fn lines_and_updates(method: &str, updates: &[&str]) -> Vec<Vec<u8>> {
+    let mut lines = recorded_lines();
+    lines.extend(hostile_lines());
+    for update in updates {
+        let line = format!(r#"{{"jsonrpc":"2.0","method":"{method}","params":{{"sessionId":"s","update":{update}}}}}"#);
+        lines.push(line.into_bytes());
     }
     lines
 }

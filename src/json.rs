@@ -12,7 +12,7 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 
 mod view;
-pub use view::{Key, Members, View};
+pub use view::{Elements, Key, Members, View};
 
 /// Deepest nesting of arrays and objects accepted anywhere: far above any real ACP frame (a tool's JSON
 /// output a few dozen levels deep), and a few hundred KiB of stack for the deepest recursion (serde_json's

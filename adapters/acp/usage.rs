@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 
 use super::profile::{AtLoad, RequestStart, UsageBy, Used};
 use crate::coda::slash_compact::{Own, Said as Compaction};
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
+use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::Frame;
 use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
@@ -264,14 +264,14 @@ impl Source for AcpUsage {
         }
     }
 
-    fn usage_update(&mut self, session: &str, update: &Value, cx: &mut Cx, out: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, out: &mut Said) {
         let used = self.used;
         let Some(root) = self.root(session, cx) else { return };
         if let Some(at) = root.began.take() {
             out.push((session.to_owned(), Fact::Request(at)));
         }
         if used == Some(Used::RequestContext)
-            && let Some(n) = update.get("used").and_then(Value::as_u64)
+            && let Some(n) = update.used()
         {
             out.push((session.to_owned(), Fact::Context(n)));
         }

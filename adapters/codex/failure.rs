@@ -130,6 +130,31 @@ fn record(failure: &Value) -> (&str, Vec<&str>, Option<&str>) {
     (category, actions, failure.get("title").and_then(Value::as_str))
 }
 
+/// The end of the id of a retry warning's record (`<turnId>:error`), with its closing quote.
+static ERROR_ID: Needle = crate::needle!(b":error\"");
+
+/// The retry a `session_info_update`'s `sessionFailure` record of `session` says: a warning of the turn's error
+/// incident (a notice's id is `…:notice:…`).
+fn retry_of(failure: &Value, session: &str) -> Option<Signal<Infallible>> {
+    let incident = failure.get("id").and_then(Value::as_str).is_some_and(|id| id.ends_with(":error"));
+    if failure.get("severity").and_then(Value::as_str) != Some("warning") || !incident {
+        return None;
+    }
+    let (category, actions, title) = record(failure);
+    Some(Signal::Retrying {
+        session: session.to_owned(),
+        retry: Retry {
+            reason: title.unwrap_or_default().to_owned(),
+            verdict: classify(category, &actions, title.unwrap_or_default()),
+            at_ms: None,
+            wait_ms: None,
+            attempt: None,
+            attempts: None,
+            data: Some(json!({"codex": {"category": category, "actions": actions, "stopped": true}})),
+        },
+    })
+}
+
 /// Where codex-acp's failure signals are: its prompt answers, and the retry warnings before them.
 pub struct Codex {
     /// The zone Codex writes local times in: the machine's, read once at set-up and handed in (Codex runs
@@ -152,29 +177,17 @@ impl Signals for Codex {
     }
 
     fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
+        // Only a retry warning is acted on, and its record's id ends in `:error`: a frame whose bytes cannot hold
+        // such an id (no `:error"`, and no escape that could spell one) is one of codex-acp's notices, passed
+        // on without reading its record.
+        if !frame.has(&ERROR_ID) && memchr::memchr(b'\\', frame.bytes()).is_none() {
+            return;
+        }
         // Read where it lies: the session from the frame check's one pass, the failure record alone parsed.
         let Some(session) = frame.session() else { return };
         let failure = frame.update_value().and_then(|u| u.pointer(&["_meta", "jetbrains", "air", "sessionFailure"]));
         let Some(failure) = failure.map(|f| f.to_value()) else { return };
-        let failure = &failure;
-        // A retry of the turn: a warning of the turn's error incident (a notice's id is `…:notice:…`).
-        let incident = failure.get("id").and_then(Value::as_str).is_some_and(|id| id.ends_with(":error"));
-        if failure.get("severity").and_then(Value::as_str) != Some("warning") || !incident {
-            return;
-        }
-        let (category, actions, title) = record(failure);
-        out.push(Signal::Retrying {
-            session: session.into_owned(),
-            retry: Retry {
-                reason: title.unwrap_or_default().to_owned(),
-                verdict: classify(category, &actions, title.unwrap_or_default()),
-                at_ms: None,
-                wait_ms: None,
-                attempt: None,
-                attempts: None,
-                data: Some(json!({"codex": {"category": category, "actions": actions, "stopped": true}})),
-            },
-        });
+        out.extend(retry_of(&failure, &session));
     }
 
     fn failure(&self, answer: &Frame, _: Option<Infallible>, wall: SystemTime) -> Option<Failure> {
@@ -229,6 +242,49 @@ mod reset_time_tests {
 mod tests {
     use super::*;
     use crate::frame::Id;
+
+    /// The retry warnings read behind the byte check are those of the parsed record, for every frame of every
+    /// recorded fixture, the hostile lines, and records whose id is escaped, spaced or repeated.
+    #[test]
+    fn retry_warnings_are_read_as_the_parsed_record_says() {
+        let mut lines = crate::frame::recorded_lines();
+        lines.extend(crate::frame::hostile_lines());
+        let record = |id: &str, severity: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"session_info_update","_meta":{{"jetbrains":{{"air":{{"version":1,"sessionFailure":{{"id":{id},"revision":1,"category":"service","severity":{severity},"title":"Selected model is at capacity. Please try a different model.","actions":["retry"]}}}}}}}}}}}}}}"#
+            )
+        };
+        for (id, severity) in [
+            (r#""t1:error""#, r#""warning""#),
+            (r#""t1:notice:a:1""#, r#""warning""#),
+            (r#""t1:error""#, r#""error""#),
+            (r#""t1\u003aerror""#, r#""warning""#),
+            (r#""t1:erro\u0072""#, r#""warn\u0069ng""#),
+            (r#""t1:error" , "id" : "t1:notice""#, r#""warning""#),
+            (r#""t1:notice" , "id" : "t1:error""#, r#""warning""#),
+            (r#""t1:error\ud800""#, r#""warning""#),
+            (r#"1"#, r#""warning""#),
+        ] {
+            lines.push(record(id, severity).into_bytes());
+        }
+        let mut codex = Codex::new(TimeZone::UTC);
+        let mut retries = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            if !codex.wants(&frame) {
+                continue;
+            }
+            let mut got = Vec::new();
+            codex.from_agent(&frame, &mut got);
+            let v = frame.value();
+            let failure = v.pointer("/params/update/_meta/jetbrains/air/sessionFailure");
+            let session = v.pointer("/params/sessionId").and_then(Value::as_str);
+            let want: Vec<_> = failure.zip(session).and_then(|(f, s)| retry_of(f, s)).into_iter().collect();
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "{frame:?}");
+            retries += got.len();
+        }
+        assert_eq!(retries, 4, "the retry warnings");
+    }
 
     fn reply(failure: Value) -> Value {
         json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn","usage":null,

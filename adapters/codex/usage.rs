@@ -34,7 +34,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
+use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
 use crate::frame::{Frame, Needle};
 use crate::layer::Cx;
 
@@ -276,7 +276,7 @@ impl Source for Codex {
         }
     }
 
-    fn usage_update(&mut self, session: &str, update: &Value, cx: &mut Cx, out: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, out: &mut Said) {
         let Some(s) = self.root(session, cx) else { return };
         if s.compacting {
             return;
@@ -284,7 +284,7 @@ impl Source for Codex {
         if let Some((at, _)) = s.starts.pop_front() {
             out.push((session.to_owned(), Fact::Request(at)));
         }
-        if let Some(used) = update.get("used").and_then(Value::as_u64) {
+        if let Some(used) = update.used() {
             out.push((session.to_owned(), Fact::Context(used)));
         }
     }

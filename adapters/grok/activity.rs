@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 
-use crate::adapters::grok::compact::queue_field;
+use crate::adapters::grok::compact::Queue;
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Layer};
@@ -399,7 +399,7 @@ impl Layer for GrokActivity {
                     s.filter(|s| !s.is_empty())
                 }
                 if method == "_x.ai/queue/changed" {
-                    return self.queue_changed(nonempty(queue_field(&copy, "runningPromptId")).as_deref(), cx);
+                    return self.queue_changed(Queue::of(&copy).as_ref().and_then(Queue::running), cx);
                 }
                 if method == "_x.ai/session_notification" && copy.session_update() == Some("turn_completed") {
                     let prompt = copy.update_value().and_then(|u| u.get("prompt_id")).and_then(|p| p.as_str());

@@ -20,6 +20,7 @@
 //!   runs, its own included (`note_queue`, which tells the session table).
 //! - Stopped (past the deadline) with `session/cancel`; a late answer is dropped.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::convert::Infallible;
 
@@ -27,6 +28,7 @@ use serde_json::{Value, json};
 
 use crate::coda::compact::{Compactor, Ctl, Outcome};
 use crate::frame::{Frame, Kind};
+use crate::json::View;
 use crate::layer::Cx;
 
 const COMPACT: &str = "_x.ai/compact_conversation";
@@ -62,20 +64,62 @@ fn u64_at(v: &Value, key: &str) -> Option<u64> {
 /// told to the session table. Whether the running prompt is Coda's is the steering backend's to say
 /// ([`super::steering`]): here a running turn is anyone's.
 pub(crate) fn note_queue(frame: &Frame, cx: &mut Cx) {
-    if !frame.is_notification(QUEUE_CHANGED) {
-        return;
-    }
-    // Read where they lie: the queue's entries (prompts, the session instruction among them) are not parsed.
-    let Some(session) = frame.session() else { return };
-    let busy = queue_field(frame, "runningPromptId").is_some_and(|p| !p.is_empty());
-    if let Some(s) = cx.session_mut(&session) {
-        if busy { s.set_running(false) } else { s.set_busy(false) }
+    if let Some(queue) = Queue::of(frame) {
+        queue.note(frame, cx);
     }
 }
 
-/// The string `key` of an `_x.ai/queue/changed`'s `params`, read where it lies.
-pub(crate) fn queue_field<'f>(frame: &'f Frame, key: &str) -> Option<std::borrow::Cow<'f, str>> {
-    frame.view().pointer(&["params", key])?.as_str()
+/// What an `_x.ai/queue/changed` says, read where it lies in one pass over its `params`: the queue's entries
+/// (prompts, the session instruction among them) and the running prompt's text are neither parsed nor gone over
+/// again by each layer that reads the queue.
+#[derive(Debug, Default)]
+pub(crate) struct Queue<'f> {
+    /// `params.entries`.
+    pub entries: Option<View<'f>>,
+    /// `params.runningPromptId` when it is a string.
+    pub running: Option<Cow<'f, str>>,
+    /// `params.runningText`.
+    pub text: Option<View<'f>>,
+}
+
+impl<'f> Queue<'f> {
+    /// The queue of `frame`, when it is an `_x.ai/queue/changed`.
+    pub fn of(frame: &'f Frame) -> Option<Queue<'f>> {
+        if !frame.is_notification(QUEUE_CHANGED) {
+            return None;
+        }
+        let (mut queue, mut running) = (Queue::default(), None);
+        for (key, value) in frame.view().members_at("params") {
+            if key.is("entries") {
+                queue.entries = Some(value);
+            } else if key.is("runningPromptId") {
+                running = Some(value);
+            } else if key.is("runningText") {
+                queue.text = Some(value);
+            }
+        }
+        queue.running = running.and_then(|r| r.as_str());
+        Some(queue)
+    }
+
+    /// The running prompt, when one runs.
+    pub fn running(&self) -> Option<&str> {
+        self.running.as_deref().filter(|p| !p.is_empty())
+    }
+
+    /// The ids (strings) of the queue's entries, in their order.
+    pub fn entry_ids(&self) -> impl Iterator<Item = Cow<'f, str>> + '_ {
+        self.entries.iter().flat_map(View::elements).filter_map(|e| e.get("id")?.as_str())
+    }
+
+    /// Tells the session table of `frame` (this queue's) whether a turn runs.
+    pub fn note(&self, frame: &Frame, cx: &mut Cx) {
+        let Some(session) = frame.session() else { return };
+        let busy = self.running().is_some();
+        if let Some(s) = cx.session_mut(&session) {
+            if busy { s.set_running(false) } else { s.set_busy(false) }
+        }
+    }
 }
 
 impl GrokCompact {
@@ -159,6 +203,48 @@ mod tests {
     use crate::coda::compact::{self, Compaction};
     use crate::layer::testing::Harness;
     use std::time::Duration;
+
+    /// Grok's queue read where it lies is what the parsed frame says, for every frame of every recorded fixture,
+    /// the hostile lines, and queues with keys twice or escaped, mistyped fields and lone surrogates.
+    #[test]
+    fn a_queue_read_in_place_is_the_parsed_queue() {
+        let mut lines = crate::frame::recorded_lines();
+        lines.extend(crate::frame::hostile_lines());
+        for params in [
+            r#"{"sessionId":"s","entries":[{"id":"a","text":"x\"]}"},{"id":7},{"text":"t","id":"b","id":"c"},"e",[{"id":"x"}]],"runningPromptId":"","runningText":"t"}"#,
+            r#"{"entries":{"id":"a"},"runningPromptId":"p1","runningPromptId":"p2","running\u0054ext":"\ud800 fallback"}"#,
+            r#" { "sessionId" : "s" , "entries" : [ { "id" : "a" } , { "id" : "\u0062" } ] , "runningPromptId" : 5 , "runningText" : null } "#,
+            r#"{"entries":[],"entr\u0069es":[{"id":"z"}],"runningPromptId":"\ud83d\ude00"}"#,
+            r#"[{"entries":[{"id":"a"}]}]"#,
+            r#""no params""#,
+        ] {
+            lines.push(format!(r#"{{"jsonrpc":"2.0","method":"_x.ai/queue/changed","params":{params}}}"#).into_bytes());
+        }
+        let mut queues = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let Some(queue) = Queue::of(&frame) else {
+                assert!(!frame.is_notification(QUEUE_CHANGED));
+                continue;
+            };
+            let params = frame.value().get("params").filter(|p| p.is_object());
+            let field = |k: &str| params.and_then(|p| p.get(k));
+            let ids: Vec<String> = field("entries")
+                .and_then(Value::as_array)
+                .map(|e| e.iter().filter_map(|e| e.get("id").and_then(Value::as_str)).map(str::to_owned).collect())
+                .unwrap_or_default();
+            let what = format!("{frame:?} {:?}", frame.value());
+            assert_eq!(queue.entry_ids().map(Cow::into_owned).collect::<Vec<_>>(), ids, "{what}");
+            assert_eq!(queue.entries.map(|e| e.to_value()).as_ref(), field("entries"), "{what}");
+            let running = field("runningPromptId").and_then(Value::as_str);
+            assert_eq!(queue.running.as_deref(), running, "{what}");
+            assert_eq!(queue.running(), running.filter(|r| !r.is_empty()), "{what}");
+            let text = field("runningText").and_then(Value::as_str);
+            assert_eq!(queue.text.and_then(|t| t.as_str()).as_deref(), text, "{what}");
+            queues += 1;
+        }
+        assert!(queues > 50, "queues read ({queues})");
+    }
 
     const S: &str = "01a2350d-04b9-7631-977e-821743ed1d2a";
 

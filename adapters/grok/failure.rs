@@ -26,6 +26,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::coda::failure::{self, Failure, REASON_MAX, Retry, Signal, Signals, Verdict};
 use crate::frame::Frame;
+use crate::json::View;
 use serde_json::{Value, json};
 
 /// Grok's error code for a rate-limited turn.
@@ -65,6 +66,34 @@ pub fn verdict(reason: &Reason) -> Verdict {
     failure::upstream(reason.code.as_deref(), reason.status.map(u64::from))
 }
 
+/// The retry a `retry_state` of `session` says: of `type` `retrying`, with its `reason`, `attempt` and
+/// `max_retries`.
+fn retrying(
+    session: &str,
+    kind: Option<&str>,
+    reason: Option<&str>,
+    attempt: Option<u64>,
+    attempts: Option<u64>,
+) -> Option<Signal<Infallible>> {
+    if kind != Some("retrying") {
+        return None;
+    }
+    let reason = reason.unwrap_or_default();
+    Some(Signal::Retrying {
+        session: session.to_owned(),
+        retry: Retry {
+            reason: reason.to_owned(),
+            verdict: verdict(&parse_reason(reason)),
+            // Grok names no wait: the engine's minute decides.
+            at_ms: None,
+            wait_ms: None,
+            attempt: Some(attempt.unwrap_or(0)),
+            attempts: Some(attempts.unwrap_or(0)),
+            data: Some(json!({"grok": {"stopped": true}})),
+        },
+    })
+}
+
 /// Where Grok's failure signals are: its `retry_state` notifications and its error answers.
 pub struct Grok;
 
@@ -77,30 +106,23 @@ impl Signals for Grok {
     }
 
     fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
-        let v = frame.value();
-        let (Some(session), Some(update)) =
-            (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-        else {
-            return;
-        };
-        if update.get("type").and_then(Value::as_str) != Some("retrying") {
-            return;
+        // Read where it lies: the session from the frame check's one pass, the update's fields in one pass.
+        let Some(session) = frame.session() else { return };
+        let (mut kind, mut reason, mut attempt, mut attempts) = (None, None, None, None);
+        for (key, value) in frame.update_value().iter().flat_map(View::members) {
+            if key.is("type") {
+                kind = Some(value);
+            } else if key.is("reason") {
+                reason = Some(value);
+            } else if key.is("attempt") {
+                attempt = Some(value);
+            } else if key.is("max_retries") {
+                attempts = Some(value);
+            }
         }
-        let reason = update.get("reason").and_then(Value::as_str).unwrap_or_default();
-        let n = |k: &str| update.get(k).and_then(Value::as_u64).unwrap_or(0);
-        out.push(Signal::Retrying {
-            session: session.to_owned(),
-            retry: Retry {
-                reason: reason.to_owned(),
-                verdict: verdict(&parse_reason(reason)),
-                // Grok names no wait: the engine's minute decides.
-                at_ms: None,
-                wait_ms: None,
-                attempt: Some(n("attempt")),
-                attempts: Some(n("max_retries")),
-                data: Some(json!({"grok": {"stopped": true}})),
-            },
-        });
+        let count = |v: Option<View<'_>>| v.and_then(|v| v.as_u64());
+        let (kind, reason) = (kind.and_then(|v| v.as_str()), reason.and_then(|v| v.as_str()));
+        out.extend(retrying(&session, kind.as_deref(), reason.as_deref(), count(attempt), count(attempts)));
     }
 
     fn failure(&self, answer: &Frame, _: Option<Infallible>, _: SystemTime) -> Option<Failure> {
@@ -139,6 +161,41 @@ pub fn layer(patience: Duration) -> GrokFailure {
 mod tests {
     use super::*;
     use crate::layer::testing::Harness;
+
+    /// A retry read where it lies is the one the parsed frame says, for every frame of every recorded fixture,
+    /// the hostile lines, and updates with keys twice or escaped, mistyped fields and lone surrogates.
+    #[test]
+    fn a_retry_read_in_place_is_the_parsed_one() {
+        let lines = crate::frame::lines_and_updates(
+            "_x.ai/session_notification",
+            &[
+                r#"{"sessionUpdate":"retry_state","type":"retrying","attempt":2,"attempt":3,"max_retries":"15","reason":"API error (status 503 Service Unavailable)"}"#,
+                r#"{"sessionUpdate":"retry_state","typ\u0065":"retr\u0079ing","attempt":-1,"max_retries":1e400,"reason":"\ud800 (status 429)"}"#,
+                r#" { "sessionUpdate" : "retry_state" , "type" : "retrying" , "reason" : 7 } "#,
+                r#"{"sessionUpdate":"retry_state","type":"exhausted","attempts":0}"#,
+            ],
+        );
+        let mut retries = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            if !Grok.wants(&frame) {
+                continue;
+            }
+            let mut got = Vec::new();
+            Grok.from_agent(&frame, &mut got);
+            let v = frame.value();
+            let update = v.pointer("/params/update").filter(|u| u.is_object());
+            let text = |k: &str| update.and_then(|u| u.get(k)).and_then(Value::as_str);
+            let count = |k: &str| update.and_then(|u| u.get(k)).and_then(Value::as_u64);
+            let want = v
+                .pointer("/params/sessionId")
+                .and_then(Value::as_str)
+                .and_then(|s| retrying(s, text("type"), text("reason"), count("attempt"), count("max_retries")));
+            assert_eq!(format!("{got:?}"), format!("{:?}", Vec::from_iter(want)), "{frame:?}");
+            retries += got.len();
+        }
+        assert!(retries > 5, "retries read ({retries})");
+    }
 
     const S: &str = "01a2313e-7dec-70b2-8c5e-50497d2c8462";
 

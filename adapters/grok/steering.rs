@@ -30,12 +30,13 @@
 //!   Coda's, or a queue that skipped the entry) is no Coda turn: a steering message waits, and is answered
 //!   `promptRequired` when the machine stops waiting, rather than joining a turn that may not be Coda's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
 
-use super::compact::{note_queue, queue_field};
+use super::compact::Queue;
 use crate::coda::steering::{Ctl, Outcome, Steerer};
 use crate::frame::{Frame, Kind};
 
@@ -182,28 +183,22 @@ impl GrokSteering {
 
     /// Grok's queue: whose turn runs (told to the session table), and a turn of its own for a message of Coda's.
     fn queue(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) {
-        note_queue(frame, ctl.cx);
+        // Read where it lies, once: the entries' prompts are not parsed.
+        let Some(queue) = Queue::of(frame) else { return };
+        queue.note(frame, ctl.cx);
         let session = frame.session().unwrap_or_default();
         if ctl.cx.session(&session).is_none() {
             return; // No session of Coda's (what is kept is kept only for those).
         }
-        let v = frame.value();
-        let ids: Vec<String> = v
-            .pointer("/params/entries")
-            .and_then(Value::as_array)
-            .map(|entries| {
-                let ids = entries.iter().filter_map(|e| e.get("id").and_then(Value::as_str));
-                ids.take(ENTRIES_KEPT).map(str::to_owned).collect()
-            })
-            .unwrap_or_default();
+        let ids: Vec<String> = queue.entry_ids().take(ENTRIES_KEPT).map(Cow::into_owned).collect();
         if let Some(CodaPrompt::Sent(before)) = self.prompts.get(&*session)
             && let Some(new) = ids.iter().find(|id| !before.contains(id))
         {
             self.prompts.insert(session.to_string(), CodaPrompt::Queued(new.clone()));
         }
         self.entries.insert(session.to_string(), ids);
-        let running = queue_field(frame, "runningPromptId").filter(|p| !p.is_empty());
-        if let Some(running) = &running {
+        let running = queue.running();
+        if let Some(running) = running {
             let coda = self.prompts.get(&*session) == Some(&CodaPrompt::Queued(running.to_string()));
             if let Some(s) = ctl.cx.session_mut(&session) {
                 s.set_running(coda);
@@ -212,7 +207,7 @@ impl GrokSteering {
         if !running.is_some_and(|running| running.starts_with(FALLBACK)) {
             return;
         }
-        let text = queue_field(frame, "runningText");
+        let text = queue.text.and_then(|t| t.as_str());
         if let Some(steer) = self.steers.get(&*session).filter(|s| Some(s.text.as_str()) == text.as_deref()) {
             tracing::info!("Grok runs a steering message as a turn of its own: it missed Coda's turn");
             ctl.answer(&session, steer.round, Outcome::StartedNewTurn);

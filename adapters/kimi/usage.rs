@@ -26,7 +26,7 @@ use serde_json::Value;
 use crate::adapters::kimi::BUILTINS;
 use crate::adapters::kimi::facts::WireFacts;
 use crate::adapters::kimi::wire::{self, Record};
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
+use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, per_root};
 use crate::frame::{Frame, Id, Kind};
 use crate::inside::Folder;
 use crate::layer::Cx;
@@ -164,9 +164,9 @@ impl Source for Kimi {
         let _ = cx;
     }
 
-    fn usage_update(&mut self, session: &str, update: &Value, cx: &mut Cx, _: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, _: &mut Said) {
         let Some(s) = self.session(session, cx) else { return };
-        if let Some(size) = update.get("size").and_then(Value::as_u64) {
+        if let Some(size) = update.size() {
             s.size = Some(size);
         }
         s.unsent_compaction = false;

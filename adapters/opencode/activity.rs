@@ -25,12 +25,14 @@
 //! stoppable). Failed turns are answered as Coda's failure kinds (`failure.rs`). Timers are the engine's
 //! (`Cx::after`); the server events handled are logged through a [`Record`] the set-up owns.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
 use crate::frame::{Frame, Kind, Needle};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
@@ -85,6 +87,11 @@ struct Tasks {
 }
 
 impl Tasks {
+    /// Whether `call` of `session` is a `task` call followed.
+    fn follows(&self, session: &str, call: &str) -> bool {
+        self.by_call.contains_key(&(session.to_owned(), call.to_owned()))
+    }
+
     /// The call is over: it leaves the open calls.
     fn close(&mut self, key: &(String, String)) {
         if self.by_call.remove(key).is_some() {
@@ -193,8 +200,104 @@ pub struct OpenCodeActivity {
     handling: Handling,
 }
 
-fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+/// What [`OpenCodeActivity::task_update`] reads of a tool call's update, read where it lies (of a key that
+/// appears twice, the last, as a parsed value has it): one pass over the update for its id and status, and
+/// `rawInput` and `rawOutput.metadata` gone over only when the layer reads them (a `task`'s update carries its
+/// prompt and its child's whole output, an ordinary call's update its output: none of it is parsed).
+#[derive(Debug, Default)]
+struct TaskNews<'a> {
+    /// `toolCallId`, when a string not empty (as every string here).
+    call: Option<Cow<'a, str>>,
+    status: Option<Cow<'a, str>>,
+    raw_input: Option<View<'a>>,
+    raw_output: Option<View<'a>>,
+}
+
+/// What a `task` call's completed update says of its child (`rawOutput.metadata`).
+#[derive(Debug, Default, PartialEq)]
+struct TaskOutput<'a> {
+    /// `sessionId`.
+    child: Option<Cow<'a, str>>,
+    /// `background` is `true`.
+    background: bool,
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct TaskInput<'a> {
+    task_id: Option<Cow<'a, str>>,
+    description: Option<Cow<'a, str>>,
+    prompt: Option<Cow<'a, str>>,
+    /// `background` is `true`.
+    background: bool,
+}
+
+/// A string that is not empty.
+fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
+    v?.as_str().filter(|s| !s.is_empty())
+}
+
+impl<'a> TaskNews<'a> {
+    fn of(update: View<'a>) -> TaskNews<'a> {
+        let (mut call, mut status, mut raw_input, mut raw_output) = (None, None, None, None);
+        for (key, value) in update.members() {
+            if key.is("toolCallId") {
+                call = Some(value);
+            } else if key.is("rawInput") {
+                raw_input = Some(value);
+            } else if key.is("status") {
+                status = Some(value);
+            } else if key.is("rawOutput") {
+                raw_output = Some(value);
+            }
+        }
+        TaskNews { call: text(call), status: text(status), raw_input, raw_output }
+    }
+
+    /// `rawInput`, when it has a `subagent_type` and a `prompt` (a `task`'s input).
+    fn input(&self) -> Option<TaskInput<'a>> {
+        self.raw_input.and_then(TaskInput::of)
+    }
+
+    /// `rawOutput.metadata`'s child and whether it runs on in the background.
+    fn output(&self) -> TaskOutput<'a> {
+        let meta = self.raw_output.and_then(|o| o.get("metadata"));
+        let (mut child, mut background) = (None, None);
+        for (key, value) in meta.iter().flat_map(View::members) {
+            if key.is("sessionId") {
+                child = Some(value);
+            } else if key.is("background") {
+                background = Some(value);
+            }
+        }
+        TaskOutput { child: text(child), background: background.and_then(|b| b.as_bool()) == Some(true) }
+    }
+}
+
+impl<'a> TaskInput<'a> {
+    /// A `task`'s input: `None` without a `subagent_type` or a `prompt`.
+    fn of(input: View<'a>) -> Option<TaskInput<'a>> {
+        let (mut kind, mut task_id, mut description, mut prompt, mut background) = (None, None, None, None, None);
+        for (key, value) in input.members() {
+            if key.is("subagent_type") {
+                kind = Some(value);
+            } else if key.is("task_id") {
+                task_id = Some(value);
+            } else if key.is("description") {
+                description = Some(value);
+            } else if key.is("prompt") {
+                prompt = Some(value);
+            } else if key.is("background") {
+                background = Some(value);
+            }
+        }
+        kind?;
+        Some(TaskInput {
+            prompt: text(Some(prompt?)),
+            task_id: text(task_id),
+            description: text(description),
+            background: background.and_then(|b| b.as_bool()) == Some(true),
+        })
+    }
 }
 
 /// Updates that are output of a turn (what OpenCode's own follow-up turn streams).
@@ -243,29 +346,28 @@ impl OpenCodeActivity {
     }
 
     /// A `task` tool update of `session`.
-    fn task_update(&mut self, session: &str, u: &Value, cx: &mut Cx) {
-        let Some(call) = str_at(u, "toolCallId") else { return };
+    fn task_update(&mut self, session: &str, u: &TaskNews<'_>, cx: &mut Cx) {
+        let Some(call) = u.call.as_deref() else { return };
         let key = (session.to_owned(), call.to_owned());
-        let input = u.get("rawInput").filter(|i| i.get("subagent_type").is_some() && i.get("prompt").is_some());
         if !self.tasks.by_call.contains_key(&key) {
-            let Some(input) = input else { return };
+            let Some(input) = u.input() else { return };
             if self.tasks.closed.contains(&key) {
                 return;
             }
             self.tasks.next_seq += 1;
             let early = self.tasks.early.remove(&key);
-            let child = str_at(input, "task_id").map(str::to_owned).or(early);
+            let child = input.task_id.as_deref().map(str::to_owned).or(early);
             let mut w = Wait::new(session, call, State::Waiting);
             w.kind = Some("subagent".into());
-            w.title = str_at(input, "description").map(str::to_owned);
-            w.detail = str_at(input, "prompt").map(str::to_owned);
+            w.title = input.description.as_deref().map(str::to_owned);
+            w.detail = input.prompt.as_deref().map(str::to_owned);
             w.tool_call_id = Some(call.to_owned());
             w.child_session_id.clone_from(&child);
             let task = Task {
                 session: session.to_owned(),
                 call: call.to_owned(),
                 child: child.clone(),
-                background: input.get("background").and_then(Value::as_bool) == Some(true),
+                background: input.background,
                 finished: false,
                 seq: self.tasks.next_seq,
             };
@@ -275,14 +377,14 @@ impl OpenCodeActivity {
                 None => self.report(&w, cx),
             }
         }
-        let state = match str_at(u, "status") {
+        let state = match u.status.as_deref() {
             Some("completed") => State::Done,
             Some("failed") => State::Failed,
             _ => return,
         };
-        let meta = u.pointer("/rawOutput/metadata");
-        let child = meta.and_then(|m| str_at(m, "sessionId")).map(str::to_owned);
-        let background = meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true);
+        let output = u.output();
+        let child = output.child.as_deref().map(str::to_owned);
+        let background = output.background;
         let Some(task) = self.tasks.by_call.get_mut(&key) else { return };
         if child.is_some() {
             task.child.clone_from(&child);
@@ -468,30 +570,21 @@ impl OpenCodeActivity {
     }
 
     /// A `session/update` (already read): `task` calls, and output of OpenCode's own turns.
-    /// Whether a tool call of `session` may be a `task` ([`OpenCodeActivity::task_update`] reads only those):
-    /// one with a `task`'s input, or one followed already (its id read where it lies).
-    fn may_be_task(&self, frame: &Frame, session: &str) -> bool {
-        if frame.has(&SUBAGENT_TYPE) {
-            return true;
-        }
-        if self.tasks.by_call.is_empty() {
-            return false;
-        }
-        let call = frame.update_value().and_then(|u| u.get("toolCallId")).and_then(|c| c.as_str());
-        call.is_some_and(|call| self.tasks.by_call.contains_key(&(session.to_owned(), call.into_owned())))
-    }
-
     fn update(&mut self, frame: &Frame, cx: &mut Cx) {
-        // The session and the kind from the frame check's pass: only a tool call that may be a `task` is parsed.
+        // The session and the kind from the frame check's pass: only a tool call that may be a `task` is read.
         let (Some(sid), Some(kind)) = (frame.session(), frame.session_update()) else { return };
         if self.tasks.followed.contains(&*sid) || asked(cx, "session/load", &sid) {
             return;
         }
+        // A tool call with a `task`'s input, or of a call followed already (its id read where it lies, with the
+        // rest of what the layer reads of it, in one pass).
+        let input = frame.has(&SUBAGENT_TYPE);
         if matches!(kind, "tool_call" | "tool_call_update")
-            && self.may_be_task(frame, &sid)
-            && let Some(u) = frame.value().pointer("/params/update")
+            && (input || !self.tasks.by_call.is_empty())
+            && let Some(news) = frame.update_value().map(TaskNews::of)
+            && (input || news.call.as_deref().is_some_and(|c| self.tasks.follows(&sid, c)))
         {
-            self.task_update(&sid, u, cx);
+            self.task_update(&sid, &news, cx);
         }
         if is_turn_output(kind) && !asked(cx, "session/prompt", &sid) {
             self.own_turn_output(&sid, cx);
@@ -613,6 +706,55 @@ mod tests {
     use crate::adapters::opencode::rig::{
         self, C, P, Rig, chunk, end_turn, status, task_child, task_done, task_running,
     };
+
+    /// What a tool call's update says of a `task`, read where it lies, is what the parsed update says, for every
+    /// frame of every recorded fixture, the hostile lines, and updates with keys twice or escaped, empty or
+    /// mistyped fields and lone surrogates.
+    #[test]
+    fn task_news_read_in_place_are_those_of_the_parsed_update() {
+        fn text(v: Option<&Value>) -> Option<Cow<'_, str>> {
+            v.and_then(Value::as_str).filter(|s| !s.is_empty()).map(Cow::Borrowed)
+        }
+        type Read<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>, Option<TaskInput<'a>>, TaskOutput<'a>);
+        fn of_value(u: &Value) -> Read<'_> {
+            let input = u.get("rawInput").filter(|i| i.get("subagent_type").is_some() && i.get("prompt").is_some());
+            let meta = u.pointer("/rawOutput/metadata");
+            let input = input.map(|i| TaskInput {
+                task_id: text(i.get("task_id")),
+                description: text(i.get("description")),
+                prompt: text(i.get("prompt")),
+                background: i.get("background").and_then(Value::as_bool) == Some(true),
+            });
+            let output = TaskOutput {
+                child: text(meta.and_then(|m| m.get("sessionId"))),
+                background: meta.and_then(|m| m.get("background")).and_then(Value::as_bool) == Some(true),
+            };
+            (text(u.get("toolCallId")), text(u.get("status")), input, output)
+        }
+        let lines = crate::frame::lines_and_updates(
+            "session/update",
+            &[
+                r#"{"sessionUpdate":"tool_call","toolCallId":"c1","rawInput":{"subagent_type":null,"prompt":"p","task_id":"","background":true}}"#,
+                r#"{"toolCallId":"c1","toolCallId":"c2","rawInput":{"subagent_type":"g","prompt":"","description":"d\ud800"},"rawInput":{"subagent_type":"g","prompt":"q"}}"#,
+                r#"{"toolCallId":"c\u0031","raw\u0049nput":{"subagent_type":"g","pr\u006fmpt":"\"p\"","background":"true"},"status":"completed"}"#,
+                r#"{"toolCallId":7,"rawInput":{"subagent_type":"g"},"status":"failed","rawOutput":{"metadata":{"sessionId":"ses_1","background":true,"background":false}}}"#,
+                r#" { "toolCallId" : "c1" , "status" : "completed" , "rawOutput" : { "metadata" : { "sessionId" : "" , "background" : true } , "output" : "}{\"" } } "#,
+                r#"{"toolCallId":"c1","rawInput":[{"subagent_type":"g","prompt":"p"}],"rawOutput":[{"metadata":{}}],"status":["completed"]}"#,
+                r#"{"toolCallId":"c1","rawOutput":{"metadata":"ses_1"},"rawOutput":{"metadata":{"sessionId":"ses_2"}}}"#,
+            ],
+        );
+        let mut tasks = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let Some(update) = frame.update_value() else { continue };
+            let want = frame.value().pointer("/params/update").expect("an update");
+            let news = TaskNews::of(update);
+            let got = (news.call.clone(), news.status.clone(), news.input(), news.output());
+            assert_eq!(got, of_value(want), "{frame:?}");
+            tasks += usize::from(got.2.is_some());
+        }
+        assert!(tasks > 10, "task calls read ({tasks})");
+    }
 
     #[test]
     fn a_foreground_task_is_a_subagent_wait_settled_with_its_child_when_the_call_completes() {

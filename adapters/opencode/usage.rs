@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, per_root};
+use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, per_root};
 use crate::layer::Cx;
 
 /// One assistant message of OpenCode's (a model request), as the server's `message.updated` says it.
@@ -66,7 +66,12 @@ pub struct Step {
 /// nothing beyond 2^53 (`1e400` and friends are no count).
 fn count(v: Option<&Value>) -> Option<u64> {
     let v = v?;
-    v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0 && *f < 9.0e15).map(|f| f as u64))
+    v.as_u64().or_else(|| in_range(v.as_f64()?))
+}
+
+/// A count OpenCode wrote as a float (a whole number of tokens, in the range an f64 holds exactly).
+fn in_range(f: f64) -> Option<u64> {
+    (f.is_finite() && (0.0..9.0e15).contains(&f)).then_some(f as u64)
 }
 
 /// How many messages the reducer remembers having said (then it forgets them all: a repeat said again is
@@ -281,9 +286,9 @@ impl Source for OpenCode {
     }
 
     /// OpenCode's `used` is the context of its latest assistant message: that request's.
-    fn usage_update(&mut self, session: &str, update: &Value, _: &mut Cx, out: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, _: &mut Cx, out: &mut Said) {
         self.request(session, out);
-        if let Some(used) = count(update.get("used")) {
+        if let Some(used) = update.used.and_then(|v| v.as_u64().or_else(|| in_range(v.as_f64()?))) {
             out.push((session.to_owned(), Fact::Context(used)));
         }
     }

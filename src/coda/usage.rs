@@ -166,7 +166,7 @@ impl Facts {
             (Some(meta), true) => (meta.range_in(line)?, [&b"{\"coda\":"[..], &facts, b"}"].concat()),
             (Some(_), false) => return self.stamp_value(frame),
         };
-        Some(Frame::built([&line[..cut.start], &with, &line[cut.end..]].concat()))
+        Some(frame.spliced(cut, &with))
     }
 
     /// [`Facts::stamp`] on the frame's parsed value, written out again.
@@ -256,7 +256,7 @@ pub trait Source: Send + 'static {
 
     /// A root session's `usage_update` of the CLI's, before it is stamped (its `used` and `size` are said
     /// already).
-    fn usage_update(&mut self, _session: &str, _update: &Value, _cx: &mut Cx, _out: &mut Said) {}
+    fn usage_update(&mut self, _session: &str, _update: &Figures<'_>, _cx: &mut Cx, _out: &mut Said) {}
 
     /// An event of the set-up's.
     fn on_event(&mut self, _event: Self::Event, _cx: &mut Cx, _out: &mut Said) {}
@@ -320,6 +320,40 @@ pub fn history_lines(mut file: std::fs::File) -> Vec<Vec<u8>> {
         lines.remove(0);
     }
     lines
+}
+
+/// The figures of a `usage_update`'s `update` (ACP's `used` and `size`), read where they lie in one pass over
+/// the update (of a key that appears twice, the last, as a parsed value has it): what the layer and a source
+/// read of it, without parsing the update.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Figures<'a> {
+    pub used: Option<View<'a>>,
+    pub size: Option<View<'a>>,
+}
+
+impl<'a> Figures<'a> {
+    /// The figures of `update` (none when it is no object).
+    pub fn of(update: Option<View<'a>>) -> Figures<'a> {
+        let mut figures = Figures::default();
+        for (key, value) in update.iter().flat_map(View::members) {
+            if key.is("used") {
+                figures.used = Some(value);
+            } else if key.is("size") {
+                figures.size = Some(value);
+            }
+        }
+        figures
+    }
+
+    /// `used` when it is a `u64`.
+    pub fn used(&self) -> Option<u64> {
+        self.used.and_then(|v| v.as_u64())
+    }
+
+    /// `size` when it is a `u64`.
+    pub fn size(&self) -> Option<u64> {
+        self.size.and_then(|v| v.as_u64())
+    }
 }
 
 /// Per root session.
@@ -481,7 +515,7 @@ impl<S: Source> UsageFacts<S> {
     }
 
     /// A `usage_update` of the CLI's: read where it lies (its session from the frame check's one pass, its
-    /// `update` alone parsed), stamped in its bytes ([`Facts::stamp_frame`]).
+    /// figures from its `update`, [`Figures`]), stamped in its bytes ([`Facts::stamp_frame`]).
     fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
         let Some(session) = frame.session().filter(|s| is_root(cx, s)).map(|s| s.into_owned()) else {
             return cx.to_client(frame);
@@ -493,11 +527,10 @@ impl<S: Source> UsageFacts<S> {
             self.held.push_back(Held::Frame(frame));
             return;
         }
-        let update = frame.update_value().map_or(Value::Null, |u| u.to_value());
-        let count = |k: &str| update.get(k).and_then(Value::as_u64);
+        let update = Figures::of(frame.update_value());
         let mut said: Said = Vec::new();
-        said.extend(count("used").map(|n| (session.clone(), Fact::Used(n))));
-        said.extend(count("size").map(|n| (session.clone(), Fact::Size(n))));
+        said.extend(update.used().map(|n| (session.clone(), Fact::Used(n))));
+        said.extend(update.size().map(|n| (session.clone(), Fact::Size(n))));
         if !loading(cx, &session) {
             self.cli.usage_update(&session, &update, cx, &mut said);
         }
@@ -733,6 +766,7 @@ mod tests {
                     let got = facts.stamp_frame(&frame).expect("a usage_update");
                     assert_eq!(got.value(), &want, "{line}");
                     assert!(got.is_shim());
+                    same_as_read(&got);
                     // In place, the bytes before `update` are the CLI's (parsed and written again, the space
                     // is gone).
                     let head = &line.as_bytes()[..line.find(r#""update""#).expect("an update")];
@@ -750,6 +784,95 @@ mod tests {
             facts.write_json(&mut text);
             assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), Value::Object(facts.to_json()));
         }
+    }
+
+    /// The figures read where they lie are those of the parsed update, for every frame of every recorded fixture
+    /// and the hostile lines (keys twice or escaped, numbers beyond f64 or u64, figures of other types).
+    #[test]
+    fn figures_read_in_place_are_those_of_the_parsed_update() {
+        let lines = crate::frame::lines_and_updates(
+            "session/update",
+            &[
+                r#"{"sessionUpdate":"usage_update","used":5,"size":7,"used":6}"#,
+                r#"{"sessionUpdate":"usage_update","us\u0065d":18446744073709551615,"size":18446744073709551616}"#,
+                r#"{ "size" : 1.5e3 , "used" : -1 , "cost" : { "used" : 9 } }"#,
+                r#"{"used":"5","size":null,"x":[{"used":1}]}"#,
+                r#"{"used":1e400,"size":0.0}"#,
+            ],
+        );
+        let mut read = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let figures = Figures::of(frame.update_value());
+            let update = frame.value().pointer("/params/update").filter(|u| u.is_object());
+            let want = |k: &str| update.and_then(|u| u.get(k));
+            assert_eq!(figures.used(), want("used").and_then(Value::as_u64), "{frame:?}");
+            assert_eq!(figures.size(), want("size").and_then(Value::as_u64), "{frame:?}");
+            assert_eq!(figures.used.map(|v| v.to_value()).as_ref(), want("used"));
+            assert_eq!(figures.used.and_then(|v| v.as_f64()), want("used").and_then(Value::as_f64));
+            read += usize::from(figures.used().is_some());
+        }
+        assert!(read > 100, "usage updates read ({read})");
+    }
+
+    /// A frame stamped in its bytes has the envelope and the places a frame read from its line has.
+    fn same_as_read(got: &Frame) {
+        let read = Frame::built(got.bytes().to_vec());
+        let what = String::from_utf8_lossy(got.bytes()).into_owned();
+        assert!(got == &read, "{what}");
+        assert_eq!(got.session(), read.session(), "{what}");
+        assert_eq!(got.session_bytes(), read.session_bytes(), "{what}");
+        assert_eq!(got.meta(), read.meta(), "{what}");
+        assert_eq!(got.update_value(), read.update_value(), "{what}");
+    }
+
+    /// Every `usage_update` of every recorded fixture and the hostile lines, stamped in its bytes, reads as the
+    /// stamped value, with the envelope and places of a frame read from its line (`params` in any order, a
+    /// session or `_meta` before or after the update, places at their length limit).
+    #[test]
+    fn every_recorded_usage_update_stamped_reads_as_its_line() {
+        let facts = Facts {
+            last_request_at: Some(at(1_793_149_572_418)),
+            context_tokens: Some(53_000),
+            compacted_at: None,
+            cache_ttl: Some("PT1H".into()),
+        };
+        let mut lines = frame::recorded_lines();
+        lines.extend(frame::hostile_lines());
+        let long = "x".repeat(300);
+        let huge = "y".repeat(usize::from(u16::MAX));
+        for params in [
+            format!(r#"{{"pad":"{huge}","sessionId":"s","update":{{"sessionUpdate":"usage_update"}},"_meta":{{}}}}"#),
+            format!(r#"{{"pad":"{huge}","sessionId":"\u0073","update":{{"sessionUpdate":"usage_update"}}}}"#),
+            format!(
+                r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","x":"{huge}"}},"_meta":{{"a":1}}}}"#
+            ),
+            format!(
+                r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","x":"{}"}},"_meta":{{}}}}"#,
+                &huge[..65_400]
+            ),
+            format!(r#"{{"sessionId":"s","_meta":{{"m":"{huge}"}},"update":{{"sessionUpdate":"usage_update"}}}}"#),
+            r#"{"update":{"sessionUpdate":"usage_update","used":1},"sessionId":"s","_meta":{"a":1}}"#.to_owned(),
+            r#"{"_meta":{"a":1},"update":{"sessionUpdate":"usage_update","_meta":{"coda":{"x":1}}},"sessionId":"s\u0031"}"#.to_owned(),
+            format!(r#"{{"pad":"{long}","update":{{"sessionUpdate":"usage_update","_meta":7}},"sessionId":"{long}"}}"#),
+            format!(
+                r#"{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","_meta":{{}}}},"_meta":{{"b":"{long}"}}}}"#
+            ),
+        ] {
+            let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
+            lines.push(line.into_bytes());
+        }
+        let mut stamped = 0;
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let Some(got) = facts.stamp_frame(&frame) else { continue };
+            let mut want = frame.to_value();
+            assert!(facts.stamp(&mut want));
+            assert_eq!(got.value(), &want);
+            same_as_read(&got);
+            stamped += 1;
+        }
+        assert!(stamped > 100, "usage updates stamped ({stamped})");
     }
 
     #[test]

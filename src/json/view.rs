@@ -142,6 +142,29 @@ impl<'a> View<'a> {
         Members { b, at }
     }
 
+    /// The members of the object that is the value of `key` in this object, read from that value's start
+    /// without going over it first (none when there is no such key or its value is no object). Of a key that
+    /// appears twice, the first: for a key the frame check lets appear only once (a frame's `params`), one
+    /// pass over its object where [`View::get`] and [`View::members`] take two.
+    pub fn members_at(&self, key: &str) -> Members<'a> {
+        let b = self.text;
+        let mut at = if b.first() == Some(&b'{') { skip_space(b, 1) } else { b.len() };
+        while b.get(at) == Some(&b'"') {
+            let Some(end) = string_end(b, at + 1) else { break };
+            let start = skip_space(b, skip_space(b, end + 1) + 1);
+            if (Key { quoted: &b[at..=end] }).is(key) {
+                // The object's members up to its closing brace: the text after it is never reached.
+                let inner = &b[start.min(b.len())..];
+                let at = if inner.first() == Some(&b'{') { skip_space(inner, 1) } else { inner.len() };
+                return Members { b: inner, at };
+            }
+            let Some(stop) = value_end(b, start) else { break };
+            let after = skip_space(b, stop);
+            at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        }
+        Members { b: &[], at: 0 }
+    }
+
     /// The value at `path` (keys of objects, from this one down).
     pub fn pointer(&self, path: &[&str]) -> Option<View<'a>> {
         path.iter().try_fold(*self, |v, key| v.get(key))
@@ -163,6 +186,22 @@ impl<'a> View<'a> {
             return None;
         }
         std::str::from_utf8(self.text).ok()?.parse().ok()
+    }
+
+    /// A number as an `f64`, as serde_json (with its `arbitrary_precision`) reads one: any number whose value
+    /// is finite as an `f64`; `None` for any other value.
+    pub fn as_f64(&self) -> Option<f64> {
+        if !matches!(self.text.first(), Some(b'-' | b'0'..=b'9')) {
+            return None;
+        }
+        std::str::from_utf8(self.text).ok()?.parse::<f64>().ok().filter(|f| f.is_finite())
+    }
+
+    /// The elements of this array, in their order (none when this is no array).
+    pub fn elements(&self) -> Elements<'a> {
+        let b = self.text;
+        let at = if b.first() == Some(&b'[') { skip_space(b, 1) } else { b.len() };
+        Elements { b, at }
     }
 
     /// `true` or `false`.
@@ -212,6 +251,30 @@ impl<'a> Iterator for Members<'a> {
     }
 }
 
+/// The elements of an array ([`View::elements`]).
+pub struct Elements<'a> {
+    b: &'a [u8],
+    /// Where the next element is.
+    at: usize,
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = View<'a>;
+
+    fn next(&mut self) -> Option<View<'a>> {
+        let b = self.b;
+        let start = self.at;
+        // The end of the text, or the `]` of an empty array.
+        if b.get(start).is_none_or(|&c| c == b']') {
+            return None;
+        }
+        let stop = value_end(b, start)?;
+        let after = skip_space(b, stop);
+        self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        Some(View { text: &b[start..stop] })
+    }
+}
+
 /// A member's key ([`View::members`]).
 #[derive(Clone, Copy)]
 pub struct Key<'a> {
@@ -234,6 +297,11 @@ impl Key<'_> {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    /// The name of `key` among the keys of `object` (unescaped), or `?`.
+    fn want_key(object: &Value, key: &Key<'_>) -> String {
+        object.as_object().and_then(|o| o.keys().find(|k| key.is(k))).cloned().unwrap_or_else(|| "?".into())
+    }
 
     /// Every path to a value of `value` (keys of objects only, as a `View` goes), with a key no object has.
     fn paths(value: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
@@ -259,6 +327,7 @@ mod tests {
             r#"{"big":18446744073709551616,"max":18446744073709551615,"neg":-1,"exp":1e3,"frac":1.0,"zero":0,"huge":1e400}"#,
             r#"{"nested":{"nested":{"nested":{"a":[{"b":"]"},"[",{}],"z":{}}}},"e":[],"o":{}}"#,
             r#"[{"a":1}]"#,
+            r#"{"e":[ ],"f":[[1,[2]] , "x\"]" ,{"a":[]},-1.5e3,null,true],"g":[ "]" ],"h":["\ud800",1e400]}"#,
             r#""just a string""#,
             "12",
         ];
@@ -298,6 +367,33 @@ mod tests {
                     assert_eq!(&read, want, "{line} at {keys:?}");
                 } else {
                     assert_eq!(got.map(|g| g.members().count()), got.map(|_| 0), "{line} at {keys:?}");
+                }
+                assert_eq!(got.and_then(|g| g.as_f64()), want.and_then(Value::as_f64), "{line} at {keys:?}");
+                // The members of each member that is an object, read from its start, are its members (of a key
+                // that appears twice, the first: compared where a key appears once).
+                if let Some(Value::Object(want)) = want {
+                    let view = got.expect("an object");
+                    for (name, value) in want {
+                        let once = view.members().filter(|(k, _)| k.is(name)).count() == 1;
+                        let read: Vec<(String, Value)> =
+                            view.members_at(name).map(|(k, v)| (want_key(value, &k), v.to_value())).collect();
+                        let parsed: Vec<(String, Value)> = view
+                            .get(name)
+                            .into_iter()
+                            .flat_map(|v| v.members())
+                            .map(|(k, v)| (want_key(value, &k), v.to_value()))
+                            .collect();
+                        if once {
+                            assert_eq!(read, parsed, "{line} at {keys:?} {name}");
+                        }
+                    }
+                    assert_eq!(view.members_at("absent").count(), 0);
+                }
+                // An array's elements, read in one pass, are its values.
+                let elements: Option<Vec<Value>> = got.map(|g| g.elements().map(|e| e.to_value()).collect());
+                match want {
+                    Some(Value::Array(want)) => assert_eq!(elements.as_ref(), Some(want), "{line} at {keys:?}"),
+                    _ => assert_eq!(elements.map(|e| e.len()), got.map(|_| 0), "{line} at {keys:?}"),
                 }
             }
         }
