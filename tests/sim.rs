@@ -1049,3 +1049,186 @@ fn kimi_result_after_the_turn_end_before_its_answer() {
         ],
     );
 }
+
+/// A background command that ends as Coda's prompt starts a turn, its end written to Kimi's wire before the turn's
+/// start: the shim reads it as ending outside a turn (`handling`) and settles it when the turn its result is
+/// injected into ends; that turn never ends here, so the wait stays `handling`. Found by seed 11022618 of
+/// coda-kimi (the CLI model called the work over at once because its turn had begun inside the model, though not
+/// yet in the wire).
+#[test]
+fn kimi_result_ending_as_a_client_turn_starts_waits_for_that_turn() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 2301, step: Restart },
+            Timed { gap: 1, step: Compaction { session: 0, how: CompactOk(14832) } },
+            Timed { gap: 1, step: Compaction { session: 0, how: CompactOk(7849) } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 1, ms: 11221, permission: true, end: EndTurn, work: Task(11811, WorkDone) },
+                },
+            },
+            Timed {
+                gap: 544619,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 2, ms: 7664, permission: true, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: AnswerPermission { allow: true } },
+            Timed {
+                gap: 61,
+                step: Prompt {
+                    session: 0,
+                    text: 3,
+                    turn: Turn { chunks: 4, ms: 6416, permission: false, end: EndError(FailGateway), work: NoWork },
+                },
+            },
+            Timed {
+                gap: 379,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn {
+                        chunks: 3,
+                        ms: 10098,
+                        permission: false,
+                        end: EndError(FailService),
+                        work: Task(17342, WorkDone),
+                    },
+                },
+            },
+            Timed {
+                gap: 90,
+                step: Prompt {
+                    session: 0,
+                    text: 7,
+                    turn: Turn { chunks: 2, ms: 500046, permission: false, end: EndError(FailServer), work: NoWork },
+                },
+            },
+            Timed { gap: 310, step: AnswerPermission { allow: true } },
+            Timed {
+                gap: 209,
+                step: Prompt {
+                    session: 2,
+                    text: 0,
+                    turn: Turn { chunks: 3, ms: 16018, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 366,
+                step: Prompt {
+                    session: 0,
+                    text: 5,
+                    turn: Turn { chunks: 1, ms: 6724, permission: true, end: EndError(FailReset), work: NoWork },
+                },
+            },
+            Timed { gap: 5348, step: Compaction { session: 0, how: CompactOk(238923) } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 3, ms: 2560, permission: true, end: EndTurn, work: NoWork },
+                },
+            },
+        ],
+    );
+}
+
+/// A background command that ends as Kimi starts a turn of its own: Kimi injects the result into that turn
+/// (kimi.md §3.3 case 2, "client turn or agent-initiated") and its end settles the wait. Found by seed 11045577
+/// of coda-kimi (the CLI model queued a second turn of Kimi's own on the result after the first, so the shim's
+/// `done` at the first turn's end looked early).
+#[test]
+fn kimi_result_ending_as_a_turn_of_its_own_starts_is_handled_in_it() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 377264,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn {
+                        chunks: 3,
+                        ms: 8037,
+                        permission: false,
+                        end: EndError(FailGeneric),
+                        work: Task(6421, WorkDone),
+                    },
+                },
+            },
+            Timed {
+                gap: 253,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 3, ms: 610, permission: false, end: EndNever, work: Task(509158, WorkDone) },
+                },
+            },
+            Timed { gap: 790, step: OwnTurn { session: 0, chunks: 2 } },
+            Timed {
+                gap: 4789,
+                step: Prompt {
+                    session: 0,
+                    text: 7,
+                    turn: Turn {
+                        chunks: 1,
+                        ms: 707,
+                        permission: true,
+                        end: EndError(FailService),
+                        work: Task(9112, WorkFailed),
+                    },
+                },
+            },
+            Timed { gap: 167, step: StopWait { session: 0 } },
+            Timed {
+                gap: 202,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn { chunks: 5, ms: 12207, permission: false, end: EndTurn, work: Task(24835, WorkDone) },
+                },
+            },
+            Timed { gap: 120, step: AnswerPermission { allow: true } },
+            Timed { gap: 3480, step: Hostile { frame: OddId } },
+            Timed { gap: 188, step: OwnTurn { session: 0, chunks: 3 } },
+            Timed {
+                gap: 277,
+                step: Prompt {
+                    session: 2,
+                    text: 5,
+                    turn: Turn { chunks: 3, ms: 17049, permission: false, end: EndNever, work: NoWork },
+                },
+            },
+            Timed { gap: 171, step: OwnTurn { session: 0, chunks: 2 } },
+            Timed {
+                gap: 140,
+                step: Prompt {
+                    session: 0,
+                    text: 6,
+                    turn: Turn { chunks: 1, ms: 8471, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 46,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 5, ms: 15881, permission: true, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 221, step: Compaction { session: 0, how: CompactOk(5013) } },
+        ],
+    );
+}

@@ -92,9 +92,15 @@ struct Run {
     retrying: bool,
     /// Grok's turn on the result of this work (by its wait id): the work is over for Coda when it ends.
     wake: Option<String>,
+    /// Kimi: the turn's start is in its wire: work ending now ends inside it for the shim too.
+    wire_started: bool,
     /// Kimi: the turn's end is in its wire (its answer may not be out yet): work ending now is no longer
     /// part of it, and Kimi takes its result in a turn of its own.
     wire_ended: bool,
+    /// Kimi: work whose result was injected into this turn while the shim could not yet tell it from work
+    /// ending outside a turn (a turn of Kimi's own, or a client turn whose start was not in the wire): it is
+    /// over for Coda once this turn's end is in the wire.
+    injected: Vec<String>,
     /// Grok: the prompt id its queue names the turn by (`runningPromptId`).
     prompt: String,
 }
@@ -128,6 +134,8 @@ enum Effect {
     RetryShown(String),
     /// The CLI answered the request that opened (or loaded) this session: it may work in it on its own now.
     SessionReady(String),
+    /// Kimi wrote the start of turn `no` of the session to its wire.
+    WireTurnStarted(String, u64),
     /// Kimi wrote the end of turn `no` of the session to its wire.
     WireTurnEnded(String, u64),
 }
@@ -322,9 +330,30 @@ impl Model {
                 Some(Effect::SessionReady(s)) => {
                     self.ready.insert(s);
                 }
+                Some(Effect::WireTurnStarted(session, no)) => {
+                    if let Some(r) = self.running.get_mut(&session).filter(|r| r.no == no) {
+                        r.wire_started = true;
+                    }
+                }
                 Some(Effect::WireTurnEnded(session, no)) => {
+                    // What the turn handled (the result it woke on, results injected into it) is over.
+                    let (mut settled, mut unheard) = (Vec::new(), Vec::new());
                     if let Some(r) = self.running.get_mut(&session).filter(|r| r.no == no) {
                         r.wire_ended = true;
+                        settled = std::mem::take(&mut r.injected);
+                        settled.extend(r.wake.clone());
+                        if !r.wire_started {
+                            // Stopped before its start was written: no turn took the results; Kimi wakes on them.
+                            unheard = std::mem::take(&mut settled);
+                        }
+                    }
+                    for id in unheard {
+                        self.wake(&session, &format!("task-completed-{id}"), now);
+                    }
+                    for id in settled {
+                        if let Some(w) = self.truth.work.get_mut(&id) {
+                            w.ended = w.will_end.take().or(w.ended);
+                        }
                     }
                 }
                 Some(Effect::RetryShown(id)) => {
@@ -589,7 +618,8 @@ impl Model {
         }
         if self.flavor == Flavor::Kimi {
             let prompt = kimi::turn_prompt(no, text, json!({"kind": "user"}));
-            self.wire_at(session, now + 1, vec![prompt], tag.clone());
+            let started = Some(Effect::WireTurnStarted(session.to_owned(), no));
+            self.wire_with(session, now + 1, vec![prompt], tag.clone(), started);
         }
         let run = Run {
             id: id.clone(),
@@ -601,7 +631,9 @@ impl Model {
             children: Vec::new(),
             retrying: false,
             wake: None,
+            wire_started: false,
             wire_ended: false,
+            injected: Vec::new(),
             prompt: format!("prompt-{no}"),
         };
         self.running.insert(session.to_owned(), run);
@@ -876,7 +908,6 @@ impl Model {
             }
             _ => format!("prompt-{no}"),
         };
-        let wake_of_kimi = wake.clone().filter(|_| self.flavor == Flavor::Kimi);
         if self.flavor == Flavor::Grok {
             let done = shapes::grok_turn_completed(session, &prompt, "cancelled");
             self.at(now + 4, done, None, wake.map(Effect::WakeDone));
@@ -888,11 +919,9 @@ impl Model {
         }
         if self.flavor == Flavor::Kimi {
             // Before its answer, as every turn's end.
+            // Its end settles what it handled.
             let ended = Some(Effect::WireTurnEnded(session.to_owned(), no));
             self.wire_with(session, now + 4, kimi::cancelled(no), None, ended);
-            if let Some(w) = wake_of_kimi {
-                self.effect_at(now + 4, Effect::WakeDone(w));
-            }
         }
         let answer = id.map(|id| result(&id, self.flavor.turn_result(session, no, "cancelled")));
         // The turn ends once its end is written: what waits for the session (a wake on a result) starts after it.
@@ -1025,7 +1054,9 @@ impl Model {
             children: Vec::new(),
             retrying: false,
             wake,
+            wire_started: false,
             wire_ended: false,
+            injected: Vec::new(),
             prompt: prompt.to_owned(),
         };
         self.running.insert(session.to_owned(), run);
@@ -1035,13 +1066,12 @@ impl Model {
                 None => json!({"kind": "system_trigger", "name": "timer"}),
             };
             let prompt = kimi::turn_prompt(no, "<notification>a background task finished</notification>", origin);
-            self.wire_at(session, now + 1, vec![prompt], tag.clone());
+            let started = Some(Effect::WireTurnStarted(session.to_owned(), no));
+            self.wire_with(session, now + 1, vec![prompt], tag.clone(), started);
             let end = self.content(session, session, no, now, 400, chunks, true);
-            let wake = self.running.get(session).and_then(|r| r.wake.clone());
-            self.wire_at(session, end + 1, kimi::completed(no, 11_000), tag.clone());
-            if let Some(w) = wake {
-                self.effect_at(end + 1, Effect::WakeDone(w));
-            }
+            // Its end settles what it handled.
+            let ended = Some(Effect::WireTurnEnded(session.to_owned(), no));
+            self.wire_with(session, end + 1, kimi::completed(no, 11_000), tag.clone(), ended);
             self.effect_at(end + 2, Effect::TurnEnded(session.to_owned(), no));
             return;
         }

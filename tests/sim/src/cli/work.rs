@@ -289,29 +289,36 @@ impl Model {
             "failed" | "disconnected" => "failed",
             _ => "cancelled",
         };
-        // Grok's work is over for Coda once its turn on the result ends (a cancelled subagent gets none); Kimi's
-        // at once when it ends in a client turn (the main agent handles it there), else once Kimi's own turn on
-        // it ends. A client turn whose end is in the wire is over for Kimi, even before its answer is out.
-        let in_client_turn = |m: &Model, session: &str| {
-            m.running.get(session).is_some_and(|r| r.kind == super::Kind::Coda && !r.wire_ended)
-        };
+        // Grok's work is over for Coda once its turn on the result ends (a cancelled subagent gets none). Kimi
+        // injects a result into the turn it runs (client turn or its own, kimi.md §3.3 case 2) and otherwise
+        // wakes on it in a turn of its own. The work is over for Coda at once if that is a client turn whose start
+        // is in the wire (the shim reads it as ending in the turn), else once the turn handling it ends in the
+        // wire. A turn whose end is in the wire is over for Kimi, even before its answer is out.
         if self.flavor == Flavor::Kimi
             && let Some(task) = self.tasks.get_mut(id)
         {
             task.running = false;
             let (how, session) = (task.pending, task.session.clone());
-            let in_turn = in_client_turn(self, &session);
+            let run = self.running.get_mut(&session).filter(|r| r.kind != super::Kind::Compact && !r.wire_ended);
+            let Some(run) = run else {
+                if let Some(t) = self.truth.work.get_mut(id) {
+                    t.will_end = Some(coda_word(how));
+                }
+                return self.wake(&session, &format!("task-completed-{id}"), now);
+            };
+            let at_once = run.kind == super::Kind::Coda && run.wire_started;
+            if !at_once {
+                run.injected.push(id.to_owned());
+            }
             if let Some(t) = self.truth.work.get_mut(id) {
-                if in_turn { t.ended = Some(coda_word(how)) } else { t.will_end = Some(coda_word(how)) }
+                if at_once { t.ended = Some(coda_word(how)) } else { t.will_end = Some(coda_word(how)) }
             }
-            if in_turn {
-                let injected = json!({"type": "context.append_message", "message": {"role": "user",
-                    "content": [{"type": "text", "text": format!("<notification>task {id} {how}</notification>")}],
-                    "origin": {"kind": "task", "taskId": id}}});
-                self.wire_at(&session, now, vec![injected], None);
-            } else {
-                self.wake(&session, &format!("task-completed-{id}"), now);
-            }
+            let injected = json!({"type": "context.append_message", "message": {"role": "user",
+                "content": [{"type": "text", "text": format!("<notification>task {id} {how}</notification>")}],
+                "origin": {"kind": "task", "taskId": id}}});
+            // After the turn's start (scheduled at most a millisecond ahead when it is not yet written).
+            let at = if run.wire_started { now } else { now + 1 };
+            self.wire_at(&session, at, vec![injected], None);
             return;
         }
         let wakes = |how: &str| self.flavor == Flavor::Grok && how != "cancelled";
@@ -351,7 +358,7 @@ impl Model {
     }
 
     /// Grok's turn of its own on a background result: now, or once the session's turn ends.
-    fn wake(&mut self, session: &str, prompt: &str, now: u64) {
+    pub(super) fn wake(&mut self, session: &str, prompt: &str, now: u64) {
         if self.running.contains_key(session) {
             self.queued.entry(session.to_owned()).or_default().push_back(super::Queued::Wake(prompt.to_owned()));
         } else {
