@@ -1232,3 +1232,69 @@ fn kimi_result_ending_as_a_turn_of_its_own_starts_is_handled_in_it() {
         ],
     );
 }
+
+/// Coda's Stop reaching Kimi as its turn on a background result is about to end: the turn ends `cancelled` and
+/// the result is settled with it. Found by seed 20233493 of coda-kimi (the CLI model's own turn ended on its
+/// schedule despite the Stop, so the Stop's end found no turn and the work stayed running in the model: 3 of
+/// 1,000,000 seeds).
+#[test]
+fn kimi_a_stop_as_a_turn_on_a_result_ends_settles_the_result() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 87,
+                step: Prompt {
+                    session: 0,
+                    text: 1,
+                    turn: Turn { chunks: 0, ms: 11811, permission: false, end: EndTurn, work: Task(9403, WorkDone) },
+                },
+            },
+            Timed { gap: 209, step: StopWait { session: 0 } },
+            Timed { gap: 6360, step: Compaction { session: 0, how: CompactOk(19750) } },
+            Timed { gap: 8486, step: AnswerPermission { allow: true } },
+            Timed { gap: 344, step: Compaction { session: 0, how: CompactNever } },
+            Timed { gap: 309, step: Cancel { session: 0 } },
+        ],
+    );
+}
+
+/// A request whose id is an object is refused with an Invalid Request error whose id is null; that error
+/// answers none of Coda's requests, not even one whose id is null. Found by seed 20210705 of coda-kimi (the Coda
+/// model took the refusal as the answer to its null-id request and counted one open request too few).
+#[test]
+fn refusal_of_an_odd_id_answers_no_request_with_the_id_null() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 1, step: Hostile { frame: UnknownSession } },
+            Timed { gap: 163, step: LoadSession { session: 0 } },
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: Hostile { frame: HugeNumber } },
+            Timed {
+                gap: 1,
+                step: Prompt {
+                    session: 0,
+                    text: 6,
+                    turn: Turn { chunks: 4, ms: 18435, permission: false, end: EndNever, work: NoWork },
+                },
+            },
+            Timed { gap: 1, step: Steering { session: 0, text: 3, hostile: true, answer: SteerNever } },
+            Timed { gap: 1, step: Compaction { session: 1, how: CompactOk(18250) } },
+            Timed { gap: 1, step: Compaction { session: 0, how: CompactOk(4700) } },
+            Timed { gap: 1, step: Hostile { frame: SecondPrompt } },
+            Timed { gap: 1, step: Hostile { frame: UnknownSession } },
+            Timed { gap: 1, step: Compaction { session: 0, how: CompactOk(6034) } },
+            Timed { gap: 1, step: Hostile { frame: SecondPrompt } },
+            Timed { gap: 1, step: Hostile { frame: OddId } },
+            Timed { gap: 1, step: Hostile { frame: OddId } },
+            Timed { gap: 1, step: Compaction { session: 0, how: CompactOk(2323) } },
+        ],
+    );
+}

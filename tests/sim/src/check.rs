@@ -210,9 +210,15 @@ impl Checker {
         if id.is_null() && v.pointer("/error/code").and_then(Value::as_i64) == Some(-32700) {
             return None;
         }
+        // Nor does the refusal of a request whose id is no id (JSON-RPC 2.0: Invalid Request, id null), even while
+        // a request of Coda's with the id null is open.
+        let refused = v.pointer("/error/code").and_then(Value::as_i64) == Some(-32600);
+        if id.is_null() && refused && coda.refusals_due > 0 {
+            coda.refusals_due -= 1;
+            return None;
+        }
         let key = id.to_string();
         // The shim refuses a request reusing an open id at once: its error answers the duplicate.
-        let refused = v.pointer("/error/code").and_then(Value::as_i64) == Some(-32600);
         let at = coda
             .open
             .iter()

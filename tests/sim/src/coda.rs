@@ -56,6 +56,9 @@ pub struct Coda {
     pub children: Vec<String>,
     /// The client closed its output.
     pub closed: bool,
+    /// Requests with an id that is no id (an object) whose refusal has not come yet: the shim answers each with
+    /// an Invalid Request error whose id is null (JSON-RPC 2.0), which answers none of Coda's requests.
+    pub refusals_due: usize,
 }
 
 /// What a step sends: its lines, and what the CLI is to do for it.
@@ -242,7 +245,9 @@ impl Coda {
                 let ids = [json!("s-odd"), json!(1.5), Value::Null, json!({"a": 1})];
                 let id = ids[(self.next_id as usize) % ids.len()].clone();
                 self.next_id += 1;
-                if !id.is_object() {
+                if id.is_object() {
+                    self.refusals_due += 1;
+                } else {
                     self.track(&id, "session/set_mode", Some(latest.clone()), None, now);
                 }
                 raw(request(&id, "session/set_mode", json!({"sessionId": latest, "modeId": "read-only"})))
@@ -257,6 +262,7 @@ impl Coda {
     /// with it (rule 6); the sessions stay Coda's.
     pub fn restart(&mut self) {
         self.open.clear();
+        self.refusals_due = 0;
         self.permissions.clear();
         self.stoppable.clear();
         self.closed = false;

@@ -290,8 +290,13 @@ impl Model {
 
     /// An effect at `at`, with no line.
     fn effect_at(&mut self, at: u64, effect: Effect) {
+        self.effect_in(at, effect, None);
+    }
+
+    /// An effect at `at`, with no line, of a turn (dropped when the turn is stopped).
+    fn effect_in(&mut self, at: u64, effect: Effect, turn: Option<(String, u64)>) {
         self.seq += 1;
-        self.out.insert((at, self.seq), Out { line: String::new(), file: None, turn: None, effect: Some(effect) });
+        self.out.insert((at, self.seq), Out { line: String::new(), file: None, turn, effect: Some(effect) });
     }
 
     /// The lines and file writes due by `now`, in order, with what writing them does.
@@ -1072,7 +1077,8 @@ impl Model {
             // Its end settles what it handled.
             let ended = Some(Effect::WireTurnEnded(session.to_owned(), no));
             self.wire_with(session, end + 1, kimi::completed(no, 11_000), tag.clone(), ended);
-            self.effect_at(end + 2, Effect::TurnEnded(session.to_owned(), no));
+            // A Stop drops it with the rest of the turn and ends the turn itself.
+            self.effect_in(end + 2, Effect::TurnEnded(session.to_owned(), no), tag);
             return;
         }
         let end = self.content(session, session, no, now, 400, chunks, true);
