@@ -1298,3 +1298,39 @@ fn refusal_of_an_odd_id_answers_no_request_with_the_id_null() {
         ],
     );
 }
+
+/// A background command that ends in the very millisecond Kimi's turn of its own ends: the turn's end is written
+/// first, so the result goes to a new turn of Kimi's own, which settles it. Found by seed 21192693 of coda-kimi
+/// (the CLI model injected the result after the turn's end and called it settled by that turn; the shim rightly
+/// kept it `handling`: 1 of 1,000,000 seeds).
+#[test]
+fn kimi_result_ending_as_a_turn_of_its_own_ends_gets_a_turn_of_its_own() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed {
+                gap: 30681,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 2, ms: 1691, permission: false, end: EndTurn, work: Task(23960, WorkDone) },
+                },
+            },
+            Timed { gap: 294, step: OwnTurn { session: 0, chunks: 3 } },
+            Timed { gap: 4139, step: AnswerPermission { allow: true } },
+            Timed { gap: 378, step: Steering { session: 0, text: 1, hostile: true, answer: SteerRefused } },
+            Timed { gap: 5903, step: Hostile { frame: DeepNesting } },
+            Timed {
+                gap: 443,
+                step: Prompt {
+                    session: 0,
+                    text: 2,
+                    turn: Turn { chunks: 4, ms: 8426, permission: false, end: EndTurn, work: Task(9835, WorkFailed) },
+                },
+            },
+        ],
+    );
+}

@@ -299,7 +299,15 @@ impl Model {
         {
             task.running = false;
             let (how, session) = (task.pending, task.session.clone());
-            let run = self.running.get_mut(&session).filter(|r| r.kind != super::Kind::Compact && !r.wire_ended);
+            // A turn whose end is due now is written before anything written now: it ends without the result.
+            let ends_now = |m: &Model, no: u64| {
+                m.out.range(..(now + 1, 0)).any(
+                    |(_, o)| matches!(&o.effect, Some(super::Effect::WireTurnEnded(s, n)) if *s == session && *n == no),
+                )
+            };
+            let open = self.running.get(&session).filter(|r| r.kind != super::Kind::Compact && !r.wire_ended);
+            let open = open.map(|r| r.no).filter(|no| !ends_now(self, *no));
+            let run = open.and_then(|_| self.running.get_mut(&session));
             let Some(run) = run else {
                 if let Some(t) = self.truth.work.get_mut(id) {
                     t.will_end = Some(coda_word(how));
