@@ -1299,12 +1299,12 @@ fn refusal_of_an_odd_id_answers_no_request_with_the_id_null() {
     );
 }
 
-/// A background command that ends in the very millisecond Kimi's turn of its own ends: the turn's end is written
-/// first, so the result goes to a new turn of Kimi's own, which settles it. Found by seed 21192693 of coda-kimi
-/// (the CLI model injected the result after the turn's end and called it settled by that turn; the shim rightly
-/// kept it `handling`: 1 of 1,000,000 seeds).
+/// A background command that ends in the very millisecond Kimi's turn of its own ends, its end written first: its
+/// result is injected into that turn before the turn's end, which settles it. Found by seed 21192693 of coda-kimi
+/// (the CLI model wrote the injected result after the turn's end and called it settled by that turn; the shim
+/// rightly kept it `handling`: 1 of 1,000,000 seeds).
 #[test]
-fn kimi_result_ending_as_a_turn_of_its_own_ends_gets_a_turn_of_its_own() {
+fn kimi_result_ending_as_a_turn_of_its_own_ends_is_injected_before_that_end() {
     use coda_sim::dsl::*;
     coda_sim::assert_holds(
         "kimi",
@@ -1331,6 +1331,48 @@ fn kimi_result_ending_as_a_turn_of_its_own_ends_gets_a_turn_of_its_own() {
                     turn: Turn { chunks: 4, ms: 8426, permission: false, end: EndTurn, work: Task(9835, WorkFailed) },
                 },
             },
+        ],
+    );
+}
+
+/// A background command that ends in the very millisecond Coda's Stop ends the client turn, its end written first:
+/// it ended inside that turn, so it is over for Coda at once, as the shim reads it. Found by seed 22083495 of
+/// coda-kimi (the CLI model took the turn's end, due but not yet written, as already over, and sent the result to
+/// a turn of Kimi's own: the shim's `done` looked early: 1 of 953,410 seeds).
+#[test]
+fn kimi_result_ending_as_a_stop_ends_the_client_turn_is_over_at_once() {
+    use coda_sim::dsl::*;
+    coda_sim::assert_holds(
+        "kimi",
+        &[
+            Timed { gap: 1, step: Initialize { waits: true } },
+            Timed { gap: 1, step: NewSession { instruction: true } },
+            Timed {
+                gap: 5873,
+                step: Prompt {
+                    session: 0,
+                    text: 4,
+                    turn: Turn { chunks: 4, ms: 13130, permission: false, end: EndTurn, work: Task(2241, WorkDone) },
+                },
+            },
+            Timed {
+                gap: 2427,
+                step: Prompt {
+                    session: 0,
+                    text: 0,
+                    turn: Turn { chunks: 0, ms: 6065, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed {
+                gap: 6206,
+                step: Prompt {
+                    session: 0,
+                    text: 3,
+                    turn: Turn { chunks: 4, ms: 381704, permission: false, end: EndTurn, work: NoWork },
+                },
+            },
+            Timed { gap: 170, step: Cancel { session: 0 } },
+            Timed { gap: 112, step: Cancel { session: 0 } },
         ],
     );
 }

@@ -64,7 +64,18 @@ impl Model {
         turn: Option<(String, u64)>,
         effect: Option<super::Effect>,
     ) {
-        let Some(dir) = self.kimi_agent_dir(session) else { return };
+        let Some(op) = self.wire_append(session, at, records) else { return };
+        self.file_at(at, op, turn, effect);
+    }
+
+    /// Appends `records` to the wire right after the entry being written, before anything else due.
+    pub(super) fn wire_next(&mut self, session: &str, records: Vec<Value>) {
+        let Some(op) = self.wire_append(session, self.now, records) else { return };
+        self.after.push_back(super::Out { line: String::new(), file: Some(op), turn: None, effect: None });
+    }
+
+    fn wire_append(&self, session: &str, at: u64, records: Vec<Value>) -> Option<FileOp> {
+        let dir = self.kimi_agent_dir(session)?;
         let mut bytes = Vec::new();
         for mut r in records {
             r["agentId"] = json!("main");
@@ -72,7 +83,7 @@ impl Model {
             bytes.extend_from_slice(r.to_string().as_bytes());
             bytes.push(b'\n');
         }
-        self.file_at(at, FileOp { path: dir.join("wire.jsonl"), bytes, replace: false }, turn, effect);
+        Some(FileOp { path: dir.join("wire.jsonl"), bytes, replace: false })
     }
 
     /// Replaces a task file at `at`.

@@ -101,6 +101,8 @@ struct Run {
     /// ending outside a turn (a turn of Kimi's own, or a client turn whose start was not in the wire): it is
     /// over for Coda once this turn's end is in the wire.
     injected: Vec<String>,
+    /// Kimi: results to inject right after the turn's start is written.
+    to_inject: Vec<Value>,
     /// Grok: the prompt id its queue names the turn by (`runningPromptId`).
     prompt: String,
 }
@@ -187,6 +189,8 @@ pub struct Model {
     /// Kimi: its data folder (`KIMI_CODE_HOME`), where the model writes its session files.
     kimi_root: Option<std::path::PathBuf>,
     out: BTreeMap<(u64, u64), Out>,
+    /// What writing the entry being written writes right after it, before anything else due.
+    after: VecDeque<Out>,
     seq: u64,
     /// The CLI's sessions, on disk.
     sessions: Vec<String>,
@@ -236,6 +240,7 @@ impl Model {
             air: false,
             kimi_root: None,
             out: BTreeMap::new(),
+            after: VecDeque::new(),
             seq: 0,
             sessions: Vec::new(),
             ready: HashSet::new(),
@@ -303,11 +308,14 @@ impl Model {
     pub fn take_due(&mut self, now: u64) -> Vec<Output> {
         self.now = now;
         let mut lines = Vec::new();
-        while let Some(entry) = self.out.first_entry() {
-            if entry.key().0 > now || self.dead {
-                break;
-            }
-            let out = entry.remove();
+        while !self.dead {
+            let out = match self.after.pop_front() {
+                Some(out) => out,
+                None => match self.out.first_entry() {
+                    Some(entry) if entry.key().0 <= now => entry.remove(),
+                    _ => break,
+                },
+            };
             if let Some(op) = &out.file {
                 self.file_chunks(op, now);
             }
@@ -338,6 +346,10 @@ impl Model {
                 Some(Effect::WireTurnStarted(session, no)) => {
                     if let Some(r) = self.running.get_mut(&session).filter(|r| r.no == no) {
                         r.wire_started = true;
+                        let results = std::mem::take(&mut r.to_inject);
+                        if !results.is_empty() {
+                            self.wire_next(&session, results);
+                        }
                     }
                 }
                 Some(Effect::WireTurnEnded(session, no)) => {
@@ -403,6 +415,7 @@ impl Model {
     pub fn die(&mut self) {
         self.dead = true;
         self.out.clear();
+        self.after.clear();
     }
 
     /// The process ended (its output closed, or it died) and a new one starts over the same disk: what ran ends
@@ -411,6 +424,7 @@ impl Model {
         self.dead = false;
         self.process += 1;
         self.out.clear();
+        self.after.clear();
         self.running.clear();
         self.queued.clear();
         self.compacting.clear();
@@ -639,6 +653,7 @@ impl Model {
             wire_started: false,
             wire_ended: false,
             injected: Vec::new(),
+            to_inject: Vec::new(),
             prompt: format!("prompt-{no}"),
         };
         self.running.insert(session.to_owned(), run);
@@ -1062,6 +1077,7 @@ impl Model {
             wire_started: false,
             wire_ended: false,
             injected: Vec::new(),
+            to_inject: Vec::new(),
             prompt: prompt.to_owned(),
         };
         self.running.insert(session.to_owned(), run);

@@ -299,16 +299,8 @@ impl Model {
         {
             task.running = false;
             let (how, session) = (task.pending, task.session.clone());
-            // A turn whose end is due now is written before anything written now: it ends without the result.
-            let ends_now = |m: &Model, no: u64| {
-                m.out.range(..(now + 1, 0)).any(
-                    |(_, o)| matches!(&o.effect, Some(super::Effect::WireTurnEnded(s, n)) if *s == session && *n == no),
-                )
-            };
-            let open = self.running.get(&session).filter(|r| r.kind != super::Kind::Compact && !r.wire_ended);
-            let open = open.map(|r| r.no).filter(|no| !ends_now(self, *no));
-            let run = open.and_then(|_| self.running.get_mut(&session));
-            let Some(run) = run else {
+            let open = self.running.get_mut(&session).filter(|r| r.kind != super::Kind::Compact && !r.wire_ended);
+            let Some(run) = open else {
                 if let Some(t) = self.truth.work.get_mut(id) {
                     t.will_end = Some(coda_word(how));
                 }
@@ -324,9 +316,13 @@ impl Model {
             let injected = json!({"type": "context.append_message", "message": {"role": "user",
                 "content": [{"type": "text", "text": format!("<notification>task {id} {how}</notification>")}],
                 "origin": {"kind": "task", "taskId": id}}});
-            // After the turn's start (scheduled at most a millisecond ahead when it is not yet written).
-            let at = if run.wire_started { now } else { now + 1 };
-            self.wire_at(&session, at, vec![injected], None);
+            // Right after the command's end (before the turn's end, if that is due now too), or right after the
+            // turn's start when that is not yet written.
+            if run.wire_started {
+                self.wire_next(&session, vec![injected]);
+            } else {
+                run.to_inject.push(injected);
+            }
             return;
         }
         let wakes = |how: &str| self.flavor == Flavor::Grok && how != "cancelled";
