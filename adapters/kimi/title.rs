@@ -334,15 +334,30 @@ impl Title {
         }
     }
 
-    /// A `session_info_update` whose title echoes the block gets the user's title, or none.
+    /// A `session_info_update` whose title echoes the block gets the user's title, or none, written where the
+    /// echo lies ([`Frame::spliced`]: the rest of the line goes on as Kimi wrote it). An update with `title`
+    /// twice, one of them an echo, is written again from its parsed value, which keeps the last (replaced if
+    /// an echo) and drops the others: a reader that keeps the first never sees the block.
     fn info_update(&mut self, frame: Frame, cx: &mut Cx) {
+        let titles = frame.update_value().into_iter().flat_map(|u| u.members()).filter(|(k, _)| k.is("title"));
+        let (mut echoes, mut count, mut last) = (false, 0, None);
+        for (_, title) in titles {
+            echoes |= title.as_str().is_some_and(|t| echoes_instruction(&t));
+            (count, last) = (count + 1, Some(title));
+        }
+        if !echoes {
+            return cx.to_client(frame);
+        }
+        if let (1, Some(cut)) = (count, last.and_then(|t| t.range_in(frame.bytes()))) {
+            let with = self.replacement(frame.session().as_deref()).to_string();
+            return cx.to_client(frame.spliced(cut, with.as_bytes()));
+        }
         let mut value = frame.to_value();
         let session = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
         let Some(title) = value.pointer_mut("/params/update/title") else { return cx.to_client(frame) };
-        if !title.as_str().is_some_and(echoes_instruction) {
-            return cx.to_client(frame);
+        if title.as_str().is_some_and(echoes_instruction) {
+            *title = self.replacement(session.as_deref());
         }
-        *title = self.replacement(session.as_deref());
         cx.to_client(frame.rewritten(value));
     }
 
@@ -510,6 +525,60 @@ mod tests {
         // A title of Kimi's own making later on (a rename) is no echo.
         h.from_agent(info("s", "Renamed"));
         assert_eq!(titles(&mut h), [json!("fix the build"), json!("fix the build"), json!("Renamed")]);
+    }
+
+    /// The echo is replaced where it lies: the rest of Kimi's line goes on byte for byte (its key order, its
+    /// escapes, its spelling of numbers, `_meta` after the update), and the user's title is escaped as JSON.
+    #[test]
+    fn the_title_is_written_where_the_echo_lies() {
+        let mut h = harness();
+        let block = instruction::wrap("简短\n回答");
+        h.from_client(prompt("sé", json!([text(&block), text("修一下 \"build\" \\ 😀\nnow")])));
+        let line = concat!(
+            r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s\u00e9","update":{"title" : "#,
+            r#""<coda-session-instruction> \u7b80","sessionUpdate":"session_info_update","n":1e400},"#,
+            r#""_meta":{"t":1.50}}}"#
+        );
+        h.agent_frame(Frame::parse(line.as_bytes().to_vec()).expect("a frame"));
+        let out = h.take().to_client;
+        let want = line.replace(r#""<coda-session-instruction> \u7b80""#, r#""修一下 \"build\" \\ 😀 now""#);
+        assert_eq!(out.iter().map(|f| String::from_utf8_lossy(f.bytes()).into_owned()).collect::<Vec<_>>(), [want]);
+        // No title known: `null` in its place.
+        h.agent_frame(Frame::parse(info("x", "<coda-session-instruction> a").to_string().into_bytes()).unwrap());
+        assert_eq!(titles(&mut h), [Value::Null]);
+    }
+
+    /// `title` twice: a reader keeps the last; the echo is replaced there and the first goes (as parsed).
+    #[test]
+    fn a_title_given_twice_is_edited_as_a_reader_reads_it() {
+        let mut h = harness();
+        h.from_client(prompt("s", json!([text(&instruction::wrap("be brief")), text("hello")])));
+        for (first, last, want) in [
+            ("<coda-session-instruction> a", "Renamed", json!("Renamed")),
+            ("Renamed", "<coda-session-instruction> a", json!("hello")),
+        ] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"session_info_update","title":"{first}","title":"{last}"}}}}}}"#
+            );
+            h.agent_frame(Frame::parse(line.into_bytes()).expect("a frame"));
+            let out = h.take().to_client;
+            assert_eq!(out.len(), 1);
+            let text = String::from_utf8_lossy(out[0].bytes()).into_owned();
+            assert!(!text.contains("coda-session-instruction"), "{text}");
+            assert_eq!(out[0].value().pointer("/params/update/title"), Some(&want));
+        }
+    }
+
+    /// A lone surrogate escape elsewhere in the frame: the frame is read again whole, the escape as U+FFFD.
+    #[test]
+    fn a_frame_with_a_lone_surrogate_gets_its_title_too() {
+        let mut h = harness();
+        h.from_client(prompt("s", json!([text(&instruction::wrap("be brief")), text("hello")])));
+        let line = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"session_info_update","title":"<coda-session-instruction> a","x":"\ud800"}}}"#;
+        h.agent_frame(Frame::parse(line.as_bytes().to_vec()).expect("a frame"));
+        let out = h.take().to_client;
+        assert_eq!(out[0].value().pointer("/params/update/title"), Some(&json!("hello")));
+        assert_eq!(out[0].value().pointer("/params/update/x"), Some(&json!("\u{fffd}")));
     }
 
     #[test]
