@@ -295,21 +295,17 @@ impl CodexReview {
         }
     }
 
-    /// Whether a `tool_call_update` may be of a call this layer keeps (its id is in the frame).
-    fn may_be_kept(&self, frame: &Frame) -> bool {
-        self.sessions.values().flat_map(|s| &s.calls).any(|c| frame.contains(c.id.as_bytes()))
-    }
-
     fn session_update(&mut self, frame: Frame, cx: &mut Cx) {
-        let kind = frame.session_update();
-        let is_start = kind == Some("tool_call");
+        let is_start = frame.session_update() == Some("tool_call");
         let of_review = frame.has(&REVIEW_CALL_ID);
-        if !of_review && !is_start && !self.may_be_kept(&frame) {
-            return cx.to_client(frame);
-        }
-        let session = frame.session().unwrap_or_default().into_owned();
         if !of_review {
-            // A call's start or update (no review's): what is kept of it read where it lies.
+            // A call's start or update (no review's): what is kept of it read where it lies. An update matters
+            // only to a session with calls kept (it may finish one).
+            let session = frame.session().unwrap_or_default();
+            if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) {
+                return cx.to_client(frame);
+            }
+            let session = session.into_owned();
             let (mut id, mut status, mut input) = (None, None, None);
             for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
                 if key.is("toolCallId") {
@@ -328,6 +324,7 @@ impl CodexReview {
             self.call_updated(&session, status.as_deref(), id.as_deref());
             return cx.to_client(frame);
         }
+        let session = frame.session().unwrap_or_default().into_owned();
         let v = frame.shared_value();
         let update = v.pointer("/params/update").unwrap_or(&Value::Null);
         match str_at(update, "/toolCallId").and_then(|id| id.strip_prefix(REVIEW_CALL)) {
@@ -676,6 +673,19 @@ mod tests {
         h.from_agent(review_start("r4", command_action("make")));
         let got = h.to_client();
         assert_eq!(got[2..], [on_call("c", json!({"state": "reviewing"}))]);
+    }
+
+    /// A call's end is read as a reader reads it: an id written with an escape ends the call it names.
+    #[test]
+    fn a_call_ended_under_an_escaped_id_is_judged_no_more() {
+        let mut h = harness();
+        h.from_agent(command_call("zq", "make"));
+        let end = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"tool_call_update","toolCallId":"z\u0071","status":"completed"}}}"#;
+        h.agent_frame(Frame::parse(end.as_bytes().to_vec()).expect("a frame"));
+        h.from_agent(command_call("cb", "make"));
+        h.from_agent(review_start("r", command_action("make")));
+        let got = h.to_client();
+        assert_eq!(got.last(), Some(&on_call("cb", json!({"state": "reviewing"}))), "{got:?}");
     }
 
     #[test]
