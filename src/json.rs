@@ -6,7 +6,7 @@
 //! measured here before any recursive parser sees it. [`MAX_DEPTH`] levels fit a 2 MiB thread stack
 //! (a tokio worker's) several times over; docs/guarantees.md ("Limits on what a peer sends") says the limit.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::fmt;
 
 use serde::de::DeserializeOwned;

@@ -48,3 +48,11 @@ pub mod transport;
 pub mod watchdog;
 
 pub use cli::adapter::Adapter;
+
+/// The hash map of the crate: what the relay keeps by a peer's id (sessions, requests, tool calls, waits) is
+/// looked up on every frame, and std's SipHash costs more there than the frame check. foldhash's hasher is
+/// seeded per process as std's is, so a peer cannot choose keys that collide; it is no keyed hash for secrets
+/// (the redaction's names use std's).
+pub type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// The hash set of the crate ([`HashMap`]'s hasher).
+pub type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;

@@ -180,7 +180,7 @@ fn process_table() -> Option<Vec<(u32, u32, u32)>> {
 
 /// Every process whose chain of parents reaches `root` (not `root` itself), with its process group.
 fn descendants(root: u32, table: &[(u32, u32, u32)]) -> Vec<(u32, u32)> {
-    let parent: std::collections::HashMap<u32, u32> = table.iter().map(|&(pid, ppid, _)| (pid, ppid)).collect();
+    let parent: crate::HashMap<u32, u32> = table.iter().map(|&(pid, ppid, _)| (pid, ppid)).collect();
     table
         .iter()
         .filter(|&&(pid, ..)| {

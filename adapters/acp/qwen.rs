@@ -15,7 +15,7 @@
 //!   to the prompt (the command's error message). [`compression`] reads them for the engine's slash-command
 //!   compaction.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};

@@ -32,7 +32,7 @@
 //! Gemini CLI sends no `usage_update` at all: its profile names no `usage`, and with no `used` and `size` of the
 //! agent's the shim sends no update of its own either.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
@@ -74,7 +74,7 @@ impl AcpUsage {
             used: usage.map(|u| u.used),
             request_start: usage.and_then(|u| u.request_start),
             own,
-            roots: HashMap::new(),
+            roots: HashMap::default(),
             at_load: usage.and_then(|u| u.at_load).zip(home),
         }
     }

@@ -12,7 +12,7 @@
 //!   `session/cancel` of a cancellable subagent.
 //! - `_session/steering` always asks for `promptRequired`, so codex-acp never opens a turn of its own.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::convert::Infallible;
 
 use crate::coda::wait::{Register, State, Wait, WithholdWaits};

@@ -24,7 +24,7 @@
 //!   a patch, an MCP call, a subcommand of a running command) is reported nowhere, and a review still waiting
 //!   when the turn ends is dropped: both with a warning that quotes nothing.
 
-use std::collections::HashMap;
+use crate::HashMap;
 
 use crate::coda::wait::{utf16_len, utf16_prefix};
 use std::convert::Infallible;

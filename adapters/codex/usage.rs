@@ -26,7 +26,8 @@
 //!
 //! Times are `cx.wall()` of the frame that tells them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
 use crate::inside::{Folder, Kind};
@@ -295,7 +296,7 @@ pub type Usage = UsageFacts<Codex>;
 
 /// The layer over Codex's data folder `home` (`$CODEX_HOME`, read at set-up; None: nothing is read at load).
 pub fn layer(home: Option<PathBuf>) -> Usage {
-    UsageFacts::new(Codex { home, sessions: HashMap::new() })
+    UsageFacts::new(Codex { home, sessions: HashMap::default() })
 }
 
 #[cfg(test)]

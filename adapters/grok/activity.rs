@@ -16,8 +16,9 @@
 //! - A subagent continued with `resume_from` gets a new child session from Grok; Coda keeps the first one
 //!   (rule 5), so the new one's frames are renamed to it both ways.
 
+use crate::HashMap;
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use crate::adapters::grok::compact::Queue;

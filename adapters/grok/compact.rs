@@ -20,8 +20,8 @@
 //!   runs, its own included (`note_queue`, which tells the session table).
 //! - Stopped (past the deadline) with `session/cancel`; a late answer is dropped.
 
+use crate::HashMap;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};

@@ -30,8 +30,8 @@
 //!   Coda's, or a queue that skipped the entry) is no Coda turn: a steering message waits, and is answered
 //!   `promptRequired` when the machine stops waiting, rather than joining a turn that may not be Coda's.
 
+use crate::HashMap;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};

@@ -25,7 +25,7 @@
 //!
 //! Times are Grok's own stamps (its clock), so a replay gives the same facts on any day.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -307,7 +307,7 @@ pub type GrokUsage = UsageFacts<Grok>;
 
 /// The layer over Grok's data folder `home` (`$GROK_HOME`, read at set-up; None: nothing is read at load).
 pub fn layer(home: Option<PathBuf>) -> GrokUsage {
-    UsageFacts::new(Grok { home, roots: HashMap::new() })
+    UsageFacts::new(Grok { home, roots: HashMap::default() })
 }
 
 #[cfg(test)]

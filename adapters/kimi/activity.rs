@@ -6,7 +6,8 @@
 //! with an empty `end_turn` and run it unreported), and holds each prompt answer until the wire shows that
 //! turn's end. Its clock is the engine's: [`Cx::now`], [`Cx::wall`] and wake-ups through [`Cx::after`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -147,9 +148,9 @@ impl Activity {
     pub fn with_starter(start: Starter) -> Activity {
         Activity {
             start,
-            sessions: HashMap::new(),
-            off: HashSet::new(),
-            opening: HashMap::new(),
+            sessions: HashMap::default(),
+            off: HashSet::default(),
+            opening: HashMap::default(),
             record: None,
             took: None,
             tap: Tap::default(),

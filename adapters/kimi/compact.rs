@@ -18,7 +18,7 @@
 //! turn runs (Coda's or its own: told to the session table) and when Kimi compacts by itself (refused as
 //! [`ALREADY`]). Stopped (past the deadline) with `session/cancel`, which Kimi ends with `.cancel`.
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde_json::{Value, json};

@@ -20,7 +20,7 @@
 //! the record an answer is paired with, in order (a failed turn is answered in 0.1 s, before the watch has read
 //! its end, so the answer waits for it).
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 use crate::adapters::kimi::facts::WireFacts;

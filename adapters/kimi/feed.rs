@@ -1,6 +1,7 @@
 //! One session's files as a stream of wire records: lines split from appends, parsed, merged by time.
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 
 use bytes::Bytes;
 
@@ -137,7 +138,7 @@ pub fn classify_path(file: &str) -> Option<(&str, bool)> {
 
 impl Feed {
     pub fn new(cutoff_ms: u64) -> Feed {
-        Feed { cutoff_ms, files: HashMap::new() }
+        Feed { cutoff_ms, files: HashMap::default() }
     }
 
     /// `file` was replaced: what follows ([`Feed::piece`]s) is its content from the start, until

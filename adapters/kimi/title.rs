@@ -13,7 +13,8 @@
 //! prompt part whose text Kimi rewrites in ways not reproduced here) goes out as `null`, never as the
 //! instruction.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -228,7 +229,7 @@ fn title_after_block(blocks: &[Value]) -> Option<String> {
 
 impl Title {
     pub fn new(first_prompt: FirstPrompt) -> Title {
-        Title { titles: HashMap::new(), reading: HashSet::new(), held: VecDeque::new(), first_prompt }
+        Title { titles: HashMap::default(), reading: HashSet::default(), held: VecDeque::new(), first_prompt }
     }
 
     /// The title that goes out in place of an echo (known by now: frames that need one wait for it).
@@ -313,7 +314,7 @@ impl Title {
         let title = blocks.and_then(|b| title_after_block(&b));
         // A prompt seen meanwhile says it as well as the record.
         self.titles.entry(session).or_insert(title);
-        let mut stuck: HashSet<String> = HashSet::new();
+        let mut stuck: HashSet<String> = HashSet::default();
         for h in std::mem::take(&mut self.held) {
             let ready =
                 h.needs.iter().all(|s| self.titles.contains_key(s)) && !h.sessions.iter().any(|s| stuck.contains(s));

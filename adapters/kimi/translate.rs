@@ -9,7 +9,8 @@
 //! settles at once; one that ends while Kimi runs a turn of its own, or while the main agent is idle, is
 //! `handling` until the end of the turn that handles it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::coda::wait::{Register, State, Wait};
@@ -139,11 +140,11 @@ impl Translator {
             register: Register::new(),
             main_turn: None,
             turns_started: 0,
-            tasks: HashMap::new(),
-            suppressed: HashSet::new(),
-            agents: HashMap::new(),
+            tasks: HashMap::default(),
+            suppressed: HashSet::default(),
+            agents: HashMap::default(),
             handling: Vec::new(),
-            named: HashMap::new(),
+            named: HashMap::default(),
             next_run: 0,
         }
     }

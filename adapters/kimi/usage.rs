@@ -17,7 +17,7 @@
 //!
 //! Kimi's subagents never reach ACP, and their wires are not read here.
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -96,7 +96,7 @@ pub struct Kimi {
 
 impl Kimi {
     pub fn new(root: Option<PathBuf>) -> Kimi {
-        Kimi { root, sessions: HashMap::new(), counted: HashMap::new() }
+        Kimi { root, sessions: HashMap::default(), counted: HashMap::default() }
     }
 
     fn session(&mut self, session: &str, cx: &Cx) -> Option<&mut Session> {

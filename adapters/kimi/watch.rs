@@ -15,7 +15,8 @@
 //! [`READ_PIECE`], at most [`ROUND_BYTES`] of each file per scan, and at most [`IN_FLIGHT`] scans wait for the
 //! relay loop at a time: memory does not grow with the size of an append.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use crate::{HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -198,9 +199,9 @@ impl Watch {
             dir: dir.to_path_buf(),
             root,
             wires: BTreeMap::new(),
-            tasks: HashMap::new(),
-            watched: HashSet::new(),
-            warned: HashSet::new(),
+            tasks: HashMap::default(),
+            watched: HashSet::default(),
+            warned: HashSet::default(),
             watch_failed: false,
             feed: Feed::new(cutoff_ms),
             record: snapshot,

@@ -25,8 +25,9 @@
 //! stoppable). Failed turns are answered as Coda's failure kinds (`failure.rs`). Timers are the engine's
 //! (`Cx::after`); the server events handled are logged through a [`Record`] the set-up owns.
 
+use crate::{HashMap, HashSet};
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -117,7 +118,7 @@ struct Recent<K> {
 
 impl<K> Default for Recent<K> {
     fn default() -> Self {
-        Recent { set: HashSet::new(), order: VecDeque::new() }
+        Recent { set: HashSet::default(), order: VecDeque::new() }
     }
 }
 

@@ -27,7 +27,8 @@
 //! other frame of the session OpenCode writes meanwhile (a tool call, a usage update, a request) waits behind a
 //! held chunk, so nothing passes it: at most `HELD_CHUNKS` frames, then what is held goes on.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,12 +143,12 @@ impl OpenCodeCompact {
         OpenCodeCompact {
             asker,
             record,
-            running: HashMap::new(),
-            sessions: HashMap::new(),
-            setups: HashMap::new(),
+            running: HashMap::default(),
+            sessions: HashMap::default(),
+            setups: HashMap::default(),
             contexts: Contexts::default(),
-            summaries: HashMap::new(),
-            windows: HashMap::new(),
+            summaries: HashMap::default(),
+            windows: HashMap::default(),
         }
     }
 

@@ -12,7 +12,7 @@
 //!   (or after the resume failed), the layer asks Coda itself and answers it on OpenCode's server. A copy
 //!   OpenCode forwards late gets Coda's answer instead of a second question.
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 

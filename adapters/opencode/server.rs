@@ -17,7 +17,7 @@
 //! [`Server::delete_message`] add and remove a steering message (`steering.rs`, through `calls.rs`). For replays the
 //! events come from a file instead (one [`ServerEvent`] per line, see [`tail`]).
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::time::Duration;

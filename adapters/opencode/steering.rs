@@ -28,7 +28,7 @@
 //! events. In a replay the outcome comes from the recording's events file instead. The backend logs the steering
 //! calls' outcomes to the [`Record`].
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -128,10 +128,10 @@ impl OpenCodeSteering {
         OpenCodeSteering {
             caller,
             record,
-            opening: HashMap::new(),
-            cwd: HashMap::new(),
-            runs_with: HashMap::new(),
-            steers: HashMap::new(),
+            opening: HashMap::default(),
+            cwd: HashMap::default(),
+            runs_with: HashMap::default(),
+            steers: HashMap::default(),
         }
     }
 

@@ -11,7 +11,7 @@
 //!
 //! [`ServerEvent::SummarizeAsked`]: crate::adapters::opencode::server::ServerEvent::SummarizeAsked
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 

@@ -18,7 +18,7 @@
 //! (`GET /session/{id}/message`): the latest assistant message that is no summary (`lastRequestAt`, its context),
 //! the latest completed summary (`compactedAt`) ([`facts_of_messages`]). A replay has no server: nothing is read.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

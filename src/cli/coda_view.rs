@@ -3,7 +3,8 @@
 //! Which session's output Coda shows, which `_coda/wait` reports it accepts (section Agent 活动, `_coda/wait`),
 //! and the summary of an `initialize` or `session/new` answer. Rows are written by [`Renderer`].
 
-use std::collections::{BTreeMap, HashSet};
+use crate::HashSet;
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 

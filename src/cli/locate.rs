@@ -135,7 +135,7 @@ pub fn install_places(env: &Env) -> Vec<Place> {
 }
 
 fn dedup_places(places: Vec<Place>) -> Vec<Place> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = crate::HashSet::default();
     places.into_iter().filter(|p| seen.insert(p.dir.clone())).collect()
 }
 
@@ -297,7 +297,7 @@ pub fn child_path_var(program: &Path) -> Option<(OsString, OsString)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use crate::HashMap;
     use std::os::unix::fs::PermissionsExt;
 
     fn env_with<T>(home: &Path, vars: &[(&str, &str)], macos: bool, f: impl FnOnce(&Env) -> T) -> T {

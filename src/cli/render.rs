@@ -4,7 +4,7 @@
 //! reason) is a row of its own. Colours only when asked (stdout is a terminal and `NO_COLOR` is unset);
 //! without them every kind of row still has a word in front, so a transcript reads the same in a file.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::io::Write;
 
 use serde_json::Value;
@@ -77,8 +77,8 @@ impl<W: Write> Renderer<W> {
             at_line_start: true,
             stream: None,
             spinner: None,
-            tools: HashMap::new(),
-            tool_status: HashMap::new(),
+            tools: HashMap::default(),
+            tool_status: HashMap::default(),
             last_commands: None,
             last_facts: None,
         }

@@ -26,7 +26,8 @@
 //! session never takes the first one's record. A session's signals belong to its oldest turn that is still
 //! running.
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -339,7 +340,7 @@ impl<S: Signals> FailureKinds<S> {
             cli,
             patience,
             turns: Vec::new(),
-            skip: HashMap::new(),
+            skip: HashMap::default(),
             answered: VecDeque::new(),
             behind: VecDeque::new(),
             counter: 0,

@@ -3,7 +3,7 @@
 //! front of the user's first real prompt. A child that declares `systemPrompt` itself gets everything
 //! untouched.
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
@@ -149,10 +149,10 @@ impl Instruction {
             builtins,
             audience: None,
             native: None,
-            creating: HashMap::new(),
-            carrying: HashSet::new(),
-            sessions: HashMap::new(),
-            initial_commands: HashSet::new(),
+            creating: HashMap::default(),
+            carrying: HashSet::default(),
+            sessions: HashMap::default(),
+            initial_commands: HashSet::default(),
         }
     }
 

@@ -19,7 +19,7 @@
 //!   nothing to compact, or ended without saying it compacted.
 //! - Stopped (past the deadline) with `session/cancel`, which ends the shim's prompt `cancelled`.
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
@@ -119,7 +119,7 @@ impl SlashCompact {
     /// `agent` compacts on the prompt `command` and reports in ACP's `compaction_update`, and (`own`) in
     /// updates of its own.
     pub fn new(agent: &'static str, command: &'static str, own: Option<Own>) -> SlashCompact {
-        SlashCompact { agent, command, own, running: HashMap::new(), used: HashMap::new() }
+        SlashCompact { agent, command, own, running: HashMap::default(), used: HashMap::default() }
     }
 
     /// A `session/update` from the agent: what a running compaction learns from it, and whether it goes on.
@@ -241,7 +241,7 @@ impl Compactor for SlashCompact {
 
     fn start(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
         let before = self.used.get(session).copied();
-        let run = Running { round, before, after: None, progress: Progress::NotSeen, tools: HashSet::new() };
+        let run = Running { round, before, after: None, progress: Progress::NotSeen, tools: HashSet::default() };
         self.running.insert(session.to_owned(), run);
         let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": self.command}]});
         ctl.request("session/prompt", prompt, Asked { session: session.to_owned(), round });

@@ -30,7 +30,8 @@
 //! The session table marks the message in flight ([`crate::layer::Session::steering`]) and holds the prompts
 //! a compaction holds; whose turn runs is the table's to say ([`crate::layer::Cx::turn`]).
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -283,7 +284,7 @@ pub struct Steering<B: Steerer> {
 
 impl<B: Steerer> Steering<B> {
     pub fn new(backend: B) -> Steering<B> {
-        Steering { backend, in_flight: HashMap::new(), rounds: 0, answered: VecDeque::new() }
+        Steering { backend, in_flight: HashMap::default(), rounds: 0, answered: VecDeque::new() }
     }
 
     pub fn backend(&self) -> &B {

@@ -33,7 +33,7 @@
 //! A client that declares `subagents` itself gets everything untouched, and so does one that did not declare
 //! waits (the agent is then not told about `subagents`, so it sends none).
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 use std::convert::Infallible;
 
 use serde_json::{Map, Value, json};
@@ -239,7 +239,7 @@ impl Subagents {
 
     /// The agent closed `session`: the open runs of its children, and of theirs, end with it.
     fn closed(&mut self, session: &str, cx: &mut Cx) {
-        let mut gone: HashSet<String> = HashSet::from([session.to_owned()]);
+        let mut gone: HashSet<String> = HashSet::from_iter([session.to_owned()]);
         loop {
             let more: Vec<String> = self
                 .children
@@ -570,7 +570,7 @@ mod tests {
                 (f["params"]["waitId"].as_str().unwrap().to_owned(), f["params"]["state"].as_str().unwrap().to_owned())
             })
             .collect();
-        assert_eq!(ended, HashSet::from([("c".into(), "cancelled".into()), ("g".into(), "cancelled".into())]));
+        assert_eq!(ended, HashSet::from_iter([("c".into(), "cancelled".into()), ("g".into(), "cancelled".into())]));
     }
 
     #[test]

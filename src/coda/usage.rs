@@ -28,7 +28,8 @@
 //! Bounds: one entry per root session (forgotten with the root), the frames held behind one update (released
 //! within [`HOLD`] or [`LOAD_HOLD`], and at most [`HELD_MAX`]).
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -427,7 +428,7 @@ pub fn per_root<'a, T: Default>(
 
 impl<S: Source> UsageFacts<S> {
     pub fn new(cli: S) -> UsageFacts<S> {
-        UsageFacts { cli, sessions: HashMap::new(), held: VecDeque::new(), holds: 0, loads: 0, since: None }
+        UsageFacts { cli, sessions: HashMap::default(), held: VecDeque::new(), holds: 0, loads: 0, since: None }
     }
 
     /// The facts known of `session` (for tests).
@@ -912,7 +913,7 @@ mod tests {
     /// `loaded`.
     struct Toy {
         loaded: Option<Facts>,
-        waiting: std::collections::HashSet<String>,
+        waiting: crate::HashSet<String>,
     }
 
     impl Source for Toy {

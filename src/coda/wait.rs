@@ -1,7 +1,7 @@
 //! Coda's activity reports (`_coda/wait`, section "Agent 活动"): capability negotiation, field limits,
 //! and a register that sends each report with only what changed and never reopens a finished wait.
 
-use std::collections::HashMap;
+use crate::HashMap;
 
 use serde_json::{Map, Value, json};
 

@@ -18,7 +18,8 @@
 //!
 //! Every report is read on its way (they are the shim's own or few).
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};

@@ -48,8 +48,8 @@
 //! answers before any layer sees them), the children layers name ([`Cx::add_child`]), whose turn runs in each
 //! ([`Cx::turn`]), and the marks of the compaction and steering machines ([`Cx::session_mut`]).
 
+use crate::HashMap;
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -498,7 +498,7 @@ impl Stack {
                 names: layers.iter().map(|l| l.name()).collect(),
             },
             layers,
-            own: HashMap::new(),
+            own: HashMap::default(),
             own_prefix: format!("coda-shim-{}-", std::process::id()),
             next_own: 0,
             spare: Vec::new(),

@@ -9,8 +9,8 @@
 //! that handle its answer after them ([`crate::layer::Cx::note`]): the one way layers tell each other
 //! something, never a key written into a frame.
 
+use crate::HashMap;
 use std::any::Any;
-use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
 use crate::frame::{Frame, Id, Kind, Method};

@@ -30,7 +30,8 @@
 //! requests, bounded as the client's requests are; each held prompt leaves the table when it is released or
 //! answered.
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 
 use serde_json::Value;
 

@@ -4,8 +4,9 @@
 //! table per layer, typed, behind [`AnyTimers`], so the timer a layer gets back in `on_timer` is the value it
 //! asked with. One pending wake-up per value: asking again replaces it.
 
+use crate::HashMap;
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::time::Instant;
@@ -25,7 +26,7 @@ pub(super) struct Timers<T> {
 
 impl<T> Default for Timers<T> {
     fn default() -> Timers<T> {
-        Timers { queue: BTreeMap::new(), pending: HashMap::new() }
+        Timers { queue: BTreeMap::new(), pending: HashMap::default() }
     }
 }
 

@@ -4,7 +4,7 @@
 //! 8601 UTC instant with milliseconds (`2026-10-28T01:06:12.418Z`), and the same name to the same instant
 //! each time: a fact that must stay the same across updates (`compactedAt`) is checked to, on any day.
 
-use std::collections::HashMap;
+use crate::HashMap;
 
 use serde_json::Value;
 
@@ -41,7 +41,7 @@ pub fn is_instant(s: &str) -> bool {
 
 /// Writes the instants of the facts in `records` (shim to client) as `{{AT_<n>}}`.
 pub fn placeholders(records: &mut [Record]) {
-    let mut names: HashMap<String, String> = HashMap::new();
+    let mut names: HashMap<String, String> = HashMap::default();
     for r in records.iter_mut().filter(|r| r.edge == Dir::ShimToClient) {
         let Body::Frame(text) = &mut r.body else { continue };
         if !text.contains("\"coda\"") {

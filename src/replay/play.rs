@@ -6,7 +6,8 @@
 //! without one, pauses. A failure is reported on stderr and in the `ACP_REPLAY_REPORT` file, with an exit status
 //! of its own: 3 a frame the recording does not have, 4 the shim's stdin or stdout failed, 5 a file write failed.
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

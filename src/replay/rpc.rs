@@ -5,8 +5,9 @@
 //! requests and the other answers them; [`Conversation`] keeps the open ones, bounded, so an answer is matched
 //! to its request's method and time. `acp-replay validate` and `stats` read a trace through it.
 
+use crate::HashMap;
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use serde_json::Value;
 

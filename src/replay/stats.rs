@@ -7,7 +7,8 @@
 //! pairing the viewer draws ([`crate::replay::view::changes`]): frames it made, frames it changed, and frames
 //! of a peer it did not pass on as they came (held, dropped, or folded into one of its own).
 
-use std::collections::{BTreeMap, HashMap};
+use crate::HashMap;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::BufRead;
 
@@ -154,7 +155,7 @@ pub fn stats(input: impl BufRead) -> Stats {
                 Party::Client => &conversation.by_client,
                 Party::Agent => &conversation.by_agent,
             };
-            let mut open: HashMap<String, usize> = HashMap::new();
+            let mut open: HashMap<String, usize> = HashMap::default();
             for o in requests.open_requests() {
                 *open.entry(o.method.clone()).or_default() += 1;
             }

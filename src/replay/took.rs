@@ -14,7 +14,7 @@
 //! new content, `replace`/`write`, by a record that came after the write); a write of a file the shim does not
 //! read (outside every watched folder, or matching none of its patterns) is not waited for.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! the next) within each, and the frames of a turn aligned by what they are (direction, method, update kind),
 //! then compared in their normalised form.
 
-use std::collections::HashMap;
+use crate::HashMap;
 
 use serde_json::Value;
 
@@ -72,10 +72,10 @@ impl Report {
 /// Each frame's place: (session index on its side, turn).
 fn places(side: &Side) -> (Vec<String>, Vec<(usize, usize)>) {
     let mut sessions: Vec<String> = vec![String::new()];
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut turn: HashMap<usize, usize> = HashMap::new();
+    let mut index: HashMap<String, usize> = HashMap::default();
+    let mut turn: HashMap<usize, usize> = HashMap::default();
     // Requests by id (as text) and who sent them → the session they were of.
-    let mut asked: HashMap<(bool, String), usize> = HashMap::new();
+    let mut asked: HashMap<(bool, String), usize> = HashMap::default();
     let mut out = Vec::with_capacity(side.frames.len());
     for f in &side.frames {
         let id = f.frame.get("id").map(Value::to_string);

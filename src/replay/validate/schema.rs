@@ -5,7 +5,7 @@
 //! (`x-side`): [`Schemas::def_for`] finds the definition a frame is checked against from its method, kind and
 //! sender. A definition is compiled the first time a frame needs it, once per process.
 
-use std::collections::HashMap;
+use crate::HashMap;
 use std::sync::OnceLock;
 
 use jsonschema::error::ValidationErrorKind;
@@ -92,7 +92,7 @@ impl Schemas {
             }
             coda.push(name.clone());
         }
-        let mut methods = HashMap::new();
+        let mut methods = HashMap::default();
         for (name, def) in defs.iter() {
             let (Some(side), Some(method)) =
                 (def.get("x-side").and_then(Value::as_str), def.get("x-method").and_then(Value::as_str))

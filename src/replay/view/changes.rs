@@ -5,7 +5,8 @@
 //! on untouched appears twice with the same bytes; an edited one is paired with the frame it came from by its
 //! method and session (a request or notification) or its id (an answer), searching back from the newest.
 
-use std::collections::{HashMap, VecDeque};
+use crate::HashMap;
+use std::collections::VecDeque;
 
 use serde_json::Value;
 
@@ -274,7 +275,7 @@ pub fn apply(links: &mut [Link], found: Vec<Found>) {
 }
 
 fn pair_passed(records: &[Record], links: &mut [Link]) {
-    let mut waiting: [HashMap<&str, VecDeque<usize>>; 2] = [HashMap::new(), HashMap::new()];
+    let mut waiting: [HashMap<&str, VecDeque<usize>>; 2] = [HashMap::default(), HashMap::default()];
     for (i, rec) in records.iter().enumerate() {
         let Some((s, incoming)) = side(rec.dir) else { continue };
         if rec.not_json || links[i].fate != Fate::Passed {

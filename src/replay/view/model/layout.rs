@@ -1,14 +1,14 @@
 //! Rows: once every item is known, each lane gets the rows it uses, and waits are packed into as few rows as
 //! their overlap allows.
 
-use std::collections::HashMap;
+use crate::HashMap;
 
 use super::{Item, Kind, Lane};
 
 /// Rows: every lane gets the rows it uses; waits are packed into as few rows as overlap allows.
 pub(super) fn layout(items: &mut [Item], lanes: &mut [Lane], end: f64) {
-    let mut wait_rows: HashMap<usize, Vec<f64>> = HashMap::new();
-    let mut wait_row_of: HashMap<(usize, String), usize> = HashMap::new();
+    let mut wait_rows: HashMap<usize, Vec<f64>> = HashMap::default();
+    let mut wait_row_of: HashMap<(usize, String), usize> = HashMap::default();
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|&a, &b| items[a].t.total_cmp(&items[b].t));
     let base = ["turns", "own", "compact", "events", "shim", "files"];

@@ -9,7 +9,7 @@
 //! What the builder reads from the frames is here; the marks of what the shim changed and of what `diff` found
 //! are in `marks`, and the rows each lane gets once every item is known in `layout`.
 
-use std::collections::{HashMap, HashSet};
+use crate::{HashMap, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
