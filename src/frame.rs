@@ -576,6 +576,11 @@ impl Needle {
     pub const fn new(build: fn() -> memchr::memmem::Finder<'static>) -> Needle {
         Needle(std::sync::LazyLock::new(build))
     }
+
+    /// Where the needle starts in `haystack`, each place (overlapping ones too), in order.
+    pub fn places(&'static self, haystack: &[u8]) -> Vec<usize> {
+        self.0.find_iter(haystack).collect()
+    }
 }
 
 /// `static N: Needle = needle!(b"...");`

@@ -9,6 +9,7 @@ use std::convert::Infallible;
 use serde_json::{Value, json};
 
 use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::json;
 use crate::layer::{Cx, Layer};
 
 /// Opening and closing marker lines around the injected block.
@@ -46,6 +47,55 @@ pub fn strip(s: &str) -> Option<String> {
         changed = true;
     }
     changed.then(|| out + rest)
+}
+
+/// [`strip`] on a string as JSON writes it (`text` between its quotes), without unescaping it: the same
+/// text escaped as the agent escaped it, `None` when there was no block; `Err` when the text has an escape
+/// that could spell a marker's character (`\u`, `\/`), which [`strip`] then reads unescaped. The markers
+/// and their white space are the same bytes escaped or not: an escape is a backslash and one of `"\bfnrt`,
+/// and a marker begins with `<`, which no backslash escapes, so a marker found in the bytes is one in the text.
+fn strip_escaped(text: &[u8]) -> Result<Option<Vec<u8>>, ()> {
+    use memchr::memmem::find;
+    if find(text, b"\\u").is_some() || find(text, b"\\/").is_some() {
+        return Err(());
+    }
+    let (mut out, mut rest, mut changed) = (Vec::new(), text, false);
+    while let Some(start) = find(rest, OPEN.as_bytes()) {
+        let after = &rest[start + OPEN.len()..];
+        let Some(end) = find(after, CLOSE.as_bytes()) else { break };
+        out.extend_from_slice(&rest[..start]);
+        rest = trim_start_escaped(&after[end + CLOSE.len()..]);
+        changed = true;
+    }
+    Ok(changed.then(|| [out.as_slice(), rest].concat()))
+}
+
+/// `text` (a string's text as JSON writes it, with no `\u` escape) past the white space it starts with, as
+/// [`str::trim_start`] reads white space.
+fn trim_start_escaped(mut text: &[u8]) -> &[u8] {
+    loop {
+        let skip = match text {
+            [b' ', ..] => 1,
+            [b'\\', b'n' | b't' | b'r' | b'f', ..] => 2,
+            [c, ..] if *c >= 0x80 => {
+                // A character the frame check found valid UTF-8; a cut one ends the white space.
+                let lead = &text[..text.len().min(4)];
+                let valid = match std::str::from_utf8(lead) {
+                    Ok(s) => s,
+                    Err(e) => std::str::from_utf8(&lead[..e.valid_up_to()]).unwrap_or_default(),
+                };
+                match valid.chars().next() {
+                    Some(ch) if ch.is_whitespace() => ch.len_utf8(),
+                    _ => 0,
+                }
+            }
+            _ => 0,
+        };
+        if skip == 0 {
+            return text;
+        }
+        text = &text[skip..];
+    }
 }
 
 /// What a binary honours of `systemPrompt`: `append` always; `override` where the agent declares it (and so
@@ -330,20 +380,59 @@ fn command_names(commands: &Value) -> HashSet<String> {
         .collect()
 }
 
-/// Removes injected blocks from every string in `v`; true if anything changed.
-fn strip_value(v: &mut Value) -> bool {
-    match v {
-        Value::String(s) => match strip(s) {
-            Some(clean) => {
-                *s = clean;
-                true
-            }
-            None => false,
-        },
-        Value::Array(items) => items.iter_mut().fold(false, |acc, i| strip_value(i) | acc),
-        Value::Object(map) => map.values_mut().fold(false, |acc, i| strip_value(i) | acc),
-        _ => false,
+/// What is left of a frame of the agent's that holds the marker of an injected block.
+enum Echo {
+    /// No string held a whole block: the frame as it came.
+    Kept,
+    /// The frame with every block removed from each string value that held one, where it lies.
+    Stripped(Frame),
+    /// A `user_message_chunk` that was only the block.
+    Emptied,
+}
+
+/// Removes the injected blocks from every string value of `frame` that holds one (keys are left as they are),
+/// each string written again where it lies: the rest of the line goes on byte for byte, and a key that
+/// appears twice is stripped in each of its values, not only in the one a parser keeps.
+fn stripped(frame: &Frame) -> Echo {
+    let line = frame.bytes();
+    let strings = frame.view().strings_holding(&TOKEN.places(line));
+    let mut edits = Vec::new();
+    for range in strings {
+        let quoted = &line[range.clone()];
+        let clean = match strip_escaped(&quoted[1..quoted.len() - 1]) {
+            Ok(clean) => clean.map(|text| [b"\"".as_slice(), &text, b"\""].concat()),
+            Err(()) => json::View::of(quoted)
+                .as_str()
+                .as_deref()
+                .and_then(strip)
+                .map(|clean| serde_json::to_vec(&clean).expect("a string always serialises")),
+        };
+        if let Some(clean) = clean {
+            edits.push((range, clean));
+        }
     }
+    if edits.is_empty() {
+        return Echo::Kept;
+    }
+    // From the last to the first: the places of those before an edit do not move.
+    let mut out = frame.clone();
+    for (range, with) in edits.iter().rev() {
+        out = out.spliced(range.clone(), with);
+    }
+    // A frame that names the marker where its envelope is (a method, an id, a session, the update's kind) is
+    // checked again whole: a splice keeps the envelope it had.
+    let named = |text: Option<&[u8]>| text.is_some_and(|t| memchr::memmem::find(t, TOKEN_TEXT.as_bytes()).is_some());
+    if named(frame.method().map(str::as_bytes))
+        || named(frame.id().map(|id| id.as_json().as_bytes()))
+        || named(frame.session_update().map(str::as_bytes))
+        || named(frame.session_bytes().as_deref())
+    {
+        out = Frame::built(out.bytes().to_vec());
+    }
+    let empty_chunk = out.session_update() == Some("user_message_chunk")
+        && out.update_value().and_then(|u| u.pointer(&["content", "text"])).and_then(|t| t.as_str()).as_deref()
+            == Some("");
+    if empty_chunk { Echo::Emptied } else { Echo::Stripped(out) }
 }
 
 impl Layer for Instruction {
@@ -414,19 +503,12 @@ impl Layer for Instruction {
         // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
         let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
         if !streamed && frame.has(&TOKEN) {
-            let mut value = frame.to_value();
-            if !strip_value(&mut value) {
-                return cx.to_client(frame);
-            }
-            // No client ever sees the wrapper as user text; a chunk that was only the wrapper goes entirely.
-            let update = value.pointer("/params/update");
-            let empty_chunk = update.and_then(|u| u.get("sessionUpdate")).and_then(Value::as_str)
-                == Some("user_message_chunk")
-                && update.and_then(|u| u.pointer("/content/text")).and_then(Value::as_str) == Some("");
-            if !empty_chunk {
-                cx.to_client(frame.rewritten(value));
-            }
-            return;
+            return match stripped(&frame) {
+                Echo::Kept => cx.to_client(frame),
+                Echo::Stripped(frame) => cx.to_client(frame),
+                // No client ever sees the wrapper as user text; a chunk that was only the wrapper goes entirely.
+                Echo::Emptied => {}
+            };
         }
         cx.to_client(frame)
     }
@@ -527,6 +609,115 @@ mod tests {
         let texts: Vec<Value> =
             exits.to_client.iter().map(|f| f.value()["params"]["update"]["content"]["text"].clone()).collect();
         assert_eq!(texts, [json!("hello"), json!(echo), json!(echo), json!("hello")]);
+    }
+
+    /// What the instruction layer sends on for one line of the agent's.
+    fn from_agent_line(line: &str) -> Vec<Frame> {
+        use crate::layer::{Exits, Stack};
+        let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]))]);
+        let mut exits = Exits::default();
+        stack.from_agent(Frame::parse(line.as_bytes().to_vec()).expect("a valid line"), &mut exits);
+        exits.to_client
+    }
+
+    /// Coda's instruction as it is: paragraphs of Markdown, CJK, quotes, an emoji.
+    const INSTRUCTION: &str = "# 会话指令\n\n你是 Coda 的助手。回答要\u{201c}简短\u{201d}，用 \"引号\" 和 `代码`。\n\n- 不要删除文件 🚫\n- 路径: C:\\tmp\\x\n";
+
+    #[test]
+    fn an_echo_is_stripped_where_it_lies_and_the_rest_of_the_line_goes_on_byte_for_byte() {
+        let echo = serde_json::to_string(&(wrap(INSTRUCTION) + "修复登录")).unwrap();
+        // Numbers as the agent spelled them, keys in its order, an escape serde_json would not write.
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"_x.ai/sessions/changed","params":{{"n":1e400,"z":0.10,"a":"\u00e9","sessions":[{{"id":"s","title":{echo},"firstPrompt":{echo}}}],"t":1764633600000}}}}"#
+        );
+        let out = from_agent_line(&line);
+        let want = line.replace(&echo, "\"修复登录\"");
+        assert_eq!(out.len(), 1);
+        assert_eq!(String::from_utf8_lossy(out[0].bytes()), want);
+        assert_eq!(out[0].method(), Some("_x.ai/sessions/changed"));
+        // The same with `<` and `>` written as escapes (an encoder that escapes HTML's characters).
+        let html = echo.replace('<', "\\u003c").replace('>', "\\u003e");
+        let out = from_agent_line(&line.replace(&echo, &html));
+        assert_eq!(String::from_utf8_lossy(out[0].bytes()), want);
+    }
+
+    #[test]
+    fn strip_escaped_is_strip_on_the_text_as_json_writes_it() {
+        let block = wrap(INSTRUCTION);
+        let texts = [
+            "no block at all".to_owned(),
+            block.clone(),
+            block.clone() + "修复登录",
+            format!("before {block}after"),
+            format!("{block}{block}twice"),
+            format!("{block}\t \r\n\u{000C}\u{3000}\u{00A0}\u{2003}spaces of every kind"),
+            format!("{block}\u{0008}not space"),
+            format!("{OPEN} reflowed {CLOSE}   title"),
+            format!("{OPEN}\nunterminated"),
+            format!("{block}é\"quoted\" \\ back\\slash"),
+            format!("{OPEN}x{CLOSE}"),
+            format!("a\\{OPEN}x{CLOSE} b"),
+        ];
+        for text in texts {
+            let json = serde_json::to_string(&text).unwrap();
+            let inner = &json.as_bytes()[1..json.len() - 1];
+            let got = strip_escaped(inner).expect("no \\u or \\/ escape");
+            let unescaped =
+                got.map(|g| serde_json::from_slice::<String>(&[b"\"", g.as_slice(), b"\""].concat()).unwrap());
+            assert_eq!(unescaped, strip(&text), "{text:?}");
+        }
+        // A marker that an escape could spell is left to `strip`.
+        assert!(strip_escaped(br"\u003ccoda-session-instruction>x</coda-session-instruction>").is_err());
+        assert!(strip_escaped(br"<coda-session-instruction>x<\/coda-session-instruction>").is_err());
+    }
+
+    #[test]
+    fn an_echo_in_a_key_that_appears_twice_is_stripped_in_each_value() {
+        // A parser keeping the last `title` saw nothing to strip, and the first went on with the instruction.
+        let echo = serde_json::to_string(&(wrap(INSTRUCTION) + "hi")).unwrap();
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"session_info_update","title":{echo},"title":"plain"}}}}}}"#
+        );
+        let out = from_agent_line(&line);
+        assert_eq!(out.len(), 1);
+        let text = String::from_utf8_lossy(out[0].bytes()).into_owned();
+        assert!(!text.contains(TOKEN_TEXT), "{text}");
+        assert!(text.contains(r#""title":"hi","title":"plain""#), "{text}");
+    }
+
+    #[test]
+    fn keys_are_not_stripped_and_a_marker_in_the_envelope_is_read_again() {
+        let block = serde_json::to_string(&wrap("x")).unwrap();
+        // A key that is the block stays (the value after it is stripped).
+        let line = format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{{block}:{block}}}}}"#);
+        let out = from_agent_line(&line);
+        assert_eq!(
+            String::from_utf8_lossy(out[0].bytes()),
+            format!(r#"{{"jsonrpc":"2.0","method":"m","params":{{{block}:""}}}}"#)
+        );
+        // The block as a method, a session and an id: the frame's envelope is read from what goes out.
+        let method = serde_json::to_string(&(wrap("x") + "m")).unwrap();
+        let line = format!(r#"{{"jsonrpc":"2.0","id":{block},"method":{method},"params":{{"sessionId":{method}}}}}"#);
+        let out = from_agent_line(&line);
+        assert_eq!(out[0].method(), Some("m"));
+        assert_eq!(out[0].session().as_deref(), Some("m"));
+        assert_eq!(out[0].id().map(Id::as_json), Some("\"\""));
+        assert_eq!(out[0].value()["params"]["sessionId"], json!("m"));
+    }
+
+    #[test]
+    fn an_echo_beside_a_lone_surrogate_is_stripped_and_the_frame_read_again() {
+        let echo = serde_json::to_string(&(wrap(INSTRUCTION) + "hi")).unwrap();
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"user_message_chunk","content":{{"type":"text","text":{echo}}},"odd":"\ud800"}}}}}}"#
+        );
+        let out = from_agent_line(&line);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].value()["params"]["update"]["content"]["text"], json!("hi"));
+        assert_eq!(out[0].session().as_deref(), Some("s"));
+        // Only the block: the chunk goes entirely.
+        let only = serde_json::to_string(&wrap(INSTRUCTION)).unwrap();
+        assert!(from_agent_line(&line.replace(&echo, &only)).is_empty());
     }
 
     #[test]

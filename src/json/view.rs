@@ -180,6 +180,30 @@ impl<'a> View<'a> {
         serde_json::from_slice::<String>(&mended).ok().map(Cow::Owned)
     }
 
+    /// The strings of this value that are values, not keys, and hold a byte of `at` (places in this value's
+    /// text, in order), each as the range of its text with its quotes: for a layer that edits a few strings
+    /// of a frame where they lie. One pass over the strings up to the last place; other bytes are skipped.
+    pub fn strings_holding(&self, at: &[usize]) -> Vec<std::ops::Range<usize>> {
+        let (b, mut found) = (self.text, Vec::new());
+        let (mut i, mut next) = (0, 0);
+        while let Some(&place) = at.get(next) {
+            // Outside a string, a quote only opens one.
+            let Some(open) = find(b, i, [b'"']) else { break };
+            let Some(close) = string_end(b, open + 1) else { break };
+            i = close + 1;
+            if place > close {
+                continue;
+            }
+            if place > open && b.get(skip_space(b, i)) != Some(&b':') {
+                found.push(open..i);
+            }
+            while at.get(next).is_some_and(|&p| p <= close) {
+                next += 1;
+            }
+        }
+        found
+    }
+
     /// A number that is a `u64` as serde_json reads one (digits only, no sign, fraction or exponent).
     pub fn as_u64(&self) -> Option<u64> {
         if !self.text.first().is_some_and(u8::is_ascii_digit) {
@@ -316,6 +340,22 @@ mod tests {
                 path.pop();
             }
         }
+    }
+
+    #[test]
+    fn strings_holding_finds_the_value_strings_around_places_not_keys() {
+        let text = br#"{"k\"ey":"a\"b\\","n":[1,"xy",{"q":"zz"}],"x":"x","last":"\u00e9t\u00e9"}"#;
+        let v = View::of(text);
+        let find = |what: &str| text.windows(what.len()).position(|w| w == what.as_bytes()).unwrap();
+        let quoted = |r: std::ops::Range<usize>| String::from_utf8_lossy(&text[r]).into_owned();
+        // A place in a key, in a value with escapes, in an array, in a nested object's value, in the last.
+        let places = [find("ey"), find(r#"b\\"#), find("xy") + 1, find("zz"), find(r#"t\u"#)];
+        let found: Vec<String> = v.strings_holding(&places).into_iter().map(quoted).collect();
+        assert_eq!(found, [r#""a\"b\\""#, r#""xy""#, r#""zz""#, r#""\u00e9t\u00e9""#]);
+        // Two places in one string give it once; a place outside any string gives none.
+        assert_eq!(v.strings_holding(&[find("xy"), find("xy") + 1]).len(), 1);
+        assert!(v.strings_holding(&[find("[1"), find("[1") + 1]).is_empty());
+        assert!(v.strings_holding(&[]).is_empty());
     }
 
     #[test]
