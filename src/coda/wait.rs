@@ -64,31 +64,25 @@ impl Wait {
         Wait { session_id: session_id.into(), wait_id: wait_id.into(), state: Some(state), ..Wait::default() }
     }
 
-    /// The optional fields as (name, value), after applying the limits.
-    fn fields(&self) -> Vec<(&'static str, Value)> {
-        let mut out = Vec::new();
-        let mut text = |name, v: &Option<String>, max: Option<usize>| {
-            if let Some(v) = v {
-                let v = match max {
-                    Some(max) => utf16_prefix(v, max),
-                    None => v.as_str(),
-                };
-                out.push((name, Value::from(v)));
-            }
-        };
-        text("kind", &self.kind, None);
-        text("title", &self.title, Some(MAX_TITLE));
-        text("detail", &self.detail, Some(MAX_DETAIL));
-        text("childSessionId", &self.child_session_id, None);
-        text("model", &self.model, None);
-        text("outputFile", &self.output_file, None);
-        text("toolCallId", &self.tool_call_id, None);
-        if let Some(s) = self.stoppable {
-            out.push(("stoppable", Value::Bool(s)));
+    /// The optional text fields, in [`TEXTS`]' order, after applying the limits.
+    fn texts(&self) -> [Option<&str>; TEXTS.len()] {
+        fn limited(v: &Option<String>, max: usize) -> Option<&str> {
+            v.as_deref().map(|v| utf16_prefix(v, max))
         }
-        out
+        [
+            self.kind.as_deref(),
+            limited(&self.title, MAX_TITLE),
+            limited(&self.detail, MAX_DETAIL),
+            self.child_session_id.as_deref(),
+            self.model.as_deref(),
+            self.output_file.as_deref(),
+            self.tool_call_id.as_deref(),
+        ]
     }
 }
+
+/// The names of the optional text fields of a report ([`Wait::texts`]).
+const TEXTS: [&str; 7] = ["kind", "title", "detail", "childSessionId", "model", "outputFile", "toolCallId"];
 
 /// The longest prefix of `s` with at most `max` characters (never splits a character).
 pub fn truncate_chars(s: &str, max: usize) -> &str {
@@ -150,7 +144,9 @@ pub struct WithholdWaits;
 
 #[derive(Default)]
 struct Known {
-    fields: HashMap<&'static str, Value>,
+    /// The text fields last said, in [`TEXTS`]' order.
+    texts: [Option<Box<str>>; TEXTS.len()],
+    stoppable: Option<bool>,
     state: Option<State>,
 }
 
@@ -161,7 +157,8 @@ pub const MAX_KNOWN: usize = 4096;
 /// What has been reported per (session, waitId).
 #[derive(Default)]
 pub struct Register {
-    known: HashMap<(String, String), Known>,
+    /// By session, then by waitId (looked up without a key built).
+    known: HashMap<String, HashMap<String, Known>>,
     /// The keys of `known`, oldest first.
     order: std::collections::VecDeque<(String, String)>,
 }
@@ -182,34 +179,42 @@ impl Register {
             );
             return None;
         }
-        let key = (wait.session_id.clone(), wait.wait_id.clone());
-        let known = self.known.get(&key);
-        match (known, wait.state) {
-            (Some(k), _) if k.state.is_some_and(State::is_terminal) => return None,
-            (None, None) => return None,
-            (None, Some(s)) if s.is_terminal() => return None,
-            _ => {}
+        let (session, id) = (&wait.session_id, &wait.wait_id);
+        let known = match self.known.get_mut(session).and_then(|waits| waits.get_mut(id)) {
+            Some(k) if k.state.is_some_and(State::is_terminal) => return None,
+            Some(k) => k,
+            None if wait.state.is_none_or(State::is_terminal) => return None,
+            None => {
+                self.order.push_back((session.clone(), id.clone()));
+                self.bound();
+                self.known.entry(session.clone()).or_default().entry(id.clone()).or_default()
+            }
+        };
+        // What changed, before anything is built: a repeat (the same call's update again) costs no allocation.
+        let state = wait.state.or(known.state).unwrap_or(State::Waiting);
+        let texts = wait.texts();
+        let said: [bool; TEXTS.len()] =
+            std::array::from_fn(|k| texts[k].is_some_and(|t| known.texts[k].as_deref() != Some(t)));
+        let stoppable = wait.stoppable.filter(|&s| known.stoppable != Some(s));
+        if known.state == Some(state) && !said.contains(&true) && stoppable.is_none() {
+            return None;
         }
-        if !self.known.contains_key(&key) {
-            self.order.push_back(key.clone());
-            self.bound();
-        }
-        let known = self.known.entry(key).or_default();
         let mut params = Map::new();
         params.insert("sessionId".into(), Value::from(wait.session_id.as_str()));
         params.insert("waitId".into(), Value::from(wait.wait_id.as_str()));
-        let state = wait.state.or(known.state).unwrap_or(State::Waiting);
-        let mut changed = known.state != Some(state);
         params.insert("state".into(), Value::from(state.as_str()));
-        for (name, value) in wait.fields() {
-            if known.fields.get(name) != Some(&value) {
-                changed = true;
-                known.fields.insert(name, value.clone());
-                params.insert(name.into(), value);
+        for (k, name) in TEXTS.iter().enumerate() {
+            if let Some(text) = texts[k].filter(|_| said[k]) {
+                known.texts[k] = Some(text.into());
+                params.insert((*name).into(), Value::from(text));
             }
         }
+        if let Some(s) = stoppable {
+            known.stoppable = Some(s);
+            params.insert("stoppable".into(), Value::Bool(s));
+        }
         known.state = Some(state);
-        changed.then(|| frame::notification(METHOD, Value::Object(params)))
+        Some(frame::notification(METHOD, Value::Object(params)))
     }
 
     /// Past [`MAX_KNOWN`]: forgets the oldest ended wait, else the oldest.
@@ -217,23 +222,34 @@ impl Register {
         if self.order.len() <= MAX_KNOWN {
             return;
         }
-        let ended = |k: &(String, String)| self.known.get(k).is_some_and(|w| w.state.is_some_and(State::is_terminal));
+        let ended = |(session, id): &(String, String)| {
+            self.known
+                .get(session)
+                .and_then(|waits| waits.get(id))
+                .is_some_and(|w| w.state.is_some_and(State::is_terminal))
+        };
         let at = self.order.iter().position(ended).unwrap_or(0);
         if let Some(key) = self.order.remove(at) {
-            self.known.remove(&key);
+            if let Some(waits) = self.known.get_mut(&key.0) {
+                waits.remove(&key.1);
+                if waits.is_empty() {
+                    self.known.remove(&key.0);
+                }
+            }
         }
     }
 
     /// Forgets the waits of the sessions `closed` says (a closed session's: nothing is reported of it again).
     pub fn forget(&mut self, closed: impl Fn(&str) -> bool) {
-        self.known.retain(|(session, _), _| !closed(session));
+        self.known.retain(|session, _| !closed(session));
         self.order.retain(|(session, _)| !closed(session));
     }
 
     /// Whether `(session, wait_id)` was registered and has not ended.
     pub fn is_open(&self, session: &str, wait_id: &str) -> bool {
         self.known
-            .get(&(session.to_owned(), wait_id.to_owned()))
+            .get(session)
+            .and_then(|waits| waits.get(wait_id))
             .is_some_and(|k| k.state.is_some_and(|s| !s.is_terminal()))
     }
 }
@@ -300,6 +316,35 @@ mod tests {
     }
 
     #[test]
+    fn each_field_is_said_when_it_changes_and_not_again() {
+        let mut r = Register::new();
+        let mut w = Wait::new("s", "w", State::Waiting);
+        w.stoppable = Some(true);
+        w.model = Some("m".into());
+        assert_eq!(
+            params(&r.report(&w).unwrap()),
+            json!({"sessionId":"s","waitId":"w","state":"waiting","stoppable":true,"model":"m"})
+        );
+        w.stoppable = Some(false);
+        assert_eq!(
+            params(&r.report(&w).unwrap()),
+            json!({"sessionId":"s","waitId":"w","state":"waiting","stoppable":false})
+        );
+        // A field not said keeps what was said; saying it again unchanged is no change.
+        w.model = None;
+        assert!(r.report(&w).is_none());
+        w.model = Some("m".into());
+        assert!(r.report(&w).is_none());
+        // A title past its limit is compared as it is sent: the same prefix is no change.
+        w.title = Some("t".repeat(MAX_TITLE + 5));
+        assert_eq!(params(&r.report(&w).unwrap())["title"].as_str().map(str::len), Some(MAX_TITLE));
+        w.title = Some("t".repeat(MAX_TITLE + 9));
+        assert!(r.report(&w).is_none());
+        r.forget(|s| s == "s");
+        assert!(!r.is_open("s", "w") && r.order.is_empty() && r.known.is_empty());
+    }
+
+    #[test]
     fn the_waits_remembered_are_bounded_and_the_ended_ones_go_first() {
         let mut r = Register::new();
         r.report(&Wait::new("s", "first", State::Waiting)).unwrap();
@@ -308,9 +353,10 @@ mod tests {
         for n in 0..MAX_KNOWN - 1 {
             r.report(&Wait::new("s", &format!("w{n}"), State::Waiting)).unwrap();
         }
-        assert_eq!(r.known.len(), MAX_KNOWN);
+        assert_eq!(r.known.values().map(HashMap::len).sum::<usize>(), MAX_KNOWN);
+        assert_eq!(r.order.len(), MAX_KNOWN);
         assert!(r.is_open("s", "first"), "the oldest open one is kept");
-        assert!(!r.known.contains_key(&("s".to_owned(), "ended".to_owned())), "the ended one went");
+        assert!(!r.known["s"].contains_key("ended"), "the ended one went");
         r.report(&Wait::new("s", "one more", State::Waiting)).unwrap();
         assert!(!r.is_open("s", "first"), "then the oldest");
     }
