@@ -24,6 +24,7 @@ use std::convert::Infallible;
 use crate::adapters::grok::compact::Queue;
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
 
@@ -69,8 +70,9 @@ pub struct Stop;
 
 static SPAWN_SUBAGENT: Needle = crate::needle!(b"spawn_subagent");
 
-fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+/// A string value that is not empty.
+fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
+    v?.as_str().filter(|s| !s.is_empty())
 }
 
 /// The id in a `subagent_id: <id>` line of `spawn_subagent`'s text result.
@@ -135,35 +137,39 @@ impl GrokActivity {
         prompt_id.strip_prefix(SUBAGENT_WAKE).map(|id| (Item::Subagent, id.to_owned()))
     }
 
-    fn task_backgrounded(&mut self, grok_session: &str, u: &Value, cx: &mut Cx) {
-        let Some(task) = str_at(u, "task_id") else {
+    fn task_backgrounded(&mut self, grok_session: &str, u: View<'_>, cx: &mut Cx) {
+        let Some(task) = text(u.get("task_id")) else {
             tracing::warn!("_x.ai/task_backgrounded without task_id; not reported");
             return;
         };
-        self.open_task(grok_session, task, u, cx);
+        self.open_task(grok_session, &task, u, cx);
     }
 
-    fn open_task(&mut self, grok_session: &str, task: &str, u: &Value, cx: &mut Cx) {
+    fn open_task(&mut self, grok_session: &str, task: &str, u: View<'_>, cx: &mut Cx) {
         let key = (Item::Task, task.to_owned());
         if self.items.contains_key(&key) {
             return;
         }
+        let [command, description, output_file, tool_call_id] =
+            u.pick(["command", "description", "output_file", "tool_call_id"]).map(text);
         let session = self.visible(grok_session);
         let mut w = Wait::new(&session, task, State::Waiting);
         w.kind = Some("task".into());
-        let command = str_at(u, "command");
-        w.title = str_at(u, "description").or(command).map(str::to_owned);
-        w.detail = command.map(str::to_owned);
-        w.output_file = str_at(u, "output_file").map(str::to_owned);
-        w.tool_call_id = str_at(u, "tool_call_id").map(str::to_owned);
+        w.title = description.or(command.clone()).map(Cow::into_owned);
+        w.detail = command.map(Cow::into_owned);
+        w.output_file = output_file.map(Cow::into_owned);
+        w.tool_call_id = tool_call_id.map(Cow::into_owned);
         w.stoppable = Some(true);
         let a = Activity { session, grok_session: grok_session.to_owned(), ended: None, open: true };
         self.items.insert(key, a);
         self.report(&w, cx);
     }
 
-    fn subagent_spawned(&mut self, u: &Value, cx: &mut Cx) {
-        let (Some(id), Some(parent)) = (str_at(u, "subagent_id"), str_at(u, "parent_session_id")) else {
+    fn subagent_spawned(&mut self, u: View<'_>, cx: &mut Cx) {
+        let [id, parent, grok_child, resumed_from, description, model] = u
+            .pick(["subagent_id", "parent_session_id", "child_session_id", "resumed_from", "description", "model"])
+            .map(text);
+        let (Some(id), Some(parent)) = (id.as_deref(), parent.as_deref()) else {
             tracing::warn!("subagent_spawned without subagent_id or parent_session_id; not reported");
             return;
         };
@@ -171,10 +177,10 @@ impl GrokActivity {
         if self.items.contains_key(&key) {
             return;
         }
-        let grok_child = str_at(u, "child_session_id").unwrap_or(id);
+        let grok_child = grok_child.as_deref().unwrap_or(id);
         // A continued subagent is the same child for Coda (rule 5).
-        let child = str_at(u, "resumed_from")
-            .and_then(|from| self.child_of.get(from).cloned())
+        let child = resumed_from
+            .and_then(|from| self.child_of.get(&*from).cloned())
             .unwrap_or_else(|| self.visible(grok_child));
         if child != grok_child {
             self.alias.insert(grok_child.to_owned(), child.clone());
@@ -192,9 +198,9 @@ impl GrokActivity {
         let session = self.visible(parent);
         let mut w = Wait::new(&session, id, State::Waiting);
         w.kind = Some("subagent".into());
-        w.title = str_at(u, "description").map(str::to_owned);
+        w.title = description.map(Cow::into_owned);
         w.child_session_id = Some(child);
-        w.model = str_at(u, "model").map(str::to_owned);
+        w.model = model.map(Cow::into_owned);
         w.tool_call_id = call;
         w.stoppable = Some(true);
         let a = Activity { session, grok_session: parent.to_owned(), ended: None, open: true };
@@ -203,69 +209,79 @@ impl GrokActivity {
     }
 
     /// Learns which `spawn_subagent` call started which subagent.
-    fn tool_update(&mut self, grok_session: &str, u: &Value) {
-        let call = str_at(u, "toolCallId");
-        match u.get("sessionUpdate").and_then(Value::as_str) {
+    fn tool_update(&mut self, grok_session: &str, kind: Option<&str>, u: View<'_>) {
+        let [call, meta, raw] = u.pick(["toolCallId", "_meta", "rawOutput"]);
+        let call = text(call);
+        match kind {
             Some("tool_call") => {
-                let tool = u.pointer("/_meta/x.ai~1tool/name").and_then(Value::as_str);
-                if let (Some("spawn_subagent"), Some(call)) = (tool, call) {
-                    self.spawn_calls.entry(grok_session.to_owned()).or_default().push_back(call.to_owned());
+                let tool = meta.and_then(|m| m.pointer(&["x.ai/tool", "name"])).and_then(|n| n.as_str());
+                if let (Some("spawn_subagent"), Some(call)) = (tool.as_deref(), call) {
+                    self.spawn_calls.entry(grok_session.to_owned()).or_default().push_back(call.into_owned());
                 }
             }
             Some("tool_call_update") => {
                 let Some(call) = call else { return };
-                let pending = self.spawn_calls.get(grok_session).is_some_and(|c| c.iter().any(|c| c == call));
+                let pending = self.spawn_calls.get(grok_session).is_some_and(|c| c.iter().any(|c| *c == call));
                 if !pending {
                     return;
                 }
-                let raw = u.get("rawOutput");
-                let named = raw
-                    .and_then(|r| str_at(r, "subagent_id"))
-                    .or_else(|| raw.and_then(|r| str_at(r, "text")).and_then(named_subagent));
+                let [subagent, said] = raw.map_or([None, None], |r| r.pick(["subagent_id", "text"]).map(text));
+                let named = subagent.or_else(|| {
+                    let said = said?;
+                    named_subagent(&said).map(|id| Cow::Owned(id.to_owned()))
+                });
                 if let Some(id) = named {
-                    self.named_by.insert(id.to_owned(), call.to_owned());
+                    self.named_by.insert(id.into_owned(), call.into_owned());
                 }
             }
             _ => {}
         }
     }
 
-    fn notification(&mut self, method: &str, grok_session: &str, u: &Value, cx: &mut Cx) {
-        match (method, u.get("sessionUpdate").and_then(Value::as_str)) {
+    /// One of Grok's `_x.ai/*` notifications this layer reads; `u` is its `params.update` (read where it lies:
+    /// a background task's list or a subagent's news can be long, and only a few of its fields matter).
+    fn notification(&mut self, method: &str, grok_session: &str, kind: Option<&str>, u: View<'_>, cx: &mut Cx) {
+        let is_true = |v: Option<View<'_>>| v.and_then(|v| v.as_bool()) == Some(true);
+        match (method, kind) {
             ("_x.ai/task_backgrounded", _) => self.task_backgrounded(grok_session, u, cx),
             ("_x.ai/task_completed", _) => {
-                let Some(snap) = u.get("task_snapshot") else { return };
-                let Some(task) = str_at(snap, "task_id") else { return };
-                let state = if snap.get("explicitly_killed").and_then(Value::as_bool) == Some(true) {
+                let [snap, will_wake] = u.pick(["task_snapshot", "will_wake"]);
+                let Some(snap) = snap else { return };
+                let [task, killed, exit] = snap.pick(["task_id", "explicitly_killed", "exit_code"]);
+                let Some(task) = text(task) else { return };
+                // (`exit_code` 0 as an integer: serde_json's `as_i64` reads `-0` as 0 and `0.0` as none.)
+                let state = if is_true(killed) {
                     State::Cancelled
-                } else if snap.get("exit_code").and_then(Value::as_i64) == Some(0) {
+                } else if exit.is_some_and(|e| matches!(e.text(), b"0" | b"-0")) {
                     State::Done
                 } else {
                     State::Failed
                 };
-                let will_wake = u.get("will_wake").and_then(Value::as_bool) == Some(true);
-                self.ended((Item::Task, task.to_owned()), state, will_wake, cx);
+                self.ended((Item::Task, task.into_owned()), state, is_true(will_wake), cx);
             }
             ("_x.ai/session_notification", Some("background_tasks")) => {
                 // A running task this shim has not heard of (e.g. started by a tool other than the shell).
-                for t in u.get("tasks").and_then(Value::as_array).into_iter().flatten() {
-                    if let (Some(task), Some("running")) = (str_at(t, "task_id"), str_at(t, "status")) {
-                        self.open_task(grok_session, task, t, cx);
+                for t in u.get("tasks").iter().flat_map(View::elements) {
+                    let [task, status] = t.pick(["task_id", "status"]).map(text);
+                    if let (Some(task), Some("running")) = (task, status.as_deref()) {
+                        self.open_task(grok_session, &task, t, cx);
                     }
                 }
             }
             ("_x.ai/session_notification", Some("subagent_spawned")) => self.subagent_spawned(u, cx),
             ("_x.ai/session_notification", Some("subagent_finished")) => {
-                let Some(id) = str_at(u, "subagent_id") else { return };
-                let state = match str_at(u, "status") {
+                let [id, status, will_wake] = u.pick(["subagent_id", "status", "will_wake"]);
+                let Some(id) = text(id) else { return };
+                let state = match text(status).as_deref() {
                     Some("completed") => State::Done,
                     Some("cancelled") => State::Cancelled,
                     _ => State::Failed,
                 };
-                let will_wake = u.get("will_wake").and_then(Value::as_bool) == Some(true);
-                self.ended((Item::Subagent, id.to_owned()), state, will_wake, cx);
+                self.ended((Item::Subagent, id.into_owned()), state, is_true(will_wake), cx);
             }
-            ("_x.ai/session_notification", Some("turn_completed")) => self.turn_completed(str_at(u, "prompt_id"), cx),
+            ("_x.ai/session_notification", Some("turn_completed")) => {
+                self.turn_completed(text(u.get("prompt_id")).as_deref(), cx)
+            }
             _ => {}
         }
     }
@@ -290,12 +306,13 @@ impl GrokActivity {
     /// A stop `Waits` passed on (the wait is open and stoppable as far as the reports say); one this layer
     /// did not report goes on to Grok.
     fn stop(&mut self, id: &Id, frame: Frame, cx: &mut Cx) {
-        let params = frame.value().get("params").cloned().unwrap_or(Value::Null);
-        let (session, wait_id) = (str_at(&params, "sessionId"), str_at(&params, "waitId").unwrap_or_default());
+        let params = frame.view().get("params");
+        let [session, wait_id] = params.map_or([None, None], |p| p.pick(["sessionId", "waitId"]).map(text));
+        let wait_id = wait_id.unwrap_or_default();
         let found = [Item::Task, Item::Subagent]
             .into_iter()
-            .map(|k| (k, wait_id.to_owned()))
-            .find(|k| self.items.get(k).is_some_and(|a| Some(a.session.as_str()) == session));
+            .map(|k| (k, wait_id.clone().into_owned()))
+            .find(|k| self.items.get(k).is_some_and(|a| Some(a.session.as_str()) == session.as_deref()));
         let Some((key, a)) = found.and_then(|k| self.items.get(&k).map(|a| (k, a))) else {
             return cx.to_agent(frame);
         };
@@ -406,21 +423,17 @@ impl Layer for GrokActivity {
                     let prompt = copy.update_value().and_then(|u| u.get("prompt_id")).and_then(|p| p.as_str());
                     return self.turn_completed(nonempty(prompt).as_deref(), cx);
                 }
-                let v = copy.value();
-                if let Some(u) = v.get("params").and_then(|p| p.get("update")) {
-                    self.notification(&method, &session, u, cx);
-                }
+                // (An update that is no object reads as one without fields: a task without its id is warned of.)
+                let u = copy.update_value().unwrap_or(View::of(b"null"));
+                self.notification(&method, &session, copy.session_update(), u, cx);
             }
             Kind::Notification { method } if method == "session/update" => {
                 // Only tool calls matter, and of those only a spawn or what follows one.
-                if self.tool_news(&frame) {
-                    let v = frame.value();
-                    if let (Some(sid), Some(u)) =
-                        (v.pointer("/params/sessionId").and_then(Value::as_str), v.pointer("/params/update"))
-                        && !Self::is_loading(cx, sid)
-                    {
-                        self.tool_update(sid, u);
-                    }
+                if self.tool_news(&frame)
+                    && let (Some(sid), Some(u)) = (frame.session(), frame.update_value())
+                    && !Self::is_loading(cx, &sid)
+                {
+                    self.tool_update(&sid, frame.session_update(), u);
                 }
                 self.rename(frame, true, cx)
             }
@@ -553,6 +566,21 @@ mod tests {
         let out = agent(&mut h, turn_completed(S, "task-completed-t1"));
         assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"t1","state":"done"})]);
         assert!(agent(&mut h, turn_completed(S, "task-completed-t1")).is_empty(), "terminal is final");
+    }
+
+    #[test]
+    fn a_task_is_done_only_with_the_integer_exit_code_zero() {
+        for (exit, state) in [(json!(0), "done"), (json!(0.0), "failed"), (json!("0"), "failed"), (json!(-1), "failed")]
+        {
+            let mut h = started();
+            agent(&mut h, backgrounded("a"));
+            let out = agent(&mut h, task_completed("a", exit.clone(), false, false));
+            assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"a","state":state})], "{exit}");
+        }
+        // An update that is no object, or a task without its id: nothing reported, nothing lost.
+        let mut h = started();
+        assert!(agent(&mut h, note("_x.ai/task_backgrounded", S, json!([1, 2]))).is_empty());
+        assert!(agent(&mut h, note("_x.ai/task_completed", S, json!({"task_snapshot":"a"}))).is_empty());
     }
 
     #[test]

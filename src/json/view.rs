@@ -134,6 +134,18 @@ impl<'a> View<'a> {
         self.members().filter(|(k, _)| k.is(key)).last().map(|(_, v)| v)
     }
 
+    /// The values of `keys` in this object, in one pass over its members (of a key that appears more than
+    /// once, the last, as [`View::get`]); each `None` when this is no object or has no such key.
+    pub fn pick<const N: usize>(&self, keys: [&str; N]) -> [Option<View<'a>>; N] {
+        let mut found = [None; N];
+        for (key, value) in self.members() {
+            if let Some(k) = keys.iter().position(|name| key.is(name)) {
+                found[k] = Some(value);
+            }
+        }
+        found
+    }
+
     /// The members of this object, in their order (none when this is no object): for a layer that reads
     /// several fields of one object in one pass (of a key that appears more than once, each, the last last).
     pub fn members(&self) -> Members<'a> {
@@ -340,6 +352,16 @@ mod tests {
                 path.pop();
             }
         }
+    }
+
+    #[test]
+    fn pick_reads_each_key_as_get_does() {
+        let text = br#"{"a":1,"b":{"c":2},"a":"last","\u0064":[3]}"#;
+        let v = View::of(text);
+        let [a, b, d, none] = v.pick(["a", "b", "d", "none"]);
+        assert_eq!([a, b, d, none], [v.get("a"), v.get("b"), v.get("d"), None]);
+        assert_eq!(a.map(|a| a.text()), Some(br#""last""#.as_slice()));
+        assert_eq!(View::of(b"[1]").pick(["a"]), [None]);
     }
 
     #[test]
