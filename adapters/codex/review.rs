@@ -32,7 +32,9 @@ use std::convert::Infallible;
 use serde_json::{Map, Value, json};
 
 use crate::frame::{self, Frame, Kind, Needle};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
+use std::borrow::Cow;
 
 /// The id codex-acp gives a review's call: this, then the review id.
 const REVIEW_CALL: &str = "guardian_assessment:";
@@ -112,12 +114,13 @@ pub struct CodexReview {
 
 /// `Status:`, `Risk:` and `Rationale:` of a review's text, and the ACP status of its frame, as a verdict.
 /// `None` when the frame says nothing of the review's state.
-fn verdict_of(update: &Value) -> Option<Verdict> {
-    let text = review_text(update);
+fn verdict_of(update: View<'_>, is_start: bool) -> Option<Verdict> {
+    let [content, acp] = update.pick(["content", "status"]);
+    let text = content.and_then(review_text);
     let mut status = None;
     let mut risk = None;
     let mut rationale = None;
-    if let Some(text) = text {
+    if let Some(text) = text.as_deref() {
         let mut at = 0;
         for line in text.split('\n') {
             if line.starts_with("Rationale:") {
@@ -137,8 +140,8 @@ fn verdict_of(update: &Value) -> Option<Verdict> {
             at += line.len() + 1;
         }
     }
-    let acp = update.get("status").and_then(Value::as_str);
-    let (state, why) = match (status, acp) {
+    let acp = acp.and_then(|a| a.as_str());
+    let (state, why) = match (status, acp.as_deref()) {
         (Some("Approved"), _) => ("approved", None),
         (Some("Denied"), _) => ("denied", None),
         (Some("Timed out"), _) => ("denied", Some("The automatic review timed out")),
@@ -147,7 +150,7 @@ fn verdict_of(update: &Value) -> Option<Verdict> {
         (_, Some("completed")) => ("approved", None),
         (_, Some("failed")) => ("denied", None),
         (_, Some("in_progress" | "pending")) => ("reviewing", None),
-        _ if update.get("sessionUpdate").and_then(Value::as_str) == Some("tool_call") => ("reviewing", None),
+        _ if is_start => ("reviewing", None),
         _ => return None,
     };
     let reason = match (why, rationale) {
@@ -158,12 +161,11 @@ fn verdict_of(update: &Value) -> Option<Verdict> {
     Some(Verdict { state, risk, reason: reason.map(capped) })
 }
 
-/// The text block of a review's call that holds its verdict (`Status: …`).
-fn review_text(update: &Value) -> Option<&str> {
-    let blocks = update.get("content").and_then(Value::as_array)?;
-    blocks
-        .iter()
-        .find_map(|block| block.pointer("/content/text").and_then(Value::as_str).filter(|t| t.starts_with("Status:")))
+/// The text block of a review's call (its `content`) that holds its verdict (`Status: …`).
+fn review_text(content: View<'_>) -> Option<Cow<'_, str>> {
+    content.elements().find_map(|block| {
+        block.pointer(&["content", "text"]).and_then(|t| t.as_str()).filter(|t| t.starts_with("Status:"))
+    })
 }
 
 /// `reason` cut to [`REASON_MAX`] characters as Coda counts them (UTF-16 units, JavaScript's `length`), an
@@ -173,10 +175,6 @@ fn capped(reason: String) -> String {
         return reason;
     }
     format!("{}…", utf16_prefix(&reason, REASON_MAX - 1))
-}
-
-fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
-    v.pointer(pointer).and_then(Value::as_str)
 }
 
 /// The review of the judged call `call`, as a `tool_call_update` of it.
@@ -191,18 +189,19 @@ impl CodexReview {
     }
 
     /// A frame of a review's call: never passed on.
-    fn review_frame(&mut self, session: &str, review: &str, update: &Value, cx: &mut Cx) {
+    fn review_frame(&mut self, session: &str, review: &str, is_start: bool, update: View<'_>, cx: &mut Cx) {
         let known = self.sessions.get(session).is_some_and(|s| s.reviews.iter().any(|(k, _)| k == review));
-        if !known && update.get("sessionUpdate").and_then(Value::as_str) != Some("tool_call") {
+        if !known && !is_start {
             tracing::warn!("codex-acp updated a review whose start the shim did not see; not reported");
             return;
         }
-        let Some(verdict) = verdict_of(update) else { return };
+        let Some(verdict) = verdict_of(update, is_start) else { return };
         let s = self.session(session);
         if !known {
-            let action = update.pointer("/rawInput/action").unwrap_or(&Value::Null);
-            let command = (str_at(action, "/type") == Some("command"))
-                .then(|| (str_at(action, "/command"), str_at(action, "/cwd")));
+            let action = update.pointer(&["rawInput", "action"]);
+            let [kind, command, cwd] =
+                action.map_or([None, None, None], |a| a.pick(["type", "command", "cwd"]).map(|v| v?.as_str()));
+            let command = (kind.as_deref() == Some("command")).then_some((command.as_deref(), cwd.as_deref()));
             let entry = match command {
                 Some((Some(command), Some(cwd))) => {
                     match s.calls.iter_mut().find(|c| !c.reviewed && c.command == command && c.cwd == cwd) {
@@ -215,7 +214,7 @@ impl CodexReview {
                 }
                 _ => {
                     // Named only when it is one codex-acp 2.6.0 knows: the log quotes no peer content.
-                    let what = str_at(action, "/type").and_then(|t| ACTIONS.into_iter().find(|a| *a == t));
+                    let what = kind.as_deref().and_then(|t| ACTIONS.into_iter().find(|a| *a == t));
                     tracing::warn!(
                         "Codex reviewed an action ({}) that has no tool call of its own; its verdict is not \
                          reported",
@@ -297,54 +296,27 @@ impl CodexReview {
 
     fn session_update(&mut self, frame: Frame, cx: &mut Cx) {
         let is_start = frame.session_update() == Some("tool_call");
-        let of_review = frame.has(&REVIEW_CALL_ID);
-        if !of_review {
-            // A call's start or update (no review's): what is kept of it read where it lies. An update matters
-            // only to a session with calls kept (it may finish one).
-            let session = frame.session().unwrap_or_default();
-            if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) {
-                return cx.to_client(frame);
-            }
-            let session = session.into_owned();
-            let (mut id, mut status, mut input) = (None, None, None);
-            for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
-                if key.is("toolCallId") {
-                    id = value.as_str();
-                } else if key.is("status") {
-                    status = value.as_str();
-                } else if key.is("rawInput") {
-                    input = Some(value);
-                }
-            }
-            if is_start {
-                let input = |k: &str| input.and_then(|i| i.get(k)).and_then(|v| v.as_str());
-                let call = [id, input("command"), input("cwd")].map(|c| c.map(|c| c.into_owned()));
-                return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
-            }
-            self.call_updated(&session, status.as_deref(), id.as_deref());
+        let session = frame.session().unwrap_or_default();
+        // An update of no review's matters only to a session with calls kept (it may finish one).
+        if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) && !frame.has(&REVIEW_CALL_ID) {
             return cx.to_client(frame);
         }
-        let session = frame.session().unwrap_or_default().into_owned();
-        let v = frame.shared_value();
-        let update = v.pointer("/params/update").unwrap_or(&Value::Null);
-        match str_at(update, "/toolCallId").and_then(|id| id.strip_prefix(REVIEW_CALL)) {
-            Some(_) => {
-                let review = str_at(update, "/toolCallId").unwrap_or_default().to_owned();
-                self.review_frame(&session, &review, update, cx)
-            }
-            None if is_start => {
-                let call = [
-                    str_at(update, "/toolCallId"),
-                    str_at(update, "/rawInput/command"),
-                    str_at(update, "/rawInput/cwd"),
-                ];
-                self.call_started(&session, call, frame, cx)
-            }
-            None => {
-                self.call_updated(&session, str_at(update, "/status"), str_at(update, "/toolCallId"));
-                cx.to_client(frame)
-            }
+        let session = session.into_owned();
+        // What is kept of a call, and a review's verdict, read where they lie.
+        let update = frame.update_value().unwrap_or(View::of(b"null"));
+        let [id, status, input] = update.pick(["toolCallId", "status", "rawInput"]);
+        let [id, status] = [id, status].map(|v| v.and_then(|v| v.as_str()));
+        if let Some(review) = id.as_deref().filter(|id| id.starts_with(REVIEW_CALL)) {
+            let review = review.to_owned();
+            return self.review_frame(&session, &review, is_start, update, cx);
         }
+        if is_start {
+            let input = |k: &str| input.and_then(|i| i.get(k)).and_then(|v| v.as_str());
+            let call = [id, input("command"), input("cwd")].map(|c| c.map(Cow::into_owned));
+            return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
+        }
+        self.call_updated(&session, status.as_deref(), id.as_deref());
+        cx.to_client(frame)
     }
 
     /// What is kept of `session`'s calls and reviews (made empty when new; see [`SESSIONS`]).
