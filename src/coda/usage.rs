@@ -63,8 +63,26 @@ const CACHE_TTL_MAX: usize = 32;
 /// `2026-10-28T01:06:12.418Z`: a time as Coda's facts carry it (UTC, milliseconds; what `toISOString()` writes).
 pub fn iso(at: SystemTime) -> Option<String> {
     let at = jiff::Timestamp::try_from(at).ok()?;
-    // RFC 3339 in UTC with three digits of the second's fraction, always.
-    Some(format!("{at:.3}"))
+    let t = jiff::tz::Offset::UTC.to_datetime(at);
+    if !(0..=9999).contains(&t.year()) {
+        // RFC 3339 in UTC with three digits of the second's fraction, always (a year past four digits signed).
+        return Some(format!("{at:.3}"));
+    }
+    // Every usage update is stamped with one or two: the fields put in digit by digit cost a tenth of a
+    // formatted `Timestamp`.
+    let mut out = String::with_capacity(24);
+    let mut digits = |n: i32, width: u32, then: char| {
+        out.extend((0..width).rev().map(|k| char::from(b'0' + (n / 10i32.pow(k) % 10) as u8)));
+        out.push(then);
+    };
+    digits(t.year().into(), 4, '-');
+    digits(t.month().into(), 2, '-');
+    digits(t.day().into(), 2, 'T');
+    digits(t.hour().into(), 2, ':');
+    digits(t.minute().into(), 2, ':');
+    digits(t.second().into(), 2, '.');
+    digits(t.subsec_nanosecond() / 1_000_000, 3, 'Z');
+    Some(out)
 }
 
 impl Facts {
@@ -103,13 +121,18 @@ impl Facts {
             out.extend_from_slice(b"\":");
             first = false;
         };
+        let quoted = |out: &mut Vec<u8>, text: &str| {
+            out.push(b'"');
+            out.extend_from_slice(text.as_bytes());
+            out.push(b'"');
+        };
         if let Some(ttl) = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P')) {
             key(out, "cacheTtl");
-            out.extend_from_slice(Value::from(ttl.as_str()).to_string().as_bytes());
+            serde_json::to_writer(&mut *out, ttl).expect("a string always serialises");
         }
         if let Some(at) = self.compacted_at.and_then(iso) {
             key(out, "compactedAt");
-            out.extend_from_slice(format!("\"{at}\"").as_bytes());
+            quoted(out, &at);
         }
         if let Some(n) = self.context_tokens {
             key(out, "contextTokens");
@@ -117,7 +140,7 @@ impl Facts {
         }
         if let Some(at) = self.last_request_at.and_then(iso) {
             key(out, "lastRequestAt");
-            out.extend_from_slice(format!("\"{at}\"").as_bytes());
+            quoted(out, &at);
         }
         if first {
             out.push(b'{');
@@ -690,6 +713,20 @@ mod tests {
     fn times_are_utc_with_milliseconds_whatever_the_zone() {
         assert_eq!(iso(at(1_793_149_572_418)).as_deref(), Some("2026-10-28T01:06:12.418Z"));
         assert_eq!(iso(at(0)).as_deref(), Some("1970-01-01T00:00:00.000Z"));
+        // As jiff writes it, across years, leap days, the ends of days and of seconds, before 1970 and past 9999.
+        let jiff = |t: SystemTime| jiff::Timestamp::try_from(t).ok().map(|t| format!("{t:.3}"));
+        let mut ms: i64 = -62_135_596_800_000 - 86_400_000;
+        while ms < 400_000_000_000_000 {
+            let t = if ms >= 0 {
+                UNIX_EPOCH + Duration::from_millis(ms as u64)
+            } else {
+                UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
+            };
+            for t in [t, t + Duration::from_nanos(999_999), t + Duration::from_millis(999)] {
+                assert_eq!(iso(t), jiff(t), "{ms}");
+            }
+            ms += 777_777_777 + ms.abs() / 40;
+        }
     }
 
     #[test]
