@@ -620,12 +620,17 @@ mod tests {
         exits.to_client
     }
 
-    /// Coda's instruction as it is: paragraphs of Markdown, CJK, quotes, an emoji.
-    const INSTRUCTION: &str = "# 会话指令\n\n你是 Coda 的助手。回答要\u{201c}简短\u{201d}，用 \"引号\" 和 `代码`。\n\n- 不要删除文件 🚫\n- 路径: C:\\tmp\\x\n";
+    /// Coda's instruction as it is: several KB of Markdown paragraphs, CJK, quotes, emoji, a Windows path.
+    fn instruction() -> String {
+        let paragraph = "你是 Coda 的助手。回答要\u{201c}简短\u{201d}，用 \"引号\" 和 `代码`。\n\n- 不要删除文件 🚫\n- 路径: C:\\tmp\\x\n\n";
+        let text = format!("# 会话指令\n\n{}", paragraph.repeat(40));
+        assert!(text.len() > 4096, "several KB: {}", text.len());
+        text
+    }
 
     #[test]
     fn an_echo_is_stripped_where_it_lies_and_the_rest_of_the_line_goes_on_byte_for_byte() {
-        let echo = serde_json::to_string(&(wrap(INSTRUCTION) + "修复登录")).unwrap();
+        let echo = serde_json::to_string(&(wrap(&instruction()) + "修复登录")).unwrap();
         // Numbers as the agent spelled them, keys in its order, an escape serde_json would not write.
         let line = format!(
             r#"{{"jsonrpc":"2.0","method":"_x.ai/sessions/changed","params":{{"n":1e400,"z":0.10,"a":"\u00e9","sessions":[{{"id":"s","title":{echo},"firstPrompt":{echo}}}],"t":1764633600000}}}}"#
@@ -643,7 +648,7 @@ mod tests {
 
     #[test]
     fn strip_escaped_is_strip_on_the_text_as_json_writes_it() {
-        let block = wrap(INSTRUCTION);
+        let block = wrap(&instruction());
         let texts = [
             "no block at all".to_owned(),
             block.clone(),
@@ -674,7 +679,7 @@ mod tests {
     #[test]
     fn an_echo_in_a_key_that_appears_twice_is_stripped_in_each_value() {
         // A parser keeping the last `title` saw nothing to strip, and the first went on with the instruction.
-        let echo = serde_json::to_string(&(wrap(INSTRUCTION) + "hi")).unwrap();
+        let echo = serde_json::to_string(&(wrap(&instruction()) + "hi")).unwrap();
         let line = format!(
             r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"session_info_update","title":{echo},"title":"plain"}}}}}}"#
         );
@@ -707,7 +712,7 @@ mod tests {
 
     #[test]
     fn an_echo_beside_a_lone_surrogate_is_stripped_and_the_frame_read_again() {
-        let echo = serde_json::to_string(&(wrap(INSTRUCTION) + "hi")).unwrap();
+        let echo = serde_json::to_string(&(wrap(&instruction()) + "hi")).unwrap();
         let line = format!(
             r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"user_message_chunk","content":{{"type":"text","text":{echo}}},"odd":"\ud800"}}}}}}"#
         );
@@ -716,7 +721,7 @@ mod tests {
         assert_eq!(out[0].value()["params"]["update"]["content"]["text"], json!("hi"));
         assert_eq!(out[0].session().as_deref(), Some("s"));
         // Only the block: the chunk goes entirely.
-        let only = serde_json::to_string(&wrap(INSTRUCTION)).unwrap();
+        let only = serde_json::to_string(&wrap(&instruction())).unwrap();
         assert!(from_agent_line(&line.replace(&echo, &only)).is_empty());
     }
 
