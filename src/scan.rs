@@ -706,6 +706,42 @@ mod tests {
         assert!(update > 1000, "lines with an update are in the corpus ({update})");
     }
 
+    /// A stream that stays in one session checks its lines with the session id as fixed bytes (no hole), and
+    /// still reads the session where it is in each line; a line of another session (written plainly or
+    /// escaped, longer or shorter, before or after the update) is read as a walk reads it, and a stream that
+    /// goes between sessions gets a hole for them.
+    #[test]
+    fn the_session_of_a_stream_moves_with_its_line_and_another_session_is_read_anew() {
+        let line = |session: &str, text: &str, meta_first: bool| {
+            let update = format!(
+                r#""update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}"#
+            );
+            let (a, b) = if meta_first {
+                (r#""_meta":{"t":1}"#.to_owned(), update)
+            } else {
+                (update, r#""_meta":{"t":2}"#.to_owned())
+            };
+            format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{{{a},"sessionId":"{session}",{b}}}}}"#)
+                .into_bytes()
+        };
+        let sessions =
+            ["s-1", "s-1", "s-1", "s-22", "s-1", "s-1", r"s\u002d1", "s-1", "", "s-333", "s-1", "s-22", "s-1"];
+        for meta_first in [false, true] {
+            for (name, classify) in index::Classify::all() {
+                let mut scanner = Scanner { classify, ..Scanner::default() };
+                for (k, session) in sessions.iter().enumerate() {
+                    let text = "x".repeat(k * 7 % 23);
+                    let line = line(session, &text, meta_first);
+                    let env = scanner.fast(&line);
+                    assert_eq!(env, exact::scan(&line).ok(), "{name}: {}", String::from_utf8_lossy(&line));
+                    let read = env.and_then(|e| e.session).map(|s| s.text(&line).map(|t| t.into_owned()));
+                    assert_eq!(read, Some(Some(session.replace(r"\u002d", "-"))), "{name}: line {k}");
+                }
+                assert!(scanner.by_skeleton >= 8, "{name}: the skeleton was used ({} times)", scanner.by_skeleton);
+            }
+        }
+    }
+
     #[test]
     fn a_stream_scanner_reads_every_line_as_a_walk_from_the_start_would() {
         let lines = corpus();

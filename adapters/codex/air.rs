@@ -27,9 +27,11 @@ pub const AIR_CAPABILITIES: [&str; 3] = ["nativeSubagentSessions", "asyncTasks",
 const GENERATION: &str = ":generation:";
 
 /// Whether a frame's `params.sessionId` (from the frame check) is a continued subagent's, with a generation.
+/// Every frame of a stream is asked this: a session id without a colon (nearly all) is told by one look at
+/// its bytes, a word at a time, without a SIMD search's set-up.
 fn of_a_generation(frame: &Frame) -> bool {
     let generation = GENERATION.as_bytes();
-    frame.session_bytes().is_some_and(|s| memchr::memchr_iter(b':', &s).any(|at| s[at..].starts_with(generation)))
+    frame.session_bytes().is_some_and(|s| s.contains(&b':') && s.windows(generation.len()).any(|w| w == generation))
 }
 
 /// The oldest codex-acp that reports subagents and background commands to an AIR client with steering.
@@ -603,6 +605,27 @@ mod tests {
             json!({"sessionUpdate":"subagent_state_update","subagentSessionId":"ghost","state":"completed"}),
         );
         assert!(from_agent(&mut h, end).is_empty());
+    }
+
+    /// A session id is of a generation exactly when its text holds `:generation:`, however it is written: at
+    /// either end, after other colons, escaped, or cut short.
+    #[test]
+    fn a_generation_is_told_by_the_session_ids_text() {
+        for (id, written) in [
+            ("s1", r#""s1""#),
+            ("s1:generation:2", r#""s1:generation:2""#),
+            (":generation:", r#"":generation:""#),
+            ("a:b::generation:", r#""a:b::generation:""#),
+            ("a:generation", r#""a:generation""#),
+            ("a:generatio:n:", r#""a:generatio:n:""#),
+            ("s1:generation:2", r#""s1\u003ageneration:2""#),
+            ("s1:generation:2", r#""s1\u003Ageneration\u003a2""#),
+            ("", r#""""#),
+        ] {
+            let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{written}}}}}"#);
+            let frame = Frame::parse(line.clone().into_bytes()).expect("a frame");
+            assert_eq!(of_a_generation(&frame), id.contains(GENERATION), "{line}");
+        }
     }
 
     #[test]

@@ -581,9 +581,10 @@ impl<S: Signals> FailureKinds<S> {
         self.counter = next;
     }
 
-    /// Whether `frame` is output of a turn while some turn retries (then it may end those retries).
+    /// Whether `frame` is output of a turn while some turn retries (then it may end those retries). Asked of
+    /// every frame: whether a turn retries (seldom) is asked first.
     fn reads_progress(&self, frame: &Frame) -> bool {
-        frame.session_update().is_some_and(|u| OUTPUT.contains(&u)) && self.turns.iter().any(|t| t.retrying.is_some())
+        self.turns.iter().any(|t| t.retrying.is_some()) && frame.session_update().is_some_and(|u| OUTPUT.contains(&u))
     }
 }
 

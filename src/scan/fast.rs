@@ -372,8 +372,8 @@ pub(super) struct Hole {
     /// What the envelope reads it as: [`ROLE_ID`], [`ROLE_SESSION`], or nothing (0).
     pub(super) role: u8,
     /// Which of the envelope's strings (a bit each: `jsonrpc`, `method`, `sessionUpdate`) and ends of
-    /// `params._meta` and `params.update` lie in the bytes before it, where a skeleton keeps them
-    /// ([`super::skeleton`]).
+    /// `params._meta` and `params.update` (and the session id, when it is no hole) lie in the bytes before it,
+    /// where a skeleton keeps them ([`super::skeleton`]).
     pub(super) moved: u8,
 }
 

@@ -16,8 +16,9 @@ pub(super) const KEPT: usize = 16 << 10;
 /// The kept line, its holes, and where its envelope's strings are among them. The envelope's `jsonrpc`,
 /// `method` and `sessionUpdate` are no holes: what a frame is seldom changes from one frame to the next, and
 /// a line where it does is walked. Nor, once the next line has been checked against it, are the values that
-/// line did not change (a content type, the start of Grok's turn): the skeleton is then kept again from that
-/// line, with holes only where the two differed (and at the id and the session id, which the envelope reads).
+/// line did not change (a content type, the start of Grok's turn, the session of a stream that stays in one):
+/// the skeleton is then kept again from that line, with holes only where the two differed (and at the id,
+/// which the envelope reads and a request changes).
 #[derive(Debug, Default)]
 pub(super) struct Skeleton {
     line: Vec<u8>,
@@ -44,9 +45,11 @@ impl Skeleton {
         let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
         let session = env.session.map(|s| s.start);
         let found = |at: Option<usize>| at.is_none_or(|at| holes.binary_search_by_key(&at, |h| h.start).is_ok());
-        if !found(id) || !found(session) {
+        if !found(id) {
             return;
         }
+        // The session id is a hole where two lines had other ones; else it moves with the bytes around it.
+        let session_fixed = env.session.filter(|s| !found(Some(s.start))).map(|s| s.start);
         let strings = [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start));
         self.holes.clear();
         self.holes.extend(holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))).map(|h| {
@@ -61,8 +64,8 @@ impl Skeleton {
         self.tail = 0;
         let meta = [env.meta.map(|m| m.0), env.meta.map(|m| m.1)];
         let update = [env.update_object.map(|u| u.0), env.update_object.map(|u| u.1)];
-        let bits = [JSONRPC, METHOD, UPDATE, META_START, META_END, OBJECT_START, OBJECT_END];
-        for (at, bit) in strings.into_iter().chain(meta).chain(update).zip(bits) {
+        let bits = [JSONRPC, METHOD, UPDATE, META_START, META_END, OBJECT_START, OBJECT_END, SESSION];
+        for (at, bit) in strings.into_iter().chain(meta).chain(update).chain([session_fixed]).zip(bits) {
             let Some(at) = at else { continue };
             match self.holes.iter_mut().find(|h| h.start > at) {
                 Some(hole) => hole.moved |= bit,
@@ -98,7 +101,7 @@ impl Skeleton {
         // Where each stretch between holes is in `b` (`at`) and was in the kept line (`was`); how far each of
         // the envelope's strings that lie in one moved (by the bits of `Hole::moved`).
         let (mut at, mut was) = (0, 0);
-        let mut by = [0usize; 7];
+        let mut by = [0usize; 8];
         let (mut id, mut session, mut lone) = (None, None, false);
         changed.clear();
         for hole in &self.holes {
@@ -119,7 +122,7 @@ impl Skeleton {
                 ROLE_ID => id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
                 _ => session = Some(Str { start, end, escaped }),
             }
-            if !self.learnt && (hole.role != 0 || b[start..end] != old[hole.start..hole.end]) {
+            if !self.learnt && (hole.role == ROLE_ID || b[start..end] != old[hole.start..hole.end]) {
                 changed.push(Hole { start, end, ..*hole });
             }
             (at, was) = (end, hole.end);
@@ -146,6 +149,7 @@ impl Skeleton {
         if let Some((start, end)) = &mut env.update_object {
             (*start, *end) = (start.wrapping_add(by[5]), end.wrapping_add(by[6]));
         }
+        shift(&mut env.session, by[7]);
         if id.is_some() {
             env.id = id;
         }
@@ -164,7 +168,8 @@ impl Skeleton {
 }
 
 /// The envelope's strings that are no holes (see [`Hole::moved`]), and the starts and the ends of
-/// `params._meta` and `params.update`: bit `k` is entry `k` of the shifts [`moved`] sets.
+/// `params._meta` and `params.update`, and the session id when it is no hole: bit `k` is entry `k` of the
+/// shifts [`moved`] sets.
 const JSONRPC: u8 = 1;
 const METHOD: u8 = 2;
 const UPDATE: u8 = 4;
@@ -173,14 +178,16 @@ const META_END: u8 = 16;
 /// The start and the end of `params.update` (see [`Envelope::update_object`]).
 const OBJECT_START: u8 = 32;
 const OBJECT_END: u8 = 64;
+/// `params.sessionId`'s text, when the lines of a skeleton have had one session (see [`Skeleton`]).
+const SESSION: u8 = 128;
 
 /// Notes in `by` that the envelope's strings (and ends of `_meta`) `which` lie in a stretch between holes
 /// that was at `was` in the kept line and is at `at` in this one: each moved by `at - was`.
 #[inline(always)]
-fn moved(by: &mut [usize; 7], which: u8, at: usize, was: usize) {
+fn moved(by: &mut [usize; 8], which: u8, at: usize, was: usize) {
     let mut which = which;
     while which != 0 {
-        by[which.trailing_zeros() as usize % 7] = at.wrapping_sub(was);
+        by[which.trailing_zeros() as usize % 8] = at.wrapping_sub(was);
         which &= which - 1;
     }
 }
