@@ -534,6 +534,17 @@ impl Frame {
         }
     }
 
+    /// The text of `params.sessionId` as the line writes it (between its quotes, escapes and all), when the
+    /// frame check noted where it is: two frames whose bytes here are the same are of the same session.
+    pub(crate) fn session_as_written(&self) -> Option<&[u8]> {
+        let len = usize::from(self.session_len);
+        if self.flags & SESSION == 0 || len == usize::from(u8::MAX) {
+            return None;
+        }
+        let start = usize::from(self.session_start);
+        self.bytes().get(start..start + len)
+    }
+
     /// Whether the frame check found a lone surrogate escape.
     pub(crate) fn lone_surrogate(&self) -> bool {
         self.flags & LONE_SURROGATE != 0

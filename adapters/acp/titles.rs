@@ -54,6 +54,10 @@ impl Layer for TruncatedTitles {
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         frame.is_streamed_chunk() || !frame.contains(TOKEN_TEXT.as_bytes())
     }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

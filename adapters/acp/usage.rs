@@ -226,6 +226,11 @@ impl Source for AcpUsage {
         }
     }
 
+    /// A chunk is looked into while a request's time or a compaction of the shim's is due.
+    fn chunks_by_session(&self) -> bool {
+        self.request_start.is_none() && self.own.is_none()
+    }
+
     fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
         let v = frame.value();
         let (Some(session), Some(update)) =

@@ -392,6 +392,10 @@ impl Layer for Air {
         !matches!(frame.kind(), Kind::Response { .. }) && !is_air_update(frame) && !of_a_generation(frame)
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of
     /// its subagents, goes.
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {

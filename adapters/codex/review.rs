@@ -390,6 +390,10 @@ impl Layer for CodexReview {
             _ => true,
         }
     }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

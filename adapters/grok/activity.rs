@@ -453,6 +453,10 @@ impl Layer for GrokActivity {
         }
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of them, and of
     /// its children, goes.
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {

@@ -255,6 +255,11 @@ impl Source for Grok {
         }
     }
 
+    /// A chunk is wanted by what its `_meta` holds.
+    fn chunks_by_session(&self) -> bool {
+        false
+    }
+
     fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
         if frame.is_notification("session/update") {
             // Read where they lie: a stamped chunk is not parsed.

@@ -542,6 +542,10 @@ impl Layer for Activity {
             && self.sessions.values().all(|s| s.answers.is_empty())
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     fn on_event(&mut self, scan: Scan, cx: &mut Cx) {
         self.on_scan(scan, cx);
     }

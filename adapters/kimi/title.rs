@@ -434,6 +434,10 @@ impl Layer for Title {
             && !matches!(frame.kind(), Kind::Response { .. })
             && frame.session_update() != Some("session_info_update")
     }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

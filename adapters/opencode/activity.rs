@@ -658,6 +658,10 @@ impl Layer for OpenCodeActivity {
         }
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     /// A closed session's waits ended with it (the engine's waits layer told Coda): what is kept of its calls,
     /// runs and handled waits goes.
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {

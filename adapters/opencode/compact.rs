@@ -449,6 +449,11 @@ impl Compactor for OpenCodeCompact {
                     && !self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()))))
     }
 
+    /// A chunk is searched for a summary's message id while there is one and no window is open.
+    fn chunks_by_session(&self) -> bool {
+        !self.windows.is_empty() || self.summaries.values().flatten().next().is_none()
+    }
+
     fn on_event(&mut self, event: FromServer, ctl: &mut Ctl<Self>) {
         match event {
             FromServer::Event(e) => self.server_event(e, ctl),

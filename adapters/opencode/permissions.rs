@@ -441,6 +441,10 @@ impl Layer for Permissions {
         matches!(frame.kind(), Kind::Notification { method } if method != wait::METHOD && method != cancel::METHOD)
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     fn on_reply(&mut self, Resume(tag): Resume, reply: Frame, cx: &mut Cx) {
         let Some(child) = self.children.resuming.remove(&tag) else { return };
         if let Some(err) = reply.value().get("error") {

@@ -183,6 +183,13 @@ pub trait Compactor: Send + Sized + 'static {
         false
     }
 
+    /// Whether [`Compactor::ignores`] answers a streamed chunk from no more than the compactor's state, the
+    /// chunk's session and its kind (see [`Layer::chunks_pass_by_session`]); a compactor that looks into a chunk's
+    /// text says `false` while it does.
+    fn chunks_by_session(&self) -> bool {
+        true
+    }
+
     fn on_reply(&mut self, _tag: Self::Reply, _reply: Frame, _ctl: &mut Ctl<Self>) {}
 
     fn on_event(&mut self, _event: Self::Event, _ctl: &mut Ctl<Self>) {}
@@ -475,6 +482,10 @@ impl<B: Compactor> Layer for Compaction<B> {
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
         !matches!(frame.kind(), Kind::Response { .. }) && self.backend.ignores(frame)
+    }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        self.backend.chunks_by_session()
     }
 
     fn on_reply(&mut self, tag: B::Reply, reply: Frame, cx: &mut Cx) {

@@ -237,6 +237,12 @@ pub trait Signals: Send + 'static {
         false
     }
 
+    /// Whether [`Signals::wants`] answers a streamed chunk from no more than the adapter's state, the chunk's
+    /// session and its kind (see [`Layer::chunks_pass_by_session`]); one that looks into a chunk's text says `false`.
+    fn chunks_by_session(&self) -> bool {
+        true
+    }
+
     /// The signals in such a frame.
     fn from_agent(&mut self, _frame: &Frame, _out: &mut Vec<Signal<Self::Record>>) {}
 
@@ -663,6 +669,10 @@ impl<S: Signals> Layer for FailureKinds<S> {
             FrameKind::Response { id } => !self.answered.contains(id) && !self.turns.iter().any(|t| &t.id == id),
             _ => !(self.cli.wants(frame) || self.reads_progress(frame)),
         }
+    }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        self.cli.chunks_by_session()
     }
 
     fn on_event(&mut self, event: S::Event, cx: &mut Cx) {

@@ -127,6 +127,10 @@ impl Layer for Identity {
         self.held.is_none() && !matches!(frame.kind(), Kind::Response { .. })
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     fn on_event(&mut self, probed: Probed, cx: &mut Cx) {
         if self.waiting_until.is_none() && self.held.is_none() {
             // Given up on already: the answer went out without it.

@@ -517,6 +517,10 @@ impl Layer for Instruction {
         frame.is_streamed_chunk()
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
         for session in closed {
             self.sessions.remove(session);

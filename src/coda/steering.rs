@@ -183,6 +183,12 @@ pub trait Steerer: Send + Sized + 'static {
         false
     }
 
+    /// Whether [`Steerer::ignores`] answers a streamed chunk from no more than the steerer's state, the chunk's
+    /// session and its kind (see [`Layer::chunks_pass_by_session`]); one that looks into a chunk's text says `false`.
+    fn chunks_by_session(&self) -> bool {
+        true
+    }
+
     fn on_reply(&mut self, _tag: Self::Reply, _reply: Frame, _ctl: &mut Ctl<Self>) {}
 
     fn on_event(&mut self, _event: Self::Event, _ctl: &mut Ctl<Self>) {}
@@ -630,6 +636,10 @@ impl<B: Steerer> Layer for Steering<B> {
         !matches!(frame.kind(), Kind::Response { .. })
             && self.backend.ignores(frame)
             && self.in_flight.values().all(|f| f.waiting.is_none() && f.turn_end.is_none())
+    }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        self.backend.chunks_by_session()
     }
 
     fn on_reply(&mut self, tag: B::Reply, reply: Frame, cx: &mut Cx) {

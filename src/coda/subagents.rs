@@ -345,6 +345,10 @@ impl Layer for Subagents {
             _ => true,
         }
     }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

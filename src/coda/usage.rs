@@ -272,6 +272,12 @@ pub trait Source: Send + 'static {
         false
     }
 
+    /// Whether [`Source::wants`] answers a streamed chunk from no more than the source's state, the chunk's
+    /// session and its kind (see [`Layer::chunks_pass_by_session`]); one that looks into a chunk's text or `_meta` says `false`.
+    fn chunks_by_session(&self) -> bool {
+        true
+    }
+
     /// Such a frame.
     fn from_agent(&mut self, _frame: &Frame, _cx: &mut Cx, _out: &mut Said) {}
 
@@ -663,6 +669,10 @@ impl<S: Source> Layer for UsageFacts<S> {
             && !matches!(frame.kind(), Kind::Response { .. })
             && frame.session_update() != Some("usage_update")
             && !self.cli.wants(frame)
+    }
+
+    fn chunks_pass_by_session(&self) -> bool {
+        self.cli.chunks_by_session()
     }
 
     fn on_event(&mut self, event: S::Event, cx: &mut Cx) {

@@ -210,6 +210,10 @@ impl Layer for Waits {
             && (self.declared || !self.children)
     }
 
+    fn chunks_pass_by_session(&self) -> bool {
+        true
+    }
+
     fn session_closed(&mut self, closed: &[String], cx: &mut Cx) {
         self.closed(closed, cx);
     }

@@ -105,6 +105,16 @@ pub trait Layer: Send + 'static {
         false
     }
 
+    /// Whether [`Layer::passes_from_agent`], asked of a streamed chunk ([`Frame::is_streamed_chunk`]), answers
+    /// from no more than the layer's own state, the chunk's session and its kind of update: never from its text,
+    /// its `_meta` or anything outside the layer (a clock, another thread). The stack then keeps a `true` for the
+    /// next chunks of that session and kind and does not ask again until it next calls the layer with anything
+    /// (the only way its state changes). Asked when a chunk has just passed the layer; `false` (the default) is
+    /// always right. Debug builds ask anyway and panic where the kept answer is not the layer's.
+    fn chunks_pass_by_session(&self) -> bool {
+        false
+    }
+
     /// The agent's answer to a request this layer sent with [`Cx::request`], with the tag it was sent with.
     fn on_reply(&mut self, _tag: Self::Reply, _reply: Frame, _cx: &mut Cx) {}
 
@@ -138,6 +148,8 @@ pub trait AnyLayer: Send {
     fn agent_frame(&mut self, frame: Frame, cx: &mut Cx);
     #[doc(hidden)]
     fn passes_agent_frame(&self, frame: &Frame) -> bool;
+    #[doc(hidden)]
+    fn chunks_by_session(&self) -> bool;
     #[doc(hidden)]
     fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx);
     #[doc(hidden)]
@@ -173,6 +185,10 @@ impl<L: Layer> AnyLayer for L {
 
     fn passes_agent_frame(&self, frame: &Frame) -> bool {
         Layer::passes_from_agent(self, frame)
+    }
+
+    fn chunks_by_session(&self) -> bool {
+        Layer::chunks_pass_by_session(self)
     }
 
     fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx) {
@@ -469,6 +485,74 @@ pub struct Stack {
     keep_work: bool,
     /// Where the stack says its [`Sizes`] after each input, when a test asked ([`Stack::gauge`]).
     gauge: Option<std::sync::Arc<std::sync::Mutex<Sizes>>>,
+    /// What the layers said of the streamed chunks of one session and kind ([`Layer::chunks_pass_by_session`]).
+    passing: Passing,
+}
+
+/// The session and kind of update of the last streamed chunk that went up, and per layer whether it passes
+/// such chunks by its state (which changes only when the stack calls the layer): most frames of a session are
+/// its chunks, and most layers only pass them on.
+#[derive(Default)]
+struct Passing {
+    /// The chunks' `params.sessionId` as written, and their `sessionUpdate`.
+    session: Vec<u8>,
+    update: String,
+    /// Per layer: how many times the stack called it, and that count when it last passed one of these chunks
+    /// by its state (`u64::MAX`: not since the session or the kind changed).
+    layers: Vec<Calls>,
+}
+
+#[derive(Clone, Copy)]
+struct Calls {
+    calls: u64,
+    passed: u64,
+}
+
+impl Passing {
+    fn new(layers: usize) -> Passing {
+        Passing { layers: vec![Calls { calls: 0, passed: u64::MAX }; layers], ..Passing::default() }
+    }
+
+    /// The stack is calling layer `at`, which may change its state.
+    #[inline]
+    fn calling(&mut self, at: usize) {
+        if let Some(layer) = self.layers.get_mut(at) {
+            layer.calls += 1;
+        }
+    }
+
+    /// Whether `frame` is a streamed chunk whose session and kind this keeps answers for (from now on, when
+    /// they are not the last chunk's: what was kept for those goes).
+    #[inline]
+    fn of(&mut self, frame: &Frame) -> bool {
+        if !frame.is_streamed_chunk() {
+            return false;
+        }
+        let (Some(session), Some(update)) = (frame.session_as_written(), frame.session_update()) else {
+            return false;
+        };
+        if session != self.session || update != self.update {
+            self.session.clear();
+            self.session.extend_from_slice(session);
+            self.update.clear();
+            self.update.push_str(update);
+            self.layers.iter_mut().for_each(|l| l.passed = u64::MAX);
+        }
+        true
+    }
+
+    /// Whether layer `at` passes these chunks by its state, as it said since the stack last called it.
+    #[inline]
+    fn kept(&self, at: usize) -> bool {
+        self.layers.get(at).is_some_and(|l| l.passed == l.calls)
+    }
+
+    /// Layer `at` passed one of these chunks and said it does so by its state.
+    fn keep(&mut self, at: usize) {
+        if let Some(layer) = self.layers.get_mut(at) {
+            layer.passed = layer.calls;
+        }
+    }
 }
 
 /// One of the shim's own requests to the agent, until the agent answers it.
@@ -488,6 +572,7 @@ pub struct Exits {
 
 impl Stack {
     pub fn new(layers: Vec<Box<dyn AnyLayer>>) -> Stack {
+        let layers_len = layers.len();
         Stack {
             shared: Shared {
                 requests: Requests::default(),
@@ -507,6 +592,7 @@ impl Stack {
             jobs: Vec::new(),
             keep_work: false,
             gauge: None,
+            passing: Passing::new(layers_len),
         }
     }
 
@@ -714,6 +800,8 @@ impl Stack {
 
     /// The layer at `at`, for tests that look inside it.
     pub fn layer_mut(&mut self, at: usize) -> Option<&mut (dyn AnyLayer + 'static)> {
+        // What is done with it may change its state: what it said of chunks is asked again.
+        self.passing.calling(at);
         self.layers.get_mut(at).map(|l| &mut **l)
     }
 
@@ -761,9 +849,21 @@ impl Stack {
     /// Sends `frame` through layers `..below` (nearest first) towards the client, past the layers that
     /// say they would only pass it on ([`Layer::passes_from_agent`]).
     fn up(&mut self, mut below: usize, frame: Frame, exits: &mut Exits) {
-        while below > 0 && self.layers[below - 1].passes_agent_frame(&frame) {
-            #[cfg(debug_assertions)]
-            self.check_passes(below - 1, &frame);
+        let chunk = self.passing.of(&frame);
+        while below > 0 {
+            let at = below - 1;
+            if chunk && self.passing.kept(at) {
+                #[cfg(debug_assertions)]
+                self.check_kept(at, &frame);
+            } else if self.layers[at].passes_agent_frame(&frame) {
+                #[cfg(debug_assertions)]
+                self.check_passes(at, &frame);
+                if chunk && self.layers[at].chunks_by_session() {
+                    self.passing.keep(at);
+                }
+            } else {
+                break;
+            }
             below -= 1;
         }
         match below.checked_sub(1) {
@@ -789,6 +889,18 @@ impl Stack {
         }
     }
 
+    /// Debug builds: layer `at` passes chunks of `frame`'s session and kind by its state, as it said; asks it
+    /// of this one, and calls it to see that it only passes it on.
+    #[cfg(debug_assertions)]
+    fn check_kept(&mut self, at: usize, frame: &Frame) {
+        let name = self.layers[at].name();
+        assert!(
+            self.layers[at].passes_agent_frame(frame),
+            "{name} said it passes chunks by their session, but not this one"
+        );
+        self.check_passes(at, frame);
+    }
+
     /// Debug builds: layer `at` said it would only pass `frame` on; calls it to see that it does.
     #[cfg(debug_assertions)]
     fn check_passes(&mut self, at: usize, frame: &Frame) {
@@ -801,6 +913,7 @@ impl Stack {
     /// Hands layer `at` one input with a context whose buffer comes from the pool (no allocation per frame
     /// and layer), then sends on what it asked for.
     fn call(&mut self, at: usize, exits: &mut Exits, input: impl FnOnce(&mut dyn AnyLayer, &mut Cx)) {
+        self.passing.calling(at);
         let stack = Some((&mut self.shared, at));
         let mut cx = Cx { out: self.spare.pop().unwrap_or_default(), now: self.now, wall: self.wall, stack };
         input(&mut *self.layers[at], &mut cx);
@@ -950,6 +1063,7 @@ impl Layers {
 mod tests {
     use super::testing::{Harness, WALL_START_SECS, loud_error};
     use super::*;
+    use crate::HashSet;
     use serde_json::json;
     use std::convert::Infallible;
 
@@ -1028,6 +1142,129 @@ mod tests {
                 h.from_agent(json!({"jsonrpc":"2.0","method":"drop"}));
             }));
             assert!(lied.is_err(), "a layer that said it passes a frame but dropped it is caught");
+        }
+    }
+
+    /// Reads the streamed chunks of the sessions it watches (of thoughts too when `thoughts`), saying `seen`
+    /// before passing each on; watches a session on Coda's `watch`, stops on `unwatch`, and takes a session to
+    /// watch as an event. Passes every other chunk by its state and says so; counts how often it is asked.
+    #[derive(Default)]
+    struct Watcher {
+        watched: HashSet<String>,
+        thoughts: bool,
+        asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+    impl Watcher {
+        fn reads(&self, f: &Frame) -> bool {
+            let watched = f.session().is_some_and(|s| self.watched.contains(&*s));
+            f.is_streamed_chunk() && watched && (self.thoughts || f.session_update() == Some("agent_message_chunk"))
+        }
+    }
+    impl Layer for Watcher {
+        type Timer = Infallible;
+        type Event = String;
+        type Reply = Infallible;
+        fn from_client(&mut self, f: Frame, cx: &mut Cx) {
+            let session = f.value()["params"]["session"].as_str().unwrap_or_default().to_owned();
+            match f.method() {
+                Some("watch") => drop(self.watched.insert(session)),
+                Some("unwatch") => drop(self.watched.remove(&session)),
+                Some("thoughts") => self.thoughts = true,
+                _ => cx.to_agent(f),
+            }
+        }
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            if self.reads(&f) {
+                cx.to_client(crate::frame::notification("seen", json!({"session": f.session()})));
+            }
+            cx.to_client(f);
+        }
+        fn passes_from_agent(&self, f: &Frame) -> bool {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            !self.reads(f)
+        }
+        fn chunks_pass_by_session(&self) -> bool {
+            true
+        }
+        fn on_event(&mut self, session: String, _cx: &mut Cx) {
+            self.watched.insert(session);
+        }
+    }
+
+    /// Passes every frame on and says so, but not that it does by the session: asked of every chunk.
+    #[derive(Default)]
+    struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Layer for Counted {
+        type Timer = Infallible;
+        type Event = Infallible;
+        type Reply = Infallible;
+        fn passes_from_agent(&self, _f: &Frame) -> bool {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+    }
+
+    /// The stack keeps a layer's word that it passes a session's chunks by its state only until the session,
+    /// the kind of chunk or the layer's state may have changed: a chunk after any of those reaches a layer
+    /// that now reads it, whatever came before (a frame from Coda, an event, a chunk of another session, a
+    /// thought after a message, the same session written with an escape). A layer that did not say so is asked
+    /// of every chunk.
+    #[test]
+    fn a_layers_word_on_a_sessions_chunks_is_kept_only_while_nothing_can_have_changed_it() {
+        let (watcher, counted) = (Watcher::default(), Counted::default());
+        let (asked, counted_asked) = (watcher.asked.clone(), counted.0.clone());
+        let mut h = Harness::new(vec![Box::new(watcher), Box::new(counted)]);
+        let chunk = |session: &str, kind: &str| {
+            let text = r"第一段\n## Markdown\n- 多行 \u00e9";
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"{kind}","content":{{"type":"text","text":"{text}"}}}},"_meta":{{"t":1}}}}}}"#
+            )
+        };
+        let seen = |h: &mut Harness, line: String| -> usize {
+            h.agent_frame(Frame::parse(line.clone().into_bytes()).unwrap());
+            let out = h.take().to_client;
+            assert_eq!(out.last().map(|f| f.bytes().to_vec()), Some(line.into_bytes()), "the chunk goes on");
+            out.iter().filter(|f| f.is_notification("seen")).count()
+        };
+        let message = "agent_message_chunk";
+        let mut chunks = 0;
+        let mut see = |h: &mut Harness, session: &str, kind: &str| {
+            chunks += 1;
+            seen(h, chunk(session, kind))
+        };
+        for _ in 0..5 {
+            assert_eq!(see(&mut h, "s1", message), 0);
+        }
+        let watch = |h: &mut Harness, m: &str, s: &str| {
+            h.from_client(json!({"jsonrpc":"2.0","method":m,"params":{"session":s}}))
+        };
+        watch(&mut h, "watch", "s1");
+        assert_eq!(see(&mut h, "s1", message), 1, "a frame from Coda changed the layer's mind");
+        assert_eq!(see(&mut h, r"s\u0031", message), 1, "the same session, escaped");
+        watch(&mut h, "unwatch", "s1");
+        assert_eq!(see(&mut h, "s1", message), 0);
+        assert_eq!(see(&mut h, "s2", message), 0);
+        assert_eq!(see(&mut h, "s2", message), 0);
+        h.event(0, "s2".to_owned());
+        assert_eq!(see(&mut h, "s2", message), 1, "an event changed the layer's mind");
+        assert_eq!(see(&mut h, "s1", message), 0);
+        assert_eq!(see(&mut h, "s2", message), 1, "another session's chunk came between");
+        watch(&mut h, "unwatch", "s2");
+        watch(&mut h, "watch", "s3");
+        assert_eq!(see(&mut h, "s3", "agent_thought_chunk"), 0);
+        watch(&mut h, "thoughts", "");
+        assert_eq!(see(&mut h, "s3", message), 1);
+        assert_eq!(see(&mut h, "s3", "agent_thought_chunk"), 1, "a thought after a message");
+        assert_eq!(see(&mut h, "s4", "agent_thought_chunk"), 0);
+        // The layer that said nothing of chunks was asked of each; the watcher once per session, kind and
+        // state it passed (debug builds ask it of every chunk again, and check the answer kept).
+        let n = chunks;
+        assert_eq!(counted_asked.load(std::sync::atomic::Ordering::Relaxed), n);
+        let asked = asked.load(std::sync::atomic::Ordering::Relaxed);
+        if cfg!(debug_assertions) {
+            assert_eq!(asked, n);
+        } else {
+            assert!(asked < n - 3, "asked {asked} times for {n} chunks");
         }
     }
 
