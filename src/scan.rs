@@ -740,6 +740,18 @@ mod tests {
                 assert!(scanner.by_skeleton >= 8, "{name}: the skeleton was used ({} times)", scanner.by_skeleton);
             }
         }
+        // A stream whose sessions take turns, two lines each (a subagent's chunks between its parent's): once
+        // it has had two, the session id stays a hole, and only the first line and the first change are walked.
+        for (name, classify) in index::Classify::all() {
+            let mut scanner = Scanner { classify, ..Scanner::default() };
+            let n = 40;
+            for k in 0..n {
+                let session = if k / 2 % 2 == 0 { "parent-0001" } else { "child-02" };
+                let line = line(session, &"y".repeat(k % 5), false);
+                assert_eq!(scanner.fast(&line), exact::scan(&line).ok(), "{name}: {}", String::from_utf8_lossy(&line));
+            }
+            assert_eq!(scanner.by_skeleton, n - 2, "{name}: lines checked against the skeleton");
+        }
     }
 
     #[test]

@@ -47,6 +47,12 @@
 //! Beside it the stack keeps the session table ([`sessions`]): the sessions Coda opened (learnt from the agent's
 //! answers before any layer sees them), the children layers name ([`Cx::add_child`]), whose turn runs in each
 //! ([`Cx::turn`]), and the marks of the compaction and steering machines ([`Cx::session_mut`]).
+//!
+//! Most frames from an agent are streamed chunks that most layers only pass on: a layer says so from its state
+//! and the envelope ([`Layer::passes_from_agent`]) and is skipped; one whose answer for a chunk reads no more
+//! than its state, the chunk's session and its kind says that too ([`Layer::chunks_pass_by_session`]), and the
+//! stack keeps its word for the session's next chunks until it next calls the layer (`Passing`). Debug builds
+//! check both: they call a skipped layer anyway and panic unless it only passed the frame on.
 
 use crate::HashMap;
 use std::any::{Any, TypeId};
@@ -148,8 +154,9 @@ pub trait AnyLayer: Send {
     fn agent_frame(&mut self, frame: Frame, cx: &mut Cx);
     #[doc(hidden)]
     fn passes_agent_frame(&self, frame: &Frame) -> bool;
+    /// [`Layer::passes_from_agent`] of a streamed chunk, and [`Layer::chunks_pass_by_session`], in one call.
     #[doc(hidden)]
-    fn chunks_by_session(&self) -> bool;
+    fn passes_chunk(&self, chunk: &Frame) -> Passes;
     #[doc(hidden)]
     fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx);
     #[doc(hidden)]
@@ -187,8 +194,12 @@ impl<L: Layer> AnyLayer for L {
         Layer::passes_from_agent(self, frame)
     }
 
-    fn chunks_by_session(&self) -> bool {
-        Layer::chunks_pass_by_session(self)
+    fn passes_chunk(&self, chunk: &Frame) -> Passes {
+        match Layer::passes_from_agent(self, chunk) {
+            false => Passes::No,
+            true if Layer::chunks_pass_by_session(self) => Passes::BySession,
+            true => Passes::Yes,
+        }
     }
 
     fn reply(&mut self, tag: Box<dyn Any + Send>, reply: Frame, cx: &mut Cx) {
@@ -487,6 +498,18 @@ pub struct Stack {
     gauge: Option<std::sync::Arc<std::sync::Mutex<Sizes>>>,
     /// What the layers said of the streamed chunks of one session and kind ([`Layer::chunks_pass_by_session`]).
     passing: Passing,
+}
+
+/// What a layer says of a streamed chunk from the agent ([`AnyLayer::passes_chunk`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Passes {
+    /// It reads the frame.
+    No,
+    /// It would only pass the frame on.
+    Yes,
+    /// It would only pass this streamed chunk on, and the next of its session and kind while its state is this.
+    BySession,
 }
 
 /// The session and kind of update of the last streamed chunk that went up, and per layer whether it passes
@@ -849,22 +872,14 @@ impl Stack {
     /// Sends `frame` through layers `..below` (nearest first) towards the client, past the layers that
     /// say they would only pass it on ([`Layer::passes_from_agent`]).
     fn up(&mut self, mut below: usize, frame: Frame, exits: &mut Exits) {
-        let chunk = self.passing.of(&frame);
-        while below > 0 {
-            let at = below - 1;
-            if chunk && self.passing.kept(at) {
+        if self.passing.of(&frame) {
+            below = self.past_for_chunk(below, &frame);
+        } else {
+            while below > 0 && self.layers[below - 1].passes_agent_frame(&frame) {
                 #[cfg(debug_assertions)]
-                self.check_kept(at, &frame);
-            } else if self.layers[at].passes_agent_frame(&frame) {
-                #[cfg(debug_assertions)]
-                self.check_passes(at, &frame);
-                if chunk && self.layers[at].chunks_by_session() {
-                    self.passing.keep(at);
-                }
-            } else {
-                break;
+                self.check_passes(below - 1, &frame);
+                below -= 1;
             }
-            below -= 1;
         }
         match below.checked_sub(1) {
             None => {
@@ -887,6 +902,28 @@ impl Stack {
                 self.call(at, exits, |l, cx| l.agent_frame(frame, cx))
             }
         }
+    }
+
+    /// How far a streamed chunk goes up from layer `below` before a layer reads it (0: to the client): past the
+    /// layers that pass it, without asking those whose word for its session and kind is kept.
+    fn past_for_chunk(&mut self, mut below: usize, chunk: &Frame) -> usize {
+        while below > 0 {
+            let at = below - 1;
+            if self.passing.kept(at) {
+                #[cfg(debug_assertions)]
+                self.check_kept(at, chunk);
+            } else {
+                match self.layers[at].passes_chunk(chunk) {
+                    Passes::No => break,
+                    Passes::Yes => {}
+                    Passes::BySession => self.passing.keep(at),
+                }
+                #[cfg(debug_assertions)]
+                self.check_passes(at, chunk);
+            }
+            below -= 1;
+        }
+        below
     }
 
     /// Debug builds: layer `at` passes chunks of `frame`'s session and kind by its state, as it said; asks it

@@ -16,9 +16,10 @@ pub(super) const KEPT: usize = 16 << 10;
 /// The kept line, its holes, and where its envelope's strings are among them. The envelope's `jsonrpc`,
 /// `method` and `sessionUpdate` are no holes: what a frame is seldom changes from one frame to the next, and
 /// a line where it does is walked. Nor, once the next line has been checked against it, are the values that
-/// line did not change (a content type, the start of Grok's turn, the session of a stream that stays in one):
-/// the skeleton is then kept again from that line, with holes only where the two differed (and at the id,
-/// which the envelope reads and a request changes).
+/// line did not change (a content type, the start of Grok's turn, the session of a stream that has stayed in
+/// one): the skeleton is then kept again from that line, with holes only where the two differed (and at the
+/// id, which the envelope reads and a request changes; and at the session id once the stream has had two, as a
+/// CLI's subagents interleave with their parent: else each change of session would cost a walk).
 #[derive(Debug, Default)]
 pub(super) struct Skeleton {
     line: Vec<u8>,
@@ -30,6 +31,8 @@ pub(super) struct Skeleton {
     kept: bool,
     /// Whether the kept line's holes are only those that changed from the line before.
     learnt: bool,
+    /// Whether two lines kept had other session ids: the session id stays a hole from then on.
+    sessions: bool,
 }
 
 impl Skeleton {
@@ -41,6 +44,10 @@ impl Skeleton {
         if line.len() > KEPT || env.lone_surrogate {
             return;
         }
+        // (The line kept before, if any, with its envelope: `line` and `env` are replaced together.)
+        if let (false, Some(was), Some(now)) = (self.sessions, self.env.session, env.session) {
+            self.sessions = self.line.get(was.start..was.end) != line.get(now.start..now.end);
+        }
         // A string's hole starts after its quote; a number's where it does.
         let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
         let session = env.session.map(|s| s.start);
@@ -48,18 +55,22 @@ impl Skeleton {
         if !found(id) {
             return;
         }
-        // The session id is a hole where two lines had other ones; else it moves with the bytes around it.
-        let session_fixed = env.session.filter(|s| !found(Some(s.start))).map(|s| s.start);
         let strings = [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start));
         self.holes.clear();
+        let mut session_hole = false;
         self.holes.extend(holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))).map(|h| {
             let role = match Some(h.start) {
                 at if at == id => ROLE_ID,
-                at if at == session => ROLE_SESSION,
+                at if at == session => {
+                    session_hole = true;
+                    ROLE_SESSION
+                }
                 _ => 0,
             };
             Hole { role, moved: 0, ..*h }
         }));
+        // The session id is a hole where two lines had other ones; else it moves with the bytes around it.
+        let session_fixed = session.filter(|_| !session_hole);
         // What lies between holes moves with the stretch it is in: the stretch before the first hole after it.
         self.tail = 0;
         let meta = [env.meta.map(|m| m.0), env.meta.map(|m| m.1)];
@@ -67,6 +78,7 @@ impl Skeleton {
         let bits = [JSONRPC, METHOD, UPDATE, META_START, META_END, OBJECT_START, OBJECT_END, SESSION];
         for (at, bit) in strings.into_iter().chain(meta).chain(update).chain([session_fixed]).zip(bits) {
             let Some(at) = at else { continue };
+            // (Most places are near the line's start, among its first holes: a search from the start is short.)
             match self.holes.iter_mut().find(|h| h.start > at) {
                 Some(hole) => hole.moved |= bit,
                 None => self.tail |= bit,
@@ -122,7 +134,8 @@ impl Skeleton {
                 ROLE_ID => id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
                 _ => session = Some(Str { start, end, escaped }),
             }
-            if !self.learnt && (hole.role == ROLE_ID || b[start..end] != old[hole.start..hole.end]) {
+            let always = hole.role == ROLE_ID || (hole.role == ROLE_SESSION && self.sessions);
+            if !self.learnt && (always || b[start..end] != old[hole.start..hole.end]) {
                 changed.push(Hole { start, end, ..*hole });
             }
             (at, was) = (end, hole.end);
