@@ -492,7 +492,7 @@ impl Frame {
         match (self.meta_start as usize, self.meta_len) {
             (_, 0) => None,
             (_, u16::MAX) => self.view().pointer(&["params", "_meta"]),
-            (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+            (start, len) => Some(json::View::exact(&self.bytes()[start..start + usize::from(len)])),
         }
     }
 
@@ -503,7 +503,7 @@ impl Frame {
         match (self.update_start as usize, self.update_len) {
             (_, 0) => None,
             (_, u16::MAX) => self.view().pointer(&["params", "update"]).filter(|u| u.text().first() == Some(&b'{')),
-            (start, len) => Some(json::View::of(&self.bytes()[start..start + usize::from(len)])),
+            (start, len) => Some(json::View::exact(&self.bytes()[start..start + usize::from(len)])),
         }
     }
 
@@ -530,7 +530,7 @@ impl Frame {
         }
         match self.flags & SESSION_ESCAPED {
             0 => Some(Cow::Borrowed(&self.bytes()[start..start + usize::from(len)])),
-            _ => unescaped(json::View::of(&self.bytes()[start - 1..=start + usize::from(len)]).as_str()),
+            _ => unescaped(json::View::exact(&self.bytes()[start - 1..=start + usize::from(len)]).as_str()),
         }
     }
 

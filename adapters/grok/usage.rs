@@ -241,6 +241,10 @@ impl Source for Grok {
     }
 
     fn wants(&self, frame: &Frame) -> bool {
+        // A stamped update (below), told first: the bulk of what Grok sends is its stamped chunks.
+        if frame.is_streamed_chunk() {
+            return frame.meta().is_some_and(|m| may_stream(&m));
+        }
         match frame.kind() {
             Kind::Notification { method } if method == NOTIFICATION => {
                 matches!(

@@ -51,8 +51,9 @@
 //! Most frames from an agent are streamed chunks that most layers only pass on: a layer says so from its state
 //! and the envelope ([`Layer::passes_from_agent`]) and is skipped; one whose answer for a chunk reads no more
 //! than its state, the chunk's session and its kind says that too ([`Layer::chunks_pass_by_session`]), and the
-//! stack keeps its word for the session's next chunks until it next calls the layer (`Passing`). Debug builds
-//! check both: they call a skipped layer anyway and panic unless it only passed the frame on.
+//! stack keeps its word for the session's next chunks until it next calls the layer (`Passing`: a bit per
+//! layer, so that the layers whose word is kept are passed in one step). Debug builds check both: they call a
+//! skipped layer anyway and panic unless it only passed the frame on.
 
 use crate::HashMap;
 use std::any::{Any, TypeId};
@@ -512,36 +513,29 @@ pub enum Passes {
     BySession,
 }
 
-/// The session and kind of update of the last streamed chunk that went up, and per layer whether it passes
-/// such chunks by its state (which changes only when the stack calls the layer): most frames of a session are
-/// its chunks, and most layers only pass them on.
+/// The session and kind of update of the last streamed chunk that went up, and which layers pass such chunks
+/// by their state (which changes only when the stack calls the layer): most frames of a session are its chunks,
+/// and most layers only pass them on.
 #[derive(Default)]
 struct Passing {
     /// The chunks' `params.sessionId` as written, and their `sessionUpdate`.
     session: Vec<u8>,
     update: String,
-    /// Per layer: how many times the stack called it, and that count when it last passed one of these chunks
-    /// by its state (`u64::MAX`: not since the session or the kind changed).
-    layers: Vec<Calls>,
+    /// Bit `at`: layer `at` passed one of these chunks by its state, and the stack has not called it since
+    /// (nor did the session or the kind change). Layers from the 64th up are always asked.
+    kept: u64,
 }
 
-#[derive(Clone, Copy)]
-struct Calls {
-    calls: u64,
-    passed: u64,
+/// Layer `at`'s bit in [`Passing::kept`] (none from the 64th layer up).
+fn bit(at: usize) -> u64 {
+    u32::try_from(at).ok().and_then(|at| 1u64.checked_shl(at)).unwrap_or(0)
 }
 
 impl Passing {
-    fn new(layers: usize) -> Passing {
-        Passing { layers: vec![Calls { calls: 0, passed: u64::MAX }; layers], ..Passing::default() }
-    }
-
     /// The stack is calling layer `at`, which may change its state.
     #[inline]
     fn calling(&mut self, at: usize) {
-        if let Some(layer) = self.layers.get_mut(at) {
-            layer.calls += 1;
-        }
+        self.kept &= !bit(at);
     }
 
     /// Whether `frame` is a streamed chunk whose session and kind this keeps answers for (from now on, when
@@ -559,22 +553,25 @@ impl Passing {
             self.session.extend_from_slice(session);
             self.update.clear();
             self.update.push_str(update);
-            self.layers.iter_mut().for_each(|l| l.passed = u64::MAX);
+            self.kept = 0;
         }
         true
     }
 
-    /// Whether layer `at` passes these chunks by its state, as it said since the stack last called it.
+    /// The nearest layer under `below` whose word on these chunks is not kept (the next to ask), if any: the
+    /// layers between are passed in one step.
     #[inline]
-    fn kept(&self, at: usize) -> bool {
-        self.layers.get(at).is_some_and(|l| l.passed == l.calls)
+    fn next_to_ask(&self, below: usize) -> Option<usize> {
+        if below > 64 {
+            return Some(below - 1);
+        }
+        let ask = !self.kept & bit(below).wrapping_sub(1);
+        (ask != 0).then(|| 63 - ask.leading_zeros() as usize)
     }
 
     /// Layer `at` passed one of these chunks and said it does so by its state.
     fn keep(&mut self, at: usize) {
-        if let Some(layer) = self.layers.get_mut(at) {
-            layer.passed = layer.calls;
-        }
+        self.kept |= bit(at);
     }
 }
 
@@ -595,7 +592,6 @@ pub struct Exits {
 
 impl Stack {
     pub fn new(layers: Vec<Box<dyn AnyLayer>>) -> Stack {
-        let layers_len = layers.len();
         Stack {
             shared: Shared {
                 requests: Requests::default(),
@@ -615,7 +611,7 @@ impl Stack {
             jobs: Vec::new(),
             keep_work: false,
             gauge: None,
-            passing: Passing::new(layers_len),
+            passing: Passing::default(),
         }
     }
 
@@ -907,23 +903,22 @@ impl Stack {
     /// How far a streamed chunk goes up from layer `below` before a layer reads it (0: to the client): past the
     /// layers that pass it, without asking those whose word for its session and kind is kept.
     fn past_for_chunk(&mut self, mut below: usize, chunk: &Frame) -> usize {
-        while below > 0 {
-            let at = below - 1;
-            if self.passing.kept(at) {
-                #[cfg(debug_assertions)]
+        loop {
+            let next = self.passing.next_to_ask(below);
+            #[cfg(debug_assertions)]
+            for at in (next.map_or(0, |at| at + 1)..below).rev() {
                 self.check_kept(at, chunk);
-            } else {
-                match self.layers[at].passes_chunk(chunk) {
-                    Passes::No => break,
-                    Passes::Yes => {}
-                    Passes::BySession => self.passing.keep(at),
-                }
-                #[cfg(debug_assertions)]
-                self.check_passes(at, chunk);
             }
-            below -= 1;
+            let Some(at) = next else { return 0 };
+            match self.layers[at].passes_chunk(chunk) {
+                Passes::No => return at + 1,
+                Passes::Yes => {}
+                Passes::BySession => self.passing.keep(at),
+            }
+            #[cfg(debug_assertions)]
+            self.check_passes(at, chunk);
+            below = at;
         }
-        below
     }
 
     /// Debug builds: layer `at` passes chunks of `frame`'s session and kind by its state, as it said; asks it
@@ -1228,16 +1223,33 @@ mod tests {
         }
     }
 
-    /// Passes every frame on and says so, but not that it does by the session: asked of every chunk.
+    /// Passes every frame on and says so (that it does by its state when `by_session`, else it is asked of
+    /// every chunk); counts how often it is asked, and the frames it is handed all the same.
     #[derive(Default)]
-    struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-    impl Layer for Counted {
+    struct Passer {
+        by_session: bool,
+        asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        handed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+    impl Passer {
+        fn by_session() -> Passer {
+            Passer { by_session: true, ..Passer::default() }
+        }
+    }
+    impl Layer for Passer {
         type Timer = Infallible;
         type Event = Infallible;
         type Reply = Infallible;
+        fn from_agent(&mut self, f: Frame, cx: &mut Cx) {
+            self.handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cx.to_client(f);
+        }
         fn passes_from_agent(&self, _f: &Frame) -> bool {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             true
+        }
+        fn chunks_pass_by_session(&self) -> bool {
+            self.by_session
         }
     }
 
@@ -1245,12 +1257,15 @@ mod tests {
     /// the kind of chunk or the layer's state may have changed: a chunk after any of those reaches a layer
     /// that now reads it, whatever came before (a frame from Coda, an event, a chunk of another session, a
     /// thought after a message, the same session written with an escape). A layer that did not say so is asked
-    /// of every chunk.
+    /// of every chunk; the layers whose word is kept are passed, and the chunk is handed to the one that reads
+    /// it, never to one of them.
     #[test]
     fn a_layers_word_on_a_sessions_chunks_is_kept_only_while_nothing_can_have_changed_it() {
-        let (watcher, counted) = (Watcher::default(), Counted::default());
-        let (asked, counted_asked) = (watcher.asked.clone(), counted.0.clone());
-        let mut h = Harness::new(vec![Box::new(watcher), Box::new(counted)]);
+        let (watcher, counted, near, far) =
+            (Watcher::default(), Passer::default(), Passer::by_session(), Passer::by_session());
+        let (asked, counted_asked) = (watcher.asked.clone(), counted.asked.clone());
+        let handed = [near.handed.clone(), far.handed.clone()];
+        let mut h = Harness::new(vec![Box::new(watcher), Box::new(near), Box::new(counted), Box::new(far)]);
         let chunk = |session: &str, kind: &str| {
             let text = r"第一段\n## Markdown\n- 多行 \u00e9";
             format!(
@@ -1302,6 +1317,48 @@ mod tests {
             assert_eq!(asked, n);
         } else {
             assert!(asked < n - 3, "asked {asked} times for {n} chunks");
+        }
+        // A layer that passes every chunk is handed none (debug builds hand it each, to check that it passes it).
+        for handed in handed {
+            assert_eq!(handed.load(std::sync::atomic::Ordering::Relaxed), if cfg!(debug_assertions) { n } else { 0 });
+        }
+    }
+
+    /// A stack deeper than the 64 layers whose word is kept in one bit each: the layers past the 64th are
+    /// asked of every chunk, the others passed by their word, and a chunk still reaches each layer that reads
+    /// it, at the bottom and at the top.
+    #[test]
+    fn a_stack_deeper_than_the_kept_words_asks_the_layers_past_them() {
+        let (bottom, top) = (Watcher::default(), Watcher::default());
+        let asked = [bottom.asked.clone(), top.asked.clone()];
+        let (mut layers, mut counts): (Vec<Box<dyn AnyLayer>>, Vec<_>) = (vec![Box::new(bottom)], Vec::new());
+        for _ in 0..68 {
+            let still = Passer::by_session();
+            counts.push(still.handed.clone());
+            layers.push(Box::new(still));
+        }
+        layers.push(Box::new(top));
+        let mut h = Harness::new(layers);
+        let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"多行\n- x"}}}}"#;
+        let seen = |h: &mut Harness| {
+            h.agent_frame(Frame::parse(chunk.as_bytes().to_vec()).unwrap());
+            let out = h.take().to_client;
+            assert_eq!(out.last().map(|f| f.bytes()), Some(chunk.as_bytes()), "the chunk goes on");
+            out.iter().filter(|f| f.is_notification("seen")).count()
+        };
+        assert_eq!((seen(&mut h), seen(&mut h)), (0, 0));
+        h.event(69, "s".to_owned());
+        assert_eq!((seen(&mut h), seen(&mut h)), (1, 1), "the top layer reads them");
+        h.event(0, "s".to_owned());
+        assert_eq!(seen(&mut h), 2, "and the bottom one");
+        let load = |n: &std::sync::Arc<std::sync::atomic::AtomicUsize>| n.load(std::sync::atomic::Ordering::Relaxed);
+        // The top layer, past the 64th, is asked of every chunk; the bottom one of the first chunk, of the last
+        // (an event called it), and of the three notes the top one sent (no chunks: no word is kept for them).
+        // Debug builds ask each layer of every frame, and hand it each.
+        assert_eq!(load(&asked[1]), 5);
+        assert_eq!(load(&asked[0]), if cfg!(debug_assertions) { 8 } else { 5 });
+        for count in counts {
+            assert_eq!(load(&count), if cfg!(debug_assertions) { 8 } else { 0 });
         }
     }
 
