@@ -12,17 +12,21 @@ pub const DEFAULT_MAX_LINE: usize = 64 << 20;
 /// How many bytes of an over-long line are kept to find its id.
 const HEAD: usize = 4096;
 
-/// Bytes asked of the kernel per read: an eighth of the agent's pipe (see `child`).
-const READ: usize = 128 << 10;
+/// Bytes asked of the kernel per read: a sixteenth of the agent's pipe (see `child`), a quarter of a buffer.
+const READ: usize = 64 << 10;
 
 /// The same for a blocking read, whose buffer is zeroed first: a default pipe's worth.
 const READ_BLOCKING: usize = 64 << 10;
 
-/// Size of a read buffer: several reads go into one before the next is taken.
-const BUF: usize = 512 << 10;
+/// Size of a read buffer: four reads go into one before the next is taken. A buffer is free again only once
+/// every line cut from it has been written, so the memory a stream of small frames keeps is about what is in
+/// flight rounded up to whole buffers: the smaller they are, the less is kept beyond it.
+const BUF: usize = 256 << 10;
 
-/// Read buffers kept for reuse once every line cut from them has been written.
-const POOL: usize = 12;
+/// Read buffers kept for reuse once every line cut from them has been written: 6 MiB, room for what a flood
+/// of large frames has in flight between the reader, the relay loop and the writer (a buffer not kept is
+/// freed, and a new one costs its page faults again).
+const POOL: usize = 24;
 
 /// What the reader found.
 #[derive(Debug, PartialEq, Eq)]
