@@ -264,7 +264,10 @@ fn record_codex_171() {
     }
     let kind = |a: &Value| a.pointer("/error/data/_meta/coda/failure/kind").cloned().unwrap_or(Value::Null);
     assert_eq!(kind(&failures[0].1), "quota_exhausted", "{:?}", failures[0]);
-    assert_eq!(kind(&failures[1].1), "service_unavailable", "{:?}", failures[1]);
+    // A 500 says nothing explicit of the service (codex-acp gives adapter errors the same record): a plain
+    // error, as `adapters/codex/failure.rs` says and the `upstream-errors` replay checks.
+    assert_eq!(failures[1].1["error"]["code"], -32603, "{:?}", failures[1]);
+    assert_eq!(kind(&failures[1].1), Value::Null, "{:?}", failures[1]);
     assert_eq!(failures[2].1["error"]["code"], -32000, "{:?}", failures[2]);
     run.finish();
     keep_with_cli(&trace, &root, "0.171.0");
