@@ -1232,6 +1232,10 @@ mod tests {
                 assert_eq!(f.session().as_deref(), text("/params/sessionId"), "{what}");
                 assert_eq!(f.meta().map(|m| m.to_value()), object("/params/_meta"), "{what}");
                 assert_eq!(f.update_value().map(|u| u.to_value()), object("/params/update"), "{what}");
+                // The spans noted are read as they are (`View::exact`): from the object's first byte to its last.
+                for text in [f.meta(), f.update_value()].into_iter().flatten().map(|v| v.text()) {
+                    assert!(text.first() == Some(&b'{') && text.last() == Some(&b'}'), "{what}");
+                }
                 // A kind spelled with a lone surrogate escape names no kind a layer acts on: it is read as none.
                 let kind = text("/params/update/sessionUpdate");
                 let lone_kind = f.lone_surrogate() && kind.is_some_and(|k| k.contains('\u{FFFD}'));
