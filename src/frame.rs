@@ -658,13 +658,26 @@ pub fn notification(method: &str, params: Value) -> Frame {
     Frame::of_value(serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
 }
 
-/// What reads the frames of one stream: its [`scan::Scanner`], and what the envelope of the shape its lines
-/// have had last was read as (a line of that shape has the same `jsonrpc`, `method` and `sessionUpdate`: they
-/// are not read again).
+/// What reads the frames of one stream: its [`scan::Scanner`], and what the envelopes of the shapes its lines
+/// have had lately were read as (a line of a shape has the same `jsonrpc`, `method` and `sessionUpdate` as
+/// every other: they are not read again), each in the place [`memo_of`] gives its shape.
 #[derive(Debug, Default)]
 pub struct Reader {
     scanner: scan::Scanner,
-    memo: Option<Memo>,
+    memos: Vec<Option<Memo>>,
+}
+
+/// How many shapes' envelopes a [`Reader`] keeps: as many as the frame check keeps shapes of.
+const MEMOS: usize = scan::SHAPES;
+
+/// The place of `shape`'s memo among `memos` (made room for): shapes are numbered one after another, so
+/// the last [`MEMOS`] numbered have places of their own (one kept long among newer ones may share its place,
+/// and then is read anew when the other was read last).
+fn memo_of(memos: &mut Vec<Option<Memo>>, shape: u64) -> &mut Option<Memo> {
+    if memos.is_empty() {
+        memos.resize_with(MEMOS, || None);
+    }
+    &mut memos[(shape % MEMOS as u64) as usize]
 }
 
 #[derive(Debug)]
@@ -707,10 +720,10 @@ impl Places {
 fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Invalid> {
     let owned;
     let (checked, memo) = match reader {
-        Some(Reader { scanner, memo }) => {
+        Some(Reader { scanner, memos }) => {
             let checked = scanner.check(bytes);
             let shape = scanner.shape();
-            (checked.map(|()| scanner.envelope()), Some((shape, memo)))
+            (checked.map(|()| scanner.envelope()), shape.map(|shape| (shape, memo_of(memos, shape))))
         }
         None => {
             owned = scan::scan(bytes);
@@ -736,7 +749,7 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
     };
     let id = || env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
     // A line of the shape the last frame had: its envelope's strings are that frame's.
-    if let Some((Some(shape), Some(memo))) = &memo
+    if let Some((shape, Some(memo))) = &memo
         && memo.shape == *shape
         && let Some(kind) = match (&memo.method, id()) {
             (Some(method), Some(id)) => Some(Kind::Request { id, method: method.clone() }),
@@ -798,7 +811,7 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
     let update = env.update.as_ref().and_then(name);
     let chunk = matches!(&kind, Kind::Notification { method } if method == "session/update")
         && matches!(update.as_deref(), Some("agent_message_chunk" | "agent_thought_chunk"));
-    if let Some((Some(shape), memo)) = memo {
+    if let Some((shape, memo)) = memo {
         let method = match &kind {
             Kind::Request { method, .. } | Kind::Notification { method } => Some(method.clone()),
             _ => None,
@@ -886,6 +899,43 @@ mod tests {
         ] {
             assert_eq!(update(other), None, "{other}");
         }
+    }
+
+    /// Frames of a stream taking turns between kinds (a chunk, a usage update, a tool call's update, a
+    /// request of the agent's) are each read with what the envelope of its own shape was read as, and read
+    /// as a frame alone is.
+    #[test]
+    fn frames_taking_turns_between_shapes_are_read_with_the_envelope_of_their_own() {
+        let line = |kind: usize, n: usize| match kind {
+            0 => format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"w{n}"}}}}}}}}"#
+            ),
+            1 => format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"usage_update","used":{n},"size":9}}}}}}"#
+            ),
+            2 => format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"tool_call_update","toolCallId":"c{n}","status":"s{n}"}}}}}}"#
+            ),
+            _ => format!(
+                r#"{{"jsonrpc":"2.0","id":{n},"method":"fs/read_text_file","params":{{"sessionId":"s","path":"/p{n}"}}}}"#
+            ),
+        };
+        let mut reader = Reader::default();
+        let (mut with_memo, mut read) = (0, 0);
+        for n in 0..40 {
+            let kind = n % 4;
+            let text = line(kind, n);
+            let shapes: Vec<u64> = reader.memos.iter().flatten().map(|m| m.shape).collect();
+            let got = Frame::read(Bytes::from(format!("{text}\n")), &mut reader).expect("a frame");
+            with_memo += usize::from(reader.scanner.shape().is_some_and(|s| shapes.contains(&s)));
+            read += 1;
+            let alone = Frame::parse(text.as_bytes().to_vec()).expect("a frame");
+            assert_eq!(got.kind(), alone.kind(), "{text}");
+            assert_eq!(got.session_update(), alone.session_update(), "{text}");
+            assert_eq!(got.is_streamed_chunk(), kind == 0, "{text}");
+        }
+        // The first of each kind is walked; every later one has its shape's memo.
+        assert_eq!(with_memo, read - 4, "frames read with the envelope of their shape");
     }
 
     #[test]
@@ -1200,9 +1250,9 @@ mod tests {
             // Each line after the one before it, and after itself.
             for before in [&lines[i.saturating_sub(1)], line] {
                 let _ = Frame::read(Bytes::from([before, &b"\n"[..]].concat()), &mut reader);
-                let shape = reader.memo.as_ref().map(|m| m.shape);
+                let shapes: Vec<u64> = reader.memos.iter().flatten().map(|m| m.shape).collect();
                 let got = Frame::read(Bytes::from([line, &b"\n"[..]].concat()), &mut reader).map_err(|(_, e)| e);
-                memo += usize::from(shape.is_some() && shape == reader.scanner.shape());
+                memo += usize::from(reader.scanner.shape().is_some_and(|s| shapes.contains(&s)));
                 same(got, alone(line), line);
             }
         }

@@ -208,6 +208,7 @@ mod exact;
 mod fast;
 mod index;
 mod skeleton;
+pub use skeleton::SHAPES;
 
 /// Checks that `line` is one JSON text (UTF-8, at most [`MAX_DEPTH`] deep) and reads its envelope: for a
 /// line that is no part of a stream (one the shim built), so nothing is kept for a next line, and a line of
@@ -233,23 +234,22 @@ pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
 const BITS_KEPT: usize = 4096;
 
 /// [`scan`] for the lines of one stream. The instruction set is chosen once (`index::Classify::best`), the
-/// buffers of a line's bits and values kept for the next, and the last line the walk found valid is kept as
-/// a `skeleton::Skeleton`: a line that is it with other values (the next chunk of a stream, whatever its
-/// text, ids and times) is checked against it instead of walked. The same result as a walk, for every line
+/// buffers of a line's bits and values kept for the next, and the last lines of other shapes the walk found
+/// valid are kept as `skeleton::Skeletons`: a line that is one of them with other values (the next chunk of
+/// a stream, whatever its text, ids and times; the next usage update between them) is checked against it
+/// instead of walked. The same result as a walk, for every line
 /// (the unit tests compare the two).
 #[derive(Debug)]
 pub struct Scanner {
     classify: index::Classify,
     bits: Vec<u64>,
     holes: Vec<fast::Hole>,
-    last: skeleton::Skeleton,
+    skeletons: skeleton::Skeletons,
     /// The envelope of the line checked last (a reference to it is what [`Scanner::checked`] returns: the
     /// envelope is too large to move cheaply).
     env: Envelope,
-    /// Skeletons kept from a walk so far, and whether the line checked last is the current one's shape
-    /// ([`Scanner::shape`]).
-    shapes: u64,
-    of_shape: bool,
+    /// The shape of the line checked last ([`Scanner::shape`]).
+    shape: Option<u64>,
     /// Lines checked against the skeleton of the one before (the tests see that it is used).
     #[cfg(test)]
     by_skeleton: usize,
@@ -261,10 +261,9 @@ impl Default for Scanner {
             classify: index::Classify::best(),
             bits: Vec::new(),
             holes: Vec::new(),
-            last: Default::default(),
+            skeletons: Default::default(),
             env: Envelope::default(),
-            shapes: 0,
-            of_shape: false,
+            shape: None,
             #[cfg(test)]
             by_skeleton: 0,
         }
@@ -281,7 +280,7 @@ impl Scanner {
     /// [`Scanner::checked`], the envelope left for [`Scanner::envelope`].
     pub fn check(&mut self, line: &[u8]) -> Result<(), Error> {
         if !self.run(line) {
-            self.of_shape = false;
+            self.shape = None;
             // Why not: the exact walk says (and has the last word).
             self.env = exact::scan(line)?;
         }
@@ -298,7 +297,7 @@ impl Scanner {
     /// [`Envelope::lone_surrogate`] (so what a reader makes of the envelope's `jsonrpc`, `method` and
     /// `sessionUpdate` holds for every line of the shape). A new shape has another number.
     pub fn shape(&self) -> Option<u64> {
-        self.of_shape.then_some(self.shapes)
+        self.shape
     }
 
     /// [`Scanner::checked`] by the fast walk alone: `None` for a line it refuses.
@@ -315,12 +314,12 @@ impl Scanner {
         let ascii = self.classify.run(line, &mut self.bits[..blocks]);
         let utf8 = |line| ascii || simdutf8::basic::from_utf8(line).is_ok();
         let bits = &self.bits[..blocks];
-        let walked = if self.last.check(line, bits, &mut self.holes, &mut self.env) {
+        let walked = if let Some(shape) = self.skeletons.check(line, bits, &mut self.holes, &mut self.env) {
             #[cfg(test)]
             {
                 self.by_skeleton += 1;
             }
-            self.of_shape = true;
+            self.shape = Some(shape);
             None
         } else if line.len() > skeleton::KEPT {
             Some(fast::walk(line, bits, None))
@@ -332,17 +331,15 @@ impl Scanner {
             None => utf8(line),
             Some(Some(env)) if utf8(line) => {
                 self.env = env;
-                // (A longer line is not kept, and leaves the skeleton as it was.)
-                let kept = line.len() <= skeleton::KEPT;
-                if kept {
-                    self.last.keep(line, &self.holes, &self.env);
-                }
-                self.of_shape = kept && self.last.is_kept();
-                self.shapes += u64::from(self.of_shape);
+                // (A longer line is not kept, and leaves the skeletons as they were.)
+                self.shape = match line.len() <= skeleton::KEPT {
+                    true => self.skeletons.keep(line, &self.holes, &self.env),
+                    false => None,
+                };
                 true
             }
             Some(_) => {
-                self.of_shape = false;
+                self.shape = None;
                 false
             }
         };
@@ -751,6 +748,55 @@ mod tests {
                 assert_eq!(scanner.fast(&line), exact::scan(&line).ok(), "{name}: {}", String::from_utf8_lossy(&line));
             }
             assert_eq!(scanner.by_skeleton, n - 2, "{name}: lines checked against the skeleton");
+        }
+    }
+
+    /// A stream whose frames take turns between templates (a chunk, a usage update, a tool call's update, a
+    /// status, each with its own values every time) walks the first line of each and checks every other
+    /// against its template's skeleton, reading each as a walk does; once more templates take turns than
+    /// skeletons are kept, each line is walked (the one it had was let go for a newer one) and still read
+    /// the same.
+    #[test]
+    fn a_stream_that_takes_turns_between_shapes_checks_each_against_its_own() {
+        let template = |shape: usize, n: usize| {
+            let update = match shape % 4 {
+                0 => format!(r#""sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"w{n}"}}"#),
+                1 => format!(r#""sessionUpdate":"usage_update","used":{n},"size":{}"#, 1000 + n),
+                2 => format!(r#""sessionUpdate":"tool_call_update","toolCallId":"c{n}","status":"s{n}""#),
+                _ => format!(r#""sessionUpdate":"session_info_update","_meta":{{"t":{n},"e":"e{n}"}}"#),
+            };
+            // Shapes past the first four: the same updates with a key of their own after them.
+            let extra = if shape < 4 { String::new() } else { format!(r#","k{shape}":{n}"#) };
+            format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{{update}{extra}}}}}}}"#)
+                .into_bytes()
+        };
+        for (name, classify) in index::Classify::all() {
+            for shapes in [4, skeleton::SHAPES, skeleton::SHAPES + 1] {
+                let mut scanner = Scanner { classify, ..Scanner::default() };
+                let rounds = 6;
+                let mut numbers = std::collections::HashMap::new();
+                for round in 0..rounds {
+                    for shape in 0..shapes {
+                        let line = template(shape, round * 7 + shape);
+                        let env = scanner.fast(&line);
+                        assert_eq!(env, exact::scan(&line).ok(), "{name}: {}", String::from_utf8_lossy(&line));
+                        let number = scanner.shape().expect("a line of a shape");
+                        // Lines of one template have one shape number while it is kept; of two, two.
+                        if shapes <= skeleton::SHAPES {
+                            assert_eq!(*numbers.entry(shape).or_insert(number), number, "{name}: shape {shape}");
+                        }
+                    }
+                }
+                // (Four take turns in every stream of a CLI's: their lines are checked whatever else is kept.)
+                let checked = match shapes {
+                    4 => (rounds - 1) * 4,
+                    s if s <= skeleton::SHAPES => (rounds - 1) * s,
+                    _ => 0,
+                };
+                assert_eq!(scanner.by_skeleton, checked, "{name}: {shapes} shapes taking turns");
+                let distinct: std::collections::HashSet<_> = numbers.values().collect();
+                assert_eq!(distinct.len(), numbers.len(), "{name}: each template its own shape");
+            }
         }
     }
 

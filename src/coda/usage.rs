@@ -70,19 +70,22 @@ pub fn iso(at: SystemTime) -> Option<String> {
     }
     // Every usage update is stamped with one or two: the fields put in digit by digit cost a tenth of a
     // formatted `Timestamp`.
-    let mut out = String::with_capacity(24);
-    let mut digits = |n: i32, width: u32, then: char| {
-        out.extend((0..width).rev().map(|k| char::from(b'0' + (n / 10i32.pow(k) % 10) as u8)));
-        out.push(then);
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, n: i32| {
+        let mut n = n.unsigned_abs();
+        for digit in out[at..at + width].iter_mut().rev() {
+            *digit = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
     };
-    digits(t.year().into(), 4, '-');
-    digits(t.month().into(), 2, '-');
-    digits(t.day().into(), 2, 'T');
-    digits(t.hour().into(), 2, ':');
-    digits(t.minute().into(), 2, ':');
-    digits(t.second().into(), 2, '.');
-    digits(t.subsec_nanosecond() / 1_000_000, 3, 'Z');
-    Some(out)
+    put(0, 4, t.year().into());
+    put(5, 2, t.month().into());
+    put(8, 2, t.day().into());
+    put(11, 2, t.hour().into());
+    put(14, 2, t.minute().into());
+    put(17, 2, t.second().into());
+    put(20, 3, t.subsec_nanosecond() / 1_000_000);
+    Some(out.iter().map(|&b| char::from(b)).collect())
 }
 
 impl Facts {
@@ -102,14 +105,6 @@ impl Facts {
             coda.insert("compactedAt".into(), json!(at));
         }
         coda
-    }
-
-    /// Whether no fact is known ([`Facts::to_json`] is empty).
-    fn is_empty(&self) -> bool {
-        self.last_request_at.and_then(iso).is_none()
-            && self.context_tokens.is_none()
-            && self.compacted_at.and_then(iso).is_none()
-            && !self.cache_ttl.as_ref().is_some_and(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'))
     }
 
     /// [`Facts::to_json`] written as JSON text (its keys in the order a `Map` keeps them), without building it.
@@ -154,7 +149,12 @@ impl Facts {
     /// object). A frame with a lone surrogate escape is parsed and written again, as every frame a layer edits
     /// (the escape written as U+FFFD).
     pub fn stamp_frame(&self, frame: &Frame) -> Option<Frame> {
-        if frame.session_update() != Some("usage_update") || self.is_empty() {
+        if frame.session_update() != Some("usage_update") {
+            return None;
+        }
+        let mut facts = Vec::with_capacity(128);
+        self.write_json(&mut facts);
+        if facts == b"{}" {
             return None;
         }
         if frame.lone_surrogate() {
@@ -162,8 +162,6 @@ impl Facts {
         }
         let line = frame.bytes();
         let update = frame.update_value()?;
-        let mut facts = Vec::with_capacity(128);
-        self.write_json(&mut facts);
         // What replaces `line[cut]`: `_meta` added to `update`, `coda` added to `_meta` or its value replaced,
         // or a `_meta` that is no object replaced. A key twice (which one a reader keeps is its own choice)
         // is left to the parsed value's rules.
@@ -827,9 +825,9 @@ mod tests {
         let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"agent_message_chunk"}}}"#;
         assert!(Facts::default().stamp_frame(&Frame::parse(chunk.as_bytes().to_vec()).unwrap()).is_none());
         for facts in &facts {
-            assert_eq!(facts.is_empty(), facts.to_json().is_empty());
             let mut text = Vec::new();
             facts.write_json(&mut text);
+            assert_eq!(text == b"{}", facts.to_json().is_empty());
             assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), Value::Object(facts.to_json()));
         }
     }

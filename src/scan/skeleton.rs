@@ -31,22 +31,23 @@ pub(super) struct Skeleton {
     kept: bool,
     /// Whether the kept line's holes are only those that changed from the line before.
     learnt: bool,
-    /// Whether two lines kept had other session ids: the session id stays a hole from then on.
-    sessions: bool,
+    /// The number of the shape (see [`Skeletons`]).
+    shape: u64,
 }
 
 impl Skeleton {
     /// Keeps `line`, which is valid with `env` and has `holes` (among them every string value and number
     /// the envelope reads); a line this cannot check the next against (one with a lone surrogate escape, or
-    /// an id that is not a string or a number) is not kept.
-    pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) {
+    /// an id that is not a string or a number) is not kept. `sessions`: whether the stream has had two
+    /// session ids (set here when `line`'s is not the one of the line this kept before).
+    fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope, sessions: &mut bool) {
         (self.kept, self.learnt) = (false, false);
         if line.len() > KEPT || env.lone_surrogate {
             return;
         }
         // (The line kept before, if any, with its envelope: `line` and `env` are replaced together.)
-        if let (false, Some(was), Some(now)) = (self.sessions, self.env.session, env.session) {
-            self.sessions = self.line.get(was.start..was.end) != line.get(now.start..now.end);
+        if let (false, Some(was), Some(now)) = (*sessions, self.env.session, env.session) {
+            *sessions = self.line.get(was.start..was.end) != line.get(now.start..now.end);
         }
         // A string's hole starts after its quote; a number's where it does.
         let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
@@ -90,26 +91,29 @@ impl Skeleton {
         self.kept = true;
     }
 
-    /// Whether a line is kept (the last [`Skeleton::keep`] kept one).
-    pub(super) fn is_kept(&self) -> bool {
-        self.kept
-    }
-
     /// Whether `b` is the kept line with other values in its holes, and then its envelope in `out`; `bits`
-    /// are `b`'s (see [`super::index`]). False when it is not (the walk then decides; `out` is left as it
-    /// was). The first line checked after one is kept is kept in its place, with holes where the two differ
-    /// (`changed` is room for them).
-    #[inline(never)]
-    pub(super) fn check(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>, out: &mut Envelope) -> bool {
-        self.matches(b, bits, changed, out).is_some()
-    }
-
+    /// are `b`'s (see [`super::index`]). `None` when it is not (`out` is then left as it was). The first line
+    /// checked after one is kept is kept in its place, with holes where the two differ (`changed` is room for
+    /// them).
     #[inline(always)]
-    fn matches(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>, out: &mut Envelope) -> Option<()> {
+    fn matches(
+        &mut self,
+        b: &[u8],
+        bits: &[u64],
+        changed: &mut Vec<Hole>,
+        out: &mut Envelope,
+        sessions: &mut bool,
+    ) -> Option<()> {
         if !self.kept {
             return None;
         }
         let old = &self.line[..];
+        // What follows the last hole first: lines of other shapes mostly end otherwise, and are told apart
+        // here before any hole is looked at.
+        let tail = &old[self.holes.last().map_or(0, |h| h.end)..];
+        if !same(b.get(b.len().checked_sub(tail.len())?..)?, tail) {
+            return None;
+        }
         // Where each stretch between holes is in `b` (`at`) and was in the kept line (`was`); how far each of
         // the envelope's strings that lie in one moved (by the bits of `Hole::moved`).
         let (mut at, mut was) = (0, 0);
@@ -134,7 +138,7 @@ impl Skeleton {
                 ROLE_ID => id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
                 _ => session = Some(Str { start, end, escaped }),
             }
-            let always = hole.role == ROLE_ID || (hole.role == ROLE_SESSION && self.sessions);
+            let always = hole.role == ROLE_ID || (hole.role == ROLE_SESSION && *sessions);
             if !self.learnt && (always || b[start..end] != old[hole.start..hole.end]) {
                 changed.push(Hole { start, end, ..*hole });
             }
@@ -172,11 +176,75 @@ impl Skeleton {
         env.lone_surrogate = lone;
         if !self.learnt {
             if changed.len() < self.holes.len() {
-                self.keep(b, changed, env);
+                self.keep(b, changed, env, sessions);
             }
             self.learnt = true;
         }
         Some(())
+    }
+}
+
+/// How many shapes [`Skeletons`] keeps: the recorded streams of the four CLIs have 13 to 66 shapes, and a
+/// run of one kind of frame (chunks, a tool call's updates) seldom has more than a few others between its
+/// frames. Lines matched against them (most recent first) go on only to the stretch where they differ: a
+/// line of none of them costs a few dozen comparisons each before its walk.
+pub const SHAPES: usize = 32;
+
+/// The skeletons of the last [`SHAPES`] shapes a stream's walk kept, the one a line had last first: a
+/// stream's frames take turns between a few templates (a chunk, a usage update, a tool call's update, a
+/// status), and a line of any of them is checked, not walked. Each shape has its number (a new one for each
+/// line kept from a walk), which stays with its skeleton when it is kept again from a line checked against
+/// it.
+#[derive(Debug, Default)]
+pub(super) struct Skeletons {
+    each: Vec<Skeleton>,
+    /// Places in `each`, the skeleton kept or matched last first.
+    order: Vec<u8>,
+    /// Whether two lines kept had other session ids: the session id stays a hole from then on.
+    sessions: bool,
+    /// Shapes numbered so far.
+    shapes: u64,
+}
+
+impl Skeletons {
+    /// The shape of `b` when it is a kept line with other values in its holes, and then its envelope in
+    /// `out`; `bits` are `b`'s (see [`super::index`]). `None` when it is none of them (the walk then decides;
+    /// `out` is left as it was). See [`Skeleton::matches`].
+    #[inline(never)]
+    pub(super) fn check(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>, out: &mut Envelope) -> Option<u64> {
+        // A line longer than any kept is checked against the shape had last only: a long string's end is
+        // found in each skeleton that has a hole there before one tells it apart.
+        let tries = if b.len() > KEPT { 1 } else { self.order.len() };
+        for k in 0..tries.min(self.order.len()) {
+            let skeleton = &mut self.each[usize::from(self.order[k])];
+            if skeleton.matches(b, bits, changed, out, &mut self.sessions).is_some() {
+                let shape = skeleton.shape;
+                self.order[..=k].rotate_right(1);
+                return Some(shape);
+            }
+        }
+        None
+    }
+
+    /// Keeps `line`, which is valid with `env` and has `holes` (see [`Skeleton::keep`]), as a new shape in
+    /// place of the one had longest ago once [`SHAPES`] are kept: its number, `None` when it is not kept.
+    pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) -> Option<u64> {
+        if self.each.len() < SHAPES {
+            self.order.push(self.each.len() as u8);
+            self.each.push(Skeleton::default());
+        }
+        // The one had longest ago (or the new one) first.
+        self.order.rotate_right(1);
+        let skeleton = &mut self.each[usize::from(self.order[0])];
+        skeleton.keep(line, holes, env, &mut self.sessions);
+        if !skeleton.kept {
+            // Left for the next line kept.
+            self.order.rotate_left(1);
+            return None;
+        }
+        self.shapes += 1;
+        skeleton.shape = self.shapes;
+        Some(self.shapes)
     }
 }
 
