@@ -638,6 +638,13 @@ mod tests {
                 lines.push(format!("{open}{n}{close}").into_bytes());
                 lines.push(format!("[{n},{n},[{n}],{{\"k\":{n}}}]").into_bytes());
             }
+            // Inside a container, after small integers read one after another (each form after a run of
+            // them, and a run cut by it), and such a run ended by a brace or by nothing.
+            lines.push(format!(r#"{{"a":[1,22,{n},255,{n}],"b":[[0,{n}],[{n},7]]}}"#).into_bytes());
+            lines.push(format!(r#"{{"a":[1,2,3,{n}}}"#).into_bytes());
+            lines.push(format!(r#"{{"a":[1,2,3,{n}}}]}}"#).into_bytes());
+            lines.push(format!(r#"{{"a":[1,2,3,{n},"#).into_bytes());
+            lines.push(format!(r#"[0,[9,8,{n},7]]"#).into_bytes());
         }
         // Lines longer than a skeleton keeps.
         let long = format!("{{\"pad\":\"{}\",\"a\":{{\"b\":{{\"c\":{{\"text\":\"", "あ".repeat(skeleton::KEPT / 3));

@@ -551,6 +551,17 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
                         if depth == 0 {
                             return (space(b, i) == b.len()).then_some(r.env);
                         }
+                        // An array of small integers (a tool's output as bytes: tens of thousands of them)
+                        // one after another, each a hole; the first that is none goes the long way.
+                        if !object && depth > 1 {
+                            while b.get(i) == Some(&b',') {
+                                let Some(end) = short_integer(b, i + 1) else { break };
+                                if let Some(holes) = holes.as_mut() {
+                                    holes.push(Hole { start: i + 1, end, string: false, role: 0, moved: 0 });
+                                }
+                                i = end;
+                            }
+                        }
                     }
                 }
                 at = At::After;

@@ -111,7 +111,8 @@ impl Skeleton {
         // What follows the last hole first: lines of other shapes mostly end otherwise, and are told apart
         // here before any hole is looked at.
         let tail = &old[self.holes.last().map_or(0, |h| h.end)..];
-        if !same(b.get(b.len().checked_sub(tail.len())?..)?, tail) {
+        let b_tail = b.len().checked_sub(tail.len())?;
+        if !same(&b[b_tail..], tail) {
             return None;
         }
         // Where each stretch between holes is in `b` (`at`) and was in the kept line (`was`); how far each of
@@ -144,7 +145,8 @@ impl Skeleton {
             }
             (at, was) = (end, hole.end);
         }
-        if !same(b.get(at..)?, &old[was..]) {
+        // (What follows is the tail, compared above.)
+        if at != b_tail {
             return None;
         }
         if self.tail != 0 {
@@ -210,7 +212,7 @@ impl Skeletons {
     /// The shape of `b` when it is a kept line with other values in its holes, and then its envelope in
     /// `out`; `bits` are `b`'s (see [`super::index`]). `None` when it is none of them (the walk then decides;
     /// `out` is left as it was). See [`Skeleton::matches`].
-    #[inline(never)]
+    #[inline(always)]
     pub(super) fn check(&mut self, b: &[u8], bits: &[u64], changed: &mut Vec<Hole>, out: &mut Envelope) -> Option<u64> {
         // A line longer than any kept is checked against the shape had last only: a long string's end is
         // found in each skeleton that has a hole there before one tells it apart.
@@ -219,7 +221,9 @@ impl Skeletons {
             let skeleton = &mut self.each[usize::from(self.order[k])];
             if skeleton.matches(b, bits, changed, out, &mut self.sessions).is_some() {
                 let shape = skeleton.shape;
-                self.order[..=k].rotate_right(1);
+                if k > 0 {
+                    self.order[..=k].rotate_right(1);
+                }
                 return Some(shape);
             }
         }
