@@ -807,6 +807,25 @@ mod tests {
         }
     }
 
+    /// A peer sending long lines of ever other shapes, each all holes (an array of numbers as long as a
+    /// skeleton keeps): the skeletons let go of the ones had longest ago, holding no more than their
+    /// bound and the last one kept, and every line is still read as a walk reads it.
+    #[test]
+    fn the_skeletons_of_long_lines_of_many_shapes_hold_no_more_than_their_bound() {
+        let mut scanner = Scanner::default();
+        let mut most = 0;
+        for k in 0..2 * skeleton::SHAPES {
+            let line = format!(r#"{{"jsonrpc":"2.0","method":"m{k}","params":{{"b":[{}1]}}}}"#, "1,".repeat(8000));
+            assert!(line.len() <= skeleton::KEPT);
+            assert_eq!(scanner.fast(line.as_bytes()), exact::scan(line.as_bytes()).ok());
+            assert!(scanner.shape().is_some(), "line {k} kept");
+            let (held, one) = scanner.skeletons.held();
+            assert!(held <= skeleton::HELD + one, "line {k}: {held} bytes held, {one} the most one holds");
+            most = most.max(held);
+        }
+        assert!(most > skeleton::HELD / 2, "the bound was reached ({most})");
+    }
+
     #[test]
     fn a_stream_scanner_reads_every_line_as_a_walk_from_the_start_would() {
         let lines = corpus();

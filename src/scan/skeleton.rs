@@ -91,6 +91,11 @@ impl Skeleton {
         self.kept = true;
     }
 
+    /// The bytes this holds (what its buffers took, not what they have now).
+    fn held(&self) -> usize {
+        self.line.capacity() + self.holes.capacity() * std::mem::size_of::<Hole>()
+    }
+
     /// Whether `b` is the kept line with other values in its holes, and then its envelope in `out`; `bits`
     /// are `b`'s (see [`super::index`]). `None` when it is not (`out` is then left as it was). The first line
     /// checked after one is kept is kept in its place, with holes where the two differ (`changed` is room for
@@ -192,6 +197,11 @@ impl Skeleton {
 /// line of none of them costs a few dozen comparisons each before its walk.
 pub const SHAPES: usize = 32;
 
+/// The bytes the skeletons of a stream may hold (their lines and holes) beyond the last one kept: a peer
+/// sending long lines of ever other shapes (each up to [`KEPT`] bytes, and a hole per value) makes them
+/// let go of the ones had longest ago instead of holding 32 of them.
+pub(super) const HELD: usize = 256 << 10;
+
 /// The skeletons of the last [`SHAPES`] shapes a stream's walk kept, the one a line had last first: a
 /// stream's frames take turns between a few templates (a chunk, a usage update, a tool call's update, a
 /// status), and a line of any of them is checked, not walked. Each shape has its number (a new one for each
@@ -230,6 +240,13 @@ impl Skeletons {
         None
     }
 
+    /// The bytes the skeletons hold, and the most one of them does.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> (usize, usize) {
+        let each = self.each.iter().map(Skeleton::held);
+        (each.clone().sum(), each.max().unwrap_or(0))
+    }
+
     /// Keeps `line`, which is valid with `env` and has `holes` (see [`Skeleton::keep`]), as a new shape in
     /// place of the one had longest ago once [`SHAPES`] are kept: its number, `None` when it is not kept.
     pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) -> Option<u64> {
@@ -248,6 +265,15 @@ impl Skeletons {
         }
         self.shapes += 1;
         skeleton.shape = self.shapes;
+        // The memory they hold stays under [`HELD`]: the ones had longest ago let go (but the one just kept).
+        let mut held: usize = self.each.iter().map(Skeleton::held).sum();
+        for &k in self.order[1..].iter().rev() {
+            if held <= HELD {
+                break;
+            }
+            let gone = std::mem::take(&mut self.each[usize::from(k)]);
+            held -= gone.held();
+        }
         Some(self.shapes)
     }
 }
