@@ -660,7 +660,7 @@ pub fn notification(method: &str, params: Value) -> Frame {
 
 /// What reads the frames of one stream: its [`scan::Scanner`], and what the envelopes of the shapes its lines
 /// have had lately were read as (a line of a shape has the same `jsonrpc`, `method` and `sessionUpdate` as
-/// every other: they are not read again), each in the place [`memo_of`] gives its shape.
+/// every other: they are not read again), each in the place `memo_of` gives its shape.
 #[derive(Debug, Default)]
 pub struct Reader {
     scanner: scan::Scanner,

@@ -191,7 +191,7 @@ impl Skeleton {
     }
 }
 
-/// How many shapes [`Skeletons`] keeps: the recorded streams of the four CLIs have 13 to 66 shapes, and a
+/// How many shapes a stream's `Skeletons` keeps: the recorded streams of the four CLIs have 13 to 66 shapes, and a
 /// run of one kind of frame (chunks, a tool call's updates) seldom has more than a few others between its
 /// frames. Lines matched against them (most recent first) go on only to the stretch where they differ: a
 /// line of none of them costs a few dozen comparisons each before its walk.
