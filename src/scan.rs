@@ -795,11 +795,7 @@ mod tests {
                     }
                 }
                 // (Four take turns in every stream of a CLI's: their lines are checked whatever else is kept.)
-                let checked = match shapes {
-                    4 => (rounds - 1) * 4,
-                    s if s <= skeleton::SHAPES => (rounds - 1) * s,
-                    _ => 0,
-                };
+                let checked = if shapes == 4 || shapes <= skeleton::SHAPES { (rounds - 1) * shapes } else { 0 };
                 assert_eq!(scanner.by_skeleton, checked, "{name}: {shapes} shapes taking turns");
                 let distinct: std::collections::HashSet<_> = numbers.values().collect();
                 assert_eq!(distinct.len(), numbers.len(), "{name}: each template its own shape");

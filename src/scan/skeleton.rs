@@ -1,6 +1,6 @@
-//! The shape of a stream's last line, to check the next one against: most frames of a stream are built
-//! from one template (a chunk, Grok's stamped chunk, a tool call's update) and differ only inside values: a
-//! chunk's text, an event id, a time. A line kept here is cut into its holes (the text of each string value,
+//! The shapes of a stream's last lines, to check the next one against: the frames of a stream are built
+//! from a few templates taking turns (a chunk, Grok's stamped chunk, a usage update, a tool call's update)
+//! and differ only inside values: a chunk's text, an event id, a time. A line kept here is cut into its holes (the text of each string value,
 //! each number) and what lies between them (keys, brackets, commas, the values that are literals). The next
 //! line whose bytes between its holes are the same, and whose holes are a string's text and a number where
 //! the kept line had them, is the same JSON text with other values in the same places: valid, with the same
@@ -193,8 +193,9 @@ impl Skeleton {
 
 /// How many shapes a stream's `Skeletons` keeps: the recorded streams of the four CLIs have 13 to 66 shapes, and a
 /// run of one kind of frame (chunks, a tool call's updates) seldom has more than a few others between its
-/// frames. Lines matched against them (most recent first) go on only to the stretch where they differ: a
-/// line of none of them costs a few dozen comparisons each before its walk.
+/// frames. A line is matched against them most recent first, each first by what follows its last hole and
+/// then only up to the stretch where they differ: a line of none of them costs a few dozen comparisons each
+/// before its walk.
 pub const SHAPES: usize = 32;
 
 /// The bytes the skeletons of a stream may hold (their lines and holes) beyond the last one kept: a peer
