@@ -60,12 +60,20 @@ fn find<const N: usize>(b: &[u8], mut at: usize, needles: [u8; N]) -> Option<usi
 }
 
 /// Where the string whose text begins at `at` (after its opening quote) ends: its closing quote.
-fn string_end(b: &[u8], mut at: usize) -> Option<usize> {
+fn string_end(b: &[u8], at: usize) -> Option<usize> {
+    string_end_escaped(b, at).map(|(end, _)| end)
+}
+
+/// [`string_end`], and whether the string has an escape (found on the way, where a key's compare would
+/// otherwise look for one again).
+#[inline(always)]
+fn string_end_escaped(b: &[u8], mut at: usize) -> Option<(usize, bool)> {
+    let mut escaped = false;
     loop {
         at = find(b, at, [b'"', b'\\'])?;
         match b[at] {
-            b'"' => return Some(at),
-            _ => at += 2,
+            b'"' => return Some((at, escaped)),
+            _ => (at, escaped) = (at + 2, true),
         }
     }
 }
@@ -168,9 +176,9 @@ impl<'a> View<'a> {
         let b = self.text;
         let mut at = if b.first() == Some(&b'{') { skip_space(b, 1) } else { b.len() };
         while b.get(at) == Some(&b'"') {
-            let Some(end) = string_end(b, at + 1) else { break };
+            let Some((end, escaped)) = string_end_escaped(b, at + 1) else { break };
             let start = skip_space(b, skip_space(b, end + 1) + 1);
-            if (Key { quoted: &b[at..=end] }).is(key) {
+            if (Key { quoted: &b[at..=end], escaped }).is(key) {
                 // The object's members up to its closing brace: the text after it is never reached.
                 let inner = &b[start.min(b.len())..];
                 let at = if inner.first() == Some(&b'{') { skip_space(inner, 1) } else { inner.len() };
@@ -282,8 +290,8 @@ impl<'a> Iterator for Members<'a> {
         if b.get(self.at) != Some(&b'"') {
             return None;
         }
-        let end = string_end(b, self.at + 1)?;
-        let key = Key { quoted: &b[self.at..=end] };
+        let (end, escaped) = string_end_escaped(b, self.at + 1)?;
+        let key = Key { quoted: &b[self.at..=end], escaped };
         // The colon, then the value.
         let start = skip_space(b, skip_space(b, end + 1) + 1);
         let stop = value_end(b, start)?;
@@ -322,14 +330,15 @@ impl<'a> Iterator for Elements<'a> {
 pub struct Key<'a> {
     /// With its quotes.
     quoted: &'a [u8],
+    /// It has an escape (is compared unescaped).
+    escaped: bool,
 }
 
 impl Key<'_> {
     /// Whether the key is `name` (unescaped first when it has an escape).
     pub fn is(&self, name: &str) -> bool {
-        let inner = &self.quoted[1..self.quoted.len() - 1];
-        match inner.contains(&b'\\') {
-            false => inner == name.as_bytes(),
+        match self.escaped {
+            false => &self.quoted[1..self.quoted.len() - 1] == name.as_bytes(),
             true => View { text: self.quoted }.as_str().as_deref() == Some(name),
         }
     }
