@@ -646,6 +646,20 @@ mod tests {
             lines.push(format!(r#"{{"a":[1,2,3,{n},"#).into_bytes());
             lines.push(format!(r#"[0,[9,8,{n},7]]"#).into_bytes());
         }
+        // The same in lines longer than a skeleton keeps (their numbers are no holes: read sixteen bytes a
+        // step), each form after runs of every length (so it falls at every place in a step).
+        let run = |k: usize| -> String { (0..k).map(|j| ["1,", "22,", "0,", "255,", "9,"][j % 5]).collect() };
+        let long = run(skeleton::KEPT * 2 / 5);
+        // (And what a step must not take for a digit or a comma: nothing, the bytes beside `0` and `9`, a
+        // byte whose low seven bits are a digit's.)
+        for n in ["0", "7", "12", "123", "1234", "-1", "0.5", "1e2", "01", "00", "1 ", "", "/", ":", "\u{b1}", "+"] {
+            for k in 0..9 {
+                lines.push(format!(r#"{{"a":[{long}{}{n},{}7],"b":1}}"#, run(k), run(k)).into_bytes());
+            }
+        }
+        lines.push(format!("[[{long}0,{}]]", "1".repeat(20)).into_bytes());
+        lines.push(format!("[[{long}5,,6]]").into_bytes());
+        lines.push(format!("[[{long}5]]").into_bytes());
         // Lines longer than a skeleton keeps.
         let long = format!("{{\"pad\":\"{}\",\"a\":{{\"b\":{{\"c\":{{\"text\":\"", "あ".repeat(skeleton::KEPT / 3));
         lines.push(format!("{long}a\"}}}}}}}}").into_bytes());
