@@ -673,8 +673,8 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
 mod tests {
     use super::*;
 
-    /// Both ways of reading a run go as far from every comma of every line of the corpus, and of runs with
-    /// each byte value at each place of a step.
+    /// Both ways of reading a run go as far from the first commas of every line of the corpus (each a step
+    /// of its own alignment), and from every comma of runs with each byte value at each place of a step.
     #[test]
     fn a_run_of_integers_ends_at_the_same_comma_by_words_as_by_this_machines_vectors() {
         let mut lines = crate::scan::corpus();
@@ -688,7 +688,7 @@ mod tests {
         }
         let mut went = 0;
         for line in &lines {
-            for (at, _) in line.iter().enumerate().filter(|(_, c)| **c == b',') {
+            for (at, _) in line.iter().enumerate().filter(|(_, c)| **c == b',').take(48) {
                 let (words, here) = (integer_run_words(line, at), integer_run(line, at));
                 assert_eq!(words, here, "from byte {at} of {}", String::from_utf8_lossy(line));
                 went += usize::from(here > at);
