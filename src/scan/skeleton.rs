@@ -1,11 +1,11 @@
 //! The shapes of a stream's last lines, to check the next one against: the frames of a stream are built
 //! from a few templates taking turns (a chunk, Grok's stamped chunk, a usage update, a tool call's update)
-//! and differ only inside values: a chunk's text, an event id, a time. A line kept here is cut into its holes (the text of each string value,
-//! each number) and what lies between them (keys, brackets, commas, the values that are literals). The next
-//! line whose bytes between its holes are the same, and whose holes are a string's text and a number where
-//! the kept line had them, is the same JSON text with other values in the same places: valid, with the same
-//! envelope but for the positions of the strings it reads. That check compares bytes and finds each string's
-//! end in one step; the walk it saves looks at every key.
+//! and differ only inside values: a chunk's text, an event id, a time. A line kept here is cut into its
+//! holes (the text of each string value, each number) and what lies between them (keys, brackets, commas,
+//! the values that are literals). The next line whose bytes between its holes are the same, and whose holes
+//! are a string's text and a number where the kept line had them, is the same JSON text with other values in
+//! the same places: valid, with the same envelope but for the positions of the strings it reads. That check
+//! compares bytes and finds each string's end in one step; the walk it saves looks at every key.
 
 use super::fast::{Hole, ROLE_ID, ROLE_SESSION, number, string};
 use super::*;
