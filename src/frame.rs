@@ -653,9 +653,14 @@ fn response(id: &Id, result: Option<&Value>, error: Option<&Value>) -> Frame {
     Frame::built(bytes)
 }
 
-/// Builds a notification.
+/// Builds a notification. Its `params` are moved in (`json!` would copy them, value by value, through a
+/// serializer).
 pub fn notification(method: &str, params: Value) -> Frame {
-    Frame::of_value(serde_json::json!({ "jsonrpc": "2.0", "method": method, "params": params }))
+    let mut frame = serde_json::Map::new();
+    frame.insert("jsonrpc".into(), Value::from("2.0"));
+    frame.insert("method".into(), Value::from(method));
+    frame.insert("params".into(), params);
+    Frame::of_value(Value::Object(frame))
 }
 
 /// What reads the frames of one stream: its [`scan::Scanner`], and what the envelopes of the shapes its lines
