@@ -579,13 +579,14 @@ impl OpenCodeActivity {
         }
         // A tool call with a `task`'s input, or of a call followed already (its id read where it lies, with the
         // rest of what the layer reads of it, in one pass).
-        let input = frame.has(&SUBAGENT_TYPE);
-        if matches!(kind, "tool_call" | "tool_call_update")
-            && (input || !self.tasks.by_call.is_empty())
-            && let Some(news) = frame.update_value().map(TaskNews::of)
-            && (input || news.call.as_deref().is_some_and(|c| self.tasks.follows(&sid, c)))
-        {
-            self.task_update(&sid, &news, cx);
+        if matches!(kind, "tool_call" | "tool_call_update") {
+            let input = frame.has(&SUBAGENT_TYPE);
+            if (input || !self.tasks.by_call.is_empty())
+                && let Some(news) = frame.update_value().map(TaskNews::of)
+                && (input || news.call.as_deref().is_some_and(|c| self.tasks.follows(&sid, c)))
+            {
+                self.task_update(&sid, &news, cx);
+            }
         }
         if is_turn_output(kind) && !asked(cx, "session/prompt", &sid) {
             self.own_turn_output(&sid, cx);

@@ -159,12 +159,11 @@ impl Permissions {
 
     /// An activity report from the layer below: a child it names is resumed once the report is on its way.
     fn report_seen(&mut self, v: &Value, cx: &mut Cx) {
-        let (Some(parent), Some(child)) = (v.pointer("/params/sessionId"), v.pointer("/params/childSessionId")) else {
-            return;
-        };
-        let (Some(parent), Some(child)) = (parent.as_str(), child.as_str()) else { return };
+        // Read by key (a JSON pointer's path is unescaped into new strings at each look).
+        let params = |key: &str| v.get("params").and_then(|p| p.get(key)).and_then(Value::as_str);
+        let (Some(parent), Some(child)) = (params("sessionId"), params("childSessionId")) else { return };
         self.children.named.insert(child.to_owned());
-        if v.pointer("/params/state").and_then(Value::as_str) == Some(wait::State::Waiting.as_str()) {
+        if params("state") == Some(wait::State::Waiting.as_str()) {
             self.follow(parent, child, cx);
         }
     }
