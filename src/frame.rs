@@ -653,14 +653,9 @@ fn response(id: &Id, result: Option<&Value>, error: Option<&Value>) -> Frame {
     Frame::built(bytes)
 }
 
-/// Builds a notification. Its `params` are moved in (`json!` would copy them, value by value, through a
-/// serializer).
+/// Builds a notification (its `params` moved in).
 pub fn notification(method: &str, params: Value) -> Frame {
-    let mut frame = serde_json::Map::new();
-    frame.insert("jsonrpc".into(), Value::from("2.0"));
-    frame.insert("method".into(), Value::from(method));
-    frame.insert("params".into(), params);
-    Frame::of_value(Value::Object(frame))
+    Frame::of_value(json::object([("jsonrpc", "2.0".into()), ("method", method.into()), ("params", params)]))
 }
 
 /// What reads the frames of one stream: its [`scan::Scanner`], and what the envelopes of the shapes its lines

@@ -259,6 +259,12 @@ pub fn to_vec_spelled(value: &serde_json::Value, spellings: &Spellings) -> Vec<u
     out
 }
 
+/// An object of `members`, in their order, each value moved in: for a frame the shim builds around values it
+/// holds (`json!` would copy each such value through a serializer).
+pub fn object<const N: usize>(members: [(&str, serde_json::Value); N]) -> serde_json::Value {
+    serde_json::Value::Object(members.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
+}
+
 /// The object at `key` of `map`, made (or put in place of a value that is no object) when missing: the one
 /// place a layer writes into a nested object of a frame (`_meta`, `_meta.coda`).
 pub fn object_at<'a>(

@@ -32,7 +32,7 @@ use std::convert::Infallible;
 use serde_json::{Map, Value, json};
 
 use crate::frame::{self, Frame, Kind, Needle};
-use crate::json::View;
+use crate::json::{self, View};
 use crate::layer::{Cx, Layer};
 use std::borrow::Cow;
 
@@ -69,7 +69,7 @@ impl Verdict {
         if let Some(reason) = &self.reason {
             review.insert("reason".into(), json!(reason));
         }
-        json!({"coda": {"review": review}})
+        json::object([("coda", json::object([("review", Value::Object(review))]))])
     }
 
     fn is_final(&self) -> bool {
@@ -179,8 +179,12 @@ fn capped(reason: String) -> String {
 
 /// The review of the judged call `call`, as a `tool_call_update` of it.
 fn review_update(session: &str, call: &str, verdict: &Verdict) -> Frame {
-    let update = json!({"sessionUpdate": "tool_call_update", "toolCallId": call, "_meta": verdict.to_value()});
-    frame::notification("session/update", json!({"sessionId": session, "update": update}))
+    let update = json::object([
+        ("sessionUpdate", "tool_call_update".into()),
+        ("toolCallId", call.into()),
+        ("_meta", verdict.to_value()),
+    ]);
+    frame::notification("session/update", json::object([("sessionId", session.into()), ("update", update)]))
 }
 
 impl CodexReview {
