@@ -53,6 +53,9 @@ pub struct GrokActivity {
     register: Register,
     /// By (kind, Grok's id = waitId).
     items: HashMap<(Item, String), Activity>,
+    /// How many of `items` are open: an `_x.ai/queue/changed` (a sixth of Grok's frames) concerns only an open
+    /// item's wake turn, and is passed on unread while none is.
+    open: usize,
     /// Grok child session -> the child session Coda knows (itself, or the first of a resumed chain).
     alias: HashMap<String, String>,
     /// The child session Coda knows -> Grok's newest session behind it.
@@ -111,6 +114,7 @@ impl GrokActivity {
         }
         if state.is_terminal() {
             a.open = false;
+            self.open -= 1;
         }
         let wait = Wait::new(&a.session.clone(), &key.1, state);
         self.report(&wait, cx);
@@ -162,6 +166,7 @@ impl GrokActivity {
         w.stoppable = Some(true);
         let a = Activity { session, grok_session: grok_session.to_owned(), ended: None, open: true };
         self.items.insert(key, a);
+        self.open += 1;
         self.report(&w, cx);
     }
 
@@ -205,6 +210,7 @@ impl GrokActivity {
         w.stoppable = Some(true);
         let a = Activity { session, grok_session: parent.to_owned(), ended: None, open: true };
         self.items.insert(key, a);
+        self.open += 1;
         self.report(&w, cx);
     }
 
@@ -334,7 +340,7 @@ impl GrokActivity {
         match method {
             "_x.ai/task_backgrounded" | "_x.ai/task_completed" => true,
             // It changes only an open item's state, and a turn's end only an item's.
-            "_x.ai/queue/changed" => self.items.values().any(|a| a.open),
+            "_x.ai/queue/changed" => self.open > 0,
             "_x.ai/session_notification" => match frame.session_update() {
                 Some("background_tasks" | "subagent_spawned" | "subagent_finished") => true,
                 Some("turn_completed") => !self.items.is_empty(),
@@ -462,6 +468,7 @@ impl Layer for GrokActivity {
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
         let gone = |s: &str| closed.iter().any(|c| c == s);
         self.items.retain(|_, a| !gone(&a.session) && !gone(&a.grok_session));
+        self.open = self.items.values().filter(|a| a.open).count();
         self.alias.retain(|grok, known| !gone(grok) && !gone(known));
         self.current.retain(|known, grok| !gone(known) && !gone(grok));
         self.child_of.retain(|_, child| !gone(child));
@@ -570,6 +577,31 @@ mod tests {
         let out = agent(&mut h, turn_completed(S, "task-completed-t1"));
         assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"t1","state":"done"})]);
         assert!(agent(&mut h, turn_completed(S, "task-completed-t1")).is_empty(), "terminal is final");
+    }
+
+    /// A queue change is read while a task or subagent is open (its wake turn may be the one running), and
+    /// passed on unread once every one has ended, or gone with its session.
+    #[test]
+    fn queue_changes_are_read_only_while_an_item_is_open() {
+        let mut h = started();
+        let queue = Frame::parse(running("task-completed-x").to_string().into_bytes()).expect("a frame");
+        let reads = |h: &mut Harness| !h.layer::<GrokActivity>(1).passes_from_agent(&queue);
+        assert!(!reads(&mut h), "nothing open");
+        agent(&mut h, backgrounded("a"));
+        agent(&mut h, backgrounded("b"));
+        agent(&mut h, backgrounded("b"));
+        agent(&mut h, task_completed("a", json!(0), false, false));
+        assert!(reads(&mut h), "b is open");
+        agent(&mut h, task_completed("b", json!(1), false, true));
+        assert!(reads(&mut h), "b is handled in its wake turn");
+        agent(&mut h, turn_completed(S, "task-completed-b"));
+        agent(&mut h, turn_completed(S, "task-completed-b"));
+        assert!(!reads(&mut h), "both ended");
+        agent(&mut h, backgrounded("c"));
+        assert!(reads(&mut h));
+        h.from_client(json!({"jsonrpc":"2.0","id":9,"method":"session/close","params":{"sessionId":S}}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":9,"result":{}}));
+        assert!(!reads(&mut h), "c went with its session");
     }
 
     #[test]
