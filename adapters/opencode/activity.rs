@@ -839,6 +839,35 @@ mod tests {
         assert_eq!(rig.advance(QUIET).0[0]["params"], json!({"sessionId":P,"waitId":"call_101","state":"done"}));
     }
 
+    /// Every update is read while a background task runs (OpenCode may start a turn of its own on its result),
+    /// and passed on unread once none does: the task settled, or its session closed.
+    #[test]
+    fn updates_are_read_only_while_a_background_task_runs() {
+        let watching = |rig: &mut Rig| rig.h.layer::<OpenCodeActivity>(2).tasks.background_open();
+        let mut rig = Rig::started();
+        rig.prompt(2);
+        rig.agent(task_running("call_1", false, None));
+        assert!(!watching(&mut rig), "a task in the foreground");
+        rig.agent(task_running("call_2", true, None));
+        assert!(watching(&mut rig), "call_2 asked for the background");
+        rig.agent(task_done("call_2", false));
+        assert!(!watching(&mut rig), "call_2 ended with its call");
+        rig.agent(task_done("call_1", true));
+        rig.agent(task_done("call_1", true));
+        assert!(watching(&mut rig), "call_1 runs on after its call");
+        rig.agent(end_turn(2));
+        rig.agent(chunk(P));
+        rig.advance(QUIET);
+        assert!(!watching(&mut rig), "settled after its quiet");
+        rig.prompt(3);
+        rig.agent(task_running("call_3", true, None));
+        rig.agent(task_done("call_3", true));
+        assert!(watching(&mut rig));
+        rig.client(json!({"jsonrpc":"2.0","id":9,"method":"session/close","params":{"sessionId":P}}));
+        rig.raw_agent(json!({"jsonrpc":"2.0","id":9,"result":{}}));
+        assert!(!watching(&mut rig), "gone with its session");
+    }
+
     #[test]
     fn opencodes_own_turn_ends_when_its_server_says_the_parent_is_idle() {
         let mut rig = Rig::started();
