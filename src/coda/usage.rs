@@ -63,13 +63,31 @@ const CACHE_TTL_MAX: usize = 32;
 /// `2026-10-28T01:06:12.418Z`: a time as Coda's facts carry it (UTC, milliseconds; what `toISOString()` writes).
 pub fn iso(at: SystemTime) -> Option<String> {
     let at = jiff::Timestamp::try_from(at).ok()?;
+    Some(match iso_digits(at) {
+        Some(text) => text.iter().map(|&b| char::from(b)).collect(),
+        // RFC 3339 in UTC with three digits of the second's fraction, always (a year past four digits signed).
+        None => format!("{at:.3}"),
+    })
+}
+
+/// [`iso`] written into `out` (quoted), without a string made for it: every usage update is stamped with one or
+/// two.
+fn write_iso(out: &mut Vec<u8>, at: jiff::Timestamp) {
+    out.push(b'"');
+    match iso_digits(at) {
+        Some(text) => out.extend_from_slice(&text),
+        None => out.extend_from_slice(format!("{at:.3}").as_bytes()),
+    }
+    out.push(b'"');
+}
+
+/// [`iso`]'s text for a year of four digits, put in digit by digit (a tenth of a formatted `Timestamp`); `None`
+/// for any other year.
+fn iso_digits(at: jiff::Timestamp) -> Option<[u8; 24]> {
     let t = jiff::tz::Offset::UTC.to_datetime(at);
     if !(0..=9999).contains(&t.year()) {
-        // RFC 3339 in UTC with three digits of the second's fraction, always (a year past four digits signed).
-        return Some(format!("{at:.3}"));
+        return None;
     }
-    // Every usage update is stamped with one or two: the fields put in digit by digit cost a tenth of a
-    // formatted `Timestamp`.
     let mut out = *b"0000-00-00T00:00:00.000Z";
     let mut put = |at: usize, width: usize, n: i32| {
         let mut n = n.unsigned_abs();
@@ -85,7 +103,7 @@ pub fn iso(at: SystemTime) -> Option<String> {
     put(14, 2, t.minute().into());
     put(17, 2, t.second().into());
     put(20, 3, t.subsec_nanosecond() / 1_000_000);
-    Some(out.iter().map(|&b| char::from(b)).collect())
+    Some(out)
 }
 
 impl Facts {
@@ -116,26 +134,23 @@ impl Facts {
             out.extend_from_slice(b"\":");
             first = false;
         };
-        let quoted = |out: &mut Vec<u8>, text: &str| {
-            out.push(b'"');
-            out.extend_from_slice(text.as_bytes());
-            out.push(b'"');
-        };
+        // A time jiff cannot hold is no fact ([`iso`]).
+        let time = |at: Option<SystemTime>| at.and_then(|at| jiff::Timestamp::try_from(at).ok());
         if let Some(ttl) = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P')) {
             key(out, "cacheTtl");
             serde_json::to_writer(&mut *out, ttl).expect("a string always serialises");
         }
-        if let Some(at) = self.compacted_at.and_then(iso) {
+        if let Some(at) = time(self.compacted_at) {
             key(out, "compactedAt");
-            quoted(out, &at);
+            write_iso(out, at);
         }
         if let Some(n) = self.context_tokens {
             key(out, "contextTokens");
-            out.extend_from_slice(n.to_string().as_bytes());
+            serde_json::to_writer(&mut *out, &n).expect("a number always serialises");
         }
-        if let Some(at) = self.last_request_at.and_then(iso) {
+        if let Some(at) = time(self.last_request_at) {
             key(out, "lastRequestAt");
-            quoted(out, &at);
+            write_iso(out, at);
         }
         if first {
             out.push(b'{');
@@ -780,7 +795,15 @@ mod tests {
             compacted_at: Some(at(0)),
             cache_ttl: Some("PT1H \"\\ \u{1}".into()),
         };
-        let facts = [all, Facts { context_tokens: Some(7), ..Facts::default() }, Facts::default()];
+        // A year before 0000 (written signed, as jiff writes it), and one past what jiff holds (no fact).
+        let far = Facts {
+            last_request_at: std::time::UNIX_EPOCH.checked_sub(Duration::from_secs(70_000_000_000)),
+            compacted_at: std::time::UNIX_EPOCH.checked_add(Duration::from_secs(1 << 40)),
+            ..Facts::default()
+        };
+        assert!(far.last_request_at.and_then(iso).is_some_and(|t| t.starts_with('-')));
+        assert!(far.compacted_at.is_some() && far.compacted_at.and_then(iso).is_none());
+        let facts = [all, Facts { context_tokens: Some(7), ..Facts::default() }, Facts::default(), far];
         let updates = [
             r#"{"sessionUpdate":"usage_update","used":1,"size":2}"#,
             r#"{"sessionUpdate":"usage_update"}"#,
@@ -821,7 +844,7 @@ mod tests {
             }
         }
         // All but those with a key twice or a lone surrogate (and those with no fact known, left as they were).
-        assert_eq!(spliced, 20, "stamped in place");
+        assert_eq!(spliced, 30, "stamped in place");
         let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"agent_message_chunk"}}}"#;
         assert!(Facts::default().stamp_frame(&Frame::parse(chunk.as_bytes().to_vec()).unwrap()).is_none());
         for facts in &facts {
