@@ -273,18 +273,8 @@ impl CodexReview {
             if !verdict.is_final() {
                 u.insert("status".into(), json!("pending"));
             }
-            let meta = u.entry("_meta").or_insert_with(|| json!({}));
-            if !meta.is_object() {
-                *meta = json!({});
-            }
-            let meta = meta.as_object_mut().expect("made an object above");
-            let coda = meta.entry("coda").or_insert_with(|| json!({}));
-            if !coda.is_object() {
-                *coda = json!({});
-            }
-            coda.as_object_mut()
-                .expect("made an object above")
-                .insert("review".into(), verdict.to_value()["coda"]["review"].clone());
+            json::object_at(json::object_at(u, "_meta"), "coda")
+                .insert("review".into(), verdict.to_value()["coda"]["review"].take());
         }
         cx.to_client(frame.rewritten(v));
     }

@@ -36,6 +36,7 @@ use serde_json::{Map, Value, json};
 
 use crate::coda::machine::Machine;
 use crate::frame::{self, Frame, Id, Kind};
+use crate::json;
 use crate::layer::sessions::Compaction as Mark;
 use crate::layer::{Cx, Layer, Session, Timer, cancel};
 
@@ -61,18 +62,9 @@ pub const NOT_SENT: &str = "the agent did not end its compaction after it was ca
 
 /// Adds `agentCapabilities._meta.coda.compact: {}` to an `initialize` result object.
 pub fn declare(result: &mut Map<String, Value>) {
-    let capabilities = object_at(result, "agentCapabilities");
-    let coda = object_at(object_at(capabilities, "_meta"), "coda");
+    let capabilities = json::object_at(result, "agentCapabilities");
+    let coda = json::object_at(json::object_at(capabilities, "_meta"), "coda");
     coda.insert("compact".into(), json!({}));
-}
-
-/// `map[key]` as an object, made one (replacing whatever was there) when it is not.
-fn object_at<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
-    let slot = map.entry(key).or_insert_with(|| json!({}));
-    if !slot.is_object() {
-        *slot = json!({});
-    }
-    slot.as_object_mut().expect("made an object above")
 }
 
 /// The session a `_coda/session/compact` request names, or the error answer for it (-32602; boxed: a frame is
