@@ -125,8 +125,22 @@ impl Facts {
         coda
     }
 
+    /// What [`Facts::to_json`] holds, each when it is a fact: `cacheTtl`, `compactedAt`, `contextTokens` and
+    /// `lastRequestAt` (a time jiff cannot hold is none, as [`iso`] has it).
+    fn known(&self) -> (Option<&String>, Option<jiff::Timestamp>, Option<u64>, Option<jiff::Timestamp>) {
+        let time = |at: Option<SystemTime>| at.and_then(|at| jiff::Timestamp::try_from(at).ok());
+        let ttl = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'));
+        (ttl, time(self.compacted_at), self.context_tokens, time(self.last_request_at))
+    }
+
+    /// No fact is known ([`Facts::to_json`] is empty), told without writing any.
+    pub fn is_empty(&self) -> bool {
+        matches!(self.known(), (None, None, None, None))
+    }
+
     /// [`Facts::to_json`] written as JSON text (its keys in the order a `Map` keeps them), without building it.
     fn write_json(&self, out: &mut Vec<u8>) {
+        let (ttl, compacted, tokens, request) = self.known();
         let mut first = true;
         let mut key = |out: &mut Vec<u8>, name: &str| {
             out.extend_from_slice(if first { b"{\"" } else { b",\"" });
@@ -134,21 +148,19 @@ impl Facts {
             out.extend_from_slice(b"\":");
             first = false;
         };
-        // A time jiff cannot hold is no fact ([`iso`]).
-        let time = |at: Option<SystemTime>| at.and_then(|at| jiff::Timestamp::try_from(at).ok());
-        if let Some(ttl) = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P')) {
+        if let Some(ttl) = ttl {
             key(out, "cacheTtl");
             serde_json::to_writer(&mut *out, ttl).expect("a string always serialises");
         }
-        if let Some(at) = time(self.compacted_at) {
+        if let Some(at) = compacted {
             key(out, "compactedAt");
             write_iso(out, at);
         }
-        if let Some(n) = self.context_tokens {
+        if let Some(n) = tokens {
             key(out, "contextTokens");
             serde_json::to_writer(&mut *out, &n).expect("a number always serialises");
         }
-        if let Some(at) = time(self.last_request_at) {
+        if let Some(at) = request {
             key(out, "lastRequestAt");
             write_iso(out, at);
         }
@@ -524,7 +536,7 @@ impl<S: Source> UsageFacts<S> {
         let (Some(used), Some(size)) = (e.used.or(e.facts.context_tokens), e.size) else {
             return tracing::debug!("no usage_update of the shim's for session {session}: the CLI's figures unknown");
         };
-        if e.facts.to_json().is_empty() {
+        if e.facts.is_empty() {
             return;
         }
         cx.to_client(e.facts.update(session, used, size));
@@ -803,7 +815,9 @@ mod tests {
         };
         assert!(far.last_request_at.and_then(iso).is_some_and(|t| t.starts_with('-')));
         assert!(far.compacted_at.is_some() && far.compacted_at.and_then(iso).is_none());
-        let facts = [all, Facts { context_tokens: Some(7), ..Facts::default() }, Facts::default(), far];
+        // Nothing that is a fact: a time past what jiff holds, a cache time that is no ISO 8601 duration.
+        let none = Facts { compacted_at: far.compacted_at, cache_ttl: Some("1H".into()), ..Facts::default() };
+        let facts = [all, Facts { context_tokens: Some(7), ..Facts::default() }, Facts::default(), far, none];
         let updates = [
             r#"{"sessionUpdate":"usage_update","used":1,"size":2}"#,
             r#"{"sessionUpdate":"usage_update"}"#,
@@ -851,6 +865,7 @@ mod tests {
             let mut text = Vec::new();
             facts.write_json(&mut text);
             assert_eq!(text == b"{}", facts.to_json().is_empty());
+            assert_eq!(facts.is_empty(), facts.to_json().is_empty());
             assert_eq!(serde_json::from_slice::<Value>(&text).unwrap(), Value::Object(facts.to_json()));
         }
     }
