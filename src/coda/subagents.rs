@@ -40,6 +40,7 @@ use serde_json::{Map, Value, json};
 
 use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{self, Frame, Kind};
+use crate::json;
 use crate::layer::{Cx, Layer};
 
 /// The `sessionUpdate` that announces and updates a child.
@@ -229,11 +230,12 @@ impl Subagents {
         let blocks = update.get("content").and_then(Value::as_array).cloned().unwrap_or_default();
         let message_id = update.get("messageId").cloned();
         for block in blocks {
-            let mut chunk = json!({"sessionUpdate": "user_message_chunk", "content": block});
+            let mut chunk = json::object([("sessionUpdate", "user_message_chunk".into()), ("content", block)]);
             if let Some(id) = &message_id {
                 chunk["messageId"] = id.clone();
             }
-            cx.to_client(frame::notification("session/update", json!({"sessionId": session, "update": chunk})));
+            let params = json::object([("sessionId", session.into()), ("update", chunk)]);
+            cx.to_client(frame::notification("session/update", params));
         }
     }
 
