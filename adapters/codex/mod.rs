@@ -128,13 +128,16 @@ pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path
     ]
 }
 
-/// coda-codex's stack over Codex's data folder `home` (a test's; None: nothing is read at load).
+/// coda-codex's stack over Codex's data folder `home` (a test's; None: nothing is read at load), handed the
+/// tested version as the simulator hands it: on the paused clock of [`crate::relay::testing`] no probe may run on a
+/// thread of its own (its event would come at whatever virtual time the thread got the CPU).
 #[cfg(test)]
 pub(crate) fn test_stack(
     command: &AgentCommand,
     home: Option<std::path::PathBuf>,
 ) -> (crate::layer::Stack, tokio::sync::mpsc::UnboundedReceiver<(usize, crate::layer::Event)>) {
-    crate::cli::adapter::stack_with(command, None, |setup| layers_over(setup, home))
+    let version = Some(adapter().tested.version.to_owned());
+    crate::cli::adapter::stack_with(command, version, |setup| layers_over(setup, home))
 }
 
 /// codex-acp takes `_session/steering` itself.

@@ -23,7 +23,8 @@ fn shim(agent: &str) -> Pair {
 fn shim_with(agent: &str, max_line: usize, test_agent: impl super::testing::Agent) -> Pair {
     let command = AgentCommand { program: "test-agent".into(), args: Vec::new() };
     let adapter = crate::adapters::by_agent(agent).expect("an adapter");
-    let (stack, events) = adapter.stack(&command, None);
+    // The tested version, as the simulator hands it: no probe runs on a thread of its own (see `relay::testing`).
+    let (stack, events) = adapter.stack(&command, Some(adapter.tested.version.to_owned()));
     Pair::with(stack, events, max_line, test_agent)
 }
 

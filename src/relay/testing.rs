@@ -9,7 +9,9 @@
 //! every peer in the process, "idle" is seen, not guessed: when no task can go on, tokio moves the clock to
 //! the next timer at once, so [`Pair::drive`] waits [`QUIET`] of virtual time (no real time) and calls the
 //! session idle once a whole [`QUIET`] passed in which neither side received a line. Layers' jobs run on
-//! the loop ([`crate::layer::work::Pool::inline`]), so the clock cannot move on while one runs elsewhere.
+//! the loop ([`crate::layer::work::Pool::inline`]), so the clock cannot move on while one runs elsewhere, and a
+//! stack driven here is handed its CLI's version (a probe on a thread of its own would hand its event in at
+//! whatever virtual time that thread got the CPU: on a loaded machine, a session that stalls).
 //! What the relay logs goes to [`Pair::logs`] (from `DEBUG` up), not to stderr. The relay's trace is kept
 //! in memory and every frame the shim made or changed is checked against ACP's schema and Coda's shapes
 //! ([`crate::replay::validate`]) as each drive ends: a break of the shim's own fails the test there; the
