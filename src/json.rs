@@ -12,6 +12,8 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 
 mod view;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use view::sixteen_of;
 pub use view::{Elements, Key, Members, View};
 
 /// Deepest nesting of arrays and objects accepted anywhere: far above any real ACP frame (a tool's JSON

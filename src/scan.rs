@@ -678,6 +678,29 @@ mod tests {
         lines
     }
 
+    /// A string's escapes are checked a block of 64 bytes at a time: runs of one to six backslashes, each
+    /// followed by every kind of byte an escape may have after it (and by the string's end), at every place of
+    /// two blocks, alone and among other escapes, read as the exact walk reads them.
+    #[test]
+    fn runs_of_escapes_at_every_place_of_a_block_read_as_the_exact_walk_reads_them() {
+        let after = ["n", "\"", "/", "u00e9", "ud800", "ud83d\\ude00", "ud800x", "x", "\u{1}", "u12", "", "\"]"];
+        let mut lines = Vec::new();
+        for place in 0..140 {
+            for run in 1..=6 {
+                for next in after {
+                    let text = format!("{}{}{next}", "a".repeat(place), "\\".repeat(run));
+                    lines.push(format!("{{\"text\":\"{text} tail\"}}"));
+                    lines.push(format!("{{\"text\":\"{text}\\t\\n\\\"{}\"}}", "\\n".repeat(place % 40)));
+                    lines.push(format!("[\"{}{text}\u{2}\"]", "\\n".repeat(place / 2)));
+                }
+            }
+        }
+        let refs: Vec<&[u8]> = lines.iter().map(String::as_bytes).collect();
+        check_against_exact(&refs);
+        let valid = refs.iter().filter(|l| scan(l).is_ok()).count();
+        assert!(valid > 5_000 && valid < refs.len() - 5_000, "good and bad escapes: {valid} of {} valid", refs.len());
+    }
+
     #[test]
     fn the_fast_walk_reads_every_line_as_the_exact_walk_does() {
         let lines = corpus();

@@ -73,7 +73,7 @@ fn find<const N: usize>(b: &[u8], mut at: usize, needles: [u8; N]) -> Option<usi
 /// The bytes of `sixteen` that are one of `needles`, a bit each (the first byte lowest), by SSE2.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn sixteen_of<const N: usize>(sixteen: &[u8], needles: [u8; N]) -> u32 {
+pub(crate) fn sixteen_of<const N: usize>(sixteen: &[u8], needles: [u8; N]) -> u32 {
     use std::arch::x86_64::*;
     // SAFETY: SSE2 is part of every x86_64 CPU; the load reads the sixteen bytes of `sixteen`, whose length
     // its caller took from a range of sixteen.

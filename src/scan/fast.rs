@@ -12,7 +12,8 @@ use super::*;
 pub(super) fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> Option<(usize, bool)> {
     let (mut i, mut escaped) = (start, false);
     loop {
-        let special = *bits.get(i / 64)? >> (i % 64);
+        let word = *bits.get(i / 64)?;
+        let special = word >> (i % 64);
         if special == 0 {
             i = (i / 64 + 1) * 64;
             continue;
@@ -22,15 +23,70 @@ pub(super) fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> O
             b'"' => return Some((at, escaped)),
             b'\\' => {
                 escaped = true;
-                // The escapes of one character (a text's newlines and quotes: many in a file's content) in
-                // one step; `\u` and what is no escape by the exact walk's rules.
-                i = match b.get(at + 1) {
-                    Some(&c) if SHORT_ESCAPE[usize::from(c)] => at + 2,
-                    _ => escape(b, at, lone)?,
+                // The escapes of one character (a text's newlines and quotes: many in a file's content) all at
+                // once where the rest of the block has three quotes, backslashes or control characters or more,
+                // else in one step each; `\u` and what is no escape by the exact walk's rules.
+                let rest = special >> (at - i);
+                let second = rest & (rest - 1);
+                let bulk = if second & second.wrapping_sub(1) != 0 { escapes(b, word, at) } else { None };
+                i = match bulk {
+                    Some(past) => past,
+                    None => match b.get(at + 1) {
+                        Some(&c) if SHORT_ESCAPE[usize::from(c)] => at + 2,
+                        _ => escape(b, at, lone)?,
+                    },
                 };
             }
             _ => return None,
         }
+    }
+}
+
+/// Where to go on from the backslash at `at`, which begins an escape, once every escape of one character from
+/// there on in its 64-byte block is checked: the next quote or control character no backslash escapes (the
+/// block's `special` bits, see [`super::index`]), the backslash of the next escape that is none of one
+/// character (a `\u`, or no escape), the backslash of an escape whose character is in the next block, or the
+/// block's end, whichever comes first. `None` where that is `at` itself, where the block does not lie whole in
+/// the line, or off x86_64: the caller then takes the escape at `at` alone. Which bytes a backslash escapes is
+/// told from the block's backslashes as simdjson tells it: within a run of backslashes, every other one
+/// escapes the byte after it, counting from the run's first (`at` is one, so none before it counts).
+#[inline(always)]
+fn escapes(b: &[u8], special: u64, at: usize) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const EVEN: u64 = 0x5555_5555_5555_5555;
+        let base = at & !63;
+        let block = b.get(base..base + 64)?;
+        let from = !0u64 << (at - base);
+        let backslashes = (0..4).fold(0u64, |m, k| {
+            let sixteen = crate::json::sixteen_of(&block[16 * k..16 * k + 16], [b'\\']);
+            m | u64::from(sixteen) << (16 * k)
+        }) & from;
+        let follows = backslashes << 1;
+        let odd_starts = backslashes & !EVEN & !follows;
+        let escaped = (EVEN ^ (odd_starts.wrapping_add(backslashes) << 1)) & follows;
+        // A backslash in the block's last byte that begins an escape escapes a byte of the next block.
+        let mut end = if (backslashes & !escaped) >> 63 != 0 { 63 } else { 64 };
+        let stops = special & !backslashes & !escaped & from;
+        if stops != 0 {
+            end = end.min(stops.trailing_zeros() as usize);
+        }
+        let mut each = escaped & (!0u64).checked_shr(64 - end as u32).unwrap_or(0);
+        while each != 0 {
+            let k = each.trailing_zeros() as usize;
+            if !SHORT_ESCAPE[usize::from(block[k])] {
+                // Its backslash, for the one-escape path.
+                end = k - 1;
+                break;
+            }
+            each &= each - 1;
+        }
+        Some(base + end).filter(|&past| past > at)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (b, special, at);
+        None
     }
 }
 
