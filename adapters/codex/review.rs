@@ -60,7 +60,13 @@ struct Verdict {
 }
 
 impl Verdict {
+    /// `_meta` of a frame that carries the verdict: `{"coda": {"review": …}}`.
     fn to_value(&self) -> Value {
+        json::object([("coda", json::object([("review", self.review())]))])
+    }
+
+    /// The verdict as `_meta.coda.review` holds it.
+    fn review(&self) -> Value {
         let mut review = Map::new();
         review.insert("state".into(), json!(self.state));
         if let Some(risk) = self.risk {
@@ -69,7 +75,7 @@ impl Verdict {
         if let Some(reason) = &self.reason {
             review.insert("reason".into(), json!(reason));
         }
-        json::object([("coda", json::object([("review", Value::Object(review))]))])
+        Value::Object(review)
     }
 
     fn is_final(&self) -> bool {
@@ -273,8 +279,7 @@ impl CodexReview {
             if !verdict.is_final() {
                 u.insert("status".into(), json!("pending"));
             }
-            json::object_at(json::object_at(u, "_meta"), "coda")
-                .insert("review".into(), verdict.to_value()["coda"]["review"].take());
+            json::object_at(json::object_at(u, "_meta"), "coda").insert("review".into(), verdict.review());
         }
         cx.to_client(frame.rewritten(v));
     }
