@@ -158,13 +158,15 @@ impl Permissions {
     }
 
     /// An activity report from the layer below: a child it names is resumed once the report is on its way.
-    fn report_seen(&mut self, v: &Value, cx: &mut Cx) {
-        // Read by key (a JSON pointer's path is unescaped into new strings at each look).
-        let params = |key: &str| v.get("params").and_then(|p| p.get(key)).and_then(Value::as_str);
-        let (Some(parent), Some(child)) = (params("sessionId"), params("childSessionId")) else { return };
-        self.children.named.insert(child.to_owned());
-        if params("state") == Some(wait::State::Waiting.as_str()) {
-            self.follow(parent, child, cx);
+    fn report_seen(&mut self, report: &Frame, cx: &mut Cx) {
+        // Read where it lies (a report is written as bytes: no value of it is kept).
+        let keys = ["sessionId", "childSessionId", "state"];
+        let read = report.view().get("params").map_or([None; 3], |p| p.pick(keys));
+        let [parent, child, state] = read.map(|v| v.and_then(|v| v.as_str()));
+        let (Some(parent), Some(child)) = (parent, child) else { return };
+        self.children.named.insert(child.clone().into_owned());
+        if state.as_deref() == Some(wait::State::Waiting.as_str()) {
+            self.follow(&parent, &child, cx);
         }
     }
 
@@ -399,7 +401,7 @@ impl Layer for Permissions {
             }
             Kind::Notification { method } if method == wait::METHOD => {
                 // The report goes first: Coda takes a child's frames only once it is announced.
-                let report = frame.shared_value();
+                let report = frame.clone();
                 cx.to_client(frame);
                 self.report_seen(&report, cx);
             }

@@ -3,9 +3,9 @@
 
 use crate::HashMap;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::frame::{self, Frame};
+use crate::frame::Frame;
 use crate::layer::Cx;
 
 pub const METHOD: &str = "_coda/wait";
@@ -83,6 +83,73 @@ impl Wait {
 
 /// The names of the optional text fields of a report ([`Wait::texts`]).
 const TEXTS: [&str; 7] = ["kind", "title", "detail", "childSessionId", "model", "outputFile", "toolCallId"];
+
+/// A member of a report's `params` ([`line`]).
+#[derive(Clone, Copy)]
+enum Member {
+    /// The text field at this place of [`TEXTS`].
+    Text(usize),
+    Session,
+    WaitId,
+    State,
+    Stoppable,
+}
+
+/// Every member a report's `params` may have, by key in byte order: the order serde_json writes an object's
+/// members in (its `Map` is sorted), so that a report reads the same whether written here or by serde_json.
+const MEMBERS: [(&str, Member); TEXTS.len() + 4] = [
+    ("childSessionId", Member::Text(3)),
+    ("detail", Member::Text(2)),
+    ("kind", Member::Text(0)),
+    ("model", Member::Text(4)),
+    ("outputFile", Member::Text(5)),
+    ("sessionId", Member::Session),
+    ("state", Member::State),
+    ("stoppable", Member::Stoppable),
+    ("title", Member::Text(1)),
+    ("toolCallId", Member::Text(6)),
+    ("waitId", Member::WaitId),
+];
+
+/// The line of a `_coda/wait` notification of `wait` with `state`, the text fields `texts` (in [`TEXTS`]'
+/// order; `None`: not said) and `stoppable`: written as bytes, each string escaped by serde_json (no value is
+/// built, written and dropped).
+fn line(wait: &Wait, state: State, texts: [Option<&str>; TEXTS.len()], stoppable: Option<bool>) -> Vec<u8> {
+    let size: usize = texts.iter().flatten().map(|t| t.len() + 24).sum();
+    let mut out = Vec::with_capacity(128 + wait.session_id.len() + wait.wait_id.len() + size);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"_coda/wait","params":{"#);
+    let mut first = true;
+    for (key, member) in MEMBERS {
+        let text = match member {
+            Member::Text(k) => texts[k],
+            Member::Session => Some(wait.session_id.as_str()),
+            Member::WaitId => Some(wait.wait_id.as_str()),
+            Member::State => Some(state.as_str()),
+            Member::Stoppable => None,
+        };
+        let flag = stoppable.filter(|_| matches!(member, Member::Stoppable));
+        if text.is_none() && flag.is_none() {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.push(b'"');
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\":");
+        match (text, flag) {
+            // (A string always serialises: serde_json writes into a Vec without an error.)
+            (Some(text), _) => {
+                let _ = serde_json::to_writer(&mut out, text);
+            }
+            (None, Some(flag)) => out.extend_from_slice(if flag { b"true" } else { b"false" }),
+            (None, None) => {}
+        }
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
 
 /// The longest prefix of `s` with at most `max` characters (never splits a character).
 pub fn truncate_chars(s: &str, max: usize) -> &str {
@@ -199,22 +266,17 @@ impl Register {
         if known.state == Some(state) && !said.contains(&true) && stoppable.is_none() {
             return None;
         }
-        let mut params = Map::new();
-        params.insert("sessionId".into(), Value::from(wait.session_id.as_str()));
-        params.insert("waitId".into(), Value::from(wait.wait_id.as_str()));
-        params.insert("state".into(), Value::from(state.as_str()));
-        for (k, name) in TEXTS.iter().enumerate() {
-            if let Some(text) = texts[k].filter(|_| said[k]) {
+        for (k, text) in texts.iter().enumerate() {
+            if let Some(text) = text.filter(|_| said[k]) {
                 known.texts[k] = Some(text.into());
-                params.insert((*name).into(), Value::from(text));
             }
         }
         if let Some(s) = stoppable {
             known.stoppable = Some(s);
-            params.insert("stoppable".into(), Value::Bool(s));
         }
         known.state = Some(state);
-        Some(frame::notification(METHOD, Value::Object(params)))
+        let said = std::array::from_fn(|k| texts[k].filter(|_| said[k]));
+        Some(Frame::built(line(wait, state, said, stoppable)))
     }
 
     /// Past [`MAX_KNOWN`]: forgets the oldest ended wait, else the oldest.
@@ -260,6 +322,66 @@ mod tests {
 
     fn params(f: &Frame) -> Value {
         f.value()["params"].clone()
+    }
+
+    /// The line serde_json writes of a report with these members (its `Map` sorts them), without its newline.
+    fn serde_line(members: &[(&str, Value)]) -> Vec<u8> {
+        let params: serde_json::Map<String, Value> =
+            members.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": METHOD, "params": params})).unwrap()
+    }
+
+    #[test]
+    fn a_report_is_the_line_serde_json_writes_of_its_members_whatever_its_texts() {
+        // The members' order is the one serde_json writes (keys by bytes), and covers every field.
+        assert!(MEMBERS.windows(2).all(|w| w[0].0.as_bytes() < w[1].0.as_bytes()), "sorted");
+        for (k, name) in TEXTS.iter().enumerate() {
+            assert!(MEMBERS.iter().any(|(key, m)| key == name && matches!(m, Member::Text(t) if *t == k)), "{name}");
+        }
+        let control: String = (0u8..0x20).map(char::from).chain(['\u{7f}', '\u{2028}']).collect();
+        let hostile = [
+            "plain".to_owned(),
+            "a \"quoted\" \\ path C:\\tmp\\x / </script>".to_owned(),
+            control,
+            "你是 Coda 的助手。\n\n- 不要删除文件 🚫\r\n\t".to_owned(),
+            String::new(),
+        ];
+        for (n, text) in hostile.iter().enumerate() {
+            for fields in 0u32..(1 << (TEXTS.len() + 1)) {
+                let mut r = Register::new();
+                let id = format!("w{n}{text}");
+                let mut w =
+                    Wait::new(&format!("s{text}"), &id, if fields % 3 == 0 { State::Handling } else { State::Waiting });
+                let texts = [
+                    &mut w.kind,
+                    &mut w.title,
+                    &mut w.detail,
+                    &mut w.child_session_id,
+                    &mut w.model,
+                    &mut w.output_file,
+                    &mut w.tool_call_id,
+                ];
+                for (k, field) in texts.into_iter().enumerate() {
+                    *field = (fields & (1 << k) != 0).then(|| format!("{}{text}", TEXTS[k]));
+                }
+                w.stoppable = (fields & (1 << TEXTS.len()) != 0).then_some(fields % 2 == 0);
+                let mut want =
+                    vec![("sessionId", Value::from(w.session_id.clone())), ("waitId", Value::from(id.clone()))];
+                want.push(("state", Value::from(w.state.unwrap().as_str())));
+                for (k, text) in w.texts().into_iter().enumerate() {
+                    want.extend(text.map(|t| (TEXTS[k], Value::from(t))));
+                }
+                want.extend(w.stoppable.map(|s| ("stoppable", Value::Bool(s))));
+                let frame = r.report(&w).expect("a first report");
+                assert_eq!(
+                    String::from_utf8_lossy(frame.bytes()),
+                    String::from_utf8_lossy(&serde_line(&want)),
+                    "{fields:b}"
+                );
+                assert_eq!(frame.method(), Some(METHOD));
+                assert_eq!(frame.session().as_deref(), Some(w.session_id.as_str()), "the frame check read its session");
+            }
+        }
     }
 
     #[test]

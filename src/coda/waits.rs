@@ -19,6 +19,7 @@
 //! Every report is read on its way (they are the shim's own or few).
 
 use crate::HashMap;
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
@@ -26,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::coda::wait::{self, State, WithholdWaits};
 use crate::frame::{self, Frame, Id, Kind};
+use crate::json::View;
 use crate::layer::{Cx, Layer};
 
 /// Waits remembered at most (past that the oldest ended ones are forgotten first: a stop of one of those is
@@ -37,6 +39,11 @@ pub const MAX_SEEN: usize = 4096;
 struct Seen {
     stoppable: bool,
     ended: bool,
+}
+
+/// A string's text (unescaped), `None` for anything else.
+fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
+    v?.as_str()
 }
 
 /// Coda's waits handshake and stop routing (see the module docs).
@@ -76,17 +83,21 @@ impl Waits {
 
     /// A `_coda/wait` on its way to the client: remembered, then passed on if the client declared waits.
     fn report(&mut self, frame: Frame, cx: &mut Cx) {
-        let value = frame.value();
-        let params = value.get("params").unwrap_or(&Value::Null);
-        let text = |key: &str| params.get(key).and_then(Value::as_str);
-        if text("sessionId").is_some_and(|s| cx.sessions().is_some_and(|t| t.was_closed(s))) {
+        // Read where it lies (the register writes reports as bytes: no value of them is kept).
+        let view = frame.view();
+        let params = view.get("params");
+        let keys = ["sessionId", "waitId", "state", "stoppable", "childSessionId"];
+        let [session, wait_id, state, stoppable, child] = params.map_or([None; 5], |p| p.pick(keys));
+        let (session, wait_id, state) = (text(session), text(wait_id), text(state));
+        let stoppable = stoppable.and_then(|s| s.as_bool());
+        if session.as_deref().is_some_and(|s| cx.sessions().is_some_and(|t| t.was_closed(s))) {
             // Its session was closed, and its waits ended with it.
             return tracing::debug!("an activity report of a closed session dropped");
         }
-        if let (Some(session), Some(wait_id)) = (text("sessionId"), text("waitId")) {
-            let state = text("state");
-            let terminal = [State::Done, State::Failed, State::Cancelled].iter().any(|s| Some(s.as_str()) == state);
-            let key = (session.to_owned(), wait_id.to_owned());
+        if let (Some(session), Some(wait_id)) = (session, wait_id) {
+            let terminal =
+                [State::Done, State::Failed, State::Cancelled].iter().any(|s| Some(s.as_str()) == state.as_deref());
+            let key = (session.into_owned(), wait_id.into_owned());
             // Coda's rules: a first report that is terminal registers nothing; nothing counts after the end.
             match self.seen.get_mut(&key) {
                 Some(seen) if seen.ended => {
@@ -95,19 +106,18 @@ impl Waits {
                     );
                 }
                 Some(seen) => {
-                    seen.stoppable = params.get("stoppable").and_then(Value::as_bool).unwrap_or(seen.stoppable);
+                    seen.stoppable = stoppable.unwrap_or(seen.stoppable);
                     seen.ended = terminal;
                 }
                 None if terminal => {}
                 None => {
-                    let stoppable = params.get("stoppable").and_then(Value::as_bool) == Some(true);
-                    self.seen.insert(key.clone(), Seen { stoppable, ended: false });
-                    self.order.push_back(key);
+                    self.seen.insert(key.clone(), Seen { stoppable: stoppable == Some(true), ended: false });
+                    self.order.push_back(key.clone());
                     self.bound();
                 }
             }
-            if let Some(child) = text("childSessionId").filter(|c| !c.is_empty()) {
-                cx.add_child(child, Some(session));
+            if let Some(child) = text(child).filter(|c| !c.is_empty()) {
+                cx.add_child(&child, Some(&key.0));
                 self.children = true;
             }
         }
