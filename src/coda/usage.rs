@@ -474,10 +474,12 @@ pub fn per_root<'a, T: Default>(
     if !is_root(cx, session) {
         return None;
     }
+    // (Looked up first: the entry is nearly always there, and `entry` would take an owned key.)
     if !table.contains_key(session) {
         table.retain(|s, t| keep(t) || is_root(cx, s));
+        table.insert(session.to_owned(), T::default());
     }
-    Some(table.entry(session.to_owned()).or_default())
+    table.get_mut(session)
 }
 
 impl<S: Source> UsageFacts<S> {
