@@ -90,7 +90,7 @@ struct Tasks {
 impl Tasks {
     /// Whether `call` of `session` is a `task` call followed.
     fn follows(&self, session: &str, call: &str) -> bool {
-        self.by_call.contains_key(&(session.to_owned(), call.to_owned()))
+        self.by_call.contains_key(&(session, call) as &dyn Call)
     }
 
     /// The call is over: it leaves the open calls.
@@ -105,6 +105,45 @@ impl Tasks {
         self.by_call.values().any(|t| t.background)
     }
 }
+
+/// A (session, toolCallId) pair, owned as [`Tasks`] keys it or borrowed: an update's pair is looked up
+/// without copying it (`by_call`'s keys borrow as `dyn Call`, hashed and compared as the two texts).
+trait Call {
+    fn pair(&self) -> (&str, &str);
+}
+
+impl Call for (String, String) {
+    fn pair(&self) -> (&str, &str) {
+        (&self.0, &self.1)
+    }
+}
+
+impl Call for (&str, &str) {
+    fn pair(&self) -> (&str, &str) {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn Call + 'a> for (String, String) {
+    fn borrow(&self) -> &(dyn Call + 'a) {
+        self
+    }
+}
+
+// As a `(String, String)` hashes and compares: its two texts in order.
+impl std::hash::Hash for dyn Call + '_ {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.pair().hash(state);
+    }
+}
+
+impl PartialEq for dyn Call + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.pair() == other.pair()
+    }
+}
+
+impl Eq for dyn Call + '_ {}
 
 /// How many closed calls, and followed children, are remembered: far more than a session has open at
 /// once, so only ones long gone are forgotten (a day-long session keeps the same memory as an hour's).
@@ -814,6 +853,34 @@ mod tests {
         );
         rig.resumed(&to_agent);
         assert_eq!(rig.server(task_child("call_26")), (vec![], vec![]), "said once");
+    }
+
+    #[test]
+    fn a_followed_call_is_found_by_its_borrowed_pair_and_no_other() {
+        let mut tasks = Tasks::default();
+        for (session, call) in [("s", "c1"), ("s", "c2"), ("t", "c1"), ("ses_日本", "call_\"1\"")] {
+            let task = Task {
+                session: session.into(),
+                call: call.into(),
+                child: None,
+                background: false,
+                finished: false,
+                seq: 0,
+            };
+            tasks.by_call.insert((session.into(), call.into()), task);
+        }
+        for (session, call) in [("s", "c1"), ("s", "c2"), ("t", "c1"), ("ses_日本", "call_\"1\"")] {
+            assert!(tasks.follows(session, call), "{session} {call}");
+        }
+        // The pair's texts, not their bytes run together: ("s", "c1") is no ("sc", "1").
+        for (session, call) in [("t", "c2"), ("c1", "s"), ("sc", "1"), ("s", "c"), ("", "sc1"), ("s", "c1 ")] {
+            assert!(!tasks.follows(session, call), "{session} {call}");
+        }
+        // Equal as the pairs are, whatever their hashes.
+        let (a, b, c): (&dyn Call, &dyn Call, &dyn Call) = (&("s", "c1"), &("s", "c2"), &("t", "c1"));
+        assert!(a == &("s".to_owned(), "c1".to_owned()) as &dyn Call && a != b && a != c);
+        tasks.close(&("s".into(), "c1".into()));
+        assert!(!tasks.follows("s", "c1") && tasks.follows("s", "c2"));
     }
 
     #[test]
