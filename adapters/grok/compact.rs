@@ -56,10 +56,6 @@ pub struct GrokCompact {
     running: HashMap<String, Running>,
 }
 
-fn u64_at(v: &Value, key: &str) -> Option<u64> {
-    v.get(key).and_then(Value::as_u64)
-}
-
 /// Grok's `_x.ai/queue/changed`: whether a turn runs in its session (a `runningPromptId`, Grok's own turns too),
 /// told to the session table. Whether the running prompt is Coda's is the steering backend's to say
 /// ([`super::steering`]): here a running turn is anyone's.
@@ -155,12 +151,11 @@ impl Compactor for GrokCompact {
     fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
         note_queue(frame, ctl.cx);
         if frame.is_notification(NOTIFICATION) && frame.session_update() == Some(COMPLETED) {
-            let v = frame.value();
-            let params = v.get("params").unwrap_or(&Value::Null);
-            let update = params.get("update").unwrap_or(&Value::Null);
-            if let Some(run) = params.get("sessionId").and_then(Value::as_str).and_then(|s| self.running.get_mut(s)) {
-                run.before = u64_at(update, "tokens_before");
-                run.after = u64_at(update, "tokens_after");
+            // Read where they lie: the session from the frame check's pass, the counts from the update.
+            let [before, after] = frame.update_value().map_or([None; 2], |u| u.pick(["tokens_before", "tokens_after"]));
+            if let Some(run) = frame.session().and_then(|s| self.running.get_mut(&*s)) {
+                run.before = before.and_then(|n| n.as_u64());
+                run.after = after.and_then(|n| n.as_u64());
             }
         }
         true

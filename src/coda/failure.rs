@@ -578,9 +578,10 @@ impl<S: Signals> FailureKinds<S> {
 
     /// An update of the CLI's: output of a session's turn ends its retries.
     fn progress(&mut self, frame: &Frame, cx: &mut Cx) {
-        let Some(session) = frame.value().pointer("/params/sessionId").and_then(Value::as_str) else { return };
+        // The session from the frame check's pass: the update is not parsed.
+        let Some(session) = frame.session() else { return };
         let next = self.counter + 1;
-        let Some(turn) = self.turns.iter_mut().find(|t| t.session == session && t.retrying.is_some()) else { return };
+        let Some(turn) = self.turns.iter_mut().find(|t| t.session == *session && t.retrying.is_some()) else { return };
         turn.retrying = None;
         cx.cancel(&Check::Patience { turn: turn.key, generation: turn.generation });
         turn.generation = next;
