@@ -519,7 +519,22 @@ mod tests {
         // escapes, quotes and brackets at every place in them.
         let mut made = Vec::new();
         for n in 0..80 {
-            for odd in [r#"\""#, r#"\\"#, "]", "}", "{", "[", r#"\u00e9"#, "\\n"] {
+            // (Runs of one to six backslashes before a quote, a bracket or a letter: a run may cross a step.)
+            for odd in [
+                r#"\""#,
+                r#"\\"#,
+                "]",
+                "}",
+                "{",
+                "[",
+                r#"\u00e9"#,
+                "\\n",
+                r#"\\\""#,
+                r#"\\\\\""#,
+                r#"\\\\\\"#,
+                r#"\\]\\\\}\"["#,
+                r#"\\\\\\\"\\\\\\}\n{"#,
+            ] {
                 let text = format!("{}{odd}{}", "x".repeat(n), "y".repeat(n % 7));
                 made.push(format!(
                     r#"{{"a":"{text}","b":{{"c":["{text}",{{"d":"{text}"}}],"e":[]}},"f":"{text}","a":1}}"#
