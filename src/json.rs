@@ -12,6 +12,7 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 
 mod view;
+pub(crate) use view::same;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use view::sixteen_of;
 pub use view::{Elements, Key, Members, View};

@@ -30,19 +30,26 @@ fn space(c: u8) -> bool {
 
 /// Where the first of `needles` is in `b` at or after `at`. Most of what a view skips is a few bytes long (a
 /// key, a short value, the text between two escapes), so the first 32 bytes are searched without a call: on
-/// x86_64 sixteen at a time by SSE2 (every x86_64 has it), elsewhere, and in the last 16 bytes of `b`, eight at
-/// a time in a word (each test finds the lowest byte that matches exactly: a false match can only sit above a
-/// true one); past them, by memchr's SIMD search.
+/// x86_64 sixteen at a time by SSE2 (every x86_64 has it; fewer than sixteen left, in the sixteen that end `b`),
+/// elsewhere eight at a time in a word (each test finds the lowest byte that matches exactly: a false match
+/// can only sit above a true one); past them, by memchr's SIMD search.
 #[inline(always)]
 fn find<const N: usize>(b: &[u8], mut at: usize, needles: [u8; N]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    for _ in 0..2 {
-        let Some(sixteen) = b.get(at..at + 16) else { break };
-        let found = sixteen_of(sixteen, needles);
-        if found != 0 {
-            return Some(at + found.trailing_zeros() as usize);
+    {
+        for _ in 0..2 {
+            let Some(sixteen) = b.get(at..at + 16) else { break };
+            let found = sixteen_of(sixteen, needles);
+            if found != 0 {
+                return Some(at + found.trailing_zeros() as usize);
+            }
+            at += 16;
         }
-        at += 16;
+        // Fewer than sixteen bytes left: the sixteen that end `b`, those before `at` let go.
+        if let Some(from) = b.len().checked_sub(16).filter(|&from| at > from) {
+            let found = sixteen_of(&b[from..], needles) >> (at - from).min(16);
+            return (found != 0).then(|| at + found.trailing_zeros() as usize);
+        }
     }
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -70,6 +77,33 @@ fn find<const N: usize>(b: &[u8], mut at: usize, needles: [u8; N]) -> Option<usi
     found.map(|k| at + k)
 }
 
+/// Whether `a` and `b` are the same bytes, 16 at a time: for the short texts compared on every frame (a key,
+/// what lies between two values: a few dozen bytes at most), where a call to `memcmp` costs more than the
+/// comparison.
+#[inline(always)]
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    // The `K` bytes at `at` of each, as one number.
+    fn at<const K: usize>(x: &[u8], at: usize) -> [u8; K] {
+        x[at..at + K].try_into().unwrap_or([0; K])
+    }
+    match n {
+        0 => true,
+        1..4 => a[0] == b[0] && a[n - 1] == b[n - 1] && a[n / 2] == b[n / 2],
+        // The first and the last words, overlapping when `n` is no multiple of their size.
+        4..8 => at::<4>(a, 0) == at::<4>(b, 0) && at::<4>(a, n - 4) == at::<4>(b, n - 4),
+        8..16 => at::<8>(a, 0) == at::<8>(b, 0) && at::<8>(a, n - 8) == at::<8>(b, n - 8),
+        _ => {
+            let pairs = a.chunks_exact(16).zip(b.chunks_exact(16));
+            pairs.into_iter().all(|(x, y)| u128::from_ne_bytes(at(x, 0)) == u128::from_ne_bytes(at(y, 0)))
+                && u128::from_ne_bytes(at(a, n - 16)) == u128::from_ne_bytes(at(b, n - 16))
+        }
+    }
+}
+
 /// The bytes of `sixteen` that are one of `needles`, a bit each (the first byte lowest), by SSE2.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -94,7 +128,8 @@ fn string_end(b: &[u8], at: usize) -> Option<usize> {
 
 /// [`string_end`], and whether the string has an escape (found on the way, where a key's compare would
 /// otherwise look for one again). Most strings a view skips end within sixteen bytes and have no escape: on
-/// x86_64 that is one compare where the string is, and the loop is a call of its own.
+/// x86_64 that is one compare where the string is, and the loop is a call of its own (where fewer than sixteen
+/// bytes are left, too).
 #[inline(always)]
 fn string_end_escaped(b: &[u8], at: usize) -> Option<(usize, bool)> {
     #[cfg(target_arch = "x86_64")]
@@ -445,7 +480,7 @@ impl Key<'_> {
     /// Whether the key is `name` (unescaped first when it has an escape).
     pub fn is(&self, name: &str) -> bool {
         match self.escaped {
-            false => &self.quoted[1..self.quoted.len() - 1] == name.as_bytes(),
+            false => same(&self.quoted[1..self.quoted.len() - 1], name.as_bytes()),
             true => View { text: self.quoted }.as_str().as_deref() == Some(name),
         }
     }

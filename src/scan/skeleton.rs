@@ -9,6 +9,7 @@
 
 use super::fast::{Hole, ROLE_ID, ROLE_SESSION, number, string};
 use super::*;
+use crate::json::same;
 
 /// Lines longer than this are not kept (the check is for frames, and a kept line is a copy).
 pub(super) const KEPT: usize = 16 << 10;
@@ -301,31 +302,5 @@ fn moved(by: &mut [usize; 8], which: u8, at: usize, was: usize) {
     while which != 0 {
         by[which.trailing_zeros() as usize % 8] = at.wrapping_sub(was);
         which &= which - 1;
-    }
-}
-
-/// Whether `a` and `b` are the same bytes, 16 at a time (what lies between two values is a few dozen bytes
-/// at most: a call to `memcmp` costs more than the comparison).
-#[inline(always)]
-fn same(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    // The `K` bytes at `at` of each, as one number.
-    fn at<const K: usize>(x: &[u8], at: usize) -> [u8; K] {
-        x[at..at + K].try_into().unwrap_or([0; K])
-    }
-    match n {
-        0 => true,
-        1..4 => a[0] == b[0] && a[n - 1] == b[n - 1] && a[n / 2] == b[n / 2],
-        // The first and the last words, overlapping when `n` is no multiple of their size.
-        4..8 => at::<4>(a, 0) == at::<4>(b, 0) && at::<4>(a, n - 4) == at::<4>(b, n - 4),
-        8..16 => at::<8>(a, 0) == at::<8>(b, 0) && at::<8>(a, n - 8) == at::<8>(b, n - 8),
-        _ => {
-            let pairs = a.chunks_exact(16).zip(b.chunks_exact(16));
-            pairs.into_iter().all(|(x, y)| u128::from_ne_bytes(at(x, 0)) == u128::from_ne_bytes(at(y, 0)))
-                && u128::from_ne_bytes(at(a, n - 16)) == u128::from_ne_bytes(at(b, n - 16))
-        }
     }
 }
