@@ -366,10 +366,14 @@ impl<'a> View<'a> {
 
     /// A number that is a `u64` as serde_json reads one (digits only, no sign, fraction or exponent).
     pub fn as_u64(&self) -> Option<u64> {
-        if !self.text.first().is_some_and(u8::is_ascii_digit) {
+        if self.text.is_empty() {
             return None;
         }
-        std::str::from_utf8(self.text).ok()?.parse().ok()
+        // Digit by digit: a sign, a fraction, an exponent or a value past `u64::MAX` is none.
+        self.text.iter().try_fold(0u64, |n, &c| match c {
+            b'0'..=b'9' => n.checked_mul(10)?.checked_add(u64::from(c - b'0')),
+            _ => None,
+        })
     }
 
     /// A number as an `f64`, as serde_json (with its `arbitrary_precision`) reads one: any number whose value
