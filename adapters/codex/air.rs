@@ -13,11 +13,12 @@
 //! - `_session/steering` always asks for `promptRequired`, so codex-acp never opens a turn of its own.
 
 use crate::HashMap;
+use std::borrow::Cow;
 use std::convert::Infallible;
 
 use crate::coda::wait::{Register, State, Wait, WithholdWaits};
 use crate::frame::{self, Frame, Kind};
-use crate::json::object_at;
+use crate::json::{View, object_at};
 use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
 
@@ -261,9 +262,8 @@ impl Air {
         }
     }
 
-    /// Handles an AIR-only update; true when it was one (and is consumed).
-    fn air_update(&mut self, sid: &str, update: &Value, cx: &mut Cx) -> bool {
-        let name = update.get("sessionUpdate").and_then(Value::as_str).unwrap_or("");
+    /// Handles an AIR-only update of kind `name` (read where it lies); true when it was one (and is consumed).
+    fn air_update(&mut self, sid: &str, name: &str, update: View<'_>, cx: &mut Cx) -> bool {
         let (kind, id_field) = match name {
             "async_task_spawned" | "async_task_state_update" => (WaitKind::Task, "asyncTaskId"),
             "subagent_spawned" | "subagent_state_update" => (WaitKind::Subagent, "subagentSessionId"),
@@ -271,13 +271,20 @@ impl Air {
             _ => return false,
         };
         let session = stable(sid).to_owned();
-        let text = |k: &str| update.get(k).and_then(Value::as_str);
-        let Some(id) = text(id_field) else {
+        // Every field read here, in one pass over the update's members.
+        let fields =
+            ["asyncTaskId", "subagentSessionId", "state", "name", "toolCallId", "canStop", "task", "capabilities"];
+        let [task_id, subagent_id, state, title, call, can_stop, task, capabilities] = update.pick(fields);
+        fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
+            v?.as_str()
+        }
+        let id = text(if kind == WaitKind::Task { task_id } else { subagent_id });
+        let Some(id) = id.as_deref() else {
             tracing::warn!("{name} without {id_field}; dropped");
             return true;
         };
         if name.ends_with("_state_update") {
-            let state = match (kind, text("state")) {
+            let state = match (kind, text(state).as_deref()) {
                 (_, Some("completed")) => State::Done,
                 (_, Some("failed")) | (WaitKind::Subagent, Some("disconnected")) => State::Failed,
                 (WaitKind::Task, Some("stopped")) | (WaitKind::Subagent, Some("cancelled")) => State::Cancelled,
@@ -295,20 +302,21 @@ impl Air {
             return true;
         }
         let mut wait = Wait::new(&session, id, State::Waiting);
-        wait.title = text("name").map(str::to_owned);
+        wait.title = text(title).map(Cow::into_owned);
         let stoppable = match kind {
             WaitKind::Task => {
                 wait.kind = Some("task".into());
-                wait.tool_call_id = text("toolCallId").map(str::to_owned);
-                update.get("canStop").and_then(Value::as_bool) == Some(true)
+                wait.tool_call_id = text(call).map(Cow::into_owned);
+                can_stop.and_then(|c| c.as_bool()) == Some(true)
             }
             WaitKind::Subagent => {
                 let x = stable(id).to_owned();
                 self.subagents.insert(x.clone(), Subagent { current: id.to_owned(), parent: session.clone() });
                 wait.kind = Some("subagent".into());
-                wait.detail = text("task").map(str::to_owned);
+                wait.detail = text(task).map(Cow::into_owned);
                 wait.child_session_id = Some(x);
-                update.pointer("/capabilities/cancel").is_some_and(Value::is_object)
+                let cancel = capabilities.and_then(|c| c.get("cancel"));
+                cancel.is_some_and(|c| c.text().first() == Some(&b'{'))
             }
         };
         wait.stoppable = Some(stoppable);
@@ -321,16 +329,17 @@ impl Air {
         if !air && !of_a_generation(&frame) {
             return cx.to_client(frame);
         }
-        let mut value = frame.to_value();
-        let sid = value.pointer("/params/sessionId").and_then(Value::as_str).map(str::to_owned);
+        // The session and the update where they lie: the frame is parsed only to rename its session.
+        let sid = frame.session().map(Cow::into_owned);
         if air
-            && let (Some(sid), Some(update)) = (&sid, value.pointer("/params/update"))
-            && self.air_update(sid, &update.clone(), cx)
+            && let (Some(sid), Some(name), Some(update)) = (&sid, frame.session_update(), frame.update_value())
+            && self.air_update(sid, name, update, cx)
         {
             return;
         }
         match sid {
             Some(sid) if stable(&sid) != sid => {
+                let mut value = frame.to_value();
                 value["params"]["sessionId"] = json!(stable(&sid));
                 cx.to_client(frame.rewritten(value))
             }
@@ -687,6 +696,26 @@ mod tests {
         let out = from_agent(&mut h, subagent("Y:generation:2", json!({})));
         assert_eq!(out[0]["params"]["childSessionId"], "Y");
         assert_eq!(out[0]["params"]["state"], "waiting");
+    }
+
+    #[test]
+    fn a_subagent_is_stoppable_when_its_cancel_capability_is_an_object_and_only_then() {
+        for (n, (capabilities, stoppable)) in [
+            (json!({"cancel":{}}), true),
+            (json!({"cancel":{"reason":true},"other":1}), true),
+            (json!({"cancel":null}), false),
+            (json!({"cancel":true}), false),
+            (json!({"cancel":[]}), false),
+            (json!({}), false),
+            (json!("cancel"), false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut h = started();
+            let out = from_agent(&mut h, subagent(&format!("S{n}"), capabilities.clone()));
+            assert_eq!(out[0]["params"]["stoppable"], stoppable, "{capabilities}");
+        }
     }
 
     #[test]
