@@ -31,7 +31,7 @@ use std::convert::Infallible;
 
 use serde_json::{Map, Value, json};
 
-use crate::frame::{self, Frame, Kind, Needle};
+use crate::frame::{Frame, Kind, Needle};
 use crate::json::{self, View};
 use crate::layer::{Cx, Layer};
 use std::borrow::Cow;
@@ -60,7 +60,8 @@ struct Verdict {
 }
 
 impl Verdict {
-    /// `_meta` of a frame that carries the verdict: `{"coda": {"review": …}}`.
+    /// `_meta` of a frame that carries the verdict: `{"coda": {"review": …}}` (what [`review_update`] writes).
+    #[cfg(test)]
     fn to_value(&self) -> Value {
         json::object([("coda", json::object([("review", self.review())]))])
     }
@@ -183,14 +184,33 @@ fn capped(reason: String) -> String {
     format!("{}…", utf16_prefix(&reason, REASON_MAX - 1))
 }
 
-/// The review of the judged call `call`, as a `tool_call_update` of it.
+/// The review of the judged call `call`, as a `tool_call_update` of it: written as bytes, its members in the
+/// order serde_json writes them (its `Map` is sorted) and each string escaped by serde_json (no value is built,
+/// written and dropped).
 fn review_update(session: &str, call: &str, verdict: &Verdict) -> Frame {
-    let update = json::object([
-        ("sessionUpdate", "tool_call_update".into()),
-        ("toolCallId", call.into()),
-        ("_meta", verdict.to_value()),
-    ]);
-    frame::notification("session/update", json::object([("sessionId", session.into()), ("update", update)]))
+    fn string(out: &mut Vec<u8>, text: &str) {
+        // (A string always serialises: serde_json writes into a Vec without an error.)
+        let _ = serde_json::to_writer(out, text);
+    }
+    let reason = verdict.reason.as_deref();
+    let mut out = Vec::with_capacity(192 + session.len() + call.len() + reason.map_or(0, str::len));
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);
+    string(&mut out, session);
+    out.extend_from_slice(br#","update":{"_meta":{"coda":{"review":{"#);
+    let members = [("reason", reason), ("risk", verdict.risk), ("state", Some(verdict.state))];
+    for (k, (key, text)) in members.into_iter().filter_map(|(key, text)| Some((key, text?))).enumerate() {
+        if k > 0 {
+            out.push(b',');
+        }
+        out.push(b'"');
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\":");
+        string(&mut out, text);
+    }
+    out.extend_from_slice(br#"}}},"sessionUpdate":"tool_call_update","toolCallId":"#);
+    string(&mut out, call);
+    out.extend_from_slice(b"}}}");
+    Frame::built(out)
 }
 
 impl CodexReview {
@@ -441,6 +461,42 @@ mod tests {
     }
 
     /// The order seen live: the call, its review's start, the verdict, the call's end.
+    #[test]
+    fn a_review_update_is_the_line_serde_json_writes_of_its_value_whatever_its_texts() {
+        let hostile = [
+            "plain".to_owned(),
+            "a \"quoted\" \\ path C:\\tmp\\x / </script>".to_owned(),
+            (0u8..0x20).map(char::from).chain(['\u{7f}', '\u{2028}']).collect(),
+            "你是 Coda 的助手。\n\n- 不要删除文件 🚫\r\n\t".to_owned(),
+            String::new(),
+        ];
+        for text in &hostile {
+            for (state, risk, reason) in [
+                ("reviewing", None, None),
+                ("approved", Some("low"), None),
+                ("denied", Some("critical"), Some(text.clone())),
+                ("denied", None, Some(text.clone())),
+            ] {
+                let verdict = Verdict { state, risk, reason };
+                let (session, call) = (format!("s{text}"), format!("call_{text}"));
+                // What the frame was built as before: a value, serialised by serde_json.
+                let update = json::object([
+                    ("sessionUpdate", "tool_call_update".into()),
+                    ("toolCallId", call.as_str().into()),
+                    ("_meta", verdict.to_value()),
+                ]);
+                let params = json::object([("sessionId", session.as_str().into()), ("update", update)]);
+                let want = crate::frame::notification("session/update", params);
+                let got = review_update(&session, &call, &verdict);
+                assert_eq!(String::from_utf8_lossy(got.bytes()), String::from_utf8_lossy(want.bytes()), "{verdict:?}");
+                assert_eq!(
+                    (got.session().as_deref(), got.session_update()),
+                    (Some(session.as_str()), Some("tool_call_update"))
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_denied_and_an_approved_command_carry_their_verdicts() {
         let mut h = harness();
