@@ -12,10 +12,10 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 
 mod view;
-pub(crate) use view::same;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use view::sixteen_of;
-pub use view::{Elements, Key, Members, View};
+pub use view::{Elements, Key, Members, View, str_of};
+pub(crate) use view::{same, write_str};
 
 /// Deepest nesting of arrays and objects accepted anywhere: far above any real ACP frame (a tool's JSON
 /// output a few dozen levels deep), and a few hundred KiB of stack for the deepest recursion (serde_json's

@@ -18,7 +18,7 @@ use std::convert::Infallible;
 
 use crate::coda::wait::{Register, State, Wait, WithholdWaits};
 use crate::frame::{self, Frame, Kind};
-use crate::json::{View, object_at};
+use crate::json::{View, object_at, str_of as text};
 use crate::layer::{Cx, Layer};
 use serde_json::{Map, Value, json};
 
@@ -275,9 +275,6 @@ impl Air {
         let fields =
             ["asyncTaskId", "subagentSessionId", "state", "name", "toolCallId", "canStop", "task", "capabilities"];
         let [task_id, subagent_id, state, title, call, can_stop, task, capabilities] = update.pick(fields);
-        fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
-            v?.as_str()
-        }
         let id = text(if kind == WaitKind::Task { task_id } else { subagent_id });
         let Some(id) = id.as_deref() else {
             tracing::warn!("{name} without {id_field}; dropped");

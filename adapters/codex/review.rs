@@ -188,10 +188,7 @@ fn capped(reason: String) -> String {
 /// order serde_json writes them (its `Map` is sorted) and each string escaped by serde_json (no value is built,
 /// written and dropped).
 fn review_update(session: &str, call: &str, verdict: &Verdict) -> Frame {
-    fn string(out: &mut Vec<u8>, text: &str) {
-        // (A string always serialises: serde_json writes into a Vec without an error.)
-        let _ = serde_json::to_writer(out, text);
-    }
+    use json::write_str as string;
     let reason = verdict.reason.as_deref();
     let mut out = Vec::with_capacity(192 + session.len() + call.len() + reason.map_or(0, str::len));
     out.extend_from_slice(br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#);

@@ -162,7 +162,7 @@ impl Permissions {
         // Read where it lies (a report is written as bytes: no value of it is kept).
         let keys = ["sessionId", "childSessionId", "state"];
         let read = report.view().get("params").map_or([None; 3], |p| p.pick(keys));
-        let [parent, child, state] = read.map(|v| v.and_then(|v| v.as_str()));
+        let [parent, child, state] = read.map(crate::json::str_of);
         let (Some(parent), Some(child)) = (parent, child) else { return };
         self.children.named.insert(child.clone().into_owned());
         if state.as_deref() == Some(wait::State::Waiting.as_str()) {

@@ -140,9 +140,7 @@ fn line(wait: &Wait, state: State, texts: [Option<&str>; TEXTS.len()], stoppable
         out.extend_from_slice(b"\":");
         match (text, flag) {
             // (A string always serialises: serde_json writes into a Vec without an error.)
-            (Some(text), _) => {
-                let _ = serde_json::to_writer(&mut out, text);
-            }
+            (Some(text), _) => crate::json::write_str(&mut out, text),
             (None, Some(flag)) => out.extend_from_slice(if flag { b"true" } else { b"false" }),
             (None, None) => {}
         }

@@ -19,7 +19,6 @@
 //! Every report is read on its way (they are the shim's own or few).
 
 use crate::HashMap;
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
@@ -27,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::coda::wait::{self, State, WithholdWaits};
 use crate::frame::{self, Frame, Id, Kind};
-use crate::json::View;
+use crate::json::str_of;
 use crate::layer::{Cx, Layer};
 
 /// Waits remembered at most (past that the oldest ended ones are forgotten first: a stop of one of those is
@@ -39,11 +38,6 @@ pub const MAX_SEEN: usize = 4096;
 struct Seen {
     stoppable: bool,
     ended: bool,
-}
-
-/// A string's text (unescaped), `None` for anything else.
-fn text(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
-    v?.as_str()
 }
 
 /// Coda's waits handshake and stop routing (see the module docs).
@@ -88,7 +82,7 @@ impl Waits {
         let params = view.get("params");
         let keys = ["sessionId", "waitId", "state", "stoppable", "childSessionId"];
         let [session, wait_id, state, stoppable, child] = params.map_or([None; 5], |p| p.pick(keys));
-        let (session, wait_id, state) = (text(session), text(wait_id), text(state));
+        let (session, wait_id, state) = (str_of(session), str_of(wait_id), str_of(state));
         let stoppable = stoppable.and_then(|s| s.as_bool());
         if session.as_deref().is_some_and(|s| cx.sessions().is_some_and(|t| t.was_closed(s))) {
             // Its session was closed, and its waits ended with it.
@@ -97,7 +91,7 @@ impl Waits {
         if let (Some(session), Some(wait_id)) = (session, wait_id) {
             let terminal =
                 [State::Done, State::Failed, State::Cancelled].iter().any(|s| Some(s.as_str()) == state.as_deref());
-            let key = (session.into_owned(), wait_id.into_owned());
+            let key = (session.as_ref().to_owned(), wait_id.into_owned());
             // Coda's rules: a first report that is terminal registers nothing; nothing counts after the end.
             match self.seen.get_mut(&key) {
                 Some(seen) if seen.ended => {
@@ -112,12 +106,12 @@ impl Waits {
                 None if terminal => {}
                 None => {
                     self.seen.insert(key.clone(), Seen { stoppable: stoppable == Some(true), ended: false });
-                    self.order.push_back(key.clone());
+                    self.order.push_back(key);
                     self.bound();
                 }
             }
-            if let Some(child) = text(child).filter(|c| !c.is_empty()) {
-                cx.add_child(&child, Some(&key.0));
+            if let Some(child) = str_of(child).filter(|c| !c.is_empty()) {
+                cx.add_child(&child, Some(&session));
                 self.children = true;
             }
         }

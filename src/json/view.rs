@@ -242,6 +242,17 @@ fn container_end_sse2(b: &[u8], at: usize, [open, close]: [u8; 2]) -> Option<usi
     container_end(b, i, [open, close], depth)
 }
 
+/// The text of `v` when it is a string (unescaped, as [`View::as_str`]); `None` for no value or any other.
+pub fn str_of(v: Option<View<'_>>) -> Option<Cow<'_, str>> {
+    v?.as_str()
+}
+
+/// Appends `text` as a JSON string, escaped as serde_json escapes it (for a line the shim writes as bytes).
+pub(crate) fn write_str(out: &mut Vec<u8>, text: &str) {
+    // (A string always serialises: serde_json writes into a Vec without an error.)
+    let _ = serde_json::to_writer(out, text);
+}
+
 fn skip_space(b: &[u8], mut at: usize) -> usize {
     while b.get(at).is_some_and(|&c| space(c)) {
         at += 1;
