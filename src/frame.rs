@@ -290,6 +290,29 @@ impl Frame {
         frame
     }
 
+    /// This frame with `session` as its `params.sessionId` (a layer that renames a session), the rest of its
+    /// line as it was: written where it lies ([`Frame::spliced`]) when the frame check noted its place and
+    /// `params` has the key once; else its value edited and written again ([`Frame::rewritten`]). A frame
+    /// without a `params` object is as it was.
+    pub(crate) fn with_session(&self, session: &str) -> Frame {
+        let mut quoted = Vec::with_capacity(session.len() + 2);
+        json::write_str(&mut quoted, session);
+        let text = &quoted[1..quoted.len() - 1];
+        if let Some(written) = self.session_as_written()
+            && !self.lone_surrogate()
+            && self.view().members_at("params").filter(|(key, _)| key.is("sessionId")).count() == 1
+        {
+            let start = usize::from(self.session_start);
+            return self.spliced(start..start + written.len(), text);
+        }
+        let mut value = self.to_value();
+        match value.get_mut("params").and_then(Value::as_object_mut) {
+            Some(params) => params.insert("sessionId".into(), session.into()),
+            None => return self.clone(),
+        };
+        self.rewritten(value)
+    }
+
     /// This frame with the bytes `cut` of its line replaced by `with`, for a layer that writes a field into a
     /// frame where it lies (the usage facts' stamp): `with` is JSON the shim wrote, so the line stays one JSON
     /// text whose envelope is this frame's, and the new frame takes its envelope from this one instead of
@@ -335,6 +358,10 @@ impl Frame {
             // (as long as `u8::MAX`: [`Frame::with`] keeps it looked for again)
             _ if self.session_len == u8::MAX => Some(scan::Str { start: 0, end: usize::from(u8::MAX), escaped }),
             _ => match moved(usize::from(self.session_start), usize::from(self.session_len)) {
+                // A cut in the session's text: whether it has an escape now is the new text's to say.
+                Some((start, len)) if start <= cut.start && cut.end <= start + usize::from(self.session_len) => {
+                    Some(scan::Str { start, end: start + len, escaped: bytes[start..start + len].contains(&b'\\') })
+                }
                 Some((start, len)) => Some(scan::Str { start, end: start + len, escaped }),
                 None => return Frame::built(bytes),
             },
@@ -1210,6 +1237,69 @@ mod tests {
         let f = notification("m", serde_json::json!({"sessionId": long}));
         assert_eq!(f.session().as_deref(), Some(long.as_str()));
         assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
+    }
+
+    /// A frame renamed ([`Frame::with_session`]) is its value with `params.sessionId` replaced, and reads as
+    /// its own line reads (session, `_meta`, update and kind where the line has them), for every recorded and
+    /// hostile line and sessions written escaped, twice, after the update, at the length the frame keeps a
+    /// place of, with a lone surrogate; in place (the line's other bytes as they were) wherever it can be.
+    #[test]
+    fn a_renamed_session_is_the_value_renamed_and_reads_as_its_line() {
+        let mut lines = recorded_lines();
+        lines.extend(hostile_lines());
+        let long = "s".repeat(usize::from(u8::MAX) + 1);
+        for params in [
+            r#"{"sessionId":"a\u0062c:1","update":{"sessionUpdate":"x","_meta":{"k":1}},"_meta":{"t":2}}"#.to_owned(),
+            r#"{"update":{"sessionUpdate":"x"},"_meta":{"t":2},"sessionId":"abc:1"}"#.to_owned(),
+            r#" { "sessionId" : "abc:1" , "update" : { } } "#.to_owned(),
+            r#"{"sessionId":"a","sessionId":"b:1","update":{}}"#.to_owned(),
+            r#"{"sessionId":"abc:1","x":"\ud800","update":{"sessionUpdate":"y"}}"#.to_owned(),
+            r#"{"sessionId":1,"update":{}}"#.to_owned(),
+            r#"{"update":{}}"#.to_owned(),
+            r#""no object""#.to_owned(),
+            format!(r#"{{"sessionId":"{long}","update":{{}}}}"#),
+            format!(r#"{{"sessionId":"{}","update":{{}}}}"#, &long[1..]),
+        ] {
+            let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
+            lines.push(line.into_bytes());
+        }
+        lines.push(br#"{"jsonrpc":"2.0","id":3,"result":{"sessionId":"r"}}"#.to_vec());
+        let (mut in_place, mut renamed) = (0, 0);
+        for line in lines {
+            let Ok(frame) = Frame::parse(line.clone()) else { continue };
+            for session in ["abc", "", "子代理 \"q\" \\ \u{1}\n", long.as_str()] {
+                let got = frame.with_session(session);
+                let mut want = frame.to_value();
+                let Some(params) = want.get_mut("params").and_then(Value::as_object_mut) else {
+                    assert!(got == frame, "no params: as it was");
+                    continue;
+                };
+                params.insert("sessionId".into(), session.into());
+                renamed += 1;
+                let what = format!("{} → {session:?}", String::from_utf8_lossy(&line));
+                assert_eq!(got.value(), &want, "{what}");
+                let read = Frame::built(got.bytes().to_vec());
+                assert!(got == read, "{what}");
+                assert_eq!(got.kind(), read.kind(), "{what}");
+                assert_eq!(got.session(), read.session(), "{what}");
+                assert_eq!(got.session_bytes(), read.session_bytes(), "{what}");
+                assert_eq!(got.meta(), read.meta(), "{what}");
+                assert_eq!(got.update_value(), read.update_value(), "{what}");
+                assert_eq!(got.session_update(), read.session_update(), "{what}");
+                // One `sessionId`, as the value has it (a reader that keeps the first of two reads the new one).
+                let keys = got.view().members_at("params").filter(|(key, _)| key.is("sessionId")).count();
+                assert_eq!(keys, 1, "{what}");
+                if let Some(written) = frame.session_as_written() {
+                    let start = usize::from(frame.session_start);
+                    let mut text = Vec::new();
+                    json::write_str(&mut text, session);
+                    let spliced = [&line[..start], &text[1..text.len() - 1], &line[start + written.len()..]].concat();
+                    in_place += usize::from(got.bytes() == &spliced[..]);
+                }
+            }
+        }
+        // Every recorded session/update is renamed in place (a line of another shape has no session place).
+        assert!(renamed > 1_000 && in_place * 10 > renamed * 8, "{in_place} of {renamed} in place");
     }
 
     /// A stream's reader makes of every line what a frame check of that line alone makes of it, whatever

@@ -326,7 +326,7 @@ impl Air {
         if !air && !of_a_generation(&frame) {
             return cx.to_client(frame);
         }
-        // The session and the update where they lie: the frame is parsed only to rename its session.
+        // The session and the update where they lie; a continued subagent's session renamed where it lies.
         let sid = frame.session().map(Cow::into_owned);
         if air
             && let (Some(sid), Some(name), Some(update)) = (&sid, frame.session_update(), frame.update_value())
@@ -335,11 +335,7 @@ impl Air {
             return;
         }
         match sid {
-            Some(sid) if stable(&sid) != sid => {
-                let mut value = frame.to_value();
-                value["params"]["sessionId"] = json!(stable(&sid));
-                cx.to_client(frame.rewritten(value))
-            }
+            Some(sid) if stable(&sid) != sid => cx.to_client(frame.with_session(stable(&sid))),
             _ => cx.to_client(frame),
         }
     }
