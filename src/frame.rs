@@ -321,7 +321,11 @@ impl Frame {
     /// escape (whose mended reading may lie in the cut), is read again whole ([`Frame::built`]).
     pub(crate) fn spliced(&self, cut: std::ops::Range<usize>, with: &[u8]) -> Frame {
         let line = self.bytes();
-        let bytes = [&line[..cut.start], with, &line[cut.end..]].concat();
+        // (Room for the `\n` too: the line is not copied again for it.)
+        let mut bytes = Vec::with_capacity(line.len() - cut.len() + with.len() + 1);
+        for part in [&line[..cut.start], with, &line[cut.end..]] {
+            bytes.extend_from_slice(part);
+        }
         if self.lone_surrogate() {
             return Frame::built(bytes);
         }

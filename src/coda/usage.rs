@@ -171,24 +171,20 @@ impl Facts {
     }
 
     /// [`Facts::stamp`] on a frame: the `usage_update` with the facts written in, its bytes as they were
-    /// around them (the CLI's key order and number spellings kept; nothing parsed but the `_meta` of its
-    /// `update`). `None` for a frame that is no `usage_update`, or when no fact is known (never an empty
-    /// object). A frame with a lone surrogate escape is parsed and written again, as every frame a layer edits
-    /// (the escape written as U+FFFD).
-    pub fn stamp_frame(&self, frame: &Frame) -> Option<Frame> {
-        if frame.session_update() != Some("usage_update") {
-            return None;
-        }
-        let mut facts = Vec::with_capacity(128);
-        self.write_json(&mut facts);
-        if facts == b"{}" {
+    /// around them (the CLI's key order and number spellings kept; nothing parsed: the update's `_meta` is
+    /// found by the pass that read its `figures`, [`Figures::of`]). `facts` are these facts as JSON text
+    /// ([`Facts::write_json`], kept by [`Written`] while they stay the same). `None` for a frame that is no
+    /// `usage_update`, or when no fact is known (never an empty object). A frame with a lone surrogate escape
+    /// is parsed and written again, as every frame a layer edits (the escape written as U+FFFD).
+    pub fn stamp_frame(&self, frame: &Frame, figures: &Figures<'_>, facts: &[u8]) -> Option<Frame> {
+        if frame.session_update() != Some("usage_update") || facts == b"{}" {
             return None;
         }
         if frame.lone_surrogate() {
             return self.stamp_value(frame);
         }
         let line = frame.bytes();
-        let update = frame.update_value()?;
+        let update = figures.update?;
         // What replaces `line[cut]`: `_meta` added to `update`, `coda` added to `_meta` or its value replaced,
         // or a `_meta` that is no object replaced. A key twice (which one a reader keeps is its own choice)
         // is left to the parsed value's rules.
@@ -198,21 +194,21 @@ impl Facts {
             let first = found.next();
             (first, found.next().is_none())
         }
-        let (cut, with): (std::ops::Range<usize>, Vec<u8>) = match only(update, "_meta") {
+        let (cut, with): (std::ops::Range<usize>, Vec<u8>) = match (figures.meta, figures.metas == 1) {
             (None, _) => {
                 let end = update.range_in(line)?.end - 1;
-                (end..end, [&b",\"_meta\":{\"coda\":"[..], &facts, b"}"].concat())
+                (end..end, [&b",\"_meta\":{\"coda\":"[..], facts, b"}"].concat())
             }
             (Some(meta), true) if meta.text().first() == Some(&b'{') => match only(meta, "coda") {
                 (None, _) => {
                     let end = meta.range_in(line)?.end - 1;
                     let comma: &[u8] = if meta.members().next().is_some() { b"," } else { b"" };
-                    (end..end, [comma, b"\"coda\":", &facts].concat())
+                    (end..end, [comma, b"\"coda\":", facts].concat())
                 }
-                (Some(coda), true) => (coda.range_in(line)?, facts),
+                (Some(coda), true) => (coda.range_in(line)?, facts.to_vec()),
                 (Some(_), false) => return self.stamp_value(frame),
             },
-            (Some(meta), true) => (meta.range_in(line)?, [&b"{\"coda\":"[..], &facts, b"}"].concat()),
+            (Some(meta), true) => (meta.range_in(line)?, [&b"{\"coda\":"[..], facts, b"}"].concat()),
             (Some(_), false) => return self.stamp_value(frame),
         };
         Some(frame.spliced(cut, &with))
@@ -379,11 +375,16 @@ pub fn history_lines(mut file: std::fs::File) -> Vec<Vec<u8>> {
 
 /// The figures of a `usage_update`'s `update` (ACP's `used` and `size`), read where they lie in one pass over
 /// the update (of a key that appears twice, the last, as a parsed value has it): what the layer and a source
-/// read of it, without parsing the update.
+/// read of it, and where the facts' stamp goes ([`Facts::stamp_frame`]), without parsing the update.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Figures<'a> {
     pub used: Option<View<'a>>,
     pub size: Option<View<'a>>,
+    /// The update (`None` when it is no object).
+    update: Option<View<'a>>,
+    /// Its `_meta`, and how many times it has one.
+    meta: Option<View<'a>>,
+    metas: usize,
 }
 
 impl<'a> Figures<'a> {
@@ -395,8 +396,12 @@ impl<'a> Figures<'a> {
                 figures.used = Some(value);
             } else if key.is("size") {
                 figures.size = Some(value);
+            } else if key.is("_meta") {
+                figures.meta = Some(value);
+                figures.metas += 1;
             }
         }
+        figures.update = update.filter(|u| u.text().first() == Some(&b'{'));
         figures
     }
 
@@ -411,10 +416,30 @@ impl<'a> Figures<'a> {
     }
 }
 
+/// Facts as JSON text ([`Facts::write_json`]), written again only when they changed: every `usage_update` is
+/// stamped with them, and they change with a request or a compaction.
+#[derive(Default)]
+struct Written {
+    of: Option<Facts>,
+    json: Vec<u8>,
+}
+
+impl Written {
+    fn json(&mut self, facts: &Facts) -> &[u8] {
+        if self.of.as_ref() != Some(facts) {
+            self.json.clear();
+            facts.write_json(&mut self.json);
+            self.of = Some(facts.clone());
+        }
+        &self.json
+    }
+}
+
 /// Per root session.
 #[derive(Default)]
 struct Entry {
     facts: Facts,
+    written: Written,
     used: Option<u64>,
     size: Option<u64>,
     /// The load's read of the CLI's record is under way (its round).
@@ -592,8 +617,8 @@ impl<S: Source> UsageFacts<S> {
             self.cli.usage_update(&session, &update, cx, &mut said);
         }
         self.apply(said, cx);
-        let Some(e) = self.sessions.get(&session) else { return cx.to_client(frame) };
-        match e.facts.stamp_frame(&frame) {
+        let Some(e) = self.sessions.get_mut(&session) else { return cx.to_client(frame) };
+        match e.facts.stamp_frame(&frame, &update, e.written.json(&e.facts)) {
             Some(stamped) => cx.to_client(stamped),
             None => cx.to_client(frame),
         }
@@ -845,10 +870,10 @@ mod tests {
                 for facts in &facts {
                     let mut want = frame.to_value();
                     if !facts.stamp(&mut want) {
-                        assert!(facts.stamp_frame(&frame).is_none(), "nothing known: {line}");
+                        assert!(stamped(facts, &frame).is_none(), "nothing known: {line}");
                         continue;
                     }
-                    let got = facts.stamp_frame(&frame).expect("a usage_update");
+                    let got = stamped(facts, &frame).expect("a usage_update");
                     assert_eq!(got.value(), &want, "{line}");
                     assert!(got.is_shim());
                     same_as_read(&got);
@@ -862,7 +887,7 @@ mod tests {
         // All but those with a key twice or a lone surrogate (and those with no fact known, left as they were).
         assert_eq!(spliced, 30, "stamped in place");
         let chunk = r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"agent_message_chunk"}}}"#;
-        assert!(Facts::default().stamp_frame(&Frame::parse(chunk.as_bytes().to_vec()).unwrap()).is_none());
+        assert!(stamped(&Facts::default(), &Frame::parse(chunk.as_bytes().to_vec()).unwrap()).is_none());
         for facts in &facts {
             let mut text = Vec::new();
             facts.write_json(&mut text);
@@ -902,6 +927,39 @@ mod tests {
     }
 
     /// A frame stamped in its bytes has the envelope and the places a frame read from its line has.
+    /// [`Facts::stamp_frame`] with the frame's figures and the facts written now.
+    fn stamped(facts: &Facts, frame: &Frame) -> Option<Frame> {
+        let mut json = Vec::new();
+        facts.write_json(&mut json);
+        facts.stamp_frame(frame, &Figures::of(frame.update_value()), &json)
+    }
+
+    /// The facts' JSON text kept between stamps is what they write now, as each of them changes, comes and
+    /// goes (and comes back as it was).
+    #[test]
+    fn the_facts_text_kept_between_stamps_follows_every_change() {
+        let mut facts = Facts::default();
+        let mut written = Written::default();
+        let steps: [fn(&mut Facts); 9] = [
+            |f| f.context_tokens = Some(1),
+            |f| f.context_tokens = Some(2),
+            |f| f.last_request_at = Some(at(1_793_149_572_418)),
+            |f| f.last_request_at = Some(at(1_793_149_572_419)),
+            |f| f.compacted_at = Some(at(1)),
+            |f| f.cache_ttl = Some("PT1H".into()),
+            |f| f.cache_ttl = Some("PT5M".into()),
+            |f| f.compacted_at = None,
+            |f| *f = Facts::default(),
+        ];
+        for step in steps.iter().chain(&steps) {
+            step(&mut facts);
+            let mut now = Vec::new();
+            facts.write_json(&mut now);
+            assert_eq!(written.json(&facts), now, "{facts:?}");
+            assert_eq!(written.json(&facts), now, "{facts:?}");
+        }
+    }
+
     fn same_as_read(got: &Frame) {
         let read = Frame::built(got.bytes().to_vec());
         let what = String::from_utf8_lossy(got.bytes()).into_owned();
@@ -948,17 +1006,17 @@ mod tests {
             let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
             lines.push(line.into_bytes());
         }
-        let mut stamped = 0;
+        let mut count = 0;
         for line in lines {
             let Ok(frame) = Frame::parse(line) else { continue };
-            let Some(got) = facts.stamp_frame(&frame) else { continue };
+            let Some(got) = stamped(&facts, &frame) else { continue };
             let mut want = frame.to_value();
             assert!(facts.stamp(&mut want));
             assert_eq!(got.value(), &want);
             same_as_read(&got);
-            stamped += 1;
+            count += 1;
         }
-        assert!(stamped > 100, "usage updates stamped ({stamped})");
+        assert!(count > 100, "usage updates stamped ({count})");
     }
 
     #[test]
