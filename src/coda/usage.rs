@@ -173,7 +173,7 @@ impl Facts {
     /// [`Facts::stamp`] on a frame: the `usage_update` with the facts written in, its bytes as they were
     /// around them (the CLI's key order and number spellings kept; nothing parsed: the update's `_meta` is
     /// found by the pass that read its `figures`, [`Figures::of`]). `facts` are these facts as JSON text
-    /// ([`Facts::write_json`], kept by [`Written`] while they stay the same). `None` for a frame that is no
+    /// (`Facts::write_json`, kept per session while they stay the same). `None` for a frame that is no
     /// `usage_update`, or when no fact is known (never an empty object). A frame with a lone surrogate escape
     /// is parsed and written again, as every frame a layer edits (the escape written as U+FFFD).
     pub fn stamp_frame(&self, frame: &Frame, figures: &Figures<'_>, facts: &[u8]) -> Option<Frame> {
