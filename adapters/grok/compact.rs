@@ -16,8 +16,9 @@
 //!   and the protocol answers `compacted: false` only when not running, a turn runs, or it failed. An error is
 //!   `compacted: false` with Grok's message.
 //! - A session this process never created, loaded or resumed is refused by the machine (Grok would not answer),
-//!   so is one where Grok runs a turn: Grok's `_x.ai/queue/changed` naming a `runningPromptId` says a turn
-//!   runs, its own included (`note_queue`, which tells the session table).
+//!   so is one where Grok runs a turn, its own included: the session table says so, told by Grok's
+//!   `_x.ai/queue/changed` naming a `runningPromptId`, which the steering backend below this layer reads for
+//!   both ([`Queue::note`]; a queue carries Coda's instruction, and is gone over once).
 //! - Stopped (past the deadline) with `session/cancel`; a late answer is dropped.
 
 use crate::HashMap;
@@ -54,15 +55,6 @@ pub struct Asked {
 #[derive(Default)]
 pub struct GrokCompact {
     running: HashMap<String, Running>,
-}
-
-/// Grok's `_x.ai/queue/changed`: whether a turn runs in its session (a `runningPromptId`, Grok's own turns too),
-/// told to the session table. Whether the running prompt is Coda's is the steering backend's to say
-/// ([`super::steering`]): here a running turn is anyone's.
-pub(crate) fn note_queue(frame: &Frame, cx: &mut Cx) {
-    if let Some(queue) = Queue::of(frame) {
-        queue.note(frame, cx);
-    }
 }
 
 /// What an `_x.ai/queue/changed` says, read where it lies in one pass over its `params`: the queue's entries
@@ -108,7 +100,10 @@ impl<'f> Queue<'f> {
         self.entries.iter().flat_map(View::elements).filter_map(|e| e.get("id")?.as_str())
     }
 
-    /// Tells the session table of `frame` (this queue's) whether a turn runs.
+    /// Tells the session table of `frame` (this queue's) whether a turn runs in its session (a
+    /// `runningPromptId`, Grok's own turns too): what the compaction machine refuses by. Whether the running
+    /// prompt is Coda's is the steering backend's to say ([`super::steering`], which calls this for every queue:
+    /// it is the layer next to Grok that reads them).
     pub fn note(&self, frame: &Frame, cx: &mut Cx) {
         let Some(session) = frame.session() else { return };
         let busy = self.running().is_some();
@@ -148,8 +143,7 @@ impl Compactor for GrokCompact {
         }
     }
 
-    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
-        note_queue(frame, ctl.cx);
+    fn from_agent(&mut self, frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
         if frame.is_notification(NOTIFICATION) && frame.session_update() == Some(COMPLETED) {
             // Read where they lie: the session from the frame check's pass, the counts from the update.
             let [before, after] = frame.update_value().map_or([None; 2], |u| u.pick(["tokens_before", "tokens_after"]));
@@ -243,8 +237,11 @@ mod tests {
 
     const S: &str = "01a2350d-04b9-7631-977e-821743ed1d2a";
 
+    /// The compaction layer over the steering layer, as coda-grok stacks them (steering reads Grok's queue and
+    /// tells the session table whether a turn runs).
     fn started() -> Harness {
-        let mut h = Harness::of(Compaction::new(GrokCompact::new()));
+        let steering = crate::coda::steering::Steering::new(super::super::steering::GrokSteering::new());
+        let mut h = Harness::new(vec![Box::new(Compaction::new(GrokCompact::new())), Box::new(steering)]);
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}));
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{"loadSession":true}}}));

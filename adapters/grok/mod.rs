@@ -151,15 +151,51 @@ mod tests {
         assert_eq!(super::parse_version(""), None);
     }
 
-    #[test]
-    fn chunks_go_through_the_whole_stack_untouched_and_output_still_ends_a_retry() {
-        use crate::cli::adapter::{bytes_of, chunks, harness, nowhere, stream};
+    /// coda-grok's whole stack, initialised, with Grok's session `g`.
+    fn with_session_g() -> crate::layer::testing::Harness {
+        use crate::cli::adapter::{harness, nowhere};
         use serde_json::json;
         let mut h = harness(&nowhere(Some("1.0.41")), super::adapter().layers);
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1}}));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"g"}}));
+        h
+    }
+
+    /// Grok's own turn (a queue naming a running prompt of its own) refuses a compaction in coda-grok's stack,
+    /// and its end lets one go to Grok: the steering layer, below the compaction layer, tells the session table
+    /// what each queue says, for both.
+    #[test]
+    fn a_turn_of_groks_own_refuses_a_compaction_in_the_whole_stack() {
+        use serde_json::json;
+        let mut h = with_session_g();
+        h.take();
+        let queue = |running: Option<&str>| {
+            let mut params = json!({"sessionId":"g","entries":[]});
+            if let Some(running) = running {
+                params["runningPromptId"] = json!(running);
+                params["runningText"] = json!("<task-notification>t1 done</task-notification>");
+            }
+            json!({"jsonrpc":"2.0","method":"_x.ai/queue/changed","params":params})
+        };
+        h.from_agent(queue(Some("task-completed-t1")));
+        h.take();
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"_coda/session/compact","params":{"sessionId":"g"}}));
+        let refused = h.to_client();
+        assert_eq!(refused[0]["result"], json!({"compacted":false,"reason":crate::coda::compact::TURN_RUNNING}));
+        assert!(h.to_agent().is_empty());
+        h.from_agent(queue(None));
+        h.take();
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"_coda/session/compact","params":{"sessionId":"g"}}));
+        assert_eq!(h.to_agent()[0]["method"], "_x.ai/compact_conversation", "idle again");
+    }
+
+    #[test]
+    fn chunks_go_through_the_whole_stack_untouched_and_output_still_ends_a_retry() {
+        use crate::cli::adapter::{bytes_of, chunks, stream};
+        use serde_json::json;
+        let mut h = with_session_g();
         h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"g","prompt":[]}}));
         h.take();
         // Plain, and stamped as Grok stamps them (the usage layer reads those, and passes them on).
