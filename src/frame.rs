@@ -384,9 +384,13 @@ impl Frame {
     }
 
     /// A frame from the JSON text of one message the shim built (or edited: a lone surrogate escape of the
-    /// peer's that it kept is noted as in a frame read).
+    /// peer's that it kept is noted as in a frame read). Checked by the thread's reader of built lines
+    /// ([`BUILT`]): the shim's reports and edits take turns between a few shapes, as a peer's frames do.
     pub(crate) fn built(mut bytes: Vec<u8>) -> Frame {
-        let classified = classify(&bytes, None);
+        let classified = BUILT.with(|reader| match reader.try_borrow_mut() {
+            Ok(mut reader) => classify(&bytes, Some(&mut reader)),
+            Err(_) => classify(&bytes, None),
+        });
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
         let (kind, update, flags, places) = match classified {
@@ -696,6 +700,12 @@ pub fn notification(method: &str, params: Value) -> Frame {
 pub struct Reader {
     scanner: scan::Scanner,
     memos: Vec<Option<Memo>>,
+}
+
+thread_local! {
+    /// The reader of the lines the shim builds on this thread ([`Frame::built`]): it reads each as a line read
+    /// alone reads ([`Reader`]), and keeps what a peer's reader keeps, bounded alike.
+    static BUILT: std::cell::RefCell<Reader> = std::cell::RefCell::new(Reader::default());
 }
 
 /// How many shapes' envelopes a [`Reader`] keeps: as many as the frame check keeps shapes of.
@@ -1241,6 +1251,37 @@ mod tests {
         let f = notification("m", serde_json::json!({"sessionId": long}));
         assert_eq!(f.session().as_deref(), Some(long.as_str()));
         assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
+    }
+
+    /// A line the shim builds reads as that line alone reads (no reader), whatever was built before it on the
+    /// thread: every recorded and hostile line, twice through (the second time checked against the shapes the
+    /// first kept), and each again at once.
+    #[test]
+    fn a_built_line_reads_as_the_line_alone_whatever_was_built_before() {
+        let mut lines = recorded_lines();
+        lines.extend(hostile_lines());
+        let mut built = 0;
+        for line in lines.iter().chain(&lines).flat_map(|l| [l, l]) {
+            // (While the thread's reader is held, a line is read alone.)
+            let alone = BUILT.with(|reader| {
+                let _held = reader.borrow_mut();
+                Frame::built(line.clone())
+            });
+            let got = Frame::built(line.clone());
+            let what = String::from_utf8_lossy(line).into_owned();
+            assert!(got == alone, "{what}");
+            assert_eq!(got.kind(), alone.kind(), "{what}");
+            assert_eq!(got.session(), alone.session(), "{what}");
+            assert_eq!(got.session_bytes(), alone.session_bytes(), "{what}");
+            assert_eq!(got.meta(), alone.meta(), "{what}");
+            assert_eq!(got.update_value(), alone.update_value(), "{what}");
+            assert_eq!(got.session_update(), alone.session_update(), "{what}");
+            assert_eq!(got.is_streamed_chunk(), alone.is_streamed_chunk(), "{what}");
+            built += 1;
+        }
+        assert!(built > 1_000, "{built}");
+        // (And the thread's reader did read them: it keeps their shapes' envelopes.)
+        assert!(BUILT.with(|reader| reader.borrow().memos.iter().flatten().count()) > 10);
     }
 
     /// A frame renamed ([`Frame::with_session`]) is its value with `params.sessionId` replaced, and reads as
