@@ -1253,6 +1253,18 @@ mod tests {
         assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
     }
 
+    /// `got` is `want` as frames go: its bytes, kind and flags, and what the frame check found where.
+    fn reads_alike(got: &Frame, want: &Frame, what: &str) {
+        assert!(got == want, "{what}");
+        assert_eq!(got.kind(), want.kind(), "{what}");
+        assert_eq!(got.session(), want.session(), "{what}");
+        assert_eq!(got.session_bytes(), want.session_bytes(), "{what}");
+        assert_eq!(got.meta(), want.meta(), "{what}");
+        assert_eq!(got.update_value(), want.update_value(), "{what}");
+        assert_eq!(got.session_update(), want.session_update(), "{what}");
+        assert_eq!(got.is_streamed_chunk(), want.is_streamed_chunk(), "{what}");
+    }
+
     /// A line the shim builds reads as that line alone reads (no reader), whatever was built before it on the
     /// thread: every recorded and hostile line, twice through (the second time checked against the shapes the
     /// first kept), and each again at once.
@@ -1268,15 +1280,7 @@ mod tests {
                 Frame::built(line.clone())
             });
             let got = Frame::built(line.clone());
-            let what = String::from_utf8_lossy(line).into_owned();
-            assert!(got == alone, "{what}");
-            assert_eq!(got.kind(), alone.kind(), "{what}");
-            assert_eq!(got.session(), alone.session(), "{what}");
-            assert_eq!(got.session_bytes(), alone.session_bytes(), "{what}");
-            assert_eq!(got.meta(), alone.meta(), "{what}");
-            assert_eq!(got.update_value(), alone.update_value(), "{what}");
-            assert_eq!(got.session_update(), alone.session_update(), "{what}");
-            assert_eq!(got.is_streamed_chunk(), alone.is_streamed_chunk(), "{what}");
+            reads_alike(&got, &alone, &String::from_utf8_lossy(line));
             built += 1;
         }
         assert!(built > 1_000, "{built}");
@@ -1323,14 +1327,7 @@ mod tests {
                 renamed += 1;
                 let what = format!("{} → {session:?}", String::from_utf8_lossy(&line));
                 assert_eq!(got.value(), &want, "{what}");
-                let read = Frame::built(got.bytes().to_vec());
-                assert!(got == read, "{what}");
-                assert_eq!(got.kind(), read.kind(), "{what}");
-                assert_eq!(got.session(), read.session(), "{what}");
-                assert_eq!(got.session_bytes(), read.session_bytes(), "{what}");
-                assert_eq!(got.meta(), read.meta(), "{what}");
-                assert_eq!(got.update_value(), read.update_value(), "{what}");
-                assert_eq!(got.session_update(), read.session_update(), "{what}");
+                reads_alike(&got, &Frame::built(got.bytes().to_vec()), &what);
                 // One `sessionId`, as the value has it (a reader that keeps the first of two reads the new one).
                 let keys = got.view().members_at("params").filter(|(key, _)| key.is("sessionId")).count();
                 assert_eq!(keys, 1, "{what}");
