@@ -210,8 +210,6 @@ impl Source for Codex {
         let session_id: &str = &session_id;
         let kind = frame.session_update().unwrap_or_default();
         let wall = cx.wall();
-        // Compacted inside a turn of Coda's: Codex goes on with a request on the compacted context.
-        let in_turn = cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session_id));
         let Some(session) = self.root(session_id, cx) else { return };
         let (mut status, mut tool, mut meta) = (None, None, None);
         for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
@@ -232,22 +230,23 @@ impl Source for Codex {
                 _ => None,
             },
             _ => {
-                let id = tool.unwrap_or_default().into_owned();
+                let id = tool.as_deref().unwrap_or_default();
                 let ended = matches!(status, Some("completed" | "failed"));
-                let air_compaction = meta.and_then(|m| m.pointer(&["jetbrains", "air", "contextCompaction"]));
-                if kind == "tool_call" && air_compaction.is_some() {
-                    session.compaction_tools.insert(id);
+                // (`_meta` gone over only for a call's start: an update's never starts a compaction.)
+                let air_compaction = || meta.and_then(|m| m.pointer(&["jetbrains", "air", "contextCompaction"]));
+                if kind == "tool_call" && air_compaction().is_some() {
+                    session.compaction_tools.insert(id.to_owned());
                     Some(Compaction::Started)
-                } else if ended && session.compaction_tools.remove(&id) {
+                } else if ended && session.compaction_tools.remove(id) {
                     Some(if status == Some("completed") { Compaction::Completed } else { Compaction::Failed })
                 } else {
                     if ended {
                         // Once no tool runs, the results go back to the model: the next request starts.
-                        if session.open_tools.remove(&id) && session.open_tools.is_empty() {
+                        if session.open_tools.remove(id) && session.open_tools.is_empty() {
                             session.tool_ended(wall);
                         }
-                    } else if matches!(status, Some("pending" | "in_progress")) {
-                        session.open_tools.insert(id);
+                    } else if matches!(status, Some("pending" | "in_progress")) && !session.open_tools.contains(id) {
+                        session.open_tools.insert(id.to_owned());
                     }
                     None
                 }
@@ -260,6 +259,8 @@ impl Source for Codex {
             }
             Some(Compaction::Completed) => {
                 session.compacting = false;
+                // Compacted inside a turn of Coda's: Codex goes on with a request on the compacted context.
+                let in_turn = cx.open_requests().any(|r| r.is("session/prompt") && r.session() == Some(session_id));
                 session.restart(in_turn.then_some(wall));
                 out.push((session_id.to_owned(), Fact::Compacted(wall)));
                 out.push((session_id.to_owned(), Fact::Send));

@@ -134,7 +134,11 @@ impl SlashCompact {
                 && let Some(used) = frame.update_value().and_then(|u| u.get("used")).and_then(|u| u.as_u64())
                 && ctl.cx.session(&session).is_some_and(|s| s.is_root())
             {
-                self.used.insert(session.into_owned(), used);
+                // (A session's figure replaced in place: no key made for each update.)
+                match self.used.get_mut(&*session) {
+                    Some(kept) => *kept = used,
+                    None => _ = self.used.insert(session.into_owned(), used),
+                }
             }
             return true;
         }
