@@ -223,7 +223,7 @@ impl CodexReview {
             return;
         }
         let Some(verdict) = verdict_of(update, is_start) else { return };
-        let s = self.session(session);
+        let Some(s) = self.session(session) else { return };
         if !known {
             let action = update.pointer(&["rawInput", "action"]);
             let [kind, command, cwd] =
@@ -275,21 +275,23 @@ impl CodexReview {
     /// A tool call that is not a review's: remembered as what a review may judge; one a review waits for
     /// carries that review.
     /// A call started: `id`, `command` and `cwd` are its `toolCallId`, `rawInput.command` and `rawInput.cwd`.
-    fn call_started(&mut self, session: &str, call: [Option<&str>; 3], frame: Frame, cx: &mut Cx) {
-        let [Some(id), Some(command), Some(cwd)] = call else { return cx.to_client(frame) };
-        let s = self.session(session);
+    /// A command's call started: kept, and the frame with the verdict of a review that waited for it (`None`:
+    /// the frame goes on as it is).
+    fn call_started(&mut self, session: &str, call: [Option<Cow<'_, str>>; 3], frame: &Frame) -> Option<Frame> {
+        let [Some(id), Some(command), Some(cwd)] = call else { return None };
+        let s = self.session(session)?;
         let waiting = s
             .reviews
             .iter()
-            .position(|(_, r)| matches!(r, Review::Waiting { command: c, cwd: d, .. } if c == command && d == cwd));
+            .position(|(_, r)| matches!(r, Review::Waiting { command: c, cwd: d, .. } if *c == command && *d == cwd));
         if s.calls.len() >= KEPT {
             s.calls.remove(0);
         }
-        s.calls.push(Call { id: id.into(), command: command.into(), cwd: cwd.into(), reviewed: waiting.is_some() });
-        let Some(at) = waiting else { return cx.to_client(frame) };
-        let (review, Review::Waiting { verdict, .. }) = s.reviews.remove(at) else { return cx.to_client(frame) };
+        let reviewed = waiting.is_some();
+        s.calls.push(Call { id: id.clone().into_owned(), command: command.into(), cwd: cwd.into(), reviewed });
+        let (review, Review::Waiting { verdict, .. }) = s.reviews.remove(waiting?) else { return None };
         if !verdict.is_final() {
-            s.reviews.push((review, Review::Judges(id.to_owned())));
+            s.reviews.push((review, Review::Judges(id.into_owned())));
         }
         let mut v = frame.to_value();
         if let Some(u) = v.pointer_mut("/params/update").and_then(Value::as_object_mut) {
@@ -298,7 +300,7 @@ impl CodexReview {
             }
             json::object_at(json::object_at(u, "_meta"), "coda").insert("review".into(), verdict.review());
         }
-        cx.to_client(frame.rewritten(v));
+        Some(frame.rewritten(v))
     }
 
     /// A finished call can no longer be judged.
@@ -317,26 +319,26 @@ impl CodexReview {
         if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) && !frame.has(&REVIEW_CALL_ID) {
             return cx.to_client(frame);
         }
-        let session = session.into_owned();
         // What is kept of a call, and a review's verdict, read where they lie.
         let update = frame.update_value().unwrap_or(View::of(b"null"));
         let [id, status, input] = update.pick(["toolCallId", "status", "rawInput"]);
         let [id, status] = [id, status].map(|v| v.and_then(|v| v.as_str()));
         if let Some(review) = id.as_deref().filter(|id| id.starts_with(REVIEW_CALL)) {
-            let review = review.to_owned();
-            return self.review_frame(&session, &review, is_start, update, cx);
+            return self.review_frame(&session, review, is_start, update, cx);
         }
         if is_start {
-            let input = |k: &str| input.and_then(|i| i.get(k)).and_then(|v| v.as_str());
-            let call = [id, input("command"), input("cwd")].map(|c| c.map(Cow::into_owned));
-            return self.call_started(&session, call.each_ref().map(Option::as_deref), frame, cx);
+            let [command, cwd] = input.map_or([None; 2], |i| i.pick(["command", "cwd"])).map(|v| v?.as_str());
+            let verdict = self.call_started(&session, [id, command, cwd], &frame);
+            return cx.to_client(verdict.unwrap_or(frame));
         }
         self.call_updated(&session, status.as_deref(), id.as_deref());
         cx.to_client(frame)
     }
 
-    /// What is kept of `session`'s calls and reviews (made empty when new; see [`SESSIONS`]).
-    fn session(&mut self, session: &str) -> &mut Session {
+    /// What is kept of `session`'s calls and reviews (made empty when new; see [`SESSIONS`]). Always some: an
+    /// `Option` as `HashMap::get_mut` gives it, looked up before a key is made (a session's calls are kept
+    /// across many frames, and `entry` takes an owned key).
+    fn session(&mut self, session: &str) -> Option<&mut Session> {
         if !self.sessions.contains_key(session) {
             if self.sessions.len() >= SESSIONS {
                 let idle = |k: &String| self.sessions.get(k).is_none_or(|s| s.calls.is_empty() && s.reviews.is_empty());
@@ -346,8 +348,9 @@ impl CodexReview {
                 }
             }
             self.order.push_back(session.to_owned());
+            self.sessions.insert(session.to_owned(), Session::default());
         }
-        self.sessions.entry(session.to_owned()).or_default()
+        self.sessions.get_mut(session)
     }
 
     /// The turn of `session` ended: reviews still waiting for their call will not get one.
