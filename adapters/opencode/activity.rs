@@ -93,6 +93,17 @@ impl Tasks {
         self.by_call.contains_key(&(session, call) as &dyn Call)
     }
 
+    /// Whether `frame` may be an update of a call of `session` followed: it holds one's id as written, or an
+    /// escape that may spell one, or one has a character JSON may write otherwise (then only its update read
+    /// tells). Exact where it says no: a tool call's update is gone over for its id only when this says yes.
+    fn may_follow(&self, session: &str, frame: &Frame) -> bool {
+        // What JSON writes only as itself, but in a `\u` escape.
+        let plain = |c: u8| c >= 0x20 && !matches!(c, b'"' | b'\\' | b'/');
+        let mut calls = self.by_call.keys().filter(|(s, _)| s == session).map(|(_, call)| call.as_bytes()).peekable();
+        calls.peek().is_some()
+            && (frame.has(&UNICODE_ESCAPE) || calls.any(|call| !call.iter().all(|&c| plain(c)) || frame.contains(call)))
+    }
+
     /// The call is over: it leaves the open calls.
     fn close(&mut self, key: &(String, String)) {
         if self.by_call.remove(key).is_some() {
@@ -343,6 +354,9 @@ impl<'a> TaskInput<'a> {
 /// Updates that are output of a turn (what OpenCode's own follow-up turn streams).
 /// What a `task` call's `rawInput` has (a tool call without it, of a call not followed yet, is no `task`).
 static SUBAGENT_TYPE: Needle = crate::needle!(b"\"subagent_type\"");
+/// `\u`: the one escape that may spell any character of a key or an id (the others spell only `"`, `\`, `/`
+/// and control characters). A line without it writes every key and id of those others as itself.
+static UNICODE_ESCAPE: Needle = crate::needle!(b"\\u");
 
 fn is_turn_output(kind: &str) -> bool {
     matches!(kind, "agent_message_chunk" | "agent_thought_chunk" | "tool_call" | "tool_call_update" | "plan")
@@ -617,10 +631,10 @@ impl OpenCodeActivity {
             return;
         }
         // A tool call with a `task`'s input, or of a call followed already (its id read where it lies, with the
-        // rest of what the layer reads of it, in one pass).
+        // rest of what the layer reads of it, in one pass; only when its line may hold one's id).
         if matches!(kind, "tool_call" | "tool_call_update") {
-            let input = frame.has(&SUBAGENT_TYPE);
-            if (input || !self.tasks.by_call.is_empty())
+            let input = frame.has(&SUBAGENT_TYPE) || frame.has(&UNICODE_ESCAPE);
+            if (input || self.tasks.may_follow(&sid, frame))
                 && let Some(news) = frame.update_value().map(TaskNews::of)
                 && (input || news.call.as_deref().is_some_and(|c| self.tasks.follows(&sid, c)))
             {
@@ -855,10 +869,10 @@ mod tests {
         assert_eq!(rig.server(task_child("call_26")), (vec![], vec![]), "said once");
     }
 
-    #[test]
-    fn a_followed_call_is_found_by_its_borrowed_pair_and_no_other() {
+    /// Tasks with the (session, call) pairs `calls` followed.
+    fn following<const N: usize>(calls: [(&str, &str); N]) -> Tasks {
         let mut tasks = Tasks::default();
-        for (session, call) in [("s", "c1"), ("s", "c2"), ("t", "c1"), ("ses_日本", "call_\"1\"")] {
+        for (session, call) in calls {
             let task = Task {
                 session: session.into(),
                 call: call.into(),
@@ -869,6 +883,12 @@ mod tests {
             };
             tasks.by_call.insert((session.into(), call.into()), task);
         }
+        tasks
+    }
+
+    #[test]
+    fn a_followed_call_is_found_by_its_borrowed_pair_and_no_other() {
+        let tasks = &mut following([("s", "c1"), ("s", "c2"), ("t", "c1"), ("ses_日本", "call_\"1\"")]);
         for (session, call) in [("s", "c1"), ("s", "c2"), ("t", "c1"), ("ses_日本", "call_\"1\"")] {
             assert!(tasks.follows(session, call), "{session} {call}");
         }
@@ -881,6 +901,69 @@ mod tests {
         assert!(a == &("s".to_owned(), "c1".to_owned()) as &dyn Call && a != b && a != c);
         tasks.close(&("s".into(), "c1".into()));
         assert!(!tasks.follows("s", "c1") && tasks.follows("s", "c2"));
+    }
+
+    /// A tool call's line that says no to [`Tasks::may_follow`] is of no followed call: for every recorded
+    /// line and ids written as themselves, escaped (`\u`, `\/`, `\"`), raw CJK, as part of a longer id, in
+    /// another session; and most recorded tool calls are told without going over their update.
+    #[test]
+    fn a_line_that_cannot_name_a_followed_call_is_of_none() {
+        // One followed call per session (each session's answer is its call's alone), and two in the last.
+        let followed = [
+            ("s1", "call_1"),
+            ("s2", "a/b"),
+            ("s3", "q\"t"),
+            ("s4", "调用_1"),
+            ("s5", "x\ty"),
+            ("s6", "call_1"),
+            ("s6", "ses"),
+        ];
+        let tasks = following(followed);
+        let mut lines = crate::frame::recorded_lines();
+        for id in [
+            r#""call_1""#,
+            r#""\u0063all_1""#,
+            r#""call_12""#,
+            r#""a\/b""#,
+            r#""a/b""#,
+            r#""q\"t""#,
+            r#""\u8c03\u7528_1""#,
+            r#""调用_1""#,
+            r#""x\u0009y""#,
+            r#""x\ty""#,
+            r#""ses""#,
+            r#""other""#,
+            r#""c\nall_1""#,
+        ] {
+            for session in ["s1", "s2", "s3", "s4", "s5", "s6", "s7"] {
+                for update in [
+                    format!(r#"{{"sessionUpdate":"tool_call_update","toolCallId":{id},"status":"completed"}}"#),
+                    format!(
+                        r#"{{"toolCallId":"other","sessionUpdate":"tool_call","rawOutput":{{"output":"a\nb"}},"toolCallId":{id}}}"#
+                    ),
+                ] {
+                    let line = format!(
+                        r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{update}}}}}"#
+                    );
+                    lines.push(line.into_bytes());
+                }
+            }
+        }
+        let (mut calls, mut told) = (0, 0);
+        for line in lines {
+            let Ok(frame) = Frame::parse(line) else { continue };
+            let (Some(session), Some("tool_call" | "tool_call_update")) = (frame.session(), frame.session_update())
+            else {
+                continue;
+            };
+            let call = frame.update_value().map(TaskNews::of).and_then(|n| n.call.map(Cow::into_owned));
+            let of_one = call.as_deref().is_some_and(|c| tasks.follows(&session, c));
+            let may = tasks.may_follow(&session, &frame);
+            assert!(may || !of_one, "{frame:?}");
+            calls += 1;
+            told += usize::from(!may);
+        }
+        assert!(calls > 200 && told * 2 > calls, "{told} of {calls} told without their update");
     }
 
     #[test]
