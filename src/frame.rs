@@ -387,10 +387,11 @@ impl Frame {
     /// peer's that it kept is noted as in a frame read). Checked by the thread's reader of built lines
     /// ([`BUILT`]): the shim's reports and edits take turns between a few shapes, as a peer's frames do.
     pub(crate) fn built(mut bytes: Vec<u8>) -> Frame {
-        let classified = BUILT.with(|reader| match reader.try_borrow_mut() {
-            Ok(mut reader) => classify(&bytes, Some(&mut reader)),
-            Err(_) => classify(&bytes, None),
-        });
+        // (Read alone when the reader is in use or gone: a frame built while the thread ends.)
+        let read = |reader: &std::cell::RefCell<Reader>| {
+            reader.try_borrow_mut().ok().map(|mut r| classify(&bytes, Some(&mut r)))
+        };
+        let classified = BUILT.try_with(read).ok().flatten().unwrap_or_else(|| classify(&bytes, None));
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
         let (kind, update, flags, places) = match classified {
