@@ -18,7 +18,7 @@
 //! - A session this process never created, loaded or resumed is refused by the machine (Grok would not answer),
 //!   so is one where Grok runs a turn, its own included: the session table says so, told by Grok's
 //!   `_x.ai/queue/changed` naming a `runningPromptId`, which the steering backend below this layer reads for
-//!   both ([`Queue::note`]; a queue carries Coda's instruction, and is gone over once).
+//!   both (`Queue::note`; a queue carries Coda's instruction, and is gone over once).
 //! - Stopped (past the deadline) with `session/cancel`; a late answer is dropped.
 
 use crate::HashMap;
