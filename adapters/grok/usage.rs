@@ -287,12 +287,12 @@ impl Source for Grok {
         match frame.session_update() {
             Some("response_completed") => {
                 let Some(u) = field("usage") else { return };
-                let n = |k: &str| u.get(k).and_then(|n| n.as_u64()).unwrap_or(0);
-                let context = n("input_tokens")
-                    .saturating_add(n("cache_read_input_tokens"))
-                    .saturating_add(n("cache_creation_input_tokens"));
+                // (Its four counts in one pass over it.)
+                let keys = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"];
+                let [input, read, created, output] = u.pick(keys).map(|n| n.and_then(|n| n.as_u64()).unwrap_or(0));
+                let context = input.saturating_add(read).saturating_add(created);
                 say(Fact::Context(context));
-                say(Fact::Used(context.saturating_add(n("output_tokens"))));
+                say(Fact::Used(context.saturating_add(output)));
             }
             Some("auto_compact_completed") => {
                 say(Fact::Compacted(stamp.map(at).unwrap_or(wall)));
