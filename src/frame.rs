@@ -911,7 +911,7 @@ pub fn sniff(head: &[u8]) -> (Option<Id>, bool) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn kind(s: &str) -> Result<Kind, Invalid> {
@@ -1255,7 +1255,7 @@ mod tests {
     }
 
     /// `got` is `want` as frames go: its bytes, kind and flags, and what the frame check found where.
-    fn reads_alike(got: &Frame, want: &Frame, what: &str) {
+    pub(crate) fn reads_alike(got: &Frame, want: &Frame, what: &str) {
         assert!(got == want, "{what}");
         assert_eq!(got.kind(), want.kind(), "{what}");
         assert_eq!(got.session(), want.session(), "{what}");

@@ -962,12 +962,7 @@ mod tests {
 
     fn same_as_read(got: &Frame) {
         let read = Frame::built(got.bytes().to_vec());
-        let what = String::from_utf8_lossy(got.bytes()).into_owned();
-        assert!(got == &read, "{what}");
-        assert_eq!(got.session(), read.session(), "{what}");
-        assert_eq!(got.session_bytes(), read.session_bytes(), "{what}");
-        assert_eq!(got.meta(), read.meta(), "{what}");
-        assert_eq!(got.update_value(), read.update_value(), "{what}");
+        crate::frame::tests::reads_alike(got, &read, &String::from_utf8_lossy(got.bytes()));
     }
 
     /// Every `usage_update` of every recorded fixture and the hostile lines, stamped in its bytes, reads as the
