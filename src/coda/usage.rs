@@ -528,24 +528,42 @@ impl<S: Source> UsageFacts<S> {
 
     /// Applies what the source said; an update of the shim's goes out now, or behind what is held.
     fn apply(&mut self, said: Said, cx: &mut Cx) {
-        for (session, fact) in said {
+        let mut said = said.into_iter().peekable();
+        while let Some((session, fact)) = said.next() {
             // The model's window is no history: a load's answer may say it.
-            if loading(cx, &session) && !matches!(fact, Fact::Send | Fact::Loaded | Fact::Size(_)) {
+            let loading = loading(cx, &session);
+            let kept = |fact: &Fact| !loading || matches!(fact, Fact::Send | Fact::Loaded | Fact::Size(_));
+            if !kept(&fact) {
                 continue;
             }
             let held = !self.held.is_empty();
             let Some(e) = self.entry(&session, cx) else { continue };
-            match fact {
+            // (Send and Loaded are never set: they are answered below.)
+            let set = |e: &mut Entry, fact| match fact {
                 Fact::Request(at) => e.facts.last_request_at = Some(at),
                 Fact::Context(n) => e.facts.context_tokens = Some(n),
                 Fact::Compacted(at) => e.facts.compacted_at = Some(at),
                 Fact::Used(n) => e.used = Some(n),
                 Fact::Size(n) => e.size = Some(n),
+                Fact::Send | Fact::Loaded => {}
+            };
+            match fact {
                 Fact::Send if held || e.loading.is_some() => self.held.push_back(Held::Own(session)),
                 Fact::Send => self.own(&session, cx),
                 Fact::Loaded if held || e.loading.is_some() => self.held.push_back(Held::Own(session)),
                 // The load's answer is on its way out: the update goes after it.
                 Fact::Loaded => self.own_after_load(&session, cx),
+                fact => {
+                    set(e, fact);
+                    // The facts said of the same session next (a `usage_update`'s four) set in the entry found,
+                    // not looked up again for each: nothing between them changes the tables.
+                    let same = |(s, f): &(String, Fact)| *s == session && !matches!(f, Fact::Send | Fact::Loaded);
+                    while let Some((_, fact)) = said.next_if(same) {
+                        if kept(&fact) {
+                            set(e, fact);
+                        }
+                    }
+                }
             }
         }
     }
@@ -1068,6 +1086,22 @@ mod tests {
             if v["params"]["send"] == true {
                 out.push((s, Fact::Send));
             }
+            // `said`: [session, fact, n] in order, as a source that speaks of several sessions at once.
+            for said in v["params"]["said"].as_array().into_iter().flatten() {
+                let (s, n) = (said[0].as_str().unwrap_or_default().to_owned(), said[2].as_u64().unwrap_or(0));
+                let at = std::time::UNIX_EPOCH + Duration::from_secs(n);
+                out.push((
+                    s,
+                    match said[1].as_str() {
+                        Some("request") => Fact::Request(at),
+                        Some("context") => Fact::Context(n),
+                        Some("compacted") => Fact::Compacted(at),
+                        Some("used") => Fact::Used(n),
+                        Some("size") => Fact::Size(n),
+                        _ => Fact::Send,
+                    },
+                ));
+            }
         }
         fn on_event(&mut self, (session, wait): (String, bool), _: &mut Cx, _: &mut Said) {
             if wait {
@@ -1129,6 +1163,59 @@ mod tests {
             json!({"sessionUpdate":"usage_update","used":5,"size":100,
             "_meta":{"coda":{"contextTokens":9}}})
         );
+    }
+
+    /// Facts said of several sessions in one go are each set in their own session's entry, in order: a run of
+    /// one session's facts is set in the entry found once, what a loading session says is skipped but its
+    /// window, and an update asked for in the middle has the facts said before it only.
+    #[test]
+    fn facts_said_together_go_each_to_its_session_in_order() {
+        let mut h = toy(None);
+        open(&mut h, 1, "session/new", "a");
+        open(&mut h, 2, "session/new", "b");
+        // A root loaded again: its load not answered yet.
+        open(&mut h, 3, "session/new", "l");
+        h.from_client(json!({"jsonrpc":"2.0","id":4,"method":"session/load","params":{"sessionId":"l","cwd":"/w"}}));
+        h.take();
+        let said = json!([
+            ["a", "used", 10],
+            ["a", "size", 100],
+            ["a", "context", 11],
+            ["b", "context", 21],
+            ["b", "size", 200],
+            ["l", "context", 31],
+            ["l", "size", 300],
+            ["l", "used", 32],
+            ["a", "request", 12],
+            ["a", "send", 0],
+            ["a", "context", 13],
+            ["b", "compacted", 22],
+            ["b", "used", 23],
+            ["a", "compacted", 14],
+        ]);
+        h.from_agent(json!({"jsonrpc":"2.0","method":"fact","params":{"sessionId":"a","said":said}}));
+        let out = h.to_client();
+        assert_eq!(out.len(), 2, "the CLI's frame, then the update asked for: {out:?}");
+        assert_eq!(
+            out[1]["params"]["update"],
+            json!({"sessionUpdate":"usage_update","used":10,"size":100,"_meta":{"coda":{
+                "contextTokens":11,"lastRequestAt":"1970-01-01T00:00:12.000Z"}}}),
+            "the facts said before it, not those after"
+        );
+        let at = |s: u64| Some(std::time::UNIX_EPOCH + Duration::from_secs(s));
+        let layer = h.layer::<UsageFacts<Toy>>(0);
+        let a = layer.sessions.get("a").expect("a's entry");
+        assert_eq!((a.used, a.size), (Some(10), Some(100)));
+        assert_eq!(
+            a.facts,
+            Facts { context_tokens: Some(13), last_request_at: at(12), compacted_at: at(14), cache_ttl: None }
+        );
+        let b = layer.sessions.get("b").expect("b's entry");
+        assert_eq!((b.used, b.size), (Some(23), Some(200)));
+        assert_eq!(b.facts, Facts { context_tokens: Some(21), compacted_at: at(22), ..Facts::default() });
+        // The loading session: its window only (the model's window is no history).
+        let l = layer.sessions.get("l").map(|l| (l.used, l.size, l.facts.clone()));
+        assert_eq!(l, Some((None, Some(300), Facts::default())));
     }
 
     #[test]
