@@ -543,6 +543,51 @@ impl Frame {
         }
     }
 
+    /// The values of `keys` in `params.update` (as [`Frame::update_value`]'s [`json::View::pick`] finds them:
+    /// of a key twice, the last), its members gone over once for every layer that asks: the places of the
+    /// last frame's members asked for are kept per thread (`UPDATE_MEMBERS`), so a tool call's update, which
+    /// two or three layers read a few fields of, has its values skipped once.
+    pub fn update_pick<const N: usize>(&self, keys: [&str; N]) -> [Option<json::View<'_>>; N] {
+        let Some(update) = self.update_value() else { return [None; N] };
+        let line = self.bytes();
+        if line.len() > MEMBERS_LINE_MAX {
+            return update.pick(keys);
+        }
+        let picked = UPDATE_MEMBERS.try_with(|kept| {
+            // (Taken by no one else: the borrow ends within this call. Were it taken, the members are gone over.)
+            let mut kept = kept.try_borrow_mut().ok()?;
+            let Members { line: held, places } = &mut *kept;
+            // The line held is this frame's (or a clone's): its bytes cannot be another's while it is held.
+            let same = held.as_ref().is_some_and(|h| h.as_ptr() == self.wire.as_ptr() && h.len() == self.wire.len());
+            if !same {
+                places.clear();
+                places.extend(update.members().take(MEMBERS_MAX + 1).filter_map(|(key, value)| {
+                    let key_at = json::View::exact(key.quoted()).range_in(line)?;
+                    Some(MemberAt { key: key_at, escaped: key.escaped(), value: value.range_in(line)? })
+                }));
+                *held = Some(self.wire.clone());
+            }
+            if places.len() > MEMBERS_MAX {
+                return None;
+            }
+            let mut found = [None; N];
+            for m in places.iter() {
+                let key = json::Key::of(&line[m.key.clone()], m.escaped);
+                if let Some(k) = keys.iter().position(|name| key.is(name)) {
+                    found[k] = Some(json::View::exact(&line[m.value.clone()]));
+                }
+            }
+            Some(found)
+        });
+        picked.ok().flatten().unwrap_or_else(|| update.pick(keys))
+    }
+
+    /// The value of `key` in `params.update` ([`Frame::update_pick`] of one key).
+    pub fn update_get(&self, key: &str) -> Option<json::View<'_>> {
+        let [value] = self.update_pick([key]);
+        value
+    }
+
     /// `params.sessionId` when it is a string (the session most frames are about), found by the frame check's
     /// one pass: read as [`Frame::value`] reads it (a lone surrogate escape as U+FFFD), without parsing the
     /// frame.
@@ -703,7 +748,32 @@ pub struct Reader {
     memos: Vec<Option<Memo>>,
 }
 
+/// The most members of an update whose places are kept ([`Frame::update_pick`]): a longer one is gone over per
+/// layer that asks (ACP's updates have a dozen at most).
+const MEMBERS_MAX: usize = 64;
+/// The longest line whose update's places are kept, and which is held with them until the next is asked for.
+const MEMBERS_LINE_MAX: usize = 1 << 20;
+
+/// A member of a frame's `params.update` as places in its line: its key with its quotes, and its value.
+struct MemberAt {
+    key: std::ops::Range<usize>,
+    escaped: bool,
+    value: std::ops::Range<usize>,
+}
+
+/// The members of the `params.update` of the frame whose line is held ([`Frame::update_pick`]).
+#[derive(Default)]
+struct Members {
+    line: Option<Bytes>,
+    places: Vec<MemberAt>,
+}
+
 thread_local! {
+    /// The members of the last frame's `params.update` a layer on this thread asked for ([`Frame::update_pick`]):
+    /// that frame's line is held with them, so no other line lies where it lies while they are kept (one line,
+    /// and as many places as its update has members).
+    static UPDATE_MEMBERS: std::cell::RefCell<Members> = std::cell::RefCell::new(Members::default());
+
     /// The reader of the lines the shim builds on this thread ([`Frame::built`]): it reads each as a line read
     /// alone reads ([`Reader`]), and keeps what a peer's reader keeps, bounded alike.
     static BUILT: std::cell::RefCell<Reader> = std::cell::RefCell::new(Reader::default());
@@ -1287,6 +1357,68 @@ pub(crate) mod tests {
         assert!(built > 1_000, "{built}");
         // (And the thread's reader did read them: it keeps their shapes' envelopes.)
         assert!(BUILT.with(|reader| reader.borrow().memos.iter().flatten().count()) > 10);
+    }
+
+    /// [`Frame::update_pick`] finds what [`json::View::pick`] finds in the update, whichever frame was asked
+    /// before: every recorded and hostile line, and updates with a key twice, escaped keys, more members than
+    /// are kept, a line past the longest held; asked in turn with a clone, with other frames between, and
+    /// with frames of lines as long dropped and read again (no line can take a held one's place).
+    #[test]
+    fn an_updates_members_kept_for_the_next_layer_are_that_updates() {
+        let mut lines = recorded_lines();
+        lines.extend(hostile_lines());
+        let many: String = (0..=MEMBERS_MAX).map(|n| format!(r#""k{n}":{n},"#)).collect();
+        let update = |members: &str| {
+            format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{members}}}}}"#)
+        };
+        for members in [
+            r#"{"status":"pending","toolCallId":"a","status":"completed"}"#.to_owned(),
+            r#"{"status":"x","toolCallId":"b","_meta":{"status":"no"},"rawInput":{"command":"ls"}}"#.to_owned(),
+            r#" { "status" : "in_progress" , "toolCallId" : "c" } "#.to_owned(),
+            format!(r#"{{{many}"status":"late"}}"#),
+            format!(r#"{{"toolCallId":"big","rawOutput":"{}","status":"done"}}"#, "x".repeat(MEMBERS_LINE_MAX)),
+            "{}".to_owned(),
+            "[]".to_owned(),
+        ] {
+            lines.push(update(&members).into_bytes());
+        }
+        let keys = ["status", "toolCallId", "_meta", "rawInput", "sessionUpdate", "absent", "k3", "title"];
+        let frames: Vec<Frame> = lines.iter().filter_map(|l| Frame::parse(l.clone()).ok()).collect();
+        assert!(frames.len() > 1_000, "{}", frames.len());
+        fn want<'a>(f: &'a Frame, keys: [&str; 8]) -> [Option<json::View<'a>>; 8] {
+            f.update_value().map_or([None; 8], |u| u.pick(keys))
+        }
+        let check = |f: &Frame| {
+            let want = want(f, keys);
+            assert_eq!(
+                f.update_pick(keys),
+                want,
+                "{}",
+                String::from_utf8_lossy(&f.bytes()[..f.bytes().len().min(500)])
+            );
+            for (key, want) in keys.into_iter().zip(want) {
+                assert_eq!(f.update_get(key), want);
+            }
+        };
+        for (n, f) in frames.iter().enumerate() {
+            check(f);
+            check(&f.clone());
+            check(&frames[n / 2]);
+            check(f);
+        }
+        // Lines of the same length, each read, asked and dropped: another may lie where one lay.
+        for n in 0..200 {
+            let f =
+                Frame::parse(update(&format!(r#"{{"status":"s{:03}","toolCallId":"t{n:03}"}}"#, 999 - n)).into_bytes());
+            let f = f.expect("a line");
+            assert_eq!(
+                f.update_get("status").and_then(|v| v.as_str()).as_deref(),
+                Some(format!("s{:03}", 999 - n).as_str())
+            );
+            check(&f);
+        }
+        // The memo held is one line's, and at most as many places as are kept.
+        UPDATE_MEMBERS.with(|m| assert!(m.borrow().places.len() <= MEMBERS_MAX + 1));
     }
 
     /// A frame renamed ([`Frame::with_session`]) is its value with `params.sessionId` replaced, and reads as

@@ -320,8 +320,9 @@ impl CodexReview {
             return cx.to_client(frame);
         }
         // What is kept of a call, and a review's verdict, read where they lie.
+        // (The update's members gone over once with the usage layer's look at the same call.)
         let update = frame.update_value().unwrap_or(View::of(b"null"));
-        let [id, status, input] = update.pick(["toolCallId", "status", "rawInput"]);
+        let [id, status, input] = frame.update_pick(["toolCallId", "status", "rawInput"]);
         let [id, status] = [id, status].map(|v| v.and_then(|v| v.as_str()));
         if let Some(review) = id.as_deref().filter(|id| id.starts_with(REVIEW_CALL)) {
             return self.review_frame(&session, review, is_start, update, cx);

@@ -205,22 +205,14 @@ impl Source for Codex {
 
     fn from_agent(&mut self, frame: &Frame, cx: &mut Cx, out: &mut Said) {
         // Read where it lies (a tool call is a quarter of Codex's stream): the session from the frame check's
-        // one pass, the update's fields in one pass over it.
+        // one pass, the update's fields from its members gone over once for the layers that read them.
         let Some(session_id) = frame.session() else { return };
         let session_id: &str = &session_id;
         let kind = frame.session_update().unwrap_or_default();
         let wall = cx.wall();
         let Some(session) = self.root(session_id, cx) else { return };
-        let (mut status, mut tool, mut meta) = (None, None, None);
-        for (key, value) in frame.update_value().into_iter().flat_map(|u| u.members()) {
-            if key.is("status") {
-                status = value.as_str();
-            } else if key.is("toolCallId") {
-                tool = value.as_str();
-            } else if key.is("_meta") {
-                meta = Some(value);
-            }
-        }
+        let [status, tool, meta] = frame.update_pick(["status", "toolCallId", "_meta"]);
+        let [status, tool] = [status, tool].map(|v| v.and_then(|v| v.as_str()));
         let status = status.as_deref();
         let compaction = match kind {
             "compaction_update" => match status {

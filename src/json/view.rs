@@ -491,7 +491,21 @@ pub struct Key<'a> {
     escaped: bool,
 }
 
-impl Key<'_> {
+impl<'a> Key<'a> {
+    /// A key as its text with its quotes, and whether that holds an escape.
+    pub(crate) fn of(quoted: &'a [u8], escaped: bool) -> Key<'a> {
+        Key { quoted, escaped }
+    }
+
+    /// The key's text with its quotes, as it is in the frame.
+    pub(crate) fn quoted(&self) -> &'a [u8] {
+        self.quoted
+    }
+
+    pub(crate) fn escaped(&self) -> bool {
+        self.escaped
+    }
+
     /// Whether the key is `name` (unescaped first when it has an escape).
     pub fn is(&self, name: &str) -> bool {
         match self.escaped {
