@@ -669,6 +669,11 @@ impl Needle {
         Needle(std::sync::LazyLock::new(build))
     }
 
+    /// Whether `haystack` (a part of a frame: a value a layer looks into) holds the needle.
+    pub fn is_in(&'static self, haystack: &[u8]) -> bool {
+        self.0.find(haystack).is_some()
+    }
+
     /// Where the needle starts in `haystack`, each place (overlapping ones too), in order.
     pub fn places(&'static self, haystack: &[u8]) -> Vec<usize> {
         self.0.find_iter(haystack).collect()

@@ -172,15 +172,21 @@ impl Signals for Codex {
     type Event = Infallible;
     type Record = Infallible;
 
+    /// A `session_info_update` whose update holds a failure record: its `sessionFailure` key as written, or an
+    /// escape that may spell it (looked for in the update alone: a frame's envelope holds neither).
     fn wants(&self, frame: &Frame) -> bool {
-        frame.session_update() == Some("session_info_update") && frame.has(&SESSION_FAILURE)
+        frame.session_update() == Some("session_info_update")
+            && frame
+                .update_value()
+                .is_some_and(|u| SESSION_FAILURE.is_in(u.text()) || memchr::memchr(b'\\', u.text()).is_some())
     }
 
     fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
-        // Only a retry warning is acted on, and its record's id ends in `:error`: a frame whose bytes cannot hold
-        // such an id (no `:error"`, and no escape that could spell one) is one of codex-acp's notices, passed
+        // Only a retry warning is acted on, and its record's id ends in `:error`: an update whose bytes cannot
+        // hold such an id (no `:error"`, and no escape that could spell one) is one of codex-acp's notices, passed
         // on without reading its record.
-        if !frame.has(&ERROR_ID) && memchr::memchr(b'\\', frame.bytes()).is_none() {
+        let update = frame.update_value().map_or(&[][..], |u| u.text());
+        if !ERROR_ID.is_in(update) && memchr::memchr(b'\\', update).is_none() {
             return;
         }
         // Read where it lies: the session from the frame check's one pass, the failure record alone parsed.
@@ -191,7 +197,8 @@ impl Signals for Codex {
     }
 
     fn failure(&self, answer: &Frame, _: Option<Infallible>, wall: SystemTime) -> Option<Failure> {
-        if !answer.contains(b"sessionFailure") && !answer.contains(b"usageLimitExceeded") {
+        // (An answer with an escape is read: one may spell either key.)
+        if !answer.contains(b"sessionFailure") && !answer.contains(b"usageLimitExceeded") && !answer.contains(b"\\") {
             return None;
         }
         // The day of a reset time Codex gives without one is the day the shim got the answer: the engine's
@@ -243,17 +250,21 @@ mod tests {
     use super::*;
     use crate::frame::Id;
 
-    /// The retry warnings read behind the byte check are those of the parsed record, for every frame of every
-    /// recorded fixture, the hostile lines, and records whose id is escaped, spaced or repeated.
+    /// The retry warnings read behind the byte checks are those of the parsed record, for every frame of every
+    /// recorded fixture, the hostile lines, and records whose id is escaped, spaced or repeated, or whose key is
+    /// escaped: a frame the layer does not want holds none.
     #[test]
     fn retry_warnings_are_read_as_the_parsed_record_says() {
         let mut lines = crate::frame::recorded_lines();
         lines.extend(crate::frame::hostile_lines());
-        let record = |id: &str, severity: &str| {
+        let keyed = |key: &str, id: &str, severity: &str| {
             format!(
-                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"session_info_update","_meta":{{"jetbrains":{{"air":{{"version":1,"sessionFailure":{{"id":{id},"revision":1,"category":"service","severity":{severity},"title":"Selected model is at capacity. Please try a different model.","actions":["retry"]}}}}}}}}}}}}}}"#
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"session_info_update","_meta":{{"jetbrains":{{"air":{{"version":1,{key}:{{"id":{id},"revision":1,"category":"service","severity":{severity},"title":"Selected model is at capacity. Please try a different model.","actions":["retry"]}}}}}}}}}}}}}}"#
             )
         };
+        let record = |id: &str, severity: &str| keyed(r#""sessionFailure""#, id, severity);
+        lines.push(keyed(r#""session\u0046ailure""#, r#""t1:error""#, r#""warning""#).into_bytes());
+        lines.push(keyed(r#""sessionFailur\u0065""#, r#""t1:notice""#, r#""warning""#).into_bytes());
         for (id, severity) in [
             (r#""t1:error""#, r#""warning""#),
             (r#""t1:notice:a:1""#, r#""warning""#),
@@ -271,19 +282,21 @@ mod tests {
         let mut retries = 0;
         for line in lines {
             let Ok(frame) = Frame::parse(line) else { continue };
-            if !codex.wants(&frame) {
-                continue;
-            }
-            let mut got = Vec::new();
-            codex.from_agent(&frame, &mut got);
             let v = frame.value();
             let failure = v.pointer("/params/update/_meta/jetbrains/air/sessionFailure");
             let session = v.pointer("/params/sessionId").and_then(Value::as_str);
-            let want: Vec<_> = failure.zip(session).and_then(|(f, s)| retry_of(f, s)).into_iter().collect();
+            // (codex-acp's records come in `session_info_update`s: only those are read.)
+            let is_info = frame.session_update() == Some("session_info_update");
+            let want: Vec<_> =
+                failure.zip(session).filter(|_| is_info).and_then(|(f, s)| retry_of(f, s)).into_iter().collect();
+            let mut got = Vec::new();
+            if codex.wants(&frame) {
+                codex.from_agent(&frame, &mut got);
+            }
             assert_eq!(format!("{got:?}"), format!("{want:?}"), "{frame:?}");
             retries += got.len();
         }
-        assert_eq!(retries, 4, "the retry warnings");
+        assert_eq!(retries, 5, "the retry warnings");
     }
 
     fn reply(failure: Value) -> Value {
@@ -298,6 +311,23 @@ mod tests {
     /// The answer to prompt 3 that Coda gets for `reply`, if it is a failure.
     fn answered(reply: &Value) -> Option<Frame> {
         translate(reply, None).map(|f| f.answer(&Id::from_json("3")))
+    }
+
+    /// A prompt's answer whose failure record's key is written with an escape is read as the one without.
+    #[test]
+    fn an_answers_record_under_an_escaped_key_is_read() {
+        let r =
+            reply(json!({"actions":[],"category":"limit","severity":"error","title":"You’ve hit your usage limit."}));
+        let plain = Frame::from_value(&r);
+        let line = String::from_utf8_lossy(plain.bytes()).replace(r#""sessionFailure""#, r#""session\u0046ailure""#);
+        assert!(line.contains(r"\u0046"), "{line}");
+        let escaped = Frame::parse(line.into_bytes()).expect("a line");
+        let codex = Codex::new(TimeZone::UTC);
+        let wall = std::time::UNIX_EPOCH;
+        let [plain, escaped] =
+            [plain, escaped].map(|f| codex.failure(&f, None, wall).map(|f| f.answer(&Id::from_json("3"))));
+        assert!(plain.is_some(), "the plain record is a failure");
+        assert_eq!(escaped.map(|f| f.value().clone()), plain.map(|f| f.value().clone()));
     }
 
     #[test]
