@@ -393,10 +393,9 @@ enum Echo {
 /// Removes the injected blocks from every string value of `frame` that holds one (keys are left as they are),
 /// each string written again where it lies: the rest of the line goes on byte for byte, and a key that
 /// appears twice is stripped in each of its values, not only in the one a parser keeps.
-/// `places` are where the marker is in the line ([`Needle::places`]).
-fn stripped(frame: &Frame, places: &[usize]) -> Echo {
+fn stripped(frame: &Frame) -> Echo {
     let line = frame.bytes();
-    let strings = frame.view().strings_holding(places);
+    let strings = frame.view().strings_holding(&TOKEN.places(line));
     let mut edits = Vec::new();
     for range in strings {
         let quoted = &line[range.clone()];
@@ -503,10 +502,8 @@ impl Layer for Instruction {
         // Echoes of the user's prompt are what must not show the wrapper; the model's own streamed words
         // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
         let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
-        // (The marker's places found in one search: none, and the frame goes on.)
-        let places = if streamed { Vec::new() } else { TOKEN.places(frame.bytes()) };
-        if !places.is_empty() {
-            return match stripped(&frame, &places) {
+        if !streamed && frame.has(&TOKEN) {
+            return match stripped(&frame) {
                 Echo::Kept => cx.to_client(frame),
                 Echo::Stripped(frame) => cx.to_client(frame),
                 // No client ever sees the wrapper as user text; a chunk that was only the wrapper goes entirely.
