@@ -1378,7 +1378,8 @@ pub(crate) mod tests {
         };
         for members in [
             r#"{"status":"pending","toolCallId":"a","status":"completed"}"#.to_owned(),
-            r#"{"st\u0061tus":"x","toolCallId":"\u0062","_meta":{"status":"no"},"rawInput":{"command":"ls"}}"#.to_owned(),
+            r#"{"st\u0061tus":"x","toolCallId":"\u0062","_meta":{"status":"no"},"rawInput":{"command":"ls"}}"#
+                .to_owned(),
             r#" { "status" : "in_progress" , "toolCallId" : "c" } "#.to_owned(),
             format!(r#"{{{many}"status":"late"}}"#),
             format!(r#"{{"toolCallId":"big","rawOutput":"{}","status":"done"}}"#, "x".repeat(MEMBERS_LINE_MAX)),
