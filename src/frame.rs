@@ -656,8 +656,8 @@ impl Frame {
     }
 
     /// Whether the raw bytes contain the needle.
-    pub fn has(&self, needle: &Needle) -> bool {
-        needle.0.find(self.bytes()).is_some()
+    pub fn has(&self, needle: &'static Needle) -> bool {
+        needle.is_in(self.bytes())
     }
 }
 
