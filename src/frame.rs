@@ -671,12 +671,22 @@ impl Needle {
 
     /// Whether `haystack` (a part of a frame: a value a layer looks into) holds the needle.
     pub fn is_in(&'static self, haystack: &[u8]) -> bool {
-        self.0.find(haystack).is_some()
+        self.find(haystack).is_some()
+    }
+
+    /// Where the needle first starts in `haystack`.
+    pub fn find(&'static self, haystack: &[u8]) -> Option<usize> {
+        self.0.find(haystack)
     }
 
     /// Where the needle starts in `haystack`, each place (overlapping ones too), in order.
     pub fn places(&'static self, haystack: &[u8]) -> Vec<usize> {
-        self.0.find_iter(haystack).collect()
+        self.each_in(haystack).collect()
+    }
+
+    /// [`Needle::places`] one at a time.
+    pub fn each_in<'h>(&'static self, haystack: &'h [u8]) -> impl Iterator<Item = usize> + 'h {
+        self.0.find_iter(haystack)
     }
 }
 
