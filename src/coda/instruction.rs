@@ -55,14 +55,17 @@ pub fn strip(s: &str) -> Option<String> {
 /// and their white space are the same bytes escaped or not: an escape is a backslash and one of `"\bfnrt`,
 /// and a marker begins with `<`, which no backslash escapes, so a marker found in the bytes is one in the text.
 fn strip_escaped(text: &[u8]) -> Result<Option<Vec<u8>>, ()> {
-    use memchr::memmem::find;
-    if find(text, b"\\u").is_some() || find(text, b"\\/").is_some() {
+    static UNICODE: Needle = crate::needle!(b"\\u");
+    static SLASH: Needle = crate::needle!(b"\\/");
+    static OPENING: Needle = crate::needle!(OPEN.as_bytes());
+    static CLOSING: Needle = crate::needle!(CLOSE.as_bytes());
+    if UNICODE.is_in(text) || SLASH.is_in(text) {
         return Err(());
     }
     let (mut out, mut rest, mut changed) = (Vec::new(), text, false);
-    while let Some(start) = find(rest, OPEN.as_bytes()) {
+    while let Some(start) = OPENING.find(rest) {
         let after = &rest[start + OPEN.len()..];
-        let Some(end) = find(after, CLOSE.as_bytes()) else { break };
+        let Some(end) = CLOSING.find(after) else { break };
         out.extend_from_slice(&rest[..start]);
         rest = trim_start_escaped(&after[end + CLOSE.len()..]);
         changed = true;
@@ -421,7 +424,7 @@ fn stripped(frame: &Frame) -> Echo {
     }
     // A frame that names the marker where its envelope is (a method, an id, a session, the update's kind) is
     // checked again whole: a splice keeps the envelope it had.
-    let named = |text: Option<&[u8]>| text.is_some_and(|t| memchr::memmem::find(t, TOKEN_TEXT.as_bytes()).is_some());
+    let named = |text: Option<&[u8]>| text.is_some_and(|t| TOKEN.is_in(t));
     if named(frame.method().map(str::as_bytes))
         || named(frame.id().map(|id| id.as_json().as_bytes()))
         || named(frame.session_update().map(str::as_bytes))
