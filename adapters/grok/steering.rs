@@ -31,7 +31,6 @@
 //!   `promptRequired` when the machine stops waiting, rather than joining a turn that may not be Coda's.
 
 use crate::HashMap;
-use std::borrow::Cow;
 use std::convert::Infallible;
 
 use serde_json::{Value, json};
@@ -190,13 +189,25 @@ impl GrokSteering {
         if ctl.cx.session(&session).is_none() {
             return; // No session of Coda's (what is kept is kept only for those).
         }
-        let ids: Vec<String> = queue.entry_ids().take(ENTRIES_KEPT).map(Cow::into_owned).collect();
+        // The ids kept are those of the queue before, most times: each is copied only where it changed.
+        let ids = match self.entries.get_mut(&*session) {
+            Some(ids) => ids,
+            None => self.entries.entry(session.to_string()).or_default(),
+        };
+        let mut listed = 0;
+        for id in queue.entry_ids().take(ENTRIES_KEPT) {
+            if ids.get(listed).is_none_or(|kept| *kept != id) {
+                ids.truncate(listed);
+                ids.push(id.into_owned());
+            }
+            listed += 1;
+        }
+        ids.truncate(listed);
         if let Some(CodaPrompt::Sent(before)) = self.prompts.get(&*session)
             && let Some(new) = ids.iter().find(|id| !before.contains(id))
         {
             self.prompts.insert(session.to_string(), CodaPrompt::Queued(new.clone()));
         }
-        self.entries.insert(session.to_string(), ids);
         let running = queue.running();
         if let Some(running) = running {
             let coda = self.prompts.get(&*session) == Some(&CodaPrompt::Queued(running.to_string()));
@@ -433,6 +444,23 @@ mod tests {
         assert!(h.to_agent().is_empty(), "Grok's own turn runs: the message waits");
         assert!(h.to_client().is_empty());
         h.from_agent(queue(Some(("p-9", "run it"))));
+        let sent = h.to_agent();
+        assert_eq!(sent.len(), 1, "Coda's turn runs: the message goes");
+        assert_eq!(sent[0]["method"], INTERJECT);
+    }
+
+    #[test]
+    fn codas_prompt_queued_in_the_place_of_another_is_codas() {
+        let mut h = rig();
+        h.from_agent(queue_with(&[("p-1", "theirs")], None));
+        h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":S,
+            "prompt":[{"type":"text","text":"run it"}]}}));
+        h.to_agent();
+        // The other prompt runs, and Coda's takes its place in the queue: as many entries, another id.
+        h.from_agent(queue_with(&[("p-2", "run it")], Some(("p-1", "theirs"))));
+        h.from_agent(queue(Some(("p-2", "run it"))));
+        h.to_client();
+        steer(&mut h, 5, "先别改测试");
         let sent = h.to_agent();
         assert_eq!(sent.len(), 1, "Coda's turn runs: the message goes");
         assert_eq!(sent[0]["method"], INTERJECT);
