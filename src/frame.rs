@@ -659,7 +659,33 @@ impl Frame {
     pub fn has(&self, needle: &'static Needle) -> bool {
         needle.is_in(self.bytes())
     }
+
+    /// The value of every member whose key is `key` (a needle of the key with its quotes) as the line writes
+    /// it, wherever in the line it lies, in order: `Some(text)` for a string with no escape, `None` for one
+    /// with an escape (which may spell any text); a value that is no string is left out. One search of the
+    /// line, for a layer that asks whether a frame may name one of many ids it keeps without reading the frame.
+    /// A key spelled with a `\u` escape is not found (a caller that must not miss one looks for
+    /// [`UNICODE_ESCAPE`] first); the key's text inside a longer key (`"a\"id"`) is found too.
+    pub fn key_strings(&self, key: &'static Needle) -> impl Iterator<Item = Option<&str>> + '_ {
+        let line = self.bytes();
+        let space = |s: &[u8]| s.iter().position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(s.len());
+        key.each_in(line).filter_map(move |at| {
+            // The key's closing quote follows a byte that is no backslash, so it closes a string: what follows
+            // a key is a colon, and after anything else this was no key.
+            let rest = &line[at + key.bytes().len()..];
+            let rest = rest[space(rest)..].strip_prefix(b":")?;
+            let text = rest[space(rest)..].strip_prefix(b"\"")?;
+            Some(match memchr::memchr2(b'"', b'\\', text) {
+                Some(end) if text[end] == b'"' => std::str::from_utf8(&text[..end]).ok(),
+                _ => None,
+            })
+        })
+    }
 }
+
+/// `\u`: the one escape that may spell any character of a key or a value (the others spell only `"`, `\`, `/`
+/// and control characters). A line without it writes every key and every other character as itself.
+pub static UNICODE_ESCAPE: Needle = crate::needle!(b"\\u");
 
 /// A byte string searched for in every frame: its SIMD searcher is built once, not per search.
 pub struct Needle(std::sync::LazyLock<memchr::memmem::Finder<'static>>);
@@ -672,6 +698,11 @@ impl Needle {
     /// Whether `haystack` (a part of a frame: a value a layer looks into) holds the needle.
     pub fn is_in(&'static self, haystack: &[u8]) -> bool {
         self.find(haystack).is_some()
+    }
+
+    /// The bytes searched for.
+    pub fn bytes(&'static self) -> &'static [u8] {
+        self.0.needle()
     }
 
     /// Where the needle first starts in `haystack`.
@@ -1372,6 +1403,63 @@ pub(crate) mod tests {
         assert!(built > 1_000, "{built}");
         // (And the thread's reader did read them: it keeps their shapes' envelopes.)
         assert!(BUILT.with(|reader| reader.borrow().memos.iter().flatten().count()) > 10);
+    }
+
+    /// [`Frame::key_strings`] is exact where it finds nothing of a value: for every recorded and hostile line
+    /// with no `\u` escape, every string value of a key it is asked for, at any depth (as serde_json reads it:
+    /// for a key twice, the last), is among what it finds as written, or it found a value it cannot tell.
+    #[test]
+    fn key_strings_miss_no_value_of_their_key() {
+        static KEYS: [Needle; 4] = [
+            crate::needle!(b"\"toolCallId\""),
+            crate::needle!(b"\"messageId\""),
+            crate::needle!(b"\"sessionId\""),
+            crate::needle!(b"\"type\""),
+        ];
+        fn values<'v>(v: &'v Value, key: &str, out: &mut Vec<&'v str>) {
+            match v {
+                Value::Object(map) => {
+                    out.extend(map.get(key).and_then(Value::as_str));
+                    map.values().for_each(|v| values(v, key, out));
+                }
+                Value::Array(items) => items.iter().for_each(|v| values(v, key, out)),
+                _ => {}
+            }
+        }
+        let mut lines = recorded_lines();
+        lines.extend(hostile_lines());
+        for value in [r#""id""#, r#" "id" "#, r#""i\/d""#, r#""i\"d""#, r#"7"#, r#"{"toolCallId":"in"}"#, r#""""#] {
+            for object in [
+                format!(r#"{{"toolCallId":{value}}}"#),
+                format!("{{\"toolCallId\"\t:\n{value},\"toolCallId\":\"last\"}}"),
+                format!(r#"{{"a\"toolCallId":{value},"b":"toolCallId","toolCallId" : {value}}}"#),
+            ] {
+                lines.push(format!(r#"{{"jsonrpc":"2.0","method":"m","params":{object}}}"#).into_bytes());
+            }
+        }
+        let (mut checked, mut told) = (0, 0);
+        for frame in lines.into_iter().filter_map(|line| Frame::parse(line).ok()) {
+            if frame.has(&UNICODE_ESCAPE) {
+                continue;
+            }
+            for key in &KEYS {
+                let name = std::str::from_utf8(&key.bytes()[1..key.bytes().len() - 1]).expect("a key");
+                let mut want = Vec::new();
+                values(frame.value(), name, &mut want);
+                let found: Vec<Option<&str>> = frame.key_strings(key).collect();
+                for v in want {
+                    checked += 1;
+                    let seen = found.contains(&Some(v));
+                    assert!(
+                        seen || found.contains(&None),
+                        "{name} {v:?} in {:?}: {found:?}",
+                        String::from_utf8_lossy(frame.bytes())
+                    );
+                    told += usize::from(seen);
+                }
+            }
+        }
+        assert!(checked > 1000 && told * 10 > checked * 9, "{told} of {checked} values found as written");
     }
 
     /// [`Frame::update_pick`] finds what [`json::View::pick`] finds in the update, whichever frame was asked

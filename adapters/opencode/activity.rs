@@ -32,7 +32,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
-use crate::frame::{Frame, Kind, Needle};
+use crate::frame::{Frame, Kind, Needle, UNICODE_ESCAPE};
 use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
@@ -98,29 +98,9 @@ impl Tasks {
     /// (which may spell the key). Exact where it says no: a tool call's update is gone over for its id only
     /// when this says yes. One search of the line and a lookup per key found, however many calls are followed.
     fn may_follow(&self, session: &str, frame: &Frame) -> bool {
-        if self.by_call.is_empty() {
-            return false;
-        }
-        if frame.has(&UNICODE_ESCAPE) {
-            return true;
-        }
-        let line = frame.bytes();
-        let ws = |s: &[u8]| s.iter().position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(s.len());
-        TOOL_CALL_ID.each_in(line).any(|at| {
-            // A quote that ends a key or a string: in a string's text a quote is escaped, so the needle's last
-            // quote closes a string here. What follows a key is a colon; after anything else this is no key.
-            let rest = &line[at + TOOL_CALL_ID_LEN..];
-            let rest = &rest[ws(rest)..];
-            let Some(rest) = rest.strip_prefix(b":") else { return false };
-            let rest = &rest[ws(rest)..];
-            // A value that is no string names no call.
-            let Some(text) = rest.strip_prefix(b"\"") else { return false };
-            match memchr::memchr2(b'"', b'\\', text).map(|end| (text[end], &text[..end])) {
-                Some((b'"', id)) => std::str::from_utf8(id).map_or(true, |id| self.follows(session, id)),
-                // An escape may spell an id followed (or the line is cut: no frame's is).
-                _ => true,
-            }
-        })
+        !self.by_call.is_empty()
+            && (frame.has(&UNICODE_ESCAPE)
+                || frame.key_strings(&TOOL_CALL_ID).any(|id| id.is_none_or(|id| self.follows(session, id))))
     }
 
     /// The call is over: it leaves the open calls.
@@ -373,13 +353,8 @@ impl<'a> TaskInput<'a> {
 /// Updates that are output of a turn (what OpenCode's own follow-up turn streams).
 /// What a `task` call's `rawInput` has (a tool call without it, of a call not followed yet, is no `task`).
 static SUBAGENT_TYPE: Needle = crate::needle!(b"\"subagent_type\"");
-/// The key of a tool call's id, as a line writes it when it writes it as itself ([`Tasks::may_follow`]).
-static TOOL_CALL_ID: Needle = crate::needle!(TOOL_CALL_ID_KEY);
-const TOOL_CALL_ID_KEY: &[u8] = b"\"toolCallId\"";
-const TOOL_CALL_ID_LEN: usize = TOOL_CALL_ID_KEY.len();
-/// `\u`: the one escape that may spell any character of a key or an id (the others spell only `"`, `\`, `/`
-/// and control characters). A line without it writes every key and id of those others as itself.
-static UNICODE_ESCAPE: Needle = crate::needle!(b"\\u");
+/// The key of a tool call's id ([`Tasks::may_follow`]).
+static TOOL_CALL_ID: Needle = crate::needle!(b"\"toolCallId\"");
 
 fn is_turn_output(kind: &str) -> bool {
     matches!(kind, "agent_message_chunk" | "agent_thought_chunk" | "tool_call" | "tool_call_update" | "plan")

@@ -39,7 +39,7 @@ use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::adapters::opencode::usage::Contexts;
 use crate::coda::compact::{Compactor, Ctl, Outcome, TURN_RUNNING};
-use crate::frame::{Frame, Id, Kind};
+use crate::frame::{Frame, Id, Kind, Needle, UNICODE_ESCAPE};
 use crate::layer::{Cx, Turn};
 
 /// What OpenCode's server answered the shim's compaction.
@@ -72,6 +72,9 @@ pub type Asker = Arc<dyn Fn(Ask) -> Option<Summarized> + Send + Sync>;
 /// After OpenCode's server answered `true`: how long to wait for its `session.compacted` (and the summary's
 /// tokens) before answering with what is known; after the compaction ended, how long unnamed chunks are held.
 pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// The key of a chunk's message ([`OpenCodeCompact::may_be_summary`]).
+static MESSAGE_ID: Needle = crate::needle!(b"\"messageId\"");
 
 /// How many summaries per session are remembered, for their late chunks.
 const SUMMARIES: usize = 8;
@@ -246,10 +249,20 @@ impl OpenCodeCompact {
         }
     }
 
+    /// Whether `frame` may be a chunk of a summary of its session's: a `"messageId"` key of its line has one's
+    /// message as its value, or a value with an escape (which may spell one), or the line has a `\u` escape
+    /// (which may spell the key). Exact where it says no; one search of the line however many are kept.
+    fn may_be_summary(&self, frame: &Frame) -> bool {
+        let Some(known) = frame.session().and_then(|s| self.summaries.get(&*s)).filter(|k| !k.is_empty()) else {
+            return false;
+        };
+        frame.has(&UNICODE_ESCAPE)
+            || frame.key_strings(&MESSAGE_ID).any(|m| m.is_none_or(|m| known.iter().any(|k| k == m)))
+    }
+
     /// A message chunk of the agent's: `true` to pass it on now.
     fn chunk(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
-        let maybe = self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()));
-        if !maybe && self.windows.is_empty() {
+        if self.windows.is_empty() && !self.may_be_summary(frame) {
             return true;
         }
         let v = frame.value();
@@ -444,9 +457,7 @@ impl Compactor for OpenCodeCompact {
         // A chunk is looked at only while a summary may be streaming (see `chunk`).
         matches!(frame.kind(), Kind::Notification { .. })
             && self.windows.values().all(|w| w.held.is_empty())
-            && (!frame.is_streamed_chunk()
-                || (self.windows.is_empty()
-                    && !self.summaries.values().flatten().any(|m| frame.contains(m.as_bytes()))))
+            && (!frame.is_streamed_chunk() || (self.windows.is_empty() && !self.may_be_summary(frame)))
     }
 
     /// A chunk is searched for a summary's message id while there is one and no window is open.
@@ -579,6 +590,25 @@ mod tests {
         h.from_agent(chunk("msg_s"));
         assert_eq!(h.to_client(), vec![chunk("msg_2")]);
         assert_eq!(h.next_wake(), None, "no timer left");
+        // However its line writes it: white space around the colon, the id or the key spelled with an escape,
+        // the key's text inside another key before it.
+        let update = |members: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"agent_message_chunk",{members},"content":{{"type":"text","text":"msg_s"}}}}}}}}"#
+            )
+        };
+        for members in [
+            concat!(r#""messageId" :"#, "\t", r#""msg_s""#),
+            r#""messageId":"msg\u005fs""#,
+            r#""message\u0049d":"msg_s""#,
+            r#""a\"messageId":"msg_2","messageId":"msg_s""#,
+        ] {
+            h.agent_frame(Frame::parse(update(members).into_bytes()).expect("valid"));
+            assert!(h.take().to_client.is_empty(), "{members}");
+        }
+        // Another message's chunk that names the summary's id in its text goes on.
+        h.agent_frame(Frame::parse(update(r#""messageId":"msg_3""#).into_bytes()).expect("valid"));
+        assert_eq!(h.take().to_client.len(), 1);
     }
 
     #[test]
