@@ -34,7 +34,7 @@ use std::convert::Infallible;
 use serde_json::{Value, json};
 
 use crate::coda::wait::{self, Register, State, Wait};
-use crate::frame::{self, Frame, Id, Kind};
+use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Layer};
 
 /// Qwen's request to start a turn of its own, and the notification that ends it.
@@ -298,7 +298,8 @@ impl Layer for QwenTasks {
             Kind::Notification { method } if method == END_TURN => false,
             Kind::Notification { .. } => match frame.session_update() {
                 Some("tool_call" | "tool_call_update") => false,
-                Some("agent_message_chunk") => !frame.contains(b"\"backgroundTask\""),
+                // (A `\u` escape may spell the key.)
+                Some("agent_message_chunk") => !frame.has(&BACKGROUND_TASK) && !frame.has(&frame::UNICODE_ESCAPE),
                 _ => true,
             },
             _ => true,
@@ -315,6 +316,9 @@ impl Layer for QwenTasks {
         self.tasks.len() + self.commands.len()
     }
 }
+
+/// The key of Qwen's report of a background task's end, on a chunk.
+static BACKGROUND_TASK: Needle = crate::needle!(b"\"backgroundTask\"");
 
 #[cfg(test)]
 mod tests {
@@ -457,6 +461,29 @@ mod tests {
         let other = json!({"jsonrpc":"2.0","id":5,"method":"_coda/wait/stop","params":{"sessionId":S,"waitId":"zz"}});
         h.from_client(other.clone());
         assert_eq!(h.to_agent(), [other]);
+    }
+
+    /// A report whose key is spelled with an escape is read as the parsed frame reads it (fail closed).
+    #[test]
+    fn a_report_under_an_escaped_key_is_read() {
+        let mut h = rig();
+        let task = "general-purpose-call_8";
+        launched(&mut h, "call_8", task);
+        let report = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"cancelled"}},"_meta":{{"background\u0054ask":{{"kind":"agent","status":"cancelled","taskId":"{task}"}}}}}}}}}}"#
+        );
+        let report = Frame::parse(report.into_bytes()).expect("valid");
+        // (Asked directly too: a debug build's stack calls a layer that says it passes a frame, to check it.)
+        assert!(!QwenTasks::new().passes_from_agent(&report), "the layer reads it");
+        h.agent_frame(report);
+        assert_eq!(h.take().to_client.len(), 1, "the chunk only");
+        h.from_agent(json!({"jsonrpc":"2.0","id":3,"method":START_TURN,"params":{"kind":"agent","sessionId":S,
+            "source":"background_notification","taskId":task,"turnId":"t8"}}));
+        assert_eq!(h.to_client()[0]["params"], json!({"sessionId":S,"waitId":task,"state":"handling"}));
+        h.from_agent(
+            json!({"jsonrpc":"2.0","method":END_TURN,"params":{"sessionId":S,"reason":"end_turn","turnId":"t8"}}),
+        );
+        assert_eq!(h.to_client()[1]["params"], json!({"sessionId":S,"waitId":task,"state":"cancelled"}));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::convert::Infallible;
 
 use serde_json::Value;
 
-use crate::coda::instruction::{CLOSE, OPEN, TOKEN_TEXT};
+use crate::coda::instruction::{CLOSE, OPEN, TOKEN};
 use crate::frame::Frame;
 use crate::layer::{Cx, Layer};
 
@@ -40,7 +40,7 @@ impl Layer for TruncatedTitles {
     type Reply = Infallible;
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        if frame.is_streamed_chunk() || !frame.contains(TOKEN_TEXT.as_bytes()) {
+        if frame.is_streamed_chunk() || !frame.has(&TOKEN) {
             return cx.to_client(frame);
         }
         let mut value = frame.to_value();
@@ -52,7 +52,7 @@ impl Layer for TruncatedTitles {
     }
 
     fn passes_from_agent(&self, frame: &Frame) -> bool {
-        frame.is_streamed_chunk() || !frame.contains(TOKEN_TEXT.as_bytes())
+        frame.is_streamed_chunk() || !frame.has(&TOKEN)
     }
 
     fn chunks_pass_by_session(&self) -> bool {

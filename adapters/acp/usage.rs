@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use super::profile::{AtLoad, RequestStart, UsageBy, Used};
 use crate::coda::slash_compact::{Own, Said as Compaction};
 use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
-use crate::frame::Frame;
+use crate::frame::{Frame, Needle, UNICODE_ESCAPE};
 use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
 
@@ -219,8 +219,9 @@ impl Source for AcpUsage {
         match frame.session_update() {
             Some("compaction_update") => true,
             Some("agent_message_chunk") => {
-                (self.request_start.is_some() && frame.contains(b"\"durationMs\""))
-                    || (self.own.is_some() && frame.contains(b"\"contextCompression\""))
+                // (A `\u` escape may spell either key.)
+                let holds = |key| frame.has(key) || frame.has(&UNICODE_ESCAPE);
+                (self.request_start.is_some() && holds(&DURATION_MS)) || (self.own.is_some() && holds(&COMPRESSION))
             }
             _ => false,
         }
@@ -283,6 +284,10 @@ impl Source for AcpUsage {
     }
 }
 
+/// The keys of Qwen's chunks the layer reads: a request's time and a compaction's counts.
+static DURATION_MS: Needle = crate::needle!(b"\"durationMs\"");
+static COMPRESSION: Needle = crate::needle!(b"\"contextCompression\"");
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,6 +348,20 @@ mod tests {
         ));
         h.from_agent(update(S, json!({"sessionUpdate":"usage_update","used":21070,"size":32000})));
         assert_eq!(coda(&h.to_client()[1]), json!({"lastRequestAt": at, "contextTokens": 21070}));
+    }
+
+    /// A chunk whose key is spelled with an escape is read as the parsed frame reads it (fail closed).
+    #[test]
+    fn a_request_time_under_an_escaped_key_is_read() {
+        let mut h = qwen();
+        h.advance(Duration::from_secs(5));
+        let chunk = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":""}},"_meta":{{"usage":{{"inputTokens":21062}},"duration\u004ds":999}}}}}}}}"#
+        );
+        h.agent_frame(Frame::parse(chunk.into_bytes()).expect("valid"));
+        h.from_agent(update(S, json!({"sessionUpdate":"usage_update","used":21062,"size":32000})));
+        let at = crate::coda::usage::iso(wall_start() + Duration::from_millis(5000 - 999)).unwrap();
+        assert_eq!(coda(&h.to_client()[1]), json!({"lastRequestAt": at, "contextTokens": 21062}));
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub const CLOSE: &str = "</coda-session-instruction>";
 /// A part of the marker that no JSON encoder escapes, for a cheap byte search; agents that reflow the
 /// block (a session title made from the prompt) keep it too.
 pub const TOKEN_TEXT: &str = "coda-session-instruction";
-static TOKEN: Needle = crate::needle!(TOKEN_TEXT.as_bytes());
+/// [`TOKEN_TEXT`], its searcher built once.
+pub static TOKEN: Needle = crate::needle!(TOKEN_TEXT.as_bytes());
 /// Most text one instruction may carry.
 pub const MAX_BYTES: usize = 256 * 1024;
 
@@ -55,11 +56,10 @@ pub fn strip(s: &str) -> Option<String> {
 /// and their white space are the same bytes escaped or not: an escape is a backslash and one of `"\bfnrt`,
 /// and a marker begins with `<`, which no backslash escapes, so a marker found in the bytes is one in the text.
 fn strip_escaped(text: &[u8]) -> Result<Option<Vec<u8>>, ()> {
-    static UNICODE: Needle = crate::needle!(b"\\u");
     static SLASH: Needle = crate::needle!(b"\\/");
     static OPENING: Needle = crate::needle!(OPEN.as_bytes());
     static CLOSING: Needle = crate::needle!(CLOSE.as_bytes());
-    if UNICODE.is_in(text) || SLASH.is_in(text) {
+    if frame::UNICODE_ESCAPE.is_in(text) || SLASH.is_in(text) {
         return Err(());
     }
     let (mut out, mut rest, mut changed) = (Vec::new(), text, false);
