@@ -31,7 +31,7 @@ use std::convert::Infallible;
 
 use serde_json::{Map, Value, json};
 
-use crate::frame::{Frame, Kind, Needle};
+use crate::frame::{Frame, Kind, Needle, UNICODE_ESCAPE};
 use crate::json::{self, View};
 use crate::layer::{Cx, Layer};
 use std::borrow::Cow;
@@ -316,7 +316,9 @@ impl CodexReview {
         let is_start = frame.session_update() == Some("tool_call");
         let session = frame.session().unwrap_or_default();
         // An update of no review's matters only to a session with calls kept (it may finish one).
-        if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) && !frame.has(&REVIEW_CALL_ID) {
+        // (A `\u` escape may spell a review's id.)
+        let no_review = !frame.has(&REVIEW_CALL_ID) && !frame.has(&UNICODE_ESCAPE);
+        if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) && no_review {
             return cx.to_client(frame);
         }
         // What is kept of a call, and a review's verdict, read where they lie.
@@ -718,6 +720,15 @@ mod tests {
         h.from_agent(review_start("r", command_action("make")));
         let got = h.to_client();
         assert_eq!(got.last(), Some(&on_call("cb", json!({"state": "reviewing"}))), "{got:?}");
+    }
+
+    /// An update of a review whose id is spelled with an escape is a review's: it reaches no one.
+    #[test]
+    fn a_reviews_update_under_an_escaped_id_reaches_no_one() {
+        let mut h = harness();
+        let end = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":{"sessionUpdate":"tool_call_update","toolCallId":"guardian\u005fassessment:r","status":"completed"}}}"#;
+        h.agent_frame(Frame::parse(end.as_bytes().to_vec()).expect("a frame"));
+        assert!(h.take().to_client.is_empty());
     }
 
     #[test]

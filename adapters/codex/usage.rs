@@ -36,7 +36,7 @@ use std::time::SystemTime;
 use serde_json::Value;
 
 use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
-use crate::frame::{Frame, Needle};
+use crate::frame::{Frame, Needle, UNICODE_ESCAPE};
 use crate::layer::Cx;
 
 /// More waiting request starts than any response count could need: the oldest are dropped.
@@ -198,7 +198,8 @@ impl Source for Codex {
     fn wants(&self, frame: &Frame) -> bool {
         match frame.session_update() {
             Some("compaction_update" | "tool_call") => true,
-            Some("tool_call_update") => frame.has(&STATUS),
+            // (A `\u` escape may spell the key.)
+            Some("tool_call_update") => frame.has(&STATUS) || frame.has(&UNICODE_ESCAPE),
             _ => false,
         }
     }
@@ -368,6 +369,27 @@ mod tests {
         h.from_client(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":S,"prompt":[]}}));
         h.from_agent(usage(S, json!(10500)));
         assert_eq!(coda(h.to_client().last().unwrap())["lastRequestAt"], at(295));
+    }
+
+    /// A tool call's end under a key spelled with an escape is read as the parsed frame reads it (fail closed).
+    #[test]
+    fn a_tool_calls_end_under_an_escaped_key_is_read() {
+        let mut h = started();
+        advance(&mut h, 100);
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":S,"prompt":[]}}));
+        h.to_agent();
+        advance(&mut h, 60);
+        h.from_agent(update(S, json!({"sessionUpdate":"tool_call","toolCallId":"c1","status":"in_progress"})));
+        h.from_agent(usage(S, json!(10386)));
+        advance(&mut h, 5);
+        let end = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"tool_call_update","toolCallId":"c1","st\u0061tus":"completed"}}}}}}"#
+        );
+        h.agent_frame(Frame::parse(end.into_bytes()).expect("valid"));
+        // The call's end starts the next request: the update after it is that request's.
+        h.from_agent(usage(S, json!(10471)));
+        let out = h.to_client();
+        assert_eq!(coda(out.last().expect("the update")), json!({"lastRequestAt":at(165),"contextTokens":10471}));
     }
 
     #[test]

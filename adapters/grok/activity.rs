@@ -23,7 +23,7 @@ use std::convert::Infallible;
 
 use crate::adapters::grok::compact::Queue;
 use crate::coda::wait::{self, Register, State, Wait};
-use crate::frame::{self, Frame, Id, Kind, Needle};
+use crate::frame::{self, Frame, Id, Kind, Needle, UNICODE_ESCAPE};
 use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
@@ -360,7 +360,8 @@ impl GrokActivity {
     /// Whether a `session/update` is a tool call this layer learns from: a spawn, or what may follow one.
     fn tool_news(&self, frame: &Frame) -> bool {
         match frame.session_update() {
-            Some("tool_call") => frame.has(&SPAWN_SUBAGENT),
+            // (A `\u` escape may spell the tool's name.)
+            Some("tool_call") => frame.has(&SPAWN_SUBAGENT) || frame.has(&UNICODE_ESCAPE),
             Some("tool_call_update") => self.spawn_calls.values().any(|c| !c.is_empty()),
             _ => false,
         }
@@ -689,6 +690,18 @@ mod tests {
         assert!(agent(&mut h, running("subagent-completed-sub1")).is_empty(), "already handling");
         let out = agent(&mut h, turn_completed(S, "subagent-completed-sub1"));
         assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"sub1","state":"done"})]);
+    }
+
+    /// A spawn whose tool name is spelled with an escape is read as the parsed frame reads it (fail closed).
+    #[test]
+    fn a_spawn_named_with_an_escape_links_its_call() {
+        let mut h = started();
+        let spawn = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"tool_call","toolCallId":"call_7","title":"spawn\u005fsubagent","_meta":{{"x.ai/tool":{{"name":"spawn\u005fsubagent","kind":"task"}}}}}}}}}}"#
+        );
+        h.agent_frame(Frame::parse(spawn.into_bytes()).expect("valid"));
+        h.take();
+        assert_eq!(waits(&agent(&mut h, spawned("fg", "fg", None)))[0]["toolCallId"], "call_7");
     }
 
     #[test]
