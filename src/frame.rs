@@ -649,12 +649,6 @@ impl Frame {
         }
     }
 
-    /// Whether the raw bytes contain `needle` (a cheap pre-check before parsing). On the per-frame
-    /// path prefer a [`Needle`], whose searcher is built once.
-    pub fn contains(&self, needle: &[u8]) -> bool {
-        memchr::memmem::find(self.bytes(), needle).is_some()
-    }
-
     /// Whether the raw bytes contain the needle.
     pub fn has(&self, needle: &'static Needle) -> bool {
         needle.is_in(self.bytes())
