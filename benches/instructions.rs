@@ -21,7 +21,8 @@
 //!
 //! Run with `cargo bench --bench instructions` (needs valgrind). Env: `CODA_BENCH_FRAMES=<small>,<large>`
 //! (default 10000,30000), `CODA_BENCH_SHIMS=codex,grok,kimi,opencode` (default all four),
-//! `CODA_BENCH_FLOODS=chunks,meta,starts,real` (default all), `CODA_BENCH_KEEP=<dir>` keeps callgrind's
+//! `CODA_BENCH_FLOODS=chunks,meta,starts,real` (default all), `CODA_BENCH_KINDS=<kind>,...` (the recorded
+//! streams' frames of those kinds alone, as the mix names them), `CODA_BENCH_KEEP=<dir>` keeps callgrind's
 //! files there for `callgrind_annotate`. The shims run with `KIMI_CODE_HOME` pointing at an empty folder
 //! (coda-kimi finds no session files there and reports no activity); coda-codex's version probe finds nothing
 //! in the load agent. Nothing here asserts a count.
@@ -210,6 +211,10 @@ fn real_stream(agent: &str) -> Vec<Recorded> {
             };
             stream.push(Recorded { text, kind, ids: Vec::new() });
         }
+    }
+    // (`CODA_BENCH_KINDS`: the frames of those kinds alone, for the cost of one kind.)
+    if let Ok(kinds) = std::env::var("CODA_BENCH_KINDS") {
+        stream.retain(|r| kinds.split(',').any(|k| k.trim() == r.kind));
     }
     assert!(!stream.is_empty(), "no recorded stream for {agent}");
     // Every id the stream names (but the bench session's), the longest first where one holds another.

@@ -174,7 +174,7 @@ pub struct Invalid {
 ///
 /// A lone UTF-16 surrogate escape (`"\ud800"`, a low half first, a high half without its low one) is valid
 /// JSON and passes the frame check, but is no Unicode text. The check notes it where it first reads the
-/// line ([`scan::Envelope::lone_surrogate`]); the frame is kept and forwarded byte for byte while no layer
+/// line ([`scan::Escapes::lone_surrogate`]); the frame is kept and forwarded byte for byte while no layer
 /// edits it; its [`Frame::value`] reads each lone half as U+FFFD REPLACEMENT CHARACTER
 /// ([`json::mend_surrogates`]), so reading a frame cannot fail, and a layer that rewrites it writes U+FFFD
 /// there. A lone surrogate in the method name is refused where the line is checked (there it would change
@@ -187,7 +187,7 @@ pub struct Frame {
     /// `params.update.sessionUpdate` of a notification, read with the envelope so that layers can tell
     /// a streamed chunk from what they look for without searching the whole frame.
     update: Option<CompactString>,
-    /// [`SHIM`], [`LONE_SURROGATE`], [`CHUNK`].
+    /// [`SHIM`], [`LONE_SURROGATE`], [`CHUNK`], [`SESSION`], [`SESSION_ESCAPED`], [`UNICODE`].
     flags: u8,
     /// Where `params._meta` is in the line ([`Frame::meta`]), found with the envelope: its start and length (0
     /// for none; `u16::MAX` for one as long or longer, looked for again). Small, so that the frame, which
@@ -215,6 +215,14 @@ const CHUNK: u8 = 4;
 /// `params.sessionId` is a string ([`Frame::session`]); with [`SESSION_ESCAPED`], one holding an escape.
 const SESSION: u8 = 8;
 const SESSION_ESCAPED: u8 = 16;
+/// The line may hold a `\u` escape ([`Frame::unicode_escaped`]).
+const UNICODE: u8 = 32;
+
+/// The flags of a frame whose line the frame check read.
+fn noted(chunk: bool, escapes: scan::Escapes) -> u8 {
+    let flag = |on: bool, flag: u8| if on { flag } else { 0 };
+    flag(chunk, CHUNK) | flag(escapes.lone_surrogate, LONE_SURROGATE) | flag(escapes.unicode, UNICODE)
+}
 
 /// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
 impl PartialEq for Frame {
@@ -254,9 +262,8 @@ impl Frame {
     fn take(wire: Bytes, scanner: Option<&mut Reader>) -> Result<Frame, (Bytes, Invalid)> {
         let wire = if wire.last() == Some(&b'\n') { wire } else { Bytes::from([&wire[..], b"\n"].concat()) };
         match classify(&wire[..wire.len().saturating_sub(1)], scanner) {
-            Ok(Classified { kind, update, lone_surrogate, chunk, places }) => {
-                let flags = if lone_surrogate { LONE_SURROGATE } else { 0 } | if chunk { CHUNK } else { 0 };
-                Ok(Frame::with(wire, kind, update, flags, places))
+            Ok(Classified { kind, update, escapes, chunk, places }) => {
+                Ok(Frame::with(wire, kind, update, noted(chunk, escapes), places))
             }
             Err(e) => Err((wire, e)),
         }
@@ -318,7 +325,8 @@ impl Frame {
     /// text whose envelope is this frame's, and the new frame takes its envelope from this one instead of
     /// checking the line again; the places of `params`' fields move with the bytes after the cut, and one that
     /// holds the cut grows with it. A cut that holds only part of a place, in a frame with a lone surrogate
-    /// escape (whose mended reading may lie in the cut), is read again whole ([`Frame::built`]).
+    /// escape (whose mended reading may lie in the cut), or in a line that has or gets a `\u` escape (rare;
+    /// [`Frame::unicode_escaped`] is exact), is read again whole ([`Frame::built`]).
     pub(crate) fn spliced(&self, cut: std::ops::Range<usize>, with: &[u8]) -> Frame {
         let line = self.bytes();
         // (Room for the `\n` too: the line is not copied again for it.)
@@ -326,7 +334,8 @@ impl Frame {
         for part in [&line[..cut.start], with, &line[cut.end..]] {
             bytes.extend_from_slice(part);
         }
-        if self.lone_surrogate() {
+        // (A `\u` escape, in the line or in `with`, is what a check of the new line notes exactly.)
+        if self.lone_surrogate() || self.unicode_escaped() || UNICODE_ESCAPE.is_in(with) {
             return Frame::built(bytes);
         }
         let grown = with.len() as i64 - cut.len() as i64;
@@ -395,15 +404,14 @@ impl Frame {
         bytes.push(b'\n');
         let wire = Bytes::from(bytes);
         let (kind, update, flags, places) = match classified {
-            Ok(Classified { kind, update, chunk, places, lone_surrogate }) => {
-                let flags = SHIM | if chunk { CHUNK } else { 0 } | if lone_surrogate { LONE_SURROGATE } else { 0 };
-                (kind, update, flags, places)
+            Ok(Classified { kind, update, chunk, places, escapes }) => {
+                (kind, update, SHIM | noted(chunk, escapes), places)
             }
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
             // nothing is lost, and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
-                (Kind::Notification { method: Method::default() }, None, SHIM, Places::default())
+                (Kind::Notification { method: Method::default() }, None, SHIM | UNICODE, Places::default())
             }
         };
         Frame::with(wire, kind, update, flags, places)
@@ -631,6 +639,14 @@ impl Frame {
         self.flags & LONE_SURROGATE != 0
     }
 
+    /// Whether a string of the line (a key or a value) may hold a `\u` escape, the one escape that may spell
+    /// any character ([`UNICODE_ESCAPE`]): false only where none does, as the frame check found, so a key or
+    /// a text a layer looks for as it is written is then found wherever it is. Noted for free where the line
+    /// is checked (a search of the line would cost a layer a pass over it).
+    pub fn unicode_escaped(&self) -> bool {
+        self.flags & UNICODE != 0
+    }
+
     /// [`Frame::value`] as a handle of its own, for a layer that reads the value while it passes the frame on.
     pub fn shared_value(&self) -> Arc<Value> {
         Arc::clone(self.read_once())
@@ -658,8 +674,8 @@ impl Frame {
     /// it, wherever in the line it lies, in order: `Some(text)` for a string with no escape, `None` for one
     /// with an escape (which may spell any text); a value that is no string is left out. One search of the
     /// line, for a layer that asks whether a frame may name one of many ids it keeps without reading the frame.
-    /// A key spelled with a `\u` escape is not found (a caller that must not miss one looks for
-    /// [`UNICODE_ESCAPE`] first); the key's text inside a longer key (`"a\"id"`) is found too.
+    /// A key spelled with a `\u` escape is not found (a caller that must not miss one asks
+    /// [`Frame::unicode_escaped`] first); the key's text inside a longer key (`"a\"id"`) is found too.
     pub fn key_strings(&self, key: &'static Needle) -> impl Iterator<Item = Option<&str>> + '_ {
         let line = self.bytes();
         let space = |s: &[u8]| s.iter().position(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r')).unwrap_or(s.len());
@@ -846,8 +862,8 @@ struct Classified {
     kind: Kind,
     /// `params.update.sessionUpdate`.
     update: Option<CompactString>,
-    /// A string holds a lone surrogate escape.
-    lone_surrogate: bool,
+    /// What the line's escapes are.
+    escapes: scan::Escapes,
     /// A `session/update` of streamed words.
     chunk: bool,
     places: Places,
@@ -911,8 +927,8 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
             (None, None) => None,
         }
     {
-        let (update, chunk, lone_surrogate) = (memo.update.clone(), memo.chunk, env.lone_surrogate);
-        return Ok(Classified { kind, update, lone_surrogate, chunk, places: Places::of(env) });
+        let (update, chunk, escapes) = (memo.update.clone(), memo.chunk, env.escapes);
+        return Ok(Classified { kind, update, escapes, chunk, places: Places::of(env) });
     }
     let text = |s: &scan::Str| s.text(bytes);
     // A name as the frame keeps it: the usual ones as static text (nothing copied or checked again).
@@ -924,10 +940,10 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
         scan::Top::Object => {}
         scan::Top::Array { empty: true } => return Err(invalid("an empty batch is not a JSON-RPC request", None)),
         scan::Top::Array { empty: false } => {
-            let lone_surrogate = env.lone_surrogate;
+            let escapes = env.escapes;
             let kind = Kind::Batch;
             let places = Places::default();
-            return Ok(Classified { kind, update: None, lone_surrogate, chunk: false, places });
+            return Ok(Classified { kind, update: None, escapes, chunk: false, places });
         }
         scan::Top::Other => return Err(invalid("the message is not a JSON-RPC 2.0 object", None)),
     }
@@ -970,7 +986,7 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
         };
         *memo = Some(Memo { shape, method, update: update.clone(), chunk });
     }
-    Ok(Classified { kind, update, lone_surrogate: env.lone_surrogate, chunk, places: Places::of(env) })
+    Ok(Classified { kind, update, escapes: env.escapes, chunk, places: Places::of(env) })
 }
 
 /// The method names and `sessionUpdate` kinds of the frames that come most often, when the string `s` of
@@ -1293,6 +1309,39 @@ pub(crate) mod tests {
         assert_eq!(long.meta().and_then(|m| m.get("a")).and_then(|v| v.as_u64()), Some(3));
     }
 
+    /// Whether a frame may hold a `\u` escape is what its line holds, read alone or through a stream's reader
+    /// (a line of a shape it kept checked against that shape): the escape in a key, in a value, or none but
+    /// an escaped backslash before a `u`; and a frame spliced, as a read of its new line notes it.
+    #[test]
+    fn a_unicode_escape_is_noted_where_the_line_is_checked() {
+        let chunk = |key: &str, text: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"agent_message_chunk","{key}":{{"type":"text","text":"{text}"}}}}}}}}"#
+            )
+        };
+        let mut reader = Reader::default();
+        for (line, escaped) in [
+            (chunk("content", r"caf\u00e9"), true),
+            (chunk("content", "cafe"), false),
+            (chunk("content", r"\\u00e9 \n 你好"), false),
+            (chunk("content", r"\ud83d\ude00"), true),
+            (chunk(r"cont\u0065nt", "plain"), true),
+            (chunk(r"cont\u0065nt", "other"), true),
+            (chunk("content", "again"), false),
+        ] {
+            let read = Frame::read(Bytes::from(format!("{line}\n")), &mut reader).unwrap();
+            let alone = Frame::parse(line.clone().into_bytes()).unwrap();
+            assert_eq!((read.unicode_escaped(), alone.unicode_escaped()), (escaped, escaped), "{line}");
+        }
+        let text = |f: &Frame| f.bytes().windows(5).position(|w| w == br#""abc""#).map(|at| at..at + 5).unwrap();
+        let plain = Frame::parse(chunk("content", "abc").into_bytes()).unwrap();
+        let spliced = plain.spliced(text(&plain), br#""\u0001""#);
+        assert!(spliced.unicode_escaped() && spliced.value().pointer("/params/update/content/text").is_some());
+        assert!(!plain.spliced(text(&plain), br#""\n""#).unicode_escaped());
+        let escaped = Frame::parse(chunk(r"cont\u0065nt", "abc").into_bytes()).unwrap();
+        assert!(escaped.spliced(text(&escaped), br#""d""#).unicode_escaped());
+    }
+
     #[test]
     fn the_update_is_found_with_the_envelope() {
         let mut reader = Reader::default();
@@ -1425,6 +1474,7 @@ pub(crate) mod tests {
         for value in [r#""id""#, r#" "id" "#, r#""i\/d""#, r#""i\"d""#, r#"7"#, r#"{"toolCallId":"in"}"#, r#""""#] {
             for object in [
                 format!(r#"{{"toolCallId":{value}}}"#),
+                format!(r#"{{"toolCall\u0049d":{value}}}"#),
                 format!("{{\"toolCallId\"\t:\n{value},\"toolCallId\":\"last\"}}"),
                 format!(r#"{{"a\"toolCallId":{value},"b":"toolCallId","toolCallId" : {value}}}"#),
             ] {
@@ -1433,7 +1483,8 @@ pub(crate) mod tests {
         }
         let (mut checked, mut told) = (0, 0);
         for frame in lines.into_iter().filter_map(|line| Frame::parse(line).ok()) {
-            if frame.has(&UNICODE_ESCAPE) {
+            // (Where the frame check found no `\\u` escape, no key is spelled with one.)
+            if frame.unicode_escaped() {
                 continue;
             }
             for key in &KEYS {

@@ -5,7 +5,8 @@
 //! walks the line once without recursion (a bit per open array or object, at most [`MAX_DEPTH`]), strings
 //! eight bytes at a time, and keeps only where the envelope's fields are: `jsonrpc`, `id`, `method`,
 //! `result`, `error`, `params.sessionId`, `params._meta` and `params.update.sessionUpdate`. It accepts what serde_json accepts (numbers of
-//! any size, nesting up to the bound) and, as JSON's grammar does, lone UTF-16 surrogate escapes (noted).
+//! any size, nesting up to the bound) and, as JSON's grammar does, lone UTF-16 surrogate escapes (noted, as is
+//! whether any string holds a `\u` escape: [`Escapes`]).
 
 use crate::json::MAX_DEPTH;
 
@@ -68,6 +69,17 @@ pub struct Envelope {
     pub mistyped: bool,
     /// One of the envelope's keys appears twice.
     pub duplicate: bool,
+    /// What the escapes of the line's strings are.
+    pub escapes: Escapes,
+}
+
+/// What the escapes of a line's strings (keys and values) are, noted where each is checked.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Escapes {
+    /// A string holds a `\u` escape: the one escape that may spell any character, so a key or a text a layer
+    /// looks for as it is written may be spelled with one. False: every character of the line is as written
+    /// but for quotes, backslashes, slashes and control characters.
+    pub unicode: bool,
     /// A string holds a UTF-16 surrogate escape without its other half (which serde_json does not read).
     pub lone_surrogate: bool,
 }
@@ -294,7 +306,7 @@ impl Scanner {
 
     /// The shape of the line checked last, when it has one: lines of one shape have the same bytes but in
     /// their values, and the same envelope but for where its strings are, the id's value and
-    /// [`Envelope::lone_surrogate`] (so what a reader makes of the envelope's `jsonrpc`, `method` and
+    /// [`Envelope::escapes`] (so what a reader makes of the envelope's `jsonrpc`, `method` and
     /// `sessionUpdate` holds for every line of the shape). A new shape has another number.
     pub fn shape(&self) -> Option<u64> {
         self.shape
@@ -461,7 +473,30 @@ mod tests {
             (r#""\ud83d\ude00""#, false),
             (r#""\u0041""#, false),
         ] {
-            assert_eq!(scan(text.as_bytes()).unwrap().lone_surrogate, lone, "{text}");
+            assert_eq!(scan(text.as_bytes()).unwrap().escapes.lone_surrogate, lone, "{text}");
+        }
+    }
+
+    /// A `\u` escape is noted wherever it is (a key, a value, a text with escapes of one character before it in
+    /// its block of 64 bytes), and nothing else is: a backslash escaped before a `u` is no `\u` escape.
+    #[test]
+    fn notes_unicode_escapes() {
+        let after_short = format!(r#"["{}\u00e9"]"#, r#"\n\""#.repeat(20));
+        let short_only = format!(r#"["{}u00e9"]"#, r"\n\\".repeat(20));
+        for (text, unicode) in [
+            (r#""\u00e9""#, true),
+            (r#"{"k\u0065y":1}"#, true),
+            (r#"["a\ud83d\ude00"]"#, true),
+            (r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"s\u0031"}}"#, true),
+            (r#""\\\u0041""#, true),
+            (&after_short, true),
+            (r#""\\u0041""#, false),
+            (r#""a\n\"\/\\\t\b\f\r""#, false),
+            (r#"{"u":"été 你好","\\":"\\\\u"}"#, false),
+            (&short_only, false),
+        ] {
+            assert_eq!(scan(text.as_bytes()).unwrap().escapes.unicode, unicode, "{text}");
+            assert_eq!(exact::scan(text.as_bytes()).unwrap().escapes.unicode, unicode, "{text}");
         }
     }
 

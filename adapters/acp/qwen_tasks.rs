@@ -299,7 +299,7 @@ impl Layer for QwenTasks {
             Kind::Notification { .. } => match frame.session_update() {
                 Some("tool_call" | "tool_call_update") => false,
                 // (A `\u` escape may spell the key.)
-                Some("agent_message_chunk") => !frame.has(&BACKGROUND_TASK) && !frame.has(&frame::UNICODE_ESCAPE),
+                Some("agent_message_chunk") => !frame.has(&BACKGROUND_TASK) && !frame.unicode_escaped(),
                 _ => true,
             },
             _ => true,

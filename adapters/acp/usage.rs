@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use super::profile::{AtLoad, RequestStart, UsageBy, Used};
 use crate::coda::slash_compact::{Own, Said as Compaction};
 use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
-use crate::frame::{Frame, Needle, UNICODE_ESCAPE};
+use crate::frame::{Frame, Needle};
 use crate::inside::{Folder, Kind as Entry};
 use crate::layer::Cx;
 
@@ -220,7 +220,7 @@ impl Source for AcpUsage {
             Some("compaction_update") => true,
             Some("agent_message_chunk") => {
                 // (A `\u` escape may spell either key.)
-                let holds = |key| frame.has(key) || frame.has(&UNICODE_ESCAPE);
+                let holds = |key| frame.has(key) || frame.unicode_escaped();
                 (self.request_start.is_some() && holds(&DURATION_MS)) || (self.own.is_some() && holds(&COMPRESSION))
             }
             _ => false,

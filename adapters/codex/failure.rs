@@ -30,7 +30,7 @@ use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
 use crate::coda::failure::{Failure, Kind, Retry, Signal, Signals, Verdict};
-use crate::frame::{Frame, Needle, UNICODE_ESCAPE};
+use crate::frame::{Frame, Needle};
 use jiff::civil::Date;
 use jiff::fmt::strtime;
 use jiff::tz::TimeZone;
@@ -173,19 +173,19 @@ impl Signals for Codex {
     type Event = Infallible;
     type Record = Infallible;
 
-    /// A `session_info_update` whose update holds a failure record: its `sessionFailure` key as written, or a
-    /// `\u` escape that may spell it (looked for in the update alone: a frame's envelope holds neither).
+    /// A `session_info_update` whose update holds a failure record: its `sessionFailure` key as written
+    /// (looked for in the update alone: a frame's envelope does not hold it), or a line with a `\u` escape that
+    /// may spell it.
     fn wants(&self, frame: &Frame) -> bool {
         frame.session_update() == Some("session_info_update")
-            && frame.update_value().is_some_and(|u| SESSION_FAILURE.is_in(u.text()) || UNICODE_ESCAPE.is_in(u.text()))
+            && (frame.unicode_escaped() || frame.update_value().is_some_and(|u| SESSION_FAILURE.is_in(u.text())))
     }
 
     fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
         // Only a retry warning is acted on, and its record's id ends in `:error`: an update whose bytes cannot
         // hold such an id (no `:error"`, and no `\u` escape that could spell one) is one of codex-acp's notices, passed
         // on without reading its record.
-        let update = frame.update_value().map_or(&[][..], |u| u.text());
-        if !ERROR_ID.is_in(update) && !UNICODE_ESCAPE.is_in(update) {
+        if !frame.unicode_escaped() && !frame.update_value().is_some_and(|u| ERROR_ID.is_in(u.text())) {
             return;
         }
         // Read where it lies: the session from the frame check's one pass, the failure record alone parsed.
@@ -197,7 +197,7 @@ impl Signals for Codex {
 
     fn failure(&self, answer: &Frame, _: Option<Infallible>, wall: SystemTime) -> Option<Failure> {
         // (An answer with a `\u` escape is read: one may spell either.)
-        if !answer.has(&SESSION_FAILURE) && !answer.has(&USAGE_LIMIT) && !answer.has(&UNICODE_ESCAPE) {
+        if !answer.has(&SESSION_FAILURE) && !answer.has(&USAGE_LIMIT) && !answer.unicode_escaped() {
             return None;
         }
         // The day of a reset time Codex gives without one is the day the shim got the answer: the engine's

@@ -31,7 +31,7 @@ use std::convert::Infallible;
 
 use serde_json::{Map, Value, json};
 
-use crate::frame::{Frame, Kind, Needle, UNICODE_ESCAPE};
+use crate::frame::{Frame, Kind, Needle};
 use crate::json::{self, View};
 use crate::layer::{Cx, Layer};
 use std::borrow::Cow;
@@ -317,7 +317,7 @@ impl CodexReview {
         let session = frame.session().unwrap_or_default();
         // An update of no review's matters only to a session with calls kept (it may finish one).
         // (A `\u` escape may spell a review's id.)
-        let no_review = !frame.has(&REVIEW_CALL_ID) && !frame.has(&UNICODE_ESCAPE);
+        let no_review = !frame.has(&REVIEW_CALL_ID) && !frame.unicode_escaped();
         if !is_start && self.sessions.get(&*session).is_none_or(|s| s.calls.is_empty()) && no_review {
             return cx.to_client(frame);
         }

@@ -36,7 +36,7 @@ use std::time::SystemTime;
 use serde_json::Value;
 
 use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
-use crate::frame::{Frame, Needle, UNICODE_ESCAPE};
+use crate::frame::{Frame, Needle};
 use crate::layer::Cx;
 
 /// More waiting request starts than any response count could need: the oldest are dropped.
@@ -199,7 +199,7 @@ impl Source for Codex {
         match frame.session_update() {
             Some("compaction_update" | "tool_call") => true,
             // (A `\u` escape may spell the key.)
-            Some("tool_call_update") => frame.has(&STATUS) || frame.has(&UNICODE_ESCAPE),
+            Some("tool_call_update") => frame.has(&STATUS) || frame.unicode_escaped(),
             _ => false,
         }
     }

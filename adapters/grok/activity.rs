@@ -23,7 +23,7 @@ use std::convert::Infallible;
 
 use crate::adapters::grok::compact::Queue;
 use crate::coda::wait::{self, Register, State, Wait};
-use crate::frame::{self, Frame, Id, Kind, Needle, UNICODE_ESCAPE};
+use crate::frame::{self, Frame, Id, Kind, Needle};
 use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
@@ -361,7 +361,7 @@ impl GrokActivity {
     fn tool_news(&self, frame: &Frame) -> bool {
         match frame.session_update() {
             // (A `\u` escape may spell the tool's name.)
-            Some("tool_call") => frame.has(&SPAWN_SUBAGENT) || frame.has(&UNICODE_ESCAPE),
+            Some("tool_call") => frame.has(&SPAWN_SUBAGENT) || frame.unicode_escaped(),
             Some("tool_call_update") => self.spawn_calls.values().any(|c| !c.is_empty()),
             _ => false,
         }

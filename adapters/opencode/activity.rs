@@ -32,7 +32,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use crate::coda::wait::{Register, State, Wait};
-use crate::frame::{Frame, Kind, Needle, UNICODE_ESCAPE};
+use crate::frame::{Frame, Kind, Needle};
 use crate::json::View;
 use crate::layer::{Cx, Layer};
 use serde_json::{Value, json};
@@ -99,7 +99,7 @@ impl Tasks {
     /// when this says yes. One search of the line and a lookup per key found, however many calls are followed.
     fn may_follow(&self, session: &str, frame: &Frame) -> bool {
         !self.by_call.is_empty()
-            && (frame.has(&UNICODE_ESCAPE)
+            && (frame.unicode_escaped()
                 || frame.key_strings(&TOOL_CALL_ID).any(|id| id.is_none_or(|id| self.follows(session, id))))
     }
 
@@ -631,7 +631,7 @@ impl OpenCodeActivity {
         // A tool call with a `task`'s input, or of a call followed already (its id read where it lies, with the
         // rest of what the layer reads of it, in one pass; only when its line may hold one's id).
         if matches!(kind, "tool_call" | "tool_call_update") {
-            let input = frame.has(&SUBAGENT_TYPE) || frame.has(&UNICODE_ESCAPE);
+            let input = frame.has(&SUBAGENT_TYPE) || frame.unicode_escaped();
             if (input || self.tasks.may_follow(&sid, frame))
                 && let Some(news) = frame.update_value().map(TaskNews::of)
                 && (input || news.call.as_deref().is_some_and(|c| self.tasks.follows(&sid, c)))

@@ -39,7 +39,7 @@ use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::adapters::opencode::usage::Contexts;
 use crate::coda::compact::{Compactor, Ctl, Outcome, TURN_RUNNING};
-use crate::frame::{Frame, Id, Kind, Needle, UNICODE_ESCAPE};
+use crate::frame::{Frame, Id, Kind, Needle};
 use crate::layer::{Cx, Turn};
 
 /// What OpenCode's server answered the shim's compaction.
@@ -256,7 +256,7 @@ impl OpenCodeCompact {
         let Some(known) = frame.session().and_then(|s| self.summaries.get(&*s)).filter(|k| !k.is_empty()) else {
             return false;
         };
-        frame.has(&UNICODE_ESCAPE)
+        frame.unicode_escaped()
             || frame.key_strings(&MESSAGE_ID).any(|m| m.is_none_or(|m| known.iter().any(|k| k == m)))
     }
 

@@ -66,7 +66,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
             if b.get(i) != Some(&b'"') {
                 fail!(NO_KEY);
             }
-            let key = match string(b, i + 1, &mut env.lone_surrogate) {
+            let key = match string(b, i + 1, &mut env.escapes) {
                 Ok(s) => s,
                 Err(why) => fail!(why),
             };
@@ -187,7 +187,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 }
             }
             b'"' => {
-                let s = match string(b, i + 1, &mut env.lone_surrogate) {
+                let s = match string(b, i + 1, &mut env.escapes) {
                     Ok(s) => s,
                     Err(why) => fail!(why),
                 };
@@ -276,7 +276,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
 
 /// The string whose text begins at `start` (after its opening quote).
 #[inline(always)]
-fn string(b: &[u8], start: usize, lone: &mut bool) -> Result<Str, Bad> {
+fn string(b: &[u8], start: usize, notes: &mut Escapes) -> Result<Str, Bad> {
     let mut i = start;
     let mut escaped = false;
     loop {
@@ -288,18 +288,19 @@ fn string(b: &[u8], start: usize, lone: &mut bool) -> Result<Str, Bad> {
             b'"' => return Ok(Str { start, end: i, escaped }),
             b'\\' => {
                 escaped = true;
-                i = escape(b, i, lone).ok_or(ESCAPE)?;
+                i = escape(b, i, notes).ok_or(ESCAPE)?;
             }
             _ => return Err(CONTROL),
         }
     }
 }
 
-/// The escape whose backslash is at `at`; returns where the string goes on.
-pub(super) fn escape(b: &[u8], at: usize, lone: &mut bool) -> Option<usize> {
+/// The escape whose backslash is at `at`, noted in `notes`; returns where the string goes on.
+pub(super) fn escape(b: &[u8], at: usize, notes: &mut Escapes) -> Option<usize> {
     match b.get(at + 1)? {
         b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(at + 2),
         b'u' => {
+            notes.unicode = true;
             let unit = hex4(b, at + 2)?;
             match unit {
                 0xD800..=0xDBFF => {
@@ -310,12 +311,12 @@ pub(super) fn escape(b: &[u8], at: usize, lone: &mut bool) -> Option<usize> {
                     if low.is_some_and(|l| (0xDC00..=0xDFFF).contains(&l)) {
                         Some(at + 12)
                     } else {
-                        *lone = true;
+                        notes.lone_surrogate = true;
                         Some(at + 6)
                     }
                 }
                 0xDC00..=0xDFFF => {
-                    *lone = true;
+                    notes.lone_surrogate = true;
                     Some(at + 6)
                 }
                 _ => Some(at + 6),

@@ -7,9 +7,9 @@ use super::*;
 
 /// The string whose text begins at `start` (after its opening quote), found from the line's bits (see
 /// [`super::index`]): where its closing quote is and whether it has an escape, checking that no control character is in it and that its escapes
-/// are JSON's (noting a lone surrogate in `lone`).
+/// are JSON's (noting a `\u` escape and a lone surrogate in `notes`).
 #[inline(always)]
-pub(super) fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> Option<(usize, bool)> {
+pub(super) fn string(b: &[u8], bits: &[u64], start: usize, notes: &mut Escapes) -> Option<(usize, bool)> {
     let (mut i, mut escaped) = (start, false);
     loop {
         let word = *bits.get(i / 64)?;
@@ -33,7 +33,7 @@ pub(super) fn string(b: &[u8], bits: &[u64], start: usize, lone: &mut bool) -> O
                     Some(past) => past,
                     None => match b.get(at + 1) {
                         Some(&c) if SHORT_ESCAPE[usize::from(c)] => at + 2,
-                        _ => escape(b, at, lone)?,
+                        _ => escape(b, at, notes)?,
                     },
                 };
             }
@@ -564,7 +564,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
     macro_rules! string_value {
         () => {{
             let start = i + 1;
-            let (end, escaped) = string(b, bits, start, &mut r.env.lone_surrogate)?;
+            let (end, escaped) = string(b, bits, start, &mut r.env.escapes)?;
             i = end + 1;
             if depth <= 3 && depth > 0 {
                 r.string(depth, Str { start, end, escaped });
@@ -608,7 +608,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
                     return None;
                 }
                 let start = i + 1;
-                let (end, escaped) = string(b, bits, start, &mut r.env.lone_surrogate)?;
+                let (end, escaped) = string(b, bits, start, &mut r.env.escapes)?;
                 if depth <= 3 {
                     if escaped {
                         r.escaped_key(b, depth, Str { start, end, escaped });

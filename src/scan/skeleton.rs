@@ -43,7 +43,7 @@ impl Skeleton {
     /// session ids (set here when `line`'s is not the one of the line this kept before).
     fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope, sessions: &mut bool) {
         (self.kept, self.learnt) = (false, false);
-        if line.len() > KEPT || env.lone_surrogate {
+        if line.len() > KEPT || env.escapes.lone_surrogate {
             return;
         }
         // (The line kept before, if any, with its envelope: `line` and `env` are replaced together.)
@@ -89,6 +89,17 @@ impl Skeleton {
         self.line.clear();
         self.line.extend_from_slice(line);
         self.env = *env;
+        // Of the escapes, what every line of the shape has: a `\u` escape outside the holes (in a key, or a
+        // value that is no hole), which is in the bytes a line is compared by. (A `\u` escape lies whole in one
+        // string's text: in a hole or in what lies between two. Looked for only in a line that has one.)
+        let mut from = 0;
+        let fixed = env.escapes.unicode
+            && self.holes.iter().map(|h| (h.start, h.end)).chain([(line.len(), line.len())]).any(|(start, end)| {
+                let between = &line[from..start];
+                from = end;
+                memchr::memmem::find(between, br"\u").is_some()
+            });
+        self.env.escapes = Escapes { unicode: fixed, lone_surrogate: false };
         self.kept = true;
     }
 
@@ -125,7 +136,7 @@ impl Skeleton {
         // the envelope's strings that lie in one moved (by the bits of `Hole::moved`).
         let (mut at, mut was) = (0, 0);
         let mut by = [0usize; 8];
-        let (mut id, mut session, mut lone) = (None, None, false);
+        let (mut id, mut session, mut notes) = (None, None, Escapes::default());
         changed.clear();
         for hole in &self.holes {
             let between = &old[was..hole.start];
@@ -137,7 +148,7 @@ impl Skeleton {
                 moved(&mut by, hole.moved, at, was);
             }
             let (end, escaped) = match hole.string {
-                true => string(b, bits, start, &mut lone)?,
+                true => string(b, bits, start, &mut notes)?,
                 false => (number(b, start)?, false),
             };
             match hole.role {
@@ -181,7 +192,8 @@ impl Skeleton {
         if session.is_some() {
             env.session = session;
         }
-        env.lone_surrogate = lone;
+        // (What lies between the holes has the kept line's `\u` escapes; the holes, their own.)
+        env.escapes = Escapes { unicode: env.escapes.unicode || notes.unicode, lone_surrogate: notes.lone_surrogate };
         if !self.learnt {
             if changed.len() < self.holes.len() {
                 self.keep(b, changed, env, sessions);
