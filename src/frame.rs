@@ -408,7 +408,7 @@ impl Frame {
                 (kind, update, SHIM | noted(chunk, escapes), places)
             }
             // A layer built something that is not JSON-RPC; keep it as a notification-less frame so
-            // nothing is lost, and let the debug log say so.
+            // nothing is lost (that may hold a `\u` escape: nothing was noted), and let the debug log say so.
             Err(e) => {
                 tracing::error!(error = %e.message, "the shim built an invalid frame");
                 (Kind::Notification { method: Method::default() }, None, SHIM | UNICODE, Places::default())
@@ -1483,7 +1483,7 @@ pub(crate) mod tests {
         }
         let (mut checked, mut told) = (0, 0);
         for frame in lines.into_iter().filter_map(|line| Frame::parse(line).ok()) {
-            // (Where the frame check found no `\\u` escape, no key is spelled with one.)
+            // (Where the frame check found no `\u` escape, no key is spelled with one.)
             if frame.unicode_escaped() {
                 continue;
             }
