@@ -97,7 +97,7 @@ impl<'f> Queue<'f> {
 
     /// The ids (strings) of the queue's entries, in their order.
     pub fn entry_ids(&self) -> impl Iterator<Item = Cow<'f, str>> + '_ {
-        self.entries.iter().flat_map(View::elements).filter_map(|e| e.get("id")?.as_str())
+        self.entries.iter().flat_map(|e| e.elements_pick(["id"])).filter_map(|[id]| id?.as_str())
     }
 
     /// Tells the session table of `frame` (this queue's) whether a turn runs in its session (a

@@ -436,6 +436,15 @@ impl<'a> View<'a> {
         Elements { b, at }
     }
 
+    /// For each element of this array, in their order, the values of `keys` in it as [`View::pick`] finds them
+    /// (all `None` for an element that is no object): one pass over the array, where [`View::elements`] and a
+    /// pick of each would go over an object element twice (to find its end, then its members).
+    pub fn elements_pick<const N: usize>(&self, keys: [&'a str; N]) -> ElementPicks<'a, N> {
+        let b = self.text;
+        let at = if b.first() == Some(&b'[') { skip_space(b, 1) } else { b.len() };
+        ElementPicks { b, at, keys }
+    }
+
     /// `true` or `false`.
     pub fn as_bool(&self) -> Option<bool> {
         match self.text {
@@ -483,8 +492,9 @@ impl<'a> Iterator for Members<'a> {
         self.at = match b.get(stop..stop + 2) {
             Some(&[b',', b'"']) => stop + 1,
             _ => {
+                // (After the last member, the object's closing brace: where [`ElementPicks`] goes on from.)
                 let after = skip_space(b, stop);
-                if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() }
+                if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { after }
             }
         };
         Some((key, View { text: &b[start..stop] }))
@@ -512,6 +522,45 @@ impl<'a> Iterator for Elements<'a> {
         let after = skip_space(b, stop);
         self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
         Some(View { text: &b[start..stop] })
+    }
+}
+
+/// The picks of an array's elements ([`View::elements_pick`]).
+pub struct ElementPicks<'a, const N: usize> {
+    b: &'a [u8],
+    /// Where the next element is.
+    at: usize,
+    keys: [&'a str; N],
+}
+
+impl<'a, const N: usize> Iterator for ElementPicks<'a, N> {
+    type Item = [Option<View<'a>>; N];
+
+    fn next(&mut self) -> Option<[Option<View<'a>>; N]> {
+        let b = self.b;
+        let start = self.at;
+        if b.get(start).is_none_or(|&c| c == b']') {
+            return None;
+        }
+        let mut found = [None; N];
+        let stop = if b[start] == b'{' {
+            // The object's members, its end where they end (its closing brace), each value skipped once.
+            let mut members = Members { b, at: skip_space(b, start + 1) };
+            for (key, value) in members.by_ref() {
+                if let Some(k) = self.keys.iter().position(|name| key.is(name)) {
+                    found[k] = Some(value);
+                }
+            }
+            if b.get(members.at) != Some(&b'}') {
+                return None;
+            }
+            members.at + 1
+        } else {
+            value_end(b, start)?
+        };
+        let after = skip_space(b, stop);
+        self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
+        Some(found)
     }
 }
 
@@ -608,6 +657,7 @@ mod tests {
             r#"{"big":18446744073709551616,"max":18446744073709551615,"neg":-1,"exp":1e3,"frac":1.0,"zero":0,"huge":1e400}"#,
             r#"{"nested":{"nested":{"nested":{"a":[{"b":"]"},"[",{}],"z":{}}}},"e":[],"o":{}}"#,
             r#"[{"a":1}]"#,
+            r#"{"q":[ {"a":1,"a":"two" } , {"k" : "x\"}" , "n":[1,{"a":0}]},{}, 7, "s", [ {"a":3} ],{ "c":{"a":4}} ]}"#,
             r#"{"e":[ ],"f":[[1,[2]] , "x\"]" ,{"a":[]},-1.5e3,null,true],"g":[ "]" ],"h":["\ud800",1e400]}"#,
             r#""just a string""#,
             "12",
@@ -692,6 +742,13 @@ mod tests {
                         }
                     }
                     assert_eq!(view.members_at("absent").count(), 0);
+                }
+                // Each element's picks, in one pass over the array, are what a pick of each element finds.
+                if let Some(got) = got {
+                    let names = ["a", "c", "k", "n", "k2"];
+                    let each: Vec<_> = got.elements().map(|e| e.pick(names).map(|v| v.map(|v| v.text()))).collect();
+                    let picks: Vec<_> = got.elements_pick(names).map(|p| p.map(|v| v.map(|v| v.text()))).collect();
+                    assert_eq!(picks, each, "{line} at {keys:?}");
                 }
                 // An array's elements, read in one pass, are its values.
                 let elements: Option<Vec<Value>> = got.map(|g| g.elements().map(|e| e.to_value()).collect());
