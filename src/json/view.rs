@@ -329,13 +329,7 @@ impl<'a> View<'a> {
     /// The values of `keys` in this object, in one pass over its members (of a key that appears more than
     /// once, the last, as [`View::get`]); each `None` when this is no object or has no such key.
     pub fn pick<const N: usize>(&self, keys: [&str; N]) -> [Option<View<'a>>; N] {
-        let mut found = [None; N];
-        for (key, value) in self.members() {
-            if let Some(k) = keys.iter().position(|name| key.is(name)) {
-                found[k] = Some(value);
-            }
-        }
-        found
+        picked(&mut self.members(), keys)
     }
 
     /// The members of this object, in their order (none when this is no object): for a layer that reads
@@ -525,6 +519,17 @@ impl<'a> Iterator for Elements<'a> {
     }
 }
 
+/// The values of `keys` among `members`, gone over to their end (of a key that appears more than once, the last).
+fn picked<'a, const N: usize>(members: &mut Members<'a>, keys: [&str; N]) -> [Option<View<'a>>; N] {
+    let mut found = [None; N];
+    for (key, value) in members {
+        if let Some(k) = keys.iter().position(|name| key.is(name)) {
+            found[k] = Some(value);
+        }
+    }
+    found
+}
+
 /// The picks of an array's elements ([`View::elements_pick`]).
 pub struct ElementPicks<'a, const N: usize> {
     b: &'a [u8],
@@ -542,21 +547,16 @@ impl<'a, const N: usize> Iterator for ElementPicks<'a, N> {
         if b.get(start).is_none_or(|&c| c == b']') {
             return None;
         }
-        let mut found = [None; N];
-        let stop = if b[start] == b'{' {
+        let (found, stop) = if b[start] == b'{' {
             // The object's members, its end where they end (its closing brace), each value skipped once.
             let mut members = Members { b, at: skip_space(b, start + 1) };
-            for (key, value) in members.by_ref() {
-                if let Some(k) = self.keys.iter().position(|name| key.is(name)) {
-                    found[k] = Some(value);
-                }
-            }
+            let found = picked(&mut members, self.keys);
             if b.get(members.at) != Some(&b'}') {
                 return None;
             }
-            members.at + 1
+            (found, members.at + 1)
         } else {
-            value_end(b, start)?
+            ([None; N], value_end(b, start)?)
         };
         let after = skip_space(b, stop);
         self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
