@@ -328,17 +328,27 @@ impl Frame {
     /// escape (whose mended reading may lie in the cut), or in a line that has or gets a `\u` escape (rare;
     /// [`Frame::unicode_escaped`] is exact), is read again whole ([`Frame::built`]).
     pub(crate) fn spliced(&self, cut: std::ops::Range<usize>, with: &[u8]) -> Frame {
+        self.spliced_parts(cut, &[with])
+    }
+
+    /// [`Frame::spliced`] with `with` in parts, written one after another (no text made of them first).
+    pub(crate) fn spliced_parts(&self, cut: std::ops::Range<usize>, with: &[&[u8]]) -> Frame {
         let line = self.bytes();
+        let with_len: usize = with.iter().map(|p| p.len()).sum();
         // (Room for the `\n` too: the line is not copied again for it.)
-        let mut bytes = Vec::with_capacity(line.len() - cut.len() + with.len() + 1);
-        for part in [&line[..cut.start], with, &line[cut.end..]] {
+        let mut bytes = Vec::with_capacity(line.len() - cut.len() + with_len + 1);
+        bytes.extend_from_slice(&line[..cut.start]);
+        for part in with {
             bytes.extend_from_slice(part);
         }
-        // (A `\u` escape, in the line or in `with`, is what a check of the new line notes exactly.)
-        if self.lone_surrogate() || self.unicode_escaped() || UNICODE_ESCAPE.is_in(with) {
+        bytes.extend_from_slice(&line[cut.end..]);
+        // (A `\u` escape, in the line or in what was written, with the byte on either side of it, is what a
+        // check of the new line notes exactly.)
+        let written = &bytes[cut.start.saturating_sub(1)..(cut.start + with_len + 1).min(bytes.len())];
+        if self.lone_surrogate() || self.unicode_escaped() || may_escape_unicode(written) {
             return Frame::built(bytes);
         }
-        let grown = with.len() as i64 - cut.len() as i64;
+        let grown = with_len as i64 - cut.len() as i64;
         // A place (start, length) in the new line; None for one the cut holds only part of.
         let moved = |start: usize, len: usize| -> Option<(usize, usize)> {
             let end = start + len;
@@ -696,6 +706,12 @@ impl Frame {
 /// `\u`: the one escape that may spell any character of a key or a value (the others spell only `"`, `\`, `/`
 /// and control characters). A line without it writes every key and every other character as itself.
 pub static UNICODE_ESCAPE: Needle = crate::needle!(b"\\u");
+
+/// Whether `text` may hold a `\u` escape: a backslash before a `u` (an escaped backslash before one too: then the
+/// text is read whole, which tells). A search for the backslash alone, which the shim's own JSON rarely has.
+fn may_escape_unicode(text: &[u8]) -> bool {
+    memchr::memchr_iter(b'\\', text).any(|at| text.get(at + 1) == Some(&b'u'))
+}
 
 /// A byte string searched for in every frame: its SIMD searcher is built once, not per search.
 pub struct Needle(std::sync::LazyLock<memchr::memmem::Finder<'static>>);
@@ -1340,6 +1356,20 @@ pub(crate) mod tests {
         assert!(!plain.spliced(text(&plain), br#""\n""#).unicode_escaped());
         let escaped = Frame::parse(chunk(r"cont\u0065nt", "abc").into_bytes()).unwrap();
         assert!(escaped.spliced(text(&escaped), br#""d""#).unicode_escaped());
+        // An escape made where the cut meets the line: a backslash before it and a `u` written, or a backslash
+        // written last and a `u` after it; and one written in parts.
+        let newline = Frame::parse(chunk("content", r"a\nb").into_bytes()).unwrap();
+        let n = newline.bytes().windows(2).position(|w| w == br"\n").unwrap() + 1;
+        let made = newline.spliced(n..n + 1, b"u0041");
+        assert!(made.unicode_escaped(), "{:?}", String::from_utf8_lossy(made.bytes()));
+        assert_eq!(made.value().pointer("/params/update/content/text"), Some(&serde_json::json!("aAb")));
+        let before_u = Frame::parse(chunk("content", "u0041").into_bytes()).unwrap();
+        let at = before_u.bytes().windows(5).position(|w| w == b"u0041").unwrap();
+        assert!(before_u.spliced(at..at, br"\").unicode_escaped());
+        let parts = plain.spliced_parts(text(&plain), &[b"\"x", br"\", b"u0001\""]);
+        assert!(parts.unicode_escaped() && parts.value().pointer("/params/update/content/text").is_some());
+        let not = plain.spliced_parts(text(&plain), &[b"\"x", br"\\", b"n\""]);
+        assert!(!not.unicode_escaped() && not.value().pointer("/params/update/content/text").is_some());
     }
 
     #[test]

@@ -270,16 +270,16 @@ impl Source for AcpUsage {
         }
     }
 
-    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, out: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, out: &mut Vec<Fact>) {
         let used = self.used;
         let Some(root) = self.root(session, cx) else { return };
         if let Some(at) = root.began.take() {
-            out.push((session.to_owned(), Fact::Request(at)));
+            out.push(Fact::Request(at));
         }
         if used == Some(Used::RequestContext)
             && let Some(n) = update.used()
         {
-            out.push((session.to_owned(), Fact::Context(n)));
+            out.push(Fact::Context(n));
         }
     }
 }

@@ -173,21 +173,17 @@ impl Signals for Codex {
     type Event = Infallible;
     type Record = Infallible;
 
-    /// A `session_info_update` whose update holds a failure record: its `sessionFailure` key as written
-    /// (looked for in the update alone: a frame's envelope does not hold it), or a line with a `\u` escape that
-    /// may spell it.
+    /// A `session_info_update` whose update may hold a retry warning, the one record acted on: its record's id
+    /// ends in `:error`, so an update whose bytes hold no `:error"` (looked for in the update alone: a frame's
+    /// envelope does not hold it), in a line with no `\u` escape that could spell one, is one of codex-acp's
+    /// notices (most of its `session_info_update`s), passed on without reading its record. One search, where a
+    /// look for the `sessionFailure` key and then for the id took two.
     fn wants(&self, frame: &Frame) -> bool {
         frame.session_update() == Some("session_info_update")
-            && (frame.unicode_escaped() || frame.update_value().is_some_and(|u| SESSION_FAILURE.is_in(u.text())))
+            && (frame.unicode_escaped() || frame.update_value().is_some_and(|u| ERROR_ID.is_in(u.text())))
     }
 
     fn from_agent(&mut self, frame: &Frame, out: &mut Vec<Signal<Infallible>>) {
-        // Only a retry warning is acted on, and its record's id ends in `:error`: an update whose bytes cannot
-        // hold such an id (no `:error"`, and no `\u` escape that could spell one) is one of codex-acp's notices, passed
-        // on without reading its record.
-        if !frame.unicode_escaped() && !frame.update_value().is_some_and(|u| ERROR_ID.is_in(u.text())) {
-            return;
-        }
         // Read where it lies: the session from the frame check's one pass, the failure record alone parsed.
         let Some(session) = frame.session() else { return };
         let failure = frame.update_value().and_then(|u| u.pointer(&["_meta", "jetbrains", "air", "sessionFailure"]));

@@ -271,16 +271,16 @@ impl Source for Codex {
         }
     }
 
-    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, out: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, out: &mut Vec<Fact>) {
         let Some(s) = self.root(session, cx) else { return };
         if s.compacting {
             return;
         }
         if let Some((at, _)) = s.starts.pop_front() {
-            out.push((session.to_owned(), Fact::Request(at)));
+            out.push(Fact::Request(at));
         }
         if let Some(used) = update.used() {
-            out.push((session.to_owned(), Fact::Context(used)));
+            out.push(Fact::Context(used));
         }
     }
 }

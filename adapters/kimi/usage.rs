@@ -164,7 +164,7 @@ impl Source for Kimi {
         let _ = cx;
     }
 
-    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, _: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, cx: &mut Cx, _: &mut Vec<Fact>) {
         let Some(s) = self.session(session, cx) else { return };
         if let Some(size) = update.size() {
             s.size = Some(size);

@@ -257,14 +257,10 @@ impl OpenCode {
     }
 
     /// The latest request of `session` and its context, as the steps say them.
-    fn request(&self, session: &str, out: &mut Said) {
+    fn request(&self, session: &str, out: &mut Vec<Fact>) {
         let Some(c) = self.contexts.of(session) else { return };
-        if let Some(at) = c.last_request_ms.and_then(at_ms) {
-            out.push((session.to_owned(), Fact::Request(at)));
-        }
-        if let Some(n) = c.last_tokens {
-            out.push((session.to_owned(), Fact::Context(n)));
-        }
+        out.extend(c.last_request_ms.and_then(at_ms).map(Fact::Request));
+        out.extend(c.last_tokens.map(Fact::Context));
     }
 }
 
@@ -286,10 +282,10 @@ impl Source for OpenCode {
     }
 
     /// OpenCode's `used` is the context of its latest assistant message: that request's.
-    fn usage_update(&mut self, session: &str, update: &Figures<'_>, _: &mut Cx, out: &mut Said) {
+    fn usage_update(&mut self, session: &str, update: &Figures<'_>, _: &mut Cx, out: &mut Vec<Fact>) {
         self.request(session, out);
         if let Some(used) = update.used.and_then(|v| v.as_u64().or_else(|| in_range(v.as_f64()?))) {
-            out.push((session.to_owned(), Fact::Context(used)));
+            out.push(Fact::Context(used));
         }
     }
 

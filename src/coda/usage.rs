@@ -194,24 +194,24 @@ impl Facts {
             let first = found.next();
             (first, found.next().is_none())
         }
-        let (cut, with): (std::ops::Range<usize>, Vec<u8>) = match (figures.meta, figures.metas == 1) {
+        let (cut, with): (std::ops::Range<usize>, [&[u8]; 3]) = match (figures.meta, figures.metas == 1) {
             (None, _) => {
                 let end = update.range_in(line)?.end - 1;
-                (end..end, [&b",\"_meta\":{\"coda\":"[..], facts, b"}"].concat())
+                (end..end, [b",\"_meta\":{\"coda\":", facts, b"}"])
             }
             (Some(meta), true) if meta.text().first() == Some(&b'{') => match only(meta, "coda") {
                 (None, _) => {
                     let end = meta.range_in(line)?.end - 1;
                     let comma: &[u8] = if meta.members().next().is_some() { b"," } else { b"" };
-                    (end..end, [comma, b"\"coda\":", facts].concat())
+                    (end..end, [comma, b"\"coda\":", facts])
                 }
-                (Some(coda), true) => (coda.range_in(line)?, facts.to_vec()),
+                (Some(coda), true) => (coda.range_in(line)?, [facts, b"", b""]),
                 (Some(_), false) => return self.stamp_value(frame),
             },
-            (Some(meta), true) => (meta.range_in(line)?, [&b"{\"coda\":"[..], facts, b"}"].concat()),
+            (Some(meta), true) => (meta.range_in(line)?, [b"{\"coda\":", facts, b"}"]),
             (Some(_), false) => return self.stamp_value(frame),
         };
-        Some(frame.spliced(cut, &with))
+        Some(frame.spliced_parts(cut, &with))
     }
 
     /// [`Facts::stamp`] on the frame's parsed value, written out again.
@@ -305,9 +305,10 @@ pub trait Source: Send + 'static {
     /// The CLI's answer to one of Coda's requests.
     fn answered(&mut self, _answer: &Frame, _cx: &mut Cx, _out: &mut Said) {}
 
-    /// A root session's `usage_update` of the CLI's, before it is stamped (its `used` and `size` are said
-    /// already).
-    fn usage_update(&mut self, _session: &str, _update: &Figures<'_>, _cx: &mut Cx, _out: &mut Said) {}
+    /// A root session's `usage_update` of the CLI's, before it is stamped (its `used` and `size` are set
+    /// already): the facts of that session it says, in order (no other session's; [`Fact::Send`] and
+    /// [`Fact::Loaded`] mean nothing here, as the update goes out now).
+    fn usage_update(&mut self, _session: &str, _update: &Figures<'_>, _cx: &mut Cx, _out: &mut Vec<Fact>) {}
 
     /// An event of the set-up's.
     fn on_event(&mut self, _event: Self::Event, _cx: &mut Cx, _out: &mut Said) {}
@@ -446,6 +447,20 @@ struct Entry {
     loading: Option<u64>,
 }
 
+impl Entry {
+    /// Keeps a fact (`Send` and `Loaded` are no fact kept: the layer answers them).
+    fn set(&mut self, fact: Fact) {
+        match fact {
+            Fact::Request(at) => self.facts.last_request_at = Some(at),
+            Fact::Context(n) => self.facts.context_tokens = Some(n),
+            Fact::Compacted(at) => self.facts.compacted_at = Some(at),
+            Fact::Used(n) => self.used = Some(n),
+            Fact::Size(n) => self.size = Some(n),
+            Fact::Send | Fact::Loaded => {}
+        }
+    }
+}
+
 /// A frame waiting behind a held update, or an update of the shim's to build when its turn comes.
 enum Held {
     Frame(Frame),
@@ -465,6 +480,8 @@ pub enum Wake {
 pub struct UsageFacts<S: Source> {
     cli: S,
     sessions: HashMap<String, Entry>,
+    /// What the source says of a `usage_update`'s session (kept empty between updates: its room is reused).
+    said: Vec<Fact>,
     held: VecDeque<Held>,
     /// Counts the holds and the loads (a wake-up of an earlier one finds nothing to do).
     holds: u64,
@@ -509,7 +526,15 @@ pub fn per_root<'a, T: Default>(
 
 impl<S: Source> UsageFacts<S> {
     pub fn new(cli: S) -> UsageFacts<S> {
-        UsageFacts { cli, sessions: HashMap::default(), held: VecDeque::new(), holds: 0, loads: 0, since: None }
+        UsageFacts {
+            cli,
+            sessions: HashMap::default(),
+            said: Vec::new(),
+            held: VecDeque::new(),
+            holds: 0,
+            loads: 0,
+            since: None,
+        }
     }
 
     /// The facts known of `session` (for tests).
@@ -538,15 +563,6 @@ impl<S: Source> UsageFacts<S> {
             }
             let held = !self.held.is_empty();
             let Some(e) = self.entry(&session, cx) else { continue };
-            // (Send and Loaded are never set: they are answered below.)
-            let set = |e: &mut Entry, fact| match fact {
-                Fact::Request(at) => e.facts.last_request_at = Some(at),
-                Fact::Context(n) => e.facts.context_tokens = Some(n),
-                Fact::Compacted(at) => e.facts.compacted_at = Some(at),
-                Fact::Used(n) => e.used = Some(n),
-                Fact::Size(n) => e.size = Some(n),
-                Fact::Send | Fact::Loaded => {}
-            };
             match fact {
                 Fact::Send if held || e.loading.is_some() => self.held.push_back(Held::Own(session)),
                 Fact::Send => self.own(&session, cx),
@@ -554,13 +570,13 @@ impl<S: Source> UsageFacts<S> {
                 // The load's answer is on its way out: the update goes after it.
                 Fact::Loaded => self.own_after_load(&session, cx),
                 fact => {
-                    set(e, fact);
+                    e.set(fact);
                     // The facts said of the same session next (a `usage_update`'s four) set in the entry found,
                     // not looked up again for each: nothing between them changes the tables.
                     let same = |(s, f): &(String, Fact)| *s == session && !matches!(f, Fact::Send | Fact::Loaded);
                     while let Some((_, fact)) = said.next_if(same) {
                         if kept(&fact) {
-                            set(e, fact);
+                            e.set(fact);
                         }
                     }
                 }
@@ -615,11 +631,10 @@ impl<S: Source> UsageFacts<S> {
     }
 
     /// A `usage_update` of the CLI's: read where it lies (its session from the frame check's one pass, its
-    /// figures from its `update`, [`Figures`]), stamped in its bytes ([`Facts::stamp_frame`]).
+    /// figures from its `update`, [`Figures`]), its facts kept in its session's entry, found once (what the
+    /// source says of it needs no session named per fact), and stamped in its bytes ([`Facts::stamp_frame`]).
     fn usage_update(&mut self, frame: Frame, cx: &mut Cx) {
-        let Some(session) = frame.session().filter(|s| is_root(cx, s)).map(|s| s.into_owned()) else {
-            return cx.to_client(frame);
-        };
+        let Some(session) = frame.session().filter(|s| is_root(cx, s)) else { return cx.to_client(frame) };
         if self.must_wait(&session) {
             self.holds += 1;
             self.since = Some(cx.now());
@@ -628,18 +643,30 @@ impl<S: Source> UsageFacts<S> {
             return;
         }
         let update = Figures::of(frame.update_value());
-        let mut said: Said = Vec::new();
-        said.extend(update.used().map(|n| (session.clone(), Fact::Used(n))));
-        said.extend(update.size().map(|n| (session.clone(), Fact::Size(n))));
-        if !loading(cx, &session) {
+        // What the CLI sends while Coda's load of the session is open is history: the model's window alone is
+        // kept.
+        let history = loading(cx, &session);
+        let mut said = std::mem::take(&mut self.said);
+        if !history {
             self.cli.usage_update(&session, &update, cx, &mut said);
         }
-        self.apply(said, cx);
-        let Some(e) = self.sessions.get_mut(&session) else { return cx.to_client(frame) };
-        match e.facts.stamp_frame(&frame, &update, e.written.json(&e.facts)) {
-            Some(stamped) => cx.to_client(stamped),
-            None => cx.to_client(frame),
+        let Some(e) = self.entry(&session, cx) else {
+            said.clear();
+            self.said = said;
+            return cx.to_client(frame);
+        };
+        if let Some(n) = update.used().filter(|_| !history) {
+            e.used = Some(n);
         }
+        if let Some(n) = update.size() {
+            e.size = Some(n);
+        }
+        for fact in said.drain(..) {
+            e.set(fact);
+        }
+        let stamped = e.facts.stamp_frame(&frame, &update, e.written.json(&e.facts));
+        self.said = said;
+        cx.to_client(stamped.unwrap_or(frame));
     }
 
     /// Sends on what was held, in order, up to an update that must still wait (all of it with `out`: that
@@ -1120,6 +1147,11 @@ mod tests {
             let loaded = self.loaded.clone()?;
             Some(Box::new(move || loaded))
         }
+        /// An update's `request` (seconds): when its request left, as a source reads it off the update.
+        fn usage_update(&mut self, _: &str, update: &Figures<'_>, _: &mut Cx, out: &mut Vec<Fact>) {
+            let request = update.update.and_then(|u| u.get("request")).and_then(|r| r.as_u64());
+            out.extend(request.map(|n| Fact::Request(std::time::UNIX_EPOCH + Duration::from_secs(n))));
+        }
     }
 
     use crate::layer::testing::Harness;
@@ -1142,6 +1174,36 @@ mod tests {
         let result = if method == "session/new" { json!({"sessionId":session}) } else { json!({}) };
         h.from_agent(json!({"jsonrpc":"2.0","id":id,"result":result}));
         h.take();
+    }
+
+    /// What the CLI sends of a session while Coda loads it again (it is open: a root) is history: neither its
+    /// `used` nor what the source reads of it is a fact; its `size`, the model's window, is kept.
+    #[test]
+    fn an_update_while_coda_loads_an_open_session_again_is_no_fact() {
+        let mut h = toy(None);
+        open(&mut h, 1, "session/new", "r");
+        let update = |used: u64, size: u64, request: u64| {
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"r",
+                "update":{"sessionUpdate":"usage_update","used":used,"size":size,"request":request}}})
+        };
+        let at = |s: u64| iso(std::time::UNIX_EPOCH + Duration::from_secs(s)).unwrap();
+        h.from_agent(update(5, 100, 7));
+        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"], json!({"lastRequestAt": at(7)}));
+        h.from_client(json!({"jsonrpc":"2.0","id":2,"method":"session/load","params":{"sessionId":"r","cwd":"/w"}}));
+        h.take();
+        h.from_agent(update(9, 200, 8));
+        assert_eq!(h.to_client()[0]["params"]["update"]["_meta"]["coda"], json!({"lastRequestAt": at(7)}));
+        h.from_agent(json!({"jsonrpc":"2.0","id":2,"result":{}}));
+        h.take();
+        // A fact said now gets an update of the shim's: the live `used`, the window the load's update said.
+        h.from_agent(fact("r", 3, true));
+        let out = h.to_client();
+        assert_eq!(out[0], fact("r", 3, true));
+        assert_eq!(
+            out[1]["params"]["update"],
+            json!({"sessionUpdate":"usage_update","used":5,"size":200,
+                "_meta":{"coda":{"contextTokens":3,"lastRequestAt":at(7)}}})
+        );
     }
 
     #[test]
