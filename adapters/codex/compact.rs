@@ -25,8 +25,11 @@ mod tests {
 
     const S: &str = "root-1";
 
+    /// The compaction layer over the usage facts layer, as in coda-codex's stack: that layer keeps the CLI's
+    /// `used`, the compaction's `before`.
     fn started() -> Harness {
-        let mut h = Harness::of(Compaction::new(codex_compact()));
+        let facts = crate::adapters::codex::usage::layer(None);
+        let mut h = Harness::new(vec![Box::new(Compaction::new(codex_compact())), Box::new(facts)]);
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{"loadSession":true}}}));
         let init = h.to_client();
@@ -94,10 +97,13 @@ mod tests {
                 "usage_update",
                 "usage_update",
                 "compaction_update",
+                "usage_update",
                 "session_info_update"
             ]
         );
-        assert_eq!(passed[5]["params"]["update"]["title"], "kept");
+        // (The usage facts layer's own update after the compaction: its time is a fact.)
+        assert!(passed[5]["params"]["update"]["_meta"]["coda"]["compactedAt"].is_string(), "{}", passed[5]);
+        assert_eq!(passed[6]["params"]["update"]["title"], "kept");
         let own = h.stack().requests().get(&Id::from_json("8")).map(|r| r.is_sent());
         assert_eq!(own, Some(false), "Coda's prompt is held, not sent");
         // The shim's prompt is answered: Coda gets the compaction's answer, then its prompt goes on.
@@ -180,7 +186,8 @@ mod tests {
         h.from_agent(usage(8242));
         h.from_agent(update(json!({"sessionUpdate":"tool_call_update","toolCallId":"t","status":"completed"})));
         let shown = h.to_client();
-        assert_eq!(shown.len(), 1, "only the usage update: {shown:?}");
+        assert_eq!(shown.len(), 2, "only the usage update and the shim's own after the compaction: {shown:?}");
+        assert!(shown[1]["params"]["update"]["_meta"]["coda"]["compactedAt"].is_string(), "{}", shown[1]);
         h.from_agent(json!({"jsonrpc":"2.0","id":own,"result":{"stopReason":"end_turn"}}));
         assert_eq!(h.to_client()[0]["result"], json!({"compacted":true,"before":10471}));
     }

@@ -12,11 +12,13 @@
 //!   reaches Coda.
 //! - The outcome: compacted when the agent reported the compaction completed, with `before` and `after` in one
 //!   measure: the agent's own counts where it reports them ([`Said::Completed`]), else its `used` when it started
-//!   (the last response's tokens as the model reported them) and no `after`: a `usage_update` during the
-//!   compaction is the agent's own estimate, another measure (codex-acp live against the fake model: 110 reported
-//!   before, 7601 estimated after), and the next response's count comes after the answer; not compacted with the agent's own text when it failed (the failed
-//!   update's `error`, an error answer's `data.message` before its generic `message`), was cancelled, found
-//!   nothing to compact, or ended without saying it compacted.
+//!   (the last response's tokens as the model reported them: its latest `usage_update`'s, which the usage facts
+//!   layer below keeps in the session table, [`crate::layer::sessions::Session::used`]) and no `after`: a
+//!   `usage_update` during the compaction is the agent's own estimate, another measure (codex-acp live against
+//!   the fake model: 110 reported before, 7601 estimated after), and the next response's count comes after the
+//!   answer; not compacted with the agent's own text when it failed (the failed update's `error`, an error
+//!   answer's `data.message` before its generic `message`), was cancelled, found nothing to compact, or ended
+//!   without saying it compacted.
 //! - Stopped (past the deadline) with `session/cancel`, which ends the shim's prompt `cancelled`.
 
 use crate::{HashMap, HashSet};
@@ -93,8 +95,6 @@ pub struct SlashCompact {
     command: &'static str,
     own: Option<Own>,
     running: HashMap<String, Running>,
-    /// The agent's last `used` of each root session.
-    used: HashMap<String, u64>,
 }
 
 fn cut(s: &str) -> String {
@@ -119,39 +119,18 @@ impl SlashCompact {
     /// `agent` compacts on the prompt `command` and reports in ACP's `compaction_update`, and (`own`) in
     /// updates of its own.
     pub fn new(agent: &'static str, command: &'static str, own: Option<Own>) -> SlashCompact {
-        SlashCompact { agent, command, own, running: HashMap::default(), used: HashMap::default() }
+        SlashCompact { agent, command, own, running: HashMap::default() }
     }
 
     /// A `session/update` from the agent: what a running compaction learns from it, and whether it goes on.
-    fn update(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+    fn update(&mut self, frame: &Frame) -> bool {
         let kind = frame.session_update().unwrap_or_default();
-        if kind != "usage_update" && self.running.is_empty() {
-            return true;
-        }
         if self.running.is_empty() {
-            // A `usage_update` while nothing compacts: its figure only, read where it lies.
-            if let Some(session) = frame.session()
-                && let Some(used) = frame.update_value().and_then(|u| u.get("used")).and_then(|u| u.as_u64())
-                && ctl.cx.session(&session).is_some_and(|s| s.is_root())
-            {
-                // (A session's figure replaced in place: no key made for each update.)
-                match self.used.get_mut(&*session) {
-                    Some(kept) => *kept = used,
-                    None => _ = self.used.insert(session.into_owned(), used),
-                }
-            }
             return true;
         }
         let value = frame.value();
         let Some(session) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return true };
         let update = &value["params"]["update"];
-        let used = update.get("used").and_then(Value::as_u64);
-        if kind == "usage_update"
-            && let Some(used) = used
-            && ctl.cx.session(session).is_some_and(|s| s.is_root())
-        {
-            self.used.insert(session.to_owned(), used);
-        }
         let Some(run) = self.running.get_mut(session) else { return true };
         if let Some(said) = self.own.and_then(|own| own(update)) {
             run.progress = match said {
@@ -232,11 +211,10 @@ impl SlashCompact {
 impl Compactor for SlashCompact {
     fn session_closed(&mut self, session: &str, _ctl: &mut Ctl<Self>) {
         self.running.remove(session);
-        self.used.remove(session);
     }
 
     fn kept(&self) -> usize {
-        self.running.len() + self.used.len()
+        self.running.len()
     }
 
     type Event = Infallible;
@@ -244,7 +222,8 @@ impl Compactor for SlashCompact {
     type Timer = Infallible;
 
     fn start(&mut self, session: &str, round: u64, ctl: &mut Ctl<Self>) {
-        let before = self.used.get(session).copied();
+        // (The CLI's latest `used`, as the usage facts layer below read it.)
+        let before = ctl.cx.session(session).and_then(|s| s.used());
         let run = Running { round, before, after: None, progress: Progress::NotSeen, tools: HashSet::default() };
         self.running.insert(session.to_owned(), run);
         let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": self.command}]});
@@ -255,24 +234,19 @@ impl Compactor for SlashCompact {
         if self.running.get(session).is_some_and(|r| r.round == round) {
             self.running.remove(session);
         }
-        if self.used.len() > crate::layer::sessions::MAX_ROOTS {
-            self.used.clear();
-        }
     }
 
-    fn from_agent(&mut self, frame: &Frame, ctl: &mut Ctl<Self>) -> bool {
+    fn from_agent(&mut self, frame: &Frame, _ctl: &mut Ctl<Self>) -> bool {
         match frame.kind() {
-            Kind::Notification { method } if method == "session/update" => self.update(frame, ctl),
+            Kind::Notification { method } if method == "session/update" => self.update(frame),
             _ => true,
         }
     }
 
     fn ignores(&self, frame: &Frame) -> bool {
-        // `update` reads usage figures always, the rest only while a compaction runs.
+        // `update` reads updates only while a compaction runs.
         match frame.kind() {
-            Kind::Notification { method } if method == "session/update" => {
-                self.running.is_empty() && frame.session_update() != Some("usage_update")
-            }
+            Kind::Notification { method } if method == "session/update" => self.running.is_empty(),
             _ => true,
         }
     }

@@ -600,7 +600,11 @@ impl<S: Source> UsageFacts<S> {
         if e.facts.is_empty() {
             return;
         }
-        cx.to_client(e.facts.update(session, used, size));
+        let update = e.facts.update(session, used, size);
+        if let Some(s) = cx.session_mut(session) {
+            s.set_used(used);
+        }
+        cx.to_client(update);
     }
 
     /// Whether a `usage_update` of `session` must wait now.
@@ -643,6 +647,12 @@ impl<S: Source> UsageFacts<S> {
             return;
         }
         let update = Figures::of(frame.update_value());
+        // (The CLI's own count, for a compaction's `before`: what it sent, history too.)
+        if let Some(n) = update.used()
+            && let Some(s) = cx.session_mut(&session)
+        {
+            s.set_used(n);
+        }
         // What the CLI sends while Coda's load of the session is open is history: the model's window alone is
         // kept.
         let history = loading(cx, &session);

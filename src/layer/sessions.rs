@@ -110,13 +110,16 @@ pub struct Session {
     held: Vec<Frame>,
     /// Coda's `_session/steering` request in flight.
     steering: Option<Id>,
+    /// The CLI's `used` in its latest `usage_update` of the session (a root's).
+    used: Option<u64>,
     /// Order of arrival among sessions (the oldest go first past the bounds).
     seq: u64,
 }
 
 impl Session {
     fn new(opened: Option<Opened>, parent: Option<String>, seq: u64) -> Session {
-        Session { opened, parent, busy: None, started: false, compaction: None, held: Vec::new(), steering: None, seq }
+        let (busy, compaction, steering) = (None, None, None);
+        Session { opened, parent, busy, started: false, compaction, held: Vec::new(), steering, used: None, seq }
     }
 
     /// How Coda opened it on this connection; `None` for a child.
@@ -199,6 +202,18 @@ impl Session {
     pub fn take_held_id(&mut self, id: &Id) -> Option<Frame> {
         let at = self.held.iter().position(|f| f.id() == Some(id))?;
         Some(self.held.remove(at))
+    }
+
+    /// The CLI's `used` in its latest `usage_update` of the session, for a root: its own count of the context,
+    /// which a compaction's `before` is where the CLI says no count of its own. Set by the usage facts layer
+    /// ([`crate::coda::usage`]), which reads every update's figures and is below the compaction layer in every
+    /// stack (which reads them here, not in the frame again).
+    pub fn used(&self) -> Option<u64> {
+        self.used
+    }
+
+    pub fn set_used(&mut self, used: u64) {
+        self.used = Some(used);
     }
 
     /// Coda's `_session/steering` request in flight in the session.
