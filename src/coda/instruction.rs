@@ -383,6 +383,13 @@ fn command_names(commands: &Value) -> HashSet<String> {
         .collect()
 }
 
+/// Whether `frame` may hold an injected block: the marker's text, in a line with the `<` that opens a block
+/// ([`strip`] finds none without [`OPEN`]) or with a `\u` escape (which may spell it). The one-byte search
+/// first: it costs half the marker's, and most frames have no `<`.
+fn may_echo(frame: &Frame) -> bool {
+    (frame.unicode_escaped() || memchr::memchr(b'<', frame.bytes()).is_some()) && frame.has(&TOKEN)
+}
+
 /// What is left of a frame of the agent's that holds the marker of an injected block.
 enum Echo {
     /// No string held a whole block: the frame as it came.
@@ -505,7 +512,7 @@ impl Layer for Instruction {
         // Echoes of the user's prompt are what must not show the wrapper; the model's own streamed words
         // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
         let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
-        if !streamed && frame.has(&TOKEN) {
+        if !streamed && may_echo(&frame) {
             return match stripped(&frame) {
                 Echo::Kept => cx.to_client(frame),
                 Echo::Stripped(frame) => cx.to_client(frame),
