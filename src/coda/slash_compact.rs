@@ -124,10 +124,10 @@ impl SlashCompact {
 
     /// A `session/update` from the agent: what a running compaction learns from it, and whether it goes on.
     fn update(&mut self, frame: &Frame) -> bool {
-        let kind = frame.session_update().unwrap_or_default();
         if self.running.is_empty() {
             return true;
         }
+        let kind = frame.session_update().unwrap_or_default();
         let value = frame.value();
         let Some(session) = value.pointer("/params/sessionId").and_then(Value::as_str) else { return true };
         let update = &value["params"]["update"];
