@@ -118,8 +118,17 @@ pub struct Session {
 
 impl Session {
     fn new(opened: Option<Opened>, parent: Option<String>, seq: u64) -> Session {
-        let (busy, compaction, steering) = (None, None, None);
-        Session { opened, parent, busy, started: false, compaction, held: Vec::new(), steering, used: None, seq }
+        Session {
+            opened,
+            parent,
+            busy: None,
+            started: false,
+            compaction: None,
+            held: Vec::new(),
+            steering: None,
+            used: None,
+            seq,
+        }
     }
 
     /// How Coda opened it on this connection; `None` for a child.
