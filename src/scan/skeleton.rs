@@ -225,7 +225,7 @@ pub(super) const HELD: usize = 256 << 10;
 pub(super) struct Skeletons {
     each: Vec<Skeleton>,
     /// Places in `each`, the skeleton kept or matched last first.
-    order: Vec<u8>,
+    order: Order,
     /// Whether two lines kept had other session ids: the session id stays a hole from then on.
     sessions: bool,
     /// Shapes numbered so far.
@@ -242,12 +242,10 @@ impl Skeletons {
         // found in each skeleton that has a hole there before one tells it apart.
         let tries = if b.len() > KEPT { 1 } else { self.order.len() };
         for k in 0..tries.min(self.order.len()) {
-            let skeleton = &mut self.each[usize::from(self.order[k])];
+            let skeleton = &mut self.each[self.order.at(k)];
             if skeleton.matches(b, bits, changed, out, &mut self.sessions).is_some() {
                 let shape = skeleton.shape;
-                if k > 0 {
-                    self.order[..=k].rotate_right(1);
-                }
+                self.order.to_front(k);
                 return Some(shape);
             }
         }
@@ -265,30 +263,93 @@ impl Skeletons {
     /// place of the one had longest ago once [`SHAPES`] are kept: its number, `None` when it is not kept.
     pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) -> Option<u64> {
         if self.each.len() < SHAPES {
-            self.order.push(self.each.len() as u8);
+            self.order.push(self.each.len());
             self.each.push(Skeleton::default());
         }
         // The one had longest ago (or the new one) first.
-        self.order.rotate_right(1);
-        let skeleton = &mut self.each[usize::from(self.order[0])];
+        self.order.to_front(self.order.len() - 1);
+        let skeleton = &mut self.each[self.order.at(0)];
         skeleton.keep(line, holes, env, &mut self.sessions);
         if !skeleton.kept {
             // Left for the next line kept.
-            self.order.rotate_left(1);
+            self.order.front_to_back();
             return None;
         }
         self.shapes += 1;
         skeleton.shape = self.shapes;
         // The memory they hold stays under [`HELD`]: the ones had longest ago let go (but the one just kept).
         let mut held: usize = self.each.iter().map(Skeleton::held).sum();
-        for &k in self.order[1..].iter().rev() {
+        for k in (1..self.order.len()).rev().map(|k| self.order.at(k)) {
             if held <= HELD {
                 break;
             }
-            let gone = std::mem::take(&mut self.each[usize::from(k)]);
+            let gone = std::mem::take(&mut self.each[k]);
             held -= gone.held();
         }
         Some(self.shapes)
+    }
+}
+
+/// The places of the skeletons in [`Skeletons::each`], the one matched or kept last first: a line matches the
+/// one before it or one of the few before that most times, and the one found moves to the front, so the
+/// order is moved on nearly every line. The places are bytes in two `u128`s (each place below [`SHAPES`]), and
+/// a move to the front is a few shifts, where a slice's rotation was a call and a copy.
+#[derive(Debug, Default)]
+struct Order {
+    places: [u128; 2],
+    len: usize,
+}
+
+const _: () = assert!(SHAPES <= 32, "an Order holds 32 places");
+
+impl Order {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The place at `k` (below [`Order::len`]).
+    fn at(&self, k: usize) -> usize {
+        debug_assert!(k < self.len);
+        (self.places[k / 16] >> (8 * (k % 16)) & 0xFF) as usize
+    }
+
+    /// Adds `place` last.
+    fn push(&mut self, place: usize) {
+        debug_assert!(self.len < 32 && place < 256);
+        self.places[self.len / 16] |= (place as u128) << (8 * (self.len % 16));
+        self.len += 1;
+    }
+
+    /// Moves the place at `k` to the front; those before it move back one.
+    fn to_front(&mut self, k: usize) {
+        // The bytes of `word` below byte `n` (n at most 16).
+        let below = |word: u128, n: usize| if n >= 16 { word } else { word & ((1u128 << (8 * n)) - 1) };
+        let place = self.at(k) as u128;
+        let [low, high] = &mut self.places;
+        if k < 16 {
+            *low = (*low - below(*low, k + 1)) | below(*low, k) << 8 | place;
+        } else {
+            let carried = *low >> 120;
+            *low = *low << 8 | place;
+            let j = k - 16;
+            *high = (*high - below(*high, j + 1)) | below(*high, j) << 8 | carried;
+        }
+    }
+
+    /// Moves the front place last, undoing [`Order::to_front`] of the last place (rare: a line that cannot be
+    /// kept), a place at a time.
+    fn front_to_back(&mut self) {
+        for k in 0..self.len - 1 {
+            let [a, b] = [self.at(k), self.at(k + 1)];
+            self.set(k, b);
+            self.set(k + 1, a);
+        }
+    }
+
+    fn set(&mut self, k: usize, place: usize) {
+        let shift = 8 * (k % 16);
+        let word = &mut self.places[k / 16];
+        *word = (*word & !(0xFF << shift)) | (place as u128) << shift;
     }
 }
 
@@ -314,5 +375,54 @@ fn moved(by: &mut [usize; 8], which: u8, at: usize, was: usize) {
     while which != 0 {
         by[which.trailing_zeros() as usize % 8] = at.wrapping_sub(was);
         which &= which - 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Order;
+
+    /// Every move an `Order` makes, from every length and place, as a list of places makes it.
+    #[test]
+    fn an_order_moves_its_places_as_a_list_does() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..200 {
+            let (mut order, mut list) = (Order::default(), Vec::new());
+            for _ in 0..400 {
+                match next(8) {
+                    0 if list.len() < 32 => {
+                        order.push(list.len());
+                        list.push(list.len());
+                    }
+                    1 if !list.is_empty() => {
+                        order.front_to_back();
+                        list.rotate_left(1);
+                    }
+                    _ if !list.is_empty() => {
+                        let k = next(list.len());
+                        order.to_front(k);
+                        list[..=k].rotate_right(1);
+                    }
+                    _ => {}
+                }
+                assert_eq!(order.len(), list.len());
+                assert_eq!((0..list.len()).map(|k| order.at(k)).collect::<Vec<_>>(), list);
+            }
+        }
+        // The place at each end of each half goes to the front.
+        for k in [0, 1, 15, 16, 17, 30, 31] {
+            let mut order = Order::default();
+            (0..32).for_each(|p| order.push(p));
+            order.to_front(k);
+            let mut list: Vec<usize> = (0..32).collect();
+            list[..=k].rotate_right(1);
+            assert_eq!((0..32).map(|k| order.at(k)).collect::<Vec<_>>(), list, "moving {k}");
+        }
     }
 }
