@@ -292,11 +292,11 @@ impl Skeletons {
 
 /// The places of the skeletons in [`Skeletons::each`], the one matched or kept last first: a line matches the
 /// one before it or one of the few before that most times, and the one found moves to the front, so the
-/// order is moved on nearly every line. The places are bytes in two `u128`s (each place below [`SHAPES`]), and
-/// a move to the front is a few shifts, where a slice's rotation was a call and a copy.
+/// order is moved on nearly every line. A move of one of the first eight is a few shifts of one word, where a
+/// slice's rotation was a call and a copy.
 #[derive(Debug, Default)]
 struct Order {
-    places: [u128; 2],
+    places: [u8; 32],
     len: usize,
 }
 
@@ -309,47 +309,37 @@ impl Order {
 
     /// The place at `k` (below [`Order::len`]).
     fn at(&self, k: usize) -> usize {
-        debug_assert!(k < self.len);
-        (self.places[k / 16] >> (8 * (k % 16)) & 0xFF) as usize
+        usize::from(self.places[k])
     }
 
     /// Adds `place` last.
     fn push(&mut self, place: usize) {
-        debug_assert!(self.len < 32 && place < 256);
-        self.places[self.len / 16] |= (place as u128) << (8 * (self.len % 16));
+        self.places[self.len] = place as u8;
         self.len += 1;
     }
 
     /// Moves the place at `k` to the front; those before it move back one.
     fn to_front(&mut self, k: usize) {
-        // The bytes of `word` below byte `n` (n at most 16).
-        let below = |word: u128, n: usize| if n >= 16 { word } else { word & ((1u128 << (8 * n)) - 1) };
-        let place = self.at(k) as u128;
-        let [low, high] = &mut self.places;
-        if k < 16 {
-            *low = (*low - below(*low, k + 1)) | below(*low, k) << 8 | place;
+        let place = self.places[k];
+        if k == 0 {
+            return;
+        }
+        if k < 8 {
+            // The first eight as one word, the first lowest: the bytes below `k` shift up one, `place` goes in.
+            let eight: &mut [u8; 8] = (&mut self.places[..8]).try_into().expect("eight of 32");
+            let word = u64::from_le_bytes(*eight);
+            let below = |n: usize| if n >= 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+            *eight = ((word & !below(k + 1)) | (word & below(k)) << 8 | u64::from(place)).to_le_bytes();
         } else {
-            let carried = *low >> 120;
-            *low = *low << 8 | place;
-            let j = k - 16;
-            *high = (*high - below(*high, j + 1)) | below(*high, j) << 8 | carried;
+            self.places.copy_within(..k, 1);
+            self.places[0] = place;
         }
     }
 
     /// Moves the front place last, undoing [`Order::to_front`] of the last place (rare: a line that cannot be
-    /// kept), a place at a time.
+    /// kept).
     fn front_to_back(&mut self) {
-        for k in 0..self.len - 1 {
-            let [a, b] = [self.at(k), self.at(k + 1)];
-            self.set(k, b);
-            self.set(k + 1, a);
-        }
-    }
-
-    fn set(&mut self, k: usize, place: usize) {
-        let shift = 8 * (k % 16);
-        let word = &mut self.places[k / 16];
-        *word = (*word & !(0xFF << shift)) | (place as u128) << shift;
+        self.places[..self.len].rotate_left(1);
     }
 }
 
