@@ -225,7 +225,7 @@ pub(super) const HELD: usize = 256 << 10;
 pub(super) struct Skeletons {
     each: Vec<Skeleton>,
     /// Places in `each`, the skeleton kept or matched last first.
-    order: Order,
+    order: Vec<u8>,
     /// Whether two lines kept had other session ids: the session id stays a hole from then on.
     sessions: bool,
     /// Shapes numbered so far.
@@ -242,10 +242,12 @@ impl Skeletons {
         // found in each skeleton that has a hole there before one tells it apart.
         let tries = if b.len() > KEPT { 1 } else { self.order.len() };
         for k in 0..tries.min(self.order.len()) {
-            let skeleton = &mut self.each[self.order.at(k)];
+            let skeleton = &mut self.each[usize::from(self.order[k])];
             if skeleton.matches(b, bits, changed, out, &mut self.sessions).is_some() {
                 let shape = skeleton.shape;
-                self.order.to_front(k);
+                if k > 0 {
+                    to_front(&mut self.order, k);
+                }
                 return Some(shape);
             }
         }
@@ -263,83 +265,46 @@ impl Skeletons {
     /// place of the one had longest ago once [`SHAPES`] are kept: its number, `None` when it is not kept.
     pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) -> Option<u64> {
         if self.each.len() < SHAPES {
-            self.order.push(self.each.len());
+            self.order.push(self.each.len() as u8);
             self.each.push(Skeleton::default());
         }
         // The one had longest ago (or the new one) first.
-        self.order.to_front(self.order.len() - 1);
-        let skeleton = &mut self.each[self.order.at(0)];
+        self.order.rotate_right(1);
+        let skeleton = &mut self.each[usize::from(self.order[0])];
         skeleton.keep(line, holes, env, &mut self.sessions);
         if !skeleton.kept {
             // Left for the next line kept.
-            self.order.front_to_back();
+            self.order.rotate_left(1);
             return None;
         }
         self.shapes += 1;
         skeleton.shape = self.shapes;
         // The memory they hold stays under [`HELD`]: the ones had longest ago let go (but the one just kept).
         let mut held: usize = self.each.iter().map(Skeleton::held).sum();
-        for k in (1..self.order.len()).rev().map(|k| self.order.at(k)) {
+        for &k in self.order[1..].iter().rev() {
             if held <= HELD {
                 break;
             }
-            let gone = std::mem::take(&mut self.each[k]);
+            let gone = std::mem::take(&mut self.each[usize::from(k)]);
             held -= gone.held();
         }
         Some(self.shapes)
     }
 }
 
-/// The places of the skeletons in [`Skeletons::each`], the one matched or kept last first: a line matches the
-/// one before it or one of the few before that most times, and the one found moves to the front, so the
-/// order is moved on nearly every line. A move of one of the first eight is a few shifts of one word, where a
-/// slice's rotation was a call and a copy.
-#[derive(Debug, Default)]
-struct Order {
-    places: [u8; 32],
-    len: usize,
-}
-
-const _: () = assert!(SHAPES <= 32, "an Order holds 32 places");
-
-impl Order {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The place at `k` (below [`Order::len`]).
-    fn at(&self, k: usize) -> usize {
-        usize::from(self.places[k])
-    }
-
-    /// Adds `place` last.
-    fn push(&mut self, place: usize) {
-        self.places[self.len] = place as u8;
-        self.len += 1;
-    }
-
-    /// Moves the place at `k` to the front; those before it move back one.
-    fn to_front(&mut self, k: usize) {
-        let place = self.places[k];
-        if k == 0 {
-            return;
-        }
-        if k < 8 {
-            // The first eight as one word, the first lowest: the bytes below `k` shift up one, `place` goes in.
-            let eight: &mut [u8; 8] = (&mut self.places[..8]).try_into().expect("eight of 32");
+/// Moves the place at `k` of `order` to its front, those before it back one (`order[..=k].rotate_right(1)`):
+/// the order of the kept shapes is moved on most lines (a line matches one of the few shapes before it), and
+/// one of the first eight is moved by shifts of one word, where the rotation is a call and a copy.
+fn to_front(order: &mut [u8], k: usize) {
+    match order.get_mut(..8).and_then(|eight| <&mut [u8; 8]>::try_from(eight).ok()) {
+        Some(eight) if k < 8 => {
+            // The first lowest: the bytes below `k` shift up one, the one at `k` goes in front.
             let word = u64::from_le_bytes(*eight);
             let below = |n: usize| if n >= 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
-            *eight = ((word & !below(k + 1)) | (word & below(k)) << 8 | u64::from(place)).to_le_bytes();
-        } else {
-            self.places.copy_within(..k, 1);
-            self.places[0] = place;
+            let moved = (word & !below(k + 1)) | (word & below(k)) << 8 | (word >> (8 * k) & 0xFF);
+            *eight = moved.to_le_bytes();
         }
-    }
-
-    /// Moves the front place last, undoing [`Order::to_front`] of the last place (rare: a line that cannot be
-    /// kept).
-    fn front_to_back(&mut self) {
-        self.places[..self.len].rotate_left(1);
+        _ => order[..=k].rotate_right(1),
     }
 }
 
@@ -370,49 +335,19 @@ fn moved(by: &mut [usize; 8], which: u8, at: usize, was: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::Order;
+    use super::to_front;
 
-    /// Every move an `Order` makes, from every length and place, as a list of places makes it.
+    /// Each place of orders of every length up to the most kept goes to the front as a rotation puts it there.
     #[test]
-    fn an_order_moves_its_places_as_a_list_does() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        for _ in 0..200 {
-            let (mut order, mut list) = (Order::default(), Vec::new());
-            for _ in 0..400 {
-                match next(8) {
-                    0 if list.len() < 32 => {
-                        order.push(list.len());
-                        list.push(list.len());
-                    }
-                    1 if !list.is_empty() => {
-                        order.front_to_back();
-                        list.rotate_left(1);
-                    }
-                    _ if !list.is_empty() => {
-                        let k = next(list.len());
-                        order.to_front(k);
-                        list[..=k].rotate_right(1);
-                    }
-                    _ => {}
-                }
-                assert_eq!(order.len(), list.len());
-                assert_eq!((0..list.len()).map(|k| order.at(k)).collect::<Vec<_>>(), list);
+    fn a_place_goes_to_the_front_as_a_rotation_puts_it() {
+        for len in 1..=super::SHAPES {
+            let order: Vec<u8> = (100..100 + len as u8).collect();
+            for k in 0..len {
+                let (mut moved, mut rotated) = (order.clone(), order.clone());
+                to_front(&mut moved, k);
+                rotated[..=k].rotate_right(1);
+                assert_eq!(moved, rotated, "place {k} of {len}");
             }
-        }
-        // The place at each end of each half goes to the front.
-        for k in [0, 1, 15, 16, 17, 30, 31] {
-            let mut order = Order::default();
-            (0..32).for_each(|p| order.push(p));
-            order.to_front(k);
-            let mut list: Vec<usize> = (0..32).collect();
-            list[..=k].rotate_right(1);
-            assert_eq!((0..32).map(|k| order.at(k)).collect::<Vec<_>>(), list, "moving {k}");
         }
     }
 }
