@@ -388,6 +388,30 @@ impl GrokActivity {
     }
 }
 
+impl GrokActivity {
+    /// An `_x.ai/*` notification `frame` (of `method`) that this layer reads (see [`GrokActivity::reads`]).
+    fn x_ai(&mut self, method: &str, frame: &Frame, cx: &mut Cx) {
+        let Some(session) = frame.session().filter(|s| !s.is_empty()) else { return };
+        if Self::is_loading(cx, &session) {
+            return;
+        }
+        // The queue and a turn's end, the most frequent, read where they lie (they carry prompts).
+        fn nonempty(s: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
+            s.filter(|s| !s.is_empty())
+        }
+        if method == "_x.ai/queue/changed" {
+            return self.queue_changed(Queue::of(frame).as_ref().and_then(Queue::running), cx);
+        }
+        if method == "_x.ai/session_notification" && frame.session_update() == Some("turn_completed") {
+            let prompt = frame.update_value().and_then(|u| u.get("prompt_id")).and_then(|p| p.as_str());
+            return self.turn_completed(nonempty(prompt).as_deref(), cx);
+        }
+        // (An update that is no object reads as one without fields: a task without its id is warned of.)
+        let u = frame.update_value().unwrap_or(View::of(b"null"));
+        self.notification(method, &session, frame.session_update(), u, cx);
+    }
+}
+
 impl Layer for GrokActivity {
     type Timer = Infallible;
     type Event = Infallible;
@@ -407,32 +431,16 @@ impl Layer for GrokActivity {
     }
 
     fn from_agent(&mut self, frame: Frame, cx: &mut Cx) {
-        match frame.kind().clone() {
+        match frame.kind() {
             Kind::Response { .. } => cx.to_client(frame),
             Kind::Notification { method } if method.starts_with("_x.ai/") => {
-                if !self.reads(&method, &frame) {
+                if !self.reads(method, &frame) {
                     return cx.to_client(frame);
                 }
-                let copy = frame.clone();
-                cx.to_client(frame);
-                let Some(session) = copy.session().filter(|s| !s.is_empty()) else { return };
-                if Self::is_loading(cx, &session) {
-                    return;
-                }
-                // The queue and a turn's end, the most frequent, read where they lie (they carry prompts).
-                fn nonempty(s: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
-                    s.filter(|s| !s.is_empty())
-                }
-                if method == "_x.ai/queue/changed" {
-                    return self.queue_changed(Queue::of(&copy).as_ref().and_then(Queue::running), cx);
-                }
-                if method == "_x.ai/session_notification" && copy.session_update() == Some("turn_completed") {
-                    let prompt = copy.update_value().and_then(|u| u.get("prompt_id")).and_then(|p| p.as_str());
-                    return self.turn_completed(nonempty(prompt).as_deref(), cx);
-                }
-                // (An update that is no object reads as one without fields: a task without its id is warned of.)
-                let u = copy.update_value().unwrap_or(View::of(b"null"));
-                self.notification(&method, &session, copy.session_update(), u, cx);
+                // (Read before it goes on, and sent ahead of what the read sends.)
+                let mark = cx.mark();
+                self.x_ai(method, &frame, cx);
+                cx.to_client_at(mark, frame);
             }
             Kind::Notification { method } if method == "session/update" => {
                 // Only tool calls matter, and of those only a spawn or what follows one.

@@ -691,9 +691,10 @@ impl Layer for OpenCodeActivity {
                 if !watching && !matches!(frame.session_update(), Some("tool_call" | "tool_call_update")) {
                     return cx.to_client(frame);
                 }
-                let copy = frame.clone();
-                cx.to_client(frame);
-                self.update(&copy, cx);
+                // (Read before it goes on, and sent ahead of what the read sends.)
+                let mark = cx.mark();
+                self.update(&frame, cx);
+                cx.to_client_at(mark, frame);
             }
             _ => cx.to_client(frame),
         }

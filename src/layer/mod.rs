@@ -358,6 +358,18 @@ impl<'a> Cx<'a> {
         self.out.push(Out::ToClient(frame));
     }
 
+    /// Where what this layer sends next lies among what it has sent: for [`Cx::to_client_at`].
+    pub fn mark(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Pass `frame` on towards the client ahead of what this layer sent since `mark` (from [`Cx::mark`]): for a
+    /// layer that reads a frame it passes on and may send frames that follow it, without a copy of the frame
+    /// kept to read after it is sent.
+    pub fn to_client_at(&mut self, mark: usize, frame: Frame) {
+        self.out.insert(mark.min(self.out.len()), Out::ToClient(frame));
+    }
+
     /// Send a request of the shim's own to the agent. The reply comes back to this layer's
     /// [`Layer::on_reply`] with `tag` (of the layer's [`Layer::Reply`] type), and is never forwarded to the client.
     pub fn request<R: Send + 'static>(&mut self, method: &str, params: Value, tag: R) {
