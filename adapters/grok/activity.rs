@@ -386,9 +386,7 @@ impl GrokActivity {
             None => pass(cx, frame),
         }
     }
-}
 
-impl GrokActivity {
     /// An `_x.ai/*` notification `frame` (of `method`) that this layer reads (see [`GrokActivity::reads`]).
     fn x_ai(&mut self, method: &str, frame: &Frame, cx: &mut Cx) {
         let Some(session) = frame.session().filter(|s| !s.is_empty()) else { return };
