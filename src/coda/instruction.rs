@@ -383,6 +383,14 @@ fn command_names(commands: &Value) -> HashSet<String> {
         .collect()
 }
 
+/// Whether a frame of the agent's is searched for an echo of the user's prompt, which must not show the
+/// wrapper: the model's own streamed words (the bulk of all traffic) are no echo and go on untouched, and
+/// unsearched; any other frame is, where it may hold the block ([`may_echo`]).
+fn searched(frame: &Frame) -> bool {
+    let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
+    !streamed && may_echo(frame)
+}
+
 /// Whether `frame` may hold an injected block: the marker's text, in a line with the `<` that opens a block
 /// ([`strip`] finds none without [`OPEN`]) or with a `\u` escape (which may spell it). The one-byte search
 /// first: it costs half the marker's, and most frames have no `<`.
@@ -509,10 +517,7 @@ impl Layer for Instruction {
             }
             _ => {}
         }
-        // Echoes of the user's prompt are what must not show the wrapper; the model's own streamed words
-        // (the bulk of all traffic) are no echo and go on untouched, and unsearched.
-        let streamed = matches!(frame.session_update(), Some("agent_message_chunk" | "agent_thought_chunk"));
-        if !streamed && may_echo(&frame) {
+        if searched(&frame) {
             return match stripped(&frame) {
                 Echo::Kept => cx.to_client(frame),
                 Echo::Stripped(frame) => cx.to_client(frame),
@@ -523,8 +528,18 @@ impl Layer for Instruction {
         cx.to_client(frame)
     }
 
+    /// Passes what it neither reads (an answer, the agent's commands) nor searches for an echo: a frame of
+    /// any other kind is read only where it may hold one, so the stack calls the layer for few of them.
     fn passes_from_agent(&self, frame: &Frame) -> bool {
-        frame.is_streamed_chunk()
+        match frame.kind() {
+            Kind::Response { .. } => false,
+            Kind::Notification { method }
+                if method == "session/update" && frame.session_update() == Some("available_commands_update") =>
+            {
+                false
+            }
+            _ => frame.is_streamed_chunk() || !searched(frame),
+        }
     }
 
     fn chunks_pass_by_session(&self) -> bool {
@@ -739,26 +754,35 @@ mod tests {
         assert!(from_agent_line(&line.replace(&echo, &only)).is_empty());
     }
 
+    /// A stack of the instruction layer alone with session `s` made with an instruction (as a release build
+    /// runs it: a layer that says it passes a frame is not called).
+    fn stack_with_session() -> (crate::layer::Stack, crate::layer::Exits) {
+        let mut stack = crate::layer::Stack::new(vec![Box::new(Instruction::new(&[]))]);
+        let mut exits = crate::layer::Exits::default();
+        let new = json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w",
+            "systemPrompt":{"mode":"append","content":[{"type":"text","text":"be brief"}]}}});
+        stack.from_client(Frame::from_value(&new), &mut exits);
+        stack.from_agent(Frame::from_value(&json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}})), &mut exits);
+        (stack, exits)
+    }
+
+    /// A prompt `id` of session `s` with `text`.
+    fn prompt_of_s(id: u64, text: &str) -> Frame {
+        Frame::from_value(&json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":"s",
+            "prompt":[{"type":"text","text":text}]}}))
+    }
+
+    /// Whether the last prompt sent to the agent carries the instruction in front of its one block.
+    fn carries(exits: &crate::layer::Exits) -> bool {
+        let sent = exits.to_agent.last().map(|f| f.value().clone()).unwrap_or_default();
+        sent["params"]["prompt"].as_array().map_or(0, Vec::len) == 2
+    }
+
     #[test]
     fn a_failure_answer_with_the_input_accepted_counts_as_delivered_a_plain_error_does_not() {
-        use crate::layer::{Exits, Stack};
         let f = |v: Value| Frame::from_value(&v);
-        let prompt = |id: u64| {
-            f(json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":"s",
-                "prompt":[{"type":"text","text":"hi"}]}}))
-        };
-        let carries = |exits: &Exits| {
-            let sent = exits.to_agent.last().map(|f| f.value().clone()).unwrap_or_default();
-            sent["params"]["prompt"].as_array().map_or(0, Vec::len) == 2
-        };
-        let mut stack = Stack::new(vec![Box::new(Instruction::new(&[]))]);
-        let mut exits = Exits::default();
-        stack.from_client(
-            f(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w",
-            "systemPrompt":{"mode":"append","content":[{"type":"text","text":"be brief"}]}}})),
-            &mut exits,
-        );
-        stack.from_agent(f(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}})), &mut exits);
+        let prompt = |id: u64| prompt_of_s(id, "hi");
+        let (mut stack, mut exits) = stack_with_session();
         stack.from_client(prompt(2), &mut exits);
         assert!(carries(&exits));
         stack.from_agent(f(json!({"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"boom"}})), &mut exits);
@@ -769,6 +793,23 @@ mod tests {
         stack.from_agent(f(failure), &mut exits);
         stack.from_client(prompt(4), &mut exits);
         assert!(!carries(&exits), "the failed turn took the input, instruction included");
+    }
+
+    /// The agent's command list is read through the stack as a release build runs it (a layer that says it
+    /// passes a frame is not called there): a slash word it lists defers the instruction, a path does not.
+    #[test]
+    fn the_agents_commands_read_through_the_stack_tell_a_command_from_a_path() {
+        let (mut stack, mut exits) = stack_with_session();
+        let commands = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{
+            "sessionUpdate":"available_commands_update","availableCommands":[{"name":"init","description":"x"}]}}});
+        stack.from_agent(Frame::from_value(&commands), &mut exits);
+        assert_eq!(exits.to_client.pop().map(|c| c.value().clone()), Some(commands), "the list goes on as it came");
+        stack.from_client(prompt_of_s(2, "/init focus on tests"), &mut exits);
+        assert_eq!(exits.to_agent.len(), 2, "session/new, then the prompt");
+        assert!(!carries(&exits), "a command the agent lists: the instruction waits");
+        stack.from_client(prompt_of_s(3, "/etc/hosts is odd"), &mut exits);
+        assert_eq!(exits.to_agent.len(), 3);
+        assert!(carries(&exits), "no command of the agent's: the instruction goes in front");
     }
 
     #[test]

@@ -624,11 +624,13 @@ impl<S: Source> UsageFacts<S> {
             _ if frame.session_update() == Some("usage_update") => self.usage_update(frame, cx),
             _ if self.cli.wants(&frame) => {
                 let history = frame.session().is_some_and(|s| loading(cx, &s));
-                cx.to_client(frame.clone());
+                // Read before it goes on, sent ahead of what the read sends: no copy kept to read after it.
+                let mark = cx.mark();
                 if !history {
                     self.cli.from_agent(&frame, cx, &mut said);
                     self.apply(said, cx);
                 }
+                cx.to_client_at(mark, frame);
             }
             _ => cx.to_client(frame),
         }
