@@ -400,10 +400,11 @@ impl Layer for Permissions {
                 self.forwarded(id, frame, cx)
             }
             Kind::Notification { method } if method == wait::METHOD => {
-                // The report goes first: Coda takes a child's frames only once it is announced.
-                let report = frame.clone();
-                cx.to_client(frame);
-                self.report_seen(&report, cx);
+                // The report goes first, ahead of what its read sends: Coda takes a child's frames only once it
+                // is announced.
+                let mark = cx.mark();
+                self.report_seen(&frame, cx);
+                cx.to_client_at(mark, frame);
             }
             Kind::Notification { method } if method == cancel::METHOD => self.withdrawn(frame, cx),
             _ => cx.to_client(frame),
