@@ -754,13 +754,13 @@ mod tests {
         assert!(from_agent_line(&line.replace(&echo, &only)).is_empty());
     }
 
-    /// A stack of the instruction layer alone with session `s` made with an instruction (as a release build
-    /// runs it: a layer that says it passes a frame is not called).
+    /// A stack of the instruction layer alone with session `s` made with Coda's instruction as it is (several KB
+    /// of Markdown with CJK text), as a release build runs it: a layer that says it passes a frame is not called.
     fn stack_with_session() -> (crate::layer::Stack, crate::layer::Exits) {
         let mut stack = crate::layer::Stack::new(vec![Box::new(Instruction::new(&[]))]);
         let mut exits = crate::layer::Exits::default();
         let new = json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w",
-            "systemPrompt":{"mode":"append","content":[{"type":"text","text":"be brief"}]}}});
+            "systemPrompt":{"mode":"append","content":[{"type":"text","text":instruction()}]}}});
         stack.from_client(Frame::from_value(&new), &mut exits);
         stack.from_agent(Frame::from_value(&json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}})), &mut exits);
         (stack, exits)
