@@ -187,7 +187,7 @@ pub struct Frame {
     /// `params.update.sessionUpdate` of a notification, read with the envelope so that layers can tell
     /// a streamed chunk from what they look for without searching the whole frame.
     update: Option<CompactString>,
-    /// [`SHIM`], [`LONE_SURROGATE`], [`CHUNK`], [`SESSION`], [`SESSION_ESCAPED`], [`UNICODE`].
+    /// [`SHIM`], [`LONE_SURROGATE`], [`CHUNK`], [`SESSION`], [`SESSION_ESCAPED`], [`UNICODE`], [`UTF8`].
     flags: u8,
     /// Where `params._meta` is in the line ([`Frame::meta`]), found with the envelope: its start and length (0
     /// for none; `u16::MAX` for one as long or longer, looked for again). Small, so that the frame, which
@@ -217,11 +217,14 @@ const SESSION: u8 = 8;
 const SESSION_ESCAPED: u8 = 16;
 /// The line may hold a `\u` escape ([`Frame::unicode_escaped`]).
 const UNICODE: u8 = 32;
+/// The line is UTF-8, as the frame check found it: the text between two of its quotes is UTF-8 as it lies
+/// ([`Frame::text_between_quotes`]), not checked again by each layer that reads a session id.
+const UTF8: u8 = 64;
 
-/// The flags of a frame whose line the frame check read.
+/// The flags of a frame whose line the frame check read (and found UTF-8).
 fn noted(chunk: bool, escapes: scan::Escapes) -> u8 {
     let flag = |on: bool, flag: u8| if on { flag } else { 0 };
-    flag(chunk, CHUNK) | flag(escapes.lone_surrogate, LONE_SURROGATE) | flag(escapes.unicode, UNICODE)
+    UTF8 | flag(chunk, CHUNK) | flag(escapes.lone_surrogate, LONE_SURROGATE) | flag(escapes.unicode, UNICODE)
 }
 
 /// Two frames are equal when their lines and envelopes are: whether either was read yet is no difference.
@@ -348,6 +351,11 @@ impl Frame {
         if self.lone_surrogate() || self.unicode_escaped() || may_escape_unicode(written) {
             return Frame::built(bytes);
         }
+        // (The line stays UTF-8 when what was written in is: JSON text the shim wrote, a few bytes.)
+        let utf8 = match self.flags & UTF8 != 0 && with.iter().all(|part| std::str::from_utf8(part).is_ok()) {
+            true => UTF8,
+            false => 0,
+        };
         let grown = with_len as i64 - cut.len() as i64;
         // A place (start, length) in the new line; None for one the cut holds only part of.
         let moved = |start: usize, len: usize| -> Option<(usize, usize)> {
@@ -397,7 +405,7 @@ impl Frame {
             Bytes::from(wire),
             self.kind.clone(),
             self.update.clone(),
-            (self.flags & CHUNK) | SHIM,
+            (self.flags & CHUNK) | utf8 | SHIM,
             Places { meta: range(meta), update_object: range(update), session },
         )
     }
@@ -610,10 +618,29 @@ impl Frame {
     /// one pass: read as [`Frame::value`] reads it (a lone surrogate escape as U+FFFD), without parsing the
     /// frame.
     pub fn session(&self) -> Option<Cow<'_, str>> {
+        if self.flags & (SESSION | SESSION_ESCAPED) == SESSION && self.session_len != u8::MAX {
+            let start = usize::from(self.session_start);
+            return self.text_between_quotes(start, start + usize::from(self.session_len)).map(Cow::Borrowed);
+        }
         match self.session_bytes()? {
             Cow::Borrowed(text) => std::str::from_utf8(text).ok().map(Cow::Borrowed),
             Cow::Owned(text) => String::from_utf8(text).ok().map(Cow::Owned),
         }
+    }
+
+    /// The line's bytes `start..end` as text, when a quote is on either side of them: in a line the frame
+    /// check found UTF-8 ([`UTF8`]), taken as they lie (a quote is ASCII, so the two are where characters
+    /// start: what lies between them is UTF-8); else checked.
+    fn text_between_quotes(&self, start: usize, end: usize) -> Option<&str> {
+        let line = self.bytes();
+        let text = line.get(start..end)?;
+        let quoted = start > 0 && line[start - 1] == b'"' && line.get(end) == Some(&b'"');
+        if self.flags & UTF8 != 0 && quoted {
+            // SAFETY: `line` is UTF-8 (the frame check found it so; `UTF8` is set only then, and on a splice of
+            // UTF-8 into such a line), and `text` starts and ends at ASCII bytes of it, where characters start.
+            return Some(unsafe { std::str::from_utf8_unchecked(text) });
+        }
+        std::str::from_utf8(text).ok()
     }
 
     /// [`Frame::session`] as bytes (the same text; no UTF-8 check where it has no escape), for a layer that
@@ -692,11 +719,14 @@ impl Frame {
         key.each_in(line).filter_map(move |at| {
             // The key's closing quote follows a byte that is no backslash, so it closes a string: what follows
             // a key is a colon, and after anything else this was no key.
-            let rest = &line[at + key.bytes().len()..];
-            let rest = rest[space(rest)..].strip_prefix(b":")?;
-            let text = rest[space(rest)..].strip_prefix(b"\"")?;
+            let after = at + key.bytes().len();
+            let rest = &line[after..];
+            let colon = after + space(rest);
+            let rest = line[colon..].strip_prefix(b":")?;
+            let start = colon + 1 + space(rest);
+            let text = line[start..].strip_prefix(b"\"")?;
             Some(match memchr::memchr2(b'"', b'\\', text) {
-                Some(end) if text[end] == b'"' => std::str::from_utf8(&text[..end]).ok(),
+                Some(end) if text[end] == b'"' => self.text_between_quotes(start + 1, start + 1 + end),
                 _ => None,
             })
         })
@@ -1441,6 +1471,24 @@ pub(crate) mod tests {
         let f = notification("m", serde_json::json!({"sessionId": long}));
         assert_eq!(f.session().as_deref(), Some(long.as_str()));
         assert_eq!(f.session_bytes().as_deref(), Some(long.as_bytes()));
+    }
+
+    /// A session id taken as it lies in a line found UTF-8 is one only while the line is: bytes that are no
+    /// UTF-8 spliced into its text (no layer writes such, but `spliced` takes bytes) leave it checked, and read
+    /// as none; UTF-8 spliced in reads as what it is. The same for the ids `key_strings` finds.
+    #[test]
+    fn an_id_read_as_it_lies_is_text_only_in_a_line_that_stays_utf8() {
+        static SESSION_KEY: Needle = crate::needle!(b"\"sessionId\"");
+        let line = r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"abc","update":{"sessionUpdate":"x"}}}"#;
+        let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+        let at = line.find("abc").unwrap();
+        for (with, want) in [(&b"\xff\xfe"[..], None), ("é日".as_bytes(), Some("aé日c")), (b"\xe6\x97", None)] {
+            let spliced = f.spliced(at + 1..at + 2, with);
+            assert_eq!(spliced.session().as_deref(), want, "{with:?}");
+            assert_eq!(spliced.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [want], "{with:?}");
+        }
+        assert_eq!(f.session().as_deref(), Some("abc"));
+        assert_eq!(f.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [Some("abc")]);
     }
 
     /// `got` is `want` as frames go: its bytes, kind and flags, and what the frame check found where.
