@@ -139,8 +139,17 @@ impl Facts {
     }
 
     /// [`Facts::to_json`] written as JSON text (its keys in the order a `Map` keeps them), without building it.
+    #[cfg(test)]
     fn write_json(&self, out: &mut Vec<u8>) {
-        let (ttl, compacted, tokens, request) = self.known();
+        self.write_json_kept(out, &mut Default::default());
+    }
+
+    /// [`Facts::write_json`], the text of each time taken from `times` (the compaction's, the request's) while
+    /// it is the time written last.
+    fn write_json_kept(&self, out: &mut Vec<u8>, [compacted, request]: &mut [IsoText; 2]) {
+        let ttl = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'));
+        let compacted = self.compacted_at.and_then(|at| compacted.text(at));
+        let (tokens, request) = (self.context_tokens, self.last_request_at.and_then(|at| request.text(at)));
         let mut first = true;
         let mut key = |out: &mut Vec<u8>, name: &str| {
             out.extend_from_slice(if first { b"{\"" } else { b",\"" });
@@ -154,7 +163,7 @@ impl Facts {
         }
         if let Some(at) = compacted {
             key(out, "compactedAt");
-            write_iso(out, at);
+            out.extend_from_slice(at);
         }
         if let Some(n) = tokens {
             key(out, "contextTokens");
@@ -162,7 +171,7 @@ impl Facts {
         }
         if let Some(at) = request {
             key(out, "lastRequestAt");
-            write_iso(out, at);
+            out.extend_from_slice(at);
         }
         if first {
             out.push(b'{');
@@ -392,17 +401,28 @@ impl<'a> Figures<'a> {
     /// The figures of `update` (none when it is no object).
     pub fn of(update: Option<View<'a>>) -> Figures<'a> {
         let mut figures = Figures::default();
-        for (key, value) in update.iter().flat_map(View::members) {
-            if key.is("used") {
-                figures.used = Some(value);
-            } else if key.is("size") {
-                figures.size = Some(value);
-            } else if key.is("_meta") {
-                figures.meta = Some(value);
-                figures.metas += 1;
+        let Some(update) = update.filter(|u| u.text().first() == Some(&b'{')) else { return figures };
+        const NAMES: [&str; 3] = ["used", "size", "_meta"];
+        for (key, value) in update.members() {
+            // A key as it is written, quotes and all (one with an escape compared unescaped).
+            let which = match (key.escaped(), key.quoted()) {
+                (false, b"\"used\"") => Some(0),
+                (false, b"\"size\"") => Some(1),
+                (false, b"\"_meta\"") => Some(2),
+                (false, _) => None,
+                (true, _) => NAMES.iter().position(|name| key.is(name)),
+            };
+            match which {
+                Some(0) => figures.used = Some(value),
+                Some(1) => figures.size = Some(value),
+                Some(_) => {
+                    figures.meta = Some(value);
+                    figures.metas += 1;
+                }
+                None => {}
             }
         }
-        figures.update = update.filter(|u| u.text().first() == Some(&b'{'));
+        figures.update = Some(update);
         figures
     }
 
@@ -418,21 +438,42 @@ impl<'a> Figures<'a> {
 }
 
 /// Facts as JSON text ([`Facts::write_json`]), written again only when they changed: every `usage_update` is
-/// stamped with them, and they change with a request or a compaction.
+/// stamped with them, and they change with a request or a compaction (a CLI's context count with nearly
+/// every update: the times' text is kept apart, as they were written last).
 #[derive(Default)]
 struct Written {
     of: Option<Facts>,
     json: Vec<u8>,
+    times: [IsoText; 2],
 }
 
 impl Written {
     fn json(&mut self, facts: &Facts) -> &[u8] {
         if self.of.as_ref() != Some(facts) {
             self.json.clear();
-            facts.write_json(&mut self.json);
+            facts.write_json_kept(&mut self.json, &mut self.times);
             self.of = Some(facts.clone());
         }
         &self.json
+    }
+}
+
+/// A time and its text as the facts write it ([`write_iso`], quoted; none for a time jiff cannot hold, which
+/// is no fact), kept while the time stays the same.
+#[derive(Default)]
+struct IsoText(Option<(SystemTime, Option<Vec<u8>>)>);
+
+impl IsoText {
+    fn text(&mut self, at: SystemTime) -> Option<&[u8]> {
+        if !matches!(&self.0, Some((kept, _)) if *kept == at) {
+            let text = jiff::Timestamp::try_from(at).ok().map(|t| {
+                let mut text = Vec::with_capacity(26);
+                write_iso(&mut text, t);
+                text
+            });
+            self.0 = Some((at, text));
+        }
+        self.0.as_ref()?.1.as_deref()
     }
 }
 
@@ -997,16 +1038,26 @@ mod tests {
     fn the_facts_text_kept_between_stamps_follows_every_change() {
         let mut facts = Facts::default();
         let mut written = Written::default();
-        let steps: [fn(&mut Facts); 9] = [
-            |f| f.context_tokens = Some(1),
-            |f| f.context_tokens = Some(2),
-            |f| f.last_request_at = Some(at(1_793_149_572_418)),
-            |f| f.last_request_at = Some(at(1_793_149_572_419)),
-            |f| f.compacted_at = Some(at(1)),
-            |f| f.cache_ttl = Some("PT1H".into()),
-            |f| f.cache_ttl = Some("PT5M".into()),
-            |f| f.compacted_at = None,
-            |f| *f = Facts::default(),
+        // (Times jiff cannot hold are no fact; a year before 0 is written as jiff writes it.)
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(400_000_000_000);
+        let before_0 = SystemTime::UNIX_EPOCH - Duration::from_secs(70_000_000_000);
+        let steps: [&dyn Fn(&mut Facts); 16] = [
+            &|f| f.context_tokens = Some(1),
+            &|f| f.context_tokens = Some(2),
+            &|f| f.last_request_at = Some(at(1_793_149_572_418)),
+            &|f| f.context_tokens = Some(3),
+            &|f| f.last_request_at = Some(at(1_793_149_572_419)),
+            &|f| f.compacted_at = Some(at(1)),
+            &|f| f.last_request_at = Some(at(1_793_149_572_418)),
+            &|f| f.cache_ttl = Some("PT1H".into()),
+            &|f| f.compacted_at = Some(before_0),
+            &|f| f.last_request_at = Some(far),
+            &|f| f.context_tokens = Some(4),
+            &|f| f.last_request_at = Some(at(1)),
+            &|f| f.cache_ttl = Some("PT5M".into()),
+            &|f| f.compacted_at = None,
+            &|f| f.compacted_at = Some(at(1)),
+            &|f| *f = Facts::default(),
         ];
         for step in steps.iter().chain(&steps) {
             step(&mut facts);
