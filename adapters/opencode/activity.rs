@@ -85,6 +85,8 @@ struct Tasks {
     /// Children announced as `waiting` (the permission bridge resumes them): their output is not the parent's.
     followed: Recent<String>,
     next_seq: u64,
+    /// How many of `by_call` run in the background: asked of every update, so not counted there each time.
+    background: usize,
 }
 
 impl Tasks {
@@ -103,16 +105,39 @@ impl Tasks {
                 || frame.key_strings(&TOOL_CALL_ID).any(|id| id.is_none_or(|id| self.follows(session, id))))
     }
 
+    /// A call opens.
+    fn open(&mut self, key: (String, String), task: Task) {
+        let background = task.background;
+        if let Some(was) = self.by_call.insert(key, task) {
+            self.background -= usize::from(was.background);
+        }
+        self.background += usize::from(background);
+    }
+
+    /// The open call `task` runs on in the background.
+    fn to_background(background: &mut usize, task: &mut Task) {
+        *background += usize::from(!task.background);
+        task.background = true;
+    }
+
     /// The call is over: it leaves the open calls.
     fn close(&mut self, key: &(String, String)) {
-        if self.by_call.remove(key).is_some() {
+        if let Some(task) = self.by_call.remove(key) {
+            self.background -= usize::from(task.background);
             self.closed.insert(key.clone());
         }
     }
 
+    /// The calls of the sessions `gone` says are closed leave.
+    fn forget(&mut self, gone: impl Fn(&str) -> bool) {
+        self.by_call.retain(|(session, _), _| !gone(session));
+        self.early.retain(|(session, _), _| !gone(session));
+        self.background = self.by_call.values().filter(|t| t.background).count();
+    }
+
     /// Whether a background task is open (then OpenCode may start a turn of its own on its result).
     fn background_open(&self) -> bool {
-        self.by_call.values().any(|t| t.background)
+        self.background > 0
     }
 }
 
@@ -423,7 +448,7 @@ impl OpenCodeActivity {
                 finished: false,
                 seq: self.tasks.next_seq,
             };
-            self.tasks.by_call.insert(key.clone(), task);
+            self.tasks.open(key.clone(), task);
             match child {
                 Some(child) => self.announce(&w, &child, cx),
                 None => self.report(&w, cx),
@@ -445,7 +470,7 @@ impl OpenCodeActivity {
         w.child_session_id = task.child.clone();
         if background && state == State::Done {
             // Runs on after the call: wait for OpenCode's own turn on its result.
-            task.background = true;
+            Tasks::to_background(&mut self.tasks.background, task);
             match child {
                 Some(child) => self.announce(&w, &child, cx),
                 None => self.report(&w, cx),
@@ -719,8 +744,7 @@ impl Layer for OpenCodeActivity {
     /// runs and handled waits goes.
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
         let gone = |s: &str| closed.iter().any(|c| c == s);
-        self.tasks.by_call.retain(|(session, _), _| !gone(session));
-        self.tasks.early.retain(|(session, _), _| !gone(session));
+        self.tasks.forget(gone);
         self.runs.busy.retain(|session, _| !gone(session));
         self.runs.own_runs.retain(|session, _| !gone(session));
         self.runs.coda_run.retain(|session, _| !gone(session));
@@ -880,7 +904,7 @@ mod tests {
                 finished: false,
                 seq: 0,
             };
-            tasks.by_call.insert((session.into(), call.into()), task);
+            tasks.open((session.into(), call.into()), task);
         }
         tasks
     }
