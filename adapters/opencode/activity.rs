@@ -85,8 +85,9 @@ struct Tasks {
     /// Children announced as `waiting` (the permission bridge resumes them): their output is not the parent's.
     followed: Recent<String>,
     next_seq: u64,
-    /// How many of `by_call` run in the background: asked of every update, so not counted there each time.
-    background: usize,
+    /// How many of `by_call` run in the background, by session (none kept at 0): asked of every update, so not
+    /// counted there each time.
+    background: HashMap<String, usize>,
 }
 
 impl Tasks {
@@ -107,23 +108,36 @@ impl Tasks {
 
     /// A call opens.
     fn open(&mut self, key: (String, String), task: Task) {
-        let background = task.background;
-        if let Some(was) = self.by_call.insert(key, task) {
-            self.background -= usize::from(was.background);
+        if task.background {
+            *self.background.entry(task.session.clone()).or_default() += 1;
         }
-        self.background += usize::from(background);
+        if let Some(was) = self.by_call.insert(key, task) {
+            Tasks::left_background(&mut self.background, &was);
+        }
     }
 
     /// The open call `task` runs on in the background.
-    fn to_background(background: &mut usize, task: &mut Task) {
-        *background += usize::from(!task.background);
-        task.background = true;
+    fn to_background(background: &mut HashMap<String, usize>, task: &mut Task) {
+        if !task.background {
+            *background.entry(task.session.clone()).or_default() += 1;
+            task.background = true;
+        }
+    }
+
+    /// `task` is no longer open.
+    fn left_background(background: &mut HashMap<String, usize>, task: &Task) {
+        if let (true, Some(n)) = (task.background, background.get_mut(&task.session)) {
+            *n -= 1;
+            if *n == 0 {
+                background.remove(&task.session);
+            }
+        }
     }
 
     /// The call is over: it leaves the open calls.
     fn close(&mut self, key: &(String, String)) {
         if let Some(task) = self.by_call.remove(key) {
-            self.background -= usize::from(task.background);
+            Tasks::left_background(&mut self.background, &task);
             self.closed.insert(key.clone());
         }
     }
@@ -132,12 +146,17 @@ impl Tasks {
     fn forget(&mut self, gone: impl Fn(&str) -> bool) {
         self.by_call.retain(|(session, _), _| !gone(session));
         self.early.retain(|(session, _), _| !gone(session));
-        self.background = self.by_call.values().filter(|t| t.background).count();
+        self.background.retain(|session, _| !gone(session));
     }
 
     /// Whether a background task is open (then OpenCode may start a turn of its own on its result).
     fn background_open(&self) -> bool {
-        self.background > 0
+        !self.background.is_empty()
+    }
+
+    /// Whether a background task of `session` is open.
+    fn background_in(&self, session: &str) -> bool {
+        self.background.contains_key(session)
     }
 }
 
@@ -566,6 +585,10 @@ impl OpenCodeActivity {
     fn own_turn_output(&mut self, session: &str, cx: &mut Cx) {
         let started = !self.handling.by_session.contains_key(session);
         if started {
+            // (Most output is of a session with no background task: the open tasks are not gone through for it.)
+            if !self.tasks.background_in(session) {
+                return;
+            }
             let pick = self
                 .tasks
                 .by_call
@@ -755,6 +778,7 @@ impl Layer for OpenCodeActivity {
     fn kept(&self) -> usize {
         self.tasks.by_call.len()
             + self.tasks.early.len()
+            + self.tasks.background.len()
             + self.runs.busy.len()
             + self.runs.own_runs.len()
             + self.runs.coda_run.len()
@@ -1032,7 +1056,12 @@ mod tests {
     /// and passed on unread once none does: the task settled, or its session closed.
     #[test]
     fn updates_are_read_only_while_a_background_task_runs() {
-        let watching = |rig: &mut Rig| rig.h.layer::<OpenCodeActivity>(2).tasks.background_open();
+        // (Whether a background task is open, asked of the whole and of its session: the two must agree here.)
+        let watching = |rig: &mut Rig| {
+            let tasks = &rig.h.layer::<OpenCodeActivity>(2).tasks;
+            assert_eq!(tasks.background_open(), tasks.background_in(P));
+            tasks.background_open()
+        };
         let mut rig = Rig::started();
         rig.prompt(2);
         rig.agent(task_running("call_1", false, None));
