@@ -116,7 +116,7 @@ impl Facts {
         if let Some(n) = self.context_tokens {
             coda.insert("contextTokens".into(), json!(n));
         }
-        if let Some(ttl) = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P')) {
+        if let Some(ttl) = self.ttl() {
             coda.insert("cacheTtl".into(), json!(ttl));
         }
         if let Some(at) = self.compacted_at.and_then(iso) {
@@ -125,11 +125,16 @@ impl Facts {
         coda
     }
 
+    /// `cacheTtl` when it is a fact: an ISO 8601 duration (it starts with `P`) of at most [`CACHE_TTL_MAX`] bytes.
+    fn ttl(&self) -> Option<&String> {
+        self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'))
+    }
+
     /// What [`Facts::to_json`] holds, each when it is a fact: `cacheTtl`, `compactedAt`, `contextTokens` and
     /// `lastRequestAt` (a time jiff cannot hold is none, as [`iso`] has it).
     fn known(&self) -> (Option<&String>, Option<jiff::Timestamp>, Option<u64>, Option<jiff::Timestamp>) {
         let time = |at: Option<SystemTime>| at.and_then(|at| jiff::Timestamp::try_from(at).ok());
-        let ttl = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'));
+        let ttl = self.ttl();
         (ttl, time(self.compacted_at), self.context_tokens, time(self.last_request_at))
     }
 
@@ -147,7 +152,7 @@ impl Facts {
     /// [`Facts::write_json`], the text of each time taken from `times` (the compaction's, the request's) while
     /// it is the time written last.
     fn write_json_kept(&self, out: &mut Vec<u8>, [compacted, request]: &mut [IsoText; 2]) {
-        let ttl = self.cache_ttl.as_ref().filter(|t| t.len() <= CACHE_TTL_MAX && t.starts_with('P'));
+        let ttl = self.ttl();
         let compacted = self.compacted_at.and_then(|at| compacted.text(at));
         let (tokens, request) = (self.context_tokens, self.last_request_at.and_then(|at| request.text(at)));
         let mut first = true;
