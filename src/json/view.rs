@@ -11,6 +11,9 @@
 
 use std::borrow::Cow;
 
+#[cfg(target_arch = "x86_64")]
+mod wide;
+
 /// A JSON value as its text in a line the frame check accepted (anything else reads as no value).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct View<'a> {
@@ -156,10 +159,22 @@ fn string_end_escaped(b: &[u8], at: usize) -> Option<(usize, bool)> {
     string_end_loop(b, at)
 }
 
-/// [`string_end_escaped`] escape by escape (on x86_64 a call of its own, after the first sixteen bytes).
+/// [`string_end_escaped`] past its first sixteen bytes: 64 bytes a step by AVX2 where the CPU has it
+/// ([`wide`]), else escape by escape (on x86_64 a call of its own).
 #[cfg_attr(target_arch = "x86_64", inline(never))]
 #[cfg_attr(not(target_arch = "x86_64"), inline(always))]
-fn string_end_loop(b: &[u8], mut at: usize) -> Option<(usize, bool)> {
+fn string_end_loop(b: &[u8], at: usize) -> Option<(usize, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    if wide::available() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { wide::string_end(b, at) };
+    }
+    string_end_each(b, at)
+}
+
+/// [`string_end_escaped`] escape by escape.
+#[inline(always)]
+fn string_end_each(b: &[u8], mut at: usize) -> Option<(usize, bool)> {
     let mut escaped = false;
     loop {
         at = find(b, at, [b'"', b'\\'])?;
@@ -198,7 +213,12 @@ fn value_end(b: &[u8], at: usize) -> Option<usize> {
     };
     #[cfg(target_arch = "x86_64")]
     {
-        container_end_sse2(b, at, [open, close])
+        if wide::available() {
+            // SAFETY: the CPU has AVX2.
+            unsafe { wide::container_end(b, at, [open, close]) }
+        } else {
+            container_end_sse2(b, at, [open, close])
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -224,6 +244,26 @@ fn container_end(b: &[u8], mut i: usize, [open, close]: [u8; 2], mut depth: usiz
         }
         i += 1;
     }
+}
+
+/// Of a step's `brackets` outside strings (a bit per byte, the first lowest), those of them that open a
+/// container `opens`: the place of the one that closes the container, `depth` of its brackets open before the
+/// step (counted on through the step when none does).
+#[inline(always)]
+fn closing(mut brackets: u64, opens: u64, depth: &mut usize) -> Option<usize> {
+    while brackets != 0 {
+        let k = brackets.trailing_zeros();
+        if opens >> k & 1 == 1 {
+            *depth += 1;
+        } else {
+            *depth -= 1;
+            if *depth == 0 {
+                return Some(k as usize);
+            }
+        }
+        brackets &= brackets - 1;
+    }
+    None
 }
 
 /// [`container_end`] from the container's bracket at `at`, sixteen bytes a step by SSE2 while they hold no
@@ -253,18 +293,8 @@ fn container_end_sse2(b: &[u8], at: usize, [open, close]: [u8; 2]) -> Option<usi
             strings ^= strings << shift;
         }
         strings = (strings ^ in_string) & 0xFFFF;
-        let mut brackets = (opens | closes) & !strings;
-        while brackets != 0 {
-            let k = brackets.trailing_zeros();
-            if opens >> k & 1 == 1 {
-                depth += 1;
-            } else {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i + k as usize + 1);
-                }
-            }
-            brackets &= brackets - 1;
+        if let Some(k) = closing(u64::from((opens | closes) & !strings), opens.into(), &mut depth) {
+            return Some(i + k + 1);
         }
         in_string = if strings >> (width - 1) & 1 == 1 { 0xFFFF } else { 0 };
         i += width;
@@ -620,6 +650,69 @@ mod tests {
                 path.pop();
             }
         }
+    }
+
+    /// Where each bracket and each opening quote of the valid JSON text `b` is, outside strings, found byte by
+    /// byte.
+    fn starts(b: &[u8]) -> (Vec<usize>, Vec<usize>) {
+        let (mut brackets, mut quotes, mut inside, mut escaped) = (Vec::new(), Vec::new(), false, false);
+        for (k, &c) in b.iter().enumerate() {
+            match (inside, c) {
+                (true, _) if escaped => escaped = false,
+                (true, b'\\') => escaped = true,
+                (true, b'"') => inside = false,
+                (false, b'"') => (inside, _) = (true, quotes.push(k)),
+                (false, b'{' | b'[') => brackets.push(k),
+                _ => {}
+            }
+        }
+        (brackets, quotes)
+    }
+
+    #[test]
+    fn every_skip_ends_each_string_and_container_where_a_byte_by_byte_walk_ends_it() {
+        // The frame check's lines, good ones only, and long ones: strings and containers of every length
+        // around the steps of 16 and 64 bytes, runs of backslashes across them, at every place from a line's end.
+        let mut lines: Vec<Vec<u8>> =
+            crate::scan::corpus().into_iter().filter(|l| serde_json::from_slice::<Value>(l).is_ok()).collect();
+        for n in (0..140).step_by(3) {
+            for odd in [r#"\""#, r#"\\"#, "]", "}", r#"\\\""#, r#"\\\\\""#, r#"\\\\\\"#, r#"\\]\\\\}\"["#, "é漢"] {
+                let text = format!("{}{odd}{}", "x".repeat(n), "y".repeat(n % 11));
+                let line =
+                    format!(r#"{{"a":"{text}","b":{{"c":["{text}",{{"d":"{text}"}}],"e":[[[]]]}},"f":"{text}"}}"#);
+                for pad in [0, 1, 31, 63] {
+                    lines.push(format!(r#"[{}{line},"{text}",{{}}]"#, " ".repeat(pad)).into_bytes());
+                }
+            }
+        }
+        let mut compared = [0usize; 2];
+        for b in &lines {
+            let (brackets, quotes) = starts(b);
+            for at in brackets {
+                let pair = if b[at] == b'{' { [b'{', b'}'] } else { [b'[', b']'] };
+                let want = container_end(b, at, pair, 0);
+                assert!(want.is_some(), "{}", String::from_utf8_lossy(b));
+                #[cfg(target_arch = "x86_64")]
+                {
+                    assert_eq!(container_end_sse2(b, at, pair), want, "{} at {at}", String::from_utf8_lossy(b));
+                    if wide::available() {
+                        // SAFETY: the CPU has AVX2.
+                        let wide = unsafe { wide::container_end(b, at, pair) };
+                        assert_eq!(wide, want, "{} at {at}", String::from_utf8_lossy(b));
+                    }
+                }
+                assert_eq!(value_end(b, at), want);
+                compared[0] += 1;
+            }
+            for at in quotes {
+                let want = string_end_each(b, at + 1);
+                assert!(want.is_some(), "{}", String::from_utf8_lossy(b));
+                assert_eq!(string_end_escaped(b, at + 1), want, "{} at {at}", String::from_utf8_lossy(b));
+                assert_eq!(string_end_loop(b, at + 1), want, "{} at {at}", String::from_utf8_lossy(b));
+                compared[1] += 1;
+            }
+        }
+        assert!(compared[0] > 10_000 && compared[1] > 10_000, "{compared:?}");
     }
 
     #[test]
