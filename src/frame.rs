@@ -570,61 +570,29 @@ impl Frame {
     }
 
     /// The values of `keys` in `params.update` (as [`Frame::update_value`]'s [`json::View::pick`] finds them:
-    /// of a key twice, the last), its members gone over once for every layer that asks ([`Frame::pick_in`]).
+    /// of a key twice, the last), its members gone over once for every layer that asks: the places of the
+    /// last frame's members asked for are kept per thread (`UPDATE_MEMBERS`), so a tool call's update, which
+    /// two or three layers read a few fields of, has its values skipped once.
     pub fn update_pick<const N: usize>(&self, keys: [&str; N]) -> [Option<json::View<'_>>; N] {
-        match self.update_value() {
-            Some(update) => self.pick_in(update, keys),
-            None => [None; N],
-        }
-    }
-
-    /// The values of `keys` in `object`, an object of this frame's line (its `params`, its update), as
-    /// [`json::View::pick`] finds them (of a key twice, the last): the object's members gone over once for
-    /// every layer that asks. The places of the members of the last line's objects asked for are kept per
-    /// thread (`MEMBERS`, a few objects of one line), so an update or a report that two or three layers read a
-    /// few fields of has its values skipped once. A view of no object of the line is gone over as it is.
-    pub fn pick_in<'a, const N: usize>(
-        &'a self,
-        object: json::View<'a>,
-        keys: [&str; N],
-    ) -> [Option<json::View<'a>>; N] {
+        let Some(update) = self.update_value() else { return [None; N] };
         let line = self.bytes();
-        let Some(at) = object.range_in(line).filter(|_| line.len() <= MEMBERS_LINE_MAX) else {
-            return object.pick(keys);
-        };
-        let picked = MEMBERS.try_with(|kept| {
+        if line.len() > MEMBERS_LINE_MAX {
+            return update.pick(keys);
+        }
+        let picked = UPDATE_MEMBERS.try_with(|kept| {
             // (Taken by no one else: the borrow ends within this call. Were it taken, the members are gone over.)
             let mut kept = kept.try_borrow_mut().ok()?;
-            let Members { line: held, objects, next } = &mut *kept;
+            let Members { line: held, places } = &mut *kept;
             // The line held is this frame's (or a clone's): its bytes cannot be another's while it is held.
             let same = held.as_ref().is_some_and(|h| h.as_ptr() == self.wire.as_ptr() && h.len() == self.wire.len());
             if !same {
-                objects.iter_mut().for_each(|o| o.at = 0..0);
+                places.clear();
+                places.extend(update.members().take(MEMBERS_MAX + 1).filter_map(|(key, value)| {
+                    let key_at = json::View::exact(key.quoted()).range_in(line)?;
+                    Some(MemberAt { key: key_at, escaped: key.escaped(), value: value.range_in(line)? })
+                }));
                 *held = Some(self.wire.clone());
             }
-            let k = match objects.iter().position(|o| o.at == at) {
-                Some(k) => k,
-                None => {
-                    // A place of its own while there are few, then the one kept longest.
-                    let k = match objects.iter().position(|o| o.at.is_empty()) {
-                        Some(k) => k,
-                        None if objects.len() < MEMBERS_OBJECTS => {
-                            objects.push(ObjectAt::default());
-                            objects.len() - 1
-                        }
-                        None => std::mem::replace(next, (*next + 1) % MEMBERS_OBJECTS),
-                    };
-                    let o = &mut objects[k];
-                    o.places.clear();
-                    o.places.extend(object.members().take(MEMBERS_MAX + 1).filter_map(|(key, value)| {
-                        let key_at = json::View::exact(key.quoted()).range_in(line)?;
-                        Some(MemberAt { key: key_at, escaped: key.escaped(), value: value.range_in(line)? })
-                    }));
-                    o.at = at;
-                    k
-                }
-            };
-            let places = &objects[k].places;
             if places.len() > MEMBERS_MAX {
                 return None;
             }
@@ -637,7 +605,7 @@ impl Frame {
             }
             Some(found)
         });
-        picked.ok().flatten().unwrap_or_else(|| object.pick(keys))
+        picked.ok().flatten().unwrap_or_else(|| update.pick(keys))
     }
 
     /// The value of `key` in `params.update` ([`Frame::update_pick`] of one key).
@@ -882,42 +850,31 @@ pub struct Reader {
     memos: Vec<Option<Memo>>,
 }
 
-/// The most members of an object whose places are kept ([`Frame::pick_in`]): a longer one is gone over per
+/// The most members of an update whose places are kept ([`Frame::update_pick`]): a longer one is gone over per
 /// layer that asks (ACP's updates have a dozen at most).
 const MEMBERS_MAX: usize = 64;
-/// The longest line whose objects' places are kept, and which is held with them until the next is asked for.
+/// The longest line whose update's places are kept, and which is held with them until the next is asked for.
 const MEMBERS_LINE_MAX: usize = 1 << 20;
-/// How many objects of a line have their members' places kept (an update, `params`, a `_meta`).
-const MEMBERS_OBJECTS: usize = 4;
 
-/// A member of an object of a frame as places in its line: its key with its quotes, and its value.
+/// A member of a frame's `params.update` as places in its line: its key with its quotes, and its value.
 struct MemberAt {
     key: std::ops::Range<usize>,
     escaped: bool,
     value: std::ops::Range<usize>,
 }
 
-/// The members of an object at `at` in the line held (none kept when `at` is empty).
-#[derive(Default)]
-struct ObjectAt {
-    at: std::ops::Range<usize>,
-    places: Vec<MemberAt>,
-}
-
-/// The members of objects of the frame whose line is held ([`Frame::pick_in`]), and which kept object a new
-/// one takes the place of once every place is taken.
+/// The members of the `params.update` of the frame whose line is held ([`Frame::update_pick`]).
 #[derive(Default)]
 struct Members {
     line: Option<Bytes>,
-    objects: Vec<ObjectAt>,
-    next: usize,
+    places: Vec<MemberAt>,
 }
 
 thread_local! {
-    /// The members of objects of the last frame a layer on this thread asked for ([`Frame::pick_in`]): that
-    /// frame's line is held with them, so no other line lies where it lies while they are kept (one line, a
-    /// few of its objects, and as many places as each has members).
-    static MEMBERS: std::cell::RefCell<Members> = std::cell::RefCell::new(Members::default());
+    /// The members of the last frame's `params.update` a layer on this thread asked for ([`Frame::update_pick`]):
+    /// that frame's line is held with them, so no other line lies where it lies while they are kept (one line,
+    /// and as many places as its update has members).
+    static UPDATE_MEMBERS: std::cell::RefCell<Members> = std::cell::RefCell::new(Members::default());
 
     /// The reader of the lines the shim builds on this thread ([`Frame::built`]): it reads each as a line read
     /// alone reads ([`Reader`]), and keeps what a peer's reader keeps, bounded alike.
@@ -1628,9 +1585,8 @@ pub(crate) mod tests {
         assert!(checked > 1000 && told * 10 > checked * 9, "{told} of {checked} values found as written");
     }
 
-    /// [`Frame::update_pick`] finds what [`json::View::pick`] finds in the update, and [`Frame::pick_in`] what it
-    /// finds in any other object of the line, whichever frame and object were asked before: every recorded and
-    /// hostile line, and updates with a key twice, escaped keys, more members than
+    /// [`Frame::update_pick`] finds what [`json::View::pick`] finds in the update, whichever frame was asked
+    /// before: every recorded and hostile line, and updates with a key twice, escaped keys, more members than
     /// are kept, a line past the longest held; asked in turn with a clone, with other frames between, and
     /// with frames of lines as long dropped and read again (no line can take a held one's place).
     #[test]
@@ -1671,23 +1627,10 @@ pub(crate) mod tests {
                 assert_eq!(f.update_get(key), want);
             }
         };
-        // Other objects of the line asked between (`params`, `_meta`, each member of the update that is an
-        // object: more than are kept), and a view of bytes of no line held.
-        let others = |f: &Frame| {
-            let params = f.view().get("params");
-            let members = f.update_value().into_iter().flat_map(|u| u.members().map(|(_, v)| v));
-            for object in params.into_iter().chain(f.meta()).chain(members) {
-                assert_eq!(f.pick_in(object, keys), object.pick(keys), "{}", String::from_utf8_lossy(object.text()));
-            }
-            let apart = br#"{"status":"apart","title":"t"}"#.to_vec();
-            assert_eq!(f.pick_in(json::View::of(&apart), keys), json::View::of(&apart).pick(keys));
-        };
         for (n, f) in frames.iter().enumerate() {
             check(f);
-            others(f);
             check(&f.clone());
             check(&frames[n / 2]);
-            others(&frames[n / 2]);
             check(f);
         }
         // Lines of the same length, each read, asked and dropped: another may lie where one lay.
@@ -1702,10 +1645,7 @@ pub(crate) mod tests {
             check(&f);
         }
         // The memo held is one line's, and at most as many places as are kept.
-        MEMBERS.with(|m| {
-            let m = m.borrow();
-            assert!(m.objects.len() <= MEMBERS_OBJECTS && m.objects.iter().all(|o| o.places.len() <= MEMBERS_MAX + 1));
-        });
+        UPDATE_MEMBERS.with(|m| assert!(m.borrow().places.len() <= MEMBERS_MAX + 1));
     }
 
     /// A frame renamed ([`Frame::with_session`]) is its value with `params.sessionId` replaced, and reads as

@@ -76,11 +76,18 @@ impl<'f> Queue<'f> {
         if !frame.is_notification(QUEUE_CHANGED) {
             return None;
         }
-        // (Its `params` gone over once for the layers that read the same queue.)
-        let params = frame.view().get("params");
-        let keys = ["entries", "runningPromptId", "runningText"];
-        let [entries, running, text] = params.map_or([None; 3], |p| frame.pick_in(p, keys));
-        Some(Queue { entries, running: running.and_then(|r| r.as_str()), text })
+        let (mut queue, mut running) = (Queue::default(), None);
+        for (key, value) in frame.view().members_at("params") {
+            if key.is("entries") {
+                queue.entries = Some(value);
+            } else if key.is("runningPromptId") {
+                running = Some(value);
+            } else if key.is("runningText") {
+                queue.text = Some(value);
+            }
+        }
+        queue.running = running.and_then(|r| r.as_str());
+        Some(queue)
     }
 
     /// The running prompt, when one runs.

@@ -161,8 +161,7 @@ impl Permissions {
     fn report_seen(&mut self, report: &Frame, cx: &mut Cx) {
         // Read where it lies (a report is written as bytes: no value of it is kept).
         let keys = ["sessionId", "childSessionId", "state"];
-        // (Its `params` gone over once with the waits layer's look at the same report.)
-        let read = report.view().get("params").map_or([None; 3], |p| report.pick_in(p, keys));
+        let read = report.view().get("params").map_or([None; 3], |p| p.pick(keys));
         let [parent, child, state] = read.map(crate::json::str_of);
         let (Some(parent), Some(child)) = (parent, child) else { return };
         self.children.named.insert(child.clone().into_owned());

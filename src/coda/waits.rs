@@ -81,8 +81,7 @@ impl Waits {
         let view = frame.view();
         let params = view.get("params");
         let keys = ["sessionId", "waitId", "state", "stoppable", "childSessionId"];
-        // (Its `params` gone over once with the other layers that read the report.)
-        let [session, wait_id, state, stoppable, child] = params.map_or([None; 5], |p| frame.pick_in(p, keys));
+        let [session, wait_id, state, stoppable, child] = params.map_or([None; 5], |p| p.pick(keys));
         let (session, wait_id, state) = (str_of(session), str_of(wait_id), str_of(state));
         let stoppable = stoppable.and_then(|s| s.as_bool());
         if session.as_deref().is_some_and(|s| cx.sessions().is_some_and(|t| t.was_closed(s))) {
