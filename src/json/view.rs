@@ -619,11 +619,21 @@ impl<'a> Key<'a> {
     }
 
     /// Whether the key is `name` (unescaped first when it has an escape).
+    /// Inlined: most names are constants, whose length then picks the compare (`same`) where it is built, and
+    /// a key is compared with several on every member of a frame a layer reads.
+    #[inline]
     pub fn is(&self, name: &str) -> bool {
         match self.escaped {
             false => same(&self.quoted[1..self.quoted.len() - 1], name.as_bytes()),
-            true => View { text: self.quoted }.as_str().as_deref() == Some(name),
+            true => self.unescaped_is(name),
         }
+    }
+
+    /// [`Key::is`] of a key with an escape (seldom: a call of its own).
+    #[cold]
+    #[inline(never)]
+    fn unescaped_is(&self, name: &str) -> bool {
+        View { text: self.quoted }.as_str().as_deref() == Some(name)
     }
 }
 
