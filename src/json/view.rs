@@ -619,6 +619,7 @@ impl<'a> Key<'a> {
     }
 
     /// Whether the key is `name` (unescaped first when it has an escape).
+    ///
     /// Inlined: most names are constants, whose length then picks the compare (`same`) where it is built, and
     /// a key is compared with several on every member of a frame a layer reads.
     #[inline]
@@ -671,7 +672,10 @@ mod tests {
                 (true, _) if escaped => escaped = false,
                 (true, b'\\') => escaped = true,
                 (true, b'"') => inside = false,
-                (false, b'"') => (inside, _) = (true, quotes.push(k)),
+                (false, b'"') => {
+                    inside = true;
+                    quotes.push(k);
+                }
                 (false, b'{' | b'[') => brackets.push(k),
                 _ => {}
             }

@@ -116,11 +116,12 @@ pub(super) unsafe fn string_end(b: &[u8], at: usize) -> Option<(usize, bool)> {
         let ends = quotes & !escaped;
         if ends != 0 {
             let k = ends.trailing_zeros();
-            // (A backslash before the quote: every backslash of a string is before its end or escaped.)
+            // (A backslash of this step before the quote, or of a step before: an escape carried into this
+            // one is a backslash of the step before.)
             let before = if k == 0 { 0 } else { u64::MAX >> (64 - k) };
-            return Some((i + k as usize, any || carried || backslashes & before != 0));
+            return Some((i + k as usize, any || backslashes & before != 0));
         }
-        any |= backslashes != 0 || carried;
+        any |= backslashes != 0;
         (i, carried) = (i + width, carry);
     }
 }
