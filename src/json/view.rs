@@ -249,6 +249,7 @@ fn container_end(b: &[u8], mut i: usize, [open, close]: [u8; 2], mut depth: usiz
 /// Of a step's `brackets` outside strings (a bit per byte, the first lowest), those of them that open a
 /// container `opens`: the place of the one that closes the container, `depth` of its brackets open before the
 /// step (counted on through the step when none does).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn closing(mut brackets: u64, opens: u64, depth: &mut usize) -> Option<usize> {
     while brackets != 0 {
