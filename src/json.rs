@@ -93,7 +93,7 @@ fn deepest(text: &[u8]) -> Option<usize> {
 
 /// Where the string whose opening quote is at `open` ends: the index of its closing quote (one not escaped
 /// by an odd run of backslashes), or `None` when the text ends first.
-fn string_end(text: &[u8], open: usize) -> Option<usize> {
+pub(crate) fn string_end(text: &[u8], open: usize) -> Option<usize> {
     let mut i = open;
     loop {
         i += 1;

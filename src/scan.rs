@@ -875,6 +875,41 @@ mod tests {
         }
     }
 
+    /// As many templates as are kept taking turns, each with a value that stays the same for two lines in a
+    /// row (so a skeleton learns it as no hole) and then changes (a tool call's status): a line of a template
+    /// whose skeleton had learnt another value is walked once, and its skeleton kept in the place of the one
+    /// of its template (the status a hole from then on), not beside it; from then on each line is checked.
+    #[test]
+    fn a_template_whose_fixed_value_changes_keeps_one_skeleton() {
+        let line = |shape: usize, n: usize, status: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"tool_call_update","toolCallId":"c{n}","status":"{status}","k{shape}":{n}}}}}}}"#
+            )
+            .into_bytes()
+        };
+        for (name, classify) in index::Classify::all() {
+            let mut scanner = Scanner { classify, ..Scanner::default() };
+            let statuses = ["pending", "pending", "in_progress", "in_progress", "pending", "pending", "completed"];
+            let mut walked = vec![0; statuses.len()];
+            for (round, status) in statuses.iter().enumerate() {
+                for shape in 0..skeleton::SHAPES {
+                    let line = line(shape, round * 1000 + shape, status);
+                    let before = scanner.by_skeleton;
+                    assert_eq!(
+                        scanner.fast(&line),
+                        exact::scan(&line).ok(),
+                        "{name}: {}",
+                        String::from_utf8_lossy(&line)
+                    );
+                    walked[round] += usize::from(scanner.by_skeleton == before);
+                }
+            }
+            // The first line of each template, and the first whose status is not the one learnt.
+            let shapes = skeleton::SHAPES;
+            assert_eq!(walked, [shapes, 0, shapes, 0, 0, 0, 0], "{name}: lines walked in each round");
+        }
+    }
+
     /// A peer sending long lines of ever other shapes, each all holes (an array of numbers as long as a
     /// skeleton keeps): the skeletons let go of the ones had longest ago, holding no more than their
     /// bound and the last one kept, and every line is still read as a walk reads it.

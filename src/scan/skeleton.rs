@@ -20,7 +20,10 @@ pub(super) const KEPT: usize = 16 << 10;
 /// line did not change (a content type, the start of Grok's turn, the session of a stream that has stayed in
 /// one): the skeleton is then kept again from that line, with holes only where the two differed (and at the
 /// id, which the envelope reads and a request changes; and at the session id once the stream has had two, as a
-/// CLI's subagents interleave with their parent: else each change of session would cost a walk).
+/// CLI's subagents interleave with their parent: else each change of session would cost a walk). A later
+/// line of the template with another value where the skeleton learnt none (a tool call's next status) is
+/// walked, and its skeleton takes this one's place, with this one's holes and that value's
+/// ([`Skeletons::keep`]).
 #[derive(Debug, Default)]
 pub(super) struct Skeleton {
     line: Vec<u8>,
@@ -30,10 +33,14 @@ pub(super) struct Skeleton {
     tail: u8,
     /// Whether a line is kept.
     kept: bool,
-    /// Whether the kept line's holes are only those that changed from the line before.
+    /// Whether the skeleton learns no more: its holes are those that changed from the line before (and, kept
+    /// again for its template, those the skeleton it replaced had: see [`Skeletons::keep`]).
     learnt: bool,
     /// The number of the shape (see [`Skeletons`]).
     shape: u64,
+    /// The [`template`] hash of the walked lines this was kept from: the template the shape's lines are made
+    /// from (see [`Skeletons::keep`]).
+    template: u64,
 }
 
 impl Skeleton {
@@ -57,7 +64,7 @@ impl Skeleton {
         if !found(id) {
             return;
         }
-        let strings = [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start));
+        let strings = fixed(env);
         self.holes.clear();
         let mut session_hole = false;
         self.holes.extend(holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))).map(|h| {
@@ -101,6 +108,47 @@ impl Skeleton {
             });
         self.env.escapes = Escapes { unicode: fixed, lone_surrogate: false };
         self.kept = true;
+    }
+
+    /// The holes of `line` (a walked line of this skeleton's template, with `holes` and `env`) the skeleton
+    /// kept from it is to have, in `varied`: the values that were holes here, those whose text differs from
+    /// the kept line's, the id, and the session id once the stream has had two (`sessions`), as
+    /// [`Skeleton::matches`] learns them. `None` when `line` is not of the template after all (two templates
+    /// with one [`template`] hash).
+    #[cold]
+    fn varied(
+        &self,
+        line: &[u8],
+        holes: &[Hole],
+        env: &Envelope,
+        sessions: bool,
+        varied: &mut Vec<Hole>,
+    ) -> Option<()> {
+        let old = &self.line[..];
+        let strings = fixed(env);
+        let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
+        let always = [id, env.session.filter(|_| sessions).map(|s| s.start)];
+        varied.clear();
+        let (mut at, mut was, mut kept) = (0, 0, self.holes.iter().peekable());
+        for hole in holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))) {
+            // Where the value is in the kept line, and where it ends there.
+            let between = &line[was..hole.start];
+            let start = at + between.len();
+            if old.get(at..start)? != between {
+                return None;
+            }
+            let end = match hole.string {
+                true => crate::json::string_end(old, start - 1)?,
+                false => number(old, start)?,
+            };
+            while kept.next_if(|h| h.start < start).is_some() {}
+            let was_hole = kept.next_if(|h| h.start == start).is_some();
+            if was_hole || old[start..end] != line[hole.start..hole.end] || always.contains(&Some(hole.start)) {
+                varied.push(*hole);
+            }
+            (at, was) = (end, hole.end);
+        }
+        (old.get(at..)? == &line[was..]).then_some(())
     }
 
     /// The bytes this holds (what its buffers took, not what they have now).
@@ -204,12 +252,35 @@ impl Skeleton {
     }
 }
 
-/// How many shapes a stream's `Skeletons` keeps: the recorded streams of the four CLIs have 13 to 66 shapes, and a
-/// run of one kind of frame (chunks, a tool call's updates) seldom has more than a few others between its
-/// frames. A line is matched against them most recent first, each first by what follows its last hole and
-/// then only up to the stretch where they differ: a line of none of them costs a few dozen comparisons each
-/// before its walk.
-pub const SHAPES: usize = 32;
+/// The starts of the envelope's strings that are no holes of a skeleton: `jsonrpc`, `method` and
+/// `sessionUpdate` (what a frame is).
+fn fixed(env: &Envelope) -> [Option<usize>; 3] {
+    [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start))
+}
+
+/// A hash of what lies between the values of `line` (`holes`, but the envelope's strings that are no
+/// holes: what the frame is), and of which of them are strings: lines of one template have the same, whatever
+/// their values. (Looked at only when a walked line is kept.)
+fn template(line: &[u8], holes: &[Hole], env: &Envelope) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let strings = fixed(env);
+    let mut hash = foldhash::fast::FixedState::with_seed(0).build_hasher();
+    let mut from = 0;
+    for h in holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))) {
+        hash.write(&line[from..h.start]);
+        hash.write_u8(u8::from(h.string));
+        from = h.end;
+    }
+    hash.write(&line[from..]);
+    hash.finish()
+}
+
+/// How many shapes a stream's `Skeletons` keeps: the recorded streams of the four CLIs have 13 to 66 shapes
+/// (Grok's, with its `_x.ai/*` notifications, the most), and each template has one skeleton (a walked line
+/// of one kept takes its place: `Skeletons::keep`). A line is matched against them most recent first, each
+/// first by what follows its last hole and then only up to the stretch where they differ: a line of none of
+/// them costs a few dozen comparisons each before its walk.
+pub const SHAPES: usize = 64;
 
 /// The bytes the skeletons of a stream may hold (their lines and holes) beyond the last one kept: a peer
 /// sending long lines of ever other shapes (each up to [`KEPT`] bytes, and a hole per value) makes them
@@ -230,6 +301,8 @@ pub(super) struct Skeletons {
     sessions: bool,
     /// Shapes numbered so far.
     shapes: u64,
+    /// Room for the holes of a line kept again for its template ([`Skeleton::varied`]).
+    varied: Vec<Hole>,
 }
 
 impl Skeletons {
@@ -261,22 +334,47 @@ impl Skeletons {
         (each.clone().sum(), each.max().unwrap_or(0))
     }
 
-    /// Keeps `line`, which is valid with `env` and has `holes` (see [`Skeleton::keep`]), as a new shape in
-    /// place of the one had longest ago once [`SHAPES`] are kept: its number, `None` when it is not kept.
+    /// Keeps `line`, which is valid with `env` and has `holes` (see [`Skeleton::keep`]), as a new shape: its
+    /// number, `None` when it is not kept. A walked line of a template kept (the same bytes between its
+    /// values: [`template`] picks the one to compare with) is one whose skeleton had learnt a value the line
+    /// does not have (a tool call's status, a content's type): it takes that skeleton's place, with the holes
+    /// that one had and those where the two lines differ, and learns no more (see [`Skeleton::varied`]). So a
+    /// template's variants do not fill the places of other templates, and each value that changes costs one
+    /// walk. Else the line takes the place of the one had longest ago once [`SHAPES`] are kept.
     pub(super) fn keep(&mut self, line: &[u8], holes: &[Hole], env: &Envelope) -> Option<u64> {
-        if self.each.len() < SHAPES {
-            self.order.push(self.each.len() as u8);
-            self.each.push(Skeleton::default());
+        let template = template(line, holes, env);
+        let known = self.order.iter().position(|&k| {
+            let skeleton = &self.each[usize::from(k)];
+            skeleton.kept && skeleton.template == template
+        });
+        // A line of a kept template: its skeleton kept again, with the holes it had and the values that differ.
+        let mut varied = std::mem::take(&mut self.varied);
+        let merged = known.filter(|&k| {
+            let skeleton = &self.each[usize::from(self.order[k])];
+            skeleton.varied(line, holes, env, self.sessions, &mut varied).is_some()
+        });
+        match merged {
+            Some(k) => to_front(&mut self.order, k),
+            None => {
+                if self.each.len() < SHAPES {
+                    self.order.push(self.each.len() as u8);
+                    self.each.push(Skeleton::default());
+                }
+                // The one had longest ago (or the new one) first.
+                self.order.rotate_right(1);
+            }
         }
-        // The one had longest ago (or the new one) first.
-        self.order.rotate_right(1);
         let skeleton = &mut self.each[usize::from(self.order[0])];
-        skeleton.keep(line, holes, env, &mut self.sessions);
+        skeleton.keep(line, if merged.is_some() { &varied } else { holes }, env, &mut self.sessions);
+        self.varied = varied;
         if !skeleton.kept {
             // Left for the next line kept.
             self.order.rotate_left(1);
             return None;
         }
+        // (Kept again for its template, a skeleton has learnt what it can.)
+        skeleton.learnt = merged.is_some();
+        skeleton.template = template;
         self.shapes += 1;
         skeleton.shape = self.shapes;
         // The memory they hold stays under [`HELD`]: the ones had longest ago let go (but the one just kept).
@@ -335,7 +433,44 @@ fn moved(by: &mut [usize; 8], which: u8, at: usize, was: usize) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Scanner;
     use super::to_front;
+
+    /// The texts of the holes of the skeleton a scanner checked its last line against or kept from it.
+    fn holes_of_last(scanner: &Scanner) -> Vec<String> {
+        let skeletons = &scanner.skeletons;
+        let last = &skeletons.each[usize::from(skeletons.order[0])];
+        last.holes.iter().map(|h| String::from_utf8_lossy(&last.line[h.start..h.end]).into_owned()).collect()
+    }
+
+    /// A tool call's updates: the skeleton learns which values change from the first two, and when a value it
+    /// learnt as none changes (the status), the walked line's skeleton has the holes the first had and that
+    /// value, not every value of the line: the content's type and text stay compared as bytes.
+    #[test]
+    fn a_template_kept_again_has_the_holes_it_had_and_the_ones_that_changed() {
+        let line = |n: u32, status: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s","update":{{"sessionUpdate":"tool_call_update","toolCallId":"c{n}","status":"{status}","content":[{{"type":"content","content":{{"type":"text","text":"same"}}}}],"n":{n}}}}}}}"#
+            )
+        };
+        let mut scanner = Scanner::default();
+        for (n, status) in [(1, "pending"), (2, "pending")] {
+            assert!(scanner.check(line(n, status).as_bytes()).is_ok());
+        }
+        assert_eq!(holes_of_last(&scanner), ["c2", "2"], "learnt from the first two lines");
+        let shape = scanner.shape();
+        // (The same call and number as the line kept: they stay holes as they were.)
+        assert!(scanner.check(line(2, "completed").as_bytes()).is_ok());
+        assert_ne!(scanner.shape(), shape, "the third line walked: a new shape");
+        assert_eq!(holes_of_last(&scanner), ["c2", "completed", "2"], "kept again with the status");
+        assert_eq!((scanner.skeletons.each.len(), scanner.skeletons.order.len()), (1, 1), "in the place of the first");
+        // From then on every status is checked, and the skeleton learns no more.
+        for (n, status) in [(4, "in_progress"), (5, "failed"), (6, "completed")] {
+            assert!(scanner.check(line(n, status).as_bytes()).is_ok());
+            assert_eq!(holes_of_last(&scanner), ["c2", "completed", "2"]);
+        }
+        assert_eq!(scanner.by_skeleton, 4);
+    }
 
     /// Each place of orders of every length up to the most kept goes to the front as a rotation puts it there.
     #[test]
