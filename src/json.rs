@@ -12,9 +12,9 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 
 mod view;
-#[cfg(target_arch = "x86_64")]
-pub(crate) use view::sixteen_of;
 pub use view::{Elements, Key, Members, View, str_of};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use view::{escaped_bits, sixteen_of};
 pub(crate) use view::{same, write_str};
 
 /// Deepest nesting of arrays and objects accepted anywhere: far above any real ACP frame (a tool's JSON

@@ -48,13 +48,12 @@ pub(super) fn string(b: &[u8], bits: &[u64], start: usize, notes: &mut Escapes) 
 /// character (a `\u`, or no escape), the backslash of an escape whose character is in the next block, or the
 /// block's end, whichever comes first. `None` where that is `at` itself, where the block does not lie whole in
 /// the line, or off x86_64: the caller then takes the escape at `at` alone. Which bytes a backslash escapes is
-/// told from the block's backslashes as simdjson tells it: within a run of backslashes, every other one
-/// escapes the byte after it, counting from the run's first (`at` is one, so none before it counts).
+/// told from the block's backslashes by [`crate::json::escaped_bits`] (`at` begins an escape, so no backslash
+/// before it counts).
 #[inline(always)]
 fn escapes(b: &[u8], special: u64, at: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
-        const EVEN: u64 = 0x5555_5555_5555_5555;
         let base = at & !63;
         let block = b.get(base..base + 64)?;
         let from = !0u64 << (at - base);
@@ -62,11 +61,9 @@ fn escapes(b: &[u8], special: u64, at: usize) -> Option<usize> {
             let sixteen = crate::json::sixteen_of(&block[16 * k..16 * k + 16], [b'\\']);
             m | u64::from(sixteen) << (16 * k)
         }) & from;
-        let follows = backslashes << 1;
-        let odd_starts = backslashes & !EVEN & !follows;
-        let escaped = (EVEN ^ (odd_starts.wrapping_add(backslashes) << 1)) & follows;
+        let (escaped, carry) = crate::json::escaped_bits(backslashes, false);
         // A backslash in the block's last byte that begins an escape escapes a byte of the next block.
-        let mut end = if (backslashes & !escaped) >> 63 != 0 { 63 } else { 64 };
+        let mut end = if carry { 63 } else { 64 };
         let stops = special & !backslashes & !escaped & from;
         if stops != 0 {
             end = end.min(stops.trailing_zeros() as usize);

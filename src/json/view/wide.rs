@@ -1,7 +1,7 @@
 //! [`super`]'s skips 64 bytes a step by AVX2, on the CPUs that have it: the end of a container and of a string
 //! found from one bit per byte of the step's quotes, backslashes and brackets (simdjson's first stage, walked
-//! as far as the end sought). An escape is followed bit by bit (a backslash not itself escaped escapes the byte
-//! after it, across steps too); the bytes inside strings are a prefix XOR of the quotes no backslash escapes,
+//! as far as the end sought). The escaped bytes are told from the backslashes' bits ([`crate::json::escaped_bits`],
+//! carried across steps); the bytes inside strings are a prefix XOR of the quotes no backslash escapes,
 //! carried from step to step. Without AVX2, [`super`]'s SSE2 and byte-wise skips.
 
 use std::arch::x86_64::*;
@@ -49,25 +49,6 @@ fn masks<const N: usize>(block: &[u8], needles: [u8; N]) -> [u64; N] {
     })
 }
 
-/// The bytes of a step that a backslash escapes, given its `backslashes` and whether its first byte is escaped
-/// (`carried`, the backslash that escapes it at the end of the step before): with whether the first byte of the
-/// next step is. Each backslash not itself escaped escapes the byte after it.
-#[inline(always)]
-fn escaped(mut backslashes: u64, carried: bool) -> (u64, bool) {
-    let mut escaped = u64::from(carried);
-    backslashes &= !escaped;
-    while backslashes != 0 {
-        let k = backslashes.trailing_zeros();
-        if k == 63 {
-            return (escaped, true);
-        }
-        escaped |= 1 << (k + 1);
-        // The escaped byte, a backslash or not, escapes nothing.
-        backslashes &= !(1 << (k + 1)) & (backslashes - 1);
-    }
-    (escaped, false)
-}
-
 /// The bytes from each opening quote up to its closing one (not the closing quote itself) of a step whose
 /// quotes no backslash escapes are `quotes`, `inside` when the step starts inside a string: with whether the
 /// next starts inside one.
@@ -93,7 +74,7 @@ pub(super) unsafe fn container_end(b: &[u8], at: usize, [open, close]: [u8; 2]) 
     let (mut i, mut depth, mut inside, mut carried) = (at, 0usize, false, false);
     loop {
         let ([quotes, backslashes, opens, closes], width) = step(b, i, [b'"', b'\\', open, close])?;
-        let (escaped, carry) = escaped(backslashes, carried);
+        let (escaped, carry) = crate::json::escaped_bits(backslashes, carried);
         let (in_strings, next_inside) = strings(quotes & !escaped, inside);
         if let Some(k) = super::closing((opens | closes) & !in_strings, opens, &mut depth) {
             return Some(i + k + 1);
@@ -112,7 +93,7 @@ pub(super) unsafe fn string_end(b: &[u8], at: usize) -> Option<(usize, bool)> {
     let (mut i, mut carried, mut any) = (at, false, false);
     loop {
         let ([quotes, backslashes], width) = step(b, i, [b'"', b'\\'])?;
-        let (escaped, carry) = escaped(backslashes, carried);
+        let (escaped, carry) = crate::json::escaped_bits(backslashes, carried);
         let ends = quotes & !escaped;
         if ends != 0 {
             let k = ends.trailing_zeros();
@@ -129,32 +110,6 @@ pub(super) unsafe fn string_end(b: &[u8], at: usize) -> Option<(usize, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The escaped bytes of `bits` (a step's backslashes), one byte after another.
-    fn escaped_one_by_one(backslashes: u64, carried: bool) -> (u64, bool) {
-        let (mut out, mut next) = (0u64, carried);
-        for k in 0..64 {
-            if next {
-                out |= 1 << k;
-                next = false;
-            } else if backslashes >> k & 1 == 1 {
-                next = true;
-            }
-        }
-        (out, next)
-    }
-
-    #[test]
-    fn escapes_are_those_a_byte_by_byte_walk_finds() {
-        // Every pattern of the low and of the high sixteen bits, runs across the middle, and a carry in.
-        let mut patterns: Vec<u64> = (0..1u64 << 16).flat_map(|p| [p, p << 48, p << 24, p | p << 48]).collect();
-        patterns.extend([u64::MAX, u64::MAX - 1, u64::MAX >> 1, 0x5555_5555_5555_5555, 0xAAAA_AAAA_AAAA_AAAA]);
-        for p in patterns {
-            for carried in [false, true] {
-                assert_eq!(escaped(p, carried), escaped_one_by_one(p, carried), "{p:#066b} {carried}");
-            }
-        }
-    }
 
     #[test]
     fn strings_are_the_bytes_between_quotes_carried_across_steps() {
