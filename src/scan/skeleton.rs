@@ -280,9 +280,10 @@ fn template(line: &[u8], holes: &[Hole], env: &Envelope) -> u64 {
 
 /// How many shapes a stream's `Skeletons` keeps: the recorded streams of the four CLIs have 13 to 66 shapes
 /// (Grok's, with its `_x.ai/*` notifications, the most), and each template has one skeleton (a walked line
-/// of one kept takes its place: `Skeletons::keep`). A line is matched against them most recent first, each
-/// first by what follows its last hole and then only up to the stretch where they differ: a line of none of
-/// them costs a few dozen comparisons each before its walk.
+/// of one kept takes its place: `Skeletons::keep`). A line is matched against those that followed the shape
+/// before it first, then the others most recent first (`Skeletons::check`), each first by what follows its last
+/// hole and then only up to the stretch where they differ: a line of none of them costs a few dozen comparisons
+/// each before its walk.
 pub const SHAPES: usize = 64;
 
 /// How many shapes that followed one [`Skeleton`] it keeps, to try first after a line of it: the recorded
