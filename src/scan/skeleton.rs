@@ -334,34 +334,78 @@ impl Skeletons {
         // A line longer than any kept is checked against the shape had last only: a long string's end is
         // found in each skeleton that has a hole there before one tells it apart.
         let long = b.len() > KEPT;
+        // Mostly the line is of the first successor (a chunk after a chunk): that one is tried here, with
+        // nothing else around its compare, and the rest out of line.
+        let first = match self.last {
+            Some(last) if !long => self.each[usize::from(last)].next[0],
+            _ => None,
+        };
+        if let Some(place) = first
+            && let Some(shape) = self.try_one(place, b, bits, changed, out)
+        {
+            return Some(shape);
+        }
+        self.check_others(b, bits, changed, out, first, long)
+    }
+
+    /// [`Skeletons::check`] after the first successor (`first`, when there was one, did not match).
+    #[inline(never)]
+    fn check_others(
+        &mut self,
+        b: &[u8],
+        bits: &[u64],
+        changed: &mut Vec<Hole>,
+        out: &mut Envelope,
+        first: Option<u8>,
+        long: bool,
+    ) -> Option<u64> {
         let (next, tries) = match self.last {
             Some(last) if !long => (self.each[usize::from(last)].next, self.order.len()),
             _ => ([None; NEXT], self.order.len().min(1)),
         };
         // (A place is tried once: `tried` has a bit for each.)
-        let mut tried = 0u64;
-        let places = next.into_iter().flatten().chain(self.order[..tries].iter().copied());
-        for place in places {
+        let mut tried = first.map_or(0u64, |place| 1 << place);
+        for k in 0..NEXT + tries {
+            let place = match next.get(k) {
+                Some(&Some(place)) => place,
+                Some(None) => continue,
+                None => self.order[k - NEXT],
+            };
             if tried >> place & 1 == 1 {
                 continue;
             }
             tried |= 1 << place;
-            #[cfg(test)]
-            {
-                self.tries += 1;
-            }
-            let skeleton = &mut self.each[usize::from(place)];
-            if skeleton.matches(b, bits, changed, out, &mut self.sessions).is_some() {
-                let shape = skeleton.shape;
-                if self.order[0] != place {
-                    let k = self.order.iter().position(|&k| k == place).unwrap_or(0);
-                    to_front(&mut self.order, k);
-                }
-                self.followed_by(place);
+            if let Some(shape) = self.try_one(place, b, bits, changed, out) {
                 return Some(shape);
             }
         }
         None
+    }
+
+    /// The shape of `b` when it matches the skeleton at `place` (see [`Skeleton::matches`]), which then moves
+    /// to the front of the order and follows the last line's.
+    #[inline(always)]
+    fn try_one(
+        &mut self,
+        place: u8,
+        b: &[u8],
+        bits: &[u64],
+        changed: &mut Vec<Hole>,
+        out: &mut Envelope,
+    ) -> Option<u64> {
+        #[cfg(test)]
+        {
+            self.tries += 1;
+        }
+        let skeleton = &mut self.each[usize::from(place)];
+        skeleton.matches(b, bits, changed, out, &mut self.sessions)?;
+        let shape = skeleton.shape;
+        if self.order[0] != place {
+            let k = self.order.iter().position(|&k| k == place).unwrap_or(0);
+            to_front(&mut self.order, k);
+        }
+        self.followed_by(place);
+        Some(shape)
     }
 
     /// Notes that a line of the skeleton at `place` followed the last line.
