@@ -560,7 +560,8 @@ impl Passing {
         let (Some(session), Some(update)) = (frame.session_as_written(), frame.session_update()) else {
             return false;
         };
-        if session != self.session || update != self.update {
+        // (Compared inline: a call to `memcmp` for a few dozen bytes costs more than the comparison.)
+        if !crate::json::same(session, &self.session) || !crate::json::same(update.as_bytes(), self.update.as_bytes()) {
             self.session.clear();
             self.session.extend_from_slice(session);
             self.update.clear();
