@@ -130,13 +130,16 @@ impl Stamps {
     }
 }
 
-/// Whether a frame's `params._meta` (as the frame check found it) may hold `streamStartMs`: the key's bytes, or
-/// an escape anywhere in it (read exactly then). One search for either byte (a backslash, the key's `S`): it
-/// runs on every stamped frame.
-fn may_stream(meta: &View) -> bool {
-    let text = meta.text();
-    memchr::memchr2_iter(b'\\', b'S', text)
-        .any(|at| text[at] == b'\\' || (text[..at].ends_with(b"\"stream") && text[at..].starts_with(b"StartMs\"")))
+/// Whether `frame`'s `params._meta` (as the frame check found it) may hold `streamStartMs`: the key as it is
+/// written (each `S` looked at), or a `\u` escape anywhere in the line (the one escape that can spell a letter:
+/// read exactly then, [`Frame::unicode_escaped`]). It runs on every stamped frame.
+fn may_stream(frame: &Frame) -> bool {
+    frame.meta().is_some_and(|meta| {
+        let text = meta.text();
+        frame.unicode_escaped()
+            || memchr::memchr_iter(b'S', text)
+                .any(|at| text[..at].ends_with(b"\"stream") && text[at..].starts_with(b"StartMs\""))
+    })
 }
 
 fn at(ms: u64) -> SystemTime {
@@ -243,7 +246,7 @@ impl Source for Grok {
     fn wants(&self, frame: &Frame) -> bool {
         // A stamped update (below), told first: the bulk of what Grok sends is its stamped chunks.
         if frame.is_streamed_chunk() {
-            return frame.meta().is_some_and(|m| may_stream(&m));
+            return may_stream(frame);
         }
         match frame.kind() {
             Kind::Notification { method } if method == NOTIFICATION => {
@@ -254,7 +257,7 @@ impl Source for Grok {
             }
             // A stamped update (Grok stamps its chunks too) may start a root's request: its stamps are read from
             // the frame check's one pass (a chunk is not parsed).
-            Kind::Notification { method } if method == "session/update" => frame.meta().is_some_and(|m| may_stream(&m)),
+            Kind::Notification { method } if method == "session/update" => may_stream(frame),
             _ => false,
         }
     }
@@ -327,6 +330,40 @@ mod tests {
     const S: &str = "01a23508-7405-7612-8cc8-1d2ec4083a1a";
     const T0: u64 = 1_796_186_076_330;
 
+    /// A stamped chunk is wanted when its `_meta` holds `streamStartMs`, however the key is spelled (with a `\u`
+    /// escape too), and passed by when it does not (a `_meta` shorter than the key, or the key as a value's text
+    /// read and found no stamp).
+    #[test]
+    fn a_stamped_chunk_is_wanted_by_its_stream_stamp_however_the_key_is_spelled() {
+        let chunk = |meta: &str| {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{S}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"a"}}}},"_meta":{meta}}}}}"#
+            );
+            Frame::parse(line.into_bytes()).expect("a frame")
+        };
+        for (meta, wanted) in [
+            (r#"{"streamStartMs":1796186871600}"#, true),
+            (r#"{"stream\u0053tartMs":1796186871600}"#, true),
+            (r#"{"\u0073treamStartMs":1796186871600,"t":1}"#, true),
+            (r#"{"t":1}"#, false),
+            (r#"{"eventId":"e-1","agentTimestampMs":1796186871643,"turnStartMs":1796186871593}"#, false),
+            (r#"{"streamStart":1}"#, false),
+        ] {
+            let frame = chunk(meta);
+            assert!(frame.is_streamed_chunk(), "{meta}");
+            assert_eq!(Grok::default().wants(&frame), wanted, "{meta}");
+            if wanted {
+                let stamps = Stamps::of_view(frame.meta().expect("a _meta"));
+                assert_eq!(
+                    stamps,
+                    Stamps::of_value(frame.value().pointer("/params/_meta").expect("a _meta")),
+                    "{meta}"
+                );
+                assert!(stamps.stream.is_some(), "{meta}");
+            }
+        }
+    }
+
     /// The stamps read where they lie are those of the parsed `_meta`, and a `_meta` that holds
     /// `streamStartMs` is never passed by unread, for every recorded frame and the hostile lines.
     #[test]
@@ -341,7 +378,7 @@ mod tests {
             let want = Stamps::of_value(parsed);
             assert_eq!(Stamps::of_view(meta), want, "{parsed}");
             if parsed.get("streamStartMs").is_some() {
-                assert!(may_stream(&meta), "{parsed}");
+                assert!(may_stream(&frame), "{parsed}");
             }
             read += usize::from(want.stream.is_some());
         }
