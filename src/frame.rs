@@ -387,18 +387,18 @@ impl Frame {
         let session = match self.flags & SESSION {
             0 => None,
             // (as long as `u8::MAX`: [`Frame::with`] keeps it looked for again)
-            _ if self.session_len == u8::MAX => Some(scan::Str { start: 0, end: usize::from(u8::MAX), escaped }),
+            _ if self.session_len == u8::MAX => Some(scan::Str::new(0, usize::from(u8::MAX), escaped)),
             _ => match moved(usize::from(self.session_start), usize::from(self.session_len)) {
                 // A cut in the session's text: whether it has an escape now is the new text's to say.
                 Some((start, len)) if start <= cut.start && cut.end <= start + usize::from(self.session_len) => {
-                    Some(scan::Str { start, end: start + len, escaped: bytes[start..start + len].contains(&b'\\') })
+                    Some(scan::Str::new(start, start + len, bytes[start..start + len].contains(&b'\\')))
                 }
-                Some((start, len)) => Some(scan::Str { start, end: start + len, escaped }),
+                Some((start, len)) => Some(scan::Str::new(start, start + len, escaped)),
                 None => return Frame::built(bytes),
             },
         };
         // A place looked for again stays so ([`Frame::with`] keeps one as long as `u16::MAX` so).
-        let range = |p: Option<(usize, usize)>| p.map(|(start, len)| (start, start.saturating_add(len)));
+        let range = |p: Option<(usize, usize)>| p.map(|(start, len)| scan::span(start, start.saturating_add(len)));
         let mut wire = bytes;
         wire.push(b'\n');
         Frame::with(
@@ -442,12 +442,8 @@ impl Frame {
         mut flags: u8,
         Places { meta, update_object, session }: Places,
     ) -> Frame {
-        // A place past 4 GiB (no line the splitter passes is that long) is looked for again.
-        let place = |at: Option<(usize, usize)>| match at {
-            Some((start, end)) => match u32::try_from(start) {
-                Ok(start32) => (start32, u16::try_from(end - start).unwrap_or(u16::MAX)),
-                Err(_) => (0, u16::MAX),
-            },
+        let place = |at: Option<scan::Span>| match at {
+            Some((start, end)) => (start, u16::try_from(end - start).unwrap_or(u16::MAX)),
             None => (0, 0),
         };
         let ((meta_start, meta_len), (update_start, update_len)) = (place(meta), place(update_object));
@@ -918,8 +914,8 @@ struct Classified {
 /// Where the fields of `params` layers read are ([`scan::Envelope`]).
 #[derive(Default)]
 struct Places {
-    meta: Option<(usize, usize)>,
-    update_object: Option<(usize, usize)>,
+    meta: Option<scan::Span>,
+    update_object: Option<scan::Span>,
     session: Option<scan::Str>,
 }
 
@@ -961,7 +957,7 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
             return Err(parse_error(e));
         }
     };
-    let id = || env.id.map(|(start, end)| Id::from_json(std::str::from_utf8(&bytes[start..end]).unwrap_or("null")));
+    let id = || env.id.map(|id| Id::from_json(std::str::from_utf8(&bytes[scan::range(id)]).unwrap_or("null")));
     // A line of the shape the last frame had: its envelope's strings are that frame's.
     if let Some((shape, Some(memo))) = &memo
         && memo.shape == *shape
@@ -1000,7 +996,7 @@ fn classify(bytes: &[u8], reader: Option<&mut Reader>) -> Result<Classified, Inv
     if env.duplicate {
         return Err(invalid("a key of the envelope appears twice", id));
     }
-    let two = |s: &scan::Str| matches!(&bytes[s.start..s.end], b"2.0") || text(s).as_deref() == Some("2.0");
+    let two = |s: &scan::Str| matches!(&bytes[s.range()], b"2.0") || text(s).as_deref() == Some("2.0");
     if !env.jsonrpc.as_ref().is_some_and(two) {
         return Err(invalid("\"jsonrpc\" must be \"2.0\"", id));
     }
@@ -1042,7 +1038,7 @@ fn known(s: &scan::Str, line: &[u8]) -> Option<&'static str> {
     if s.escaped {
         return None;
     }
-    let text = &line[s.start..s.end];
+    let text = &line[s.range()];
     // By length first: each comparison is then one of a fixed size.
     let one = |name: &'static str| (text == name.as_bytes()).then_some(name);
     match text.len() {

@@ -10,23 +10,64 @@
 
 use crate::json::MAX_DEPTH;
 
-/// Where a string's text is: the bytes between its quotes, and whether it holds an escape.
+/// Where a string's text is: the bytes between its quotes, and whether it holds an escape. (Places in a line
+/// are 32 bits: the scan refuses a line of 4 GiB or more, [`LONGEST`], and an [`Envelope`] is then small
+/// enough to be copied in a few moves, as the skeleton check does for every line.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Str {
-    pub start: usize,
-    pub end: usize,
+    pub start: u32,
+    pub end: u32,
     pub escaped: bool,
 }
 
+/// The byte range of a JSON text in a line, as 32-bit places (see [`Str`]).
+pub type Span = (u32, u32);
+
+/// The longest line the scan reads (4 GiB less a byte): every place in it fits 32 bits.
+pub const LONGEST: usize = u32::MAX as usize;
+
+/// A line longer than [`LONGEST`] is refused as that, before a byte of it is read.
+fn longest(line: &[u8]) -> Result<(), Error> {
+    match line.len() > LONGEST {
+        true => Err(Error::Syntax("the line goes on past the longest one read (4 GiB)", LONGEST)),
+        false => Ok(()),
+    }
+}
+
+/// `start..end` of a line the scan reads (no longer than [`LONGEST`]), as 32-bit places.
+#[inline(always)]
+pub(crate) fn span(start: usize, end: usize) -> Span {
+    (start as u32, end as u32)
+}
+
+/// A [`Span`] as a range of the line.
+#[inline(always)]
+pub fn range((start, end): Span) -> std::ops::Range<usize> {
+    start as usize..end as usize
+}
+
 impl Str {
+    /// The string whose text is `line[start..end]` of a line the scan reads.
+    #[inline(always)]
+    pub(crate) fn new(start: usize, end: usize, escaped: bool) -> Str {
+        Str { start: start as u32, end: end as u32, escaped }
+    }
+
+    /// The bytes of its text (between its quotes).
+    #[inline(always)]
+    pub fn range(&self) -> std::ops::Range<usize> {
+        range((self.start, self.end))
+    }
+
     /// The string's value, unescaped when it has to be; `None` only for a lone surrogate escape (or bytes
     /// that are not UTF-8, which no line the scan accepted has).
     pub fn text<'a>(&self, line: &'a [u8]) -> Option<std::borrow::Cow<'a, str>> {
+        let text = self.range();
         if self.escaped {
-            let quoted = &line[self.start - 1..=self.end];
+            let quoted = &line[text.start - 1..=text.end];
             serde_json::from_slice::<String>(quoted).ok().map(std::borrow::Cow::Owned)
         } else {
-            std::str::from_utf8(&line[self.start..self.end]).ok().map(std::borrow::Cow::Borrowed)
+            std::str::from_utf8(&line[text]).ok().map(std::borrow::Cow::Borrowed)
         }
     }
 }
@@ -50,7 +91,7 @@ pub struct Envelope {
     pub top: Top,
     pub jsonrpc: Option<Str>,
     /// The byte range of the id's JSON text.
-    pub id: Option<(usize, usize)>,
+    pub id: Option<Span>,
     pub method: Option<Str>,
     pub result: bool,
     pub error: bool,
@@ -58,13 +99,13 @@ pub struct Envelope {
     pub update: Option<Str>,
     /// The byte range of `params.update` when it is an object (for a repeated key, the last): where a layer
     /// reads an update's fields without going over the rest of the frame.
-    pub update_object: Option<(usize, usize)>,
+    pub update_object: Option<Span>,
     /// `params.sessionId` when it is a string (for a repeated key, the last): the session most frames are
     /// about, for a layer to look up without parsing the frame.
     pub session: Option<Str>,
     /// The byte range of `params._meta` when it is an object (for a repeated key, the last): where the
     /// stamps some agents put on every frame are, for a layer to read without parsing the frame.
-    pub meta: Option<(usize, usize)>,
+    pub meta: Option<Span>,
     /// `jsonrpc` or `method` is there but not a string.
     pub mistyped: bool,
     /// One of the envelope's keys appears twice.
@@ -167,7 +208,8 @@ fn word(line: &[u8], at: usize, n: usize) -> u64 {
 #[inline(always)]
 fn key_of(line: &[u8], key: &Str) -> Option<Packed> {
     if !key.escaped {
-        return packed(line, key.start, key.end);
+        let text = key.range();
+        return packed(line, text.start, text.end);
     }
     let text = key.text(line)?;
     let t = text.as_bytes();
@@ -217,6 +259,10 @@ const NUMBER: Bad = 10;
 const DEEP: Bad = 255;
 
 mod exact;
+// The skeleton check copies a kept line's envelope for every line it matches: at most 128 bytes, the copy is a
+// few moves, not a call to `memcpy` (92 bytes; with 64-bit places it was 176).
+const _: () = assert!(std::mem::size_of::<Envelope>() <= 128);
+
 mod fast;
 mod index;
 mod skeleton;
@@ -226,6 +272,7 @@ pub use skeleton::SHAPES;
 /// line that is no part of a stream (one the shim built), so nothing is kept for a next line, and a line of
 /// up to 4 KiB takes no allocation.
 pub fn scan(line: &[u8]) -> Result<Envelope, Error> {
+    longest(line)?;
     let blocks = line.len().div_ceil(64);
     let (mut small, mut large) = ([0u64; 64], Vec::new());
     let bits = match small.get_mut(..blocks) {
@@ -291,6 +338,10 @@ impl Scanner {
 
     /// [`Scanner::checked`], the envelope left for [`Scanner::envelope`].
     pub fn check(&mut self, line: &[u8]) -> Result<(), Error> {
+        if let Err(e) = longest(line) {
+            self.shape = None;
+            return Err(e);
+        }
         if !self.run(line) {
             self.shape = None;
             // Why not: the exact walk says (and has the last word).
@@ -464,6 +515,19 @@ mod tests {
         }
     }
 
+    /// A line longer than the longest one read ([`LONGEST`]: its places would not fit 32 bits) is refused as
+    /// that by both ways in, before a byte of it is read (the zeroed buffer's pages are never touched).
+    #[test]
+    fn a_line_past_the_longest_one_read_is_refused_before_it_is_read() {
+        let line = vec![0u8; LONGEST + 1];
+        let refused = Error::Syntax("the line goes on past the longest one read (4 GiB)", LONGEST);
+        assert_eq!(scan(&line), Err(refused));
+        let mut scanner = Scanner::default();
+        assert!(scanner.check(br#"{"jsonrpc":"2.0","method":"m"}"#).is_ok());
+        assert_eq!(scanner.check(&line), Err(refused));
+        assert_eq!(scanner.shape(), None);
+    }
+
     #[test]
     fn notes_lone_surrogates() {
         for (text, lone) in [
@@ -513,8 +577,7 @@ mod tests {
         let line = br#"{"jsonrpc":"2.0","id": 7 ,"method":"m","params":{"update":{"x":{"sessionUpdate":"no"},"sessionUpdate":"yes"}}}"#;
         let env = scan(line).unwrap();
         assert_eq!(env.top, Top::Object);
-        let (a, b) = env.id.unwrap();
-        assert_eq!(&line[a..b], b"7");
+        assert_eq!(&line[range(env.id.unwrap())], b"7");
         assert_eq!(env.method.unwrap().text(line).unwrap(), "m");
         assert_eq!(env.jsonrpc.unwrap().text(line).unwrap(), "2.0");
         assert_eq!(env.update.unwrap().text(line).unwrap(), "yes");
@@ -758,21 +821,22 @@ mod tests {
             let Ok(env) = exact::scan(&line) else { continue };
             let Ok(value) = crate::json::from_slice::<Value>(&crate::json::mend_surrogates(&line)) else { continue };
             let want = value.pointer("/params/_meta").filter(|m| m.is_object());
-            let got = env.meta.map(|(start, end)| {
-                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
+            let got = env.meta.map(|meta| {
+                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[range(meta)])).unwrap()
             });
             assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
             meta += usize::from(got.is_some());
             let want = value.pointer("/params/sessionId").and_then(Value::as_str);
             let got = env.session.map(|s| {
-                let quoted = crate::json::mend_surrogates(&line[s.start - 1..=s.end]);
+                let text = s.range();
+                let quoted = crate::json::mend_surrogates(&line[text.start - 1..=text.end]);
                 serde_json::from_slice::<String>(&quoted).unwrap()
             });
             assert_eq!(got.as_deref(), want, "{}", String::from_utf8_lossy(&line));
             session += usize::from(got.is_some());
             let want = value.pointer("/params/update").filter(|u| u.is_object());
-            let got = env.update_object.map(|(start, end)| {
-                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[start..end])).unwrap()
+            let got = env.update_object.map(|update| {
+                serde_json::from_slice::<Value>(&crate::json::mend_surrogates(&line[range(update)])).unwrap()
             });
             assert_eq!(got.as_ref(), want, "{}", String::from_utf8_lossy(&line));
             update += usize::from(got.is_some());

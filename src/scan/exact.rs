@@ -70,10 +70,10 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 Ok(s) => s,
                 Err(why) => fail!(why),
             };
-            i = key.end + 1;
+            i = key.range().end + 1;
             // Only the keys of the top object, of `params` and of `update` are looked at, and only one
             // of a length some name has.
-            let len = key.end - key.start;
+            let len = key.range().len();
             if depth == 1 && matches!(len, 2 | 5 | 6 | 7) || key.escaped && depth <= 3 {
                 if depth == 1 {
                     field = match key_of(b, &key) {
@@ -169,10 +169,11 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                         3 => {
                             update = false;
                             if update_start != usize::MAX {
-                                env.update_object = Some((std::mem::replace(&mut update_start, usize::MAX), i));
+                                env.update_object =
+                                    Some(super::span(std::mem::replace(&mut update_start, usize::MAX), i));
                             }
                             if meta_start != usize::MAX {
-                                env.meta = Some((std::mem::replace(&mut meta_start, usize::MAX), i));
+                                env.meta = Some(super::span(std::mem::replace(&mut meta_start, usize::MAX), i));
                             }
                         }
                         _ => {}
@@ -191,7 +192,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                     Ok(s) => s,
                     Err(why) => fail!(why),
                 };
-                i = s.end + 1;
+                i = s.range().end + 1;
                 if depth == 1 && top_object {
                     match field {
                         Field::Jsonrpc => env.jsonrpc = Some(s),
@@ -224,7 +225,7 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
         // After a value: a comma and the next, the end of containers, or the end of the text.
         loop {
             if depth == 1 && id_start != usize::MAX {
-                env.id = Some((id_start, i));
+                env.id = Some(super::span(id_start, i));
                 id_start = usize::MAX;
             }
             if depth == 0 {
@@ -260,10 +261,10 @@ fn walk(b: &[u8], at: &mut usize) -> Result<Envelope, Bad> {
                 3 => {
                     update = false;
                     if update_start != usize::MAX {
-                        env.update_object = Some((std::mem::replace(&mut update_start, usize::MAX), i));
+                        env.update_object = Some(super::span(std::mem::replace(&mut update_start, usize::MAX), i));
                     }
                     if meta_start != usize::MAX {
-                        env.meta = Some((std::mem::replace(&mut meta_start, usize::MAX), i));
+                        env.meta = Some(super::span(std::mem::replace(&mut meta_start, usize::MAX), i));
                     }
                 }
                 _ => {}
@@ -285,7 +286,7 @@ fn string(b: &[u8], start: usize, notes: &mut Escapes) -> Result<Str, Bad> {
             None => return Err(UNCLOSED),
         };
         match b[i] {
-            b'"' => return Ok(Str { start, end: i, escaped }),
+            b'"' => return Ok(Str::new(start, i, escaped)),
             b'\\' => {
                 escaped = true;
                 i = escape(b, i, notes).ok_or(ESCAPE)?;

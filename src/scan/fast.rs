@@ -452,7 +452,7 @@ impl Reading {
     #[inline(always)]
     fn top_end(&mut self, i: usize) {
         if let Some(start) = self.id_start.take() {
-            self.env.id = Some((start, i));
+            self.env.id = Some(super::span(start, i));
         }
     }
 
@@ -487,10 +487,10 @@ impl Reading {
             _ => {
                 self.update = false;
                 if let Some(start) = self.update_start.take() {
-                    self.env.update_object = Some((start, i));
+                    self.env.update_object = Some(super::span(start, i));
                 }
                 if let Some(start) = self.meta_start.take() {
-                    self.env.meta = Some((start, i));
+                    self.env.meta = Some(super::span(start, i));
                 }
             }
         }
@@ -564,7 +564,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
             let (end, escaped) = string(b, bits, start, &mut r.env.escapes)?;
             i = end + 1;
             if depth <= 3 && depth > 0 {
-                r.string(depth, Str { start, end, escaped });
+                r.string(depth, Str::new(start, end, escaped));
             }
             if let Some(holes) = holes.as_mut() {
                 holes.push(Hole { start, end, string: true, role: 0, moved: 0 });
@@ -608,7 +608,7 @@ pub(super) fn walk(b: &[u8], bits: &[u64], mut holes: Option<&mut Vec<Hole>>) ->
                 let (end, escaped) = string(b, bits, start, &mut r.env.escapes)?;
                 if depth <= 3 {
                     if escaped {
-                        r.escaped_key(b, depth, Str { start, end, escaped });
+                        r.escaped_key(b, depth, Str::new(start, end, escaped));
                     } else {
                         r.key(b, depth, start, end);
                     }

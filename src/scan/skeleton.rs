@@ -58,11 +58,11 @@ impl Skeleton {
         }
         // (The line kept before, if any, with its envelope: `line` and `env` are replaced together.)
         if let (false, Some(was), Some(now)) = (*sessions, self.env.session, env.session) {
-            *sessions = self.line.get(was.start..was.end) != line.get(now.start..now.end);
+            *sessions = self.line.get(was.range()) != line.get(now.range());
         }
         // A string's hole starts after its quote; a number's where it does.
-        let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
-        let session = env.session.map(|s| s.start);
+        let id = id_start(line, env);
+        let session = env.session.map(|s| s.range().start);
         let found = |at: Option<usize>| at.is_none_or(|at| holes.binary_search_by_key(&at, |h| h.start).is_ok());
         if !found(id) {
             return;
@@ -85,8 +85,8 @@ impl Skeleton {
         let session_fixed = session.filter(|_| !session_hole);
         // What lies between holes moves with the stretch it is in: the stretch before the first hole after it.
         self.tail = 0;
-        let meta = [env.meta.map(|m| m.0), env.meta.map(|m| m.1)];
-        let update = [env.update_object.map(|u| u.0), env.update_object.map(|u| u.1)];
+        let ends = |span: Option<Span>| span.map(range).map_or([None; 2], |r| [Some(r.start), Some(r.end)]);
+        let (meta, update) = (ends(env.meta), ends(env.update_object));
         let bits = [JSONRPC, METHOD, UPDATE, META_START, META_END, OBJECT_START, OBJECT_END, SESSION];
         for (at, bit) in strings.into_iter().chain(meta).chain(update).chain([session_fixed]).zip(bits) {
             let Some(at) = at else { continue };
@@ -129,8 +129,8 @@ impl Skeleton {
     ) -> Option<()> {
         let old = &self.line[..];
         let strings = fixed(env);
-        let id = env.id.map(|(start, _)| start + usize::from(line[start] == b'"'));
-        let always = [id, env.session.filter(|_| sessions).map(|s| s.start)];
+        let id = id_start(line, env);
+        let always = [id, env.session.filter(|_| sessions).map(|s| s.range().start)];
         varied.clear();
         let (mut at, mut was, mut kept) = (0, 0, self.holes.iter().peekable());
         for hole in holes.iter().filter(|h| !h.string || !strings.contains(&Some(h.start))) {
@@ -186,7 +186,7 @@ impl Skeleton {
         // Where each stretch between holes is in `b` (`at`) and was in the kept line (`was`); how far each of
         // the envelope's strings that lie in one moved (by the bits of `Hole::moved`).
         let (mut at, mut was) = (0, 0);
-        let mut by = [0usize; 8];
+        let mut by = [0u32; 8];
         let (mut id, mut session, mut notes) = (None, None, Escapes::default());
         changed.clear();
         for hole in &self.holes {
@@ -204,8 +204,8 @@ impl Skeleton {
             };
             match hole.role {
                 0 => {}
-                ROLE_ID => id = Some((start - usize::from(hole.string), end + usize::from(hole.string))),
-                _ => session = Some(Str { start, end, escaped }),
+                ROLE_ID => id = Some(span(start - usize::from(hole.string), end + usize::from(hole.string))),
+                _ => session = Some(Str::new(start, end, escaped)),
             }
             let always = hole.role == ROLE_ID || (hole.role == ROLE_SESSION && *sessions);
             if !self.learnt && (always || b[start..end] != old[hole.start..hole.end]) {
@@ -222,7 +222,7 @@ impl Skeleton {
         }
         *out = self.env;
         let env = out;
-        let shift = |s: &mut Option<Str>, by: usize| {
+        let shift = |s: &mut Option<Str>, by: u32| {
             if let Some(s) = s {
                 (s.start, s.end) = (s.start.wrapping_add(by), s.end.wrapping_add(by));
             }
@@ -255,10 +255,15 @@ impl Skeleton {
     }
 }
 
+/// Where the id's value starts in `line` of `env`: after its quote when it is a string (as a hole does).
+fn id_start(line: &[u8], env: &Envelope) -> Option<usize> {
+    env.id.map(range).map(|id| id.start + usize::from(line[id.start] == b'"'))
+}
+
 /// The starts of the envelope's strings that are no holes of a skeleton: `jsonrpc`, `method` and
 /// `sessionUpdate` (what a frame is).
 fn fixed(env: &Envelope) -> [Option<usize>; 3] {
-    [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.start))
+    [env.jsonrpc, env.method, env.update].map(|s| s.map(|s| s.range().start))
 }
 
 /// A hash of what lies between the values of `line` (`holes`, but the envelope's strings that are no
@@ -526,12 +531,13 @@ const OBJECT_END: u8 = 64;
 const SESSION: u8 = 128;
 
 /// Notes in `by` that the envelope's strings (and ends of `_meta`) `which` lie in a stretch between holes
-/// that was at `was` in the kept line and is at `at` in this one: each moved by `at - was`.
+/// that was at `was` in the kept line and is at `at` in this one: each moved by `at - was` (modulo 2^32, as
+/// places in a line are: [`Span`]).
 #[inline(always)]
-fn moved(by: &mut [usize; 8], which: u8, at: usize, was: usize) {
+fn moved(by: &mut [u32; 8], which: u8, at: usize, was: usize) {
     let mut which = which;
     while which != 0 {
-        by[which.trailing_zeros() as usize % 8] = at.wrapping_sub(was);
+        by[which.trailing_zeros() as usize % 8] = at.wrapping_sub(was) as u32;
         which &= which - 1;
     }
 }
