@@ -348,7 +348,10 @@ impl Frame {
         // (A `\u` escape, in the line or in what was written, with the byte on either side of it, is what a
         // check of the new line notes exactly.)
         let written = &bytes[cut.start.saturating_sub(1)..(cut.start + with_len + 1).min(bytes.len())];
-        if self.lone_surrogate() || self.unicode_escaped() || may_escape_unicode(written) {
+        // (A line past the longest the scan reads, whose places would not fit 32 bits, is checked whole too: and
+        // refused there.)
+        if self.lone_surrogate() || self.unicode_escaped() || may_escape_unicode(written) || bytes.len() > scan::LONGEST
+        {
             return Frame::built(bytes);
         }
         // (The line stays UTF-8 when what was written in is: JSON text the shim wrote, a few bytes.)
