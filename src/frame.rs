@@ -331,11 +331,16 @@ impl Frame {
     /// escape (whose mended reading may lie in the cut), or in a line that has or gets a `\u` escape (rare;
     /// [`Frame::unicode_escaped`] is exact), is read again whole ([`Frame::built`]).
     pub(crate) fn spliced(&self, cut: std::ops::Range<usize>, with: &[u8]) -> Frame {
-        self.spliced_parts(cut, &[with])
+        self.splice(cut, &[with], std::str::from_utf8(with).is_ok())
     }
 
-    /// [`Frame::spliced`] with `with` in parts, written one after another (no text made of them first).
-    pub(crate) fn spliced_parts(&self, cut: std::ops::Range<usize>, with: &[&[u8]]) -> Frame {
+    /// [`Frame::spliced`] with `with` in parts of text, written one after another (no text made of them first).
+    pub(crate) fn spliced_parts<const N: usize>(&self, cut: std::ops::Range<usize>, with: [&str; N]) -> Frame {
+        self.splice(cut, &with.map(str::as_bytes), true)
+    }
+
+    /// [`Frame::spliced`] with `with` in parts; `utf8` when they are (the line then stays UTF-8 if it was).
+    fn splice(&self, cut: std::ops::Range<usize>, with: &[&[u8]], utf8: bool) -> Frame {
         let line = self.bytes();
         let with_len: usize = with.iter().map(|p| p.len()).sum();
         // (Room for the `\n` too: the line is not copied again for it.)
@@ -354,8 +359,8 @@ impl Frame {
         {
             return Frame::built(bytes);
         }
-        // (The line stays UTF-8 when what was written in is: JSON text the shim wrote, a few bytes.)
-        let utf8 = match self.flags & UTF8 != 0 && with.iter().all(|part| std::str::from_utf8(part).is_ok()) {
+        // (The line stays UTF-8 when what was written in is.)
+        let utf8 = match self.flags & UTF8 != 0 && utf8 {
             true => UTF8,
             false => 0,
         };
@@ -1395,9 +1400,9 @@ pub(crate) mod tests {
         let before_u = Frame::parse(chunk("content", "u0041").into_bytes()).unwrap();
         let at = before_u.bytes().windows(5).position(|w| w == b"u0041").unwrap();
         assert!(before_u.spliced(at..at, br"\").unicode_escaped());
-        let parts = plain.spliced_parts(text(&plain), &[b"\"x", br"\", b"u0001\""]);
+        let parts = plain.spliced_parts(text(&plain), ["\"x", r"\", "u0001\""]);
         assert!(parts.unicode_escaped() && parts.value().pointer("/params/update/content/text").is_some());
-        let not = plain.spliced_parts(text(&plain), &[b"\"x", br"\\", b"n\""]);
+        let not = plain.spliced_parts(text(&plain), ["\"x", r"\\", "n\""]);
         assert!(!not.unicode_escaped() && not.value().pointer("/params/update/content/text").is_some());
     }
 
@@ -1474,7 +1479,8 @@ pub(crate) mod tests {
 
     /// A session id taken as it lies in a line found UTF-8 is one only while the line is: bytes that are no
     /// UTF-8 spliced into its text (no layer writes such, but `spliced` takes bytes) leave it checked, and read
-    /// as none; UTF-8 spliced in reads as what it is. The same for the ids `key_strings` finds.
+    /// as none; UTF-8 spliced in (as bytes or as text in parts) reads as what it is. The same for the ids
+    /// `key_strings` finds.
     #[test]
     fn an_id_read_as_it_lies_is_text_only_in_a_line_that_stays_utf8() {
         static SESSION_KEY: Needle = crate::needle!(b"\"sessionId\"");
@@ -1483,9 +1489,15 @@ pub(crate) mod tests {
         let at = line.find("abc").unwrap();
         for (with, want) in [(&b"\xff\xfe"[..], None), ("é日".as_bytes(), Some("aé日c")), (b"\xe6\x97", None)] {
             let spliced = f.spliced(at + 1..at + 2, with);
+            assert_eq!(spliced.flags & UTF8 != 0, want.is_some(), "{with:?}");
             assert_eq!(spliced.session().as_deref(), want, "{with:?}");
             assert_eq!(spliced.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [want], "{with:?}");
         }
+        // Text spliced in parts (the usage facts' way) is UTF-8 by its type: the line stays so.
+        let parts = f.spliced_parts(at + 1..at + 2, ["é", "", "日"]);
+        assert!(parts.flags & UTF8 != 0);
+        assert_eq!(parts.session().as_deref(), Some("aé日c"));
+        assert_eq!(parts.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [Some("aé日c")]);
         assert_eq!(f.session().as_deref(), Some("abc"));
         assert_eq!(f.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [Some("abc")]);
     }

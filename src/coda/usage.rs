@@ -190,8 +190,8 @@ impl Facts {
     /// (`Facts::write_json`, kept per session while they stay the same). `None` for a frame that is no
     /// `usage_update`, or when no fact is known (never an empty object). A frame with a lone surrogate escape
     /// is parsed and written again, as every frame a layer edits (the escape written as U+FFFD).
-    pub fn stamp_frame(&self, frame: &Frame, figures: &Figures<'_>, facts: &[u8]) -> Option<Frame> {
-        if frame.session_update() != Some("usage_update") || facts == b"{}" {
+    pub fn stamp_frame(&self, frame: &Frame, figures: &Figures<'_>, facts: &str) -> Option<Frame> {
+        if frame.session_update() != Some("usage_update") || facts == "{}" {
             return None;
         }
         if frame.lone_surrogate() {
@@ -208,24 +208,24 @@ impl Facts {
             let first = found.next();
             (first, found.next().is_none())
         }
-        let (cut, with): (std::ops::Range<usize>, [&[u8]; 3]) = match (figures.meta, figures.metas == 1) {
+        let (cut, with): (std::ops::Range<usize>, [&str; 3]) = match (figures.meta, figures.metas == 1) {
             (None, _) => {
                 let end = update.range_in(line)?.end - 1;
-                (end..end, [b",\"_meta\":{\"coda\":", facts, b"}"])
+                (end..end, [",\"_meta\":{\"coda\":", facts, "}"])
             }
             (Some(meta), true) if meta.text().first() == Some(&b'{') => match only(meta, "coda") {
                 (None, _) => {
                     let end = meta.range_in(line)?.end - 1;
-                    let comma: &[u8] = if meta.members().next().is_some() { b"," } else { b"" };
-                    (end..end, [comma, b"\"coda\":", facts])
+                    let comma = if meta.members().next().is_some() { "," } else { "" };
+                    (end..end, [comma, "\"coda\":", facts])
                 }
-                (Some(coda), true) => (coda.range_in(line)?, [facts, b"", b""]),
+                (Some(coda), true) => (coda.range_in(line)?, [facts, "", ""]),
                 (Some(_), false) => return self.stamp_value(frame),
             },
-            (Some(meta), true) => (meta.range_in(line)?, [b"{\"coda\":", facts, b"}"]),
+            (Some(meta), true) => (meta.range_in(line)?, ["{\"coda\":", facts, "}"]),
             (Some(_), false) => return self.stamp_value(frame),
         };
-        Some(frame.spliced_parts(cut, &with))
+        Some(frame.spliced_parts(cut, with))
     }
 
     /// [`Facts::stamp`] on the frame's parsed value, written out again.
@@ -448,15 +448,20 @@ impl<'a> Figures<'a> {
 #[derive(Default)]
 struct Written {
     of: Option<Facts>,
-    json: Vec<u8>,
+    json: String,
     times: [IsoText; 2],
 }
 
 impl Written {
-    fn json(&mut self, facts: &Facts) -> &[u8] {
+    /// The text, checked UTF-8 once each time it is written (a frame it is spliced into then needs no check
+    /// of it: [`Frame::spliced_parts`]).
+    fn json(&mut self, facts: &Facts) -> &str {
         if self.of.as_ref() != Some(facts) {
-            self.json.clear();
-            facts.write_json_kept(&mut self.json, &mut self.times);
+            let mut json = std::mem::take(&mut self.json).into_bytes();
+            json.clear();
+            facts.write_json_kept(&mut json, &mut self.times);
+            // (JSON that serde_json and the facts wrote: UTF-8 whatever the facts say.)
+            self.json = String::from_utf8(json).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
             self.of = Some(facts.clone());
         }
         &self.json
@@ -1034,7 +1039,7 @@ mod tests {
     fn stamped(facts: &Facts, frame: &Frame) -> Option<Frame> {
         let mut json = Vec::new();
         facts.write_json(&mut json);
-        facts.stamp_frame(frame, &Figures::of(frame.update_value()), &json)
+        facts.stamp_frame(frame, &Figures::of(frame.update_value()), std::str::from_utf8(&json).ok()?)
     }
 
     /// The facts' JSON text kept between stamps is what they write now, as each of them changes, comes and
@@ -1068,8 +1073,8 @@ mod tests {
             step(&mut facts);
             let mut now = Vec::new();
             facts.write_json(&mut now);
-            assert_eq!(written.json(&facts), now, "{facts:?}");
-            assert_eq!(written.json(&facts), now, "{facts:?}");
+            assert_eq!(written.json(&facts).as_bytes(), now, "{facts:?}");
+            assert_eq!(written.json(&facts).as_bytes(), now, "{facts:?}");
         }
     }
 
