@@ -114,6 +114,10 @@ pub struct Envelope {
     pub escapes: Escapes,
 }
 
+// The skeleton check copies a kept line's envelope for every line it matches: at most 128 bytes, the copy is a
+// few moves, not a call to `memcpy` (92 bytes; with 64-bit places it was 176).
+const _: () = assert!(std::mem::size_of::<Envelope>() <= 128);
+
 /// What the escapes of a line's strings (keys and values) are, noted where each is checked.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Escapes {
@@ -259,10 +263,6 @@ const NUMBER: Bad = 10;
 const DEEP: Bad = 255;
 
 mod exact;
-// The skeleton check copies a kept line's envelope for every line it matches: at most 128 bytes, the copy is a
-// few moves, not a call to `memcpy` (92 bytes; with 64-bit places it was 176).
-const _: () = assert!(std::mem::size_of::<Envelope>() <= 128);
-
 mod fast;
 mod index;
 mod skeleton;
