@@ -574,28 +574,51 @@ impl Frame {
     }
 
     /// The values of `keys` in `params.update` (as [`Frame::update_value`]'s [`json::View::pick`] finds them:
-    /// of a key twice, the last), its members gone over once for every layer that asks: the places of the
-    /// last frame's members asked for are kept per thread (`UPDATE_MEMBERS`), so a tool call's update, which
-    /// two or three layers read a few fields of, has its values skipped once.
+    /// of a key twice, the last), its members gone over once for every layer that asks (`Frame::pick_kept`):
+    /// a tool call's update, which two or three layers read a few fields of, has its values skipped once.
     pub fn update_pick<const N: usize>(&self, keys: [&str; N]) -> [Option<json::View<'_>>; N] {
-        let Some(update) = self.update_value() else { return [None; N] };
-        let line = self.bytes();
-        if line.len() > MEMBERS_LINE_MAX {
-            return update.pick(keys);
+        match self.update_value() {
+            Some(update) => self.pick_kept(update.members(), keys),
+            None => [None; N],
         }
-        let picked = UPDATE_MEMBERS.try_with(|kept| {
+    }
+
+    /// The values of `keys` in `params` ([`Frame::update_pick`]'s reading, of `params`, which the frame check
+    /// lets a line have once: read from its start, [`json::View::members_at`]): a `_coda/wait` report, which the
+    /// layers above the one that wrote it read (OpenCode's permission bridge, then the waits handshake), has its
+    /// members gone over once. (Grok's queue, which two layers read too, is cheaper gone over by each: measured.)
+    pub fn params_pick<const N: usize>(&self, keys: [&str; N]) -> [Option<json::View<'_>>; N] {
+        self.pick_kept(self.view().members_at("params"), keys)
+    }
+
+    /// The values of `keys` among `members`, an object's members in this frame's line ([`json::Members::pick`]),
+    /// with the places of its members kept per thread (`KEPT_MEMBERS`): the next layer that asks of the same
+    /// object of the same frame (or a clone) has them without going over its values again. One object's places
+    /// are kept: another object, or another frame, is gone over and kept instead.
+    fn pick_kept<'a, const N: usize>(
+        &'a self,
+        members: json::Members<'a>,
+        keys: [&str; N],
+    ) -> [Option<json::View<'a>>; N] {
+        let line = self.bytes();
+        // (Kept by the place of the first member's key: the first key of one object only. An object without a
+        // member, or no object, has nothing to go over.)
+        let first = members.place_in(line).filter(|&at| line.get(at) == Some(&b'"'));
+        let Some(at) = first.filter(|_| line.len() <= MEMBERS_LINE_MAX) else { return members.pick(keys) };
+        let picked = KEPT_MEMBERS.try_with(|kept| {
             // (Taken by no one else: the borrow ends within this call. Were it taken, the members are gone over.)
             let mut kept = kept.try_borrow_mut().ok()?;
-            let Members { line: held, places } = &mut *kept;
+            let Members { line: held, at: held_at, places } = &mut *kept;
             // The line held is this frame's (or a clone's): its bytes cannot be another's while it is held.
             let same = held.as_ref().is_some_and(|h| h.as_ptr() == self.wire.as_ptr() && h.len() == self.wire.len());
-            if !same {
+            if !same || *held_at != at {
                 places.clear();
-                places.extend(update.members().take(MEMBERS_MAX + 1).filter_map(|(key, value)| {
+                places.extend(members.clone().take(MEMBERS_MAX + 1).filter_map(|(key, value)| {
                     let key_at = json::View::exact(key.quoted()).range_in(line)?;
                     Some(MemberAt { key: key_at, escaped: key.escaped(), value: value.range_in(line)? })
                 }));
                 *held = Some(self.wire.clone());
+                *held_at = at;
             }
             if places.len() > MEMBERS_MAX {
                 return None;
@@ -609,7 +632,7 @@ impl Frame {
             }
             Some(found)
         });
-        picked.ok().flatten().unwrap_or_else(|| update.pick(keys))
+        picked.ok().flatten().unwrap_or_else(|| members.pick(keys))
     }
 
     /// The value of `key` in `params.update` ([`Frame::update_pick`] of one key).
@@ -854,31 +877,33 @@ pub struct Reader {
     memos: Vec<Option<Memo>>,
 }
 
-/// The most members of an update whose places are kept ([`Frame::update_pick`]): a longer one is gone over per
-/// layer that asks (ACP's updates have a dozen at most).
+/// The most members of an object whose places are kept ([`Frame::pick_kept`]): a longer one is gone over per
+/// layer that asks (ACP's updates and Coda's reports have a dozen at most).
 const MEMBERS_MAX: usize = 64;
 /// The longest line whose update's places are kept, and which is held with them until the next is asked for.
 const MEMBERS_LINE_MAX: usize = 1 << 20;
 
-/// A member of a frame's `params.update` as places in its line: its key with its quotes, and its value.
+/// A member of an object of a frame as places in its line: its key with its quotes, and its value.
 struct MemberAt {
     key: std::ops::Range<usize>,
     escaped: bool,
     value: std::ops::Range<usize>,
 }
 
-/// The members of the `params.update` of the frame whose line is held ([`Frame::update_pick`]).
+/// The members of the object whose first member is at `at` (a place in the line) of the frame whose line is
+/// held ([`Frame::pick_kept`]).
 #[derive(Default)]
 struct Members {
     line: Option<Bytes>,
+    at: usize,
     places: Vec<MemberAt>,
 }
 
 thread_local! {
-    /// The members of the last frame's `params.update` a layer on this thread asked for ([`Frame::update_pick`]):
-    /// that frame's line is held with them, so no other line lies where it lies while they are kept (one line,
-    /// and as many places as its update has members).
-    static UPDATE_MEMBERS: std::cell::RefCell<Members> = std::cell::RefCell::new(Members::default());
+    /// The members of the last object of a frame a layer on this thread picked from ([`Frame::pick_kept`]): that
+    /// frame's line is held with them, so no other line lies where it lies while they are kept (one line, and as
+    /// many places as the object has members).
+    static KEPT_MEMBERS: std::cell::RefCell<Members> = std::cell::RefCell::new(Members::default());
 
     /// The reader of the lines the shim builds on this thread ([`Frame::built`]): it reads each as a line read
     /// alone reads ([`Reader`]), and keeps what a peer's reader keeps, bounded alike.
@@ -1596,12 +1621,13 @@ pub(crate) mod tests {
         assert!(checked > 1000 && told * 10 > checked * 9, "{told} of {checked} values found as written");
     }
 
-    /// [`Frame::update_pick`] finds what [`json::View::pick`] finds in the update, whichever frame was asked
-    /// before: every recorded and hostile line, and updates with a key twice, escaped keys, more members than
-    /// are kept, a line past the longest held; asked in turn with a clone, with other frames between, and
-    /// with frames of lines as long dropped and read again (no line can take a held one's place).
+    /// [`Frame::update_pick`] and [`Frame::params_pick`] find what [`json::View::pick`] finds in the update and
+    /// in `params`, whichever frame or object was asked before: every recorded and hostile line, and updates
+    /// with a key twice, escaped keys, more members than are kept, a line past the longest held; asked in turn
+    /// of the update and of `params` of one frame, with a clone, with other frames between, and with frames of
+    /// lines as long dropped and read again (no line can take a held one's place).
     #[test]
-    fn an_updates_members_kept_for_the_next_layer_are_that_updates() {
+    fn an_objects_members_kept_for_the_next_layer_are_that_objects() {
         let mut lines = recorded_lines();
         lines.extend(hostile_lines());
         let many: String = (0..=MEMBERS_MAX).map(|n| format!(r#""k{n}":{n},"#)).collect();
@@ -1620,20 +1646,26 @@ pub(crate) mod tests {
         ] {
             lines.push(update(&members).into_bytes());
         }
+        for params in [
+            r#"{"sessionId":"a","waitId":"w","sessionId":"b","st\u0061te":"done"}"#.to_owned(),
+            format!(r#"{{{many}"waitId":"late","update":{{"status":"x"}}}}"#),
+        ] {
+            lines.push(format!(r#"{{"jsonrpc":"2.0","method":"_coda/wait","params":{params}}}"#).into_bytes());
+        }
         let keys = ["status", "toolCallId", "_meta", "rawInput", "sessionUpdate", "absent", "k3", "title"];
         let frames: Vec<Frame> = lines.iter().filter_map(|l| Frame::parse(l.clone()).ok()).collect();
         assert!(frames.len() > 1_000, "{}", frames.len());
         fn want<'a>(f: &'a Frame, keys: [&str; 8]) -> [Option<json::View<'a>>; 8] {
             f.update_value().map_or([None; 8], |u| u.pick(keys))
         }
+        let params_keys = ["sessionId", "update", "_meta", "waitId", "absent", "entries", "k3", "state"];
         let check = |f: &Frame| {
             let want = want(f, keys);
-            assert_eq!(
-                f.update_pick(keys),
-                want,
-                "{}",
-                String::from_utf8_lossy(&f.bytes()[..f.bytes().len().min(500)])
-            );
+            let line = String::from_utf8_lossy(&f.bytes()[..f.bytes().len().min(500)]);
+            assert_eq!(f.update_pick(keys), want, "{line}");
+            let want_params = f.view().get("params").map_or([None; 8], |p| p.pick(params_keys));
+            assert_eq!(f.params_pick(params_keys), want_params, "{line}");
+            assert_eq!(f.params_pick(params_keys), want_params, "{line}");
             for (key, want) in keys.into_iter().zip(want) {
                 assert_eq!(f.update_get(key), want);
             }
@@ -1656,7 +1688,7 @@ pub(crate) mod tests {
             check(&f);
         }
         // The memo held is one line's, and at most as many places as are kept.
-        UPDATE_MEMBERS.with(|m| assert!(m.borrow().places.len() <= MEMBERS_MAX + 1));
+        KEPT_MEMBERS.with(|m| assert!(m.borrow().places.len() <= MEMBERS_MAX + 1));
     }
 
     /// A frame renamed ([`Frame::with_session`]) is its value with `params.sessionId` replaced, and reads as

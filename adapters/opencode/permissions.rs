@@ -159,9 +159,9 @@ impl Permissions {
 
     /// An activity report from the layer below: a child it names is resumed once the report is on its way.
     fn report_seen(&mut self, report: &Frame, cx: &mut Cx) {
-        // Read where it lies (a report is written as bytes: no value of it is kept).
-        let keys = ["sessionId", "childSessionId", "state"];
-        let read = report.view().get("params").map_or([None; 3], |p| p.pick(keys));
+        // Read where it lies (a report is written as bytes: no value of it is kept), its members gone over once
+        // with the waits layer above, which reads it next.
+        let read = report.params_pick(["sessionId", "childSessionId", "state"]);
         let [parent, child, state] = read.map(crate::json::str_of);
         let (Some(parent), Some(child)) = (parent, child) else { return };
         self.children.named.insert(child.clone().into_owned());

@@ -77,11 +77,10 @@ impl Waits {
 
     /// A `_coda/wait` on its way to the client: remembered, then passed on if the client declared waits.
     fn report(&mut self, frame: Frame, cx: &mut Cx) {
-        // Read where it lies (the register writes reports as bytes: no value of them is kept).
-        let view = frame.view();
-        let params = view.get("params");
+        // Read where it lies (the register writes reports as bytes: no value of them is kept), its members gone
+        // over once with the layers below that read it.
         let keys = ["sessionId", "waitId", "state", "stoppable", "childSessionId"];
-        let [session, wait_id, state, stoppable, child] = params.map_or([None; 5], |p| p.pick(keys));
+        let [session, wait_id, state, stoppable, child] = frame.params_pick(keys);
         let (session, wait_id, state) = (str_of(session), str_of(wait_id), str_of(state));
         let stoppable = stoppable.and_then(|s| s.as_bool());
         if session.as_deref().is_some_and(|s| cx.sessions().is_some_and(|t| t.was_closed(s))) {

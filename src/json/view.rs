@@ -521,10 +521,25 @@ impl<'a> View<'a> {
 }
 
 /// The members of an object ([`View::members`]).
+#[derive(Clone)]
 pub struct Members<'a> {
     b: &'a [u8],
     /// Where the next member's key is.
     at: usize,
+}
+
+impl<'a> Members<'a> {
+    /// The values of `keys` among the members left ([`View::pick`] of them).
+    pub fn pick<const N: usize>(mut self, keys: [&str; N]) -> [Option<View<'a>>; N] {
+        picked(&mut self, keys)
+    }
+
+    /// Where the next member is, as a place in `whole` (the text this one's was cut from); `None` when it is
+    /// no part of it. Two object reads of one text with the same place read the same members.
+    pub fn place_in(&self, whole: &[u8]) -> Option<usize> {
+        let at = (self.b.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?.checked_add(self.at)?;
+        (at <= whole.len()).then_some(at)
+    }
 }
 
 impl<'a> Iterator for Members<'a> {
