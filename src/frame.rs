@@ -880,7 +880,8 @@ pub struct Reader {
 /// The most members of an object whose places are kept ([`Frame::pick_kept`]): a longer one is gone over per
 /// layer that asks (ACP's updates and Coda's reports have a dozen at most).
 const MEMBERS_MAX: usize = 64;
-/// The longest line whose update's places are kept, and which is held with them until the next is asked for.
+/// The longest line whose object's places are kept ([`Frame::pick_kept`]), and which is held with them until the
+/// next is asked for.
 const MEMBERS_LINE_MAX: usize = 1 << 20;
 
 /// A member of an object of a frame as places in its line: its key with its quotes, and its value.
