@@ -359,8 +359,9 @@ impl Frame {
         {
             return Frame::built(bytes);
         }
-        // (The line stays UTF-8 when what was written in is.)
-        let utf8 = match self.flags & UTF8 != 0 && utf8 {
+        // (The line stays UTF-8 when what was written in is, in place of whole characters.)
+        let starts_character = |at: usize| line.get(at).is_none_or(|&c| (c as i8) >= -0x40);
+        let utf8 = match self.flags & UTF8 != 0 && utf8 && starts_character(cut.start) && starts_character(cut.end) {
             true => UTF8,
             false => 0,
         };
@@ -548,7 +549,18 @@ impl Frame {
     /// The frame's value read where it lies ([`json::View`]): for a layer that needs a field or two of a frame
     /// it otherwise passes on, found without parsing the rest (and without [`Frame::value`]'s allocations).
     pub fn view(&self) -> json::View<'_> {
-        json::View::of(self.bytes())
+        let text = json::View::of(self.bytes()).text();
+        // SAFETY: as in `Frame::view_at`; `text` is the line without the white space around it.
+        unsafe { json::View::exact_in(text, self.flags & UTF8 != 0) }
+    }
+
+    /// The value whose text is the line's bytes `range` (a place the frame check or a walk of the line noted),
+    /// read as a part of a UTF-8 text when the frame check found the line so ([`UTF8`]): a layer's read of a
+    /// string of it is not checked again ([`json::View::as_str`]).
+    fn view_at(&self, range: std::ops::Range<usize>) -> json::View<'_> {
+        // SAFETY: `UTF8` is set only on a line the frame check found UTF-8, and on a splice of UTF-8 into such a
+        // line in place of whole characters (`Frame::splice`); the bytes are a part of the line.
+        unsafe { json::View::exact_in(&self.bytes()[range], self.flags & UTF8 != 0) }
     }
 
     /// `params._meta` when it is an object (the stamps some agents put on every frame: Grok's
@@ -558,7 +570,7 @@ impl Frame {
         match (self.meta_start as usize, self.meta_len) {
             (_, 0) => None,
             (_, u16::MAX) => self.view().pointer(&["params", "_meta"]),
-            (start, len) => Some(json::View::exact(&self.bytes()[start..start + usize::from(len)])),
+            (start, len) => Some(self.view_at(start..start + usize::from(len))),
         }
     }
 
@@ -569,7 +581,7 @@ impl Frame {
         match (self.update_start as usize, self.update_len) {
             (_, 0) => None,
             (_, u16::MAX) => self.view().pointer(&["params", "update"]).filter(|u| u.text().first() == Some(&b'{')),
-            (start, len) => Some(json::View::exact(&self.bytes()[start..start + usize::from(len)])),
+            (start, len) => Some(self.view_at(start..start + usize::from(len))),
         }
     }
 
@@ -627,7 +639,7 @@ impl Frame {
             for m in places.iter() {
                 let key = json::Key::of(&line[m.key.clone()], m.escaped);
                 if let Some(k) = keys.iter().position(|name| key.is(name)) {
-                    found[k] = Some(json::View::exact(&line[m.value.clone()]));
+                    found[k] = Some(self.view_at(m.value.clone()));
                 }
             }
             Some(found)
@@ -1526,6 +1538,20 @@ pub(crate) mod tests {
         assert_eq!(parts.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [Some("aé日c")]);
         assert_eq!(f.session().as_deref(), Some("abc"));
         assert_eq!(f.key_strings(&SESSION_KEY).collect::<Vec<_>>(), [Some("abc")]);
+        // UTF-8 in place of part of a character leaves the line no UTF-8: its strings, as the session id and
+        // as views give them ([`json::View::as_str`]), are checked, and read as none.
+        let line = r#"{"jsonrpc":"2.0","method":"m","params":{"sessionId":"a日c","update":{"sessionUpdate":"x"}}}"#;
+        let f = Frame::parse(line.as_bytes().to_vec()).unwrap();
+        let at = line.find("日").unwrap();
+        for cut in [at + 1..at + 2, at..at + 1, at + 2..at + 3] {
+            let spliced = f.spliced(cut.clone(), "é".as_bytes());
+            assert_eq!(spliced.flags & UTF8, 0, "{cut:?}");
+            assert_eq!(spliced.session(), None, "{cut:?}");
+            assert_eq!(spliced.view().pointer(&["params", "sessionId"]).unwrap().as_str(), None, "{cut:?}");
+        }
+        let whole = f.spliced(at..at + 3, "é".as_bytes());
+        assert!(whole.flags & UTF8 != 0);
+        assert_eq!(whole.view().pointer(&["params", "sessionId"]).and_then(|v| v.as_str()).as_deref(), Some("aéc"));
     }
 
     /// `got` is `want` as frames go: its bytes, kind and flags, and what the frame check found where.
@@ -1670,6 +1696,10 @@ pub(crate) mod tests {
             for (key, want) in keys.into_iter().zip(want) {
                 assert_eq!(f.update_get(key), want);
             }
+            // Each is a part of the line's text (the frame check found it UTF-8): its strings are read as they lie.
+            let picked = f.update_pick(keys).into_iter().chain(f.params_pick(params_keys)).flatten();
+            let views = picked.chain([f.view()]).chain(f.update_value()).chain(f.meta());
+            assert!(views.into_iter().all(|v| v.known_utf8()), "{line}");
         };
         for (n, f) in frames.iter().enumerate() {
             check(f);

@@ -15,10 +15,23 @@ use std::borrow::Cow;
 mod wide;
 
 /// A JSON value as its text in a line the frame check accepted (anything else reads as no value).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub struct View<'a> {
     text: &'a [u8],
+    /// `text` is a part of a UTF-8 text ([`View::of_str`], and every view cut from such a view): a string in it lies
+    /// between two ASCII quotes, where that `str`'s characters start and end, so its text is UTF-8 as it lies
+    /// and [`View::as_str`] does not check it again.
+    utf8: bool,
 }
+
+/// Two views are equal when their texts are (whether either is known UTF-8 is no difference).
+impl PartialEq for View<'_> {
+    fn eq(&self, other: &View<'_>) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for View<'_> {}
 
 impl std::fmt::Debug for View<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -358,13 +371,36 @@ impl<'a> View<'a> {
     pub fn of(text: &'a [u8]) -> View<'a> {
         let start = skip_space(text, 0);
         let end = text.len() - text.iter().rev().take_while(|&&c| space(c)).count();
-        View { text: text.get(start..end.max(start)).unwrap_or_default() }
+        View { text: text.get(start..end.max(start)).unwrap_or_default(), utf8: false }
+    }
+
+    /// [`View::of`] a text known to be UTF-8 (a line the frame check found so): its strings are read as
+    /// they lie, without a UTF-8 check each time a layer reads one ([`View::as_str`]).
+    pub fn of_str(text: &'a str) -> View<'a> {
+        View { utf8: true, ..View::of(text.as_bytes()) }
     }
 
     /// The value `text` is, when it has no white space around it (an object or a string whose place the
     /// frame check noted, from its first byte to its last): [`View::of`] without the look for white space.
     pub(crate) fn exact(text: &'a [u8]) -> View<'a> {
-        View { text }
+        View { text, utf8: false }
+    }
+
+    /// [`View::exact`], of bytes that are a part of a UTF-8 text when `utf8` (as [`View::of_str`]; a part
+    /// cut anywhere: the strings in it lie between ASCII quotes).
+    ///
+    /// # Safety
+    ///
+    /// With `utf8`, `text` must be a part of a text that is UTF-8: [`View::as_str`] takes the bytes between
+    /// two of its quotes as they lie.
+    pub(crate) unsafe fn exact_in(text: &'a [u8], utf8: bool) -> View<'a> {
+        View { text, utf8 }
+    }
+
+    /// Whether the view is a part of a text known UTF-8 (for a test of where views are made).
+    #[cfg(test)]
+    pub(crate) fn known_utf8(&self) -> bool {
+        self.utf8
     }
 
     /// The value's JSON text, as it is in the frame.
@@ -397,7 +433,7 @@ impl<'a> View<'a> {
     pub fn members(&self) -> Members<'a> {
         let b = self.text;
         let at = if b.first() == Some(&b'{') { skip_space(b, 1) } else { b.len() };
-        Members { b, at }
+        Members { b, at, utf8: self.utf8 }
     }
 
     /// The members of the object that is the value of `key` in this object, read from that value's start
@@ -414,13 +450,13 @@ impl<'a> View<'a> {
                 // The object's members up to its closing brace: the text after it is never reached.
                 let inner = &b[start.min(b.len())..];
                 let at = if inner.first() == Some(&b'{') { skip_space(inner, 1) } else { inner.len() };
-                return Members { b: inner, at };
+                return Members { b: inner, at, utf8: self.utf8 };
             }
             let Some(stop) = value_end(b, start) else { break };
             let after = skip_space(b, stop);
             at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
         }
-        Members { b: &[], at: 0 }
+        Members { b: &[], at: 0, utf8: false }
     }
 
     /// The value at `path` (keys of objects, from this one down).
@@ -432,6 +468,13 @@ impl<'a> View<'a> {
     pub fn as_str(&self) -> Option<Cow<'a, str>> {
         let inner = self.text.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
         if !inner.contains(&b'\\') {
+            if self.utf8 {
+                // SAFETY: `self.text` is a part of a UTF-8 text (`utf8` is set only by `View::of_str` and
+                // `View::exact_in`, whose caller vouches for it, and on views cut from such a view), and `inner`
+                // lies between two of its quotes: an ASCII byte of UTF-8 is a whole character, so `inner`
+                // starts and ends where characters do, and is UTF-8.
+                return Some(Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(inner) }));
+            }
             return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
         }
         let mended = super::mend_surrogates(self.text);
@@ -487,7 +530,7 @@ impl<'a> View<'a> {
     pub fn elements(&self) -> Elements<'a> {
         let b = self.text;
         let at = if b.first() == Some(&b'[') { skip_space(b, 1) } else { b.len() };
-        Elements { b, at }
+        Elements { b, at, utf8: self.utf8 }
     }
 
     /// For each element of this array, in their order, the values of `keys` in it as [`View::pick`] finds them
@@ -496,7 +539,7 @@ impl<'a> View<'a> {
     pub fn elements_pick<const N: usize>(&self, keys: [&'a str; N]) -> ElementPicks<'a, N> {
         let b = self.text;
         let at = if b.first() == Some(&b'[') { skip_space(b, 1) } else { b.len() };
-        ElementPicks { b, at, keys }
+        ElementPicks { b, at, keys, utf8: self.utf8 }
     }
 
     /// `true` or `false`.
@@ -526,6 +569,8 @@ pub struct Members<'a> {
     b: &'a [u8],
     /// Where the next member's key is.
     at: usize,
+    /// `b` is a part of a `str` (as [`View`]'s `utf8`).
+    utf8: bool,
 }
 
 impl<'a> Members<'a> {
@@ -566,7 +611,7 @@ impl<'a> Iterator for Members<'a> {
                 if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { after }
             }
         };
-        Some((key, View { text: &b[start..stop] }))
+        Some((key, View { text: &b[start..stop], utf8: self.utf8 }))
     }
 }
 
@@ -575,6 +620,8 @@ pub struct Elements<'a> {
     b: &'a [u8],
     /// Where the next element is.
     at: usize,
+    /// `b` is a part of a `str` (as [`View`]'s `utf8`).
+    utf8: bool,
 }
 
 impl<'a> Iterator for Elements<'a> {
@@ -590,7 +637,7 @@ impl<'a> Iterator for Elements<'a> {
         let stop = value_end(b, start)?;
         let after = skip_space(b, stop);
         self.at = if b.get(after) == Some(&b',') { skip_space(b, after + 1) } else { b.len() };
-        Some(View { text: &b[start..stop] })
+        Some(View { text: &b[start..stop], utf8: self.utf8 })
     }
 }
 
@@ -611,6 +658,8 @@ pub struct ElementPicks<'a, const N: usize> {
     /// Where the next element is.
     at: usize,
     keys: [&'a str; N],
+    /// `b` is a part of a `str` (as [`View`]'s `utf8`).
+    utf8: bool,
 }
 
 impl<'a, const N: usize> Iterator for ElementPicks<'a, N> {
@@ -624,7 +673,7 @@ impl<'a, const N: usize> Iterator for ElementPicks<'a, N> {
         }
         let (found, stop) = if b[start] == b'{' {
             // The object's members, its end where they end (its closing brace), each value skipped once.
-            let mut members = Members { b, at: skip_space(b, start + 1) };
+            let mut members = Members { b, at: skip_space(b, start + 1), utf8: self.utf8 };
             let found = picked(&mut members, self.keys);
             if b.get(members.at) != Some(&b'}') {
                 return None;
@@ -679,7 +728,7 @@ impl<'a> Key<'a> {
     #[cold]
     #[inline(never)]
     fn unescaped_is(&self, name: &str) -> bool {
-        View { text: self.quoted }.as_str().as_deref() == Some(name)
+        View::exact(self.quoted).as_str().as_deref() == Some(name)
     }
 }
 
@@ -861,6 +910,8 @@ mod tests {
             // Numbers and literals that end an array, with sixteen bytes and more after them, and fewer.
             r#"{"n":[1,22,333,-4.5e1,true,false,null],"m":[7],"l":[null ],"pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#,
             r#"{"n":[1,22,333,-4.5e1,true,false,null],"m":[7]}"#,
+            // Coda's instruction: Markdown with CJK text, in strings of every place.
+            "{\"systemPrompt\":\"# 角色\\n\\n你是 Coda 的助手。\\n- 用中文回答\\n- `é` ✓\",\"日本\":[\"語\",{\"키\":\"값\"}],\"e\":\"é\"}",
         ];
         // Strings and containers of every length around the word and the 32 bytes searched in words, with
         // escapes, quotes and brackets at every place in them.
@@ -888,15 +939,20 @@ mod tests {
                 ));
             }
         }
-        for line in lines.iter().copied().chain(made.iter().map(String::as_str)) {
+        // (Each line read as bytes and as a text known UTF-8, whose strings are taken as they lie.)
+        let views = |line: &'static str| [View::of(line.as_bytes()), View::of_str(line)];
+        let made: &'static [String] = made.leak();
+        for view in lines.iter().copied().chain(made.iter().map(String::as_str)).flat_map(views) {
+            let line = std::str::from_utf8(view.text).unwrap();
             let value: Value = super::super::from_slice(&super::super::mend_surrogates(line.as_bytes())).unwrap();
-            let view = View::of(line.as_bytes());
             let mut all = Vec::new();
             paths(&value, &mut Vec::new(), &mut all);
             for path in all {
                 let keys: Vec<&str> = path.iter().map(String::as_str).collect();
                 let want = keys.iter().try_fold(&value, |v, k| v.get(k));
                 let got = view.pointer(&keys);
+                // A view cut from a text known UTF-8 is known so (its strings are read without a check).
+                assert_eq!(got.map(|g| g.utf8), got.map(|_| view.utf8), "{line} at {keys:?}");
                 assert_eq!(got.map(|g| g.to_value()).as_ref(), want, "{line} at {keys:?}");
                 assert_eq!(got.and_then(|g| g.as_str()).as_deref(), want.and_then(Value::as_str), "{keys:?}");
                 assert_eq!(got.and_then(|g| g.as_u64()), want.and_then(Value::as_u64), "{line} at {keys:?}");
@@ -946,6 +1002,14 @@ mod tests {
                     let each: Vec<_> = got.elements().map(|e| e.pick(names).map(|v| v.map(|v| v.text()))).collect();
                     let picks: Vec<_> = got.elements_pick(names).map(|p| p.map(|v| v.map(|v| v.text()))).collect();
                     assert_eq!(picks, each, "{line} at {keys:?}");
+                    let known = |v: View<'_>| v.utf8 == view.utf8;
+                    assert!(got.elements().all(known), "{line} at {keys:?}");
+                    assert!(got.elements_pick(names).flatten().flatten().all(known), "{line} at {keys:?}");
+                    assert!(got.members().all(|(_, v)| known(v)), "{line} at {keys:?}");
+                    let firsts = got.members().map(|(k, _)| k.quoted).collect::<Vec<_>>();
+                    for name in firsts.iter().filter_map(|k| std::str::from_utf8(&k[1..k.len() - 1]).ok()) {
+                        assert!(got.members_at(name).all(|(_, v)| known(v)), "{line} at {keys:?}");
+                    }
                 }
                 // An array's elements, read in one pass, are its values.
                 let elements: Option<Vec<Value>> = got.map(|g| g.elements().map(|e| e.to_value()).collect());
