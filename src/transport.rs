@@ -253,8 +253,9 @@ where
 /// Writes batches of frames (each ending in `\n`) with vectored writes, taking every batch already waiting
 /// into the same write. Ends when the channel closes or the peer stops reading (a write error).
 pub async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
-    while let Some(mut frames) = rx.recv().await {
-        gather(&mut frames, &mut rx);
+    let mut frames = Batch::new();
+    while let Some(first) = rx.recv().await {
+        gather(&mut frames, first, &mut rx);
         for chunk in frames.chunks(IOV_MAX) {
             let mut slices: Vec<IoSlice> = chunk.iter().map(|f| IoSlice::new(f)).collect();
             let mut rest = &mut slices[..];
@@ -265,6 +266,8 @@ pub async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receive
                 }
             }
         }
+        // (Let go at once: a read buffer is reused once every line cut from it is written.)
+        frames.clear();
         w.flush().await?;
     }
     w.shutdown().await
@@ -272,8 +275,9 @@ pub async fn write_frames<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receive
 
 /// [`write_frames`] for a blocking writer (the shim's own stdout, written on a thread of its own).
 pub fn write_frames_blocking<W: std::io::Write>(mut w: W, mut rx: mpsc::Receiver<Batch>) -> std::io::Result<()> {
-    while let Some(mut frames) = rx.blocking_recv() {
-        gather(&mut frames, &mut rx);
+    let mut frames = Batch::new();
+    while let Some(first) = rx.blocking_recv() {
+        gather(&mut frames, first, &mut rx);
         for chunk in frames.chunks(IOV_MAX) {
             let mut slices: Vec<IoSlice> = chunk.iter().map(|f| IoSlice::new(f)).collect();
             let mut rest = &mut slices[..];
@@ -286,6 +290,7 @@ pub fn write_frames_blocking<W: std::io::Write>(mut w: W, mut rx: mpsc::Receiver
                 }
             }
         }
+        frames.clear();
         w.flush()?;
     }
     Ok(())
@@ -294,9 +299,13 @@ pub fn write_frames_blocking<W: std::io::Write>(mut w: W, mut rx: mpsc::Receiver
 /// Bytes gathered for one vectored write, at most (more only when one frame is larger).
 const WRITE_BYTES: usize = 1 << 20;
 
-/// Adds the batches already waiting, up to one vectored write's worth.
-fn gather(frames: &mut Batch, rx: &mut mpsc::Receiver<Batch>) {
-    let mut bytes: usize = frames.iter().map(Bytes::len).sum();
+/// `first`, then the batches already waiting, up to one vectored write's worth, in `frames` (empty): one
+/// list kept for every write, grown to a write's worth once, not grown from the first batch's room each write
+/// (a reallocation and a copy of the list, about 40 instructions a frame).
+fn gather(frames: &mut Batch, first: Batch, rx: &mut mpsc::Receiver<Batch>) {
+    frames.reserve(IOV_MAX.max(first.len()));
+    let mut bytes: usize = first.iter().map(Bytes::len).sum();
+    frames.extend(first);
     while frames.len() < IOV_MAX && bytes < WRITE_BYTES {
         match rx.try_recv() {
             Ok(more) => {
