@@ -119,10 +119,9 @@ pub struct CodexReview {
     order: std::collections::VecDeque<String>,
 }
 
-/// `Status:`, `Risk:` and `Rationale:` of a review's text, and the ACP status of its frame, as a verdict.
-/// `None` when the frame says nothing of the review's state.
-fn verdict_of(update: View<'_>, is_start: bool) -> Option<Verdict> {
-    let [content, acp] = update.pick(["content", "status"]);
+/// `Status:`, `Risk:` and `Rationale:` of a review's text (its update's `content`), and the ACP status of its
+/// frame (`acp`), as a verdict. `None` when the frame says nothing of the review's state.
+fn verdict_of(content: Option<View<'_>>, acp: Option<&str>, is_start: bool) -> Option<Verdict> {
     let text = content.and_then(review_text);
     let mut status = None;
     let mut risk = None;
@@ -147,8 +146,7 @@ fn verdict_of(update: View<'_>, is_start: bool) -> Option<Verdict> {
             at += line.len() + 1;
         }
     }
-    let acp = acp.and_then(|a| a.as_str());
-    let (state, why) = match (status, acp.as_deref()) {
+    let (state, why) = match (status, acp) {
         (Some("Approved"), _) => ("approved", None),
         (Some("Denied"), _) => ("denied", None),
         (Some("Timed out"), _) => ("denied", Some("The automatic review timed out")),
@@ -166,6 +164,14 @@ fn verdict_of(update: View<'_>, is_start: bool) -> Option<Verdict> {
         (None, r) => r.map(str::to_owned),
     };
     Some(Verdict { state, risk, reason: reason.map(capped) })
+}
+
+/// What a review's frame says, of its update's members (read once for the layers that read it:
+/// [`Frame::update_pick`]).
+struct ReviewUpdate<'a> {
+    content: Option<View<'a>>,
+    status: Option<&'a str>,
+    input: Option<View<'a>>,
 }
 
 /// The text block of a review's call (its `content`) that holds its verdict (`Status: …`).
@@ -215,17 +221,18 @@ impl CodexReview {
         CodexReview::default()
     }
 
-    /// A frame of a review's call: never passed on.
-    fn review_frame(&mut self, session: &str, review: &str, is_start: bool, update: View<'_>, cx: &mut Cx) {
+    /// A frame of a review's call (its update's `content`, `status` and `rawInput`): never passed on.
+    fn review_frame(&mut self, session: &str, review: &str, is_start: bool, update: ReviewUpdate<'_>, cx: &mut Cx) {
+        let ReviewUpdate { content, status, input } = update;
         let known = self.sessions.get(session).is_some_and(|s| s.reviews.iter().any(|(k, _)| k == review));
         if !known && !is_start {
             tracing::warn!("codex-acp updated a review whose start the shim did not see; not reported");
             return;
         }
-        let Some(verdict) = verdict_of(update, is_start) else { return };
+        let Some(verdict) = verdict_of(content, status, is_start) else { return };
         let Some(s) = self.session(session) else { return };
         if !known {
-            let action = update.pointer(&["rawInput", "action"]);
+            let action = input.and_then(|i| i.get("action"));
             let [kind, command, cwd] =
                 action.map_or([None, None, None], |a| a.pick(["type", "command", "cwd"]).map(|v| v?.as_str()));
             let command = (kind.as_deref() == Some("command")).then_some((command.as_deref(), cwd.as_deref()));
@@ -323,10 +330,11 @@ impl CodexReview {
         }
         // What is kept of a call, and a review's verdict, read where they lie.
         // (The update's members gone over once with the usage layer's look at the same call.)
-        let update = frame.update_value().unwrap_or(View::of(b"null"));
-        let [id, status, input] = frame.update_pick(["toolCallId", "status", "rawInput"]);
+        // (A review's `content` too: its verdict.)
+        let [id, status, input, content] = frame.update_pick(["toolCallId", "status", "rawInput", "content"]);
         let [id, status] = [id, status].map(|v| v.and_then(|v| v.as_str()));
         if let Some(review) = id.as_deref().filter(|id| id.starts_with(REVIEW_CALL)) {
+            let update = ReviewUpdate { content, status: status.as_deref(), input };
             return self.review_frame(&session, review, is_start, update, cx);
         }
         if is_start {
