@@ -179,6 +179,22 @@ fn sixteen_at_most(sixteen: &[u8], max: u8) -> u32 {
     }
 }
 
+/// The sixteen bytes of `b` from `at`, or, fewer being left, the sixteen that end `b` and how many of them lie
+/// before `at` (their bits shifted out by the caller): an object's last member, which a view of the object
+/// reaches within sixteen bytes of its end, is looked at in one compare too. `None` when `b` is shorter.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn sixteen_from(b: &[u8], at: usize) -> Option<(&[u8], u32)> {
+    match b.get(at..at + 16) {
+        Some(sixteen) => Some((sixteen, 0)),
+        None => {
+            let from = b.len().checked_sub(16)?;
+            // (`at` past `from`: else the sixteen from it were there. Past the end, every bit goes.)
+            Some((&b[from..], (at - from).min(16) as u32))
+        }
+    }
+}
+
 /// Where the string whose text begins at `at` (after its opening quote) ends: its closing quote.
 fn string_end(b: &[u8], at: usize) -> Option<usize> {
     string_end_escaped(b, at).map(|(end, _)| end)
@@ -191,8 +207,8 @@ fn string_end(b: &[u8], at: usize) -> Option<usize> {
 #[inline(always)]
 fn string_end_escaped(b: &[u8], at: usize) -> Option<(usize, bool)> {
     #[cfg(target_arch = "x86_64")]
-    if let Some(sixteen) = b.get(at..at + 16) {
-        let found = sixteen_of(sixteen, [b'"', b'\\']);
+    if let Some((sixteen, before)) = sixteen_from(b, at) {
+        let found = sixteen_of(sixteen, [b'"', b'\\']) >> before;
         let end = at + found.trailing_zeros() as usize;
         if found != 0 && b[end] == b'"' {
             return Some((end, false));
@@ -240,8 +256,8 @@ fn value_end(b: &[u8], at: usize) -> Option<usize> {
             // (all space is below `!`). On x86_64 sixteen bytes at once by SSE2 (most are a few digits), else a
             // byte at a time.
             #[cfg(target_arch = "x86_64")]
-            if let Some(sixteen) = b.get(at..at + 16) {
-                let ends = sixteen_of(sixteen, [b',', b'}', b']']) | sixteen_at_most(sixteen, b' ');
+            if let Some((sixteen, before)) = sixteen_from(b, at) {
+                let ends = (sixteen_of(sixteen, [b',', b'}', b']']) | sixteen_at_most(sixteen, b' ')) >> before;
                 if ends != 0 {
                     return Some(at + ends.trailing_zeros() as usize);
                 }
@@ -822,6 +838,26 @@ mod tests {
         (brackets, quotes)
     }
 
+    /// Where each number and literal outside a string starts, byte by byte.
+    fn scalars(b: &[u8]) -> Vec<usize> {
+        let (mut found, mut inside, mut escaped) = (Vec::new(), false, false);
+        for (k, &c) in b.iter().enumerate() {
+            match (inside, c) {
+                (true, _) if escaped => escaped = false,
+                (true, b'\\') => escaped = true,
+                (true, b'"') => inside = false,
+                (false, b'"') => inside = true,
+                (false, b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
+                    if k == 0 || matches!(b[k - 1], b':' | b',' | b'[' | b' ' | b'\t' | b'\n' | b'\r') {
+                        found.push(k);
+                    }
+                }
+                _ => {}
+            }
+        }
+        found
+    }
+
     #[test]
     fn every_skip_ends_each_string_and_container_where_a_byte_by_byte_walk_ends_it() {
         // The frame check's lines, good ones only, and long ones: strings and containers of every length
@@ -837,8 +873,16 @@ mod tests {
                     lines.push(format!(r#"[{}{line},"{text}",{{}}]"#, " ".repeat(pad)).into_bytes());
                 }
             }
+            // An object whose last members are numbers and literals, as a view of it (its text alone) ends.
+            let digits = "9".repeat(n % 23 + 1);
+            for last in [&*digits, "-0.5e-3", "true", "false", "null"] {
+                lines.push(format!(r#"{{"sessionUpdate":"usage_update","used":{digits},"size":{last}}}"#).into_bytes());
+                lines.push(format!(r#"{{"k":[{last},{digits} , {last}]}}"#).into_bytes());
+                lines.push(format!(r#"{{"k":{last}}}"#).into_bytes());
+                lines.push(last.as_bytes().to_vec());
+            }
         }
-        let mut compared = [0usize; 2];
+        let mut compared = [0usize; 3];
         for b in &lines {
             let (brackets, quotes) = starts(b);
             for at in brackets {
@@ -864,8 +908,14 @@ mod tests {
                 assert_eq!(string_end_loop(b, at + 1), want, "{} at {at}", String::from_utf8_lossy(b));
                 compared[1] += 1;
             }
+            // Numbers and literals, up to a comma, a closing bracket or space, or the text's end.
+            for at in scalars(b) {
+                let want = at + b[at..].iter().take_while(|&&c| c > b' ' && !matches!(c, b',' | b'}' | b']')).count();
+                assert_eq!(value_end(b, at), Some(want), "{} at {at}", String::from_utf8_lossy(b));
+                compared[2] += 1;
+            }
         }
-        assert!(compared[0] > 10_000 && compared[1] > 10_000, "{compared:?}");
+        assert!(compared.iter().all(|&n| n > 10_000), "{compared:?}");
     }
 
     #[test]
