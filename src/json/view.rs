@@ -847,10 +847,10 @@ mod tests {
                 (true, b'\\') => escaped = true,
                 (true, b'"') => inside = false,
                 (false, b'"') => inside = true,
-                (false, b'-' | b'0'..=b'9' | b't' | b'f' | b'n') => {
-                    if k == 0 || matches!(b[k - 1], b':' | b',' | b'[' | b' ' | b'\t' | b'\n' | b'\r') {
-                        found.push(k);
-                    }
+                (false, b'-' | b'0'..=b'9' | b't' | b'f' | b'n')
+                    if k == 0 || matches!(b[k - 1], b':' | b',' | b'[' | b' ' | b'\t' | b'\n' | b'\r') =>
+                {
+                    found.push(k)
                 }
                 _ => {}
             }
