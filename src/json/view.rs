@@ -19,7 +19,7 @@ mod wide;
 pub struct View<'a> {
     text: &'a [u8],
     /// `text` is a part of a UTF-8 text ([`View::of_str`], and every view cut from such a view): a string in it lies
-    /// between two ASCII quotes, where that `str`'s characters start and end, so its text is UTF-8 as it lies
+    /// between two ASCII quotes, where that text's characters start and end, so its text is UTF-8 as it lies
     /// and [`View::as_str`] does not check it again.
     utf8: bool,
 }
@@ -585,7 +585,7 @@ pub struct Members<'a> {
     b: &'a [u8],
     /// Where the next member's key is.
     at: usize,
-    /// `b` is a part of a `str` (as [`View`]'s `utf8`).
+    /// `b` is a part of a UTF-8 text (as [`View`]'s `utf8`).
     utf8: bool,
 }
 
@@ -636,7 +636,7 @@ pub struct Elements<'a> {
     b: &'a [u8],
     /// Where the next element is.
     at: usize,
-    /// `b` is a part of a `str` (as [`View`]'s `utf8`).
+    /// `b` is a part of a UTF-8 text (as [`View`]'s `utf8`).
     utf8: bool,
 }
 
@@ -674,7 +674,7 @@ pub struct ElementPicks<'a, const N: usize> {
     /// Where the next element is.
     at: usize,
     keys: [&'a str; N],
-    /// `b` is a part of a `str` (as [`View`]'s `utf8`).
+    /// `b` is a part of a UTF-8 text (as [`View`]'s `utf8`).
     utf8: bool,
 }
 
