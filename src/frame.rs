@@ -805,7 +805,8 @@ impl Needle {
         self.0.find(haystack)
     }
 
-    /// Where the needle starts in `haystack`, each place (overlapping ones too), in order.
+    /// Where the needle starts in `haystack`, in order: each place after the end of the one before (a search
+    /// goes on past what it found; no needle the layers look for can overlap itself in a line of JSON).
     pub fn places(&'static self, haystack: &[u8]) -> Vec<usize> {
         self.each_in(haystack).collect()
     }
