@@ -15,8 +15,9 @@
 //!   parent outside any Coda turn. The first such output makes a background wait `handling` (the one whose
 //!   child finished first, else the oldest); it is `done` when OpenCode's server says the parent is idle
 //!   again (plus [`IDLE_GRACE`] for frames still on their way), or, without the server, after [`QUIET`] of
-//!   quiet (OpenCode does not say whether the child failed). A child that ends while a Coda turn runs is
-//!   folded into that turn by OpenCode and is not seen; its wait stays `waiting` until the process ends.
+//!   quiet (OpenCode does not say whether the child failed). A child that ends while a Coda turn runs may be
+//!   folded into that turn by OpenCode (seen live: no turn of its own follows): its wait is `done` [`QUIET`]
+//!   after that turn's answer, unless a turn of OpenCode's own on the parent takes it up first.
 //! - Without the server (an agent command without `--port`) children are named when the task call
 //!   completes, as before: foreground children's permission requests then still hang.
 //!
@@ -53,6 +54,9 @@ pub enum Tick {
     Quiet(u64),
     /// [`IDLE_GRACE`] after OpenCode said a handled parent is idle.
     Idle(u64),
+    /// [`QUIET`] after the answer to a Coda turn in which background children finished (with the number of
+    /// that answer, [`Handling::folds`]): those OpenCode took up in no turn of its own are done.
+    Folded(u64),
 }
 
 /// Starts reading OpenCode's server (or a replay's events file) on a thread of its own and returns: the set-up's
@@ -275,6 +279,11 @@ struct Handling {
     seen: u64,
     quiet_pending: bool,
     idle_pending: bool,
+    /// Background calls whose child OpenCode's server saw finish before the answer to a Coda turn of their
+    /// session, with the number of that answer: OpenCode may have folded the child's result into the turn.
+    folded: Vec<((String, String), u64)>,
+    /// Answers to Coda turns that left such calls.
+    folds: u64,
 }
 
 /// Starts reading OpenCode's server once `initialize` is answered (its server is up by then; a connection
@@ -660,6 +669,56 @@ impl OpenCodeActivity {
         }
     }
 
+    /// A Coda turn of `session` is answered: a background call whose child finished during it (OpenCode's
+    /// server said the child is idle) may have had its result folded into the turn, and then no turn of
+    /// OpenCode's own ever takes it up. It is done after [`QUIET`] unless one does ([`OpenCodeActivity::folded`]).
+    fn coda_turn_answered(&mut self, session: &str, cx: &mut Cx) {
+        let h = &mut self.handling;
+        let (handled, folded) = (h.by_session.get(session), &h.folded);
+        let finished: Vec<(String, String)> = (self.tasks.by_call.iter())
+            .filter(|(key, t)| {
+                t.session == session
+                    && t.background
+                    && t.finished
+                    && Some(*key) != handled
+                    && !folded.iter().any(|(k, _)| k == *key)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if !finished.is_empty() {
+            h.folds += 1;
+            h.folded.extend(finished.into_iter().map(|key| (key, h.folds)));
+            cx.after(QUIET, Tick::Folded(h.folds));
+        }
+    }
+
+    /// [`QUIET`] after the answer numbered `n`: each call it left that is still open is done, unless its
+    /// session is busy now (a turn of OpenCode's own handling it or another call, or a new Coda turn): then it
+    /// is looked at again [`QUIET`] later.
+    fn folded(&mut self, n: u64, cx: &mut Cx) {
+        let (due, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.handling.folded).into_iter().partition(|(_, answer)| *answer <= n);
+        self.handling.folded = later;
+        let mut again = false;
+        for (key, _) in due {
+            let session = &key.0;
+            if !self.tasks.by_call.contains_key(&key) {
+                continue;
+            }
+            if self.handling.by_session.contains_key(session) || self.runs.busy.get(session) == Some(&true) {
+                self.handling.folded.push((key, self.handling.folds + 1));
+                again = true;
+                continue;
+            }
+            self.tasks.close(&key);
+            self.report(&Wait::new(&key.0, &key.1, State::Done), cx);
+        }
+        if again {
+            self.handling.folds += 1;
+            cx.after(QUIET, Tick::Folded(self.handling.folds));
+        }
+    }
+
     /// A client prompt (the stack's request table has its session).
     fn client_prompt(&mut self, frame: &Frame, cx: &mut Cx) {
         let request = frame.id().and_then(|id| cx.request_of(id));
@@ -719,10 +778,12 @@ impl Layer for OpenCodeActivity {
                 let request = cx.answer_to(&frame).map(|r| (r.method.clone(), r.session().map(str::to_owned)));
                 if let Some((method, Some(sid))) = &request
                     && method == "session/prompt"
-                    && self.runs.coda_run.get(sid) == Some(&false)
                 {
-                    // A turn that never ran (a swallowed command): nothing of Coda's is left to end.
-                    self.runs.coda_run.remove(sid);
+                    if self.runs.coda_run.get(sid) == Some(&false) {
+                        // A turn that never ran (a swallowed command): nothing of Coda's is left to end.
+                        self.runs.coda_run.remove(sid);
+                    }
+                    self.coda_turn_answered(sid, cx);
                 }
                 if request.is_some_and(|(method, _)| method == "initialize") {
                     if let Some(start) = self.reader.start.take() {
@@ -772,6 +833,7 @@ impl Layer for OpenCodeActivity {
         self.runs.own_runs.retain(|session, _| !gone(session));
         self.runs.coda_run.retain(|session, _| !gone(session));
         self.handling.by_session.retain(|session, _| !gone(session));
+        self.handling.folded.retain(|((session, _), _)| !gone(session));
         self.register.forget(gone);
     }
 
@@ -783,6 +845,7 @@ impl Layer for OpenCodeActivity {
             + self.runs.own_runs.len()
             + self.runs.coda_run.len()
             + self.handling.by_session.len()
+            + self.handling.folded.len()
     }
 
     fn on_event(&mut self, event: FromServer, cx: &mut Cx) {
@@ -802,6 +865,7 @@ impl Layer for OpenCodeActivity {
         match tick {
             Tick::Quiet(n) => self.quiet(n, cx),
             Tick::Idle(n) => self.idle(n, cx),
+            Tick::Folded(n) => self.folded(n, cx),
         }
     }
 }
@@ -1165,6 +1229,107 @@ mod tests {
         assert_eq!(rig.agent(chunk(P)).0[0]["state"], "handling");
         assert_eq!(rig.wake_in(), Some(IDLE_GRACE));
         assert_eq!(rig.advance(IDLE_GRACE).0[0]["params"]["state"], "done");
+    }
+
+    /// A background task whose child OpenCode's server saw finish during Coda's turn, then the turn's answer:
+    /// the waits reported with the answer.
+    fn child_finished_in_codas_turn(rig: &mut Rig) -> Vec<Value> {
+        background_task_in_codas_turn(rig);
+        rig.server(status(C, true));
+        rig.server(status(C, false));
+        rig.server(status(P, false));
+        rig.agent(end_turn(2)).0
+    }
+
+    /// As live (a background follow-up whose child finished during Coda's turn): OpenCode folded the child's
+    /// result into that turn and ran none of its own on it. The wait is done [`QUIET`] after the turn's answer.
+    #[test]
+    fn a_child_folded_into_codas_turn_is_done_after_its_answer() {
+        let mut rig = Rig::started();
+        let answer = child_finished_in_codas_turn(&mut rig);
+        assert!(answer.is_empty(), "the answer goes on alone: {answer:?}");
+        assert_eq!(rig.wake_in(), Some(QUIET));
+        assert!(rig.advance(QUIET - Duration::from_millis(1)).0.is_empty());
+        let done = rig.advance(Duration::from_millis(1)).0;
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0]["params"], json!({"sessionId":P,"waitId":"call_1","state":"done"}));
+        // The call is closed: later output of the parent handles nothing, and no wake-up is left.
+        assert!(rig.agent(chunk(P)).0.is_empty());
+        assert_eq!(rig.wake_in(), None);
+        // Another Coda turn running at the look: the call is looked at again once it is over.
+        let mut rig = Rig::started();
+        child_finished_in_codas_turn(&mut rig);
+        rig.prompt(3);
+        rig.server(status(P, true));
+        assert!(rig.advance(QUIET).0.is_empty(), "the parent runs a Coda turn");
+        rig.server(status(P, false));
+        rig.agent(end_turn(3));
+        let done = rig.advance(QUIET).0;
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(done[0]["params"]["state"], "done");
+        assert_eq!(rig.wake_in(), None);
+        // Two children finished in the turn; OpenCode takes one up in a turn of its own that runs past the look:
+        // the other is looked at again, and done once that turn is over.
+        let mut rig = Rig::started();
+        rig.prompt(2);
+        rig.server(status(P, true));
+        for (call, child) in [("call_1", "ses_a"), ("call_2", "ses_b")] {
+            rig.server(ServerEvent::TaskChild { session: P.into(), call: call.into(), child: child.into() });
+            rig.agent(task_running(call, true, None));
+        }
+        rig.server(status("ses_a", false));
+        rig.server(status("ses_b", false));
+        rig.server(status(P, false));
+        rig.agent(end_turn(2));
+        rig.server(status(P, true));
+        assert_eq!(rig.agent(chunk(P)).0, vec![json!({"sessionId":P,"waitId":"call_1","state":"handling"})]);
+        let mut reports = rig.advance(QUIET).0;
+        rig.server(status(P, false));
+        reports.extend(rig.advance(IDLE_GRACE).0);
+        reports.extend(rig.advance(QUIET).0);
+        let states: Vec<Value> = reports.iter().map(|f| json!([f["params"]["waitId"], f["params"]["state"]])).collect();
+        assert_eq!(states, vec![json!(["call_1", "done"]), json!(["call_2", "done"])]);
+        assert_eq!(rig.wake_in(), None);
+    }
+
+    /// A child still running at the answer is no fold: its wait waits for OpenCode's own turn, as before.
+    #[test]
+    fn a_child_still_running_at_codas_answer_waits_for_opencodes_own_turn() {
+        let mut rig = Rig::started();
+        background_task_in_codas_turn(&mut rig);
+        rig.server(status(C, true));
+        rig.server(status(P, false));
+        rig.agent(end_turn(2));
+        assert_eq!(rig.wake_in(), None);
+        rig.server(status(C, false));
+        rig.server(status(P, true));
+        assert_eq!(rig.agent(chunk(P)).0, vec![json!({"sessionId":P,"waitId":"call_1","state":"handling"})]);
+        rig.server(status(P, false));
+        assert_eq!(rig.advance(IDLE_GRACE).0[0]["params"]["state"], "done");
+    }
+
+    /// A child that finished during Coda's turn whose result OpenCode takes up in a turn of its own after the
+    /// answer: handled, then done once, when the parent is idle (the look [`QUIET`] after the answer finds the
+    /// call closed); and while OpenCode's turn still runs at that look, it is looked at again, not settled.
+    #[test]
+    fn a_finished_child_opencode_takes_up_after_codas_answer_is_done_once() {
+        for long_turn in [false, true] {
+            let mut rig = Rig::started();
+            child_finished_in_codas_turn(&mut rig);
+            rig.server(status(P, true));
+            assert_eq!(rig.agent(chunk(P)).0[0]["state"], "handling");
+            let mut states = Vec::new();
+            if long_turn {
+                // OpenCode's turn runs past the look: the call is its, not settled by it.
+                states.extend(rig.advance(QUIET).0.iter().map(|f| f["params"]["state"].clone()));
+                assert_eq!(rig.wake_in(), Some(QUIET), "looked at again later");
+            }
+            rig.server(status(P, false));
+            states.extend(rig.advance(IDLE_GRACE).0.iter().map(|f| f["params"]["state"].clone()));
+            states.extend(rig.advance(QUIET * 2).0.iter().map(|f| f["params"]["state"].clone()));
+            assert_eq!(states, vec![json!("done")], "long turn: {long_turn}");
+            assert_eq!(rig.wake_in(), None);
+        }
     }
 
     #[test]
