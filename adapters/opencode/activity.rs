@@ -55,7 +55,7 @@ pub enum Tick {
     /// [`IDLE_GRACE`] after OpenCode said a handled parent is idle.
     Idle(u64),
     /// [`QUIET`] after the answer to a Coda turn in which background children finished (with the number of
-    /// that answer, [`Handling::folds`]): those OpenCode took up in no turn of its own are done.
+    /// that answer, `Handling::folds`): those OpenCode took up in no turn of its own are done.
     Folded(u64),
 }
 
