@@ -42,7 +42,9 @@ use crate::adapters::opencode::record::Record;
 use crate::adapters::opencode::server::{FromServer, ServerEvent};
 use crate::file_log::FileLog;
 
-/// Without OpenCode's server: how long the parent must stay quiet before its own turn counts as over.
+/// How long the layer waits on OpenCode: without its server, how long the parent must stay quiet before its own
+/// turn counts as over (with it, a handled parent still running is waited for again); and after a Coda turn's
+/// answer, how long a child that finished during it may wait for a turn of OpenCode's own before it is done.
 pub const QUIET: Duration = Duration::from_secs(10);
 /// After OpenCode's server says the parent is idle: its last frames may still be on their way over ACP.
 pub const IDLE_GRACE: Duration = Duration::from_millis(300);
