@@ -1,11 +1,26 @@
 //! The one log writer: a file the shim writes for the replay tools (`CODA_KIMI_RECORD`, `CODA_KIMI_TOOK`,
-//! `CODA_OPENCODE_TOOK`, `CODA_OPENCODE_RECORD`):
+//! `CODA_OPENCODE_TOOK`, `CODA_OPENCODE_RECORD`, `CODA_CODEX_RECORD`):
 //! one JSON line a record, private to the user (`src/private_file.rs`), written in order by a thread of the
 //! log's own (started at set-up), so the relay loop never waits on the disk. A layer only makes the lines.
 
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// One record of a file log of what the shim read (fixtures/README.md): `op` on `path` at `at`, its `bytes` as
+/// `data` when they are UTF-8 text, else as `base64`.
+pub fn file_op(at: SystemTime, op: &str, path: &str, bytes: &[u8]) -> serde_json::Value {
+    let ts = humantime::format_rfc3339_micros(at).to_string();
+    match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::json!({ "ts": ts, "op": op, "path": path, "data": text }),
+        Err(_) => {
+            use base64::Engine as _;
+            let base64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+            serde_json::json!({ "ts": ts, "op": op, "path": path, "base64": base64 })
+        }
+    }
+}
 
 /// Where the records go: the writer thread's queue.
 pub struct FileLog {
@@ -22,6 +37,15 @@ type Shared = Arc<Mutex<Box<dyn Write + Send>>>;
 pub struct Direct(Shared);
 
 impl Direct {
+    /// Records the file at `path` as a job read it for the session Coda opened at `at`: a `replace` with its
+    /// `lines` (each ended by a newline), marked `"at":"open"` (it was there before the CLI's answer).
+    pub fn opened(&self, at: SystemTime, path: &Path, lines: &[Vec<u8>]) {
+        let text: Vec<u8> = lines.iter().flat_map(|l| l.iter().chain(b"\n")).copied().collect();
+        let mut rec = file_op(at, "replace", &path.to_string_lossy(), &text);
+        rec["at"] = "open".into();
+        self.record(&rec);
+    }
+
     pub fn record(&self, rec: &serde_json::Value) {
         let mut line = rec.to_string().into_bytes();
         line.push(b'\n');

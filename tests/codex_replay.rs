@@ -15,7 +15,7 @@ use coda_shim::coda::waits::Waits;
 use coda_shim::frame::Frame;
 use coda_shim::layer::testing::wall_start;
 use coda_shim::layer::{AnyLayer, Exits, Stack};
-use coda_shim::replay::{Bindings, Normaliser, match_value};
+use coda_shim::replay::{Bindings, FileOp, Normaliser, apply_file_op, match_value};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -258,13 +258,18 @@ fn fixture_codex_version(trace: &Path) -> Option<String> {
 fn replay(name: &str) -> Replay {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/codex").join(name).join("trace.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    // The shim's own request ids carry its pid; the stack in this process uses this pid.
-    let text = text.replace("{{SHIM_PID}}", &std::process::id().to_string());
+    // The shim's own request ids carry its pid; the stack in this process uses this pid. Codex's data folder (a
+    // loaded thread's rollout file) is a fresh one.
+    let home = tempfile::tempdir().expect("a data folder");
+    let text = text
+        .replace("{{SHIM_PID}}", &std::process::id().to_string())
+        .replace("{{CODEX_HOME}}", &home.path().display().to_string());
     // As the binary stacks them: the engine's Waits, Codex's identity (its version probed), Codex's layers.
     let version = fixture_codex_version(&path).unwrap_or_else(|| CODEX_VERSION.into());
     let mut layers: Vec<Box<dyn AnyLayer>> =
         vec![Box::new(Waits::new()), Box::new(Identity::new("codex", Policy::Replace, Some(version)))];
-    layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC, coda_shim::coda::failure::RETRY_PATIENCE, None));
+    let usage = codex::usage::layer(Some(home.path().to_path_buf()), None);
+    layers.extend(codex::below_identity(jiff::tz::TimeZone::UTC, coda_shim::coda::failure::RETRY_PATIENCE, usage));
     let mut stack = Stack::new(layers);
     let mut exits = Exits::default();
     let (mut recorded_client, mut recorded_agent) = (Vec::new(), Vec::new());
@@ -273,7 +278,22 @@ fn replay(name: &str) -> Replay {
     let start = Instant::now();
     for (n, line) in text.lines().enumerate() {
         let record: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{name} line {}: {e}", n + 1));
-        let Some(f) = record.get("frame") else { continue };
+        if let Some(op) = record.get("file") {
+            let op: FileOp =
+                serde_json::from_value(op.clone()).unwrap_or_else(|e| panic!("{name} line {}: {e}", n + 1));
+            apply_file_op(&op).unwrap_or_else(|e| panic!("{name} line {}: {e}", n + 1));
+            if rederive {
+                derived.push(Derived::Input(line.replace(&home.path().display().to_string(), "{{CODEX_HOME}}")));
+            }
+            continue;
+        }
+        let Some(f) = record.get("frame") else {
+            // The recorded shim's name and arguments.
+            if rederive {
+                derived.push(Derived::Input(line.to_owned()));
+            }
+            continue;
+        };
         let t = record["t"].as_u64().unwrap_or(0);
         stack.set_time(start + Duration::from_millis(t), replay_start() + Duration::from_millis(t));
         match record["dir"].as_str() {

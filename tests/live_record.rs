@@ -70,6 +70,8 @@ impl Run {
         if agent == "codex" {
             // coda-codex learns Codex's version from `$CODEX_PATH -V` (the replays use fixtures/codex/codex-cli).
             cmd.env("CODEX_PATH", codex);
+            // The rollout file a load reads: the player re-creates it.
+            cmd.env("CODA_CODEX_RECORD", files_log(trace));
         }
         if agent == "kimi" {
             // Kimi's session files are part of what the shim reads: the player re-creates them.
@@ -127,8 +129,8 @@ fn new_session(run: &mut Run, cwd: &str, instruction: bool) -> String {
     answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
 }
 
-/// Where the Kimi shim logs the session-file changes (the OpenCode shim its server's events) of the run traced into
-/// `trace`.
+/// Where the Kimi shim logs the session-file changes (the Codex shim the rollout file a load read, the OpenCode
+/// shim its server's events) of the run traced into `trace`.
 fn files_log(trace: &Path) -> PathBuf {
     trace.with_extension("files.jsonl")
 }

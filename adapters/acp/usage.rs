@@ -180,7 +180,7 @@ pub fn claude_history(home: &Path, session: &str) -> Facts {
 impl Source for AcpUsage {
     type Event = Infallible;
 
-    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+    fn at_load(&self, session: &str, _: &Value, _: &Cx) -> Option<LoadJob> {
         let (by, home) = self.at_load.as_ref()?;
         let read = match by {
             AtLoad::QwenChats => qwen_history,

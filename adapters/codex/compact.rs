@@ -28,7 +28,7 @@ mod tests {
     /// The compaction layer over the usage facts layer, as in coda-codex's stack: that layer keeps the CLI's
     /// `used`, the compaction's `before`.
     fn started() -> Harness {
-        let facts = crate::adapters::codex::usage::layer(None);
+        let facts = crate::adapters::codex::usage::layer(None, None);
         let mut h = Harness::new(vec![Box::new(Compaction::new(codex_compact())), Box::new(facts)]);
         h.from_client(json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":0,"result":{"agentCapabilities":{"loadSession":true}}}));

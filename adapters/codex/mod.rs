@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
+use crate::cli::adapter::{Adapter, DataHome, SessionFiles, Setup, Tested};
 use crate::cli::program::{FindError, Found, installed, run_for_output};
 use crate::coda::identity::{Identity, Policy, Probed};
 use crate::coda::instruction::Instruction;
@@ -105,15 +105,17 @@ fn layers_over(setup: &mut Setup, home: Option<std::path::PathBuf>) {
         // codex-acp names itself (its npm package) in agentInfo; Coda is to see the Codex CLI.
         Box::new(Identity::awaiting("codex", Policy::Replace, give_up_at))
     });
-    for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience(), home) {
+    let usage = usage::layer(home, setup.log("CODA_CODEX_RECORD"));
+    for layer in below_identity(TimeZone::system(), crate::coda::failure::retry_patience(), usage) {
         setup.push(layer);
     }
 }
 
 /// Codex's layers under its identity layer, nearest the client first: the binary's, and the replays'.
 /// `zone` is the one Codex writes local times in (the machine's: read once, at set-up); `patience` how long Codex
-/// may retry a turn (`coda::failure`); `home` Codex's data folder, where a loaded session's facts are.
-pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path::PathBuf>) -> Vec<Box<dyn AnyLayer>> {
+/// may retry a turn (`coda::failure`); `usage` the usage facts layer (over Codex's data folder, where a loaded
+/// session's facts are).
+pub fn below_identity(zone: TimeZone, patience: Duration, usage: usage::Usage) -> Vec<Box<dyn AnyLayer>> {
     vec![
         Box::new(air::Air::new()),
         Box::new(failure::layer(zone, patience)),
@@ -124,7 +126,7 @@ pub fn below_identity(zone: TimeZone, patience: Duration, home: Option<std::path
         Box::new(crate::coda::steering::Steering::new(CodexSteering)),
         // Below the instruction layer, so that its `/compact` is never the prompt an instruction joins.
         Box::new(crate::coda::compact::Compaction::new(compact::codex_compact())),
-        Box::new(usage::layer(home)),
+        Box::new(usage),
     ]
 }
 
@@ -175,7 +177,9 @@ pub fn adapter() -> Adapter {
             Tested { what: "Codex CLI", version: "0.171.0", package: None, install: INSTALL_171 },
         ],
         data_home: DataHome { var: "CODEX_HOME", default: ".codex", sub: "" },
-        session_files: None,
+        // The rollout file a load reads (`CODA_CODEX_RECORD` logs it for recordings); Codex writes nothing else the
+        // shim reads.
+        session_files: Some(SessionFiles { ignored: &[] }),
         login_hint: "run `codex-acp login`, or set OPENAI_API_KEY",
         default_command: &default_command,
         version: &version,

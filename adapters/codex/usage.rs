@@ -22,7 +22,9 @@
 //! - At load: Codex keeps every thread in its rollout file (`$CODEX_HOME/sessions/YYYY/MM/DD/rollout-…-<thread>.jsonl`,
 //!   the thread being the ACP session): its last `compacted` line's `timestamp` is `compactedAt` ([`history`]).
 //!   The file says when responses came, not when requests left: `lastRequestAt` and `contextTokens` come with the
-//!   session's next request.
+//!   session's next request. With `CODA_CODEX_RECORD` set, what was read of the file is logged for a recording
+//!   (a `replace` of it as it was when Coda's load came: `at: "open"`, fixtures/README.md), so that its replay
+//!   finds the same file.
 //!
 //! Times are `cx.wall()` of the frame that tells them.
 
@@ -35,7 +37,10 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
+use crate::coda::usage::{
+    Fact, Facts, Figures, LoadJob, Said, Source, UsageFacts, history_lines, per_root, plain_name,
+};
+use crate::file_log::{Direct, FileLog};
 use crate::frame::{Frame, Needle};
 use crate::layer::Cx;
 
@@ -103,35 +108,42 @@ impl Session {
 pub struct Codex {
     /// Codex's data folder (`$CODEX_HOME`), where a loaded session's rollout file is.
     home: Option<PathBuf>,
+    /// `CODA_CODEX_RECORD`: what a load read of a rollout file, for recordings.
+    record: Option<FileLog>,
     sessions: HashMap<String, Session>,
 }
 
 /// The rollout file of thread `session` under Codex's data folder `home`: `sessions/YYYY/MM/DD/` (or
 /// `archived_sessions/`), named `rollout-<time>-<session>.jsonl`, opened inside `home` only ([`crate::inside`]: a
-/// link on the way is no folder and no rollout).
-fn rollout(home: &Path, session: &str) -> Option<std::fs::File> {
+/// link on the way is no folder and no rollout); with its path.
+fn rollout(home: &Path, session: &str) -> Option<(PathBuf, std::fs::File)> {
     let suffix = format!("-{session}.jsonl");
     let in_day = |day: &Folder| {
         let entries = day.entries().into_iter();
         let mut rollouts =
             entries.filter(|(n, m)| m.kind == Kind::File && n.starts_with("rollout-") && n.ends_with(&suffix));
-        rollouts.find_map(|(name, _)| day.file(&name).ok())
+        rollouts.find_map(|(name, _)| Some((name.clone(), day.file(&name).ok()?)))
     };
     let folders = |f: &Folder| {
         let names: Vec<String> =
             f.entries().into_iter().filter(|(_, m)| m.kind == Kind::Folder).map(|(n, _)| n).collect();
-        names.into_iter().filter_map(|n| f.folder(&n).ok()).collect::<Vec<_>>()
+        let open = |n: String| {
+            let folder = f.folder(&n).ok()?;
+            Some((n, folder))
+        };
+        names.into_iter().filter_map(open).collect::<Vec<_>>()
     };
+    let home_path = home;
     let home = Folder::open(&std::fs::canonicalize(home).ok()?).ok()?;
-    if let Some(file) = home.folder("archived_sessions").ok().and_then(|d| in_day(&d)) {
-        return Some(file);
+    if let Some((name, file)) = home.folder("archived_sessions").ok().and_then(|d| in_day(&d)) {
+        return Some((home_path.join("archived_sessions").join(name), file));
     }
     let sessions = home.folder("sessions").ok()?;
-    for year in folders(&sessions) {
-        for month in folders(&year) {
-            for name in month.entries().into_iter().filter(|(_, m)| m.kind == Kind::Folder).map(|(n, _)| n) {
-                if let Some(file) = month.folder(&name).ok().and_then(|d| in_day(&d)) {
-                    return Some(file);
+    for (year, year_folder) in folders(&sessions) {
+        for (month, month_folder) in folders(&year_folder) {
+            for (day, day_folder) in folders(&month_folder) {
+                if let Some((name, file)) = in_day(&day_folder) {
+                    return Some((home_path.join("sessions").join(year).join(month).join(day).join(name), file));
                 }
             }
         }
@@ -141,9 +153,18 @@ fn rollout(home: &Path, session: &str) -> Option<std::fs::File> {
 
 /// What thread `session`'s rollout file under `home` keeps of its facts: the time of its last compaction.
 pub fn history(home: &Path, session: &str) -> Facts {
-    let Some(file) = rollout(home, session) else { return Facts::default() };
+    read_history(home, session, None)
+}
+
+/// [`history`], and with `record`, what was read of the file logged as it was at Coda's load (the time handed in).
+fn read_history(home: &Path, session: &str, record: Option<(Direct, SystemTime)>) -> Facts {
+    let Some((path, file)) = rollout(home, session) else { return Facts::default() };
+    let lines = history_lines(file);
+    if let Some((log, at)) = record {
+        log.opened(at, &path, &lines);
+    }
     let mut facts = Facts::default();
-    for line in history_lines(file) {
+    for line in lines {
         // Only the compactions' lines are parsed.
         if memchr::memmem::find(&line, b"\"compacted\"").is_none() {
             continue;
@@ -177,8 +198,10 @@ impl Source for Codex {
         self.sessions.len()
     }
 
-    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
-        in_folder(self.home.as_deref(), session, history)
+    fn at_load(&self, session: &str, _: &Value, cx: &Cx) -> Option<LoadJob> {
+        let record = self.record.as_ref().map(|log| (log.direct(), cx.wall()));
+        let (home, session) = (self.home.clone()?, plain_name(session)?.to_owned());
+        Some(Box::new(move || read_history(&home, &session, record)))
     }
 
     /// Coda's prompt on its way to codex-acp: the main thread's request starts now (the shim's own `/compact`
@@ -288,9 +311,10 @@ impl Source for Codex {
 /// coda-codex's usage facts layer.
 pub type Usage = UsageFacts<Codex>;
 
-/// The layer over Codex's data folder `home` (`$CODEX_HOME`, read at set-up; None: nothing is read at load).
-pub fn layer(home: Option<PathBuf>) -> Usage {
-    UsageFacts::new(Codex { home, sessions: HashMap::default() })
+/// The layer over Codex's data folder `home` (`$CODEX_HOME`, read at set-up; None: nothing is read at load),
+/// logging what a load read to `record` (`CODA_CODEX_RECORD`).
+pub fn layer(home: Option<PathBuf>, record: Option<FileLog>) -> Usage {
+    UsageFacts::new(Codex { home, record, sessions: HashMap::default() })
 }
 
 #[cfg(test)]
@@ -308,7 +332,7 @@ mod tests {
     }
 
     fn started() -> Harness {
-        let mut h = Harness::of(layer(None));
+        let mut h = Harness::of(layer(None, None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w"}}));
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S}}));
         h.to_client();
@@ -535,12 +559,10 @@ mod tests {
         assert_eq!(h.take().to_client[0].bytes(), tool.as_bytes());
     }
 
-    /// A rollout file as Codex 0.166 writes it (its lines' shapes, from a live run).
-    #[test]
-    fn a_loaded_threads_last_compaction_is_read_from_its_rollout_file() {
-        let home = tempfile::tempdir().unwrap();
-        let id = "01a23ee2-229d-7e22-ad36-a46ef6f094ad";
-        let day = home.path().join("sessions/2026/12/04");
+    /// A rollout file of thread `id` in `home`, compacted once, as Codex 0.166 writes it (its lines' shapes, from
+    /// a live run); its path, text and lines.
+    fn rollout_file(home: &Path, id: &str) -> (PathBuf, String, [Value; 4]) {
+        let day = home.join("sessions/2026/12/04");
         std::fs::create_dir_all(&day).unwrap();
         let lines = [
             json!({"timestamp":"2026-12-04T02:28:58.173Z","type":"session_meta","payload":{"id":id}}),
@@ -549,7 +571,45 @@ mod tests {
             json!({"timestamp":"2026-12-04T02:29:00.068Z","type":"event_msg","payload":{"type":"token_count"}}),
         ];
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        std::fs::write(day.join(format!("rollout-2026-12-04T02-28-57-{id}.jsonl")), text).unwrap();
+        let path = day.join(format!("rollout-2026-12-04T02-28-57-{id}.jsonl"));
+        std::fs::write(&path, &text).unwrap();
+        (path, text, lines)
+    }
+
+    #[test]
+    fn a_recording_logs_the_rollout_a_load_read_as_it_was_at_codas_request() {
+        let home = tempfile::tempdir().unwrap();
+        let id = "01a23ee2-229d-7e22-ad36-a46ef6f094ad";
+        let (path, text, _) = rollout_file(home.path(), id);
+        let log_path = home.path().join("files.jsonl");
+        let log = FileLog::open("CODA_CODEX_RECORD", &log_path).expect("the log");
+        let mut h = Harness::of(layer(Some(home.path().to_path_buf()), Some(log)));
+        h.hold_work();
+        advance(&mut h, 1500);
+        let load = |id: u64, session: &str| json!({"jsonrpc":"2.0","id":id,"method":"session/load","params":{"sessionId":session,"cwd":"/w"}});
+        h.from_client(load(1, id));
+        // The jobs run later: the record carries the time of Coda's request.
+        advance(&mut h, 700);
+        h.from_client(load(2, "01a23ee2-0000-7e22-ad36-a46ef6f094ad"));
+        assert_eq!(h.run_work(), 2);
+        drop(h);
+        let logged = std::fs::read_to_string(&log_path).unwrap();
+        let records: Vec<Value> = logged.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(records.len(), 1, "no record for a thread without a rollout: {logged}");
+        let ts: jiff::Timestamp = records[0]["ts"].as_str().unwrap().parse().unwrap();
+        assert_eq!(SystemTime::from(ts), wall_start() + Duration::from_millis(1500));
+        assert_eq!(
+            (&records[0]["at"], &records[0]["op"], &records[0]["path"], &records[0]["data"]),
+            (&json!("open"), &json!("replace"), &json!(path.to_str().unwrap()), &json!(text))
+        );
+    }
+
+    #[test]
+    fn a_loaded_threads_last_compaction_is_read_from_its_rollout_file() {
+        let home = tempfile::tempdir().unwrap();
+        let id = "01a23ee2-229d-7e22-ad36-a46ef6f094ad";
+        let (_, _, lines) = rollout_file(home.path(), id);
+        let day = home.path().join("sessions/2026/12/04");
         let facts = history(home.path(), id);
         assert_eq!(facts.compacted_at.and_then(iso).as_deref(), Some("2026-12-04T02:29:00.020Z"));
         assert_eq!((facts.last_request_at, facts.context_tokens), (None, None), "Codex keeps no request time");

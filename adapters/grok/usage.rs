@@ -202,7 +202,7 @@ impl Source for Grok {
         self.roots.len()
     }
 
-    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+    fn at_load(&self, session: &str, _: &Value, _: &Cx) -> Option<LoadJob> {
         in_folder(self.home.as_deref(), session, history)
     }
 

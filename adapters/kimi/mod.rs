@@ -33,15 +33,9 @@ fn default_command() -> Result<Found, FindError> {
 /// The environment is read here, once: the layers get what it says.
 fn layers(setup: &mut Setup) {
     let root = watch::data_root(|name| setup.var_os(name));
-    let log = |var: &str| {
-        setup
-            .var_os(var)
-            .filter(|p| !p.is_empty())
-            .and_then(|p| crate::file_log::FileLog::open(var, std::path::Path::new(&p)))
-    };
     let logs = activity::Logs {
-        record: log("CODA_KIMI_RECORD"),
-        took: log("CODA_KIMI_TOOK"),
+        record: setup.log("CODA_KIMI_RECORD"),
+        took: setup.log("CODA_KIMI_TOOK"),
         driven: setup.part::<watch::Driven>().cloned(),
     };
     stack(setup, root, logs);

@@ -10,29 +10,21 @@
 
 use std::time::SystemTime;
 
-use base64::Engine as _;
 use serde_json::json;
 
 use crate::adapters::kimi::watch::{Chunk, Op};
-use crate::file_log::FileLog;
+use crate::file_log::{FileLog, file_op};
 
 /// Writes the records of one scan, or of the snapshot taken when the session was found (`open`), with the
 /// time `at`; the session folder `dir` is the start of each path.
 pub fn chunks(log: &mut FileLog, dir: &str, chunks: &[Chunk], at: SystemTime, open: bool) {
-    let ts = humantime::format_rfc3339_micros(at).to_string();
     for c in chunks {
         let op = match c.op {
             Op::Append => "append",
             Op::Reopen => "write",
             Op::Replace => "replace",
         };
-        let path = format!("{dir}/{}", c.file);
-        let mut rec = match std::str::from_utf8(&c.bytes) {
-            Ok(text) => json!({ "ts": ts, "op": op, "path": path, "data": text }),
-            Err(_) => {
-                json!({ "ts": ts, "op": op, "path": path, "base64": base64::engine::general_purpose::STANDARD.encode(&c.bytes) })
-            }
-        };
+        let mut rec = file_op(at, op, &format!("{dir}/{}", c.file), &c.bytes);
         if open {
             rec["at"] = json!("open");
         }

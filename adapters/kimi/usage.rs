@@ -235,7 +235,7 @@ impl Source for Kimi {
         }
     }
 
-    fn at_load(&self, session: &str, _: &Value) -> Option<LoadJob> {
+    fn at_load(&self, session: &str, _: &Value, _: &Cx) -> Option<LoadJob> {
         let dir = crate::adapters::kimi::watch::locate(self.root.as_deref(), session).ok()?;
         Some(Box::new(move || history(&dir).unwrap_or_default()))
     }

@@ -275,7 +275,7 @@ impl Source for OpenCode {
         self.contexts.kept()
     }
 
-    fn at_load(&self, session: &str, params: &Value) -> Option<LoadJob> {
+    fn at_load(&self, session: &str, params: &Value, _: &Cx) -> Option<LoadJob> {
         let history = self.history.clone()?;
         let (session, directory) = (session.to_owned(), params.get("cwd").and_then(Value::as_str)?.to_owned());
         Some(Box::new(move || history(&session, &directory)))

@@ -207,6 +207,13 @@ impl Setup<'_> {
         }
     }
 
+    /// The file log named by the environment variable `var` (opened now, appended to), when it is set and not
+    /// empty; None, with a warning, when it cannot be opened.
+    pub fn log(&self, var: &str) -> Option<crate::file_log::FileLog> {
+        let path = self.var_os(var).filter(|p| !p.is_empty())?;
+        crate::file_log::FileLog::open(var, std::path::Path::new(&path))
+    }
+
     /// The part of type `T` a test handed in ([`Given::parts`]), if it did.
     pub fn part<T: std::any::Any>(&self) -> Option<&T> {
         self.given?.parts.iter().find_map(|p| (*p as &dyn std::any::Any).downcast_ref::<T>())

@@ -344,8 +344,8 @@ pub trait Source: Send + 'static {
     }
 
     /// The job that reads what the CLI keeps of `session`, which Coda loads or resumes with `params` (its
-    /// `sessionId`, `cwd`); None: nothing to read.
-    fn at_load(&self, _session: &str, _params: &Value) -> Option<LoadJob> {
+    /// `sessionId`, `cwd`), in the context of Coda's request; None: nothing to read.
+    fn at_load(&self, _session: &str, _params: &Value, _cx: &Cx) -> Option<LoadJob> {
         None
     }
 }
@@ -358,12 +358,18 @@ pub fn in_folder(
     session: &str,
     read: fn(&std::path::Path, &str) -> Facts,
 ) -> Option<LoadJob> {
+    let (home, session) = (home?.to_path_buf(), plain_name(session)?.to_owned());
+    Some(Box::new(move || read(&home, &session)))
+}
+
+/// `session` when it can name a file or folder of it: not empty, at most 255 bytes, no `/`, `\` or NUL, not
+/// starting with `.`.
+pub fn plain_name(session: &str) -> Option<&str> {
     let plain = !session.is_empty()
         && session.len() <= 255
         && !session.contains(['/', '\\', '\0'])
         && !session.starts_with('.');
-    let (home, session) = (home?.to_path_buf(), plain.then(|| session.to_owned())?);
-    Some(Box::new(move || read(&home, &session)))
+    plain.then_some(session)
 }
 
 /// The most of a CLI's record of a session read at load: its last 64 MiB.
@@ -789,7 +795,7 @@ impl<S: Source> Layer for UsageFacts<S> {
         if matches!(frame.method(), Some("session/load" | "session/resume"))
             && frame.id().is_some()
             && let Some(session) = session_of(frame.value()).map(str::to_owned)
-            && let Some(job) = self.cli.at_load(&session, frame.value().get("params").unwrap_or(&Value::Null))
+            && let Some(job) = self.cli.at_load(&session, frame.value().get("params").unwrap_or(&Value::Null), cx)
         {
             // Read while the CLI loads; the session is a root once the CLI's answer is in.
             self.loads += 1;
@@ -1216,7 +1222,7 @@ mod tests {
         fn waited_out(&mut self, session: &str) {
             self.waiting.remove(session);
         }
-        fn at_load(&self, _: &str, _: &Value) -> Option<LoadJob> {
+        fn at_load(&self, _: &str, _: &Value, _: &Cx) -> Option<LoadJob> {
             let loaded = self.loaded.clone()?;
             Some(Box::new(move || loaded))
         }
