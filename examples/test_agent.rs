@@ -29,6 +29,7 @@
 //! - Other requests: -32601. `--version` prints `test-agent 9.9.9`.
 //! - Env `TEST_AGENT_NO_COMMANDS=1` sends no `available_commands_update`.
 //! - Env `TEST_AGENT_IGNORE_EOF=1` keeps running after stdin closes; `TEST_AGENT_IGNORE_TERM=1` ignores SIGTERM.
+//! - Env `TEST_AGENT_DIE_WITH_PARENT=1` exits within a millisecond of its parent's death, as Grok Build does.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -50,6 +51,17 @@ fn main() {
         unsafe {
             let _ = nix::sys::signal::signal(nix::sys::signal::Signal::SIGTERM, nix::sys::signal::SigHandler::SigIgn);
         }
+    }
+    if std::env::var_os("TEST_AGENT_DIE_WITH_PARENT").is_some() {
+        // Polled, as a CLI on macOS (no parent-death signal) must: once the parent is gone, this process has
+        // been re-parented and its parent id changes.
+        let parent = nix::unistd::getppid();
+        std::thread::spawn(move || {
+            while nix::unistd::getppid() == parent {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::process::exit(0);
+        });
     }
     let commands: Vec<Value> = std::env::var("TEST_AGENT_COMMANDS")
         .unwrap_or_else(|_| "init,review".into())

@@ -88,13 +88,16 @@ pub struct Agent {
     watchdog: Option<Watchdog>,
 }
 
-/// Starts the child in a process group of its own with env and cwd inherited (plus `env`), and a watchdog
-/// in that group (src/watchdog.rs). Where the watchdog cannot start, a warning says what is lost.
+/// Starts the child in a process group of its own with env and cwd inherited (plus `env`, and the tag the
+/// watchdog finds what it started by), and a watchdog in that group (src/watchdog.rs). Where the watchdog
+/// cannot start, a warning says what is lost.
 pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Result<Agent> {
+    let tag = crate::watchdog::tag();
     let mut command = Command::new(&cmd.program);
     command
         .args(&cmd.args)
         .envs(env.iter().map(|(k, v)| (k, v)))
+        .env(crate::watchdog::TAG_VAR, &tag)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -102,15 +105,17 @@ pub fn spawn(cmd: &AgentCommand, env: &[(OsString, OsString)]) -> std::io::Resul
     let mut child = command.spawn()?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     let watchdog = match (child.id(), child.stdin.as_ref()) {
-        (Some(pid), Some(stdin)) => match stdin.as_fd().try_clone_to_owned().and_then(|s| Watchdog::start(pid, s)) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it"
-                );
-                None
+        (Some(pid), Some(stdin)) => {
+            match stdin.as_fd().try_clone_to_owned().and_then(|s| Watchdog::start(pid, &tag, s)) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot start the watchdog ({e}): if the shim is killed, the agent's processes survive it"
+                    );
+                    None
+                }
             }
-        },
+        }
         _ => None,
     };
     let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())

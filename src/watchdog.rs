@@ -13,10 +13,17 @@
 //!
 //! Real CLIs run their shell commands in sessions of their own (`setsid`, or a sandbox that does; checked
 //! live with each wrapped CLI), out of reach of any signal to the CLI's group. So the watchdog first
-//! SIGKILLs every descendant of the CLI, and the group each of them leads, found through their parent
-//! links in `ps` (twice, for what was starting meanwhile); then its own group. (It does not SIGSTOP the
-//! CLI first: once the shim is gone the CLI's group is orphaned, and the kernel sends SIGHUP to an
-//! orphaned group with a stopped member, which would end the CLI and break the parent links.)
+//! SIGKILLs every descendant of the CLI, and the group each of them leads, found in `ps` (twice, for what
+//! was starting meanwhile); then its own group. (It does not SIGSTOP the CLI first: once the shim is gone
+//! the CLI's group is orphaned, and the kernel sends SIGHUP to an orphaned group with a stopped member,
+//! which would end the CLI and break the parent links.)
+//!
+//! A descendant is found two ways. By its parent links, which hold only while its parents live; and by
+//! its environment: the CLI starts with [`TAG_VAR`] set to a tag of this run alone, which every process
+//! it starts inherits, and `ps` shows a process's environment (`-E` on macOS, `e` on Linux) where the
+//! system lets it (on Linux, every process of the user; macOS hides that of its own signed programs, such
+//! as `/bin/sleep`). The tag finds what a CLI that dies with its parent leaves behind: Grok Build ends
+//! itself the moment the shim dies, and its commands are re-parented to init before the watchdog looks.
 //!
 //! Parent links hold only while the CLI lives, so the watchdog also holds a copy of the CLI's stdin: when
 //! the shim dies, the CLI does not see end-of-file (and exit, orphaning its commands) before the watchdog
@@ -31,25 +38,68 @@
 //! writes nothing there), its stderr /dev/null: it holds none of the CLI's output, so the shim still sees
 //! the CLI's end-of-file.
 //!
-//! Out of reach: a process that left the group (`setsid`, `setpgid`) and whose chain of parents to the
-//! CLI was broken before the watchdog (or the shim, at a normal end) looked.
+//! Out of reach: a process that left the group (`setsid`, `setpgid`), whose chain of parents to the CLI
+//! was broken before the watchdog (or the shim, at a normal end) looked, and whose environment `ps` does
+//! not show or no longer holds the tag (a command started with a cleared environment).
 
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 
 const SHELL: &str = "/bin/sh";
-/// `$1` is the CLI's pid. What the shim writes: `mark PID:PGID ...` (the CLI's descendants when the
-/// session ends, to kill if they outlive the CLI); `release` (let go of the CLI's stdin, so that the CLI
-/// sees it close); `exited` (the CLI is gone: its pid may be reused, so never look for it again). At
-/// end-of-file: kill the CLI's descendants (twice, for what was starting meanwhile) while it lives, then the marked processes still in the group they were marked in, then the watchdog's own
-/// group. A descendant that leads its process group is killed with its group.
-const SCRIPT: &str = r#"trap '' HUP INT QUIT TERM
-descendants() {
-  ps -A -o pid= -o ppid= -o pgid= | awk -v root="$1" '
-    { parent[$1] = $2; group[$1] = $3 }
+
+/// The variable in the CLI's environment that marks it and everything it starts as this run's: its value
+/// is [`tag`]'s.
+pub const TAG_VAR: &str = "CODA_SHIM_TAG";
+
+/// A tag no other run of the shim on this machine has: the shim's pid, its clock's nanoseconds and a
+/// count of the CLIs it started, in hexadecimal (digits, `a-f` and `-`: safe in a shell word).
+pub fn tag() -> String {
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{:x}-{nanos:x}-{n:x}", std::process::id())
+}
+
+/// The awk program that reads `ps`'s table (pid, ppid, pgid, then the command and its environment where
+/// `ps` shows it) and prints `PID:PGID` of each descendant of `root` (by parent links; none when `root` is
+/// empty) and of each process other than `root` whose line holds ` NAME=TAG` followed by a space or the
+/// line's end (none when `tag` is empty). A macro so that the script and its test share one text.
+macro_rules! find_descendants {
+    () => {
+        r#"
+    { parent[$1] = $2; group[$1] = $3
+      if (tag != "" && $1 != root) { s = $0; k = " " name "=" tag
+        while ((i = index(s, k)) > 0) { c = substr(s, i + length(k), 1)
+          if (c == "" || c == " ") { tagged[$1] = 1; break }
+          s = substr(s, i + 1) } } }
     END { for (p in parent) { q = p; n = 0
-            while ((q in parent) && q != root && n++ < 4096) q = parent[q]
-            if (q == root && p != root) print p ":" group[p] } }'
+            if (root != "") while ((q in parent) && q != root && n++ < 4096) q = parent[q]
+            if ((root != "" && q == root && p != root) || (p in tagged)) print p ":" group[p] } }"#
+    };
+}
+
+/// `$1` is the CLI's pid, `$2` its tag, `$3` the tag's variable ([`TAG_VAR`]). What the shim
+/// writes: `mark PID:PGID ...` (the CLI's descendants when the session ends, to kill if they outlive the
+/// CLI); `release` (let go of the CLI's stdin, so that the CLI sees it close); `exited` (the CLI is gone:
+/// its pid may be reused, so never look for it by its pid again). At end-of-file: kill the CLI's
+/// descendants (twice, for what was starting meanwhile), those found by parent links while the CLI lives
+/// and those carrying the tag, then the marked processes still in the group they were marked in, then the
+/// watchdog's own group. A descendant that leads its process group is killed with its group.
+///
+/// `ps` is asked for environments as macOS (`-E`), then as Linux (`e`) spells it, and without them where
+/// neither is known. The tag is matched as `NAME=TAG` followed by a space or the line's end: `awk` gets the
+/// name and the tag apart, so no process's arguments (this script's, awk's) hold them joined.
+const SCRIPT: &str = concat!(
+    r#"trap '' HUP INT QUIT TERM
+table() {
+  ps -A -ww -E -o pid= -o ppid= -o pgid= -o command= 2>/dev/null ||
+    ps -A -ww -o pid= -o ppid= -o pgid= -o args= e 2>/dev/null ||
+    ps -A -o pid= -o ppid= -o pgid=
+}
+descendants() {
+  table | awk -v root="$1" -v name="$3" -v tag="$2" '"#,
+    find_descendants!(),
+    r#"'
 }
 end() {
   for rec in $1; do
@@ -58,8 +108,9 @@ end() {
     kill -s KILL "$pid" 2>/dev/null
   done
 }
-cli=$1
+cli=$1 tag=$2
 case $cli in ''|*[!0-9]*) cli= ;; esac
+case $tag in *[!0-9a-f-]*) tag= ;; esac
 marked=
 while IFS= read -r line; do
   case $line in
@@ -68,15 +119,16 @@ while IFS= read -r line; do
     exited) cli= ;;
   esac
 done
-if [ -n "$cli" ]; then
-  end "$(descendants "$cli")"
-  end "$(descendants "$cli")"
+if [ -n "$cli$tag" ]; then
+  end "$(descendants "$cli" "$tag" "$3")"
+  end "$(descendants "$cli" "$tag" "$3")"
 fi
 for rec in $marked; do
   now=$(ps -o pgid= -p "${rec%%:*}" 2>/dev/null)
   [ "${now##* }" = "${rec#*:}" ] && end "$rec"
 done
-kill -s KILL 0"#;
+kill -s KILL 0"#
+);
 
 /// A running watchdog: the write end of its pipe. Dropping it (or the shim exiting) closes the pipe, and
 /// the watchdog then kills what the CLI started and its whole group.
@@ -87,11 +139,13 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog in the process group of the CLI `cli` (which leads it), holding `cli_stdin`, a
-    /// copy of the CLI's stdin, until the shim lets go of it or is gone. The process is started (and later
+    /// Starts the watchdog in the process group of the CLI `cli` (which leads it and was started with
+    /// [`TAG_VAR`] set to `tag`), holding `cli_stdin`, a copy of the CLI's stdin, until the shim lets go of
+    /// it or is gone. The process is started (and later
     /// reaped) on a thread of its own, off the path to the CLI's first answer; what the shim tells it
     /// meanwhile waits in the pipe.
-    pub fn start(cli: u32, cli_stdin: OwnedFd) -> std::io::Result<Watchdog> {
+    pub fn start(cli: u32, tag: &str, cli_stdin: OwnedFd) -> std::io::Result<Watchdog> {
+        let tag = tag.to_owned();
         let (read, write) = cloexec_pipe()?;
         std::thread::Builder::new().name("watchdog".into()).spawn(move || {
             let mut command = std::process::Command::new(SHELL);
@@ -100,6 +154,8 @@ impl Watchdog {
                 .arg(SCRIPT)
                 .arg("coda-shim-watchdog")
                 .arg(cli.to_string())
+                .arg(tag)
+                .arg(TAG_VAR)
                 .env_clear()
                 .env("PATH", "/usr/bin:/bin")
                 .current_dir("/")
@@ -232,5 +288,61 @@ mod tests {
         found.sort();
         assert_eq!(found, [(11, 11), (12, 11)]);
         assert!(descendants(99, &table).is_empty());
+    }
+
+    /// What the script's awk program prints for `table` (as `ps` writes it) with `root` and `tag`, sorted.
+    fn found_by_script(root: &str, tag: &str, table: &str) -> Vec<String> {
+        use std::io::Write;
+        let mut awk = std::process::Command::new("awk")
+            .args(["-v", &format!("root={root}"), "-v", &format!("name={TAG_VAR}"), "-v", &format!("tag={tag}")])
+            .arg(find_descendants!())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("awk runs");
+        awk.stdin.take().unwrap().write_all(table.as_bytes()).unwrap();
+        let out = awk.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let mut found: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect();
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn the_script_finds_descendants_by_parent_links_and_by_the_tag_alone() {
+        let t = tag();
+        // 10 is the CLI (tagged itself, never printed); 11 its child in a session of its own and 12 that
+        // one's; 13 and 14 were re-parented to init and carry the tag (at the line's end, among others);
+        // 15 carries a tag that merely starts with this one, 16 another run's, 17 none, 18 the name and tag
+        // apart in its arguments (as the watchdog's and awk's own lines do); 30 and 31 form a loop.
+        let table = format!(
+            "    1     0     1 /sbin/init\n\
+             \x20  10     5    10 grok agent stdio {TAG_VAR}={t}\n\
+             \x20  11    10    11 /bin/bash -c sleep 9\n\
+             \x20  12    11    11 sleep 9\n\
+             \x20  13     1    13 /bin/bash -c sleep 8 HOME=/h {TAG_VAR}={t} PATH=/bin\n\
+             \x20  14     1    13 sleep 8 {TAG_VAR}={t}\n\
+             \x20  15     1    15 sleep 7 {TAG_VAR}={t}0\n\
+             \x20  16     1    16 sleep 6 {TAG_VAR}=1-2-3\n\
+             \x20  17     1    17 sleep 5\n\
+             \x20  18     1    18 awk -v name={TAG_VAR} -v tag={t} {{ print }}\n\
+             \x20  30    31    30 a\n\
+             \x20  31    30    30 b\n"
+        );
+        assert_eq!(found_by_script("10", &t, &table), ["11:11", "12:11", "13:13", "14:13"]);
+        // Once the CLI has exited its pid is not followed, and the tag still finds what carries it.
+        assert_eq!(found_by_script("", &t, &table), ["10:10", "13:13", "14:13"]);
+        // Without a tag (a `ps` that shows no environment is the same), parent links alone.
+        assert_eq!(found_by_script("10", "", &table), ["11:11", "12:11"]);
+        assert!(found_by_script("", "", &table).is_empty());
+    }
+
+    #[test]
+    fn tags_differ_and_are_shell_words() {
+        let (a, b) = (tag(), tag());
+        assert_ne!(a, b);
+        for t in [a, b] {
+            assert!(!t.is_empty() && t.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase() || c == b'-'));
+        }
     }
 }

@@ -81,10 +81,11 @@ fn shim_with_grandchildren(dir: &temp::TempDir, agent_env: &[(&str, &str)]) -> (
     (s, group, detached)
 }
 
-/// Starts a shim with grandchildren, kills it with `kill_it` and asserts that nothing the agent started is left.
-fn killing_leaves_nothing(name: &str, what: &str, kill_it: fn(Pid) -> nix::Result<()>) {
+/// Starts a shim with grandchildren (its agent started with `agent_env`), kills it with `kill_it` and
+/// asserts that nothing the agent started is left.
+fn killing_leaves_nothing(name: &str, what: &str, agent_env: &[(&str, &str)], kill_it: fn(Pid) -> nix::Result<()>) {
     let dir = temp::TempDir::new(name);
-    let (mut s, group, detached) = shim_with_grandchildren(&dir, &[]);
+    let (mut s, group, detached) = shim_with_grandchildren(&dir, agent_env);
     kill_it(Pid::from_raw(s.child.id() as i32)).unwrap();
     assert_eq!(s.wait(Duration::from_secs(5)).code(), None, "the shim was killed");
     let left = left_after_the_grace(group, &[detached]);
@@ -93,13 +94,21 @@ fn killing_leaves_nothing(name: &str, what: &str, kill_it: fn(Pid) -> nix::Resul
 
 #[test]
 fn sigkill_of_the_shim_leaves_nothing_the_agent_started() {
-    killing_leaves_nothing("coda-shim-kill", "the shim", |shim| kill(shim, Signal::SIGKILL));
+    killing_leaves_nothing("coda-shim-kill", "the shim", &[], |shim| kill(shim, Signal::SIGKILL));
+}
+
+#[test]
+fn sigkill_of_the_shim_leaves_nothing_of_an_agent_that_dies_with_its_parent() {
+    // Grok Build ends itself the moment its parent dies: its commands are re-parented to init before the
+    // watchdog can follow parent links to them.
+    let env = [("TEST_AGENT_DIE_WITH_PARENT", "1")];
+    killing_leaves_nothing("coda-shim-kill-orphans", "the shim", &env, |shim| kill(shim, Signal::SIGKILL));
 }
 
 #[test]
 fn sigkill_of_the_shims_group_leaves_nothing_the_agent_started() {
     // What Coda does 30 s after a cancelled turn that did not end: SIGKILL the group it started the shim in.
-    killing_leaves_nothing("coda-shim-killpg", "the shim's group", |shim| killpg(shim, Signal::SIGKILL));
+    killing_leaves_nothing("coda-shim-killpg", "the shim's group", &[], |shim| killpg(shim, Signal::SIGKILL));
 }
 
 #[test]
