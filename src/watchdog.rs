@@ -21,8 +21,8 @@
 //! A descendant is found two ways. By its parent links, which hold only while its parents live; and by
 //! its environment: the CLI starts with [`TAG_VAR`] set to a tag of this run alone, which every process
 //! it starts inherits, and `ps` shows a process's environment (`-E` on macOS, `e` on Linux) where the
-//! system lets it (on Linux, every process of the user; macOS hides that of its own signed programs, such
-//! as `/bin/sleep`). The tag finds what a CLI that dies with its parent leaves behind: Grok Build ends
+//! system lets it (on Linux, every process of the user; since macOS 11 only a process that is not
+//! restricted, which Apple's own programs such as `/bin/bash` and `/bin/sleep` are). The tag finds what a CLI that dies with its parent leaves behind: Grok Build ends
 //! itself the moment the shim dies, and its commands are re-parented to init before the watchdog looks.
 //!
 //! Parent links hold only while the CLI lives, so the watchdog also holds a copy of the CLI's stdin: when
