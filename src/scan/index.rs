@@ -4,7 +4,8 @@
 //!
 //! One function per instruction set, chosen once at run time ([`Classify::best`]): AVX2 where the CPU has it,
 //! else SSE2 (every x86_64 has it); NEON on aarch64 (every aarch64 has it); elsewhere eight bytes at a time in
-//! a `u64`. Every one of them gives the same bits as the portable one (the unit tests compare them).
+//! a `u64`. Every one of them gives the same bits as the portable one (the unit tests compare them; the NEON
+//! one under `qemu-aarch64`, `scripts/test-aarch64`).
 
 /// Bytes past the end of a line read as this (a space: no quote, backslash, control character or high byte).
 const PAD: u8 = b' ';
