@@ -115,11 +115,7 @@ fn manifest_row(exe: std::io::Result<PathBuf>, args: &[&str]) -> Row {
     let words: Vec<_> = std::iter::once(text).chain(args.iter().copied()).map(shell_words::quote).collect();
     let command = serde_json::to_string(&words.join(" ")).unwrap_or_default();
     let line = format!("\"command\": {command}");
-    // A binary in a cargo build folder goes away with `cargo clean`.
-    let components: Vec<_> = exe.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-    let in_build_folder =
-        components.windows(2).any(|w| w[0] == "target" && matches!(w[1].as_str(), "debug" | "release"));
-    if in_build_folder {
+    if in_cargo_build_folder(&exe) {
         return row(
             "manifest",
             Status::Warn,
@@ -128,6 +124,29 @@ fn manifest_row(exe: std::io::Result<PathBuf>, args: &[&str]) -> Row {
         );
     }
     row("manifest", Status::Ok, line, "")
+}
+
+/// Whether `exe` lies in a cargo build folder, which `cargo clean` empties: under `target/debug` or
+/// `target/release`, or in a folder (a profile's, or a target triple's profile's) of a build folder named
+/// otherwise (`CARGO_TARGET_DIR`, `--target-dir`), which cargo marks with a `CACHEDIR.TAG` that says cargo
+/// made it.
+fn in_cargo_build_folder(exe: &Path) -> bool {
+    let components: Vec<_> = exe.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    if components.windows(2).any(|w| w[0] == "target" && matches!(w[1].as_str(), "debug" | "release")) {
+        return true;
+    }
+    // `<build>/<profile>/<binary>` or `<build>/<triple>/<profile>/<binary>`; the tag is a few lines.
+    let made_by_cargo = |dir: &Path| {
+        use std::io::Read;
+        let mut head = [0; 512];
+        let read = std::fs::File::open(dir.join("CACHEDIR.TAG")).and_then(|mut f| f.read(&mut head));
+        read.is_ok_and(|n| {
+            let text = &head[..n];
+            text.starts_with(b"Signature: 8a477f597d28d172789f06886806bc55")
+                && memchr::memmem::find(text, b"created by cargo").is_some()
+        })
+    };
+    exe.ancestors().skip(2).take(2).any(made_by_cargo)
 }
 
 /// The command npm linked for `exe` when the npm package `coda-shim` installed it: `<prefix>/bin/<name>` for a
@@ -466,6 +485,23 @@ mod tests {
         let built = manifest_row(Ok(PathBuf::from("/src/coda-shim/target/release/coda-demo")), &[]);
         assert_eq!(built.status, Status::Warn);
         assert!(built.fix.contains("cargo install --path ."), "{built:?}");
+        // A build folder named otherwise (`CARGO_TARGET_DIR`) is told by the tag cargo writes in it.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tag =
+            "Signature: 8a477f597d28d172789f06886806bc55\n# This file is a cache directory tag created by cargo.\n";
+        for profile in ["debug", "aarch64-apple-darwin/release"] {
+            std::fs::create_dir_all(dir.path().join("build").join(profile)).unwrap();
+            let exe = dir.path().join("build").join(profile).join("coda-demo");
+            assert_eq!(manifest_row(Ok(exe.clone()), &[]).status, Status::Ok, "no tag yet");
+            std::fs::write(dir.path().join("build/CACHEDIR.TAG"), tag).unwrap();
+            assert_eq!(manifest_row(Ok(exe), &[]).status, Status::Warn, "{profile}");
+            std::fs::remove_file(dir.path().join("build/CACHEDIR.TAG")).unwrap();
+        }
+        // Another program's cache tag, or one further up than a build folder's binaries lie, is not cargo's.
+        std::fs::write(dir.path().join("build/CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55\n").unwrap();
+        assert_eq!(manifest_row(Ok(dir.path().join("build/debug/coda-demo")), &[]).status, Status::Ok);
+        std::fs::write(dir.path().join("CACHEDIR.TAG"), tag).unwrap();
+        assert_eq!(manifest_row(Ok(dir.path().join("build/x/y/coda-demo")), &[]).status, Status::Ok);
         let odd = manifest_row(Ok(PathBuf::from(std::ffi::OsString::from_vec(b"/x/\xff/coda-demo".to_vec()))), &[]);
         assert_eq!(odd.status, Status::Warn);
         assert_eq!(manifest_row(Err(std::io::Error::other("gone")), &[]).status, Status::Warn);
