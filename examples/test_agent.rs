@@ -12,7 +12,8 @@
 //!   answering), `!kill` (SIGKILL itself), `!stray` (a non-JSON line on stdout first), `!echo-queue` (an
 //!   extension notification repeating the prompt), `!sleep MS`, `!grandchild PATH` (start `sleep 300` in its
 //!   process group and write its pid to PATH), `!detached PATH` (the same with `sleep 301` in a process group of
-//!   its own, as the real CLIs run commands), `!flood N SIZE` (N updates of SIZE bytes first).
+//!   its own, as the real CLIs run commands), `!detached-bare PATH` (`/bin/sleep 302` so, with an empty
+//!   environment), `!flood N SIZE` (N updates of SIZE bytes first).
 //!   For prompt mode: `!rich` (a thought, a tool call and its update, a plan, a usage update first),
 //!   `!stop REASON` (answer with that stopReason), `!permission` (send `session/request_permission` and report
 //!   the outcome it got as text), `!hang` (report "hanging until cancelled", then answer `cancelled` when
@@ -168,6 +169,15 @@ fn main() {
                     // As the real CLIs run their commands: out of the agent's process group.
                     let mut command = std::process::Command::new("sleep");
                     std::os::unix::process::CommandExt::process_group(command.arg("301"), 0);
+                    if let Ok(child) = command.spawn() {
+                        let _ = std::fs::write(path, child.id().to_string());
+                    }
+                }
+                if let Some(path) = arg("!detached-bare") {
+                    // The same with an empty environment (no tag from the shim), `sleep 302`.
+                    let mut command = std::process::Command::new("/bin/sleep");
+                    command.arg("302").env_clear();
+                    std::os::unix::process::CommandExt::process_group(&mut command, 0);
                     if let Ok(child) = command.spawn() {
                         let _ = std::fs::write(path, child.id().to_string());
                     }

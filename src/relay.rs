@@ -451,6 +451,13 @@ async fn run_io(
                 match input {
                     Some(Ok(batch)) => {
                         st.set_time();
+                        // Coda kills the shim's group 30 s after a cancelled turn that has not ended: the
+                        // watchdog records what the CLI started while it can still be found.
+                        let cancel =
+                            |i: &Received| matches!(i, Received::Frame(f) if f.is_notification("session/cancel"));
+                        if let Some(w) = watchdog.as_mut().filter(|_| batch.iter().any(cancel)) {
+                            w.turn_cancelled();
+                        }
                         batch.into_iter().for_each(|input| st.from_client(input));
                     }
                     Some(Err(e)) => {

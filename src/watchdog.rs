@@ -22,14 +22,21 @@
 //! its environment: the CLI starts with [`TAG_VAR`] set to a tag of this run alone, which every process
 //! it starts inherits, and `ps` shows a process's environment (`-E` on macOS, `e` on Linux) where the
 //! system lets it (on Linux, every process of the user; since macOS 11 only a process that is not
-//! restricted, which Apple's own programs such as `/bin/bash` and `/bin/sleep` are). The tag finds what a CLI that dies with its parent leaves behind: Grok Build ends
-//! itself the moment the shim dies, and its commands are re-parented to init before the watchdog looks.
+//! restricted, which Apple's own programs such as `/bin/bash` and `/bin/sleep` are). The tag finds what
+//! a CLI that dies with its parent leaves behind: Grok Build ends itself the moment the shim dies, and its
+//! commands are re-parented to init before the watchdog looks.
 //!
 //! Parent links hold only while the CLI lives, so the watchdog also holds a copy of the CLI's stdin: when
 //! the shim dies, the CLI does not see end-of-file (and exit, orphaning its commands) before the watchdog
 //! has looked. For a normal end the shim records the CLI's descendants while the CLI still runs, then has
 //! the watchdog let go of the CLI's stdin, then closes its own end: what the CLI leaves behind when it
 //! exits is killed with the group.
+//!
+//! Coda's own kill comes 30 s after a turn it cancelled has not ended, so the shim also records the CLI's
+//! descendants when Coda cancels a turn (off the relay loop, at most one look at a time and one a second):
+//! what a CLI that dies with the shim leaves behind is then known by pid even where `ps` hides the tag
+//! (macOS, for Apple's own programs). A record is kept [`MARKS_FOR`] seconds after it reached the watchdog
+//! (a pid can be reused once its process is gone) and must still be in the process group it was recorded in.
 //!
 //! The watchdog is `/bin/sh` (present on macOS and every Linux, named by its path so a short PATH does not
 //! matter; `ps` and `awk` are found on the PATH it is given, `/usr/bin:/bin`). It ignores SIGTERM,
@@ -44,6 +51,8 @@
 
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const SHELL: &str = "/bin/sh";
 
@@ -78,10 +87,30 @@ macro_rules! find_descendants {
     };
 }
 
-/// `$1` is the CLI's pid, `$2` its tag, `$3` the tag's variable ([`TAG_VAR`]). What the shim
-/// writes: `mark PID:PGID ...` (the CLI's descendants when the session ends, to kill if they outlive the
-/// CLI); `release` (let go of the CLI's stdin, so that the CLI sees it close); `exited` (the CLI is gone:
-/// its pid may be reused, so never look for it by its pid again). At end-of-file: kill the CLI's
+/// How long, in seconds, the watchdog keeps a record of the CLI's descendants: past Coda's kill 30 s after
+/// a cancelled turn (protocol "处理" item 3), with room for a loaded machine; a normal end uses its record
+/// within the stop ladder's 7 s.
+pub const MARKS_FOR: u32 = 90;
+
+/// The shell function that says whether a record stamped `$1` (seconds, `date +%s`) is still kept at `$2`,
+/// `$keep` seconds after it came (a stamp that is not a number, where `date` failed, is kept: the pgid
+/// check still holds). A macro so that the script and its test share one text.
+macro_rules! fresh_fn {
+    () => {
+        r#"fresh() {
+  case $1 in ''|*[!0-9]*) return 0 ;; esac
+  case $2 in ''|*[!0-9]*) return 0 ;; esac
+  [ $(($2 - $1)) -le "$keep" ]
+}
+"#
+    };
+}
+
+/// `$1` is the CLI's pid, `$2` its tag, `$3` the tag's variable ([`TAG_VAR`]), `$4` [`MARKS_FOR`]. What
+/// the shim writes: `mark PID:PGID ...` (the CLI's descendants when the session ends or a turn is
+/// cancelled, to kill if they outlive the CLI, for [`MARKS_FOR`] seconds after the line came); `release`
+/// (let go of the CLI's stdin, so that the CLI sees it close); `exited` (the CLI is gone: its pid may be
+/// reused, so never look for it by its pid again). At end-of-file: kill the CLI's
 /// descendants (twice, for what was starting meanwhile), those found by parent links while the CLI lives
 /// and those carrying the tag, then the marked processes still in the group they were marked in, then the
 /// watchdog's own group. A descendant that leads its process group is killed with its group.
@@ -101,20 +130,25 @@ descendants() {
     find_descendants!(),
     r#"'
 }
-end() {
+"#,
+    fresh_fn!(),
+    r#"end() {
   for rec in $1; do
     pid=${rec%%:*}
     [ "$pid" = "${rec#*:}" ] && kill -s KILL -- "-$pid" 2>/dev/null
     kill -s KILL "$pid" 2>/dev/null
   done
 }
-cli=$1 tag=$2
+cli=$1 tag=$2 keep=$4
 case $cli in ''|*[!0-9]*) cli= ;; esac
+case $keep in ''|*[!0-9]*) keep=0 ;; esac
 case $tag in *[!0-9a-f-]*) tag= ;; esac
 marked=
 while IFS= read -r line; do
   case $line in
-    'mark '*) marked="$marked ${line#mark }" ;;
+    'mark '*)
+      at=$(date +%s 2>/dev/null)
+      for rec in ${line#mark }; do marked="$marked $rec@$at"; done ;;
     release) exec >/dev/null ;;
     exited) cli= ;;
   esac
@@ -123,9 +157,12 @@ if [ -n "$cli$tag" ]; then
   end "$(descendants "$cli" "$tag" "$3")"
   end "$(descendants "$cli" "$tag" "$3")"
 fi
+now=$(date +%s 2>/dev/null)
 for rec in $marked; do
-  now=$(ps -o pgid= -p "${rec%%:*}" 2>/dev/null)
-  [ "${now##* }" = "${rec#*:}" ] && end "$rec"
+  fresh "${rec##*@}" "$now" || continue
+  rec=${rec%@*}
+  group=$(ps -o pgid= -p "${rec%%:*}" 2>/dev/null)
+  [ "${group##* }" = "${rec#*:}" ] && end "$rec"
 done
 kill -s KILL 0"#
 );
@@ -133,10 +170,20 @@ kill -s KILL 0"#
 /// A running watchdog: the write end of its pipe. Dropping it (or the shim exiting) closes the pipe, and
 /// the watchdog then kills what the CLI started and its whole group.
 pub struct Watchdog {
-    alive: std::fs::File,
+    /// Held here alone but for the moment a look at a cancel writes what it found: dropping the watchdog
+    /// closes the pipe whatever a look is doing.
+    alive: Arc<std::fs::File>,
     /// The CLI, until it has exited.
     cli: Option<u32>,
+    /// A look at a cancel is running ([`Watchdog::turn_cancelled`]).
+    looking: Arc<AtomicBool>,
+    /// When the last look at a cancel started.
+    looked: Option<std::time::Instant>,
 }
+
+/// The longest line the shim writes to the watchdog: at most `PIPE_BUF` (512 bytes on macOS, the least
+/// POSIX allows), so that each line is written at once even when a look's thread writes beside the relay.
+const LINE: usize = 512;
 
 impl Watchdog {
     /// Starts the watchdog in the process group of the CLI `cli` (which leads it and was started with
@@ -156,6 +203,7 @@ impl Watchdog {
                 .arg(cli.to_string())
                 .arg(tag)
                 .arg(TAG_VAR)
+                .arg(MARKS_FOR.to_string())
                 .env_clear()
                 .env("PATH", "/usr/bin:/bin")
                 .current_dir("/")
@@ -176,7 +224,7 @@ impl Watchdog {
                 ),
             }
         })?;
-        Ok(Watchdog { alive: std::fs::File::from(write), cli: Some(cli) })
+        Ok(Watchdog { alive: Arc::new(write.into()), cli: Some(cli), looking: Arc::default(), looked: None })
     }
 
     /// The session is ending and the shim is about to close the CLI's stdin: records what the CLI started
@@ -185,35 +233,80 @@ impl Watchdog {
     /// on end-of-file, and what it leaves behind can no longer be told apart afterwards. Runs `ps` once (a
     /// few milliseconds, once per session).
     pub fn session_ends(&mut self) {
-        if let Some(cli) = self.cli
-            && let Some(table) = process_table()
-        {
-            let marked: Vec<String> =
-                descendants(cli, &table).into_iter().map(|(pid, pgid)| format!("{pid}:{pgid}")).collect();
-            if !marked.is_empty() {
-                self.tell(&format!("mark {}", marked.join(" ")));
+        if let Some(cli) = self.cli {
+            for line in mark_lines(cli) {
+                tell(&self.alive, &line);
             }
         }
-        self.tell("release");
+        tell(&self.alive, "release");
+    }
+
+    /// Coda cancelled a turn, and kills the shim's group if the turn has not ended 30 s later: records what
+    /// the CLI started now, while its parent links hold, for the watchdog to kill if the shim is killed
+    /// within [`MARKS_FOR`] seconds. `ps` runs on a thread of its own, off the relay loop; a cancel while a
+    /// look runs, or within a second of the last one, adds none (a flood of cancels runs no flood of `ps`).
+    pub fn turn_cancelled(&mut self) {
+        let Some(cli) = self.cli else { return };
+        let now = std::time::Instant::now();
+        if self.looked.is_some_and(|at| now.duration_since(at) < std::time::Duration::from_secs(1))
+            || self.looking.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.looked = Some(now);
+        let (alive, looking) = (Arc::downgrade(&self.alive), Arc::clone(&self.looking));
+        let spawned = std::thread::Builder::new().name("watchdog-look".into()).spawn(move || {
+            let lines = mark_lines(cli);
+            // The watchdog may have been let go meanwhile: then its pipe is closed, and nothing is written.
+            if let Some(alive) = alive.upgrade() {
+                let marked: usize = lines.iter().map(|l| l.split(' ').count() - 1).sum();
+                lines.iter().for_each(|line| tell(&alive, line));
+                tracing::debug!("recorded {marked} processes the agent started, at a cancel");
+            }
+            looking.store(false, Ordering::Release);
+        });
+        if let Err(e) = spawned {
+            self.looking.store(false, Ordering::Release);
+            tracing::warn!("cannot look for the agent's processes at a cancel ({e})");
+        }
     }
 
     /// The CLI has exited and been reaped: its pid may be reused, so the watchdog must never look for it.
     pub fn exited(&mut self) {
         if self.cli.take().is_some() {
-            self.tell("exited");
-        }
-    }
-
-    fn tell(&mut self, line: &str) {
-        use std::io::Write;
-        // Short lines into a pipe only the watchdog reads, which reads them at once.
-        if let Err(e) = writeln!(self.alive, "{line}") {
-            tracing::warn!("cannot write to the watchdog ({e}): what the agent starts may survive the shim");
+            tell(&self.alive, "exited");
         }
     }
 
     /// Ends the watchdog's watch now: it kills what the CLI started, then the group (the ladder's last step).
     pub fn fire(self) {}
+}
+
+/// Writes `line` and its `\n` to the watchdog's pipe in one write (lines are at most [`LINE`] bytes).
+fn tell(mut alive: &std::fs::File, line: &str) {
+    use std::io::Write;
+    if let Err(e) = alive.write_all(format!("{line}\n").as_bytes()) {
+        tracing::warn!("cannot write to the watchdog ({e}): what the agent starts may survive the shim");
+    }
+}
+
+/// `mark PID:PGID ...` lines naming the descendants of `cli` (none when it has none, or `ps` cannot be run),
+/// each at most [`LINE`] bytes with its `\n`.
+fn mark_lines(cli: u32) -> Vec<String> {
+    process_table().map_or_else(Vec::new, |table| marks_in(cli, &table))
+}
+
+/// [`mark_lines`] for the table `table`.
+fn marks_in(cli: u32, table: &[(u32, u32, u32)]) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for (pid, pgid) in descendants(cli, table) {
+        let record = format!(" {pid}:{pgid}");
+        match lines.last_mut() {
+            Some(line) if line.len() + record.len() < LINE => line.push_str(&record),
+            _ => lines.push(format!("mark{record}")),
+        }
+    }
+    lines
 }
 
 /// `(pid, ppid, pgid)` of every process, from `ps` (the same options on Linux and macOS).
@@ -335,6 +428,36 @@ mod tests {
         // Without a tag (a `ps` that shows no environment is the same), parent links alone.
         assert_eq!(found_by_script("10", "", &table), ["11:11", "12:11"]);
         assert!(found_by_script("", "", &table).is_empty());
+    }
+
+    #[test]
+    fn records_are_cut_into_lines_the_pipe_takes_at_once() {
+        // 10 is the CLI with 3,000 descendants (pids of up to 10 digits, as large as a pid gets).
+        let mut table = vec![(10, 1, 10)];
+        table.extend((0..3000).map(|n| (4_000_000_000 - n, 10, 4_000_000_000 - n)));
+        let lines = marks_in(10, &table);
+        assert!(lines.len() > 1);
+        assert!(lines.iter().all(|l| l.starts_with("mark ") && l.len() < LINE), "{:?}", lines[0].len());
+        let records: Vec<&str> = lines.iter().flat_map(|l| l.split(' ').skip(1)).collect();
+        assert_eq!(records.len(), 3000);
+        assert!(records.iter().all(|r| r.len() == 21 && r.as_bytes()[10] == b':'));
+        assert!(marks_in(99, &table).is_empty());
+    }
+
+    #[test]
+    fn a_record_is_kept_for_its_time_and_where_the_clock_failed() {
+        let fresh = |at: &str, now: &str| {
+            let script = format!("keep={MARKS_FOR}\n{}fresh '{at}' '{now}'", fresh_fn!());
+            std::process::Command::new(SHELL).args(["-c", &script]).status().expect("sh runs").success()
+        };
+        let keep = u64::from(MARKS_FOR);
+        assert!(fresh("1000", "1000"));
+        assert!(fresh("1000", &(1000 + keep).to_string()));
+        assert!(!fresh("1000", &(1001 + keep).to_string()));
+        // `date` printed nothing or something else: kept (the pgid check still holds), never a shell error.
+        for (at, now) in [("", "1000"), ("1000", ""), ("", ""), ("x", "1000"), ("1000", "-5")] {
+            assert!(fresh(at, now), "{at:?} {now:?}");
+        }
     }
 
     #[test]

@@ -106,6 +106,37 @@ fn sigkill_of_the_shim_leaves_nothing_of_an_agent_that_dies_with_its_parent() {
 }
 
 #[test]
+fn a_kill_after_a_cancel_leaves_nothing_of_an_agent_that_dies_with_its_parent() {
+    // Coda's own kill comes 30 s after a cancelled turn that has not ended. This agent dies with its parent
+    // and its command has an empty environment, so neither parent links nor the tag find it after the kill
+    // (as on macOS, whose `ps` hides the environment of Apple's own programs): only the shim's record of
+    // what the agent started, taken at the cancel, does.
+    let dir = temp::TempDir::new("coda-shim-cancel-kill");
+    let bare_file = dir.join("bare.pid");
+    let mut s = with_test_agent("opencode")
+        .own_group()
+        .env("TEST_AGENT_DIE_WITH_PARENT", "1")
+        .env("CODA_SHIM_LOG", "coda_shim=debug")
+        .start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let prompt = format!("!detached-bare {} !hang", bare_file.display());
+    s.send_json(
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt_params(&sid, &prompt)}),
+    );
+    while !s.recv().contains("hanging until cancelled") {}
+    let bare: i32 = std::fs::read_to_string(&bare_file).unwrap().trim().parse().unwrap();
+    assert!(runs(bare) && process_group_of(bare) == bare, "sleep 302 runs in a group of its own");
+    s.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}));
+    let recorded = s.stderr_with("processes the agent started, at a cancel");
+    assert!(!recorded.contains("recorded 0 "), "{recorded}");
+    killpg(Pid::from_raw(s.child.id() as i32), Signal::SIGKILL).unwrap();
+    s.wait(Duration::from_secs(5));
+    let left = left_after_the_grace(bare, &[bare]);
+    assert!(left.is_empty(), "still running {GONE_WITHIN:?} after the shim's group was killed: {left:?}");
+}
+
+#[test]
 fn sigkill_of_the_shims_group_leaves_nothing_the_agent_started() {
     // What Coda does 30 s after a cancelled turn that did not end: SIGKILL the group it started the shim in.
     killing_leaves_nothing("coda-shim-killpg", "the shim's group", &[], |shim| killpg(shim, Signal::SIGKILL));
