@@ -192,6 +192,9 @@ enum Ending {
     KillShimsGroup,
     /// Coda closes the connection: the graceful ladder.
     CloseStdin,
+    /// Coda cancels the turn, and kills the shim's group once the shim has recorded what the CLI started
+    /// (Coda waits 30 s).
+    CancelThenKill,
 }
 
 /// Runs a real CLI through its shim until it runs a foreground and a background shell command in a turn
@@ -203,7 +206,10 @@ fn live_commands_after(agent: &str, n: usize, ending: Ending) -> (Vec<Proc>, Vec
     let lc = live::prepare(agent, &model.base_url(), temp.path()).expect("prepare the CLI");
     // Sleep lengths no other process uses, to find the commands by.
     let (fg, bg) = (format!("sleep {}", 3171 + 2 * n), format!("sleep {}", 3172 + 2 * n));
-    let mut s = shim::Builder::from_command(lc.shim_command(&shim::binary(agent))).own_group().start();
+    let mut s = shim::Builder::from_command(lc.shim_command(&shim::binary(agent)))
+        .own_group()
+        .env("CODA_SHIM_LOG", "coda_shim=debug")
+        .start();
     s.request(0, "initialize", json!({"protocolVersion": 1, "clientCapabilities": {"_meta": {"coda": {"waits": {}}}}}));
     let (new, _) = s.request(1, "session/new", json!({"cwd": lc.workdir, "mcpServers": []}));
     let sid = new["result"]["sessionId"].as_str().expect("a session").to_owned();
@@ -226,6 +232,12 @@ fn live_commands_after(agent: &str, n: usize, ending: Ending) -> (Vec<Proc>, Vec
     match ending {
         Ending::KillShimsGroup => killpg(Pid::from_raw(s.child.id() as i32), Signal::SIGKILL).unwrap(),
         Ending::CloseStdin => s.close_stdin(),
+        Ending::CancelThenKill => {
+            s.send_json(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}));
+            let recorded = s.stderr_with("processes the agent started, at a cancel");
+            eprintln!("{agent}: {recorded}");
+            killpg(Pid::from_raw(s.child.id() as i32), Signal::SIGKILL).unwrap();
+        }
     }
     s.wait(Duration::from_secs(15));
     let end = Instant::now() + GONE_WITHIN;
@@ -242,13 +254,15 @@ fn live_commands_after(agent: &str, n: usize, ending: Ending) -> (Vec<Proc>, Vec
 
 /// Live (`CODA_LIVE=1`, after `scripts/install-clis`; `CODA_LIVE_AGENTS=kimi,grok` for some): each real
 /// CLI runs a foreground and a background shell command in a turn that never ends; then Coda kills the
-/// shim's group, or closes stdin. Neither command may remain 2 s after the shim is gone.
+/// shim's group, or closes stdin, or cancels the turn and then kills the group. Neither command may remain
+/// 2 s after the shim is gone.
 #[test]
 fn live_the_clis_commands_end_with_the_shim() {
     let agents = live::selected_agents("the CLIs' commands ending with the shim");
     let mut failures = Vec::new();
     for (n, agent) in agents.iter().enumerate() {
-        for (m, ending) in [Ending::KillShimsGroup, Ending::CloseStdin].into_iter().enumerate() {
+        let endings = [Ending::KillShimsGroup, Ending::CloseStdin, Ending::CancelThenKill];
+        for (m, ending) in endings.into_iter().enumerate() {
             let (before, left) = live_commands_after(agent, 2 * n + 10 * m, ending);
             eprintln!(
                 "{agent} {ending:?}: ran (pid, pgid, sid, command) {before:?}; left after {GONE_WITHIN:?}: {left:?}"
