@@ -46,13 +46,14 @@
 //! the CLI's end-of-file.
 //!
 //! Out of reach: a process that left the group (`setsid`, `setpgid`), whose chain of parents to the CLI
-//! was broken before the watchdog (or the shim, at a normal end) looked, and whose environment `ps` does
-//! not show or no longer holds the tag (a command started with a cleared environment).
+//! was broken before the watchdog (or the shim, at a normal end) looked, that was not running at a cancel
+//! less than [`MARKS_FOR`] seconds before, and whose environment `ps` does not show or no longer holds the
+//! tag (a command started with a cleared environment).
 
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const SHELL: &str = "/bin/sh";
 
@@ -63,8 +64,8 @@ pub const TAG_VAR: &str = "CODA_SHIM_TAG";
 /// A tag no other run of the shim on this machine has: the shim's pid, its clock's nanoseconds and a
 /// count of the CLIs it started, in hexadecimal (digits, `a-f` and `-`: safe in a shell word).
 pub fn tag() -> String {
-    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static STARTED: AtomicU64 = AtomicU64::new(0);
+    let n = STARTED.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{:x}-{nanos:x}-{n:x}", std::process::id())
 }
