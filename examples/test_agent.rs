@@ -34,6 +34,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
+use std::os::unix::process::CommandExt;
 
 use serde_json::{Value, json};
 
@@ -165,19 +166,15 @@ fn main() {
                         let _ = std::fs::write(path, child.id().to_string());
                     }
                 }
-                if let Some(path) = arg("!detached") {
-                    // As the real CLIs run their commands: out of the agent's process group.
-                    let mut command = std::process::Command::new("sleep");
-                    std::os::unix::process::CommandExt::process_group(command.arg("301"), 0);
-                    if let Ok(child) = command.spawn() {
-                        let _ = std::fs::write(path, child.id().to_string());
-                    }
-                }
-                if let Some(path) = arg("!detached-bare") {
-                    // The same with an empty environment (no tag from the shim), `sleep 302`.
+                // As the real CLIs run their commands: out of the agent's process group; `!detached-bare`
+                // with an empty environment (no tag from the shim).
+                for (word, length, bare) in [("!detached", "301", false), ("!detached-bare", "302", true)] {
+                    let Some(path) = arg(word) else { continue };
                     let mut command = std::process::Command::new("/bin/sleep");
-                    command.arg("302").env_clear();
-                    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+                    command.arg(length).process_group(0);
+                    if bare {
+                        command.env_clear();
+                    }
                     if let Ok(child) = command.spawn() {
                         let _ = std::fs::write(path, child.id().to_string());
                     }
