@@ -1,5 +1,5 @@
 //! The one log writer: a file the shim writes for the replay tools (`CODA_KIMI_RECORD`, `CODA_KIMI_TOOK`,
-//! `CODA_OPENCODE_TOOK`, `CODA_OPENCODE_RECORD`, `CODA_CODEX_RECORD`):
+//! `CODA_OPENCODE_TOOK`, `CODA_OPENCODE_RECORD`, `CODA_CODEX_RECORD`, `CODA_GROK_RECORD`):
 //! one JSON line a record, private to the user (`src/private_file.rs`), written in order by a thread of the
 //! log's own (started at set-up), so the relay loop never waits on the disk. A layer only makes the lines.
 

@@ -9,8 +9,9 @@
 
 use crate::support;
 
-use support::{coda_text, fake_model, live, replay as replay_support, shim, temp};
+use support::{coda_text, fake_model, live, recorder, replay as replay_support, shim, temp};
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -28,7 +29,9 @@ struct Coda {
 }
 
 impl Coda {
-    fn start(lc: &live::LiveCommand, agent: &str) -> Coda {
+    /// A shim over the live CLI; with `trace`, tracing into it, and what a load reads of the CLI's files logged
+    /// beside it (Grok's, `CODA_GROK_RECORD`), for a recording.
+    fn start(lc: &live::LiveCommand, agent: &str, trace: Option<&Path>) -> Coda {
         let mut lc = lc.clone();
         if agent == "opencode" {
             // As coda-opencode runs it by default: with its server on a port of its own.
@@ -36,7 +39,11 @@ impl Coda {
                 std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()).expect("a port").port();
             lc.args.extend(["--hostname".into(), "127.0.0.1".into(), "--port".into(), port.to_string()]);
         }
-        let shim = shim::Builder::from_command(lc.shim_command(&replay_support::shim_binary(agent))).start();
+        let mut cmd = lc.shim_command(&replay_support::shim_binary(agent));
+        if let Some(trace) = trace {
+            cmd.arg("--trace-file").arg(trace).env("CODA_GROK_RECORD", recorder::files_log(trace));
+        }
+        let shim = shim::Builder::from_command(cmd).start();
         let mut coda = Coda { shim, next: 0, facts: Vec::new(), session: String::new() };
         let caps = json!({"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false,
             "session": {"compaction": true}, "_meta": {"coda": {"waits": {}}}});
@@ -104,7 +111,7 @@ fn run(agent: &str) {
     let instruction = coda_text::system_prompt(coda_text::INSTRUCTION);
 
     // The first process: a turn, then a compaction between turns.
-    let mut first = Coda::start(&lc, agent);
+    let mut first = Coda::start(&lc, agent, None);
     let new = first.call("session/new", json!({"cwd": cwd, "mcpServers": [], "systemPrompt": instruction}));
     first.session = new["result"]["sessionId"].as_str().expect("a session").to_owned();
     first.quiet(Duration::from_millis(1500));
@@ -121,8 +128,10 @@ fn run(agent: &str) {
     let session = first.session.clone();
     first.end();
 
-    // A fresh process loads it and runs a turn.
-    let mut second = Coda::start(&lc, agent);
+    // A fresh process loads it and runs a turn: for Grok, recorded (what the load read of its session folder
+    // gives the compaction's time).
+    let trace = temp.path().join("load-after-compaction.jsonl");
+    let mut second = Coda::start(&lc, agent, (agent == "grok").then_some(trace.as_path()));
     second.session = session.clone();
     let load = second.call(
         "session/load",
@@ -143,6 +152,18 @@ fn run(agent: &str) {
     let request = first_facts.get("lastRequestAt").unwrap_or_else(|| panic!("{agent}: {first_facts}"));
     assert!(instant_ms(request) > instant_ms(&live_at), "{agent}: the turn's own request: {first_facts}");
     second.end();
+    if agent == "grok" {
+        recorder::keep_by(
+            agent,
+            "load-after-compaction",
+            &trace,
+            temp.path(),
+            "a session compacted by another process, loaded in a fresh one, and a turn: the first usage facts name \
+             the compaction, read from the session folder's updates.jsonl (re-created by the player), and the \
+             turn's own request",
+            "tests/facts_live.rs",
+        );
+    }
 }
 
 #[test]

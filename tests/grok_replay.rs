@@ -1,5 +1,5 @@
 //! Replays of real Grok Build 1.0.41 activity recordings (`fixtures/grok/<scenario>`, made by
-//! `tests/grok_live.rs`) through coda-grok, with `acp-replay` as the CLI. The replay proves the shim still
+//! `tests/grok_live.rs`, and a load's by `tests/facts_live.rs`) through coda-grok, with `acp-replay` as the CLI. The replay proves the shim still
 //! sends Coda exactly what it sent live; the assertions spell out what those frames had to be by Coda's
 //! rules ("Agent 活动").
 
@@ -289,4 +289,44 @@ fn a_turn_grok_runs_by_itself_ends_with_a_usage_update_too() {
         .unwrap_or_else(|| panic!("no usage_update after Grok's own turn: {:#?}", &frames[wake_end..]));
     assert_eq!(next["params"]["sessionId"], the_session(&frames));
     assert!(next["params"]["update"]["_meta"]["coda"]["lastRequestAt"].is_string(), "{next}");
+}
+
+/// A session compacted in one process and loaded in a fresh one: the first usage facts after the load name the
+/// compaction Grok kept in the session folder's `updates.jsonl` (which the player re-creates as the load found
+/// it), at Grok's own time of it, and the turn's own request after it. The recording's instants are
+/// placeholders (`{{AT_n}}`), so the replay's own frames are read from the shim's trace of it.
+#[test]
+fn facts_after_a_load_name_the_compaction_grok_kept_in_its_session_folder() {
+    let dir = replay_support::fixtures_root().join("grok").join("load-after-compaction");
+    let temp = support::temp::TempDir::new("grok-load-replay");
+    let trace = temp.path().join("replay.jsonl");
+    let trace_env = trace.to_str().expect("a UTF-8 path");
+    replay_support::check_with_env("grok", &dir, &[("CODA_SHIM_TRACE", trace_env)])
+        .unwrap_or_else(|e| panic!("grok/load-after-compaction: {e}"));
+    let records = replay::load(&dir.join(replay::TRACE_FILE)).expect("the fixture");
+    let file = records
+        .iter()
+        .find_map(|r| match &r.body {
+            Body::File(op) if op.path.ends_with("/updates.jsonl") => op.data.clone(),
+            _ => None,
+        })
+        .expect("the session folder's updates.jsonl, as the load read it");
+    let compacted = file
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.pointer("/params/update/sessionUpdate") == Some(&json!("auto_compact_completed")))
+        .find_map(|v| v.pointer("/params/_meta/agentTimestampMs").and_then(Value::as_i64))
+        .expect("a stamped auto_compact_completed in the file");
+    let text = std::fs::read_to_string(&trace).expect("the shim's trace of the replay");
+    let to_client: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["dir"] == "shim->client")
+        .map(|r| r["frame"].clone())
+        .collect();
+    let updates = usage_updates(&to_client);
+    let first = &updates.first().expect("usage facts after the load's turn")["params"]["update"]["_meta"]["coda"];
+    assert_eq!(ms(&first["compactedAt"]), compacted, "Grok's own time of the compaction, from its file: {first}");
+    assert!(ms(&first["lastRequestAt"]) > compacted, "the turn's own request, after it: {first}");
 }

@@ -77,6 +77,10 @@ impl Run {
             // Kimi's session files are part of what the shim reads: the player re-creates them.
             cmd.env("CODA_KIMI_RECORD", files_log(trace));
         }
+        if agent == "grok" {
+            // The session folder's `updates.jsonl` a load reads: the player re-creates it.
+            cmd.env("CODA_GROK_RECORD", files_log(trace));
+        }
         let shim = shim::Builder::from_command(cmd).arg("--trace-file").arg(&trace.display().to_string()).start();
         Run { shim, next_id: 0 }
     }

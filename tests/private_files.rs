@@ -92,9 +92,12 @@ fn a_symlink_at_the_trace_path_is_refused() {
 
 #[test]
 fn the_adapters_event_records_are_private_and_never_follow_a_symlink() {
-    for (agent, var) in
-        [("opencode", "CODA_OPENCODE_RECORD"), ("kimi", "CODA_KIMI_RECORD"), ("codex", "CODA_CODEX_RECORD")]
-    {
+    for (agent, var) in [
+        ("opencode", "CODA_OPENCODE_RECORD"),
+        ("kimi", "CODA_KIMI_RECORD"),
+        ("codex", "CODA_CODEX_RECORD"),
+        ("grok", "CODA_GROK_RECORD"),
+    ] {
         let dir = temp::TempDir::new("coda-private-record");
         let path = dir.join("record.jsonl");
         let (code, err) = one_session(agent, &[], &[(var, &path)]);

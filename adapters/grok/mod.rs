@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::child::AgentCommand;
-use crate::cli::adapter::{Adapter, DataHome, Setup, Tested};
+use crate::cli::adapter::{Adapter, DataHome, SessionFiles, Setup, Tested};
 use crate::cli::locate::{self, Place};
 use crate::cli::program::{FindError, Found, not_found, run_for_output};
 use crate::coda::identity::{Identity, Policy};
@@ -98,7 +98,8 @@ fn layers_over(setup: &mut Setup, home: Option<PathBuf>) {
     // Holds a compacting session's prompts after the instruction went into them.
     setup.add(|_| Box::new(crate::coda::compact::Compaction::new(compact::GrokCompact::new())));
     setup.add(|_| Box::new(activity::GrokActivity::new()));
-    setup.add(|_| Box::new(usage::layer(home)));
+    let record = setup.log("CODA_GROK_RECORD");
+    setup.add(|_| Box::new(usage::layer(home, record)));
     // Above the failure layer: it sees the turn's end as Coda will.
     setup.add(|_| Box::new(crate::coda::steering::Steering::new(steering::GrokSteering::new())));
     // Next to Grok, like the other shims' failure answers: the instruction layer sees Coda's answer.
@@ -129,7 +130,7 @@ pub fn adapter() -> Adapter {
         },
         also_tested: &[],
         data_home: DataHome { var: "GROK_HOME", default: ".grok", sub: "" },
-        session_files: None,
+        session_files: Some(SessionFiles { ignored: &[] }),
         login_hint: "set XAI_API_KEY, or sign in with `grok`",
         default_command: &default_command,
         version: &version,

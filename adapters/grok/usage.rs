@@ -31,7 +31,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, in_folder, per_root};
+use crate::coda::usage::{Fact, Facts, LoadJob, Said, Source, UsageFacts, history_lines, per_root, plain_name};
+use crate::file_log::{Direct, FileLog};
 use crate::frame::{Frame, Kind};
 use crate::inside::{Folder, Kind as Entry};
 use crate::json::View;
@@ -151,24 +152,35 @@ fn at(ms: u64) -> SystemTime {
 pub struct Grok {
     /// Grok's data folder (`$GROK_HOME`), where a loaded session's folder is.
     home: Option<PathBuf>,
+    /// `CODA_GROK_RECORD`: what a load read of a session's `updates.jsonl`, for recordings.
+    record: Option<FileLog>,
     roots: HashMap<String, Root>,
 }
 
 /// What Grok keeps of `session` under its data folder `home` (`sessions/<cwd>/<session>/updates.jsonl`; links are
 /// not followed): the last request, by the same stamps as live, and the last compaction.
 pub fn history(home: &Path, session: &str) -> Facts {
+    read_history(home, session, None)
+}
+
+/// [`history`], and with `record`, what was read of the file logged as it was at Coda's load (the time handed in).
+fn read_history(home: &Path, session: &str, record: Option<(Direct, SystemTime)>) -> Facts {
     let mut facts = Facts::default();
     // Inside `home` only ([`crate::inside`]): a link on the way is not followed.
     let sessions = std::fs::canonicalize(home).ok().and_then(|h| Folder::open(&h).ok()?.folder("sessions").ok());
     let Some(sessions) = sessions else { return facts };
     let cwds = sessions.entries().into_iter().filter(|(_, m)| m.kind == Entry::Folder);
-    let Some(file) =
-        cwds.into_iter().find_map(|(cwd, _)| sessions.file(&format!("{cwd}/{session}/updates.jsonl")).ok())
-    else {
-        return facts;
-    };
+    let found = cwds.into_iter().find_map(|(cwd, _)| {
+        let rel = format!("{cwd}/{session}/updates.jsonl");
+        Some((sessions.file(&rel).ok()?, rel))
+    });
+    let Some((file, rel)) = found else { return facts };
+    let lines = history_lines(file);
+    if let Some((log, at)) = record {
+        log.opened(at, &home.join("sessions").join(rel), &lines);
+    }
     let mut root = Root::default();
-    for line in history_lines(file) {
+    for line in lines {
         let Ok(record) = crate::json::from_slice::<Value>(&line) else { continue };
         let Some(params) = record.get("params") else { continue };
         let update = params.pointer("/update/sessionUpdate").and_then(Value::as_str);
@@ -202,8 +214,10 @@ impl Source for Grok {
         self.roots.len()
     }
 
-    fn at_load(&self, session: &str, _: &Value, _: &Cx) -> Option<LoadJob> {
-        in_folder(self.home.as_deref(), session, history)
+    fn at_load(&self, session: &str, _: &Value, cx: &Cx) -> Option<LoadJob> {
+        let record = self.record.as_ref().map(|log| (log.direct(), cx.wall()));
+        let (home, session) = (self.home.clone()?, plain_name(session)?.to_owned());
+        Some(Box::new(move || read_history(&home, &session, record)))
     }
 
     fn from_client(&mut self, frame: &Frame, cx: &mut Cx, _: &mut Said) {
@@ -316,9 +330,10 @@ impl Source for Grok {
 /// coda-grok's usage facts layer.
 pub type GrokUsage = UsageFacts<Grok>;
 
-/// The layer over Grok's data folder `home` (`$GROK_HOME`, read at set-up; None: nothing is read at load).
-pub fn layer(home: Option<PathBuf>) -> GrokUsage {
-    UsageFacts::new(Grok { home, roots: HashMap::default() })
+/// The layer over Grok's data folder `home` (`$GROK_HOME`, read at set-up; None: nothing is read at load),
+/// logging what a load read to `record` (`CODA_GROK_RECORD`).
+pub fn layer(home: Option<PathBuf>, record: Option<FileLog>) -> GrokUsage {
+    UsageFacts::new(Grok { home, record, roots: HashMap::default() })
 }
 
 #[cfg(test)]
@@ -386,7 +401,7 @@ mod tests {
     }
 
     fn started() -> Harness {
-        let mut h = Harness::of(layer(None));
+        let mut h = Harness::of(layer(None, None));
         h.from_client(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}));
         h.to_agent();
         h.from_agent(json!({"jsonrpc":"2.0","id":1,"result":{"sessionId":S,"models":{"currentModelId":"fake",
@@ -562,11 +577,11 @@ mod tests {
         assert!(out[0]["params"]["update"]["_meta"]["coda"].get("lastRequestAt").is_none(), "no stamp was readable");
     }
 
-    /// A session folder's `updates.jsonl` as Grok 1.0.41 writes it (its lines' shapes, from a live run).
-    #[test]
-    fn a_loaded_sessions_last_request_and_compaction_are_read_from_its_folder() {
-        let home = tempfile::tempdir().unwrap();
-        let folder = home.path().join("sessions/%2Fwork%2Fapp").join(S);
+    /// Writes session `S`'s folder under `home` with an `updates.jsonl` as Grok 1.0.41 writes it (its lines'
+    /// shapes, from a live run): a stamped chunk, an automatic compaction, a later turn's chunk. Returns the folder,
+    /// the file and its text.
+    fn session_folder(home: &Path) -> (PathBuf, PathBuf, String) {
+        let folder = home.join("sessions/%2Fwork%2Fapp").join(S);
         std::fs::create_dir_all(&folder).unwrap();
         let stamped = |turn: u64, stream: u64, now: u64| {
             json!({"timestamp":1796351380,"method":"session/update",
@@ -581,7 +596,15 @@ mod tests {
             stamped(T0 + 1000, T0 + 1010, T0 + 1011),
         ];
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        std::fs::write(folder.join("updates.jsonl"), text).unwrap();
+        let file = folder.join("updates.jsonl");
+        std::fs::write(&file, &text).unwrap();
+        (folder, file, text)
+    }
+
+    #[test]
+    fn a_loaded_sessions_last_request_and_compaction_are_read_from_its_folder() {
+        let home = tempfile::tempdir().unwrap();
+        let (folder, _, _) = session_folder(home.path());
         let facts = history(home.path(), S);
         assert_eq!(facts.compacted_at, Some(at(T0 + 500)));
         assert_eq!(facts.last_request_at, Some(at(T0 + 1000)), "the turn's start, as live");
@@ -597,5 +620,34 @@ mod tests {
         std::os::unix::fs::symlink(outside.path().join("linked"), home.path().join("sessions/%2Fwork%2Fapp/linked"))
             .unwrap();
         assert_eq!(history(home.path(), "linked"), Facts::default());
+    }
+
+    /// With `CODA_GROK_RECORD`, a load logs the `updates.jsonl` it read, whole, as it was at Coda's request (the
+    /// time of the request, not of the job that read it), so that a replay finds it there; a load of a session
+    /// Grok keeps nothing of logs nothing.
+    #[test]
+    fn a_recording_logs_the_session_file_a_load_read_as_it_was_at_codas_request() {
+        let home = tempfile::tempdir().unwrap();
+        let (_, file, text) = session_folder(home.path());
+        let log_path = home.path().join("files.jsonl");
+        let log = FileLog::open("CODA_GROK_RECORD", &log_path).expect("the log");
+        let mut h = Harness::of(layer(Some(home.path().to_path_buf()), Some(log)));
+        h.hold_work();
+        h.advance(Duration::from_millis(1500));
+        let load = |id: u64, session: &str| json!({"jsonrpc":"2.0","id":id,"method":"session/load","params":{"sessionId":session,"cwd":"/work/app"}});
+        h.from_client(load(1, S));
+        h.advance(Duration::from_millis(700));
+        h.from_client(load(2, "01a23508-0000-7612-8cc8-1d2ec4083a1a"));
+        assert_eq!(h.run_work(), 2);
+        drop(h);
+        let logged = std::fs::read_to_string(&log_path).unwrap();
+        let records: Vec<Value> = logged.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(records.len(), 1, "no record for a session without a folder: {logged}");
+        let ts: jiff::Timestamp = records[0]["ts"].as_str().unwrap().parse().unwrap();
+        assert_eq!(SystemTime::from(ts), crate::layer::testing::wall_start() + Duration::from_millis(1500));
+        assert_eq!(
+            (&records[0]["at"], &records[0]["op"], &records[0]["path"], &records[0]["data"]),
+            (&json!("open"), &json!("replace"), &json!(file.to_str().unwrap()), &json!(text))
+        );
     }
 }

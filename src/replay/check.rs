@@ -82,6 +82,7 @@ pub fn check(fixture: &Path, opts: &CheckOptions) -> Result<CheckReport, String>
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         bindings.set(name, path(dir));
     }
+    bindings.set("CWD_URL", super::normalise::url_encoded(&path(root.join("work"))));
     let player = std::fs::canonicalize(&opts.player).map_err(|e| format!("{}: {e}", opts.player.display()))?;
     let fixture_abs = std::fs::canonicalize(fixture).map_err(|e| format!("{}: {e}", fixture.display()))?;
     let player = shell_words::join([path(player), "play".into(), path(fixture_abs)]);

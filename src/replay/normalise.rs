@@ -72,6 +72,7 @@ impl Normaliser {
             }
             n.add(&format!("{variant}/home"), "HOME");
             n.add(&format!("{variant}/work"), "CWD");
+            n.add(&url_encoded(&format!("{variant}/work")), "CWD_URL");
             n.add(&format!("{variant}/tmp"), "TMPDIR");
             n.add(&variant, "ROOT");
         }
@@ -141,6 +142,15 @@ fn path_variants(p: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// `path` URL-encoded as one name (every byte but ASCII letters, digits and `-._~` as `%XX`): how Grok Build names
+/// the folder of a cwd's sessions (`$GROK_HOME/sessions/%2Fhome%2Fme%2Fapp/<session>/`), the `{{CWD_URL}}`
+/// placeholder.
+pub fn url_encoded(path: &str) -> String {
+    const KEPT: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+    percent_encoding::utf8_percent_encode(path, KEPT).to_string()
 }
 
 /// `coda-shim-<pid>-` (the shim's own request ids) -> `coda-shim-{{SHIM_PID}}-`.
@@ -294,6 +304,12 @@ mod tests {
                 r#"{"cwd":"{{CWD}}","h":"{{@VAR@}}/sessions","t":"{{TMPDIR}}/x","r":"{{ROOT}}","id":"coda-shim-{{SHIM_PID}}-4","s":"coda-shim-x-1"}"#
             )
         );
+        // Grok's folder of the cwd's sessions: the cwd URL-encoded as one name.
+        assert_eq!(
+            n.apply(r#"{"p":"/nonexistent-root/r1/home/x/%2Fnonexistent-root%2Fr1%2Fwork/s/updates.jsonl"}"#),
+            r#"{"p":"{{HOME}}/x/{{CWD_URL}}/s/updates.jsonl"}"#
+        );
+        assert_eq!(url_encoded("/Users/me/My App/项目-1.2_~x"), "%2FUsers%2Fme%2FMy%20App%2F%E9%A1%B9%E7%9B%AE-1.2_~x");
         assert_eq!(n.leftovers("see /tmp/foo and /work/x"), vec!["/tmp/".to_owned(), "/work/".to_owned()]);
         assert!(n.leftovers("{{CWD}}/a").is_empty());
         // A project's own `.qwen/tmp/` is no folder of the machine; a path after a JSON escape or a quote is.

@@ -237,6 +237,7 @@ pub fn env_fallback(name: &str) -> Option<String> {
     match name {
         "TMPDIR" => var("TMPDIR").or_else(|| Some("/tmp".into())),
         "CWD" => std::env::current_dir().ok().map(|d| d.to_string_lossy().into_owned()),
+        "CWD_URL" => env_fallback("CWD").map(|cwd| super::normalise::url_encoded(&cwd)),
         "HOME" => var(name),
         _ if homes::own_vars().contains(&name) => var(name),
         _ => None,

@@ -177,25 +177,26 @@ impl Rec {
     }
 }
 
-/// `s` with `/` as `%2F`, as Grok names its session folders.
-fn url_path(s: &str) -> String {
-    s.replace('/', "%2F")
+/// The file log of what the shim read beside `trace` (`CODA_GROK_RECORD` and the like set to it), merged into
+/// its recording by [`keep`].
+pub fn files_log(trace: &Path) -> PathBuf {
+    trace.with_extension("files.jsonl")
 }
 
-/// Normalises `trace`, replays it, and with `CODA_RECORD=1` writes it to `fixtures/<agent>/<scenario>/`.
+/// Normalises `trace` (with its [`files_log`], where there is one), replays it, and with `CODA_RECORD=1` writes it
+/// to `fixtures/<agent>/<scenario>/`.
 pub fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str) {
+    let by = format!("tests/{}_live.rs", agent.split('-').next().unwrap_or(agent));
+    keep_by(agent, scenario, trace, root, notes, &by);
+}
+
+/// [`keep`] for a recording made by the test file `recorded_by` (named in its `meta.json`).
+pub fn keep_by(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str, recorded_by: &str) {
     let text = std::fs::read_to_string(trace).expect("the trace file");
-    let mut text = text;
-    // Grok's session folder is the cwd URL-encoded; a fixed name keeps the machine's path out.
-    for dir in [root.join("work"), root.join("work").canonicalize().unwrap_or_default()] {
-        let encoded = url_path(&dir.display().to_string());
-        if encoded.len() > 3 {
-            text = text.replace(&encoded, "%2Fproject");
-        }
-    }
+    let files = std::fs::read_to_string(files_log(trace)).ok();
     let mut n = Normaliser::for_live_root(root);
     n.add(&live::live_root().display().to_string(), "LIVE");
-    let records = replay::record(&text, None, &n).expect("normalise the trace");
+    let records = replay::record(&text, files.as_deref(), &n).expect("normalise the trace");
     let out = replay::render(&records);
     let left = n.leftovers(&out);
     assert!(left.is_empty(), "{agent}/{scenario}: the recording still names {left:?}");
@@ -219,7 +220,7 @@ pub fn keep(agent: &str, scenario: &str, trace: &Path, root: &Path, notes: &str)
         std::fs::write(dir.join(replay::TRACE_FILE), &out).expect("write the fixture");
         let cli = live::pinned(agent.strip_prefix("acp-").unwrap_or(agent));
         let meta = json!({"agent": agent, "scenario": scenario, "cli": cli,
-            "recorded_by": format!("tests/{}_live.rs", agent.split('-').next().unwrap_or(agent)), "notes": notes});
+            "recorded_by": recorded_by, "notes": notes});
         std::fs::write(dir.join("meta.json"), format!("{meta:#}\n")).expect("write meta.json");
         eprintln!("wrote {}", dir.display());
     }
