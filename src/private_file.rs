@@ -14,7 +14,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Error, ErrorKind};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// How an existing file is treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,33 @@ pub fn open(path: &Path, how: Write) -> std::io::Result<File> {
         }
     }
     Ok(file)
+}
+
+/// Folders of the shim's own (coda-acp's defaults file), removed when the process exits.
+static REMOVE_AT_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+extern "C" fn remove_all() {
+    for dir in removed_at_exit() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Removes `dir`, a folder the shim made for this run, when the process exits (`std::process::exit`, which every
+/// path of the binaries ends in, signals included: the relay turns SIGINT, SIGTERM and SIGHUP into an exit) and,
+/// where it is killed (SIGKILL), by the watchdog once the shim is gone (`crate::watchdog`, which takes the
+/// folders named before the CLI starts).
+pub fn remove_at_exit(dir: PathBuf) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: `remove_all` is an `extern "C" fn()` that does not unwind (every error is ignored).
+        unsafe { nix::libc::atexit(remove_all) };
+    });
+    REMOVE_AT_EXIT.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
+}
+
+/// The folders [`remove_at_exit`] was given.
+pub fn removed_at_exit() -> Vec<PathBuf> {
+    REMOVE_AT_EXIT.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 #[cfg(test)]
@@ -115,6 +143,18 @@ mod tests {
         let e = open(&theirs, Write::Append).unwrap_err();
         assert!(e.to_string().contains("another user"), "{e}");
         assert_eq!(mode(&theirs), 0o666, "left as it was");
+    }
+
+    #[test]
+    fn a_folder_named_is_removed_at_exit_and_told_to_the_watchdog() {
+        let under = tempfile::tempdir().unwrap();
+        let dir = under.path().join("coda-acp-x");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("defaults.json"), "{}").unwrap();
+        remove_at_exit(dir.clone());
+        assert!(removed_at_exit().contains(&dir));
+        remove_all();
+        assert!(!dir.exists());
     }
 
     #[test]

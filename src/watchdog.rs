@@ -38,8 +38,11 @@
 //! (macOS, for Apple's own programs). A record is kept [`MARKS_FOR`] seconds after it reached the watchdog
 //! (a pid can be reused once its process is gone) and must still be in the process group it was recorded in.
 //!
+//! The shim's own folders for the run (coda-acp's defaults file, `crate::private_file::remove_at_exit`) are
+//! named to the watchdog when it starts, and it removes them after its kills: a SIGKILLed shim runs no exit.
+//!
 //! The watchdog is `/bin/sh` (present on macOS and every Linux, named by its path so a short PATH does not
-//! matter; `ps` and `awk` are found on the PATH it is given, `/usr/bin:/bin`). It ignores SIGTERM,
+//! matter; `ps`, `awk`, `date` and `rm` are found on the PATH it is given, `/usr/bin:/bin`). It ignores SIGTERM,
 //! SIGINT, SIGHUP and SIGQUIT, so the graceful ladder's SIGTERM to the group leaves it on guard; a SIGKILL
 //! of the group ends it with the rest. Its stdin is the pipe, its stdout the copy of the CLI's stdin (it
 //! writes nothing there), its stderr /dev/null: it holds none of the CLI's output, so the shim still sees
@@ -111,7 +114,8 @@ macro_rules! fresh_fn {
 /// the shim writes: `mark PID:PGID ...` (the CLI's descendants when the session ends or a turn is
 /// cancelled, to kill if they outlive the CLI, for [`MARKS_FOR`] seconds after the line came); `release`
 /// (let go of the CLI's stdin, so that the CLI sees it close); `exited` (the CLI is gone: its pid may be
-/// reused, so never look for it by its pid again). At end-of-file: kill the CLI's
+/// reused, so never look for it by its pid again); `remove DIR` (a folder the shim made for this run, by its
+/// absolute path: removed at the end, after the kills). At end-of-file: kill the CLI's
 /// descendants (twice, for what was starting meanwhile), those found by parent links while the CLI lives
 /// and those carrying the tag, then the marked processes still in the group they were marked in, then the
 /// watchdog's own group. A descendant that leads its process group is killed with its group.
@@ -144,7 +148,7 @@ cli=$1 tag=$2 keep=$4
 case $cli in ''|*[!0-9]*) cli= ;; esac
 case $keep in ''|*[!0-9]*) keep=0 ;; esac
 case $tag in *[!0-9a-f-]*) tag= ;; esac
-marked=
+marked= removes=
 while IFS= read -r line; do
   case $line in
     'mark '*)
@@ -152,6 +156,8 @@ while IFS= read -r line; do
       for rec in ${line#mark }; do marked="$marked $rec@$at"; done ;;
     release) exec >/dev/null ;;
     exited) cli= ;;
+    'remove /'?*) removes="$removes
+${line#remove }" ;;
   esac
 done
 if [ -n "$cli$tag" ]; then
@@ -165,6 +171,7 @@ for rec in $marked; do
   group=$(ps -o pgid= -p "${rec%%:*}" 2>/dev/null)
   [ "${group##* }" = "${rec#*:}" ] && end "$rec"
 done
+printf '%s\n' "$removes" | while IFS= read -r dir; do [ -n "$dir" ] && rm -rf -- "$dir"; done
 kill -s KILL 0"#
 );
 
@@ -225,7 +232,15 @@ impl Watchdog {
                 ),
             }
         })?;
-        Ok(Watchdog { alive: Arc::new(write.into()), cli: Some(cli), looking: Arc::default(), looked: None })
+        let alive: Arc<std::fs::File> = Arc::new(write.into());
+        // The shim's own folders for this run (coda-acp's defaults file): a SIGKILL of the shim skips its exit.
+        for dir in crate::private_file::removed_at_exit() {
+            match dir.to_str().filter(|d| d.starts_with('/') && !d.contains('\n') && d.len() + 8 <= LINE) {
+                Some(dir) => tell(&alive, &format!("remove {dir}")),
+                None => tracing::debug!("a folder the watchdog cannot be told of is removed only at exit"),
+            }
+        }
+        Ok(Watchdog { alive, cli: Some(cli), looking: Arc::default(), looked: None })
     }
 
     /// The session is ending and the shim is about to close the CLI's stdin: records what the CLI started

@@ -136,6 +136,46 @@ fn a_kill_after_a_cancel_leaves_nothing_of_an_agent_that_dies_with_its_parent() 
     assert!(left.is_empty(), "still running {GONE_WITHIN:?} after the shim's group was killed: {left:?}");
 }
 
+/// The folders under `tmp` whose names start with `coda-acp-` (coda-acp's defaults files).
+fn defaults_folders(tmp: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let entries = std::fs::read_dir(tmp).expect("the temporary folder");
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("coda-acp-"))
+        .map(|e| e.path())
+        .collect()
+}
+
+#[test]
+fn sigkill_of_coda_acp_leaves_no_defaults_folder() {
+    // coda-acp writes Qwen's profile's defaults file in a folder of its own in the temporary folder and removes
+    // it at exit; a SIGKILL skips the exit, and the watchdog removes it instead.
+    let dir = temp::TempDir::new("coda-acp-kill-defaults");
+    // (A space in the path, as in a macOS user's folder name: the watchdog reads it as one line.)
+    let tmp = dir.join("my tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut s = with_test_agent("acp")
+        .arg("--profile")
+        .arg("qwen")
+        .own_group()
+        .env("TMPDIR", tmp.to_str().unwrap())
+        .env_remove("QWEN_CODE_SYSTEM_DEFAULTS_PATH")
+        .env_remove("QWEN_CODE_SYSTEM_SETTINGS_PATH")
+        .start();
+    let (new, _) = s.request(1, "session/new", json!({"cwd": "/w", "mcpServers": []}));
+    assert!(new["result"]["sessionId"].is_string(), "{new}");
+    let made = defaults_folders(&tmp);
+    assert_eq!(made.len(), 1, "one defaults folder for the run: {made:?}");
+    assert!(made[0].join("system-defaults.json").is_file(), "{made:?}");
+    kill(Pid::from_raw(s.child.id() as i32), Signal::SIGKILL).unwrap();
+    assert_eq!(s.wait(Duration::from_secs(5)).code(), None, "the shim was killed");
+    let deadline = Instant::now() + GONE_WITHIN;
+    while made[0].exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!made[0].exists(), "{} left {GONE_WITHIN:?} after the shim was killed", made[0].display());
+}
+
 #[test]
 fn sigkill_of_the_shims_group_leaves_nothing_the_agent_started() {
     // What Coda does 30 s after a cancelled turn that did not end: SIGKILL the group it started the shim in.

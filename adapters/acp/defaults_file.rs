@@ -25,7 +25,6 @@ use std::ffi::OsString;
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde_json::{Map, Value};
 
@@ -176,36 +175,12 @@ pub fn prepare(
     }
 }
 
-/// Folders removed when the process exits.
-static REMOVE_AT_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-extern "C" fn remove_all() {
-    if let Ok(mut dirs) = REMOVE_AT_EXIT.lock() {
-        for dir in dirs.drain(..) {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
-/// Removes `dir` when the process exits (`std::process::exit`, which every path of the binaries ends in,
-/// signals included: the relay turns SIGINT, SIGTERM and SIGHUP into an exit).
-pub fn remove_at_exit(dir: PathBuf) {
-    static REGISTER: std::sync::Once = std::sync::Once::new();
-    REGISTER.call_once(|| {
-        // SAFETY: `remove_all` is an `extern "C" fn()` that does not unwind (every error is ignored).
-        unsafe { nix::libc::atexit(remove_all) };
-    });
-    if let Ok(mut dirs) = REMOVE_AT_EXIT.lock() {
-        dirs.push(dir);
-    }
-}
-
 /// [`prepare`] for this process: its environment, its OS, the temporary folder; the folder is removed at exit.
 /// The pair is the variable and its value, for the agent's environment.
 pub fn for_this_run(spec: &DefaultsFile) -> Option<(String, String)> {
     let env = |name: &str| std::env::var_os(name);
     let (var, dir, file) = prepare(spec, Os::this(), &env, &std::env::temp_dir())?;
-    remove_at_exit(dir);
+    crate::private_file::remove_at_exit(dir);
     match file.into_os_string().into_string() {
         Ok(path) => Some((var, path)),
         Err(_) => {
@@ -336,14 +311,5 @@ mod tests {
     fn an_unwritable_place_is_a_warning_not_a_failure() {
         let spec = qwen();
         assert_eq!(prepare(&spec, Os::Linux, &env_of(&[]), Path::new("/nonexistent/coda-acp")), None);
-    }
-
-    #[test]
-    fn the_folder_is_removed_at_exit() {
-        let under = tempfile::tempdir().unwrap();
-        let (dir, _) = write_private(under.path(), "x.json", &json!({})).unwrap();
-        remove_at_exit(dir.clone());
-        remove_all();
-        assert!(!dir.exists());
     }
 }
