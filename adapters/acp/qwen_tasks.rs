@@ -25,7 +25,8 @@
 //!   taskId, taskKind: "shell" | "agent"}` (answered `{cancelled, status}`); Coda gets `{}` once Qwen answered
 //!   (its error as it came), and the wait's end when Qwen reports it.
 //!
-//! Bounds: the commands remembered per tool call and the open tasks are at most [`MAX_KNOWN`] each (oldest
+//! Bounds: the commands remembered per tool call are at most [`MAX_COMMANDS`], the open tasks at most
+//! [`wait::MAX_KNOWN`] as every layer's waits (`wait::forget_one`; oldest
 //! forgotten first); a session's go with it.
 
 use std::collections::VecDeque;
@@ -44,8 +45,8 @@ pub const END_TURN: &str = "_qwencode/end_turn";
 /// Qwen's request that stops one of its background tasks.
 pub const TASK_CANCEL: &str = "qwen/control/session/task/cancel";
 
-/// Tool calls' commands, and open tasks, remembered at most.
-pub const MAX_KNOWN: usize = 256;
+/// Tool calls' commands remembered at most.
+pub const MAX_COMMANDS: usize = 256;
 
 const SHELL_STARTED: &str = "Background shell started.";
 const AGENT_STARTED: &str = "Background agent launched successfully.";
@@ -126,7 +127,7 @@ impl QwenTasks {
         };
         let key = (session.to_owned(), id.to_owned());
         self.commands.retain(|(k, _)| *k != key);
-        if self.commands.len() == MAX_KNOWN {
+        if self.commands.len() == MAX_COMMANDS {
             self.commands.pop_front();
         }
         self.commands.push_back((key, wait::truncate_chars(command, 500).to_owned()));
@@ -180,10 +181,11 @@ impl QwenTasks {
         wait.output_file = output;
         wait.tool_call_id = call;
         wait.stoppable = Some(true);
-        if self.tasks.len() == MAX_KNOWN {
-            self.tasks.pop_front();
-        }
         self.tasks.push_back(Task { session: session.to_owned(), id, kind, ended: None, turn: None });
+        // (Every task kept is open, its wake turn still to come: the oldest goes, found at once.)
+        if wait::forget_one(&mut self.tasks, |_| true).is_some() {
+            tracing::warn!("over {} background tasks open at once: the oldest is forgotten", wait::MAX_KNOWN);
+        }
         self.report(wait, cx);
     }
 
@@ -384,6 +386,34 @@ mod tests {
             continue this agent, or task_stop to cancel.)\nThe agent is working in the background.\noutput_file: \
             /tmp/q/subagents/{task}.jsonl (for review after the completion notification, not for polling)")}}]})));
         h.to_client().pop().expect("the wait")
+    }
+
+    /// The open tasks are bounded as every layer's waits are: past [`wait::MAX_KNOWN`] the oldest is forgotten
+    /// (Qwen's turn for it then goes on to Coda as one for a task not ours).
+    #[test]
+    fn the_open_tasks_kept_are_bounded_and_the_oldest_goes() {
+        let mut h = rig();
+        let start = |h: &mut Harness, n: usize| {
+            h.from_agent(update(json!({"sessionUpdate":"tool_call_update","toolCallId":format!("call_{n}"),
+                "content":[{"type":"content","content":{"type":"text",
+                "text":format!("Background shell started.\nid: bg_{n}\npid: 1\noutput file: /tmp/q/{n}.output")}}]})));
+            h.to_client();
+        };
+        for n in 0..=wait::MAX_KNOWN {
+            start(&mut h, n);
+        }
+        let tasks = &h.layer::<QwenTasks>(0).tasks;
+        assert_eq!(tasks.len(), wait::MAX_KNOWN);
+        assert_eq!((tasks[0].id.as_str(), tasks[tasks.len() - 1].id.as_str()), ("bg_1", "bg_4096"), "the oldest went");
+        let turn = |task: &str| {
+            json!({"jsonrpc":"2.0","id":7,"method":START_TURN,"params":{"kind":"shell","sessionId":S,
+                "source":"background_notification","taskId":task,"turnId":"t"}})
+        };
+        h.from_agent(turn("bg_0"));
+        assert!(h.to_agent().is_empty(), "a forgotten task's turn is not answered here");
+        assert_eq!(h.to_client()[0]["method"], START_TURN, "it goes on to Coda");
+        h.from_agent(turn("bg_1"));
+        assert_eq!(h.to_agent(), [json!({"jsonrpc":"2.0","id":7,"result":{"accepted":true}})]);
     }
 
     #[test]

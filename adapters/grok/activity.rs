@@ -51,8 +51,10 @@ struct Activity {
 #[derive(Default)]
 pub struct GrokActivity {
     register: Register,
-    /// By (kind, Grok's id = waitId).
+    /// By (kind, Grok's id = waitId): at most [`wait::MAX_KNOWN`], as the register's (`order`).
     items: HashMap<(Item, String), Activity>,
+    /// The keys of `items`, oldest first.
+    order: VecDeque<(Item, String)>,
     /// How many of `items` are open: an `_x.ai/queue/changed` (a sixth of Grok's frames) concerns only an open
     /// item's wake turn, and is passed on unread while none is.
     open: usize,
@@ -165,9 +167,25 @@ impl GrokActivity {
         w.tool_call_id = tool_call_id.map(Cow::into_owned);
         w.stoppable = Some(true);
         let a = Activity { session, grok_session: grok_session.to_owned(), ended: None, open: true };
+        self.keep(key, a);
+        self.report(&w, cx);
+    }
+
+    /// Keeps a new open item; past [`wait::MAX_KNOWN`] the oldest ended one goes, else the oldest (an end Grok
+    /// reports of it later is then ignored, as the register ignores a wait it forgot).
+    fn keep(&mut self, key: (Item, String), a: Activity) {
+        self.order.push_back(key.clone());
         self.items.insert(key, a);
         self.open += 1;
-        self.report(&w, cx);
+        let items = &self.items;
+        let Some(old) = wait::forget_one(&mut self.order, |k| items.get(k).is_some_and(|a| !a.open)) else { return };
+        if self.items.remove(&old).is_some_and(|a| a.open) {
+            self.open -= 1;
+            tracing::warn!("over {} activities open at once: the oldest is forgotten", wait::MAX_KNOWN);
+        }
+        if old.0 == Item::Subagent {
+            self.child_of.remove(&old.1);
+        }
     }
 
     fn subagent_spawned(&mut self, u: View<'_>, cx: &mut Cx) {
@@ -209,8 +227,7 @@ impl GrokActivity {
         w.tool_call_id = call;
         w.stoppable = Some(true);
         let a = Activity { session, grok_session: parent.to_owned(), ended: None, open: true };
-        self.items.insert(key, a);
-        self.open += 1;
+        self.keep(key, a);
         self.report(&w, cx);
     }
 
@@ -475,6 +492,7 @@ impl Layer for GrokActivity {
     fn session_closed(&mut self, closed: &[String], _cx: &mut Cx) {
         let gone = |s: &str| closed.iter().any(|c| c == s);
         self.items.retain(|_, a| !gone(&a.session) && !gone(&a.grok_session));
+        self.order.retain(|k| self.items.contains_key(k));
         self.open = self.items.values().filter(|a| a.open).count();
         self.alias.retain(|grok, known| !gone(grok) && !gone(known));
         self.current.retain(|known, grok| !gone(known) && !gone(grok));
@@ -565,6 +583,35 @@ mod tests {
     fn running(prompt: &str) -> Value {
         json!({"jsonrpc":"2.0","method":"_x.ai/queue/changed","params":{"sessionId":S,"entries":[],
             "runningPromptId":prompt,"runningKind":"prompt"}})
+    }
+
+    /// What is kept of Grok's tasks and subagents is bounded as the register's waits are: past
+    /// [`wait::MAX_KNOWN`] the oldest ended one goes first, else the oldest open one (whose end Grok reports
+    /// later is then ignored).
+    #[test]
+    fn the_activities_kept_are_bounded_and_the_ended_ones_go_first() {
+        let mut h = started();
+        agent(&mut h, backgrounded("first"));
+        agent(&mut h, backgrounded("ended"));
+        let out = agent(&mut h, task_completed("ended", json!(0), false, false));
+        assert_eq!(waits(&out), vec![json!({"sessionId":S,"waitId":"ended","state":"done"})]);
+        for n in 2..wait::MAX_KNOWN {
+            agent(&mut h, backgrounded(&format!("t{n}")));
+        }
+        let layer = |h: &mut Harness| -> (usize, usize, bool, bool) {
+            let a = h.layer::<GrokActivity>(1);
+            let has = |id: &str| a.items.contains_key(&(Item::Task, id.to_owned()));
+            (a.items.len(), a.open, has("first"), has("ended"))
+        };
+        assert_eq!(layer(&mut h), (wait::MAX_KNOWN, wait::MAX_KNOWN - 1, true, true), "at the bound, all kept");
+        agent(&mut h, backgrounded("one more"));
+        assert_eq!(layer(&mut h), (wait::MAX_KNOWN, wait::MAX_KNOWN, true, false), "the ended one goes first");
+        agent(&mut h, backgrounded("and another"));
+        assert_eq!(layer(&mut h), (wait::MAX_KNOWN, wait::MAX_KNOWN, false, false), "then the oldest open one");
+        assert!(agent(&mut h, task_completed("first", json!(0), false, false)).is_empty(), "forgotten");
+        let a = h.layer::<GrokActivity>(1);
+        assert_eq!(a.order.len(), a.items.len());
+        assert!(a.order.iter().all(|k| a.items.contains_key(k)));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use crate::coda::wait::{Register, State, Wait};
+use crate::coda::wait::{self, Register, State, Wait};
 use crate::frame::{Frame, Kind, Needle};
 use crate::json::View;
 use crate::layer::{Cx, Layer};
@@ -80,10 +80,12 @@ struct Task {
 
 /// The `task` calls open, by (session, toolCallId) = (session, waitId). A call that closes leaves them
 /// (for [`Recent`]), so what is kept and looked through on each frame is what is open, however long the
-/// session runs.
+/// session runs: at most [`wait::MAX_KNOWN`], as the register's waits (`order`; past it the oldest goes).
 #[derive(Default)]
 struct Tasks {
     by_call: HashMap<(String, String), Task>,
+    /// The keys of `by_call`, oldest first.
+    order: VecDeque<(String, String)>,
     /// The calls closed lately: their late updates say nothing (a call's `completed` update comes again).
     closed: Recent<(String, String)>,
     /// Children named by OpenCode's server before their task call was seen over ACP.
@@ -112,13 +114,22 @@ impl Tasks {
                 || frame.key_strings(&TOOL_CALL_ID).any(|id| id.is_none_or(|id| self.follows(session, id))))
     }
 
-    /// A call opens.
+    /// A call opens. Past [`wait::MAX_KNOWN`] open, the oldest is forgotten (an update OpenCode sends of it
+    /// later then says nothing, as the register ignores a wait it forgot).
     fn open(&mut self, key: (String, String), task: Task) {
         if task.background {
             *self.background.entry(task.session.clone()).or_default() += 1;
         }
-        if let Some(was) = self.by_call.insert(key, task) {
-            Tasks::left_background(&mut self.background, &was);
+        match self.by_call.insert(key.clone(), task) {
+            Some(was) => Tasks::left_background(&mut self.background, &was),
+            None => self.order.push_back(key),
+        }
+        // (Every call kept is open: the oldest goes, found at once.)
+        if let Some(old) = wait::forget_one(&mut self.order, |_| true) {
+            tracing::warn!("over {} task calls open at once: the oldest is forgotten", wait::MAX_KNOWN);
+            if let Some(task) = self.by_call.remove(&old) {
+                Tasks::left_background(&mut self.background, &task);
+            }
         }
     }
 
@@ -145,12 +156,17 @@ impl Tasks {
         if let Some(task) = self.by_call.remove(key) {
             Tasks::left_background(&mut self.background, &task);
             self.closed.insert(key.clone());
+            // (Most calls close in the order they opened: the search is short.)
+            if let Some(at) = self.order.iter().position(|k| k == key) {
+                self.order.remove(at);
+            }
         }
     }
 
     /// The calls of the sessions `gone` says are closed leave.
     fn forget(&mut self, gone: impl Fn(&str) -> bool) {
         self.by_call.retain(|(session, _), _| !gone(session));
+        self.order.retain(|(session, _)| !gone(session));
         self.early.retain(|(session, _), _| !gone(session));
         self.background.retain(|session, _| !gone(session));
     }
@@ -1478,6 +1494,34 @@ mod tests {
         let mut cx = Cx::default();
         a.on_event(FromServer::Event(task_child(&last)), &mut cx);
         assert!(a.tasks.early.is_empty(), "a closed call's child is not kept for a call still to come");
+    }
+
+    /// Task calls OpenCode never closes are bounded as the register's waits are: past [`wait::MAX_KNOWN`] open
+    /// the oldest is forgotten, with its place among the background ones; a closed call leaves the order too.
+    #[test]
+    fn the_open_calls_kept_are_bounded_and_the_oldest_goes() {
+        let mut tasks = Tasks::default();
+        let task = |call: &str, background: bool| Task {
+            session: "s".into(),
+            call: call.into(),
+            child: None,
+            background,
+            finished: false,
+            seq: 0,
+        };
+        tasks.open(("s".into(), "oldest".into()), task("oldest", true));
+        tasks.open(("s".into(), "closed".into()), task("closed", false));
+        tasks.close(&("s".into(), "closed".into()));
+        for n in 1..wait::MAX_KNOWN {
+            tasks.open(("s".into(), format!("c{n}")), task(&format!("c{n}"), false));
+        }
+        assert_eq!((tasks.by_call.len(), tasks.order.len()), (wait::MAX_KNOWN, wait::MAX_KNOWN));
+        assert!(tasks.follows("s", "oldest") && tasks.background_in("s"), "at the bound, all kept");
+        tasks.open(("s".into(), "newest".into()), task("newest", false));
+        assert_eq!(tasks.by_call.len(), wait::MAX_KNOWN);
+        assert!(!tasks.follows("s", "oldest") && tasks.follows("s", "newest") && tasks.follows("s", "c1"));
+        assert!(!tasks.background_in("s"), "the forgotten call was the one in the background");
+        assert!(tasks.order.iter().all(|k| tasks.by_call.contains_key(k)));
     }
 
     #[test]

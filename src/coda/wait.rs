@@ -219,6 +219,17 @@ struct Known {
 /// ended long ago reporting again would be a new one), else the oldest.
 pub const MAX_KNOWN: usize = 4096;
 
+/// The key to forget of a table of waits whose keys are `order`, oldest first, once it holds more than
+/// [`MAX_KNOWN`]: the oldest that `ended` says has ended, else the oldest; taken out of `order`. The one rule for
+/// every such table: the [`Register`]'s and what an adapter keeps of its CLI's tasks and subagents.
+pub fn forget_one<K>(order: &mut std::collections::VecDeque<K>, ended: impl Fn(&K) -> bool) -> Option<K> {
+    if order.len() <= MAX_KNOWN {
+        return None;
+    }
+    let at = order.iter().position(ended).unwrap_or(0);
+    order.remove(at)
+}
+
 /// What has been reported per (session, waitId).
 #[derive(Default)]
 pub struct Register {
@@ -279,17 +290,11 @@ impl Register {
 
     /// Past [`MAX_KNOWN`]: forgets the oldest ended wait, else the oldest.
     fn bound(&mut self) {
-        if self.order.len() <= MAX_KNOWN {
-            return;
-        }
+        let known = &self.known;
         let ended = |(session, id): &(String, String)| {
-            self.known
-                .get(session)
-                .and_then(|waits| waits.get(id))
-                .is_some_and(|w| w.state.is_some_and(State::is_terminal))
+            known.get(session).and_then(|waits| waits.get(id)).is_some_and(|w| w.state.is_some_and(State::is_terminal))
         };
-        let at = self.order.iter().position(ended).unwrap_or(0);
-        if let Some(key) = self.order.remove(at) {
+        if let Some(key) = forget_one(&mut self.order, ended) {
             if let Some(waits) = self.known.get_mut(&key.0) {
                 waits.remove(&key.1);
                 if waits.is_empty() {
