@@ -200,12 +200,21 @@ fn keep(scenario: &str, trace: &Path, files: &Path, root: &Path, notes: &str) {
         eprintln!("wrote {}", dir.display());
     }
     if let Err(e) = report {
-        FAILED.lock().unwrap().push(format!("kimi/{scenario}: the recording does not replay: {e}"));
+        FAILED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(format!("kimi/{scenario}: the recording does not replay: {e}"));
     }
 }
 
-/// Replays that failed (the other scenarios still run).
+/// Replays that failed (the other scenarios still run); each test takes its own (the live tests run one at a time).
 static FAILED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The replays that failed since the last call: taken out, so that no other test reports them, and read without
+/// the lock held (a failed assertion poisons no lock for the tests after it).
+fn take_failed() -> Vec<String> {
+    std::mem::take(&mut *FAILED.lock().unwrap_or_else(|p| p.into_inner()))
+}
 
 fn wanted(scenario: &str) -> bool {
     std::env::var("CODA_KIMI_ONLY").map_or(true, |only| only.split(',').any(|s| s.trim() == scenario))
@@ -282,6 +291,7 @@ impl Drop for Live {
 #[test]
 fn record_kimi_activity() {
     let Some(live) = Live::start() else { return };
+    take_failed();
     let long = Duration::from_secs(40);
 
     live.scenario(
@@ -387,7 +397,7 @@ fn record_kimi_activity() {
             "session/load in a new process; the previous process ended with `sleep 60` running (Kimi marks it lost); then a command ending in a turn",
         );
     }
-    let failed = FAILED.lock().unwrap();
+    let failed = take_failed();
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
@@ -502,6 +512,7 @@ const COMPACT: &str = "_coda/session/compact";
 #[test]
 fn record_kimi_compaction_and_usage() {
     let Some(live) = Live::start_named("coda-kimi-live-compact") else { return };
+    take_failed();
     let long = Duration::from_secs(40);
     let mut worst = 0;
 
@@ -617,7 +628,7 @@ fn record_kimi_compaction_and_usage() {
         );
         worst = worst.max(check_usage_facts("usage-tool-calls", &log, &live.model));
     }
-    let failed = FAILED.lock().unwrap().clone();
+    let failed = take_failed();
     drop(live);
 
     if wanted("compact-automatic") {
@@ -648,6 +659,6 @@ fn record_kimi_compaction_and_usage() {
     }
     eprintln!("lastRequestAt: largest error against the fake model's log {worst} ms");
     let mut failed = failed;
-    failed.extend(FAILED.lock().unwrap().iter().cloned());
+    failed.extend(take_failed());
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
