@@ -80,12 +80,10 @@ struct Task {
 
 /// The `task` calls open, by (session, toolCallId) = (session, waitId). A call that closes leaves them
 /// (for [`Recent`]), so what is kept and looked through on each frame is what is open, however long the
-/// session runs: at most [`wait::MAX_KNOWN`], as the register's waits (`order`; past it the oldest goes).
+/// session runs: at most [`wait::MAX_KNOWN`], as the register's waits (past it the oldest goes).
 #[derive(Default)]
 struct Tasks {
     by_call: HashMap<(String, String), Task>,
-    /// The keys of `by_call`, oldest first.
-    order: VecDeque<(String, String)>,
     /// The calls closed lately: their late updates say nothing (a call's `completed` update comes again).
     closed: Recent<(String, String)>,
     /// Children named by OpenCode's server before their task call was seen over ACP.
@@ -120,14 +118,15 @@ impl Tasks {
         if task.background {
             *self.background.entry(task.session.clone()).or_default() += 1;
         }
-        match self.by_call.insert(key.clone(), task) {
-            Some(was) => Tasks::left_background(&mut self.background, &was),
-            None => self.order.push_back(key),
+        if let Some(was) = self.by_call.insert(key, task) {
+            Tasks::left_background(&mut self.background, &was);
         }
-        // (Every call kept is open: the oldest goes, found at once.)
-        if let Some(old) = wait::forget_one(&mut self.order, |_| true) {
-            tracing::warn!("over {} task calls open at once: the oldest is forgotten", wait::MAX_KNOWN);
-            if let Some(task) = self.by_call.remove(&old) {
+        // The register's rule (`wait::forget_one`) where every call kept is open: the oldest goes, by its place in
+        // the order of registration, looked for only past the bound (a call's close then costs no search).
+        if self.by_call.len() > wait::MAX_KNOWN {
+            let oldest = self.by_call.iter().min_by_key(|(_, t)| t.seq).map(|(k, _)| k.clone());
+            if let Some(task) = oldest.and_then(|k| self.by_call.remove(&k)) {
+                tracing::warn!("over {} task calls open at once: the oldest is forgotten", wait::MAX_KNOWN);
                 Tasks::left_background(&mut self.background, &task);
             }
         }
@@ -156,17 +155,12 @@ impl Tasks {
         if let Some(task) = self.by_call.remove(key) {
             Tasks::left_background(&mut self.background, &task);
             self.closed.insert(key.clone());
-            // (Most calls close in the order they opened: the search is short.)
-            if let Some(at) = self.order.iter().position(|k| k == key) {
-                self.order.remove(at);
-            }
         }
     }
 
     /// The calls of the sessions `gone` says are closed leave.
     fn forget(&mut self, gone: impl Fn(&str) -> bool) {
         self.by_call.retain(|(session, _), _| !gone(session));
-        self.order.retain(|(session, _)| !gone(session));
         self.early.retain(|(session, _), _| !gone(session));
         self.background.retain(|session, _| !gone(session));
     }
@@ -1501,27 +1495,32 @@ mod tests {
     #[test]
     fn the_open_calls_kept_are_bounded_and_the_oldest_goes() {
         let mut tasks = Tasks::default();
-        let task = |call: &str, background: bool| Task {
-            session: "s".into(),
-            call: call.into(),
-            child: None,
-            background,
-            finished: false,
-            seq: 0,
+        let open = |tasks: &mut Tasks, call: &str, background: bool| {
+            tasks.next_seq += 1;
+            let task = Task {
+                session: "s".into(),
+                call: call.into(),
+                child: None,
+                background,
+                finished: false,
+                seq: tasks.next_seq,
+            };
+            tasks.open(("s".into(), call.into()), task);
         };
-        tasks.open(("s".into(), "oldest".into()), task("oldest", true));
-        tasks.open(("s".into(), "closed".into()), task("closed", false));
+        open(&mut tasks, "oldest", true);
+        open(&mut tasks, "closed", false);
         tasks.close(&("s".into(), "closed".into()));
         for n in 1..wait::MAX_KNOWN {
-            tasks.open(("s".into(), format!("c{n}")), task(&format!("c{n}"), false));
+            open(&mut tasks, &format!("c{n}"), false);
         }
-        assert_eq!((tasks.by_call.len(), tasks.order.len()), (wait::MAX_KNOWN, wait::MAX_KNOWN));
+        assert_eq!(tasks.by_call.len(), wait::MAX_KNOWN);
         assert!(tasks.follows("s", "oldest") && tasks.background_in("s"), "at the bound, all kept");
-        tasks.open(("s".into(), "newest".into()), task("newest", false));
+        open(&mut tasks, "newest", false);
         assert_eq!(tasks.by_call.len(), wait::MAX_KNOWN);
         assert!(!tasks.follows("s", "oldest") && tasks.follows("s", "newest") && tasks.follows("s", "c1"));
         assert!(!tasks.background_in("s"), "the forgotten call was the one in the background");
-        assert!(tasks.order.iter().all(|k| tasks.by_call.contains_key(k)));
+        open(&mut tasks, "newer", false);
+        assert!(!tasks.follows("s", "c1") && tasks.follows("s", "c2"), "then the next oldest");
     }
 
     #[test]
