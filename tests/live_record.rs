@@ -8,6 +8,7 @@
 
 use crate::support;
 
+use support::recorder::files_log;
 use support::{coda_text, fake_model, live, replay as replay_support, shim, temp};
 
 use std::path::{Path, PathBuf};
@@ -131,12 +132,6 @@ fn new_session(run: &mut Run, cwd: &str, instruction: bool) -> String {
     let answer = run.call("session/new", params);
     run.trail();
     answer["result"]["sessionId"].as_str().expect("a sessionId").to_owned()
-}
-
-/// Where the Kimi shim logs the session-file changes (the Codex shim the rollout file a load read, the OpenCode
-/// shim its server's events) of the run traced into `trace`.
-fn files_log(trace: &Path) -> PathBuf {
-    trace.with_extension("files.jsonl")
 }
 
 /// Normalises `trace`, replays it, and with `CODA_RECORD=1` writes it to `fixtures/<agent>/<scenario>/`.
